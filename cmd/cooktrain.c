@@ -1,0 +1,126 @@
+/*
+ * cooktrain — command-line entry: argument parsing, subcommand dispatch and the exit-code policy
+ * (DESIGN §9): 0 success, 2 bad input (usage, config, data, tokenizer, checkpoint), 1 runtime
+ * failure. Every module below returns a ct_status; only this file decides how the process ends.
+ *
+ *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
+ *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/prepare.h"
+#include "core/train.h"
+
+static const char usage_text[] =
+    "usage: cooktrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train     train a model (the default command)\n"
+    "            --config FILE          YAML config (see configs/README.md)\n"
+    "            --set section.key=V    override one config field (repeatable)\n"
+    "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
+    "            --print-config         print the resolved config and derived values, then exit\n"
+    "  prepare   train a BPE tokenizer and write token shards\n"
+    "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
+    "  help      this text\n";
+
+static int exit_code(ct_status st) {
+    if (st == CT_OK) return 0;
+    ct_error_print();
+    return st == CT_ERR_INPUT ? 2 : 1;
+}
+
+static ct_status usage_error(const char *fmt, const char *arg) {
+    ct_error(CT_ERR_INPUT, fmt, arg);
+    ct_hint("run `cooktrain help` for the list of commands and options");
+    return CT_ERR_INPUT;
+}
+
+static int default_threads(void) {
+    int n = omp_get_num_procs();
+    return n > 0 ? n : 1;
+}
+
+static ct_status cmd_train(int argc, char **argv) {
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    const char *config_path = NULL, *backend_name = "cpu";
+    bool print_config = false;
+    /* The file is loaded first and --set applied after, whatever their order on the line. */
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0;
+    ct_status st = CT_OK;
+    for (int i = 0; i < argc && st == CT_OK; i++) {
+        const char *a = argv[i];
+        bool has_value = i + 1 < argc;
+        if (!strcmp(a, "--config")) {
+            if (!has_value) st = usage_error("%s needs a file name", a);
+            else config_path = argv[++i];
+        } else if (!strcmp(a, "--set")) {
+            if (!has_value) st = usage_error("%s needs section.key=value", a);
+            else sets[n_sets++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            sets[n_sets++] = a + 6;
+        } else if (!strcmp(a, "--backend")) {
+            if (!has_value) st = usage_error("%s needs cpu or cuda", a);
+            else backend_name = argv[++i];
+        } else if (!strcmp(a, "--print-config")) {
+            print_config = true;
+        } else {
+            st = usage_error("train: unknown option '%s'", a);
+        }
+    }
+    if (st == CT_OK && config_path) st = ct_config_load_file(&cfg, config_path);
+    for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
+    free(sets);
+    if (st == CT_OK && strcmp(backend_name, "cpu") != 0) {
+        if (!strcmp(backend_name, "cuda")) {
+            ct_error(CT_ERR_INPUT, "--backend cuda: the CUDA backend is not part of this build");
+            ct_hint("use --backend cpu (the default)");
+        } else {
+            ct_error(CT_ERR_INPUT, "--backend '%s' is not a backend", backend_name);
+            ct_hint("valid backends: cpu, cuda");
+        }
+        st = CT_ERR_INPUT;
+    }
+    if (st == CT_OK) st = ct_config_validate(&cfg, 1);
+    if (st != CT_OK) return st;
+    if (print_config) {
+        ct_config_print(&cfg, stdout);
+        return CT_OK;
+    }
+    int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
+    ct_backend *be = ct_backend_cpu_new(threads);
+    st = ct_train_run(&cfg, be, NULL);
+    ct_backend_free(be);
+    return st;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *command = argc > 1 ? argv[1] : "train";
+    int first = 2;
+    if (argc > 1 && argv[1][0] == '-') command = "train", first = 1;
+    if (argc == 1) {
+        fputs(usage_text, stderr);
+        return 2;
+    }
+    ct_status st;
+    if (!strcmp(command, "train")) {
+        st = cmd_train(argc - first, argv + first);
+    } else if (!strcmp(command, "prepare")) {
+        st = ct_prepare_run(argc - first, argv + first);
+    } else if (!strcmp(command, "help") || !strcmp(command, "--help") || !strcmp(command, "-h")) {
+        fputs(usage_text, stdout);
+        st = CT_OK;
+    } else {
+        st = usage_error("'%s' is not a cooktrain command", command);
+    }
+    return exit_code(st);
+}

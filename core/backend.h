@@ -1,0 +1,270 @@
+/*
+ * backend.h — tensors and the ops the model needs, behind one interface (DESIGN §3).
+ *
+ * A backend is a table of function pointers (struct ct_backend_i) plus a context. The CPU backend
+ * (backend_cpu.c) is always built and is the numerical reference; the CUDA backend (cuda/) fills
+ * the same table. Model, optimizer and training loop reach ops only through the ct_* wrappers
+ * below, which check shapes (CT_ASSERT: a mismatch is a bug) and pass raw pointers and sizes to
+ * the slot. Model code never dereferences tensor memory: values reach the host only through
+ * ct_tensor_to_host().
+ *
+ * Tensors are small host-side handles (dtype, shape, owning backend, pointer into backend memory).
+ * Memory is allocated in slabs (ct_tensor_new) and carved into views (ct_tensor_view), so every
+ * byte belongs to one accounting category (enum ct_mem_category).
+ *
+ * Ordering: ops may run asynchronously on the backend's stream. event_record / event_wait / sync
+ * order work against communication; all three are no-ops on the CPU.
+ *
+ * Conventions: matrices are row-major; a linear weight is (out_features, in_features). N = rows
+ * (B·T tokens), C = channels. "accumulates" means the op adds into its output (+=); otherwise it
+ * overwrites. Reductions inside ops are split into fixed-size chunks summed in a fixed order, so
+ * results do not depend on the thread count.
+ */
+#ifndef CT_BACKEND_H
+#define CT_BACKEND_H
+
+#include "common.h"
+
+#define CT_MAX_DIMS 4
+
+typedef enum ct_mem_category {
+    CT_MEM_PARAMS = 0,
+    CT_MEM_GRADS,
+    CT_MEM_OPTIM,
+    CT_MEM_ACTS,
+    CT_MEM_COMM,
+    CT_MEM_GATHERED,
+    CT_MEM_WORKSPACE,
+    CT_MEM_COUNT
+} ct_mem_category;
+
+const char *ct_mem_category_name(ct_mem_category category);
+
+struct ct_backend;
+
+typedef struct ct_tensor {
+    ct_dtype dtype;
+    int ndim;
+    int64_t shape[CT_MAX_DIMS];
+    int64_t numel;
+    struct ct_backend *backend;
+    void *data;        /* backend memory; only backends and comm implementations touch it */
+    bool owns_data;    /* true for slabs from ct_tensor_new, false for views */
+    ct_mem_category category;
+} ct_tensor;
+
+/* One contiguous range of a flat optimizer buffer with its weight decay (0 for biases, norms). */
+typedef struct ct_adamw_segment {
+    int64_t offset; /* element offset inside the flat range */
+    int64_t count;
+    float weight_decay;
+} ct_adamw_segment;
+
+typedef struct ct_adamw_hparams {
+    float lr, beta1, beta2, eps;
+    int64_t step;     /* 1-based step number for bias correction */
+    float grad_scale; /* gradients are multiplied by this first (clipping) */
+} ct_adamw_hparams;
+
+/*
+ * The slots. Pointers are backend memory. Optional slots may be NULL (default written beside).
+ */
+struct ct_backend_i {
+    const char *name;
+
+    /* memory */
+    void *(*alloc)(void *ctx, size_t bytes); /* NULL on out-of-memory */
+    void (*free)(void *ctx, void *ptr);
+    void (*fill)(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value);
+    void (*copy_from_host)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*copy_to_host)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+
+    /* C(M,N) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_*; lda/ldb/ldc
+     * are row strides in elements. */
+    void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                 float beta, float *C, int64_t ldc);
+
+    void (*bias_add)(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
+    void (*bias_grad)(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
+    void (*axpy)(void *ctx, float *dst, const float *src, float alpha, int64_t n);
+    void (*scale)(void *ctx, float *x, float s, int64_t n);
+
+    void (*embedding_fwd)(void *ctx, float *out, const int32_t *tokens, const float *table,
+                          int64_t N, int64_t C, int64_t rows, int64_t row_offset);
+    void (*embedding_bwd)(void *ctx, float *dtable, const float *dout, const int32_t *tokens,
+                          int64_t N, int64_t C, int64_t rows, int64_t row_offset);
+    void (*posemb_fwd)(void *ctx, float *out, const float *wpe, int64_t B, int64_t T, int64_t C,
+                       int64_t pos_offset);
+    void (*posemb_bwd)(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T,
+                       int64_t C, int64_t pos_offset);
+
+    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int64_t N, int64_t C);
+    void (*layernorm_bwd)(void *ctx, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int64_t N, int64_t C);
+
+    void (*gelu_fwd)(void *ctx, float *out, const float *inp, int64_t n);
+    void (*gelu_bwd)(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n);
+
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *q, const float *k,
+                          const float *v, int64_t B, int64_t T, int64_t n_head,
+                          int64_t n_kv_head, int64_t head_dim);
+    void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, int64_t B, int64_t T, int64_t n_head,
+                          int64_t n_kv_head, int64_t head_dim);
+
+    void (*xent_rowmax)(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
+                        int64_t n_valid);
+    void (*xent_sumexp)(void *ctx, float *sumexp, float *target_logit, const float *logits,
+                        const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
+                        int64_t n_valid, int64_t col_offset);
+    void (*xent_finish)(void *ctx, float *losses, float *logits_to_grad, const int32_t *targets,
+                        const float *rowmax, const float *sumexp, const float *target_logit,
+                        int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
+                        bool write_grad);
+
+    void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v,
+                  const ct_adamw_segment *segments, int n_segments,
+                  const ct_adamw_hparams *hp);
+    void (*sumsq)(void *ctx, float *out, const float *x, int64_t n);
+
+    void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
+                 int64_t n);
+
+    /* ordering; NULL means no-op (the CPU runs everything synchronously) */
+    void (*event_record)(void *ctx, int event);
+    void (*event_wait)(void *ctx, int event);
+    void (*sync)(void *ctx);
+
+    void (*free_backend)(void *ctx); /* NULL: nothing to release */
+};
+
+typedef struct ct_backend {
+    const struct ct_backend_i *iface;
+    void *ctx;
+    size_t bytes_in_use[CT_MEM_COUNT];
+    size_t peak_bytes[CT_MEM_COUNT];
+} ct_backend;
+
+/* ---- backends ---------------------------------------------------------------------------- */
+
+/* The CPU backend; n_threads <= 0 means "what OpenMP would use". */
+ct_backend *ct_backend_cpu_new(int n_threads);
+void ct_backend_free(ct_backend *be);
+int ct_backend_cpu_threads(const ct_backend *be);
+void ct_backend_sync(ct_backend *be);
+
+/* Bytes currently allocated in one category and the total over all categories. */
+size_t ct_backend_mem(const ct_backend *be, ct_mem_category category);
+size_t ct_backend_mem_total(const ct_backend *be);
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+/* Allocates a tensor (a slab) of the given shape; NULL with ct_error(CT_ERR_RUNTIME) on OOM. */
+ct_tensor *ct_tensor_new(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape,
+                         ct_mem_category category);
+ct_tensor *ct_tensor_new_1d(ct_backend *be, ct_dtype dtype, int64_t n, ct_mem_category category);
+ct_tensor *ct_tensor_new_2d(ct_backend *be, ct_dtype dtype, int64_t rows, int64_t cols,
+                            ct_mem_category category);
+/* A view of `parent` starting at element `offset`, with a new shape (must fit inside). */
+ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, const int64_t *shape);
+ct_tensor *ct_tensor_view_1d(const ct_tensor *parent, int64_t offset, int64_t n);
+ct_tensor *ct_tensor_view_2d(const ct_tensor *parent, int64_t offset, int64_t rows, int64_t cols);
+/* Frees the handle, and the memory if it owns it. Accepts NULL. */
+void ct_tensor_free(ct_tensor *t);
+
+size_t ct_tensor_bytes(const ct_tensor *t);
+int64_t ct_tensor_rows(const ct_tensor *t); /* product of all but the last dim */
+int64_t ct_tensor_cols(const ct_tensor *t); /* last dim */
+
+void ct_tensor_fill(ct_tensor *t, float value);
+void ct_tensor_zero(ct_tensor *t);
+void ct_tensor_from_host(ct_tensor *dst, const void *src); /* copies ct_tensor_bytes(dst) */
+void ct_tensor_to_host(void *dst, const ct_tensor *src);
+void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src);  /* same dtype and numel */
+
+/* ---- ops (thin wrappers; shapes in comments) ------------------------------------------------ */
+
+/* C(M,N) = alpha·op(A)·op(B) + beta·C. 2-D views, or N-D treated as (rows, last dim). */
+void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
+             float alpha, float beta);
+/* out(N,C) += bias(C) */
+void ct_bias_add(ct_tensor *out, const ct_tensor *bias);
+/* dbias(C) += sum over rows of dout(N,C) */
+void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout);
+/* dst += alpha·src (same numel) */
+void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha);
+void ct_scale(ct_tensor *x, float s);
+
+/* out(N,C) = table[token - row_offset] for tokens in [row_offset, row_offset + rows), else 0;
+ * table (rows, C). This is the vocab-parallel form; with one shard row_offset = 0. */
+void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
+                      int64_t row_offset);
+/* dtable(rows,C) += dout[n] at row token[n] - row_offset (tokens outside the slice skipped). */
+void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
+                      int64_t row_offset);
+/* out(B,T,C) += wpe[pos_offset + t] */
+void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset);
+/* dwpe[pos_offset + t] += sum_b dout(B,T,C)[b,t] */
+void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
+                   int64_t pos_offset);
+
+/* out(N,C) = LayerNorm(inp)·w + b; saves mean(N), rstd(N). eps = 1e-5. */
+void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
+                      const ct_tensor *w, const ct_tensor *b);
+/* dinp(N,C) += ..., dw(C) += ..., db(C) += ... (all accumulate) */
+void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
+                      const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
+                      const ct_tensor *rstd);
+
+/* GELU, tanh approximation (GPT-2). gelu_bwd: dinp = gelu'(inp)·dout (dinp may alias dout). */
+void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp);
+void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout);
+
+/*
+ * Causal self-attention. q, out: (B, T, n_head·hd); k, v: (B, T, n_kv_head·hd) (n_kv_head
+ * divides n_head: grouped-query attention; equal for GPT-2). Scale 1/sqrt(hd). lse (B, n_head, T)
+ * saves each row's log-sum-exp of the scaled scores for backward.
+ * attention_bwd overwrites dq, dk, dv.
+ */
+void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
+                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
+                      int64_t n_kv_head);
+void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
+                      const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                      const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
+                      int64_t n_head, int64_t n_kv_head);
+
+/*
+ * Softmax cross-entropy in three steps so that the vocab-parallel form (logits split by columns
+ * over tp ranks) needs only allreduces of N-vectors between them:
+ *   xent_rowmax:  rowmax(N) = max over the first n_valid columns of logits(N, V)
+ *                 [allreduce MAX over tp]
+ *   xent_sumexp:  sumexp(N) = sum exp(logit - rowmax), target_logit(N) = logit at the target if
+ *                 it lies in [col_offset, col_offset + n_valid), else 0   [allreduce SUM over tp]
+ *   xent_finish:  losses(N) = log(sumexp) + rowmax - target_logit; if write_grad, logits are
+ *                 overwritten by dloss·(softmax - onehot) (padded columns get 0).
+ * Columns at or past n_valid are vocabulary padding: −∞ logits, excluded everywhere.
+ */
+void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid);
+void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor *logits,
+                    const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
+                    int64_t col_offset);
+void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
+                    const ct_tensor *rowmax, const ct_tensor *sumexp,
+                    const ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
+                    float dloss, bool write_grad);
+
+/* AdamW on flat 1-D views of equal length; only elements covered by a segment are updated. */
+void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
+              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp);
+/* out[index] = sum of x² (computed in double, fixed chunking; out is an f32 1-D tensor). */
+void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x);
+/* Elementwise dtype conversion (f32 <-> bf16, round to nearest even). */
+void ct_cast(ct_tensor *dst, const ct_tensor *src);
+
+#endif /* CT_BACKEND_H */

@@ -1,0 +1,159 @@
+/*
+ * comm.c — the comm wrappers (byte counting in the ring model) and the local, one-rank group.
+ */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *ct_comm_op_name(ct_comm_op_kind kind) {
+    static const char *names[CT_COMM_OP_COUNT] = {
+        "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "all_to_all", "barrier",
+    };
+    return (int)kind >= 0 && kind < CT_COMM_OP_COUNT ? names[kind] : "?";
+}
+
+/* Ring-model bytes this rank sends for an op over `size` ranks on a buffer of `bytes`. */
+static uint64_t ring_bytes(ct_comm_op_kind kind, uint64_t bytes, int size) {
+    if (size <= 1) return 0;
+    switch (kind) {
+    case CT_COMM_ALLREDUCE: return 2 * bytes * (uint64_t)(size - 1) / (uint64_t)size;
+    case CT_COMM_REDUCE_SCATTER:
+    case CT_COMM_ALLGATHER:
+    case CT_COMM_ALL_TO_ALL: return bytes * (uint64_t)(size - 1) / (uint64_t)size;
+    case CT_COMM_SEND: return bytes;
+    case CT_COMM_BROADCAST: return bytes; /* caller passes 0 for non-roots */
+    default: return 0;
+    }
+}
+
+static void count(ct_comm *comm, ct_comm_op_kind kind, int64_t n, ct_dtype dtype) {
+    comm->calls[kind]++;
+    comm->bytes[kind] += ring_bytes(kind, (uint64_t)n * ct_dtype_size(dtype), comm->size);
+}
+
+void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
+    count(comm, CT_COMM_ALLREDUCE, n, dtype);
+    if (comm->size > 1) comm->iface->allreduce(comm->ctx, buf, n, dtype, op);
+}
+
+void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
+                            ct_dtype dtype, ct_reduce_op op) {
+    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks",
+               (long long)n, comm->size);
+    count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
+    comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op);
+}
+
+void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
+    CT_ASSERTF(n % comm->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
+               comm->size);
+    count(comm, CT_COMM_ALLGATHER, n, dtype);
+    comm->iface->allgather(comm->ctx, send, recv, n, dtype);
+}
+
+void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int root) {
+    comm->calls[CT_COMM_BROADCAST]++;
+    if (comm->rank == root)
+        comm->bytes[CT_COMM_BROADCAST] +=
+            ring_bytes(CT_COMM_BROADCAST, (uint64_t)n * ct_dtype_size(dtype), comm->size);
+    if (comm->size > 1) comm->iface->broadcast(comm->ctx, buf, n, dtype, root);
+}
+
+ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype,
+                               int peer, int tag) {
+    comm->calls[CT_COMM_SEND]++;
+    comm->bytes[CT_COMM_SEND] += (uint64_t)n * ct_dtype_size(dtype);
+    return comm->iface->isend(comm->ctx, buf, n, dtype, peer, tag);
+}
+
+ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
+                               int tag) {
+    return comm->iface->irecv(comm->ctx, buf, n, dtype, peer, tag);
+}
+
+void ct_comm_wait(ct_comm *comm, ct_comm_request *req) {
+    if (req) comm->iface->wait(comm->ctx, req);
+}
+
+bool ct_comm_test(ct_comm *comm, ct_comm_request *req) {
+    if (!req || !comm->iface->test) return true;
+    return comm->iface->test(comm->ctx, req);
+}
+
+void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
+    count(comm, CT_COMM_ALL_TO_ALL, n, dtype);
+    comm->iface->all_to_all(comm->ctx, send, recv, n, dtype);
+}
+
+void ct_comm_barrier(ct_comm *comm) {
+    comm->calls[CT_COMM_BARRIER]++;
+    if (comm->size > 1) comm->iface->barrier(comm->ctx);
+}
+
+void ct_comm_reset_counters(ct_comm *comm) {
+    memset(comm->bytes, 0, sizeof comm->bytes);
+    memset(comm->calls, 0, sizeof comm->calls);
+}
+
+void ct_comm_free(ct_comm *comm) {
+    if (!comm) return;
+    if (comm->iface->free_comm) comm->iface->free_comm(comm->ctx);
+    free(comm);
+}
+
+/* ---- the local group: one rank, so every collective is the identity ------------------------ */
+
+/* Buffers may live in device memory, so copies between distinct send/recv buffers need the
+ * backend; the local group is only used where send == recv or where the caller copies. With one
+ * rank reduce_scatter and allgather are plain copies of n elements, done with memmove only when
+ * the pointers are host memory — which the CPU backend's are. The CUDA build supplies its own
+ * one-rank NCCL communicator instead. */
+static void local_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n,
+                                 ct_dtype dtype, ct_reduce_op op) {
+    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+}
+
+static void local_allgather(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
+    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+}
+
+static ct_comm_request *local_p2p(void *ctx, const void *buf, int64_t n, ct_dtype dtype,
+                                  int peer, int tag) {
+    CT_ASSERTF(0, "point-to-point on a one-rank group (peer %d, tag %d)", peer, tag);
+}
+
+static ct_comm_request *local_irecv(void *ctx, void *buf, int64_t n, ct_dtype dtype, int peer,
+                                    int tag) {
+    return local_p2p(ctx, buf, n, dtype, peer, tag);
+}
+
+static void local_wait(void *ctx, ct_comm_request *req) {}
+
+static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n,
+                             ct_dtype dtype) {
+    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+}
+
+static const struct ct_comm_i local_iface = {
+    .allreduce = NULL, /* never called: the wrapper skips groups of one */
+    .reduce_scatter = local_reduce_scatter,
+    .allgather = local_allgather,
+    .broadcast = NULL, /* never called */
+    .isend = local_p2p,
+    .irecv = local_irecv,
+    .wait = local_wait,
+    .test = NULL,
+    .all_to_all = local_all_to_all,
+    .barrier = NULL, /* never called */
+    .free_comm = NULL,
+};
+
+ct_comm *ct_comm_local_new(const char *name) {
+    ct_comm *comm = ct_xcalloc(1, sizeof *comm);
+    comm->iface = &local_iface;
+    comm->name = name;
+    comm->rank = 0;
+    comm->size = 1;
+    return comm;
+}

@@ -1,0 +1,87 @@
+/*
+ * comm.h — collectives on one group of ranks (DESIGN §3).
+ *
+ * A communicator (ct_comm) is a group: a table of function pointers plus a context, reached
+ * through the wrappers below. Implementations: the local one here (a group of one rank: every
+ * collective is a copy or nothing, and counts zero bytes), the MPI one in parallel/ (host
+ * memory), the NCCL one in cuda/ (device memory, on a communication stream).
+ *
+ * Buffers are backend memory given as (pointer, element count, dtype). Reductions take an op.
+ * "n" below is the element count of the FULL buffer: for reduce_scatter, `send` holds n elements
+ * and `recv` n / size; for allgather, `send` holds n / size and `recv` n.
+ *
+ * Byte counters, per group and per op kind, follow the ring model whatever algorithm the library
+ * really uses (bytes = n·dtype size, N = group size): allreduce 2·bytes·(N−1)/N, reduce_scatter
+ * and allgather bytes·(N−1)/N, all_to_all bytes·(N−1)/N, send bytes, broadcast bytes at the
+ * root and 0 elsewhere. Tests and `plan` check communication volume with them.
+ */
+#ifndef CT_COMM_H
+#define CT_COMM_H
+
+#include "common.h"
+
+typedef enum ct_reduce_op { CT_REDUCE_SUM = 0, CT_REDUCE_MAX, CT_REDUCE_MIN } ct_reduce_op;
+
+typedef enum ct_comm_op_kind {
+    CT_COMM_ALLREDUCE = 0,
+    CT_COMM_REDUCE_SCATTER,
+    CT_COMM_ALLGATHER,
+    CT_COMM_BROADCAST,
+    CT_COMM_SEND,
+    CT_COMM_ALL_TO_ALL,
+    CT_COMM_BARRIER,
+    CT_COMM_OP_COUNT
+} ct_comm_op_kind;
+
+const char *ct_comm_op_name(ct_comm_op_kind kind);
+
+/* A pending non-blocking operation; completed by ct_comm_wait. */
+typedef struct ct_comm_request ct_comm_request;
+
+struct ct_comm_i {
+    void (*allreduce)(void *ctx, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op);
+    void (*reduce_scatter)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype,
+                           ct_reduce_op op);
+    void (*allgather)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
+    void (*broadcast)(void *ctx, void *buf, int64_t n, ct_dtype dtype, int root);
+    ct_comm_request *(*isend)(void *ctx, const void *buf, int64_t n, ct_dtype dtype, int peer,
+                              int tag);
+    ct_comm_request *(*irecv)(void *ctx, void *buf, int64_t n, ct_dtype dtype, int peer, int tag);
+    void (*wait)(void *ctx, ct_comm_request *req);
+    bool (*test)(void *ctx, ct_comm_request *req); /* NULL: always complete */
+    void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
+    void (*barrier)(void *ctx);
+    void (*free_comm)(void *ctx); /* NULL: nothing to release */
+};
+
+typedef struct ct_comm {
+    const struct ct_comm_i *iface;
+    void *ctx;
+    const char *name; /* "tp", "dp", "pp", "mp", "embed", "world" */
+    int rank, size;
+    uint64_t bytes[CT_COMM_OP_COUNT]; /* ring-model bytes sent by this rank */
+    uint64_t calls[CT_COMM_OP_COUNT];
+} ct_comm;
+
+/* A group of one rank (world size 1, or tp = 1 inside a bigger job). */
+ct_comm *ct_comm_local_new(const char *name);
+void ct_comm_free(ct_comm *comm); /* accepts NULL */
+
+void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op);
+void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
+                            ct_dtype dtype, ct_reduce_op op);
+void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
+void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int root);
+ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype,
+                               int peer, int tag);
+ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
+                               int tag);
+void ct_comm_wait(ct_comm *comm, ct_comm_request *req);
+bool ct_comm_test(ct_comm *comm, ct_comm_request *req);
+void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
+void ct_comm_barrier(ct_comm *comm);
+
+/* Clears the byte and call counters. */
+void ct_comm_reset_counters(ct_comm *comm);
+
+#endif /* CT_COMM_H */

@@ -1,0 +1,107 @@
+/* common.c — error channel, assertions, small helpers. See common.h. */
+#include "common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static char error_message[2048];
+static char error_hint[1024];
+static int log_rank;
+
+size_t ct_dtype_size(ct_dtype dtype) {
+    switch (dtype) {
+    case CT_DTYPE_F32: return 4;
+    case CT_DTYPE_BF16: return 2;
+    case CT_DTYPE_I32: return 4;
+    case CT_DTYPE_I64: return 8;
+    case CT_DTYPE_U8: return 1;
+    }
+    CT_ASSERTF(0, "unknown dtype %d", (int)dtype);
+}
+
+const char *ct_dtype_name(ct_dtype dtype) {
+    switch (dtype) {
+    case CT_DTYPE_F32: return "f32";
+    case CT_DTYPE_BF16: return "bf16";
+    case CT_DTYPE_I32: return "i32";
+    case CT_DTYPE_I64: return "i64";
+    case CT_DTYPE_U8: return "u8";
+    }
+    return "?";
+}
+
+ct_status ct_error(ct_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    va_end(ap);
+    error_hint[0] = '\0';
+    return status;
+}
+
+void ct_hint(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_hint, sizeof error_hint, fmt, ap);
+    va_end(ap);
+}
+
+const char *ct_error_message(void) { return error_message; }
+const char *ct_error_hint(void) { return error_hint; }
+
+void ct_error_clear(void) {
+    error_message[0] = '\0';
+    error_hint[0] = '\0';
+}
+
+void ct_error_print(void) {
+    if (error_message[0]) fprintf(stderr, "cooktrain: %s\n", error_message);
+    if (error_hint[0]) fprintf(stderr, "hint: %s\n", error_hint);
+    fflush(stderr);
+}
+
+void ct_set_log_rank(int rank) { log_rank = rank; }
+int ct_log_rank(void) { return log_rank; }
+
+void ct_assert_fail(const char *expr, const char *file, int line, const char *fmt, ...) {
+    fprintf(stderr, "cooktrain: internal error on rank %d at %s:%d: assertion `%s` failed", log_rank,
+            file, line, expr);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+    fflush(stderr);
+    abort();
+}
+
+void *ct_xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    CT_ASSERTF(p != NULL, "out of host memory (%zu bytes)", bytes);
+    return p;
+}
+
+void *ct_xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    CT_ASSERTF(p != NULL, "out of host memory (%zu x %zu bytes)", count, size);
+    return p;
+}
+
+char *ct_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = ct_xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+double ct_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

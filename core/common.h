@@ -1,0 +1,89 @@
+/*
+ * common.h — the few things every cooktrain module needs: status codes, the error channel,
+ * invariant checks, and dtypes.
+ *
+ * Two kinds of failure (STYLE §5):
+ *   - A broken invariant is a bug: CT_ASSERT prints file:line and rank and aborts. It is never
+ *     compiled out.
+ *   - A failure caused by the outside world (bad config, missing file, out of memory) returns a
+ *     ct_status up to cmd/, which prints the message and picks the exit code. Nothing below cmd/
+ *     calls exit(). The message is recorded with ct_error() and an optional ct_hint(), and printed
+ *     once by ct_error_print().
+ *
+ * Exit-code policy (DESIGN §9): CT_OK → 0, CT_ERR_INPUT → 2 (usage, config, data, checkpoint),
+ * CT_ERR_RUNTIME → 1 (out of memory, device error, collective timeout).
+ */
+#ifndef CT_COMMON_H
+#define CT_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum ct_status {
+    CT_OK = 0,
+    CT_ERR_RUNTIME = 1,
+    CT_ERR_INPUT = 2,
+} ct_status;
+
+/* Element types of tensors and of communication buffers. */
+typedef enum ct_dtype {
+    CT_DTYPE_F32 = 0,
+    CT_DTYPE_BF16,
+    CT_DTYPE_I32,
+    CT_DTYPE_I64,
+    CT_DTYPE_U8,
+} ct_dtype;
+
+size_t ct_dtype_size(ct_dtype dtype);
+const char *ct_dtype_name(ct_dtype dtype);
+
+/*
+ * The error channel. ct_error() records the message (printf-style) and returns `status`, so a
+ * failing function can say `return ct_error(CT_ERR_INPUT, "...")`. ct_hint() attaches the one
+ * hint line. A later ct_error() replaces an earlier one; ct_error_clear() forgets it.
+ */
+ct_status ct_error(ct_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ct_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *ct_error_message(void);
+const char *ct_error_hint(void);
+void ct_error_clear(void);
+/* Prints "cooktrain: <message>" and "hint: <hint>" to stderr (if a message is set). */
+void ct_error_print(void);
+
+/* The rank printed by CT_ASSERT and diagnostics; set once by the parallel layer (0 by default). */
+void ct_set_log_rank(int rank);
+int ct_log_rank(void);
+
+__attribute__((noreturn)) void ct_assert_fail(const char *expr, const char *file, int line,
+                                              const char *fmt, ...);
+
+#define CT_ASSERT(cond)                                                   \
+    do {                                                                  \
+        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, NULL);     \
+    } while (0)
+#define CT_ASSERTF(cond, ...)                                                     \
+    do {                                                                          \
+        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__);      \
+    } while (0)
+
+/* Propagates a non-OK status to the caller. */
+#define CT_TRY(expr)                           \
+    do {                                       \
+        ct_status ct_try_status_ = (expr);     \
+        if (ct_try_status_ != CT_OK) return ct_try_status_; \
+    } while (0)
+
+/* Allocation that treats failure as a bug-level abort: only for small host bookkeeping. Large
+ * buffers go through the backend, whose failures are reported as CT_ERR_RUNTIME. */
+void *ct_xmalloc(size_t bytes);
+void *ct_xcalloc(size_t count, size_t size);
+char *ct_xstrdup(const char *s);
+
+/* Monotonic wall time in seconds. */
+double ct_now(void);
+
+#define CT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif /* CT_COMMON_H */

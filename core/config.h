@@ -1,0 +1,137 @@
+/*
+ * config.h — the run configuration: YAML file (libyaml) + `--set section.key=value` overrides,
+ * validated as a whole, with the derived values computed once (DESIGN §12).
+ *
+ * Every field has a default (ct_config_defaults) and is documented in the key table of config.c,
+ * which is also what --print-config, unknown-key suggestions and configs/README.md follow.
+ * Loading never exits: it returns CT_ERR_INPUT with a message naming the field and the value and
+ * a hint (common.h). Validation that needs the world size (the grid) happens in
+ * ct_config_validate, which every rank runs on the same input and so reaches the same verdict.
+ */
+#ifndef CT_CONFIG_H
+#define CT_CONFIG_H
+
+#include "common.h"
+
+#include <stdio.h>
+
+#define CT_PATH_MAX 512
+
+typedef enum ct_arch { CT_ARCH_GPT2 = 0, CT_ARCH_LLAMA } ct_arch;
+typedef enum ct_schedule { CT_SCHEDULE_1F1B = 0, CT_SCHEDULE_GPIPE, CT_SCHEDULE_INTERLEAVED } ct_schedule;
+typedef enum ct_precision { CT_PRECISION_FP32 = 0, CT_PRECISION_BF16 } ct_precision;
+typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recompute;
+
+typedef struct ct_model_config {
+    ct_arch arch;
+    int64_t vocab_size; /* real vocabulary (tokens the tokenizer can emit) */
+    int64_t vocab_pad;  /* padded vocabulary is a multiple of this (default 128) */
+    int64_t seq_len;
+    int64_t n_layer;
+    int64_t d_model;
+    int64_t n_head;
+    int64_t n_kv_head;  /* 0 in the file means = n_head */
+    int64_t d_ff;       /* 0 in the file means 4·d_model */
+} ct_model_config;
+
+typedef struct ct_parallel_config {
+    int64_t tp, pp, dp;  /* dp 0 means world / (tp·pp) */
+    int64_t zero_stage;
+    ct_schedule schedule;
+    int64_t virtual_stages;
+    char pp_layers[256]; /* comma-separated explicit split, "" = even */
+    bool sequence_parallel;
+    double bucket_mb;
+    double timeout_s;
+    ct_precision grad_reduce_dtype; /* fp32 or bf16 */
+} ct_parallel_config;
+
+typedef struct ct_train_config {
+    int64_t steps;
+    int64_t global_batch; /* sequences per optimizer step */
+    int64_t micro_batch;  /* sequences per microbatch per dp rank */
+    double lr, min_lr;
+    int64_t warmup_steps;
+    double weight_decay;
+    double grad_clip;     /* 0 disables clipping */
+    double beta1, beta2, eps;
+    uint64_t seed;
+    ct_precision precision;
+    ct_recompute recompute;
+    int64_t eval_interval; /* 0 disables evaluation */
+    int64_t eval_steps;
+    int64_t max_bad_steps;
+    int64_t threads;       /* threads per rank; 0 = cores / ranks on this node */
+} ct_train_config;
+
+typedef struct ct_data_config {
+    char train[CT_PATH_MAX]; /* shard path or glob */
+    char val[CT_PATH_MAX];
+    char tokenizer[CT_PATH_MAX];
+} ct_data_config;
+
+typedef struct ct_checkpoint_config {
+    char dir[CT_PATH_MAX];
+    int64_t interval;
+    int64_t keep;
+    char resume[CT_PATH_MAX]; /* auto | never | PATH */
+} ct_checkpoint_config;
+
+typedef struct ct_log_config {
+    int64_t interval;
+    char metrics[CT_PATH_MAX];
+    char trace[CT_PATH_MAX];
+    char run_dir[CT_PATH_MAX];
+} ct_log_config;
+
+/* Values computed from the others (never set by the user). */
+typedef struct ct_derived_config {
+    int64_t world_size;
+    int64_t dp;             /* resolved */
+    int64_t vocab_padded;   /* vocab_size rounded up to a multiple of vocab_pad */
+    int64_t n_kv_head;      /* resolved */
+    int64_t d_ff;           /* resolved */
+    int64_t head_dim;       /* d_model / n_head */
+    int64_t grad_accum;     /* global_batch / (micro_batch · dp) */
+    int64_t n_params;       /* parameters of the model (tied embedding once, padding included) */
+    int64_t tokens_per_step;/* global_batch · seq_len */
+} ct_derived_config;
+
+typedef struct ct_config {
+    ct_model_config model;
+    ct_parallel_config parallel;
+    ct_train_config train;
+    ct_data_config data;
+    ct_checkpoint_config checkpoint;
+    ct_log_config log;
+    ct_derived_config derived;
+    /* Not a YAML key: cmd sets it from `--backend cuda` before ct_config_validate, which rejects
+     * train.precision=bf16 while it is false (the CPU backend is fp32 only). Default false. */
+    bool runtime_backend_cuda;
+} ct_config;
+
+/* Fills every field with its default. */
+void ct_config_defaults(ct_config *cfg);
+
+/* Parses a YAML file into cfg (on top of what is there). Syntax errors quote the line. The file
+ * is one mapping of section -> mapping of key -> scalar; an empty file changes nothing. On any
+ * error cfg is left exactly as it was. Messages start with "path:line:col: ". */
+ct_status ct_config_load_file(ct_config *cfg, const char *path);
+/* Parses YAML text (for tests); `origin` names it in messages. Same rules as the file. */
+ct_status ct_config_load_string(ct_config *cfg, const char *yaml, const char *origin);
+/* Applies one "section.key=value" override with the same conversion and range checks as the
+ * file. Whitespace around key and value is ignored; one pair of matching outer quotes around the
+ * value is removed (so `--set 'data.val=""'` gives an empty string). cfg is untouched on error. */
+ct_status ct_config_set(ct_config *cfg, const char *assignment);
+
+/* Checks ranges and consistency and fills cfg->derived for a job of world_size ranks. */
+ct_status ct_config_validate(ct_config *cfg, int64_t world_size);
+
+/* Writes the resolved config as YAML (loadable again), then the derived values as comments. */
+void ct_config_print(const ct_config *cfg, FILE *out);
+
+/* Writes a Markdown table of every key (section.key, type and allowed values, default, meaning),
+ * straight from the key table; configs/README.md embeds it (test/gen_config_docs.c prints it). */
+void ct_config_write_docs(FILE *out);
+
+#endif /* CT_CONFIG_H */

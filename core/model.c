@@ -1,0 +1,638 @@
+/*
+ * model.c — GPT-2: registry, initialisation, forward and backward per chunk. See model.h.
+ *
+ * Forward of one layer (pre-LayerNorm block), x = residual[l] (B,T,C):
+ *     ln1 = LN(x)                          q,k,v = ln1·Wq,k,vᵀ + b   (column-parallel)
+ *     att = causal_attention(q, k, v)      mid = x + (att·Woᵀ [allreduce tp]) + bo
+ *     ln2 = LN(mid)                        h = ln2·Wupᵀ + bup,  g = GELU(h)
+ *     residual[l+1] = mid + (g·Wdownᵀ [allreduce tp]) + bdown
+ * Backward mirrors it; the tensor-parallel "copy" operators turn into allreduces of the norm
+ * output gradients. With tp = 1 every tp collective is on a group of one and costs nothing.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+/* ---- layout --------------------------------------------------------------------------------- */
+
+ct_model_layout ct_model_layout_single(const ct_config *cfg) {
+    ct_model_layout layout;
+    memset(&layout, 0, sizeof layout);
+    layout.tp_rank = 0;
+    layout.tp_size = 1;
+    layout.tp = NULL;
+    layout.dp_size = 1;
+    layout.n_chunks = 1;
+    layout.chunks[0].index = 0;
+    layout.chunks[0].first_layer = 0;
+    layout.chunks[0].n_layers = (int)cfg->model.n_layer;
+    layout.chunks[0].has_embed = true;
+    layout.chunks[0].has_head = true;
+    return layout;
+}
+
+/* ---- registry ------------------------------------------------------------------------------- */
+
+typedef struct registry_builder {
+    ct_model *model;
+    int cap;
+} registry_builder;
+
+static ct_param *add_param(registry_builder *rb, const char *name, int ndim, int64_t rows,
+                           int64_t cols, int split_dim, ct_init_rule init, float std, int chunk) {
+    ct_model *m = rb->model;
+    if (m->n_params == rb->cap) {
+        rb->cap = rb->cap ? 2 * rb->cap : 64;
+        m->params = realloc(m->params, (size_t)rb->cap * sizeof *m->params);
+        CT_ASSERT(m->params != NULL);
+    }
+    ct_param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->global_shape[0] = rows;
+    p->global_shape[1] = ndim == 2 ? cols : 1;
+    p->local_shape[0] = p->global_shape[0];
+    p->local_shape[1] = p->global_shape[1];
+    p->tp_split_dim = split_dim;
+    int tp = m->layout.tp_size, r = m->layout.tp_rank;
+    if (split_dim >= 0) {
+        int64_t g = p->global_shape[split_dim];
+        CT_ASSERTF(g % tp == 0, "%s: dim %d of size %lld does not split over tp=%d", name,
+                   split_dim, (long long)g, tp);
+        p->local_shape[split_dim] = g / tp;
+        p->tp_offset = (int64_t)r * (g / tp);
+    }
+    p->chunk = chunk;
+    p->unit = m->n_units - 1;
+    p->decay = ndim >= 2;
+    p->init = init;
+    p->init_std = std;
+    p->valid_rows = p->local_shape[0];
+    p->numel = p->local_shape[0] * p->local_shape[1];
+    return p;
+}
+
+static void begin_unit(ct_model *m, const char *name, int *unit_cap) {
+    if (m->n_units == *unit_cap) {
+        *unit_cap = *unit_cap ? 2 * *unit_cap : 16;
+        m->units = realloc(m->units, (size_t)*unit_cap * sizeof *m->units);
+        CT_ASSERT(m->units != NULL);
+    }
+    ct_unit *u = &m->units[m->n_units++];
+    memset(u, 0, sizeof *u);
+    snprintf(u->name, sizeof u->name, "%s", name);
+    u->first_param = m->n_params;
+}
+
+static void build_registry(ct_model *m) {
+    registry_builder rb = {.model = m, .cap = 0};
+    int unit_cap = 0;
+    const float std = 0.02f;
+    /* GPT-2: projections that write into the residual stream are scaled by 1/sqrt(2·L) so the
+     * stream's variance does not grow with depth. */
+    const float residual_std = std / sqrtf(2.0f * (float)m->L);
+    int64_t C = m->C, F = m->F, qdim = m->NH * m->hd, kvdim = m->NKV * m->hd;
+    bool have_embed = false;
+    for (int c = 0; c < m->layout.n_chunks; c++)
+        have_embed |= m->layout.chunks[c].has_embed;
+
+    for (int c = 0; c < m->layout.n_chunks; c++) {
+        const int chunk = m->layout.chunks[c].index;
+        if (m->layout.chunks[c].has_embed) {
+            begin_unit(m, "embed", &unit_cap);
+            add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
+            add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk);
+        }
+        for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
+            int l = m->layout.chunks[c].first_layer + i;
+            char unit_name[32], name[64];
+            snprintf(unit_name, sizeof unit_name, "layer.%d", l);
+            begin_unit(m, unit_name, &unit_cap);
+#define P(field, suffix, nd, rows, cols, split, init, sd)                                     \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                               \
+    add_param(&rb, name, nd, rows, cols, split, init, sd, chunk)
+            P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
+            P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+            P(wq, "attn.wq", 2, qdim, C, 0, CT_INIT_NORMAL, std);
+            P(bq, "attn.bq", 1, qdim, 1, 0, CT_INIT_ZEROS, 0);
+            P(wk, "attn.wk", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
+            P(bk, "attn.bk", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
+            P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
+            P(bv, "attn.bv", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
+            P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
+            P(bo, "attn.bo", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+            P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
+            P(ln2_b, "ln2.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+            P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
+            P(b_up, "mlp.b_up", 1, F, 1, 0, CT_INIT_ZEROS, 0);
+            P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
+            P(b_down, "mlp.b_down", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+#undef P
+        }
+        if (m->layout.chunks[c].has_head) {
+            begin_unit(m, "head", &unit_cap);
+            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
+            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
+            if (!have_embed) {
+                /* The last stage's twin of the tied embedding (pipeline parallel). */
+                ct_param *twin = add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std,
+                                           chunk);
+                twin->tied_to = "wte";
+            }
+        }
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        int next = u + 1 < m->n_units ? m->units[u + 1].first_param : m->n_params;
+        m->units[u].n_params = next - m->units[u].first_param;
+    }
+}
+
+/* Points the named fields at the registry entries. */
+static void bind_params(ct_model *m) {
+    m->layers = ct_xcalloc((size_t)m->L, sizeof *m->layers);
+    for (int i = 0; i < m->n_params; i++) {
+        ct_param *p = &m->params[i];
+        if (!strcmp(p->name, "wte") || !strcmp(p->name, "head.wte")) {
+            if (!m->wte || !strcmp(p->name, "wte")) m->wte = p;
+        } else if (!strcmp(p->name, "wpe")) {
+            m->wpe = p;
+        } else if (!strcmp(p->name, "lnf.weight")) {
+            m->lnf_w = p;
+        } else if (!strcmp(p->name, "lnf.bias")) {
+            m->lnf_b = p;
+        } else {
+            int l, n = 0;
+            char suffix[48];
+            if (sscanf(p->name, "layers.%d.%47s%n", &l, suffix, &n) != 2) CT_ASSERTF(0, "%s", p->name);
+            ct_layer_params *lp = &m->layers[l];
+            struct { const char *s; ct_param **slot; } map[] = {
+                {"ln1.weight", &lp->ln1_w}, {"ln1.bias", &lp->ln1_b}, {"attn.wq", &lp->wq},
+                {"attn.bq", &lp->bq},       {"attn.wk", &lp->wk},     {"attn.bk", &lp->bk},
+                {"attn.wv", &lp->wv},       {"attn.bv", &lp->bv},     {"attn.wo", &lp->wo},
+                {"attn.bo", &lp->bo},       {"ln2.weight", &lp->ln2_w}, {"ln2.bias", &lp->ln2_b},
+                {"mlp.w_up", &lp->w_up},    {"mlp.b_up", &lp->b_up},  {"mlp.w_down", &lp->w_down},
+                {"mlp.b_down", &lp->b_down},
+            };
+            bool found = false;
+            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
+                if (!strcmp(suffix, map[k].s)) *map[k].slot = p, found = true;
+            CT_ASSERTF(found, "unbound parameter %s", p->name);
+        }
+    }
+}
+
+/* ---- construction ----------------------------------------------------------------------------- */
+
+ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
+                       const ct_model_layout *layout) {
+    ct_model *m = ct_xcalloc(1, sizeof *m);
+    m->mc = cfg->model;
+    m->T = cfg->model.seq_len;
+    m->C = cfg->model.d_model;
+    m->L = cfg->model.n_layer;
+    m->NH = cfg->model.n_head;
+    m->NKV = cfg->derived.n_kv_head;
+    m->hd = cfg->derived.head_dim;
+    m->F = cfg->derived.d_ff;
+    m->V = cfg->model.vocab_size;
+    m->Vp = cfg->derived.vocab_padded;
+    m->seed = cfg->train.seed;
+    m->be = be;
+    m->layout = *layout;
+    if (!m->layout.tp) m->layout.tp = ct_comm_local_new("tp");
+
+    build_registry(m);
+
+    /* Offsets: parameters packed in registry order inside their unit; units padded so that
+     * every data-parallel shard is equal and 64-byte aligned. */
+    const int64_t align = 16 * (int64_t)CT_MAX(1, layout->dp_size);
+    int64_t slab = 0;
+    for (int u = 0; u < m->n_units; u++) {
+        ct_unit *unit = &m->units[u];
+        int64_t off = 0;
+        for (int i = 0; i < unit->n_params; i++) {
+            ct_param *p = &m->params[unit->first_param + i];
+            p->offset = off;
+            off += p->numel;
+        }
+        unit->numel = off;
+        unit->padded_numel = (off + align - 1) / align * align;
+        unit->slab_offset = slab;
+        slab += unit->padded_numel;
+    }
+    m->slab_numel = slab;
+    m->param_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_PARAMS);
+    m->grad_slab = m->param_slab ? ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_GRADS) : NULL;
+    if (!m->param_slab || !m->grad_slab) {
+        ct_model_free(m);
+        return CT_ERR_RUNTIME;
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        ct_unit *unit = &m->units[u];
+        unit->params = ct_tensor_view_1d(m->param_slab, unit->slab_offset, unit->padded_numel);
+        unit->grads = ct_tensor_view_1d(m->grad_slab, unit->slab_offset, unit->padded_numel);
+        for (int i = 0; i < unit->n_params; i++) {
+            ct_param *p = &m->params[unit->first_param + i];
+            int64_t shape[2] = {p->local_shape[0], p->local_shape[1]};
+            int nd = p->ndim;
+            p->value = ct_tensor_view(m->param_slab, unit->slab_offset + p->offset, nd, shape);
+            p->grad = ct_tensor_view(m->grad_slab, unit->slab_offset + p->offset, nd, shape);
+        }
+    }
+    /* Vocabulary padding: rows at or past vocab_size are never real tokens. */
+    for (int i = 0; i < m->n_params; i++) {
+        ct_param *p = &m->params[i];
+        if (!strcmp(p->name, "wte") || !strcmp(p->name, "head.wte")) {
+            int64_t valid = m->V - p->tp_offset;
+            p->valid_rows = CT_MAX(0, CT_MIN(valid, p->local_shape[0]));
+        }
+    }
+    bind_params(m);
+    ct_tensor_zero(m->param_slab);
+    ct_model_init_params(m);
+    ct_model_zero_grads(m);
+    *out = m;
+    return CT_OK;
+}
+
+void ct_model_free(ct_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_params; i++) {
+        ct_tensor_free(m->params[i].value);
+        ct_tensor_free(m->params[i].grad);
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        ct_tensor_free(m->units[u].params);
+        ct_tensor_free(m->units[u].grads);
+    }
+    ct_tensor_free(m->param_slab);
+    ct_tensor_free(m->grad_slab);
+    free(m->params);
+    free(m->units);
+    free(m->layers);
+    free(m);
+}
+
+ct_param *ct_model_find_param(ct_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    return NULL;
+}
+
+void ct_model_init_params(ct_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        ct_param *p = &m->params[i];
+        float *host = ct_xmalloc((size_t)p->numel * sizeof(float));
+        /* A tied twin draws from the stream of the tensor it is tied to: same bytes. */
+        uint64_t stream = ct_rng_hash_name(p->tied_to ? p->tied_to : p->name);
+        int64_t rows = p->local_shape[0], cols = p->local_shape[1];
+        int64_t row0 = p->tp_split_dim == 0 ? p->tp_offset : 0;
+        int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
+        int64_t gcols = p->global_shape[1];
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t c = 0; c < cols; c++) {
+                float v = 0.0f;
+                if (r < p->valid_rows) {
+                    switch (p->init) {
+                    case CT_INIT_ZEROS: v = 0.0f; break;
+                    case CT_INIT_ONES: v = 1.0f; break;
+                    case CT_INIT_NORMAL: {
+                        uint64_t g = (uint64_t)((row0 + r) * gcols + col0 + c);
+                        v = (float)(p->init_std * ct_rng_normal(m->seed, stream, g));
+                        break;
+                    }
+                    }
+                }
+                host[r * cols + c] = v;
+            }
+        }
+        ct_tensor_from_host(p->value, host);
+        free(host);
+    }
+}
+
+void ct_model_zero_grads(ct_model *m) { ct_tensor_zero(m->grad_slab); }
+
+double ct_model_flops_per_token(const ct_model *m) {
+    /* Every weight used in a GEMM costs 2 FLOPs per token forward and 4 backward; the position
+     * embedding and norms are not GEMMs. Causal attention: QKᵀ and P·V are 2·T·C FLOPs per token
+     * each forward over the full square; the causal half is what is computed, so 2·T·C forward
+     * and 4·T·C backward per layer. */
+    double n_matmul = 0;
+    for (int l = 0; l < m->L; l++) {
+        n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
+        n_matmul += 2.0 * (double)m->C * m->F;
+    }
+    n_matmul += (double)m->Vp * m->C; /* the tied LM head */
+    return 6.0 * n_matmul + 6.0 * (double)m->L * m->T * m->C;
+}
+
+/* ---- activations ------------------------------------------------------------------------------ */
+
+/* Carves views out of one slab; with slab == NULL it only counts. */
+typedef struct carver {
+    ct_tensor *slab;
+    int64_t used;
+} carver;
+
+static ct_tensor *carve(carver *cv, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+    int64_t shape[3] = {d0, d1, d2};
+    int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+    ct_tensor *t = cv->slab ? ct_tensor_view(cv->slab, cv->used, ndim, shape) : NULL;
+    cv->used += (n + 15) / 16 * 16;
+    return t;
+}
+
+static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
+    int64_t B = a->B, T = m->T, C = m->C, N = B * T, tp = m->layout.tp_size;
+    int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
+    int64_t nh = m->NH / tp, vloc = m->Vp / tp;
+    for (int c = 0; c < m->layout.n_chunks; c++) {
+        int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
+        a->residual[first] = carve(cv, 3, B, T, C); /* the chunk's input (received under pp) */
+        for (int l = first; l < first + n; l++) {
+            ct_layer_acts *la = &a->layers[l];
+            la->ln1 = carve(cv, 3, B, T, C);
+            la->ln1_mean = carve(cv, 1, N, 0, 0);
+            la->ln1_rstd = carve(cv, 1, N, 0, 0);
+            la->q = carve(cv, 3, B, T, qdim);
+            la->k = carve(cv, 3, B, T, kvdim);
+            la->v = carve(cv, 3, B, T, kvdim);
+            la->att = carve(cv, 3, B, T, qdim);
+            la->lse = carve(cv, 3, B, nh, T);
+            la->mid = carve(cv, 3, B, T, C);
+            la->ln2 = carve(cv, 3, B, T, C);
+            la->ln2_mean = carve(cv, 1, N, 0, 0);
+            la->ln2_rstd = carve(cv, 1, N, 0, 0);
+            la->h = carve(cv, 3, B, T, F);
+            la->g = carve(cv, 3, B, T, F);
+            a->residual[l + 1] = carve(cv, 3, B, T, C);
+        }
+        if (m->layout.chunks[c].has_head) {
+            a->lnf = carve(cv, 3, B, T, C);
+            a->lnf_mean = carve(cv, 1, N, 0, 0);
+            a->lnf_rstd = carve(cv, 1, N, 0, 0);
+            a->logits = carve(cv, 2, N, vloc, 0);
+            a->rowmax = carve(cv, 1, N, 0, 0);
+            a->sumexp = carve(cv, 1, N, 0, 0);
+            a->target_logit = carve(cv, 1, N, 0, 0);
+            a->losses = carve(cv, 1, N, 0, 0);
+        }
+    }
+}
+
+size_t ct_acts_bytes(const ct_model *m, int64_t B) {
+    ct_acts a = {.B = B};
+    a.residual = ct_xcalloc((size_t)m->L + 1, sizeof *a.residual);
+    a.layers = ct_xcalloc((size_t)m->L, sizeof *a.layers);
+    carver cv = {0};
+    carve_acts((ct_model *)m, &a, &cv);
+    free(a.residual);
+    free(a.layers);
+    return (size_t)cv.used * sizeof(float) + 2 * (size_t)(B * m->T) * sizeof(int32_t);
+}
+
+ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
+    ct_acts *a = ct_xcalloc(1, sizeof *a);
+    a->B = B;
+    a->n_layers = (int)m->L;
+    a->residual = ct_xcalloc((size_t)m->L + 1, sizeof *a->residual);
+    a->layers = ct_xcalloc((size_t)m->L, sizeof *a->layers);
+    carver cv = {0};
+    carve_acts(m, a, &cv);
+    a->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_ACTS);
+    a->tokens = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
+    a->targets = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
+    if (!a->slab || !a->tokens || !a->targets) {
+        ct_acts_free(a);
+        return CT_ERR_RUNTIME;
+    }
+    cv = (carver){.slab = a->slab};
+    carve_acts(m, a, &cv);
+    *out = a;
+    return CT_OK;
+}
+
+void ct_acts_free(ct_acts *a) {
+    if (!a) return;
+    ct_tensor *singles[] = {a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->rowmax,
+                            a->sumexp, a->target_logit, a->losses};
+    for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
+    for (int l = 0; l < a->n_layers; l++) {
+        ct_layer_acts *la = &a->layers[l];
+        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->q, la->k, la->v,
+                              la->att, la->lse, la->mid, la->ln2, la->ln2_mean, la->ln2_rstd,
+                              la->h, la->g};
+        for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
+    }
+    for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
+    free(a->layers);
+    free(a->residual);
+    ct_tensor_free(a->slab);
+    ct_tensor_free(a->tokens);
+    ct_tensor_free(a->targets);
+    free(a);
+}
+
+ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
+    int64_t T = m->T, C = m->C, tp = m->layout.tp_size;
+    int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
+    ct_grad_scratch *s = ct_xcalloc(1, sizeof *s);
+    s->B = B;
+    carver cv = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        s->dres = carve(&cv, 3, B, T, C);
+        s->dln = carve(&cv, 3, B, T, C);
+        s->datt = carve(&cv, 3, B, T, qdim);
+        s->dq = carve(&cv, 3, B, T, qdim);
+        s->dk = carve(&cv, 3, B, T, kvdim);
+        s->dv = carve(&cv, 3, B, T, kvdim);
+        s->dh = carve(&cv, 3, B, T, F);
+        if (pass == 0) {
+            s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_WORKSPACE);
+            if (!s->slab) {
+                free(s);
+                return CT_ERR_RUNTIME;
+            }
+            cv = (carver){.slab = s->slab};
+        }
+    }
+    *out = s;
+    return CT_OK;
+}
+
+void ct_grad_scratch_free(ct_grad_scratch *s) {
+    if (!s) return;
+    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dq, s->dk, s->dv, s->dh};
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
+    ct_tensor_free(s->slab);
+    free(s);
+}
+
+void ct_acts_set_batch(ct_acts *a, const int32_t *tokens, const int32_t *targets) {
+    ct_tensor_from_host(a->tokens, tokens);
+    if (targets) ct_tensor_from_host(a->targets, targets);
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+/* Sum over the tensor-parallel group (no-op for tp = 1). */
+static void tp_allreduce(ct_model *m, ct_tensor *t, ct_reduce_op op) {
+    ct_comm_allreduce(m->layout.tp, t->data, t->numel, t->dtype, op);
+}
+
+/* y = x·Wᵀ (+ b): x (N, in), W (out, in), y (N, out). */
+static void linear_fwd(ct_tensor *y, const ct_tensor *x, const ct_param *w, const ct_param *b) {
+    ct_gemm(y, x, w->value, false, true, 1.0f, 0.0f);
+    if (b) ct_bias_add(y, b->value);
+}
+
+/* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
+static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_param *w, ct_param *b) {
+    ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
+    if (b) ct_bias_grad(b->grad, dy);
+}
+
+static void layer_forward(ct_model *m, int l, ct_acts *a) {
+    ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    ct_tensor *x = a->residual[l], *out = a->residual[l + 1];
+    int64_t tp = m->layout.tp_size;
+
+    ct_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w->value, p->ln1_b->value);
+    linear_fwd(la->q, la->ln1, p->wq, p->bq);
+    linear_fwd(la->k, la->ln1, p->wk, p->bk);
+    linear_fwd(la->v, la->ln1, p->wv, p->bv);
+    ct_attention_fwd(la->att, la->lse, la->q, la->k, la->v, a->B, m->T, m->NH / tp, m->NKV / tp);
+    /* Row-parallel output projection: partial sums are reduced before the bias (added once). */
+    ct_gemm(la->mid, la->att, p->wo->value, false, true, 1.0f, 0.0f);
+    tp_allreduce(m, la->mid, CT_REDUCE_SUM);
+    ct_bias_add(la->mid, p->bo->value);
+    ct_axpy(la->mid, x, 1.0f);
+
+    ct_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w->value,
+                     p->ln2_b->value);
+    linear_fwd(la->h, la->ln2, p->w_up, p->b_up);
+    ct_gelu_fwd(la->g, la->h);
+    ct_gemm(out, la->g, p->w_down->value, false, true, 1.0f, 0.0f);
+    tp_allreduce(m, out, CT_REDUCE_SUM);
+    ct_bias_add(out, p->b_down->value);
+    ct_axpy(out, la->mid, 1.0f);
+}
+
+static void embed_forward(ct_model *m, ct_acts *a) {
+    ct_tensor *x = a->residual[0];
+    ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
+    tp_allreduce(m, x, CT_REDUCE_SUM); /* vocab-parallel: each rank contributed its rows */
+    ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
+}
+
+/* Final norm, tied LM head and vocab-parallel cross-entropy. Returns the summed loss. */
+static double head_forward(ct_model *m, ct_acts *a, float dloss) {
+    int64_t N = a->B * m->T;
+    ct_tensor *x = a->residual[m->L];
+    ct_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w->value, m->lnf_b->value);
+    ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
+    int64_t col_offset = m->wte->tp_offset, n_valid = m->wte->valid_rows;
+    ct_xent_rowmax(a->rowmax, a->logits, n_valid);
+    tp_allreduce(m, a->rowmax, CT_REDUCE_MAX);
+    ct_xent_sumexp(a->sumexp, a->target_logit, a->logits, a->targets, a->rowmax, n_valid,
+                   col_offset);
+    tp_allreduce(m, a->sumexp, CT_REDUCE_SUM);
+    tp_allreduce(m, a->target_logit, CT_REDUCE_SUM);
+    ct_xent_finish(a->losses, a->logits, a->targets, a->rowmax, a->sumexp, a->target_logit,
+                   n_valid, col_offset, dloss, dloss != 0.0f);
+    /* The per-token losses are tiny (B·T floats): sum them on the host in double, in order, so
+     * the reported loss does not depend on threads or layout. */
+    float *losses = ct_xmalloc((size_t)N * sizeof(float));
+    ct_tensor_to_host(losses, a->losses);
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) sum += losses[i];
+    free(losses);
+    return sum;
+}
+
+void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double *loss_sum) {
+    const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
+    if (m->layout.chunks[c].has_embed) embed_forward(m, a);
+    for (int l = first; l < first + n; l++) layer_forward(m, l, a);
+    if (m->layout.chunks[c].has_head) {
+        double s = head_forward(m, a, dloss);
+        if (loss_sum) *loss_sum = s;
+    }
+}
+
+/* ---- backward --------------------------------------------------------------------------------- */
+
+/* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. */
+static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
+    ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    ct_tensor *x = a->residual[l];
+    int64_t tp = m->layout.tp_size;
+
+    /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
+    ct_gemm(s->dh, s->dres, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F) */
+    linear_bwd_params(s->dres, la->g, p->w_down, p->b_down);
+    ct_gelu_bwd(s->dh, la->h, s->dh);
+    ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
+    tp_allreduce(m, s->dln, CT_REDUCE_SUM); /* conjugate of the column-parallel "copy" */
+    linear_bwd_params(s->dh, la->ln2, p->w_up, p->b_up);
+    ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, s->dln, la->mid, p->ln2_w->value,
+                     la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
+
+    /* Attention: mid = x + att·Woᵀ + bo */
+    ct_gemm(s->datt, s->dres, p->wo->value, false, false, 1.0f, 0.0f);
+    linear_bwd_params(s->dres, la->att, p->wo, p->bo);
+    ct_attention_bwd(s->dq, s->dk, s->dv, s->datt, la->q, la->k, la->v, la->att, la->lse, a->B,
+                     m->T, m->NH / tp, m->NKV / tp);
+    ct_gemm(s->dln, s->dq, p->wq->value, false, false, 1.0f, 0.0f);
+    ct_gemm(s->dln, s->dk, p->wk->value, false, false, 1.0f, 1.0f);
+    ct_gemm(s->dln, s->dv, p->wv->value, false, false, 1.0f, 1.0f);
+    tp_allreduce(m, s->dln, CT_REDUCE_SUM);
+    linear_bwd_params(s->dq, la->ln1, p->wq, p->bq);
+    linear_bwd_params(s->dk, la->ln1, p->wk, p->bk);
+    linear_bwd_params(s->dv, la->ln1, p->wv, p->bv);
+    ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, s->dln, x, p->ln1_w->value,
+                     la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */
+}
+
+static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
+    /* a->logits holds dloss·(softmax − onehot) from head_forward. */
+    ct_gemm(s->dln, a->logits, m->wte->value, false, false, 1.0f, 0.0f); /* (N,C) */
+    tp_allreduce(m, s->dln, CT_REDUCE_SUM);
+    ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f);  /* (Vp/tp, C) */
+    ct_tensor_zero(s->dres);
+    ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, s->dln, a->residual[m->L],
+                     m->lnf_w->value, a->lnf_mean, a->lnf_rstd);
+}
+
+static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
+    ct_embedding_bwd(m->wte->grad, s->dres, a->tokens, m->wte->tp_offset);
+    ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->T, 0);
+}
+
+void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {
+    const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
+    CT_ASSERT(s->B == a->B);
+    if (m->layout.chunks[c].has_head) head_backward(m, a, s);
+    for (int l = first + n - 1; l >= first; l--) layer_backward(m, l, a, s);
+    if (m->layout.chunks[c].has_embed) embed_backward(m, a, s);
+}
+
+double ct_model_forward(ct_model *m, ct_acts *a, float dloss) {
+    double loss = 0.0;
+    for (int c = 0; c < m->layout.n_chunks; c++) ct_model_forward_chunk(m, c, a, dloss, &loss);
+    return loss;
+}
+
+void ct_model_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
+    for (int c = m->layout.n_chunks - 1; c >= 0; c--) ct_model_backward_chunk(m, c, a, s);
+}

@@ -1,0 +1,182 @@
+/*
+ * model.h — the GPT-2 model: parameter registry, flat per-unit buffers, layout-independent
+ * initialisation, and forward/backward per chunk on a per-microbatch activation context
+ * (DESIGN §6).
+ *
+ * Parameters. Every tensor is registered with its global name and shape, its tensor-parallel
+ * split, tie, pipeline chunk, FSDP unit, weight-decay flag and init rule. A unit (the embeddings;
+ * one per transformer layer; the final norm) owns one flat range of the parameter slab and the
+ * same range of the gradient slab, padded to a multiple of the data-parallel size and of 16
+ * elements, so gradient reduction and ZeRO sharding work on whole units. Tensors are views into
+ * their unit's range.
+ *
+ * Chunks. A chunk is a contiguous range of layers, plus the embeddings if it is the first chunk
+ * and the final norm, tied LM head and loss if it is the last. Forward and backward run per chunk
+ * on a ct_acts (one per microbatch alive), so a pipeline can keep several microbatches in flight
+ * and a layer can be recomputed. With world size 1 there is one chunk holding everything.
+ *
+ * Shapes: B micro-batch, T seq_len, C d_model, NH heads, hd head dim, F d_ff, Vp padded vocab.
+ * Linear weights are (out, in), row-major.
+ */
+#ifndef CT_MODEL_H
+#define CT_MODEL_H
+
+#include "backend.h"
+#include "comm.h"
+#include "config.h"
+
+#define CT_MAX_CHUNKS 16
+
+typedef enum ct_init_rule {
+    CT_INIT_ZEROS = 0,
+    CT_INIT_ONES,
+    CT_INIT_NORMAL, /* N(0, init_std²) */
+} ct_init_rule;
+
+typedef struct ct_param {
+    char name[64];           /* global name, e.g. "layers.3.attn.wq" */
+    int ndim;                /* 1 or 2 */
+    int64_t global_shape[2];
+    int64_t local_shape[2];  /* this rank's slice */
+    int tp_split_dim;        /* -1 replicated over tp, 0 split by rows, 1 split by columns */
+    int64_t tp_offset;       /* start of this rank's slice along the split dim */
+    const char *tied_to;     /* name of the tensor this one is tied to, or NULL */
+    int chunk;               /* pipeline chunk (global index) */
+    int unit;                /* FSDP unit (index into ct_model.units) */
+    bool decay;              /* weight decay: tensors with >= 2 dims */
+    ct_init_rule init;
+    float init_std;
+    int64_t valid_rows;      /* rows that are real; the rest (vocab padding) stay zero */
+    int64_t offset;          /* element offset inside its unit's flat range */
+    int64_t numel;           /* local elements */
+    ct_tensor *value;        /* view into the unit's parameter range */
+    ct_tensor *grad;         /* view into the unit's gradient range */
+} ct_param;
+
+typedef struct ct_unit {
+    char name[32];           /* "embed", "layer.3", "head" */
+    int first_param, n_params;
+    int64_t numel;           /* sum of its parameters' local elements */
+    int64_t padded_numel;    /* multiple of 16·dp */
+    int64_t slab_offset;     /* start in the parameter / gradient / optimizer slabs */
+    ct_tensor *params;       /* (padded_numel) */
+    ct_tensor *grads;        /* (padded_numel) */
+} ct_unit;
+
+/* Where this rank sits: its tensor-parallel slice and the chunks it holds. */
+typedef struct ct_model_layout {
+    int tp_rank, tp_size;
+    ct_comm *tp;             /* tensor-parallel group (size 1 when tp = 1) */
+    int dp_size;             /* units are padded to a multiple of it */
+    int n_chunks;            /* chunks on this rank */
+    struct {
+        int index;           /* global chunk index */
+        int first_layer, n_layers;
+        bool has_embed, has_head;
+    } chunks[CT_MAX_CHUNKS];
+} ct_model_layout;
+
+typedef struct ct_layer_params {
+    ct_param *ln1_w, *ln1_b;             /* (C) */
+    ct_param *wq, *bq;                   /* (NH·hd, C), (NH·hd) column-parallel */
+    ct_param *wk, *bk, *wv, *bv;         /* (NKV·hd, C), (NKV·hd) column-parallel */
+    ct_param *wo, *bo;                   /* (C, NH·hd) row-parallel, (C) */
+    ct_param *ln2_w, *ln2_b;             /* (C) */
+    ct_param *w_up, *b_up;               /* (F, C) column-parallel, (F) */
+    ct_param *w_down, *b_down;           /* (C, F) row-parallel, (C) */
+} ct_layer_params;
+
+typedef struct ct_model {
+    ct_model_config mc;       /* a copy of the model section */
+    int64_t T, C, L, NH, NKV, hd, F, V, Vp;
+    uint64_t seed;
+    ct_backend *be;
+    ct_model_layout layout;
+
+    ct_param *params;          /* the registry, in unit order */
+    int n_params;
+    ct_unit *units;
+    int n_units;
+    ct_tensor *param_slab;     /* all units' parameters, then the same for grads */
+    ct_tensor *grad_slab;
+    int64_t slab_numel;
+
+    ct_param *wte, *wpe;       /* (Vp, C) vocab-parallel by rows, (T, C) */
+    ct_param *lnf_w, *lnf_b;   /* (C) */
+    ct_layer_params *layers;   /* [L], entries NULL for layers not on this rank */
+} ct_model;
+
+/* Activations of one microbatch on this rank's chunks. */
+typedef struct ct_layer_acts {
+    ct_tensor *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B·T), (B·T) */
+    ct_tensor *q, *k, *v;                  /* (B,T,NH·hd), (B,T,NKV·hd) ×2 */
+    ct_tensor *att, *lse;                  /* (B,T,NH·hd), (B,NH,T) */
+    ct_tensor *mid;                        /* (B,T,C) residual after attention */
+    ct_tensor *ln2, *ln2_mean, *ln2_rstd;
+    ct_tensor *h, *g;                      /* (B,T,F) before / after GELU */
+} ct_layer_acts;
+
+typedef struct ct_acts {
+    int64_t B;
+    int n_layers;                  /* L (entries of layers not on this rank stay NULL) */
+    ct_tensor *slab;
+    ct_tensor *tokens, *targets;   /* (B·T) i32 */
+    ct_tensor **residual;          /* [L+1] (B,T,C): residual[l] is the input of layer l */
+    ct_layer_acts *layers;         /* [L] */
+    ct_tensor *lnf, *lnf_mean, *lnf_rstd;
+    ct_tensor *logits;             /* (B·T, Vp/tp), becomes dlogits after the loss */
+    ct_tensor *rowmax, *sumexp, *target_logit, *losses; /* (B·T) */
+} ct_acts;
+
+/* Scratch for backward, shared by all microbatches (backward runs one at a time). */
+typedef struct ct_grad_scratch {
+    int64_t B;
+    ct_tensor *slab;
+    ct_tensor *dres;               /* (B,T,C) gradient of the residual stream */
+    ct_tensor *dln;                /* (B,T,C) gradient of a norm output */
+    ct_tensor *datt;               /* (B,T,NH·hd) */
+    ct_tensor *dq, *dk, *dv;
+    ct_tensor *dh;                 /* (B,T,F) */
+} ct_grad_scratch;
+
+ct_model_layout ct_model_layout_single(const ct_config *cfg);
+
+/* Builds the registry and allocates parameters and gradients (params initialised, grads zero). */
+ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
+                       const ct_model_layout *layout);
+void ct_model_free(ct_model *model);
+
+/* Parameter initialisation from (seed, name, global element index) — layout-independent. */
+void ct_model_init_params(ct_model *model);
+void ct_model_zero_grads(ct_model *model);
+ct_param *ct_model_find_param(ct_model *model, const char *name);
+
+ct_status ct_acts_new(ct_acts **out, ct_model *model, int64_t B);
+void ct_acts_free(ct_acts *acts);
+ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *model, int64_t B);
+void ct_grad_scratch_free(ct_grad_scratch *scratch);
+size_t ct_acts_bytes(const ct_model *model, int64_t B);
+
+/* Copies a microbatch of token ids (host, B·T each) into the context. targets may be NULL. */
+void ct_acts_set_batch(ct_acts *acts, const int32_t *tokens, const int32_t *targets);
+
+/*
+ * Forward of chunk `c` (index into layout.chunks). The first chunk embeds acts->tokens; the last
+ * computes the loss against acts->targets, and, when dloss != 0, turns the logits into dlogits
+ * scaled by dloss (so backward can follow without keeping the logits). For the last chunk the
+ * summed loss over the microbatch's tokens is returned in *loss_sum (host, double).
+ */
+void ct_model_forward_chunk(ct_model *model, int c, ct_acts *acts, float dloss, double *loss_sum);
+/* Backward of chunk `c`: accumulates parameter gradients; the gradient of the chunk's input
+ * residual is left in scratch->dres (for the previous chunk). The last chunk starts from the
+ * dlogits left by forward; any other chunk expects scratch->dres to hold the incoming gradient. */
+void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
+
+/* Whole-model conveniences for world size 1 (all chunks in order). */
+double ct_model_forward(ct_model *model, ct_acts *acts, float dloss);
+void ct_model_backward(ct_model *model, ct_acts *acts, ct_grad_scratch *scratch);
+
+/* Matmul FLOPs per token for forward+backward (6·N_matmul + 6·L·T·C causal attention). */
+double ct_model_flops_per_token(const ct_model *model);
+
+#endif /* CT_MODEL_H */

@@ -1,0 +1,353 @@
+/* train.c — the single-process training loop. See train.h. */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "rng.h"
+#include "tokenizer.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps) {
+    ct_tensor *A = ct_tensor_new_2d(be, CT_DTYPE_F32, M, K, CT_MEM_WORKSPACE);
+    ct_tensor *B = ct_tensor_new_2d(be, CT_DTYPE_F32, N, K, CT_MEM_WORKSPACE);
+    ct_tensor *C = ct_tensor_new_2d(be, CT_DTYPE_F32, M, N, CT_MEM_WORKSPACE);
+    if (!A || !B || !C) {
+        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+        return 0.0;
+    }
+    ct_tensor_fill(A, 0.01f);
+    ct_tensor_fill(B, 0.02f);
+    double *times = ct_xmalloc((size_t)reps * sizeof(double));
+    ct_gemm(C, A, B, false, true, 1.0f, 0.0f); /* warm-up */
+    ct_backend_sync(be);
+    for (int r = 0; r < reps; r++) {
+        double t0 = ct_now();
+        ct_gemm(C, A, B, false, true, 1.0f, 0.0f);
+        ct_backend_sync(be);
+        times[r] = ct_now() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    double median = times[reps / 2];
+    free(times);
+    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    return 2.0 * (double)M * (double)N * (double)K / median;
+}
+
+static void format_bytes(char *buf, size_t n, double bytes) {
+    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+}
+
+static void format_duration(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, n, "?");
+    else if (s < 60) snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+}
+
+static void print_memory(ct_backend *be) {
+    char total[32];
+    format_bytes(total, sizeof total, (double)ct_backend_mem_total(be));
+    printf("memory (rank 0): %s =", total);
+    for (int c = 0; c < CT_MEM_COUNT; c++) {
+        size_t b = ct_backend_mem(be, (ct_mem_category)c);
+        if (!b) continue;
+        char s[32];
+        format_bytes(s, sizeof s, (double)b);
+        printf(" %s %s", ct_mem_category_name((ct_mem_category)c), s);
+    }
+    printf("\n");
+}
+
+/* Everything one training run holds. */
+typedef struct trainer {
+    const ct_config *cfg;
+    ct_backend *be;
+    ct_model *model;
+    ct_optimizer *opt;
+    ct_acts *acts;
+    ct_grad_scratch *scratch;
+    ct_dataset *train_data, *val_data;
+    int32_t *host_inputs, *host_targets; /* (micro_batch·T) */
+    FILE *metrics;
+    int dp_rank, dp_size;
+} trainer;
+
+static void trainer_free(trainer *t) {
+    ct_grad_scratch_free(t->scratch);
+    ct_acts_free(t->acts);
+    ct_optim_free(t->opt);
+    ct_model_free(t->model);
+    ct_dataset_free(t->train_data);
+    ct_dataset_free(t->val_data);
+    free(t->host_inputs);
+    free(t->host_targets);
+    if (t->metrics) fclose(t->metrics);
+}
+
+static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) {
+    memset(t, 0, sizeof *t);
+    t->cfg = cfg;
+    t->be = be;
+    t->dp_rank = 0;
+    t->dp_size = 1;
+    if (!cfg->data.train[0]) {
+        ct_error(CT_ERR_INPUT, "data.train is not set");
+        ct_hint("set data.train to a token shard path or glob, e.g. data/fortunes/train.bin "
+                "(make one with `cooktrain prepare`)");
+        return CT_ERR_INPUT;
+    }
+    CT_TRY(ct_dataset_open(&t->train_data, cfg->data.train, cfg->model.seq_len,
+                           cfg->model.vocab_size, cfg->train.seed));
+    if (cfg->train.eval_interval > 0) {
+        if (!cfg->data.val[0]) {
+            ct_error(CT_ERR_INPUT, "train.eval_interval=%lld but data.val is not set",
+                     (long long)cfg->train.eval_interval);
+            ct_hint("set data.val to a validation shard, or train.eval_interval=0");
+            return CT_ERR_INPUT;
+        }
+        CT_TRY(ct_dataset_open(&t->val_data, cfg->data.val, cfg->model.seq_len,
+                               cfg->model.vocab_size, cfg->train.seed));
+    }
+    if (cfg->log.metrics[0]) {
+        t->metrics = fopen(cfg->log.metrics, "w");
+        if (!t->metrics) {
+            ct_error(CT_ERR_INPUT, "cannot open log.metrics file '%s': %s", cfg->log.metrics,
+                     strerror(errno));
+            ct_hint("check that the directory exists and is writable");
+            return CT_ERR_INPUT;
+        }
+    }
+    ct_model_layout layout = ct_model_layout_single(cfg);
+    CT_TRY(ct_model_new(&t->model, cfg, be, &layout));
+    CT_TRY(ct_optim_new(&t->opt, t->model, &cfg->train));
+    CT_TRY(ct_acts_new(&t->acts, t->model, cfg->train.micro_batch));
+    CT_TRY(ct_grad_scratch_new(&t->scratch, t->model, cfg->train.micro_batch));
+    size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
+    t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
+    t->host_targets = ct_xmalloc(n * sizeof(int32_t));
+    return CT_OK;
+}
+
+/* Mean loss over eval_steps global batches of the validation set, from its first samples so
+ * every evaluation sees the same data. */
+static double evaluate(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
+    double sum = 0.0;
+    int64_t tokens = 0;
+    for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
+        for (int64_t first = s * G + t->dp_rank * (G / t->dp_size);
+             first < s * G + (t->dp_rank + 1) * (G / t->dp_size); first += B) {
+            ct_dataset_fill(t->val_data, first, B, t->host_inputs, t->host_targets);
+            ct_acts_set_batch(t->acts, t->host_inputs, t->host_targets);
+            sum += ct_model_forward(t->model, t->acts, 0.0f);
+            tokens += B * T;
+        }
+    }
+    return sum / (double)tokens;
+}
+
+/* Draws from softmax(logits) over the real vocabulary with a counter-based uniform. */
+static int32_t sample_token(const float *logits, int64_t V, double u) {
+    double max = -INFINITY, sum = 0.0;
+    for (int64_t i = 0; i < V; i++) max = fmax(max, logits[i]);
+    for (int64_t i = 0; i < V; i++) sum += exp(logits[i] - max);
+    double target = u * sum, acc = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        acc += exp(logits[i] - max);
+        if (acc >= target) return (int32_t)i;
+    }
+    return (int32_t)(V - 1);
+}
+
+static ct_status print_sample(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    if (cfg->log.sample_tokens <= 0 || !cfg->data.tokenizer[0]) return CT_OK;
+    ct_tokenizer *tok = NULL;
+    CT_TRY(ct_tokenizer_load(&tok, cfg->data.tokenizer));
+    ct_model *m = t->model;
+    ct_acts *acts = NULL;
+    ct_status st = ct_acts_new(&acts, m, 1);
+    if (st != CT_OK) {
+        ct_tokenizer_free(tok);
+        return st;
+    }
+    int64_t T = m->T, Vl = m->Vp;
+    int32_t *ids = NULL;
+    size_t n_prompt = ct_tokenizer_encode(tok, (const uint8_t *)cfg->log.sample_prompt,
+                                          strlen(cfg->log.sample_prompt), &ids);
+    int64_t total = (int64_t)n_prompt + cfg->log.sample_tokens;
+    ids = realloc(ids, (size_t)CT_MAX(total, 1) * sizeof(int32_t));
+    if (n_prompt == 0) ids[n_prompt++] = '\n'; /* start from a newline byte */
+    int32_t *window = ct_xcalloc((size_t)T, sizeof(int32_t));
+    float *logits = ct_xmalloc((size_t)Vl * sizeof(float));
+    int64_t n = (int64_t)n_prompt;
+    for (int64_t k = 0; k < cfg->log.sample_tokens && n < total; k++) {
+        int64_t start = n > T ? n - T : 0, len = n - start;
+        memset(window, 0, (size_t)T * sizeof(int32_t));
+        memcpy(window, ids + start, (size_t)len * sizeof(int32_t));
+        ct_acts_set_batch(acts, window, window);
+        ct_model_forward(m, acts, 0.0f);
+        ct_tensor *row = ct_tensor_view_1d(acts->logits, (len - 1) * Vl, Vl);
+        ct_tensor_to_host(logits, row);
+        ct_tensor_free(row);
+        ids[n++] = sample_token(logits, m->V, ct_rng_uniform(cfg->train.seed, 0x5a4d, (uint64_t)k));
+    }
+    size_t n_bytes = 0;
+    uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
+    printf("---- sample (%lld tokens) ----\n", (long long)cfg->log.sample_tokens);
+    fwrite(text, 1, n_bytes, stdout);
+    printf("\n-----------------------------\n");
+    free(text);
+    free(window);
+    free(logits);
+    free(ids);
+    ct_acts_free(acts);
+    ct_tokenizer_free(tok);
+    return CT_OK;
+}
+
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *result) {
+    trainer t;
+    ct_status st = trainer_init(&t, cfg, be);
+    if (st != CT_OK) {
+        trainer_free(&t);
+        return st;
+    }
+    ct_train_result res = {0};
+    res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    const int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
+    const int64_t accum = cfg->derived.grad_accum;
+    const double tokens_per_step = (double)G * (double)T;
+    const float dloss = (float)(1.0 / tokens_per_step);
+    const double flops_per_token = ct_model_flops_per_token(t.model);
+    /* The MFU denominator: this backend's GEMM rate at the model's own MLP shape. */
+    const double peak = ct_measure_gemm_flops(be, B * T, cfg->derived.d_ff, cfg->model.d_model, 5);
+
+    printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
+           "(padded %lld), %.2fM parameters\n",
+           (long long)cfg->model.n_layer, (long long)cfg->model.d_model,
+           (long long)cfg->model.n_head, (long long)T, (long long)cfg->model.vocab_size,
+           (long long)cfg->derived.vocab_padded, (double)cfg->derived.n_params / 1e6);
+    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld x "
+           "grad_accum %lld x dp %d; %.0f tokens/step\n",
+           (long long)ct_dataset_n_samples(t.train_data),
+           (long long)ct_dataset_n_tokens(t.train_data), (long long)G, (long long)B,
+           (long long)accum, t.dp_size, tokens_per_step);
+    printf("backend: %s, %d threads; GEMM peak (measured, %lldx%lldx%lld): %.1f GFLOP/s\n",
+           be->iface->name, ct_backend_cpu_threads(be), (long long)(B * T),
+           (long long)cfg->derived.d_ff, (long long)cfg->model.d_model, peak / 1e9);
+    print_memory(be);
+    fflush(stdout);
+
+    int64_t bad_in_a_row = 0;
+    double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
+    for (int64_t step = 0; step < cfg->train.steps; step++) {
+        double step_start = ct_now();
+        ct_model_zero_grads(t.model);
+        double loss_sum = 0.0;
+        int64_t first = step * G + t.dp_rank * (G / t.dp_size);
+        for (int64_t mb = 0; mb < accum; mb++) {
+            ct_dataset_fill(t.train_data, first + mb * B, B, t.host_inputs, t.host_targets);
+            ct_acts_set_batch(t.acts, t.host_inputs, t.host_targets);
+            loss_sum += ct_model_forward(t.model, t.acts, dloss);
+            ct_model_backward(t.model, t.acts, t.scratch);
+        }
+        double loss = loss_sum / tokens_per_step;
+        double grad_norm = sqrt(ct_optim_grad_sumsq_local(t.opt));
+        double lr = ct_optim_lr(&cfg->train, step);
+        bool finite = isfinite(loss) && isfinite(grad_norm);
+        if (finite) {
+            ct_optim_step(t.opt, (float)lr, ct_optim_clip_scale(&cfg->train, grad_norm));
+            bad_in_a_row = 0;
+        } else {
+            res.skipped_steps++;
+            bad_in_a_row++;
+            printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a row)\n",
+                   (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
+            if (bad_in_a_row >= cfg->train.max_bad_steps) {
+                trainer_free(&t);
+                ct_train_result_release(&res);
+                ct_error(CT_ERR_RUNTIME, "%lld consecutive steps had a non-finite loss or "
+                         "gradient norm (last at step %lld)", (long long)bad_in_a_row,
+                         (long long)step + 1);
+                ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets "
+                        "how many are tolerated");
+                return CT_ERR_RUNTIME;
+            }
+        }
+        ct_backend_sync(be);
+        double now = ct_now(), step_time = now - step_start;
+        interval_tokens += tokens_per_step;
+        if (step == 0) res.first_loss = loss;
+        res.losses[step] = loss;
+        res.last_loss = loss;
+        res.steps_done = step + 1;
+
+        bool last = step + 1 == cfg->train.steps;
+        double val_loss = NAN;
+        if (t.val_data && ((step + 1) % cfg->train.eval_interval == 0 || last)) {
+            val_loss = evaluate(&t);
+            res.last_val_loss = val_loss;
+            printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
+                   (long long)cfg->train.steps, val_loss);
+            if (t.metrics)
+                fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", (long long)step + 1,
+                        val_loss);
+            interval_start += ct_now() - now; /* evaluation time is not training throughput */
+        }
+        double tok_per_s_step = tokens_per_step / step_time;
+        if (t.metrics)
+            fprintf(t.metrics,
+                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                    "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"mfu\": %.4f, "
+                    "\"skipped\": %s}\n",
+                    (long long)step + 1, loss, lr, grad_norm, tok_per_s_step, step_time,
+                    peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
+                    finite ? "false" : "true");
+        if ((step + 1) % cfg->log.interval == 0 || last || step == 0) {
+            double elapsed = ct_now() - interval_start;
+            double tok_s = interval_tokens / elapsed;
+            double mfu = peak > 0 ? flops_per_token * tok_s / peak : 0.0;
+            char mem[32], eta[32];
+            format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(be));
+            format_duration(eta, sizeof eta, (double)(cfg->train.steps - step - 1) *
+                                                 (ct_now() - run_start) / (double)(step + 1));
+            printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
+                   "MFU %4.1f%% | compute %.0f ms, comm 0 ms, bubble 0 ms | mem %s | ETA %s\n",
+                   (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
+                   100.0 * mfu, 1e3 * elapsed / (interval_tokens / tokens_per_step), mem, eta);
+            fflush(stdout);
+            interval_start = ct_now();
+            interval_tokens = 0;
+        }
+    }
+    if (t.metrics) fflush(t.metrics);
+    st = print_sample(&t);
+    res.n_final_params = t.model->slab_numel;
+    res.final_params = ct_xmalloc((size_t)res.n_final_params * sizeof(float));
+    ct_tensor_to_host(res.final_params, t.model->param_slab);
+    trainer_free(&t);
+    if (result) *result = res;
+    else ct_train_result_release(&res);
+    return st;
+}
+
+void ct_train_result_release(ct_train_result *result) {
+    free(result->losses);
+    free(result->final_params);
+    result->losses = NULL;
+    result->final_params = NULL;
+}

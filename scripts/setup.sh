@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the system packages cooktrain needs (Debian 12), skipping what is already present,
+# so a second run costs one dpkg query. Run as root (or with sudo available).
+set -euo pipefail
+
+packages=(
+    build-essential pkg-config
+    libyaml-dev                 # config files
+    libopenblas-openmp-dev      # CPU GEMMs; the OpenMP build shares our thread pool
+    openmpi-bin libopenmpi-dev  # multi-process launch and the CPU comm layer
+    libcmocka-dev               # unit-test assertions
+    fortunes                    # default corpus for `make run` (plain-text fortune files)
+    python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The whole suite: cmocka unit-test binaries (build/test/test_*) in parallel, then the shell
+# tests (test/cli_*.sh) one at a time. Each cmocka case and each shell check counts as a test.
+# Ends with one line: "tests: N passed, N failed". Exit status 0 only when nothing failed.
+#
+#   bash test/run_tests.sh                 everything
+#   bash test/run_tests.sh test_ops        one binary (or shell test) by name
+#   bash test/run_tests.sh test_ops gemm   one case of a binary (cmocka filter, wildcards ok)
+set -u
+BUILD=${BUILD:-build}
+TEST_JOBS=${TEST_JOBS:-2}
+export CT_BUILD=$BUILD
+logdir=$BUILD/test-logs
+mkdir -p "$logdir"
+only=${1:-}
+filter=${2:-}
+
+# Unit tests share the machine's cores when they run in parallel: one thread each keeps them
+# from oversubscribing, and the thread-determinism tests set their own counts.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export OMP_WAIT_POLICY=passive
+
+binaries=()
+for b in "$BUILD"/test/test_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    [ -n "$only" ] && [ "$name" != "$only" ] && continue
+    binaries+=("$b")
+done
+
+run_binary() {
+    local b=$1 name
+    name=$(basename "$b")
+    if [ -n "$filter" ]; then "$b" "$filter"; else "$b"; fi >"$logdir/$name.log" 2>&1
+    echo $? >"$logdir/$name.rc"
+}
+export -f run_binary
+export logdir filter
+
+start=$(date +%s)
+if [ ${#binaries[@]} -gt 0 ]; then
+    printf '%s\n' "${binaries[@]}" | xargs -P "$TEST_JOBS" -I{} bash -c 'run_binary {}'
+fi
+
+passed=0
+failed=0
+for b in "${binaries[@]}"; do
+    name=$(basename "$b")
+    log=$logdir/$name.log
+    rc=$(cat "$logdir/$name.rc")
+    p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+    f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
+        f=1 # crashed or exited without a summary
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$f" != 0 ]; then
+        echo "FAIL $name (exit $rc): see $log"
+        grep -E '^\[  (FAILED|  ERROR) |ERROR|error|Assert|failure' "$log" | head -20
+    else
+        echo "ok   $name ($p)"
+    fi
+done
+
+# Shell tests print "ok <what>" / "FAIL <what>" lines.
+for s in test/cli_*.sh; do
+    [ -f "$s" ] || continue
+    name=$(basename "$s" .sh)
+    [ -n "$only" ] && [ "$name" != "$only" ] && continue
+    out=$(bash "$s" 2>&1)
+    rc=$?
+    p=$(printf '%s\n' "$out" | grep -c '^ok ')
+    f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+    if [ $rc != 0 ] && [ "$f" = 0 ]; then f=1; fi
+    printf '%s\n' "$out" >"$logdir/$name.log"
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$f" != 0 ]; then
+        echo "FAIL $name: see $logdir/$name.log"
+        printf '%s\n' "$out" | grep -A3 '^FAIL ' | head -30
+    else
+        echo "ok   $name ($p)"
+    fi
+done
+
+echo "suite time: $(( $(date +%s) - start ))s"
+echo "tests: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -14,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/config.h"
+#include "core/model.h"
 #include "core/prepare.h"
 #include "core/train.h"
 
@@ -26,6 +27,7 @@ static const char usage_text[] =
     "            --set section.key=V    override one config field (repeatable)\n"
     "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
     "            --print-config         print the resolved config and derived values, then exit\n"
+    "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
     "  prepare   train a BPE tokenizer and write token shards\n"
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
     "  help      this text\n";
@@ -51,7 +53,7 @@ static ct_status cmd_train(int argc, char **argv) {
     ct_config cfg;
     ct_config_defaults(&cfg);
     const char *config_path = NULL, *backend_name = "cpu";
-    bool print_config = false;
+    bool print_config = false, gemm_rate = false;
     /* The file is loaded first and --set applied after, whatever their order on the line. */
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
@@ -72,6 +74,8 @@ static ct_status cmd_train(int argc, char **argv) {
             else backend_name = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
+        } else if (!strcmp(a, "--gemm-rate")) {
+            gemm_rate = true;
         } else {
             st = usage_error("train: unknown option '%s'", a);
         }
@@ -97,7 +101,20 @@ static ct_status cmd_train(int argc, char **argv) {
     }
     int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
     ct_backend *be = ct_backend_cpu_new(threads);
-    st = ct_train_run(&cfg, be, NULL);
+    if (gemm_rate) {
+        /* For scripts/bench_cpu.sh: the MFU denominator at this config's GEMM shapes. */
+        double rate = ct_measure_model_gemm_flops(&cfg, be, 5);
+        ct_model *model = NULL;
+        ct_model_layout layout = ct_model_layout_single(&cfg);
+        st = ct_model_new(&model, &cfg, be, &layout);
+        if (st == CT_OK) {
+            printf("gemm_flops_per_s %.6e\nflops_per_token %.6e\nthreads %d\n", rate,
+                   ct_model_flops_per_token(model), threads);
+            ct_model_free(model);
+        }
+    } else {
+        st = ct_train_run(&cfg, be, NULL);
+    }
     ct_backend_free(be);
     return st;
 }

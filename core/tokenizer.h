@@ -38,7 +38,11 @@ int ct_tokenizer_vocab_size(const ct_tokenizer *tok);
 /* Encodes n bytes; returns the number of tokens written to *tokens (malloc'd, caller frees). */
 size_t ct_tokenizer_encode(const ct_tokenizer *tok, const uint8_t *text, size_t n,
                            int32_t **tokens);
-/* Decodes tokens into a malloc'd buffer (caller frees); *n_out bytes. */
+/*
+ * Decodes tokens into a malloc'd buffer (caller frees); *n_out bytes, plus a terminating NUL
+ * that *n_out does not count. An id outside [0, vocab_size) — which a model whose vocabulary is
+ * larger than the tokenizer's can sample — decodes to U+FFFD (EF BF BD) instead of failing.
+ */
 uint8_t *ct_tokenizer_decode(const ct_tokenizer *tok, const int32_t *tokens, size_t n_tokens,
                              size_t *n_out);
 /* The bytes of one token (pointer into the tokenizer; valid while it lives). */

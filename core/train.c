@@ -44,6 +44,59 @@ double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, in
     return 2.0 * (double)M * (double)N * (double)K / median;
 }
 
+/* Times C = op(A)·op(B) for one shape; returns the median seconds. */
+static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                        int reps) {
+    int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
+    int64_t c_shape[2] = {M, N};
+    ct_tensor *A = ct_tensor_new(be, CT_DTYPE_F32, 2, a_shape, CT_MEM_WORKSPACE);
+    ct_tensor *B = ct_tensor_new(be, CT_DTYPE_F32, 2, b_shape, CT_MEM_WORKSPACE);
+    ct_tensor *C = ct_tensor_new(be, CT_DTYPE_F32, 2, c_shape, CT_MEM_WORKSPACE);
+    if (!A || !B || !C) {
+        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+        return 0.0;
+    }
+    ct_tensor_fill(A, 0.01f);
+    ct_tensor_fill(B, 0.02f);
+    ct_tensor_zero(C);
+    double *times = ct_xmalloc((size_t)reps * sizeof(double));
+    ct_gemm(C, A, B, ta, tb, 1.0f, 1.0f);
+    ct_backend_sync(be);
+    for (int r = 0; r < reps; r++) {
+        double t0 = ct_now();
+        ct_gemm(C, A, B, ta, tb, 1.0f, 1.0f);
+        ct_backend_sync(be);
+        times[r] = ct_now() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    double median = times[reps / 2];
+    free(times);
+    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    return median;
+}
+
+double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps) {
+    const int64_t N = cfg->train.micro_batch * cfg->model.seq_len, C = cfg->model.d_model;
+    const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
+    const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
+    const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
+    /* (out, in, times per step) of every linear layer; the LM head is the tied embedding. */
+    struct { int64_t out, in, count; } linears[] = {
+        {qdim, C, L}, {kvdim, C, 2 * L}, {C, qdim, L}, {F, C, L}, {C, F, L}, {Vp, C, 1},
+    };
+    double flops = 0.0, seconds = 0.0;
+    for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
+        int64_t out = linears[i].out, in = linears[i].in;
+        double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
+        double t = time_gemm(be, N, out, in, false, true, reps)   /* y = x·Wᵀ   */
+                 + time_gemm(be, N, in, out, false, false, reps)  /* dx = dy·W  */
+                 + time_gemm(be, out, in, N, true, false, reps);  /* dW += dyᵀ·x */
+        flops += 3.0 * f * n;
+        seconds += t * n;
+    }
+    return seconds > 0 ? flops / seconds : 0.0;
+}
+
 static void format_bytes(char *buf, size_t n, double bytes) {
     if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
     else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
@@ -81,6 +134,7 @@ typedef struct trainer {
     ct_dataset *train_data, *val_data;
     int32_t *host_inputs, *host_targets; /* (micro_batch·T) */
     FILE *metrics;
+    ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
     int dp_rank, dp_size;
 } trainer;
 
@@ -93,6 +147,7 @@ static void trainer_free(trainer *t) {
     ct_dataset_free(t->val_data);
     free(t->host_inputs);
     free(t->host_targets);
+    ct_tokenizer_free(t->tokenizer);
     if (t->metrics) fclose(t->metrics);
 }
 
@@ -119,6 +174,18 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) 
         }
         CT_TRY(ct_dataset_open(&t->val_data, cfg->data.val, cfg->model.seq_len,
                                cfg->model.vocab_size, cfg->train.seed));
+    }
+    if (cfg->log.sample_tokens > 0 && cfg->data.tokenizer[0]) {
+        /* Loaded now, not after training, so a bad tokenizer file costs no training time. */
+        CT_TRY(ct_tokenizer_load(&t->tokenizer, cfg->data.tokenizer));
+        if (ct_tokenizer_vocab_size(t->tokenizer) > cfg->model.vocab_size) {
+            ct_error(CT_ERR_INPUT, "tokenizer '%s' has %d tokens but model.vocab_size is %lld",
+                     cfg->data.tokenizer, ct_tokenizer_vocab_size(t->tokenizer),
+                     (long long)cfg->model.vocab_size);
+            ct_hint("set model.vocab_size to at least %d, or use the tokenizer the shards were "
+                    "made with", ct_tokenizer_vocab_size(t->tokenizer));
+            return CT_ERR_INPUT;
+        }
     }
     if (cfg->log.metrics[0]) {
         t->metrics = fopen(cfg->log.metrics, "w");
@@ -174,16 +241,11 @@ static int32_t sample_token(const float *logits, int64_t V, double u) {
 
 static ct_status print_sample(trainer *t) {
     const ct_config *cfg = t->cfg;
-    if (cfg->log.sample_tokens <= 0 || !cfg->data.tokenizer[0]) return CT_OK;
-    ct_tokenizer *tok = NULL;
-    CT_TRY(ct_tokenizer_load(&tok, cfg->data.tokenizer));
+    ct_tokenizer *tok = t->tokenizer;
+    if (cfg->log.sample_tokens <= 0 || !tok) return CT_OK;
     ct_model *m = t->model;
     ct_acts *acts = NULL;
-    ct_status st = ct_acts_new(&acts, m, 1);
-    if (st != CT_OK) {
-        ct_tokenizer_free(tok);
-        return st;
-    }
+    CT_TRY(ct_acts_new(&acts, m, 1));
     int64_t T = m->T, Vl = m->Vp;
     int32_t *ids = NULL;
     size_t n_prompt = ct_tokenizer_encode(tok, (const uint8_t *)cfg->log.sample_prompt,
@@ -215,7 +277,6 @@ static ct_status print_sample(trainer *t) {
     free(logits);
     free(ids);
     ct_acts_free(acts);
-    ct_tokenizer_free(tok);
     return CT_OK;
 }
 

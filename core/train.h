@@ -31,4 +31,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *re
 /* Measures the backend's fp32 GEMM rate (FLOP/s) at shape M×N×K: the median of a few runs. */
 double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps);
 
+/*
+ * The backend's GEMM rate at the model's own shapes: every linear layer's forward (x·Wᵀ),
+ * input-gradient (dy·W) and weight-gradient (dyᵀ·x) GEMM for a microbatch of B sequences, each
+ * timed (median of `reps`) and weighted by how often a step runs it. Returns FLOP/s; this is
+ * the MFU denominator of scripts/bench_cpu.sh.
+ */
+double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps);
+
 #endif /* CT_TRAIN_H */

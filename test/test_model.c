@@ -341,16 +341,18 @@ static void test_thread_determinism(void **state) {
 static void test_loss_falls(void **state) {
     ct_config cfg;
     test_tiny_config(&cfg, shard_path);
-    cfg.train.steps = 40;
-    cfg.train.global_batch = 8;
-    cfg.train.micro_batch = 8;
-    cfg.train.warmup_steps = 5;
+    cfg.model.seq_len = 64;
+    cfg.model.d_model = 64;
+    cfg.train.steps = 200;
+    cfg.train.global_batch = 16;
+    cfg.train.micro_batch = 16;
+    cfg.train.warmup_steps = 10;
     cfg.train.lr = 1e-2;
     cfg.train.min_lr = 1e-3;
     ct_train_result r = run_training(&cfg, 1);
     printf("loss %.3f -> %.3f\n", r.first_loss, r.last_loss);
-    /* Byte-level Shakespeare: from ln(123) ≈ 4.8 to under 3.0 (unigram entropy ≈ 3.3 nats)
-     * in 40 steps once the model learns character frequencies and common bigrams. */
+    /* Byte-level Shakespeare: from ln(123) ≈ 4.8 to under 3.0, below the unigram entropy of
+     * this text (3.30 nats), which needs the model to use context, in 200 small steps. */
     assert_true(r.first_loss > 4.2);
     assert_true(r.last_loss < 3.0);
     ct_train_result_release(&r);

@@ -84,7 +84,10 @@ static inline void test_tiny_config(ct_config *cfg, const char *train_path) {
     cfg->train.warmup_steps = 2;
     cfg->train.eval_interval = 0;
     cfg->log.interval = 1000;
-    if (train_path) snprintf(cfg->data.train, sizeof cfg->data.train, "%s", train_path);
+    if (train_path) {
+        if (strlen(train_path) >= sizeof cfg->data.train) abort();
+        memcpy(cfg->data.train, train_path, strlen(train_path) + 1);
+    }
 }
 
 #endif /* CT_TEST_UTIL_H */

@@ -1,0 +1,565 @@
+/*
+ * backend.c — the device-independent half of backend.h: memory accounting per category, tensor
+ * handles (slabs and views), and the ct_* op wrappers.
+ *
+ * Every wrapper checks dtypes and shapes with CT_ASSERTF (a mismatch is a bug in the caller, and
+ * the message quotes the shapes involved), then hands raw pointers and sizes to the backend's
+ * slot. Ops that are 2-D treat an N-D tensor as (rows = product of leading dims, cols = last dim).
+ * Nothing here touches tensor memory: that is the slot's job.
+ */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- names and accounting ------------------------------------------------------------------- */
+
+const char *ct_mem_category_name(ct_mem_category category) {
+    switch (category) {
+    case CT_MEM_PARAMS: return "params";
+    case CT_MEM_GRADS: return "grads";
+    case CT_MEM_OPTIM: return "optim";
+    case CT_MEM_ACTS: return "acts";
+    case CT_MEM_COMM: return "comm";
+    case CT_MEM_GATHERED: return "gathered";
+    case CT_MEM_WORKSPACE: return "workspace";
+    case CT_MEM_COUNT: break;
+    }
+    return "?";
+}
+
+void ct_backend_free(ct_backend *be) {
+    if (!be) return;
+    if (be->iface->free_backend) be->iface->free_backend(be->ctx);
+    free(be);
+}
+
+void ct_backend_sync(ct_backend *be) {
+    if (be->iface->sync) be->iface->sync(be->ctx);
+}
+
+size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {
+    CT_ASSERTF(category >= 0 && category < CT_MEM_COUNT, "bad memory category %d", (int)category);
+    return be->bytes_in_use[category];
+}
+
+size_t ct_backend_mem_total(const ct_backend *be) {
+    size_t total = 0;
+    for (int c = 0; c < CT_MEM_COUNT; c++) total += be->bytes_in_use[c];
+    return total;
+}
+
+/* ---- shape strings for assertion messages ---------------------------------------------------- */
+
+/* "f32[4,256,768]". A few rotating buffers so one message can quote several tensors; only used
+ * on the failure path of an assertion, where the process is about to abort. */
+static const char *shape_str(const ct_tensor *t) {
+    static _Thread_local char bufs[8][96];
+    static _Thread_local int next;
+    char *buf = bufs[next++ & 7];
+    if (!t) {
+        snprintf(buf, 96, "(null)");
+        return buf;
+    }
+    int len = snprintf(buf, 96, "%s[", ct_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim && len < 90; d++)
+        len += snprintf(buf + len, 96 - len, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+    snprintf(buf + len, 96 - len, "]");
+    return buf;
+}
+#define SH(t) shape_str(t)
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+static int64_t shape_numel(int ndim, const int64_t *shape) {
+    CT_ASSERTF(ndim >= 1 && ndim <= CT_MAX_DIMS, "ndim %d outside [1, %d]", ndim, CT_MAX_DIMS);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        CT_ASSERTF(shape[d] >= 0, "negative extent %lld in dim %d", (long long)shape[d], d);
+        CT_ASSERTF(shape[d] == 0 || n <= INT64_MAX / shape[d], "tensor element count overflows");
+        n *= shape[d];
+    }
+    return n;
+}
+
+ct_tensor *ct_tensor_new(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape,
+                         ct_mem_category category) {
+    CT_ASSERT(be != NULL);
+    CT_ASSERTF(category >= 0 && category < CT_MEM_COUNT, "bad memory category %d", (int)category);
+    int64_t numel = shape_numel(ndim, shape);
+    size_t esize = ct_dtype_size(dtype);
+    CT_ASSERTF((uint64_t)numel <= SIZE_MAX / esize, "tensor byte count overflows");
+    size_t bytes = (size_t)numel * esize;
+
+    /* Never ask for 0 bytes: a NULL from alloc must mean out-of-memory. */
+    void *data = be->iface->alloc(be->ctx, bytes ? bytes : 1);
+    if (!data) {
+        ct_error(CT_ERR_RUNTIME,
+                 "out of %s memory: could not allocate %zu bytes (%.1f MiB) for %s "
+                 "(%zu bytes already in use in total)",
+                 be->iface->name, bytes, (double)bytes / (1024.0 * 1024.0),
+                 ct_mem_category_name(category), ct_backend_mem_total(be));
+        ct_hint("reduce train.micro_batch or model size, use activation recompute or a higher "
+                "parallel.zero_stage, or spread the model over more ranks (tp/pp)");
+        return NULL;
+    }
+
+    ct_tensor *t = ct_xcalloc(1, sizeof *t);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    t->numel = numel;
+    t->backend = be;
+    t->data = data;
+    t->owns_data = true;
+    t->category = category;
+
+    be->bytes_in_use[category] += bytes;
+    if (be->bytes_in_use[category] > be->peak_bytes[category])
+        be->peak_bytes[category] = be->bytes_in_use[category];
+    return t;
+}
+
+ct_tensor *ct_tensor_new_1d(ct_backend *be, ct_dtype dtype, int64_t n, ct_mem_category category) {
+    int64_t shape[1] = {n};
+    return ct_tensor_new(be, dtype, 1, shape, category);
+}
+
+ct_tensor *ct_tensor_new_2d(ct_backend *be, ct_dtype dtype, int64_t rows, int64_t cols,
+                            ct_mem_category category) {
+    int64_t shape[2] = {rows, cols};
+    return ct_tensor_new(be, dtype, 2, shape, category);
+}
+
+ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim,
+                          const int64_t *shape) {
+    CT_ASSERT(parent != NULL);
+    int64_t numel = shape_numel(ndim, shape);
+    CT_ASSERTF(offset >= 0 && offset <= parent->numel && numel <= parent->numel - offset,
+               "view of %lld elements at offset %lld does not fit in %s", (long long)numel,
+               (long long)offset, SH(parent));
+    ct_tensor *t = ct_xcalloc(1, sizeof *t);
+    t->dtype = parent->dtype;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    t->numel = numel;
+    t->backend = parent->backend;
+    t->data = (char *)parent->data + (size_t)offset * ct_dtype_size(parent->dtype);
+    t->owns_data = false;
+    t->category = parent->category;
+    return t;
+}
+
+ct_tensor *ct_tensor_view_1d(const ct_tensor *parent, int64_t offset, int64_t n) {
+    int64_t shape[1] = {n};
+    return ct_tensor_view(parent, offset, 1, shape);
+}
+
+ct_tensor *ct_tensor_view_2d(const ct_tensor *parent, int64_t offset, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    return ct_tensor_view(parent, offset, 2, shape);
+}
+
+void ct_tensor_free(ct_tensor *t) {
+    if (!t) return;
+    if (t->owns_data) {
+        ct_backend *be = t->backend;
+        size_t bytes = ct_tensor_bytes(t);
+        CT_ASSERTF(be->bytes_in_use[t->category] >= bytes,
+                   "freeing %zu bytes of %s but only %zu are accounted", bytes,
+                   ct_mem_category_name(t->category), be->bytes_in_use[t->category]);
+        be->bytes_in_use[t->category] -= bytes;
+        be->iface->free(be->ctx, t->data);
+    }
+    free(t);
+}
+
+size_t ct_tensor_bytes(const ct_tensor *t) { return (size_t)t->numel * ct_dtype_size(t->dtype); }
+
+int64_t ct_tensor_rows(const ct_tensor *t) {
+    int64_t rows = 1;
+    for (int d = 0; d < t->ndim - 1; d++) rows *= t->shape[d];
+    return rows;
+}
+
+int64_t ct_tensor_cols(const ct_tensor *t) { return t->shape[t->ndim - 1]; }
+
+void ct_tensor_fill(ct_tensor *t, float value) {
+    const struct ct_backend_i *be = t->backend->iface;
+    be->fill(t->backend->ctx, t->data, t->dtype, t->numel, value);
+}
+
+void ct_tensor_zero(ct_tensor *t) { ct_tensor_fill(t, 0.0f); }
+
+void ct_tensor_from_host(ct_tensor *dst, const void *src) {
+    ct_backend *be = dst->backend;
+    be->iface->copy_from_host(be->ctx, dst->data, src, ct_tensor_bytes(dst));
+}
+
+void ct_tensor_to_host(void *dst, const ct_tensor *src) {
+    ct_backend *be = src->backend;
+    be->iface->copy_to_host(be->ctx, dst, src->data, ct_tensor_bytes(src));
+}
+
+void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
+    CT_ASSERTF(dst->dtype == src->dtype && dst->numel == src->numel,
+               "copy %s into %s: dtype and element count must match", SH(src), SH(dst));
+    CT_ASSERTF(dst->backend == src->backend, "copy between different backends");
+    ct_backend *be = dst->backend;
+    be->iface->copy(be->ctx, dst->data, src->data, ct_tensor_bytes(dst));
+}
+
+/* ---- op wrappers -------------------------------------------------------------------------- */
+
+#define ROWS(t) ct_tensor_rows(t)
+#define COLS(t) ct_tensor_cols(t)
+#define F32(t) ((float *)(t)->data)
+#define I32(t) ((const int32_t *)(t)->data)
+#define IFACE(t) ((t)->backend->iface)
+#define CTX(t) ((t)->backend->ctx)
+
+static void check_f32(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_F32, "%s must be f32, got %s", what, SH(t));
+}
+
+static void check_i32(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_I32, "%s must be i32, got %s", what, SH(t));
+}
+
+static void check_same_backend(const ct_tensor *a, const ct_tensor *b) {
+    CT_ASSERTF(a->backend == b->backend, "tensors %s and %s live on different backends", SH(a),
+               SH(b));
+}
+
+void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
+             float alpha, float beta) {
+    check_f32(C, "gemm C");
+    check_f32(A, "gemm A");
+    check_f32(B, "gemm B");
+    check_same_backend(C, A);
+    check_same_backend(C, B);
+    int64_t M = ROWS(C), N = COLS(C);
+    int64_t a_rows = ROWS(A), a_cols = COLS(A), b_rows = ROWS(B), b_cols = COLS(B);
+    int64_t K = trans_a ? a_rows : a_cols;
+    CT_ASSERTF((trans_a ? a_cols : a_rows) == M && (trans_b ? b_cols : b_rows) == K &&
+                   (trans_b ? b_rows : b_cols) == N,
+               "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
+               SH(B), trans_b ? "^T" : "");
+    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, F32(A), a_cols, F32(B), b_cols, beta,
+                   F32(C), N);
+}
+
+void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
+    check_f32(out, "bias_add out");
+    check_f32(bias, "bias_add bias");
+    check_same_backend(out, bias);
+    CT_ASSERTF(bias->numel == COLS(out), "bias_add: bias %s does not match out %s", SH(bias),
+               SH(out));
+    IFACE(out)->bias_add(CTX(out), F32(out), F32(bias), ROWS(out), COLS(out));
+}
+
+void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
+    check_f32(dbias, "bias_grad dbias");
+    check_f32(dout, "bias_grad dout");
+    check_same_backend(dbias, dout);
+    CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s",
+               SH(dbias), SH(dout));
+    IFACE(dout)->bias_grad(CTX(dout), F32(dbias), F32(dout), ROWS(dout), COLS(dout));
+}
+
+void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
+    check_f32(dst, "axpy dst");
+    check_f32(src, "axpy src");
+    check_same_backend(dst, src);
+    CT_ASSERTF(dst->numel == src->numel, "axpy: dst %s and src %s differ in size", SH(dst),
+               SH(src));
+    IFACE(dst)->axpy(CTX(dst), F32(dst), F32(src), alpha, dst->numel);
+}
+
+void ct_scale(ct_tensor *x, float s) {
+    check_f32(x, "scale x");
+    IFACE(x)->scale(CTX(x), F32(x), s, x->numel);
+}
+
+void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
+                      int64_t row_offset) {
+    check_f32(out, "embedding_fwd out");
+    check_i32(tokens, "embedding_fwd tokens");
+    check_f32(table, "embedding_fwd table");
+    check_same_backend(out, tokens);
+    check_same_backend(out, table);
+    CT_ASSERTF(ROWS(out) == tokens->numel && COLS(out) == COLS(table),
+               "embedding_fwd: out %s, tokens %s, table %s (out must be (tokens, table cols))",
+               SH(out), SH(tokens), SH(table));
+    CT_ASSERTF(row_offset >= 0, "embedding_fwd: row_offset %lld < 0", (long long)row_offset);
+    IFACE(out)->embedding_fwd(CTX(out), F32(out), I32(tokens), F32(table), ROWS(out), COLS(out),
+                              ROWS(table), row_offset);
+}
+
+void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
+                      int64_t row_offset) {
+    check_f32(dtable, "embedding_bwd dtable");
+    check_f32(dout, "embedding_bwd dout");
+    check_i32(tokens, "embedding_bwd tokens");
+    check_same_backend(dtable, dout);
+    check_same_backend(dtable, tokens);
+    CT_ASSERTF(ROWS(dout) == tokens->numel && COLS(dout) == COLS(dtable),
+               "embedding_bwd: dout %s, tokens %s, dtable %s", SH(dout), SH(tokens), SH(dtable));
+    CT_ASSERTF(row_offset >= 0, "embedding_bwd: row_offset %lld < 0", (long long)row_offset);
+    IFACE(dout)->embedding_bwd(CTX(dout), F32(dtable), F32(dout), I32(tokens), ROWS(dout),
+                               COLS(dout), ROWS(dtable), row_offset);
+}
+
+void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset) {
+    check_f32(out, "posemb_fwd out");
+    check_f32(wpe, "posemb_fwd wpe");
+    check_same_backend(out, wpe);
+    int64_t C = COLS(out);
+    CT_ASSERTF(B >= 0 && T >= 0 && out->numel == B * T * C && COLS(wpe) == C,
+               "posemb_fwd: out %s is not (B=%lld, T=%lld, C) or wpe %s has another C", SH(out),
+               (long long)B, (long long)T, SH(wpe));
+    CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(wpe),
+               "posemb_fwd: positions [%lld, %lld) outside wpe %s", (long long)pos_offset,
+               (long long)(pos_offset + T), SH(wpe));
+    IFACE(out)->posemb_fwd(CTX(out), F32(out), F32(wpe), B, T, C, pos_offset);
+}
+
+void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
+                   int64_t pos_offset) {
+    check_f32(dwpe, "posemb_bwd dwpe");
+    check_f32(dout, "posemb_bwd dout");
+    check_same_backend(dwpe, dout);
+    int64_t C = COLS(dout);
+    CT_ASSERTF(B >= 0 && T >= 0 && dout->numel == B * T * C && COLS(dwpe) == C,
+               "posemb_bwd: dout %s is not (B=%lld, T=%lld, C) or dwpe %s has another C", SH(dout),
+               (long long)B, (long long)T, SH(dwpe));
+    CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(dwpe),
+               "posemb_bwd: positions [%lld, %lld) outside dwpe %s", (long long)pos_offset,
+               (long long)(pos_offset + T), SH(dwpe));
+    IFACE(dout)->posemb_bwd(CTX(dout), F32(dwpe), F32(dout), B, T, C, pos_offset);
+}
+
+void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
+                      const ct_tensor *w, const ct_tensor *b) {
+    check_f32(out, "layernorm_fwd out");
+    check_f32(mean, "layernorm_fwd mean");
+    check_f32(rstd, "layernorm_fwd rstd");
+    check_f32(inp, "layernorm_fwd inp");
+    check_f32(w, "layernorm_fwd w");
+    check_f32(b, "layernorm_fwd b");
+    check_same_backend(out, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(out) == N && COLS(out) == C && mean->numel == N && rstd->numel == N &&
+                   w->numel == C && b->numel == C,
+               "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
+               SH(rstd), SH(inp), SH(w), SH(b));
+    IFACE(inp)->layernorm_fwd(CTX(inp), F32(out), F32(mean), F32(rstd), F32(inp), F32(w), F32(b),
+                              N, C);
+}
+
+void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
+                      const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
+                      const ct_tensor *rstd) {
+    check_f32(dinp, "layernorm_bwd dinp");
+    check_f32(dw, "layernorm_bwd dw");
+    check_f32(db, "layernorm_bwd db");
+    check_f32(dout, "layernorm_bwd dout");
+    check_f32(inp, "layernorm_bwd inp");
+    check_f32(w, "layernorm_bwd w");
+    check_f32(mean, "layernorm_bwd mean");
+    check_f32(rstd, "layernorm_bwd rstd");
+    check_same_backend(dinp, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(dinp) == N && COLS(dinp) == C && ROWS(dout) == N && COLS(dout) == C &&
+                   dw->numel == C && db->numel == C && w->numel == C && mean->numel == N &&
+                   rstd->numel == N,
+               "layernorm_bwd: dinp %s, dw %s, db %s, dout %s, inp %s, w %s, mean %s, rstd %s",
+               SH(dinp), SH(dw), SH(db), SH(dout), SH(inp), SH(w), SH(mean), SH(rstd));
+    IFACE(inp)->layernorm_bwd(CTX(inp), F32(dinp), F32(dw), F32(db), F32(dout), F32(inp), F32(w),
+                              F32(mean), F32(rstd), N, C);
+}
+
+void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
+    check_f32(out, "gelu_fwd out");
+    check_f32(inp, "gelu_fwd inp");
+    check_same_backend(out, inp);
+    CT_ASSERTF(out->numel == inp->numel, "gelu_fwd: out %s, inp %s", SH(out), SH(inp));
+    IFACE(inp)->gelu_fwd(CTX(inp), F32(out), F32(inp), inp->numel);
+}
+
+void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout) {
+    check_f32(dinp, "gelu_bwd dinp");
+    check_f32(inp, "gelu_bwd inp");
+    check_f32(dout, "gelu_bwd dout");
+    check_same_backend(dinp, inp);
+    CT_ASSERTF(dinp->numel == inp->numel && dout->numel == inp->numel,
+               "gelu_bwd: dinp %s, inp %s, dout %s", SH(dinp), SH(inp), SH(dout));
+    IFACE(inp)->gelu_bwd(CTX(inp), F32(dinp), F32(inp), F32(dout), inp->numel);
+}
+
+/* Checks q/k/v-shaped tensors of attention and returns head_dim. */
+static int64_t attention_head_dim(const char *op, const ct_tensor *q, const ct_tensor *k,
+                                  const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
+                                  int64_t n_kv_head) {
+    CT_ASSERTF(B > 0 && T > 0 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
+               "%s: B=%lld T=%lld n_head=%lld n_kv_head=%lld (n_kv_head must divide n_head)", op,
+               (long long)B, (long long)T, (long long)n_head, (long long)n_kv_head);
+    int64_t cq = COLS(q);
+    CT_ASSERTF(cq % n_head == 0 && ROWS(q) == B * T,
+               "%s: q %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(q),
+               (long long)B, (long long)T, (long long)n_head);
+    int64_t hd = cq / n_head;
+    CT_ASSERTF(ROWS(k) == B * T && COLS(k) == n_kv_head * hd && ROWS(v) == B * T &&
+                   COLS(v) == n_kv_head * hd,
+               "%s: k %s, v %s must be (B=%lld, T=%lld, n_kv_head=%lld x head_dim=%lld)", op,
+               SH(k), SH(v), (long long)B, (long long)T, (long long)n_kv_head, (long long)hd);
+    return hd;
+}
+
+void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
+                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
+                      int64_t n_kv_head) {
+    check_f32(out, "attention_fwd out");
+    check_f32(lse, "attention_fwd lse");
+    check_f32(q, "attention_fwd q");
+    check_f32(k, "attention_fwd k");
+    check_f32(v, "attention_fwd v");
+    check_same_backend(out, q);
+    int64_t hd = attention_head_dim("attention_fwd", q, k, v, B, T, n_head, n_kv_head);
+    CT_ASSERTF(out->numel == q->numel && lse->numel == B * n_head * T,
+               "attention_fwd: out %s must match q %s, lse %s must be (B, n_head, T)", SH(out),
+               SH(q), SH(lse));
+    IFACE(q)->attention_fwd(CTX(q), F32(out), F32(lse), F32(q), F32(k), F32(v), B, T, n_head,
+                            n_kv_head, hd);
+}
+
+void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
+                      const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                      const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
+                      int64_t n_head, int64_t n_kv_head) {
+    check_f32(dq, "attention_bwd dq");
+    check_f32(dk, "attention_bwd dk");
+    check_f32(dv, "attention_bwd dv");
+    check_f32(dout, "attention_bwd dout");
+    check_f32(q, "attention_bwd q");
+    check_f32(k, "attention_bwd k");
+    check_f32(v, "attention_bwd v");
+    check_f32(out, "attention_bwd out");
+    check_f32(lse, "attention_bwd lse");
+    check_same_backend(dq, q);
+    int64_t hd = attention_head_dim("attention_bwd", q, k, v, B, T, n_head, n_kv_head);
+    CT_ASSERTF(dq->numel == q->numel && dout->numel == q->numel && out->numel == q->numel &&
+                   dk->numel == k->numel && dv->numel == v->numel &&
+                   lse->numel == B * n_head * T,
+               "attention_bwd: dq %s, dk %s, dv %s, dout %s, out %s, lse %s vs q %s, k %s",
+               SH(dq), SH(dk), SH(dv), SH(dout), SH(out), SH(lse), SH(q), SH(k));
+    IFACE(q)->attention_bwd(CTX(q), F32(dq), F32(dk), F32(dv), F32(dout), F32(q), F32(k), F32(v),
+                            F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
+}
+
+static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_valid) {
+    CT_ASSERTF(n_valid >= 0 && n_valid <= COLS(logits),
+               "%s: n_valid %lld outside [0, %lld] of logits %s", op, (long long)n_valid,
+               (long long)COLS(logits), SH(logits));
+}
+
+void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid) {
+    check_f32(rowmax, "xent_rowmax rowmax");
+    check_f32(logits, "xent_rowmax logits");
+    check_same_backend(rowmax, logits);
+    check_xent_cols("xent_rowmax", logits, n_valid);
+    CT_ASSERTF(rowmax->numel == ROWS(logits), "xent_rowmax: rowmax %s vs logits %s", SH(rowmax),
+               SH(logits));
+    IFACE(logits)->xent_rowmax(CTX(logits), F32(rowmax), F32(logits), ROWS(logits), COLS(logits),
+                               n_valid);
+}
+
+void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor *logits,
+                    const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
+                    int64_t col_offset) {
+    check_f32(sumexp, "xent_sumexp sumexp");
+    check_f32(target_logit, "xent_sumexp target_logit");
+    check_f32(logits, "xent_sumexp logits");
+    check_i32(targets, "xent_sumexp targets");
+    check_f32(rowmax, "xent_sumexp rowmax");
+    check_same_backend(sumexp, logits);
+    check_xent_cols("xent_sumexp", logits, n_valid);
+    int64_t N = ROWS(logits);
+    CT_ASSERTF(sumexp->numel == N && target_logit->numel == N && targets->numel == N &&
+                   rowmax->numel == N,
+               "xent_sumexp: sumexp %s, target_logit %s, targets %s, rowmax %s vs logits %s",
+               SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
+    IFACE(logits)->xent_sumexp(CTX(logits), F32(sumexp), F32(target_logit), F32(logits),
+                               I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset);
+}
+
+void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
+                    const ct_tensor *rowmax, const ct_tensor *sumexp,
+                    const ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
+                    float dloss, bool write_grad) {
+    check_f32(losses, "xent_finish losses");
+    check_f32(logits, "xent_finish logits");
+    check_i32(targets, "xent_finish targets");
+    check_f32(rowmax, "xent_finish rowmax");
+    check_f32(sumexp, "xent_finish sumexp");
+    check_f32(target_logit, "xent_finish target_logit");
+    check_same_backend(losses, logits);
+    check_xent_cols("xent_finish", logits, n_valid);
+    int64_t N = ROWS(logits);
+    CT_ASSERTF(losses->numel == N && targets->numel == N && rowmax->numel == N &&
+                   sumexp->numel == N && target_logit->numel == N,
+               "xent_finish: losses %s, targets %s, rowmax %s, sumexp %s, target_logit %s vs "
+               "logits %s",
+               SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
+    IFACE(logits)->xent_finish(CTX(logits), F32(losses), F32(logits), I32(targets), F32(rowmax),
+                               F32(sumexp), F32(target_logit), N, COLS(logits), n_valid,
+                               col_offset, dloss, write_grad);
+}
+
+void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
+              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp) {
+    check_f32(param, "adamw param");
+    check_f32(grad, "adamw grad");
+    check_f32(m, "adamw m");
+    check_f32(v, "adamw v");
+    check_same_backend(param, grad);
+    check_same_backend(param, m);
+    check_same_backend(param, v);
+    int64_t n = param->numel;
+    CT_ASSERTF(grad->numel == n && m->numel == n && v->numel == n,
+               "adamw: param %s, grad %s, m %s, v %s must have equal length", SH(param), SH(grad),
+               SH(m), SH(v));
+    CT_ASSERTF(hp != NULL && hp->step >= 1, "adamw: step must be >= 1 (1-based)");
+    CT_ASSERTF(n_segments >= 0 && (n_segments == 0 || segments != NULL), "adamw: %d segments",
+               n_segments);
+    for (int s = 0; s < n_segments; s++)
+        CT_ASSERTF(segments[s].offset >= 0 && segments[s].count >= 0 &&
+                       segments[s].offset + segments[s].count <= n,
+                   "adamw: segment %d [%lld, +%lld) outside the %lld-element range", s,
+                   (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
+    IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments,
+                        hp);
+}
+
+void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x) {
+    check_f32(out, "sumsq out");
+    check_f32(x, "sumsq x");
+    check_same_backend(out, x);
+    CT_ASSERTF(index >= 0 && index < out->numel, "sumsq: index %lld outside out %s",
+               (long long)index, SH(out));
+    IFACE(x)->sumsq(CTX(x), F32(out) + index, F32(x), x->numel);
+}
+
+void ct_cast(ct_tensor *dst, const ct_tensor *src) {
+    CT_ASSERT(dst != NULL && src != NULL);
+    check_same_backend(dst, src);
+    CT_ASSERTF(dst->numel == src->numel, "cast: dst %s and src %s differ in size", SH(dst),
+               SH(src));
+    CT_ASSERTF((dst->dtype == CT_DTYPE_F32 || dst->dtype == CT_DTYPE_BF16) &&
+                   (src->dtype == CT_DTYPE_F32 || src->dtype == CT_DTYPE_BF16),
+               "cast: only f32 <-> bf16, got %s -> %s", SH(src), SH(dst));
+    IFACE(src)->cast(CTX(src), dst->data, dst->dtype, src->data, src->dtype, src->numel);
+}

@@ -1,0 +1,868 @@
+/*
+ * backend_cpu.c — the CPU backend: every slot of struct ct_backend_i for fp32 (bf16 only in cast
+ * and fill). It is the numerical reference the other backends are tested against, and it is meant
+ * to be fast on a few cores:
+ *   - GEMMs go to OpenBLAS (cblas_sgemm, row-major, transposes passed as flags);
+ *   - every other op is an OpenMP loop over rows / elements with vectorisable inner loops;
+ *   - one thread pool: OpenMP for our loops and the OpenMP build of OpenBLAS. A cblas call made
+ *     inside one of our parallel regions runs single-threaded, which is what attention wants.
+ *
+ * Determinism: results are bit-identical for any thread count. Work is split over threads only
+ * along dimensions whose elements are computed independently; every reduction runs in an order
+ * fixed by the data shape alone:
+ *   - sums inside a row (layernorm, softmax, cross-entropy) use 16 lane accumulators combined by
+ *     a fixed tree (lane_sum), so they do not depend on vectoriser peeling or on alignment;
+ *   - sums across rows (bias_grad, layernorm_bwd dw/db) use chunks of CHUNK_ROWS rows whose
+ *     partials are combined in chunk order; sumsq uses chunks of SUMSQ_CHUNK elements in double;
+ *   - posemb_bwd sums the batch in order for each position; embedding_bwd is parallel over
+ *     channel blocks and adds tokens in order (no atomics);
+ *   - attention is parallel over (batch, head) — over (batch, kv head) in backward, where the
+ *     query heads of a group are visited in order and accumulate into the shared dk/dv.
+ *
+ * Transcendentals: expf/tanhf from libm do not vectorise without -ffast-math, so exp_f32 below is
+ * a small vectorisable exp (Cody–Waite reduction + degree-7 Taylor polynomial, about 1 ulp over
+ * the range that matters) used by softmax, cross-entropy and GELU (written with the logistic
+ * function, which equals the tanh form and keeps its accuracy for negative inputs).
+ *
+ * The context keeps one workspace (partial sums, attention scratch), grown on demand and owned by
+ * the backend; it is not counted in the per-category accounting of backend.c. Ops on one backend
+ * must be issued from one thread at a time.
+ */
+#include "backend.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Provided by OpenBLAS (declared in its cblas.h as well; repeated here for older headers). */
+void openblas_set_num_threads(int num_threads);
+
+enum {
+    CHUNK_ROWS = 64,       /* rows per partial sum in reductions across rows */
+    SUMSQ_CHUNK = 4096,    /* elements per double partial in sumsq */
+    LANES = 16,            /* accumulators of in-row sums */
+    ATT_BLOCK = 64,        /* query rows per causal block in attention */
+    PAR_MIN_WORK = 16384,  /* below this many elements an op runs on one thread */
+};
+
+typedef struct cpu_ctx {
+    int n_threads;
+    void *ws; /* workspace, 64-byte aligned, ws_bytes long */
+    size_t ws_bytes;
+} cpu_ctx;
+
+#define CT_PRAGMA(x) _Pragma(#x)
+/* A static-schedule parallel loop over `nt` threads. The split never changes results (see top). */
+#define PARALLEL_FOR(nt) CT_PRAGMA(omp parallel for schedule(static) num_threads(nt))
+
+/* Threads to use for `work` elements: one when the parallel region would cost more than it saves. */
+static inline int threads_for(const cpu_ctx *c, int64_t work) {
+    return work < PAR_MIN_WORK ? 1 : c->n_threads;
+}
+
+static inline size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+/* The workspace, at least `bytes` long. Contents are not preserved across growth. */
+static void *ws_get(cpu_ctx *c, size_t bytes) {
+    if (bytes > c->ws_bytes) {
+        free(c->ws);
+        c->ws_bytes = round_up(bytes, 64);
+        c->ws = aligned_alloc(64, c->ws_bytes);
+        CT_ASSERTF(c->ws != NULL, "cpu backend: out of memory for a %zu-byte workspace",
+                   c->ws_bytes);
+    }
+    return c->ws;
+}
+
+/* ---- small numeric helpers ------------------------------------------------------------------ */
+
+/* Fixed reduction tree over the 16 lane accumulators: the order never depends on the caller. */
+static inline float lane_sum(const float acc[LANES]) {
+    float a[8];
+    for (int l = 0; l < 8; l++) a[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+static inline float bits_to_f32(uint32_t u) {
+    union { uint32_t u; float f; } x = {.u = u};
+    return x.f;
+}
+
+static inline uint32_t f32_to_bits(float f) {
+    union { float f; uint32_t u; } x = {.f = f};
+    return x.u;
+}
+
+/*
+ * exp(x) for the vectorised loops. x = n·ln2 + r with |r| <= ln2/2 (ln2 split in a short high
+ * part, exact in float when multiplied by n, and a low correction), exp(r) by its Taylor series to
+ * r^7 (truncation < 5e-9 relative, below float's 6e-8), times 2^n built in the exponent bits.
+ * Inputs below -87 give 0 (true value < 1.7e-38, negligible in every sum we take), above 88.7 +inf.
+ * Written with ternaries and a rounding constant instead of fminf/fmaxf/rintf: those do not
+ * vectorise without -ffinite-math-only / -fno-trapping-math, which the build does not use.
+ */
+static inline float exp_f32(float x) {
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f;     /* 8 significant bits: n·ln2_hi is exact */
+    const float ln2_lo = -2.12194440e-4f;  /* ln2 - ln2_hi */
+    const float round_k = 12582912.0f;     /* 1.5·2^23: adding it rounds to an integer */
+    float xc = x < -87.0f ? -87.0f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    float n = (xc * log2e + round_k) - round_k; /* nearest integer to x/ln2 */
+    float r = fmaf(-n, ln2_hi, xc);
+    r = fmaf(-n, ln2_lo, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    float scale = bits_to_f32((uint32_t)((int32_t)n + 127) << 23);
+    float y = p * scale;
+    y = x < -87.0f ? 0.0f : y;
+    y = x > 88.7f ? INFINITY : y;
+    return y;
+}
+
+/*
+ * GELU through the logistic function: 0.5·(1 + tanh u) = σ(2u) and 0.5·(1 - tanh²u) = 2σ(2u)(1 -
+ * σ(2u)). Unlike 1 + tanh(u) in float, σ(2u) has no cancellation for negative u, so gelu(x) keeps
+ * its relative accuracy where it is tiny. sigmoid2 returns σ(2u) and 1 - σ(2u) from one exp of a
+ * non-positive argument (no overflow): t = exp(-2|u|).
+ */
+static inline void sigmoid2(float u, float *s, float *one_minus_s) {
+    float au = u < 0.0f ? -u : u;
+    float t = exp_f32(-2.0f * au);
+    float inv = 1.0f / (1.0f + t);
+    float big = inv, small = t * inv; /* σ(2|u|), σ(-2|u|) */
+    *s = u < 0.0f ? small : big;
+    *one_minus_s = u < 0.0f ? big : small;
+}
+
+/* f32 -> bf16, round to nearest even; NaN stays NaN (quiet bit set so truncation cannot make it
+ * an infinity). */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_to_bits(f);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(void *ctx, size_t bytes) {
+    /* 64-byte alignment (a cache line, a full AVX-512 vector); not zeroed: callers fill. */
+    return aligned_alloc(64, round_up(bytes ? bytes : 1, 64));
+}
+
+static void cpu_free(void *ctx, void *ptr) { free(ptr); }
+
+static void cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
+    cpu_ctx *c = ctx;
+    int nt = threads_for(c, n);
+    switch (dtype) {
+    case CT_DTYPE_F32: {
+        float *d = dst;
+        PARALLEL_FOR(nt)
+        for (int64_t i = 0; i < n; i++) d[i] = value;
+        break;
+    }
+    case CT_DTYPE_BF16: {
+        uint16_t *d = dst, h = f32_to_bf16(value);
+        PARALLEL_FOR(nt)
+        for (int64_t i = 0; i < n; i++) d[i] = h;
+        break;
+    }
+    case CT_DTYPE_I32: {
+        int32_t *d = dst, x = (int32_t)value;
+        PARALLEL_FOR(nt)
+        for (int64_t i = 0; i < n; i++) d[i] = x;
+        break;
+    }
+    case CT_DTYPE_I64: {
+        int64_t *d = dst, x = (int64_t)value;
+        PARALLEL_FOR(nt)
+        for (int64_t i = 0; i < n; i++) d[i] = x;
+        break;
+    }
+    case CT_DTYPE_U8: memset(dst, (int)(uint8_t)value, (size_t)n); break;
+    }
+}
+
+/* Large copies are split into 1 MiB pieces so both cores pull on memory bandwidth. */
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    cpu_ctx *c = ctx;
+    const size_t piece = (size_t)1 << 20;
+    if (bytes < 4 * piece) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    int64_t n_pieces = (int64_t)((bytes + piece - 1) / piece);
+    PARALLEL_FOR(c->n_threads)
+    for (int64_t p = 0; p < n_pieces; p++) {
+        size_t off = (size_t)p * piece;
+        memcpy((char *)dst + off, (const char *)src + off, CT_MIN(piece, bytes - off));
+    }
+}
+
+/* ---- GEMM --------------------------------------------------------------------------------- */
+
+static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc) {
+    cpu_ctx *c = ctx;
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        /* op(A)·op(B) is empty: C = beta·C (BLAS would do the same; spelled out for clarity). */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    /* The OpenMP build of OpenBLAS sizes its team from omp_get_max_threads() of the calling
+     * thread, so another backend in the same process may have changed it: set ours. */
+    if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A, (int)lda,
+                B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* ---- elementwise and bias ------------------------------------------------------------------ */
+
+static void cpu_bias_add(void *ctx, float *out, const float *bias, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t i = 0; i < N; i++) {
+        float *o = out + i * C;
+#pragma omp simd
+        for (int64_t j = 0; j < C; j++) o[j] += bias[j];
+    }
+}
+
+/* Sums row chunks of dout into partial[chunk][C] (phase 1), then adds the partials to dbias in
+ * chunk order (phase 2). Chunk boundaries depend on N only, so the thread count cannot change the
+ * result. */
+static void cpu_bias_grad(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    int64_t n_chunks = (N + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    if (n_chunks == 0) return;
+    float *partial = ws_get(c, (size_t)n_chunks * (size_t)C * sizeof(float)); /* (n_chunks, C) */
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        float *p = partial + ch * C;
+        int64_t r0 = ch * CHUNK_ROWS, r1 = CT_MIN(r0 + CHUNK_ROWS, N);
+        memcpy(p, dout + r0 * C, (size_t)C * sizeof(float));
+        for (int64_t r = r0 + 1; r < r1; r++) {
+            const float *d = dout + r * C;
+#pragma omp simd
+            for (int64_t j = 0; j < C; j++) p[j] += d[j];
+        }
+    }
+    /* Phase 2 walks all chunks for a block of columns; blocks are independent. */
+    const int64_t cb = 256;
+    int64_t n_cb = (C + cb - 1) / cb;
+    PARALLEL_FOR(threads_for(c, n_chunks * C))
+    for (int64_t blk = 0; blk < n_cb; blk++) {
+        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
+        float acc[256];
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] = partial[j];
+        for (int64_t ch = 1; ch < n_chunks; ch++) {
+            const float *p = partial + ch * C;
+#pragma omp simd
+            for (int64_t j = j0; j < j1; j++) acc[j - j0] += p[j];
+        }
+        for (int64_t j = j0; j < j1; j++) dbias[j] += acc[j - j0];
+    }
+}
+
+static void cpu_axpy(void *ctx, float *dst, const float *src, float alpha, int64_t n) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, n))
+    for (int64_t i = 0; i < n; i++) dst[i] += alpha * src[i];
+}
+
+static void cpu_scale(void *ctx, float *x, float s, int64_t n) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, n))
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* ---- embeddings --------------------------------------------------------------------------- */
+
+static void cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *table,
+                              int64_t N, int64_t C, int64_t rows, int64_t row_offset) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t i = 0; i < N; i++) {
+        int64_t r = (int64_t)tokens[i] - row_offset;
+        if (r >= 0 && r < rows)
+            memcpy(out + i * C, table + r * C, (size_t)C * sizeof(float));
+        else
+            memset(out + i * C, 0, (size_t)C * sizeof(float)); /* another shard's token */
+    }
+}
+
+/* Parallel over channel blocks; every thread walks all tokens in order, so each dtable element
+ * receives its contributions in token order whatever the number of threads (no atomics). */
+static void cpu_embedding_bwd(void *ctx, float *dtable, const float *dout, const int32_t *tokens,
+                              int64_t N, int64_t C, int64_t rows, int64_t row_offset) {
+    cpu_ctx *c = ctx;
+    int nt = threads_for(c, N * C);
+    /* Blocks of whole cache lines so two threads never write the same line of dtable. */
+    int64_t cb = round_up((size_t)((C + nt - 1) / nt), 16);
+    int64_t n_cb = (C + cb - 1) / cb;
+    PARALLEL_FOR(nt)
+    for (int64_t blk = 0; blk < n_cb; blk++) {
+        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
+        for (int64_t i = 0; i < N; i++) {
+            int64_t r = (int64_t)tokens[i] - row_offset;
+            if (r < 0 || r >= rows) continue;
+            float *dst = dtable + r * C;
+            const float *src = dout + i * C;
+#pragma omp simd
+            for (int64_t j = j0; j < j1; j++) dst[j] += src[j];
+        }
+    }
+}
+
+static void cpu_posemb_fwd(void *ctx, float *out, const float *wpe, int64_t B, int64_t T,
+                           int64_t C, int64_t pos_offset) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, B * T * C))
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        float *o = out + bt * C;
+        const float *w = wpe + (pos_offset + bt % T) * C;
+#pragma omp simd
+        for (int64_t j = 0; j < C; j++) o[j] += w[j];
+    }
+}
+
+/* Each position's sum over the batch is taken in batch order by one thread, then added. */
+static void cpu_posemb_bwd(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T,
+                           int64_t C, int64_t pos_offset) {
+    cpu_ctx *c = ctx;
+    if (B == 0) return;
+    PARALLEL_FOR(threads_for(c, B * T * C))
+    for (int64_t t = 0; t < T; t++) {
+        float *dst = dwpe + (pos_offset + t) * C;
+        for (int64_t j0 = 0; j0 < C; j0 += 256) {
+            int64_t len = CT_MIN(256, C - j0);
+            float acc[256];
+            memcpy(acc, dout + t * C + j0, (size_t)len * sizeof(float));
+            for (int64_t b = 1; b < B; b++) {
+                const float *src = dout + (b * T + t) * C + j0;
+#pragma omp simd
+                for (int64_t j = 0; j < len; j++) acc[j] += src[j];
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) dst[j0 + j] += acc[j];
+        }
+    }
+}
+
+/* ---- layernorm ---------------------------------------------------------------------------- */
+
+#define LN_EPS 1e-5f
+
+static void cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        int64_t cv = C - C % LANES;
+        /* two passes (mean, then squared deviations): no cancellation for rows with a large
+         * common offset */
+        float acc[LANES] = {0};
+        for (int64_t j = 0; j < cv; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += x[j + l];
+        for (int64_t j = cv; j < C; j++) acc[j - cv] += x[j];
+        float m = lane_sum(acc) / (float)C;
+        for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+        for (int64_t j = 0; j < cv; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float d = x[j + l] - m;
+                acc[l] += d * d;
+            }
+        for (int64_t j = cv; j < C; j++) {
+            float d = x[j] - m;
+            acc[j - cv] += d * d;
+        }
+        float s = 1.0f / sqrtf(lane_sum(acc) / (float)C + LN_EPS);
+        float *o = out + i * C;
+#pragma omp simd
+        for (int64_t j = 0; j < C; j++) o[j] = (x[j] - m) * s * w[j] + b[j];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+/*
+ * With n = (x - mean)·rstd and g = dout·w:
+ *   dinp += rstd·(g - mean(g) - n·mean(g·n)),  dw += sum_rows dout·n,  db += sum_rows dout.
+ * dw/db go through per-chunk partials (partial[chunk] = [dw (C) | db (C)]) like bias_grad.
+ */
+static void cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout,
+                              const float *inp, const float *w, const float *mean,
+                              const float *rstd, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    int64_t n_chunks = (N + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    if (n_chunks == 0) return;
+    float *partial = ws_get(c, (size_t)n_chunks * 2 * (size_t)C * sizeof(float));
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        float *pdw = partial + ch * 2 * C, *pdb = pdw + C;
+        memset(pdw, 0, 2 * (size_t)C * sizeof(float));
+        int64_t r0 = ch * CHUNK_ROWS, r1 = CT_MIN(r0 + CHUNK_ROWS, N);
+        int64_t cv = C - C % LANES;
+        for (int64_t i = r0; i < r1; i++) {
+            const float *x = inp + i * C, *d = dout + i * C;
+            float m = mean[i], s = rstd[i];
+            float acc_g[LANES] = {0}, acc_gn[LANES] = {0};
+            for (int64_t j = 0; j < cv; j += LANES)
+                for (int l = 0; l < LANES; l++) {
+                    float n = (x[j + l] - m) * s, g = d[j + l] * w[j + l];
+                    acc_g[l] += g;
+                    acc_gn[l] += g * n;
+                }
+            for (int64_t j = cv; j < C; j++) {
+                float n = (x[j] - m) * s, g = d[j] * w[j];
+                acc_g[j - cv] += g;
+                acc_gn[j - cv] += g * n;
+            }
+            float g_mean = lane_sum(acc_g) / (float)C;
+            float gn_mean = lane_sum(acc_gn) / (float)C;
+            float *di = dinp + i * C;
+#pragma omp simd
+            for (int64_t j = 0; j < C; j++) {
+                float n = (x[j] - m) * s, g = d[j] * w[j];
+                di[j] += s * (g - g_mean - n * gn_mean);
+                pdw[j] += d[j] * n;
+                pdb[j] += d[j];
+            }
+        }
+    }
+    const int64_t cb = 256;
+    int64_t n_cb = (C + cb - 1) / cb;
+    PARALLEL_FOR(threads_for(c, n_chunks * C))
+    for (int64_t blk = 0; blk < n_cb; blk++) {
+        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
+        float acc_w[256], acc_b[256];
+        for (int64_t j = j0; j < j1; j++) {
+            acc_w[j - j0] = partial[j];
+            acc_b[j - j0] = partial[C + j];
+        }
+        for (int64_t ch = 1; ch < n_chunks; ch++) {
+            const float *pw = partial + ch * 2 * C, *pb = pw + C;
+#pragma omp simd
+            for (int64_t j = j0; j < j1; j++) {
+                acc_w[j - j0] += pw[j];
+                acc_b[j - j0] += pb[j];
+            }
+        }
+        for (int64_t j = j0; j < j1; j++) {
+            dw[j] += acc_w[j - j0];
+            db[j] += acc_b[j - j0];
+        }
+    }
+}
+
+/* ---- GELU (tanh approximation, GPT-2) ------------------------------------------------------- */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static void cpu_gelu_fwd(void *ctx, float *out, const float *inp, int64_t n) {
+    cpu_ctx *c = ctx;
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        float s, s1;
+        sigmoid2(u, &s, &s1);
+        out[i] = x * s; /* 0.5x(1 + tanh u) */
+    }
+}
+
+/* d/dx 0.5x(1 + tanh u) = 0.5(1 + tanh u) + 0.5x(1 - tanh²u)·du/dx = s + 2x·s(1-s)·du/dx,
+ * with s = σ(2u) and du/dx = k(1 + 3a x²). */
+static void cpu_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n) {
+    cpu_ctx *c = ctx;
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        float s, s1;
+        sigmoid2(u, &s, &s1);
+        float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dinp[i] = (s + 2.0f * x * s * s1 * du) * dout[i];
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/*
+ * Per (batch, head) the T query rows are walked in blocks of ATT_BLOCK rows [r0, r1); a block only
+ * needs keys [0, r1) (causal), so S = scale·Q·K^T is computed on the block lower triangle and the
+ * GEMMs skip the rest. Head slices are strided views of the (B, T, heads·hd) tensors: leading
+ * dimension heads·hd, never copied.
+ */
+
+/* Row-wise causal softmax of a block S (rows r0..r1-1 of the score matrix, keys 0..r1-1, row stride
+ * ld): P overwrites S, entries past the diagonal become 0, lse[i] = max + log(sum exp). */
+static void softmax_block(float *S, int64_t ld, int64_t r0, int64_t r1, float *lse) {
+    for (int64_t i = r0; i < r1; i++) {
+        float *s = S + (i - r0) * ld;
+        int64_t n = i + 1; /* keys 0..i are visible */
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        float acc[LANES] = {0};
+        int64_t nv = n - n % LANES;
+        for (int64_t j = 0; j < nv; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float e = exp_f32(s[j + l] - mx);
+                s[j + l] = e;
+                acc[l] += e;
+            }
+        for (int64_t j = nv; j < n; j++) {
+            float e = exp_f32(s[j] - mx);
+            s[j] = e;
+            acc[j - nv] += e;
+        }
+        float sum = lane_sum(acc);
+        float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) s[j] *= inv;
+        for (int64_t j = n; j < r1; j++) s[j] = 0.0f;
+        lse[i] = mx + logf(sum);
+    }
+}
+
+static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
+                              const float *v, int64_t B, int64_t T, int64_t n_head,
+                              int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* per-thread scratch: one block of scores (ATT_BLOCK, T) */
+    const size_t per_thread = round_up((size_t)ATT_BLOCK * (size_t)T * sizeof(float), 64);
+    char *ws = ws_get(c, per_thread * (size_t)c->n_threads);
+    PARALLEL_FOR(c->n_threads)
+    for (int64_t bh = 0; bh < B * n_head; bh++) {
+        float *S = (float *)(ws + per_thread * (size_t)omp_get_thread_num());
+        int64_t b = bh / n_head, h = bh % n_head, kvh = h / group;
+        const float *qh = q + b * T * cq + h * hd;    /* (T, hd), stride cq */
+        const float *kh = k + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
+        const float *vh = v + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
+        float *oh = out + b * T * cq + h * hd;        /* (T, hd), stride cq */
+        float *lh = lse + bh * T;                     /* (T) */
+        for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
+            /* S(m, r1) = scale · Q[r0:r1] · K[0:r1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd, scale,
+                        qh + r0 * cq, (int)cq, kh, (int)ckv, 0.0f, S, (int)T);
+            softmax_block(S, T, r0, r1, lh);
+            /* O[r0:r1](m, hd) = P(m, r1) · V[0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)r1, 1.0f,
+                        S, (int)T, vh, (int)ckv, 0.0f, oh + r0 * cq, (int)cq);
+        }
+    }
+}
+
+/*
+ * Backward per query block, with P recomputed from the saved lse:
+ *   dP = dO·V^T, D_i = rowsum(dO ⊙ O)_i, dS = P ⊙ (dP - D),
+ *   dV += P^T·dO, dQ = scale·dS·K, dK += scale·dS^T·Q.
+ * Parallel over (batch, kv head): the group's query heads and their blocks are visited in a fixed
+ * order and accumulate into the kv head's dk/dv, so GQA needs no atomics and no reduction buffers.
+ */
+static void cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                              const float *q, const float *k, const float *v, const float *out,
+                              const float *lse, int64_t B, int64_t T, int64_t n_head,
+                              int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* per-thread scratch: P and dP/dS blocks (ATT_BLOCK, T) each, and D (ATT_BLOCK) */
+    const size_t blk_bytes = round_up((size_t)ATT_BLOCK * (size_t)T * sizeof(float), 64);
+    const size_t per_thread = 2 * blk_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    char *ws = ws_get(c, per_thread * (size_t)c->n_threads);
+    PARALLEL_FOR(c->n_threads)
+    for (int64_t bkv = 0; bkv < B * n_kv_head; bkv++) {
+        char *mine = ws + per_thread * (size_t)omp_get_thread_num();
+        float *P = (float *)mine, *dS = (float *)(mine + blk_bytes);
+        float *D = (float *)(mine + 2 * blk_bytes);
+        int64_t b = bkv / n_kv_head, kvh = bkv % n_kv_head;
+        const float *kh = k + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
+        const float *vh = v + b * T * ckv + kvh * hd;
+        float *dkh = dk + b * T * ckv + kvh * hd;
+        float *dvh = dv + b * T * ckv + kvh * hd;
+        for (int64_t t = 0; t < T; t++) {
+            memset(dkh + t * ckv, 0, (size_t)hd * sizeof(float));
+            memset(dvh + t * ckv, 0, (size_t)hd * sizeof(float));
+        }
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *qh = q + b * T * cq + h * hd; /* (T, hd), stride cq */
+            const float *oh = out + b * T * cq + h * hd;
+            const float *doh = dout + b * T * cq + h * hd;
+            float *dqh = dq + b * T * cq + h * hd;
+            const float *lh = lse + (b * n_head + h) * T;
+            for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
+                /* P(m, r1) = exp(scale·Q[r0:r1]·K[0:r1]^T - lse), 0 past the diagonal */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd,
+                            scale, qh + r0 * cq, (int)cq, kh, (int)ckv, 0.0f, P, (int)T);
+                for (int64_t i = r0; i < r1; i++) {
+                    float *p = P + (i - r0) * T;
+                    float l = lh[i];
+#pragma omp simd
+                    for (int64_t j = 0; j <= i; j++) p[j] = exp_f32(p[j] - l);
+                    for (int64_t j = i + 1; j < r1; j++) p[j] = 0.0f;
+                    /* D_i = dO_i · O_i */
+                    const float *o = oh + i * cq, *d = doh + i * cq;
+                    float acc[LANES] = {0};
+                    int64_t hv = hd - hd % LANES;
+                    for (int64_t j = 0; j < hv; j += LANES)
+                        for (int l2 = 0; l2 < LANES; l2++) acc[l2] += o[j + l2] * d[j + l2];
+                    for (int64_t j = hv; j < hd; j++) acc[j - hv] += o[j] * d[j];
+                    D[i - r0] = lane_sum(acc);
+                }
+                /* dP(m, r1) = dO[r0:r1] · V[0:r1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd,
+                            1.0f, doh + r0 * cq, (int)cq, vh, (int)ckv, 0.0f, dS, (int)T);
+                /* dS = P ⊙ (dP - D) */
+                for (int64_t i = 0; i < m; i++) {
+                    float *ds = dS + i * T;
+                    const float *p = P + i * T;
+                    float di = D[i];
+#pragma omp simd
+                    for (int64_t j = 0; j < r1; j++) ds[j] = p[j] * (ds[j] - di);
+                }
+                /* dV[0:r1](r1, hd) += P^T · dO[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m,
+                            1.0f, P, (int)T, doh + r0 * cq, (int)cq, 1.0f, dvh, (int)ckv);
+                /* dQ[r0:r1](m, hd) = scale · dS · K[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)r1,
+                            scale, dS, (int)T, kh, (int)ckv, 0.0f, dqh + r0 * cq, (int)cq);
+                /* dK[0:r1](r1, hd) += scale · dS^T · Q[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m,
+                            scale, dS, (int)T, qh + r0 * cq, (int)cq, 1.0f, dkh, (int)ckv);
+            }
+        }
+    }
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+
+static void cpu_xent_rowmax(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
+                            int64_t n_valid) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * n_valid))
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = logits + i * V;
+        float mx = -INFINITY; /* also the answer for a shard made only of padding */
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < n_valid; j++) mx = x[j] > mx ? x[j] : mx;
+        rowmax[i] = mx;
+    }
+}
+
+static void cpu_xent_sumexp(void *ctx, float *sumexp, float *target_logit, const float *logits,
+                            const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
+                            int64_t n_valid, int64_t col_offset) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * n_valid))
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = logits + i * V;
+        float mx = rowmax[i];
+        float acc[LANES] = {0};
+        int64_t nv = n_valid - n_valid % LANES;
+        for (int64_t j = 0; j < nv; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += exp_f32(x[j + l] - mx);
+        for (int64_t j = nv; j < n_valid; j++) acc[j - nv] += exp_f32(x[j] - mx);
+        sumexp[i] = lane_sum(acc);
+        int64_t t = (int64_t)targets[i] - col_offset;
+        target_logit[i] = (t >= 0 && t < n_valid) ? x[t] : 0.0f;
+    }
+}
+
+static void cpu_xent_finish(void *ctx, float *losses, float *logits, const int32_t *targets,
+                            const float *rowmax, const float *sumexp, const float *target_logit,
+                            int64_t N, int64_t V, int64_t n_valid, int64_t col_offset,
+                            float dloss, bool write_grad) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, write_grad ? N * V : N))
+    for (int64_t i = 0; i < N; i++) {
+        float mx = rowmax[i], se = sumexp[i];
+        losses[i] = logf(se) + mx - target_logit[i];
+        if (!write_grad) continue;
+        float *x = logits + i * V;
+        float g = dloss / se; /* dloss·softmax = dloss/sumexp · exp(logit - rowmax) */
+#pragma omp simd
+        for (int64_t j = 0; j < n_valid; j++) x[j] = g * exp_f32(x[j] - mx);
+        for (int64_t j = n_valid; j < V; j++) x[j] = 0.0f; /* vocabulary padding */
+        int64_t t = (int64_t)targets[i] - col_offset;
+        if (t >= 0 && t < n_valid) x[t] -= dloss;
+    }
+}
+
+/* ---- optimizer and norms ------------------------------------------------------------------ */
+
+/*
+ * AdamW, decoupled weight decay. The exact float operation order (the CUDA backend repeats it;
+ * every multiply-add is an explicit fmaf so compiler contraction cannot change it):
+ *   bc1 = (float)(1 - (double)beta1^step),  bc2 = (float)(1 - (double)beta2^step)   (host, double)
+ *   g    = grad · grad_scale
+ *   m    = fmaf(beta1, m, (1 - beta1)·g)
+ *   v    = fmaf(beta2, v, (1 - beta2)·(g·g))
+ *   mhat = m / bc1,  vhat = v / bc2
+ *   upd  = fmaf(wd, param, mhat / (sqrtf(vhat) + eps))
+ *   param = fmaf(-lr, upd, param)
+ * (1 - beta1) and (1 - beta2) are computed in float.
+ */
+static void cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
+                      const ct_adamw_segment *segments, int n_segments,
+                      const ct_adamw_hparams *hp) {
+    cpu_ctx *c = ctx;
+    const float b1 = hp->beta1, b2 = hp->beta2, one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+    const float bc1 = (float)(1.0 - pow((double)b1, (double)hp->step));
+    const float bc2 = (float)(1.0 - pow((double)b2, (double)hp->step));
+    const float lr = hp->lr, eps = hp->eps, gs = hp->grad_scale;
+    for (int s = 0; s < n_segments; s++) {
+        const int64_t off = segments[s].offset, n = segments[s].count;
+        const float wd = segments[s].weight_decay;
+        float *p = param + off, *ms = m + off, *vs = v + off;
+        const float *gr = grad + off;
+        CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+        for (int64_t i = 0; i < n; i++) {
+            float g = gr[i] * gs;
+            float mi = fmaf(b1, ms[i], one_b1 * g);
+            float vi = fmaf(b2, vs[i], one_b2 * (g * g));
+            float mhat = mi / bc1, vhat = vi / bc2;
+            float upd = fmaf(wd, p[i], mhat / (sqrtf(vhat) + eps));
+            p[i] = fmaf(-lr, upd, p[i]);
+            ms[i] = mi;
+            vs[i] = vi;
+        }
+    }
+}
+
+/* out = sum x² in double: chunks of SUMSQ_CHUNK elements (16 double lanes each), chunk partials
+ * added in chunk order. */
+static void cpu_sumsq(void *ctx, float *out, const float *x, int64_t n) {
+    cpu_ctx *c = ctx;
+    int64_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *partial = ws_get(c, (size_t)(n_chunks ? n_chunks : 1) * sizeof(double));
+    PARALLEL_FOR(threads_for(c, n))
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        const float *xc = x + ch * SUMSQ_CHUNK;
+        int64_t len = CT_MIN((int64_t)SUMSQ_CHUNK, n - ch * SUMSQ_CHUNK);
+        int64_t lv = len - len % LANES;
+        double acc[LANES] = {0};
+        for (int64_t j = 0; j < lv; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += (double)xc[j + l] * (double)xc[j + l];
+        for (int64_t j = lv; j < len; j++) acc[j - lv] += (double)xc[j] * (double)xc[j];
+        double a[8];
+        for (int l = 0; l < 8; l++) a[l] = acc[l] + acc[l + 8];
+        for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
+        partial[ch] = (a[0] + a[2]) + (a[1] + a[3]);
+    }
+    double total = 0.0;
+    for (int64_t ch = 0; ch < n_chunks; ch++) total += partial[ch];
+    *out = (float)total;
+}
+
+static void cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
+                     int64_t n) {
+    cpu_ctx *c = ctx;
+    int nt = threads_for(c, n);
+    if (dst_dtype == src_dtype) {
+        cpu_copy(ctx, dst, src, (size_t)n * ct_dtype_size(dst_dtype));
+    } else if (dst_dtype == CT_DTYPE_BF16 && src_dtype == CT_DTYPE_F32) {
+        uint16_t *d = dst;
+        const float *s = src;
+        CT_PRAGMA(omp parallel for simd schedule(static) num_threads(nt))
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(s[i]);
+    } else if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_BF16) {
+        float *d = dst;
+        const uint16_t *s = src;
+        CT_PRAGMA(omp parallel for simd schedule(static) num_threads(nt))
+        for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+    } else {
+        CT_ASSERTF(0, "cpu cast: %s -> %s is not supported", ct_dtype_name(src_dtype),
+                   ct_dtype_name(dst_dtype));
+    }
+}
+
+/* ---- the backend ---------------------------------------------------------------------------- */
+
+static void cpu_copy_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    cpu_copy(ctx, dst, src, bytes);
+}
+
+static void cpu_free_backend(void *ctx) {
+    cpu_ctx *c = ctx;
+    free(c->ws);
+    free(c);
+}
+
+static const struct ct_backend_i cpu_iface = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .fill = cpu_fill,
+    .copy_from_host = cpu_copy_host,
+    .copy_to_host = cpu_copy_host,
+    .copy = cpu_copy,
+    .gemm = cpu_gemm,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .embedding_fwd = cpu_embedding_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .posemb_fwd = cpu_posemb_fwd,
+    .posemb_bwd = cpu_posemb_bwd,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .xent_rowmax = cpu_xent_rowmax,
+    .xent_sumexp = cpu_xent_sumexp,
+    .xent_finish = cpu_xent_finish,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .cast = cpu_cast,
+    .event_record = NULL, /* everything runs synchronously on the calling thread's team */
+    .event_wait = NULL,
+    .sync = NULL,
+    .free_backend = cpu_free_backend,
+};
+
+ct_backend *ct_backend_cpu_new(int n_threads) {
+    if (n_threads <= 0) n_threads = omp_get_max_threads();
+    cpu_ctx *c = ct_xcalloc(1, sizeof *c);
+    c->n_threads = n_threads;
+    /* One pool: our loops pass num_threads explicitly; OpenBLAS follows the OpenMP setting. */
+    omp_set_num_threads(n_threads);
+    openblas_set_num_threads(n_threads);
+    ct_backend *be = ct_xcalloc(1, sizeof *be);
+    be->iface = &cpu_iface;
+    be->ctx = c;
+    return be;
+}
+
+int ct_backend_cpu_threads(const ct_backend *be) {
+    CT_ASSERTF(be->iface == &cpu_iface, "ct_backend_cpu_threads on a %s backend",
+               be->iface->name);
+    return ((const cpu_ctx *)be->ctx)->n_threads;
+}

@@ -1,0 +1,347 @@
+/*
+ * prepare.c — `cooktrain prepare`: text files → tokenizer.bin, train.bin, val.bin.
+ * See prepare.h for the options and what lands where.
+ *
+ * Everything is held in memory (the text, then its tokens): the corpora this is meant for are
+ * megabytes to a few gigabytes, and one pass each for training and encoding keeps it simple.
+ */
+#include "prepare.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data.h"
+#include "tokenizer.h"
+
+#define PREPARE_USAGE                                                                        \
+    "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] "               \
+    "[--val-fraction F]"
+
+typedef struct prepare_args {
+    char **inputs;
+    int n_inputs;
+    const char *out_dir;
+    int vocab_size;
+    double val_fraction;
+} prepare_args;
+
+static ct_status usage_error(const char *fmt, const char *arg) {
+    ct_error(CT_ERR_INPUT, fmt, arg);
+    ct_hint(PREPARE_USAGE);
+    return CT_ERR_INPUT;
+}
+
+/* Splits "--name=value" into name and value; otherwise value is NULL. */
+static const char *split_option(const char *arg, char *name, size_t name_cap) {
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (len >= name_cap) len = name_cap - 1;
+    memcpy(name, arg, len);
+    name[len] = '\0';
+    return eq ? eq + 1 : NULL;
+}
+
+static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) {
+    a->inputs = ct_xcalloc((size_t)argc + 1, sizeof *a->inputs);
+    a->n_inputs = 0;
+    a->out_dir = NULL;
+    a->vocab_size = 4096;
+    a->val_fraction = 0.05;
+    *help = false;
+    for (int i = 0; i < argc; i++) {
+        char name[64];
+        const char *value = split_option(argv[i], name, sizeof name);
+        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+            *help = true;
+            return CT_OK;
+        }
+        if (!strcmp(name, "--input")) {
+            if (value) {
+                a->inputs[a->n_inputs++] = (char *)value;
+                continue;
+            }
+            int before = a->n_inputs;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+                a->inputs[a->n_inputs++] = argv[++i];
+            if (a->n_inputs == before) return usage_error("%s needs at least one file", name);
+            continue;
+        }
+        bool known = !strcmp(name, "--out") || !strcmp(name, "--vocab-size") ||
+                     !strcmp(name, "--val-fraction");
+        if (!known) return usage_error("prepare: unknown option '%s'", argv[i]);
+        if (!value) {
+            if (i + 1 >= argc) return usage_error("%s needs a value", name);
+            value = argv[++i];
+        }
+        char *end = NULL;
+        errno = 0;
+        if (!strcmp(name, "--out")) {
+            if (!*value) return usage_error("%s needs a directory", name);
+            a->out_dir = value;
+        } else if (!strcmp(name, "--vocab-size")) {
+            long v = strtol(value, &end, 10);
+            if (errno || end == value || *end || v < 256 || v > (1 << 24)) {
+                ct_error(CT_ERR_INPUT, "--vocab-size '%s' is not an integer in [256, %d]", value,
+                         1 << 24);
+                ct_hint("the first 256 tokens are the bytes; typical sizes are 4096 to 65536");
+                return CT_ERR_INPUT;
+            }
+            a->vocab_size = (int)v;
+        } else {
+            double v = strtod(value, &end);
+            if (errno || end == value || *end || !(v >= 0.0 && v < 1.0)) {
+                ct_error(CT_ERR_INPUT, "--val-fraction '%s' is not a number in [0, 1)", value);
+                ct_hint("e.g. --val-fraction 0.05 keeps the last 5%% of the text for validation");
+                return CT_ERR_INPUT;
+            }
+            a->val_fraction = v;
+        }
+    }
+    if (a->n_inputs == 0) return usage_error("prepare: %s is required", "--input");
+    if (!a->out_dir) return usage_error("prepare: %s is required", "--out");
+    return CT_OK;
+}
+
+/* ---- reading the corpus --------------------------------------------------------------------- */
+
+typedef struct text_buf {
+    uint8_t *data;
+    size_t n, cap;
+    int n_files;
+} text_buf;
+
+static void text_reserve(text_buf *t, size_t extra) {
+    if (t->n + extra <= t->cap) return;
+    size_t cap = t->cap ? t->cap : 1 << 20;
+    while (cap < t->n + extra) cap *= 2;
+    t->data = realloc(t->data, cap);
+    CT_ASSERTF(t->data, "out of host memory (%zu bytes of text)", cap);
+    t->cap = cap;
+}
+
+static ct_status read_file(text_buf *t, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ct_error(CT_ERR_INPUT, "cannot open input %s: %s", path, strerror(errno));
+        ct_hint("check the path given to --input");
+        return CT_ERR_INPUT;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        fclose(f);
+        ct_error(CT_ERR_INPUT, "cannot stat input %s: %s", path, strerror(errno));
+        ct_hint("check the path given to --input");
+        return CT_ERR_INPUT;
+    }
+    if (t->n_files > 0) {
+        text_reserve(t, 1);
+        t->data[t->n++] = '\n';
+    }
+    /* The size is a hint (the file may grow or be a pipe-like special file); read to EOF. */
+    text_reserve(t, (size_t)sb.st_size + 1);
+    for (;;) {
+        text_reserve(t, 1 << 16);
+        size_t r = fread(t->data + t->n, 1, t->cap - t->n, f);
+        t->n += r;
+        if (r == 0) break;
+    }
+    bool failed = ferror(f) != 0;
+    fclose(f);
+    if (failed) {
+        ct_error(CT_ERR_INPUT, "read error on input %s", path);
+        ct_hint("check that the file is readable");
+        return CT_ERR_INPUT;
+    }
+    t->n_files++;
+    return CT_OK;
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Reads every regular file in dir whose name has no '.', in name order. */
+static ct_status read_dir(text_buf *t, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        ct_error(CT_ERR_INPUT, "cannot open input directory %s: %s", dir, strerror(errno));
+        ct_hint("check the path given to --input");
+        return CT_ERR_INPUT;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strchr(e->d_name, '.')) continue; /* ".", "..", hidden files, x.dat, x.u8, x.txt */
+        size_t plen = strlen(dir) + strlen(e->d_name) + 2;
+        char *path = ct_xmalloc(plen);
+        snprintf(path, plen, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            free(path);
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            names = realloc(names, cap * sizeof *names);
+            CT_ASSERTF(names, "out of host memory");
+        }
+        names[n++] = path;
+    }
+    closedir(d);
+    if (n == 0) {
+        free(names);
+        ct_error(CT_ERR_INPUT, "input directory %s holds no file without a '.' in its name", dir);
+        ct_hint("name the text files directly with --input FILE..., or rename them");
+        return CT_ERR_INPUT;
+    }
+    qsort(names, n, sizeof *names, compare_names);
+    ct_status st = CT_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (st == CT_OK) st = read_file(t, names[i]);
+        free(names[i]);
+    }
+    free(names);
+    return st;
+}
+
+/* ---- output --------------------------------------------------------------------------------- */
+
+static ct_status make_dirs(const char *dir) {
+    char *p = ct_xstrdup(dir);
+    ct_status st = CT_OK;
+    for (char *s = p + 1;; s++) {
+        bool end = *s == '\0';
+        if (*s == '/' || end) {
+            char saved = *s;
+            *s = '\0';
+            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+                ct_error(CT_ERR_INPUT, "cannot create output directory %s: %s", p,
+                         strerror(errno));
+                ct_hint("choose a writable --out directory");
+                st = CT_ERR_INPUT;
+                break;
+            }
+            *s = saved;
+        }
+        if (end) break;
+    }
+    free(p);
+    if (st != CT_OK) return st;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        ct_error(CT_ERR_INPUT, "--out %s exists and is not a directory", dir);
+        ct_hint("choose another --out directory");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+static char *join_path(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = ct_xmalloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* Where train ends: the nominal cut moved to just after a newline, so no line is split. */
+static size_t split_point(const uint8_t *text, size_t n, double val_fraction) {
+    if (val_fraction <= 0.0 || n == 0) return n;
+    size_t cut = (size_t)((1.0 - val_fraction) * (double)n);
+    if (cut >= n) cut = n - 1;
+    for (size_t p = cut; p + 1 < n; p++)
+        if (text[p] == '\n') return p + 1;
+    for (size_t p = cut; p > 0; p--)
+        if (text[p - 1] == '\n') return p;
+    return cut;
+}
+
+ct_status ct_prepare_run(int argc, char **argv) {
+    prepare_args a;
+    bool help;
+    ct_status st = parse_args(&a, argc, argv, &help);
+    if (st != CT_OK || help) {
+        free(a.inputs);
+        if (help) printf("%s\n", PREPARE_USAGE);
+        return st;
+    }
+
+    double t_read = ct_now();
+    text_buf text = {0};
+    for (int i = 0; i < a.n_inputs && st == CT_OK; i++) {
+        struct stat sb;
+        if (stat(a.inputs[i], &sb) != 0) {
+            ct_error(CT_ERR_INPUT, "input %s: %s", a.inputs[i], strerror(errno));
+            ct_hint("check the path given to --input");
+            st = CT_ERR_INPUT;
+        } else if (S_ISDIR(sb.st_mode)) {
+            st = read_dir(&text, a.inputs[i]);
+        } else {
+            st = read_file(&text, a.inputs[i]);
+        }
+    }
+    free(a.inputs);
+    if (st == CT_OK && text.n == 0) {
+        ct_error(CT_ERR_INPUT, "the inputs hold no text (0 bytes in %d file%s)", text.n_files,
+                 text.n_files == 1 ? "" : "s");
+        ct_hint("give --input files that contain text");
+        st = CT_ERR_INPUT;
+    }
+    if (st == CT_OK) st = make_dirs(a.out_dir);
+    if (st != CT_OK) {
+        free(text.data);
+        return st;
+    }
+    t_read = ct_now() - t_read;
+
+    size_t n_train = split_point(text.data, text.n, a.val_fraction);
+    double t_train = ct_now();
+    ct_tokenizer *tok = NULL;
+    st = ct_tokenizer_train(&tok, text.data, n_train, a.vocab_size);
+    t_train = ct_now() - t_train;
+    char *tok_path = join_path(a.out_dir, "tokenizer.bin");
+    char *train_path = join_path(a.out_dir, "train.bin");
+    char *val_path = join_path(a.out_dir, "val.bin");
+    if (st == CT_OK) st = ct_tokenizer_save(tok, tok_path);
+
+    int32_t *train_tokens = NULL, *val_tokens = NULL;
+    size_t n_train_tok = 0, n_val_tok = 0;
+    double t_encode = 0.0;
+    if (st == CT_OK) {
+        t_encode = ct_now();
+        n_train_tok = ct_tokenizer_encode(tok, text.data, n_train, &train_tokens);
+        n_val_tok = ct_tokenizer_encode(tok, text.data + n_train, text.n - n_train, &val_tokens);
+        t_encode = ct_now() - t_encode;
+        int vocab = ct_tokenizer_vocab_size(tok);
+        st = ct_shard_write(train_path, train_tokens, n_train_tok, vocab);
+        if (st == CT_OK) st = ct_shard_write(val_path, val_tokens, n_val_tok, vocab);
+    }
+    if (st == CT_OK) {
+        int vocab = ct_tokenizer_vocab_size(tok);
+        size_t n_tok = n_train_tok + n_val_tok;
+        printf("prepare: read %zu bytes from %d file%s in %.2f s\n", text.n, text.n_files,
+               text.n_files == 1 ? "" : "s", t_read);
+        printf("prepare: tokenizer: %d tokens (asked %d) trained on %zu bytes in %.2f s -> %s\n",
+               vocab, a.vocab_size, n_train, t_train, tok_path);
+        if (vocab < a.vocab_size)
+            printf("prepare: note: the text repeats too few pairs for %d tokens; set "
+                   "model.vocab_size >= %d\n", a.vocab_size, vocab);
+        printf("prepare: tokens: train %zu, val %zu; %.3f bytes/token; encoded in %.2f s "
+               "(%.1f MB/s)\n", n_train_tok, n_val_tok,
+               n_tok ? (double)text.n / (double)n_tok : 0.0, t_encode,
+               t_encode > 0 ? (double)text.n / t_encode / 1e6 : 0.0);
+        printf("prepare: wrote %s and %s\n", train_path, val_path);
+    }
+    free(train_tokens);
+    free(val_tokens);
+    free(tok_path);
+    free(train_path);
+    free(val_path);
+    ct_tokenizer_free(tok);
+    free(text.data);
+    return st;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Bad input through the real binary: every malformed config in test/bad_configs (its first line
+# says "# expect: <text>"), bad command lines, missing and corrupt data files. Each must end
+# with exit code 2, a message that names the problem, and a hint line.
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for f in test/bad_configs/*.yaml; do
+    want=$(head -1 "$f" | sed -n 's/^# expect: //p')
+    name=$(basename "$f")
+    if expect_exit 2 "bad config $name" -- "$BIN" train --config "$f" --print-config; then
+        expect_text "$want" "bad config $name names '$want'"
+        expect_text "hint:" "bad config $name has a hint"
+    fi
+done
+
+expect_exit 2 "missing config file" -- "$BIN" train --config "$tmp/nope.yaml"
+expect_text "nope.yaml" "missing config file is named"
+expect_exit 2 "unknown option" -- "$BIN" train --bogus
+expect_text "hint:" "unknown option has a hint"
+expect_exit 2 "unknown command" -- "$BIN" frobnicate
+expect_exit 2 "--set without '='" -- "$BIN" train --set train.steps
+expect_exit 2 "--set unknown key" -- "$BIN" train --set train.stepz=3
+expect_text "train.steps" "--set unknown key suggests train.steps"
+expect_exit 2 "--set bad value" -- "$BIN" train --set train.lr=fast
+expect_text "train.lr" "--set bad value names train.lr"
+expect_exit 2 "--backend cuda without CUDA" -- "$BIN" train --backend cuda
+expect_text "hint:" "--backend cuda has a hint"
+
+# --print-config shows the resolved config with derived values, and reloads identically.
+if expect_exit 0 "print-config" -- "$BIN" train --config configs/tiny.yaml --set train.micro_batch=4 --print-config; then
+    expect_text "grad_accum" "print-config shows grad_accum"
+    expect_text "vocab_padded" "print-config shows the padded vocabulary"
+    printf '%s\n' "$OUT_TEXT" >"$tmp/resolved.yaml"
+    first=$OUT_TEXT
+    if expect_exit 0 "printed config loads again" -- "$BIN" train --config "$tmp/resolved.yaml" --print-config; then
+        if [ "$first" = "$OUT_TEXT" ]; then ok "printed config round-trips"; else fail "printed config round-trips"; fi
+    fi
+fi
+
+# Data files: missing, corrupt magic, truncated.
+common=(--config configs/test-tiny.yaml --set train.steps=2)
+expect_exit 2 "missing train shard" -- "$BIN" train "${common[@]}" --set data.train="$tmp/none*.bin"
+expect_text "hint:" "missing train shard has a hint"
+head -c 4096 /dev/urandom >"$tmp/garbage.bin"
+expect_exit 2 "corrupt shard (bad magic)" -- "$BIN" train "${common[@]}" --set data.train="$tmp/garbage.bin"
+expect_text "garbage.bin" "corrupt shard is named"
+mkdir -p "$tmp/p"
+head -c 100000 "$SHARED/data/tinyshakespeare.txt" >"$tmp/text.txt"
+if expect_exit 0 "prepare a small corpus" -- "$BIN" prepare --input "$tmp/text.txt" --vocab-size 300 --out "$tmp/p"; then
+    size=$(stat -c %s "$tmp/p/train.bin")
+    head -c $((size - 1000)) "$tmp/p/train.bin" >"$tmp/truncated.bin"
+    expect_exit 2 "truncated shard" -- "$BIN" train "${common[@]}" --set model.vocab_size=300 --set data.train="$tmp/truncated.bin"
+    expect_text "truncated.bin" "truncated shard is named"
+    expect_exit 2 "shard vocabulary larger than the model's" -- "$BIN" train "${common[@]}" --set model.vocab_size=200 --set data.train="$tmp/p/train.bin"
+    expect_text "vocab" "vocabulary mismatch is explained"
+    head -c 20 "$tmp/p/tokenizer.bin" >"$tmp/bad_tok.bin"
+    expect_exit 2 "truncated tokenizer" -- "$BIN" train "${common[@]}" --set model.vocab_size=300 --set data.train="$tmp/p/train.bin" --set data.tokenizer="$tmp/bad_tok.bin" --set log.sample_tokens=5
+    expect_text "bad_tok.bin" "truncated tokenizer is named"
+fi
+expect_exit 2 "prepare without --input" -- "$BIN" prepare --out "$tmp/q"
+expect_exit 2 "prepare with a missing input" -- "$BIN" prepare --input "$tmp/missing.txt" --out "$tmp/q"

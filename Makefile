@@ -21,13 +21,13 @@ CFLAGS  += -std=gnu11 $(OPT) $(ARCH_FLAGS) -g -Wall -Wextra -Wno-unused-paramete
 LDLIBS  += -lm -lpthread
 
 # ---- required libraries (checked, with an install hint) ----------------------------------------
-PKG_REQUIRED := openblas yaml-0.1
+PKG_REQUIRED := openblas yaml-0.1 ompi-c
 HAVE_PKGS := $(shell pkg-config --exists $(PKG_REQUIRED) 2>/dev/null && echo yes)
 ifeq ($(HAVE_PKGS),yes)
   CFLAGS += $(shell pkg-config --cflags $(PKG_REQUIRED))
   LDLIBS += $(shell pkg-config --libs $(PKG_REQUIRED))
 else
-  $(info make: required libraries missing (libopenblas-openmp-dev, libyaml-dev).)
+  $(info make: required libraries missing (libopenblas-openmp-dev, libyaml-dev, libopenmpi-dev).)
   $(info hint: run `bash scripts/setup.sh` (or `make setup`) to install them with apt-get)
 endif
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
@@ -41,14 +41,18 @@ endif
 CORE_SRC := $(wildcard core/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CORE_LIB := $(BUILD)/libctcore.a
-TEST_SRC := $(wildcard test/test_*.c)
+PAR_SRC  := $(wildcard parallel/*.c)
+PAR_OBJ  := $(PAR_SRC:%.c=$(BUILD)/%.o)
+PAR_LIB  := $(BUILD)/libctpar.a
+# test_*.c are single-process tests; mpi_test_*.c run under mpirun (test/cli_mpi_*.sh).
+TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
 .PHONY: all setup run test bench clean report
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
 report:
-	@echo "make: required: openblas yaml-0.1 $(if $(HAVE_PKGS),found,NOT FOUND); cmocka $(if $(HAVE_CMOCKA),found,NOT FOUND)"
+	@echo "make: required: openblas yaml-0.1 ompi-c $(if $(HAVE_PKGS),found,NOT FOUND); cmocka $(if $(HAVE_CMOCKA),found,NOT FOUND)"
 	@echo "make: optional: nvcc $(if $(NVCC),found ($(NVCC)),not found); CUDA backend: not part of this build yet"
 
 setup:
@@ -62,10 +66,14 @@ $(CORE_LIB): $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cooktrain: $(BUILD)/cmd/cooktrain.o $(CORE_LIB)
+$(PAR_LIB): $(PAR_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/cooktrain: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/test/%: $(BUILD)/test/%.o $(CORE_LIB)
+$(BUILD)/test/%: $(BUILD)/test/%.o $(PAR_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # `make run`: set up, build, prepare the default corpus once, train the tiny model.
@@ -74,7 +82,6 @@ run: setup
 	@$(MAKE) --no-print-directory $(BUILD)/cooktrain
 	@bash scripts/prepare_corpus.sh $(BUILD)/cooktrain $(RUN_DATA)
 	$(BUILD)/cooktrain train --config configs/tiny.yaml
-	$(BUILD)/cooktrain sample --config configs/tiny.yaml --tokens 200 --prompt "The"
 
 test: setup
 	@$(MAKE) --no-print-directory all

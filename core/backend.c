@@ -132,8 +132,7 @@ ct_tensor *ct_tensor_new_2d(ct_backend *be, ct_dtype dtype, int64_t rows, int64_
     return ct_tensor_new(be, dtype, 2, shape, category);
 }
 
-ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim,
-                          const int64_t *shape) {
+ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, const int64_t *shape) {
     CT_ASSERT(parent != NULL);
     int64_t numel = shape_numel(ndim, shape);
     CT_ASSERTF(offset >= 0 && offset <= parent->numel && numel <= parent->numel - offset,
@@ -265,8 +264,8 @@ void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
     check_f32(dbias, "bias_grad dbias");
     check_f32(dout, "bias_grad dout");
     check_same_backend(dbias, dout);
-    CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s",
-               SH(dbias), SH(dout));
+    CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s", SH(dbias),
+               SH(dout));
     IFACE(dout)->bias_grad(CTX(dout), F32(dbias), F32(dout), ROWS(dout), COLS(dout));
 }
 
@@ -356,8 +355,8 @@ void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct
                    w->numel == C && b->numel == C,
                "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
                SH(rstd), SH(inp), SH(w), SH(b));
-    IFACE(inp)->layernorm_fwd(CTX(inp), F32(out), F32(mean), F32(rstd), F32(inp), F32(w), F32(b),
-                              N, C);
+    IFACE(inp)->layernorm_fwd(CTX(inp), F32(out), F32(mean), F32(rstd), F32(inp), F32(w), F32(b), N,
+                              C);
 }
 
 void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
@@ -408,20 +407,19 @@ static int64_t attention_head_dim(const char *op, const ct_tensor *q, const ct_t
                "%s: B=%lld T=%lld n_head=%lld n_kv_head=%lld (n_kv_head must divide n_head)", op,
                (long long)B, (long long)T, (long long)n_head, (long long)n_kv_head);
     int64_t cq = COLS(q);
-    CT_ASSERTF(cq % n_head == 0 && ROWS(q) == B * T,
-               "%s: q %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(q),
-               (long long)B, (long long)T, (long long)n_head);
+    CT_ASSERTF(cq > 0 && cq % n_head == 0 && ROWS(q) == B * T,
+               "%s: q %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(q), (long long)B,
+               (long long)T, (long long)n_head);
     int64_t hd = cq / n_head;
     CT_ASSERTF(ROWS(k) == B * T && COLS(k) == n_kv_head * hd && ROWS(v) == B * T &&
                    COLS(v) == n_kv_head * hd,
-               "%s: k %s, v %s must be (B=%lld, T=%lld, n_kv_head=%lld x head_dim=%lld)", op,
-               SH(k), SH(v), (long long)B, (long long)T, (long long)n_kv_head, (long long)hd);
+               "%s: k %s, v %s must be (B=%lld, T=%lld, n_kv_head=%lld x head_dim=%lld)", op, SH(k),
+               SH(v), (long long)B, (long long)T, (long long)n_kv_head, (long long)hd);
     return hd;
 }
 
 void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
-                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
-                      int64_t n_kv_head) {
+                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head) {
     check_f32(out, "attention_fwd out");
     check_f32(lse, "attention_fwd lse");
     check_f32(q, "attention_fwd q");
@@ -452,10 +450,9 @@ void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tens
     check_same_backend(dq, q);
     int64_t hd = attention_head_dim("attention_bwd", q, k, v, B, T, n_head, n_kv_head);
     CT_ASSERTF(dq->numel == q->numel && dout->numel == q->numel && out->numel == q->numel &&
-                   dk->numel == k->numel && dv->numel == v->numel &&
-                   lse->numel == B * n_head * T,
-               "attention_bwd: dq %s, dk %s, dv %s, dout %s, out %s, lse %s vs q %s, k %s",
-               SH(dq), SH(dk), SH(dv), SH(dout), SH(out), SH(lse), SH(q), SH(k));
+                   dk->numel == k->numel && dv->numel == v->numel && lse->numel == B * n_head * T,
+               "attention_bwd: dq %s, dk %s, dv %s, dout %s, out %s, lse %s vs q %s, k %s", SH(dq),
+               SH(dk), SH(dv), SH(dout), SH(out), SH(lse), SH(q), SH(k));
     IFACE(q)->attention_bwd(CTX(q), F32(dq), F32(dk), F32(dv), F32(dout), F32(q), F32(k), F32(v),
                             F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
 }
@@ -497,9 +494,8 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor 
 }
 
 void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
-                    const ct_tensor *rowmax, const ct_tensor *sumexp,
-                    const ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
-                    float dloss, bool write_grad) {
+                    const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
+                    int64_t n_valid, int64_t col_offset, float dloss, bool write_grad) {
     check_f32(losses, "xent_finish losses");
     check_f32(logits, "xent_finish logits");
     check_i32(targets, "xent_finish targets");
@@ -515,8 +511,8 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                "logits %s",
                SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
     IFACE(logits)->xent_finish(CTX(logits), F32(losses), F32(logits), I32(targets), F32(rowmax),
-                               F32(sumexp), F32(target_logit), N, COLS(logits), n_valid,
-                               col_offset, dloss, write_grad);
+                               F32(sumexp), F32(target_logit), N, COLS(logits), n_valid, col_offset,
+                               dloss, write_grad);
 }
 
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,

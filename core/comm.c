@@ -72,6 +72,33 @@ ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dty
     return comm->iface->irecv(comm->ctx, buf, n, dtype, peer, tag);
 }
 
+ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype,
+                                    ct_reduce_op op) {
+    count(comm, CT_COMM_ALLREDUCE, n, dtype);
+    if (comm->size == 1) return NULL;
+    return comm->iface->iallreduce(comm->ctx, buf, n, dtype, op);
+}
+
+ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
+                                         ct_dtype dtype, ct_reduce_op op) {
+    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks",
+               (long long)n, comm->size);
+    count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
+    return comm->iface->ireduce_scatter(comm->ctx, send, recv, n, dtype, op);
+}
+
+ct_comm_request *ct_comm_iallgather(ct_comm *comm, const void *send, void *recv, int64_t n,
+                                    ct_dtype dtype) {
+    CT_ASSERTF(n % comm->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
+               comm->size);
+    count(comm, CT_COMM_ALLGATHER, n, dtype);
+    return comm->iface->iallgather(comm->ctx, send, recv, n, dtype);
+}
+
+void ct_comm_poll(ct_comm *comm) {
+    if (comm && comm->iface->poll) comm->iface->poll(comm->ctx);
+}
+
 void ct_comm_wait(ct_comm *comm, ct_comm_request *req) {
     if (req) comm->iface->wait(comm->ctx, req);
 }
@@ -130,6 +157,18 @@ static ct_comm_request *local_irecv(void *ctx, void *buf, int64_t n, ct_dtype dt
 
 static void local_wait(void *ctx, ct_comm_request *req) {}
 
+static ct_comm_request *local_ireduce_scatter(void *ctx, const void *send, void *recv, int64_t n,
+                                              ct_dtype dtype, ct_reduce_op op) {
+    local_reduce_scatter(ctx, send, recv, n, dtype, op);
+    return NULL;
+}
+
+static ct_comm_request *local_iallgather(void *ctx, const void *send, void *recv, int64_t n,
+                                         ct_dtype dtype) {
+    local_allgather(ctx, send, recv, n, dtype);
+    return NULL;
+}
+
 static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n,
                              ct_dtype dtype) {
     if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
@@ -142,8 +181,12 @@ static const struct ct_comm_i local_iface = {
     .broadcast = NULL, /* never called */
     .isend = local_p2p,
     .irecv = local_irecv,
+    .iallreduce = NULL, /* never called */
+    .ireduce_scatter = local_ireduce_scatter,
+    .iallgather = local_iallgather,
     .wait = local_wait,
     .test = NULL,
+    .poll = NULL,
     .all_to_all = local_all_to_all,
     .barrier = NULL, /* never called */
     .free_comm = NULL,

@@ -47,8 +47,19 @@ struct ct_comm_i {
     ct_comm_request *(*isend)(void *ctx, const void *buf, int64_t n, ct_dtype dtype, int peer,
                               int tag);
     ct_comm_request *(*irecv)(void *ctx, void *buf, int64_t n, ct_dtype dtype, int peer, int tag);
+    /* Non-blocking collectives: started now, completed by wait (or seen complete by test).
+     * NULL request means "already complete". Same buffer rules as the blocking forms. */
+    ct_comm_request *(*iallreduce)(void *ctx, void *buf, int64_t n, ct_dtype dtype,
+                                   ct_reduce_op op);
+    ct_comm_request *(*ireduce_scatter)(void *ctx, const void *send, void *recv, int64_t n,
+                                        ct_dtype dtype, ct_reduce_op op);
+    ct_comm_request *(*iallgather)(void *ctx, const void *send, void *recv, int64_t n,
+                                   ct_dtype dtype);
+    /* Completes and frees the request; on timeout the implementation reports and aborts. */
     void (*wait)(void *ctx, ct_comm_request *req);
     bool (*test)(void *ctx, ct_comm_request *req); /* NULL: always complete */
+    /* Lets outstanding operations progress (MPI has no progress thread); NULL: nothing to do. */
+    void (*poll)(void *ctx);
     void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
     void (*barrier)(void *ctx);
     void (*free_comm)(void *ctx); /* NULL: nothing to release */
@@ -76,8 +87,19 @@ ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dty
                                int peer, int tag);
 ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
                                int tag);
+/* Non-blocking collectives (counted when started). Complete with ct_comm_wait. */
+ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype,
+                                    ct_reduce_op op);
+ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
+                                         ct_dtype dtype, ct_reduce_op op);
+ct_comm_request *ct_comm_iallgather(ct_comm *comm, const void *send, void *recv, int64_t n,
+                                    ct_dtype dtype);
+/* Waits for and frees a request (NULL is a no-op). */
 void ct_comm_wait(ct_comm *comm, ct_comm_request *req);
+/* True when the request has completed (it must still be passed to ct_comm_wait). */
 bool ct_comm_test(ct_comm *comm, ct_comm_request *req);
+/* Drives progress of this group's outstanding operations; call it between compute ops. */
+void ct_comm_poll(ct_comm *comm);
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
 void ct_comm_barrier(ct_comm *comm);
 

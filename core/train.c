@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "data.h"
 #include "model.h"
@@ -95,6 +96,24 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
         seconds += t * n;
     }
     return seconds > 0 ? flops / seconds : 0.0;
+}
+
+/* mkdir -p of the directory part of `path`. */
+static ct_status make_parent_dirs(const char *path) {
+    char dir[CT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            ct_error(CT_ERR_INPUT, "cannot create directory '%s' for '%s': %s", dir, path,
+                     strerror(errno));
+            ct_hint("check the path and its permissions");
+            return CT_ERR_INPUT;
+        }
+        *p = '/';
+    }
+    return CT_OK;
 }
 
 static void format_bytes(char *buf, size_t n, double bytes) {
@@ -188,6 +207,7 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) 
         }
     }
     if (cfg->log.metrics[0]) {
+        CT_TRY(make_parent_dirs(cfg->log.metrics));
         t->metrics = fopen(cfg->log.metrics, "w");
         if (!t->metrics) {
             ct_error(CT_ERR_INPUT, "cannot open log.metrics file '%s': %s", cfg->log.metrics,

@@ -5,7 +5,8 @@
  * determinism test (1 vs 3 threads must give bit-identical results for every reducing op).
  *
  * Run all:      ./test_ops
- * Run by name:  ./test_ops test_attention_bwd_fd      (cmocka filter; wildcards allowed: '*xent*')
+ * Run by name:  ./test_ops test_attention_gqa      (a cmocka filter; wildcards allowed: "*xent*")
+ * TEST_OPS_VERBOSE=1 prints how much of each tolerance a run uses.
  *
  * Tolerances. The backend computes in float32 (unit roundoff u = 6e-8); a sum of K terms carries
  * an error of about sqrt(K)·u·|terms| for random signs and at most K·u·sum|terms|. The references
@@ -189,8 +190,8 @@ static void test_gemm_strided_slot(void **state) {
         ct_tensor_from_host(A, ha);
         ct_tensor_from_host(B, hb);
         ct_tensor_from_host(C, hc);
-        be->iface->gemm(be->ctx, ta, tb, M, N, K, 0.75f, A->data, lda, B->data, ldb, -0.5f,
-                        C->data, ldc);
+        be->iface->gemm(be->ctx, ta, tb, M, N, K, 0.75f, A->data, lda, B->data, ldb, -0.5f, C->data,
+                        ldc);
         float *got = host_of(C);
         double *want = malloc((size_t)(M * N) * sizeof *want);
         gemm_ref(ta, tb, M, N, K, 0.75, ha, lda, hb, ldb, -0.5, hc, ldc, want);
@@ -256,20 +257,23 @@ static double bias_loss(void *ctx) {
     bias_case *c = ctx;
     double L = 0.0;
     for (int64_t i = 0; i < c->N; i++)
-        for (int64_t j = 0; j < c->C; j++) L += (c->x[i * c->C + j] + c->bias[j]) * c->R[i * c->C + j];
+        for (int64_t j = 0; j < c->C; j++)
+            L += (c->x[i * c->C + j] + c->bias[j]) * c->R[i * c->C + j];
     return L;
 }
 
 /* bias_add against x + bias (one rounding: 1 ulp); bias_grad accumulates on a non-zero dbias and
  * matches the finite-difference gradient of L = sum((x + bias) ⊙ R). N = 300 rows (not a multiple
- * of the 64-row chunk): the sum of 300 terms in [-1,1] has float32 error ≲ sqrt(300)·u·|sum| ≈ 1e-5
- * worst case ~300·u·300 = 5e-3 is far too loose, so 2e-5 absolute is used (observed ~1e-6). */
+ * of the 64-row chunk) of values in [-1, 1]: partial sums stay below ~10, so each addition rounds
+ * by ≤ u·10 ≈ 6e-7 and 300 of them with random signs give ~sqrt(300)·6e-7 ≈ 1e-5: 2e-5 absolute. */
 static void test_bias(void **state) {
     (void)state;
     const int64_t N = 300, C = 70;
-    float *hx = rand_floats(N * C, -1, 1), *hb = rand_floats(C, -1, 1), *hr = rand_floats(N * C, -1, 1);
+    float *hx = rand_floats(N * C, -1, 1), *hb = rand_floats(C, -1, 1),
+          *hr = rand_floats(N * C, -1, 1);
     float *hdb0 = rand_floats(C, -1, 1);
-    ct_tensor *x = t2(be, N, C, hx), *b = t1(be, C, hb), *R = t2(be, N, C, hr), *db = t1(be, C, hdb0);
+    ct_tensor *x = t2(be, N, C, hx), *b = t1(be, C, hb), *R = t2(be, N, C, hr),
+              *db = t1(be, C, hdb0);
     ct_bias_add(x, b);
     float *got = host_of(x);
     double *want = malloc((size_t)(N * C) * sizeof *want);
@@ -441,7 +445,8 @@ static double ln_loss(void *ctx) {
 
 /*
  * N = 37 rows (not a multiple of the 64-row chunk) of C = 67 channels (not a multiple of 16 lanes);
- * a few rows carry a large common offset (+100), where a one-pass variance would cancel. Forward:
+ * a few rows carry a large common offset (+100), where a one-pass variance would cancel, and one
+ * row has a variance of ~3e-6, where eps = 1e-5 dominates rstd (a wrong eps shows there). Forward:
  * normalised values are O(1), float32 row sums of 67 terms give ~1e-6 (with the +100 offset the
  * input itself is only known to u·100 ≈ 6e-6 relative to its spread of 1, hence 5e-5 absolute).
  * Backward against finite differences, accumulating into non-zero dinp/dw/db: gradients are O(1)
@@ -453,15 +458,17 @@ static void test_layernorm(void **state) {
     float *hx = rand_floats(N * C, -1, 1), *hw = rand_floats(C, 0.5f, 1.5f);
     float *hb = rand_floats(C, -0.5f, 0.5f), *hr = rand_floats(N * C, -1, 1);
     for (int64_t j = 0; j < C; j++) hx[3 * C + j] += 100.0f, hx[20 * C + j] -= 100.0f;
-    float *hdx0 = rand_floats(N * C, -1, 1), *hdw0 = rand_floats(C, -1, 1), *hdb0 = rand_floats(C, -1, 1);
+    for (int64_t j = 0; j < C; j++) hx[7 * C + j] *= 3e-3f; /* variance ~3e-6: eps matters */
+    float *hdx0 = rand_floats(N * C, -1, 1), *hdw0 = rand_floats(C, -1, 1),
+          *hdb0 = rand_floats(C, -1, 1);
     ct_tensor *inp = t2(be, N, C, hx), *w = t1(be, C, hw), *b = t1(be, C, hb);
     ct_tensor *out = t2(be, N, C, NULL), *mean = t1(be, N, NULL), *rstd = t1(be, N, NULL);
     ct_tensor *R = t2(be, N, C, hr), *dx = t2(be, N, C, hdx0), *dw = t1(be, C, hdw0);
     ct_tensor *db = t1(be, C, hdb0);
     ct_layernorm_fwd(out, mean, rstd, inp, w, b);
 
-    ln_case lc = {N, C, to_double(hx, N * C), to_double(hw, C), to_double(hb, C),
-                  to_double(hr, N * C)};
+    ln_case lc = {
+        N, C, to_double(hx, N * C), to_double(hw, C), to_double(hb, C), to_double(hr, N * C)};
     double *want = malloc((size_t)(N * C) * sizeof *want), wm[37], wr[37];
     ln_ref(&lc, want, wm, wr);
     float *got = host_of(out), *gm = host_of(mean), *gr = host_of(rstd);
@@ -563,7 +570,8 @@ static void attn_ref(const attn_case *c, double *out, double *lse) {
                     }
                     double s = 0.0;
                     for (int64_t d = 0; d < hd; d++)
-                        s += c->q[(b * T + i) * cq + h * hd + d] * c->k[(b * T + j) * ckv + kvh * hd + d];
+                        s += c->q[(b * T + i) * cq + h * hd + d] *
+                             c->k[(b * T + j) * ckv + kvh * hd + d];
                     S[i * T + j] = s * scale;
                 }
             for (int64_t i = 0; i < T; i++) {
@@ -593,7 +601,7 @@ static double attn_loss(void *ctx) {
 }
 
 typedef struct {
-    float *q, *k, *v, *dout;       /* inputs */
+    float *q, *k, *v, *dout;         /* inputs */
     float *out, *lse, *dq, *dk, *dv; /* outputs (malloc'd by attn_run) */
 } attn_io;
 
@@ -602,13 +610,15 @@ typedef struct {
 static void attn_run(ct_backend *b, const attn_case *c, attn_io *io) {
     int64_t nq = c->B * c->T * c->H * c->hd, nkv = c->B * c->T * c->KV * c->hd;
     int64_t sq[3] = {c->B, c->T, c->H * c->hd}, skv[3] = {c->B, c->T, c->KV * c->hd};
-    ct_tensor *q = tensor(b, CT_DTYPE_F32, 3, sq, io->q), *k = tensor(b, CT_DTYPE_F32, 3, skv, io->k);
+    ct_tensor *q = tensor(b, CT_DTYPE_F32, 3, sq, io->q),
+              *k = tensor(b, CT_DTYPE_F32, 3, skv, io->k);
     ct_tensor *v = tensor(b, CT_DTYPE_F32, 3, skv, io->v);
     ct_tensor *out = tensor(b, CT_DTYPE_F32, 3, sq, NULL);
     int64_t sl[3] = {c->B, c->H, c->T};
     ct_tensor *lse = tensor(b, CT_DTYPE_F32, 3, sl, NULL);
     ct_tensor *dout = tensor(b, CT_DTYPE_F32, 3, sq, io->dout);
-    ct_tensor *dq = tensor(b, CT_DTYPE_F32, 3, sq, NULL), *dk = tensor(b, CT_DTYPE_F32, 3, skv, NULL);
+    ct_tensor *dq = tensor(b, CT_DTYPE_F32, 3, sq, NULL),
+              *dk = tensor(b, CT_DTYPE_F32, 3, skv, NULL);
     ct_tensor *dv = tensor(b, CT_DTYPE_F32, 3, skv, NULL);
     ct_tensor_fill(dq, NAN), ct_tensor_fill(dk, NAN), ct_tensor_fill(dv, NAN);
     ct_attention_fwd(out, lse, q, k, v, c->B, c->T, c->H, c->KV);
@@ -634,12 +644,20 @@ static void attn_io_free(attn_io *io) {
 static void attn_check(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
     attn_case c = {B, T, H, KV, hd, NULL, NULL, NULL, NULL};
     int64_t nq = B * T * H * hd, nkv = B * T * KV * hd;
-    attn_io io = {rand_floats(nq, -1, 1), rand_floats(nkv, -1, 1), rand_floats(nkv, -1, 1),
-                  rand_floats(nq, -1, 1), NULL, NULL, NULL, NULL, NULL};
+    attn_io io = {rand_floats(nq, -1, 1),
+                  rand_floats(nkv, -1, 1),
+                  rand_floats(nkv, -1, 1),
+                  rand_floats(nq, -1, 1),
+                  NULL,
+                  NULL,
+                  NULL,
+                  NULL,
+                  NULL};
     attn_run(be, &c, &io);
     c.q = to_double(io.q, nq), c.k = to_double(io.k, nkv), c.v = to_double(io.v, nkv);
     c.R = to_double(io.dout, nq);
-    double *want = malloc((size_t)nq * sizeof *want), *wlse = malloc((size_t)(B * H * T) * sizeof *wlse);
+    double *want = malloc((size_t)nq * sizeof *want),
+           *wlse = malloc((size_t)(B * H * T) * sizeof *wlse);
     attn_ref(&c, want, wlse);
     char what[128];
     snprintf(what, sizeof what, "attention_fwd out B=%lld T=%lld H=%lld KV=%lld hd=%lld",
@@ -722,7 +740,8 @@ static void xent_steps(ct_backend *b, int64_t N, int64_t V, int64_t n_valid, int
                        const float *rowmax_in, const float *sumexp_in, const float *tlogit_in,
                        xent_out *o) {
     ct_tensor *L = t2(b, N, V, logits), *tg = ti32(b, N, targets);
-    ct_tensor *mx = t1(b, N, NULL), *se = t1(b, N, NULL), *tl = t1(b, N, NULL), *loss = t1(b, N, NULL);
+    ct_tensor *mx = t1(b, N, NULL), *se = t1(b, N, NULL), *tl = t1(b, N, NULL),
+              *loss = t1(b, N, NULL);
     ct_xent_rowmax(mx, L, n_valid);
     o->rowmax = host_of(mx);
     if (rowmax_in) ct_tensor_from_host(mx, rowmax_in);
@@ -780,16 +799,20 @@ static void test_xent(void **state) {
     check_close("xent grad vs finite differences", whole.grad, fd, N * V, 2e-7, 1e-5);
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = nv; j < V; j++)
-            if (whole.grad[i * V + j] != 0.0f) fail_msg("xent: padded column %lld has a gradient", (long long)j);
+            if (whole.grad[i * V + j] != 0.0f)
+                fail_msg("xent: padded column %lld has a gradient", (long long)j);
 
     /* write_grad = false leaves the logits untouched */
     {
         ct_tensor *L = t2(be, N, V, hl), *t = ti32(be, N, tg), *mx = t1(be, N, whole.rowmax);
-        ct_tensor *se = t1(be, N, whole.sumexp), *tl = t1(be, N, whole.tlogit), *loss = t1(be, N, NULL);
+        ct_tensor *se = t1(be, N, whole.sumexp), *tl = t1(be, N, whole.tlogit),
+                  *loss = t1(be, N, NULL);
         ct_xent_finish(loss, L, t, mx, se, tl, nv, 0, dloss, false);
         float *gl = host_of(L), *gloss = host_of(loss);
-        check_bits_equal("xent finish without grad keeps logits", gl, hl, (size_t)(N * V) * sizeof(float));
-        check_bits_equal("xent finish loss with/without grad", gloss, whole.loss, (size_t)N * sizeof(float));
+        check_bits_equal("xent finish without grad keeps logits", gl, hl,
+                         (size_t)(N * V) * sizeof(float));
+        check_bits_equal("xent finish loss with/without grad", gloss, whole.loss,
+                         (size_t)N * sizeof(float));
         free(gl), free(gloss);
         ct_tensor_free(L), ct_tensor_free(t), ct_tensor_free(mx), ct_tensor_free(se);
         ct_tensor_free(tl), ct_tensor_free(loss);
@@ -818,7 +841,8 @@ static void test_xent(void **state) {
         /* the target is in exactly one shard; the other reports 0 */
         int64_t t = tg[i];
         float other = t < V0 ? s1.tlogit[i] : s0.tlogit[i];
-        if (other != 0.0f) fail_msg("xent: target_logit %g from the shard without the target", (double)other);
+        if (other != 0.0f)
+            fail_msg("xent: target_logit %g from the shard without the target", (double)other);
     }
     xent_steps(be, N, V0, V0, 0, l0, tg, dloss, mx, se, tl, &f0);
     xent_steps(be, N, V1, nv - V0, V0, l1, tg, dloss, mx, se, tl, &f1);
@@ -827,7 +851,8 @@ static void test_xent(void **state) {
     check_close("xent split loss shard 0", f0.loss, dl, N, 0, 1e-6);
     check_close("xent split loss shard 1", f1.loss, dl, N, 0, 1e-6);
     double *g0 = malloc((size_t)(N * V0) * sizeof *g0), *g1 = malloc((size_t)(N * V1) * sizeof *g1);
-    float *cat0 = malloc((size_t)(N * V0) * sizeof *cat0), *cat1 = malloc((size_t)(N * V1) * sizeof *cat1);
+    float *cat0 = malloc((size_t)(N * V0) * sizeof *cat0),
+          *cat1 = malloc((size_t)(N * V1) * sizeof *cat1);
     for (int64_t i = 0; i < N; i++) {
         for (int64_t j = 0; j < V0; j++) g0[i * V0 + j] = whole.grad[i * V + j];
         for (int64_t j = 0; j < V1; j++) g1[i * V1 + j] = whole.grad[i * V + V0 + j];
@@ -837,8 +862,10 @@ static void test_xent(void **state) {
     check_close("xent split grad shard 0", cat0, g0, N * V0, 1e-9, 1e-6);
     check_close("xent split grad shard 1", cat1, g1, N * V1, 1e-9, 1e-6);
 
-    free(hl), free(xc.logits), free(fd), free(l0), free(l1), free(g0), free(g1), free(cat0), free(cat1);
-    xent_out_free(&whole), xent_out_free(&s0), xent_out_free(&s1), xent_out_free(&f0), xent_out_free(&f1);
+    free(hl), free(xc.logits), free(fd), free(l0), free(l1), free(g0), free(g1), free(cat0),
+        free(cat1);
+    xent_out_free(&whole), xent_out_free(&s0), xent_out_free(&s1), xent_out_free(&f0),
+        xent_out_free(&f1);
 }
 
 /* ---- AdamW ----------------------------------------------------------------------------------- */
@@ -848,13 +875,13 @@ static void test_xent(void **state) {
  * after every step, so each step moves the parameter by lr·(g/(|g| + eps) + wd·param):
  *   grad 0.5 × grad_scale 2 = g = 1, lr 0.1, beta1 0.9, beta2 0.999, eps 1e-8
  *   wd 0:   1 → 1 - 0.1·0.99999999 = 0.900000001 → 0.800000002
- *   wd 0.1: 1 → 1 - 0.1·(0.99999999 + 0.1) = 0.890000001 → 0.890000001 - 0.1·(0.99999999 + 0.0890000001)
- *           = 0.781100002
- *   m after two steps: (1 - b1)(1 + b1)·g = 1 - b1², v: 1 - b2², with the betas as the float32
- *   values the optimizer really uses (0.9f = 0.899999976, 0.999f = 0.999000013): 0.190000043 and
- *   0.001998974 (with exact decimals they would be 0.19 and 0.001999, off by 1.3e-5 relative).
- * Layout: [0, 3) decayed, [3, 5) a padding gap, [5, 9) not decayed, [9] outside every segment;
- * the gap and the tail must keep their bytes. Float32 rounding: 1e-6 absolute on O(1) values.
+ *   wd 0.1: 1 → 1 - 0.1·(0.99999999 + 0.1) = 0.890000001 → 0.890000001 - 0.1·(0.99999999 +
+ * 0.0890000001) = 0.781100002 m after two steps: (1 - b1)(1 + b1)·g = 1 - b1², v: 1 - b2², with the
+ * betas as the float32 values the optimizer really uses (0.9f = 0.899999976, 0.999f = 0.999000013):
+ * 0.190000043 and 0.001998974 (with exact decimals they would be 0.19 and 0.001999, off by 1.3e-5
+ * relative). Layout: [0, 3) decayed, [3, 5) a padding gap, [5, 9) not decayed, [9] outside every
+ * segment; the gap and the tail must keep their bytes. Float32 rounding: 1e-6 absolute on O(1)
+ * values.
  */
 static void test_adamw_hand(void **state) {
     (void)state;
@@ -864,20 +891,21 @@ static void test_adamw_hand(void **state) {
     hp[3] = 7.0f, hp[4] = -7.0f, hp[9] = 3.0f, hm[3] = 0.25f, hv[4] = 0.5f; /* sentinels */
     ct_tensor *p = t1(be, n, hp), *g = t1(be, n, hg), *m = t1(be, n, hm), *v = t1(be, n, hv);
     ct_adamw_segment seg[2] = {{0, 3, 0.1f}, {5, 4, 0.0f}};
-    ct_adamw_hparams hpar = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1,
-                             .grad_scale = 2.0f};
+    ct_adamw_hparams hpar = {
+        .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1, .grad_scale = 2.0f};
     ct_adamw(p, g, m, v, seg, 2, &hpar);
     float *p1 = host_of(p);
-    double w1[10] = {0.890000001, 0.890000001, 0.890000001, 7, -7, 0.900000001, 0.900000001,
-                     0.900000001, 0.900000001, 3};
+    double w1[10] = {0.890000001, 0.890000001, 0.890000001, 7,           -7,
+                     0.900000001, 0.900000001, 0.900000001, 0.900000001, 3};
     check_close("adamw step 1", p1, w1, n, 1e-6, 0);
     hpar.step = 2;
     ct_adamw(p, g, m, v, seg, 2, &hpar);
     float *p2 = host_of(p), *m2 = host_of(m), *v2 = host_of(v);
-    double w2[10] = {0.781100002, 0.781100002, 0.781100002, 7, -7, 0.800000002, 0.800000002,
-                     0.800000002, 0.800000002, 3};
+    double w2[10] = {0.781100002, 0.781100002, 0.781100002, 7,           -7,
+                     0.800000002, 0.800000002, 0.800000002, 0.800000002, 3};
     check_close("adamw step 2", p2, w2, n, 1e-6, 0);
-    const double m2w = 1.0 - (double)0.9f * (double)0.9f, v2w = 1.0 - (double)0.999f * (double)0.999f;
+    const double m2w = 1.0 - (double)0.9f * (double)0.9f,
+                 v2w = 1.0 - (double)0.999f * (double)0.999f;
     double wm[10] = {m2w, m2w, m2w, 0.25, 0, m2w, m2w, m2w, m2w, 0};
     double wv[10] = {v2w, v2w, v2w, 0, 0.5, v2w, v2w, v2w, v2w, 0};
     check_close("adamw m", m2, wm, n, 1e-7, 1e-6);
@@ -904,8 +932,8 @@ static void test_adamw_random(void **state) {
     float *hm = rand_floats(n, -0.1f, 0.1f), *hv = rand_floats(n, 0, 0.01f);
     ct_tensor *p = t1(be, n, hp), *g = t1(be, n, hg), *m = t1(be, n, hm), *v = t1(be, n, hv);
     ct_adamw_segment seg[2] = {{0, 25000, 0.05f}, {25100, 14000, 0.0f}};
-    ct_adamw_hparams hpar = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 5,
-                             .grad_scale = 0.8f};
+    ct_adamw_hparams hpar = {
+        .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 5, .grad_scale = 0.8f};
     double *rp = to_double(hp, n), *rm = to_double(hm, n), *rv = to_double(hv, n);
     for (int s = 0; s < 2; s++) {
         if (s == 1) ct_tensor_from_host(g, hg2);
@@ -951,6 +979,15 @@ static void test_sumsq(void **state) {
     double want[4] = {-1, -1, 0, -1};
     for (int64_t i = 0; i < n; i++) want[2] += (double)hx[i] * hx[i];
     check_close("sumsq", got, want, 4, 0, 1.2e-7);
+    /* A constant input: float32 accumulation would drift by ~lanes·n·u/2 relative (each of the
+     * thousands of additions rounds the same way), which only double accumulation avoids. */
+    for (int64_t i = 0; i < n; i++) hx[i] = 0.3f;
+    ct_tensor_from_host(x, hx);
+    ct_sumsq(out, 0, x);
+    free(got);
+    got = host_of(out);
+    want[0] = (double)n * (double)0.3f * (double)0.3f;
+    check_close("sumsq constant", got, want, 4, 0, 1.2e-7);
     free(hx), free(got);
     ct_tensor_free(x), ct_tensor_free(out);
 }
@@ -968,7 +1005,10 @@ static float f32_from_bits(uint32_t u) {
  * on all 65536 patterns (NaNs stay NaNs). */
 static void test_cast(void **state) {
     (void)state;
-    struct { uint32_t in; uint16_t out; } known[] = {
+    struct {
+        uint32_t in;
+        uint16_t out;
+    } known[] = {
         {0x3F800000u, 0x3F80}, /* 1.0 */
         {0x3F808000u, 0x3F80}, /* 1 + 2^-8: tie, even stays */
         {0x3F818000u, 0x3F82}, /* tie, odd rounds up to even */
@@ -996,7 +1036,8 @@ static void test_cast(void **state) {
     ct_tensor_to_host(got, h);
     for (int i = 0; i < nk; i++)
         if (got[i] != known[i].out)
-            fail_msg("cast f32 0x%08X -> bf16 0x%04X, want 0x%04X", known[i].in, got[i], known[i].out);
+            fail_msg("cast f32 0x%08X -> bf16 0x%04X, want 0x%04X", known[i].in, got[i],
+                     known[i].out);
     for (int i = nk; i < n; i++)
         if ((got[i] & 0x7F80) != 0x7F80 || (got[i] & 0x007F) == 0)
             fail_msg("cast: NaN input %d became 0x%04X (not a NaN)", i, got[i]);
@@ -1004,7 +1045,8 @@ static void test_cast(void **state) {
     int64_t s2[1] = {65536};
     uint16_t *all = malloc(65536 * sizeof *all), *back = malloc(65536 * sizeof *back);
     for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
-    ct_tensor *b16 = tensor(be, CT_DTYPE_BF16, 1, s2, all), *f32 = tensor(be, CT_DTYPE_F32, 1, s2, NULL);
+    ct_tensor *b16 = tensor(be, CT_DTYPE_BF16, 1, s2, all),
+              *f32 = tensor(be, CT_DTYPE_F32, 1, s2, NULL);
     ct_tensor *b16b = tensor(be, CT_DTYPE_BF16, 1, s2, NULL);
     ct_cast(f32, b16);
     ct_cast(b16b, f32);
@@ -1024,7 +1066,8 @@ static void test_cast(void **state) {
     for (int i = 0; i < n; i++)
         if (got[i] != 0x3FC0) fail_msg("bf16 fill 1.5 gave 0x%04X", got[i]);
     free(all), free(back), free(fv);
-    ct_tensor_free(f), ct_tensor_free(h), ct_tensor_free(b16), ct_tensor_free(f32), ct_tensor_free(b16b);
+    ct_tensor_free(f), ct_tensor_free(h), ct_tensor_free(b16), ct_tensor_free(f32),
+        ct_tensor_free(b16b);
 }
 
 /* ---- tensors and memory accounting ----------------------------------------------------------- */
@@ -1106,8 +1149,8 @@ static void test_tensors_and_accounting(void **state) {
 static void test_determinism_threads(void **state) {
     (void)state;
     ct_backend *bes[2] = {be1, be3};
-    float *res[2][16] = {{0}};
-    size_t res_bytes[16] = {0};
+    float *res[2][24] = {{0}};
+    size_t res_bytes[24] = {0};
     int nres = 0;
 
     /* shared inputs */
@@ -1122,10 +1165,19 @@ static void test_determinism_threads(void **state) {
     float *xl = rand_floats(XN * XV, -5, 5);
     int32_t xt[64];
     for (int i = 0; i < XN; i++) xt[i] = (int32_t)(rng_next() % XVALID);
+    float *gA = rand_floats(333 * 200, -1, 1), *gB = rand_floats(200 * 517, -1, 1);
+    float *gC = rand_floats(333 * 517, -1, 1);
     attn_case ac = {2, 150, 4, 2, 16, NULL, NULL, NULL, NULL};
     int64_t nq = 2 * 150 * 4 * 16, nkv = 2 * 150 * 2 * 16;
-    attn_io aio_in = {rand_floats(nq, -1, 1), rand_floats(nkv, -1, 1), rand_floats(nkv, -1, 1),
-                      rand_floats(nq, -1, 1), NULL, NULL, NULL, NULL, NULL};
+    attn_io aio_in = {rand_floats(nq, -1, 1),
+                      rand_floats(nkv, -1, 1),
+                      rand_floats(nkv, -1, 1),
+                      rand_floats(nq, -1, 1),
+                      NULL,
+                      NULL,
+                      NULL,
+                      NULL,
+                      NULL};
 
     for (int k = 0; k < 2; k++) {
         ct_backend *b = bes[k];
@@ -1135,7 +1187,8 @@ static void test_determinism_threads(void **state) {
         ct_bias_grad(db, td);
         res[k][r] = host_of(db), res_bytes[r++] = (size_t)C * 4;
         /* layernorm fwd + bwd */
-        ct_tensor *tx = t2(b, N, C, x), *tw = t1(b, C, w), *tb = t1(b, C, bb), *to = t2(b, N, C, NULL);
+        ct_tensor *tx = t2(b, N, C, x), *tw = t1(b, C, w), *tb = t1(b, C, bb),
+                  *to = t2(b, N, C, NULL);
         ct_tensor *tm = t1(b, N, NULL), *ts = t1(b, N, NULL), *tdx = t2(b, N, C, d);
         ct_tensor *tdw = t1(b, C, w), *tdb = t1(b, C, bb);
         ct_layernorm_fwd(to, tm, ts, tx, tw, tb);
@@ -1165,6 +1218,16 @@ static void test_determinism_threads(void **state) {
         res[k][r] = xo.loss, res_bytes[r++] = XN * 4;
         res[k][r] = xo.grad, res_bytes[r++] = (size_t)(XN * XV) * 4;
         free(xo.rowmax), free(xo.tlogit);
+        /* GEMM (OpenBLAS splits M and N over threads, never K) */
+        for (int combo = 0; combo < 4; combo++) {
+            bool ta = combo & 1, tb = combo & 2;
+            ct_tensor *A = ta ? t2(b, 200, 333, gA) : t2(b, 333, 200, gA);
+            ct_tensor *Bm = tb ? t2(b, 517, 200, gB) : t2(b, 200, 517, gB);
+            ct_tensor *Cm = t2(b, 333, 517, gC);
+            ct_gemm(Cm, A, Bm, ta, tb, 1.0f, 0.5f);
+            res[k][r] = host_of(Cm), res_bytes[r++] = (size_t)(333 * 517) * 4;
+            ct_tensor_free(A), ct_tensor_free(Bm), ct_tensor_free(Cm);
+        }
         /* attention fwd + bwd (GQA, T = 150: three causal blocks, the last ragged) */
         attn_io aio = aio_in;
         attn_run(b, &ac, &aio);
@@ -1179,15 +1242,31 @@ static void test_determinism_threads(void **state) {
         ct_tensor_free(tdx), ct_tensor_free(tdw), ct_tensor_free(tdb), ct_tensor_free(wpe);
         ct_tensor_free(tt), ct_tensor_free(dtab), ct_tensor_free(tsq), ct_tensor_free(out);
     }
-    const char *names[16] = {"bias_grad", "layernorm_fwd out", "layernorm_bwd dinp",
-                             "layernorm_bwd dw", "layernorm_bwd db", "posemb_bwd",
-                             "embedding_bwd", "sumsq", "xent sumexp", "xent loss", "xent grad",
-                             "attention out", "attention lse", "attention dq", "attention dk",
+    const char *names[24] = {"bias_grad",
+                             "layernorm_fwd out",
+                             "layernorm_bwd dinp",
+                             "layernorm_bwd dw",
+                             "layernorm_bwd db",
+                             "posemb_bwd",
+                             "embedding_bwd",
+                             "sumsq",
+                             "xent sumexp",
+                             "xent loss",
+                             "xent grad",
+                             "gemm NN",
+                             "gemm TN",
+                             "gemm NT",
+                             "gemm TT",
+                             "attention out",
+                             "attention lse",
+                             "attention dq",
+                             "attention dk",
                              "attention dv"};
     for (int r = 0; r < nres; r++) check_bits_equal(names[r], res[0][r], res[1][r], res_bytes[r]);
     for (int k = 0; k < 2; k++)
         for (int r = 0; r < nres; r++) free(res[k][r]);
-    free(x), free(d), free(w), free(bb), free(tok), free(sq), free(xl);
+    free(x), free(d), free(w), free(bb), free(tok), free(sq), free(xl), free(gA), free(gB),
+        free(gC);
     free(aio_in.q), free(aio_in.k), free(aio_in.v), free(aio_in.dout);
 }
 

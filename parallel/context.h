@@ -1,0 +1,60 @@
+/*
+ * context.h — MPI bootstrap and the ParallelContext: the rank grid and its groups (DESIGN §4).
+ *
+ * World = tp × pp × dp ranks laid out with tp fastest, then dp, then pp:
+ *     rank = tp_rank + tp·(dp_rank + dp·pp_rank)
+ * so a TP group is consecutive ranks (one node's fast links) and pipeline stages span nodes.
+ * Groups (each a ct_comm, comm.h): tp, dp, pp, model-parallel (tp×pp: same dp rank), and the
+ * embedding group (first and last pipeline stage, same tp and dp rank; NULL on other stages,
+ * and the same one-rank group as "first == last" when pp = 1).
+ *
+ * Failures that only some ranks see (a file missing on one node) are agreed on with
+ * ct_pctx_agree before anyone exits, so every rank returns the same status and rank 0 can print
+ * the message of the lowest failing rank (DESIGN §9).
+ */
+#ifndef CT_PARALLEL_CONTEXT_H
+#define CT_PARALLEL_CONTEXT_H
+
+#include "core/comm.h"
+#include "core/common.h"
+
+#include <stdio.h>
+
+/* MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI; OpenMP threads never
+ * do). Works without mpirun (a singleton world of one). Safe to call once per process. */
+ct_status ct_mpi_init(int *argc, char ***argv);
+void ct_mpi_finalize(void);
+int ct_mpi_world_rank(void);
+int ct_mpi_world_size(void);
+/* Ranks of this job on this node (MPI_Comm_split_type shared) and this rank's index among them. */
+int ct_mpi_local_size(void);
+int ct_mpi_local_rank(void);
+/* Ends every rank of the job now (MPI_Abort), after printing the pending error on this rank. */
+__attribute__((noreturn)) void ct_mpi_abort(int exit_code);
+
+typedef struct ct_pctx {
+    int world_rank, world_size;
+    int tp, pp, dp;                 /* group sizes */
+    int tp_rank, pp_rank, dp_rank;  /* coordinates */
+    ct_comm *world;
+    ct_comm *tp_comm, *dp_comm, *pp_comm, *mp_comm;
+    ct_comm *embed_comm;            /* first + last stage; NULL on middle stages */
+    double timeout_s;               /* collective watchdog (parallel.timeout_s) */
+} ct_pctx;
+
+/* Builds the grid for tp·pp·dp == world size (the caller validated that). Collective. */
+ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s);
+void ct_pctx_free(ct_pctx *pctx); /* accepts NULL; collective (frees communicators) */
+
+/* Rank 0 prints the grid: which world ranks form each tp, dp, pp and embedding group. */
+void ct_pctx_print(const ct_pctx *pctx, FILE *out);
+
+/*
+ * Every rank passes its own status; all get back the worst one (RUNTIME beats INPUT beats OK).
+ * If any rank failed, the error message and hint of the lowest failing rank are copied to every
+ * rank's error channel (common.h), prefixed with "rank R: " when R != 0. Collective on world;
+ * works before a ct_pctx exists (it uses MPI_COMM_WORLD).
+ */
+ct_status ct_mpi_agree(ct_status local);
+
+#endif /* CT_PARALLEL_CONTEXT_H */

@@ -150,6 +150,31 @@ ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, con
     return t;
 }
 
+ct_tensor *ct_tensor_new_unbound(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape) {
+    ct_tensor *t = ct_xcalloc(1, sizeof *t);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    t->numel = shape_numel(ndim, shape);
+    t->backend = be;
+    t->data = NULL;
+    t->owns_data = false;
+    return t;
+}
+
+void ct_tensor_rebind(ct_tensor *view, const ct_tensor *parent, int64_t offset) {
+    CT_ASSERT(!view->owns_data);
+    if (!parent) {
+        view->data = NULL;
+        return;
+    }
+    CT_ASSERTF(parent->dtype == view->dtype && offset >= 0 && offset <= parent->numel &&
+                   view->numel <= parent->numel - offset,
+               "rebinding %s at offset %lld into %s", SH(view), (long long)offset, SH(parent));
+    view->data = (char *)parent->data + (size_t)offset * ct_dtype_size(parent->dtype);
+    view->category = parent->category;
+}
+
 ct_tensor *ct_tensor_view_1d(const ct_tensor *parent, int64_t offset, int64_t n) {
     int64_t shape[1] = {n};
     return ct_tensor_view(parent, offset, 1, shape);

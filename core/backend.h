@@ -174,6 +174,11 @@ ct_tensor *ct_tensor_new_2d(ct_backend *be, ct_dtype dtype, int64_t rows, int64_
 ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, const int64_t *shape);
 ct_tensor *ct_tensor_view_1d(const ct_tensor *parent, int64_t offset, int64_t n);
 ct_tensor *ct_tensor_view_2d(const ct_tensor *parent, int64_t offset, int64_t rows, int64_t cols);
+/* A view handle with no memory yet (data NULL); bind it with ct_tensor_rebind. Used for tensors
+ * whose storage moves: ZeRO-3 parameters live in a gathered buffer only while in use. */
+ct_tensor *ct_tensor_new_unbound(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape);
+/* Points a view at `parent` from element `offset` (must fit); parent NULL unbinds it. */
+void ct_tensor_rebind(ct_tensor *view, const ct_tensor *parent, int64_t offset);
 /* Frees the handle, and the memory if it owns it. Accepts NULL. */
 void ct_tensor_free(ct_tensor *t);
 

@@ -255,6 +255,12 @@ static void cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float valu
         break;
     }
     case CT_DTYPE_U8: memset(dst, (uint8_t)(int)value, (size_t)n); break;
+    case CT_DTYPE_F64: {
+        double *d = dst;
+        PARALLEL_FOR(nt)
+        for (int64_t i = 0; i < n; i++) d[i] = value;
+        break;
+    }
     }
 }
 

@@ -18,6 +18,7 @@ size_t ct_dtype_size(ct_dtype dtype) {
     case CT_DTYPE_I32: return 4;
     case CT_DTYPE_I64: return 8;
     case CT_DTYPE_U8: return 1;
+    case CT_DTYPE_F64: return 8;
     }
     CT_ASSERTF(0, "unknown dtype %d", (int)dtype);
 }
@@ -29,6 +30,7 @@ const char *ct_dtype_name(ct_dtype dtype) {
     case CT_DTYPE_I32: return "i32";
     case CT_DTYPE_I64: return "i64";
     case CT_DTYPE_U8: return "u8";
+    case CT_DTYPE_F64: return "f64";
     }
     return "?";
 }

@@ -33,6 +33,7 @@ typedef enum ct_dtype {
     CT_DTYPE_I32,
     CT_DTYPE_I64,
     CT_DTYPE_U8,
+    CT_DTYPE_F64, /* communication only (loss and norm sums); no tensor op takes it */
 } ct_dtype;
 
 size_t ct_dtype_size(ct_dtype dtype);

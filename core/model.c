@@ -27,6 +27,8 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.tp_size = 1;
     layout.tp = NULL;
     layout.dp_size = 1;
+    layout.shard_params = false;
+    layout.shard_grads = false;
     layout.n_chunks = 1;
     layout.chunks[0].index = 0;
     layout.chunks[0].first_layer = 0;
@@ -92,6 +94,9 @@ static void begin_unit(ct_model *m, const char *name, int *unit_cap) {
 
 static void build_registry(ct_model *m) {
     registry_builder rb = {.model = m, .cap = 0};
+    m->embed_unit = m->head_unit = -1;
+    m->layer_unit = ct_xmalloc((size_t)m->L * sizeof *m->layer_unit);
+    for (int l = 0; l < m->L; l++) m->layer_unit[l] = -1;
     int unit_cap = 0;
     const float std = 0.02f;
     /* GPT-2: projections that write into the residual stream are scaled by 1/sqrt(2·L) so the
@@ -106,6 +111,7 @@ static void build_registry(ct_model *m) {
         const int chunk = m->layout.chunks[c].index;
         if (m->layout.chunks[c].has_embed) {
             begin_unit(m, "embed", &unit_cap);
+            m->embed_unit = m->n_units - 1;
             add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
             add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk);
         }
@@ -114,6 +120,7 @@ static void build_registry(ct_model *m) {
             char unit_name[32], name[64];
             snprintf(unit_name, sizeof unit_name, "layer.%d", l);
             begin_unit(m, unit_name, &unit_cap);
+            m->layer_unit[l] = m->n_units - 1;
 #define P(field, suffix, nd, rows, cols, split, init, sd)                                     \
     snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                               \
     add_param(&rb, name, nd, rows, cols, split, init, sd, chunk)
@@ -137,6 +144,7 @@ static void build_registry(ct_model *m) {
         }
         if (m->layout.chunks[c].has_head) {
             begin_unit(m, "head", &unit_cap);
+            m->head_unit = m->n_units - 1;
             add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
             add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
             if (!have_embed) {
@@ -227,23 +235,27 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         slab += unit->padded_numel;
     }
     m->slab_numel = slab;
-    m->param_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_PARAMS);
-    m->grad_slab = m->param_slab ? ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_GRADS) : NULL;
-    if (!m->param_slab || !m->grad_slab) {
-        ct_model_free(m);
-        return CT_ERR_RUNTIME;
+    if (!layout->shard_params) {
+        m->param_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_PARAMS);
+        if (!m->param_slab) goto oom;
+    }
+    if (!layout->shard_grads) {
+        m->grad_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_GRADS);
+        if (!m->grad_slab) goto oom;
     }
     for (int u = 0; u < m->n_units; u++) {
         ct_unit *unit = &m->units[u];
-        unit->params = ct_tensor_view_1d(m->param_slab, unit->slab_offset, unit->padded_numel);
-        unit->grads = ct_tensor_view_1d(m->grad_slab, unit->slab_offset, unit->padded_numel);
+        int64_t n = unit->padded_numel;
+        unit->params = ct_tensor_new_unbound(be, CT_DTYPE_F32, 1, &n);
+        unit->grads = ct_tensor_new_unbound(be, CT_DTYPE_F32, 1, &n);
         for (int i = 0; i < unit->n_params; i++) {
             ct_param *p = &m->params[unit->first_param + i];
             int64_t shape[2] = {p->local_shape[0], p->local_shape[1]};
-            int nd = p->ndim;
-            p->value = ct_tensor_view(m->param_slab, unit->slab_offset + p->offset, nd, shape);
-            p->grad = ct_tensor_view(m->grad_slab, unit->slab_offset + p->offset, nd, shape);
+            p->value = ct_tensor_new_unbound(be, CT_DTYPE_F32, p->ndim, shape);
+            p->grad = ct_tensor_new_unbound(be, CT_DTYPE_F32, p->ndim, shape);
         }
+        if (m->param_slab) ct_model_bind_unit_params(m, u, m->param_slab, unit->slab_offset);
+        if (m->grad_slab) ct_model_bind_unit_grads(m, u, m->grad_slab, unit->slab_offset);
     }
     /* Vocabulary padding: rows at or past vocab_size are never real tokens. */
     for (int i = 0; i < m->n_params; i++) {
@@ -254,11 +266,31 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         }
     }
     bind_params(m);
-    ct_tensor_zero(m->param_slab);
-    ct_model_init_params(m);
+    if (m->param_slab) ct_model_init_params(m);
     ct_model_zero_grads(m);
     *out = m;
     return CT_OK;
+oom:
+    ct_model_free(m);
+    return CT_ERR_RUNTIME;
+}
+
+void ct_model_bind_unit_params(ct_model *m, int u, const ct_tensor *buf, int64_t offset) {
+    ct_unit *unit = &m->units[u];
+    ct_tensor_rebind(unit->params, buf, offset);
+    for (int i = 0; i < unit->n_params; i++) {
+        ct_param *p = &m->params[unit->first_param + i];
+        ct_tensor_rebind(p->value, buf, offset + p->offset);
+    }
+}
+
+void ct_model_bind_unit_grads(ct_model *m, int u, const ct_tensor *buf, int64_t offset) {
+    ct_unit *unit = &m->units[u];
+    ct_tensor_rebind(unit->grads, buf, offset);
+    for (int i = 0; i < unit->n_params; i++) {
+        ct_param *p = &m->params[unit->first_param + i];
+        ct_tensor_rebind(p->grad, buf, offset + p->offset);
+    }
 }
 
 void ct_model_free(ct_model *m) {
@@ -276,6 +308,7 @@ void ct_model_free(ct_model *m) {
     free(m->params);
     free(m->units);
     free(m->layers);
+    free(m->layer_unit);
     free(m);
 }
 
@@ -285,40 +318,50 @@ ct_param *ct_model_find_param(ct_model *m, const char *name) {
     return NULL;
 }
 
-void ct_model_init_params(ct_model *m) {
-    for (int i = 0; i < m->n_params; i++) {
-        ct_param *p = &m->params[i];
-        float *host = ct_xmalloc((size_t)p->numel * sizeof(float));
-        /* A tied twin draws from the stream of the tensor it is tied to: same bytes. */
-        uint64_t stream = ct_rng_hash_name(p->tied_to ? p->tied_to : p->name);
-        int64_t rows = p->local_shape[0], cols = p->local_shape[1];
-        int64_t row0 = p->tp_split_dim == 0 ? p->tp_offset : 0;
-        int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
-        int64_t gcols = p->global_shape[1];
+static void init_param(ct_model *m, ct_param *p) {
+    float *host = ct_xmalloc((size_t)p->numel * sizeof(float));
+    /* A tied twin draws from the stream of the tensor it is tied to: same bytes. */
+    uint64_t stream = ct_rng_hash_name(p->tied_to ? p->tied_to : p->name);
+    int64_t rows = p->local_shape[0], cols = p->local_shape[1];
+    int64_t row0 = p->tp_split_dim == 0 ? p->tp_offset : 0;
+    int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
+    int64_t gcols = p->global_shape[1];
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t c = 0; c < cols; c++) {
-                float v = 0.0f;
-                if (r < p->valid_rows) {
-                    switch (p->init) {
-                    case CT_INIT_ZEROS: v = 0.0f; break;
-                    case CT_INIT_ONES: v = 1.0f; break;
-                    case CT_INIT_NORMAL: {
-                        uint64_t g = (uint64_t)((row0 + r) * gcols + col0 + c);
-                        v = (float)(p->init_std * ct_rng_normal(m->seed, stream, g));
-                        break;
-                    }
-                    }
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) {
+            float v = 0.0f;
+            if (r < p->valid_rows) {
+                switch (p->init) {
+                case CT_INIT_ZEROS: v = 0.0f; break;
+                case CT_INIT_ONES: v = 1.0f; break;
+                case CT_INIT_NORMAL: {
+                    uint64_t g = (uint64_t)((row0 + r) * gcols + col0 + c);
+                    v = (float)(p->init_std * ct_rng_normal(m->seed, stream, g));
+                    break;
                 }
-                host[r * cols + c] = v;
+                }
             }
+            host[r * cols + c] = v;
         }
-        ct_tensor_from_host(p->value, host);
-        free(host);
     }
+    ct_tensor_from_host(p->value, host);
+    free(host);
 }
 
-void ct_model_zero_grads(ct_model *m) { ct_tensor_zero(m->grad_slab); }
+void ct_model_init_unit(ct_model *m, int u) {
+    ct_unit *unit = &m->units[u];
+    CT_ASSERTF(unit->params->data != NULL, "unit %s has no parameter buffer bound", unit->name);
+    ct_tensor_zero(unit->params); /* the padding after the last tensor */
+    for (int i = 0; i < unit->n_params; i++) init_param(m, &m->params[unit->first_param + i]);
+}
+
+void ct_model_init_params(ct_model *m) {
+    for (int u = 0; u < m->n_units; u++) ct_model_init_unit(m, u);
+}
+
+void ct_model_zero_grads(ct_model *m) {
+    if (m->grad_slab) ct_tensor_zero(m->grad_slab);
+}
 
 double ct_model_flops_per_token(const ct_model *m) {
     /* Every weight used in a GEMM costs 2 FLOPs per token forward and 4 backward; the position
@@ -483,6 +526,19 @@ void ct_acts_set_batch(ct_acts *a, const int32_t *tokens, const int32_t *targets
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
+static void unit_begin(ct_model *m, int unit, ct_pass pass) {
+    if (m->hooks.unit_begin) m->hooks.unit_begin(m->hooks.ctx, unit, pass);
+}
+
+static void unit_end(ct_model *m, int unit, ct_pass pass) {
+    if (m->hooks.unit_end) m->hooks.unit_end(m->hooks.ctx, unit, pass);
+}
+
+/* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
+static void poll(ct_model *m) {
+    if (m->hooks.poll) m->hooks.poll(m->hooks.ctx);
+}
+
 /* Sum over the tensor-parallel group (no-op for tp = 1). */
 static void tp_allreduce(ct_model *m, ct_tensor *t, ct_reduce_op op) {
     ct_comm_allreduce(m->layout.tp, t->data, t->numel, t->dtype, op);
@@ -510,7 +566,9 @@ static void layer_forward(ct_model *m, int l, ct_acts *a) {
     linear_fwd(la->q, la->ln1, p->wq, p->bq);
     linear_fwd(la->k, la->ln1, p->wk, p->bk);
     linear_fwd(la->v, la->ln1, p->wv, p->bv);
+    poll(m);
     ct_attention_fwd(la->att, la->lse, la->q, la->k, la->v, a->B, m->T, m->NH / tp, m->NKV / tp);
+    poll(m);
     /* Row-parallel output projection: partial sums are reduced before the bias (added once). */
     ct_gemm(la->mid, la->att, p->wo->value, false, true, 1.0f, 0.0f);
     tp_allreduce(m, la->mid, CT_REDUCE_SUM);
@@ -521,6 +579,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a) {
                      p->ln2_b->value);
     linear_fwd(la->h, la->ln2, p->w_up, p->b_up);
     ct_gelu_fwd(la->g, la->h);
+    poll(m);
     ct_gemm(out, la->g, p->w_down->value, false, true, 1.0f, 0.0f);
     tp_allreduce(m, out, CT_REDUCE_SUM);
     ct_bias_add(out, p->b_down->value);
@@ -561,11 +620,25 @@ static double head_forward(ct_model *m, ct_acts *a, float dloss) {
 
 void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double *loss_sum) {
     const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
-    if (m->layout.chunks[c].has_embed) embed_forward(m, a);
-    for (int l = first; l < first + n; l++) layer_forward(m, l, a);
-    if (m->layout.chunks[c].has_head) {
+    const bool has_embed = m->layout.chunks[c].has_embed, has_head = m->layout.chunks[c].has_head;
+    /* With the embedding and the head in one chunk, the tied embedding is read by both: its
+     * unit stays open from the embedding to the LM head (one use per pass). */
+    if (has_embed) {
+        unit_begin(m, m->embed_unit, CT_PASS_FORWARD);
+        embed_forward(m, a);
+        if (!has_head) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
+    }
+    for (int l = first; l < first + n; l++) {
+        unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
+        layer_forward(m, l, a);
+        unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
+    }
+    if (has_head) {
+        unit_begin(m, m->head_unit, CT_PASS_FORWARD);
         double s = head_forward(m, a, dloss);
         if (loss_sum) *loss_sum = s;
+        unit_end(m, m->head_unit, CT_PASS_FORWARD);
+        if (has_embed) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
 }
 
@@ -581,6 +654,7 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
     ct_gemm(s->dh, s->dres, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F) */
     linear_bwd_params(s->dres, la->g, p->w_down, p->b_down);
+    poll(m);
     ct_gelu_bwd(s->dh, la->h, s->dh);
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
     tp_allreduce(m, s->dln, CT_REDUCE_SUM); /* conjugate of the column-parallel "copy" */
@@ -588,11 +662,13 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, s->dln, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
 
+    poll(m);
     /* Attention: mid = x + att·Woᵀ + bo */
     ct_gemm(s->datt, s->dres, p->wo->value, false, false, 1.0f, 0.0f);
     linear_bwd_params(s->dres, la->att, p->wo, p->bo);
     ct_attention_bwd(s->dq, s->dk, s->dv, s->datt, la->q, la->k, la->v, la->att, la->lse, a->B,
                      m->T, m->NH / tp, m->NKV / tp);
+    poll(m);
     ct_gemm(s->dln, s->dq, p->wq->value, false, false, 1.0f, 0.0f);
     ct_gemm(s->dln, s->dk, p->wk->value, false, false, 1.0f, 1.0f);
     ct_gemm(s->dln, s->dv, p->wv->value, false, false, 1.0f, 1.0f);
@@ -621,10 +697,25 @@ static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
 
 void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {
     const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
+    const bool has_embed = m->layout.chunks[c].has_embed, has_head = m->layout.chunks[c].has_head;
     CT_ASSERT(s->B == a->B);
-    if (m->layout.chunks[c].has_head) head_backward(m, a, s);
-    for (int l = first + n - 1; l >= first; l--) layer_backward(m, l, a, s);
-    if (m->layout.chunks[c].has_embed) embed_backward(m, a, s);
+    if (has_head) {
+        /* The tied embedding's gradient starts at the LM head and ends at the embedding. */
+        if (has_embed) unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
+        unit_begin(m, m->head_unit, CT_PASS_BACKWARD);
+        head_backward(m, a, s);
+        unit_end(m, m->head_unit, CT_PASS_BACKWARD);
+    }
+    for (int l = first + n - 1; l >= first; l--) {
+        unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
+        layer_backward(m, l, a, s);
+        unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
+    }
+    if (has_embed) {
+        if (!has_head) unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
+        embed_backward(m, a, s);
+        unit_end(m, m->embed_unit, CT_PASS_BACKWARD);
+    }
 }
 
 double ct_model_forward(ct_model *m, ct_acts *a, float dloss) {

@@ -68,6 +68,10 @@ typedef struct ct_model_layout {
     int tp_rank, tp_size;
     ct_comm *tp;             /* tensor-parallel group (size 1 when tp = 1) */
     int dp_size;             /* units are padded to a multiple of it */
+    /* ZeRO storage: when set, the model allocates no full parameter (ZeRO-3) or gradient
+     * (ZeRO-2/3) slab; unit buffers are bound by the data-parallel layer while in use
+     * (ct_model_bind_unit_params / _grads). */
+    bool shard_params, shard_grads;
     int n_chunks;            /* chunks on this rank */
     struct {
         int index;           /* global chunk index */
@@ -86,6 +90,24 @@ typedef struct ct_layer_params {
     ct_param *w_down, *b_down;           /* (C, F) row-parallel, (C) */
 } ct_layer_params;
 
+typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
+
+/*
+ * How the data-parallel layer follows the model (DESIGN §2: the parameter access hook). The
+ * model brackets every use of a unit in a pass with unit_begin / unit_end: in a forward pass
+ * its parameters are read between them; in a backward pass its parameters are read and its
+ * gradients written, and unit_end means the unit's gradients for this microbatch are complete.
+ * Brackets of different units may nest (the tied embedding stays open from the embedding to the
+ * LM head). poll is called between ops so outstanding communication progresses. NULL slots
+ * are no-ops (world size 1).
+ */
+typedef struct ct_model_hooks {
+    void *ctx;
+    void (*unit_begin)(void *ctx, int unit, ct_pass pass);
+    void (*unit_end)(void *ctx, int unit, ct_pass pass);
+    void (*poll)(void *ctx);
+} ct_model_hooks;
+
 typedef struct ct_model {
     ct_model_config mc;       /* a copy of the model section */
     int64_t T, C, L, NH, NKV, hd, F, V, Vp;
@@ -100,6 +122,10 @@ typedef struct ct_model {
     ct_tensor *param_slab;     /* all units' parameters, then the same for grads */
     ct_tensor *grad_slab;
     int64_t slab_numel;
+
+    ct_model_hooks hooks;
+    int embed_unit, head_unit; /* unit indices, -1 when not on this rank */
+    int *layer_unit;           /* [L] unit of each layer, -1 when not on this rank */
 
     ct_param *wte, *wpe;       /* (Vp, C) vocab-parallel by rows, (T, C) */
     ct_param *lnf_w, *lnf_b;   /* (C) */
@@ -146,9 +172,16 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
                        const ct_model_layout *layout);
 void ct_model_free(ct_model *model);
 
-/* Parameter initialisation from (seed, name, global element index) — layout-independent. */
+/* Parameter initialisation from (seed, name, global element index) — layout-independent.
+ * ct_model_init_unit writes one unit's parameters into its currently bound buffer. */
 void ct_model_init_params(ct_model *model);
+void ct_model_init_unit(ct_model *model, int unit);
+/* Zeroes the gradient slab (no-op when gradients are sharded: the data-parallel layer owns them). */
 void ct_model_zero_grads(ct_model *model);
+/* Points a unit's parameter (gradient) views at `buf` from element `offset` (padded_numel
+ * elements must fit); buf NULL unbinds. */
+void ct_model_bind_unit_params(ct_model *model, int unit, const ct_tensor *buf, int64_t offset);
+void ct_model_bind_unit_grads(ct_model *model, int unit, const ct_tensor *buf, int64_t offset);
 ct_param *ct_model_find_param(ct_model *model, const char *name);
 
 ct_status ct_acts_new(ct_acts **out, ct_model *model, int64_t B);

@@ -4,6 +4,7 @@
  * failure. Every module below returns a ct_status; only this file decides how the process ends.
  *
  *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
+ *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
  *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
  */
 #include <stdio.h>
@@ -16,7 +17,8 @@
 #include "core/config.h"
 #include "core/model.h"
 #include "core/prepare.h"
-#include "core/train.h"
+#include "parallel/context.h"
+#include "parallel/trainer.h"
 
 static const char usage_text[] =
     "usage: cooktrain <command> [options]\n"
@@ -28,13 +30,16 @@ static const char usage_text[] =
     "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
     "            --print-config         print the resolved config and derived values, then exit\n"
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
+    "            --dump-params FILE     write the final parameters (raw f32; for tests)\n"
+    "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
     "  prepare   train a BPE tokenizer and write token shards\n"
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
     "  help      this text\n";
 
+/* Every rank ends with the same code; only rank 0 prints the (agreed) message. */
 static int exit_code(ct_status st) {
     if (st == CT_OK) return 0;
-    ct_error_print();
+    if (ct_mpi_world_rank() == 0) ct_error_print();
     return st == CT_ERR_INPUT ? 2 : 1;
 }
 
@@ -44,9 +49,18 @@ static ct_status usage_error(const char *fmt, const char *arg) {
     return CT_ERR_INPUT;
 }
 
+/* Threads per rank: the node's cores shared by the ranks on this node, at least one. */
 static int default_threads(void) {
-    int n = omp_get_num_procs();
+    int n = omp_get_num_procs() / (ct_mpi_world_size() > 1 ? ct_mpi_local_size() : 1);
     return n > 0 ? n : 1;
+}
+
+/* True when a launcher started us (then MPI is initialised; a plain run needs no MPI). */
+static bool launched_by_mpi(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return true;
+    return false;
 }
 
 static ct_status cmd_train(int argc, char **argv) {
@@ -54,6 +68,7 @@ static ct_status cmd_train(int argc, char **argv) {
     ct_config_defaults(&cfg);
     const char *config_path = NULL, *backend_name = "cpu";
     bool print_config = false, gemm_rate = false;
+    const char *dump_params = NULL;
     /* The file is loaded first and --set applied after, whatever their order on the line. */
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
@@ -76,6 +91,9 @@ static ct_status cmd_train(int argc, char **argv) {
             print_config = true;
         } else if (!strcmp(a, "--gemm-rate")) {
             gemm_rate = true;
+        } else if (!strcmp(a, "--dump-params")) {
+            if (!has_value) st = usage_error("%s needs a file name", a);
+            else dump_params = argv[++i];
         } else {
             st = usage_error("train: unknown option '%s'", a);
         }
@@ -93,10 +111,14 @@ static ct_status cmd_train(int argc, char **argv) {
         }
         st = CT_ERR_INPUT;
     }
-    if (st == CT_OK) st = ct_config_validate(&cfg, 1);
+    const int world = ct_mpi_world_size(), rank = ct_mpi_world_rank();
+    if (st == CT_OK) st = ct_config_validate(&cfg, world);
+    /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
+     * config file readable on one node only. */
+    if (world > 1) st = ct_mpi_agree(st);
     if (st != CT_OK) return st;
     if (print_config) {
-        ct_config_print(&cfg, stdout);
+        if (rank == 0) ct_config_print(&cfg, stdout);
         return CT_OK;
     }
     int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
@@ -113,7 +135,13 @@ static ct_status cmd_train(int argc, char **argv) {
             ct_model_free(model);
         }
     } else {
-        st = ct_train_run(&cfg, be, NULL);
+        ct_pctx *pctx = NULL;
+        if (world > 1) {
+            st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp,
+                             (int)cfg.derived.dp, cfg.parallel.timeout_s);
+        }
+        if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, dump_params, NULL);
+        ct_pctx_free(pctx);
     }
     ct_backend_free(be);
     return st;
@@ -130,7 +158,11 @@ int main(int argc, char **argv) {
     }
     ct_status st;
     if (!strcmp(command, "train")) {
-        st = cmd_train(argc - first, argv + first);
+        st = launched_by_mpi() ? ct_mpi_init(&argc, &argv) : CT_OK;
+        if (st == CT_OK) st = cmd_train(argc - first, argv + first);
+        int code = exit_code(st);
+        ct_mpi_finalize();
+        return code;
     } else if (!strcmp(command, "prepare")) {
         st = ct_prepare_run(argc - first, argv + first);
     } else if (!strcmp(command, "help") || !strcmp(command, "--help") || !strcmp(command, "-h")) {

@@ -44,6 +44,10 @@ size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {
     return be->bytes_in_use[category];
 }
 
+void ct_backend_mem_snapshot(const ct_backend *be, size_t *bytes) {
+    for (int c = 0; c < CT_MEM_COUNT; c++) bytes[c] = be->bytes_in_use[c];
+}
+
 size_t ct_backend_mem_total(const ct_backend *be) {
     size_t total = 0;
     for (int c = 0; c < CT_MEM_COUNT; c++) total += be->bytes_in_use[c];

@@ -161,6 +161,8 @@ void ct_backend_sync(ct_backend *be);
 /* Bytes currently allocated in one category and the total over all categories. */
 size_t ct_backend_mem(const ct_backend *be, ct_mem_category category);
 size_t ct_backend_mem_total(const ct_backend *be);
+/* Copies bytes_in_use of every category into bytes[CT_MEM_COUNT]. */
+void ct_backend_mem_snapshot(const ct_backend *be, size_t *bytes);
 
 /* ---- tensors ----------------------------------------------------------------------------- */
 

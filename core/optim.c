@@ -4,43 +4,44 @@
 #include <math.h>
 #include <stdlib.h>
 
-ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_config *tc) {
+ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_config *tc,
+                       const int64_t *lo, const int64_t *n) {
     ct_optimizer *opt = ct_xcalloc(1, sizeof *opt);
     opt->model = model;
     opt->tc = *tc;
-    opt->m_slab = ct_tensor_new_1d(model->be, CT_DTYPE_F32, model->slab_numel, CT_MEM_OPTIM);
-    opt->v_slab = opt->m_slab ? ct_tensor_new_1d(model->be, CT_DTYPE_F32, model->slab_numel,
-                                                 CT_MEM_OPTIM)
-                              : NULL;
-    opt->norm_partials = ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, model->n_params),
-                                          CT_MEM_WORKSPACE);
-    if (!opt->m_slab || !opt->v_slab || !opt->norm_partials) {
-        ct_optim_free(opt);
-        return CT_ERR_RUNTIME;
-    }
-    ct_tensor_zero(opt->m_slab);
-    ct_tensor_zero(opt->v_slab);
-
-    int nu = model->n_units;
-    opt->unit_m = ct_xcalloc((size_t)nu, sizeof *opt->unit_m);
-    opt->unit_v = ct_xcalloc((size_t)nu, sizeof *opt->unit_v);
-    opt->segments = ct_xcalloc((size_t)nu, sizeof *opt->segments);
-    opt->n_segments = ct_xcalloc((size_t)nu, sizeof *opt->n_segments);
-    for (int u = 0; u < nu; u++) {
-        ct_unit *unit = &model->units[u];
-        opt->unit_m[u] = ct_tensor_view_1d(opt->m_slab, unit->slab_offset, unit->padded_numel);
-        opt->unit_v[u] = ct_tensor_view_1d(opt->v_slab, unit->slab_offset, unit->padded_numel);
-        opt->segments[u] = ct_xcalloc((size_t)CT_MAX(1, unit->n_params), sizeof(ct_adamw_segment));
+    opt->units = ct_xcalloc((size_t)model->n_units, sizeof *opt->units);
+    for (int u = 0; u < model->n_units; u++) {
+        const ct_unit *unit = &model->units[u];
+        ct_optim_unit *ou = &opt->units[u];
+        ou->lo = lo ? lo[u] : 0;
+        ou->n = n ? n[u] : unit->padded_numel;
+        ou->m = ct_tensor_new_1d(model->be, CT_DTYPE_F32, ou->n, CT_MEM_OPTIM);
+        ou->v = ou->m ? ct_tensor_new_1d(model->be, CT_DTYPE_F32, ou->n, CT_MEM_OPTIM) : NULL;
+        if (!ou->m || !ou->v) {
+            ct_optim_free(opt);
+            return CT_ERR_RUNTIME;
+        }
+        ct_tensor_zero(ou->m);
+        ct_tensor_zero(ou->v);
+        /* Each parameter's real elements, clipped to the range. */
+        ou->segments = ct_xcalloc((size_t)CT_MAX(1, unit->n_params), sizeof(ct_adamw_segment));
         for (int i = 0; i < unit->n_params; i++) {
             const ct_param *p = &model->params[unit->first_param + i];
-            int64_t count = p->valid_rows * p->local_shape[1];
-            if (count == 0) continue;
-            opt->segments[u][opt->n_segments[u]++] = (ct_adamw_segment){
-                .offset = p->offset,
-                .count = count,
+            int64_t start = CT_MAX(p->offset, ou->lo);
+            int64_t end = CT_MIN(p->offset + p->valid_rows * p->local_shape[1], ou->lo + ou->n);
+            if (end <= start) continue;
+            ou->segments[ou->n_segments++] = (ct_adamw_segment){
+                .offset = start - ou->lo,
+                .count = end - start,
                 .weight_decay = p->decay ? (float)tc->weight_decay : 0.0f,
             };
         }
+    }
+    opt->norm_partials = ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, model->n_params),
+                                          CT_MEM_WORKSPACE);
+    if (!opt->norm_partials) {
+        ct_optim_free(opt);
+        return CT_ERR_RUNTIME;
     }
     *out = opt;
     return CT_OK;
@@ -48,19 +49,12 @@ ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_confi
 
 void ct_optim_free(ct_optimizer *opt) {
     if (!opt) return;
-    if (opt->model) {
-        for (int u = 0; u < opt->model->n_units; u++) {
-            if (opt->unit_m) ct_tensor_free(opt->unit_m[u]);
-            if (opt->unit_v) ct_tensor_free(opt->unit_v[u]);
-            if (opt->segments) free(opt->segments[u]);
-        }
+    for (int u = 0; opt->units && u < opt->model->n_units; u++) {
+        ct_tensor_free(opt->units[u].m);
+        ct_tensor_free(opt->units[u].v);
+        free(opt->units[u].segments);
     }
-    free(opt->unit_m);
-    free(opt->unit_v);
-    free(opt->segments);
-    free(opt->n_segments);
-    ct_tensor_free(opt->m_slab);
-    ct_tensor_free(opt->v_slab);
+    free(opt->units);
     ct_tensor_free(opt->norm_partials);
     free(opt);
 }
@@ -74,25 +68,37 @@ double ct_optim_lr(const ct_train_config *tc, int64_t step) {
     return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-double ct_optim_grad_sumsq_local(ct_optimizer *opt) {
+double ct_optim_grad_sumsq(ct_optimizer *opt, ct_tensor *const *grads) {
     ct_model *m = opt->model;
     bool first_tp_rank = m->layout.tp_rank == 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const ct_param *p = &m->params[i];
-        ct_tensor *valid = ct_tensor_view_1d(p->grad, 0, p->valid_rows * p->local_shape[1]);
-        ct_sumsq(opt->norm_partials, i, valid);
-        ct_tensor_free(valid);
+    bool *counted = ct_xcalloc((size_t)m->n_params, sizeof(bool));
+    for (int u = 0; u < m->n_units; u++) {
+        const ct_unit *unit = &m->units[u];
+        const ct_optim_unit *ou = &opt->units[u];
+        ct_tensor *range = grads ? grads[u] : ct_tensor_view_1d(unit->grads, ou->lo, ou->n);
+        for (int i = 0; i < unit->n_params; i++) {
+            int k = unit->first_param + i;
+            const ct_param *p = &m->params[k];
+            if (p->tied_to) continue;                            /* counted on its owner */
+            if (p->tp_split_dim < 0 && !first_tp_rank) continue; /* replicated over tp */
+            int64_t start = CT_MAX(p->offset, ou->lo);
+            int64_t end = CT_MIN(p->offset + p->valid_rows * p->local_shape[1], ou->lo + ou->n);
+            if (end <= start) continue;
+            ct_tensor *part = ct_tensor_view_1d(range, start - ou->lo, end - start);
+            ct_sumsq(opt->norm_partials, k, part);
+            ct_tensor_free(part);
+            counted[k] = true;
+        }
+        if (!grads) ct_tensor_free(range);
     }
+    /* The partials are a handful of floats: sum them on the host in double, in order. */
     float *partials = ct_xmalloc((size_t)m->n_params * sizeof(float));
     ct_tensor_to_host(partials, opt->norm_partials);
     double sum = 0.0;
-    for (int i = 0; i < m->n_params; i++) {
-        const ct_param *p = &m->params[i];
-        if (p->tied_to) continue;                          /* counted on its owner */
-        if (p->tp_split_dim < 0 && !first_tp_rank) continue; /* replicated over tp */
-        sum += partials[i];
-    }
+    for (int k = 0; k < m->n_params; k++)
+        if (counted[k]) sum += partials[k];
     free(partials);
+    free(counted);
     return sum;
 }
 
@@ -101,9 +107,12 @@ float ct_optim_clip_scale(const ct_train_config *tc, double grad_norm) {
     return (float)(tc->grad_clip / grad_norm);
 }
 
-void ct_optim_step(ct_optimizer *opt, float lr, float grad_scale) {
-    ct_model *m = opt->model;
-    opt->step++;
+void ct_optim_begin_step(ct_optimizer *opt) { opt->step++; }
+
+void ct_optim_update_unit(ct_optimizer *opt, int u, ct_tensor *params, const ct_tensor *grads,
+                          float lr, float grad_scale) {
+    ct_optim_unit *ou = &opt->units[u];
+    CT_ASSERT(params->numel == ou->n && grads->numel == ou->n);
     ct_adamw_hparams hp = {
         .lr = lr,
         .beta1 = (float)opt->tc.beta1,
@@ -112,7 +121,18 @@ void ct_optim_step(ct_optimizer *opt, float lr, float grad_scale) {
         .step = opt->step,
         .grad_scale = grad_scale,
     };
-    for (int u = 0; u < m->n_units; u++)
-        ct_adamw(m->units[u].params, m->units[u].grads, opt->unit_m[u], opt->unit_v[u],
-                 opt->segments[u], opt->n_segments[u], &hp);
+    ct_adamw(params, grads, ou->m, ou->v, ou->segments, ou->n_segments, &hp);
+}
+
+void ct_optim_step(ct_optimizer *opt, float lr, float grad_scale) {
+    ct_model *m = opt->model;
+    ct_optim_begin_step(opt);
+    for (int u = 0; u < m->n_units; u++) {
+        ct_optim_unit *ou = &opt->units[u];
+        ct_tensor *p = ct_tensor_view_1d(m->units[u].params, ou->lo, ou->n);
+        ct_tensor *g = ct_tensor_view_1d(m->units[u].grads, ou->lo, ou->n);
+        ct_optim_update_unit(opt, u, p, g, lr, grad_scale);
+        ct_tensor_free(p);
+        ct_tensor_free(g);
+    }
 }

@@ -19,7 +19,7 @@
 
 #define PREPARE_USAGE                                                                        \
     "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] "               \
-    "[--val-fraction F]"
+    "[--val-fraction F] [--byte-level]"
 
 typedef struct prepare_args {
     char **inputs;
@@ -27,6 +27,7 @@ typedef struct prepare_args {
     const char *out_dir;
     int vocab_size;
     double val_fraction;
+    bool byte_level; /* no BPE: every byte is a token (tests with tiny vocabularies) */
 } prepare_args;
 
 static ct_status usage_error(const char *fmt, const char *arg) {
@@ -59,6 +60,10 @@ static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) 
             *help = true;
             return CT_OK;
         }
+        if (!strcmp(name, "--byte-level")) {
+            a->byte_level = true;
+            continue;
+        }
         if (!strcmp(name, "--input")) {
             if (value) {
                 a->inputs[a->n_inputs++] = (char *)value;
@@ -84,7 +89,7 @@ static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) 
             a->out_dir = value;
         } else if (!strcmp(name, "--vocab-size")) {
             long v = strtol(value, &end, 10);
-            if (errno || end == value || *end || v < 256 || v > (1 << 24)) {
+            if (errno || end == value || *end || v < 2 || v > (1 << 24)) {
                 ct_error(CT_ERR_INPUT, "--vocab-size '%s' is not an integer in [256, %d]", value,
                          1 << 24);
                 ct_hint("the first 256 tokens are the bytes; typical sizes are 4096 to 65536");
@@ -102,6 +107,13 @@ static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) 
         }
     }
     if (a->n_inputs == 0) return usage_error("prepare: %s is required", "--input");
+    if (!a->byte_level && a->vocab_size < 256) {
+        ct_error(CT_ERR_INPUT, "--vocab-size %d is below 256, the number of byte tokens",
+                 a->vocab_size);
+        ct_hint("use --vocab-size >= 256, or --byte-level for a byte vocabulary without merges");
+        return CT_ERR_INPUT;
+    }
+    if (a->byte_level && a->vocab_size > 256) a->vocab_size = 256;
     if (!a->out_dir) return usage_error("prepare: %s is required", "--out");
     return CT_OK;
 }
@@ -260,6 +272,33 @@ static size_t split_point(const uint8_t *text, size_t n, double val_fraction) {
     return cut;
 }
 
+/* --byte-level: shards whose tokens are the bytes themselves; vocab_size must exceed every
+ * byte of the text. No tokenizer file is written. */
+static ct_status prepare_bytes(const prepare_args *a, const text_buf *text, size_t n_train) {
+    int max_byte = 0;
+    for (size_t i = 0; i < text->n; i++) max_byte = CT_MAX(max_byte, (int)text->data[i]);
+    if (max_byte >= a->vocab_size) {
+        ct_error(CT_ERR_INPUT, "--byte-level: the text holds byte %d but --vocab-size is %d",
+                 max_byte, a->vocab_size);
+        ct_hint("raise --vocab-size to at least %d", max_byte + 1);
+        return CT_ERR_INPUT;
+    }
+    int32_t *tokens = ct_xmalloc((text->n + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < text->n; i++) tokens[i] = text->data[i];
+    char *train_path = join_path(a->out_dir, "train.bin");
+    char *val_path = join_path(a->out_dir, "val.bin");
+    ct_status st = ct_shard_write(train_path, tokens, n_train, a->vocab_size);
+    if (st == CT_OK)
+        st = ct_shard_write(val_path, tokens + n_train, text->n - n_train, a->vocab_size);
+    if (st == CT_OK)
+        printf("prepare: byte-level, vocab %d: train %zu tokens, val %zu tokens -> %s\n",
+               a->vocab_size, n_train, text->n - n_train, a->out_dir);
+    free(tokens);
+    free(train_path);
+    free(val_path);
+    return st;
+}
+
 ct_status ct_prepare_run(int argc, char **argv) {
     prepare_args a;
     bool help;
@@ -299,6 +338,11 @@ ct_status ct_prepare_run(int argc, char **argv) {
     t_read = ct_now() - t_read;
 
     size_t n_train = split_point(text.data, text.n, a.val_fraction);
+    if (a.byte_level) {
+        st = prepare_bytes(&a, &text, n_train);
+        free(text.data);
+        return st;
+    }
     double t_train = ct_now();
     ct_tokenizer *tok = NULL;
     st = ct_tokenizer_train(&tok, text.data, n_train, a.vocab_size);

@@ -9,7 +9,7 @@
  * and the same one-rank group as "first == last" when pp = 1).
  *
  * Failures that only some ranks see (a file missing on one node) are agreed on with
- * ct_pctx_agree before anyone exits, so every rank returns the same status and rank 0 can print
+ * ct_mpi_agree before anyone exits, so every rank returns the same status and rank 0 can print
  * the message of the lowest failing rank (DESIGN §9).
  */
 #ifndef CT_PARALLEL_CONTEXT_H
@@ -42,6 +42,10 @@ typedef struct ct_pctx {
     double timeout_s;               /* collective watchdog (parallel.timeout_s) */
 } ct_pctx;
 
+/* A grid of one rank without MPI: every group is a one-rank local group (comm.h). For world
+ * size 1 (tests, `cooktrain train` outside mpirun) — nothing here touches MPI. */
+ct_pctx *ct_pctx_local_new(void);
+
 /* Builds the grid for tp·pp·dp == world size (the caller validated that). Collective. */
 ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s);
 void ct_pctx_free(ct_pctx *pctx); /* accepts NULL; collective (frees communicators) */
@@ -51,8 +55,9 @@ void ct_pctx_print(const ct_pctx *pctx, FILE *out);
 
 /*
  * Every rank passes its own status; all get back the worst one (RUNTIME beats INPUT beats OK).
- * If any rank failed, the error message and hint of the lowest failing rank are copied to every
- * rank's error channel (common.h), prefixed with "rank R: " when R != 0. Collective on world;
+ * If any rank failed, the error message and hint of the lowest failing rank (the lowest among
+ * those with the worst status, so message and exit code agree) are copied to every rank's error
+ * channel (common.h), prefixed with "rank R: " when R != 0. Collective on world;
  * works before a ct_pctx exists (it uses MPI_COMM_WORLD).
  */
 ct_status ct_mpi_agree(ct_status local);

@@ -14,7 +14,7 @@
 #include "core/model.h"
 #include "core/optim.h"
 #include "core/rng.h"
-#include "core/train.h"
+#include "parallel/trainer.h"
 #include "test_util.h"
 
 static void validated_config(ct_config *cfg) {
@@ -223,7 +223,7 @@ static void test_overfit_one_batch(void **state) {
     ct_acts *a;
     ct_grad_scratch *s;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
-    assert_int_equal(ct_optim_new(&opt, m, &cfg.train), CT_OK);
+    assert_int_equal(ct_optim_new(&opt, m, &cfg.train, NULL, NULL), CT_OK);
     assert_int_equal(ct_acts_new(&a, m, 4), CT_OK);
     assert_int_equal(ct_grad_scratch_new(&s, m, 4), CT_OK);
     int64_t N = 4 * cfg.model.seq_len;
@@ -235,7 +235,7 @@ static void test_overfit_one_batch(void **state) {
         ct_model_zero_grads(m);
         loss = ct_model_forward(m, a, (float)(1.0 / (double)N)) / (double)N;
         ct_model_backward(m, a, s);
-        double norm = sqrt(ct_optim_grad_sumsq_local(opt));
+        double norm = sqrt(ct_optim_grad_sumsq(opt, NULL));
         ct_optim_step(opt, (float)ct_optim_lr(&cfg.train, step), ct_optim_clip_scale(&cfg.train, norm));
         if (step == 0) first = loss;
     }
@@ -272,7 +272,7 @@ static ct_train_result run_training(ct_config *cfg, int threads) {
     validated_config(cfg);
     ct_backend *be = ct_backend_cpu_new(threads);
     ct_train_result r;
-    ct_status st = ct_train_run(cfg, be, &r);
+    ct_status st = ct_train_run(cfg, be, NULL, NULL, &r);
     if (st != CT_OK) ct_error_print();
     assert_int_equal(st, CT_OK);
     ct_backend_free(be);

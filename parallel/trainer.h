@@ -1,5 +1,5 @@
 /*
- * train.h — the training loop: microbatches, loss, clipping, AdamW, evaluation, logging.
+ * trainer.h — the training loop: microbatches, loss, clipping, AdamW, evaluation, logging.
  *
  * One optimizer step uses train.global_batch sequences: samples [s·G, (s+1)·G) of the data
  * order (data.h); data-parallel rank r takes its G/dp contiguous share, split in order into
@@ -8,25 +8,36 @@
  * whatever the layout (DESIGN §5). A step whose loss or gradient norm is not finite is skipped
  * and logged; train.max_bad_steps consecutive ones abort the run.
  */
-#ifndef CT_TRAIN_H
-#define CT_TRAIN_H
+#ifndef CT_PARALLEL_TRAINER_H
+#define CT_PARALLEL_TRAINER_H
 
-#include "backend.h"
-#include "config.h"
+#include "core/backend.h"
+#include "core/config.h"
+#include "parallel/context.h"
 
 typedef struct ct_train_result {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
     int64_t skipped_steps;
     double *losses;        /* [steps_done] training loss per step (malloc'd; caller frees) */
-    float *final_params;   /* host copy of the parameter slab at the end (malloc'd) */
+    float *final_params;   /* this rank's parameters at the end, each tensor's local elements
+                              in registry order, no padding (malloc'd) */
     int64_t n_final_params;
+    uint64_t dp_bytes_step1; /* bytes this rank sent on the dp group during step 1 */
+    double dp_bytes_expected; /* the formula's value for the same step */
+    size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT]; /* after setup: actual and formula */
 } ct_train_result;
 
 void ct_train_result_release(ct_train_result *result);
 
-/* Trains per cfg (validated) on one process; prints progress on stdout. */
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *result);
+/*
+ * Trains per cfg (validated for pctx's world size) on this rank; rank 0 prints progress on
+ * stdout. pctx NULL means one process without MPI. Failures seen by some ranks only are agreed
+ * on, so every rank returns the same status. dump_params (may be NULL) names a file rank 0
+ * writes the final parameters to (raw little-endian f32, registry order; for tests).
+ */
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
+                       const char *dump_params, ct_train_result *result);
 
 /* Measures the backend's fp32 GEMM rate (FLOP/s) at shape M×N×K: the median of a few runs. */
 double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps);
@@ -39,4 +50,4 @@ double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, in
  */
 double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps);
 
-#endif /* CT_TRAIN_H */
+#endif /* CT_PARALLEL_TRAINER_H */

@@ -1,5 +1,5 @@
-/* train.c — the single-process training loop. See train.h. */
-#include "train.h"
+/* trainer.c — the training loop over the data-parallel group. See trainer.h. */
+#include "trainer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,11 +8,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "data.h"
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
-#include "tokenizer.h"
+#include "core/data.h"
+#include "core/model.h"
+#include "core/optim.h"
+#include "core/rng.h"
+#include "core/tokenizer.h"
+#include "parallel/data_parallel.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -146,8 +147,10 @@ static void print_memory(ct_backend *be) {
 typedef struct trainer {
     const ct_config *cfg;
     ct_backend *be;
+    ct_pctx *pctx;
+    bool own_pctx, rank0;
     ct_model *model;
-    ct_optimizer *opt;
+    ct_dp *dp;
     ct_acts *acts;
     ct_grad_scratch *scratch;
     ct_dataset *train_data, *val_data;
@@ -160,7 +163,7 @@ typedef struct trainer {
 static void trainer_free(trainer *t) {
     ct_grad_scratch_free(t->scratch);
     ct_acts_free(t->acts);
-    ct_optim_free(t->opt);
+    ct_dp_free(t->dp);
     ct_model_free(t->model);
     ct_dataset_free(t->train_data);
     ct_dataset_free(t->val_data);
@@ -168,14 +171,18 @@ static void trainer_free(trainer *t) {
     free(t->host_targets);
     ct_tokenizer_free(t->tokenizer);
     if (t->metrics) fclose(t->metrics);
+    if (t->own_pctx) ct_pctx_free(t->pctx);
 }
 
-static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) {
-    memset(t, 0, sizeof *t);
-    t->cfg = cfg;
-    t->be = be;
-    t->dp_rank = 0;
-    t->dp_size = 1;
+/* Every rank gets the worst status of all (DESIGN §9); one process needs no agreement. */
+static ct_status agree(trainer *t, ct_status st) {
+    if (t->pctx->world_size == 1) return st;
+    return ct_mpi_agree(st);
+}
+
+/* Files and settings every rank checks for itself: data, tokenizer, metrics. */
+static ct_status open_inputs(trainer *t) {
+    const ct_config *cfg = t->cfg;
     if (!cfg->data.train[0]) {
         ct_error(CT_ERR_INPUT, "data.train is not set");
         ct_hint("set data.train to a token shard path or glob, e.g. data/fortunes/train.bin "
@@ -206,7 +213,7 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) 
             return CT_ERR_INPUT;
         }
     }
-    if (cfg->log.metrics[0]) {
+    if (cfg->log.metrics[0] && t->rank0) {
         CT_TRY(make_parent_dirs(cfg->log.metrics));
         t->metrics = fopen(cfg->log.metrics, "w");
         if (!t->metrics) {
@@ -216,15 +223,46 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be) 
             return CT_ERR_INPUT;
         }
     }
+    return CT_OK;
+}
+
+/* Model, data-parallel state and activations: out of memory is the only way these fail. */
+static ct_status build_model(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    int stage = (int)cfg->parallel.zero_stage;
     ct_model_layout layout = ct_model_layout_single(cfg);
-    CT_TRY(ct_model_new(&t->model, cfg, be, &layout));
-    CT_TRY(ct_optim_new(&t->opt, t->model, &cfg->train));
+    layout.tp = t->pctx->tp_comm;
+    layout.dp_size = t->dp_size;
+    layout.shard_grads = stage >= 2;
+    layout.shard_params = stage == 3;
+    CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
+    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train));
     CT_TRY(ct_acts_new(&t->acts, t->model, cfg->train.micro_batch));
     CT_TRY(ct_grad_scratch_new(&t->scratch, t->model, cfg->train.micro_batch));
+    return CT_OK;
+}
+
+static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, ct_pctx *pctx) {
+    memset(t, 0, sizeof *t);
+    t->cfg = cfg;
+    t->be = be;
+    t->own_pctx = pctx == NULL;
+    t->pctx = pctx ? pctx : ct_pctx_local_new();
+    t->rank0 = t->pctx->world_rank == 0;
+    t->dp_rank = t->pctx->dp_rank;
+    t->dp_size = t->pctx->dp;
     size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
     t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->host_targets = ct_xmalloc(n * sizeof(int32_t));
+    CT_TRY(agree(t, open_inputs(t)));
+    CT_TRY(agree(t, build_model(t)));
     return CT_OK;
+}
+
+/* Sum over the data-parallel group of a host double. */
+static double dp_sum(trainer *t, double x) {
+    ct_comm_allreduce(t->pctx->dp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    return x;
 }
 
 /* Mean loss over eval_steps global batches of the validation set, from its first samples so
@@ -233,17 +271,15 @@ static double evaluate(trainer *t) {
     const ct_config *cfg = t->cfg;
     int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
     double sum = 0.0;
-    int64_t tokens = 0;
     for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
         for (int64_t first = s * G + t->dp_rank * (G / t->dp_size);
              first < s * G + (t->dp_rank + 1) * (G / t->dp_size); first += B) {
             ct_dataset_fill(t->val_data, first, B, t->host_inputs, t->host_targets);
             ct_acts_set_batch(t->acts, t->host_inputs, t->host_targets);
             sum += ct_model_forward(t->model, t->acts, 0.0f);
-            tokens += B * T;
         }
     }
-    return sum / (double)tokens;
+    return dp_sum(t, sum) / (double)(cfg->train.eval_steps * G * T);
 }
 
 /* Draws from softmax(logits) over the real vocabulary with a counter-based uniform. */
@@ -259,6 +295,7 @@ static int32_t sample_token(const float *logits, int64_t V, double u) {
     return (int32_t)(V - 1);
 }
 
+/* Every rank runs the sampler in lockstep (ZeRO-3 gathers are collective); rank 0 prints. */
 static ct_status print_sample(trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_tokenizer *tok = t->tokenizer;
@@ -289,9 +326,11 @@ static ct_status print_sample(trainer *t) {
     }
     size_t n_bytes = 0;
     uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
-    printf("---- sample (%lld tokens) ----\n", (long long)cfg->log.sample_tokens);
-    fwrite(text, 1, n_bytes, stdout);
-    printf("\n-----------------------------\n");
+    if (t->rank0) {
+        printf("---- sample (%lld tokens) ----\n", (long long)cfg->log.sample_tokens);
+        fwrite(text, 1, n_bytes, stdout);
+        printf("\n-----------------------------\n");
+    }
     free(text);
     free(window);
     free(logits);
@@ -300,64 +339,130 @@ static ct_status print_sample(trainer *t) {
     return CT_OK;
 }
 
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *result) {
+static void print_start(trainer *t, double peak, double tokens_per_step) {
+    const ct_config *cfg = t->cfg;
+    ct_pctx *p = t->pctx;
+    printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
+           "(padded %lld), %.2fM parameters\n",
+           (long long)cfg->model.n_layer, (long long)cfg->model.d_model,
+           (long long)cfg->model.n_head, (long long)cfg->model.seq_len,
+           (long long)cfg->model.vocab_size, (long long)cfg->derived.vocab_padded,
+           (double)cfg->derived.n_params / 1e6);
+    if (p->world_size > 1) ct_pctx_print(p, stdout);
+    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld x "
+           "grad_accum %lld x dp %d; %.0f tokens/step\n",
+           (long long)ct_dataset_n_samples(t->train_data),
+           (long long)ct_dataset_n_tokens(t->train_data), (long long)cfg->train.global_batch,
+           (long long)cfg->train.micro_batch, (long long)cfg->derived.grad_accum, t->dp_size,
+           tokens_per_step);
+    printf("backend: %s, %d threads per rank, %d ranks; GEMM peak per rank (measured): "
+           "%.1f GFLOP/s\n", t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size,
+           peak / 1e9);
+    print_memory(t->be);
+    size_t expected[CT_MEM_COUNT];
+    ct_dp_expected_memory(t->dp, expected);
+    char a[32], b[32], c[32];
+    format_bytes(a, sizeof a, (double)expected[CT_MEM_PARAMS]);
+    format_bytes(b, sizeof b, (double)expected[CT_MEM_GRADS]);
+    format_bytes(c, sizeof c, (double)expected[CT_MEM_OPTIM]);
+    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s per rank\n",
+           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c);
+    if (t->dp_size > 1) {
+        format_bytes(a, sizeof a, ct_dp_expected_step_bytes(t->dp, (int)cfg->derived.grad_accum));
+        format_bytes(b, sizeof b, (double)ct_dp_param_bytes(t->dp));
+        printf("dp traffic per step per rank (ring model): %s expected (phi = %s)\n", a, b);
+    }
+    fflush(stdout);
+}
+
+/* Rank 0 writes every parameter's local elements, registry order, raw f32 (tests compare). */
+static ct_status dump_final_params(const char *path, const float *params, int64_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(params, sizeof(float), (size_t)n, f) != (size_t)n || fclose(f) != 0) {
+        ct_error(CT_ERR_INPUT, "cannot write parameter dump '%s': %s", path, strerror(errno));
+        ct_hint("check that the directory exists and is writable");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+/* This rank's parameters, registry order, no padding: every unit copied out (gathered under
+ * ZeRO-3, which makes this collective over the dp group). */
+static float *collect_params(trainer *t, int64_t *n_out) {
+    ct_model *m = t->model;
+    int64_t n = 0, max_unit = 0;
+    for (int i = 0; i < m->n_params; i++) n += m->params[i].numel;
+    for (int u = 0; u < m->n_units; u++) max_unit = CT_MAX(max_unit, m->units[u].padded_numel);
+    float *out = ct_xmalloc((size_t)CT_MAX(n, 1) * sizeof(float));
+    float *unit_buf = ct_xmalloc((size_t)max_unit * sizeof(float));
+    int64_t pos = 0;
+    for (int u = 0; u < m->n_units; u++) {
+        ct_dp_unit_params_to_host(t->dp, u, unit_buf);
+        const ct_unit *unit = &m->units[u];
+        for (int i = 0; i < unit->n_params; i++) {
+            const ct_param *p = &m->params[unit->first_param + i];
+            memcpy(out + pos, unit_buf + p->offset, (size_t)p->numel * sizeof(float));
+            pos += p->numel;
+        }
+    }
+    free(unit_buf);
+    *n_out = n;
+    return out;
+}
+
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
+                       const char *dump_params, ct_train_result *result) {
     trainer t;
-    ct_status st = trainer_init(&t, cfg, be);
+    ct_status st = trainer_init(&t, cfg, be, pctx);
     if (st != CT_OK) {
         trainer_free(&t);
         return st;
     }
     ct_train_result res = {0};
     res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    ct_backend_mem_snapshot(be, res.mem);
+    ct_dp_expected_memory(t.dp, res.mem_expected);
     const int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
     const int64_t accum = cfg->derived.grad_accum;
     const double tokens_per_step = (double)G * (double)T;
     const float dloss = (float)(1.0 / tokens_per_step);
-    const double flops_per_token = ct_model_flops_per_token(t.model);
-    /* The MFU denominator: this backend's GEMM rate at the model's own MLP shape. */
+    /* FLOPs per token for the whole model; every rank does 1/world of them. */
+    const double flops_per_token = ct_model_flops_per_token(t.model) / t.pctx->world_size;
+    /* The MFU denominator: this rank's GEMM rate at the model's own MLP shape. */
     const double peak = ct_measure_gemm_flops(be, B * T, cfg->derived.d_ff, cfg->model.d_model, 5);
-
-    printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
-           "(padded %lld), %.2fM parameters\n",
-           (long long)cfg->model.n_layer, (long long)cfg->model.d_model,
-           (long long)cfg->model.n_head, (long long)T, (long long)cfg->model.vocab_size,
-           (long long)cfg->derived.vocab_padded, (double)cfg->derived.n_params / 1e6);
-    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld x "
-           "grad_accum %lld x dp %d; %.0f tokens/step\n",
-           (long long)ct_dataset_n_samples(t.train_data),
-           (long long)ct_dataset_n_tokens(t.train_data), (long long)G, (long long)B,
-           (long long)accum, t.dp_size, tokens_per_step);
-    printf("backend: %s, %d threads; GEMM peak (measured, %lldx%lldx%lld): %.1f GFLOP/s\n",
-           be->iface->name, ct_backend_cpu_threads(be), (long long)(B * T),
-           (long long)cfg->derived.d_ff, (long long)cfg->model.d_model, peak / 1e9);
-    print_memory(be);
-    fflush(stdout);
+    if (t.rank0) print_start(&t, peak, tokens_per_step);
+    ct_comm *dp_comm = t.pctx->dp_comm;
 
     int64_t bad_in_a_row = 0;
     double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
+    double interval_exposed = 0;
     for (int64_t step = 0; step < cfg->train.steps; step++) {
         double step_start = ct_now();
-        ct_model_zero_grads(t.model);
+        if (step == 0) ct_comm_reset_counters(dp_comm);
+        ct_dp_begin_step(t.dp);
         double loss_sum = 0.0;
         int64_t first = step * G + t.dp_rank * (G / t.dp_size);
         for (int64_t mb = 0; mb < accum; mb++) {
+            ct_dp_begin_microbatch(t.dp, (int)mb, (int)accum);
             ct_dataset_fill(t.train_data, first + mb * B, B, t.host_inputs, t.host_targets);
             ct_acts_set_batch(t.acts, t.host_inputs, t.host_targets);
             loss_sum += ct_model_forward(t.model, t.acts, dloss);
             ct_model_backward(t.model, t.acts, t.scratch);
         }
-        double loss = loss_sum / tokens_per_step;
-        double grad_norm = sqrt(ct_optim_grad_sumsq_local(t.opt));
+        ct_dp_finish_backward(t.dp);
+        double loss = dp_sum(&t, loss_sum) / tokens_per_step;
+        double grad_norm = sqrt(ct_dp_grad_sumsq(t.dp));
         double lr = ct_optim_lr(&cfg->train, step);
         bool finite = isfinite(loss) && isfinite(grad_norm);
         if (finite) {
-            ct_optim_step(t.opt, (float)lr, ct_optim_clip_scale(&cfg->train, grad_norm));
+            ct_dp_optimizer_step(t.dp, (float)lr, ct_optim_clip_scale(&cfg->train, grad_norm));
             bad_in_a_row = 0;
         } else {
             res.skipped_steps++;
             bad_in_a_row++;
-            printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a row)\n",
-                   (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
+            if (t.rank0)
+                printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a "
+                       "row)\n", (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
             if (bad_in_a_row >= cfg->train.max_bad_steps) {
                 trainer_free(&t);
                 ct_train_result_release(&res);
@@ -371,19 +476,28 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *re
         }
         ct_backend_sync(be);
         double now = ct_now(), step_time = now - step_start;
+        if (step == 0) {
+            uint64_t bytes = 0;
+            for (int k = 0; k < CT_COMM_OP_COUNT; k++) bytes += dp_comm->bytes[k];
+            res.dp_bytes_step1 = bytes;
+            res.dp_bytes_expected = t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0;
+            if (t.rank0 && t.dp_size > 1)
+                printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                       (double)bytes / 1048576.0, res.dp_bytes_expected / 1048576.0);
+        }
         interval_tokens += tokens_per_step;
+        interval_exposed += ct_dp_exposed_seconds(t.dp);
         if (step == 0) res.first_loss = loss;
         res.losses[step] = loss;
         res.last_loss = loss;
         res.steps_done = step + 1;
 
         bool last = step + 1 == cfg->train.steps;
-        double val_loss = NAN;
         if (t.val_data && ((step + 1) % cfg->train.eval_interval == 0 || last)) {
-            val_loss = evaluate(&t);
+            double val_loss = evaluate(&t);
             res.last_val_loss = val_loss;
-            printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
-                   (long long)cfg->train.steps, val_loss);
+            if (t.rank0) printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
+                                (long long)cfg->train.steps, val_loss);
             if (t.metrics)
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", (long long)step + 1,
                         val_loss);
@@ -392,14 +506,16 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *re
         double tok_per_s_step = tokens_per_step / step_time;
         if (t.metrics)
             fprintf(t.metrics,
-                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                    "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"mfu\": %.4f, "
-                    "\"skipped\": %s}\n",
+                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                    "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
+                    "\"mfu\": %.4f, \"skipped\": %s}\n",
                     (long long)step + 1, loss, lr, grad_norm, tok_per_s_step, step_time,
+                    ct_dp_exposed_seconds(t.dp),
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true");
-        if ((step + 1) % cfg->log.interval == 0 || last || step == 0) {
+        if (t.rank0 && ((step + 1) % cfg->log.interval == 0 || last || step == 0)) {
             double elapsed = ct_now() - interval_start;
+            double steps = interval_tokens / tokens_per_step;
             double tok_s = interval_tokens / elapsed;
             double mfu = peak > 0 ? flops_per_token * tok_s / peak : 0.0;
             char mem[32], eta[32];
@@ -407,19 +523,22 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_train_result *re
             format_duration(eta, sizeof eta, (double)(cfg->train.steps - step - 1) *
                                                  (ct_now() - run_start) / (double)(step + 1));
             printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-                   "MFU %4.1f%% | compute %.0f ms, comm 0 ms, bubble 0 ms | mem %s | ETA %s\n",
+                   "MFU %4.1f%% | compute %.0f ms, comm %.0f ms, bubble 0 ms | mem %s | ETA %s\n",
                    (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
-                   100.0 * mfu, 1e3 * elapsed / (interval_tokens / tokens_per_step), mem, eta);
+                   100.0 * mfu, 1e3 * (elapsed - interval_exposed) / steps,
+                   1e3 * interval_exposed / steps, mem, eta);
             fflush(stdout);
             interval_start = ct_now();
             interval_tokens = 0;
+            interval_exposed = 0;
         }
     }
     if (t.metrics) fflush(t.metrics);
     st = print_sample(&t);
-    res.n_final_params = t.model->slab_numel;
-    res.final_params = ct_xmalloc((size_t)res.n_final_params * sizeof(float));
-    ct_tensor_to_host(res.final_params, t.model->param_slab);
+    res.final_params = collect_params(&t, &res.n_final_params);
+    if (st == CT_OK && dump_params && t.rank0)
+        st = dump_final_params(dump_params, res.final_params, res.n_final_params);
+    st = agree(&t, st);
     trainer_free(&t);
     if (result) *result = res;
     else ct_train_result_release(&res);

@@ -1,0 +1,72 @@
+/*
+ * comm_mpi.h — the MPI implementation of the comm interface (core/comm.h) on host memory.
+ *
+ * One ct_comm wraps one MPI communicator. Every operation, blocking or not, is started as a
+ * non-blocking MPI call; the blocking forms are that call plus ct_comm_wait. The wait is the
+ * collective watchdog (DESIGN §9): it tests the request, yielding the CPU while it is pending
+ * (oversubscribed ranks must let the others run), and when `timeout_s` passes it prints rank,
+ * group, op, byte count and sequence number to stderr and ends the job with MPI_Abort.
+ *
+ * Open MPI has no progress thread on the CPU: a started operation advances only inside MPI
+ * calls. ct_comm_poll tests every outstanding request of the group, and callers that overlap
+ * communication with compute call it between compute ops.
+ *
+ * Supported: dtypes f32, bf16, i32, i64, u8, f64; ops sum, max, min on all of them. bf16
+ * reductions use user-defined MPI ops that widen to float, reduce, and round back to nearest
+ * even, so a bf16 sum is rounded once per partial sum of the library's algorithm (fine for
+ * gradients, and exact for values whose partial sums are representable). u8 sums wrap modulo
+ * 256 (a user op too: Open MPI 4.1's AVX component saturates them).
+ *
+ * Buffer rules (n = elements of the full buffer, N = group size, s = n / N, r = group rank):
+ *   allreduce        always in place on `buf`.
+ *   reduce_scatter   out of place (`recv` does not overlap `send`), or in place when
+ *                    recv == send + r·s: this rank's shard is reduced where it already lies.
+ *                    In place, the other shards of `send` are left with unspecified contents.
+ *   allgather        out of place, or in place when send == recv + r·s (MPI_IN_PLACE).
+ *   all_to_all       out of place, or send == recv (this rank's block j goes to rank j).
+ *   broadcast        in place on `buf`.
+ * Any other overlap is a bug and fails a CT_ASSERT. Per-rank element counts must fit an int
+ * (MPI's count type): 2^31 − 1 elements per call.
+ *
+ * Sequence numbers in diagnostics: collectives are counted per group in the order this rank
+ * started them, which is the same order on every rank of the group (MPI requires it), so the
+ * number identifies one collective across ranks. Point-to-point operations have their own count.
+ */
+#ifndef CT_PARALLEL_COMM_MPI_H
+#define CT_PARALLEL_COMM_MPI_H
+
+#include <mpi.h>
+
+#include "core/comm.h"
+#include "core/common.h"
+
+/*
+ * Wraps `comm` (taken over: freeing the ct_comm frees it) as a group named `name` (copied).
+ * `timeout_s` is the watchdog limit of each wait; <= 0 waits forever. The communicator's error
+ * handler is set to MPI_ERRORS_RETURN so failures come back to CT_MPI_CHECK. Not collective.
+ */
+ct_comm *ct_comm_mpi_new(MPI_Comm comm, const char *name, double timeout_s);
+
+/* The MPI communicator behind an MPI group (to bootstrap NCCL from it); MPI_COMM_NULL for any
+ * other kind of group. Still owned by the ct_comm. */
+MPI_Comm ct_comm_mpi_handle(const ct_comm *comm);
+
+/* Frees the user-defined reduction ops (bf16, u8 sum); ct_mpi_finalize calls it before
+ * MPI_Finalize. */
+void ct_comm_mpi_release_ops(void);
+
+/*
+ * Checks an MPI call: on failure prints the call, MPI's error string, the rank and file:line,
+ * then aborts the job (an MPI error mid-run is a runtime failure nobody can recover from).
+ */
+#define CT_MPI_CHECK(call)                                                  \
+    do {                                                                    \
+        int ct_mpi_rc_ = (call);                                            \
+        if (ct_mpi_rc_ != MPI_SUCCESS)                                      \
+            ct_mpi_check_fail(#call, ct_mpi_rc_, __FILE__, __LINE__);       \
+    } while (0)
+
+__attribute__((noreturn)) void ct_mpi_check_fail(const char *call, int rc, const char *file,
+                                                 int line);
+
+#endif /* CT_PARALLEL_COMM_MPI_H */

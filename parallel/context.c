@@ -1,0 +1,215 @@
+/*
+ * context.c — MPI bootstrap, the rank grid and its groups, and status agreement (context.h).
+ */
+#include "context.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_mpi.h"
+
+static int world_rank = 0, world_size = 1;
+static int local_rank = 0, local_size = 1;
+
+ct_status ct_mpi_init(int *argc, char ***argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return CT_OK;
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return ct_error(CT_ERR_RUNTIME, "MPI_Init_thread failed");
+    /* Errors come back as codes so CT_MPI_CHECK can name the call; communicators made from
+     * world inherit this handler. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    CT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    CT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    ct_set_log_rank(world_rank);
+    if (provided < MPI_THREAD_FUNNELED) {
+        ct_error(CT_ERR_RUNTIME,
+                 "the MPI library provides thread level %d, below MPI_THREAD_FUNNELED (%d)",
+                 provided, MPI_THREAD_FUNNELED);
+        ct_hint("cooktrain runs OpenMP threads next to MPI; use an MPI built with thread "
+                "support (Open MPI's default build has it)");
+        return CT_ERR_RUNTIME;
+    }
+    MPI_Comm node;
+    CT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank,
+                                     MPI_INFO_NULL, &node));
+    CT_MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+    CT_MPI_CHECK(MPI_Comm_size(node, &local_size));
+    CT_MPI_CHECK(MPI_Comm_free(&node));
+    return CT_OK;
+}
+
+void ct_mpi_finalize(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return;
+    ct_comm_mpi_release_ops();
+    MPI_Finalize();
+}
+
+int ct_mpi_world_rank(void) { return world_rank; }
+int ct_mpi_world_size(void) { return world_size; }
+int ct_mpi_local_rank(void) { return local_rank; }
+int ct_mpi_local_size(void) { return local_size; }
+
+void ct_mpi_abort(int exit_code) {
+    ct_error_print();
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+    exit(exit_code); /* without MPI (or after MPI_Abort failed to end us) */
+}
+
+/* ---- the grid ----------------------------------------------------------------------------- */
+
+typedef enum group_kind { GROUP_TP, GROUP_DP, GROUP_PP, GROUP_MP, GROUP_EMBED, GROUP_COUNT } group_kind;
+
+static const char *group_names[GROUP_COUNT] = {"tp", "dp", "pp", "mp", "embed"};
+
+/*
+ * The MPI_Comm_split color of world rank r's group of `kind` (-1: not a member, only for embed).
+ * Within every group the key is the varying coordinate, and because of the rank order (tp
+ * fastest, then dp, then pp) that orders members by world rank too.
+ */
+static int group_color(group_kind kind, int r, int tp, int pp, int dp, int *key) {
+    int tp_rank = r % tp, dp_rank = (r / tp) % dp, pp_rank = r / (tp * dp);
+    switch (kind) {
+    case GROUP_TP: *key = tp_rank; return dp_rank + dp * pp_rank;
+    case GROUP_DP: *key = dp_rank; return tp_rank + tp * pp_rank;
+    case GROUP_PP: *key = pp_rank; return tp_rank + tp * dp_rank;
+    case GROUP_MP: *key = tp_rank + tp * pp_rank; return dp_rank;
+    case GROUP_EMBED:
+        *key = pp_rank;
+        return pp_rank == 0 || pp_rank == pp - 1 ? tp_rank + tp * dp_rank : -1;
+    default: break;
+    }
+    CT_ASSERTF(0, "unknown group kind %d", (int)kind);
+}
+
+static ct_comm *split_group(group_kind kind, const ct_pctx *p, double timeout_s) {
+    int key = 0;
+    int color = group_color(kind, p->world_rank, p->tp, p->pp, p->dp, &key);
+    MPI_Comm comm;
+    CT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &comm));
+    if (comm == MPI_COMM_NULL) return NULL;
+    return ct_comm_mpi_new(comm, group_names[kind], timeout_s);
+}
+
+ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    CT_ASSERTF(initialized, "ct_pctx_new before ct_mpi_init");
+    CT_ASSERTF(tp >= 1 && pp >= 1 && dp >= 1 && tp * pp * dp == world_size,
+               "grid tp %d x pp %d x dp %d does not match world size %d (callers validate it)",
+               tp, pp, dp, world_size);
+    ct_pctx *p = ct_xcalloc(1, sizeof *p);
+    p->world_rank = world_rank;
+    p->world_size = world_size;
+    p->tp = tp;
+    p->pp = pp;
+    p->dp = dp;
+    p->tp_rank = world_rank % tp;
+    p->dp_rank = (world_rank / tp) % dp;
+    p->pp_rank = world_rank / (tp * dp);
+    p->timeout_s = timeout_s;
+
+    MPI_Comm world;
+    CT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
+    p->world = ct_comm_mpi_new(world, "world", timeout_s);
+    /* Every rank makes the same sequence of splits: MPI_Comm_split is collective on world. */
+    p->tp_comm = split_group(GROUP_TP, p, timeout_s);
+    p->dp_comm = split_group(GROUP_DP, p, timeout_s);
+    p->pp_comm = split_group(GROUP_PP, p, timeout_s);
+    p->mp_comm = split_group(GROUP_MP, p, timeout_s);
+    p->embed_comm = split_group(GROUP_EMBED, p, timeout_s);
+    CT_ASSERT(p->tp_comm->size == tp && p->tp_comm->rank == p->tp_rank);
+    CT_ASSERT(p->dp_comm->size == dp && p->dp_comm->rank == p->dp_rank);
+    CT_ASSERT(p->pp_comm->size == pp && p->pp_comm->rank == p->pp_rank);
+    *out = p;
+    return CT_OK;
+}
+
+void ct_pctx_free(ct_pctx *p) {
+    if (!p) return;
+    ct_comm_free(p->embed_comm);
+    ct_comm_free(p->mp_comm);
+    ct_comm_free(p->pp_comm);
+    ct_comm_free(p->dp_comm);
+    ct_comm_free(p->tp_comm);
+    ct_comm_free(p->world);
+    free(p);
+}
+
+/* "tp groups: [0 1] [2 3]": every group of one kind, each listed once by its lowest rank. */
+static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
+    int n = p->world_size, key;
+    fprintf(out, "%s groups:", group_names[kind]);
+    for (int r = 0; r < n; r++) {
+        int color = group_color(kind, r, p->tp, p->pp, p->dp, &key);
+        if (color < 0) continue;
+        bool first = true;
+        for (int s = 0; s < r && first; s++)
+            if (group_color(kind, s, p->tp, p->pp, p->dp, &key) == color) first = false;
+        if (!first) continue;
+        fputs(" [", out);
+        bool lead = true;
+        for (int s = r; s < n; s++) {
+            if (group_color(kind, s, p->tp, p->pp, p->dp, &key) != color) continue;
+            fprintf(out, lead ? "%d" : " %d", s);
+            lead = false;
+        }
+        fputc(']', out);
+    }
+    fputc('\n', out);
+}
+
+void ct_pctx_print(const ct_pctx *p, FILE *out) {
+    if (p->world_rank != 0) return;
+    fprintf(out, "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
+                 "dp*pp_rank))\n",
+            p->world_size, p->tp, p->pp, p->dp);
+    for (int k = 0; k < GROUP_COUNT; k++) print_groups(p, (group_kind)k, out);
+    fflush(out);
+}
+
+/* ---- agreeing on a status ------------------------------------------------------------------ */
+
+static int severity(ct_status st) {
+    return st == CT_ERR_RUNTIME ? 2 : st == CT_ERR_INPUT ? 1 : 0;
+}
+
+ct_status ct_mpi_agree(ct_status local) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized || world_size == 1) return local;
+    /* First the worst severity; then, negated so that MAX finds the lowest, the lowest rank
+     * with that severity, whose message then matches the status everyone returns. */
+    int sev = severity(local), worst_sev = 0, neg_root = 0;
+    CT_MPI_CHECK(MPI_Allreduce(&sev, &worst_sev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (worst_sev == 0) return CT_OK;
+    int neg_mine = sev == worst_sev ? -world_rank : -world_size;
+    CT_MPI_CHECK(MPI_Allreduce(&neg_mine, &neg_root, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    int root = -neg_root;
+    ct_status worst = worst_sev == 2 ? CT_ERR_RUNTIME : CT_ERR_INPUT;
+
+    /* Message and hint travel in one fixed-size buffer (the sizes of the error channel's). */
+    enum { MSG = 2048, HINT = 1024 };
+    char *buf = ct_xcalloc(1, MSG + HINT);
+    if (world_rank == root) {
+        snprintf(buf, MSG, "%s", ct_error_message());
+        snprintf(buf + MSG, HINT, "%s", ct_error_hint());
+    }
+    CT_MPI_CHECK(MPI_Bcast(buf, MSG + HINT, MPI_CHAR, root, MPI_COMM_WORLD));
+    buf[MSG - 1] = buf[MSG + HINT - 1] = '\0';
+    const char *msg = buf[0] ? buf : "failed without an error message";
+    if (root != 0) ct_error(worst, "rank %d: %s", root, msg);
+    else ct_error(worst, "%s", msg);
+    if (buf[MSG]) ct_hint("%s", buf + MSG);
+    free(buf);
+    return worst;
+}

@@ -1,0 +1,500 @@
+/*
+ * data_parallel.c — gradient reduction and ZeRO 1/2/3 (see data_parallel.h).
+ *
+ * Buffers that move: at stages 2-3 a unit's full gradients exist only while its backward runs
+ * and its reduce-scatter is in flight (a staging slot); at stage 3 its full parameters exist only
+ * between unit_begin and unit_end of a pass (a gather slot). The model's views are re-pointed at
+ * the slot in use (ct_model_bind_unit_*). The tied embedding, whose brackets span a whole pass,
+ * has dedicated slots so the rotating pool stays small: the unit in use plus the prefetched one
+ * for gathers, the unit in use plus two reductions in flight for staging.
+ *
+ * Completion order is decided by program order, never by which request happens to finish first,
+ * so the order of floating-point accumulation is the same on every run.
+ */
+#include "data_parallel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define STAGING_POOL 3
+#define GATHER_POOL 2
+
+typedef struct slot {
+    ct_tensor *buf;
+    int owner;         /* unit using it, or -1 */
+    uint64_t since;    /* when it was taken (for "oldest first") */
+} slot;
+
+typedef struct dp_unit {
+    int64_t n, shard_n, shard_lo;
+    bool dedicated;                /* the tied embedding: its own slots */
+    ct_tensor *grad_shard;         /* stages 2-3: (shard_n) accumulated own gradients */
+    ct_tensor *param_shard;        /* stage 3: (shard_n) own parameters */
+    ct_comm_request *reduce_req;   /* reduction in flight */
+    slot *staging;                 /* stages 2-3: slot holding its gradients */
+    slot *gathered;                /* stage 3: slot holding its gathered parameters */
+    ct_comm_request *gather_req;   /* gather in flight into `gathered` */
+} dp_unit;
+
+struct ct_dp {
+    ct_model *model;
+    ct_comm *comm;
+    int stage, N, rank;
+    ct_optimizer *opt;
+    dp_unit *units;
+    slot staging_pool[STAGING_POOL], staging_dedicated;
+    slot gather_pool[GATHER_POOL], gather_dedicated;
+    uint64_t clock;                /* counts slot acquisitions */
+    int microbatch, n_microbatches;
+    double created, exposed;
+    bool logging;
+    ct_dp_event *events;
+    int n_events, cap_events;
+};
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+
+static void log_event(ct_dp *dp, ct_dp_event_kind kind, int unit) {
+    if (!dp->logging) return;
+    if (dp->n_events == dp->cap_events) {
+        dp->cap_events = dp->cap_events ? 2 * dp->cap_events : 256;
+        dp->events = realloc(dp->events, (size_t)dp->cap_events * sizeof *dp->events);
+        CT_ASSERT(dp->events != NULL);
+    }
+    dp->events[dp->n_events++] = (ct_dp_event){
+        .kind = kind, .unit = unit, .microbatch = dp->microbatch, .time = ct_now() - dp->created};
+}
+
+/* Waits for a request, counting the time as exposed communication. */
+static void timed_wait(ct_dp *dp, ct_comm_request *req) {
+    if (!req) return;
+    double t0 = ct_now();
+    ct_comm_wait(dp->comm, req);
+    dp->exposed += ct_now() - t0;
+}
+
+static ct_tensor *view(const ct_tensor *t, int64_t offset, int64_t n) {
+    return ct_tensor_view_1d(t, offset, n);
+}
+
+/* ---- ZeRO-3: gathered parameters ----------------------------------------------------------- */
+
+static slot *take_gather_slot(ct_dp *dp, int u) {
+    slot *s = NULL;
+    if (dp->units[u].dedicated) {
+        s = &dp->gather_dedicated;
+    } else {
+        for (int i = 0; i < GATHER_POOL && !s; i++)
+            if (dp->gather_pool[i].owner < 0) s = &dp->gather_pool[i];
+    }
+    if (!s || s->owner >= 0) return NULL;
+    s->owner = u;
+    s->since = dp->clock++;
+    return s;
+}
+
+static void start_gather(ct_dp *dp, int u, slot *s) {
+    dp_unit *du = &dp->units[u];
+    du->gathered = s;
+    log_event(dp, CT_DP_EVENT_GATHER_START, u);
+    du->gather_req = ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n,
+                                        CT_DTYPE_F32);
+    ct_model_bind_unit_params(dp->model, u, s->buf, 0);
+}
+
+static void ensure_gathered(ct_dp *dp, int u) {
+    dp_unit *du = &dp->units[u];
+    if (!du->gathered) {
+        slot *s = take_gather_slot(dp, u);
+        CT_ASSERTF(s != NULL, "no free gather slot for unit %s", dp->model->units[u].name);
+        start_gather(dp, u, s);
+    }
+    if (du->gather_req) {
+        timed_wait(dp, du->gather_req);
+        du->gather_req = NULL;
+        log_event(dp, CT_DP_EVENT_GATHER_DONE, u);
+    }
+}
+
+/* Starts gathering unit u ahead of its use if a pool slot is free (never waits). */
+static void prefetch(ct_dp *dp, int u) {
+    if (u < 0 || u >= dp->model->n_units || dp->units[u].gathered || dp->units[u].dedicated)
+        return;
+    slot *s = take_gather_slot(dp, u);
+    if (s) start_gather(dp, u, s);
+}
+
+static void release_gathered(ct_dp *dp, int u) {
+    dp_unit *du = &dp->units[u];
+    CT_ASSERT(du->gathered && !du->gather_req);
+    ct_model_bind_unit_params(dp->model, u, NULL, 0);
+    du->gathered->owner = -1;
+    du->gathered = NULL;
+}
+
+/* ---- reductions ----------------------------------------------------------------------------- */
+
+/* Waits for unit u's reduction; at stages 2-3 adds its shard into the accumulator and frees the
+ * staging slot. */
+static void complete_reduction(ct_dp *dp, int u) {
+    dp_unit *du = &dp->units[u];
+    if (du->reduce_req) {
+        timed_wait(dp, du->reduce_req);
+        du->reduce_req = NULL;
+        log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
+    }
+    if (dp->stage >= 2 && du->staging) {
+        ct_tensor *mine = view(du->staging->buf, du->shard_lo, du->shard_n);
+        ct_axpy(du->grad_shard, mine, 1.0f);
+        ct_tensor_free(mine);
+        du->staging->owner = -1;
+        du->staging = NULL;
+    }
+}
+
+static slot *take_staging_slot(ct_dp *dp, int u) {
+    if (dp->units[u].dedicated) {
+        slot *s = &dp->staging_dedicated;
+        if (s->owner >= 0) complete_reduction(dp, s->owner);
+        s->owner = u;
+        s->since = dp->clock++;
+        return s;
+    }
+    slot *s = NULL;
+    for (int i = 0; i < STAGING_POOL && !s; i++)
+        if (dp->staging_pool[i].owner < 0) s = &dp->staging_pool[i];
+    if (!s) {
+        /* All busy with reductions in flight: finish the oldest one. */
+        slot *oldest = &dp->staging_pool[0];
+        for (int i = 1; i < STAGING_POOL; i++)
+            if (dp->staging_pool[i].since < oldest->since) oldest = &dp->staging_pool[i];
+        complete_reduction(dp, oldest->owner);
+        s = oldest;
+    }
+    s->owner = u;
+    s->since = dp->clock++;
+    return s;
+}
+
+static void start_reduction(ct_dp *dp, int u) {
+    dp_unit *du = &dp->units[u];
+    ct_unit *unit = &dp->model->units[u];
+    log_event(dp, CT_DP_EVENT_REDUCE_START, u);
+    switch (dp->stage) {
+    case 0:
+        du->reduce_req = ct_comm_iallreduce(dp->comm, unit->grads->data, du->n, CT_DTYPE_F32,
+                                            CT_REDUCE_SUM);
+        break;
+    case 1: {
+        /* In place: this rank's shard of the sums lands at its own offset. */
+        float *g = unit->grads->data;
+        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n,
+                                                 CT_DTYPE_F32, CT_REDUCE_SUM);
+        break;
+    }
+    default: {
+        float *g = du->staging->buf->data;
+        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n,
+                                                 CT_DTYPE_F32, CT_REDUCE_SUM);
+        ct_model_bind_unit_grads(dp->model, u, NULL, 0);
+        break;
+    }
+    }
+}
+
+/* ---- the model's hooks ------------------------------------------------------------------------ */
+
+static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
+    ct_dp *dp = ctx;
+    if (dp->stage == 3) {
+        ensure_gathered(dp, u);
+        prefetch(dp, pass == CT_PASS_FORWARD ? u + 1 : u - 1);
+    }
+    if (pass == CT_PASS_BACKWARD) {
+        log_event(dp, CT_DP_EVENT_BACKWARD_BEGIN, u);
+        if (dp->stage >= 2) {
+            dp_unit *du = &dp->units[u];
+            /* The previous microbatch's reduction of this unit must land in the shard first. */
+            if (du->staging || du->reduce_req) complete_reduction(dp, u);
+            du->staging = take_staging_slot(dp, u);
+            ct_tensor_zero(du->staging->buf);
+            ct_model_bind_unit_grads(dp->model, u, du->staging->buf, 0);
+        }
+    }
+}
+
+static void hook_unit_end(void *ctx, int u, ct_pass pass) {
+    ct_dp *dp = ctx;
+    if (pass == CT_PASS_BACKWARD) {
+        log_event(dp, CT_DP_EVENT_BACKWARD_END, u);
+        bool last = dp->microbatch == dp->n_microbatches - 1;
+        if (dp->stage >= 2) {
+            if (dp->N > 1) {
+                start_reduction(dp, u);
+            } else {
+                /* One rank: the reduction is the accumulation into the shard itself. */
+                ct_model_bind_unit_grads(dp->model, u, NULL, 0);
+                complete_reduction(dp, u);
+            }
+        } else if (last && dp->N > 1) {
+            start_reduction(dp, u);
+        }
+    }
+    if (dp->stage == 3) release_gathered(dp, u);
+}
+
+static void hook_poll(void *ctx) {
+    ct_dp *dp = ctx;
+    ct_comm_poll(dp->comm);
+}
+
+/* ---- construction ---------------------------------------------------------------------------- */
+
+static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_mem_category category) {
+    s->owner = -1;
+    if (n == 0) return CT_OK;
+    s->buf = ct_tensor_new_1d(be, CT_DTYPE_F32, n, category);
+    return s->buf ? CT_OK : CT_ERR_RUNTIME;
+}
+
+ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
+                    const ct_train_config *tc) {
+    CT_ASSERT(zero_stage >= 0 && zero_stage <= 3);
+    CT_ASSERTF(model->layout.dp_size == comm->size, "model padded for dp=%d, group has %d",
+               model->layout.dp_size, comm->size);
+    CT_ASSERT(model->layout.shard_grads == (zero_stage >= 2));
+    CT_ASSERT(model->layout.shard_params == (zero_stage == 3));
+    ct_dp *dp = ct_xcalloc(1, sizeof *dp);
+    dp->model = model;
+    dp->comm = comm;
+    dp->stage = zero_stage;
+    dp->N = comm->size;
+    dp->rank = comm->rank;
+    dp->n_microbatches = 1;
+    dp->created = ct_now();
+    ct_backend *be = model->be;
+    const bool tied_local = model->embed_unit >= 0 && model->head_unit >= 0;
+
+    int nu = model->n_units;
+    dp->units = ct_xcalloc((size_t)nu, sizeof *dp->units);
+    int64_t *lo = ct_xcalloc((size_t)nu, sizeof(int64_t)), *len = ct_xcalloc((size_t)nu, sizeof(int64_t));
+    int64_t pool_n = 0, dedicated_n = 0;
+    ct_status st = CT_OK;
+    for (int u = 0; u < nu; u++) {
+        dp_unit *du = &dp->units[u];
+        du->n = model->units[u].padded_numel;
+        CT_ASSERT(du->n % dp->N == 0);
+        du->shard_n = du->n / dp->N;
+        du->shard_lo = (int64_t)dp->rank * du->shard_n;
+        du->dedicated = tied_local && u == model->embed_unit;
+        if (du->dedicated) dedicated_n = du->n;
+        else pool_n = CT_MAX(pool_n, du->n);
+        lo[u] = zero_stage == 0 ? 0 : du->shard_lo;
+        len[u] = zero_stage == 0 ? du->n : du->shard_n;
+        if (zero_stage >= 2 && st == CT_OK) {
+            du->grad_shard = ct_tensor_new_1d(be, CT_DTYPE_F32, du->shard_n, CT_MEM_GRADS);
+            if (!du->grad_shard) st = CT_ERR_RUNTIME;
+        }
+        if (zero_stage == 3 && st == CT_OK) {
+            du->param_shard = ct_tensor_new_1d(be, CT_DTYPE_F32, du->shard_n, CT_MEM_PARAMS);
+            if (!du->param_shard) st = CT_ERR_RUNTIME;
+        }
+    }
+    if (st == CT_OK) st = ct_optim_new(&dp->opt, model, tc, lo, len);
+    free(lo);
+    free(len);
+    for (int i = 0; i < STAGING_POOL; i++) dp->staging_pool[i].owner = -1;
+    for (int i = 0; i < GATHER_POOL; i++) dp->gather_pool[i].owner = -1;
+    dp->staging_dedicated.owner = dp->gather_dedicated.owner = -1;
+    if (zero_stage >= 2) {
+        for (int i = 0; i < STAGING_POOL && st == CT_OK; i++)
+            st = alloc_slot(&dp->staging_pool[i], be, pool_n, CT_MEM_COMM);
+        if (st == CT_OK) st = alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_MEM_COMM);
+    }
+    if (zero_stage == 3) {
+        for (int i = 0; i < GATHER_POOL && st == CT_OK; i++)
+            st = alloc_slot(&dp->gather_pool[i], be, pool_n, CT_MEM_GATHERED);
+        if (st == CT_OK) st = alloc_slot(&dp->gather_dedicated, be, dedicated_n, CT_MEM_GATHERED);
+        /* Initialise each unit in a full buffer, keep this rank's shard. */
+        for (int u = 0; u < nu && st == CT_OK; u++) {
+            dp_unit *du = &dp->units[u];
+            slot *s = du->dedicated ? &dp->gather_dedicated : &dp->gather_pool[0];
+            ct_model_bind_unit_params(model, u, s->buf, 0);
+            ct_model_init_unit(model, u);
+            ct_tensor *mine = view(s->buf, du->shard_lo, du->shard_n);
+            ct_tensor_copy(du->param_shard, mine);
+            ct_tensor_free(mine);
+            ct_model_bind_unit_params(model, u, NULL, 0);
+        }
+    }
+    if (st != CT_OK) {
+        ct_dp_free(dp);
+        return st;
+    }
+    model->hooks = (ct_model_hooks){
+        .ctx = dp, .unit_begin = hook_unit_begin, .unit_end = hook_unit_end, .poll = hook_poll};
+    *out = dp;
+    return CT_OK;
+}
+
+void ct_dp_free(ct_dp *dp) {
+    if (!dp) return;
+    if (dp->model && dp->model->hooks.ctx == dp) dp->model->hooks = (ct_model_hooks){0};
+    for (int u = 0; dp->units && u < dp->model->n_units; u++) {
+        ct_tensor_free(dp->units[u].grad_shard);
+        ct_tensor_free(dp->units[u].param_shard);
+    }
+    for (int i = 0; i < STAGING_POOL; i++) ct_tensor_free(dp->staging_pool[i].buf);
+    for (int i = 0; i < GATHER_POOL; i++) ct_tensor_free(dp->gather_pool[i].buf);
+    ct_tensor_free(dp->staging_dedicated.buf);
+    ct_tensor_free(dp->gather_dedicated.buf);
+    ct_optim_free(dp->opt);
+    free(dp->units);
+    free(dp->events);
+    free(dp);
+}
+
+/* ---- the step -------------------------------------------------------------------------------- */
+
+void ct_dp_begin_step(ct_dp *dp) {
+    dp->exposed = 0.0;
+    if (dp->stage >= 2) {
+        for (int u = 0; u < dp->model->n_units; u++) ct_tensor_zero(dp->units[u].grad_shard);
+    } else {
+        ct_model_zero_grads(dp->model);
+    }
+}
+
+void ct_dp_begin_microbatch(ct_dp *dp, int mb, int n_mb) {
+    dp->microbatch = mb;
+    dp->n_microbatches = n_mb;
+}
+
+void ct_dp_finish_backward(ct_dp *dp) {
+    /* Oldest first: the order units finished their backward. */
+    for (;;) {
+        int next = -1;
+        uint64_t since = UINT64_MAX;
+        for (int u = 0; u < dp->model->n_units; u++) {
+            dp_unit *du = &dp->units[u];
+            if (!du->reduce_req && !du->staging) continue;
+            uint64_t t = du->staging ? du->staging->since : 0;
+            if (next < 0 || t < since) next = u, since = t;
+        }
+        if (next < 0) break;
+        complete_reduction(dp, next);
+    }
+}
+
+/* The (params, grads) ranges this rank updates for unit u; caller frees both views. */
+static void unit_ranges(ct_dp *dp, int u, ct_tensor **params, ct_tensor **grads) {
+    dp_unit *du = &dp->units[u];
+    ct_unit *unit = &dp->model->units[u];
+    switch (dp->stage) {
+    case 0:
+        *params = view(unit->params, 0, du->n);
+        *grads = view(unit->grads, 0, du->n);
+        break;
+    case 1:
+        *params = view(unit->params, du->shard_lo, du->shard_n);
+        *grads = view(unit->grads, du->shard_lo, du->shard_n);
+        break;
+    case 2:
+        *params = view(unit->params, du->shard_lo, du->shard_n);
+        *grads = view(du->grad_shard, 0, du->shard_n);
+        break;
+    default:
+        *params = view(du->param_shard, 0, du->shard_n);
+        *grads = view(du->grad_shard, 0, du->shard_n);
+        break;
+    }
+}
+
+double ct_dp_grad_sumsq(ct_dp *dp) {
+    int nu = dp->model->n_units;
+    ct_tensor **params = ct_xcalloc((size_t)nu, sizeof *params);
+    ct_tensor **grads = ct_xcalloc((size_t)nu, sizeof *grads);
+    for (int u = 0; u < nu; u++) unit_ranges(dp, u, &params[u], &grads[u]);
+    double sum = ct_optim_grad_sumsq(dp->opt, grads);
+    for (int u = 0; u < nu; u++) ct_tensor_free(params[u]), ct_tensor_free(grads[u]);
+    free(params);
+    free(grads);
+    /* Stage 0 holds the full reduced gradients on every rank; sharded stages sum their parts. */
+    if (dp->stage >= 1 && dp->N > 1) {
+        double t0 = ct_now();
+        ct_comm_allreduce(dp->comm, &sum, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+        dp->exposed += ct_now() - t0;
+    }
+    return sum;
+}
+
+void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
+    int nu = dp->model->n_units;
+    ct_optim_begin_step(dp->opt);
+    for (int u = 0; u < nu; u++) {
+        ct_tensor *p, *g;
+        unit_ranges(dp, u, &p, &g);
+        ct_optim_update_unit(dp->opt, u, p, g, lr, grad_scale);
+        ct_tensor_free(p);
+        ct_tensor_free(g);
+        hook_poll(dp);
+    }
+    if ((dp->stage == 1 || dp->stage == 2) && dp->N > 1) {
+        /* Every rank updated its own shard: gather the parameters back, all units at once. */
+        ct_comm_request **reqs = ct_xcalloc((size_t)nu, sizeof *reqs);
+        for (int u = 0; u < nu; u++) {
+            float *params = dp->model->units[u].params->data;
+            reqs[u] = ct_comm_iallgather(dp->comm, params + dp->units[u].shard_lo, params,
+                                         dp->units[u].n, CT_DTYPE_F32);
+        }
+        for (int u = 0; u < nu; u++) timed_wait(dp, reqs[u]);
+        free(reqs);
+    }
+}
+
+/* ---- accounting and introspection ------------------------------------------------------------ */
+
+size_t ct_dp_param_bytes(const ct_dp *dp) {
+    size_t n = 0;
+    for (int u = 0; u < dp->model->n_units; u++) n += (size_t)dp->units[u].n;
+    return n * sizeof(float);
+}
+
+void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
+    size_t phi = ct_dp_param_bytes(dp), shard = phi / (size_t)dp->N;
+    memset(bytes, 0, CT_MEM_COUNT * sizeof bytes[0]);
+    bytes[CT_MEM_PARAMS] = dp->stage == 3 ? shard : phi;
+    bytes[CT_MEM_GRADS] = dp->stage >= 2 ? shard : phi;
+    bytes[CT_MEM_OPTIM] = 2 * (dp->stage >= 1 ? shard : phi);
+}
+
+double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
+    double phi = (double)ct_dp_param_bytes(dp), f = (double)(dp->N - 1) / (double)dp->N;
+    switch (dp->stage) {
+    case 0:
+    case 1: return 2.0 * phi * f;
+    case 2: return (double)(m + 1) * phi * f;
+    default: return 3.0 * (double)m * phi * f;
+    }
+}
+
+double ct_dp_exposed_seconds(const ct_dp *dp) { return dp->exposed; }
+
+void ct_dp_log_events(ct_dp *dp, bool on) { dp->logging = on; }
+
+const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n) {
+    *n = dp->n_events;
+    return dp->events;
+}
+
+ct_optimizer *ct_dp_optimizer(ct_dp *dp) { return dp->opt; }
+
+void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
+    if (dp->stage < 3) {
+        ct_tensor_to_host(host, dp->model->units[u].params);
+        return;
+    }
+    ensure_gathered(dp, u);
+    ct_tensor_to_host(host, dp->model->units[u].params);
+    release_gathered(dp, u);
+}

@@ -1,0 +1,91 @@
+/*
+ * data_parallel.h — gradient reduction and ZeRO 1/2/3 over the data-parallel group
+ * (DESIGN §6, "Data parallel + ZeRO").
+ *
+ * The unit of everything is the model's FSDP unit (one flat range per transformer layer, one
+ * for the embeddings, one for the final norm), padded to a multiple of 16·dp, so every shard
+ * is equal: rank r owns elements [r·n/dp, (r+1)·n/dp) of a unit of n elements. With m
+ * microbatches per step and Φ the bytes of this rank's parameters, per-rank traffic on the
+ * dp group per step is (ring model, comm.h):
+ *   stage 0: gradients accumulate locally; each unit is allreduced when its last-microbatch
+ *            gradients are complete                                          → 2Φ(N−1)/N
+ *   stage 1: AdamW moments sharded; reduce-scatter at the last microbatch, update the own
+ *            shard, allgather the parameters                                 → 2Φ(N−1)/N
+ *   stage 2: gradients sharded too: each unit is reduce-scattered after every microbatch's
+ *            backward into a staging buffer and only the own shard is kept   → (m+1)Φ(N−1)/N
+ *   stage 3: parameters sharded too: a unit is gathered once per forward and once per
+ *            backward of each microbatch, released after its last use in that pass, the
+ *            next unit's gather prefetched                                   → 3mΦ(N−1)/N
+ * Memory (bytes, Φ as above): parameters Φ (Φ/N at stage 3), gradients Φ (Φ/N at stages 2-3),
+ * optimizer state 2Φ (2Φ/N at stages ≥ 1); staging buffers count as communication buffers and
+ * gathered units as gathered parameters.
+ *
+ * Reductions start (non-blocking) the moment a unit's gradients are complete and progress while
+ * backward continues: the model's poll hook drives MPI between ops.
+ */
+#ifndef CT_DATA_PARALLEL_H
+#define CT_DATA_PARALLEL_H
+
+#include "core/comm.h"
+#include "core/model.h"
+#include "core/optim.h"
+
+typedef struct ct_dp ct_dp;
+
+/* One entry of the event log (used by the overlap test and the trace). */
+typedef enum ct_dp_event_kind {
+    CT_DP_EVENT_BACKWARD_BEGIN = 0, /* a unit's backward starts */
+    CT_DP_EVENT_BACKWARD_END,       /* a unit's gradients are complete */
+    CT_DP_EVENT_REDUCE_START,       /* its reduction is started */
+    CT_DP_EVENT_REDUCE_DONE,        /* its reduction is seen complete */
+    CT_DP_EVENT_GATHER_START,       /* ZeRO-3: a unit's gather starts */
+    CT_DP_EVENT_GATHER_DONE,
+} ct_dp_event_kind;
+
+typedef struct ct_dp_event {
+    ct_dp_event_kind kind;
+    int unit, microbatch;
+    double time; /* seconds since the dp layer was created */
+} ct_dp_event;
+
+/*
+ * Sets up stage `zero_stage` for `model` (created with layout.dp_size = comm->size and, for
+ * stage 2/3, layout.shard_grads, for stage 3 layout.shard_params) over the dp group `comm`:
+ * allocates the optimizer state (ct_optimizer over this rank's ranges), gradient shards,
+ * staging and gather buffers, initialises ZeRO-3 parameter shards, and installs the model's
+ * hooks. `other` lists further groups to poll between ops (may be NULL).
+ */
+ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
+                    const ct_train_config *tc);
+void ct_dp_free(ct_dp *dp);
+
+/* Starts a step: zeroes gradients (full buffers or shards) and the exposed-communication clock. */
+void ct_dp_begin_step(ct_dp *dp);
+/* Announces microbatch `mb` of `n_mb` (stages 0-1 reduce only after the last one). */
+void ct_dp_begin_microbatch(ct_dp *dp, int mb, int n_mb);
+/* Waits for every outstanding reduction; after it, this rank's gradient ranges are final. */
+void ct_dp_finish_backward(ct_dp *dp);
+/* Sum of squared gradients over the whole dp group's view of this rank's model slice. */
+double ct_dp_grad_sumsq(ct_dp *dp);
+/* AdamW on this rank's ranges, then (stages 1-2) the parameter allgather. */
+void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale);
+
+/* Predicted bytes per category (params, grads, optim) from the formulas above. */
+void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]);
+/* Predicted dp-group bytes sent per step by this rank for m microbatches (ring model). */
+double ct_dp_expected_step_bytes(const ct_dp *dp, int m);
+/* Bytes of this rank's parameter slice (Φ): the padded unit sizes times 4. */
+size_t ct_dp_param_bytes(const ct_dp *dp);
+/* Seconds spent waiting on dp communication since ct_dp_begin_step (exposed communication). */
+double ct_dp_exposed_seconds(const ct_dp *dp);
+
+/* The event log (events since creation, in order); recording starts with ct_dp_log_events. */
+void ct_dp_log_events(ct_dp *dp, bool on);
+const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n);
+
+ct_optimizer *ct_dp_optimizer(ct_dp *dp);
+/* Copies this rank's full parameters of unit u into host memory (gathers them at stage 3):
+ * collective over the dp group. */
+void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host);
+
+#endif /* CT_DATA_PARALLEL_H */

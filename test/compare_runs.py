@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Compares two training runs: per-step losses from their metrics files and final parameters
+from their --dump-params files (raw little-endian f32, registry order).
+
+  compare_runs.py REF.jsonl REF.bin RUN.jsonl RUN.bin LR STEPS
+
+Tolerances (DESIGN §5): losses agree to 1e-5 relative (only float summation order differs
+between layouts). Parameters: AdamW normalises each element's update to about lr, so where a
+gradient is pure rounding noise its sign can differ between layouts and the element can move by
+up to 2·lr per step; every element must lie within 2·lr·steps, and 99.9% of them within
+1e-3·lr·steps + 1e-6. Prints one line and exits 1 on a mismatch.
+"""
+import json
+import struct
+import sys
+
+
+def losses(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "loss" in rec:
+                out.append(rec["loss"])
+    return out
+
+
+def params(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return struct.unpack("<%df" % (len(data) // 4), data)
+
+
+def main():
+    ref_m, ref_p, run_m, run_p, lr, steps = sys.argv[1:7]
+    lr, steps = float(lr), int(steps)
+    a, b = losses(ref_m), losses(run_m)
+    if len(a) != len(b) or len(a) == 0:
+        print("loss count differs: %d vs %d" % (len(a), len(b)))
+        return 1
+    worst_loss = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    pa, pb = params(ref_p), params(run_p)
+    if len(pa) != len(pb):
+        print("parameter count differs: %d vs %d" % (len(pa), len(pb)))
+        return 1
+    bound, tight = 2 * lr * steps, 1e-3 * lr * steps + 1e-6
+    diffs = [abs(x - y) for x, y in zip(pa, pb)]
+    worst = max(diffs)
+    loose = sum(1 for d in diffs if d > tight)
+    ok = worst_loss <= 1e-5 and worst <= bound and loose <= len(pa) // 1000
+    print("%s: max loss rel diff %.2e (tol 1e-5), max param diff %.2e (bound %.1e), "
+          "%d of %d beyond %.1e" % ("match" if ok else "MISMATCH", worst_loss, worst, bound,
+                                     loose, len(pa), tight))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

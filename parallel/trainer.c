@@ -375,6 +375,63 @@ static void print_start(trainer *t, double peak, double tokens_per_step) {
     fflush(stdout);
 }
 
+/* The trace of this rank's data-parallel events as Chrome/Perfetto JSON ("traceEvents"): one
+ * span per unit backward (thread "compute") and per reduction or gather (thread "dp comm"), from
+ * its start to when the rank saw it complete. With several ranks each writes PATH.rank<R>.json
+ * (pid = rank), which Perfetto opens side by side. */
+static ct_status write_trace(trainer *t, const char *path) {
+    char file[CT_PATH_MAX + 32];
+    if (t->pctx->world_size > 1) {
+        const char *dot = strrchr(path, '.');
+        int stem = dot && !strchr(dot, '/') ? (int)(dot - path) : (int)strlen(path);
+        snprintf(file, sizeof file, "%.*s.rank%d.json", stem, path, t->pctx->world_rank);
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+    }
+    CT_TRY(make_parent_dirs(file));
+    FILE *f = fopen(file, "w");
+    if (!f) {
+        ct_error(CT_ERR_INPUT, "cannot open log.trace file '%s': %s", file, strerror(errno));
+        ct_hint("check that the directory exists and is writable");
+        return CT_ERR_INPUT;
+    }
+    int n = 0, rank = t->pctx->world_rank;
+    const ct_dp_event *ev = ct_dp_events(t->dp, &n);
+    fprintf(f, "{\"traceEvents\": [\n");
+    fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+               "\"args\": {\"name\": \"compute\"}},\n", rank);
+    fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
+               "\"args\": {\"name\": \"dp comm\"}}", rank);
+    for (int i = 0; i < n; i++) {
+        ct_dp_event_kind end;
+        const char *what;
+        int tid;
+        switch (ev[i].kind) {
+        case CT_DP_EVENT_BACKWARD_BEGIN: end = CT_DP_EVENT_BACKWARD_END, what = "backward", tid = 0; break;
+        case CT_DP_EVENT_REDUCE_START: end = CT_DP_EVENT_REDUCE_DONE, what = "reduce", tid = 1; break;
+        case CT_DP_EVENT_GATHER_START: end = CT_DP_EVENT_GATHER_DONE, what = "gather", tid = 1; break;
+        default: continue;
+        }
+        double stop = ev[i].time;
+        for (int j = i + 1; j < n; j++)
+            if (ev[j].kind == end && ev[j].unit == ev[i].unit) {
+                stop = ev[j].time;
+                break;
+            }
+        fprintf(f, ",\n{\"name\": \"%s %s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                   "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"microbatch\": %d}}",
+                what, t->model->units[ev[i].unit].name, rank, tid, 1e6 * ev[i].time,
+                1e6 * (stop - ev[i].time), ev[i].microbatch);
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) {
+        ct_error(CT_ERR_INPUT, "cannot write log.trace file '%s': %s", file, strerror(errno));
+        ct_hint("check free space");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
 /* Rank 0 writes every parameter's local elements, registry order, raw f32 (tests compare). */
 static ct_status dump_final_params(const char *path, const float *params, int64_t n) {
     FILE *f = fopen(path, "wb");
@@ -431,6 +488,19 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     /* The MFU denominator: this rank's GEMM rate at the model's own MLP shape. */
     const double peak = ct_measure_gemm_flops(be, B * T, cfg->derived.d_ff, cfg->model.d_model, 5);
     if (t.rank0) print_start(&t, peak, tokens_per_step);
+    if (t.metrics) {
+        /* Memory by category after setup, next to the ZeRO formula (tests compare them). */
+        fprintf(t.metrics, "{\"setup\": true, \"world\": %d, \"dp\": %d, \"zero_stage\": %lld",
+                t.pctx->world_size, t.dp_size, (long long)cfg->parallel.zero_stage);
+        for (int c = 0; c < CT_MEM_COUNT; c++)
+            fprintf(t.metrics, ", \"mem_%s\": %zu", ct_mem_category_name((ct_mem_category)c),
+                    res.mem[c]);
+        fprintf(t.metrics, ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
+                           "\"mem_expected_optim\": %zu}\n",
+                res.mem_expected[CT_MEM_PARAMS], res.mem_expected[CT_MEM_GRADS],
+                res.mem_expected[CT_MEM_OPTIM]);
+    }
+    if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
     ct_comm *dp_comm = t.pctx->dp_comm;
 
     int64_t bad_in_a_row = 0;
@@ -438,7 +508,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     double interval_exposed = 0;
     for (int64_t step = 0; step < cfg->train.steps; step++) {
         double step_start = ct_now();
-        if (step == 0) ct_comm_reset_counters(dp_comm);
+        ct_comm_reset_counters(dp_comm);
         ct_dp_begin_step(t.dp);
         double loss_sum = 0.0;
         int64_t first = step * G + t.dp_rank * (G / t.dp_size);
@@ -476,9 +546,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         }
         ct_backend_sync(be);
         double now = ct_now(), step_time = now - step_start;
+        uint64_t step_dp_bytes = 0;
+        for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_dp_bytes += dp_comm->bytes[k];
         if (step == 0) {
-            uint64_t bytes = 0;
-            for (int k = 0; k < CT_COMM_OP_COUNT; k++) bytes += dp_comm->bytes[k];
+            uint64_t bytes = step_dp_bytes;
             res.dp_bytes_step1 = bytes;
             res.dp_bytes_expected = t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0;
             if (t.rank0 && t.dp_size > 1)
@@ -508,11 +579,13 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             fprintf(t.metrics,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
-                    "\"mfu\": %.4f, \"skipped\": %s}\n",
+                    "\"mfu\": %.4f, \"skipped\": %s, \"dp_bytes\": %llu, "
+                    "\"dp_bytes_expected\": %.0f}\n",
                     (long long)step + 1, loss, lr, grad_norm, tok_per_s_step, step_time,
                     ct_dp_exposed_seconds(t.dp),
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
-                    finite ? "false" : "true");
+                    finite ? "false" : "true", (unsigned long long)step_dp_bytes,
+                    t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0);
         if (t.rank0 && ((step + 1) % cfg->log.interval == 0 || last || step == 0)) {
             double elapsed = ct_now() - interval_start;
             double steps = interval_tokens / tokens_per_step;
@@ -535,6 +608,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     if (t.metrics) fflush(t.metrics);
     st = print_sample(&t);
+    if (st == CT_OK && cfg->log.trace[0]) st = write_trace(&t, cfg->log.trace);
     res.final_params = collect_params(&t, &res.n_final_params);
     if (st == CT_OK && dump_params && t.rank0)
         st = dump_final_params(dump_params, res.final_params, res.n_final_params);

@@ -2,13 +2,18 @@
 """Compares two training runs: per-step losses from their metrics files and final parameters
 from their --dump-params files (raw little-endian f32, registry order).
 
-  compare_runs.py REF.jsonl REF.bin RUN.jsonl RUN.bin LR STEPS
+  compare_runs.py REF.jsonl REF.bin RUN.jsonl RUN.bin LR STEPS [--accounting]
 
 Tolerances (DESIGN §5): losses agree to 1e-5 relative (only float summation order differs
 between layouts). Parameters: AdamW normalises each element's update to about lr, so where a
 gradient is pure rounding noise its sign can differ between layouts and the element can move by
 up to 2·lr per step; every element must lie within 2·lr·steps, and 99.9% of them within
 1e-3·lr·steps + 1e-6. Prints one line and exits 1 on a mismatch.
+
+With --accounting it also checks the run's own accounting (DESIGN §6): memory per category
+after setup equals the ZeRO formula exactly (parameters, gradients, optimizer state), and each
+step's data-parallel bytes are within 2% of the formula (the loss and gradient-norm scalars are
+the only extra traffic).
 """
 import json
 import struct
@@ -51,7 +56,31 @@ def main():
     print("%s: max loss rel diff %.2e (tol 1e-5), max param diff %.2e (bound %.1e), "
           "%d of %d beyond %.1e" % ("match" if ok else "MISMATCH", worst_loss, worst, bound,
                                      loose, len(pa), tight))
+    if "--accounting" in sys.argv[7:]:
+        ok = accounting(run_m) and ok
     return 0 if ok else 1
+
+
+def accounting(path):
+    records = [json.loads(line) for line in open(path)]
+    setup = [r for r in records if r.get("setup")][0]
+    ok = True
+    for cat in ("params", "grads", "optim"):
+        got, want = setup["mem_" + cat], setup["mem_expected_" + cat]
+        if got != want:
+            print("MISMATCH memory %s: %d bytes, formula %d" % (cat, got, want))
+            ok = False
+    for r in records:
+        if "dp_bytes" not in r or r["dp_bytes_expected"] == 0:
+            continue
+        ratio = r["dp_bytes"] / r["dp_bytes_expected"]
+        if not 1.0 <= ratio <= 1.02:
+            print("MISMATCH dp bytes at step %d: %d vs formula %.0f" %
+                  (r["step"], r["dp_bytes"], r["dp_bytes_expected"]))
+            ok = False
+    if ok:
+        print("accounting: memory equals the formula, dp bytes within 2%")
+    return ok
 
 
 if __name__ == "__main__":

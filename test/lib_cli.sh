@@ -11,7 +11,7 @@ fail() { echo "FAIL $*"; }
 expect_exit() {
     local want=$1 what=$2
     shift 3
-    OUT_TEXT=$(timeout 120 "$@" 2>&1)
+    OUT_TEXT=$(timeout 300 "$@" 2>&1 </dev/null)
     local rc=$?
     if [ "$rc" = "$want" ]; then
         ok "$what (exit $rc)"

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Data parallelism through the real binary under mpirun (DESIGN §5, §6, §9):
+#   - equivalence: dp x ZeRO stage x micro_batch against world size 1 on configs/test-tiny.yaml
+#     (losses and final parameters, test/compare_runs.py states the tolerances), with memory
+#     per category equal to the ZeRO formula and dp traffic within 2% of it;
+#   - overlap: the trace shows a unit's reduction started before backward finished;
+#   - bad layouts and a data file present on one rank only: exit 2 on every rank, one message,
+#     no hang.
+# MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+export OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+
+data=$BUILD/test-data/shakespeare-bytes
+if [ ! -f "$data/train.bin" ]; then
+    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
+        --out "$data" >/dev/null || fail "prepare byte-level test data"
+fi
+base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
+lr=1e-3
+steps=4
+
+if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
+    # np  zero  micro_batch: every stage at 2 and 8 ranks, both a full (global/dp) and a
+    # smaller micro-batch, dp=4 in between.
+    while read -r np zero micro; do
+        name="np=$np zero=$zero micro_batch=$micro"
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" \
+            --set parallel.zero_stage="$zero" --set train.micro_batch="$micro" \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/run.jsonl" "$tmp/run.bin" $lr $steps --accounting); then
+                ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
+            else
+                fail "$name: $out"
+            fi
+        fi
+    done <<'RUNS'
+2 0 8
+2 1 2
+2 2 8
+2 3 2
+4 0 1
+4 1 4
+4 2 2
+4 3 4
+8 0 2
+8 1 1
+8 2 2
+8 3 1
+8 3 2
+RUNS
+fi
+
+# Overlap: in the last microbatch a reduction starts before the backward pass has finished.
+if expect_exit 0 "train with a trace" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set train.steps=1 \
+    --set train.warmup_steps=1 --set log.trace="$tmp/trace.json"; then
+    if python3 - "$tmp/trace.rank0.json" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+last_mb = max(e["args"]["microbatch"] for e in ev if e.get("ph") == "X")
+spans = [e for e in ev if e.get("ph") == "X" and e["args"]["microbatch"] == last_mb]
+bwd_end = max(e["ts"] + e["dur"] for e in spans if e["name"].startswith("backward"))
+first_reduce = min(e["ts"] for e in spans if e["name"].startswith("reduce"))
+sys.exit(0 if first_reduce < bwd_end else 1)
+PY
+    then ok "a reduction starts before backward ends (trace)"; else fail "a reduction starts before backward ends (trace)"; fi
+fi
+
+# Bad layouts: the same message on rank 0, exit 2 from every rank, no hang.
+expect_exit 2 "grid does not match the world size" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.dp=3
+expect_text "hint:" "grid mismatch has a hint"
+n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
+if [ "$n" = 1 ]; then ok "grid mismatch printed once (rank 0)"; else fail "grid mismatch printed $n times"; fi
+expect_exit 2 "global batch not divisible by micro_batch x dp" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set train.micro_batch=8
+expect_text "global_batch" "indivisible batch names train.global_batch"
+
+# A data file present on rank 0 only: each rank runs in its own directory and the path is
+# relative, so rank 1 cannot open it. Both must stop with exit 2.
+mkdir -p "$tmp/rank0" "$tmp/rank1"
+cp "$data/train.bin" "$tmp/rank0/train.bin"
+here=$(pwd)
+expect_exit 2 "data file missing on one rank" -- "${MPIRUN[@]}" -np 2 bash -c \
+    'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \
+    "$tmp" "$here/$BIN" "$here"
+expect_text "rank 1" "the failing rank is named"
+expect_text "train.bin" "the missing file is named"

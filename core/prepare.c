@@ -52,6 +52,7 @@ static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) 
     a->out_dir = NULL;
     a->vocab_size = 4096;
     a->val_fraction = 0.05;
+    a->byte_level = false;
     *help = false;
     for (int i = 0; i < argc; i++) {
         char name[64];

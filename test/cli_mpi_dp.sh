@@ -42,6 +42,7 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
 2 0 8
 2 1 2
 2 2 8
+2 2 2
 2 3 2
 4 0 1
 4 1 4

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The MPI comm layer and rank grid under mpirun: build/test/mpi_test_comm at 2, 4 and 8 ranks
+# (its "ok"/"FAIL" lines are relayed as they are), then the collective watchdog: a job in which
+# one rank skips a collective (or never sends a message another rank waits for) must end with a
+# non-zero exit and the watchdog's report within seconds, not hang.
+#
+# Ranks outnumber the cores here, so nobody may spin: Open MPI yields when idle, OpenMP threads
+# sleep, one thread per rank; and limits are generous (DESIGN §11). No check depends on timing
+# except "did not hang", whose bound is an order of magnitude above the 2 s watchdog limit.
+. "$(dirname "$0")/lib_cli.sh"
+exe=$BUILD/test/mpi_test_comm
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+# mpirun refuses root and more ranks than cores unless told; both are normal in containers.
+mpirun_args=(--allow-run-as-root --oversubscribe)
+
+if [ ! -x "$exe" ]; then
+    fail "mpi_test_comm is built ($exe missing; run make)"
+    exit 1
+fi
+
+now_ms() { date +%s%3N; }
+
+for np in 2 4 8; do
+    t0=$(now_ms)
+    out=$(timeout 300 mpirun "${mpirun_args[@]}" -np "$np" "$exe" 2>&1)
+    rc=$?
+    t1=$(now_ms)
+    # The program's own lines ("ok npN ...", "FAIL npN ...", and indented details).
+    printf '%s\n' "$out" | grep -E '^(ok |FAIL |    rank )'
+    if [ "$rc" = 0 ]; then
+        ok "mpi_test_comm at $np ranks exits 0 ($(( (t1 - t0) / 1000 )).$(( (t1 - t0) % 1000 / 100 )) s)"
+    else
+        fail "mpi_test_comm at $np ranks exits 0 (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
+        printf '%s\n' "$out" | grep -vE '^(ok |FAIL )' | tail -15 | sed 's/^/    /'
+    fi
+done
+
+# watchdog_run NP MODE WANT...   (every WANT must appear in the output)
+watchdog_run() {
+    local np=$1 mode=$2
+    shift 2
+    local t0 t1 rc elapsed
+    t0=$(now_ms)
+    OUT_TEXT=$(timeout 60 mpirun "${mpirun_args[@]}" -np "$np" "$exe" "$mode" 2>&1)
+    rc=$?
+    t1=$(now_ms)
+    elapsed=$(( (t1 - t0) / 1000 ))
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ]; then
+        ok "$mode at $np ranks: job aborts (exit $rc)"
+    else
+        fail "$mode at $np ranks: job aborts (exit $rc$([ "$rc" = 124 ] && echo ', hung until timeout'))"
+        printf '%s\n' "$OUT_TEXT" | tail -10 | sed 's/^/    /'
+    fi
+    if [ "$elapsed" -lt 30 ]; then
+        ok "$mode at $np ranks: did not hang (${elapsed} s with a 2 s limit)"
+    else
+        fail "$mode at $np ranks: did not hang (${elapsed} s with a 2 s limit)"
+    fi
+    for want in "$@"; do expect_text "$want" "$mode at $np ranks: report names '$want'"; done
+}
+
+watchdog_run 2 watchdog "collective timed out on rank 0" "group world (rank 0 of 2)" \
+    "op allreduce (f32 sum)" "4096 bytes" "sequence #2" "hint:" "parallel.timeout_s"
+watchdog_run 4 watchdog "collective timed out" "group world" "sequence #2" "hint:"
+watchdog_run 2 watchdog_recv "point-to-point operation timed out on rank 0" \
+    "op recv from group rank 1 (tag 42, f32)" "sequence #1" "hint:"

@@ -1,0 +1,659 @@
+/*
+ * mpi_test_comm.c — the MPI comm layer and the rank grid, under mpirun (test/cli_mpi_comm.sh).
+ *
+ *   mpirun -np N build/test/mpi_test_comm            every check; rank 0 prints one line each,
+ *                                                    "ok <name>" or "FAIL <name>"
+ *   mpirun -np N build/test/mpi_test_comm watchdog   a collective one rank never reaches: the
+ *                                                    job must abort with the watchdog's report
+ *   mpirun -np N build/test/mpi_test_comm watchdog_recv   the same for a receive never matched
+ *
+ * Each rank's input is a pure function of (rank, index), so every rank computes the expected
+ * result of a collective locally and compares exactly. The values are small integers: their
+ * sums are exact in f32 and bf16 whatever order the library adds them in, so "exact" is the
+ * right tolerance for every dtype. Every check is agreed over all ranks (MPI_Allreduce of the
+ * verdict) before rank 0 prints it; a failing rank prints its own detail first.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/comm.h"
+#include "core/common.h"
+#include "parallel/comm_mpi.h"
+#include "parallel/context.h"
+
+static int world_rank, world_size;
+static int n_ok, n_fail;
+static char detail[512]; /* why this rank failed the current check */
+
+/* Records why the current check fails on this rank and returns false. */
+static bool why(const char *fmt, ...) {
+    if (detail[0]) return false; /* keep the first reason */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* Collective: every rank passes its verdict, rank 0 prints the agreed one. */
+static void check(bool local_ok, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (!local_ok) {
+        printf("    rank %d: %s: %s\n", world_rank, name, detail[0] ? detail : "failed");
+        fflush(stdout);
+    }
+    int mine = local_ok, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all) n_ok++;
+    else n_fail++;
+    if (world_rank == 0) {
+        printf("%s np%d %s\n", all ? "ok" : "FAIL", world_size, name);
+        fflush(stdout);
+    }
+    detail[0] = '\0';
+}
+
+/* ---- element values ------------------------------------------------------------------------ */
+
+static const ct_dtype all_dtypes[] = {CT_DTYPE_F32, CT_DTYPE_BF16, CT_DTYPE_I32,
+                                      CT_DTYPE_I64, CT_DTYPE_U8,   CT_DTYPE_F64};
+#define N_DTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
+static const ct_reduce_op all_ops[] = {CT_REDUCE_SUM, CT_REDUCE_MAX, CT_REDUCE_MIN};
+static const char *op_names[] = {"sum", "max", "min"};
+
+/* Rank r's element i: small signed integers for float types (sums of ≤ 8 stay exact even in
+ * bf16's 8-bit mantissa), values that need the full width for integer types. */
+static int64_t input(ct_dtype dt, int r, int64_t i, int salt) {
+    switch (dt) {
+    case CT_DTYPE_I32: return (int64_t)r * 100003 + i * 7 - 50000 + salt;
+    case CT_DTYPE_I64: return ((int64_t)(r + 1) << 36) + i * 13 - 7 + salt;
+    case CT_DTYPE_U8: return (r * 37 + i * 11 + salt) & 0xff;
+    default: return (r * 5 + i * 3 + salt) % 17 - 8;
+    }
+}
+
+static int64_t reduce_expect(ct_dtype dt, ct_reduce_op op, int n_ranks, int64_t i, int salt) {
+    int64_t acc = input(dt, 0, i, salt);
+    for (int r = 1; r < n_ranks; r++) {
+        int64_t v = input(dt, r, i, salt);
+        acc = op == CT_REDUCE_SUM ? acc + v : op == CT_REDUCE_MAX ? CT_MAX(acc, v) : CT_MIN(acc, v);
+    }
+    return dt == CT_DTYPE_U8 ? (acc & 0xff) : acc;
+}
+
+static void put(void *buf, ct_dtype dt, int64_t i, int64_t v) {
+    switch (dt) {
+    case CT_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+    case CT_DTYPE_F64: ((double *)buf)[i] = (double)v; break;
+    case CT_DTYPE_BF16: {
+        float f = (float)v; /* small integers: the top 16 bits hold them exactly */
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+        break;
+    }
+    case CT_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case CT_DTYPE_I64: ((int64_t *)buf)[i] = v; break;
+    case CT_DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    }
+}
+
+static double get(const void *buf, ct_dtype dt, int64_t i) {
+    switch (dt) {
+    case CT_DTYPE_F32: return ((const float *)buf)[i];
+    case CT_DTYPE_F64: return ((const double *)buf)[i];
+    case CT_DTYPE_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    case CT_DTYPE_I32: return ((const int32_t *)buf)[i];
+    case CT_DTYPE_I64: return (double)((const int64_t *)buf)[i];
+    case CT_DTYPE_U8: return ((const uint8_t *)buf)[i];
+    }
+    return NAN;
+}
+
+static void *alloc_garbage(int64_t n, ct_dtype dt) {
+    size_t bytes = (size_t)n * ct_dtype_size(dt);
+    void *p = ct_xmalloc(bytes);
+    memset(p, 0xa5, bytes); /* so a missing write shows */
+    return p;
+}
+
+static void fill_input(void *buf, ct_dtype dt, int r, int64_t from, int64_t n, int salt) {
+    for (int64_t i = 0; i < n; i++) put(buf, dt, i, input(dt, r, from + i, salt));
+}
+
+/* Element i of `buf` (n of them) against want(i). */
+#define EXPECT_ALL(buf, dt, n, want_expr)                                                       \
+    ({                                                                                          \
+        bool ok_ = true;                                                                        \
+        for (int64_t i = 0; i < (n) && ok_; i++) {                                              \
+            double got_ = get((buf), (dt), i), want_ = (double)(want_expr);                     \
+            if (got_ != want_) ok_ = why("element %lld: got %.17g, want %.17g", (long long)i,   \
+                                         got_, want_);                                          \
+        }                                                                                       \
+        ok_;                                                                                    \
+    })
+
+/* Some local compute to overlap with communication, with a poll between slices (the executor's
+ * pattern: Open MPI progresses a non-blocking collective only inside MPI calls). */
+static double overlap_work(ct_comm *c, int slices) {
+    static float x[4096];
+    double acc = 0;
+    for (int s = 0; s < slices; s++) {
+        for (int i = 0; i < 4096; i++) x[i] = sinf((float)(i + s));
+        for (int i = 0; i < 4096; i++) acc += x[i];
+        ct_comm_poll(c);
+    }
+    return acc;
+}
+
+/* ---- collectives on one group ------------------------------------------------------------- */
+
+static void test_allreduce(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, bool nonblocking,
+                           const char *tag) {
+    int N = c->size, r = c->rank, salt = (int)op * 3 + (int)dt;
+    void *buf = alloc_garbage(n, dt);
+    fill_input(buf, dt, r, 0, n, salt);
+    if (nonblocking) {
+        ct_comm_request *req = ct_comm_iallreduce(c, buf, n, dt, all_ops[op]);
+        overlap_work(c, 8);
+        ct_comm_wait(c, req);
+    } else {
+        ct_comm_allreduce(c, buf, n, dt, all_ops[op]);
+    }
+    bool ok = EXPECT_ALL(buf, dt, n, reduce_expect(dt, op, N, i, salt));
+    check(ok, "%sallreduce %s %s%s", nonblocking ? "i" : "", ct_dtype_name(dt), op_names[op], tag);
+    free(buf);
+}
+
+/* form: 0 out of place, 1 in place, 2 non-blocking in place, polled */
+static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, int form,
+                                const char *tag) {
+    int N = c->size, r = c->rank, salt = 11 + (int)op + 2 * (int)dt;
+    int64_t s = n / N;
+    size_t esz = ct_dtype_size(dt);
+    void *send = alloc_garbage(n, dt);
+    fill_input(send, dt, r, 0, n, salt);
+    void *recv = form == 0 ? alloc_garbage(s, dt) : (char *)send + (size_t)(r * s) * esz;
+    if (form == 2) {
+        ct_comm_request *req = ct_comm_ireduce_scatter(c, send, recv, n, dt, all_ops[op]);
+        overlap_work(c, 8);
+        ct_comm_wait(c, req);
+    } else {
+        ct_comm_reduce_scatter(c, send, recv, n, dt, all_ops[op]);
+    }
+    bool ok = EXPECT_ALL(recv, dt, s, reduce_expect(dt, op, N, r * s + i, salt));
+    static const char *forms[] = {"", " in place", " in place, polled"};
+    check(ok, "%sreduce_scatter %s %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt),
+          op_names[op], forms[form], tag);
+    if (form == 0) free(recv);
+    free(send);
+}
+
+/* form: 0 out of place, 1 in place, 2 non-blocking out of place, polled */
+static void test_allgather(ct_comm *c, ct_dtype dt, int64_t n, int form, const char *tag) {
+    int N = c->size, r = c->rank, salt = 5 + (int)dt;
+    int64_t s = n / N;
+    size_t esz = ct_dtype_size(dt);
+    void *recv = alloc_garbage(n, dt);
+    void *send = form == 1 ? (char *)recv + (size_t)(r * s) * esz : alloc_garbage(s, dt);
+    fill_input(send, dt, r, r * s, s, salt);
+    if (form == 2) {
+        ct_comm_request *req = ct_comm_iallgather(c, send, recv, n, dt);
+        overlap_work(c, 8);
+        ct_comm_wait(c, req);
+    } else {
+        ct_comm_allgather(c, send, recv, n, dt);
+    }
+    bool ok = EXPECT_ALL(recv, dt, n, input(dt, (int)(i / s), i, salt));
+    static const char *forms[] = {"", " in place", ", polled"};
+    check(ok, "%sallgather %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt), forms[form], tag);
+    if (form != 1) free(send);
+    free(recv);
+}
+
+static void test_broadcast(ct_comm *c, ct_dtype dt, int64_t n, int root) {
+    void *buf = alloc_garbage(n, dt);
+    if (c->rank == root) fill_input(buf, dt, root, 0, n, 9);
+    ct_comm_broadcast(c, buf, n, dt, root);
+    bool ok = EXPECT_ALL(buf, dt, n, input(dt, root, i, 9));
+    check(ok, "broadcast %s from rank %d", ct_dtype_name(dt), root);
+    free(buf);
+}
+
+static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place) {
+    int N = c->size, r = c->rank;
+    int64_t s = n / N;
+    void *send = alloc_garbage(n, dt);
+    fill_input(send, dt, r, 0, n, 21);
+    void *recv = in_place ? send : alloc_garbage(n, dt);
+    ct_comm_all_to_all(c, send, recv, n, dt);
+    /* Block j of my result is block r of rank j's input. */
+    bool ok = EXPECT_ALL(recv, dt, n, input(dt, (int)(i / s), r * s + i % s, 21));
+    check(ok, "all_to_all %s%s", ct_dtype_name(dt), in_place ? " in place" : "");
+    if (!in_place) free(recv);
+    free(send);
+}
+
+/* Every rank sends to its right neighbour and receives from its left one, in both directions. */
+static void test_ring(ct_comm *c, ct_dtype dt, int64_t n) {
+    int N = c->size, r = c->rank, right = (r + 1) % N, left = (r + N - 1) % N;
+    void *to_right = alloc_garbage(n, dt), *to_left = alloc_garbage(n, dt);
+    void *from_left = alloc_garbage(n, dt), *from_right = alloc_garbage(n, dt);
+    fill_input(to_right, dt, r, 0, n, 1);
+    fill_input(to_left, dt, r, 0, n, 2);
+    ct_comm_request *reqs[4] = {
+        ct_comm_irecv(c, from_left, n, dt, left, 10),
+        ct_comm_irecv(c, from_right, n, dt, right, 20),
+        ct_comm_isend(c, to_right, n, dt, right, 10),
+        ct_comm_isend(c, to_left, n, dt, left, 20),
+    };
+    overlap_work(c, 4);
+    for (int k = 3; k >= 0; k--) ct_comm_wait(c, reqs[k]);
+    bool ok = EXPECT_ALL(from_left, dt, n, input(dt, left, i, 1)) &&
+              EXPECT_ALL(from_right, dt, n, input(dt, right, i, 2));
+    check(ok, "isend/irecv ring both ways %s", ct_dtype_name(dt));
+    free(to_right);
+    free(to_left);
+    free(from_left);
+    free(from_right);
+}
+
+/* Three collectives in flight on one group at once, completed through test/poll and waited in
+ * another order than they were started. */
+static void test_many_in_flight(ct_comm *c) {
+    int N = c->size, r = c->rank;
+    int64_t n = (int64_t)N * 3001, s = n / N;
+    float *a = alloc_garbage(n, CT_DTYPE_F32);
+    int64_t *b = alloc_garbage(n, CT_DTYPE_I64);
+    uint16_t *g_send = alloc_garbage(s, CT_DTYPE_BF16), *g_recv = alloc_garbage(n, CT_DTYPE_BF16);
+    fill_input(a, CT_DTYPE_F32, r, 0, n, 3);
+    fill_input(b, CT_DTYPE_I64, r, 0, n, 4);
+    fill_input(g_send, CT_DTYPE_BF16, r, r * s, s, 5);
+    ct_comm_request *ra = ct_comm_iallreduce(c, a, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_comm_request *rb = ct_comm_ireduce_scatter(c, b, b + r * s, n, CT_DTYPE_I64, CT_REDUCE_MAX);
+    ct_comm_request *rg = ct_comm_iallgather(c, g_send, g_recv, n, CT_DTYPE_BF16);
+    /* Poll until test says every one is done; no sleeping needed: the work itself yields CPU. */
+    int rounds = 0;
+    while (!(ct_comm_test(c, ra) && ct_comm_test(c, rb) && ct_comm_test(c, rg))) {
+        overlap_work(c, 1);
+        if (++rounds % 16 == 0) sched_yield();
+    }
+    ct_comm_wait(c, rg);
+    ct_comm_wait(c, ra);
+    ct_comm_wait(c, rb);
+    bool ok = EXPECT_ALL(a, CT_DTYPE_F32, n, reduce_expect(CT_DTYPE_F32, 0, N, i, 3)) &&
+              EXPECT_ALL(b + r * s, CT_DTYPE_I64, s,
+                         reduce_expect(CT_DTYPE_I64, 1, N, r * s + i, 4)) &&
+              EXPECT_ALL(g_recv, CT_DTYPE_BF16, n, input(CT_DTYPE_BF16, (int)(i / s), i, 5));
+    check(ok, "three collectives in flight, completed by test, waited out of order");
+    free(a);
+    free(b);
+    free(g_send);
+    free(g_recv);
+}
+
+/* bf16 sums round to nearest even, not truncate. Only ranks 0 and 1 contribute non-zero values
+ * (adding zero is exact), so the result is the same whatever order the algorithm adds in. */
+static void test_bf16_rounding(ct_comm *c) {
+    /* 258 + 1 = 259: a tie between 258 (odd mantissa) and 260 → 260; truncation gives 258.
+     * 256 + 1 = 257: a tie between 256 (even) and 258 → 256.
+     * 1 + 7/512 = 1.013671875: nearest is 1.015625; truncation gives 1.0078125. */
+    static const float r0[3] = {258.0f, 256.0f, 1.0f}, r1[3] = {1.0f, 1.0f, 7.0f / 512};
+    static const double want[3] = {260.0, 256.0, 1.015625};
+    uint16_t v[3];
+    for (int i = 0; i < 3; i++) {
+        float f = c->rank == 0 ? r0[i] : c->rank == 1 ? r1[i] : 0.0f;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        v[i] = (uint16_t)(u >> 16); /* all three inputs are exact in bf16 */
+    }
+    ct_comm_allreduce(c, v, 3, CT_DTYPE_BF16, CT_REDUCE_SUM);
+    bool ok = EXPECT_ALL(v, CT_DTYPE_BF16, 3, want[i]);
+    check(ok, "bf16 sum rounds to nearest even");
+}
+
+/* The ring-model byte counters of comm.h, with the formulas written out here independently. */
+static void test_counters(ct_comm *c) {
+    int N = c->size;
+    int64_t n = (int64_t)N * 1000;
+    uint64_t want[CT_COMM_OP_COUNT] = {0}, want_calls[CT_COMM_OP_COUNT] = {0};
+    float *buf = ct_xcalloc((size_t)n, 8), *out = ct_xcalloc((size_t)n, 8);
+    ct_comm_reset_counters(c);
+
+    ct_comm_allreduce(c, buf, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_comm_wait(c, ct_comm_iallreduce(c, buf, n, CT_DTYPE_BF16, CT_REDUCE_MAX));
+    want[CT_COMM_ALLREDUCE] = 2 * 4 * n * (N - 1) / N + 2 * 2 * n * (N - 1) / N;
+    want_calls[CT_COMM_ALLREDUCE] = 2;
+
+    ct_comm_reduce_scatter(c, buf, out, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_comm_wait(c, ct_comm_ireduce_scatter(c, buf, out, n, CT_DTYPE_I64, CT_REDUCE_SUM));
+    want[CT_COMM_REDUCE_SCATTER] = 4 * n * (N - 1) / N + 8 * n * (N - 1) / N;
+    want_calls[CT_COMM_REDUCE_SCATTER] = 2;
+
+    ct_comm_allgather(c, buf, out, n, CT_DTYPE_F32);
+    ct_comm_wait(c, ct_comm_iallgather(c, buf, out, n, CT_DTYPE_U8));
+    want[CT_COMM_ALLGATHER] = 4 * n * (N - 1) / N + 1 * n * (N - 1) / N;
+    want_calls[CT_COMM_ALLGATHER] = 2;
+
+    ct_comm_all_to_all(c, buf, out, n, CT_DTYPE_I32);
+    want[CT_COMM_ALL_TO_ALL] = 4 * n * (N - 1) / N;
+    want_calls[CT_COMM_ALL_TO_ALL] = 1;
+
+    ct_comm_broadcast(c, buf, n, CT_DTYPE_F32, 1);
+    want[CT_COMM_BROADCAST] = c->rank == 1 ? 4 * n : 0; /* counted at the root only */
+    want_calls[CT_COMM_BROADCAST] = 1;
+
+    int right = (c->rank + 1) % N, left = (c->rank + N - 1) % N;
+    ct_comm_request *rr = ct_comm_irecv(c, out, n, CT_DTYPE_F64, left, 3);
+    ct_comm_request *rs = ct_comm_isend(c, buf, n, CT_DTYPE_F64, right, 3);
+    ct_comm_wait(c, rs);
+    ct_comm_wait(c, rr);
+    want[CT_COMM_SEND] = 8 * n; /* receives count nothing: their bytes are the sender's */
+    want_calls[CT_COMM_SEND] = 1;
+
+    ct_comm_barrier(c);
+    want_calls[CT_COMM_BARRIER] = 1;
+
+    bool ok = true;
+    for (int k = 0; k < CT_COMM_OP_COUNT && ok; k++) {
+        if (c->bytes[k] != want[k])
+            ok = why("%s bytes %llu, want %llu", ct_comm_op_name(k),
+                     (unsigned long long)c->bytes[k], (unsigned long long)want[k]);
+        else if (c->calls[k] != want_calls[k])
+            ok = why("%s calls %llu, want %llu", ct_comm_op_name(k),
+                     (unsigned long long)c->calls[k], (unsigned long long)want_calls[k]);
+    }
+    check(ok, "byte counters follow the ring model (allreduce 2n(N-1)/N, rs/ag/a2a n(N-1)/N, "
+              "send n, broadcast n at root)");
+    free(buf);
+    free(out);
+}
+
+static void test_collectives(ct_comm *c) {
+    int N = c->size;
+    int64_t n = (int64_t)N * 129; /* an odd shard size */
+    for (int d = 0; d < N_DTYPES; d++) {
+        ct_dtype dt = all_dtypes[d];
+        for (int op = 0; op < 3; op++) {
+            test_allreduce(c, dt, op, n, false, "");
+            test_allreduce(c, dt, op, n, true, " (overlapped, polled)");
+            test_reduce_scatter(c, dt, op, n, 0, "");
+            test_reduce_scatter(c, dt, op, n, 1, "");
+            test_reduce_scatter(c, dt, op, n, 2, "");
+        }
+        for (int form = 0; form < 3; form++) test_allgather(c, dt, n, form, "");
+        test_broadcast(c, dt, n, d % N);
+        test_all_to_all(c, dt, n, false);
+        test_all_to_all(c, dt, n, true);
+        test_ring(c, dt, n);
+    }
+    /* Larger buffers take the libraries' segmented / pipelined algorithms. */
+    int64_t big = (int64_t)N * 50001;
+    test_allreduce(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, false, " (large)");
+    test_allreduce(c, CT_DTYPE_BF16, CT_REDUCE_SUM, big, true, " (large, overlapped)");
+    test_reduce_scatter(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, 1, " (large)");
+    test_reduce_scatter(c, CT_DTYPE_BF16, CT_REDUCE_MAX, big, 2, " (large)");
+    test_allgather(c, CT_DTYPE_F32, big, 0, " (large)");
+    test_allgather(c, CT_DTYPE_BF16, big, 1, " (large)");
+
+    test_many_in_flight(c);
+    test_bf16_rounding(c);
+    ct_comm_barrier(c);
+    check(true, "barrier");
+    test_counters(c);
+}
+
+/* ---- the grid ------------------------------------------------------------------------------ */
+
+/* The world ranks of a group, gathered through the group itself, against the list the layout
+ * formula gives; and the group rank is this rank's position in it. */
+static bool check_members(ct_comm *c, const int *want, int n_want, const char *what) {
+    if (!c) return why("%s group missing", what);
+    if (c->size != n_want) return why("%s size %d, want %d", what, c->size, n_want);
+    int32_t *got = ct_xcalloc((size_t)n_want, sizeof *got);
+    int32_t me = world_rank;
+    ct_comm_allgather(c, &me, got, n_want, CT_DTYPE_I32);
+    bool ok = true;
+    for (int i = 0; i < n_want && ok; i++)
+        if (got[i] != want[i]) ok = why("%s member %d is rank %d, want %d", what, i, got[i], want[i]);
+    if (ok && want[c->rank] != world_rank)
+        ok = why("%s: group rank %d but this is world rank %d", what, c->rank, world_rank);
+    /* One reduction on the sub-communicator as well. */
+    int64_t sum = world_rank, want_sum = 0;
+    for (int i = 0; i < n_want; i++) want_sum += want[i];
+    ct_comm_allreduce(c, &sum, 1, CT_DTYPE_I64, CT_REDUCE_SUM);
+    if (ok && sum != want_sum) ok = why("%s allreduce of ranks %lld, want %lld", what,
+                                        (long long)sum, (long long)want_sum);
+    free(got);
+    return ok;
+}
+
+static void test_grid(int tp, int pp, int dp) {
+    char name[64];
+    snprintf(name, sizeof name, "grid tp%d pp%d dp%d", tp, pp, dp);
+    ct_pctx *p = NULL;
+    ct_status st = ct_pctx_new(&p, tp, pp, dp, 120.0);
+    check(st == CT_OK && p != NULL, "%s: ct_pctx_new", name);
+    if (st != CT_OK) return;
+
+    bool ok = true;
+    if (p->tp_rank < 0 || p->tp_rank >= tp || p->dp_rank < 0 || p->dp_rank >= dp ||
+        p->pp_rank < 0 || p->pp_rank >= pp)
+        ok = why("coordinates (%d,%d,%d) out of range", p->tp_rank, p->pp_rank, p->dp_rank);
+    else if (world_rank != p->tp_rank + tp * (p->dp_rank + dp * p->pp_rank))
+        ok = why("rank %d != tp_rank %d + tp*(dp_rank %d + dp*pp_rank %d)", world_rank,
+                 p->tp_rank, p->dp_rank, p->pp_rank);
+    else if (p->tp != tp || p->pp != pp || p->dp != dp || p->world_size != world_size ||
+             p->world_rank != world_rank)
+        ok = why("sizes in ct_pctx do not match");
+    check(ok, "%s: rank = tp_rank + tp*(dp_rank + dp*pp_rank)", name);
+    int t = p->tp_rank, d = p->dp_rank, q = p->pp_rank;
+
+    int *want = ct_xcalloc((size_t)world_size, sizeof *want), k = 0;
+    for (int i = 0; i < world_size; i++) want[i] = i;
+    check(check_members(p->world, want, world_size, "world"), "%s: world group", name);
+    for (k = 0; k < tp; k++) want[k] = k + tp * (d + dp * q);
+    check(check_members(p->tp_comm, want, tp, "tp"), "%s: tp group members", name);
+    for (k = 0; k < dp; k++) want[k] = t + tp * (k + dp * q);
+    check(check_members(p->dp_comm, want, dp, "dp"), "%s: dp group members", name);
+    for (k = 0; k < pp; k++) want[k] = t + tp * (d + dp * k);
+    check(check_members(p->pp_comm, want, pp, "pp"), "%s: pp group members", name);
+    k = 0;
+    for (int s = 0; s < pp; s++)
+        for (int u = 0; u < tp; u++) want[k++] = u + tp * (d + dp * s);
+    check(check_members(p->mp_comm, want, tp * pp, "mp"), "%s: mp (tp x pp) group members", name);
+
+    /* The embedding group: first and last stage, same tp and dp rank; middle stages have none. */
+    bool member = q == 0 || q == pp - 1;
+    ok = true;
+    if (!member) {
+        ok = p->embed_comm == NULL || why("middle stage %d has an embedding group", q);
+    } else {
+        want[0] = t + tp * d;
+        want[1] = t + tp * (d + dp * (pp - 1));
+        ok = check_members(p->embed_comm, want, pp == 1 ? 1 : 2, "embed");
+    }
+    /* Every rank must take part in the verdict, members or not. */
+    check(ok, "%s: embedding group (first + last stage)", name);
+
+    /* The printed grid, checked on rank 0 against the tp groups written out here. */
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *mem = open_memstream(&text, &text_len);
+    ct_pctx_print(p, mem);
+    fclose(mem);
+    ok = true;
+    if (world_rank == 0) {
+        char line[512];
+        int len = snprintf(line, sizeof line, "grid: world %d = tp %d x pp %d x dp %d", world_size,
+                           tp, pp, dp);
+        if (!strstr(text, line)) ok = why("print lacks '%s'", line);
+        len = snprintf(line, sizeof line, "tp groups:");
+        for (int g = 0; g < world_size / tp; g++) {
+            len += snprintf(line + len, sizeof line - (size_t)len, " [");
+            for (int u = 0; u < tp; u++)
+                len += snprintf(line + len, sizeof line - (size_t)len, u ? " %d" : "%d", g * tp + u);
+            len += snprintf(line + len, sizeof line - (size_t)len, "]");
+        }
+        strcat(line, "\n");
+        if (ok && !strstr(text, line)) ok = why("print lacks '%s'; got:\n%s", line, text);
+        if (ok && tp == 2 && pp == 2 && dp == 2) {
+            static const char *lines[] = {
+                "dp groups: [0 2] [1 3] [4 6] [5 7]\n",
+                "pp groups: [0 4] [1 5] [2 6] [3 7]\n",
+                "mp groups: [0 1 4 5] [2 3 6 7]\n",
+                "embed groups: [0 4] [1 5] [2 6] [3 7]\n",
+            };
+            for (int i = 0; i < 4 && ok; i++)
+                if (!strstr(text, lines[i])) ok = why("print lacks '%s'; got:\n%s", lines[i], text);
+        }
+    } else if (text_len != 0) {
+        ok = why("rank %d printed the grid", world_rank);
+    }
+    check(ok, "%s: ct_pctx_print", name);
+    free(text);
+    free(want);
+    ct_pctx_free(p);
+}
+
+static void test_grids(void) {
+    for (int tp = 1; tp <= world_size; tp++)
+        for (int pp = 1; pp <= world_size; pp++) {
+            if (world_size % (tp * pp)) continue;
+            test_grid(tp, pp, world_size / (tp * pp));
+        }
+}
+
+/* ---- agreeing on a status ------------------------------------------------------------------ */
+
+static void test_agree(void) {
+    int N = world_size, last = N - 1;
+    ct_error_clear();
+    ct_status st = ct_mpi_agree(CT_OK);
+    check(st == CT_OK || why("status %d", st), "agree: everyone OK");
+
+    ct_error_clear();
+    ct_status mine = CT_OK;
+    if (world_rank == last) {
+        mine = ct_error(CT_ERR_INPUT, "data file shard-%d.bin is missing", last);
+        ct_hint("check data.train");
+    }
+    st = ct_mpi_agree(mine);
+    char want[128];
+    snprintf(want, sizeof want, "rank %d: data file shard-%d.bin is missing", last, last);
+    bool ok = st == CT_ERR_INPUT || why("status %d", st);
+    ok = ok && (!strcmp(ct_error_message(), want) || why("message '%s'", ct_error_message()));
+    ok = ok && (!strcmp(ct_error_hint(), "check data.train") || why("hint '%s'", ct_error_hint()));
+    check(ok, "agree: rank %d fails with CT_ERR_INPUT, every rank gets it with 'rank %d:'", last,
+          last);
+
+    ct_error_clear();
+    mine = world_rank == 0 ? ct_error(CT_ERR_INPUT, "bad config on rank zero") : CT_OK;
+    st = ct_mpi_agree(mine);
+    ok = st == CT_ERR_INPUT || why("status %d", st);
+    ok = ok && (!strcmp(ct_error_message(), "bad config on rank zero") ||
+                why("message '%s'", ct_error_message()));
+    ok = ok && (ct_error_hint()[0] == '\0' || why("hint '%s'", ct_error_hint()));
+    check(ok, "agree: rank 0 fails, message without a rank prefix");
+
+    if (N >= 4) {
+        /* Rank 1 sees bad input, ranks 2 and 3 a runtime failure: the worst status wins, and the
+         * message comes from the lowest rank that has it, so message and exit code agree. */
+        ct_error_clear();
+        mine = CT_OK;
+        if (world_rank == 1) mine = ct_error(CT_ERR_INPUT, "input trouble");
+        if (world_rank == 2 || world_rank == 3)
+            mine = ct_error(CT_ERR_RUNTIME, "out of memory here (%d)", world_rank);
+        st = ct_mpi_agree(mine);
+        ok = st == CT_ERR_RUNTIME || why("status %d", st);
+        ok = ok && (!strcmp(ct_error_message(), "rank 2: out of memory here (2)") ||
+                    why("message '%s'", ct_error_message()));
+        check(ok, "agree: RUNTIME beats INPUT, message of the lowest rank with it");
+    }
+    ct_error_clear();
+}
+
+/* ---- the watchdog ------------------------------------------------------------------------- */
+
+/* Rank 1 skips the second allreduce; everyone else must be stopped by the watchdog within about
+ * its 2 s limit, with the diagnostic, instead of hanging. */
+static int watchdog_mode(void) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *c = ct_comm_mpi_new(dup, "world", 2.0);
+    float x[1024] = {1.0f};
+    ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* sequence #1: everyone */
+    if (world_rank == 1) {
+        for (int i = 0; i < 120; i++) sleep(1); /* MPI_Abort from another rank ends this */
+    } else {
+        ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* #2: never completes */
+    }
+    fprintf(stderr, "rank %d: the watchdog did not fire\n", world_rank);
+    return 3;
+}
+
+/* The same for a point-to-point wait: rank 0 waits for a message rank 1 never sends. */
+static int watchdog_recv_mode(void) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *c = ct_comm_mpi_new(dup, "pp", 2.0);
+    float x[256];
+    if (world_rank == 0) {
+        ct_comm_wait(c, ct_comm_irecv(c, x, 256, CT_DTYPE_F32, 1, 42));
+        fprintf(stderr, "rank 0: the watchdog did not fire\n");
+        return 3;
+    }
+    for (int i = 0; i < 120; i++) sleep(1);
+    return 3;
+}
+
+int main(int argc, char **argv) {
+    if (ct_mpi_init(&argc, &argv) != CT_OK) {
+        ct_error_print();
+        return 1;
+    }
+    world_rank = ct_mpi_world_rank();
+    world_size = ct_mpi_world_size();
+    if (argc > 1 && !strcmp(argv[1], "watchdog")) return watchdog_mode();
+    if (argc > 1 && !strcmp(argv[1], "watchdog_recv")) return watchdog_recv_mode();
+    double t0 = ct_now();
+
+    /* Everything runs on one node here, so the node-local numbers are the world's. */
+    check(ct_mpi_local_size() == world_size && ct_mpi_local_rank() == world_rank,
+          "local rank %d of %d on this node", ct_mpi_local_rank(), ct_mpi_local_size());
+    check(ct_log_rank() == world_rank, "log rank is the world rank");
+
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *world = ct_comm_mpi_new(dup, "world", 120.0);
+    check(world->size == world_size && world->rank == world_rank &&
+              ct_comm_mpi_handle(world) == dup,
+          "ct_comm_mpi_new wraps the communicator");
+    test_collectives(world);
+    ct_comm_free(world);
+
+    test_grids();
+    test_agree();
+
+    if (world_rank == 0)
+        printf("mpi_test_comm np%d: %d ok, %d failed, %.1f s\n", world_size, n_ok, n_fail,
+               ct_now() - t0);
+    ct_mpi_finalize();
+    return n_fail ? 1 : 0;
+}

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <unistd.h>
 
 static char error_message[2048];
 static char error_hint[1024];
@@ -100,6 +102,24 @@ char *ct_xstrdup(const char *s) {
     char *p = ct_xmalloc(n);
     memcpy(p, s, n);
     return p;
+}
+
+ct_status ct_file_publish(const char *tmp, const char *path, bool write_ok, const char *what) {
+    if (!write_ok) {
+        int err = errno;
+        unlink(tmp);
+        ct_error(CT_ERR_RUNTIME, "cannot write %s file %s: %s", what, tmp, strerror(err));
+        ct_hint("check free disk space and quotas");
+        return CT_ERR_RUNTIME;
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        ct_error(CT_ERR_INPUT, "cannot rename %s to %s: %s", tmp, path, strerror(err));
+        ct_hint("check that the directory is writable");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
 }
 
 double ct_now(void) {

@@ -81,6 +81,13 @@ void *ct_xmalloc(size_t bytes);
 void *ct_xcalloc(size_t count, size_t size);
 char *ct_xstrdup(const char *s);
 
+/*
+ * The last step of writing a file safely: `tmp` was written in full (write_ok says whether every
+ * write and the close succeeded); rename it over `path`, or remove it on failure. A reader never
+ * sees a half-written `path`. `what` names the file kind in messages ("shard", "tokenizer").
+ */
+ct_status ct_file_publish(const char *tmp, const char *path, bool write_ok, const char *what);
+
 /* Monotonic wall time in seconds. */
 double ct_now(void);
 

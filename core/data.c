@@ -134,16 +134,7 @@ ct_status ct_shard_write(const char *path, const int32_t *tokens, size_t n_token
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;
-    ct_status st = CT_OK;
-    if (!ok) {
-        st = ct_error(CT_ERR_RUNTIME, "cannot write shard file %s: %s", tmp, strerror(errno));
-        ct_hint("check free disk space and quotas");
-        unlink(tmp);
-    } else if (rename(tmp, path) != 0) {
-        st = ct_error(CT_ERR_INPUT, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        ct_hint("check that the directory is writable");
-        unlink(tmp);
-    }
+    ct_status st = ct_file_publish(tmp, path, ok, "shard");
     free(tmp);
     return st;
 }

@@ -109,7 +109,7 @@ static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) 
     }
     if (a->n_inputs == 0) return usage_error("prepare: %s is required", "--input");
     if (!a->byte_level && a->vocab_size < 256) {
-        ct_error(CT_ERR_INPUT, "--vocab-size %d is below 256, the number of byte tokens",
+        ct_error(CT_ERR_INPUT, "--vocab-size '%d' is below 256, the number of byte tokens",
                  a->vocab_size);
         ct_hint("use --vocab-size >= 256, or --byte-level for a byte vocabulary without merges");
         return CT_ERR_INPUT;

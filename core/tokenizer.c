@@ -724,16 +724,7 @@ ct_status ct_tokenizer_save(const ct_tokenizer *tok, const char *path) {
         ok = fflush(f) == 0 && ok;
         ok = fsync(fileno(f)) == 0 && ok;
         ok = fclose(f) == 0 && ok;
-        if (!ok) {
-            st = ct_error(CT_ERR_RUNTIME, "cannot write tokenizer file %s: %s", tmp,
-                          strerror(errno));
-            ct_hint("check free disk space and quotas");
-            unlink(tmp);
-        } else if (rename(tmp, path) != 0) {
-            st = ct_error(CT_ERR_INPUT, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-            ct_hint("check that the directory is writable");
-            unlink(tmp);
-        }
+        st = ct_file_publish(tmp, path, ok, "tokenizer");
     }
     free(tmp);
     free(buf);

@@ -20,32 +20,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps) {
-    ct_tensor *A = ct_tensor_new_2d(be, CT_DTYPE_F32, M, K, CT_MEM_WORKSPACE);
-    ct_tensor *B = ct_tensor_new_2d(be, CT_DTYPE_F32, N, K, CT_MEM_WORKSPACE);
-    ct_tensor *C = ct_tensor_new_2d(be, CT_DTYPE_F32, M, N, CT_MEM_WORKSPACE);
-    if (!A || !B || !C) {
-        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
-        return 0.0;
-    }
-    ct_tensor_fill(A, 0.01f);
-    ct_tensor_fill(B, 0.02f);
-    double *times = ct_xmalloc((size_t)reps * sizeof(double));
-    ct_gemm(C, A, B, false, true, 1.0f, 0.0f); /* warm-up */
-    ct_backend_sync(be);
-    for (int r = 0; r < reps; r++) {
-        double t0 = ct_now();
-        ct_gemm(C, A, B, false, true, 1.0f, 0.0f);
-        ct_backend_sync(be);
-        times[r] = ct_now() - t0;
-    }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
-    double median = times[reps / 2];
-    free(times);
-    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
-    return 2.0 * (double)M * (double)N * (double)K / median;
-}
-
 /* Times C = op(A)·op(B) for one shape; returns the median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                         int reps) {
@@ -75,6 +49,11 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
     free(times);
     ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
     return median;
+}
+
+double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps) {
+    double t = time_gemm(be, M, N, K, false, true, reps);
+    return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
 }
 
 double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps) {

@@ -223,6 +223,8 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
     else if (req->reduces)
         snprintf(op, sizeof op, "%s (%s %s)", ct_comm_op_name(req->kind),
                  ct_dtype_name(req->dtype), reduce_op_name(req->op));
+    else if (req->kind == CT_COMM_BARRIER)
+        snprintf(op, sizeof op, "barrier");
     else
         snprintf(op, sizeof op, "%s (%s)", ct_comm_op_name(req->kind), ct_dtype_name(req->dtype));
     bool p2p = req->kind == CT_COMM_SEND;
@@ -248,9 +250,7 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
  * the core its peer needs to reach the collective. Spin-yield for the first millisecond (short
  * operations finish without a sleep's latency), then sleep briefly between tests. */
 static void idle(double waited) {
-    static int mode = -1;
-    if (mode < 0) mode = getenv("CT_IDLE") ? atoi(getenv("CT_IDLE")) : 0;
-    if (mode == 1 || waited < 1e-3) {
+    if (waited < 1e-3) {
         sched_yield();
         return;
     }

@@ -16,6 +16,13 @@ ct_status ct_mpi_init(int *argc, char ***argv) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) return CT_OK;
+    /* Open MPI 4.1's non-blocking allreduce (libnbc) picks a binomial tree — reduce to one
+     * rank, then broadcast: about 2·log2(N) full buffers through the root instead of the ring's
+     * 2(N−1)/N — for every in-place call and for every group under 4 ranks, and ours are all
+     * in place. Ask for reduce-scatter + allgather (Rabenseifner; a ring when the buffer has
+     * fewer elements than ranks) unless the user chose an algorithm. scripts/bench_comm.sh
+     * shows the difference: 2-3x at MiB sizes. Other MPI libraries ignore the variable. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
     int provided = MPI_THREAD_SINGLE;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         return ct_error(CT_ERR_RUNTIME, "MPI_Init_thread failed");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MPI comm layer and rank grid under mpirun: build/test/mpi_test_comm at 2, 4 and 8 ranks
+# The MPI comm layer and rank grid under mpirun: build/test/mpi_test_comm at 1, 2, 4 and 8 ranks
 # (its "ok"/"FAIL" lines are relayed as they are), then the collective watchdog: a job in which
 # one rank skips a collective (or never sends a message another rank waits for) must end with a
 # non-zero exit and the watchdog's report within seconds, not hang.
@@ -20,7 +20,7 @@ fi
 
 now_ms() { date +%s%3N; }
 
-for np in 2 4 8; do
+for np in 1 2 4 8; do
     t0=$(now_ms)
     out=$(timeout 300 mpirun "${mpirun_args[@]}" -np "$np" "$exe" 2>&1)
     rc=$?

@@ -49,6 +49,7 @@ TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
 .PHONY: all setup run test bench clean report
+.SECONDARY:
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
 report:

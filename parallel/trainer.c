@@ -78,6 +78,12 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     return seconds > 0 ? flops / seconds : 0.0;
 }
 
+/* A JSON number, or null for NaN and infinities (JSON has no spelling for them). */
+static void json_number(char *buf, size_t n, const char *fmt, double x) {
+    if (isfinite(x)) snprintf(buf, n, fmt, x);
+    else snprintf(buf, n, "null");
+}
+
 /* mkdir -p of the directory part of `path`. */
 static ct_status make_parent_dirs(const char *path) {
     char dir[CT_PATH_MAX];
@@ -512,16 +518,6 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             if (t.rank0)
                 printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a "
                        "row)\n", (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
-            if (bad_in_a_row >= cfg->train.max_bad_steps) {
-                trainer_free(&t);
-                ct_train_result_release(&res);
-                ct_error(CT_ERR_RUNTIME, "%lld consecutive steps had a non-finite loss or "
-                         "gradient norm (last at step %lld)", (long long)bad_in_a_row,
-                         (long long)step + 1);
-                ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets "
-                        "how many are tolerated");
-                return CT_ERR_RUNTIME;
-            }
         }
         ct_backend_sync(be);
         double now = ct_now(), step_time = now - step_start;
@@ -554,17 +550,30 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             interval_start += ct_now() - now; /* evaluation time is not training throughput */
         }
         double tok_per_s_step = tokens_per_step / step_time;
+        char loss_json[32], norm_json[32];
+        json_number(loss_json, sizeof loss_json, "%.9g", loss);
+        json_number(norm_json, sizeof norm_json, "%.6f", grad_norm);
         if (t.metrics)
             fprintf(t.metrics,
-                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
                     "\"mfu\": %.4f, \"skipped\": %s, \"dp_bytes\": %llu, "
                     "\"dp_bytes_expected\": %.0f}\n",
-                    (long long)step + 1, loss, lr, grad_norm, tok_per_s_step, step_time,
+                    (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
                     ct_dp_exposed_seconds(t.dp),
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
                     t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0);
+        if (bad_in_a_row >= cfg->train.max_bad_steps) {
+            if (t.metrics) fflush(t.metrics);
+            trainer_free(&t);
+            ct_train_result_release(&res);
+            ct_error(CT_ERR_RUNTIME, "%lld consecutive steps had a non-finite loss or gradient "
+                     "norm (last at step %lld)", (long long)bad_in_a_row, (long long)step + 1);
+            ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets how "
+                    "many are tolerated");
+            return CT_ERR_RUNTIME;
+        }
         if (t.rank0 && ((step + 1) % cfg->log.interval == 0 || last || step == 0)) {
             double elapsed = ct_now() - interval_start;
             double steps = interval_tokens / tokens_per_step;

@@ -42,3 +42,24 @@ if expect_exit 0 "train 40 steps" -- "$BIN" "${args[@]}"; then
         fail "loss falls ($first -> $last)"
     fi
 fi
+
+# Non-finite steps: an absurd learning rate breaks the weights after step 1; the following steps
+# are skipped and logged, and train.max_bad_steps in a row stop the run with exit 1 (runtime).
+bytes=$BUILD/test-data/shakespeare-bytes
+if [ ! -f "$bytes/train.bin" ]; then
+    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 --out "$bytes" >/dev/null
+fi
+if expect_exit 1 "non-finite steps abort after max_bad_steps" -- "$BIN" train --config configs/test-tiny.yaml \
+    --set train.threads=1 --set train.lr=1e30 --set train.min_lr=1e30 --set train.steps=10 \
+    --set train.max_bad_steps=3 --set data.train="$bytes/train.bin" --set log.metrics="$tmp/nan.jsonl"; then
+    expect_text "step skipped (1 in a row)" "a non-finite step is skipped and logged"
+    expect_text "3 consecutive steps" "the abort names the count"
+    expect_text "hint:" "the abort has a hint"
+    skipped=$(grep -c '"skipped": true' "$tmp/nan.jsonl")
+    if [ "$skipped" = 3 ]; then ok "metrics mark 3 skipped steps"; else fail "metrics mark 3 skipped steps (got $skipped)"; fi
+    if python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$tmp/nan.jsonl"; then
+        ok "metrics stay valid JSON (null for NaN)"
+    else
+        fail "metrics stay valid JSON (null for NaN)"
+    fi
+fi

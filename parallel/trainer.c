@@ -217,6 +217,8 @@ static ct_status build_model(trainer *t) {
     int stage = (int)cfg->parallel.zero_stage;
     ct_model_layout layout = ct_model_layout_single(cfg);
     layout.tp = t->pctx->tp_comm;
+    layout.tp_rank = t->pctx->tp_rank;
+    layout.tp_size = t->pctx->tp;
     layout.dp_size = t->dp_size;
     layout.shard_grads = stage >= 2;
     layout.shard_params = stage == 3;
@@ -239,6 +241,12 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
     t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->host_targets = ct_xmalloc(n * sizeof(int32_t));
+    if (cfg->parallel.pp > 1) {
+        ct_error(CT_ERR_INPUT, "parallel.pp=%lld: pipeline parallelism is not implemented yet",
+                 (long long)cfg->parallel.pp);
+        ct_hint("use parallel.pp=1 (tensor and data parallelism are available)");
+        return CT_ERR_INPUT;
+    }
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
     return CT_OK;
@@ -428,25 +436,48 @@ static ct_status dump_final_params(const char *path, const float *params, int64_
     return CT_OK;
 }
 
-/* This rank's parameters, registry order, no padding: every unit copied out (gathered under
- * ZeRO-3, which makes this collective over the dp group). */
+/* Copies the (rows, cols) slice `part` of tensor p, held by tp rank r, into the global tensor. */
+static void place_slice(const ct_param *p, int r, const float *part, float *global) {
+    int64_t rows = p->local_shape[0], cols = p->local_shape[1], gcols = p->global_shape[1];
+    int64_t row0 = p->tp_split_dim == 0 ? (int64_t)r * rows : 0;
+    int64_t col0 = p->tp_split_dim == 1 ? (int64_t)r * cols : 0;
+    for (int64_t i = 0; i < rows; i++)
+        memcpy(global + (row0 + i) * gcols + col0, part + i * cols, (size_t)cols * sizeof(float));
+}
+
+/* The model's parameters as global tensors, registry order, no padding: every unit copied out
+ * (gathered under ZeRO-3: collective over dp), tensor-parallel slices gathered from the tp
+ * group (collective over tp). The result is the same bytes layout as a world-size-1 run. */
 static float *collect_params(trainer *t, int64_t *n_out) {
     ct_model *m = t->model;
-    int64_t n = 0, max_unit = 0;
-    for (int i = 0; i < m->n_params; i++) n += m->params[i].numel;
+    ct_comm *tp = t->pctx->tp_comm;
+    int64_t n = 0, max_unit = 0, max_param = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        n += m->params[i].global_shape[0] * m->params[i].global_shape[1];
+        max_param = CT_MAX(max_param, m->params[i].numel);
+    }
     for (int u = 0; u < m->n_units; u++) max_unit = CT_MAX(max_unit, m->units[u].padded_numel);
     float *out = ct_xmalloc((size_t)CT_MAX(n, 1) * sizeof(float));
     float *unit_buf = ct_xmalloc((size_t)max_unit * sizeof(float));
+    float *gathered = ct_xmalloc((size_t)CT_MAX(max_param, 1) * (size_t)tp->size * sizeof(float));
     int64_t pos = 0;
     for (int u = 0; u < m->n_units; u++) {
         ct_dp_unit_params_to_host(t->dp, u, unit_buf);
         const ct_unit *unit = &m->units[u];
         for (int i = 0; i < unit->n_params; i++) {
             const ct_param *p = &m->params[unit->first_param + i];
-            memcpy(out + pos, unit_buf + p->offset, (size_t)p->numel * sizeof(float));
-            pos += p->numel;
+            const float *local = unit_buf + p->offset;
+            if (p->tp_split_dim < 0 || tp->size == 1) {
+                memcpy(out + pos, local, (size_t)p->numel * sizeof(float));
+            } else {
+                ct_comm_allgather(tp, local, gathered, p->numel * tp->size, CT_DTYPE_F32);
+                for (int r = 0; r < tp->size; r++)
+                    place_slice(p, r, gathered + (int64_t)r * p->numel, out + pos);
+            }
+            pos += p->global_shape[0] * p->global_shape[1];
         }
     }
+    free(gathered);
     free(unit_buf);
     *n_out = n;
     return out;
@@ -506,7 +537,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         }
         ct_dp_finish_backward(t.dp);
         double loss = dp_sum(&t, loss_sum) / tokens_per_step;
-        double grad_norm = sqrt(ct_dp_grad_sumsq(t.dp));
+        /* Each rank summed its own slice (replicated tensors on tp rank 0 only): add up the
+         * slices of the model-parallel group. */
+        double sumsq = ct_dp_grad_sumsq(t.dp);
+        ct_comm_allreduce(t.pctx->mp_comm, &sumsq, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+        double grad_norm = sqrt(sumsq);
         double lr = ct_optim_lr(&cfg->train, step);
         bool finite = isfinite(loss) && isfinite(grad_norm);
         if (finite) {

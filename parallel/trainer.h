@@ -20,8 +20,8 @@ typedef struct ct_train_result {
     double first_loss, last_loss, last_val_loss;
     int64_t skipped_steps;
     double *losses;        /* [steps_done] training loss per step (malloc'd; caller frees) */
-    float *final_params;   /* this rank's parameters at the end, each tensor's local elements
-                              in registry order, no padding (malloc'd) */
+    float *final_params;   /* the parameters at the end as global tensors (tensor-parallel
+                              slices gathered), registry order, no padding (malloc'd) */
     int64_t n_final_params;
     uint64_t dp_bytes_step1; /* bytes this rank sent on the dp group during step 1 */
     double dp_bytes_expected; /* the formula's value for the same step */

@@ -29,6 +29,7 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.dp_size = 1;
     layout.shard_params = false;
     layout.shard_grads = false;
+    layout.sequence_parallel = false;
     layout.n_chunks = 1;
     layout.chunks[0].index = 0;
     layout.chunks[0].first_layer = 0;
@@ -214,6 +215,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->be = be;
     m->layout = *layout;
     if (!m->layout.tp) m->layout.tp = ct_comm_local_new("tp");
+    m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
+    CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
 
     build_registry(m);
 
@@ -309,6 +312,9 @@ void ct_model_free(ct_model *m) {
     free(m->units);
     free(m->layers);
     free(m->layer_unit);
+    ct_tensor_free(m->sp_local);
+    ct_tensor_free(m->sp_full);
+    ct_tensor_free(m->sp_perm);
     free(m);
 }
 
@@ -395,33 +401,34 @@ static ct_tensor *carve(carver *cv, int ndim, int64_t d0, int64_t d1, int64_t d2
 
 static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
     int64_t B = a->B, T = m->T, C = m->C, N = B * T, tp = m->layout.tp_size;
+    int64_t Tl = m->Tl, Nl = B * Tl; /* the residual stream's share of positions */
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
     int64_t nh = m->NH / tp, vloc = m->Vp / tp;
     for (int c = 0; c < m->layout.n_chunks; c++) {
         int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
-        a->residual[first] = carve(cv, 3, B, T, C); /* the chunk's input (received under pp) */
+        a->residual[first] = carve(cv, 3, B, Tl, C); /* the chunk's input (received under pp) */
         for (int l = first; l < first + n; l++) {
             ct_layer_acts *la = &a->layers[l];
             la->ln1 = carve(cv, 3, B, T, C);
-            la->ln1_mean = carve(cv, 1, N, 0, 0);
-            la->ln1_rstd = carve(cv, 1, N, 0, 0);
+            la->ln1_mean = carve(cv, 1, Nl, 0, 0);
+            la->ln1_rstd = carve(cv, 1, Nl, 0, 0);
             la->q = carve(cv, 3, B, T, qdim);
             la->k = carve(cv, 3, B, T, kvdim);
             la->v = carve(cv, 3, B, T, kvdim);
             la->att = carve(cv, 3, B, T, qdim);
             la->lse = carve(cv, 3, B, nh, T);
-            la->mid = carve(cv, 3, B, T, C);
+            la->mid = carve(cv, 3, B, Tl, C);
             la->ln2 = carve(cv, 3, B, T, C);
-            la->ln2_mean = carve(cv, 1, N, 0, 0);
-            la->ln2_rstd = carve(cv, 1, N, 0, 0);
+            la->ln2_mean = carve(cv, 1, Nl, 0, 0);
+            la->ln2_rstd = carve(cv, 1, Nl, 0, 0);
             la->h = carve(cv, 3, B, T, F);
             la->g = carve(cv, 3, B, T, F);
-            a->residual[l + 1] = carve(cv, 3, B, T, C);
+            a->residual[l + 1] = carve(cv, 3, B, Tl, C);
         }
         if (m->layout.chunks[c].has_head) {
             a->lnf = carve(cv, 3, B, T, C);
-            a->lnf_mean = carve(cv, 1, N, 0, 0);
-            a->lnf_rstd = carve(cv, 1, N, 0, 0);
+            a->lnf_mean = carve(cv, 1, Nl, 0, 0);
+            a->lnf_rstd = carve(cv, 1, Nl, 0, 0);
             a->logits = carve(cv, 2, N, vloc, 0);
             a->rowmax = carve(cv, 1, N, 0, 0);
             a->sumexp = carve(cv, 1, N, 0, 0);
@@ -459,6 +466,17 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     }
     cv = (carver){.slab = a->slab};
     carve_acts(m, a, &cv);
+    if (m->layout.sequence_parallel && B > m->sp_capacity_B) {
+        ct_tensor_free(m->sp_local), ct_tensor_free(m->sp_full), ct_tensor_free(m->sp_perm);
+        m->sp_local = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->Tl * m->C, CT_MEM_WORKSPACE);
+        m->sp_full = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->T * m->C, CT_MEM_WORKSPACE);
+        m->sp_perm = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->T * m->C, CT_MEM_WORKSPACE);
+        m->sp_capacity_B = B;
+        if (!m->sp_local || !m->sp_full || !m->sp_perm) {
+            ct_acts_free(a);
+            return CT_ERR_RUNTIME;
+        }
+    }
     *out = a;
     return CT_OK;
 }
@@ -490,9 +508,13 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
     ct_grad_scratch *s = ct_xcalloc(1, sizeof *s);
     s->B = B;
     carver cv = {0};
+    const int64_t Tl = m->Tl;
+    const bool sp = m->layout.sequence_parallel;
     for (int pass = 0; pass < 2; pass++) {
-        s->dres = carve(&cv, 3, B, T, C);
+        s->dres = carve(&cv, 3, B, Tl, C);
         s->dln = carve(&cv, 3, B, T, C);
+        s->dln_local = sp ? carve(&cv, 3, B, Tl, C) : NULL;
+        s->dfull = sp ? carve(&cv, 3, B, T, C) : NULL;
         s->datt = carve(&cv, 3, B, T, qdim);
         s->dq = carve(&cv, 3, B, T, qdim);
         s->dk = carve(&cv, 3, B, T, kvdim);
@@ -513,7 +535,8 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
 
 void ct_grad_scratch_free(ct_grad_scratch *s) {
     if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dq, s->dk, s->dv, s->dh};
+    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dq, s->dk, s->dv, s->dh, s->dln_local,
+                          s->dfull};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     ct_tensor_free(s->slab);
     free(s);
@@ -556,48 +579,140 @@ static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_param 
     if (b) ct_bias_grad(b->grad, dy);
 }
 
+/* ---- sequence parallelism: moving between (B, T/tp, C) slices and the full sequence ------- */
+
+/* A (B, T, C) or (B, T/tp, C) view of one of the sequence-parallel workspaces. */
+static ct_tensor *sp_view(ct_tensor *slab, int64_t B, int64_t T, int64_t C) {
+    int64_t shape[3] = {B, T, C};
+    return ct_tensor_view(slab, 0, 3, shape);
+}
+
+/* Copies a block of n elements between two tensors at element offsets. */
+static void copy_block(ct_tensor *dst, int64_t dst_off, const ct_tensor *src, int64_t src_off,
+                       int64_t n) {
+    ct_tensor *d = ct_tensor_view_1d(dst, dst_off, n);
+    ct_tensor *s = ct_tensor_view_1d(src, src_off, n);
+    ct_tensor_copy(d, s);
+    ct_tensor_free(d);
+    ct_tensor_free(s);
+}
+
+/* Collectives produce and consume rank-major buffers (tp, B, T/tp, C); the model's layout is
+ * (B, T, C) with rank r holding positions [r·T/tp, (r+1)·T/tp) of every sequence. With B = 1
+ * the two orders coincide. */
+static void seq_permute(ct_model *m, ct_tensor *dst, const ct_tensor *src, int64_t B,
+                        bool to_rank_major) {
+    int64_t tp = m->layout.tp_size, Tl = m->Tl, C = m->C, block = Tl * C;
+    for (int64_t r = 0; r < tp; r++)
+        for (int64_t b = 0; b < B; b++) {
+            int64_t rank_major = (r * B + b) * block, seq_major = (b * m->T + r * Tl) * C;
+            if (to_rank_major) copy_block(dst, rank_major, src, seq_major, block);
+            else copy_block(dst, seq_major, src, rank_major, block);
+        }
+}
+
+/* full (B,T,C) = every tp rank's slice (B,T/tp,C) gathered along the sequence. */
+static void seq_gather(ct_model *m, ct_tensor *full, const ct_tensor *slice) {
+    int64_t B = slice->shape[0], n = full->numel;
+    if (B == 1) {
+        ct_comm_allgather(m->layout.tp, slice->data, full->data, n, CT_DTYPE_F32);
+        return;
+    }
+    ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
+    ct_comm_allgather(m->layout.tp, slice->data, perm->data, n, CT_DTYPE_F32);
+    seq_permute(m, full, perm, B, false);
+    ct_tensor_free(perm);
+}
+
+/* slice (B,T/tp,C) = this rank's positions of the tp-group sum of full (B,T,C). */
+static void seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor *full) {
+    int64_t B = slice->shape[0], n = full->numel;
+    if (B == 1) {
+        ct_comm_reduce_scatter(m->layout.tp, full->data, slice->data, n, CT_DTYPE_F32,
+                               CT_REDUCE_SUM);
+        return;
+    }
+    ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
+    seq_permute(m, perm, full, B, true);
+    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, CT_DTYPE_F32,
+                           CT_REDUCE_SUM);
+    ct_tensor_free(perm);
+}
+
+/* The "copy" entering a column-parallel block: the norm of the residual slice, gathered to
+ * the full sequence under sequence parallelism (else the norm output is already full). */
+static void norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
+                             const ct_tensor *x, const ct_param *w, const ct_param *b) {
+    if (!m->layout.sequence_parallel) {
+        ct_layernorm_fwd(out_full, mean, rstd, x, w->value, b->value);
+        return;
+    }
+    ct_tensor *local = sp_view(m->sp_local, x->shape[0], m->Tl, m->C);
+    ct_layernorm_fwd(local, mean, rstd, x, w->value, b->value);
+    seq_gather(m, out_full, local);
+    ct_tensor_free(local);
+}
+
+/* The "reduce" leaving a row-parallel block: out (B,Tl,C) = Σ_tp x·Wᵀ, then + bias (added once,
+ * after the reduction). */
+static void row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
+                             const ct_param *b) {
+    if (!m->layout.sequence_parallel) {
+        ct_gemm(out, x, w->value, false, true, 1.0f, 0.0f);
+        tp_allreduce(m, out, CT_REDUCE_SUM);
+    } else {
+        ct_tensor *full = sp_view(m->sp_full, out->shape[0], m->T, m->C);
+        ct_gemm(full, x, w->value, false, true, 1.0f, 0.0f);
+        seq_reduce_scatter(m, out, full);
+        ct_tensor_free(full);
+    }
+    ct_bias_add(out, b->value);
+}
+
 static void layer_forward(ct_model *m, int l, ct_acts *a) {
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l], *out = a->residual[l + 1];
     int64_t tp = m->layout.tp_size;
 
-    ct_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w->value, p->ln1_b->value);
+    norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     linear_fwd(la->q, la->ln1, p->wq, p->bq);
     linear_fwd(la->k, la->ln1, p->wk, p->bk);
     linear_fwd(la->v, la->ln1, p->wv, p->bv);
     poll(m);
     ct_attention_fwd(la->att, la->lse, la->q, la->k, la->v, a->B, m->T, m->NH / tp, m->NKV / tp);
     poll(m);
-    /* Row-parallel output projection: partial sums are reduced before the bias (added once). */
-    ct_gemm(la->mid, la->att, p->wo->value, false, true, 1.0f, 0.0f);
-    tp_allreduce(m, la->mid, CT_REDUCE_SUM);
-    ct_bias_add(la->mid, p->bo->value);
+    row_parallel_out(m, la->mid, la->att, p->wo, p->bo);
     ct_axpy(la->mid, x, 1.0f);
 
-    ct_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w->value,
-                     p->ln2_b->value);
+    norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
     linear_fwd(la->h, la->ln2, p->w_up, p->b_up);
     ct_gelu_fwd(la->g, la->h);
     poll(m);
-    ct_gemm(out, la->g, p->w_down->value, false, true, 1.0f, 0.0f);
-    tp_allreduce(m, out, CT_REDUCE_SUM);
-    ct_bias_add(out, p->b_down->value);
+    row_parallel_out(m, out, la->g, p->w_down, p->b_down);
     ct_axpy(out, la->mid, 1.0f);
 }
 
 static void embed_forward(ct_model *m, ct_acts *a) {
     ct_tensor *x = a->residual[0];
-    ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
-    tp_allreduce(m, x, CT_REDUCE_SUM); /* vocab-parallel: each rank contributed its rows */
-    ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
+    if (!m->layout.sequence_parallel) {
+        ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
+        tp_allreduce(m, x, CT_REDUCE_SUM); /* vocab-parallel: each rank contributed its rows */
+        ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
+        return;
+    }
+    ct_tensor *full = sp_view(m->sp_full, a->B, m->T, m->C);
+    ct_embedding_fwd(full, a->tokens, m->wte->value, m->wte->tp_offset);
+    seq_reduce_scatter(m, x, full);
+    ct_tensor_free(full);
+    ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
 }
 
 /* Final norm, tied LM head and vocab-parallel cross-entropy. Returns the summed loss. */
 static double head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
-    ct_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w->value, m->lnf_b->value);
+    norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
     ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
     int64_t col_offset = m->wte->tp_offset, n_valid = m->wte->valid_rows;
     ct_xent_rowmax(a->rowmax, a->logits, n_valid);
@@ -644,7 +759,28 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double 
 
 /* ---- backward --------------------------------------------------------------------------------- */
 
-/* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. */
+/* ∂L/∂(residual) over the full sequence: s->dres itself, or gathered under sequence
+ * parallelism (the conjugate of the forward reduce-scatter). */
+static ct_tensor *dres_full(ct_model *m, ct_grad_scratch *s) {
+    if (!m->layout.sequence_parallel) return s->dres;
+    seq_gather(m, s->dfull, s->dres);
+    return s->dfull;
+}
+
+/* The conjugate of the column-parallel "copy": s->dln (full, partial over tp) summed over the
+ * group — in place, or reduce-scattered to this rank's positions. Returns the norm's dout. */
+static ct_tensor *dln_reduced(ct_model *m, ct_grad_scratch *s) {
+    if (!m->layout.sequence_parallel) {
+        tp_allreduce(m, s->dln, CT_REDUCE_SUM);
+        return s->dln;
+    }
+    seq_reduce_scatter(m, s->dln_local, s->dln);
+    return s->dln_local;
+}
+
+/* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. Row-parallel biases take
+ * their gradient from this rank's positions: with sequence parallelism that is a partial sum,
+ * completed over the tp group by the data-parallel layer. */
 static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
@@ -652,47 +788,52 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-    ct_gemm(s->dh, s->dres, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F) */
-    linear_bwd_params(s->dres, la->g, p->w_down, p->b_down);
+    ct_tensor *dout = dres_full(m, s);
+    ct_gemm(s->dh, dout, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F/tp) */
+    ct_gemm(p->w_down->grad, dout, la->g, true, false, 1.0f, 1.0f);
+    ct_bias_grad(p->b_down->grad, s->dres);
     poll(m);
     ct_gelu_bwd(s->dh, la->h, s->dh);
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
-    tp_allreduce(m, s->dln, CT_REDUCE_SUM); /* conjugate of the column-parallel "copy" */
+    ct_tensor *dln2 = dln_reduced(m, s);
     linear_bwd_params(s->dh, la->ln2, p->w_up, p->b_up);
-    ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, s->dln, la->mid, p->ln2_w->value,
+    ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
-
     poll(m);
+
     /* Attention: mid = x + att·Woᵀ + bo */
-    ct_gemm(s->datt, s->dres, p->wo->value, false, false, 1.0f, 0.0f);
-    linear_bwd_params(s->dres, la->att, p->wo, p->bo);
+    ct_tensor *dmid = dres_full(m, s);
+    ct_gemm(s->datt, dmid, p->wo->value, false, false, 1.0f, 0.0f);
+    ct_gemm(p->wo->grad, dmid, la->att, true, false, 1.0f, 1.0f);
+    ct_bias_grad(p->bo->grad, s->dres);
     ct_attention_bwd(s->dq, s->dk, s->dv, s->datt, la->q, la->k, la->v, la->att, la->lse, a->B,
                      m->T, m->NH / tp, m->NKV / tp);
     poll(m);
     ct_gemm(s->dln, s->dq, p->wq->value, false, false, 1.0f, 0.0f);
     ct_gemm(s->dln, s->dk, p->wk->value, false, false, 1.0f, 1.0f);
     ct_gemm(s->dln, s->dv, p->wv->value, false, false, 1.0f, 1.0f);
-    tp_allreduce(m, s->dln, CT_REDUCE_SUM);
+    ct_tensor *dln1 = dln_reduced(m, s);
     linear_bwd_params(s->dq, la->ln1, p->wq, p->bq);
     linear_bwd_params(s->dk, la->ln1, p->wk, p->bk);
     linear_bwd_params(s->dv, la->ln1, p->wv, p->bv);
-    ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, s->dln, x, p->ln1_w->value,
+    ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
                      la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */
 }
 
 static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     /* a->logits holds dloss·(softmax − onehot) from head_forward. */
     ct_gemm(s->dln, a->logits, m->wte->value, false, false, 1.0f, 0.0f); /* (N,C) */
-    tp_allreduce(m, s->dln, CT_REDUCE_SUM);
+    ct_tensor *dlnf = dln_reduced(m, s);
     ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f);  /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
-    ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, s->dln, a->residual[m->L],
+    ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, dlnf, a->residual[m->L],
                      m->lnf_w->value, a->lnf_mean, a->lnf_rstd);
 }
 
 static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
-    ct_embedding_bwd(m->wte->grad, s->dres, a->tokens, m->wte->tp_offset);
-    ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->T, 0);
+    ct_embedding_bwd(m->wte->grad, dres_full(m, s), a->tokens, m->wte->tp_offset);
+    int64_t pos0 = m->layout.sequence_parallel ? m->layout.tp_rank * m->Tl : 0;
+    ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->Tl, pos0);
 }
 
 void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {

@@ -72,6 +72,10 @@ typedef struct ct_model_layout {
      * (ZeRO-2/3) slab; unit buffers are bound by the data-parallel layer while in use
      * (ct_model_bind_unit_params / _grads). */
     bool shard_params, shard_grads;
+    /* Sequence parallelism inside the tp group: the residual stream, norms and dropout-free
+     * elementwise regions hold T/tp positions of every sequence; each tp allreduce becomes an
+     * allgather before a column-parallel layer and a reduce-scatter after a row-parallel one. */
+    bool sequence_parallel;
     int n_chunks;            /* chunks on this rank */
     struct {
         int index;           /* global chunk index */
@@ -126,6 +130,12 @@ typedef struct ct_model {
     ct_model_hooks hooks;
     int embed_unit, head_unit; /* unit indices, -1 when not on this rank */
     int *layer_unit;           /* [L] unit of each layer, -1 when not on this rank */
+    int64_t Tl;                /* positions per rank in the residual stream: T/tp with sequence
+                                  parallelism, else T */
+    /* Sequence-parallel workspace, grown by ct_acts_new to the largest micro-batch: a local
+     * (B,T/tp,C), a full (B,T,C) and the rank-major permutation buffer of the same size. */
+    ct_tensor *sp_local, *sp_full, *sp_perm;
+    int64_t sp_capacity_B;
 
     ct_param *wte, *wpe;       /* (Vp, C) vocab-parallel by rows, (T, C) */
     ct_param *lnf_w, *lnf_b;   /* (C) */
@@ -134,10 +144,11 @@ typedef struct ct_model {
 
 /* Activations of one microbatch on this rank's chunks. */
 typedef struct ct_layer_acts {
-    ct_tensor *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B·T), (B·T) */
+    ct_tensor *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B·Tl), (B·Tl): with sequence
+                                              parallelism ln1 is the gathered full sequence */
     ct_tensor *q, *k, *v;                  /* (B,T,NH·hd), (B,T,NKV·hd) ×2 */
     ct_tensor *att, *lse;                  /* (B,T,NH·hd), (B,NH,T) */
-    ct_tensor *mid;                        /* (B,T,C) residual after attention */
+    ct_tensor *mid;                        /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
     ct_tensor *h, *g;                      /* (B,T,F) before / after GELU */
 } ct_layer_acts;
@@ -147,7 +158,7 @@ typedef struct ct_acts {
     int n_layers;                  /* L (entries of layers not on this rank stay NULL) */
     ct_tensor *slab;
     ct_tensor *tokens, *targets;   /* (B·T) i32 */
-    ct_tensor **residual;          /* [L+1] (B,T,C): residual[l] is the input of layer l */
+    ct_tensor **residual;          /* [L+1] (B,Tl,C): residual[l] is the input of layer l */
     ct_layer_acts *layers;         /* [L] */
     ct_tensor *lnf, *lnf_mean, *lnf_rstd;
     ct_tensor *logits;             /* (B·T, Vp/tp), becomes dlogits after the loss */
@@ -158,8 +169,10 @@ typedef struct ct_acts {
 typedef struct ct_grad_scratch {
     int64_t B;
     ct_tensor *slab;
-    ct_tensor *dres;               /* (B,T,C) gradient of the residual stream */
-    ct_tensor *dln;                /* (B,T,C) gradient of a norm output */
+    ct_tensor *dres;               /* (B,Tl,C) gradient of the residual stream */
+    ct_tensor *dln;                /* (B,T,C) gradient of a norm output (full sequence) */
+    ct_tensor *dln_local;          /* (B,Tl,C) its reduce-scattered part (sequence parallel) */
+    ct_tensor *dfull;              /* (B,T,C) dres gathered over the sequence (sequence parallel) */
     ct_tensor *datt;               /* (B,T,NH·hd) */
     ct_tensor *dq, *dk, *dv;
     ct_tensor *dh;                 /* (B,T,F) */

@@ -223,11 +223,40 @@ static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
     }
 }
 
+/*
+ * Sequence parallelism leaves the gradients of tp-replicated tensors (norms, row-parallel
+ * biases, position embeddings) as partial sums over the tp group's positions: sum them over
+ * the group before the data-parallel reduction — and only then (without sequence parallelism
+ * they are already identical on every tp rank). Done on the gradients of this microbatch alone
+ * (stages 2-3) or on the accumulated ones at the last microbatch (stages 0-1), never twice.
+ */
+static void tp_reduce_replicated(ct_dp *dp, int u) {
+    ct_model *m = dp->model;
+    const ct_unit *unit = &m->units[u];
+    ct_comm *tp = m->layout.tp;
+    ct_comm_request *reqs[64];
+    int n = 0;
+    for (int i = 0; i < unit->n_params; i++) {
+        const ct_param *p = &m->params[unit->first_param + i];
+        if (p->tp_split_dim >= 0) continue;
+        CT_ASSERT(n < (int)(sizeof reqs / sizeof reqs[0]));
+        reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
+    }
+    for (int i = 0; i < n; i++) {
+        double t0 = ct_now();
+        ct_comm_wait(tp, reqs[i]);
+        dp->exposed += ct_now() - t0;
+    }
+}
+
 static void hook_unit_end(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
     if (pass == CT_PASS_BACKWARD) {
         log_event(dp, CT_DP_EVENT_BACKWARD_END, u);
         bool last = dp->microbatch == dp->n_microbatches - 1;
+        if (dp->model->layout.sequence_parallel && dp->model->layout.tp_size > 1 &&
+            (dp->stage >= 2 || last))
+            tp_reduce_replicated(dp, u);
         if (dp->stage >= 2) {
             if (dp->N > 1) {
                 start_reduction(dp, u);

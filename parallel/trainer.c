@@ -219,6 +219,7 @@ static ct_status build_model(trainer *t) {
     layout.tp = t->pctx->tp_comm;
     layout.tp_rank = t->pctx->tp_rank;
     layout.tp_size = t->pctx->tp;
+    layout.sequence_parallel = cfg->parallel.sequence_parallel;
     layout.dp_size = t->dp_size;
     layout.shard_grads = stage >= 2;
     layout.shard_params = stage == 3;
@@ -425,6 +426,33 @@ static ct_status write_trace(trainer *t, const char *path) {
     return CT_OK;
 }
 
+/*
+ * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
+ * B sequences, N = tp, activations of B·T·C floats:
+ *   per microbatch, forward: the embedding's reduction, two per layer (attention and MLP
+ *   outputs), and the loss's three B·T reductions (row max, sum of exponentials, target
+ *   logit); backward: two per layer (the norm-output gradients) and the LM head's one.
+ *   That is (4L + 2) reductions of B·T·C plus 3 of B·T, each 2·bytes·(N−1)/N as an allreduce;
+ *   with sequence parallelism each becomes an allgather + a reduce-scatter of the same total.
+ *   Sequence parallelism also sums the partial gradients of the tp-replicated tensors (6C per
+ *   layer, the position embedding T·C, the final norm 2C): once per step at ZeRO 0-1, once per
+ *   microbatch at ZeRO 2-3.
+ */
+static double expected_tp_bytes(const ct_config *cfg, int64_t m) {
+    double N = (double)cfg->parallel.tp;
+    if (N <= 1) return 0.0;
+    double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
+    double C = (double)cfg->model.d_model, L = (double)cfg->model.n_layer;
+    double ring = 2.0 * (N - 1.0) / N * sizeof(float);
+    double per_mb = ring * ((4.0 * L + 2.0) * B * T * C + 3.0 * B * T);
+    double total = per_mb * (double)m;
+    if (cfg->parallel.sequence_parallel) {
+        double replicated = 6.0 * L * C + T * C + 2.0 * C;
+        total += ring * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
+    }
+    return total;
+}
+
 /* Rank 0 writes every parameter's local elements, registry order, raw f32 (tests compare). */
 static ct_status dump_final_params(const char *path, const float *params, int64_t n) {
     FILE *f = fopen(path, "wb");
@@ -525,6 +553,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     for (int64_t step = 0; step < cfg->train.steps; step++) {
         double step_start = ct_now();
         ct_comm_reset_counters(dp_comm);
+        ct_comm_reset_counters(t.pctx->tp_comm);
         ct_dp_begin_step(t.dp);
         double loss_sum = 0.0;
         int64_t first = step * G + t.dp_rank * (G / t.dp_size);
@@ -556,8 +585,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         }
         ct_backend_sync(be);
         double now = ct_now(), step_time = now - step_start;
-        uint64_t step_dp_bytes = 0;
+        uint64_t step_dp_bytes = 0, step_tp_bytes = 0;
         for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_dp_bytes += dp_comm->bytes[k];
+        for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_tp_bytes += t.pctx->tp_comm->bytes[k];
         if (step == 0) {
             uint64_t bytes = step_dp_bytes;
             res.dp_bytes_step1 = bytes;
@@ -565,6 +595,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             if (t.rank0 && t.dp_size > 1)
                 printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                        (double)bytes / 1048576.0, res.dp_bytes_expected / 1048576.0);
+            if (t.rank0 && t.pctx->tp > 1)
+                printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                       (double)step_tp_bytes / 1048576.0,
+                       expected_tp_bytes(cfg, accum) / 1048576.0);
         }
         interval_tokens += tokens_per_step;
         interval_exposed += ct_dp_exposed_seconds(t.dp);
@@ -593,12 +627,14 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
                     "\"mfu\": %.4f, \"skipped\": %s, \"dp_bytes\": %llu, "
-                    "\"dp_bytes_expected\": %.0f}\n",
+                    "\"dp_bytes_expected\": %.0f, \"tp_bytes\": %llu, "
+                    "\"tp_bytes_expected\": %.0f}\n",
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
                     ct_dp_exposed_seconds(t.dp),
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
-                    t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0);
+                    t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
+                    (unsigned long long)step_tp_bytes, expected_tp_bytes(cfg, accum));
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);

@@ -708,21 +708,27 @@ static void embed_forward(ct_model *m, ct_acts *a) {
     ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
 }
 
+void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
+                            const ct_tensor *targets, ct_tensor *rowmax, ct_tensor *sumexp,
+                            ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
+                            float dloss) {
+    ct_xent_rowmax(rowmax, logits, n_valid);
+    ct_comm_allreduce(tp, rowmax->data, rowmax->numel, CT_DTYPE_F32, CT_REDUCE_MAX);
+    ct_xent_sumexp(sumexp, target_logit, logits, targets, rowmax, n_valid, col_offset);
+    ct_comm_allreduce(tp, sumexp->data, sumexp->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_comm_allreduce(tp, target_logit->data, target_logit->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_xent_finish(losses, logits, targets, rowmax, sumexp, target_logit, n_valid, col_offset,
+                   dloss, dloss != 0.0f);
+}
+
 /* Final norm, tied LM head and vocab-parallel cross-entropy. Returns the summed loss. */
 static double head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
     norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
     ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
-    int64_t col_offset = m->wte->tp_offset, n_valid = m->wte->valid_rows;
-    ct_xent_rowmax(a->rowmax, a->logits, n_valid);
-    tp_allreduce(m, a->rowmax, CT_REDUCE_MAX);
-    ct_xent_sumexp(a->sumexp, a->target_logit, a->logits, a->targets, a->rowmax, n_valid,
-                   col_offset);
-    tp_allreduce(m, a->sumexp, CT_REDUCE_SUM);
-    tp_allreduce(m, a->target_logit, CT_REDUCE_SUM);
-    ct_xent_finish(a->losses, a->logits, a->targets, a->rowmax, a->sumexp, a->target_logit,
-                   n_valid, col_offset, dloss, dloss != 0.0f);
+    ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
+                           a->target_logit, m->wte->valid_rows, m->wte->tp_offset, dloss);
     /* The per-token losses are tiny (B·T floats): sum them on the host in double, in order, so
      * the reported loss does not depend on threads or layout. */
     float *losses = ct_xmalloc((size_t)N * sizeof(float));

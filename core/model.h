@@ -222,6 +222,18 @@ void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scra
 double ct_model_forward(ct_model *model, ct_acts *acts, float dloss);
 void ct_model_backward(ct_model *model, ct_acts *acts, ct_grad_scratch *scratch);
 
+/*
+ * Vocab-parallel softmax cross-entropy on this rank's columns of the logits (N, Vp/tp), whose
+ * first n_valid columns are real and start at global column col_offset: exactly three
+ * allreduces of N floats over tp (row max; sum of exponentials; target logit), the logits never
+ * gathered. losses (N) gets each row's loss; with dloss != 0 the logits become
+ * dloss·(softmax − onehot). rowmax, sumexp, target_logit (N) are scratch.
+ */
+void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
+                            const ct_tensor *targets, ct_tensor *rowmax, ct_tensor *sumexp,
+                            ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
+                            float dloss);
+
 /* Matmul FLOPs per token for forward+backward (6·N_matmul + 6·L·T·C causal attention). */
 double ct_model_flops_per_token(const ct_model *model);
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Tensor parallelism (DESIGN §6) under mpirun:
+#   - every TP layer type and the vocab-parallel loss against the unsplit model, tp 2 and 4
+#     (test/mpi_test_tp.c);
+#   - training equivalence against world size 1 on configs/test-tiny.yaml: tp 2, 4, 8 with and
+#     without sequence parallelism, and combined with dp and every ZeRO stage; memory and dp/tp
+#     traffic against their formulas (test/compare_runs.py --accounting);
+#   - invalid tp: exit 2 with the numbers on every rank, no hang.
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+
+for np in 2 4; do
+    out=$("${MPIRUN[@]}" -np "$np" "$BUILD/test/mpi_test_tp" 2>&1 </dev/null)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
+        fail "mpi_test_tp at $np ranks exited $rc"
+        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    fi
+done
+
+data=$BUILD/test-data/shakespeare-bytes
+if [ ! -f "$data/train.bin" ]; then
+    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
+        --out "$data" >/dev/null || fail "prepare byte-level test data"
+fi
+base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
+
+if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
+    # tp  dp  zero  sequence_parallel  micro_batch
+    while read -r tp dp zero sp micro; do
+        name="tp=$tp dp=$dp zero=$zero sp=$sp micro_batch=$micro"
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * dp)) "$BIN" "${base[@]}" \
+            --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
+            --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/run.jsonl" "$tmp/run.bin" 1e-3 4 --accounting); then
+                ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
+            else
+                fail "$name: $out"
+            fi
+        fi
+    done <<'RUNS'
+2 1 0 false 2
+2 1 0 true 4
+4 1 0 false 16
+4 1 0 true 2
+8 1 0 false 2
+8 1 0 true 4
+2 2 1 false 2
+2 2 1 true 4
+2 4 3 false 2
+2 4 3 true 1
+4 2 2 false 2
+4 2 2 true 8
+RUNS
+fi
+
+expect_exit 2 "tp that does not divide n_head" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" --set parallel.tp=3
+expect_text "parallel.tp=3" "invalid tp is quoted"
+expect_text "hint:" "invalid tp has a hint listing valid values"
+n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
+if [ "$n" = 1 ]; then ok "invalid tp printed once (rank 0)"; else fail "invalid tp printed $n times"; fi
+expect_exit 2 "sequence parallelism with seq_len not divisible by tp" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+    --set parallel.tp=4 --set parallel.sequence_parallel=true --set model.seq_len=30
+expect_text "seq_len" "the message names seq_len"

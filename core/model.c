@@ -30,12 +30,43 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.shard_params = false;
     layout.shard_grads = false;
     layout.sequence_parallel = false;
+    layout.recompute = false;
     layout.n_chunks = 1;
     layout.chunks[0].index = 0;
     layout.chunks[0].first_layer = 0;
     layout.chunks[0].n_layers = (int)cfg->model.n_layer;
     layout.chunks[0].has_embed = true;
     layout.chunks[0].has_head = true;
+    return layout;
+}
+
+ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank) {
+    ct_model_layout layout = ct_model_layout_single(cfg);
+    const int pp = (int)cfg->parallel.pp, v = (int)cfg->parallel.virtual_stages;
+    const int n_chunks = pp * v, L = (int)cfg->model.n_layer;
+    CT_ASSERT(v <= CT_MAX_CHUNKS && pp_rank >= 0 && pp_rank < pp);
+    /* Layers per global chunk: parallel.pp_layers (validated by the config), else even. */
+    int *counts = ct_xcalloc((size_t)n_chunks, sizeof(int));
+    const char *spec = cfg->parallel.pp_layers;
+    for (int c = 0; c < n_chunks; c++) {
+        if (spec[0]) {
+            counts[c] = (int)strtol(spec, (char **)&spec, 10);
+            if (*spec == ',') spec++;
+        } else {
+            counts[c] = L / n_chunks;
+        }
+    }
+    layout.n_chunks = v;
+    for (int j = 0; j < v; j++) {
+        int c = pp_rank + j * pp, first = 0;
+        for (int k = 0; k < c; k++) first += counts[k];
+        layout.chunks[j].index = c;
+        layout.chunks[j].first_layer = first;
+        layout.chunks[j].n_layers = counts[c];
+        layout.chunks[j].has_embed = c == 0;
+        layout.chunks[j].has_head = c == n_chunks - 1;
+    }
+    free(counts);
     return layout;
 }
 
@@ -146,14 +177,18 @@ static void build_registry(ct_model *m) {
         if (m->layout.chunks[c].has_head) {
             begin_unit(m, "head", &unit_cap);
             m->head_unit = m->n_units - 1;
-            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
-            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
             if (!have_embed) {
-                /* The last stage's twin of the tied embedding (pipeline parallel). */
+                /* The last stage's twin of the tied embedding (pipeline parallel). It comes
+                 * first, at offset 0 like wte in the embedding unit, and both units are padded
+                 * to the same size (ct_model_new): then every data-parallel shard covers the
+                 * same part of the two copies and their gradients can be summed shard by
+                 * shard. */
                 ct_param *twin = add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std,
                                            chunk);
                 twin->tied_to = "wte";
             }
+            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
+            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
         }
     }
     for (int u = 0; u < m->n_units; u++) {
@@ -223,6 +258,11 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     /* Offsets: parameters packed in registry order inside their unit; units padded so that
      * every data-parallel shard is equal and 64-byte aligned. */
     const int64_t align = 16 * (int64_t)CT_MAX(1, layout->dp_size);
+    /* With the embedding and the head on different pipeline ranks, both tied units get the
+     * padded size of the larger one (see the twin in build_registry). */
+    const int64_t vocab_slice = m->Vp / layout->tp_size * m->C;
+    const int64_t tied_numel = CT_MAX(vocab_slice + m->T * m->C, vocab_slice + 2 * m->C);
+    const bool tie_across_ranks = (m->embed_unit >= 0) != (m->head_unit >= 0);
     int64_t slab = 0;
     for (int u = 0; u < m->n_units; u++) {
         ct_unit *unit = &m->units[u];
@@ -233,7 +273,12 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
             off += p->numel;
         }
         unit->numel = off;
-        unit->padded_numel = (off + align - 1) / align * align;
+        int64_t sized = off;
+        if (tie_across_ranks && (u == m->embed_unit || u == m->head_unit)) {
+            CT_ASSERT(off <= tied_numel);
+            sized = tied_numel;
+        }
+        unit->padded_numel = (sized + align - 1) / align * align;
         unit->slab_offset = slab;
         slab += unit->padded_numel;
     }
@@ -315,6 +360,8 @@ void ct_model_free(ct_model *m) {
     ct_tensor_free(m->sp_local);
     ct_tensor_free(m->sp_full);
     ct_tensor_free(m->sp_perm);
+    ct_tensor_free(m->recompute_ws);
+    ct_tensor_free(m->recompute_out);
     free(m);
 }
 
@@ -399,34 +446,57 @@ static ct_tensor *carve(carver *cv, int ndim, int64_t d0, int64_t d1, int64_t d2
     return t;
 }
 
-static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
-    int64_t B = a->B, T = m->T, C = m->C, N = B * T, tp = m->layout.tp_size;
-    int64_t Tl = m->Tl, Nl = B * Tl; /* the residual stream's share of positions */
+/* A layer's internal activations (everything but its input and output residuals). */
+static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
+    int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
-    int64_t nh = m->NH / tp, vloc = m->Vp / tp;
+    la->ln1 = carve(cv, 3, B, T, C);
+    la->ln1_mean = carve(cv, 1, Nl, 0, 0);
+    la->ln1_rstd = carve(cv, 1, Nl, 0, 0);
+    la->q = carve(cv, 3, B, T, qdim);
+    la->k = carve(cv, 3, B, T, kvdim);
+    la->v = carve(cv, 3, B, T, kvdim);
+    la->att = carve(cv, 3, B, T, qdim);
+    la->lse = carve(cv, 3, B, m->NH / tp, T);
+    la->mid = carve(cv, 3, B, m->Tl, C);
+    la->ln2 = carve(cv, 3, B, T, C);
+    la->ln2_mean = carve(cv, 1, Nl, 0, 0);
+    la->ln2_rstd = carve(cv, 1, Nl, 0, 0);
+    la->h = carve(cv, 3, B, T, F);
+    la->g = carve(cv, 3, B, T, F);
+}
+
+/* Elements of one layer's internal activations for a micro-batch of B. */
+static int64_t layer_internals_numel(ct_model *m, int64_t B) {
+    ct_layer_acts la;
+    carver cv = {0};
+    carve_layer(m, &la, &cv, B);
+    return cv.used;
+}
+
+/*
+ * Every activation of a microbatch: the residual stream at each layer boundary, the layers'
+ * internals, and the head's. With train.recompute = full the internals are not kept: every
+ * layer's views point into the one shared workspace m->recompute_ws, which forward overwrites
+ * layer after layer and backward refills by running the layer's forward again.
+ */
+static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
+    int64_t B = a->B, C = m->C, N = B * m->T, Tl = m->Tl, Nl = B * Tl;
+    int64_t vloc = m->Vp / m->layout.tp_size;
     for (int c = 0; c < m->layout.n_chunks; c++) {
         int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
         a->residual[first] = carve(cv, 3, B, Tl, C); /* the chunk's input (received under pp) */
         for (int l = first; l < first + n; l++) {
-            ct_layer_acts *la = &a->layers[l];
-            la->ln1 = carve(cv, 3, B, T, C);
-            la->ln1_mean = carve(cv, 1, Nl, 0, 0);
-            la->ln1_rstd = carve(cv, 1, Nl, 0, 0);
-            la->q = carve(cv, 3, B, T, qdim);
-            la->k = carve(cv, 3, B, T, kvdim);
-            la->v = carve(cv, 3, B, T, kvdim);
-            la->att = carve(cv, 3, B, T, qdim);
-            la->lse = carve(cv, 3, B, nh, T);
-            la->mid = carve(cv, 3, B, Tl, C);
-            la->ln2 = carve(cv, 3, B, T, C);
-            la->ln2_mean = carve(cv, 1, Nl, 0, 0);
-            la->ln2_rstd = carve(cv, 1, Nl, 0, 0);
-            la->h = carve(cv, 3, B, T, F);
-            la->g = carve(cv, 3, B, T, F);
+            if (m->layout.recompute) {
+                carver shared = {.slab = cv->slab ? m->recompute_ws : NULL};
+                carve_layer(m, &a->layers[l], &shared, B);
+            } else {
+                carve_layer(m, &a->layers[l], cv, B);
+            }
             a->residual[l + 1] = carve(cv, 3, B, Tl, C);
         }
         if (m->layout.chunks[c].has_head) {
-            a->lnf = carve(cv, 3, B, T, C);
+            a->lnf = carve(cv, 3, B, m->T, C);
             a->lnf_mean = carve(cv, 1, Nl, 0, 0);
             a->lnf_rstd = carve(cv, 1, Nl, 0, 0);
             a->logits = carve(cv, 2, N, vloc, 0);
@@ -457,6 +527,23 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     a->layers = ct_xcalloc((size_t)m->L, sizeof *a->layers);
     carver cv = {0};
     carve_acts(m, a, &cv);
+    if (m->layout.recompute && B > m->recompute_B) {
+        /* Views of live activation contexts point into the workspace: it may only grow
+         * before the first one exists. */
+        CT_ASSERTF(m->live_acts == 0, "recompute workspace must grow from B=%lld to %lld with "
+                   "activations alive", (long long)m->recompute_B, (long long)B);
+        ct_tensor_free(m->recompute_ws);
+        ct_tensor_free(m->recompute_out);
+        m->recompute_ws = ct_tensor_new_1d(m->be, CT_DTYPE_F32, layer_internals_numel(m, B),
+                                           CT_MEM_ACTS);
+        int64_t shape[3] = {B, m->Tl, m->C};
+        m->recompute_out = ct_tensor_new(m->be, CT_DTYPE_F32, 3, shape, CT_MEM_ACTS);
+        m->recompute_B = B;
+        if (!m->recompute_ws || !m->recompute_out) {
+            ct_acts_free(a);
+            return CT_ERR_RUNTIME;
+        }
+    }
     a->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_ACTS);
     a->tokens = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
     a->targets = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
@@ -466,6 +553,8 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     }
     cv = (carver){.slab = a->slab};
     carve_acts(m, a, &cv);
+    m->live_acts++;
+    a->model = m;
     if (m->layout.sequence_parallel && B > m->sp_capacity_B) {
         ct_tensor_free(m->sp_local), ct_tensor_free(m->sp_full), ct_tensor_free(m->sp_perm);
         m->sp_local = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->Tl * m->C, CT_MEM_WORKSPACE);
@@ -483,6 +572,7 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
 
 void ct_acts_free(ct_acts *a) {
     if (!a) return;
+    if (a->model) a->model->live_acts--;
     ct_tensor *singles[] = {a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->rowmax,
                             a->sumexp, a->target_logit, a->losses};
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
@@ -669,10 +759,12 @@ static void row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, co
     ct_bias_add(out, b->value);
 }
 
-static void layer_forward(ct_model *m, int l, ct_acts *a) {
+/* Runs layer l on residual[l], writing its internals into a->layers[l] and its output to
+ * `out` (residual[l+1], or a scratch when backward recomputes the internals). */
+static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
-    ct_tensor *x = a->residual[l], *out = a->residual[l + 1];
+    ct_tensor *x = a->residual[l];
     int64_t tp = m->layout.tp_size;
 
     norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
@@ -751,7 +843,7 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double 
     }
     for (int l = first; l < first + n; l++) {
         unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
-        layer_forward(m, l, a);
+        layer_forward(m, l, a, a->residual[l + 1]);
         unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
     }
     if (has_head) {
@@ -855,6 +947,13 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     }
     for (int l = first + n - 1; l >= first; l--) {
         unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
+        if (m->layout.recompute) {
+            /* Only the layer's input was kept: rebuild its internals (the forward's
+             * collectives run again). The output is already in residual[l+1]. */
+            ct_tensor *out = ct_tensor_view(m->recompute_out, 0, 3, a->residual[l + 1]->shape);
+            layer_forward(m, l, a, out);
+            ct_tensor_free(out);
+        }
         layer_backward(m, l, a, s);
         unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
     }

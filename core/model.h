@@ -76,6 +76,8 @@ typedef struct ct_model_layout {
      * elementwise regions hold T/tp positions of every sequence; each tp allreduce becomes an
      * allgather before a column-parallel layer and a reduce-scatter after a row-parallel one. */
     bool sequence_parallel;
+    /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
+    bool recompute;
     int n_chunks;            /* chunks on this rank */
     struct {
         int index;           /* global chunk index */
@@ -136,6 +138,11 @@ typedef struct ct_model {
      * (B,T/tp,C), a full (B,T,C) and the rank-major permutation buffer of the same size. */
     ct_tensor *sp_local, *sp_full, *sp_perm;
     int64_t sp_capacity_B;
+    /* Recompute workspace: one layer's internals (shared by every activation context) and a
+     * (B,Tl,C) output the recomputed forward writes and nobody reads. */
+    ct_tensor *recompute_ws, *recompute_out;
+    int64_t recompute_B;
+    int live_acts;             /* activation contexts alive (ct_acts_new / _free) */
 
     ct_param *wte, *wpe;       /* (Vp, C) vocab-parallel by rows, (T, C) */
     ct_param *lnf_w, *lnf_b;   /* (C) */
@@ -154,6 +161,7 @@ typedef struct ct_layer_acts {
 } ct_layer_acts;
 
 typedef struct ct_acts {
+    struct ct_model *model;
     int64_t B;
     int n_layers;                  /* L (entries of layers not on this rank stay NULL) */
     ct_tensor *slab;
@@ -178,7 +186,11 @@ typedef struct ct_grad_scratch {
     ct_tensor *dh;                 /* (B,T,F) */
 } ct_grad_scratch;
 
+/* Everything on one rank: one chunk with all layers, the embeddings and the head. */
 ct_model_layout ct_model_layout_single(const ct_config *cfg);
+/* The chunks of pipeline rank pp_rank: chunks pp_rank, pp_rank + pp, ... of the pp·v chunks
+ * (parallel.pp_layers or an even split); tp and dp fields as in ct_model_layout_single. */
+ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank);
 
 /* Builds the registry and allocates parameters and gradients (params initialised, grads zero). */
 ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,

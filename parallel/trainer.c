@@ -220,6 +220,7 @@ static ct_status build_model(trainer *t) {
     layout.tp_rank = t->pctx->tp_rank;
     layout.tp_size = t->pctx->tp;
     layout.sequence_parallel = cfg->parallel.sequence_parallel;
+    layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
     layout.dp_size = t->dp_size;
     layout.shard_grads = stage >= 2;
     layout.shard_params = stage == 3;

@@ -18,7 +18,11 @@
 #define CT_PATH_MAX 512
 
 typedef enum ct_arch { CT_ARCH_GPT2 = 0, CT_ARCH_LLAMA } ct_arch;
-typedef enum ct_schedule { CT_SCHEDULE_1F1B = 0, CT_SCHEDULE_GPIPE, CT_SCHEDULE_INTERLEAVED } ct_schedule;
+typedef enum ct_schedule_choice {
+    CT_SCHEDULE_1F1B = 0,
+    CT_SCHEDULE_GPIPE,
+    CT_SCHEDULE_INTERLEAVED
+} ct_schedule_choice;
 typedef enum ct_precision { CT_PRECISION_FP32 = 0, CT_PRECISION_BF16 } ct_precision;
 typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recompute;
 
@@ -37,7 +41,7 @@ typedef struct ct_model_config {
 typedef struct ct_parallel_config {
     int64_t tp, pp, dp;  /* dp 0 means world / (tp·pp) */
     int64_t zero_stage;
-    ct_schedule schedule;
+    ct_schedule_choice schedule;
     int64_t virtual_stages;
     char pp_layers[256]; /* comma-separated explicit split, "" = even */
     bool sequence_parallel;

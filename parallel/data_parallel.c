@@ -116,9 +116,13 @@ static void ensure_gathered(ct_dp *dp, int u) {
     }
 }
 
-/* Starts gathering unit u ahead of its use if a pool slot is free (never waits). */
-static void prefetch(ct_dp *dp, int u) {
+/* Starts gathering unit u ahead of its use if a pool slot is free (never waits). Only within
+ * the chunk of `from`: across chunks (pipeline parallel) the next unit may run much later. */
+static void prefetch(ct_dp *dp, int u, int from) {
     if (u < 0 || u >= dp->model->n_units || dp->units[u].gathered || dp->units[u].dedicated)
+        return;
+    const ct_model *m = dp->model;
+    if (m->params[m->units[u].first_param].chunk != m->params[m->units[from].first_param].chunk)
         return;
     slot *s = take_gather_slot(dp, u);
     if (s) start_gather(dp, u, s);
@@ -208,7 +212,7 @@ static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
     if (dp->stage == 3) {
         ensure_gathered(dp, u);
-        prefetch(dp, pass == CT_PASS_FORWARD ? u + 1 : u - 1);
+        prefetch(dp, pass == CT_PASS_FORWARD ? u + 1 : u - 1, u);
     }
     if (pass == CT_PASS_BACKWARD) {
         log_event(dp, CT_DP_EVENT_BACKWARD_BEGIN, u);
@@ -457,8 +461,42 @@ double ct_dp_grad_sumsq(ct_dp *dp) {
     return sum;
 }
 
+/* Gathers left from a prefetch that was never used hold last step's parameters: drop them. */
+static void drop_gathered(ct_dp *dp) {
+    for (int u = 0; u < dp->model->n_units; u++) {
+        dp_unit *du = &dp->units[u];
+        if (!du->gathered) continue;
+        if (du->gather_req) timed_wait(dp, du->gather_req);
+        du->gather_req = NULL;
+        release_gathered(dp, u);
+    }
+}
+
+void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed) {
+    ct_model *m = dp->model;
+    const bool across = (m->embed_unit >= 0) != (m->head_unit >= 0);
+    if (!across || !embed || embed->size == 1) return;
+    /* The embedding unit (first stage) and the head unit (last stage) hold wte / its twin at
+     * offset 0 and have the same padded size, so this rank's range covers the same elements of
+     * both: sum them over the two stages. */
+    int u = m->embed_unit >= 0 ? m->embed_unit : m->head_unit;
+    int64_t n_wte = m->wte->numel; /* m->wte is the twin on the last stage */
+    ct_tensor *params, *grads;
+    unit_ranges(dp, u, &params, &grads);
+    int64_t lo = dp->stage == 0 ? 0 : dp->units[u].shard_lo;
+    int64_t n = CT_MIN(n_wte, lo + grads->numel) - lo;
+    if (n > 0) {
+        double t0 = ct_now();
+        ct_comm_allreduce(embed, grads->data, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+        dp->exposed += ct_now() - t0;
+    }
+    ct_tensor_free(params);
+    ct_tensor_free(grads);
+}
+
 void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
     int nu = dp->model->n_units;
+    if (dp->stage == 3) drop_gathered(dp);
     ct_optim_begin_step(dp->opt);
     for (int u = 0; u < nu; u++) {
         ct_tensor *p, *g;

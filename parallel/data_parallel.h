@@ -65,6 +65,10 @@ void ct_dp_begin_step(ct_dp *dp);
 void ct_dp_begin_microbatch(ct_dp *dp, int mb, int n_mb);
 /* Waits for every outstanding reduction; after it, this rank's gradient ranges are final. */
 void ct_dp_finish_backward(ct_dp *dp);
+/* Pipeline parallel: sums the tied embedding's gradient between the first stage (wte) and the
+ * last (its twin) over the embedding group, on this rank's range, after ct_dp_finish_backward.
+ * No-op when both live on this rank. */
+void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed);
 /* Sum of squared gradients over the whole dp group's view of this rank's model slice. */
 double ct_dp_grad_sumsq(ct_dp *dp);
 /* AdamW on this rank's ranges, then (stages 1-2) the parameter allgather. */

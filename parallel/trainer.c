@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "core/tokenizer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -136,6 +137,9 @@ typedef struct trainer {
     bool own_pctx, rank0;
     ct_model *model;
     ct_dp *dp;
+    ct_pipeline *pipeline;   /* pp > 1: runs the schedule; else microbatches run in a loop */
+    ct_dataset *batch_data;  /* what the pipeline's batch callback reads from */
+    int64_t batch_first;     /* its first global sample index for this step */
     ct_acts *acts;
     ct_grad_scratch *scratch;
     ct_dataset *train_data, *val_data;
@@ -148,6 +152,7 @@ typedef struct trainer {
 static void trainer_free(trainer *t) {
     ct_grad_scratch_free(t->scratch);
     ct_acts_free(t->acts);
+    ct_pipeline_free(t->pipeline);
     ct_dp_free(t->dp);
     ct_model_free(t->model);
     ct_dataset_free(t->train_data);
@@ -215,7 +220,7 @@ static ct_status open_inputs(trainer *t) {
 static ct_status build_model(trainer *t) {
     const ct_config *cfg = t->cfg;
     int stage = (int)cfg->parallel.zero_stage;
-    ct_model_layout layout = ct_model_layout_single(cfg);
+    ct_model_layout layout = ct_model_layout_pipeline(cfg, t->pctx->pp_rank);
     layout.tp = t->pctx->tp_comm;
     layout.tp_rank = t->pctx->tp_rank;
     layout.tp_size = t->pctx->tp;
@@ -226,9 +231,32 @@ static ct_status build_model(trainer *t) {
     layout.shard_params = stage == 3;
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
     CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train));
+    if (t->pctx->pp > 1) {
+        static const ct_schedule_kind kinds[] = {
+            [CT_SCHEDULE_1F1B] = CT_SCHEDULE_KIND_1F1B,
+            [CT_SCHEDULE_GPIPE] = CT_SCHEDULE_KIND_GPIPE,
+            [CT_SCHEDULE_INTERLEAVED] = CT_SCHEDULE_KIND_INTERLEAVED,
+        };
+        return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx,
+                               kinds[cfg->parallel.schedule], (int)cfg->derived.grad_accum,
+                               cfg->train.micro_batch);
+    }
     CT_TRY(ct_acts_new(&t->acts, t->model, cfg->train.micro_batch));
     CT_TRY(ct_grad_scratch_new(&t->scratch, t->model, cfg->train.micro_batch));
     return CT_OK;
+}
+
+/* The pipeline's batch callback: microbatch mb of this rank's share of the step. */
+static void fill_batch(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
+    trainer *t = ctx;
+    int64_t B = t->cfg->train.micro_batch;
+    ct_dataset_fill(t->batch_data, t->batch_first + mb * B, B, tokens, targets);
+}
+
+/* Sum over the pipeline group: only the stage holding the loss contributes. */
+static double pp_sum(trainer *t, double x) {
+    ct_comm_allreduce(t->pctx->pp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    return x;
 }
 
 static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, ct_pctx *pctx) {
@@ -243,12 +271,6 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
     t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->host_targets = ct_xmalloc(n * sizeof(int32_t));
-    if (cfg->parallel.pp > 1) {
-        ct_error(CT_ERR_INPUT, "parallel.pp=%lld: pipeline parallelism is not implemented yet",
-                 (long long)cfg->parallel.pp);
-        ct_hint("use parallel.pp=1 (tensor and data parallelism are available)");
-        return CT_ERR_INPUT;
-    }
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
     return CT_OK;
@@ -266,6 +288,14 @@ static double evaluate(trainer *t) {
     const ct_config *cfg = t->cfg;
     int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
     double sum = 0.0;
+    if (t->pipeline) {
+        t->batch_data = t->val_data;
+        for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
+            t->batch_first = s * G + t->dp_rank * (G / t->dp_size);
+            sum += ct_pipeline_run(t->pipeline, false, 0.0f, fill_batch, t);
+        }
+        return dp_sum(t, pp_sum(t, sum)) / (double)(cfg->train.eval_steps * G * T);
+    }
     for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
         for (int64_t first = s * G + t->dp_rank * (G / t->dp_size);
              first < s * G + (t->dp_rank + 1) * (G / t->dp_size); first += B) {
@@ -295,6 +325,11 @@ static ct_status print_sample(trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_tokenizer *tok = t->tokenizer;
     if (cfg->log.sample_tokens <= 0 || !tok) return CT_OK;
+    if (t->pipeline) {
+        if (t->rank0) printf("(log.sample_tokens: sampling runs without pipeline parallelism; "
+                             "skipped at parallel.pp=%d)\n", t->pctx->pp);
+        return CT_OK;
+    }
     ct_model *m = t->model;
     ct_acts *acts = NULL;
     CT_TRY(ct_acts_new(&acts, m, 1));
@@ -474,41 +509,128 @@ static void place_slice(const ct_param *p, int r, const float *part, float *glob
         memcpy(global + (row0 + i) * gcols + col0, part + i * cols, (size_t)cols * sizeof(float));
 }
 
-/* The model's parameters as global tensors, registry order, no padding: every unit copied out
- * (gathered under ZeRO-3: collective over dp), tensor-parallel slices gathered from the tp
- * group (collective over tp). The result is the same bytes layout as a world-size-1 run. */
+/* Where a parameter goes in the world-size-1 registry order: the embeddings (0), layer l
+ * (l + 1), the final norm (L + 1); inside a group every layout lists tensors in one order. */
+static int64_t param_group(const ct_model *m, const ct_param *p) {
+    int l;
+    if (sscanf(p->name, "layers.%d.", &l) == 1) return l + 1;
+    if (!strncmp(p->name, "lnf.", 4)) return m->L + 1;
+    return 0;
+}
+
+typedef struct param_piece {
+    int64_t group, numel;
+    const float *data;
+} param_piece;
+
+/*
+ * The model's parameters as global tensors in the world-size-1 registry order, no padding:
+ * every unit copied out (gathered under ZeRO-3: collective over dp), tensor-parallel slices
+ * gathered from the tp group, pipeline stages sent to pipeline rank 0 (tied twins left out).
+ * On world rank 0 the result has the bytes of a world-size-1 run's parameters; elsewhere it
+ * holds this rank's stage only.
+ */
 static float *collect_params(trainer *t, int64_t *n_out) {
     ct_model *m = t->model;
-    ct_comm *tp = t->pctx->tp_comm;
+    ct_comm *tp = t->pctx->tp_comm, *pp = t->pctx->pp_comm;
     int64_t n = 0, max_unit = 0, max_param = 0;
     for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].tied_to) continue;
         n += m->params[i].global_shape[0] * m->params[i].global_shape[1];
         max_param = CT_MAX(max_param, m->params[i].numel);
     }
     for (int u = 0; u < m->n_units; u++) max_unit = CT_MAX(max_unit, m->units[u].padded_numel);
-    float *out = ct_xmalloc((size_t)CT_MAX(n, 1) * sizeof(float));
+    float *mine = ct_xmalloc((size_t)CT_MAX(n, 1) * sizeof(float));
     float *unit_buf = ct_xmalloc((size_t)max_unit * sizeof(float));
     float *gathered = ct_xmalloc((size_t)CT_MAX(max_param, 1) * (size_t)tp->size * sizeof(float));
+    param_piece *pieces = ct_xcalloc((size_t)m->n_params, sizeof *pieces);
+    int n_pieces = 0;
     int64_t pos = 0;
     for (int u = 0; u < m->n_units; u++) {
         ct_dp_unit_params_to_host(t->dp, u, unit_buf);
         const ct_unit *unit = &m->units[u];
         for (int i = 0; i < unit->n_params; i++) {
             const ct_param *p = &m->params[unit->first_param + i];
+            if (p->tied_to) continue;
             const float *local = unit_buf + p->offset;
             if (p->tp_split_dim < 0 || tp->size == 1) {
-                memcpy(out + pos, local, (size_t)p->numel * sizeof(float));
+                memcpy(mine + pos, local, (size_t)p->numel * sizeof(float));
             } else {
                 ct_comm_allgather(tp, local, gathered, p->numel * tp->size, CT_DTYPE_F32);
                 for (int r = 0; r < tp->size; r++)
-                    place_slice(p, r, gathered + (int64_t)r * p->numel, out + pos);
+                    place_slice(p, r, gathered + (int64_t)r * p->numel, mine + pos);
             }
-            pos += p->global_shape[0] * p->global_shape[1];
+            int64_t numel = p->global_shape[0] * p->global_shape[1];
+            pieces[n_pieces++] = (param_piece){param_group(m, p), numel, mine + pos};
+            pos += numel;
         }
     }
     free(gathered);
     free(unit_buf);
-    *n_out = n;
+    if (pp->size == 1 || t->pctx->tp_rank != 0 || t->pctx->dp_rank != 0) {
+        free(pieces);
+        *n_out = n;
+        return mine;
+    }
+    /* Pipeline stages: each sends (count, groups, sizes, data) to stage 0. */
+    const int tag = 1 << 20;
+    int64_t count = n_pieces;
+    int64_t *meta = ct_xmalloc(2 * (size_t)CT_MAX(count, 1) * sizeof(int64_t));
+    if (t->pctx->pp_rank != 0) {
+        for (int i = 0; i < n_pieces; i++) meta[i] = pieces[i].group, meta[count + i] = pieces[i].numel;
+        ct_comm_wait(pp, ct_comm_isend(pp, &count, 1, CT_DTYPE_I64, 0, tag));
+        ct_comm_wait(pp, ct_comm_isend(pp, meta, 2 * count, CT_DTYPE_I64, 0, tag + 1));
+        ct_comm_wait(pp, ct_comm_isend(pp, mine, n, CT_DTYPE_F32, 0, tag + 2));
+        free(meta);
+        free(pieces);
+        *n_out = n;
+        return mine;
+    }
+    int total_pieces = n_pieces;
+    param_piece *all = ct_xcalloc((size_t)total_pieces, sizeof *all);
+    memcpy(all, pieces, (size_t)n_pieces * sizeof *all);
+    float **stage_data = ct_xcalloc((size_t)pp->size, sizeof *stage_data);
+    int64_t total = n;
+    for (int r = 1; r < pp->size; r++) {
+        int64_t c = 0;
+        ct_comm_wait(pp, ct_comm_irecv(pp, &c, 1, CT_DTYPE_I64, r, tag));
+        int64_t *md = ct_xmalloc(2 * (size_t)CT_MAX(c, 1) * sizeof(int64_t));
+        ct_comm_wait(pp, ct_comm_irecv(pp, md, 2 * c, CT_DTYPE_I64, r, tag + 1));
+        int64_t sz = 0;
+        for (int64_t i = 0; i < c; i++) sz += md[c + i];
+        stage_data[r] = ct_xmalloc((size_t)CT_MAX(sz, 1) * sizeof(float));
+        ct_comm_wait(pp, ct_comm_irecv(pp, stage_data[r], sz, CT_DTYPE_F32, r, tag + 2));
+        all = realloc(all, (size_t)(total_pieces + c) * sizeof *all);
+        CT_ASSERT(all != NULL);
+        int64_t off = 0;
+        for (int64_t i = 0; i < c; i++) {
+            all[total_pieces++] = (param_piece){md[i], md[c + i], stage_data[r] + off};
+            off += md[c + i];
+        }
+        total += sz;
+        free(md);
+    }
+    /* Group by group, keeping each stage's order inside a group (it is the registry's). */
+    param_piece *sorted = ct_xcalloc((size_t)total_pieces, sizeof *sorted);
+    int k = 0;
+    for (int64_t g = 0; g <= m->L + 1; g++)
+        for (int i = 0; i < total_pieces; i++)
+            if (all[i].group == g) sorted[k++] = all[i];
+    CT_ASSERT(k == total_pieces);
+    float *out = ct_xmalloc((size_t)CT_MAX(total, 1) * sizeof(float));
+    int64_t o = 0;
+    for (int i = 0; i < total_pieces; i++) {
+        memcpy(out + o, sorted[i].data, (size_t)sorted[i].numel * sizeof(float));
+        o += sorted[i].numel;
+    }
+    for (int r = 1; r < pp->size; r++) free(stage_data[r]);
+    free(stage_data);
+    free(sorted);
+    free(all);
+    free(meta);
+    free(pieces);
+    free(mine);
+    *n_out = total;
     return out;
 }
 
@@ -550,22 +672,31 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
 
     int64_t bad_in_a_row = 0;
     double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
-    double interval_exposed = 0;
+    double interval_exposed = 0, interval_bubble = 0;
     for (int64_t step = 0; step < cfg->train.steps; step++) {
         double step_start = ct_now();
         ct_comm_reset_counters(dp_comm);
         ct_comm_reset_counters(t.pctx->tp_comm);
         ct_dp_begin_step(t.dp);
-        double loss_sum = 0.0;
+        double loss_sum = 0.0, bubble = 0.0;
         int64_t first = step * G + t.dp_rank * (G / t.dp_size);
-        for (int64_t mb = 0; mb < accum; mb++) {
-            ct_dp_begin_microbatch(t.dp, (int)mb, (int)accum);
-            ct_dataset_fill(t.train_data, first + mb * B, B, t.host_inputs, t.host_targets);
-            ct_acts_set_batch(t.acts, t.host_inputs, t.host_targets);
-            loss_sum += ct_model_forward(t.model, t.acts, dloss);
-            ct_model_backward(t.model, t.acts, t.scratch);
+        if (t.pipeline) {
+            t.batch_data = t.train_data;
+            t.batch_first = first;
+            loss_sum = ct_pipeline_run(t.pipeline, true, dloss, fill_batch, &t);
+            bubble = ct_pipeline_wait_seconds(t.pipeline);
+        } else {
+            for (int64_t mb = 0; mb < accum; mb++) {
+                ct_dp_begin_microbatch(t.dp, (int)mb, (int)accum);
+                ct_dataset_fill(t.train_data, first + mb * B, B, t.host_inputs, t.host_targets);
+                ct_acts_set_batch(t.acts, t.host_inputs, t.host_targets);
+                loss_sum += ct_model_forward(t.model, t.acts, dloss);
+                ct_model_backward(t.model, t.acts, t.scratch);
+            }
         }
         ct_dp_finish_backward(t.dp);
+        ct_dp_sync_tied(t.dp, t.pctx->embed_comm);
+        if (t.pipeline) loss_sum = pp_sum(&t, loss_sum);
         double loss = dp_sum(&t, loss_sum) / tokens_per_step;
         /* Each rank summed its own slice (replicated tensors on tp rank 0 only): add up the
          * slices of the model-parallel group. */
@@ -603,6 +734,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         }
         interval_tokens += tokens_per_step;
         interval_exposed += ct_dp_exposed_seconds(t.dp);
+        interval_bubble += bubble;
         if (step == 0) res.first_loss = loss;
         res.losses[step] = loss;
         res.last_loss = loss;
@@ -627,11 +759,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             fprintf(t.metrics,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
+                    "\"bubble_s\": %.4f, "
                     "\"mfu\": %.4f, \"skipped\": %s, \"dp_bytes\": %llu, "
                     "\"dp_bytes_expected\": %.0f, \"tp_bytes\": %llu, "
                     "\"tp_bytes_expected\": %.0f}\n",
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
-                    ct_dp_exposed_seconds(t.dp),
+                    ct_dp_exposed_seconds(t.dp), bubble,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
                     t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
@@ -656,14 +789,16 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             format_duration(eta, sizeof eta, (double)(cfg->train.steps - step - 1) *
                                                  (ct_now() - run_start) / (double)(step + 1));
             printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-                   "MFU %4.1f%% | compute %.0f ms, comm %.0f ms, bubble 0 ms | mem %s | ETA %s\n",
+                   "MFU %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms | mem %s | "
+                   "ETA %s\n",
                    (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
-                   100.0 * mfu, 1e3 * (elapsed - interval_exposed) / steps,
-                   1e3 * interval_exposed / steps, mem, eta);
+                   100.0 * mfu, 1e3 * (elapsed - interval_exposed - interval_bubble) / steps,
+                   1e3 * interval_exposed / steps, 1e3 * interval_bubble / steps, mem, eta);
             fflush(stdout);
             interval_start = ct_now();
             interval_tokens = 0;
             interval_exposed = 0;
+            interval_bubble = 0;
         }
     }
     if (t.metrics) fflush(t.metrics);

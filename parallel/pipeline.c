@@ -1,0 +1,269 @@
+/* pipeline.c — the schedule executor (see pipeline.h). */
+#include "pipeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pending_send {
+    ct_comm_request *req;
+    ct_tensor *buf;  /* owned copy (gradients), or NULL when sending from activations */
+    int mb;          /* whose activations it reads (-1 for owned copies) */
+} pending_send;
+
+struct ct_pipeline {
+    ct_model *model;
+    ct_dp *dp;
+    ct_pctx *pctx;
+    ct_schedule *train, *forward_only;
+    int m, n_chunks;
+    int64_t B;
+    ct_acts **pool;          /* free activation contexts */
+    int n_pool;
+    ct_acts **acts;          /* [m] context of each microbatch in flight, or NULL */
+    int *backwards_left;     /* [m] local chunks whose backward is still to run */
+    ct_grad_scratch *scratch;
+    pending_send *sends;
+    int n_sends, cap_sends;
+    ct_tensor **grad_bufs;   /* free gradient send buffers (B,Tl,C) */
+    int n_grad_bufs;
+    int32_t *host_tokens, *host_targets;
+    int inflight, peak_inflight;
+    double wait_seconds;
+    bool logging;
+    ct_action *log;
+    int n_log, cap_log;
+};
+
+ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                          ct_schedule_kind kind, int m, int64_t B) {
+    ct_pipeline *p = ct_xcalloc(1, sizeof *p);
+    p->model = model;
+    p->dp = dp;
+    p->pctx = pctx;
+    p->m = m;
+    p->B = B;
+    int v = model->layout.n_chunks;
+    p->n_chunks = pctx->pp * v;
+    p->train = ct_schedule_new(kind, pctx->pp, v, m);
+    p->forward_only = p->train ? ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m)
+                               : NULL;
+    if (!p->train || !p->forward_only) {
+        ct_pipeline_free(p);
+        return CT_ERR_INPUT;
+    }
+    p->pool = ct_xcalloc((size_t)m, sizeof *p->pool);
+    p->acts = ct_xcalloc((size_t)m, sizeof *p->acts);
+    p->backwards_left = ct_xcalloc((size_t)m, sizeof(int));
+    /* At most one owned gradient buffer per backward action can be in flight. */
+    p->grad_bufs = ct_xcalloc((size_t)m * (size_t)v + 1, sizeof *p->grad_bufs);
+    p->host_tokens = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
+    p->host_targets = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
+    ct_status st = ct_grad_scratch_new(&p->scratch, model, B);
+    if (st != CT_OK) {
+        ct_pipeline_free(p);
+        return st;
+    }
+    *out = p;
+    return CT_OK;
+}
+
+static void wait_sends(ct_pipeline *p, int mb);
+static void release_acts(ct_pipeline *p, int mb);
+
+void ct_pipeline_free(ct_pipeline *p) {
+    if (!p) return;
+    wait_sends(p, -2);
+    for (int i = 0; i < p->n_pool; i++) ct_acts_free(p->pool[i]);
+    for (int i = 0; p->acts && i < p->m; i++) ct_acts_free(p->acts[i]);
+    for (int i = 0; i < p->n_grad_bufs; i++) ct_tensor_free(p->grad_bufs[i]);
+    ct_grad_scratch_free(p->scratch);
+    ct_schedule_free(p->train);
+    ct_schedule_free(p->forward_only);
+    free(p->pool);
+    free(p->acts);
+    free(p->backwards_left);
+    free(p->grad_bufs);
+    free(p->sends);
+    free(p->host_tokens);
+    free(p->host_targets);
+    free(p->log);
+    free(p);
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static int local_chunk(const ct_pipeline *p, int chunk) { return chunk / p->pctx->pp; }
+
+/* Tag of the message crossing the boundary between chunks `lower` and lower + 1. */
+static int tag_of(const ct_pipeline *p, int mb, int lower, bool grad) {
+    return ((mb * p->n_chunks) + lower) * 2 + (grad ? 1 : 0);
+}
+
+static void poll_all(ct_pipeline *p) {
+    ct_comm_poll(p->pctx->pp_comm);
+    ct_comm_poll(p->pctx->dp_comm);
+}
+
+/* Waits for a request, counting the time as pipeline waiting (bubble and transfer). */
+static void timed_wait(ct_pipeline *p, ct_comm_request *req) {
+    double t0 = ct_now();
+    ct_comm_wait(p->pctx->pp_comm, req);
+    p->wait_seconds += ct_now() - t0;
+}
+
+/* Completes sends that read microbatch mb's activations (mb = -1: owned buffers whose request
+ * has finished; mb = -2: everything). */
+static void wait_sends(ct_pipeline *p, int mb) {
+    int keep = 0;
+    for (int i = 0; i < p->n_sends; i++) {
+        pending_send *s = &p->sends[i];
+        bool wait = mb == -2 || (mb >= 0 && s->mb == mb) ||
+                    (mb == -1 && ct_comm_test(p->pctx->pp_comm, s->req));
+        if (!wait) {
+            p->sends[keep++] = *s;
+            continue;
+        }
+        timed_wait(p, s->req);
+        if (s->buf) p->grad_bufs[p->n_grad_bufs++] = s->buf;
+    }
+    p->n_sends = keep;
+}
+
+static void track_send(ct_pipeline *p, ct_comm_request *req, ct_tensor *buf, int mb) {
+    if (p->n_sends == p->cap_sends) {
+        p->cap_sends = p->cap_sends ? 2 * p->cap_sends : 16;
+        p->sends = realloc(p->sends, (size_t)p->cap_sends * sizeof *p->sends);
+        CT_ASSERT(p->sends != NULL);
+    }
+    p->sends[p->n_sends++] = (pending_send){.req = req, .buf = buf, .mb = mb};
+}
+
+/* The activation context of microbatch mb, taken from the pool on first use. */
+static ct_acts *acts_for(ct_pipeline *p, int mb, ct_batch_fn fill, void *ctx, bool train) {
+    if (p->acts[mb]) return p->acts[mb];
+    ct_acts *a = p->n_pool > 0 ? p->pool[--p->n_pool] : NULL;
+    if (!a) CT_ASSERTF(ct_acts_new(&a, p->model, p->B) == CT_OK, "out of memory for activations");
+    fill(ctx, mb, p->host_tokens, p->host_targets);
+    ct_acts_set_batch(a, p->host_tokens, p->host_targets);
+    p->acts[mb] = a;
+    p->backwards_left[mb] = train ? p->model->layout.n_chunks : 0;
+    p->inflight++;
+    p->peak_inflight = CT_MAX(p->peak_inflight, p->inflight);
+    return a;
+}
+
+/* Gives microbatch mb's context back to the pool; sends that read it must have completed. */
+static void release_acts(ct_pipeline *p, int mb) {
+    wait_sends(p, mb);
+    p->pool[p->n_pool++] = p->acts[mb];
+    p->acts[mb] = NULL;
+    p->inflight--;
+}
+
+/* The residual tensor at the input (or output) of local chunk j. */
+static ct_tensor *chunk_input(ct_pipeline *p, ct_acts *a, int j) {
+    return a->residual[p->model->layout.chunks[j].first_layer];
+}
+
+static ct_tensor *chunk_output(ct_pipeline *p, ct_acts *a, int j) {
+    return a->residual[p->model->layout.chunks[j].first_layer + p->model->layout.chunks[j].n_layers];
+}
+
+static void log_action(ct_pipeline *p, const ct_action *act) {
+    if (!p->logging) return;
+    if (p->n_log == p->cap_log) {
+        p->cap_log = p->cap_log ? 2 * p->cap_log : 256;
+        p->log = realloc(p->log, (size_t)p->cap_log * sizeof *p->log);
+        CT_ASSERT(p->log != NULL);
+    }
+    p->log[p->n_log++] = *act;
+}
+
+/* ---- the executor --------------------------------------------------------------------------- */
+
+double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx) {
+    const ct_schedule *s = train ? p->train : p->forward_only;
+    const int r = p->pctx->pp_rank;
+    ct_comm *pp = p->pctx->pp_comm;
+    ct_model *m = p->model;
+    double loss = 0.0;
+    p->wait_seconds = 0.0;
+    p->peak_inflight = 0;
+    for (int i = 0; i < s->n_actions[r]; i++) {
+        const ct_action *act = &s->actions[r][i];
+        const int mb = act->mb, j = local_chunk(p, act->chunk);
+        log_action(p, act);
+        switch (act->kind) {
+        case CT_ACTION_RECV_ACT: {
+            ct_tensor *in = chunk_input(p, acts_for(p, mb, fill, ctx, train), j);
+            ct_comm_request *req = ct_comm_irecv(pp, in->data, in->numel, CT_DTYPE_F32, act->peer,
+                                                 tag_of(p, mb, act->chunk - 1, false));
+            timed_wait(p, req);
+            break;
+        }
+        case CT_ACTION_FORWARD: {
+            ct_acts *a = acts_for(p, mb, fill, ctx, train);
+            ct_dp_begin_microbatch(p->dp, mb, p->m);
+            double l = 0.0;
+            ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f, &l);
+            if (m->layout.chunks[j].has_head) loss += l;
+            /* Forward-only (evaluation) keeps its contexts until the end of the run. */
+            break;
+        }
+        case CT_ACTION_SEND_ACT: {
+            ct_tensor *o = chunk_output(p, p->acts[mb], j);
+            ct_comm_request *req = ct_comm_isend(pp, o->data, o->numel, CT_DTYPE_F32, act->peer,
+                                                 tag_of(p, mb, act->chunk, false));
+            track_send(p, req, NULL, mb);
+            break;
+        }
+        case CT_ACTION_RECV_GRAD: {
+            ct_comm_request *req = ct_comm_irecv(pp, p->scratch->dres->data,
+                                                 p->scratch->dres->numel, CT_DTYPE_F32,
+                                                 act->peer, tag_of(p, mb, act->chunk, true));
+            timed_wait(p, req);
+            break;
+        }
+        case CT_ACTION_BACKWARD: {
+            ct_dp_begin_microbatch(p->dp, mb, p->m);
+            ct_model_backward_chunk(m, j, p->acts[mb], p->scratch);
+            /* The first chunk sends nothing back: its last backward frees the context now;
+             * elsewhere SEND_GRAD follows and frees it. */
+            if (--p->backwards_left[mb] == 0 && act->chunk == 0) release_acts(p, mb);
+            break;
+        }
+        case CT_ACTION_SEND_GRAD: {
+            /* Backward's scratch is reused by the next backward: send a copy. */
+            wait_sends(p, -1);
+            ct_tensor *buf = p->n_grad_bufs > 0 ? p->grad_bufs[--p->n_grad_bufs] : NULL;
+            if (!buf) {
+                buf = ct_tensor_new(m->be, CT_DTYPE_F32, 3, p->scratch->dres->shape, CT_MEM_COMM);
+                CT_ASSERTF(buf != NULL, "out of memory for a gradient send buffer");
+            }
+            ct_tensor_copy(buf, p->scratch->dres);
+            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, CT_DTYPE_F32,
+                                                 act->peer, tag_of(p, mb, act->chunk - 1, true));
+            track_send(p, req, buf, -1);
+            if (p->backwards_left[mb] == 0) release_acts(p, mb);
+            break;
+        }
+        }
+        poll_all(p);
+    }
+    wait_sends(p, -2);
+    for (int mb = 0; mb < p->m; mb++)
+        if (p->acts[mb]) release_acts(p, mb);
+    return loss;
+}
+
+double ct_pipeline_wait_seconds(const ct_pipeline *p) { return p->wait_seconds; }
+int ct_pipeline_peak_inflight(const ct_pipeline *p) { return p->peak_inflight; }
+void ct_pipeline_log_actions(ct_pipeline *p, bool on) {
+    p->logging = on;
+    p->n_log = 0;
+}
+const ct_action *ct_pipeline_executed(const ct_pipeline *p, int *n) {
+    *n = p->n_log;
+    return p->log;
+}
+const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p) { return p->train; }

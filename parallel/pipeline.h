@@ -1,0 +1,48 @@
+/*
+ * pipeline.h — the executor that runs a schedule's action list on this pipeline rank
+ * (DESIGN §6, "Pipeline parallel"; the lists come from schedule.h).
+ *
+ * Each microbatch in flight has its own activation context (ct_acts), taken from a pool on its
+ * first forward here and given back once its last backward here is done, so memory follows the
+ * schedule's in-flight count (forward-only evaluation keeps its contexts to the end of the run). Activations travel as the residual stream at chunk boundaries, (B, T, C) — (B, T/tp, C)
+ * with sequence parallelism — point to point on the pp group with non-blocking sends; a receive
+ * waits, polling, and that waiting is the measured bubble. Between actions the executor polls
+ * the data-parallel group so gradient reductions progress during the schedule.
+ */
+#ifndef CT_PARALLEL_PIPELINE_H
+#define CT_PARALLEL_PIPELINE_H
+
+#include "core/model.h"
+#include "parallel/context.h"
+#include "parallel/data_parallel.h"
+#include "parallel/schedule.h"
+
+/* Supplies microbatch mb's token ids and targets (B·T each, host memory). */
+typedef void (*ct_batch_fn)(void *ctx, int mb, int32_t *tokens, int32_t *targets);
+
+typedef struct ct_pipeline ct_pipeline;
+
+/* An executor for `model` (this rank's chunks) on the grid's pp group; m microbatches of B
+ * sequences per step, training with the `kind` schedule (v from the model's layout). */
+ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                          ct_schedule_kind kind, int m, int64_t B);
+void ct_pipeline_free(ct_pipeline *p);
+
+/*
+ * Runs one step: the training schedule (train = true; backward starts from dloss per token) or
+ * the forward-only one (evaluation). Returns the summed loss of the microbatches whose last
+ * chunk ran here (0 elsewhere).
+ */
+double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx);
+
+/* Seconds the last run spent waiting for activations or gradients from other stages. */
+double ct_pipeline_wait_seconds(const ct_pipeline *p);
+/* Peak activation contexts (microbatches) alive during the last run. */
+int ct_pipeline_peak_inflight(const ct_pipeline *p);
+
+/* Records the actions as executed (for tests: the real order must be the generator's list). */
+void ct_pipeline_log_actions(ct_pipeline *p, bool on);
+const ct_action *ct_pipeline_executed(const ct_pipeline *p, int *n);
+const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p);
+
+#endif /* CT_PARALLEL_PIPELINE_H */

@@ -464,26 +464,35 @@ static ct_status write_trace(trainer *t, const char *path) {
 
 /*
  * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
- * B sequences, N = tp, activations of B·T·C floats:
- *   per microbatch, forward: the embedding's reduction, two per layer (attention and MLP
- *   outputs), and the loss's three B·T reductions (row max, sum of exponentials, target
- *   logit); backward: two per layer (the norm-output gradients) and the LM head's one.
- *   That is (4L + 2) reductions of B·T·C plus 3 of B·T, each 2·bytes·(N−1)/N as an allreduce;
- *   with sequence parallelism each becomes an allgather + a reduce-scatter of the same total.
- *   Sequence parallelism also sums the partial gradients of the tp-replicated tensors (6C per
- *   layer, the position embedding T·C, the final norm 2C): once per step at ZeRO 0-1, once per
- *   microbatch at ZeRO 2-3.
+ * B sequences, N = tp, activations of B·T·C floats, L_r layers on this rank:
+ *   per microbatch, forward: two reductions per layer (attention and MLP outputs), plus the
+ *   embedding's on the first stage and the loss's three B·T ones (row max, sum of exponentials,
+ *   target logit) on the last; backward: two per layer (the norm-output gradients) and the LM
+ *   head's one on the last stage; with recompute the forward's two per layer run again. Each is
+ *   2·bytes·(N−1)/N as an allreduce; with sequence parallelism each becomes an allgather + a
+ *   reduce-scatter of the same total. Sequence parallelism also sums the partial gradients of
+ *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
+ *   the final norm 2C on the last): once per step at ZeRO 0-1, once per microbatch at ZeRO 2-3.
  */
-static double expected_tp_bytes(const ct_config *cfg, int64_t m) {
+static double expected_tp_bytes(const trainer *t, int64_t m) {
+    const ct_config *cfg = t->cfg;
     double N = (double)cfg->parallel.tp;
     if (N <= 1) return 0.0;
+    const ct_model_layout *lay = &t->model->layout;
+    double L = 0, embed = 0, head = 0;
+    for (int c = 0; c < lay->n_chunks; c++) {
+        L += lay->chunks[c].n_layers;
+        embed += lay->chunks[c].has_embed;
+        head += lay->chunks[c].has_head;
+    }
     double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
-    double C = (double)cfg->model.d_model, L = (double)cfg->model.n_layer;
+    double C = (double)cfg->model.d_model, BTC = B * T * C;
     double ring = 2.0 * (N - 1.0) / N * sizeof(float);
-    double per_mb = ring * ((4.0 * L + 2.0) * B * T * C + 3.0 * B * T);
-    double total = per_mb * (double)m;
+    double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
+    double per_mb = (4.0 * L + recompute + embed + head) * BTC + head * 3.0 * B * T;
+    double total = ring * per_mb * (double)m;
     if (cfg->parallel.sequence_parallel) {
-        double replicated = 6.0 * L * C + T * C + 2.0 * C;
+        double replicated = 6.0 * L * C + embed * T * C + head * 2.0 * C;
         total += ring * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;
@@ -730,7 +739,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             if (t.rank0 && t.pctx->tp > 1)
                 printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                        (double)step_tp_bytes / 1048576.0,
-                       expected_tp_bytes(cfg, accum) / 1048576.0);
+                       expected_tp_bytes(&t, accum) / 1048576.0);
         }
         interval_tokens += tokens_per_step;
         interval_exposed += ct_dp_exposed_seconds(t.dp);
@@ -768,7 +777,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
                     t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
-                    (unsigned long long)step_tp_bytes, expected_tp_bytes(cfg, accum));
+                    (unsigned long long)step_tp_bytes, expected_tp_bytes(&t, accum));
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);

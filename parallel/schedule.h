@@ -12,6 +12,9 @@
  *   RECV_GRAD(mb, c) right before BACKWARD(mb, c) when c < last  (from the rank of chunk c+1)
  *   SEND_GRAD(mb, c) right after BACKWARD(mb, c) when c > 0      (to the rank of chunk c−1)
  * `peer` is the pipeline rank on the other end; (mb, c) identify the message on both sides.
+ * Matching pairs (ct_action_match): SEND_ACT(mb, c) ↔ RECV_ACT(mb, c+1) and
+ * SEND_GRAD(mb, c) ↔ RECV_GRAD(mb, c−1), i.e. a message is named by the microbatch and the pair
+ * of adjacent chunks it crosses. With pp = 1 and v > 1 the peer is the rank itself.
  * Sends never block (they are non-blocking and completed later); a receive waits for its data.
  * One executor (pipeline.c) runs any such list.
  */
@@ -20,6 +23,8 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+
+#include "core/common.h"
 
 typedef enum ct_action_kind {
     CT_ACTION_FORWARD = 0,
@@ -60,6 +65,9 @@ typedef struct ct_schedule {
  * (common.h, CT_ERR_INPUT) when the arguments cannot make that schedule.
  */
 ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m);
+/* The argument check ct_schedule_new runs: CT_OK, or CT_ERR_INPUT with the message and hint
+ * recorded, naming the numbers. Lets a caller validate a layout before building anything. */
+ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m);
 void ct_schedule_free(ct_schedule *s); /* accepts NULL */
 
 const char *ct_schedule_kind_name(ct_schedule_kind kind);
@@ -79,17 +87,37 @@ typedef struct ct_sim_result {
                                (forward done, backward not yet) */
     int *peak_inflight_mb;  /* [pp] the same counted in microbatches (any chunk held) */
     bool order_ok;          /* every forward precedes its backward, every (mb, chunk) once */
+    /* Where the simulation stuck and what is wrong with the order, for messages and tests. */
+    int deadlock_action;    /* index in deadlock_rank's list of the action it waits on, or -1 */
+    char order_msg[160];    /* first problem found when !order_ok, "" otherwise */
 } ct_sim_result;
 
-/* Runs every rank's list with unit compute costs and zero communication cost. */
+/*
+ * Runs every rank's list with unit compute costs and zero communication cost. Ranks advance
+ * independently; a send is instant, a receive completes at max(now, time its send ran) and waits
+ * while the send has not run. Deadlock: no rank can advance while some still have actions.
+ * order_ok also checks the transfers: each RECV_ACT/RECV_GRAD sits before its compute and each
+ * SEND after it, every RECV has its SEND on `peer` (pointing back) and every SEND its RECV.
+ * In-flight counts a chunk activation from the end of its FORWARD to the end of its BACKWARD;
+ * a forward-only schedule keeps nothing for a backward, so its peaks are 0.
+ */
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio);
 void ct_sim_result_release(ct_sim_result *r);
 
-/* The theoretical bubble fraction: (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1). */
+/* The theoretical bubble fraction: (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1). Forward-only
+ * runs each microbatch through all of a rank's chunks before the next one, so with v > 1 it
+ * pays the pipeline fill once per microbatch: 1 − m·v / ((m−1)·((v−1)·p+1) + p·v), which is
+ * (p−1)/(m+p−1) at v = 1. */
 double ct_schedule_theory_bubble(const ct_schedule *s);
 
+/* The transfer at the other end of transfer `a` on rank `rank` (see the pairs above); its peer
+ * is `rank`. Returns false for FORWARD/BACKWARD and for a transfer off either end of the model. */
+bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_action *match);
+
 /* Prints the schedule as a text timeline, one row per rank, one column per time unit of the
- * simulation (F/B with the microbatch, '.' idle), then the per-rank report. */
+ * simulation (F/B with the microbatch, '.' idle), then the per-rank report. A column is one chunk
+ * forward (1/v) wide and holds "F<mb>" (v = 1) or "F<mb>:<global chunk>"; a backward fills
+ * backward_ratio columns (rounded to the nearest column when the ratio is not a whole number). */
 void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out);
 
 #endif /* CT_PARALLEL_SCHEDULE_H */

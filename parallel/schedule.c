@@ -1,0 +1,571 @@
+/*
+ * schedule.c — pipeline schedule generators, the simulator and the timeline printer (see
+ * schedule.h).
+ *
+ * Every generator is the same skeleton: decide, per rank, the order in which it runs its
+ * FORWARD(mb, c) and BACKWARD(mb, c) steps, and let emit_forward()/emit_backward() wrap each
+ * step in its transfers. Keeping the transfers out of the ordering logic is what makes the four
+ * schedules short and lets the simulator and the executor treat them alike.
+ *
+ * The simulator evaluates the lists as a dependency graph: an action's time depends only on the
+ * previous action of its rank and, for a receive, on when the matching send ran. It therefore
+ * advances each rank as far as it can, rank after rank, until nothing moves; the visiting order
+ * cannot change any time, so this gives the same answer as a priority-queue event loop with less
+ * machinery, and "nothing moves while work is left" is exactly a deadlock.
+ */
+#include "schedule.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+
+/* ---- names and layout ------------------------------------------------------------------------- */
+
+const char *ct_schedule_kind_name(ct_schedule_kind kind) {
+    switch (kind) {
+    case CT_SCHEDULE_KIND_GPIPE: return "gpipe";
+    case CT_SCHEDULE_KIND_1F1B: return "1f1b";
+    case CT_SCHEDULE_KIND_INTERLEAVED: return "interleaved";
+    case CT_SCHEDULE_KIND_FORWARD_ONLY: return "forward-only";
+    }
+    return "?";
+}
+
+const char *ct_action_kind_name(ct_action_kind kind) {
+    switch (kind) {
+    case CT_ACTION_FORWARD: return "FORWARD";
+    case CT_ACTION_BACKWARD: return "BACKWARD";
+    case CT_ACTION_SEND_ACT: return "SEND_ACT";
+    case CT_ACTION_RECV_ACT: return "RECV_ACT";
+    case CT_ACTION_SEND_GRAD: return "SEND_GRAD";
+    case CT_ACTION_RECV_GRAD: return "RECV_GRAD";
+    }
+    return "?";
+}
+
+int ct_schedule_chunk_rank(const ct_schedule *s, int chunk) {
+    CT_ASSERTF(chunk >= 0 && chunk < s->pp * s->v, "chunk %d of %d", chunk, s->pp * s->v);
+    return chunk % s->pp;
+}
+
+static int n_chunks(const ct_schedule *s) { return s->pp * s->v; }
+
+static bool is_compute(ct_action_kind kind) {
+    return kind == CT_ACTION_FORWARD || kind == CT_ACTION_BACKWARD;
+}
+
+bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_action *match) {
+    int last = n_chunks(s) - 1, c = a->chunk, other;
+    ct_action_kind kind;
+    if (c < 0 || c > last) return false;
+    switch (a->kind) {
+    case CT_ACTION_SEND_ACT: kind = CT_ACTION_RECV_ACT, other = c + 1; break;
+    case CT_ACTION_RECV_ACT: kind = CT_ACTION_SEND_ACT, other = c - 1; break;
+    case CT_ACTION_SEND_GRAD: kind = CT_ACTION_RECV_GRAD, other = c - 1; break;
+    case CT_ACTION_RECV_GRAD: kind = CT_ACTION_SEND_GRAD, other = c + 1; break;
+    default: return false;
+    }
+    if (other < 0 || other > last) return false;
+    *match = (ct_action){.kind = kind, .mb = a->mb, .chunk = other, .peer = rank};
+    return true;
+}
+
+/* ---- generators ------------------------------------------------------------------------------- */
+
+static void emit(ct_schedule *s, int r, ct_action_kind kind, int mb, int c, int peer) {
+    s->actions[r][s->n_actions[r]++] = (ct_action){.kind = kind, .mb = mb, .chunk = c, .peer = peer};
+}
+
+/* The receive goes right before the compute and the send right after, so a rank never holds a
+ * message longer than it needs and the executor can post both around one step. */
+static void emit_forward(ct_schedule *s, int r, int mb, int c) {
+    int last = n_chunks(s) - 1;
+    if (c > 0) emit(s, r, CT_ACTION_RECV_ACT, mb, c, ct_schedule_chunk_rank(s, c - 1));
+    emit(s, r, CT_ACTION_FORWARD, mb, c, -1);
+    if (c < last) emit(s, r, CT_ACTION_SEND_ACT, mb, c, ct_schedule_chunk_rank(s, c + 1));
+}
+
+static void emit_backward(ct_schedule *s, int r, int mb, int c) {
+    int last = n_chunks(s) - 1;
+    if (c < last) emit(s, r, CT_ACTION_RECV_GRAD, mb, c, ct_schedule_chunk_rank(s, c + 1));
+    emit(s, r, CT_ACTION_BACKWARD, mb, c, -1);
+    if (c > 0) emit(s, r, CT_ACTION_SEND_GRAD, mb, c, ct_schedule_chunk_rank(s, c - 1));
+}
+
+/* Megatron's numbering of a rank's m·v compute steps (v = 1 gives plain 1F1B: chunk r, mb k).
+ * Microbatches go in groups of p: the group runs through local chunk 0, then 1, ..., so that by
+ * the time a rank comes back to a chunk the previous group has left the rest of the pipeline. */
+static int step_mb(const ct_schedule *s, int k) {
+    return (k / (s->pp * s->v)) * s->pp + k % s->pp;
+}
+static int step_fwd_chunk(const ct_schedule *s, int r, int k) {
+    return r + ((k / s->pp) % s->v) * s->pp;
+}
+static int step_bwd_chunk(const ct_schedule *s, int r, int k) {
+    return r + (s->v - 1 - (k / s->pp) % s->v) * s->pp;
+}
+
+/* Warm-up forwards, then one forward / one backward, then the remaining backwards. */
+static void gen_warmup_steady_cooldown(ct_schedule *s, int r, int warmup) {
+    int total = s->m * s->v;
+    for (int k = 0; k < warmup; k++) emit_forward(s, r, step_mb(s, k), step_fwd_chunk(s, r, k));
+    for (int k = 0; k < total - warmup; k++) {
+        int kf = k + warmup;
+        emit_forward(s, r, step_mb(s, kf), step_fwd_chunk(s, r, kf));
+        emit_backward(s, r, step_mb(s, k), step_bwd_chunk(s, r, k));
+    }
+    for (int k = total - warmup; k < total; k++)
+        emit_backward(s, r, step_mb(s, k), step_bwd_chunk(s, r, k));
+}
+
+static void gen_rank(ct_schedule *s, int r) {
+    int p = s->pp, v = s->v, m = s->m;
+    switch (s->kind) {
+    case CT_SCHEDULE_KIND_GPIPE:
+        for (int mb = 0; mb < m; mb++) emit_forward(s, r, mb, r);
+        for (int mb = 0; mb < m; mb++) emit_backward(s, r, mb, r);
+        break;
+    case CT_SCHEDULE_KIND_1F1B:
+        /* Rank r can admit p−r−1 microbatches before the first gradient could possibly return. */
+        gen_warmup_steady_cooldown(s, r, CT_MIN(p - r - 1, m));
+        break;
+    case CT_SCHEDULE_KIND_INTERLEAVED:
+        /* Megatron's count: (v−1)·p forwards fill the later chunks' first group, and 2 more
+         * per downstream rank give the slack that keeps a rank from stalling on its neighbours
+         * when sends and receives are posted in pairs (NVIDIA/Megatron-LM#169). With free,
+         * non-blocking transfers, as simulated here, the makespan is the same without them;
+         * they cost 2 chunk activations per downstream rank. */
+        gen_warmup_steady_cooldown(s, r, CT_MIN((p - r - 1) * 2 + (v - 1) * p, m * v));
+        break;
+    case CT_SCHEDULE_KIND_FORWARD_ONLY:
+        /* Global chunk order inside a microbatch, microbatches in order: every receive waits on
+         * a send that comes earlier in the (mb, chunk) lexicographic order, so no cycle. */
+        for (int mb = 0; mb < m; mb++)
+            for (int j = 0; j < v; j++) emit_forward(s, r, mb, r + j * p);
+        break;
+    }
+}
+
+ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
+    const char *name = ct_schedule_kind_name(kind);
+    if (kind < CT_SCHEDULE_KIND_GPIPE || kind > CT_SCHEDULE_KIND_FORWARD_ONLY) {
+        ct_error(CT_ERR_INPUT, "unknown pipeline schedule kind %d", (int)kind);
+        ct_hint("use gpipe, 1f1b, interleaved or forward-only");
+        return CT_ERR_INPUT;
+    }
+    if (pp < 1 || v < 1 || m < 1) {
+        ct_error(CT_ERR_INPUT,
+                 "pipeline schedule %s needs pp >= 1, v >= 1 and m >= 1 (got pp=%d v=%d m=%d)",
+                 name, pp, v, m);
+        ct_hint("pp is the number of pipeline ranks, v the chunks per rank, m the microbatches "
+                "per step; all must be positive");
+        return CT_ERR_INPUT;
+    }
+    if ((kind == CT_SCHEDULE_KIND_GPIPE || kind == CT_SCHEDULE_KIND_1F1B) && v > 1) {
+        ct_error(CT_ERR_INPUT, "pipeline schedule %s runs one chunk per rank (got v=%d, pp=%d)",
+                 name, v, pp);
+        ct_hint("use v=1 with %s, or the interleaved schedule for v=%d chunks per rank", name, v);
+        return CT_ERR_INPUT;
+    }
+    if (kind == CT_SCHEDULE_KIND_INTERLEAVED && v < 2) {
+        ct_error(CT_ERR_INPUT, "pipeline schedule interleaved needs v >= 2 chunks per rank (got "
+                               "v=%d, pp=%d, m=%d)",
+                 v, pp, m);
+        ct_hint("use v=2 or more, or the 1f1b schedule for one chunk per rank");
+        return CT_ERR_INPUT;
+    }
+    if (kind == CT_SCHEDULE_KIND_INTERLEAVED && m % pp) {
+        ct_error(CT_ERR_INPUT,
+                 "pipeline schedule interleaved needs m=%d microbatches to be a multiple of "
+                 "pp=%d (m %% pp = %d)",
+                 m, pp, m % pp);
+        if (m < pp)
+            ct_hint("microbatches go through the chunks in groups of pp; try m=%d", pp);
+        else
+            ct_hint("microbatches go through the chunks in groups of pp; try m=%d or m=%d",
+                    (m / pp) * pp, (m / pp + 1) * pp);
+        return CT_ERR_INPUT;
+    }
+    /* Each compute step brings at most two transfers: 6 actions per (mb, local chunk). */
+    if ((int64_t)pp * v > INT_MAX / 2 || (int64_t)m * v > INT_MAX / 6) {
+        ct_error(CT_ERR_INPUT, "pipeline schedule %s with pp=%d v=%d m=%d is too large", name, pp,
+                 v, m);
+        ct_hint("pp·v and 6·m·v must fit in an int");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m) {
+    if (ct_schedule_check(kind, pp, v, m) != CT_OK) return NULL;
+    ct_schedule *s = ct_xcalloc(1, sizeof *s);
+    s->kind = kind;
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n_actions = ct_xcalloc((size_t)pp, sizeof *s->n_actions);
+    s->actions = ct_xcalloc((size_t)pp, sizeof *s->actions);
+    size_t cap = (size_t)6 * (size_t)m * (size_t)v;
+    for (int r = 0; r < pp; r++) {
+        s->actions[r] = ct_xmalloc(cap * sizeof(ct_action));
+        gen_rank(s, r);
+        CT_ASSERT((size_t)s->n_actions[r] <= cap);
+    }
+    return s;
+}
+
+void ct_schedule_free(ct_schedule *s) {
+    if (!s) return;
+    for (int r = 0; r < s->pp; r++) free(s->actions[r]);
+    free(s->actions);
+    free(s->n_actions);
+    free(s);
+}
+
+double ct_schedule_theory_bubble(const ct_schedule *s) {
+    double p = s->pp, v = s->v, m = s->m;
+    switch (s->kind) {
+    case CT_SCHEDULE_KIND_GPIPE:
+    case CT_SCHEDULE_KIND_1F1B: return (p - 1) / (m + p - 1);
+    case CT_SCHEDULE_KIND_INTERLEAVED: return (p - 1) / (v * m + p - 1);
+    case CT_SCHEDULE_KIND_FORWARD_ONLY:
+        /* In units of one chunk forward: microbatch k enters chunk 0 at k·((v−1)·p + 1) (rank 0
+         * must finish k−1's last local chunk first) and needs p·v more to leave. */
+        return 1 - m * v / ((m - 1) * ((v - 1) * p + 1) + p * v);
+    }
+    return 0;
+}
+
+/* ---- order check ------------------------------------------------------------------------------ */
+
+static void action_str(const ct_action *a, char *buf, size_t n) {
+    snprintf(buf, n, "%s(mb %d, chunk %d)", ct_action_kind_name(a->kind), a->mb, a->chunk);
+}
+
+/* Records the first problem; later ones would mostly be consequences of it. */
+static void order_fail(ct_sim_result *res, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void order_fail(ct_sim_result *res, const char *fmt, ...) {
+    if (!res->order_ok) return;
+    res->order_ok = false;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->order_msg, sizeof res->order_msg, fmt, ap);
+    va_end(ap);
+}
+
+#define N_KINDS 6
+
+/* Per (kind, mb, chunk): how often it occurs and where (on the rank that runs chunk c, which is
+ * where all six kinds for (mb, c) belong). */
+static void check_order(const ct_schedule *s, ct_sim_result *res) {
+    int nc = n_chunks(s), last = nc - 1, m = s->m;
+    size_t cells = (size_t)m * (size_t)nc;
+    int *count = ct_xcalloc(N_KINDS * cells, sizeof *count);
+    int *pos = ct_xcalloc(N_KINDS * cells, sizeof *pos);
+    char buf[64];
+    res->order_ok = true;
+    res->order_msg[0] = '\0';
+
+    for (int r = 0; r < s->pp; r++) {
+        for (int i = 0; i < s->n_actions[r]; i++) {
+            const ct_action *a = &s->actions[r][i];
+            action_str(a, buf, sizeof buf);
+            if ((int)a->kind < 0 || (int)a->kind >= N_KINDS || a->mb < 0 || a->mb >= m ||
+                a->chunk < 0 || a->chunk >= nc) {
+                order_fail(res, "rank %d action %d: %s is out of range (m=%d, %d chunks)", r, i,
+                           buf, m, nc);
+                continue;
+            }
+            if (ct_schedule_chunk_rank(s, a->chunk) != r) {
+                order_fail(res, "rank %d action %d: %s belongs to rank %d", r, i, buf,
+                           ct_schedule_chunk_rank(s, a->chunk));
+                continue;
+            }
+            if (!is_compute(a->kind)) {
+                ct_action match;
+                if (!ct_action_match(s, r, a, &match)) {
+                    order_fail(res, "rank %d action %d: %s crosses the end of the model", r, i,
+                               buf);
+                    continue;
+                }
+                int want = ct_schedule_chunk_rank(s, match.chunk);
+                if (a->peer != want)
+                    order_fail(res, "rank %d action %d: %s has peer %d, its partner is on rank %d",
+                               r, i, buf, a->peer, want);
+            }
+            size_t at = (size_t)a->kind * cells + (size_t)a->mb * nc + a->chunk;
+            count[at]++;
+            pos[at] = i;
+        }
+    }
+
+    bool fwd_only = s->kind == CT_SCHEDULE_KIND_FORWARD_ONLY;
+    for (int mb = 0; mb < m && res->order_ok; mb++) {
+        for (int c = 0; c < nc && res->order_ok; c++) {
+            int r = ct_schedule_chunk_rank(s, c);
+            size_t at = (size_t)mb * nc + c;
+#define CNT(k) count[(size_t)(k) * cells + at]
+#define POS(k) pos[(size_t)(k) * cells + at]
+            /* How many of each kind (mb, c) needs; each message needs its partner too, which
+             * this also covers: a missing SEND_ACT(mb, c−1) shows up at (mb, c−1). */
+            int need[N_KINDS] = {
+                [CT_ACTION_FORWARD] = 1,
+                [CT_ACTION_BACKWARD] = !fwd_only,
+                [CT_ACTION_RECV_ACT] = c > 0,
+                [CT_ACTION_SEND_ACT] = c < last,
+                [CT_ACTION_RECV_GRAD] = !fwd_only && c < last,
+                [CT_ACTION_SEND_GRAD] = !fwd_only && c > 0,
+            };
+            for (int k = 0; k < N_KINDS; k++) {
+                if (CNT(k) != need[k]) {
+                    ct_action a = {.kind = (ct_action_kind)k, .mb = mb, .chunk = c};
+                    action_str(&a, buf, sizeof buf);
+                    order_fail(res, "rank %d runs %s %d times, expected %d", r, buf, CNT(k),
+                               need[k]);
+                    break;
+                }
+            }
+            if (!res->order_ok) break;
+            int f = POS(CT_ACTION_FORWARD), b = POS(CT_ACTION_BACKWARD);
+            if (!fwd_only && b < f)
+                order_fail(res, "rank %d: BACKWARD(mb %d, chunk %d) comes before its FORWARD", r,
+                           mb, c);
+            if (c > 0 && POS(CT_ACTION_RECV_ACT) > f)
+                order_fail(res, "rank %d: RECV_ACT(mb %d, chunk %d) comes after its FORWARD", r,
+                           mb, c);
+            if (c < last && POS(CT_ACTION_SEND_ACT) < f)
+                order_fail(res, "rank %d: SEND_ACT(mb %d, chunk %d) comes before its FORWARD", r,
+                           mb, c);
+            if (!fwd_only && c < last && POS(CT_ACTION_RECV_GRAD) > b)
+                order_fail(res, "rank %d: RECV_GRAD(mb %d, chunk %d) comes after its BACKWARD", r,
+                           mb, c);
+            if (!fwd_only && c > 0 && POS(CT_ACTION_SEND_GRAD) < b)
+                order_fail(res, "rank %d: SEND_GRAD(mb %d, chunk %d) comes before its BACKWARD",
+                           r, mb, c);
+#undef CNT
+#undef POS
+        }
+    }
+    free(count);
+    free(pos);
+}
+
+/* ---- simulator -------------------------------------------------------------------------------- */
+
+/* A message is named by its direction, microbatch and the lower of the two chunks it crosses. */
+static bool message_key(const ct_schedule *s, const ct_action *a, size_t *key) {
+    int nc = n_chunks(s), lower;
+    if (a->mb < 0 || a->mb >= s->m || a->chunk < 0 || a->chunk >= nc) return false;
+    bool grad = a->kind == CT_ACTION_SEND_GRAD || a->kind == CT_ACTION_RECV_GRAD;
+    switch (a->kind) {
+    case CT_ACTION_SEND_ACT: lower = a->chunk; break;
+    case CT_ACTION_RECV_ACT: lower = a->chunk - 1; break;
+    case CT_ACTION_SEND_GRAD: lower = a->chunk - 1; break;
+    case CT_ACTION_RECV_GRAD: lower = a->chunk; break;
+    default: return false;
+    }
+    if (lower < 0 || lower >= nc - 1) return false;
+    *key = ((size_t)grad * s->m + a->mb) * (size_t)(nc - 1) + lower;
+    return true;
+}
+
+/* The simulation proper; `start`, when given, receives every action's start time ([pp][n]). */
+static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, double **start) {
+    int pp = s->pp, m = s->m, nc = n_chunks(s);
+    ct_sim_result res = {.deadlock_rank = -1, .deadlock_action = -1};
+    res.busy = ct_xcalloc((size_t)pp, sizeof *res.busy);
+    res.bubble = ct_xcalloc((size_t)pp, sizeof *res.bubble);
+    res.peak_inflight = ct_xcalloc((size_t)pp, sizeof *res.peak_inflight);
+    res.peak_inflight_mb = ct_xcalloc((size_t)pp, sizeof *res.peak_inflight_mb);
+    check_order(s, &res);
+
+    size_t n_msgs = (size_t)2 * m * (size_t)(nc > 1 ? nc - 1 : 1);
+    double *sent_at = ct_xmalloc(n_msgs * sizeof *sent_at);
+    for (size_t i = 0; i < n_msgs; i++) sent_at[i] = -1;
+    int *pc = ct_xcalloc((size_t)pp, sizeof *pc);
+    double *clock = ct_xcalloc((size_t)pp, sizeof *clock);
+    int *held = ct_xcalloc((size_t)pp, sizeof *held);    /* chunk activations held */
+    int *held_mb = ct_xcalloc((size_t)pp, sizeof *held_mb); /* microbatches with any held */
+    int *held_of = ct_xcalloc((size_t)pp * m, sizeof *held_of); /* [r][mb] chunks held */
+    bool track = s->kind != CT_SCHEDULE_KIND_FORWARD_ONLY;
+    double t_fwd = 1.0 / s->v, t_bwd = backward_ratio / s->v;
+
+    int64_t left = 0;
+    for (int r = 0; r < pp; r++) left += s->n_actions[r];
+    while (left > 0) {
+        bool moved = false;
+        for (int r = 0; r < pp; r++) {
+            while (pc[r] < s->n_actions[r]) {
+                const ct_action *a = &s->actions[r][pc[r]];
+                bool mb_ok = a->mb >= 0 && a->mb < m;
+                int *mine = &held_of[(size_t)r * m + (mb_ok ? a->mb : 0)];
+                size_t key;
+                if (start) start[r][pc[r]] = clock[r];
+                switch (a->kind) {
+                case CT_ACTION_FORWARD:
+                    clock[r] += t_fwd;
+                    res.busy[r] += t_fwd;
+                    if (track && mb_ok) {
+                        held[r]++;
+                        if ((*mine)++ == 0) held_mb[r]++;
+                        res.peak_inflight[r] = CT_MAX(res.peak_inflight[r], held[r]);
+                        res.peak_inflight_mb[r] = CT_MAX(res.peak_inflight_mb[r], held_mb[r]);
+                    }
+                    break;
+                case CT_ACTION_BACKWARD:
+                    clock[r] += t_bwd;
+                    res.busy[r] += t_bwd;
+                    /* A broken list may free what it never held; keep the counts sane. */
+                    if (track && mb_ok && *mine > 0) {
+                        held[r]--;
+                        if (--(*mine) == 0) held_mb[r]--;
+                    }
+                    break;
+                case CT_ACTION_SEND_ACT:
+                case CT_ACTION_SEND_GRAD:
+                    if (message_key(s, a, &key) && sent_at[key] < 0) sent_at[key] = clock[r];
+                    break;
+                case CT_ACTION_RECV_ACT:
+                case CT_ACTION_RECV_GRAD:
+                    if (!message_key(s, a, &key) || sent_at[key] < 0) goto blocked;
+                    clock[r] = CT_MAX(clock[r], sent_at[key]);
+                    break;
+                }
+                pc[r]++;
+                left--;
+                moved = true;
+            }
+        blocked:;
+        }
+        if (!moved) {
+            res.deadlock = true;
+            for (int r = 0; r < pp && res.deadlock_rank < 0; r++)
+                if (pc[r] < s->n_actions[r]) {
+                    res.deadlock_rank = r;
+                    res.deadlock_action = pc[r];
+                }
+            break;
+        }
+    }
+
+    for (int r = 0; r < pp; r++) res.total_time = CT_MAX(res.total_time, clock[r]);
+    for (int r = 0; r < pp; r++)
+        res.bubble[r] = res.total_time > 0 ? 1 - res.busy[r] / res.total_time : 0;
+    free(sent_at);
+    free(pc);
+    free(clock);
+    free(held);
+    free(held_mb);
+    free(held_of);
+    return res;
+}
+
+ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio) {
+    return simulate(s, backward_ratio, NULL);
+}
+
+void ct_sim_result_release(ct_sim_result *r) {
+    if (!r) return;
+    free(r->busy);
+    free(r->bubble);
+    free(r->peak_inflight);
+    free(r->peak_inflight_mb);
+    r->busy = r->bubble = NULL;
+    r->peak_inflight = r->peak_inflight_mb = NULL;
+}
+
+/* ---- timeline --------------------------------------------------------------------------------- */
+
+static int n_digits(int x) {
+    int d = 1;
+    while (x >= 10) x /= 10, d++;
+    return d;
+}
+
+void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
+    int pp = s->pp, v = s->v;
+    double **start = ct_xcalloc((size_t)pp, sizeof *start);
+    for (int r = 0; r < pp; r++) {
+        start[r] = ct_xmalloc(((size_t)s->n_actions[r] + 1) * sizeof **start);
+        for (int i = 0; i < s->n_actions[r]; i++) start[r][i] = -1;
+    }
+    ct_sim_result res = simulate(s, backward_ratio, start);
+
+    /* One cell per chunk forward; every label in a row has the same width so columns line up:
+     * "F07" or, with several chunks per rank, "F07:12" (microbatch 7 on global chunk 12). */
+    int mb_w = n_digits(s->m - 1), c_w = n_digits(n_chunks(s) - 1);
+    int w = 1 + mb_w + (v > 1 ? 1 + c_w : 0);
+    int n_cells = (int)ceil(res.total_time * v - 1e-9);
+    size_t row_len = (size_t)n_cells * w;
+    char *row = ct_xmalloc(row_len + 1);
+    char label[64];
+    int rank_w = n_digits(pp - 1);
+
+    fprintf(out, "%s pipeline: pp=%d v=%d m=%d, backward = %g x forward\n",
+            ct_schedule_kind_name(s->kind), pp, v, s->m, backward_ratio);
+    fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); F/B<mb>%s, '.' idle\n",
+            v, v > 1 ? ":<global chunk>" : "");
+
+    /* A ruler with the time, in stage-forward units, above the cell where it starts. */
+    int prefix = (int)strlen("rank  |") + rank_w;
+    memset(row, ' ', row_len);
+    row[row_len] = '\0';
+    int free_from = 0;
+    for (int t = 0; (size_t)t * v * w < row_len; t++) {
+        int at = t * v * w, len = snprintf(label, sizeof label, "%d", t);
+        if (at < free_from || (size_t)(at + len) > row_len) continue;
+        memcpy(row + at, label, (size_t)len);
+        free_from = at + len + 1;
+    }
+    size_t used = row_len;
+    while (used > 0 && row[used - 1] == ' ') used--;
+    fprintf(out, "%-*s%.*s\n", prefix, "time", (int)used, row);
+
+    for (int r = 0; r < pp; r++) {
+        memset(row, '.', row_len);
+        for (int i = 0; i < s->n_actions[r]; i++) {
+            const ct_action *a = &s->actions[r][i];
+            /* Actions a deadlock kept from running have no time (-1) and are left out. */
+            if (!is_compute(a->kind) || start[r][i] < 0) continue;
+            double dur = a->kind == CT_ACTION_FORWARD ? 1.0 : backward_ratio;
+            /* Both ends rounded the same way, so neighbours neither overlap nor leave gaps. */
+            int c0 = (int)floor(start[r][i] * v + 0.5), c1 = (int)floor(start[r][i] * v + dur + 0.5);
+            if (v > 1)
+                snprintf(label, sizeof label, "%c%0*d:%0*d", a->kind == CT_ACTION_FORWARD ? 'F' : 'B',
+                         mb_w, a->mb, c_w, a->chunk);
+            else
+                snprintf(label, sizeof label, "%c%0*d", a->kind == CT_ACTION_FORWARD ? 'F' : 'B',
+                         mb_w, a->mb);
+            for (int c = c0; c < c1 && c < n_cells; c++) memcpy(row + (size_t)c * w, label, (size_t)w);
+        }
+        fprintf(out, "rank %*d |%s|\n", rank_w, r, row);
+    }
+
+    for (int r = 0; r < pp; r++)
+        fprintf(out,
+                "rank %*d: busy %.3f  bubble %6.2f%%  peak in-flight %d chunk activations, %d "
+                "microbatches\n",
+                rank_w, r, res.busy[r], 100 * res.bubble[r], res.peak_inflight[r],
+                res.peak_inflight_mb[r]);
+    fprintf(out, "total time %.3f (stage-forward units), theory bubble %.2f%%, deadlock: ",
+            res.total_time, 100 * ct_schedule_theory_bubble(s));
+    if (res.deadlock) {
+        char buf[64];
+        action_str(&s->actions[res.deadlock_rank][res.deadlock_action], buf, sizeof buf);
+        fprintf(out, "yes, rank %d waits forever at action %d, %s\n", res.deadlock_rank,
+                res.deadlock_action, buf);
+    } else {
+        fprintf(out, "no\n");
+    }
+    if (!res.order_ok) fprintf(out, "order: NOT ok: %s\n", res.order_msg);
+
+    free(row);
+    for (int r = 0; r < pp; r++) free(start[r]);
+    free(start);
+    ct_sim_result_release(&res);
+}

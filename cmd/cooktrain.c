@@ -18,6 +18,7 @@
 #include "core/model.h"
 #include "core/prepare.h"
 #include "parallel/context.h"
+#include "parallel/schedule.h"
 #include "parallel/trainer.h"
 
 static const char usage_text[] =
@@ -32,6 +33,9 @@ static const char usage_text[] =
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
     "            --dump-params FILE     write the final parameters (raw f32; for tests)\n"
     "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
+    "  plan      simulate a pipeline schedule and print its timeline, bubble and memory\n"
+    "            [--config FILE] [--set section.key=V]...  or  --schedule gpipe|1f1b|interleaved\n"
+    "            --pp N --microbatches M [--virtual-stages V] [--backward-ratio R]\n"
     "  prepare   train a BPE tokenizer and write token shards\n"
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
     "  help      this text\n";
@@ -147,6 +151,95 @@ static ct_status cmd_train(int argc, char **argv) {
     return st;
 }
 
+static ct_status parse_int(const char *opt, const char *value, int *out) {
+    char *end = NULL;
+    long v = value ? strtol(value, &end, 10) : 0;
+    if (!value || end == value || *end || v < 1 || v > 1 << 20) {
+        ct_error(CT_ERR_INPUT, "%s needs a positive integer, got '%s'", opt, value ? value : "");
+        ct_hint("e.g. cooktrain plan --schedule 1f1b --pp 4 --microbatches 8");
+        return CT_ERR_INPUT;
+    }
+    *out = (int)v;
+    return CT_OK;
+}
+
+/*
+ * `cooktrain plan`: the schedule of a config (its pp, virtual_stages, schedule and the derived
+ * grad_accum), or one given on the command line, through the simulator.
+ */
+static ct_status cmd_plan(int argc, char **argv) {
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    const char *config_path = NULL, *schedule = NULL;
+    int pp = 0, m = 0, v = 1;
+    double ratio = 2.0;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0;
+    ct_status st = CT_OK;
+    for (int i = 0; i < argc && st == CT_OK; i++) {
+        const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--config") && value) config_path = argv[++i];
+        else if (!strcmp(a, "--set") && value) sets[n_sets++] = argv[++i];
+        else if (!strcmp(a, "--schedule") && value) schedule = argv[++i];
+        else if (!strcmp(a, "--pp")) st = parse_int(a, value, &pp), i++;
+        else if (!strcmp(a, "--microbatches")) st = parse_int(a, value, &m), i++;
+        else if (!strcmp(a, "--virtual-stages")) st = parse_int(a, value, &v), i++;
+        else if (!strcmp(a, "--backward-ratio") && value) {
+            char *end = NULL;
+            ratio = strtod(argv[++i], &end);
+            if (*end || !(ratio > 0.0 && ratio <= 100.0)) {
+                ct_error(CT_ERR_INPUT, "--backward-ratio needs a number in (0, 100], got '%s'", value);
+                ct_hint("the cost of a backward relative to a forward; 2 is typical");
+                st = CT_ERR_INPUT;
+            }
+        } else st = usage_error("plan: unknown option or missing value '%s'", a);
+    }
+    ct_schedule_kind kind = CT_SCHEDULE_KIND_1F1B;
+    if (st == CT_OK && (config_path || n_sets > 0)) {
+        if (config_path) st = ct_config_load_file(&cfg, config_path);
+        for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
+        int64_t world = cfg.parallel.tp * cfg.parallel.pp * CT_MAX(1, cfg.parallel.dp);
+        if (st == CT_OK) st = ct_config_validate(&cfg, world);
+        if (st == CT_OK) {
+            static const ct_schedule_kind kinds[] = {
+                [CT_SCHEDULE_1F1B] = CT_SCHEDULE_KIND_1F1B,
+                [CT_SCHEDULE_GPIPE] = CT_SCHEDULE_KIND_GPIPE,
+                [CT_SCHEDULE_INTERLEAVED] = CT_SCHEDULE_KIND_INTERLEAVED,
+            };
+            kind = kinds[cfg.parallel.schedule];
+            pp = pp ? pp : (int)cfg.parallel.pp;
+            m = m ? m : (int)cfg.derived.grad_accum;
+            v = (int)cfg.parallel.virtual_stages;
+        }
+    }
+    free(sets);
+    if (st == CT_OK && schedule) {
+        if (!strcmp(schedule, "gpipe")) kind = CT_SCHEDULE_KIND_GPIPE;
+        else if (!strcmp(schedule, "1f1b")) kind = CT_SCHEDULE_KIND_1F1B;
+        else if (!strcmp(schedule, "interleaved")) kind = CT_SCHEDULE_KIND_INTERLEAVED;
+        else {
+            ct_error(CT_ERR_INPUT, "--schedule '%s' is not a schedule", schedule);
+            ct_hint("valid schedules: gpipe, 1f1b, interleaved");
+            st = CT_ERR_INPUT;
+        }
+    }
+    if (st == CT_OK && (pp < 1 || m < 1)) {
+        ct_error(CT_ERR_INPUT, "plan needs the pipeline size and microbatch count");
+        ct_hint("give --config FILE, or --pp N and --microbatches M");
+        st = CT_ERR_INPUT;
+    }
+    if (st != CT_OK) return st;
+    ct_schedule *s = ct_schedule_new(kind, pp, v, m);
+    if (!s) return CT_ERR_INPUT;
+    ct_schedule_print(s, ratio, stdout);
+    ct_sim_result r = ct_schedule_simulate(s, ratio);
+    st = r.deadlock ? ct_error(CT_ERR_RUNTIME, "the schedule deadlocks (rank %d)", r.deadlock_rank)
+                    : CT_OK;
+    ct_sim_result_release(&r);
+    ct_schedule_free(s);
+    return st;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *command = argc > 1 ? argv[1] : "train";
@@ -163,6 +256,8 @@ int main(int argc, char **argv) {
         int code = exit_code(st);
         ct_mpi_finalize();
         return code;
+    } else if (!strcmp(command, "plan")) {
+        st = cmd_plan(argc - first, argv + first);
     } else if (!strcmp(command, "prepare")) {
         st = ct_prepare_run(argc - first, argv + first);
     } else if (!strcmp(command, "help") || !strcmp(command, "--help") || !strcmp(command, "-h")) {

@@ -1266,6 +1266,13 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                      "(got %lld)",
                      (long long)v),
             "set parallel.virtual_stages: 2 (or more), or use parallel.schedule: 1f1b");
+    if (p->schedule == CT_SCHEDULE_INTERLEAVED && p->pp < 2)
+        return with_hint(
+            ct_error(CT_ERR_INPUT,
+                     "parallel.schedule=interleaved needs parallel.pp >= 2 (got %lld)",
+                     (long long)p->pp),
+            "interleaving spreads chunks over pipeline ranks: use parallel.pp: 2 or more, or "
+            "parallel.schedule: 1f1b with parallel.virtual_stages: 1");
     if (p->schedule != CT_SCHEDULE_INTERLEAVED && v > 1)
         return with_hint(
             ct_error(CT_ERR_INPUT,

@@ -77,7 +77,8 @@ bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_acti
 /* ---- generators ------------------------------------------------------------------------------- */
 
 static void emit(ct_schedule *s, int r, ct_action_kind kind, int mb, int c, int peer) {
-    s->actions[r][s->n_actions[r]++] = (ct_action){.kind = kind, .mb = mb, .chunk = c, .peer = peer};
+    s->actions[r][s->n_actions[r]++] =
+        (ct_action){.kind = kind, .mb = mb, .chunk = c, .peer = peer};
 }
 
 /* The receive goes right before the compute and the send right after, so a rank never holds a
@@ -392,7 +393,6 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
     int *held = ct_xcalloc((size_t)pp, sizeof *held);    /* chunk activations held */
     int *held_mb = ct_xcalloc((size_t)pp, sizeof *held_mb); /* microbatches with any held */
     int *held_of = ct_xcalloc((size_t)pp * m, sizeof *held_of); /* [r][mb] chunks held */
-    bool track = s->kind != CT_SCHEDULE_KIND_FORWARD_ONLY;
     double t_fwd = 1.0 / s->v, t_bwd = backward_ratio / s->v;
 
     int64_t left = 0;
@@ -410,7 +410,7 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
                 case CT_ACTION_FORWARD:
                     clock[r] += t_fwd;
                     res.busy[r] += t_fwd;
-                    if (track && mb_ok) {
+                    if (mb_ok) {
                         held[r]++;
                         if ((*mine)++ == 0) held_mb[r]++;
                         res.peak_inflight[r] = CT_MAX(res.peak_inflight[r], held[r]);
@@ -421,7 +421,7 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
                     clock[r] += t_bwd;
                     res.busy[r] += t_bwd;
                     /* A broken list may free what it never held; keep the counts sane. */
-                    if (track && mb_ok && *mine > 0) {
+                    if (mb_ok && *mine > 0) {
                         held[r]--;
                         if (--(*mine) == 0) held_mb[r]--;
                     }
@@ -534,14 +534,15 @@ void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
             if (!is_compute(a->kind) || start[r][i] < 0) continue;
             double dur = a->kind == CT_ACTION_FORWARD ? 1.0 : backward_ratio;
             /* Both ends rounded the same way, so neighbours neither overlap nor leave gaps. */
-            int c0 = (int)floor(start[r][i] * v + 0.5), c1 = (int)floor(start[r][i] * v + dur + 0.5);
+            int c0 = (int)floor(start[r][i] * v + 0.5);
+            int c1 = (int)floor(start[r][i] * v + dur + 0.5);
+            char letter = a->kind == CT_ACTION_FORWARD ? 'F' : 'B';
             if (v > 1)
-                snprintf(label, sizeof label, "%c%0*d:%0*d", a->kind == CT_ACTION_FORWARD ? 'F' : 'B',
-                         mb_w, a->mb, c_w, a->chunk);
+                snprintf(label, sizeof label, "%c%0*d:%0*d", letter, mb_w, a->mb, c_w, a->chunk);
             else
-                snprintf(label, sizeof label, "%c%0*d", a->kind == CT_ACTION_FORWARD ? 'F' : 'B',
-                         mb_w, a->mb);
-            for (int c = c0; c < c1 && c < n_cells; c++) memcpy(row + (size_t)c * w, label, (size_t)w);
+                snprintf(label, sizeof label, "%c%0*d", letter, mb_w, a->mb);
+            for (int c = c0; c < c1 && c < n_cells; c++)
+                memcpy(row + (size_t)c * w, label, (size_t)w);
         }
         fprintf(out, "rank %*d |%s|\n", rank_w, r, row);
     }

@@ -98,8 +98,10 @@ typedef struct ct_sim_result {
  * while the send has not run. Deadlock: no rank can advance while some still have actions.
  * order_ok also checks the transfers: each RECV_ACT/RECV_GRAD sits before its compute and each
  * SEND after it, every RECV has its SEND on `peer` (pointing back) and every SEND its RECV.
- * In-flight counts a chunk activation from the end of its FORWARD to the end of its BACKWARD;
- * a forward-only schedule keeps nothing for a backward, so its peaks are 0.
+ * In-flight counts a chunk activation from the end of its FORWARD to the end of its BACKWARD.
+ * A forward-only schedule has no backward, so nothing is released and its peaks are m·v chunk
+ * activations and m microbatches, which is what the executor holds (pipeline.h: forward-only
+ * keeps its contexts to the end of the run).
  */
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio);
 void ct_sim_result_release(ct_sim_result *r);

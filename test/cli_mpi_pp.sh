@@ -15,6 +15,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
 
+# `cooktrain plan`: the simulator from the command line.
+if expect_exit 0 "plan 1f1b pp=4 m=8" -- "$BIN" plan --schedule 1f1b --pp 4 --microbatches 8; then
+    expect_text "rank 3 |" "plan prints one timeline row per rank"
+    expect_text "theory bubble 27.27%" "plan states the theoretical bubble (3/11)"
+    expect_text "bubble  27.27%" "plan's simulated bubble equals it"
+    expect_text "deadlock: no" "plan reports no deadlock"
+fi
+expect_exit 0 "plan from a config" -- "$BIN" plan --config configs/test-tiny.yaml --set parallel.pp=2 \
+    --set parallel.schedule=interleaved --set parallel.virtual_stages=2
+expect_text "interleaved pipeline: pp=2 v=2 m=8" "plan takes pp, v and m from the config"
+expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag --pp 2 --microbatches 2
+expect_text "hint:" "unknown schedule has a hint"
+expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2
+
 for np in 2 4; do
     out=$("${MPIRUN[@]}" -np "$np" "$BUILD/test/mpi_test_pp" 2>&1 </dev/null)
     rc=$?

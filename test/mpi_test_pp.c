@@ -8,6 +8,8 @@
  *   - the activation contexts it held at once match the simulator's peak in-flight
  *     microbatches for that rank (the executor frees a microbatch's activations as soon as its
  *     last backward on this rank is done);
+ *   - after the tied-embedding gradient sum and an optimizer step, the first stage's wte and
+ *     the last stage's twin are the same bytes;
  *   - the loss summed over the stages is finite and the same for every schedule (to 1e-6
  *     relative: the schedules reorder work, not arithmetic — each microbatch's gradient sum
  *     is accumulated in microbatch order on every rank).
@@ -100,6 +102,22 @@ static double run_schedule(ct_pctx *pctx, ct_schedule_choice choice, int v) {
              names[choice], world, m, sim.peak_inflight_mb[r]);
     report(ct_pipeline_peak_inflight(pipe) == sim.peak_inflight_mb[r], what);
     ct_sim_result_release(&sim);
+
+    /* The tied embedding: sum its two gradients over the embedding group, update, and the
+     * first stage's wte and the last stage's twin must still be the same bytes. */
+    ct_dp_sync_tied(dp, pctx->embed_comm);
+    ct_dp_optimizer_step(dp, 1e-2f, 1.0f);
+    if (pctx->embed_comm) {
+        int64_t nw = model->wte->numel;
+        float *mine = ct_xmalloc((size_t)nw * sizeof(float));
+        ct_tensor_to_host(mine, model->wte->value);
+        float *both = ct_xmalloc(2 * (size_t)nw * sizeof(float));
+        ct_comm_allgather(pctx->embed_comm, mine, both, 2 * nw, CT_DTYPE_F32);
+        snprintf(what, sizeof what, "%s pp=%d: tied embedding copies identical after the update",
+                 names[choice], world);
+        report(memcmp(both, both + nw, (size_t)nw * sizeof(float)) == 0, what);
+        free(mine), free(both);
+    }
     ct_pipeline_free(pipe);
     ct_dp_free(dp);
     ct_model_free(model);

@@ -1,62 +1,109 @@
 #!/usr/bin/env bash
-# CPU benchmark: tokens/s and MFU for configs/tiny.yaml and configs/gpt2-124m.yaml, and the BPE
-# training time. Every ratio uses figures measured in this same run: MFU's denominator is the
-# sgemm rate at the model's own GEMM shapes (`cooktrain train --gemm-rate`, every linear
-# layer's forward, input-gradient and weight-gradient GEMM), measured right before training,
-# because this machine's speed drifts over minutes.
+# CPU benchmark (issue: CPU backend speed). Prints, from one run:
+#   1. tokens/s of cooktrain and, with --compare-torch, of the PyTorch peer
+#      (scripts/torch_gpt2.py, Debian's python3-torch, 2 threads) on configs/tiny.yaml and
+#      configs/gpt2-124m.yaml, run alternately A/B/A/B in the same time window, and the ratio
+#      of their median tokens/s;
+#   2. MFU: tokens/s x FLOP/token over the sgemm rate at the model's own GEMM shapes
+#      (`cooktrain train --gemm-rate`: every linear layer's forward, input-gradient and
+#      weight-gradient GEMM), measured before each cooktrain run and taken as the median —
+#      this machine's speed drifts by up to 2x over minutes, so only same-window ratios mean
+#      anything;
+#   3. data-parallel overlap: exposed communication as a share of the step at dp=2 on the 124M
+#      config (one thread per rank), from the trainer's own time split;
+#   4. where the time goes: the --profile line (ms per step by op category).
+# Also the BPE training time. Medians are over the steps after the first two of each run.
 #
-#   scripts/bench_cpu.sh [--steps-tiny N] [--steps-124m N] [--threads N]
+#   scripts/bench_cpu.sh [--compare-torch] [--steps-tiny N] [--steps-124m N] [--skip-dp]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 BIN=$BUILD/cooktrain
-steps_tiny=30
+steps_tiny=20
 steps_124m=6
 threads=2
+compare_torch=0
+skip_dp=0
 while [ $# -gt 0 ]; do
     case $1 in
+        --compare-torch) compare_torch=1; shift ;;
         --steps-tiny) steps_tiny=$2; shift 2 ;;
         --steps-124m) steps_124m=$2; shift 2 ;;
-        --threads) threads=$2; shift 2 ;;
+        --skip-dp) skip_dp=1; shift ;;
         *) echo "bench_cpu: unknown option $1" >&2; echo "hint: see the comment at the top of $0" >&2; exit 2 ;;
     esac
 done
 
 make --no-print-directory -s "$BIN" >/dev/null
+TORCH_PY=/usr/bin/python3 # Debian's python3-torch lives in the system interpreter
+if [ $compare_torch = 1 ] && ! $TORCH_PY -c 'import torch' 2>/dev/null; then
+    echo "bench_cpu: installing python3-torch (Debian) for --compare-torch"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+fi
 export OMP_WAIT_POLICY=active
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print 0; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 # ---- BPE training time ----------------------------------------------------------------------
 fortunes=/usr/share/games/fortunes
 echo "== BPE: 4096-token vocabulary on the fortunes corpus"
 "$BIN" prepare --input "$fortunes" --vocab-size 4096 --out "$tmp/f4096" | sed 's/^/   /'
+if [ ! -f data/fortunes/train.bin ]; then bash scripts/prepare_corpus.sh "$BIN" data/fortunes >/dev/null; fi
+"$BIN" prepare --input "$fortunes" --vocab-size 50257 --out "$tmp/f50k" >/dev/null
 
-# ---- a model: gemm rate, then training ------------------------------------------------------
-# bench NAME CONFIG STEPS [--set ...]
+# ---- one model: A/B/A/B ----------------------------------------------------------------------
+# bench NAME CONFIG STEPS TORCH_ARGS [--set ...]
 bench() {
-    local name=$1 config=$2 steps=$3
-    shift 3
-    local sets=(--set train.threads="$threads" --set train.steps="$steps" --set log.interval=1
-                --set log.metrics="$tmp/$name.jsonl" --set train.eval_interval=0
-                --set log.sample_tokens=0 "$@")
-    local rate fpt
-    rate=$("$BIN" train --config "$config" "${sets[@]}" --gemm-rate | awk '/gemm_flops_per_s/ {print $2}')
+    local name=$1 config=$2 steps=$3 torch_args=$4
+    shift 4
+    local sets=(--set train.threads="$threads" --set train.steps="$steps" --set train.warmup_steps=1
+                --set log.interval="$steps" --set train.eval_interval=0 --set log.sample_tokens=0 "$@")
+    : >"$tmp/$name.rates"; : >"$tmp/$name.ours"; : >"$tmp/$name.torch"
+    local fpt
     fpt=$("$BIN" train --config "$config" "${sets[@]}" --gemm-rate | awk '/flops_per_token/ {print $2}')
-    "$BIN" train --config "$config" "${sets[@]}" >"$tmp/$name.log"
-    # Median tokens/s over the steps after the first two (warm-up: page faults, BLAS buffers).
-    local tps
-    tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$tmp/$name.jsonl" | tail -n +3 | sort -g |
-          awk '{a[NR]=$1} END {if (NR == 0) print 0; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}')
-    awk -v n="$name" -v tps="$tps" -v fpt="$fpt" -v rate="$rate" -v th="$threads" 'BEGIN {
-        printf "%-10s %8.1f tok/s | %.3g FLOP/token | sgemm at model shapes %.1f GFLOP/s (%d threads) | MFU %.1f%%\n",
+    for round in 1 2; do
+        "$BIN" train --config "$config" "${sets[@]}" --gemm-rate | awk '/gemm_flops_per_s/ {print $2}' >>"$tmp/$name.rates"
+        "$BIN" train --config "$config" "${sets[@]}" --profile --set log.metrics="$tmp/$name.$round.jsonl" >"$tmp/$name.$round.log"
+        sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$tmp/$name.$round.jsonl" | tail -n +3 >>"$tmp/$name.ours"
+        if [ $compare_torch = 1 ]; then
+            # shellcheck disable=SC2086
+            $TORCH_PY scripts/torch_gpt2.py $torch_args --steps "$steps" --threads "$threads" |
+                sed -n 's/.*s \([0-9.]*\) tokens\/s$/\1/p' | tail -n +3 >>"$tmp/$name.torch"
+        fi
+    done
+    local ours rate theirs
+    ours=$(median <"$tmp/$name.ours")
+    rate=$(median <"$tmp/$name.rates")
+    awk -v n="$name" -v tps="$ours" -v fpt="$fpt" -v rate="$rate" -v th="$threads" 'BEGIN {
+        printf "%-10s cooktrain %8.1f tok/s | %.3g FLOP/token | sgemm at model shapes %.1f GFLOP/s (%d threads, median of 2) | MFU %.1f%%\n",
                n, tps, fpt, rate / 1e9, th, 100 * tps * fpt / rate }'
+    if [ $compare_torch = 1 ]; then
+        theirs=$(median <"$tmp/$name.torch")
+        awk -v n="$name" -v a="$ours" -v b="$theirs" 'BEGIN {
+            printf "%-10s pytorch   %8.1f tok/s | cooktrain / pytorch = %.2fx (median tokens/s, A/B/A/B)\n", n, b, a / b }'
+    fi
+    echo "$name $(grep '^profile' "$tmp/$name.2.log" | tail -1)"
 }
 
-echo "== training throughput (median over steps 3..N; MFU = tokens/s x FLOP/token / sgemm rate)"
-if [ ! -f data/fortunes/train.bin ]; then bash scripts/prepare_corpus.sh "$BIN" data/fortunes >/dev/null; fi
-bench tiny configs/tiny.yaml "$steps_tiny"
-# GPT-2 124M on the fortunes text tokenized with a large BPE (the corpus yields fewer merges
-# than 50257, which the model's vocabulary of 50257 accepts).
-"$BIN" prepare --input "$fortunes" --vocab-size 50257 --out "$tmp/f50k" >/dev/null
-bench gpt2-124m configs/gpt2-124m.yaml "$steps_124m" --set data.train="$tmp/f50k/train.bin"
+echo "== training throughput (2 threads)"
+bench tiny configs/tiny.yaml "$steps_tiny" "--vocab 4096 --seq 128 --layers 6 --d 256 --heads 4 --batch 16"
+bench gpt2-124m configs/gpt2-124m.yaml "$steps_124m" "--vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4" \
+    --set data.train="$tmp/f50k/train.bin"
+
+# ---- data-parallel overlap ----------------------------------------------------------------------
+if [ $skip_dp = 0 ]; then
+    echo "== data parallel: dp=2 on gpt2-124m, one thread per rank"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+    OMP_WAIT_POLICY=passive mpirun --oversubscribe --bind-to none -np 2 "$BIN" train --config configs/gpt2-124m.yaml \
+        --set train.threads=1 --set train.global_batch=8 --set train.steps=5 --set train.warmup_steps=1 \
+        --set log.interval=5 --set data.train="$tmp/f50k/train.bin" --set log.metrics="$tmp/dp.jsonl" >"$tmp/dp.log"
+    python3 - "$tmp/dp.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][2:]
+share = statistics.median(r["exposed_comm_s"] / r["step_time_s"] for r in rows)
+step = statistics.median(r["step_time_s"] for r in rows)
+print("dp=2       exposed communication %.1f%% of the step (median step %.2f s, %d steps)" % (100 * share, step, len(rows)))
+PY
+fi

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of cooktrain's CPU benchmark (scripts/bench_cpu.sh --compare-torch).
+
+The same GPT-2 as cooktrain's model: learned token + position embeddings, pre-LayerNorm blocks
+(eps 1e-5) with causal multi-head attention (separate q, k, v projections with biases) and a
+tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding, vocabulary padded to a
+multiple of 128; fp32; AdamW with decoupled weight decay on >= 2-D tensors only, global-norm
+clipping at 1.0; one optimizer step per batch of B sequences. It is written the way a careful
+PyTorch 1.13 user would (nanoGPT's structure; fused qkv is not used because cooktrain keeps
+q, k, v separate and the FLOPs are the same). Timed like cooktrain: wall time of each whole
+step (forward, backward, clip, update); prints one line per step and the median.
+
+  torch_gpt2.py --vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4 --steps 6
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, eps=1e-5)
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d, eps=1e-5)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = self.k(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = self.v(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
+        att = att.masked_fill(mask[:T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.o(y)
+        x = x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, seq, layers, d, heads):
+        super().__init__()
+        padded = (vocab + 127) // 128 * 128
+        self.vocab = vocab
+        self.wte = nn.Embedding(padded, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.lnf = nn.LayerNorm(d, eps=1e-5)
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)))
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("o.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            x = b(x, self.mask)
+        logits = self.lnf(x) @ self.wte.weight.t()
+        logits[..., self.vocab:] = float("-inf")  # padded rows are never predicted
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for name, default in (("vocab", 50257), ("seq", 256), ("layers", 12), ("d", 768),
+                          ("heads", 12), ("batch", 4), ("steps", 6), ("threads", 2)):
+        ap.add_argument("--" + name, type=int, default=default)
+    a = ap.parse_args()
+    torch.manual_seed(1337)
+    torch.set_num_threads(a.threads)
+    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    tokens = a.batch * a.seq
+    rates = []
+    for step in range(a.steps):
+        idx = torch.randint(0, a.vocab, (a.batch, a.seq))
+        tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        rates.append(tokens / dt)
+        print("step %d loss %.4f %.3f s %.1f tokens/s" % (step + 1, loss.item(), dt, tokens / dt),
+              flush=True)
+    print("median_tokens_per_s %.1f" % statistics.median(rates[2:] if len(rates) > 2 else rates))
+
+
+if __name__ == "__main__":
+    main()

@@ -30,6 +30,7 @@ static const char usage_text[] =
     "            --set section.key=V    override one config field (repeatable)\n"
     "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
     "            --print-config         print the resolved config and derived values, then exit\n"
+    "            --profile              time ops by category (same as --set log.profile=true)\n"
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
     "            --dump-params FILE     write the final parameters (raw f32; for tests)\n"
     "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
@@ -93,6 +94,8 @@ static ct_status cmd_train(int argc, char **argv) {
             else backend_name = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
+        } else if (!strcmp(a, "--profile")) {
+            sets[n_sets++] = "log.profile=true";
         } else if (!strcmp(a, "--gemm-rate")) {
             gemm_rate = true;
         } else if (!strcmp(a, "--dump-params")) {

@@ -44,6 +44,17 @@ size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {
     return be->bytes_in_use[category];
 }
 
+const char *ct_prof_category_name(ct_prof_category category) {
+    static const char *names[CT_PROF_COUNT] = {"gemm", "attention", "norms", "elementwise",
+                                               "embedding", "loss", "optimizer"};
+    return category < CT_PROF_COUNT ? names[category] : "?";
+}
+
+void ct_backend_profile(ct_backend *be, bool on) {
+    be->profiling = on;
+    for (int c = 0; c < CT_PROF_COUNT; c++) be->prof_seconds[c] = 0.0;
+}
+
 void ct_backend_mem_snapshot(const ct_backend *be, size_t *bytes) {
     for (int c = 0; c < CT_MEM_COUNT; c++) bytes[c] = be->bytes_in_use[c];
 }
@@ -245,6 +256,17 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
 #define F32(t) ((float *)(t)->data)
 #define I32(t) ((const int32_t *)(t)->data)
 #define IFACE(t) ((t)->backend->iface)
+
+/* Op timing for --profile: wall time around the slot. Exact on the CPU backend, whose ops are
+ * synchronous; an asynchronous backend is synced first while profiling. */
+static double prof_begin(const ct_tensor *t) { return t->backend->profiling ? ct_now() : 0.0; }
+
+static void prof_end(const ct_tensor *t, ct_prof_category category, double t0) {
+    ct_backend *be = t->backend;
+    if (!be->profiling) return;
+    if (be->iface->sync) be->iface->sync(be->ctx);
+    be->prof_seconds[category] += ct_now() - t0;
+}
 #define CTX(t) ((t)->backend->ctx)
 
 static void check_f32(const ct_tensor *t, const char *what) {
@@ -276,8 +298,10 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
                    (trans_b ? b_rows : b_cols) == N,
                "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
                SH(B), trans_b ? "^T" : "");
+    double prof_t0_ = prof_begin(C);
     IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, F32(A), a_cols, F32(B), b_cols, beta,
                    F32(C), N);
+    prof_end(C, CT_PROF_GEMM, prof_t0_);
 }
 
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
@@ -286,7 +310,9 @@ void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
     check_same_backend(out, bias);
     CT_ASSERTF(bias->numel == COLS(out), "bias_add: bias %s does not match out %s", SH(bias),
                SH(out));
+    double prof_t0_ = prof_begin(out);
     IFACE(out)->bias_add(CTX(out), F32(out), F32(bias), ROWS(out), COLS(out));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
@@ -295,7 +321,9 @@ void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
     check_same_backend(dbias, dout);
     CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s", SH(dbias),
                SH(dout));
+    double prof_t0_ = prof_begin(dout);
     IFACE(dout)->bias_grad(CTX(dout), F32(dbias), F32(dout), ROWS(dout), COLS(dout));
+    prof_end(dout, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
@@ -304,12 +332,16 @@ void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
     check_same_backend(dst, src);
     CT_ASSERTF(dst->numel == src->numel, "axpy: dst %s and src %s differ in size", SH(dst),
                SH(src));
+    double prof_t0_ = prof_begin(dst);
     IFACE(dst)->axpy(CTX(dst), F32(dst), F32(src), alpha, dst->numel);
+    prof_end(dst, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_scale(ct_tensor *x, float s) {
     check_f32(x, "scale x");
+    double prof_t0_ = prof_begin(x);
     IFACE(x)->scale(CTX(x), F32(x), s, x->numel);
+    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
@@ -323,8 +355,10 @@ void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *
                "embedding_fwd: out %s, tokens %s, table %s (out must be (tokens, table cols))",
                SH(out), SH(tokens), SH(table));
     CT_ASSERTF(row_offset >= 0, "embedding_fwd: row_offset %lld < 0", (long long)row_offset);
+    double prof_t0_ = prof_begin(out);
     IFACE(out)->embedding_fwd(CTX(out), F32(out), I32(tokens), F32(table), ROWS(out), COLS(out),
                               ROWS(table), row_offset);
+    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
@@ -337,8 +371,10 @@ void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor 
     CT_ASSERTF(ROWS(dout) == tokens->numel && COLS(dout) == COLS(dtable),
                "embedding_bwd: dout %s, tokens %s, dtable %s", SH(dout), SH(tokens), SH(dtable));
     CT_ASSERTF(row_offset >= 0, "embedding_bwd: row_offset %lld < 0", (long long)row_offset);
+    double prof_t0_ = prof_begin(dout);
     IFACE(dout)->embedding_bwd(CTX(dout), F32(dtable), F32(dout), I32(tokens), ROWS(dout),
                                COLS(dout), ROWS(dtable), row_offset);
+    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset) {
@@ -352,7 +388,9 @@ void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, i
     CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(wpe),
                "posemb_fwd: positions [%lld, %lld) outside wpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(wpe));
+    double prof_t0_ = prof_begin(out);
     IFACE(out)->posemb_fwd(CTX(out), F32(out), F32(wpe), B, T, C, pos_offset);
+    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
@@ -367,7 +405,9 @@ void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
     CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(dwpe),
                "posemb_bwd: positions [%lld, %lld) outside dwpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(dwpe));
+    double prof_t0_ = prof_begin(dout);
     IFACE(dout)->posemb_bwd(CTX(dout), F32(dwpe), F32(dout), B, T, C, pos_offset);
+    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
@@ -384,8 +424,10 @@ void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct
                    w->numel == C && b->numel == C,
                "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
                SH(rstd), SH(inp), SH(w), SH(b));
+    double prof_t0_ = prof_begin(inp);
     IFACE(inp)->layernorm_fwd(CTX(inp), F32(out), F32(mean), F32(rstd), F32(inp), F32(w), F32(b), N,
                               C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
 }
 
 void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
@@ -406,8 +448,10 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
                    rstd->numel == N,
                "layernorm_bwd: dinp %s, dw %s, db %s, dout %s, inp %s, w %s, mean %s, rstd %s",
                SH(dinp), SH(dw), SH(db), SH(dout), SH(inp), SH(w), SH(mean), SH(rstd));
+    double prof_t0_ = prof_begin(inp);
     IFACE(inp)->layernorm_bwd(CTX(inp), F32(dinp), F32(dw), F32(db), F32(dout), F32(inp), F32(w),
                               F32(mean), F32(rstd), N, C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
 }
 
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
@@ -415,7 +459,9 @@ void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
     check_f32(inp, "gelu_fwd inp");
     check_same_backend(out, inp);
     CT_ASSERTF(out->numel == inp->numel, "gelu_fwd: out %s, inp %s", SH(out), SH(inp));
+    double prof_t0_ = prof_begin(inp);
     IFACE(inp)->gelu_fwd(CTX(inp), F32(out), F32(inp), inp->numel);
+    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout) {
@@ -425,7 +471,9 @@ void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout) {
     check_same_backend(dinp, inp);
     CT_ASSERTF(dinp->numel == inp->numel && dout->numel == inp->numel,
                "gelu_bwd: dinp %s, inp %s, dout %s", SH(dinp), SH(inp), SH(dout));
+    double prof_t0_ = prof_begin(inp);
     IFACE(inp)->gelu_bwd(CTX(inp), F32(dinp), F32(inp), F32(dout), inp->numel);
+    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 /* Checks q/k/v-shaped tensors of attention and returns head_dim. */
@@ -459,8 +507,10 @@ void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const 
     CT_ASSERTF(out->numel == q->numel && lse->numel == B * n_head * T,
                "attention_fwd: out %s must match q %s, lse %s must be (B, n_head, T)", SH(out),
                SH(q), SH(lse));
+    double prof_t0_ = prof_begin(q);
     IFACE(q)->attention_fwd(CTX(q), F32(out), F32(lse), F32(q), F32(k), F32(v), B, T, n_head,
                             n_kv_head, hd);
+    prof_end(q, CT_PROF_ATTENTION, prof_t0_);
 }
 
 void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
@@ -482,8 +532,10 @@ void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tens
                    dk->numel == k->numel && dv->numel == v->numel && lse->numel == B * n_head * T,
                "attention_bwd: dq %s, dk %s, dv %s, dout %s, out %s, lse %s vs q %s, k %s", SH(dq),
                SH(dk), SH(dv), SH(dout), SH(out), SH(lse), SH(q), SH(k));
+    double prof_t0_ = prof_begin(q);
     IFACE(q)->attention_bwd(CTX(q), F32(dq), F32(dk), F32(dv), F32(dout), F32(q), F32(k), F32(v),
                             F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
+    prof_end(q, CT_PROF_ATTENTION, prof_t0_);
 }
 
 static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_valid) {
@@ -499,8 +551,10 @@ void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid)
     check_xent_cols("xent_rowmax", logits, n_valid);
     CT_ASSERTF(rowmax->numel == ROWS(logits), "xent_rowmax: rowmax %s vs logits %s", SH(rowmax),
                SH(logits));
+    double prof_t0_ = prof_begin(logits);
     IFACE(logits)->xent_rowmax(CTX(logits), F32(rowmax), F32(logits), ROWS(logits), COLS(logits),
                                n_valid);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
 void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor *logits,
@@ -518,8 +572,10 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor 
                    rowmax->numel == N,
                "xent_sumexp: sumexp %s, target_logit %s, targets %s, rowmax %s vs logits %s",
                SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
+    double prof_t0_ = prof_begin(logits);
     IFACE(logits)->xent_sumexp(CTX(logits), F32(sumexp), F32(target_logit), F32(logits),
                                I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
 void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
@@ -539,9 +595,11 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                "xent_finish: losses %s, targets %s, rowmax %s, sumexp %s, target_logit %s vs "
                "logits %s",
                SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
+    double prof_t0_ = prof_begin(logits);
     IFACE(logits)->xent_finish(CTX(logits), F32(losses), F32(logits), I32(targets), F32(rowmax),
                                F32(sumexp), F32(target_logit), N, COLS(logits), n_valid, col_offset,
                                dloss, write_grad);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
@@ -565,8 +623,10 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
                        segments[s].offset + segments[s].count <= n,
                    "adamw: segment %d [%lld, +%lld) outside the %lld-element range", s,
                    (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
+    double prof_t0_ = prof_begin(param);
     IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments,
                         hp);
+    prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
 }
 
 void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x) {
@@ -575,7 +635,9 @@ void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x) {
     check_same_backend(out, x);
     CT_ASSERTF(index >= 0 && index < out->numel, "sumsq: index %lld outside out %s",
                (long long)index, SH(out));
+    double prof_t0_ = prof_begin(x);
     IFACE(x)->sumsq(CTX(x), F32(out) + index, F32(x), x->numel);
+    prof_end(x, CT_PROF_OPTIMIZER, prof_t0_);
 }
 
 void ct_cast(ct_tensor *dst, const ct_tensor *src) {
@@ -586,5 +648,7 @@ void ct_cast(ct_tensor *dst, const ct_tensor *src) {
     CT_ASSERTF((dst->dtype == CT_DTYPE_F32 || dst->dtype == CT_DTYPE_BF16) &&
                    (src->dtype == CT_DTYPE_F32 || src->dtype == CT_DTYPE_BF16),
                "cast: only f32 <-> bf16, got %s -> %s", SH(src), SH(dst));
+    double prof_t0_ = prof_begin(src);
     IFACE(src)->cast(CTX(src), dst->data, dst->dtype, src->data, src->dtype, src->numel);
+    prof_end(src, CT_PROF_ELEMENTWISE, prof_t0_);
 }

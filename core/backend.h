@@ -143,12 +143,31 @@ struct ct_backend_i {
     void (*free_backend)(void *ctx); /* NULL: nothing to release */
 };
 
+/* Op categories of the profile (--profile): where a step's compute time goes. */
+typedef enum ct_prof_category {
+    CT_PROF_GEMM = 0,
+    CT_PROF_ATTENTION,
+    CT_PROF_NORM,
+    CT_PROF_ELEMENTWISE, /* bias, GELU, residual adds, casts */
+    CT_PROF_EMBEDDING,
+    CT_PROF_LOSS,
+    CT_PROF_OPTIMIZER,   /* AdamW and the gradient norm */
+    CT_PROF_COUNT
+} ct_prof_category;
+
+const char *ct_prof_category_name(ct_prof_category category);
+
 typedef struct ct_backend {
     const struct ct_backend_i *iface;
     void *ctx;
     size_t bytes_in_use[CT_MEM_COUNT];
     size_t peak_bytes[CT_MEM_COUNT];
+    bool profiling;
+    double prof_seconds[CT_PROF_COUNT]; /* wall time inside each category's ops */
 } ct_backend;
+
+/* Starts (on) or stops timing every op by category, clearing the totals. */
+void ct_backend_profile(ct_backend *be, bool on);
 
 /* ---- backends ---------------------------------------------------------------------------- */
 

@@ -32,9 +32,17 @@ static void count(ct_comm *comm, ct_comm_op_kind kind, int64_t n, ct_dtype dtype
     comm->bytes[kind] += ring_bytes(kind, (uint64_t)n * ct_dtype_size(dtype), comm->size);
 }
 
+/* Time spent blocked in communication, for the profile. */
+#define TIMED(comm, call)                          \
+    do {                                           \
+        double t0_ = ct_now();                     \
+        call;                                      \
+        (comm)->seconds += ct_now() - t0_;         \
+    } while (0)
+
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
     count(comm, CT_COMM_ALLREDUCE, n, dtype);
-    if (comm->size > 1) comm->iface->allreduce(comm->ctx, buf, n, dtype, op);
+    if (comm->size > 1) TIMED(comm, comm->iface->allreduce(comm->ctx, buf, n, dtype, op));
 }
 
 void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
@@ -42,14 +50,14 @@ void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t
     CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks",
                (long long)n, comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
-    comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op);
+    TIMED(comm, comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op));
 }
 
 void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
     CT_ASSERTF(n % comm->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
                comm->size);
     count(comm, CT_COMM_ALLGATHER, n, dtype);
-    comm->iface->allgather(comm->ctx, send, recv, n, dtype);
+    TIMED(comm, comm->iface->allgather(comm->ctx, send, recv, n, dtype));
 }
 
 void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int root) {
@@ -57,7 +65,7 @@ void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int 
     if (comm->rank == root)
         comm->bytes[CT_COMM_BROADCAST] +=
             ring_bytes(CT_COMM_BROADCAST, (uint64_t)n * ct_dtype_size(dtype), comm->size);
-    if (comm->size > 1) comm->iface->broadcast(comm->ctx, buf, n, dtype, root);
+    if (comm->size > 1) TIMED(comm, comm->iface->broadcast(comm->ctx, buf, n, dtype, root));
 }
 
 ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype,
@@ -100,7 +108,7 @@ void ct_comm_poll(ct_comm *comm) {
 }
 
 void ct_comm_wait(ct_comm *comm, ct_comm_request *req) {
-    if (req) comm->iface->wait(comm->ctx, req);
+    if (req) TIMED(comm, comm->iface->wait(comm->ctx, req));
 }
 
 bool ct_comm_test(ct_comm *comm, ct_comm_request *req) {
@@ -110,17 +118,18 @@ bool ct_comm_test(ct_comm *comm, ct_comm_request *req) {
 
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
     count(comm, CT_COMM_ALL_TO_ALL, n, dtype);
-    comm->iface->all_to_all(comm->ctx, send, recv, n, dtype);
+    TIMED(comm, comm->iface->all_to_all(comm->ctx, send, recv, n, dtype));
 }
 
 void ct_comm_barrier(ct_comm *comm) {
     comm->calls[CT_COMM_BARRIER]++;
-    if (comm->size > 1) comm->iface->barrier(comm->ctx);
+    if (comm->size > 1) TIMED(comm, comm->iface->barrier(comm->ctx));
 }
 
 void ct_comm_reset_counters(ct_comm *comm) {
     memset(comm->bytes, 0, sizeof comm->bytes);
     memset(comm->calls, 0, sizeof comm->calls);
+    comm->seconds = 0.0;
 }
 
 void ct_comm_free(ct_comm *comm) {

@@ -72,6 +72,7 @@ typedef struct ct_comm {
     int rank, size;
     uint64_t bytes[CT_COMM_OP_COUNT]; /* ring-model bytes sent by this rank */
     uint64_t calls[CT_COMM_OP_COUNT];
+    double seconds; /* wall time spent inside blocking collectives and waits (groups of > 1) */
 } ct_comm;
 
 /* A group of one rank (world size 1, or tp = 1 inside a bigger job). */
@@ -103,7 +104,7 @@ void ct_comm_poll(ct_comm *comm);
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
 void ct_comm_barrier(ct_comm *comm);
 
-/* Clears the byte and call counters. */
+/* Clears the byte, call and time counters. */
 void ct_comm_reset_counters(ct_comm *comm);
 
 #endif /* CT_COMM_H */

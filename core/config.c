@@ -185,6 +185,8 @@ static const config_key keys[] = {
     {KEY(log, trace, KEY_STRING), .def = "", .doc = "Chrome/Perfetto trace file; empty = none"},
     {KEY(log, run_dir, KEY_STRING), .def = "",
      .doc = "directory for this run's outputs; empty = none"},
+    {KEY(log, profile, KEY_BOOL), .def = "false",
+     .doc = "time ops by category (gemm, attention, norms, ...) and print them per log interval"},
     {KEY(log, sample_tokens, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(1048576),
      .doc = "after training, print this many sampled tokens (needs data.tokenizer); 0 = none"},
     {KEY(log, sample_prompt, KEY_STRING), .def = "",

@@ -86,6 +86,7 @@ typedef struct ct_log_config {
     char metrics[CT_PATH_MAX];
     char trace[CT_PATH_MAX];
     char run_dir[CT_PATH_MAX];
+    bool profile;                 /* time every op by category and print it per log interval */
     int64_t sample_tokens;        /* print this many sampled tokens after training (0: none) */
     char sample_prompt[CT_PATH_MAX]; /* text the sample continues */
 } ct_log_config;

@@ -129,6 +129,25 @@ static void print_memory(ct_backend *be) {
     printf("\n");
 }
 
+/* One line: milliseconds per step in each op category, in communication, and the rest. */
+static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_groups,
+                          double elapsed, double steps) {
+    double total = 0.0;
+    printf("profile (rank 0, ms/step):");
+    for (int c = 0; c < CT_PROF_COUNT; c++) {
+        double x = be->prof_seconds[c];
+        total += x;
+        printf(" %s %.1f (%.0f%%) |", ct_prof_category_name((ct_prof_category)c),
+               1e3 * x / steps, 100.0 * x / elapsed);
+    }
+    double comm = 0.0;
+    for (int g = 0; g < n_groups; g++)
+        if (groups[g] && groups[g]->size > 1) comm += groups[g]->seconds;
+    printf(" communication %.1f (%.0f%%) | other %.1f (%.0f%%)\n", 1e3 * comm / steps,
+           100.0 * comm / elapsed, 1e3 * (elapsed - total - comm) / steps,
+           100.0 * (elapsed - total - comm) / elapsed);
+}
+
 /* Everything one training run holds. */
 typedef struct trainer {
     const ct_config *cfg;
@@ -678,6 +697,13 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
     ct_comm *dp_comm = t.pctx->dp_comm;
+    if (cfg->log.profile) ct_backend_profile(be, true);
+    ct_comm *groups[] = {t.pctx->tp_comm, dp_comm, t.pctx->pp_comm, t.pctx->mp_comm,
+                         t.pctx->embed_comm, t.pctx->world};
+    const int n_groups = (int)(sizeof groups / sizeof groups[0]);
+    for (int g = 0; g < n_groups; g++)
+        if (groups[g]) groups[g]->seconds = 0.0;
+    double profile_start = ct_now();
 
     int64_t bad_in_a_row = 0;
     double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
@@ -803,6 +829,13 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                    (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
                    100.0 * mfu, 1e3 * (elapsed - interval_exposed - interval_bubble) / steps,
                    1e3 * interval_exposed / steps, 1e3 * interval_bubble / steps, mem, eta);
+            if (cfg->log.profile) {
+                print_profile(be, groups, n_groups, ct_now() - profile_start, steps);
+                ct_backend_profile(be, true);
+                for (int g = 0; g < n_groups; g++)
+                    if (groups[g]) groups[g]->seconds = 0.0;
+                profile_start = ct_now();
+            }
             fflush(stdout);
             interval_start = ct_now();
             interval_tokens = 0;

@@ -63,3 +63,11 @@ if expect_exit 1 "non-finite steps abort after max_bad_steps" -- "$BIN" train --
         fail "metrics stay valid JSON (null for NaN)"
     fi
 fi
+
+# --profile: one line per log interval with the time of each op category.
+if expect_exit 0 "train with --profile" -- "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 \
+    --set train.steps=2 --set log.interval=2 --set data.train="$bytes/train.bin" --profile; then
+    expect_text "profile (rank 0, ms/step): gemm" "the profile line starts with gemm"
+    expect_text "attention" "the profile names attention"
+    expect_text "communication" "the profile names communication"
+fi

@@ -10,19 +10,11 @@
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-export OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+mpi_setup
 
-data=$BUILD/test-data/shakespeare-bytes
-if [ ! -f "$data/train.bin" ]; then
-    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
-        --out "$data" >/dev/null || fail "prepare byte-level test data"
-fi
+ensure_test_data
+data=$TEST_DATA
 base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
-lr=1e-3
-steps=4
 
 if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
     # np  zero  micro_batch: every stage at 2 and 8 ranks, both a full (global/dp) and a
@@ -32,11 +24,7 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" \
             --set parallel.zero_stage="$zero" --set train.micro_batch="$micro" \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
-            if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/run.jsonl" "$tmp/run.bin" $lr $steps --accounting); then
-                ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
-            else
-                fail "$name: $out"
-            fi
+            check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'
 2 0 8

@@ -11,9 +11,7 @@
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+mpi_setup
 
 # `cooktrain plan`: the simulator from the command line.
 if expect_exit 0 "plan 1f1b pp=4 m=8" -- "$BIN" plan --schedule 1f1b --pp 4 --microbatches 8; then
@@ -29,21 +27,10 @@ expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag -
 expect_text "hint:" "unknown schedule has a hint"
 expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2
 
-for np in 2 4; do
-    out=$("${MPIRUN[@]}" -np "$np" "$BUILD/test/mpi_test_pp" 2>&1 </dev/null)
-    rc=$?
-    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
-    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
-        fail "mpi_test_pp at $np ranks exited $rc"
-        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
-    fi
-done
+for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_pp"; done
 
-data=$BUILD/test-data/shakespeare-bytes
-if [ ! -f "$data/train.bin" ]; then
-    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
-        --out "$data" >/dev/null || fail "prepare byte-level test data"
-fi
+ensure_test_data
+data=$TEST_DATA
 base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
 
 if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
@@ -56,11 +43,7 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
             --set parallel.sequence_parallel="$sp" --set train.recompute="$rc" \
             --set train.micro_batch="$micro" \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
-            if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/run.jsonl" "$tmp/run.bin" 1e-3 4 --accounting); then
-                ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
-            else
-                fail "$name: $out"
-            fi
+            check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'
 1 2 1 1f1b 1 0 false none 2

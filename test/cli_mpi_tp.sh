@@ -9,25 +9,12 @@
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+mpi_setup
 
-for np in 2 4; do
-    out=$("${MPIRUN[@]}" -np "$np" "$BUILD/test/mpi_test_tp" 2>&1 </dev/null)
-    rc=$?
-    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
-    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
-        fail "mpi_test_tp at $np ranks exited $rc"
-        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
-    fi
-done
+for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_tp"; done
 
-data=$BUILD/test-data/shakespeare-bytes
-if [ ! -f "$data/train.bin" ]; then
-    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
-        --out "$data" >/dev/null || fail "prepare byte-level test data"
-fi
+ensure_test_data
+data=$TEST_DATA
 base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
 
 if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
@@ -38,11 +25,7 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
             --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
             --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
-            if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/run.jsonl" "$tmp/run.bin" 1e-3 4 --accounting); then
-                ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
-            else
-                fail "$name: $out"
-            fi
+            check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'
 2 1 0 false 2

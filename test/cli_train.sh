@@ -45,10 +45,8 @@ fi
 
 # Non-finite steps: an absurd learning rate breaks the weights after step 1; the following steps
 # are skipped and logged, and train.max_bad_steps in a row stop the run with exit 1 (runtime).
-bytes=$BUILD/test-data/shakespeare-bytes
-if [ ! -f "$bytes/train.bin" ]; then
-    "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 --out "$bytes" >/dev/null
-fi
+ensure_test_data
+bytes=$TEST_DATA
 if expect_exit 1 "non-finite steps abort after max_bad_steps" -- "$BIN" train --config configs/test-tiny.yaml \
     --set train.threads=1 --set train.lr=1e30 --set train.min_lr=1e30 --set train.steps=10 \
     --set train.max_bad_steps=3 --set data.train="$bytes/train.bin" --set log.metrics="$tmp/nan.jsonl"; then

@@ -31,3 +31,43 @@ expect_text() {
         printf '%s\n' "$OUT_TEXT" | head -10 | sed 's/^/    /'
     fi
 }
+
+# ---- MPI tests -------------------------------------------------------------------------------
+# One thread per rank and passive waiting, so oversubscribed ranks do not starve each other.
+mpi_setup() {
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+    MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+}
+
+# run_mpi_program NP PROGRAM — relays its ok/FAIL lines; a crash without FAIL lines is a FAIL.
+run_mpi_program() {
+    local np=$1 prog=$2 out rc
+    out=$("${MPIRUN[@]}" -np "$np" "$prog" 2>&1 </dev/null)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
+        fail "$(basename "$prog") at $np ranks exited $rc"
+        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    fi
+}
+
+# The byte-level tinyshakespeare shards configs/test-tiny.yaml trains on; sets TEST_DATA.
+ensure_test_data() {
+    TEST_DATA=$BUILD/test-data/shakespeare-bytes
+    if [ ! -f "$TEST_DATA/train.bin" ]; then
+        "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
+            --out "$TEST_DATA" >/dev/null || fail "prepare byte-level test data"
+    fi
+}
+
+# check_against_reference NAME DIR: compares DIR/run.{jsonl,bin} with DIR/ref.{jsonl,bin}
+# (test/compare_runs.py: lr 1e-3, 4 steps, configs/test-tiny.yaml) including the accounting.
+check_against_reference() {
+    local name=$1 dir=$2 out
+    if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" 1e-3 4 --accounting); then
+        ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
+    else
+        fail "$name: $out"
+    fi
+}

@@ -18,6 +18,7 @@
 #include "core/model.h"
 #include "core/prepare.h"
 #include "parallel/context.h"
+#include "parallel/plan.h"
 #include "parallel/schedule.h"
 #include "parallel/trainer.h"
 
@@ -34,9 +35,11 @@ static const char usage_text[] =
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
     "            --dump-params FILE     write the final parameters (raw f32; for tests)\n"
     "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
-    "  plan      simulate a pipeline schedule and print its timeline, bubble and memory\n"
-    "            [--config FILE] [--set section.key=V]...  or  --schedule gpipe|1f1b|interleaved\n"
-    "            --pp N --microbatches M [--virtual-stages V] [--backward-ratio R]\n"
+    "  plan      memory, communication and pipeline bubble of a config, without training\n"
+    "            --config FILE [--set section.key=V]...   (parallel.dp sets the dp degree)\n"
+    "            or a schedule alone: --schedule gpipe|1f1b|interleaved --pp N --microbatches M\n"
+    "            [--virtual-stages V]; both take [--backward-ratio R] (default 2);\n"
+    "            --json prints a config's per-stage bytes as JSON lines\n"
     "  prepare   train a BPE tokenizer and write token shards\n"
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
     "  help      this text\n";
@@ -176,6 +179,7 @@ static ct_status cmd_plan(int argc, char **argv) {
     const char *config_path = NULL, *schedule = NULL;
     int pp = 0, m = 0, v = 1;
     double ratio = 2.0;
+    bool json = false;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     ct_status st = CT_OK;
@@ -184,6 +188,7 @@ static ct_status cmd_plan(int argc, char **argv) {
         if (!strcmp(a, "--config") && value) config_path = argv[++i];
         else if (!strcmp(a, "--set") && value) sets[n_sets++] = argv[++i];
         else if (!strcmp(a, "--schedule") && value) schedule = argv[++i];
+        else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--pp")) st = parse_int(a, value, &pp), i++;
         else if (!strcmp(a, "--microbatches")) st = parse_int(a, value, &m), i++;
         else if (!strcmp(a, "--virtual-stages")) st = parse_int(a, value, &v), i++;
@@ -199,21 +204,13 @@ static ct_status cmd_plan(int argc, char **argv) {
     }
     ct_schedule_kind kind = CT_SCHEDULE_KIND_1F1B;
     if (st == CT_OK && (config_path || n_sets > 0)) {
+        /* A config: its whole cost per stage, on tp x pp x dp ranks (parallel.dp, default 1). */
         if (config_path) st = ct_config_load_file(&cfg, config_path);
         for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
         int64_t world = cfg.parallel.tp * cfg.parallel.pp * CT_MAX(1, cfg.parallel.dp);
         if (st == CT_OK) st = ct_config_validate(&cfg, world);
-        if (st == CT_OK) {
-            static const ct_schedule_kind kinds[] = {
-                [CT_SCHEDULE_1F1B] = CT_SCHEDULE_KIND_1F1B,
-                [CT_SCHEDULE_GPIPE] = CT_SCHEDULE_KIND_GPIPE,
-                [CT_SCHEDULE_INTERLEAVED] = CT_SCHEDULE_KIND_INTERLEAVED,
-            };
-            kind = kinds[cfg.parallel.schedule];
-            pp = pp ? pp : (int)cfg.parallel.pp;
-            m = m ? m : (int)cfg.derived.grad_accum;
-            v = (int)cfg.parallel.virtual_stages;
-        }
+        free(sets);
+        return st == CT_OK ? ct_plan_print(&cfg, ratio, json, stdout) : st;
     }
     free(sets);
     if (st == CT_OK && schedule) {

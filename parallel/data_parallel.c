@@ -527,22 +527,30 @@ size_t ct_dp_param_bytes(const ct_dp *dp) {
     return n * sizeof(float);
 }
 
-void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
-    size_t phi = ct_dp_param_bytes(dp), shard = phi / (size_t)dp->N;
+void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_COUNT]) {
+    size_t shard = phi / (size_t)N;
     memset(bytes, 0, CT_MEM_COUNT * sizeof bytes[0]);
-    bytes[CT_MEM_PARAMS] = dp->stage == 3 ? shard : phi;
-    bytes[CT_MEM_GRADS] = dp->stage >= 2 ? shard : phi;
-    bytes[CT_MEM_OPTIM] = 2 * (dp->stage >= 1 ? shard : phi);
+    bytes[CT_MEM_PARAMS] = stage == 3 ? shard : phi;
+    bytes[CT_MEM_GRADS] = stage >= 2 ? shard : phi;
+    bytes[CT_MEM_OPTIM] = 2 * (stage >= 1 ? shard : phi);
+}
+
+double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m) {
+    double f = (double)(N - 1) / (double)N;
+    switch (stage) {
+    case 0:
+    case 1: return 2.0 * (double)phi * f;
+    case 2: return (double)(m + 1) * (double)phi * f;
+    default: return 3.0 * (double)m * (double)phi * f;
+    }
+}
+
+void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
+    ct_zero_expected_memory(ct_dp_param_bytes(dp), dp->N, dp->stage, bytes);
 }
 
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    double phi = (double)ct_dp_param_bytes(dp), f = (double)(dp->N - 1) / (double)dp->N;
-    switch (dp->stage) {
-    case 0:
-    case 1: return 2.0 * phi * f;
-    case 2: return (double)(m + 1) * phi * f;
-    default: return 3.0 * (double)m * phi * f;
-    }
+    return ct_zero_expected_step_bytes(ct_dp_param_bytes(dp), dp->N, dp->stage, m);
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) { return dp->exposed; }

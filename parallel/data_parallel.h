@@ -74,6 +74,9 @@ double ct_dp_grad_sumsq(ct_dp *dp);
 /* AdamW on this rank's ranges, then (stages 1-2) the parameter allgather. */
 void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale);
 
+/* The formulas above for Φ = phi bytes over N ranks at a ZeRO stage (used by `plan`). */
+void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_COUNT]);
+double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m);
 /* Predicted bytes per category (params, grads, optim) from the formulas above. */
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]);
 /* Predicted dp-group bytes sent per step by this rank for m microbatches (ring model). */

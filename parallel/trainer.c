@@ -493,11 +493,9 @@ static ct_status write_trace(trainer *t, const char *path) {
  *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
  *   the final norm 2C on the last): once per step at ZeRO 0-1, once per microbatch at ZeRO 2-3.
  */
-static double expected_tp_bytes(const trainer *t, int64_t m) {
-    const ct_config *cfg = t->cfg;
+double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     double N = (double)cfg->parallel.tp;
     if (N <= 1) return 0.0;
-    const ct_model_layout *lay = &t->model->layout;
     double L = 0, embed = 0, head = 0;
     for (int c = 0; c < lay->n_chunks; c++) {
         L += lay->chunks[c].n_layers;
@@ -765,7 +763,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             if (t.rank0 && t.pctx->tp > 1)
                 printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                        (double)step_tp_bytes / 1048576.0,
-                       expected_tp_bytes(&t, accum) / 1048576.0);
+                       ct_expected_tp_bytes(cfg, &t.model->layout, accum) / 1048576.0);
         }
         interval_tokens += tokens_per_step;
         interval_exposed += ct_dp_exposed_seconds(t.dp);
@@ -803,7 +801,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
                     t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
-                    (unsigned long long)step_tp_bytes, expected_tp_bytes(&t, accum));
+                    (unsigned long long)step_tp_bytes, ct_expected_tp_bytes(cfg, &t.model->layout, accum));
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);

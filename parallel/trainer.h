@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/config.h"
+#include "core/model.h"
 #include "parallel/context.h"
 
 typedef struct ct_train_result {
@@ -38,6 +39,10 @@ void ct_train_result_release(ct_train_result *result);
  */
 ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                        const char *dump_params, ct_train_result *result);
+
+/* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
+ * written out above its definition in trainer.c and in the README). */
+double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 
 /* Measures the backend's fp32 GEMM rate (FLOP/s) at shape M×N×K: the median of a few runs. */
 double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps);

@@ -79,3 +79,26 @@ if out=$(python3 test/compare_runs.py "$tmp/ref.jsonl" "$tmp/ref.bin" "$tmp/unev
 else
     fail "uneven split: $out"
 fi
+
+# `plan` predicts what a run measures: rank 0's memory by category and its dp/tp bytes per step.
+layout=(--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+        --set parallel.sequence_parallel=true --set train.recompute=full --set train.micro_batch=2)
+if expect_exit 0 "plan --json for tp2 pp2 dp2 ZeRO-3 SP recompute" -- "$BIN" plan --config configs/test-tiny.yaml "${layout[@]}" --json; then
+    printf '%s\n' "$OUT_TEXT" | head -1 >"$tmp/plan.json"
+    if expect_exit 0 "the same layout trained" -- "${MPIRUN[@]}" -np 8 "$BIN" "${base[@]}" "${layout[@]}" \
+        --set train.steps=1 --set train.warmup_steps=1 --set log.metrics="$tmp/planned.jsonl"; then
+        if python3 - "$tmp/plan.json" "$tmp/planned.jsonl" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+rows = [json.loads(l) for l in open(sys.argv[2])]
+setup = [r for r in rows if r.get("setup")][0]
+step = [r for r in rows if "loss" in r][0]
+ok = (plan["params_bytes"] == setup["mem_params"] and plan["grads_bytes"] == setup["mem_grads"]
+      and plan["optim_bytes"] == setup["mem_optim"] and plan["tp_bytes"] == step["tp_bytes"]
+      and 1.0 <= step["dp_bytes"] / plan["dp_bytes"] <= 1.02)
+print(plan, setup, step["dp_bytes"], step["tp_bytes"]) if not ok else None
+sys.exit(0 if ok else 1)
+PY
+        then ok "plan's memory and traffic equal the run's"; else fail "plan's memory and traffic equal the run's"; fi
+    fi
+fi

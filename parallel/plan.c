@@ -1,0 +1,103 @@
+/* plan.c — memory, communication and bubble estimates for a config (see plan.h). */
+#include "plan.h"
+
+#include <stdlib.h>
+
+#include "core/backend.h"
+#include "core/model.h"
+#include "parallel/data_parallel.h"
+#include "parallel/schedule.h"
+#include "parallel/trainer.h"
+
+static const char *mib(char *buf, size_t n, double bytes) {
+    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    return buf;
+}
+
+static ct_schedule_kind schedule_kind(const ct_config *cfg) {
+    switch (cfg->parallel.schedule) {
+    case CT_SCHEDULE_GPIPE: return CT_SCHEDULE_KIND_GPIPE;
+    case CT_SCHEDULE_INTERLEAVED: return CT_SCHEDULE_KIND_INTERLEAVED;
+    default: return CT_SCHEDULE_KIND_1F1B;
+    }
+}
+
+ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
+    const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
+    const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
+    const int64_t B = cfg->train.micro_batch;
+    if (!json)
+        fprintf(out, "plan: %.2fM parameters on %lld ranks = tp %d x pp %d x dp %d; ZeRO %d; "
+            "%d microbatches of %lld x %lld tokens per dp rank per step%s%s\n",
+            (double)cfg->derived.n_params / 1e6, (long long)cfg->derived.world_size, tp, pp, dp,
+            stage, m, (long long)B, (long long)cfg->model.seq_len,
+            cfg->parallel.sequence_parallel ? "; sequence parallel" : "",
+            cfg->train.recompute == CT_RECOMPUTE_FULL ? "; recompute" : "");
+
+    ct_schedule *sched = NULL;
+    ct_sim_result sim = {0};
+    if (pp > 1) {
+        sched = ct_schedule_new(schedule_kind(cfg), pp, (int)cfg->parallel.virtual_stages, m);
+        if (!sched) return CT_ERR_INPUT;
+        sim = ct_schedule_simulate(sched, backward_ratio);
+    }
+    ct_backend *be = ct_backend_cpu_new(1);
+    if (!json) fprintf(out, "per rank, fp32 (tp rank 0 of each stage; dp ranks alike):\n");
+    if (!json) fprintf(out, "  stage | params (Φ)  | param mem   | grads       | optimizer   | activations "
+                 "(peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
+    ct_status st = CT_OK;
+    for (int r = 0; r < pp && st == CT_OK; r++) {
+        ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
+        layout.tp_size = tp;
+        layout.tp_rank = 0;
+        layout.dp_size = dp;
+        layout.sequence_parallel = cfg->parallel.sequence_parallel;
+        layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
+        layout.shard_params = layout.shard_grads = true; /* nothing is allocated */
+        ct_model *model = NULL;
+        st = ct_model_new(&model, cfg, be, &layout);
+        if (st != CT_OK) break;
+        size_t phi = 0;
+        for (int u = 0; u < model->n_units; u++) phi += (size_t)model->units[u].padded_numel * 4;
+        size_t mem[CT_MEM_COUNT];
+        ct_zero_expected_memory(phi, dp, stage, mem);
+        int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
+        double acts = (double)ct_acts_bytes(model, B) * inflight;
+        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(phi, dp, stage, m) : 0.0;
+        double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
+        /* point to point: each chunk boundary sends B·Tl·C floats per microbatch each way */
+        double boundary = (double)B * (double)model->Tl * (double)model->C * 4.0, pp_bytes = 0;
+        for (int j = 0; j < layout.n_chunks; j++) {
+            int c = layout.chunks[j].index;
+            if (c < pp * (int)cfg->parallel.virtual_stages - 1) pp_bytes += boundary * m;
+            if (c > 0) pp_bytes += boundary * m;
+        }
+        if (json) {
+            fprintf(out, "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
+                    "\"optim_bytes\": %zu, \"acts_bytes\": %.0f, \"inflight\": %d, "
+                    "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f, \"pp_bytes\": %.0f}\n", r,
+                    mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], acts, inflight,
+                    dp_bytes, tp_bytes, pp_bytes);
+            ct_model_free(model);
+            continue;
+        }
+        char a[5][32], b[3][32];
+        fprintf(out, "  %5d | %11s | %11s | %11s | %11s | %11s (%3d) | %13s | %13s | %13s\n", r,
+                mib(a[0], 32, (double)phi), mib(a[1], 32, (double)mem[CT_MEM_PARAMS]),
+                mib(a[2], 32, (double)mem[CT_MEM_GRADS]), mib(a[3], 32, (double)mem[CT_MEM_OPTIM]),
+                mib(a[4], 32, acts), inflight, mib(b[0], 32, dp_bytes), mib(b[1], 32, tp_bytes),
+                mib(b[2], 32, pp_bytes));
+        ct_model_free(model);
+    }
+    ct_backend_free(be);
+    if (sched) {
+        if (!json) {
+            fprintf(out, "\n");
+            ct_schedule_print(sched, backward_ratio, out);
+        }
+        ct_sim_result_release(&sim);
+        ct_schedule_free(sched);
+    }
+    return st;
+}

@@ -1,0 +1,21 @@
+/*
+ * plan.h — `cooktrain plan`: what a config will cost before it runs (DESIGN §1).
+ *
+ * For a validated config on tp × pp × dp ranks it prints, per pipeline stage (one tp rank;
+ * every dp rank of a stage is alike): the parameters this rank holds (Φ), memory by category
+ * from the ZeRO formulas, activation memory at the schedule's peak of microbatches in flight,
+ * and bytes sent per step on the dp, tp and pp groups (the formulas the trainer checks against
+ * its counters); then, with pp > 1, the schedule's timeline, bubble and in-flight counts from
+ * the simulator. Nothing is allocated: the model is built with sharded (unbound) storage.
+ */
+#ifndef CT_PARALLEL_PLAN_H
+#define CT_PARALLEL_PLAN_H
+
+#include <stdio.h>
+
+#include "core/config.h"
+
+/* json: one JSON object per stage with exact byte counts instead of the table and timeline. */
+ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out);
+
+#endif /* CT_PARALLEL_PLAN_H */

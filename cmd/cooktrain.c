@@ -85,16 +85,22 @@ static ct_status cmd_train(int argc, char **argv) {
         const char *a = argv[i];
         bool has_value = i + 1 < argc;
         if (!strcmp(a, "--config")) {
-            if (!has_value) st = usage_error("%s needs a file name", a);
-            else config_path = argv[++i];
+            if (!has_value)
+                st = usage_error("%s needs a file name", a);
+            else
+                config_path = argv[++i];
         } else if (!strcmp(a, "--set")) {
-            if (!has_value) st = usage_error("%s needs section.key=value", a);
-            else sets[n_sets++] = argv[++i];
+            if (!has_value)
+                st = usage_error("%s needs section.key=value", a);
+            else
+                sets[n_sets++] = argv[++i];
         } else if (!strncmp(a, "--set=", 6)) {
             sets[n_sets++] = a + 6;
         } else if (!strcmp(a, "--backend")) {
-            if (!has_value) st = usage_error("%s needs cpu or cuda", a);
-            else backend_name = argv[++i];
+            if (!has_value)
+                st = usage_error("%s needs cpu or cuda", a);
+            else
+                backend_name = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
         } else if (!strcmp(a, "--profile")) {
@@ -102,8 +108,10 @@ static ct_status cmd_train(int argc, char **argv) {
         } else if (!strcmp(a, "--gemm-rate")) {
             gemm_rate = true;
         } else if (!strcmp(a, "--dump-params")) {
-            if (!has_value) st = usage_error("%s needs a file name", a);
-            else dump_params = argv[++i];
+            if (!has_value)
+                st = usage_error("%s needs a file name", a);
+            else
+                dump_params = argv[++i];
         } else {
             st = usage_error("train: unknown option '%s'", a);
         }
@@ -147,8 +155,8 @@ static ct_status cmd_train(int argc, char **argv) {
     } else {
         ct_pctx *pctx = NULL;
         if (world > 1) {
-            st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp,
-                             (int)cfg.derived.dp, cfg.parallel.timeout_s);
+            st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp, (int)cfg.derived.dp,
+                             cfg.parallel.timeout_s);
         }
         if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, dump_params, NULL);
         ct_pctx_free(pctx);
@@ -185,22 +193,31 @@ static ct_status cmd_plan(int argc, char **argv) {
     ct_status st = CT_OK;
     for (int i = 0; i < argc && st == CT_OK; i++) {
         const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config") && value) config_path = argv[++i];
-        else if (!strcmp(a, "--set") && value) sets[n_sets++] = argv[++i];
-        else if (!strcmp(a, "--schedule") && value) schedule = argv[++i];
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--pp")) st = parse_int(a, value, &pp), i++;
-        else if (!strcmp(a, "--microbatches")) st = parse_int(a, value, &m), i++;
-        else if (!strcmp(a, "--virtual-stages")) st = parse_int(a, value, &v), i++;
+        if (!strcmp(a, "--config") && value)
+            config_path = argv[++i];
+        else if (!strcmp(a, "--set") && value)
+            sets[n_sets++] = argv[++i];
+        else if (!strcmp(a, "--schedule") && value)
+            schedule = argv[++i];
+        else if (!strcmp(a, "--json"))
+            json = true;
+        else if (!strcmp(a, "--pp"))
+            st = parse_int(a, value, &pp), i++;
+        else if (!strcmp(a, "--microbatches"))
+            st = parse_int(a, value, &m), i++;
+        else if (!strcmp(a, "--virtual-stages"))
+            st = parse_int(a, value, &v), i++;
         else if (!strcmp(a, "--backward-ratio") && value) {
             char *end = NULL;
             ratio = strtod(argv[++i], &end);
             if (*end || !(ratio > 0.0 && ratio <= 100.0)) {
-                ct_error(CT_ERR_INPUT, "--backward-ratio needs a number in (0, 100], got '%s'", value);
+                ct_error(CT_ERR_INPUT, "--backward-ratio needs a number in (0, 100], got '%s'",
+                         value);
                 ct_hint("the cost of a backward relative to a forward; 2 is typical");
                 st = CT_ERR_INPUT;
             }
-        } else st = usage_error("plan: unknown option or missing value '%s'", a);
+        } else
+            st = usage_error("plan: unknown option or missing value '%s'", a);
     }
     ct_schedule_kind kind = CT_SCHEDULE_KIND_1F1B;
     if (st == CT_OK && (config_path || n_sets > 0)) {
@@ -214,9 +231,12 @@ static ct_status cmd_plan(int argc, char **argv) {
     }
     free(sets);
     if (st == CT_OK && schedule) {
-        if (!strcmp(schedule, "gpipe")) kind = CT_SCHEDULE_KIND_GPIPE;
-        else if (!strcmp(schedule, "1f1b")) kind = CT_SCHEDULE_KIND_1F1B;
-        else if (!strcmp(schedule, "interleaved")) kind = CT_SCHEDULE_KIND_INTERLEAVED;
+        if (!strcmp(schedule, "gpipe"))
+            kind = CT_SCHEDULE_KIND_GPIPE;
+        else if (!strcmp(schedule, "1f1b"))
+            kind = CT_SCHEDULE_KIND_1F1B;
+        else if (!strcmp(schedule, "interleaved"))
+            kind = CT_SCHEDULE_KIND_INTERLEAVED;
         else {
             ct_error(CT_ERR_INPUT, "--schedule '%s' is not a schedule", schedule);
             ct_hint("valid schedules: gpipe, 1f1b, interleaved");

@@ -45,8 +45,8 @@ size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {
 }
 
 const char *ct_prof_category_name(ct_prof_category category) {
-    static const char *names[CT_PROF_COUNT] = {"gemm", "attention", "norms", "elementwise",
-                                               "embedding", "loss", "optimizer"};
+    static const char *names[CT_PROF_COUNT] = {"gemm",      "attention", "norms",    "elementwise",
+                                               "embedding", "loss",      "optimizer"};
     return category < CT_PROF_COUNT ? names[category] : "?";
 }
 
@@ -214,7 +214,9 @@ void ct_tensor_free(ct_tensor *t) {
     free(t);
 }
 
-size_t ct_tensor_bytes(const ct_tensor *t) { return (size_t)t->numel * ct_dtype_size(t->dtype); }
+size_t ct_tensor_bytes(const ct_tensor *t) {
+    return (size_t)t->numel * ct_dtype_size(t->dtype);
+}
 
 int64_t ct_tensor_rows(const ct_tensor *t) {
     int64_t rows = 1;
@@ -222,14 +224,18 @@ int64_t ct_tensor_rows(const ct_tensor *t) {
     return rows;
 }
 
-int64_t ct_tensor_cols(const ct_tensor *t) { return t->shape[t->ndim - 1]; }
+int64_t ct_tensor_cols(const ct_tensor *t) {
+    return t->shape[t->ndim - 1];
+}
 
 void ct_tensor_fill(ct_tensor *t, float value) {
     const struct ct_backend_i *be = t->backend->iface;
     be->fill(t->backend->ctx, t->data, t->dtype, t->numel, value);
 }
 
-void ct_tensor_zero(ct_tensor *t) { ct_tensor_fill(t, 0.0f); }
+void ct_tensor_zero(ct_tensor *t) {
+    ct_tensor_fill(t, 0.0f);
+}
 
 void ct_tensor_from_host(ct_tensor *dst, const void *src) {
     ct_backend *be = dst->backend;
@@ -259,7 +265,9 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
 
 /* Op timing for --profile: wall time around the slot. Exact on the CPU backend, whose ops are
  * synchronous; an asynchronous backend is synced first while profiling. */
-static double prof_begin(const ct_tensor *t) { return t->backend->profiling ? ct_now() : 0.0; }
+static double prof_begin(const ct_tensor *t) {
+    return t->backend->profiling ? ct_now() : 0.0;
+}
 
 static void prof_end(const ct_tensor *t, ct_prof_category category, double t0) {
     ct_backend *be = t->backend;

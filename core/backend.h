@@ -48,8 +48,8 @@ typedef struct ct_tensor {
     int64_t shape[CT_MAX_DIMS];
     int64_t numel;
     struct ct_backend *backend;
-    void *data;        /* backend memory; only backends and comm implementations touch it */
-    bool owns_data;    /* true for slabs from ct_tensor_new, false for views */
+    void *data;     /* backend memory; only backends and comm implementations touch it */
+    bool owns_data; /* true for slabs from ct_tensor_new, false for views */
     ct_mem_category category;
 } ct_tensor;
 
@@ -83,8 +83,8 @@ struct ct_backend_i {
     /* C(M,N) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_*; lda/ldb/ldc
      * are row strides in elements. */
     void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                 float beta, float *C, int64_t ldc);
+                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                 float *C, int64_t ldc);
 
     void (*bias_add)(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
     void (*bias_grad)(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
@@ -97,8 +97,8 @@ struct ct_backend_i {
                           int64_t N, int64_t C, int64_t rows, int64_t row_offset);
     void (*posemb_fwd)(void *ctx, float *out, const float *wpe, int64_t B, int64_t T, int64_t C,
                        int64_t pos_offset);
-    void (*posemb_bwd)(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T,
-                       int64_t C, int64_t pos_offset);
+    void (*posemb_bwd)(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T, int64_t C,
+                       int64_t pos_offset);
 
     void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *inp,
                           const float *w, const float *b, int64_t N, int64_t C);
@@ -110,12 +110,12 @@ struct ct_backend_i {
     void (*gelu_bwd)(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n);
 
     void (*attention_fwd)(void *ctx, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int64_t B, int64_t T, int64_t n_head,
-                          int64_t n_kv_head, int64_t head_dim);
+                          const float *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                          int64_t head_dim);
     void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
                           const float *q, const float *k, const float *v, const float *out,
-                          const float *lse, int64_t B, int64_t T, int64_t n_head,
-                          int64_t n_kv_head, int64_t head_dim);
+                          const float *lse, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                          int64_t head_dim);
 
     void (*xent_rowmax)(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
                         int64_t n_valid);
@@ -128,8 +128,7 @@ struct ct_backend_i {
                         bool write_grad);
 
     void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v,
-                  const ct_adamw_segment *segments, int n_segments,
-                  const ct_adamw_hparams *hp);
+                  const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp);
     void (*sumsq)(void *ctx, float *out, const float *x, int64_t n);
 
     void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
@@ -151,7 +150,7 @@ typedef enum ct_prof_category {
     CT_PROF_ELEMENTWISE, /* bias, GELU, residual adds, casts */
     CT_PROF_EMBEDDING,
     CT_PROF_LOSS,
-    CT_PROF_OPTIMIZER,   /* AdamW and the gradient norm */
+    CT_PROF_OPTIMIZER, /* AdamW and the gradient norm */
     CT_PROF_COUNT
 } ct_prof_category;
 
@@ -211,7 +210,7 @@ void ct_tensor_fill(ct_tensor *t, float value);
 void ct_tensor_zero(ct_tensor *t);
 void ct_tensor_from_host(ct_tensor *dst, const void *src); /* copies ct_tensor_bytes(dst) */
 void ct_tensor_to_host(void *dst, const ct_tensor *src);
-void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src);  /* same dtype and numel */
+void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src); /* same dtype and numel */
 
 /* ---- ops (thin wrappers; shapes in comments) ------------------------------------------------ */
 
@@ -258,8 +257,7 @@ void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout);
  * attention_bwd overwrites dq, dk, dv.
  */
 void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
-                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
-                      int64_t n_kv_head);
+                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head);
 void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
                       const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
                       const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
@@ -281,9 +279,8 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor 
                     const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
                     int64_t col_offset);
 void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
-                    const ct_tensor *rowmax, const ct_tensor *sumexp,
-                    const ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
-                    float dloss, bool write_grad);
+                    const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
+                    int64_t n_valid, int64_t col_offset, float dloss, bool write_grad);
 
 /* AdamW on flat 1-D views of equal length; only elements covered by a segment are updated. */
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,

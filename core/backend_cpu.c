@@ -69,7 +69,9 @@ static inline int threads_for(const cpu_ctx *c, int64_t work) {
     return work < PAR_MIN_WORK ? 1 : c->n_threads;
 }
 
-static inline size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+static inline size_t round_up(size_t x, size_t to) {
+    return (x + to - 1) / to * to;
+}
 
 /*
  * Software prefetch of the next `n` floats after `p` (up to `end`). Measured on the target VM: the
@@ -215,7 +217,9 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
-static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+static inline float bf16_to_f32(uint16_t h) {
+    return bits_to_f32((uint32_t)h << 16);
+}
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
@@ -224,7 +228,9 @@ static void *cpu_alloc(void *ctx, size_t bytes) {
     return aligned_alloc(64, round_up(bytes ? bytes : 1, 64));
 }
 
-static void cpu_free(void *ctx, void *ptr) { free(ptr); }
+static void cpu_free(void *ctx, void *ptr) {
+    free(ptr);
+}
 
 static void cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
     cpu_ctx *c = ctx;

@@ -33,11 +33,11 @@ static void count(ct_comm *comm, ct_comm_op_kind kind, int64_t n, ct_dtype dtype
 }
 
 /* Time spent blocked in communication, for the profile. */
-#define TIMED(comm, call)                          \
-    do {                                           \
-        double t0_ = ct_now();                     \
-        call;                                      \
-        (comm)->seconds += ct_now() - t0_;         \
+#define TIMED(comm, call)                                                                          \
+    do {                                                                                           \
+        double t0_ = ct_now();                                                                     \
+        call;                                                                                      \
+        (comm)->seconds += ct_now() - t0_;                                                         \
     } while (0)
 
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
@@ -45,10 +45,10 @@ void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_r
     if (comm->size > 1) TIMED(comm, comm->iface->allreduce(comm->ctx, buf, n, dtype, op));
 }
 
-void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
-                            ct_dtype dtype, ct_reduce_op op) {
-    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks",
-               (long long)n, comm->size);
+void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype,
+                            ct_reduce_op op) {
+    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks", (long long)n,
+               comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
     TIMED(comm, comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op));
 }
@@ -68,8 +68,8 @@ void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int 
     if (comm->size > 1) TIMED(comm, comm->iface->broadcast(comm->ctx, buf, n, dtype, root));
 }
 
-ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype,
-                               int peer, int tag) {
+ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype, int peer,
+                               int tag) {
     comm->calls[CT_COMM_SEND]++;
     comm->bytes[CT_COMM_SEND] += (uint64_t)n * ct_dtype_size(dtype);
     return comm->iface->isend(comm->ctx, buf, n, dtype, peer, tag);
@@ -89,8 +89,8 @@ ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtyp
 
 ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
                                          ct_dtype dtype, ct_reduce_op op) {
-    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks",
-               (long long)n, comm->size);
+    CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks", (long long)n,
+               comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
     return comm->iface->ireduce_scatter(comm->ctx, send, recv, n, dtype, op);
 }
@@ -145,8 +145,8 @@ void ct_comm_free(ct_comm *comm) {
  * rank reduce_scatter and allgather are plain copies of n elements, done with memmove only when
  * the pointers are host memory — which the CPU backend's are. The CUDA build supplies its own
  * one-rank NCCL communicator instead. */
-static void local_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n,
-                                 ct_dtype dtype, ct_reduce_op op) {
+static void local_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype,
+                                 ct_reduce_op op) {
     if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
 }
 
@@ -154,8 +154,8 @@ static void local_allgather(void *ctx, const void *send, void *recv, int64_t n, 
     if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
 }
 
-static ct_comm_request *local_p2p(void *ctx, const void *buf, int64_t n, ct_dtype dtype,
-                                  int peer, int tag) {
+static ct_comm_request *local_p2p(void *ctx, const void *buf, int64_t n, ct_dtype dtype, int peer,
+                                  int tag) {
     CT_ASSERTF(0, "point-to-point on a one-rank group (peer %d, tag %d)", peer, tag);
 }
 
@@ -178,8 +178,7 @@ static ct_comm_request *local_iallgather(void *ctx, const void *send, void *recv
     return NULL;
 }
 
-static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n,
-                             ct_dtype dtype) {
+static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
     if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
 }
 

@@ -80,12 +80,12 @@ ct_comm *ct_comm_local_new(const char *name);
 void ct_comm_free(ct_comm *comm); /* accepts NULL */
 
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op);
-void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
-                            ct_dtype dtype, ct_reduce_op op);
+void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype,
+                            ct_reduce_op op);
 void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
 void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int root);
-ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype,
-                               int peer, int tag);
+ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype, int peer,
+                               int tag);
 ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
                                int tag);
 /* Non-blocking collectives (counted when started). Complete with ct_comm_wait. */

@@ -53,8 +53,12 @@ void ct_hint(const char *fmt, ...) {
     va_end(ap);
 }
 
-const char *ct_error_message(void) { return error_message; }
-const char *ct_error_hint(void) { return error_hint; }
+const char *ct_error_message(void) {
+    return error_message;
+}
+const char *ct_error_hint(void) {
+    return error_hint;
+}
 
 void ct_error_clear(void) {
     error_message[0] = '\0';
@@ -67,12 +71,16 @@ void ct_error_print(void) {
     fflush(stderr);
 }
 
-void ct_set_log_rank(int rank) { log_rank = rank; }
-int ct_log_rank(void) { return log_rank; }
+void ct_set_log_rank(int rank) {
+    log_rank = rank;
+}
+int ct_log_rank(void) {
+    return log_rank;
+}
 
 void ct_assert_fail(const char *expr, const char *file, int line, const char *fmt, ...) {
-    fprintf(stderr, "cooktrain: internal error on rank %d at %s:%d: assertion `%s` failed", log_rank,
-            file, line, expr);
+    fprintf(stderr, "cooktrain: internal error on rank %d at %s:%d: assertion `%s` failed",
+            log_rank, file, line, expr);
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);

@@ -59,20 +59,20 @@ int ct_log_rank(void);
 __attribute__((noreturn)) void ct_assert_fail(const char *expr, const char *file, int line,
                                               const char *fmt, ...);
 
-#define CT_ASSERT(cond)                                                   \
-    do {                                                                  \
-        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, NULL);     \
+#define CT_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, NULL);                              \
     } while (0)
-#define CT_ASSERTF(cond, ...)                                                     \
-    do {                                                                          \
-        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__);      \
+#define CT_ASSERTF(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) ct_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__);                       \
     } while (0)
 
 /* Propagates a non-OK status to the caller. */
-#define CT_TRY(expr)                           \
-    do {                                       \
-        ct_status ct_try_status_ = (expr);     \
-        if (ct_try_status_ != CT_OK) return ct_try_status_; \
+#define CT_TRY(expr)                                                                               \
+    do {                                                                                           \
+        ct_status ct_try_status_ = (expr);                                                         \
+        if (ct_try_status_ != CT_OK) return ct_try_status_;                                        \
     } while (0)
 
 /* Allocation that treats failure as a bug-level abort: only for small host bookkeeping. Large

@@ -251,10 +251,14 @@ static void format_double(double v, char *buf, size_t cap) {
 }
 
 static void format_count(int64_t n, char *buf, size_t cap) {
-    if (n < 1000) snprintf(buf, cap, "%lld", (long long)n);
-    else if (n < 1000000) snprintf(buf, cap, "%.2fK", (double)n / 1e3);
-    else if (n < 1000000000) snprintf(buf, cap, "%.2fM", (double)n / 1e6);
-    else snprintf(buf, cap, "%.2fB", (double)n / 1e9);
+    if (n < 1000)
+        snprintf(buf, cap, "%lld", (long long)n);
+    else if (n < 1000000)
+        snprintf(buf, cap, "%.2fK", (double)n / 1e3);
+    else if (n < 1000000000)
+        snprintf(buf, cap, "%.2fM", (double)n / 1e6);
+    else
+        snprintf(buf, cap, "%.2fB", (double)n / 1e9);
 }
 
 /* Appends printf output to buf (bounded; truncates silently, which only shortens a hint). */
@@ -440,9 +444,12 @@ static void describe_range(const config_key *k, char *buf, size_t cap) {
     if (k->has_min && k->has_max)
         snprintf(buf, cap, "in %c%s, %s%c", k->min_open ? '(' : '[', lo, hi,
                  k->max_open ? ')' : ']');
-    else if (k->has_min) snprintf(buf, cap, "%s %s", k->min_open ? ">" : ">=", lo);
-    else if (k->has_max) snprintf(buf, cap, "%s %s", k->max_open ? "<" : "<=", hi);
-    else snprintf(buf, cap, "anything");
+    else if (k->has_min)
+        snprintf(buf, cap, "%s %s", k->min_open ? ">" : ">=", lo);
+    else if (k->has_max)
+        snprintf(buf, cap, "%s %s", k->max_open ? "<" : "<=", hi);
+    else
+        snprintf(buf, cap, "anything");
 }
 
 /* Checks a converted value against the key's constraints. `where` prefixes the message. */
@@ -601,7 +608,8 @@ static ct_status key_convert(const config_key *k, const char *text, size_t len, 
                                                                                "off"};
         bool found = false;
         for (int i = 0; i < 3 && !found; i++) {
-            if (strcasecmp(text, yes[i]) == 0) found = v->b = true;
+            if (strcasecmp(text, yes[i]) == 0)
+                found = v->b = true;
             else if (strcasecmp(text, no[i]) == 0) {
                 found = true;
                 v->b = false;
@@ -1034,7 +1042,8 @@ ct_status ct_config_set(ct_config *cfg, const char *assignment) {
         ct_error(CT_ERR_INPUT, "--set: unknown section '%s' in '%s'",
                  shown(section, strlen(section), show_section, sizeof show_section), show);
         const config_key *s = suggest_full_key(section, name);
-        if (s) st = with_hint(CT_ERR_INPUT, "did you mean %s.%s?", s->section, s->name);
+        if (s)
+            st = with_hint(CT_ERR_INPUT, "did you mean %s.%s?", s->section, s->name);
         else
             st = with_hint(CT_ERR_INPUT,
                            "valid sections: model, parallel, train, data, checkpoint, log");
@@ -1392,11 +1401,16 @@ static int print_yaml_string(FILE *out, const char *s) {
     int n = 2;
     fputc('"', out);
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') n += fprintf(out, "\\%c", *c);
-        else if (*c == '\n') n += fprintf(out, "\\n");
-        else if (*c == '\t') n += fprintf(out, "\\t");
-        else if (*c < 0x20 || *c == 0x7f) n += fprintf(out, "\\x%02x", *c);
-        else n += fputc(*c, out) != EOF;
+        if (*c == '"' || *c == '\\')
+            n += fprintf(out, "\\%c", *c);
+        else if (*c == '\n')
+            n += fprintf(out, "\\n");
+        else if (*c == '\t')
+            n += fprintf(out, "\\t");
+        else if (*c < 0x20 || *c == 0x7f)
+            n += fprintf(out, "\\x%02x", *c);
+        else
+            n += fputc(*c, out) != EOF;
     }
     fputc('"', out);
     return n;
@@ -1463,8 +1477,10 @@ void ct_config_print(const ct_config *cfg, FILE *out) {
 /* Markdown table cells: a '|' inside a cell would end it. */
 static void print_md_cell(FILE *out, const char *s) {
     for (; *s; s++) {
-        if (*s == '|') fputs("\\|", out);
-        else fputc(*s, out);
+        if (*s == '|')
+            fputs("\\|", out);
+        else
+            fputc(*s, out);
     }
 }
 
@@ -1492,8 +1508,10 @@ void ct_config_write_docs(FILE *out) {
                 fprintf(out, "%s`%s`", c ? " \\| " : "", k->choices[c]);
             break;
         }
-        if (k->type == KEY_STRING && !k->def[0]) fputs(" | `\"\"` | ", out);
-        else fprintf(out, " | `%s` | ", k->def);
+        if (k->type == KEY_STRING && !k->def[0])
+            fputs(" | `\"\"` | ", out);
+        else
+            fprintf(out, " | `%s` | ", k->def);
         print_md_cell(out, k->doc);
         fputs(" |\n", out);
     }

@@ -34,12 +34,12 @@ typedef struct ct_model_config {
     int64_t n_layer;
     int64_t d_model;
     int64_t n_head;
-    int64_t n_kv_head;  /* 0 in the file means = n_head */
-    int64_t d_ff;       /* 0 in the file means 4·d_model */
+    int64_t n_kv_head; /* 0 in the file means = n_head */
+    int64_t d_ff;      /* 0 in the file means 4·d_model */
 } ct_model_config;
 
 typedef struct ct_parallel_config {
-    int64_t tp, pp, dp;  /* dp 0 means world / (tp·pp) */
+    int64_t tp, pp, dp; /* dp 0 means world / (tp·pp) */
     int64_t zero_stage;
     ct_schedule_choice schedule;
     int64_t virtual_stages;
@@ -57,7 +57,7 @@ typedef struct ct_train_config {
     double lr, min_lr;
     int64_t warmup_steps;
     double weight_decay;
-    double grad_clip;     /* 0 disables clipping */
+    double grad_clip; /* 0 disables clipping */
     double beta1, beta2, eps;
     uint64_t seed;
     ct_precision precision;
@@ -65,7 +65,7 @@ typedef struct ct_train_config {
     int64_t eval_interval; /* 0 disables evaluation */
     int64_t eval_steps;
     int64_t max_bad_steps;
-    int64_t threads;       /* threads per rank; 0 = cores / ranks on this node */
+    int64_t threads; /* threads per rank; 0 = cores / ranks on this node */
 } ct_train_config;
 
 typedef struct ct_data_config {
@@ -86,22 +86,22 @@ typedef struct ct_log_config {
     char metrics[CT_PATH_MAX];
     char trace[CT_PATH_MAX];
     char run_dir[CT_PATH_MAX];
-    bool profile;                 /* time every op by category and print it per log interval */
-    int64_t sample_tokens;        /* print this many sampled tokens after training (0: none) */
+    bool profile;                    /* time every op by category and print it per log interval */
+    int64_t sample_tokens;           /* print this many sampled tokens after training (0: none) */
     char sample_prompt[CT_PATH_MAX]; /* text the sample continues */
 } ct_log_config;
 
 /* Values computed from the others (never set by the user). */
 typedef struct ct_derived_config {
     int64_t world_size;
-    int64_t dp;             /* resolved */
-    int64_t vocab_padded;   /* vocab_size rounded up to a multiple of vocab_pad */
-    int64_t n_kv_head;      /* resolved */
-    int64_t d_ff;           /* resolved */
-    int64_t head_dim;       /* d_model / n_head */
-    int64_t grad_accum;     /* global_batch / (micro_batch · dp) */
-    int64_t n_params;       /* parameters of the model (tied embedding once, padding included) */
-    int64_t tokens_per_step;/* global_batch · seq_len */
+    int64_t dp;              /* resolved */
+    int64_t vocab_padded;    /* vocab_size rounded up to a multiple of vocab_pad */
+    int64_t n_kv_head;       /* resolved */
+    int64_t d_ff;            /* resolved */
+    int64_t head_dim;        /* d_model / n_head */
+    int64_t grad_accum;      /* global_batch / (micro_batch · dp) */
+    int64_t n_params;        /* parameters of the model (tied embedding once, padding included) */
+    int64_t tokens_per_step; /* global_batch · seq_len */
 } ct_derived_config;
 
 typedef struct ct_config {

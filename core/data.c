@@ -31,14 +31,14 @@
 
 typedef struct shard {
     char *path;
-    uint8_t *map;          /* whole file, read-only */
+    uint8_t *map; /* whole file, read-only */
     size_t map_bytes;
     const uint8_t *tokens; /* map + CT_SHARD_HEADER_BYTES */
     uint32_t width;        /* bytes per token: 2 or 4 */
     uint32_t vocab;        /* vocab_size recorded in the header */
     int64_t n_tokens;
-    int64_t n_samples;     /* complete samples of seq_len + 1 tokens inside this shard */
-    int64_t first_sample;  /* dataset-wide index of this shard's first sample */
+    int64_t n_samples;    /* complete samples of seq_len + 1 tokens inside this shard */
+    int64_t first_sample; /* dataset-wide index of this shard's first sample */
 } shard;
 
 struct ct_dataset {
@@ -48,8 +48,8 @@ struct ct_dataset {
     int64_t n_samples;
     int64_t n_tokens;
     uint64_t seed;
-    int64_t perm_epoch;    /* epoch whose permutation is in perm; -1 = none yet */
-    uint32_t *perm;        /* (n_samples,) */
+    int64_t perm_epoch; /* epoch whose permutation is in perm; -1 = none yet */
+    uint32_t *perm;     /* (n_samples,) */
 };
 
 /* ---- little-endian encoding (the format is LE whatever the host is) ------------------------- */
@@ -88,8 +88,10 @@ ct_status ct_shard_write(const char *path, const int32_t *tokens, size_t n_token
     }
     for (size_t i = 0; i < n_tokens; i++) {
         if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-            ct_error(CT_ERR_INPUT, "cannot write shard %s: token %d at position %zu is outside "
-                     "[0, vocab_size=%d)", path, (int)tokens[i], i, vocab_size);
+            ct_error(CT_ERR_INPUT,
+                     "cannot write shard %s: token %d at position %zu is outside "
+                     "[0, vocab_size=%d)",
+                     path, (int)tokens[i], i, vocab_size);
             ct_hint("the tokens and the vocab_size passed must come from the same tokenizer");
             return CT_ERR_INPUT;
         }
@@ -207,9 +209,10 @@ static ct_status shard_open(shard *s, const char *path, int64_t model_vocab) {
         return shard_corrupt(path, what);
     }
     if ((int64_t)vocab > model_vocab) {
-        ct_error(CT_ERR_INPUT,
-                 "data shard %s was tokenized with vocab_size %u, larger than model.vocab_size=%lld",
-                 path, vocab, (long long)model_vocab);
+        ct_error(
+            CT_ERR_INPUT,
+            "data shard %s was tokenized with vocab_size %u, larger than model.vocab_size=%lld",
+            path, vocab, (long long)model_vocab);
         ct_hint("set model.vocab_size to at least %u (the tokenizer's vocabulary size)", vocab);
         return CT_ERR_INPUT;
     }
@@ -223,8 +226,9 @@ static ct_status shard_open(shard *s, const char *path, int64_t model_vocab) {
     if (size != expected) {
         snprintf(what, sizeof what,
                  "%s: the header promises %llu tokens x %u bytes, so expected %zu bytes, found "
-                 "%zu", size < expected ? "truncated" : "trailing bytes",
-                 (unsigned long long)count, width, expected, size);
+                 "%zu",
+                 size < expected ? "truncated" : "trailing bytes", (unsigned long long)count, width,
+                 expected, size);
         return shard_corrupt(path, what);
     }
     s->tokens = s->map + CT_SHARD_HEADER_BYTES;
@@ -307,9 +311,11 @@ ct_status ct_dataset_open(ct_dataset **out, const char *pattern, int64_t seq_len
     }
     globfree(&g);
     if (ds->n_samples == 0) {
-        ct_error(CT_ERR_INPUT, "data '%s' (%d shard%s, %lld tokens) holds no complete sample of "
-                 "seq_len + 1 = %lld tokens", pattern, ds->n_shards, ds->n_shards == 1 ? "" : "s",
-                 (long long)ds->n_tokens, (long long)seq_len + 1);
+        ct_error(CT_ERR_INPUT,
+                 "data '%s' (%d shard%s, %lld tokens) holds no complete sample of "
+                 "seq_len + 1 = %lld tokens",
+                 pattern, ds->n_shards, ds->n_shards == 1 ? "" : "s", (long long)ds->n_tokens,
+                 (long long)seq_len + 1);
         ct_hint("use more text, or a smaller model.seq_len (samples never cross shard files)");
         ct_dataset_free(ds);
         return CT_ERR_INPUT;
@@ -325,8 +331,12 @@ ct_status ct_dataset_open(ct_dataset **out, const char *pattern, int64_t seq_len
     return CT_OK;
 }
 
-int64_t ct_dataset_n_samples(const ct_dataset *ds) { return ds->n_samples; }
-int64_t ct_dataset_n_tokens(const ct_dataset *ds) { return ds->n_tokens; }
+int64_t ct_dataset_n_samples(const ct_dataset *ds) {
+    return ds->n_samples;
+}
+int64_t ct_dataset_n_tokens(const ct_dataset *ds) {
+    return ds->n_tokens;
+}
 
 ct_status ct_dataset_check_tokens(const ct_dataset *ds) {
     for (int i = 0; i < ds->n_shards; i++) {
@@ -334,8 +344,10 @@ ct_status ct_dataset_check_tokens(const ct_dataset *ds) {
         for (int64_t k = 0; k < s->n_tokens; k++) {
             int32_t t = shard_token(s, k);
             if (t < 0 || (uint32_t)t >= s->vocab) {
-                ct_error(CT_ERR_INPUT, "data shard %s is corrupt: token %u at position %lld is "
-                         "outside its vocab_size %u", s->path, (uint32_t)t, (long long)k, s->vocab);
+                ct_error(CT_ERR_INPUT,
+                         "data shard %s is corrupt: token %u at position %lld is "
+                         "outside its vocab_size %u",
+                         s->path, (uint32_t)t, (long long)k, s->vocab);
                 ct_hint("re-create it with `cooktrain prepare`");
                 return CT_ERR_INPUT;
             }
@@ -392,8 +404,10 @@ void ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t *inpu
         int lo = 0, hi = ds->n_shards - 1;
         while (lo < hi) {
             int mid = (lo + hi + 1) / 2;
-            if (ds->shards[mid].first_sample <= sample) lo = mid;
-            else hi = mid - 1;
+            if (ds->shards[mid].first_sample <= sample)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         const shard *s = &ds->shards[lo];
         CT_ASSERT(sample - s->first_sample < s->n_samples);

@@ -136,8 +136,7 @@ static void build_registry(ct_model *m) {
     const float residual_std = std / sqrtf(2.0f * (float)m->L);
     int64_t C = m->C, F = m->F, qdim = m->NH * m->hd, kvdim = m->NKV * m->hd;
     bool have_embed = false;
-    for (int c = 0; c < m->layout.n_chunks; c++)
-        have_embed |= m->layout.chunks[c].has_embed;
+    for (int c = 0; c < m->layout.n_chunks; c++) have_embed |= m->layout.chunks[c].has_embed;
 
     for (int c = 0; c < m->layout.n_chunks; c++) {
         const int chunk = m->layout.chunks[c].index;
@@ -153,8 +152,8 @@ static void build_registry(ct_model *m) {
             snprintf(unit_name, sizeof unit_name, "layer.%d", l);
             begin_unit(m, unit_name, &unit_cap);
             m->layer_unit[l] = m->n_units - 1;
-#define P(field, suffix, nd, rows, cols, split, init, sd)                                     \
-    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                               \
+#define P(field, suffix, nd, rows, cols, split, init, sd)                                          \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                        \
     add_param(&rb, name, nd, rows, cols, split, init, sd, chunk)
             P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
@@ -183,8 +182,8 @@ static void build_registry(ct_model *m) {
                  * to the same size (ct_model_new): then every data-parallel shard covers the
                  * same part of the two copies and their gradients can be summed shard by
                  * shard. */
-                ct_param *twin = add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std,
-                                           chunk);
+                ct_param *twin =
+                    add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
                 twin->tied_to = "wte";
             }
             add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
@@ -213,15 +212,21 @@ static void bind_params(ct_model *m) {
         } else {
             int l, n = 0;
             char suffix[48];
-            if (sscanf(p->name, "layers.%d.%47s%n", &l, suffix, &n) != 2) CT_ASSERTF(0, "%s", p->name);
+            if (sscanf(p->name, "layers.%d.%47s%n", &l, suffix, &n) != 2)
+                CT_ASSERTF(0, "%s", p->name);
             ct_layer_params *lp = &m->layers[l];
-            struct { const char *s; ct_param **slot; } map[] = {
-                {"ln1.weight", &lp->ln1_w}, {"ln1.bias", &lp->ln1_b}, {"attn.wq", &lp->wq},
-                {"attn.bq", &lp->bq},       {"attn.wk", &lp->wk},     {"attn.bk", &lp->bk},
-                {"attn.wv", &lp->wv},       {"attn.bv", &lp->bv},     {"attn.wo", &lp->wo},
-                {"attn.bo", &lp->bo},       {"ln2.weight", &lp->ln2_w}, {"ln2.bias", &lp->ln2_b},
-                {"mlp.w_up", &lp->w_up},    {"mlp.b_up", &lp->b_up},  {"mlp.w_down", &lp->w_down},
-                {"mlp.b_down", &lp->b_down},
+            struct {
+                const char *s;
+                ct_param **slot;
+            } map[] = {
+                {"ln1.weight", &lp->ln1_w},  {"ln1.bias", &lp->ln1_b},
+                {"attn.wq", &lp->wq},        {"attn.bq", &lp->bq},
+                {"attn.wk", &lp->wk},        {"attn.bk", &lp->bk},
+                {"attn.wv", &lp->wv},        {"attn.bv", &lp->bv},
+                {"attn.wo", &lp->wo},        {"attn.bo", &lp->bo},
+                {"ln2.weight", &lp->ln2_w},  {"ln2.bias", &lp->ln2_b},
+                {"mlp.w_up", &lp->w_up},     {"mlp.b_up", &lp->b_up},
+                {"mlp.w_down", &lp->w_down}, {"mlp.b_down", &lp->b_down},
             };
             bool found = false;
             for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
@@ -231,7 +236,8 @@ static void bind_params(ct_model *m) {
     }
 }
 
-/* ---- construction ----------------------------------------------------------------------------- */
+/* ---- construction -----------------------------------------------------------------------------
+ */
 
 ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
                        const ct_model_layout *layout) {
@@ -430,7 +436,8 @@ double ct_model_flops_per_token(const ct_model *m) {
     return 6.0 * n_matmul + 6.0 * (double)m->L * m->T * m->C;
 }
 
-/* ---- activations ------------------------------------------------------------------------------ */
+/* ---- activations ------------------------------------------------------------------------------
+ */
 
 /* Carves views out of one slab; with slab == NULL it only counts. */
 typedef struct carver {
@@ -530,12 +537,14 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     if (m->layout.recompute && B > m->recompute_B) {
         /* Views of live activation contexts point into the workspace: it may only grow
          * before the first one exists. */
-        CT_ASSERTF(m->live_acts == 0, "recompute workspace must grow from B=%lld to %lld with "
-                   "activations alive", (long long)m->recompute_B, (long long)B);
+        CT_ASSERTF(m->live_acts == 0,
+                   "recompute workspace must grow from B=%lld to %lld with "
+                   "activations alive",
+                   (long long)m->recompute_B, (long long)B);
         ct_tensor_free(m->recompute_ws);
         ct_tensor_free(m->recompute_out);
-        m->recompute_ws = ct_tensor_new_1d(m->be, CT_DTYPE_F32, layer_internals_numel(m, B),
-                                           CT_MEM_ACTS);
+        m->recompute_ws =
+            ct_tensor_new_1d(m->be, CT_DTYPE_F32, layer_internals_numel(m, B), CT_MEM_ACTS);
         int64_t shape[3] = {B, m->Tl, m->C};
         m->recompute_out = ct_tensor_new(m->be, CT_DTYPE_F32, 3, shape, CT_MEM_ACTS);
         m->recompute_B = B;
@@ -573,14 +582,14 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
 void ct_acts_free(ct_acts *a) {
     if (!a) return;
     if (a->model) a->model->live_acts--;
-    ct_tensor *singles[] = {a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->rowmax,
-                            a->sumexp, a->target_logit, a->losses};
+    ct_tensor *singles[] = {a->lnf,    a->lnf_mean, a->lnf_rstd,     a->logits,
+                            a->rowmax, a->sumexp,   a->target_logit, a->losses};
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
     for (int l = 0; l < a->n_layers; l++) {
         ct_layer_acts *la = &a->layers[l];
-        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->q, la->k, la->v,
-                              la->att, la->lse, la->mid, la->ln2, la->ln2_mean, la->ln2_rstd,
-                              la->h, la->g};
+        ct_tensor *views[] = {la->ln1,      la->ln1_mean, la->ln1_rstd, la->q,   la->k,
+                              la->v,        la->att,      la->lse,      la->mid, la->ln2,
+                              la->ln2_mean, la->ln2_rstd, la->h,        la->g};
         for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     }
     for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
@@ -625,8 +634,8 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
 
 void ct_grad_scratch_free(ct_grad_scratch *s) {
     if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dq, s->dk, s->dv, s->dh, s->dln_local,
-                          s->dfull};
+    ct_tensor *views[] = {s->dres, s->dln, s->datt,      s->dq,   s->dk,
+                          s->dv,   s->dh,  s->dln_local, s->dfull};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     ct_tensor_free(s->slab);
     free(s);
@@ -637,7 +646,8 @@ void ct_acts_set_batch(ct_acts *a, const int32_t *tokens, const int32_t *targets
     if (targets) ct_tensor_from_host(a->targets, targets);
 }
 
-/* ---- forward ---------------------------------------------------------------------------------- */
+/* ---- forward ----------------------------------------------------------------------------------
+ */
 
 static void unit_begin(ct_model *m, int unit, ct_pass pass) {
     if (m->hooks.unit_begin) m->hooks.unit_begin(m->hooks.ctx, unit, pass);
@@ -696,8 +706,10 @@ static void seq_permute(ct_model *m, ct_tensor *dst, const ct_tensor *src, int64
     for (int64_t r = 0; r < tp; r++)
         for (int64_t b = 0; b < B; b++) {
             int64_t rank_major = (r * B + b) * block, seq_major = (b * m->T + r * Tl) * C;
-            if (to_rank_major) copy_block(dst, rank_major, src, seq_major, block);
-            else copy_block(dst, seq_major, src, rank_major, block);
+            if (to_rank_major)
+                copy_block(dst, rank_major, src, seq_major, block);
+            else
+                copy_block(dst, seq_major, src, rank_major, block);
         }
 }
 
@@ -724,8 +736,7 @@ static void seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor *f
     }
     ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
     seq_permute(m, perm, full, B, true);
-    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, CT_DTYPE_F32,
-                           CT_REDUCE_SUM);
+    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, CT_DTYPE_F32, CT_REDUCE_SUM);
     ct_tensor_free(perm);
 }
 
@@ -855,7 +866,8 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double 
     }
 }
 
-/* ---- backward --------------------------------------------------------------------------------- */
+/* ---- backward ---------------------------------------------------------------------------------
+ */
 
 /* ∂L/∂(residual) over the full sequence: s->dres itself, or gathered under sequence
  * parallelism (the conjugate of the forward reduce-scatter). */
@@ -922,7 +934,7 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     /* a->logits holds dloss·(softmax − onehot) from head_forward. */
     ct_gemm(s->dln, a->logits, m->wte->value, false, false, 1.0f, 0.0f); /* (N,C) */
     ct_tensor *dlnf = dln_reduced(m, s);
-    ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f);  /* (Vp/tp, C) */
+    ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
     ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, dlnf, a->residual[m->L],
                      m->lnf_w->value, a->lnf_mean, a->lnf_rstd);

@@ -34,40 +34,40 @@ typedef enum ct_init_rule {
 } ct_init_rule;
 
 typedef struct ct_param {
-    char name[64];           /* global name, e.g. "layers.3.attn.wq" */
-    int ndim;                /* 1 or 2 */
+    char name[64]; /* global name, e.g. "layers.3.attn.wq" */
+    int ndim;      /* 1 or 2 */
     int64_t global_shape[2];
-    int64_t local_shape[2];  /* this rank's slice */
-    int tp_split_dim;        /* -1 replicated over tp, 0 split by rows, 1 split by columns */
-    int64_t tp_offset;       /* start of this rank's slice along the split dim */
-    const char *tied_to;     /* name of the tensor this one is tied to, or NULL */
-    int chunk;               /* pipeline chunk (global index) */
-    int unit;                /* FSDP unit (index into ct_model.units) */
-    bool decay;              /* weight decay: tensors with >= 2 dims */
+    int64_t local_shape[2]; /* this rank's slice */
+    int tp_split_dim;       /* -1 replicated over tp, 0 split by rows, 1 split by columns */
+    int64_t tp_offset;      /* start of this rank's slice along the split dim */
+    const char *tied_to;    /* name of the tensor this one is tied to, or NULL */
+    int chunk;              /* pipeline chunk (global index) */
+    int unit;               /* FSDP unit (index into ct_model.units) */
+    bool decay;             /* weight decay: tensors with >= 2 dims */
     ct_init_rule init;
     float init_std;
-    int64_t valid_rows;      /* rows that are real; the rest (vocab padding) stay zero */
-    int64_t offset;          /* element offset inside its unit's flat range */
-    int64_t numel;           /* local elements */
-    ct_tensor *value;        /* view into the unit's parameter range */
-    ct_tensor *grad;         /* view into the unit's gradient range */
+    int64_t valid_rows; /* rows that are real; the rest (vocab padding) stay zero */
+    int64_t offset;     /* element offset inside its unit's flat range */
+    int64_t numel;      /* local elements */
+    ct_tensor *value;   /* view into the unit's parameter range */
+    ct_tensor *grad;    /* view into the unit's gradient range */
 } ct_param;
 
 typedef struct ct_unit {
-    char name[32];           /* "embed", "layer.3", "head" */
+    char name[32]; /* "embed", "layer.3", "head" */
     int first_param, n_params;
-    int64_t numel;           /* sum of its parameters' local elements */
-    int64_t padded_numel;    /* multiple of 16·dp */
-    int64_t slab_offset;     /* start in the parameter / gradient / optimizer slabs */
-    ct_tensor *params;       /* (padded_numel) */
-    ct_tensor *grads;        /* (padded_numel) */
+    int64_t numel;        /* sum of its parameters' local elements */
+    int64_t padded_numel; /* multiple of 16·dp */
+    int64_t slab_offset;  /* start in the parameter / gradient / optimizer slabs */
+    ct_tensor *params;    /* (padded_numel) */
+    ct_tensor *grads;     /* (padded_numel) */
 } ct_unit;
 
 /* Where this rank sits: its tensor-parallel slice and the chunks it holds. */
 typedef struct ct_model_layout {
     int tp_rank, tp_size;
-    ct_comm *tp;             /* tensor-parallel group (size 1 when tp = 1) */
-    int dp_size;             /* units are padded to a multiple of it */
+    ct_comm *tp; /* tensor-parallel group (size 1 when tp = 1) */
+    int dp_size; /* units are padded to a multiple of it */
     /* ZeRO storage: when set, the model allocates no full parameter (ZeRO-3) or gradient
      * (ZeRO-2/3) slab; unit buffers are bound by the data-parallel layer while in use
      * (ct_model_bind_unit_params / _grads). */
@@ -78,22 +78,22 @@ typedef struct ct_model_layout {
     bool sequence_parallel;
     /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
     bool recompute;
-    int n_chunks;            /* chunks on this rank */
+    int n_chunks; /* chunks on this rank */
     struct {
-        int index;           /* global chunk index */
+        int index; /* global chunk index */
         int first_layer, n_layers;
         bool has_embed, has_head;
     } chunks[CT_MAX_CHUNKS];
 } ct_model_layout;
 
 typedef struct ct_layer_params {
-    ct_param *ln1_w, *ln1_b;             /* (C) */
-    ct_param *wq, *bq;                   /* (NH·hd, C), (NH·hd) column-parallel */
-    ct_param *wk, *bk, *wv, *bv;         /* (NKV·hd, C), (NKV·hd) column-parallel */
-    ct_param *wo, *bo;                   /* (C, NH·hd) row-parallel, (C) */
-    ct_param *ln2_w, *ln2_b;             /* (C) */
-    ct_param *w_up, *b_up;               /* (F, C) column-parallel, (F) */
-    ct_param *w_down, *b_down;           /* (C, F) row-parallel, (C) */
+    ct_param *ln1_w, *ln1_b;     /* (C) */
+    ct_param *wq, *bq;           /* (NH·hd, C), (NH·hd) column-parallel */
+    ct_param *wk, *bk, *wv, *bv; /* (NKV·hd, C), (NKV·hd) column-parallel */
+    ct_param *wo, *bo;           /* (C, NH·hd) row-parallel, (C) */
+    ct_param *ln2_w, *ln2_b;     /* (C) */
+    ct_param *w_up, *b_up;       /* (F, C) column-parallel, (F) */
+    ct_param *w_down, *b_down;   /* (C, F) row-parallel, (C) */
 } ct_layer_params;
 
 typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
@@ -115,17 +115,17 @@ typedef struct ct_model_hooks {
 } ct_model_hooks;
 
 typedef struct ct_model {
-    ct_model_config mc;       /* a copy of the model section */
+    ct_model_config mc; /* a copy of the model section */
     int64_t T, C, L, NH, NKV, hd, F, V, Vp;
     uint64_t seed;
     ct_backend *be;
     ct_model_layout layout;
 
-    ct_param *params;          /* the registry, in unit order */
+    ct_param *params; /* the registry, in unit order */
     int n_params;
     ct_unit *units;
     int n_units;
-    ct_tensor *param_slab;     /* all units' parameters, then the same for grads */
+    ct_tensor *param_slab; /* all units' parameters, then the same for grads */
     ct_tensor *grad_slab;
     int64_t slab_numel;
 
@@ -142,34 +142,34 @@ typedef struct ct_model {
      * (B,Tl,C) output the recomputed forward writes and nobody reads. */
     ct_tensor *recompute_ws, *recompute_out;
     int64_t recompute_B;
-    int live_acts;             /* activation contexts alive (ct_acts_new / _free) */
+    int live_acts; /* activation contexts alive (ct_acts_new / _free) */
 
-    ct_param *wte, *wpe;       /* (Vp, C) vocab-parallel by rows, (T, C) */
-    ct_param *lnf_w, *lnf_b;   /* (C) */
-    ct_layer_params *layers;   /* [L], entries NULL for layers not on this rank */
+    ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) */
+    ct_param *lnf_w, *lnf_b; /* (C) */
+    ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
 } ct_model;
 
 /* Activations of one microbatch on this rank's chunks. */
 typedef struct ct_layer_acts {
-    ct_tensor *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B·Tl), (B·Tl): with sequence
-                                              parallelism ln1 is the gathered full sequence */
-    ct_tensor *q, *k, *v;                  /* (B,T,NH·hd), (B,T,NKV·hd) ×2 */
-    ct_tensor *att, *lse;                  /* (B,T,NH·hd), (B,NH,T) */
-    ct_tensor *mid;                        /* (B,Tl,C) residual after attention */
+    ct_tensor *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B·Tl), (B·Tl): with sequence
+                                             parallelism ln1 is the gathered full sequence */
+    ct_tensor *q, *k, *v;                 /* (B,T,NH·hd), (B,T,NKV·hd) ×2 */
+    ct_tensor *att, *lse;                 /* (B,T,NH·hd), (B,NH,T) */
+    ct_tensor *mid;                       /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
-    ct_tensor *h, *g;                      /* (B,T,F) before / after GELU */
+    ct_tensor *h, *g; /* (B,T,F) before / after GELU */
 } ct_layer_acts;
 
 typedef struct ct_acts {
     struct ct_model *model;
     int64_t B;
-    int n_layers;                  /* L (entries of layers not on this rank stay NULL) */
+    int n_layers; /* L (entries of layers not on this rank stay NULL) */
     ct_tensor *slab;
-    ct_tensor *tokens, *targets;   /* (B·T) i32 */
-    ct_tensor **residual;          /* [L+1] (B,Tl,C): residual[l] is the input of layer l */
-    ct_layer_acts *layers;         /* [L] */
+    ct_tensor *tokens, *targets; /* (B·T) i32 */
+    ct_tensor **residual;        /* [L+1] (B,Tl,C): residual[l] is the input of layer l */
+    ct_layer_acts *layers;       /* [L] */
     ct_tensor *lnf, *lnf_mean, *lnf_rstd;
-    ct_tensor *logits;             /* (B·T, Vp/tp), becomes dlogits after the loss */
+    ct_tensor *logits; /* (B·T, Vp/tp), becomes dlogits after the loss */
     ct_tensor *rowmax, *sumexp, *target_logit, *losses; /* (B·T) */
 } ct_acts;
 
@@ -177,13 +177,13 @@ typedef struct ct_acts {
 typedef struct ct_grad_scratch {
     int64_t B;
     ct_tensor *slab;
-    ct_tensor *dres;               /* (B,Tl,C) gradient of the residual stream */
-    ct_tensor *dln;                /* (B,T,C) gradient of a norm output (full sequence) */
-    ct_tensor *dln_local;          /* (B,Tl,C) its reduce-scattered part (sequence parallel) */
-    ct_tensor *dfull;              /* (B,T,C) dres gathered over the sequence (sequence parallel) */
-    ct_tensor *datt;               /* (B,T,NH·hd) */
+    ct_tensor *dres;      /* (B,Tl,C) gradient of the residual stream */
+    ct_tensor *dln;       /* (B,T,C) gradient of a norm output (full sequence) */
+    ct_tensor *dln_local; /* (B,Tl,C) its reduce-scattered part (sequence parallel) */
+    ct_tensor *dfull;     /* (B,T,C) dres gathered over the sequence (sequence parallel) */
+    ct_tensor *datt;      /* (B,T,NH·hd) */
     ct_tensor *dq, *dk, *dv;
-    ct_tensor *dh;                 /* (B,T,F) */
+    ct_tensor *dh; /* (B,T,F) */
 } ct_grad_scratch;
 
 /* Everything on one rank: one chunk with all layers, the embeddings and the head. */
@@ -201,7 +201,8 @@ void ct_model_free(ct_model *model);
  * ct_model_init_unit writes one unit's parameters into its currently bound buffer. */
 void ct_model_init_params(ct_model *model);
 void ct_model_init_unit(ct_model *model, int unit);
-/* Zeroes the gradient slab (no-op when gradients are sharded: the data-parallel layer owns them). */
+/* Zeroes the gradient slab (no-op when gradients are sharded: the data-parallel layer owns them).
+ */
 void ct_model_zero_grads(ct_model *model);
 /* Points a unit's parameter (gradient) views at `buf` from element `offset` (padded_numel
  * elements must fit); buf NULL unbinds. */

@@ -37,8 +37,8 @@ ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_confi
             };
         }
     }
-    opt->norm_partials = ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, model->n_params),
-                                          CT_MEM_WORKSPACE);
+    opt->norm_partials =
+        ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, model->n_params), CT_MEM_WORKSPACE);
     if (!opt->norm_partials) {
         ct_optim_free(opt);
         return CT_ERR_RUNTIME;
@@ -107,7 +107,9 @@ float ct_optim_clip_scale(const ct_train_config *tc, double grad_norm) {
     return (float)(tc->grad_clip / grad_norm);
 }
 
-void ct_optim_begin_step(ct_optimizer *opt) { opt->step++; }
+void ct_optim_begin_step(ct_optimizer *opt) {
+    opt->step++;
+}
 
 void ct_optim_update_unit(ct_optimizer *opt, int u, ct_tensor *params, const ct_tensor *grads,
                           float lr, float grad_scale) {

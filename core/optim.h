@@ -17,18 +17,18 @@
 #include "model.h"
 
 typedef struct ct_optim_unit {
-    int64_t lo, n;                /* the range [lo, lo + n) of the unit this rank updates */
-    ct_tensor *m, *v;             /* (n) AdamW moments */
-    ct_adamw_segment *segments;   /* offsets relative to lo */
+    int64_t lo, n;              /* the range [lo, lo + n) of the unit this rank updates */
+    ct_tensor *m, *v;           /* (n) AdamW moments */
+    ct_adamw_segment *segments; /* offsets relative to lo */
     int n_segments;
 } ct_optim_unit;
 
 typedef struct ct_optimizer {
     ct_model *model;
     ct_train_config tc;
-    ct_optim_unit *units;         /* [model->n_units] */
-    ct_tensor *norm_partials;     /* (n_params) squared norm of each parameter's part */
-    int64_t step;                 /* updates applied so far */
+    ct_optim_unit *units;     /* [model->n_units] */
+    ct_tensor *norm_partials; /* (n_params) squared norm of each parameter's part */
+    int64_t step;             /* updates applied so far */
 } ct_optimizer;
 
 /*

@@ -17,8 +17,8 @@
 #include "data.h"
 #include "tokenizer.h"
 
-#define PREPARE_USAGE                                                                        \
-    "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] "               \
+#define PREPARE_USAGE                                                                              \
+    "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] "                     \
     "[--val-fraction F] [--byte-level]"
 
 typedef struct prepare_args {
@@ -233,8 +233,7 @@ static ct_status make_dirs(const char *dir) {
             char saved = *s;
             *s = '\0';
             if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-                ct_error(CT_ERR_INPUT, "cannot create output directory %s: %s", p,
-                         strerror(errno));
+                ct_error(CT_ERR_INPUT, "cannot create output directory %s: %s", p, strerror(errno));
                 ct_hint("choose a writable --out directory");
                 st = CT_ERR_INPUT;
                 break;
@@ -374,10 +373,11 @@ ct_status ct_prepare_run(int argc, char **argv) {
                vocab, a.vocab_size, n_train, t_train, tok_path);
         if (vocab < a.vocab_size)
             printf("prepare: note: the text repeats too few pairs for %d tokens; set "
-                   "model.vocab_size >= %d\n", a.vocab_size, vocab);
+                   "model.vocab_size >= %d\n",
+                   a.vocab_size, vocab);
         printf("prepare: tokens: train %zu, val %zu; %.3f bytes/token; encoded in %.2f s "
-               "(%.1f MB/s)\n", n_train_tok, n_val_tok,
-               n_tok ? (double)text.n / (double)n_tok : 0.0, t_encode,
+               "(%.1f MB/s)\n",
+               n_train_tok, n_val_tok, n_tok ? (double)text.n / (double)n_tok : 0.0, t_encode,
                t_encode > 0 ? (double)text.n / t_encode / 1e6 : 0.0);
         printf("prepare: wrote %s and %s\n", train_path, val_path);
     }

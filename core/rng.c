@@ -30,7 +30,7 @@ double ct_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
 
 double ct_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     uint64_t x = ct_rng_u64(seed, stream, index);
-    double u1 = ((double)(x >> 32) + 1.0) * 0x1.0p-32;  /* (0, 1]: log is finite */
+    double u1 = ((double)(x >> 32) + 1.0) * 0x1.0p-32;   /* (0, 1]: log is finite */
     double u2 = (double)(x & 0xffffffffULL) * 0x1.0p-32; /* [0, 1) */
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }

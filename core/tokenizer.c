@@ -38,11 +38,11 @@
 #define TOK_MAX_TOKEN_BYTES (1 << 16)
 
 struct ct_tokenizer {
-    int vocab_size;       /* 256 + n_merges */
+    int vocab_size; /* 256 + n_merges */
     int n_merges;
-    uint32_t *merges;     /* (n_merges, 2): left, right of merge i = token 256 + i */
-    uint32_t *tok_off;    /* (vocab_size,): offset of each token's bytes in `bytes` */
-    uint32_t *tok_len;    /* (vocab_size,) */
+    uint32_t *merges;  /* (n_merges, 2): left, right of merge i = token 256 + i */
+    uint32_t *tok_off; /* (vocab_size,): offset of each token's bytes in `bytes` */
+    uint32_t *tok_len; /* (vocab_size,) */
     uint8_t *bytes;
     /* pair (left << 32 | right) → merge rank, open addressing, power-of-two capacity */
     uint64_t *rank_keys;
@@ -134,8 +134,8 @@ size_t ct_tokenizer_chunk_len(const uint8_t *text, size_t n, size_t i) {
 /* ---- a map from byte strings (pointers into caller memory) to indices ----------------------- */
 
 typedef struct str_map {
-    uint32_t *slots;     /* index+1 into entries; 0 = empty */
-    size_t cap;          /* power of two */
+    uint32_t *slots; /* index+1 into entries; 0 = empty */
+    size_t cap;      /* power of two */
     size_t n;
     const uint8_t **ptr; /* (n,) */
     uint32_t *len;       /* (n,) */
@@ -283,7 +283,9 @@ void ct_tokenizer_free(ct_tokenizer *tok) {
     free(tok);
 }
 
-int ct_tokenizer_vocab_size(const ct_tokenizer *tok) { return tok->vocab_size; }
+int ct_tokenizer_vocab_size(const ct_tokenizer *tok) {
+    return tok->vocab_size;
+}
 
 const uint8_t *ct_tokenizer_token_bytes(const ct_tokenizer *tok, int32_t token, size_t *len) {
     CT_ASSERTF(token >= 0 && token < tok->vocab_size, "token %d outside vocabulary of %d",
@@ -302,10 +304,10 @@ void ct_tokenizer_merge(const ct_tokenizer *tok, int i, int32_t *left, int32_t *
 
 typedef struct pair_info {
     uint64_t key;
-    int64_t count;      /* weighted occurrences over all unique chunks */
-    int32_t *chunks;    /* chunks that contained this pair at some point (may be stale) */
+    int64_t count;   /* weighted occurrences over all unique chunks */
+    int32_t *chunks; /* chunks that contained this pair at some point (may be stale) */
     int32_t n_chunks, cap_chunks;
-    int32_t queued;     /* merge step at which it was last queued for a heap push, plus one */
+    int32_t queued; /* merge step at which it was last queued for a heap push, plus one */
 } pair_info;
 
 typedef struct heap_entry {
@@ -316,11 +318,11 @@ typedef struct heap_entry {
 typedef struct trainer {
     /* unique chunks */
     size_t n_chunks;
-    int64_t *weight;    /* (n_chunks,) occurrences in the text */
-    size_t *seq_off;    /* (n_chunks,) offset into seq */
-    uint32_t *seq_len;  /* (n_chunks,) current length in tokens (shrinks as merges apply) */
-    int32_t *stamp;     /* (n_chunks,) last merge step that visited the chunk, plus one */
-    uint32_t *seq;      /* tokens of all chunks */
+    int64_t *weight;   /* (n_chunks,) occurrences in the text */
+    size_t *seq_off;   /* (n_chunks,) offset into seq */
+    uint32_t *seq_len; /* (n_chunks,) current length in tokens (shrinks as merges apply) */
+    int32_t *stamp;    /* (n_chunks,) last merge step that visited the chunk, plus one */
+    uint32_t *seq;     /* tokens of all chunks */
     /* pairs: key → index into pairs */
     pair_info *pairs;
     size_t n_pairs, cap_pairs;
@@ -807,8 +809,8 @@ ct_status ct_tokenizer_load(ct_tokenizer **out, const char *path) {
             free(body);
             free(merges);
             snprintf(what, sizeof what,
-                     "merge %u (token %u) = (%u, %u) refers to a token that is not defined yet",
-                     i, 256 + i, l, r);
+                     "merge %u (token %u) = (%u, %u) refers to a token that is not defined yet", i,
+                     256 + i, l, r);
             return corrupt(path, what);
         }
         merges[2 * i] = l;

@@ -155,8 +155,8 @@ static const char *reduce_op_name(ct_reduce_op op) {
 }
 
 static int mpi_count(int64_t n, const char *what) {
-    CT_ASSERTF(n >= 0 && n <= INT_MAX, "%s of %lld elements per rank: MPI counts are int",
-               what, (long long)n);
+    CT_ASSERTF(n >= 0 && n <= INT_MAX, "%s of %lld elements per rank: MPI counts are int", what,
+               (long long)n);
     return (int)n;
 }
 
@@ -167,8 +167,7 @@ static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_byte
 
 /* ---- requests: start, completion, the watchdog -------------------------------------------- */
 
-static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype dtype,
-                                    int64_t n) {
+static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype dtype, int64_t n) {
     ct_comm_request *req = ct_xcalloc(1, sizeof *req);
     req->mpi = MPI_REQUEST_NULL;
     req->group = g;
@@ -192,8 +191,10 @@ static ct_comm_request *request_track(mpi_group *g, ct_comm_request *req) {
 static void request_complete(mpi_group *g, ct_comm_request *req) {
     if (req->move_bytes) memmove(req->move_dst, req->move_src, req->move_bytes);
     req->done = true;
-    if (req->prev) req->prev->next = req->next;
-    else g->pending = req->next;
+    if (req->prev)
+        req->prev->next = req->next;
+    else
+        g->pending = req->next;
     if (req->next) req->next->prev = req->prev;
     req->prev = req->next = NULL;
     g->n_pending--;
@@ -221,8 +222,8 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
         snprintf(op, sizeof op, "%s %s group rank %d (tag %d, %s)", req->is_recv ? "recv" : "send",
                  req->is_recv ? "from" : "to", req->peer, req->tag, ct_dtype_name(req->dtype));
     else if (req->reduces)
-        snprintf(op, sizeof op, "%s (%s %s)", ct_comm_op_name(req->kind),
-                 ct_dtype_name(req->dtype), reduce_op_name(req->op));
+        snprintf(op, sizeof op, "%s (%s %s)", ct_comm_op_name(req->kind), ct_dtype_name(req->dtype),
+                 reduce_op_name(req->op));
     else if (req->kind == CT_COMM_BARRIER)
         snprintf(op, sizeof op, "barrier");
     else
@@ -234,8 +235,8 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
             "sequence #%llu (the %llu%s %s on this group), waited %.1f s\n"
             "hint: %s, or is much slower; raise parallel.timeout_s (now %g s) if it is just "
             "slow\n",
-            p2p ? "point-to-point operation" : "collective", world_rank, g->name, g->rank,
-            g->size, op, (unsigned long long)req->bytes, (unsigned long long)req->seq,
+            p2p ? "point-to-point operation" : "collective", world_rank, g->name, g->rank, g->size,
+            op, (unsigned long long)req->bytes, (unsigned long long)req->seq,
             (unsigned long long)req->seq, ordinal_suffix(req->seq),
             p2p ? "point-to-point operation" : "collective", waited,
             p2p ? "the peer did not post the matching operation"
@@ -347,8 +348,8 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
     char *full = (char *)(uintptr_t)send;
     if ((char *)recv == full + (size_t)g->rank * shard) {
         /* MPI's in-place form reads the full buffer and leaves the shard at its start. */
-        CT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, full, count, dt, mop, g->comm,
-                                               &req->mpi));
+        CT_MPI_CHECK(
+            MPI_Ireduce_scatter_block(MPI_IN_PLACE, full, count, dt, mop, g->comm, &req->mpi));
         if (g->rank != 0) {
             req->move_dst = recv;
             req->move_src = full;
@@ -359,8 +360,7 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
                    "reduce_scatter on group %s: recv overlaps send but is not this rank's shard "
                    "(in place needs recv == send + rank*n/size)",
                    g->name);
-        CT_MPI_CHECK(
-            MPI_Ireduce_scatter_block(send, recv, count, dt, mop, g->comm, &req->mpi));
+        CT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count, dt, mop, g->comm, &req->mpi));
     }
     return request_track(g, req);
 }
@@ -368,8 +368,7 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
 static ct_comm_request *mpi_iallgather(void *ctx, const void *send, void *recv, int64_t n,
                                        ct_dtype dtype) {
     mpi_group *g = ctx;
-    CT_ASSERTF(n % g->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
-               g->size);
+    CT_ASSERTF(n % g->size == 0, "allgather of %lld elements over %d ranks", (long long)n, g->size);
     int count = mpi_count(n / g->size, "allgather");
     size_t esz = ct_dtype_size(dtype), shard = (size_t)count * esz;
     ct_comm_request *req = request_new(g, CT_COMM_ALLGATHER, dtype, n);
@@ -406,8 +405,8 @@ static ct_comm_request *mpi_iall_to_all(mpi_group *g, const void *send, void *re
     ct_comm_request *req = request_new(g, CT_COMM_ALL_TO_ALL, dtype, n);
     MPI_Datatype dt = mpi_type(dtype);
     if (send == recv) {
-        CT_MPI_CHECK(MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, count, dt, g->comm,
-                                   &req->mpi));
+        CT_MPI_CHECK(
+            MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, count, dt, g->comm, &req->mpi));
     } else {
         CT_ASSERTF(!overlaps(send, bytes, recv, bytes),
                    "all_to_all on group %s: send and recv overlap but are not equal", g->name);
@@ -416,8 +415,8 @@ static ct_comm_request *mpi_iall_to_all(mpi_group *g, const void *send, void *re
     return request_track(g, req);
 }
 
-static ct_comm_request *mpi_ip2p(mpi_group *g, bool is_recv, void *buf, int64_t n,
-                                 ct_dtype dtype, int peer, int tag) {
+static ct_comm_request *mpi_ip2p(mpi_group *g, bool is_recv, void *buf, int64_t n, ct_dtype dtype,
+                                 int peer, int tag) {
     CT_ASSERTF(peer >= 0 && peer < g->size, "%s peer %d on group %s of %d ranks",
                is_recv ? "recv" : "send", peer, g->name, g->size);
     int count = mpi_count(n, is_recv ? "recv" : "send");
@@ -447,8 +446,8 @@ static void mpi_allreduce(void *ctx, void *buf, int64_t n, ct_dtype dtype, ct_re
     mpi_wait(ctx, mpi_iallreduce(ctx, buf, n, dtype, op));
 }
 
-static void mpi_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n,
-                               ct_dtype dtype, ct_reduce_op op) {
+static void mpi_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype,
+                               ct_reduce_op op) {
     mpi_wait(ctx, mpi_ireduce_scatter(ctx, send, recv, n, dtype, op));
 }
 

@@ -59,11 +59,10 @@ void ct_comm_mpi_release_ops(void);
  * Checks an MPI call: on failure prints the call, MPI's error string, the rank and file:line,
  * then aborts the job (an MPI error mid-run is a runtime failure nobody can recover from).
  */
-#define CT_MPI_CHECK(call)                                                  \
-    do {                                                                    \
-        int ct_mpi_rc_ = (call);                                            \
-        if (ct_mpi_rc_ != MPI_SUCCESS)                                      \
-            ct_mpi_check_fail(#call, ct_mpi_rc_, __FILE__, __LINE__);       \
+#define CT_MPI_CHECK(call)                                                                         \
+    do {                                                                                           \
+        int ct_mpi_rc_ = (call);                                                                   \
+        if (ct_mpi_rc_ != MPI_SUCCESS) ct_mpi_check_fail(#call, ct_mpi_rc_, __FILE__, __LINE__);   \
     } while (0)
 
 __attribute__((noreturn)) void ct_mpi_check_fail(const char *call, int rc, const char *file,

@@ -58,10 +58,18 @@ void ct_mpi_finalize(void) {
     MPI_Finalize();
 }
 
-int ct_mpi_world_rank(void) { return world_rank; }
-int ct_mpi_world_size(void) { return world_size; }
-int ct_mpi_local_rank(void) { return local_rank; }
-int ct_mpi_local_size(void) { return local_size; }
+int ct_mpi_world_rank(void) {
+    return world_rank;
+}
+int ct_mpi_world_size(void) {
+    return world_size;
+}
+int ct_mpi_local_rank(void) {
+    return local_rank;
+}
+int ct_mpi_local_size(void) {
+    return local_size;
+}
 
 void ct_mpi_abort(int exit_code) {
     ct_error_print();
@@ -74,7 +82,14 @@ void ct_mpi_abort(int exit_code) {
 
 /* ---- the grid ----------------------------------------------------------------------------- */
 
-typedef enum group_kind { GROUP_TP, GROUP_DP, GROUP_PP, GROUP_MP, GROUP_EMBED, GROUP_COUNT } group_kind;
+typedef enum group_kind {
+    GROUP_TP,
+    GROUP_DP,
+    GROUP_PP,
+    GROUP_MP,
+    GROUP_EMBED,
+    GROUP_COUNT
+} group_kind;
 
 static const char *group_names[GROUP_COUNT] = {"tp", "dp", "pp", "mp", "embed"};
 
@@ -112,8 +127,8 @@ ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s) {
     MPI_Initialized(&initialized);
     CT_ASSERTF(initialized, "ct_pctx_new before ct_mpi_init");
     CT_ASSERTF(tp >= 1 && pp >= 1 && dp >= 1 && tp * pp * dp == world_size,
-               "grid tp %d x pp %d x dp %d does not match world size %d (callers validate it)",
-               tp, pp, dp, world_size);
+               "grid tp %d x pp %d x dp %d does not match world size %d (callers validate it)", tp,
+               pp, dp, world_size);
     ct_pctx *p = ct_xcalloc(1, sizeof *p);
     p->world_rank = world_rank;
     p->world_size = world_size;
@@ -177,8 +192,9 @@ static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
 
 void ct_pctx_print(const ct_pctx *p, FILE *out) {
     if (p->world_rank != 0) return;
-    fprintf(out, "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
-                 "dp*pp_rank))\n",
+    fprintf(out,
+            "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
+            "dp*pp_rank))\n",
             p->world_size, p->tp, p->pp, p->dp);
     for (int k = 0; k < GROUP_COUNT; k++) print_groups(p, (group_kind)k, out);
     fflush(out);
@@ -214,8 +230,10 @@ ct_status ct_mpi_agree(ct_status local) {
     CT_MPI_CHECK(MPI_Bcast(buf, MSG + HINT, MPI_CHAR, root, MPI_COMM_WORLD));
     buf[MSG - 1] = buf[MSG + HINT - 1] = '\0';
     const char *msg = buf[0] ? buf : "failed without an error message";
-    if (root != 0) ct_error(worst, "rank %d: %s", root, msg);
-    else ct_error(worst, "%s", msg);
+    if (root != 0)
+        ct_error(worst, "rank %d: %s", root, msg);
+    else
+        ct_error(worst, "%s", msg);
     if (buf[MSG]) ct_hint("%s", buf + MSG);
     free(buf);
     return worst;

@@ -34,12 +34,12 @@ __attribute__((noreturn)) void ct_mpi_abort(int exit_code);
 
 typedef struct ct_pctx {
     int world_rank, world_size;
-    int tp, pp, dp;                 /* group sizes */
-    int tp_rank, pp_rank, dp_rank;  /* coordinates */
+    int tp, pp, dp;                /* group sizes */
+    int tp_rank, pp_rank, dp_rank; /* coordinates */
     ct_comm *world;
     ct_comm *tp_comm, *dp_comm, *pp_comm, *mp_comm;
-    ct_comm *embed_comm;            /* first + last stage; NULL on middle stages */
-    double timeout_s;               /* collective watchdog (parallel.timeout_s) */
+    ct_comm *embed_comm; /* first + last stage; NULL on middle stages */
+    double timeout_s;    /* collective watchdog (parallel.timeout_s) */
 } ct_pctx;
 
 /* A grid of one rank without MPI: every group is a one-rank local group (comm.h). For world

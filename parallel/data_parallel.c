@@ -21,19 +21,19 @@
 
 typedef struct slot {
     ct_tensor *buf;
-    int owner;         /* unit using it, or -1 */
-    uint64_t since;    /* when it was taken (for "oldest first") */
+    int owner;      /* unit using it, or -1 */
+    uint64_t since; /* when it was taken (for "oldest first") */
 } slot;
 
 typedef struct dp_unit {
     int64_t n, shard_n, shard_lo;
-    bool dedicated;                /* the tied embedding: its own slots */
-    ct_tensor *grad_shard;         /* stages 2-3: (shard_n) accumulated own gradients */
-    ct_tensor *param_shard;        /* stage 3: (shard_n) own parameters */
-    ct_comm_request *reduce_req;   /* reduction in flight */
-    slot *staging;                 /* stages 2-3: slot holding its gradients */
-    slot *gathered;                /* stage 3: slot holding its gathered parameters */
-    ct_comm_request *gather_req;   /* gather in flight into `gathered` */
+    bool dedicated;              /* the tied embedding: its own slots */
+    ct_tensor *grad_shard;       /* stages 2-3: (shard_n) accumulated own gradients */
+    ct_tensor *param_shard;      /* stage 3: (shard_n) own parameters */
+    ct_comm_request *reduce_req; /* reduction in flight */
+    slot *staging;               /* stages 2-3: slot holding its gradients */
+    slot *gathered;              /* stage 3: slot holding its gathered parameters */
+    ct_comm_request *gather_req; /* gather in flight into `gathered` */
 } dp_unit;
 
 struct ct_dp {
@@ -44,7 +44,7 @@ struct ct_dp {
     dp_unit *units;
     slot staging_pool[STAGING_POOL], staging_dedicated;
     slot gather_pool[GATHER_POOL], gather_dedicated;
-    uint64_t clock;                /* counts slot acquisitions */
+    uint64_t clock; /* counts slot acquisitions */
     int microbatch, n_microbatches;
     double created, exposed;
     bool logging;
@@ -52,7 +52,8 @@ struct ct_dp {
     int n_events, cap_events;
 };
 
-/* ---- small helpers ---------------------------------------------------------------------------- */
+/* ---- small helpers ----------------------------------------------------------------------------
+ */
 
 static void log_event(ct_dp *dp, ct_dp_event_kind kind, int unit) {
     if (!dp->logging) return;
@@ -97,8 +98,8 @@ static void start_gather(ct_dp *dp, int u, slot *s) {
     dp_unit *du = &dp->units[u];
     du->gathered = s;
     log_event(dp, CT_DP_EVENT_GATHER_START, u);
-    du->gather_req = ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n,
-                                        CT_DTYPE_F32);
+    du->gather_req =
+        ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n, CT_DTYPE_F32);
     ct_model_bind_unit_params(dp->model, u, s->buf, 0);
 }
 
@@ -119,8 +120,7 @@ static void ensure_gathered(ct_dp *dp, int u) {
 /* Starts gathering unit u ahead of its use if a pool slot is free (never waits). Only within
  * the chunk of `from`: across chunks (pipeline parallel) the next unit may run much later. */
 static void prefetch(ct_dp *dp, int u, int from) {
-    if (u < 0 || u >= dp->model->n_units || dp->units[u].gathered || dp->units[u].dedicated)
-        return;
+    if (u < 0 || u >= dp->model->n_units || dp->units[u].gathered || dp->units[u].dedicated) return;
     const ct_model *m = dp->model;
     if (m->params[m->units[u].first_param].chunk != m->params[m->units[from].first_param].chunk)
         return;
@@ -186,27 +186,28 @@ static void start_reduction(ct_dp *dp, int u) {
     log_event(dp, CT_DP_EVENT_REDUCE_START, u);
     switch (dp->stage) {
     case 0:
-        du->reduce_req = ct_comm_iallreduce(dp->comm, unit->grads->data, du->n, CT_DTYPE_F32,
-                                            CT_REDUCE_SUM);
+        du->reduce_req =
+            ct_comm_iallreduce(dp->comm, unit->grads->data, du->n, CT_DTYPE_F32, CT_REDUCE_SUM);
         break;
     case 1: {
         /* In place: this rank's shard of the sums lands at its own offset. */
         float *g = unit->grads->data;
-        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n,
-                                                 CT_DTYPE_F32, CT_REDUCE_SUM);
+        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n, CT_DTYPE_F32,
+                                                 CT_REDUCE_SUM);
         break;
     }
     default: {
         float *g = du->staging->buf->data;
-        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n,
-                                                 CT_DTYPE_F32, CT_REDUCE_SUM);
+        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n, CT_DTYPE_F32,
+                                                 CT_REDUCE_SUM);
         ct_model_bind_unit_grads(dp->model, u, NULL, 0);
         break;
     }
     }
 }
 
-/* ---- the model's hooks ------------------------------------------------------------------------ */
+/* ---- the model's hooks ------------------------------------------------------------------------
+ */
 
 static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
@@ -310,7 +311,8 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
 
     int nu = model->n_units;
     dp->units = ct_xcalloc((size_t)nu, sizeof *dp->units);
-    int64_t *lo = ct_xcalloc((size_t)nu, sizeof(int64_t)), *len = ct_xcalloc((size_t)nu, sizeof(int64_t));
+    int64_t *lo = ct_xcalloc((size_t)nu, sizeof(int64_t)),
+            *len = ct_xcalloc((size_t)nu, sizeof(int64_t));
     int64_t pool_n = 0, dedicated_n = 0;
     ct_status st = CT_OK;
     for (int u = 0; u < nu; u++) {
@@ -320,8 +322,10 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
         du->shard_n = du->n / dp->N;
         du->shard_lo = (int64_t)dp->rank * du->shard_n;
         du->dedicated = tied_local && u == model->embed_unit;
-        if (du->dedicated) dedicated_n = du->n;
-        else pool_n = CT_MAX(pool_n, du->n);
+        if (du->dedicated)
+            dedicated_n = du->n;
+        else
+            pool_n = CT_MAX(pool_n, du->n);
         lo[u] = zero_stage == 0 ? 0 : du->shard_lo;
         len[u] = zero_stage == 0 ? du->n : du->shard_n;
         if (zero_stage >= 2 && st == CT_OK) {
@@ -553,16 +557,22 @@ double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
     return ct_zero_expected_step_bytes(ct_dp_param_bytes(dp), dp->N, dp->stage, m);
 }
 
-double ct_dp_exposed_seconds(const ct_dp *dp) { return dp->exposed; }
+double ct_dp_exposed_seconds(const ct_dp *dp) {
+    return dp->exposed;
+}
 
-void ct_dp_log_events(ct_dp *dp, bool on) { dp->logging = on; }
+void ct_dp_log_events(ct_dp *dp, bool on) {
+    dp->logging = on;
+}
 
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n) {
     *n = dp->n_events;
     return dp->events;
 }
 
-ct_optimizer *ct_dp_optimizer(ct_dp *dp) { return dp->opt; }
+ct_optimizer *ct_dp_optimizer(ct_dp *dp) {
+    return dp->opt;
+}
 
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
     if (dp->stage < 3) {

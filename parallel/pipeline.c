@@ -6,8 +6,8 @@
 
 typedef struct pending_send {
     ct_comm_request *req;
-    ct_tensor *buf;  /* owned copy (gradients), or NULL when sending from activations */
-    int mb;          /* whose activations it reads (-1 for owned copies) */
+    ct_tensor *buf; /* owned copy (gradients), or NULL when sending from activations */
+    int mb;         /* whose activations it reads (-1 for owned copies) */
 } pending_send;
 
 struct ct_pipeline {
@@ -17,14 +17,14 @@ struct ct_pipeline {
     ct_schedule *train, *forward_only;
     int m, n_chunks;
     int64_t B;
-    ct_acts **pool;          /* free activation contexts */
+    ct_acts **pool; /* free activation contexts */
     int n_pool;
-    ct_acts **acts;          /* [m] context of each microbatch in flight, or NULL */
-    int *backwards_left;     /* [m] local chunks whose backward is still to run */
+    ct_acts **acts;      /* [m] context of each microbatch in flight, or NULL */
+    int *backwards_left; /* [m] local chunks whose backward is still to run */
     ct_grad_scratch *scratch;
     pending_send *sends;
     int n_sends, cap_sends;
-    ct_tensor **grad_bufs;   /* free gradient send buffers (B,Tl,C) */
+    ct_tensor **grad_bufs; /* free gradient send buffers (B,Tl,C) */
     int n_grad_bufs;
     int32_t *host_tokens, *host_targets;
     int inflight, peak_inflight;
@@ -45,8 +45,8 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
     p->train = ct_schedule_new(kind, pctx->pp, v, m);
-    p->forward_only = p->train ? ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m)
-                               : NULL;
+    p->forward_only =
+        p->train ? ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m) : NULL;
     if (!p->train || !p->forward_only) {
         ct_pipeline_free(p);
         return CT_ERR_INPUT;
@@ -92,7 +92,9 @@ void ct_pipeline_free(ct_pipeline *p) {
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static int local_chunk(const ct_pipeline *p, int chunk) { return chunk / p->pctx->pp; }
+static int local_chunk(const ct_pipeline *p, int chunk) {
+    return chunk / p->pctx->pp;
+}
 
 /* Tag of the message crossing the boundary between chunks `lower` and lower + 1. */
 static int tag_of(const ct_pipeline *p, int mb, int lower, bool grad) {
@@ -166,7 +168,8 @@ static ct_tensor *chunk_input(ct_pipeline *p, ct_acts *a, int j) {
 }
 
 static ct_tensor *chunk_output(ct_pipeline *p, ct_acts *a, int j) {
-    return a->residual[p->model->layout.chunks[j].first_layer + p->model->layout.chunks[j].n_layers];
+    return a
+        ->residual[p->model->layout.chunks[j].first_layer + p->model->layout.chunks[j].n_layers];
 }
 
 static void log_action(ct_pipeline *p, const ct_action *act) {
@@ -218,9 +221,9 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             break;
         }
         case CT_ACTION_RECV_GRAD: {
-            ct_comm_request *req = ct_comm_irecv(pp, p->scratch->dres->data,
-                                                 p->scratch->dres->numel, CT_DTYPE_F32,
-                                                 act->peer, tag_of(p, mb, act->chunk, true));
+            ct_comm_request *req =
+                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel, CT_DTYPE_F32,
+                              act->peer, tag_of(p, mb, act->chunk, true));
             timed_wait(p, req);
             break;
         }
@@ -241,8 +244,8 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
                 CT_ASSERTF(buf != NULL, "out of memory for a gradient send buffer");
             }
             ct_tensor_copy(buf, p->scratch->dres);
-            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, CT_DTYPE_F32,
-                                                 act->peer, tag_of(p, mb, act->chunk - 1, true));
+            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, CT_DTYPE_F32, act->peer,
+                                                 tag_of(p, mb, act->chunk - 1, true));
             track_send(p, req, buf, -1);
             if (p->backwards_left[mb] == 0) release_acts(p, mb);
             break;
@@ -256,8 +259,12 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     return loss;
 }
 
-double ct_pipeline_wait_seconds(const ct_pipeline *p) { return p->wait_seconds; }
-int ct_pipeline_peak_inflight(const ct_pipeline *p) { return p->peak_inflight; }
+double ct_pipeline_wait_seconds(const ct_pipeline *p) {
+    return p->wait_seconds;
+}
+int ct_pipeline_peak_inflight(const ct_pipeline *p) {
+    return p->peak_inflight;
+}
 void ct_pipeline_log_actions(ct_pipeline *p, bool on) {
     p->logging = on;
     p->n_log = 0;
@@ -266,4 +273,6 @@ const ct_action *ct_pipeline_executed(const ct_pipeline *p, int *n) {
     *n = p->n_log;
     return p->log;
 }
-const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p) { return p->train; }
+const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p) {
+    return p->train;
+}

@@ -4,10 +4,11 @@
  *
  * Each microbatch in flight has its own activation context (ct_acts), taken from a pool on its
  * first forward here and given back once its last backward here is done, so memory follows the
- * schedule's in-flight count (forward-only evaluation keeps its contexts to the end of the run). Activations travel as the residual stream at chunk boundaries, (B, T, C) — (B, T/tp, C)
- * with sequence parallelism — point to point on the pp group with non-blocking sends; a receive
- * waits, polling, and that waiting is the measured bubble. Between actions the executor polls
- * the data-parallel group so gradient reductions progress during the schedule.
+ * schedule's in-flight count (forward-only evaluation keeps its contexts to the end of the run).
+ * Activations travel as the residual stream at chunk boundaries, (B, T, C) — (B, T/tp, C) with
+ * sequence parallelism — point to point on the pp group with non-blocking sends; a receive waits,
+ * polling, and that waiting is the measured bubble. Between actions the executor polls the
+ * data-parallel group so gradient reductions progress during the schedule.
  */
 #ifndef CT_PARALLEL_PIPELINE_H
 #define CT_PARALLEL_PIPELINE_H

@@ -10,8 +10,10 @@
 #include "parallel/trainer.h"
 
 static const char *mib(char *buf, size_t n, double bytes) {
-    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
     return buf;
 }
 
@@ -28,12 +30,13 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
     const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
     const int64_t B = cfg->train.micro_batch;
     if (!json)
-        fprintf(out, "plan: %.2fM parameters on %lld ranks = tp %d x pp %d x dp %d; ZeRO %d; "
-            "%d microbatches of %lld x %lld tokens per dp rank per step%s%s\n",
-            (double)cfg->derived.n_params / 1e6, (long long)cfg->derived.world_size, tp, pp, dp,
-            stage, m, (long long)B, (long long)cfg->model.seq_len,
-            cfg->parallel.sequence_parallel ? "; sequence parallel" : "",
-            cfg->train.recompute == CT_RECOMPUTE_FULL ? "; recompute" : "");
+        fprintf(out,
+                "plan: %.2fM parameters on %lld ranks = tp %d x pp %d x dp %d; ZeRO %d; "
+                "%d microbatches of %lld x %lld tokens per dp rank per step%s%s\n",
+                (double)cfg->derived.n_params / 1e6, (long long)cfg->derived.world_size, tp, pp, dp,
+                stage, m, (long long)B, (long long)cfg->model.seq_len,
+                cfg->parallel.sequence_parallel ? "; sequence parallel" : "",
+                cfg->train.recompute == CT_RECOMPUTE_FULL ? "; recompute" : "");
 
     ct_schedule *sched = NULL;
     ct_sim_result sim = {0};
@@ -44,8 +47,10 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
     }
     ct_backend *be = ct_backend_cpu_new(1);
     if (!json) fprintf(out, "per rank, fp32 (tp rank 0 of each stage; dp ranks alike):\n");
-    if (!json) fprintf(out, "  stage | params (Φ)  | param mem   | grads       | optimizer   | activations "
-                 "(peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
+    if (!json)
+        fprintf(out,
+                "  stage | params (Φ)  | param mem   | grads       | optimizer   | activations "
+                "(peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
     ct_status st = CT_OK;
     for (int r = 0; r < pp && st == CT_OK; r++) {
         ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
@@ -74,10 +79,11 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
             if (c > 0) pp_bytes += boundary * m;
         }
         if (json) {
-            fprintf(out, "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
+            fprintf(out,
+                    "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
                     "\"optim_bytes\": %zu, \"acts_bytes\": %.0f, \"inflight\": %d, "
-                    "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f, \"pp_bytes\": %.0f}\n", r,
-                    mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], acts, inflight,
+                    "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f, \"pp_bytes\": %.0f}\n",
+                    r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], acts, inflight,
                     dp_bytes, tp_bytes, pp_bytes);
             ct_model_free(model);
             continue;

@@ -23,7 +23,8 @@
 
 #include "core/common.h"
 
-/* ---- names and layout ------------------------------------------------------------------------- */
+/* ---- names and layout -------------------------------------------------------------------------
+ */
 
 const char *ct_schedule_kind_name(ct_schedule_kind kind) {
     switch (kind) {
@@ -52,7 +53,9 @@ int ct_schedule_chunk_rank(const ct_schedule *s, int chunk) {
     return chunk % s->pp;
 }
 
-static int n_chunks(const ct_schedule *s) { return s->pp * s->v; }
+static int n_chunks(const ct_schedule *s) {
+    return s->pp * s->v;
+}
 
 static bool is_compute(ct_action_kind kind) {
     return kind == CT_ACTION_FORWARD || kind == CT_ACTION_BACKWARD;
@@ -74,7 +77,8 @@ bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_acti
     return true;
 }
 
-/* ---- generators ------------------------------------------------------------------------------- */
+/* ---- generators -------------------------------------------------------------------------------
+ */
 
 static void emit(ct_schedule *s, int r, ct_action_kind kind, int mb, int c, int peer) {
     s->actions[r][s->n_actions[r]++] =
@@ -173,8 +177,9 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
         return CT_ERR_INPUT;
     }
     if (kind == CT_SCHEDULE_KIND_INTERLEAVED && v < 2) {
-        ct_error(CT_ERR_INPUT, "pipeline schedule interleaved needs v >= 2 chunks per rank (got "
-                               "v=%d, pp=%d, m=%d)",
+        ct_error(CT_ERR_INPUT,
+                 "pipeline schedule interleaved needs v >= 2 chunks per rank (got "
+                 "v=%d, pp=%d, m=%d)",
                  v, pp, m);
         ct_hint("use v=2 or more, or the 1f1b schedule for one chunk per rank");
         return CT_ERR_INPUT;
@@ -241,7 +246,8 @@ double ct_schedule_theory_bubble(const ct_schedule *s) {
     return 0;
 }
 
-/* ---- order check ------------------------------------------------------------------------------ */
+/* ---- order check ------------------------------------------------------------------------------
+ */
 
 static void action_str(const ct_action *a, char *buf, size_t n) {
     snprintf(buf, n, "%s(mb %d, chunk %d)", ct_action_kind_name(a->kind), a->mb, a->chunk);
@@ -310,8 +316,8 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
         for (int c = 0; c < nc && res->order_ok; c++) {
             int r = ct_schedule_chunk_rank(s, c);
             size_t at = (size_t)mb * nc + c;
-#define CNT(k) count[(size_t)(k) * cells + at]
-#define POS(k) pos[(size_t)(k) * cells + at]
+#define CNT(k) count[(size_t)(k)*cells + at]
+#define POS(k) pos[(size_t)(k)*cells + at]
             /* How many of each kind (mb, c) needs; each message needs its partner too, which
              * this also covers: a missing SEND_ACT(mb, c−1) shows up at (mb, c−1). */
             int need[N_KINDS] = {
@@ -337,8 +343,8 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
                 order_fail(res, "rank %d: BACKWARD(mb %d, chunk %d) comes before its FORWARD", r,
                            mb, c);
             if (c > 0 && POS(CT_ACTION_RECV_ACT) > f)
-                order_fail(res, "rank %d: RECV_ACT(mb %d, chunk %d) comes after its FORWARD", r,
-                           mb, c);
+                order_fail(res, "rank %d: RECV_ACT(mb %d, chunk %d) comes after its FORWARD", r, mb,
+                           c);
             if (c < last && POS(CT_ACTION_SEND_ACT) < f)
                 order_fail(res, "rank %d: SEND_ACT(mb %d, chunk %d) comes before its FORWARD", r,
                            mb, c);
@@ -346,8 +352,8 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
                 order_fail(res, "rank %d: RECV_GRAD(mb %d, chunk %d) comes after its BACKWARD", r,
                            mb, c);
             if (!fwd_only && c > 0 && POS(CT_ACTION_SEND_GRAD) < b)
-                order_fail(res, "rank %d: SEND_GRAD(mb %d, chunk %d) comes before its BACKWARD",
-                           r, mb, c);
+                order_fail(res, "rank %d: SEND_GRAD(mb %d, chunk %d) comes before its BACKWARD", r,
+                           mb, c);
 #undef CNT
 #undef POS
         }
@@ -356,7 +362,8 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
     free(pos);
 }
 
-/* ---- simulator -------------------------------------------------------------------------------- */
+/* ---- simulator --------------------------------------------------------------------------------
+ */
 
 /* A message is named by its direction, microbatch and the lower of the two chunks it crosses. */
 static bool message_key(const ct_schedule *s, const ct_action *a, size_t *key) {
@@ -390,8 +397,8 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
     for (size_t i = 0; i < n_msgs; i++) sent_at[i] = -1;
     int *pc = ct_xcalloc((size_t)pp, sizeof *pc);
     double *clock = ct_xcalloc((size_t)pp, sizeof *clock);
-    int *held = ct_xcalloc((size_t)pp, sizeof *held);    /* chunk activations held */
-    int *held_mb = ct_xcalloc((size_t)pp, sizeof *held_mb); /* microbatches with any held */
+    int *held = ct_xcalloc((size_t)pp, sizeof *held);           /* chunk activations held */
+    int *held_mb = ct_xcalloc((size_t)pp, sizeof *held_mb);     /* microbatches with any held */
     int *held_of = ct_xcalloc((size_t)pp * m, sizeof *held_of); /* [r][mb] chunks held */
     double t_fwd = 1.0 / s->v, t_bwd = backward_ratio / s->v;
 
@@ -479,7 +486,8 @@ void ct_sim_result_release(ct_sim_result *r) {
     r->peak_inflight = r->peak_inflight_mb = NULL;
 }
 
-/* ---- timeline --------------------------------------------------------------------------------- */
+/* ---- timeline ---------------------------------------------------------------------------------
+ */
 
 static int n_digits(int x) {
     int d = 1;
@@ -508,8 +516,8 @@ void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
 
     fprintf(out, "%s pipeline: pp=%d v=%d m=%d, backward = %g x forward\n",
             ct_schedule_kind_name(s->kind), pp, v, s->m, backward_ratio);
-    fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); F/B<mb>%s, '.' idle\n",
-            v, v > 1 ? ":<global chunk>" : "");
+    fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); F/B<mb>%s, '.' idle\n", v,
+            v > 1 ? ":<global chunk>" : "");
 
     /* A ruler with the time, in stage-forward units, above the cell where it starts. */
     int prefix = (int)strlen("rank  |") + rank_w;

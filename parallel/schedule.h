@@ -51,9 +51,9 @@ typedef enum ct_schedule_kind {
 
 typedef struct ct_schedule {
     ct_schedule_kind kind;
-    int pp, v, m;       /* ranks, virtual stages per rank, microbatches */
-    int *n_actions;     /* [pp] */
-    ct_action **actions;/* [pp][n_actions[r]] */
+    int pp, v, m;        /* ranks, virtual stages per rank, microbatches */
+    int *n_actions;      /* [pp] */
+    ct_action **actions; /* [pp][n_actions[r]] */
 } ct_schedule;
 
 /*
@@ -78,18 +78,18 @@ int ct_schedule_chunk_rank(const ct_schedule *s, int chunk);
 /* What the simulator reports. Times are in units of one forward of one full stage (a chunk's
  * forward costs 1/v, its backward backward_ratio/v). */
 typedef struct ct_sim_result {
-    bool deadlock;          /* some rank waits forever */
-    int deadlock_rank;      /* first rank found stuck (-1 if none) */
-    double total_time;      /* makespan */
-    double *busy;           /* [pp] compute time per rank */
-    double *bubble;         /* [pp] 1 − busy / total_time */
-    int *peak_inflight;     /* [pp] peak activations held, counted in chunk activations
-                               (forward done, backward not yet) */
-    int *peak_inflight_mb;  /* [pp] the same counted in microbatches (any chunk held) */
-    bool order_ok;          /* every forward precedes its backward, every (mb, chunk) once */
+    bool deadlock;         /* some rank waits forever */
+    int deadlock_rank;     /* first rank found stuck (-1 if none) */
+    double total_time;     /* makespan */
+    double *busy;          /* [pp] compute time per rank */
+    double *bubble;        /* [pp] 1 − busy / total_time */
+    int *peak_inflight;    /* [pp] peak activations held, counted in chunk activations
+                              (forward done, backward not yet) */
+    int *peak_inflight_mb; /* [pp] the same counted in microbatches (any chunk held) */
+    bool order_ok;         /* every forward precedes its backward, every (mb, chunk) once */
     /* Where the simulation stuck and what is wrong with the order, for messages and tests. */
-    int deadlock_action;    /* index in deadlock_rank's list of the action it waits on, or -1 */
-    char order_msg[160];    /* first problem found when !order_ok, "" otherwise */
+    int deadlock_action; /* index in deadlock_rank's list of the action it waits on, or -1 */
+    char order_msg[160]; /* first problem found when !order_ok, "" otherwise */
 } ct_sim_result;
 
 /*

@@ -63,16 +63,18 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
     const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
     /* (out, in, times per step) of every linear layer; the LM head is the tied embedding. */
-    struct { int64_t out, in, count; } linears[] = {
+    struct {
+        int64_t out, in, count;
+    } linears[] = {
         {qdim, C, L}, {kvdim, C, 2 * L}, {C, qdim, L}, {F, C, L}, {C, F, L}, {Vp, C, 1},
     };
     double flops = 0.0, seconds = 0.0;
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
         int64_t out = linears[i].out, in = linears[i].in;
         double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
-        double t = time_gemm(be, N, out, in, false, true, reps)   /* y = x·Wᵀ   */
-                 + time_gemm(be, N, in, out, false, false, reps)  /* dx = dy·W  */
-                 + time_gemm(be, out, in, N, true, false, reps);  /* dW += dyᵀ·x */
+        double t = time_gemm(be, N, out, in, false, true, reps)    /* y = x·Wᵀ   */
+                   + time_gemm(be, N, in, out, false, false, reps) /* dx = dy·W  */
+                   + time_gemm(be, out, in, N, true, false, reps); /* dW += dyᵀ·x */
         flops += 3.0 * f * n;
         seconds += t * n;
     }
@@ -81,8 +83,10 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
 
 /* A JSON number, or null for NaN and infinities (JSON has no spelling for them). */
 static void json_number(char *buf, size_t n, const char *fmt, double x) {
-    if (isfinite(x)) snprintf(buf, n, fmt, x);
-    else snprintf(buf, n, "null");
+    if (isfinite(x))
+        snprintf(buf, n, fmt, x);
+    else
+        snprintf(buf, n, "null");
 }
 
 /* mkdir -p of the directory part of `path`. */
@@ -104,15 +108,21 @@ static ct_status make_parent_dirs(const char *path) {
 }
 
 static void format_bytes(char *buf, size_t n, double bytes) {
-    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
 }
 
 static void format_duration(char *buf, size_t n, double s) {
-    if (!(s >= 0) || s > 1e7) snprintf(buf, n, "?");
-    else if (s < 60) snprintf(buf, n, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
-    else snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    if (!(s >= 0) || s > 1e7)
+        snprintf(buf, n, "?");
+    else if (s < 60)
+        snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600)
+        snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else
+        snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
 }
 
 static void print_memory(ct_backend *be) {
@@ -137,8 +147,8 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
     for (int c = 0; c < CT_PROF_COUNT; c++) {
         double x = be->prof_seconds[c];
         total += x;
-        printf(" %s %.1f (%.0f%%) |", ct_prof_category_name((ct_prof_category)c),
-               1e3 * x / steps, 100.0 * x / elapsed);
+        printf(" %s %.1f (%.0f%%) |", ct_prof_category_name((ct_prof_category)c), 1e3 * x / steps,
+               100.0 * x / elapsed);
     }
     double comm = 0.0;
     for (int g = 0; g < n_groups; g++)
@@ -156,9 +166,9 @@ typedef struct trainer {
     bool own_pctx, rank0;
     ct_model *model;
     ct_dp *dp;
-    ct_pipeline *pipeline;   /* pp > 1: runs the schedule; else microbatches run in a loop */
-    ct_dataset *batch_data;  /* what the pipeline's batch callback reads from */
-    int64_t batch_first;     /* its first global sample index for this step */
+    ct_pipeline *pipeline;  /* pp > 1: runs the schedule; else microbatches run in a loop */
+    ct_dataset *batch_data; /* what the pipeline's batch callback reads from */
+    int64_t batch_first;    /* its first global sample index for this step */
     ct_acts *acts;
     ct_grad_scratch *scratch;
     ct_dataset *train_data, *val_data;
@@ -218,7 +228,8 @@ static ct_status open_inputs(trainer *t) {
                      cfg->data.tokenizer, ct_tokenizer_vocab_size(t->tokenizer),
                      (long long)cfg->model.vocab_size);
             ct_hint("set model.vocab_size to at least %d, or use the tokenizer the shards were "
-                    "made with", ct_tokenizer_vocab_size(t->tokenizer));
+                    "made with",
+                    ct_tokenizer_vocab_size(t->tokenizer));
             return CT_ERR_INPUT;
         }
     }
@@ -345,8 +356,10 @@ static ct_status print_sample(trainer *t) {
     ct_tokenizer *tok = t->tokenizer;
     if (cfg->log.sample_tokens <= 0 || !tok) return CT_OK;
     if (t->pipeline) {
-        if (t->rank0) printf("(log.sample_tokens: sampling runs without pipeline parallelism; "
-                             "skipped at parallel.pp=%d)\n", t->pctx->pp);
+        if (t->rank0)
+            printf("(log.sample_tokens: sampling runs without pipeline parallelism; "
+                   "skipped at parallel.pp=%d)\n",
+                   t->pctx->pp);
         return CT_OK;
     }
     ct_model *m = t->model;
@@ -405,8 +418,8 @@ static void print_start(trainer *t, double peak, double tokens_per_step) {
            (long long)cfg->train.micro_batch, (long long)cfg->derived.grad_accum, t->dp_size,
            tokens_per_step);
     printf("backend: %s, %d threads per rank, %d ranks; GEMM peak per rank (measured): "
-           "%.1f GFLOP/s\n", t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size,
-           peak / 1e9);
+           "%.1f GFLOP/s\n",
+           t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size, peak / 1e9);
     print_memory(t->be);
     size_t expected[CT_MEM_COUNT];
     ct_dp_expected_memory(t->dp, expected);
@@ -447,18 +460,28 @@ static ct_status write_trace(trainer *t, const char *path) {
     int n = 0, rank = t->pctx->world_rank;
     const ct_dp_event *ev = ct_dp_events(t->dp, &n);
     fprintf(f, "{\"traceEvents\": [\n");
-    fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
-               "\"args\": {\"name\": \"compute\"}},\n", rank);
-    fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
-               "\"args\": {\"name\": \"dp comm\"}}", rank);
+    fprintf(f,
+            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+            "\"args\": {\"name\": \"compute\"}},\n",
+            rank);
+    fprintf(f,
+            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
+            "\"args\": {\"name\": \"dp comm\"}}",
+            rank);
     for (int i = 0; i < n; i++) {
         ct_dp_event_kind end;
         const char *what;
         int tid;
         switch (ev[i].kind) {
-        case CT_DP_EVENT_BACKWARD_BEGIN: end = CT_DP_EVENT_BACKWARD_END, what = "backward", tid = 0; break;
-        case CT_DP_EVENT_REDUCE_START: end = CT_DP_EVENT_REDUCE_DONE, what = "reduce", tid = 1; break;
-        case CT_DP_EVENT_GATHER_START: end = CT_DP_EVENT_GATHER_DONE, what = "gather", tid = 1; break;
+        case CT_DP_EVENT_BACKWARD_BEGIN:
+            end = CT_DP_EVENT_BACKWARD_END, what = "backward", tid = 0;
+            break;
+        case CT_DP_EVENT_REDUCE_START:
+            end = CT_DP_EVENT_REDUCE_DONE, what = "reduce", tid = 1;
+            break;
+        case CT_DP_EVENT_GATHER_START:
+            end = CT_DP_EVENT_GATHER_DONE, what = "gather", tid = 1;
+            break;
         default: continue;
         }
         double stop = ev[i].time;
@@ -467,8 +490,9 @@ static ct_status write_trace(trainer *t, const char *path) {
                 stop = ev[j].time;
                 break;
             }
-        fprintf(f, ",\n{\"name\": \"%s %s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-                   "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"microbatch\": %d}}",
+        fprintf(f,
+                ",\n{\"name\": \"%s %s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"microbatch\": %d}}",
                 what, t->model->units[ev[i].unit].name, rank, tid, 1e6 * ev[i].time,
                 1e6 * (stop - ev[i].time), ev[i].microbatch);
     }
@@ -603,7 +627,8 @@ static float *collect_params(trainer *t, int64_t *n_out) {
     int64_t count = n_pieces;
     int64_t *meta = ct_xmalloc(2 * (size_t)CT_MAX(count, 1) * sizeof(int64_t));
     if (t->pctx->pp_rank != 0) {
-        for (int i = 0; i < n_pieces; i++) meta[i] = pieces[i].group, meta[count + i] = pieces[i].numel;
+        for (int i = 0; i < n_pieces; i++)
+            meta[i] = pieces[i].group, meta[count + i] = pieces[i].numel;
         ct_comm_wait(pp, ct_comm_isend(pp, &count, 1, CT_DTYPE_I64, 0, tag));
         ct_comm_wait(pp, ct_comm_isend(pp, meta, 2 * count, CT_DTYPE_I64, 0, tag + 1));
         ct_comm_wait(pp, ct_comm_isend(pp, mine, n, CT_DTYPE_F32, 0, tag + 2));
@@ -660,8 +685,8 @@ static float *collect_params(trainer *t, int64_t *n_out) {
     return out;
 }
 
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
-                       const char *dump_params, ct_train_result *result) {
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, const char *dump_params,
+                       ct_train_result *result) {
     trainer t;
     ct_status st = trainer_init(&t, cfg, be, pctx);
     if (st != CT_OK) {
@@ -688,15 +713,16 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         for (int c = 0; c < CT_MEM_COUNT; c++)
             fprintf(t.metrics, ", \"mem_%s\": %zu", ct_mem_category_name((ct_mem_category)c),
                     res.mem[c]);
-        fprintf(t.metrics, ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
-                           "\"mem_expected_optim\": %zu}\n",
+        fprintf(t.metrics,
+                ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
+                "\"mem_expected_optim\": %zu}\n",
                 res.mem_expected[CT_MEM_PARAMS], res.mem_expected[CT_MEM_GRADS],
                 res.mem_expected[CT_MEM_OPTIM]);
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
     ct_comm *dp_comm = t.pctx->dp_comm;
     if (cfg->log.profile) ct_backend_profile(be, true);
-    ct_comm *groups[] = {t.pctx->tp_comm, dp_comm, t.pctx->pp_comm, t.pctx->mp_comm,
+    ct_comm *groups[] = {t.pctx->tp_comm,    dp_comm,      t.pctx->pp_comm, t.pctx->mp_comm,
                          t.pctx->embed_comm, t.pctx->world};
     const int n_groups = (int)(sizeof groups / sizeof groups[0]);
     for (int g = 0; g < n_groups; g++)
@@ -746,7 +772,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             bad_in_a_row++;
             if (t.rank0)
                 printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a "
-                       "row)\n", (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
+                       "row)\n",
+                       (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
         }
         ct_backend_sync(be);
         double now = ct_now(), step_time = now - step_start;
@@ -777,8 +804,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         if (t.val_data && ((step + 1) % cfg->train.eval_interval == 0 || last)) {
             double val_loss = evaluate(&t);
             res.last_val_loss = val_loss;
-            if (t.rank0) printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
-                                (long long)cfg->train.steps, val_loss);
+            if (t.rank0)
+                printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
+                       (long long)cfg->train.steps, val_loss);
             if (t.metrics)
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", (long long)step + 1,
                         val_loss);
@@ -801,13 +829,16 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
                     t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
-                    (unsigned long long)step_tp_bytes, ct_expected_tp_bytes(cfg, &t.model->layout, accum));
+                    (unsigned long long)step_tp_bytes,
+                    ct_expected_tp_bytes(cfg, &t.model->layout, accum));
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);
             ct_train_result_release(&res);
-            ct_error(CT_ERR_RUNTIME, "%lld consecutive steps had a non-finite loss or gradient "
-                     "norm (last at step %lld)", (long long)bad_in_a_row, (long long)step + 1);
+            ct_error(CT_ERR_RUNTIME,
+                     "%lld consecutive steps had a non-finite loss or gradient "
+                     "norm (last at step %lld)",
+                     (long long)bad_in_a_row, (long long)step + 1);
             ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets how "
                     "many are tolerated");
             return CT_ERR_RUNTIME;
@@ -819,8 +850,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             double mfu = peak > 0 ? flops_per_token * tok_s / peak : 0.0;
             char mem[32], eta[32];
             format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(be));
-            format_duration(eta, sizeof eta, (double)(cfg->train.steps - step - 1) *
-                                                 (ct_now() - run_start) / (double)(step + 1));
+            format_duration(eta, sizeof eta,
+                            (double)(cfg->train.steps - step - 1) * (ct_now() - run_start) /
+                                (double)(step + 1));
             printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
                    "MFU %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms | mem %s | "
                    "ETA %s\n",
@@ -849,8 +881,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         st = dump_final_params(dump_params, res.final_params, res.n_final_params);
     st = agree(&t, st);
     trainer_free(&t);
-    if (result) *result = res;
-    else ct_train_result_release(&res);
+    if (result)
+        *result = res;
+    else
+        ct_train_result_release(&res);
     return st;
 }
 

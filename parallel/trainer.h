@@ -20,11 +20,11 @@ typedef struct ct_train_result {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
     int64_t skipped_steps;
-    double *losses;        /* [steps_done] training loss per step (malloc'd; caller frees) */
-    float *final_params;   /* the parameters at the end as global tensors (tensor-parallel
-                              slices gathered), registry order, no padding (malloc'd) */
+    double *losses;      /* [steps_done] training loss per step (malloc'd; caller frees) */
+    float *final_params; /* the parameters at the end as global tensors (tensor-parallel
+                            slices gathered), registry order, no padding (malloc'd) */
     int64_t n_final_params;
-    uint64_t dp_bytes_step1; /* bytes this rank sent on the dp group during step 1 */
+    uint64_t dp_bytes_step1;  /* bytes this rank sent on the dp group during step 1 */
     double dp_bytes_expected; /* the formula's value for the same step */
     size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT]; /* after setup: actual and formula */
 } ct_train_result;
@@ -37,8 +37,8 @@ void ct_train_result_release(ct_train_result *result);
  * on, so every rank returns the same status. dump_params (may be NULL) names a file rank 0
  * writes the final parameters to (raw little-endian f32, registry order; for tests).
  */
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
-                       const char *dump_params, ct_train_result *result);
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, const char *dump_params,
+                       ct_train_result *result);
 
 /* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
  * written out above its definition in trainer.c and in the README). */

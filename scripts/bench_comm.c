@@ -2,19 +2,18 @@
  * bench_comm.c — collective bandwidth through the comm layer and through raw MPI, run under
  * mpirun by scripts/bench_comm.sh (which builds it).
  *
- * For each buffer size (f32; sizes from the command line, MiB or with a k suffix KiB) it times allreduce,
- * reduce_scatter and allgather three ways:
- *   ct_comm   ct_comm_* on an MPI group: the non-blocking MPI call + the watchdog's wait loop
- *   mpi       the blocking MPI call (Open MPI's tuned algorithms, its own waiting)
- *   mpi_nb    the same non-blocking MPI call as ct_comm, completed by MPI_Wait — so the gap
- *             between ct_comm and mpi_nb is our wait loop, and between mpi_nb and mpi the
- *             difference between Open MPI's non-blocking and blocking algorithms
- * Time is the slowest rank's, median of a few runs after one warm-up. algbw = buffer bytes /
- * time (the full buffer, as nccl-tests counts it); busbw = algbw·2(N−1)/N for allreduce and
- * algbw·(N−1)/N for the others: the bytes each rank's links carry under the ring model, which
- * is comparable across rank counts. The last column divides busbw by single-thread memcpy
- * bandwidth measured at the start of the same run (rank 0 alone, the others asleep in a
- * barrier), since on one machine collectives are memory copies.
+ * For each buffer size (f32; sizes from the command line, MiB or with a k suffix KiB) it times
+ * allreduce, reduce_scatter and allgather three ways: ct_comm   ct_comm_* on an MPI group: the
+ * non-blocking MPI call + the watchdog's wait loop mpi       the blocking MPI call (Open MPI's
+ * tuned algorithms, its own waiting) mpi_nb    the same non-blocking MPI call as ct_comm, completed
+ * by MPI_Wait — so the gap between ct_comm and mpi_nb is our wait loop, and between mpi_nb and mpi
+ * the difference between Open MPI's non-blocking and blocking algorithms Time is the slowest
+ * rank's, median of a few runs after one warm-up. algbw = buffer bytes / time (the full buffer, as
+ * nccl-tests counts it); busbw = algbw·2(N−1)/N for allreduce and algbw·(N−1)/N for the others: the
+ * bytes each rank's links carry under the ring model, which is comparable across rank counts. The
+ * last column divides busbw by single-thread memcpy bandwidth measured at the start of the same run
+ * (rank 0 alone, the others asleep in a barrier), since on one machine collectives are memory
+ * copies.
  *
  *   mpirun -np N bench_comm [SIZE...]     SIZE: MiB, or KiB as "64k"; default 1 4 16 64
  */
@@ -70,31 +69,31 @@ static double run_once(int op, int path, ct_comm *c, MPI_Comm mc, float *buf, fl
     MPI_Barrier(mc);
     double t0 = ct_now();
     switch (path * N_OPS + op) {
-    case PATH_CT * N_OPS + OP_ALLREDUCE:
+    case PATH_CT *N_OPS + OP_ALLREDUCE:
         ct_comm_allreduce(c, buf, n, CT_DTYPE_F32, CT_REDUCE_SUM);
         break;
-    case PATH_CT * N_OPS + OP_REDUCE_SCATTER:
+    case PATH_CT *N_OPS + OP_REDUCE_SCATTER:
         ct_comm_reduce_scatter(c, buf, out, n, CT_DTYPE_F32, CT_REDUCE_SUM);
         break;
-    case PATH_CT * N_OPS + OP_ALLGATHER: ct_comm_allgather(c, buf, out, n, CT_DTYPE_F32); break;
-    case PATH_MPI * N_OPS + OP_ALLREDUCE:
+    case PATH_CT *N_OPS + OP_ALLGATHER: ct_comm_allgather(c, buf, out, n, CT_DTYPE_F32); break;
+    case PATH_MPI *N_OPS + OP_ALLREDUCE:
         MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, mc);
         break;
-    case PATH_MPI * N_OPS + OP_REDUCE_SCATTER:
+    case PATH_MPI *N_OPS + OP_REDUCE_SCATTER:
         MPI_Reduce_scatter_block(buf, out, s, MPI_FLOAT, MPI_SUM, mc);
         break;
-    case PATH_MPI * N_OPS + OP_ALLGATHER:
+    case PATH_MPI *N_OPS + OP_ALLGATHER:
         MPI_Allgather(buf, s, MPI_FLOAT, out, s, MPI_FLOAT, mc);
         break;
-    case PATH_MPI_NB * N_OPS + OP_ALLREDUCE:
+    case PATH_MPI_NB *N_OPS + OP_ALLREDUCE:
         MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, mc, &req);
         MPI_Wait(&req, MPI_STATUS_IGNORE);
         break;
-    case PATH_MPI_NB * N_OPS + OP_REDUCE_SCATTER:
+    case PATH_MPI_NB *N_OPS + OP_REDUCE_SCATTER:
         MPI_Ireduce_scatter_block(buf, out, s, MPI_FLOAT, MPI_SUM, mc, &req);
         MPI_Wait(&req, MPI_STATUS_IGNORE);
         break;
-    case PATH_MPI_NB * N_OPS + OP_ALLGATHER:
+    case PATH_MPI_NB *N_OPS + OP_ALLGATHER:
         MPI_Iallgather(buf, s, MPI_FLOAT, out, s, MPI_FLOAT, mc, &req);
         MPI_Wait(&req, MPI_STATUS_IGNORE);
         break;
@@ -135,16 +134,17 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < max_bytes / 4; i++) buf[i] = out[i] = (float)(i % 7);
 
     if (rank == 0) {
-        printf("ranks %d; memcpy (1 thread, %d MiB): %.2f GB/s\n", N, (64 << 10) >> 10,
-               copy_gbps);
+        printf("ranks %d; memcpy (1 thread, %d MiB): %.2f GB/s\n", N, (64 << 10) >> 10, copy_gbps);
         printf("%-15s %7s %-8s %10s %11s %11s %13s\n", "op", "size", "path", "time_ms",
                "algbw_GB/s", "busbw_GB/s", "busbw/memcpy");
     }
     for (int si = 0; si < n_sizes; si++) {
         size_t bytes = (size_t)sizes_kib[si] << 10;
         char size_text[16];
-        if (sizes_kib[si] % 1024) snprintf(size_text, sizeof size_text, "%d KiB", sizes_kib[si]);
-        else snprintf(size_text, sizeof size_text, "%d MiB", sizes_kib[si] >> 10);
+        if (sizes_kib[si] % 1024)
+            snprintf(size_text, sizeof size_text, "%d KiB", sizes_kib[si]);
+        else
+            snprintf(size_text, sizeof size_text, "%d MiB", sizes_kib[si] >> 10);
         int64_t n = (int64_t)(bytes / 4) / N * N; /* divisible by N for the sharded ops */
         /* Fewer runs for big buffers keeps the whole bench within minutes on two cores. */
         int reps = sizes_kib[si] >= (64 << 10) ? 7 : sizes_kib[si] >= (16 << 10) ? 11 : 21;
@@ -162,8 +162,8 @@ int main(int argc, char **argv) {
                 double algbw = (double)n * 4 / sec / 1e9;
                 double factor = op == OP_ALLREDUCE ? 2.0 * (N - 1) / N : (double)(N - 1) / N;
                 if (rank == 0)
-                    printf("%-15s %8s %-8s %10.3f %11.2f %11.2f %13.2f\n", op_names[op],
-                           size_text, path_names[path], sec * 1e3, algbw, algbw * factor,
+                    printf("%-15s %8s %-8s %10.3f %11.2f %11.2f %13.2f\n", op_names[op], size_text,
+                           path_names[path], sec * 1e3, algbw, algbw * factor,
                            algbw * factor / copy_gbps);
             }
         }

@@ -55,8 +55,10 @@ static void check(bool local_ok, const char *fmt, ...) {
     }
     int mine = local_ok, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all) n_ok++;
-    else n_fail++;
+    if (all)
+        n_ok++;
+    else
+        n_fail++;
     if (world_rank == 0) {
         printf("%s np%d %s\n", all ? "ok" : "FAIL", world_size, name);
         fflush(stdout);
@@ -138,15 +140,15 @@ static void fill_input(void *buf, ct_dtype dt, int r, int64_t from, int64_t n, i
 }
 
 /* Element i of `buf` (n of them) against want(i). */
-#define EXPECT_ALL(buf, dt, n, want_expr)                                                       \
-    ({                                                                                          \
-        bool ok_ = true;                                                                        \
-        for (int64_t i = 0; i < (n) && ok_; i++) {                                              \
-            double got_ = get((buf), (dt), i), want_ = (double)(want_expr);                     \
-            if (got_ != want_) ok_ = why("element %lld: got %.17g, want %.17g", (long long)i,   \
-                                         got_, want_);                                          \
-        }                                                                                       \
-        ok_;                                                                                    \
+#define EXPECT_ALL(buf, dt, n, want_expr)                                                          \
+    ({                                                                                             \
+        bool ok_ = true;                                                                           \
+        for (int64_t i = 0; i < (n) && ok_; i++) {                                                 \
+            double got_ = get((buf), (dt), i), want_ = (double)(want_expr);                        \
+            if (got_ != want_)                                                                     \
+                ok_ = why("element %lld: got %.17g, want %.17g", (long long)i, got_, want_);       \
+        }                                                                                          \
+        ok_;                                                                                       \
     })
 
 /* Some local compute to overlap with communication, with a poll between slices (the executor's
@@ -199,8 +201,8 @@ static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_
     }
     bool ok = EXPECT_ALL(recv, dt, s, reduce_expect(dt, op, N, r * s + i, salt));
     static const char *forms[] = {"", " in place", " in place, polled"};
-    check(ok, "%sreduce_scatter %s %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt),
-          op_names[op], forms[form], tag);
+    check(ok, "%sreduce_scatter %s %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt), op_names[op],
+          forms[form], tag);
     if (form == 0) free(recv);
     free(send);
 }
@@ -297,10 +299,10 @@ static void test_many_in_flight(ct_comm *c) {
     ct_comm_wait(c, rg);
     ct_comm_wait(c, ra);
     ct_comm_wait(c, rb);
-    bool ok = EXPECT_ALL(a, CT_DTYPE_F32, n, reduce_expect(CT_DTYPE_F32, 0, N, i, 3)) &&
-              EXPECT_ALL(b + r * s, CT_DTYPE_I64, s,
-                         reduce_expect(CT_DTYPE_I64, 1, N, r * s + i, 4)) &&
-              EXPECT_ALL(g_recv, CT_DTYPE_BF16, n, input(CT_DTYPE_BF16, (int)(i / s), i, 5));
+    bool ok =
+        EXPECT_ALL(a, CT_DTYPE_F32, n, reduce_expect(CT_DTYPE_F32, 0, N, i, 3)) &&
+        EXPECT_ALL(b + r * s, CT_DTYPE_I64, s, reduce_expect(CT_DTYPE_I64, 1, N, r * s + i, 4)) &&
+        EXPECT_ALL(g_recv, CT_DTYPE_BF16, n, input(CT_DTYPE_BF16, (int)(i / s), i, 5));
     check(ok, "three collectives in flight, completed by test, waited out of order");
     free(a);
     free(b);
@@ -433,15 +435,17 @@ static bool check_members(ct_comm *c, const int *want, int n_want, const char *w
     ct_comm_allgather(c, &me, got, n_want, CT_DTYPE_I32);
     bool ok = true;
     for (int i = 0; i < n_want && ok; i++)
-        if (got[i] != want[i]) ok = why("%s member %d is rank %d, want %d", what, i, got[i], want[i]);
+        if (got[i] != want[i])
+            ok = why("%s member %d is rank %d, want %d", what, i, got[i], want[i]);
     if (ok && want[c->rank] != world_rank)
         ok = why("%s: group rank %d but this is world rank %d", what, c->rank, world_rank);
     /* One reduction on the sub-communicator as well. */
     int64_t sum = world_rank, want_sum = 0;
     for (int i = 0; i < n_want; i++) want_sum += want[i];
     ct_comm_allreduce(c, &sum, 1, CT_DTYPE_I64, CT_REDUCE_SUM);
-    if (ok && sum != want_sum) ok = why("%s allreduce of ranks %lld, want %lld", what,
-                                        (long long)sum, (long long)want_sum);
+    if (ok && sum != want_sum)
+        ok =
+            why("%s allreduce of ranks %lld, want %lld", what, (long long)sum, (long long)want_sum);
     free(got);
     return ok;
 }
@@ -459,8 +463,8 @@ static void test_grid(int tp, int pp, int dp) {
         p->pp_rank < 0 || p->pp_rank >= pp)
         ok = why("coordinates (%d,%d,%d) out of range", p->tp_rank, p->pp_rank, p->dp_rank);
     else if (world_rank != p->tp_rank + tp * (p->dp_rank + dp * p->pp_rank))
-        ok = why("rank %d != tp_rank %d + tp*(dp_rank %d + dp*pp_rank %d)", world_rank,
-                 p->tp_rank, p->dp_rank, p->pp_rank);
+        ok = why("rank %d != tp_rank %d + tp*(dp_rank %d + dp*pp_rank %d)", world_rank, p->tp_rank,
+                 p->dp_rank, p->pp_rank);
     else if (p->tp != tp || p->pp != pp || p->dp != dp || p->world_size != world_size ||
              p->world_rank != world_rank)
         ok = why("sizes in ct_pctx do not match");
@@ -510,7 +514,8 @@ static void test_grid(int tp, int pp, int dp) {
         for (int g = 0; g < world_size / tp; g++) {
             len += snprintf(line + len, sizeof line - (size_t)len, " [");
             for (int u = 0; u < tp; u++)
-                len += snprintf(line + len, sizeof line - (size_t)len, u ? " %d" : "%d", g * tp + u);
+                len +=
+                    snprintf(line + len, sizeof line - (size_t)len, u ? " %d" : "%d", g * tp + u);
             len += snprintf(line + len, sizeof line - (size_t)len, "]");
         }
         strcat(line, "\n");

@@ -143,7 +143,8 @@ int main(int argc, char **argv) {
     char what[128];
     snprintf(what, sizeof what, "pp=%d: the loss is finite and the same for every schedule", world);
     report(isfinite(l_1f1b) && fabs(l_gpipe - l_1f1b) <= 1e-6 * fabs(l_1f1b) &&
-               fabs(l_inter - l_1f1b) <= 1e-6 * fabs(l_1f1b), what);
+               fabs(l_inter - l_1f1b) <= 1e-6 * fabs(l_1f1b),
+           what);
     int any = failures;
     ct_comm_allreduce(pctx->world, &any, 1, CT_DTYPE_I32, CT_REDUCE_MAX);
     ct_pctx_free(pctx);

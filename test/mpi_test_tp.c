@@ -33,7 +33,8 @@ static int failures, rank, world;
 
 static void check(bool cond, const char *fmt, const char *what, double a, double b) {
     if (rank != 0 && cond) return;
-    if (cond) printf("ok %s\n", what);
+    if (cond)
+        printf("ok %s\n", what);
     else {
         printf("FAIL %s (rank %d): ", what, rank);
         printf(fmt, a, b);
@@ -85,9 +86,10 @@ static void compare_model(ct_pctx *pctx, bool sp) {
     ct_acts *fa, *sa;
     ct_grad_scratch *fs, *ss;
     const int64_t B = 2, T = cfg.model.seq_len, N = B * T;
-    if (ct_model_new(&full, &cfg, be, &full_layout) || ct_model_new(&shard, &cfg, be, &shard_layout) ||
-        ct_acts_new(&fa, full, B) || ct_acts_new(&sa, shard, B) ||
-        ct_grad_scratch_new(&fs, full, B) || ct_grad_scratch_new(&ss, shard, B)) {
+    if (ct_model_new(&full, &cfg, be, &full_layout) ||
+        ct_model_new(&shard, &cfg, be, &shard_layout) || ct_acts_new(&fa, full, B) ||
+        ct_acts_new(&sa, shard, B) || ct_grad_scratch_new(&fs, full, B) ||
+        ct_grad_scratch_new(&ss, shard, B)) {
         ct_error_print();
         exit(1);
     }
@@ -138,10 +140,11 @@ static void compare_model(ct_pctx *pctx, bool sp) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
                 err = fmax(err, fabs(gf[(row0 + r) * gcols + col0 + c] - gs[r * cols + c]));
-        const char *kind = ps->tp_split_dim == 0 ? "rows" : ps->tp_split_dim == 1 ? "columns"
-                                                                                 : "replicated";
-        snprintf(what, sizeof what, "tp=%d%s gradient of %s (%s)", world, sp ? " sp" : "",
-                 ps->name, kind);
+        const char *kind = ps->tp_split_dim == 0   ? "rows"
+                           : ps->tp_split_dim == 1 ? "columns"
+                                                   : "replicated";
+        snprintf(what, sizeof what, "tp=%d%s gradient of %s (%s)", world, sp ? " sp" : "", ps->name,
+                 kind);
         check(err <= 2e-5 * gscale + 1e-7, "max diff %.3g (scale %.3g)", what, err, gscale);
         free(gf);
         free(gs);
@@ -159,7 +162,8 @@ static void compare_xent(ct_pctx *pctx) {
     const int64_t n_valid = CT_MAX(0, CT_MIN(Vl, V - off));
     float *logits = ct_xmalloc((size_t)(N * Vp) * sizeof(float));
     int32_t targets[64];
-    for (int64_t i = 0; i < N * Vp; i++) logits[i] = (float)(3.0 * ct_rng_normal(9, 0, (uint64_t)i));
+    for (int64_t i = 0; i < N * Vp; i++)
+        logits[i] = (float)(3.0 * ct_rng_normal(9, 0, (uint64_t)i));
     for (int64_t r = 0; r < N; r++) targets[r] = (int32_t)((r * 29) % V); /* every shard */
     ct_tensor *lf = ct_tensor_new_2d(be, CT_DTYPE_F32, N, Vp, CT_MEM_ACTS);
     ct_tensor *ls = ct_tensor_new_2d(be, CT_DTYPE_F32, N, Vl, CT_MEM_ACTS);
@@ -187,7 +191,8 @@ static void compare_xent(ct_pctx *pctx) {
     float *df = to_host(lf), *ds = to_host(ls);
     worst = 0;
     for (int64_t r = 0; r < N; r++)
-        for (int64_t c = 0; c < Vl; c++) worst = fmax(worst, fabs(df[r * Vp + off + c] - ds[r * Vl + c]));
+        for (int64_t c = 0; c < Vl; c++)
+            worst = fmax(worst, fabs(df[r * Vp + off + c] - ds[r * Vl + c]));
     snprintf(what, sizeof what, "tp=%d vocab-parallel dlogits are the slice (padding zero)", world);
     check(worst <= 1e-7, "max diff %.3g (tol %.1g)", what, worst, 1e-7);
     free(a), free(b), free(df), free(ds), free(logits), free(slice);

@@ -460,8 +460,8 @@ static void test_prepare_end_to_end(void **state) {
 
     char out_dir[256];
     snprintf(out_dir, sizeof out_dir, "%s/out/nested", fx->dir);
-    char *argv[] = {"--input", in_dir, extra, "--out", out_dir, "--vocab-size=300",
-                    "--val-fraction", "0.25", NULL};
+    char *argv[] = {"--input",          in_dir,           extra,  "--out", out_dir,
+                    "--vocab-size=300", "--val-fraction", "0.25", NULL};
     assert_int_equal(ct_prepare_run(8, argv), CT_OK);
 
     snprintf(buf, sizeof buf, "%s/tokenizer.bin", out_dir);

@@ -28,7 +28,8 @@ static void random_batch(int32_t *tokens, int32_t *targets, int64_t n, int64_t V
     }
 }
 
-/* ---- registry ---------------------------------------------------------------------------------- */
+/* ---- registry ----------------------------------------------------------------------------------
+ */
 
 static void test_registry(void **state) {
     ct_config cfg;
@@ -59,7 +60,8 @@ static void test_registry(void **state) {
     ct_backend_free(be);
 }
 
-/* ---- initialisation ---------------------------------------------------------------------------- */
+/* ---- initialisation ----------------------------------------------------------------------------
+ */
 
 static float *param_to_host(const ct_param *p) {
     float *h = ct_xmalloc((size_t)p->numel * sizeof(float));
@@ -76,8 +78,12 @@ static void test_init_layout_independent(void **state) {
     ct_model_layout single = ct_model_layout_single(&cfg);
     ct_model *full;
     assert_int_equal(ct_model_new(&full, &cfg, be, &single), CT_OK);
-    const char *names[] = {"wte", "layers.1.attn.wq", "layers.0.attn.wo", "layers.1.mlp.w_up",
-                           "layers.0.mlp.w_down", "layers.1.attn.bo"};
+    const char *names[] = {"wte",
+                           "layers.1.attn.wq",
+                           "layers.0.attn.wo",
+                           "layers.1.mlp.w_up",
+                           "layers.0.mlp.w_down",
+                           "layers.1.attn.bo"};
     for (int r = 0; r < 2; r++) {
         ct_model_layout layout = single;
         layout.tp_size = 2;
@@ -109,15 +115,18 @@ static void test_init_layout_independent(void **state) {
     for (int64_t r = 0; r < 128; r++) {
         double s = 0;
         for (int64_t c = 0; c < cfg.model.d_model; c++) s += fabs(wte[r * cfg.model.d_model + c]);
-        if (r < 123) assert_true(s > 0);
-        else assert_true(s == 0);
+        if (r < 123)
+            assert_true(s > 0);
+        else
+            assert_true(s == 0);
     }
     free(wte);
     ct_model_free(full);
     ct_backend_free(be);
 }
 
-/* ---- whole-model gradient check ----------------------------------------------------------------- */
+/* ---- whole-model gradient check -----------------------------------------------------------------
+ */
 
 static double model_loss(ct_model *m, ct_acts *a) {
     return ct_model_forward(m, a, 0.0f) / (double)(a->B * m->T);
@@ -174,13 +183,15 @@ static void test_gradcheck(void **state) {
         ct_tensor_to_host(grad, p->grad);
         float *pert = ct_xmalloc((size_t)p->numel * sizeof(float));
         double analytic = 0.0;
-        for (int64_t e = 0; e < n; e++) analytic += grad[e] * ct_rng_normal(11, (uint64_t)i, (uint64_t)e);
+        for (int64_t e = 0; e < n; e++)
+            analytic += grad[e] * ct_rng_normal(11, (uint64_t)i, (uint64_t)e);
         const double eps = 1e-2;
         double f[2];
         for (int sgn = 0; sgn < 2; sgn++) {
             memcpy(pert, theta, (size_t)p->numel * sizeof(float));
             for (int64_t e = 0; e < n; e++)
-                pert[e] += (float)((sgn ? -eps : eps) * ct_rng_normal(11, (uint64_t)i, (uint64_t)e));
+                pert[e] +=
+                    (float)((sgn ? -eps : eps) * ct_rng_normal(11, (uint64_t)i, (uint64_t)e));
             ct_tensor_from_host(p->value, pert);
             f[sgn] = model_loss(m, a);
         }
@@ -236,7 +247,8 @@ static void test_overfit_one_batch(void **state) {
         loss = ct_model_forward(m, a, (float)(1.0 / (double)N)) / (double)N;
         ct_model_backward(m, a, s);
         double norm = sqrt(ct_optim_grad_sumsq(opt, NULL));
-        ct_optim_step(opt, (float)ct_optim_lr(&cfg.train, step), ct_optim_clip_scale(&cfg.train, norm));
+        ct_optim_step(opt, (float)ct_optim_lr(&cfg.train, step),
+                      ct_optim_clip_scale(&cfg.train, norm));
         if (step == 0) first = loss;
     }
     printf("overfit: loss %.4f -> %.4f\n", first, loss);
@@ -251,7 +263,8 @@ static void test_overfit_one_batch(void **state) {
     ct_backend_free(be);
 }
 
-/* ---- the training loop: microbatches and threads ----------------------------------------------- */
+/* ---- the training loop: microbatches and threads -----------------------------------------------
+ */
 
 static char shard_path[1024];
 static char *tmpdir;

@@ -137,10 +137,8 @@ static void test_segments_and_norm(void **state) {
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lr_warmup),
-        cmocka_unit_test(test_lr_cosine),
-        cmocka_unit_test(test_lr_no_warmup),
-        cmocka_unit_test(test_clip_scale),
+        cmocka_unit_test(test_lr_warmup),         cmocka_unit_test(test_lr_cosine),
+        cmocka_unit_test(test_lr_no_warmup),      cmocka_unit_test(test_clip_scale),
         cmocka_unit_test(test_segments_and_norm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

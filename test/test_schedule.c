@@ -30,7 +30,8 @@
 static const double ratios[] = {1.0, 2.0, 1.5};
 #define N_RATIOS (int)(sizeof ratios / sizeof ratios[0])
 
-/* ---- helpers ---------------------------------------------------------------------------------- */
+/* ---- helpers ----------------------------------------------------------------------------------
+ */
 
 static bool same_action(const ct_action *a, ct_action_kind kind, int mb, int chunk, int peer) {
     return a->kind == kind && a->mb == mb && a->chunk == chunk && a->peer == peer;
@@ -114,7 +115,8 @@ static int microbatch_counts(int pp, int out[5]) {
 
 static const int pps[] = {2, 4, 8};
 
-/* ---- GPipe and 1F1B --------------------------------------------------------------------------- */
+/* ---- GPipe and 1F1B ---------------------------------------------------------------------------
+ */
 
 static void test_gpipe(void **state) {
     for (int ip = 0; ip < 3; ip++) {
@@ -195,7 +197,8 @@ static void test_1f1b(void **state) {
     }
 }
 
-/* ---- interleaved 1F1B ------------------------------------------------------------------------- */
+/* ---- interleaved 1F1B -------------------------------------------------------------------------
+ */
 
 /*
  * Peak in-flight, derived on paper (w_r = (p−r−1)·2 + (v−1)·p, the uncapped warm-up):
@@ -310,7 +313,8 @@ static void test_interleaved_peak_report(void **state) {
     }
 }
 
-/* ---- forward-only ----------------------------------------------------------------------------- */
+/* ---- forward-only -----------------------------------------------------------------------------
+ */
 
 /*
  * Forward-only runs, on each rank, every microbatch through the rank's chunks in global chunk
@@ -406,7 +410,8 @@ static void test_match_and_chunk_rank(void **state) {
     ct_schedule_free(s);
 }
 
-/* ---- broken schedules ------------------------------------------------------------------------- */
+/* ---- broken schedules -------------------------------------------------------------------------
+ */
 
 static int find_action(const ct_schedule *s, int r, ct_action_kind kind, int mb, int chunk) {
     for (int i = 0; i < s->n_actions[r]; i++) {
@@ -509,7 +514,8 @@ static void test_broken_order(void **state) {
     ct_schedule_free(s);
 }
 
-/* ---- arguments -------------------------------------------------------------------------------- */
+/* ---- arguments --------------------------------------------------------------------------------
+ */
 
 static void test_invalid_arguments(void **state) {
     static const struct {
@@ -550,7 +556,8 @@ static void test_invalid_arguments(void **state) {
     ct_error_clear();
 }
 
-/* ---- timeline --------------------------------------------------------------------------------- */
+/* ---- timeline ---------------------------------------------------------------------------------
+ */
 
 /* Prints to a temporary file and returns its text (caller frees). */
 static char *print_to_string(const ct_schedule *s, double ratio) {

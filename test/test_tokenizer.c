@@ -92,16 +92,19 @@ static uint8_t *read_fortunes(size_t limit, size_t *n) {
 /* English-like text: Zipf-ish draws from a small word list, with punctuation and newlines. */
 static uint8_t *generate_english(size_t target, size_t *n) {
     static const char *words[] = {
-        "the", "of", "and", "to", "a", "in", "that", "is", "was", "he", "for", "it", "with",
-        "as", "his", "on", "be", "at", "by", "I", "this", "had", "not", "are", "but", "from",
-        "or", "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there",
-        "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if",
-        "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only",
-        "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first",
-        "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made",
-        "after", "also", "did", "many", "before", "must", "through", "back", "years", "where",
-        "much", "your", "way", "well", "down", "should", "because", "each", "just", "those",
-        "people", "king", "lord", "good", "night", "heart", "love", "death", "world"};
+        "the",   "of",      "and",     "to",    "a",     "in",    "that",   "is",   "was",
+        "he",    "for",     "it",      "with",  "as",    "his",   "on",     "be",   "at",
+        "by",    "I",       "this",    "had",   "not",   "are",   "but",    "from", "or",
+        "have",  "an",      "they",    "which", "one",   "you",   "were",   "her",  "all",
+        "she",   "there",   "would",   "their", "we",    "him",   "been",   "has",  "when",
+        "who",   "will",    "more",    "no",    "if",    "out",   "so",     "said", "what",
+        "up",    "its",     "about",   "into",  "than",  "them",  "can",    "only", "other",
+        "new",   "some",    "could",   "time",  "these", "two",   "may",    "then", "do",
+        "first", "any",     "my",      "now",   "such",  "like",  "our",    "over", "man",
+        "me",    "even",    "most",    "made",  "after", "also",  "did",    "many", "before",
+        "must",  "through", "back",    "years", "where", "much",  "your",   "way",  "well",
+        "down",  "should",  "because", "each",  "just",  "those", "people", "king", "lord",
+        "good",  "night",   "heart",   "love",  "death", "world"};
     size_t n_words = sizeof words / sizeof *words;
     uint8_t *buf = malloc(target + 64);
     size_t len = 0;
@@ -208,16 +211,16 @@ static void test_roundtrip_random_bytes(void **state) {
             /* a mix of text, NULs, invalid UTF-8 and arbitrary bytes */
             switch (r % 6) {
             case 0: buf[i] = 0x00; break;
-            case 1: buf[i] = (uint8_t)(0x80 + (r >> 8) % 64); break;   /* lone continuation */
-            case 2: buf[i] = (uint8_t)(0xf8 + (r >> 8) % 8); break;    /* never valid UTF-8 */
+            case 1: buf[i] = (uint8_t)(0x80 + (r >> 8) % 64); break; /* lone continuation */
+            case 2: buf[i] = (uint8_t)(0xf8 + (r >> 8) % 8); break;  /* never valid UTF-8 */
             case 3: buf[i] = (uint8_t)(r >> 8); break;
             default: buf[i] = fx->text[(r >> 8) % fx->n]; break;
             }
         }
         assert_roundtrip(tok, buf, n);
     }
-    static const uint8_t edge[] = {0x00, 0xc0, 0x80, 0xed, 0xa0, 0x80, 0xff, 0xfe, ' ', ' ',
-                                   '\n', 0x00, 't', 'h', 'e', ' ', 0xe2, 0x82};
+    static const uint8_t edge[] = {0x00, 0xc0, 0x80, 0xed, 0xa0, 0x80, 0xff, 0xfe, ' ',
+                                   ' ',  '\n', 0x00, 't',  'h',  'e',  ' ',  0xe2, 0x82};
     assert_roundtrip(tok, edge, sizeof edge);
     assert_roundtrip(tok, edge, 0);
     ct_tokenizer_free(tok);
@@ -315,8 +318,10 @@ static void test_matches_naive_reference(void **state) {
             int32_t *s = seq + starts[c];
             size_t o = 0;
             for (size_t k = 0; k < lens[c];) {
-                if (k + 1 < lens[c] && s[k] == l && s[k + 1] == r) s[o++] = z, k += 2;
-                else s[o++] = s[k++];
+                if (k + 1 < lens[c] && s[k] == l && s[k + 1] == r)
+                    s[o++] = z, k += 2;
+                else
+                    s[o++] = s[k++];
             }
             lens[c] = o;
         }
@@ -478,8 +483,7 @@ static void test_save_load_roundtrip(void **state) {
 /* Saves a small valid tokenizer and returns its bytes for the corruption cases to edit. */
 static uint8_t *valid_file_bytes(fixture *fx, size_t *n) {
     ct_tokenizer *tok;
-    assert_int_equal(ct_tokenizer_train(&tok, fx->text, fx->n < 50000 ? fx->n : 50000, 300),
-                     CT_OK);
+    assert_int_equal(ct_tokenizer_train(&tok, fx->text, fx->n < 50000 ? fx->n : 50000, 300), CT_OK);
     assert_int_equal(ct_tokenizer_vocab_size(tok), 300);
     char path[256];
     path_in(fx, "valid.bin", path, sizeof path);

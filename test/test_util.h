@@ -55,8 +55,8 @@ static inline int32_t *test_shakespeare_tokens(size_t max_bytes, size_t *n_out) 
 }
 
 /* Writes a byte-level shard of the first max_bytes of tinyshakespeare to dir/name. */
-static inline void test_write_shakespeare_shard(const char *dir, const char *name,
-                                                size_t max_bytes, char *path_out, size_t cap) {
+static inline void test_write_shakespeare_shard(const char *dir, const char *name, size_t max_bytes,
+                                                char *path_out, size_t cap) {
     size_t n;
     int32_t *tokens = test_shakespeare_tokens(max_bytes, &n);
     snprintf(path_out, cap, "%s/%s", dir, name);

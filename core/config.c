@@ -170,9 +170,11 @@ static const config_key keys[] = {
 
     /* checkpoint */
     {KEY(checkpoint, dir, KEY_STRING), .def = "",
-     .doc = "directory of the checkpoints; empty = no checkpoints"},
+     .doc = "directory of the checkpoints; empty = no checkpoints (not implemented yet: a "
+            "non-empty value is refused)"},
     {KEY(checkpoint, interval, KEY_INT), .def = "0", AT_LEAST(0),
-     .doc = "save every this many steps; 0 = no periodic saves"},
+     .doc = "save every this many steps; 0 = no periodic saves (not implemented yet: > 0 is "
+            "refused)"},
     {KEY(checkpoint, keep, KEY_INT), .def = "3", AT_LEAST(1),
      .doc = "checkpoints kept (the oldest are deleted)"},
     {KEY(checkpoint, resume, KEY_STRING), .def = "auto", .nonempty = true,
@@ -184,7 +186,8 @@ static const config_key keys[] = {
     {KEY(log, metrics, KEY_STRING), .def = "", .doc = "JSON-lines metrics file; empty = none"},
     {KEY(log, trace, KEY_STRING), .def = "", .doc = "Chrome/Perfetto trace file; empty = none"},
     {KEY(log, run_dir, KEY_STRING), .def = "",
-     .doc = "directory for this run's outputs; empty = none"},
+     .doc = "directory for this run's outputs: the resolved config.yaml, and metrics.jsonl "
+            "unless log.metrics is set; empty = none"},
     {KEY(log, profile, KEY_BOOL), .def = "false",
      .doc = "time ops by category (gemm, attention, norms, ...) and print them per log interval"},
     {KEY(log, sample_tokens, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(1048576),

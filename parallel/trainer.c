@@ -233,13 +233,31 @@ static ct_status open_inputs(trainer *t) {
             return CT_ERR_INPUT;
         }
     }
-    if (cfg->log.metrics[0] && t->rank0) {
-        CT_TRY(make_parent_dirs(cfg->log.metrics));
-        t->metrics = fopen(cfg->log.metrics, "w");
+    /* log.run_dir collects the run's outputs: the resolved config, and the metrics unless
+     * log.metrics names another file. */
+    char metrics[CT_PATH_MAX + 32];
+    snprintf(metrics, sizeof metrics, "%s", cfg->log.metrics);
+    if (cfg->log.run_dir[0] && t->rank0) {
+        char path[CT_PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/config.yaml", cfg->log.run_dir);
+        CT_TRY(make_parent_dirs(path));
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
+            ct_hint("check that log.run_dir is a writable directory");
+            return CT_ERR_INPUT;
+        }
+        ct_config_print(cfg, f);
+        fclose(f);
+        if (!metrics[0]) snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
+    }
+    if (metrics[0] && t->rank0) {
+        CT_TRY(make_parent_dirs(metrics));
+        t->metrics = fopen(metrics, "w");
         if (!t->metrics) {
-            ct_error(CT_ERR_INPUT, "cannot open log.metrics file '%s': %s", cfg->log.metrics,
+            ct_error(CT_ERR_INPUT, "cannot open the metrics file '%s': %s", metrics,
                      strerror(errno));
-            ct_hint("check that the directory exists and is writable");
+            ct_hint("check that the directory exists and is writable (log.metrics, log.run_dir)");
             return CT_ERR_INPUT;
         }
     }
@@ -301,6 +319,13 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
     t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->host_targets = ct_xmalloc(n * sizeof(int32_t));
+    if (cfg->checkpoint.dir[0] || cfg->checkpoint.interval > 0) {
+        /* Refuse rather than train for hours believing checkpoints are being written. */
+        ct_error(CT_ERR_INPUT, "checkpoint.dir / checkpoint.interval: checkpoints are not "
+                 "implemented yet");
+        ct_hint("leave checkpoint.dir empty and checkpoint.interval at 0 for now");
+        return CT_ERR_INPUT;
+    }
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
     return CT_OK;

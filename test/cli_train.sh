@@ -69,3 +69,18 @@ if expect_exit 0 "train with --profile" -- "$BIN" train --config configs/test-ti
     expect_text "attention" "the profile names attention"
     expect_text "communication" "the profile names communication"
 fi
+
+# log.run_dir: the resolved config and the metrics land there.
+if expect_exit 0 "train with log.run_dir" -- "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 \
+    --set train.steps=2 --set data.train="$bytes/train.bin" --set log.run_dir="$tmp/run1"; then
+    if [ -s "$tmp/run1/config.yaml" ] && [ "$(grep -c '"loss"' "$tmp/run1/metrics.jsonl")" = 2 ]; then
+        ok "run_dir holds config.yaml and metrics.jsonl"
+    else
+        fail "run_dir holds config.yaml and metrics.jsonl"
+    fi
+    expect_exit 0 "the saved config reloads" -- "$BIN" train --config "$tmp/run1/config.yaml" --print-config
+fi
+# Checkpoints are a later feature: asking for them is refused, not silently ignored.
+expect_exit 2 "checkpoint.dir is refused until checkpoints exist" -- "$BIN" train --config configs/test-tiny.yaml \
+    --set data.train="$bytes/train.bin" --set checkpoint.dir="$tmp/ckpt"
+expect_text "hint:" "the checkpoint refusal has a hint"

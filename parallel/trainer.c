@@ -322,7 +322,7 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     if (cfg->checkpoint.dir[0] || cfg->checkpoint.interval > 0) {
         /* Refuse rather than train for hours believing checkpoints are being written. */
         ct_error(CT_ERR_INPUT, "checkpoint.dir / checkpoint.interval: checkpoints are not "
-                 "implemented yet");
+                               "implemented yet");
         ct_hint("leave checkpoint.dir empty and checkpoint.interval at 0 for now");
         return CT_ERR_INPUT;
     }

@@ -720,12 +720,17 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
     }
     ct_train_result res = {0};
     res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
-    ct_backend_mem_snapshot(be, res.mem);
-    ct_dp_expected_memory(t.dp, res.mem_expected);
+    size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT];
+    ct_backend_mem_snapshot(be, mem);
+    ct_dp_expected_memory(t.dp, mem_expected);
     const int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
     const int64_t accum = cfg->derived.grad_accum;
     const double tokens_per_step = (double)G * (double)T;
     const float dloss = (float)(1.0 / tokens_per_step);
+    /* Per-step traffic the formulas predict (data-parallel.h; ct_expected_tp_bytes). */
+    const double dp_bytes_expected =
+        t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0;
+    const double tp_bytes_expected = ct_expected_tp_bytes(cfg, &t.model->layout, accum);
     /* FLOPs per token for the whole model; every rank does 1/world of them. */
     const double flops_per_token = ct_model_flops_per_token(t.model) / t.pctx->world_size;
     /* The MFU denominator: this rank's GEMM rate at the model's own MLP shape. */
@@ -737,12 +742,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
                 t.pctx->world_size, t.dp_size, (long long)cfg->parallel.zero_stage);
         for (int c = 0; c < CT_MEM_COUNT; c++)
             fprintf(t.metrics, ", \"mem_%s\": %zu", ct_mem_category_name((ct_mem_category)c),
-                    res.mem[c]);
+                    mem[c]);
         fprintf(t.metrics,
                 ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
                 "\"mem_expected_optim\": %zu}\n",
-                res.mem_expected[CT_MEM_PARAMS], res.mem_expected[CT_MEM_GRADS],
-                res.mem_expected[CT_MEM_OPTIM]);
+                mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS],
+                mem_expected[CT_MEM_OPTIM]);
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
     ct_comm *dp_comm = t.pctx->dp_comm;
@@ -805,17 +810,13 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
         uint64_t step_dp_bytes = 0, step_tp_bytes = 0;
         for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_dp_bytes += dp_comm->bytes[k];
         for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_tp_bytes += t.pctx->tp_comm->bytes[k];
-        if (step == 0) {
-            uint64_t bytes = step_dp_bytes;
-            res.dp_bytes_step1 = bytes;
-            res.dp_bytes_expected = t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0;
-            if (t.rank0 && t.dp_size > 1)
+        if (step == 0 && t.rank0) {
+            if (t.dp_size > 1)
                 printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
-                       (double)bytes / 1048576.0, res.dp_bytes_expected / 1048576.0);
-            if (t.rank0 && t.pctx->tp > 1)
+                       (double)step_dp_bytes / 1048576.0, dp_bytes_expected / 1048576.0);
+            if (t.pctx->tp > 1)
                 printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
-                       (double)step_tp_bytes / 1048576.0,
-                       ct_expected_tp_bytes(cfg, &t.model->layout, accum) / 1048576.0);
+                       (double)step_tp_bytes / 1048576.0, tp_bytes_expected / 1048576.0);
         }
         interval_tokens += tokens_per_step;
         interval_exposed += ct_dp_exposed_seconds(t.dp);
@@ -853,9 +854,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
                     ct_dp_exposed_seconds(t.dp), bubble,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
                     finite ? "false" : "true", (unsigned long long)step_dp_bytes,
-                    t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0,
-                    (unsigned long long)step_tp_bytes,
-                    ct_expected_tp_bytes(cfg, &t.model->layout, accum));
+                    dp_bytes_expected, (unsigned long long)step_tp_bytes, tp_bytes_expected);
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);

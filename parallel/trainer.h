@@ -24,9 +24,6 @@ typedef struct ct_train_result {
     float *final_params; /* the parameters at the end as global tensors (tensor-parallel
                             slices gathered), registry order, no padding (malloc'd) */
     int64_t n_final_params;
-    uint64_t dp_bytes_step1;  /* bytes this rank sent on the dp group during step 1 */
-    double dp_bytes_expected; /* the formula's value for the same step */
-    size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT]; /* after setup: actual and formula */
 } ct_train_result;
 
 void ct_train_result_release(ct_train_result *result);

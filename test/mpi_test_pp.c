@@ -26,6 +26,7 @@
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "test_util.h"
 
 static int failures, rank, world;
 
@@ -49,12 +50,9 @@ static void fill(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
 static double run_schedule(ct_pctx *pctx, ct_schedule_choice choice, int v) {
     static const char *names[] = {"1f1b", "gpipe", "interleaved"};
     ct_config cfg;
-    ct_config_defaults(&cfg);
-    cfg.model.vocab_size = 123;
+    test_tiny_config(&cfg, NULL); /* test_util.h's tiny model, 8 layers on 8 positions */
     cfg.model.seq_len = 8;
     cfg.model.n_layer = 8;
-    cfg.model.d_model = 32;
-    cfg.model.n_head = 4;
     cfg.parallel.pp = world;
     cfg.parallel.schedule = choice;
     cfg.parallel.virtual_stages = v;

@@ -28,6 +28,7 @@
 #include "core/model.h"
 #include "core/rng.h"
 #include "parallel/context.h"
+#include "test_util.h"
 
 static int failures, rank, world;
 
@@ -49,14 +50,10 @@ static float *to_host(const ct_tensor *t) {
     return h;
 }
 
+/* test_util.h's tiny model on 8 positions and 2 sequences. */
 static void tiny_config(ct_config *cfg) {
-    ct_config_defaults(cfg);
-    cfg->model.vocab_size = 123;
-    cfg->model.vocab_pad = 128;
+    test_tiny_config(cfg, NULL);
     cfg->model.seq_len = 8;
-    cfg->model.n_layer = 2;
-    cfg->model.d_model = 32;
-    cfg->model.n_head = 4;
     cfg->train.global_batch = 2;
     cfg->train.micro_batch = 2;
     if (ct_config_validate(cfg, 1) != CT_OK) {

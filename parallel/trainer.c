@@ -853,8 +853,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
                     ct_dp_exposed_seconds(t.dp), bubble,
                     peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
-                    finite ? "false" : "true", (unsigned long long)step_dp_bytes,
-                    dp_bytes_expected, (unsigned long long)step_tp_bytes, tp_bytes_expected);
+                    finite ? "false" : "true", (unsigned long long)step_dp_bytes, dp_bytes_expected,
+                    (unsigned long long)step_tp_bytes, tp_bytes_expected);
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
             if (t.metrics) fflush(t.metrics);
             trainer_free(&t);

@@ -350,6 +350,39 @@ static void test_thread_determinism(void **state) {
     ct_train_result_release(&b);
 }
 
+/*
+ * train.recompute = full: the same bytes as keeping every activation (the recomputed forward
+ * is the same arithmetic in the same order), and far fewer activation bytes kept per
+ * microbatch: only each layer's input survives, plus one shared layer workspace.
+ */
+static void test_recompute(void **state) {
+    ct_config cfg;
+    test_tiny_config(&cfg, shard_path);
+    cfg.train.steps = 3;
+    ct_train_result a = run_training(&cfg, 1);
+    test_tiny_config(&cfg, shard_path);
+    cfg.train.steps = 3;
+    cfg.train.recompute = CT_RECOMPUTE_FULL;
+    ct_train_result b = run_training(&cfg, 1);
+    assert_memory_equal(a.losses, b.losses, 3 * sizeof(double));
+    assert_memory_equal(a.final_params, b.final_params, (size_t)a.n_final_params * sizeof(float));
+    ct_train_result_release(&a);
+    ct_train_result_release(&b);
+
+    ct_backend *be = ct_backend_cpu_new(1);
+    ct_model_layout keep = ct_model_layout_single(&cfg), recompute = keep;
+    recompute.recompute = true;
+    ct_model *m1, *m2;
+    assert_int_equal(ct_model_new(&m1, &cfg, be, &keep), CT_OK);
+    assert_int_equal(ct_model_new(&m2, &cfg, be, &recompute), CT_OK);
+    size_t kept = ct_acts_bytes(m1, 4), recomputed = ct_acts_bytes(m2, 4);
+    printf("activations per microbatch: %zu bytes kept, %zu with recompute\n", kept, recomputed);
+    assert_true(recomputed < kept / 2);
+    ct_model_free(m1);
+    ct_model_free(m2);
+    ct_backend_free(be);
+}
+
 /* Training on real text makes the loss fall well below its start. */
 static void test_loss_falls(void **state) {
     ct_config cfg;
@@ -380,6 +413,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_overfit_one_batch),
         cmocka_unit_test(test_microbatch_equivalence),
         cmocka_unit_test(test_thread_determinism),
+        cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_loss_falls),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);

@@ -323,6 +323,24 @@ void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
     prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
+void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residual) {
+    check_f32(out, "bias_init out");
+    check_f32(bias, "bias_init bias");
+    check_same_backend(out, bias);
+    CT_ASSERTF(bias->numel == COLS(out), "bias_init: bias %s does not match out %s", SH(bias),
+               SH(out));
+    if (residual) {
+        check_f32(residual, "bias_init residual");
+        check_same_backend(out, residual);
+        CT_ASSERTF(residual->numel == out->numel, "bias_init: residual %s does not match out %s",
+                   SH(residual), SH(out));
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->bias_init(CTX(out), F32(out), F32(bias), residual ? F32(residual) : NULL,
+                          ROWS(out), COLS(out));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
 void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
     check_f32(dbias, "bias_grad dbias");
     check_f32(dout, "bias_grad dout");

@@ -87,6 +87,8 @@ struct ct_backend_i {
                  float *C, int64_t ldc);
 
     void (*bias_add)(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
+    void (*bias_init)(void *ctx, float *out, const float *bias, const float *residual, int64_t N,
+                      int64_t C); /* residual may be NULL */
     void (*bias_grad)(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
     void (*axpy)(void *ctx, float *dst, const float *src, float alpha, int64_t n);
     void (*scale)(void *ctx, float *x, float s, int64_t n);
@@ -219,6 +221,10 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
              float alpha, float beta);
 /* out(N,C) += bias(C) */
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias);
+/* out(N,C) = bias(C) on every row, + residual(N,C) unless it is NULL: the starting value of a
+ * linear layer's output, which a beta = 1 GEMM then accumulates into. One pass instead of three
+ * (the GEMM's own zeroing for beta = 0, the bias add, the residual add). */
+void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residual);
 /* dbias(C) += sum over rows of dout(N,C) */
 void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout);
 /* dst += alpha·src (same numel) */

@@ -324,6 +324,22 @@ static void cpu_bias_add(void *ctx, float *out, const float *bias, int64_t N, in
     }
 }
 
+static void cpu_bias_init(void *ctx, float *out, const float *bias, const float *residual,
+                          int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * C))
+    for (int64_t i = 0; i < N; i++) {
+        float *o = out + i * C;
+        if (residual) {
+            const float *r = residual + i * C;
+#pragma omp simd
+            for (int64_t j = 0; j < C; j++) o[j] = r[j] + bias[j];
+        } else {
+            memcpy(o, bias, (size_t)C * sizeof(float));
+        }
+    }
+}
+
 /* Sums row chunks of dout into partial[chunk][C] (phase 1), then adds the partials to dbias in
  * chunk order (phase 2). Chunk boundaries depend on N only, so the thread count cannot change the
  * result. */
@@ -918,6 +934,7 @@ static const struct ct_backend_i cpu_iface = {
     .copy = cpu_copy,
     .gemm = cpu_gemm,
     .bias_add = cpu_bias_add,
+    .bias_init = cpu_bias_init,
     .bias_grad = cpu_bias_grad,
     .axpy = cpu_axpy,
     .scale = cpu_scale,

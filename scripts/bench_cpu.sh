@@ -14,7 +14,8 @@
 #   4. where the time goes: the --profile line (ms per step by op category).
 # Also the BPE training time. Medians are over the steps after the first two of each run.
 #
-#   scripts/bench_cpu.sh [--compare-torch] [--steps-tiny N] [--steps-124m N] [--skip-dp]
+#   scripts/bench_cpu.sh [--compare-torch] [--steps-tiny N] [--steps-124m N] [--skip-dp] [--only tiny|gpt2-124m]
+# (--only runs one model's throughput figures and skips the dp run: for quick iterations)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -24,12 +25,14 @@ steps_124m=6
 threads=2
 compare_torch=0
 skip_dp=0
+only=
 while [ $# -gt 0 ]; do
     case $1 in
         --compare-torch) compare_torch=1; shift ;;
         --steps-tiny) steps_tiny=$2; shift 2 ;;
         --steps-124m) steps_124m=$2; shift 2 ;;
         --skip-dp) skip_dp=1; shift ;;
+        --only) only=$2; skip_dp=1; shift 2 ;;
         *) echo "bench_cpu: unknown option $1" >&2; echo "hint: see the comment at the top of $0" >&2; exit 2 ;;
     esac
 done
@@ -58,6 +61,7 @@ if [ ! -f data/fortunes/train.bin ]; then bash scripts/prepare_corpus.sh "$BIN" 
 bench() {
     local name=$1 config=$2 steps=$3 torch_args=$4
     shift 4
+    if [ -n "$only" ] && [ "$only" != "$name" ]; then return; fi
     local sets=(--set train.threads="$threads" --set train.steps="$steps" --set train.warmup_steps=1
                 --set log.interval="$steps" --set train.eval_interval=0 --set log.sample_tokens=0 "$@")
     : >"$tmp/$name.rates"; : >"$tmp/$name.ours"; : >"$tmp/$name.torch"

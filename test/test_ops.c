@@ -280,6 +280,21 @@ static void test_bias(void **state) {
     for (int64_t i = 0; i < N * C; i++) want[i] = (double)hx[i] + (double)hb[i % C];
     check_close("bias_add", got, want, N * C, 0, 1.2e-7);
 
+    /* bias_init: a copy of the bias on every row (exact), or residual + bias (one rounding) */
+    ct_tensor *y = t2(be, N, C, hr);
+    ct_bias_init(y, b, NULL);
+    float *got_init = host_of(y);
+    for (int64_t i = 0; i < N * C; i++) want[i] = hb[i % C];
+    check_close("bias_init", got_init, want, N * C, 0, 0);
+    free(got_init);
+    ct_tensor *res = t2(be, N, C, hx);
+    ct_bias_init(y, b, res);
+    got_init = host_of(y);
+    for (int64_t i = 0; i < N * C; i++) want[i] = (double)hx[i] + (double)hb[i % C];
+    check_close("bias_init + residual", got_init, want, N * C, 0, 1.2e-7);
+    free(got_init);
+    ct_tensor_free(y), ct_tensor_free(res);
+
     ct_bias_grad(db, R);
     float *gdb = host_of(db);
     bias_case bc = {N, C, to_double(hx, N * C), to_double(hb, C), to_double(hr, N * C)};

@@ -583,9 +583,9 @@ void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid)
     prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
-void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor *logits,
+void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logits,
                     const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
-                    int64_t col_offset) {
+                    int64_t col_offset, bool keep_exp) {
     check_f32(sumexp, "xent_sumexp sumexp");
     check_f32(target_logit, "xent_sumexp target_logit");
     check_f32(logits, "xent_sumexp logits");
@@ -600,7 +600,8 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor 
                SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
     double prof_t0_ = prof_begin(logits);
     IFACE(logits)->xent_sumexp(CTX(logits), F32(sumexp), F32(target_logit), F32(logits),
-                               I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset);
+                               I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset,
+                               keep_exp);
     prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 

@@ -121,9 +121,9 @@ struct ct_backend_i {
 
     void (*xent_rowmax)(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
                         int64_t n_valid);
-    void (*xent_sumexp)(void *ctx, float *sumexp, float *target_logit, const float *logits,
+    void (*xent_sumexp)(void *ctx, float *sumexp, float *target_logit, float *logits,
                         const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
-                        int64_t n_valid, int64_t col_offset);
+                        int64_t n_valid, int64_t col_offset, bool keep_exp);
     void (*xent_finish)(void *ctx, float *losses, float *logits_to_grad, const int32_t *targets,
                         const float *rowmax, const float *sumexp, const float *target_logit,
                         int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
@@ -275,15 +275,18 @@ void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tens
  *   xent_rowmax:  rowmax(N) = max over the first n_valid columns of logits(N, V)
  *                 [allreduce MAX over tp]
  *   xent_sumexp:  sumexp(N) = sum exp(logit - rowmax), target_logit(N) = logit at the target if
- *                 it lies in [col_offset, col_offset + n_valid), else 0   [allreduce SUM over tp]
- *   xent_finish:  losses(N) = log(sumexp) + rowmax - target_logit; if write_grad, logits are
- *                 overwritten by dloss·(softmax - onehot) (padded columns get 0).
+ *                 it lies in [col_offset, col_offset + n_valid), else 0   [allreduce SUM over tp];
+ *                 with keep_exp the logits are overwritten by exp(logit - rowmax), so that the
+ *                 gradient needs no second exp
+ *   xent_finish:  losses(N) = log(sumexp) + rowmax - target_logit; if write_grad, the logits —
+ *                 which must then hold sumexp's keep_exp values — are overwritten by
+ *                 dloss·(softmax - onehot) (padded columns get 0).
  * Columns at or past n_valid are vocabulary padding: −∞ logits, excluded everywhere.
  */
 void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid);
-void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, const ct_tensor *logits,
+void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logits,
                     const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
-                    int64_t col_offset);
+                    int64_t col_offset, bool keep_exp);
 void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
                     const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
                     int64_t n_valid, int64_t col_offset, float dloss, bool write_grad);

@@ -779,24 +779,36 @@ static void cpu_xent_rowmax(void *ctx, float *rowmax, const float *logits, int64
     }
 }
 
-static void cpu_xent_sumexp(void *ctx, float *sumexp, float *target_logit, const float *logits,
+static void cpu_xent_sumexp(void *ctx, float *sumexp, float *target_logit, float *logits,
                             const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
-                            int64_t n_valid, int64_t col_offset) {
+                            int64_t n_valid, int64_t col_offset, bool keep_exp) {
     cpu_ctx *c = ctx;
     PARALLEL_FOR(threads_for(c, N * n_valid))
     for (int64_t i = 0; i < N; i++) {
-        const float *x = logits + i * V;
+        float *x = logits + i * V;
         float mx = rowmax[i];
+        int64_t t = (int64_t)targets[i] - col_offset;
+        target_logit[i] = (t >= 0 && t < n_valid) ? x[t] : 0.0f; /* before keep_exp writes */
         float acc[LANES] = {0};
         int64_t nv = n_valid - n_valid % LANES;
         for (int64_t j = 0; j < nv; j += LANES) {
             if (j + 512 < n_valid) __builtin_prefetch(x + j + 512); /* see prefetch_floats */
-            for (int l = 0; l < LANES; l++) acc[l] += exp_f32(x[j + l] - mx);
+            if (keep_exp) {
+                for (int l = 0; l < LANES; l++) {
+                    float e = exp_f32(x[j + l] - mx);
+                    x[j + l] = e;
+                    acc[l] += e;
+                }
+            } else {
+                for (int l = 0; l < LANES; l++) acc[l] += exp_f32(x[j + l] - mx);
+            }
         }
-        for (int64_t j = nv; j < n_valid; j++) acc[j - nv] += exp_f32(x[j] - mx);
+        for (int64_t j = nv; j < n_valid; j++) {
+            float e = exp_f32(x[j] - mx);
+            if (keep_exp) x[j] = e;
+            acc[j - nv] += e;
+        }
         sumexp[i] = lane_sum(acc);
-        int64_t t = (int64_t)targets[i] - col_offset;
-        target_logit[i] = (t >= 0 && t < n_valid) ? x[t] : 0.0f;
     }
 }
 
@@ -812,12 +824,8 @@ static void cpu_xent_finish(void *ctx, float *losses, float *logits, const int32
         if (!write_grad) continue;
         float *x = logits + i * V;
         float g = dloss / se; /* dloss·softmax = dloss/sumexp · exp(logit - rowmax) */
-        for (int64_t j0 = 0; j0 < n_valid; j0 += EW_BLOCK) {
-            int64_t j1 = CT_MIN(j0 + EW_BLOCK, n_valid);
-            prefetch_floats(x + j1, x + n_valid, EW_BLOCK);
 #pragma omp simd
-            for (int64_t j = j0; j < j1; j++) x[j] = g * exp_f32(x[j] - mx);
-        }
+        for (int64_t j = 0; j < n_valid; j++) x[j] *= g; /* x holds exp(logit - rowmax) */
         for (int64_t j = n_valid; j < V; j++) x[j] = 0.0f; /* vocabulary padding */
         int64_t t = (int64_t)targets[i] - col_offset;
         if (t >= 0 && t < n_valid) x[t] -= dloss;

@@ -824,7 +824,8 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                             float dloss) {
     ct_xent_rowmax(rowmax, logits, n_valid);
     ct_comm_allreduce(tp, rowmax->data, rowmax->numel, CT_DTYPE_F32, CT_REDUCE_MAX);
-    ct_xent_sumexp(sumexp, target_logit, logits, targets, rowmax, n_valid, col_offset);
+    ct_xent_sumexp(sumexp, target_logit, logits, targets, rowmax, n_valid, col_offset,
+                   dloss != 0.0f);
     ct_comm_allreduce(tp, sumexp->data, sumexp->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
     ct_comm_allreduce(tp, target_logit->data, target_logit->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
     ct_xent_finish(losses, logits, targets, rowmax, sumexp, target_logit, n_valid, col_offset,

@@ -760,7 +760,7 @@ static void xent_steps(ct_backend *b, int64_t N, int64_t V, int64_t n_valid, int
     ct_xent_rowmax(mx, L, n_valid);
     o->rowmax = host_of(mx);
     if (rowmax_in) ct_tensor_from_host(mx, rowmax_in);
-    ct_xent_sumexp(se, tl, L, tg, mx, n_valid, col_offset);
+    ct_xent_sumexp(se, tl, L, tg, mx, n_valid, col_offset, true);
     o->sumexp = host_of(se), o->tlogit = host_of(tl);
     if (sumexp_in) ct_tensor_from_host(se, sumexp_in);
     if (tlogit_in) ct_tensor_from_host(tl, tlogit_in);
@@ -817,18 +817,21 @@ static void test_xent(void **state) {
             if (whole.grad[i * V + j] != 0.0f)
                 fail_msg("xent: padded column %lld has a gradient", (long long)j);
 
-    /* write_grad = false leaves the logits untouched */
+    /* keep_exp = false and write_grad = false leave the logits untouched (evaluation, sampling)
+     * and give the same sums and losses as the training path */
     {
         ct_tensor *L = t2(be, N, V, hl), *t = ti32(be, N, tg), *mx = t1(be, N, whole.rowmax);
-        ct_tensor *se = t1(be, N, whole.sumexp), *tl = t1(be, N, whole.tlogit),
-                  *loss = t1(be, N, NULL);
+        ct_tensor *se = t1(be, N, NULL), *tl = t1(be, N, NULL), *loss = t1(be, N, NULL);
+        ct_xent_sumexp(se, tl, L, t, mx, nv, 0, false);
         ct_xent_finish(loss, L, t, mx, se, tl, nv, 0, dloss, false);
-        float *gl = host_of(L), *gloss = host_of(loss);
-        check_bits_equal("xent finish without grad keeps logits", gl, hl,
+        float *gl = host_of(L), *gloss = host_of(loss), *gse = host_of(se);
+        check_bits_equal("xent without grad keeps logits", gl, hl,
                          (size_t)(N * V) * sizeof(float));
+        check_bits_equal("xent sumexp with/without keep_exp", gse, whole.sumexp,
+                         (size_t)N * sizeof(float));
         check_bits_equal("xent finish loss with/without grad", gloss, whole.loss,
                          (size_t)N * sizeof(float));
-        free(gl), free(gloss);
+        free(gl), free(gloss), free(gse);
         ct_tensor_free(L), ct_tensor_free(t), ct_tensor_free(mx), ct_tensor_free(se);
         ct_tensor_free(tl), ct_tensor_free(loss);
     }

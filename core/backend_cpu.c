@@ -136,8 +136,12 @@ static inline float row_max(const float *x, int64_t n) {
         vi16 gt = v > m;
         m = (vf16)(((vi16)v & gt) | ((vi16)m & ~gt));
     }
-    float mx = -INFINITY;
-    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    /* lanes combined as a tree (4 dependent steps instead of 16: rows in attention are short) */
+    float a[LANES];
+    memcpy(a, &m, sizeof a);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) a[l] = a[l + w] > a[l] ? a[l + w] : a[l];
+    float mx = a[0];
     for (int64_t j = nv; j < n; j++) mx = x[j] > mx ? x[j] : mx;
     return mx;
 }
@@ -162,12 +166,14 @@ static inline uint32_t f32_to_bits(float f) {
  * exp(x) for the vectorised loops. x = n·ln2 + r with |r| <= ln2/2 (ln2 split in a short high
  * part, exact in float when multiplied by n, and a low correction), exp(r) by its Taylor series to
  * r^7 (truncation < 5e-9 relative, below float's 6e-8), times 2^n built in the exponent bits.
- * Inputs below -87 give 0 (true value < 1.7e-38, negligible in every sum we take), above 88.7
- * +inf, NaN gives NaN.
+ * exp_clamped_f32 computes exp of x clamped to [-87, 88] (always finite and normal; NaN gives
+ * e^-87) for callers whose formula is already right at the clamped ends; exp_f32 adds the edge
+ * cases: inputs below -87 give 0 (true value < 1.7e-38, negligible in every sum we take), above
+ * 88.7 +inf, NaN gives NaN.
  * Written with ternaries and a rounding constant instead of fminf/fmaxf/rintf: those do not
  * vectorise without -ffinite-math-only / -fno-trapping-math, which the build does not use.
  */
-static inline float exp_f32(float x) {
+static inline float exp_clamped_f32(float x) {
     const float log2e = 1.44269504088896341f;
     const float ln2_hi = 0.693359375f;    /* 8 significant bits: n·ln2_hi is exact */
     const float ln2_lo = -2.12194440e-4f; /* ln2 - ln2_hi */
@@ -186,26 +192,15 @@ static inline float exp_f32(float x) {
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
     float scale = bits_to_f32((uint32_t)((int32_t)n + 127) << 23);
-    float y = p * scale;
+    return p * scale;
+}
+
+static inline float exp_f32(float x) {
+    float y = exp_clamped_f32(x);
     y = x < -87.0f ? 0.0f : y;
     y = x > 88.7f ? INFINITY : y;
     y = x == x ? y : x; /* NaN in, NaN out (a NaN loss must reach the bad-step check) */
     return y;
-}
-
-/*
- * GELU through the logistic function: 0.5·(1 + tanh u) = σ(2u) and 0.5·(1 - tanh²u) = 2σ(2u)(1 -
- * σ(2u)). Unlike 1 + tanh(u) in float, σ(2u) has no cancellation for negative u, so gelu(x) keeps
- * its relative accuracy where it is tiny. sigmoid2 returns σ(2u) and 1 - σ(2u) from one exp of a
- * non-positive argument (no overflow): t = exp(-2|u|).
- */
-static inline void sigmoid2(float u, float *s, float *one_minus_s) {
-    float au = u < 0.0f ? -u : u;
-    float t = exp_f32(-2.0f * au);
-    float inv = 1.0f / (1.0f + t);
-    float big = inv, small = t * inv; /* σ(2|u|), σ(-2|u|) */
-    *s = u < 0.0f ? small : big;
-    *one_minus_s = u < 0.0f ? big : small;
 }
 
 /* f32 -> bf16, round to nearest even; NaN stays NaN (quiet bit set so truncation cannot make it
@@ -565,8 +560,20 @@ static void cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, cons
 
 /* ---- GELU (tanh approximation, GPT-2) ------------------------------------------------------- */
 
+/*
+ * GELU, tanh form: 0.5x(1 + tanh u) with u = k(x + a x³), computed through the logistic function as
+ * x·σ(2u) = x / (1 + t), t = exp(-2u). Unlike 1 + tanh u in float, this has no cancellation for
+ * negative u, so gelu(x) keeps its relative accuracy where it is tiny. For u < -44 the clamped exp
+ * gives t = e^88 instead of a larger number: the result is then below 1e-37 in magnitude, as is
+ * the true value. A NaN input stays NaN through the product with x.
+ */
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
+
+/* t = exp(-2u) = exp(x·(-2k - 2ka·x²)) */
+static inline float gelu_t(float x) {
+    return exp_clamped_f32(x * fmaf(-2.0f * GELU_K * GELU_A, x * x, -2.0f * GELU_K));
+}
 
 static void cpu_gelu_fwd(void *ctx, float *out, const float *inp, int64_t n) {
     cpu_ctx *c = ctx;
@@ -576,18 +583,13 @@ static void cpu_gelu_fwd(void *ctx, float *out, const float *inp, int64_t n) {
         int64_t i0 = blk * EW_BLOCK, i1 = CT_MIN(i0 + EW_BLOCK, n);
         prefetch_floats(inp + i1, inp + n, EW_BLOCK);
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) {
-            float x = inp[i];
-            float u = GELU_K * (x + GELU_A * x * x * x);
-            float s, s1;
-            sigmoid2(u, &s, &s1);
-            out[i] = x * s; /* 0.5x(1 + tanh u) */
-        }
+        for (int64_t i = i0; i < i1; i++) out[i] = inp[i] / (1.0f + gelu_t(inp[i]));
     }
 }
 
-/* d/dx 0.5x(1 + tanh u) = 0.5(1 + tanh u) + 0.5x(1 - tanh²u)·du/dx = s + 2x·s(1-s)·du/dx,
- * with s = σ(2u) and du/dx = k(1 + 3a x²). */
+/* d/dx 0.5x(1 + tanh u) = 0.5(1 + tanh u) + 0.5x(1 - tanh²u)·du/dx = s + 2x·s(1-s)·du/dx
+ * = s·(1 + 2x·(1-s)·du/dx), with s = σ(2u) = 1/(1+t), 1 - s = t·s (no cancellation) and
+ * du/dx = k(1 + 3a x²). */
 static void cpu_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n) {
     cpu_ctx *c = ctx;
     int64_t n_blk = (n + EW_BLOCK - 1) / EW_BLOCK;
@@ -598,12 +600,10 @@ static void cpu_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *
         prefetch_floats(dout + i1, dout + n, EW_BLOCK);
 #pragma omp simd
         for (int64_t i = i0; i < i1; i++) {
-            float x = inp[i];
-            float u = GELU_K * (x + GELU_A * x * x * x);
-            float s, s1;
-            sigmoid2(u, &s, &s1);
-            float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-            dinp[i] = (s + 2.0f * x * s * s1 * du) * dout[i];
+            float x = inp[i], t = gelu_t(x);
+            float s = 1.0f / (1.0f + t);
+            float du = fmaf(3.0f * GELU_K * GELU_A, x * x, GELU_K);
+            dinp[i] = s * fmaf(2.0f * x * du, t * s, 1.0f) * dout[i];
         }
     }
 }

@@ -502,66 +502,57 @@ void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout) {
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
-/* Checks q/k/v-shaped tensors of attention and returns head_dim. */
-static int64_t attention_head_dim(const char *op, const ct_tensor *q, const ct_tensor *k,
-                                  const ct_tensor *v, int64_t B, int64_t T, int64_t n_head,
+/* Checks attention's shapes — qkv (B, T, (n_head + 2·n_kv_head)·hd), out (B, T, n_head·hd),
+ * lse (B, n_head, T) — and returns head_dim. */
+static int64_t attention_head_dim(const char *op, const ct_tensor *qkv, const ct_tensor *out,
+                                  const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
                                   int64_t n_kv_head) {
     CT_ASSERTF(B > 0 && T > 0 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
                "%s: B=%lld T=%lld n_head=%lld n_kv_head=%lld (n_kv_head must divide n_head)", op,
                (long long)B, (long long)T, (long long)n_head, (long long)n_kv_head);
-    int64_t cq = COLS(q);
-    CT_ASSERTF(cq > 0 && cq % n_head == 0 && ROWS(q) == B * T,
-               "%s: q %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(q), (long long)B,
-               (long long)T, (long long)n_head);
+    int64_t cq = COLS(out);
+    CT_ASSERTF(cq > 0 && cq % n_head == 0 && ROWS(out) == B * T,
+               "%s: out %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(out),
+               (long long)B, (long long)T, (long long)n_head);
     int64_t hd = cq / n_head;
-    CT_ASSERTF(ROWS(k) == B * T && COLS(k) == n_kv_head * hd && ROWS(v) == B * T &&
-                   COLS(v) == n_kv_head * hd,
-               "%s: k %s, v %s must be (B=%lld, T=%lld, n_kv_head=%lld x head_dim=%lld)", op, SH(k),
-               SH(v), (long long)B, (long long)T, (long long)n_kv_head, (long long)hd);
+    CT_ASSERTF(ROWS(qkv) == B * T && COLS(qkv) == (n_head + 2 * n_kv_head) * hd,
+               "%s: qkv %s must be (B=%lld, T=%lld, (n_head + 2 n_kv_head)=%lld x head_dim=%lld)",
+               op, SH(qkv), (long long)B, (long long)T, (long long)(n_head + 2 * n_kv_head),
+               (long long)hd);
+    CT_ASSERTF(lse->numel == B * n_head * T, "%s: lse %s must be (B, n_head, T)", op, SH(lse));
     return hd;
 }
 
-void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
-                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head) {
+void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int64_t B, int64_t T,
+                      int64_t n_head, int64_t n_kv_head) {
     check_f32(out, "attention_fwd out");
     check_f32(lse, "attention_fwd lse");
-    check_f32(q, "attention_fwd q");
-    check_f32(k, "attention_fwd k");
-    check_f32(v, "attention_fwd v");
-    check_same_backend(out, q);
-    int64_t hd = attention_head_dim("attention_fwd", q, k, v, B, T, n_head, n_kv_head);
-    CT_ASSERTF(out->numel == q->numel && lse->numel == B * n_head * T,
-               "attention_fwd: out %s must match q %s, lse %s must be (B, n_head, T)", SH(out),
-               SH(q), SH(lse));
-    double prof_t0_ = prof_begin(q);
-    IFACE(q)->attention_fwd(CTX(q), F32(out), F32(lse), F32(q), F32(k), F32(v), B, T, n_head,
-                            n_kv_head, hd);
-    prof_end(q, CT_PROF_ATTENTION, prof_t0_);
+    check_f32(qkv, "attention_fwd qkv");
+    check_same_backend(out, qkv);
+    int64_t hd = attention_head_dim("attention_fwd", qkv, out, lse, B, T, n_head, n_kv_head);
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_fwd(CTX(qkv), F32(out), F32(lse), F32(qkv), B, T, n_head, n_kv_head,
+                              hd);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
-void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
-                      const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+void ct_attention_bwd(ct_tensor *dqkv, const ct_tensor *dout, const ct_tensor *qkv,
                       const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
                       int64_t n_head, int64_t n_kv_head) {
-    check_f32(dq, "attention_bwd dq");
-    check_f32(dk, "attention_bwd dk");
-    check_f32(dv, "attention_bwd dv");
+    check_f32(dqkv, "attention_bwd dqkv");
     check_f32(dout, "attention_bwd dout");
-    check_f32(q, "attention_bwd q");
-    check_f32(k, "attention_bwd k");
-    check_f32(v, "attention_bwd v");
+    check_f32(qkv, "attention_bwd qkv");
     check_f32(out, "attention_bwd out");
     check_f32(lse, "attention_bwd lse");
-    check_same_backend(dq, q);
-    int64_t hd = attention_head_dim("attention_bwd", q, k, v, B, T, n_head, n_kv_head);
-    CT_ASSERTF(dq->numel == q->numel && dout->numel == q->numel && out->numel == q->numel &&
-                   dk->numel == k->numel && dv->numel == v->numel && lse->numel == B * n_head * T,
-               "attention_bwd: dq %s, dk %s, dv %s, dout %s, out %s, lse %s vs q %s, k %s", SH(dq),
-               SH(dk), SH(dv), SH(dout), SH(out), SH(lse), SH(q), SH(k));
-    double prof_t0_ = prof_begin(q);
-    IFACE(q)->attention_bwd(CTX(q), F32(dq), F32(dk), F32(dv), F32(dout), F32(q), F32(k), F32(v),
-                            F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
-    prof_end(q, CT_PROF_ATTENTION, prof_t0_);
+    check_same_backend(dqkv, qkv);
+    int64_t hd = attention_head_dim("attention_bwd", qkv, out, lse, B, T, n_head, n_kv_head);
+    CT_ASSERTF(dqkv->numel == qkv->numel && dout->numel == out->numel,
+               "attention_bwd: dqkv %s must match qkv %s, dout %s must match out %s", SH(dqkv),
+               SH(qkv), SH(dout), SH(out));
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_bwd(CTX(qkv), F32(dqkv), F32(dout), F32(qkv), F32(out), F32(lse), B, T,
+                              n_head, n_kv_head, hd);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
 static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_valid) {

@@ -111,13 +111,11 @@ struct ct_backend_i {
     void (*gelu_fwd)(void *ctx, float *out, const float *inp, int64_t n);
     void (*gelu_bwd)(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n);
 
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                          int64_t head_dim);
-    void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *out,
-                          const float *lse, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                          int64_t head_dim);
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
+                          int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim);
+    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
+                          int64_t n_kv_head, int64_t head_dim);
 
     void (*xent_rowmax)(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
                         int64_t n_valid);
@@ -257,15 +255,15 @@ void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp);
 void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout);
 
 /*
- * Causal self-attention. q, out: (B, T, n_head·hd); k, v: (B, T, n_kv_head·hd) (n_kv_head
- * divides n_head: grouped-query attention; equal for GPT-2). Scale 1/sqrt(hd). lse (B, n_head, T)
- * saves each row's log-sum-exp of the scaled scores for backward.
- * attention_bwd overwrites dq, dk, dv.
+ * Causal self-attention on a packed qkv (B, T, (n_head + 2·n_kv_head)·hd): each row holds the
+ * query heads, then the key heads, then the value heads — the output of one fused QKV projection.
+ * n_kv_head divides n_head (grouped-query attention; equal for GPT-2). out: (B, T, n_head·hd).
+ * Scale 1/sqrt(hd). lse (B, n_head, T) saves each row's log-sum-exp of the scaled scores for
+ * backward. attention_bwd overwrites dqkv (same layout as qkv).
  */
-void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *q, const ct_tensor *k,
-                      const ct_tensor *v, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head);
-void ct_attention_bwd(ct_tensor *dq, ct_tensor *dk, ct_tensor *dv, const ct_tensor *dout,
-                      const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int64_t B, int64_t T,
+                      int64_t n_head, int64_t n_kv_head);
+void ct_attention_bwd(ct_tensor *dqkv, const ct_tensor *dout, const ct_tensor *qkv,
                       const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
                       int64_t n_head, int64_t n_kv_head);
 

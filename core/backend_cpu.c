@@ -645,11 +645,11 @@ static void softmax_block(float *S, int64_t ld, int64_t r0, int64_t r1, float *l
     }
 }
 
-static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
-                              const float *v, int64_t B, int64_t T, int64_t n_head,
-                              int64_t n_kv_head, int64_t hd) {
+static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const int64_t lqkv = cq + 2 * ckv; /* row stride of the packed q | k | v */
     const float scale = 1.0f / sqrtf((float)hd);
     /* per-thread scratch: one block of scores (ATT_BLOCK, ld), rows padded to whole lane groups,
      * and the block's 1/sum (ATT_BLOCK) */
@@ -662,20 +662,20 @@ static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q,
         float *S = (float *)(ws + per_thread * (size_t)omp_get_thread_num());
         float *inv = (float *)((char *)S + s_bytes);
         int64_t b = bh / n_head, h = bh % n_head, kvh = h / group;
-        const float *qh = q + b * T * cq + h * hd;    /* (T, hd), stride cq */
-        const float *kh = k + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
-        const float *vh = v + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
-        float *oh = out + b * T * cq + h * hd;        /* (T, hd), stride cq */
-        float *lh = lse + bh * T;                     /* (T) */
+        const float *qh = qkv + b * T * lqkv + h * hd;              /* (T, hd), stride lqkv */
+        const float *kh = qkv + b * T * lqkv + cq + kvh * hd;       /* (T, hd), stride lqkv */
+        const float *vh = qkv + b * T * lqkv + cq + ckv + kvh * hd; /* (T, hd), stride lqkv */
+        float *oh = out + b * T * cq + h * hd;                      /* (T, hd), stride cq */
+        float *lh = lse + bh * T;                                   /* (T) */
         for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
             int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
             /* S(m, r1) = scale · Q[r0:r1] · K[0:r1]^T */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd, scale,
-                        qh + r0 * cq, (int)cq, kh, (int)ckv, 0.0f, S, (int)ld);
+                        qh + r0 * lqkv, (int)lqkv, kh, (int)lqkv, 0.0f, S, (int)ld);
             softmax_block(S, ld, r0, r1, lh, inv);
             /* O[r0:r1](m, hd) = diag(1/sum) · exp(S - max)(m, r1) · V[0:r1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)r1, 1.0f,
-                        S, (int)ld, vh, (int)ckv, 0.0f, oh + r0 * cq, (int)cq);
+                        S, (int)ld, vh, (int)lqkv, 0.0f, oh + r0 * cq, (int)cq);
             for (int64_t i = 0; i < m; i++) {
                 float *o = oh + (r0 + i) * cq, f = inv[i];
 #pragma omp simd
@@ -691,13 +691,14 @@ static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q,
  *   dV += P^T·dO, dQ = scale·dS·K, dK += scale·dS^T·Q.
  * Parallel over (batch, kv head): the group's query heads and their blocks are visited in a fixed
  * order and accumulate into the kv head's dk/dv, so GQA needs no atomics and no reduction buffers.
+ * dqkv has the packed layout of qkv.
  */
-static void cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                              const float *q, const float *k, const float *v, const float *out,
-                              const float *lse, int64_t B, int64_t T, int64_t n_head,
-                              int64_t n_kv_head, int64_t hd) {
+static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv,
+                              const float *out, const float *lse, int64_t B, int64_t T,
+                              int64_t n_head, int64_t n_kv_head, int64_t hd) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const int64_t lqkv = cq + 2 * ckv;
     const float scale = 1.0f / sqrtf((float)hd);
     /* per-thread scratch: P and dP/dS blocks (ATT_BLOCK, T) each, and D (ATT_BLOCK) */
     const size_t blk_bytes = round_up((size_t)ATT_BLOCK * (size_t)T * sizeof(float), 64);
@@ -709,25 +710,24 @@ static void cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const 
         float *P = (float *)mine, *dS = (float *)(mine + blk_bytes);
         float *D = (float *)(mine + 2 * blk_bytes);
         int64_t b = bkv / n_kv_head, kvh = bkv % n_kv_head;
-        const float *kh = k + b * T * ckv + kvh * hd; /* (T, hd), stride ckv */
-        const float *vh = v + b * T * ckv + kvh * hd;
-        float *dkh = dk + b * T * ckv + kvh * hd;
-        float *dvh = dv + b * T * ckv + kvh * hd;
+        const int64_t k_off = b * T * lqkv + cq + kvh * hd, v_off = k_off + ckv;
+        const float *kh = qkv + k_off, *vh = qkv + v_off; /* (T, hd), stride lqkv */
+        float *dkh = dqkv + k_off, *dvh = dqkv + v_off;
         for (int64_t t = 0; t < T; t++) {
-            memset(dkh + t * ckv, 0, (size_t)hd * sizeof(float));
-            memset(dvh + t * ckv, 0, (size_t)hd * sizeof(float));
+            memset(dkh + t * lqkv, 0, (size_t)hd * sizeof(float));
+            memset(dvh + t * lqkv, 0, (size_t)hd * sizeof(float));
         }
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-            const float *qh = q + b * T * cq + h * hd; /* (T, hd), stride cq */
-            const float *oh = out + b * T * cq + h * hd;
+            const float *qh = qkv + b * T * lqkv + h * hd; /* (T, hd), stride lqkv */
+            float *dqh = dqkv + b * T * lqkv + h * hd;
+            const float *oh = out + b * T * cq + h * hd; /* (T, hd), stride cq */
             const float *doh = dout + b * T * cq + h * hd;
-            float *dqh = dq + b * T * cq + h * hd;
             const float *lh = lse + (b * n_head + h) * T;
             for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
                 /* P(m, r1) = exp(scale·Q[r0:r1]·K[0:r1]^T - lse), 0 past the diagonal */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd,
-                            scale, qh + r0 * cq, (int)cq, kh, (int)ckv, 0.0f, P, (int)T);
+                            scale, qh + r0 * lqkv, (int)lqkv, kh, (int)lqkv, 0.0f, P, (int)T);
                 for (int64_t i = r0; i < r1; i++) {
                     float *p = P + (i - r0) * T;
                     float l = lh[i];
@@ -744,7 +744,7 @@ static void cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const 
                 }
                 /* dP(m, r1) = dO[r0:r1] · V[0:r1]^T */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)r1, (int)hd, 1.0f,
-                            doh + r0 * cq, (int)cq, vh, (int)ckv, 0.0f, dS, (int)T);
+                            doh + r0 * cq, (int)cq, vh, (int)lqkv, 0.0f, dS, (int)T);
                 /* dS = P ⊙ (dP - D) */
                 for (int64_t i = 0; i < m; i++) {
                     float *ds = dS + i * T;
@@ -755,13 +755,13 @@ static void cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const 
                 }
                 /* dV[0:r1](r1, hd) += P^T · dO[r0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m, 1.0f,
-                            P, (int)T, doh + r0 * cq, (int)cq, 1.0f, dvh, (int)ckv);
+                            P, (int)T, doh + r0 * cq, (int)cq, 1.0f, dvh, (int)lqkv);
                 /* dQ[r0:r1](m, hd) = scale · dS · K[0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)r1,
-                            scale, dS, (int)T, kh, (int)ckv, 0.0f, dqh + r0 * cq, (int)cq);
+                            scale, dS, (int)T, kh, (int)lqkv, 0.0f, dqh + r0 * lqkv, (int)lqkv);
                 /* dK[0:r1](r1, hd) += scale · dS^T · Q[r0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m,
-                            scale, dS, (int)T, qh + r0 * cq, (int)cq, 1.0f, dkh, (int)ckv);
+                            scale, dS, (int)T, qh + r0 * lqkv, (int)lqkv, 1.0f, dkh, (int)lqkv);
             }
         }
     }

@@ -2,7 +2,7 @@
  * model.c — GPT-2: registry, initialisation, forward and backward per chunk. See model.h.
  *
  * Forward of one layer (pre-LayerNorm block), x = residual[l] (B,T,C):
- *     ln1 = LN(x)                          q,k,v = ln1·Wq,k,vᵀ + b   (column-parallel)
+ *     ln1 = LN(x)                          q|k|v = ln1·Wqkvᵀ + b   (column-parallel, one GEMM)
  *     att = causal_attention(q, k, v)      mid = x + (att·Woᵀ [allreduce tp]) + bo
  *     ln2 = LN(mid)                        h = ln2·Wupᵀ + bup,  g = GELU(h)
  *     residual[l+1] = mid + (g·Wdownᵀ [allreduce tp]) + bdown
@@ -157,11 +157,14 @@ static void build_registry(ct_model *m) {
     add_param(&rb, name, nd, rows, cols, split, init, sd, chunk)
             P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+            /* wq, wk, wv back to back, then bq, bk, bv: in the unit's flat range (and in each tp
+             * rank's slice of it) they form one (q + 2 kv, C) matrix and one bias, which the
+             * fused QKV projection uses (qkv_params) */
             P(wq, "attn.wq", 2, qdim, C, 0, CT_INIT_NORMAL, std);
-            P(bq, "attn.bq", 1, qdim, 1, 0, CT_INIT_ZEROS, 0);
             P(wk, "attn.wk", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
-            P(bk, "attn.bk", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
             P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
+            P(bq, "attn.bq", 1, qdim, 1, 0, CT_INIT_ZEROS, 0);
+            P(bk, "attn.bk", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
             P(bv, "attn.bv", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
             P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
             P(bo, "attn.bo", 1, C, 1, -1, CT_INIT_ZEROS, 0);
@@ -460,9 +463,7 @@ static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
     la->ln1 = carve(cv, 3, B, T, C);
     la->ln1_mean = carve(cv, 1, Nl, 0, 0);
     la->ln1_rstd = carve(cv, 1, Nl, 0, 0);
-    la->q = carve(cv, 3, B, T, qdim);
-    la->k = carve(cv, 3, B, T, kvdim);
-    la->v = carve(cv, 3, B, T, kvdim);
+    la->qkv = carve(cv, 3, B, T, qdim + 2 * kvdim);
     la->att = carve(cv, 3, B, T, qdim);
     la->lse = carve(cv, 3, B, m->NH / tp, T);
     la->mid = carve(cv, 3, B, m->Tl, C);
@@ -587,9 +588,9 @@ void ct_acts_free(ct_acts *a) {
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
     for (int l = 0; l < a->n_layers; l++) {
         ct_layer_acts *la = &a->layers[l];
-        ct_tensor *views[] = {la->ln1,      la->ln1_mean, la->ln1_rstd, la->q,   la->k,
-                              la->v,        la->att,      la->lse,      la->mid, la->ln2,
-                              la->ln2_mean, la->ln2_rstd, la->h,        la->g};
+        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->qkv,      la->att,
+                              la->lse, la->mid,      la->ln2,      la->ln2_mean, la->ln2_rstd,
+                              la->h,   la->g};
         for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     }
     for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
@@ -615,9 +616,7 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
         s->dln_local = sp ? carve(&cv, 3, B, Tl, C) : NULL;
         s->dfull = sp ? carve(&cv, 3, B, T, C) : NULL;
         s->datt = carve(&cv, 3, B, T, qdim);
-        s->dq = carve(&cv, 3, B, T, qdim);
-        s->dk = carve(&cv, 3, B, T, kvdim);
-        s->dv = carve(&cv, 3, B, T, kvdim);
+        s->dqkv = carve(&cv, 3, B, T, qdim + 2 * kvdim);
         s->dh = carve(&cv, 3, B, T, F);
         if (pass == 0) {
             s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_WORKSPACE);
@@ -634,8 +633,8 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
 
 void ct_grad_scratch_free(ct_grad_scratch *s) {
     if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln, s->datt,      s->dq,   s->dk,
-                          s->dv,   s->dh,  s->dln_local, s->dfull};
+    ct_tensor *views[] = {s->dres, s->dln,       s->datt, s->dqkv,
+                          s->dh,   s->dln_local, s->dfull};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     ct_tensor_free(s->slab);
     free(s);
@@ -676,9 +675,28 @@ static void linear_fwd(ct_tensor *y, const ct_tensor *x, const ct_param *w, cons
 }
 
 /* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
-static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_param *w, ct_param *b) {
-    ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
-    if (b) ct_bias_grad(b->grad, dy);
+static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
+                              ct_tensor *db) {
+    ct_gemm(dw, dy, x, true, false, 1.0f, 1.0f);
+    if (db) ct_bias_grad(db, dy);
+}
+
+/* Layer l's q, k and v projections as one: views of the (q + 2 kv, C) weight and (q + 2 kv) bias
+ * that wq, wk, wv and bq, bk, bv form in the unit's range (see build_registry) — the values, or
+ * with `grads` the gradients. One GEMM instead of three reads ln1 once and runs at the rate of
+ * the larger shape. Free with ct_tensor_free. */
+static void qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor **b) {
+    const ct_layer_params *p = &m->layers[l];
+    const ct_unit *unit = &m->units[p->wq->unit];
+    const ct_tensor *range = grads ? unit->grads : unit->params;
+    int64_t rows = p->wq->local_shape[0] + p->wk->local_shape[0] + p->wv->local_shape[0];
+    CT_ASSERT(p->wk->offset == p->wq->offset + p->wq->numel &&
+              p->wv->offset == p->wk->offset + p->wk->numel &&
+              p->bq->offset == p->wv->offset + p->wv->numel &&
+              p->bk->offset == p->bq->offset + p->bq->numel &&
+              p->bv->offset == p->bk->offset + p->bk->numel);
+    *w = ct_tensor_view_2d(range, p->wq->offset, rows, m->C);
+    *b = ct_tensor_view_1d(range, p->bq->offset, rows);
 }
 
 /* ---- sequence parallelism: moving between (B, T/tp, C) slices and the full sequence ------- */
@@ -788,11 +806,13 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     int64_t tp = m->layout.tp_size;
 
     norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
-    linear_fwd(la->q, la->ln1, p->wq, p->bq);
-    linear_fwd(la->k, la->ln1, p->wk, p->bk);
-    linear_fwd(la->v, la->ln1, p->wv, p->bv);
+    ct_tensor *wqkv, *bqkv;
+    qkv_params(m, l, false, &wqkv, &bqkv);
+    ct_bias_init(la->qkv, bqkv, NULL); /* qkv = ln1·Wqkvᵀ + bqkv, see linear_fwd */
+    ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 1.0f);
+    ct_tensor_free(wqkv), ct_tensor_free(bqkv);
     poll(m);
-    ct_attention_fwd(la->att, la->lse, la->q, la->k, la->v, a->B, m->T, m->NH / tp, m->NKV / tp);
+    ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
     poll(m);
     row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
@@ -914,7 +934,7 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_gelu_bwd(s->dh, la->h, s->dh);
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
     ct_tensor *dln2 = dln_reduced(m, s);
-    linear_bwd_params(s->dh, la->ln2, p->w_up, p->b_up);
+    linear_bwd_params(s->dh, la->ln2, p->w_up->grad, p->b_up->grad);
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
     poll(m);
@@ -924,16 +944,16 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_gemm(s->datt, dmid, p->wo->value, false, false, 1.0f, 0.0f);
     ct_gemm(p->wo->grad, dmid, la->att, true, false, 1.0f, 1.0f);
     ct_bias_grad(p->bo->grad, s->dres);
-    ct_attention_bwd(s->dq, s->dk, s->dv, s->datt, la->q, la->k, la->v, la->att, la->lse, a->B,
-                     m->T, m->NH / tp, m->NKV / tp);
+    ct_attention_bwd(s->dqkv, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
+                     m->NKV / tp);
     poll(m);
-    ct_gemm(s->dln, s->dq, p->wq->value, false, false, 1.0f, 0.0f);
-    ct_gemm(s->dln, s->dk, p->wk->value, false, false, 1.0f, 1.0f);
-    ct_gemm(s->dln, s->dv, p->wv->value, false, false, 1.0f, 1.0f);
+    ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
+    qkv_params(m, l, false, &wqkv, &bqkv);
+    qkv_params(m, l, true, &dwqkv, &dbqkv);
+    ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
     ct_tensor *dln1 = dln_reduced(m, s);
-    linear_bwd_params(s->dq, la->ln1, p->wq, p->bq);
-    linear_bwd_params(s->dk, la->ln1, p->wk, p->bk);
-    linear_bwd_params(s->dv, la->ln1, p->wv, p->bv);
+    linear_bwd_params(s->dqkv, la->ln1, dwqkv, dbqkv);
+    ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
     ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
                      la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */
 }

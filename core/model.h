@@ -153,7 +153,7 @@ typedef struct ct_model {
 typedef struct ct_layer_acts {
     ct_tensor *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B·Tl), (B·Tl): with sequence
                                              parallelism ln1 is the gathered full sequence */
-    ct_tensor *q, *k, *v;                 /* (B,T,NH·hd), (B,T,NKV·hd) ×2 */
+    ct_tensor *qkv;                       /* (B,T,(NH + 2·NKV)·hd): q | k | v heads per row */
     ct_tensor *att, *lse;                 /* (B,T,NH·hd), (B,NH,T) */
     ct_tensor *mid;                       /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
@@ -182,7 +182,7 @@ typedef struct ct_grad_scratch {
     ct_tensor *dln_local; /* (B,Tl,C) its reduce-scattered part (sequence parallel) */
     ct_tensor *dfull;     /* (B,T,C) dres gathered over the sequence (sequence parallel) */
     ct_tensor *datt;      /* (B,T,NH·hd) */
-    ct_tensor *dq, *dk, *dv;
+    ct_tensor *dqkv; /* (B,T,(NH + 2·NKV)·hd) */
     ct_tensor *dh; /* (B,T,F) */
 } ct_grad_scratch;
 

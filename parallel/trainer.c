@@ -62,11 +62,12 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
     const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
     const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
-    /* (out, in, times per step) of every linear layer; the LM head is the tied embedding. */
+    /* (out, in, times per step) of every linear layer as the model runs it: q, k and v as one
+     * fused projection; the LM head is the tied embedding. */
     struct {
         int64_t out, in, count;
     } linears[] = {
-        {qdim, C, L}, {kvdim, C, 2 * L}, {C, qdim, L}, {F, C, L}, {C, F, L}, {Vp, C, 1},
+        {qdim + 2 * kvdim, C, L}, {C, qdim, L}, {F, C, L}, {C, F, L}, {Vp, C, 1},
     };
     double flops = 0.0, seconds = 0.0;
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {

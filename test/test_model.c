@@ -137,8 +137,11 @@ static double model_loss(ct_model *m, ct_acts *a) {
  * tensor's real elements) from central differences, (L(θ+εr) − L(θ−εr)) / 2ε, must match g·r
  * from backward. A direction over the whole tensor gives a signal ~‖g‖ far above fp32 noise:
  * the loss is a mean of fp32 per-token losses (relative rounding ~1e-7 of ~4.8, i.e. ~5e-7),
- * so with ε = 1e-2 the difference quotient carries ~5e-5 of noise; the O(ε²) truncation term
- * is smaller still for this smooth model. Tolerance: 3e-4 absolute + 2% relative.
+ * so with ε = 3e-3 the difference quotient carries ≲1e-4 of noise; the O(ε²) truncation term
+ * stays below 0.2% (at ε = 1e-2 it reaches 3-4% for the embeddings and the first layer's wo,
+ * at 1e-3 the noise starts to show: 3e-3 uses 15% of the tolerance, the best of the three).
+ * Directions and the symmetry-breaking noise are keyed by parameter name, so they do not change
+ * when the registry's order does. Tolerance: 3e-4 absolute + 2% relative.
  */
 static void test_gradcheck(void **state) {
     ct_config cfg;
@@ -158,7 +161,7 @@ static void test_gradcheck(void **state) {
         ct_param *p = &m->params[i];
         float *h = param_to_host(p);
         for (int64_t e = 0; e < p->valid_rows * p->local_shape[1]; e++)
-            h[e] += 0.1f * (float)ct_rng_normal(7, (uint64_t)i, (uint64_t)e);
+            h[e] += 0.1f * (float)ct_rng_normal(7, ct_rng_hash_name(p->name), (uint64_t)e);
         ct_tensor_from_host(p->value, h);
         free(h);
     }
@@ -184,14 +187,14 @@ static void test_gradcheck(void **state) {
         float *pert = ct_xmalloc((size_t)p->numel * sizeof(float));
         double analytic = 0.0;
         for (int64_t e = 0; e < n; e++)
-            analytic += grad[e] * ct_rng_normal(11, (uint64_t)i, (uint64_t)e);
-        const double eps = 1e-2;
+            analytic += grad[e] * ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e);
+        const double eps = 3e-3;
         double f[2];
         for (int sgn = 0; sgn < 2; sgn++) {
             memcpy(pert, theta, (size_t)p->numel * sizeof(float));
             for (int64_t e = 0; e < n; e++)
                 pert[e] +=
-                    (float)((sgn ? -eps : eps) * ct_rng_normal(11, (uint64_t)i, (uint64_t)e));
+                    (float)((sgn ? -eps : eps) * ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e));
             ct_tensor_from_host(p->value, pert);
             f[sgn] = model_loss(m, a);
         }

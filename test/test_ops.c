@@ -620,30 +620,49 @@ typedef struct {
     float *out, *lse, *dq, *dk, *dv; /* outputs (malloc'd by attn_run) */
 } attn_io;
 
-/* Runs forward and backward on backend b; dq/dk/dv are pre-filled with NaN to prove that backward
- * overwrites them. */
+/* Moves rows between separate q (rows of cq), k, v (rows of ckv) and the packed q | k | v rows of
+ * attention's qkv. */
+static void qkv_pack(float *qkv, float *q, float *k, float *v, int64_t rows, int64_t cq,
+                     int64_t ckv, bool to_packed) {
+    int64_t ld = cq + 2 * ckv;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = qkv + r * ld;
+        float *parts[3] = {q + r * cq, k + r * ckv, v + r * ckv};
+        int64_t offs[3] = {0, cq, cq + ckv}, lens[3] = {cq, ckv, ckv};
+        for (int i = 0; i < 3; i++) {
+            if (to_packed)
+                memcpy(row + offs[i], parts[i], (size_t)lens[i] * sizeof(float));
+            else
+                memcpy(parts[i], row + offs[i], (size_t)lens[i] * sizeof(float));
+        }
+    }
+}
+
+/* Runs forward and backward on backend b; dqkv is pre-filled with NaN to prove that backward
+ * overwrites all of it. */
 static void attn_run(ct_backend *b, const attn_case *c, attn_io *io) {
-    int64_t nq = c->B * c->T * c->H * c->hd, nkv = c->B * c->T * c->KV * c->hd;
-    int64_t sq[3] = {c->B, c->T, c->H * c->hd}, skv[3] = {c->B, c->T, c->KV * c->hd};
-    ct_tensor *q = tensor(b, CT_DTYPE_F32, 3, sq, io->q),
-              *k = tensor(b, CT_DTYPE_F32, 3, skv, io->k);
-    ct_tensor *v = tensor(b, CT_DTYPE_F32, 3, skv, io->v);
+    int64_t rows = c->B * c->T, cq = c->H * c->hd, ckv = c->KV * c->hd;
+    int64_t sq[3] = {c->B, c->T, cq}, sqkv[3] = {c->B, c->T, cq + 2 * ckv};
+    float *packed = malloc((size_t)(rows * (cq + 2 * ckv)) * sizeof *packed);
+    qkv_pack(packed, io->q, io->k, io->v, rows, cq, ckv, true);
+    ct_tensor *qkv = tensor(b, CT_DTYPE_F32, 3, sqkv, packed);
     ct_tensor *out = tensor(b, CT_DTYPE_F32, 3, sq, NULL);
     int64_t sl[3] = {c->B, c->H, c->T};
     ct_tensor *lse = tensor(b, CT_DTYPE_F32, 3, sl, NULL);
     ct_tensor *dout = tensor(b, CT_DTYPE_F32, 3, sq, io->dout);
-    ct_tensor *dq = tensor(b, CT_DTYPE_F32, 3, sq, NULL),
-              *dk = tensor(b, CT_DTYPE_F32, 3, skv, NULL);
-    ct_tensor *dv = tensor(b, CT_DTYPE_F32, 3, skv, NULL);
-    ct_tensor_fill(dq, NAN), ct_tensor_fill(dk, NAN), ct_tensor_fill(dv, NAN);
-    ct_attention_fwd(out, lse, q, k, v, c->B, c->T, c->H, c->KV);
-    ct_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, c->B, c->T, c->H, c->KV);
+    ct_tensor *dqkv = tensor(b, CT_DTYPE_F32, 3, sqkv, NULL);
+    ct_tensor_fill(dqkv, NAN);
+    ct_attention_fwd(out, lse, qkv, c->B, c->T, c->H, c->KV);
+    ct_attention_bwd(dqkv, dout, qkv, out, lse, c->B, c->T, c->H, c->KV);
     io->out = host_of(out), io->lse = host_of(lse);
-    io->dq = host_of(dq), io->dk = host_of(dk), io->dv = host_of(dv);
-    (void)nq, (void)nkv;
-    ct_tensor_free(q), ct_tensor_free(k), ct_tensor_free(v), ct_tensor_free(out);
-    ct_tensor_free(lse), ct_tensor_free(dout), ct_tensor_free(dq), ct_tensor_free(dk);
-    ct_tensor_free(dv);
+    float *dpacked = host_of(dqkv);
+    io->dq = malloc((size_t)(rows * cq) * sizeof(float));
+    io->dk = malloc((size_t)(rows * ckv) * sizeof(float));
+    io->dv = malloc((size_t)(rows * ckv) * sizeof(float));
+    qkv_pack(dpacked, io->dq, io->dk, io->dv, rows, cq, ckv, false);
+    free(packed), free(dpacked);
+    ct_tensor_free(qkv), ct_tensor_free(out), ct_tensor_free(lse), ct_tensor_free(dout);
+    ct_tensor_free(dqkv);
 }
 
 static void attn_io_free(attn_io *io) {

@@ -85,6 +85,21 @@ static inline void prefetch_floats(const float *p, const float *end, int64_t n) 
     for (int64_t j = 0; j < n; j += 16) __builtin_prefetch(p + j);
 }
 
+/* Prefetches `rows` rows of `width` floats at row stride `stride`: a head's slice of a (T, heads·hd)
+ * tensor. Attention works through such slices one (batch, head) after the other; they come from
+ * memory (tensors written or read long before), and the hardware prefetcher does not follow the
+ * strided pattern, so each item prefetches the slices of the next one while it computes. */
+static inline void prefetch_rows(const float *p, int64_t rows, int64_t stride, int64_t width) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < width; j += 16) __builtin_prefetch(p + r * stride + j);
+}
+
+/* The same for slices about to be written. */
+static inline void prefetch_rows_w(float *p, int64_t rows, int64_t stride, int64_t width) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < width; j += 16) __builtin_prefetch(p + r * stride + j, 1);
+}
+
 /* The workspace, at least `bytes` long. Contents are not preserved across growth. */
 static void *ws_get(cpu_ctx *c, size_t bytes) {
     if (bytes > c->ws_bytes) {
@@ -697,6 +712,13 @@ static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qk
         const float *vh = qkv + b * T * lqkv + cq + ckv + kvh * hd; /* (T, hd), stride lqkv */
         float *oh = out + b * T * cq + h * hd;                      /* (T, hd), stride cq */
         float *lh = lse + bh * T;                                   /* (T) */
+        if (bh + 1 < B * n_head) {
+            int64_t nb = (bh + 1) / n_head, nh = (bh + 1) % n_head, nkvh = nh / group;
+            prefetch_rows(qkv + nb * T * lqkv + nh * hd, T, lqkv, hd);
+            prefetch_rows(qkv + nb * T * lqkv + cq + nkvh * hd, T, lqkv, hd);
+            prefetch_rows(qkv + nb * T * lqkv + cq + ckv + nkvh * hd, T, lqkv, hd);
+            prefetch_rows_w(out + nb * T * cq + nh * hd, T, cq, hd);
+        }
         transpose_head(Kt, ld, kh, lqkv, T, hd);
         for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
             int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
@@ -748,6 +770,20 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
         const int64_t k_off = b * T * lqkv + cq + kvh * hd, v_off = k_off + ckv;
         const float *kh = qkv + k_off, *vh = qkv + v_off; /* (T, hd), stride lqkv */
         float *dkh = dqkv + k_off, *dvh = dqkv + v_off;
+        if (bkv + 1 < B * n_kv_head) { /* the next item's q, k, v, out and dout slices */
+            int64_t nb = (bkv + 1) / n_kv_head, nkvh = (bkv + 1) % n_kv_head;
+            const float *row0 = qkv + nb * T * lqkv;
+            prefetch_rows(row0 + cq + nkvh * hd, T, lqkv, hd);
+            prefetch_rows(row0 + cq + ckv + nkvh * hd, T, lqkv, hd);
+            prefetch_rows_w(dqkv + nb * T * lqkv + cq + nkvh * hd, T, lqkv, hd);
+            prefetch_rows_w(dqkv + nb * T * lqkv + cq + ckv + nkvh * hd, T, lqkv, hd);
+            for (int64_t h = nkvh * group; h < (nkvh + 1) * group; h++) {
+                prefetch_rows(row0 + h * hd, T, lqkv, hd);
+                prefetch_rows_w(dqkv + nb * T * lqkv + h * hd, T, lqkv, hd);
+                prefetch_rows(out + nb * T * cq + h * hd, T, cq, hd);
+                prefetch_rows(dout + nb * T * cq + h * hd, T, cq, hd);
+            }
+        }
         transpose_head(Kt, ldt, kh, lqkv, T, hd);
         transpose_head(Vt, ldt, vh, lqkv, T, hd);
         for (int64_t t = 0; t < T; t++) {

@@ -719,21 +719,21 @@ static void attn_check(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) 
     attn_io_free(&io);
 }
 
-/* Multi-head (GPT-2 shape), T = 19: inside one causal block. */
+/* Multi-head (GPT-2 shape), T = 19: a full 16-row causal block and a ragged one. */
 static void test_attention_mha(void **state) {
     (void)state;
     attn_check(2, 19, 3, 3, 8);
 }
 
 /* Grouped-query attention, n_head 4 over n_kv_head 2: dk/dv sum over the two query heads of a
- * group. */
+ * group. T = 13: inside one causal block. */
 static void test_attention_gqa(void **state) {
     (void)state;
     attn_check(2, 13, 4, 2, 8);
 }
 
-/* T = 70 is not a multiple of the 64-row causal block (nor of 16 lanes): exercises the block
- * triangle, the ragged last block and the tails, with GQA. */
+/* T = 70 is not a multiple of the 16-row causal block (nor of 16 lanes): exercises many blocks'
+ * triangles, the ragged last block and the tails, with GQA. */
 static void test_attention_long(void **state) {
     (void)state;
     attn_check(1, 70, 4, 2, 4);
@@ -1265,7 +1265,7 @@ static void test_determinism_threads(void **state) {
             res[k][r] = host_of(Cm), res_bytes[r++] = (size_t)(333 * 517) * 4;
             ct_tensor_free(A), ct_tensor_free(Bm), ct_tensor_free(Cm);
         }
-        /* attention fwd + bwd (GQA, T = 150: three causal blocks, the last ragged) */
+        /* attention fwd + bwd (GQA, T = 150: causal blocks of 16 rows, the last ragged) */
         attn_io aio = aio_in;
         attn_run(b, &ac, &aio);
         res[k][r] = aio.out, res_bytes[r++] = (size_t)nq * 4;

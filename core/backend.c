@@ -490,15 +490,23 @@ void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
-void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout) {
+void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout) {
     check_f32(dinp, "gelu_bwd dinp");
     check_f32(inp, "gelu_bwd inp");
     check_f32(dout, "gelu_bwd dout");
     check_same_backend(dinp, inp);
     CT_ASSERTF(dinp->numel == inp->numel && dout->numel == inp->numel,
                "gelu_bwd: dinp %s, inp %s, dout %s", SH(dinp), SH(inp), SH(dout));
+    int64_t N = inp->numel, C = 1;
+    if (dbias) {
+        check_f32(dbias, "gelu_bwd dbias");
+        check_same_backend(dbias, inp);
+        CT_ASSERTF(dbias->numel == COLS(inp), "gelu_bwd: dbias %s does not match inp %s", SH(dbias),
+                   SH(inp));
+        N = ROWS(inp), C = COLS(inp);
+    }
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->gelu_bwd(CTX(inp), F32(dinp), F32(inp), F32(dout), inp->numel);
+    IFACE(inp)->gelu_bwd(CTX(inp), F32(dinp), dbias ? F32(dbias) : NULL, F32(inp), F32(dout), N, C);
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 

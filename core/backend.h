@@ -109,7 +109,8 @@ struct ct_backend_i {
                           int64_t N, int64_t C);
 
     void (*gelu_fwd)(void *ctx, float *out, const float *inp, int64_t n);
-    void (*gelu_bwd)(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n);
+    void (*gelu_bwd)(void *ctx, float *dinp, float *dbias, const float *inp, const float *dout,
+                     int64_t N, int64_t C); /* dbias may be NULL */
 
     void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
                           int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim);
@@ -250,9 +251,11 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
                       const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
                       const ct_tensor *rstd);
 
-/* GELU, tanh approximation (GPT-2). gelu_bwd: dinp = gelu'(inp)·dout (dinp may alias dout). */
+/* GELU, tanh approximation (GPT-2). gelu_bwd: dinp = gelu'(inp)·dout (dinp may alias dout); with
+ * dbias (not NULL) also dbias(C) += sum over rows of dinp(N,C), bit-identical to a following
+ * ct_bias_grad(dbias, dinp) but without reading dinp again (the bias of the layer before GELU). */
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp);
-void ct_gelu_bwd(ct_tensor *dinp, const ct_tensor *inp, const ct_tensor *dout);
+void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout);
 
 /*
  * Causal self-attention on a packed qkv (B, T, (n_head + 2·n_kv_head)·hd): each row holds the

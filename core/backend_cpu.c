@@ -355,6 +355,27 @@ static void cpu_bias_init(void *ctx, float *out, const float *bias, const float 
     }
 }
 
+/* Phase 2 of the sums across rows: dst(C) += the per-chunk partial sums (chunk ch at
+ * partial + ch·chunk_stride), added in chunk order. Parallel over blocks of columns, which are
+ * independent. */
+static void add_chunk_partials(cpu_ctx *c, float *dst, const float *partial, int64_t n_chunks,
+                               int64_t C, int64_t chunk_stride) {
+    const int64_t cb = 256;
+    int64_t n_cb = (C + cb - 1) / cb;
+    PARALLEL_FOR(threads_for(c, n_chunks * C))
+    for (int64_t blk = 0; blk < n_cb; blk++) {
+        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
+        float acc[256];
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] = partial[j];
+        for (int64_t ch = 1; ch < n_chunks; ch++) {
+            const float *p = partial + ch * chunk_stride;
+#pragma omp simd
+            for (int64_t j = j0; j < j1; j++) acc[j - j0] += p[j];
+        }
+        for (int64_t j = j0; j < j1; j++) dst[j] += acc[j - j0];
+    }
+}
+
 /* Sums row chunks of dout into partial[chunk][C] (phase 1), then adds the partials to dbias in
  * chunk order (phase 2). Chunk boundaries depend on N only, so the thread count cannot change the
  * result. */
@@ -374,21 +395,7 @@ static void cpu_bias_grad(void *ctx, float *dbias, const float *dout, int64_t N,
             for (int64_t j = 0; j < C; j++) p[j] += d[j];
         }
     }
-    /* Phase 2 walks all chunks for a block of columns; blocks are independent. */
-    const int64_t cb = 256;
-    int64_t n_cb = (C + cb - 1) / cb;
-    PARALLEL_FOR(threads_for(c, n_chunks * C))
-    for (int64_t blk = 0; blk < n_cb; blk++) {
-        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
-        float acc[256];
-        for (int64_t j = j0; j < j1; j++) acc[j - j0] = partial[j];
-        for (int64_t ch = 1; ch < n_chunks; ch++) {
-            const float *p = partial + ch * C;
-#pragma omp simd
-            for (int64_t j = j0; j < j1; j++) acc[j - j0] += p[j];
-        }
-        for (int64_t j = j0; j < j1; j++) dbias[j] += acc[j - j0];
-    }
+    add_chunk_partials(c, dbias, partial, n_chunks, C, C);
 }
 
 static void cpu_axpy(void *ctx, float *dst, const float *src, float alpha, int64_t n) {
@@ -553,29 +560,8 @@ static void cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, cons
             }
         }
     }
-    const int64_t cb = 256;
-    int64_t n_cb = (C + cb - 1) / cb;
-    PARALLEL_FOR(threads_for(c, n_chunks * C))
-    for (int64_t blk = 0; blk < n_cb; blk++) {
-        int64_t j0 = blk * cb, j1 = CT_MIN(j0 + cb, C);
-        float acc_w[256], acc_b[256];
-        for (int64_t j = j0; j < j1; j++) {
-            acc_w[j - j0] = partial[j];
-            acc_b[j - j0] = partial[C + j];
-        }
-        for (int64_t ch = 1; ch < n_chunks; ch++) {
-            const float *pw = partial + ch * 2 * C, *pb = pw + C;
-#pragma omp simd
-            for (int64_t j = j0; j < j1; j++) {
-                acc_w[j - j0] += pw[j];
-                acc_b[j - j0] += pb[j];
-            }
-        }
-        for (int64_t j = j0; j < j1; j++) {
-            dw[j] += acc_w[j - j0];
-            db[j] += acc_b[j - j0];
-        }
-    }
+    add_chunk_partials(c, dw, partial, n_chunks, C, 2 * C);
+    add_chunk_partials(c, db, partial + C, n_chunks, C, 2 * C);
 }
 
 /* ---- GELU (tanh approximation, GPT-2) ------------------------------------------------------- */
@@ -610,22 +596,57 @@ static void cpu_gelu_fwd(void *ctx, float *out, const float *inp, int64_t n) {
 /* d/dx 0.5x(1 + tanh u) = 0.5(1 + tanh u) + 0.5x(1 - tanh²u)·du/dx = s + 2x·s(1-s)·du/dx
  * = s·(1 + 2x·(1-s)·du/dx), with s = σ(2u) = 1/(1+t), 1 - s = t·s (no cancellation) and
  * du/dx = k(1 + 3a x²). */
-static void cpu_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *dout, int64_t n) {
+static inline float gelu_grad(float x) {
+    float t = gelu_t(x);
+    float s = 1.0f / (1.0f + t);
+    float du = fmaf(3.0f * GELU_K * GELU_A, x * x, GELU_K);
+    return s * fmaf(2.0f * x * du, t * s, 1.0f);
+}
+
+/* dinp = gelu'(inp)·dout over N rows of C; with dbias, also dbias(C) += Σ_rows dinp, summed
+ * exactly as bias_grad sums (row chunks, then chunks in order) while the rows are in cache. */
+static void cpu_gelu_bwd(void *ctx, float *dinp, float *dbias, const float *inp, const float *dout,
+                         int64_t N, int64_t C) {
     cpu_ctx *c = ctx;
-    int64_t n_blk = (n + EW_BLOCK - 1) / EW_BLOCK;
-    PARALLEL_FOR(threads_for(c, n))
-    for (int64_t blk = 0; blk < n_blk; blk++) {
-        int64_t i0 = blk * EW_BLOCK, i1 = CT_MIN(i0 + EW_BLOCK, n);
-        prefetch_floats(inp + i1, inp + n, EW_BLOCK);
-        prefetch_floats(dout + i1, dout + n, EW_BLOCK);
+    int64_t n = N * C;
+    if (!dbias) {
+        int64_t n_blk = (n + EW_BLOCK - 1) / EW_BLOCK;
+        PARALLEL_FOR(threads_for(c, n))
+        for (int64_t blk = 0; blk < n_blk; blk++) {
+            int64_t i0 = blk * EW_BLOCK, i1 = CT_MIN(i0 + EW_BLOCK, n);
+            prefetch_floats(inp + i1, inp + n, EW_BLOCK);
+            prefetch_floats(dout + i1, dout + n, EW_BLOCK);
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) {
-            float x = inp[i], t = gelu_t(x);
-            float s = 1.0f / (1.0f + t);
-            float du = fmaf(3.0f * GELU_K * GELU_A, x * x, GELU_K);
-            dinp[i] = s * fmaf(2.0f * x * du, t * s, 1.0f) * dout[i];
+            for (int64_t i = i0; i < i1; i++) dinp[i] = gelu_grad(inp[i]) * dout[i];
+        }
+        return;
+    }
+    int64_t n_chunks = (N + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    if (n_chunks == 0) return;
+    float *partial = ws_get(c, (size_t)n_chunks * (size_t)C * sizeof(float)); /* (n_chunks, C) */
+    PARALLEL_FOR(threads_for(c, n))
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        float *p = partial + ch * C;
+        int64_t r0 = ch * CHUNK_ROWS, r1 = CT_MIN(r0 + CHUNK_ROWS, N);
+        for (int64_t r = r0; r < r1; r++) {
+            const float *x = inp + r * C, *d = dout + r * C;
+            float *o = dinp + r * C;
+            prefetch_floats(x + C, inp + n, C);
+            prefetch_floats(d + C, dout + n, C);
+            if (r == r0) {
+#pragma omp simd
+                for (int64_t j = 0; j < C; j++) p[j] = o[j] = gelu_grad(x[j]) * d[j];
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < C; j++) {
+                    float g = gelu_grad(x[j]) * d[j];
+                    o[j] = g;
+                    p[j] += g;
+                }
+            }
         }
     }
+    add_chunk_partials(c, dbias, partial, n_chunks, C, C);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

@@ -931,10 +931,10 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_gemm(p->w_down->grad, dout, la->g, true, false, 1.0f, 1.0f);
     ct_bias_grad(p->b_down->grad, s->dres);
     poll(m);
-    ct_gelu_bwd(s->dh, la->h, s->dh);
+    ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
     ct_tensor *dln2 = dln_reduced(m, s);
-    linear_bwd_params(s->dh, la->ln2, p->w_up->grad, p->b_up->grad);
+    linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
     poll(m);

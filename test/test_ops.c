@@ -547,7 +547,7 @@ static void test_gelu(void **state) {
         want[i] = w;
     }
 
-    ct_gelu_bwd(dx, x, d);
+    ct_gelu_bwd(dx, NULL, x, d);
     float *gdx = host_of(dx);
     const double h = 1e-5;
     for (int64_t i = 0; i < n; i++)
@@ -555,9 +555,25 @@ static void test_gelu(void **state) {
     check_close("gelu_bwd vs finite differences", gdx, want, n, 1e-7, 1e-5);
 
     /* dinp may alias dout */
-    ct_gelu_bwd(d, x, d);
+    ct_gelu_bwd(d, NULL, x, d);
     float *gal = host_of(d);
     check_bits_equal("gelu_bwd in place", gal, gdx, (size_t)n * sizeof(float));
+
+    /* with dbias, as (N, C) = (150, 70) rows (not a multiple of the 64-row chunk): the same dinp,
+     * and dbias bit-identical to bias_grad of that dinp on the same starting dbias */
+    const int64_t N = 150, C = 70;
+    float *hb0 = rand_floats(C, -1, 1);
+    ct_tensor *x2 = t2(be, N, C, hx), *d2 = t2(be, N, C, hd), *dx2 = t2(be, N, C, NULL);
+    ct_tensor *db_fused = t1(be, C, hb0), *db_apart = t1(be, C, hb0);
+    ct_gelu_bwd(dx2, db_fused, x2, d2);
+    float *gdx2 = host_of(dx2);
+    check_bits_equal("gelu_bwd with dbias: dinp", gdx2, gdx, (size_t)(N * C) * sizeof(float));
+    ct_bias_grad(db_apart, dx2);
+    float *gf = host_of(db_fused), *ga = host_of(db_apart);
+    check_bits_equal("gelu_bwd dbias vs bias_grad", gf, ga, (size_t)C * sizeof(float));
+    free(hb0), free(gdx2), free(gf), free(ga);
+    ct_tensor_free(x2), ct_tensor_free(d2), ct_tensor_free(dx2), ct_tensor_free(db_fused);
+    ct_tensor_free(db_apart);
     free(hx), free(hd), free(got), free(want), free(gdx), free(gal);
     ct_tensor_free(x), ct_tensor_free(y), ct_tensor_free(d), ct_tensor_free(dx);
 }
@@ -1223,6 +1239,12 @@ static void test_determinism_threads(void **state) {
         ct_tensor *td = t2(b, N, C, d), *db = t1(b, C, bb);
         ct_bias_grad(db, td);
         res[k][r] = host_of(db), res_bytes[r++] = (size_t)C * 4;
+        /* gelu_bwd with its bias gradient */
+        ct_tensor *gx = t2(b, N, C, x), *gdx = t2(b, N, C, NULL), *gdb = t1(b, C, bb);
+        ct_gelu_bwd(gdx, gdb, gx, td);
+        res[k][r] = host_of(gdx), res_bytes[r++] = (size_t)(N * C) * 4;
+        res[k][r] = host_of(gdb), res_bytes[r++] = (size_t)C * 4;
+        ct_tensor_free(gx), ct_tensor_free(gdx), ct_tensor_free(gdb);
         /* layernorm fwd + bwd */
         ct_tensor *tx = t2(b, N, C, x), *tw = t1(b, C, w), *tb = t1(b, C, bb),
                   *to = t2(b, N, C, NULL);
@@ -1280,6 +1302,8 @@ static void test_determinism_threads(void **state) {
         ct_tensor_free(tt), ct_tensor_free(dtab), ct_tensor_free(tsq), ct_tensor_free(out);
     }
     const char *names[24] = {"bias_grad",
+                             "gelu_bwd dinp",
+                             "gelu_bwd dbias",
                              "layernorm_fwd out",
                              "layernorm_bwd dinp",
                              "layernorm_bwd dw",

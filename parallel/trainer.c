@@ -21,9 +21,9 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Times C = op(A)·op(B) for one shape; returns the median seconds. */
+/* Times C = op(A)·op(B) + beta·C for one shape; returns the median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                        int reps) {
+                        float beta, int reps) {
     int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
     int64_t c_shape[2] = {M, N};
     ct_tensor *A = ct_tensor_new(be, CT_DTYPE_F32, 2, a_shape, CT_MEM_WORKSPACE);
@@ -37,11 +37,11 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
     ct_tensor_fill(B, 0.02f);
     ct_tensor_zero(C);
     double *times = ct_xmalloc((size_t)reps * sizeof(double));
-    ct_gemm(C, A, B, ta, tb, 1.0f, 1.0f);
+    ct_gemm(C, A, B, ta, tb, 1.0f, beta);
     ct_backend_sync(be);
     for (int r = 0; r < reps; r++) {
         double t0 = ct_now();
-        ct_gemm(C, A, B, ta, tb, 1.0f, 1.0f);
+        ct_gemm(C, A, B, ta, tb, 1.0f, beta);
         ct_backend_sync(be);
         times[r] = ct_now() - t0;
     }
@@ -53,7 +53,7 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
 }
 
 double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps) {
-    double t = time_gemm(be, M, N, K, false, true, reps);
+    double t = time_gemm(be, M, N, K, false, true, 1.0f, reps);
     return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
 }
 
@@ -62,20 +62,24 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
     const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
     const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
-    /* (out, in, times per step) of every linear layer as the model runs it: q, k and v as one
-     * fused projection; the LM head is the tied embedding. */
+    /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
+     * and v as one fused projection; the layers with a bias accumulate onto it (beta 1), the LM
+     * head (the tied embedding, no bias) overwrites. Each GEMM is timed with the beta of the
+     * model's call: overwriting costs the BLAS an extra pass over C. */
     struct {
         int64_t out, in, count;
+        float fwd_beta;
     } linears[] = {
-        {qdim + 2 * kvdim, C, L}, {C, qdim, L}, {F, C, L}, {C, F, L}, {Vp, C, 1},
+        {qdim + 2 * kvdim, C, L, 1.0f}, {C, qdim, L, 1.0f}, {F, C, L, 1.0f},
+        {C, F, L, 1.0f},                {Vp, C, 1, 0.0f},
     };
     double flops = 0.0, seconds = 0.0;
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
         int64_t out = linears[i].out, in = linears[i].in;
         double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
-        double t = time_gemm(be, N, out, in, false, true, reps)    /* y = x·Wᵀ   */
-                   + time_gemm(be, N, in, out, false, false, reps) /* dx = dy·W  */
-                   + time_gemm(be, out, in, N, true, false, reps); /* dW += dyᵀ·x */
+        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, reps) /* y = x·Wᵀ */
+                   + time_gemm(be, N, in, out, false, false, 0.0f, reps) /* dx = dy·W    */
+                   + time_gemm(be, out, in, N, true, false, 1.0f, reps); /* dW += dyᵀ·x */
         flops += 3.0 * f * n;
         seconds += t * n;
     }

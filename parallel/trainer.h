@@ -47,7 +47,8 @@ double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, in
 /*
  * The backend's GEMM rate at the model's own shapes: every linear layer's forward (x·Wᵀ),
  * input-gradient (dy·W) and weight-gradient (dyᵀ·x) GEMM for a microbatch of B sequences, each
- * timed (median of `reps`) and weighted by how often a step runs it. Returns FLOP/s; this is
+ * called as the model calls it (transposes, and beta: accumulate or overwrite), timed (median of
+ * `reps`, operands in cache) and weighted by how often a step runs it. Returns FLOP/s; this is
  * the MFU denominator of scripts/bench_cpu.sh.
  */
 double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps);

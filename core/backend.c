@@ -336,8 +336,8 @@ void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residu
                    SH(residual), SH(out));
     }
     double prof_t0_ = prof_begin(out);
-    IFACE(out)->bias_init(CTX(out), F32(out), F32(bias), residual ? F32(residual) : NULL,
-                          ROWS(out), COLS(out));
+    IFACE(out)->bias_init(CTX(out), F32(out), F32(bias), residual ? F32(residual) : NULL, ROWS(out),
+                          COLS(out));
     prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
@@ -539,8 +539,7 @@ void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int6
     check_same_backend(out, qkv);
     int64_t hd = attention_head_dim("attention_fwd", qkv, out, lse, B, T, n_head, n_kv_head);
     double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_fwd(CTX(qkv), F32(out), F32(lse), F32(qkv), B, T, n_head, n_kv_head,
-                              hd);
+    IFACE(qkv)->attention_fwd(CTX(qkv), F32(out), F32(lse), F32(qkv), B, T, n_head, n_kv_head, hd);
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 

@@ -112,8 +112,8 @@ struct ct_backend_i {
     void (*gelu_bwd)(void *ctx, float *dinp, float *dbias, const float *inp, const float *dout,
                      int64_t N, int64_t C); /* dbias may be NULL */
 
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
-                          int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim);
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
+                          int64_t n_head, int64_t n_kv_head, int64_t head_dim);
     void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv,
                           const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
                           int64_t n_kv_head, int64_t head_dim);

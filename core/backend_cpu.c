@@ -49,12 +49,12 @@
 void openblas_set_num_threads(int num_threads);
 
 enum {
-    CHUNK_ROWS = 64,      /* rows per partial sum in reductions across rows */
-    SUMSQ_CHUNK = 4096,   /* elements per double partial in sumsq */
-    LANES = 16,           /* accumulators of in-row sums */
-    ATT_BLOCK = 16, /* query rows per causal block in attention: smaller blocks skip more of the
-                     * masked triangle, larger ones make bigger GEMMs; 16 was fastest of 8-128
-                     * at T = 128 and 256 (hd 64), by 10-15% over 64 */
+    CHUNK_ROWS = 64,    /* rows per partial sum in reductions across rows */
+    SUMSQ_CHUNK = 4096, /* elements per double partial in sumsq */
+    LANES = 16,         /* accumulators of in-row sums */
+    ATT_BLOCK = 16,     /* query rows per causal block in attention: smaller blocks skip more of the
+                         * masked triangle, larger ones make bigger GEMMs; 16 was fastest of 8-128
+                         * at T = 128 and 256 (hd 64), by 10-15% over 64 */
     PAR_MIN_WORK = 16384, /* below this many elements an op runs on one thread */
     EW_BLOCK = 1024,      /* elements per block of an elementwise loop (4 KiB of floats) */
 };
@@ -90,10 +90,11 @@ static inline void prefetch_floats(const float *p, const float *end, int64_t n) 
     for (int64_t j = 0; j < n; j += 16) __builtin_prefetch(p + j);
 }
 
-/* Prefetches `rows` rows of `width` floats at row stride `stride`: a head's slice of a (T, heads·hd)
- * tensor. Attention works through such slices one (batch, head) after the other; they come from
- * memory (tensors written or read long before), and the hardware prefetcher does not follow the
- * strided pattern, so each item prefetches the slices of the next one while it computes. */
+/* Prefetches `rows` rows of `width` floats at row stride `stride`: a head's slice of a (T,
+ * heads·hd) tensor. Attention works through such slices one (batch, head) after the other; they
+ * come from memory (tensors written or read long before), and the hardware prefetcher does not
+ * follow the strided pattern, so each item prefetches the slices of the next one while it computes.
+ */
 static inline void prefetch_rows(const float *p, int64_t rows, int64_t stride, int64_t width) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < width; j += 16) __builtin_prefetch(p + r * stride + j);
@@ -701,8 +702,8 @@ static void transpose_head(float *dst, int64_t ld_dst, const float *src, int64_t
     /* whole 16x16 tiles in registers: 4x faster than the element loop below */
     t_done = T - T % 16, d_done = hd - hd % 16;
     for (int64_t t0 = 0; t0 < t_done; t0 += 16)
-        for (int64_t d0 = 0; d0 < d_done; d0 += 16) transpose_16x16(dst + d0 * ld_dst + t0, ld_dst,
-                                                                  src + t0 * ld_src + d0, ld_src);
+        for (int64_t d0 = 0; d0 < d_done; d0 += 16)
+            transpose_16x16(dst + d0 * ld_dst + t0, ld_dst, src + t0 * ld_src + d0, ld_src);
 #endif
     /* the rest: rows past the last whole tile, and columns past it for every row */
     for (int64_t t0 = 0; t0 < T; t0 += 16) {
@@ -826,13 +827,15 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
     const int64_t ldt = (int64_t)round_up((size_t)T, LANES);
     const size_t blk_bytes = round_up((size_t)ATT_BLOCK * (size_t)ldt * sizeof(float), 64);
     const size_t kt_bytes = round_up((size_t)hd * (size_t)ldt * sizeof(float), 64);
-    const size_t per_thread = 2 * blk_bytes + 2 * kt_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    const size_t per_thread =
+        2 * blk_bytes + 2 * kt_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
     char *ws = ws_get(c, per_thread * (size_t)c->n_threads);
     PARALLEL_FOR(c->n_threads)
     for (int64_t bkv = 0; bkv < B * n_kv_head; bkv++) {
         char *mine = ws + per_thread * (size_t)omp_get_thread_num();
         float *P = (float *)mine, *dS = (float *)(mine + blk_bytes);
-        float *Kt = (float *)(mine + 2 * blk_bytes), *Vt = (float *)(mine + 2 * blk_bytes + kt_bytes);
+        float *Kt = (float *)(mine + 2 * blk_bytes),
+              *Vt = (float *)(mine + 2 * blk_bytes + kt_bytes);
         float *D = (float *)(mine + 2 * blk_bytes + 2 * kt_bytes);
         int64_t b = bkv / n_kv_head, kvh = bkv % n_kv_head;
         const int64_t k_off = b * T * lqkv + cq + kvh * hd, v_off = k_off + ckv;
@@ -967,7 +970,7 @@ static void cpu_xent_finish(void *ctx, float *losses, float *logits, const int32
         float *x = logits + i * V;
         float g = dloss / se; /* dloss·softmax = dloss/sumexp · exp(logit - rowmax) */
 #pragma omp simd
-        for (int64_t j = 0; j < n_valid; j++) x[j] *= g; /* x holds exp(logit - rowmax) */
+        for (int64_t j = 0; j < n_valid; j++) x[j] *= g;   /* x holds exp(logit - rowmax) */
         for (int64_t j = n_valid; j < V; j++) x[j] = 0.0f; /* vocabulary padding */
         int64_t t = (int64_t)targets[i] - col_offset;
         if (t >= 0 && t < n_valid) x[t] -= dloss;

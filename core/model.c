@@ -588,9 +588,8 @@ void ct_acts_free(ct_acts *a) {
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
     for (int l = 0; l < a->n_layers; l++) {
         ct_layer_acts *la = &a->layers[l];
-        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->qkv,      la->att,
-                              la->lse, la->mid,      la->ln2,      la->ln2_mean, la->ln2_rstd,
-                              la->h,   la->g};
+        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->qkv,      la->att, la->lse,
+                              la->mid, la->ln2,      la->ln2_mean, la->ln2_rstd, la->h,   la->g};
         for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     }
     for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
@@ -633,8 +632,7 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
 
 void ct_grad_scratch_free(ct_grad_scratch *s) {
     if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln,       s->datt, s->dqkv,
-                          s->dh,   s->dln_local, s->dfull};
+    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dqkv, s->dh, s->dln_local, s->dfull};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     ct_tensor_free(s->slab);
     free(s);

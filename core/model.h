@@ -182,8 +182,8 @@ typedef struct ct_grad_scratch {
     ct_tensor *dln_local; /* (B,Tl,C) its reduce-scattered part (sequence parallel) */
     ct_tensor *dfull;     /* (B,T,C) dres gathered over the sequence (sequence parallel) */
     ct_tensor *datt;      /* (B,T,NH·hd) */
-    ct_tensor *dqkv; /* (B,T,(NH + 2·NKV)·hd) */
-    ct_tensor *dh; /* (B,T,F) */
+    ct_tensor *dqkv;      /* (B,T,(NH + 2·NKV)·hd) */
+    ct_tensor *dh;        /* (B,T,F) */
 } ct_grad_scratch;
 
 /* Everything on one rank: one chunk with all layers, the embeddings and the head. */

@@ -70,8 +70,11 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
         int64_t out, in, count;
         float fwd_beta;
     } linears[] = {
-        {qdim + 2 * kvdim, C, L, 1.0f}, {C, qdim, L, 1.0f}, {F, C, L, 1.0f},
-        {C, F, L, 1.0f},                {Vp, C, 1, 0.0f},
+        {qdim + 2 * kvdim, C, L, 1.0f},
+        {C, qdim, L, 1.0f},
+        {F, C, L, 1.0f},
+        {C, F, L, 1.0f},
+        {Vp, C, 1, 0.0f},
     };
     double flops = 0.0, seconds = 0.0;
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {

@@ -193,8 +193,8 @@ static void test_gradcheck(void **state) {
         for (int sgn = 0; sgn < 2; sgn++) {
             memcpy(pert, theta, (size_t)p->numel * sizeof(float));
             for (int64_t e = 0; e < n; e++)
-                pert[e] +=
-                    (float)((sgn ? -eps : eps) * ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e));
+                pert[e] += (float)((sgn ? -eps : eps) *
+                                   ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e));
             ct_tensor_from_host(p->value, pert);
             f[sgn] = model_loss(m, a);
         }

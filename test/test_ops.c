@@ -860,8 +860,7 @@ static void test_xent(void **state) {
         ct_xent_sumexp(se, tl, L, t, mx, nv, 0, false);
         ct_xent_finish(loss, L, t, mx, se, tl, nv, 0, dloss, false);
         float *gl = host_of(L), *gloss = host_of(loss), *gse = host_of(se);
-        check_bits_equal("xent without grad keeps logits", gl, hl,
-                         (size_t)(N * V) * sizeof(float));
+        check_bits_equal("xent without grad keeps logits", gl, hl, (size_t)(N * V) * sizeof(float));
         check_bits_equal("xent sumexp with/without keep_exp", gse, whole.sumexp,
                          (size_t)N * sizeof(float));
         check_bits_equal("xent finish loss with/without grad", gloss, whole.loss,

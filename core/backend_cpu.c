@@ -12,8 +12,9 @@
  * fixed by the data shape alone:
  *   - sums inside a row (layernorm, softmax, cross-entropy) use 16 lane accumulators combined by
  *     a fixed tree (lane_sum), so they do not depend on vectoriser peeling or on alignment;
- *   - sums across rows (bias_grad, layernorm_bwd dw/db) use chunks of CHUNK_ROWS rows whose
- *     partials are combined in chunk order; sumsq uses chunks of SUMSQ_CHUNK elements in double;
+ *   - sums across rows (bias_grad, layernorm_bwd dw/db, gelu_bwd's dbias) use chunks of
+ *     CHUNK_ROWS rows whose partials are combined in chunk order (add_chunk_partials); sumsq uses
+ *     chunks of SUMSQ_CHUNK elements in double;
  *   - posemb_bwd sums the batch in order for each position; embedding_bwd is parallel over
  *     channel blocks and adds tokens in order (no atomics);
  *   - attention is parallel over (batch, head) — over (batch, kv head) in backward, where the
@@ -23,6 +24,13 @@
  * a small vectorisable exp (Cody–Waite reduction + degree-7 Taylor polynomial, about 1 ulp over
  * the range that matters) used by softmax, cross-entropy and GELU (written with the logistic
  * function, which equals the tanh form and keeps its accuracy for negative inputs).
+ *
+ * Memory: on a few cores most non-GEMM ops are bound by memory bandwidth (~24 GB/s on the
+ * development VM), so the ops are shaped to touch each tensor as few times as possible: linear
+ * outputs start as bias (+ residual) and the GEMM accumulates (bias_init), gelu_bwd sums the bias
+ * gradient of the layer before it, the cross-entropy keeps its exponentials for the gradient, and
+ * attention prefetches the next head's slices. Explicit AVX-512 appears only where the compiler
+ * cannot find it (a 16x16 transpose), with a plain-C path beside it.
  *
  * The context keeps one workspace (partial sums, attention scratch), grown on demand and owned by
  * the backend; it is not counted in the per-category accounting of backend.c. Ops on one backend

@@ -2,13 +2,13 @@
 """The PyTorch peer of cooktrain's CPU benchmark (scripts/bench_cpu.sh --compare-torch).
 
 The same GPT-2 as cooktrain's model: learned token + position embeddings, pre-LayerNorm blocks
-(eps 1e-5) with causal multi-head attention (separate q, k, v projections with biases) and a
-tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding, vocabulary padded to a
-multiple of 128; fp32; AdamW with decoupled weight decay on >= 2-D tensors only, global-norm
-clipping at 1.0; one optimizer step per batch of B sequences. It is written the way a careful
-PyTorch 1.13 user would (nanoGPT's structure; fused qkv is not used because cooktrain keeps
-q, k, v separate and the FLOPs are the same). Timed like cooktrain: wall time of each whole
-step (forward, backward, clip, update); prints one line per step and the median.
+(eps 1e-5) with causal multi-head attention (one fused q|k|v projection with bias, as cooktrain
+and nanoGPT have it) and a tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding,
+vocabulary padded to a multiple of 128; fp32; AdamW with decoupled weight decay on >= 2-D
+tensors only, global-norm clipping at 1.0; one optimizer step per batch of B sequences. It is
+written the way a careful PyTorch 1.13 user would (nanoGPT's structure; 1.13 has no fused
+scaled_dot_product_attention). Timed like cooktrain: wall time of each whole step (forward,
+backward, clip, update); prints one line per step and the median.
 
   torch_gpt2.py --vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4 --steps 6
 """
@@ -27,9 +27,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.q = nn.Linear(d, d)
-        self.k = nn.Linear(d, d)
-        self.v = nn.Linear(d, d)
+        self.qkv = nn.Linear(d, 3 * d)
         self.o = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d, eps=1e-5)
         self.up = nn.Linear(d, 4 * d)
@@ -38,9 +36,8 @@ class Block(nn.Module):
     def forward(self, x, mask):
         B, T, C = x.shape
         h = self.ln1(x)
-        q = self.q(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        k = self.k(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        v = self.v(h).view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(h).split(C, dim=2))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
         att = att.masked_fill(mask[:T, :T] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)

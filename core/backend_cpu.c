@@ -865,18 +865,18 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
         }
         transpose_head(Kt, ldt, kh, lqkv, T, hd);
         transpose_head(Vt, ldt, vh, lqkv, T, hd);
-        for (int64_t t = 0; t < T; t++) {
-            memset(dkh + t * lqkv, 0, (size_t)hd * sizeof(float));
-            memset(dvh + t * lqkv, 0, (size_t)hd * sizeof(float));
-        }
+        /* Blocks run last to first: the last block's dK/dV GEMMs cover all T keys, so for the
+         * group's first head they overwrite (beta 0) and nothing needs zeroing beforehand. */
+        const int64_t last_r0 = (T - 1) / ATT_BLOCK * ATT_BLOCK;
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
             const float *qh = qkv + b * T * lqkv + h * hd; /* (T, hd), stride lqkv */
             float *dqh = dqkv + b * T * lqkv + h * hd;
             const float *oh = out + b * T * cq + h * hd; /* (T, hd), stride cq */
             const float *doh = dout + b * T * cq + h * hd;
             const float *lh = lse + (b * n_head + h) * T;
-            for (int64_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            for (int64_t r0 = last_r0; r0 >= 0; r0 -= ATT_BLOCK) {
                 int64_t r1 = CT_MIN(r0 + ATT_BLOCK, T), m = r1 - r0;
+                const float kv_beta = h == kvh * group && r0 == last_r0 ? 0.0f : 1.0f;
                 /* P(m, r1) = exp(scale·Q[r0:r1]·Kᵀ[:, 0:r1] - lse), 0 past the diagonal */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)r1, (int)hd,
                             scale, qh + r0 * lqkv, (int)lqkv, Kt, (int)ldt, 0.0f, P, (int)ldt);
@@ -908,13 +908,14 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
                 }
                 /* dV[0:r1](r1, hd) += P^T · dO[r0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m, 1.0f,
-                            P, (int)ldt, doh + r0 * cq, (int)cq, 1.0f, dvh, (int)lqkv);
+                            P, (int)ldt, doh + r0 * cq, (int)cq, kv_beta, dvh, (int)lqkv);
                 /* dQ[r0:r1](m, hd) = scale · dS · K[0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)r1,
                             scale, dS, (int)ldt, kh, (int)lqkv, 0.0f, dqh + r0 * lqkv, (int)lqkv);
                 /* dK[0:r1](r1, hd) += scale · dS^T · Q[r0:r1] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd, (int)m,
-                            scale, dS, (int)ldt, qh + r0 * lqkv, (int)lqkv, 1.0f, dkh, (int)lqkv);
+                            scale, dS, (int)ldt, qh + r0 * lqkv, (int)lqkv, kv_beta, dkh,
+                            (int)lqkv);
             }
         }
     }

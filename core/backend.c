@@ -543,9 +543,9 @@ void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int6
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
-void ct_attention_bwd(ct_tensor *dqkv, const ct_tensor *dout, const ct_tensor *qkv,
-                      const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
-                      int64_t n_head, int64_t n_kv_head) {
+void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
+                      const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse, int64_t B,
+                      int64_t T, int64_t n_head, int64_t n_kv_head) {
     check_f32(dqkv, "attention_bwd dqkv");
     check_f32(dout, "attention_bwd dout");
     check_f32(qkv, "attention_bwd qkv");
@@ -556,9 +556,15 @@ void ct_attention_bwd(ct_tensor *dqkv, const ct_tensor *dout, const ct_tensor *q
     CT_ASSERTF(dqkv->numel == qkv->numel && dout->numel == out->numel,
                "attention_bwd: dqkv %s must match qkv %s, dout %s must match out %s", SH(dqkv),
                SH(qkv), SH(dout), SH(out));
+    if (dbias) {
+        check_f32(dbias, "attention_bwd dbias");
+        check_same_backend(dbias, qkv);
+        CT_ASSERTF(dbias->numel == COLS(qkv), "attention_bwd: dbias %s does not match qkv %s",
+                   SH(dbias), SH(qkv));
+    }
     double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_bwd(CTX(qkv), F32(dqkv), F32(dout), F32(qkv), F32(out), F32(lse), B, T,
-                              n_head, n_kv_head, hd);
+    IFACE(qkv)->attention_bwd(CTX(qkv), F32(dqkv), dbias ? F32(dbias) : NULL, F32(dout), F32(qkv),
+                              F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 

@@ -114,7 +114,7 @@ struct ct_backend_i {
 
     void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                           int64_t n_head, int64_t n_kv_head, int64_t head_dim);
-    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv,
+    void (*attention_bwd)(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
                           const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
                           int64_t n_kv_head, int64_t head_dim);
 
@@ -262,13 +262,16 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
  * query heads, then the key heads, then the value heads — the output of one fused QKV projection.
  * n_kv_head divides n_head (grouped-query attention; equal for GPT-2). out: (B, T, n_head·hd).
  * Scale 1/sqrt(hd). lse (B, n_head, T) saves each row's log-sum-exp of the scaled scores for
- * backward. attention_bwd overwrites dqkv (same layout as qkv).
+ * backward. attention_bwd overwrites dqkv (same layout as qkv); with dbias (not NULL) it also
+ * adds the sum over rows of dqkv to dbias ((n_head + 2·n_kv_head)·hd) — the gradient of the QKV
+ * projection's bias, taken while each head's slice is in cache (each batch element's rows in
+ * order, then the batch elements in order).
  */
 void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int64_t B, int64_t T,
                       int64_t n_head, int64_t n_kv_head);
-void ct_attention_bwd(ct_tensor *dqkv, const ct_tensor *dout, const ct_tensor *qkv,
-                      const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
-                      int64_t n_head, int64_t n_kv_head);
+void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
+                      const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse, int64_t B,
+                      int64_t T, int64_t n_head, int64_t n_kv_head);
 
 /*
  * Softmax cross-entropy in three steps so that the vocab-parallel form (logits split by columns

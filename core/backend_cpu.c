@@ -823,9 +823,19 @@ static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qk
  * order and accumulate into the kv head's dk/dv, so GQA needs no atomics and no reduction buffers.
  * dqkv has the packed layout of qkv.
  */
-static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv,
-                              const float *out, const float *lse, int64_t B, int64_t T,
-                              int64_t n_head, int64_t n_kv_head, int64_t hd) {
+/* colsum(hd) = Σ over T rows (stride ld) of a head slice, rows in order. */
+static void head_colsum(float *colsum, const float *slice, int64_t ld, int64_t T, int64_t hd) {
+    memcpy(colsum, slice, (size_t)hd * sizeof(float));
+    for (int64_t t = 1; t < T; t++) {
+        const float *row = slice + t * ld;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; d++) colsum[d] += row[d];
+    }
+}
+
+static void cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout,
+                              const float *qkv, const float *out, const float *lse, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
     const int64_t lqkv = cq + 2 * ckv;
@@ -837,7 +847,10 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
     const size_t kt_bytes = round_up((size_t)hd * (size_t)ldt * sizeof(float), 64);
     const size_t per_thread =
         2 * blk_bytes + 2 * kt_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
-    char *ws = ws_get(c, per_thread * (size_t)c->n_threads);
+    /* after the threads' scratch: with dbias, each batch element's column sums of dqkv (B, lqkv) */
+    const size_t scratch = per_thread * (size_t)c->n_threads;
+    char *ws = ws_get(c, scratch + (dbias ? (size_t)(B * lqkv) * sizeof(float) : 0));
+    float *colsums = (float *)(ws + scratch);
     PARALLEL_FOR(c->n_threads)
     for (int64_t bkv = 0; bkv < B * n_kv_head; bkv++) {
         char *mine = ws + per_thread * (size_t)omp_get_thread_num();
@@ -917,8 +930,16 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const f
                             scale, dS, (int)ldt, qh + r0 * lqkv, (int)lqkv, kv_beta, dkh,
                             (int)lqkv);
             }
+            /* this head's dq columns are final: their sums over the batch element's rows */
+            if (dbias) head_colsum(colsums + b * lqkv + h * hd, dqh, lqkv, T, hd);
+        }
+        if (dbias) {
+            head_colsum(colsums + b * lqkv + cq + kvh * hd, dkh, lqkv, T, hd);
+            head_colsum(colsums + b * lqkv + cq + ckv + kvh * hd, dvh, lqkv, T, hd);
         }
     }
+    /* the bias gradient: the batch elements' column sums added in batch order */
+    if (dbias) add_chunk_partials(c, dbias, colsums, B, lqkv, lqkv);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */

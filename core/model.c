@@ -942,15 +942,15 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_gemm(s->datt, dmid, p->wo->value, false, false, 1.0f, 0.0f);
     ct_gemm(p->wo->grad, dmid, la->att, true, false, 1.0f, 1.0f);
     ct_bias_grad(p->bo->grad, s->dres);
-    ct_attention_bwd(s->dqkv, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
-                     m->NKV / tp);
-    poll(m);
     ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
     qkv_params(m, l, false, &wqkv, &bqkv);
     qkv_params(m, l, true, &dwqkv, &dbqkv);
+    ct_attention_bwd(s->dqkv, dbqkv, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
+                     m->NKV / tp); /* and the qkv bias gradient */
+    poll(m);
     ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
     ct_tensor *dln1 = dln_reduced(m, s);
-    linear_bwd_params(s->dqkv, la->ln1, dwqkv, dbqkv);
+    linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
     ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
     ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
                      la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */

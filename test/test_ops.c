@@ -634,6 +634,7 @@ static double attn_loss(void *ctx) {
 typedef struct {
     float *q, *k, *v, *dout;         /* inputs */
     float *out, *lse, *dq, *dk, *dv; /* outputs (malloc'd by attn_run) */
+    float *dbias;                    /* 0.25 + column sums of dqkv, in the packed order */
 } attn_io;
 
 /* Moves rows between separate q (rows of cq), k, v (rows of ckv) and the packed q | k | v rows of
@@ -655,7 +656,9 @@ static void qkv_pack(float *qkv, float *q, float *k, float *v, int64_t rows, int
 }
 
 /* Runs forward and backward on backend b; dqkv is pre-filled with NaN to prove that backward
- * overwrites all of it. */
+ * overwrites all of it. The bias gradient starts at 0.25 (it accumulates) and must equal that
+ * plus the column sums of dqkv: at most 300 rows of values below ~10 round to ~1e-6, so 2e-5
+ * absolute + 1e-5 relative. */
 static void attn_run(ct_backend *b, const attn_case *c, attn_io *io) {
     int64_t rows = c->B * c->T, cq = c->H * c->hd, ckv = c->KV * c->hd;
     int64_t sq[3] = {c->B, c->T, cq}, sqkv[3] = {c->B, c->T, cq + 2 * ckv};
@@ -667,22 +670,32 @@ static void attn_run(ct_backend *b, const attn_case *c, attn_io *io) {
     ct_tensor *lse = tensor(b, CT_DTYPE_F32, 3, sl, NULL);
     ct_tensor *dout = tensor(b, CT_DTYPE_F32, 3, sq, io->dout);
     ct_tensor *dqkv = tensor(b, CT_DTYPE_F32, 3, sqkv, NULL);
+    ct_tensor *dbias = tensor(b, CT_DTYPE_F32, 1, &sqkv[2], NULL);
     ct_tensor_fill(dqkv, NAN);
+    ct_tensor_fill(dbias, 0.25f);
     ct_attention_fwd(out, lse, qkv, c->B, c->T, c->H, c->KV);
-    ct_attention_bwd(dqkv, dout, qkv, out, lse, c->B, c->T, c->H, c->KV);
-    io->out = host_of(out), io->lse = host_of(lse);
+    ct_attention_bwd(dqkv, dbias, dout, qkv, out, lse, c->B, c->T, c->H, c->KV);
+    io->out = host_of(out), io->lse = host_of(lse), io->dbias = host_of(dbias);
     float *dpacked = host_of(dqkv);
+    int64_t lqkv = cq + 2 * ckv;
+    double *want_db = malloc((size_t)lqkv * sizeof *want_db);
+    for (int64_t j = 0; j < lqkv; j++) {
+        want_db[j] = 0.25;
+        for (int64_t r = 0; r < rows; r++) want_db[j] += dpacked[r * lqkv + j];
+    }
+    check_close("attention_bwd dbias vs column sums of dqkv", io->dbias, want_db, lqkv, 2e-5, 1e-5);
+    free(want_db);
     io->dq = malloc((size_t)(rows * cq) * sizeof(float));
     io->dk = malloc((size_t)(rows * ckv) * sizeof(float));
     io->dv = malloc((size_t)(rows * ckv) * sizeof(float));
     qkv_pack(dpacked, io->dq, io->dk, io->dv, rows, cq, ckv, false);
     free(packed), free(dpacked);
     ct_tensor_free(qkv), ct_tensor_free(out), ct_tensor_free(lse), ct_tensor_free(dout);
-    ct_tensor_free(dqkv);
+    ct_tensor_free(dqkv), ct_tensor_free(dbias);
 }
 
 static void attn_io_free(attn_io *io) {
-    free(io->out), free(io->lse), free(io->dq), free(io->dk), free(io->dv);
+    free(io->out), free(io->lse), free(io->dq), free(io->dk), free(io->dv), free(io->dbias);
 }
 
 /* q, k, v in [-1, 1] (scores |s| ≲ sqrt(hd)); one case end to end: forward (out and lse) against
@@ -694,15 +707,10 @@ static void attn_io_free(attn_io *io) {
 static void attn_check(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
     attn_case c = {B, T, H, KV, hd, NULL, NULL, NULL, NULL};
     int64_t nq = B * T * H * hd, nkv = B * T * KV * hd;
-    attn_io io = {rand_floats(nq, -1, 1),
-                  rand_floats(nkv, -1, 1),
-                  rand_floats(nkv, -1, 1),
-                  rand_floats(nq, -1, 1),
-                  NULL,
-                  NULL,
-                  NULL,
-                  NULL,
-                  NULL};
+    attn_io io = {.q = rand_floats(nq, -1, 1),
+                  .k = rand_floats(nkv, -1, 1),
+                  .v = rand_floats(nkv, -1, 1),
+                  .dout = rand_floats(nq, -1, 1)};
     attn_run(be, &c, &io);
     c.q = to_double(io.q, nq), c.k = to_double(io.k, nkv), c.v = to_double(io.v, nkv);
     c.R = to_double(io.dout, nq);
@@ -1221,15 +1229,10 @@ static void test_determinism_threads(void **state) {
     float *gC = rand_floats(333 * 517, -1, 1);
     attn_case ac = {2, 150, 4, 2, 16, NULL, NULL, NULL, NULL};
     int64_t nq = 2 * 150 * 4 * 16, nkv = 2 * 150 * 2 * 16;
-    attn_io aio_in = {rand_floats(nq, -1, 1),
-                      rand_floats(nkv, -1, 1),
-                      rand_floats(nkv, -1, 1),
-                      rand_floats(nq, -1, 1),
-                      NULL,
-                      NULL,
-                      NULL,
-                      NULL,
-                      NULL};
+    attn_io aio_in = {.q = rand_floats(nq, -1, 1),
+                      .k = rand_floats(nkv, -1, 1),
+                      .v = rand_floats(nkv, -1, 1),
+                      .dout = rand_floats(nq, -1, 1)};
 
     for (int k = 0; k < 2; k++) {
         ct_backend *b = bes[k];
@@ -1294,6 +1297,7 @@ static void test_determinism_threads(void **state) {
         res[k][r] = aio.dq, res_bytes[r++] = (size_t)nq * 4;
         res[k][r] = aio.dk, res_bytes[r++] = (size_t)nkv * 4;
         res[k][r] = aio.dv, res_bytes[r++] = (size_t)nkv * 4;
+        res[k][r] = aio.dbias, res_bytes[r++] = (size_t)(4 + 2 * 2) * 16 * 4;
         nres = r;
         ct_tensor_free(td), ct_tensor_free(db), ct_tensor_free(tx), ct_tensor_free(tw);
         ct_tensor_free(tb), ct_tensor_free(to), ct_tensor_free(tm), ct_tensor_free(ts);
@@ -1321,7 +1325,8 @@ static void test_determinism_threads(void **state) {
                              "attention lse",
                              "attention dq",
                              "attention dk",
-                             "attention dv"};
+                             "attention dv",
+                             "attention dbias"};
     for (int r = 0; r < nres; r++) check_bits_equal(names[r], res[0][r], res[1][r], res_bytes[r]);
     for (int k = 0; k < 2; k++)
         for (int r = 0; r < nres; r++) free(res[k][r]);

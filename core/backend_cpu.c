@@ -364,6 +364,17 @@ static void cpu_bias_init(void *ctx, float *out, const float *bias, const float 
     }
 }
 
+/* Phase 1 of the sums across rows: dst(width) = Σ of n_rows rows (row stride ld) starting at rows,
+ * added in row order (n_rows ≥ 1). */
+static void sum_rows(float *dst, const float *rows, int64_t ld, int64_t n_rows, int64_t width) {
+    memcpy(dst, rows, (size_t)width * sizeof(float));
+    for (int64_t r = 1; r < n_rows; r++) {
+        const float *row = rows + r * ld;
+#pragma omp simd
+        for (int64_t j = 0; j < width; j++) dst[j] += row[j];
+    }
+}
+
 /* Phase 2 of the sums across rows: dst(C) += the per-chunk partial sums (chunk ch at
  * partial + ch·chunk_stride), added in chunk order. Parallel over blocks of columns, which are
  * independent. */
@@ -395,14 +406,8 @@ static void cpu_bias_grad(void *ctx, float *dbias, const float *dout, int64_t N,
     float *partial = ws_get(c, (size_t)n_chunks * (size_t)C * sizeof(float)); /* (n_chunks, C) */
     PARALLEL_FOR(threads_for(c, N * C))
     for (int64_t ch = 0; ch < n_chunks; ch++) {
-        float *p = partial + ch * C;
         int64_t r0 = ch * CHUNK_ROWS, r1 = CT_MIN(r0 + CHUNK_ROWS, N);
-        memcpy(p, dout + r0 * C, (size_t)C * sizeof(float));
-        for (int64_t r = r0 + 1; r < r1; r++) {
-            const float *d = dout + r * C;
-#pragma omp simd
-            for (int64_t j = 0; j < C; j++) p[j] += d[j];
-        }
+        sum_rows(partial + ch * C, dout + r0 * C, C, r1 - r0, C);
     }
     add_chunk_partials(c, dbias, partial, n_chunks, C, C);
 }
@@ -823,16 +828,6 @@ static void cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qk
  * order and accumulate into the kv head's dk/dv, so GQA needs no atomics and no reduction buffers.
  * dqkv has the packed layout of qkv.
  */
-/* colsum(hd) = Σ over T rows (stride ld) of a head slice, rows in order. */
-static void head_colsum(float *colsum, const float *slice, int64_t ld, int64_t T, int64_t hd) {
-    memcpy(colsum, slice, (size_t)hd * sizeof(float));
-    for (int64_t t = 1; t < T; t++) {
-        const float *row = slice + t * ld;
-#pragma omp simd
-        for (int64_t d = 0; d < hd; d++) colsum[d] += row[d];
-    }
-}
-
 static void cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout,
                               const float *qkv, const float *out, const float *lse, int64_t B,
                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
@@ -931,11 +926,11 @@ static void cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float 
                             (int)lqkv);
             }
             /* this head's dq columns are final: their sums over the batch element's rows */
-            if (dbias) head_colsum(colsums + b * lqkv + h * hd, dqh, lqkv, T, hd);
+            if (dbias) sum_rows(colsums + b * lqkv + h * hd, dqh, lqkv, T, hd);
         }
         if (dbias) {
-            head_colsum(colsums + b * lqkv + cq + kvh * hd, dkh, lqkv, T, hd);
-            head_colsum(colsums + b * lqkv + cq + ckv + kvh * hd, dvh, lqkv, T, hd);
+            sum_rows(colsums + b * lqkv + cq + kvh * hd, dkh, lqkv, T, hd);
+            sum_rows(colsums + b * lqkv + cq + ckv + kvh * hd, dvh, lqkv, T, hd);
         }
     }
     /* the bias gradient: the batch elements' column sums added in batch order */

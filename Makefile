@@ -2,6 +2,8 @@
 #
 #   make            build build/cooktrain and the tests
 #   make run        set up, build, prepare the default corpus, train configs/tiny.yaml
+#   make data       prepare both corpora: data/fortunes (BPE, tiny.yaml) and data/fortunes-bytes
+#                   (byte-level, test-tiny.yaml)
 #   make test       set up, build, run the whole suite (ends with "tests: N passed, N failed")
 #   make bench      scripts/bench_cpu.sh
 #
@@ -48,7 +50,7 @@ PAR_LIB  := $(BUILD)/libctpar.a
 TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
-.PHONY: all setup run test bench clean report
+.PHONY: all setup run data test bench clean report
 .SECONDARY:
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
@@ -83,6 +85,11 @@ run: setup
 	@$(MAKE) --no-print-directory $(BUILD)/cooktrain
 	@bash scripts/prepare_corpus.sh $(BUILD)/cooktrain $(RUN_DATA)
 	$(BUILD)/cooktrain train --config configs/tiny.yaml
+
+data: setup
+	@$(MAKE) --no-print-directory $(BUILD)/cooktrain
+	@bash scripts/prepare_corpus.sh $(BUILD)/cooktrain $(RUN_DATA)
+	@bash scripts/prepare_corpus.sh --byte-level $(BUILD)/cooktrain data/fortunes-bytes
 
 test: setup
 	@$(MAKE) --no-print-directory all

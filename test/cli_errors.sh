@@ -47,7 +47,8 @@ head -c 4096 /dev/urandom >"$tmp/garbage.bin"
 expect_exit 2 "corrupt shard (bad magic)" -- "$BIN" train "${common[@]}" --set data.train="$tmp/garbage.bin"
 expect_text "garbage.bin" "corrupt shard is named"
 mkdir -p "$tmp/p"
-head -c 100000 "$SHARED/data/tinyshakespeare.txt" >"$tmp/text.txt"
+ensure_test_data
+head -c 100000 "$TEST_TEXT" >"$tmp/text.txt"
 if expect_exit 0 "prepare a small corpus" -- "$BIN" prepare --input "$tmp/text.txt" --vocab-size 300 --out "$tmp/p"; then
     size=$(stat -c %s "$tmp/p/train.bin")
     head -c $((size - 1000)) "$tmp/p/train.bin" >"$tmp/truncated.bin"

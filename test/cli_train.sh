@@ -5,7 +5,8 @@
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-head -c 300000 "$SHARED/data/tinyshakespeare.txt" >"$tmp/text.txt"
+ensure_test_data
+head -c 300000 "$TEST_TEXT" >"$tmp/text.txt"
 expect_exit 0 "prepare (vocab 512)" -- "$BIN" prepare --input "$tmp/text.txt" --vocab-size 512 --out "$tmp/data"
 for f in tokenizer.bin train.bin val.bin; do
     if [ -s "$tmp/data/$f" ]; then ok "prepare wrote $f"; else fail "prepare wrote $f"; fi
@@ -45,7 +46,6 @@ fi
 
 # Non-finite steps: an absurd learning rate breaks the weights after step 1; the following steps
 # are skipped and logged, and train.max_bad_steps in a row stop the run with exit 1 (runtime).
-ensure_test_data
 bytes=$TEST_DATA
 if expect_exit 1 "non-finite steps abort after max_bad_steps" -- "$BIN" train --config configs/test-tiny.yaml \
     --set train.threads=1 --set train.lr=1e30 --set train.min_lr=1e30 --set train.steps=10 \

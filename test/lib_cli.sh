@@ -2,7 +2,6 @@
 # "FAIL <what>" plus context; run_tests.sh counts those lines.
 BUILD=${CT_BUILD:-build}
 BIN=$BUILD/cooktrain
-SHARED=${CT_SHARED:-../shared}
 
 ok() { echo "ok $*"; }
 fail() { echo "FAIL $*"; }
@@ -52,13 +51,14 @@ run_mpi_program() {
     fi
 }
 
-# The byte-level tinyshakespeare shards configs/test-tiny.yaml trains on; sets TEST_DATA.
+# The byte-level test corpus (fortunes text, every byte a token < 123) that configs/test-tiny.yaml
+# trains on, made by scripts/prepare_corpus.sh --byte-level; sets TEST_DATA (train.bin, val.bin)
+# and TEST_TEXT (the text itself). run_tests.sh prepares it before any test runs.
 ensure_test_data() {
-    TEST_DATA=$BUILD/test-data/shakespeare-bytes
-    if [ ! -f "$TEST_DATA/train.bin" ]; then
-        "$BIN" prepare --input "$SHARED/data/tinyshakespeare.txt" --byte-level --vocab-size 123 \
-            --out "$TEST_DATA" >/dev/null || fail "prepare byte-level test data"
-    fi
+    TEST_DATA=$BUILD/test-data/bytes
+    TEST_TEXT=$TEST_DATA/text.txt
+    bash scripts/prepare_corpus.sh --byte-level "$BIN" "$TEST_DATA" >/dev/null ||
+        fail "prepare the byte-level test corpus"
 }
 
 # check_against_reference NAME DIR: compares DIR/run.{jsonl,bin} with DIR/ref.{jsonl,bin}

@@ -38,6 +38,12 @@ export -f run_binary
 export logdir filter
 
 start=$(date +%s)
+# The test corpus every test reads (test_util.h, lib_cli.sh): made once, before anything runs.
+if ! bash scripts/prepare_corpus.sh --byte-level "$BUILD/cooktrain" "$BUILD/test-data/bytes" >/dev/null; then
+    echo "FAIL preparing the test corpus (scripts/prepare_corpus.sh --byte-level)"
+    echo "tests: 0 passed, 1 failed"
+    exit 1
+fi
 if [ ${#binaries[@]} -gt 0 ]; then
     printf '%s\n' "${binaries[@]}" | xargs -P "$TEST_JOBS" -I{} bash -c 'run_binary {}'
 fi

@@ -274,7 +274,7 @@ static char *tmpdir;
 
 static int setup_data(void **state) {
     tmpdir = test_make_tmpdir();
-    test_write_shakespeare_shard(tmpdir, "train.bin", 200000, shard_path, sizeof shard_path);
+    test_write_corpus_shard(tmpdir, "train.bin", 200000, shard_path, sizeof shard_path);
     return 0;
 }
 

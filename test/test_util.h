@@ -1,6 +1,6 @@
 /*
  * test_util.h — small helpers shared by the test binaries (header-only so each test stays one
- * file): temporary directories, a byte-level token shard of tinyshakespeare, tiny configs.
+ * file): temporary directories, a byte-level token shard of the test corpus, tiny configs.
  */
 #ifndef CT_TEST_UTIL_H
 #define CT_TEST_UTIL_H
@@ -14,10 +14,15 @@
 #include "core/config.h"
 #include "core/data.h"
 
-/* Where ../shared lives (CI clones the repo with shared/ beside it). */
-static inline const char *test_shared_dir(void) {
-    const char *env = getenv("CT_SHARED");
-    return env ? env : "../shared";
+/* The test corpus: the fortunes text made byte-level by scripts/prepare_corpus.sh --byte-level,
+ * which test/run_tests.sh runs before any test (every byte is a token below 123). */
+static inline const char *test_corpus_path(void) {
+    static char path[1024];
+    const char *env = getenv("CT_TEST_CORPUS");
+    if (env) return env;
+    const char *build = getenv("CT_BUILD");
+    snprintf(path, sizeof path, "%s/test-data/bytes/text.txt", build ? build : "build");
+    return path;
 }
 
 static inline char *test_make_tmpdir(void) {
@@ -35,30 +40,39 @@ static inline void test_remove_tree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
-/* Reads up to max_bytes of tinyshakespeare; every byte is a token (ASCII, all < 123). */
-static inline int32_t *test_shakespeare_tokens(size_t max_bytes, size_t *n_out) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", test_shared_dir());
+/* Reads up to max_bytes of the test corpus; every byte is a token (all < 123). */
+static inline int32_t *test_corpus_tokens(size_t max_bytes, size_t *n_out) {
+    const char *path = test_corpus_path();
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "cannot open %s (set CT_SHARED to the shared/ folder)\n", path);
+        fprintf(stderr,
+                "cannot open the test corpus %s\nhint: run the tests with `make test` or "
+                "`bash test/run_tests.sh`, which prepare it (scripts/prepare_corpus.sh "
+                "--byte-level), or set CT_TEST_CORPUS\n",
+                path);
         abort();
     }
     unsigned char *buf = ct_xmalloc(max_bytes);
     size_t n = fread(buf, 1, max_bytes, f);
     fclose(f);
     int32_t *tokens = ct_xmalloc(n * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) tokens[i] = buf[i] < 123 ? buf[i] : ' ';
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] >= 123) {
+            fprintf(stderr, "%s: byte %u at %zu is not a token below 123\n", path, buf[i], i);
+            abort();
+        }
+        tokens[i] = buf[i];
+    }
     free(buf);
     *n_out = n;
     return tokens;
 }
 
-/* Writes a byte-level shard of the first max_bytes of tinyshakespeare to dir/name. */
-static inline void test_write_shakespeare_shard(const char *dir, const char *name, size_t max_bytes,
-                                                char *path_out, size_t cap) {
+/* Writes a byte-level shard of the first max_bytes of the test corpus to dir/name. */
+static inline void test_write_corpus_shard(const char *dir, const char *name, size_t max_bytes,
+                                           char *path_out, size_t cap) {
     size_t n;
-    int32_t *tokens = test_shakespeare_tokens(max_bytes, &n);
+    int32_t *tokens = test_corpus_tokens(max_bytes, &n);
     snprintf(path_out, cap, "%s/%s", dir, name);
     if (ct_shard_write(path_out, tokens, n, 123) != CT_OK) {
         ct_error_print();

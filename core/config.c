@@ -55,6 +55,8 @@ typedef struct config_key {
     bool has_max, max_open;
     double min, max; /* exact for every bound used below (all < 2^53) */
     bool nonempty;   /* KEY_STRING: "" is not allowed */
+    bool auto_zero;  /* KEY_INT: the word "auto" is accepted and stored as 0 (resolved by
+                        ct_config_validate; see micro_batch_auto in config.h) */
     const char *doc;
 } config_key;
 
@@ -130,8 +132,11 @@ static const config_key keys[] = {
     {KEY(train, steps, KEY_INT), .def = "100", AT_LEAST(1), .doc = "optimizer steps to run"},
     {KEY(train, global_batch, KEY_INT), .def = "8", AT_LEAST(1), AT_MOST(2147483647),
      .doc = "sequences per optimizer step, whatever the layout"},
-    {KEY(train, micro_batch, KEY_INT), .def = "8", AT_LEAST(1), AT_MOST(2147483647),
-     .doc = "sequences per microbatch on each data-parallel rank"},
+    {KEY(train, micro_batch, KEY_INT), .def = "auto", AT_LEAST(1), AT_MOST(2147483647),
+     .auto_zero = true,
+     .doc = "sequences per microbatch on each data-parallel rank; auto = the largest divisor of "
+            "global_batch / dp with micro_batch * seq_len <= 8192 tokens (with pp > 1 keeping at "
+            "least 4 * pp microbatches where the batch allows)"},
     {KEY(train, lr, KEY_FLOAT), .def = "1e-3", ABOVE(0),
      .doc = "peak learning rate, reached after warmup"},
     {KEY(train, min_lr, KEY_FLOAT), .def = "1e-4", AT_LEAST(0),
@@ -205,6 +210,8 @@ typedef struct key_value {
     bool b;
     int e;
     const char *s; /* KEY_STRING: points into the caller's text */
+    bool typed;    /* KEY_INT: converted from digits (so an auto_zero key's 0 is a typed 0,
+                      out of range, not the word auto) */
     size_t slen;
 } key_value;
 
@@ -481,6 +488,7 @@ static ct_status key_check(const config_key *k, const key_value *v, const char *
     case KEY_INT:
     case KEY_FLOAT: break;
     }
+    if (k->type == KEY_INT && k->auto_zero && v->i == 0 && !v->typed) return CT_OK; /* auto */
     double x;
     if (k->type == KEY_INT) {
         x = (double)v->i;
@@ -580,14 +588,22 @@ static ct_status key_convert(const config_key *k, const char *text, size_t len, 
     case KEY_INT:
     case KEY_UINT64: {
         bool is_signed = k->type == KEY_INT;
-        if (parse_whole(text, is_signed, &v->i, &v->u, &overflow)) break;
+        if (k->auto_zero && strcasecmp(text, "auto") == 0) {
+            v->i = 0;
+            return CT_OK;
+        }
+        if (parse_whole(text, is_signed, &v->i, &v->u, &overflow)) {
+            v->typed = true;
+            break;
+        }
         if (overflow)
             return with_hint(ct_error(CT_ERR_INPUT, "%s%s: '%s' does not fit in a 64-bit %sinteger",
                                       where, full, show, is_signed ? "" : "unsigned "),
                              "%s: %s (default %s)", full, k->doc, k->def);
         return with_hint(ct_error(CT_ERR_INPUT, "%s%s: expected %s, got '%s'", where, full,
                                   is_signed ? "an integer" : "a non-negative integer", show),
-                         "%s takes a whole number (%s; default %s)", full, k->doc, k->def);
+                         "%s takes a whole number%s (%s; default %s)", full,
+                         k->auto_zero ? " or auto" : "", k->doc, k->def);
     }
     case KEY_FLOAT: {
         char *end = (char *)text;
@@ -650,8 +666,18 @@ static ct_status key_convert(const config_key *k, const char *text, size_t len, 
     return key_check(k, v, where);
 }
 
+/* Whether an auto_zero key was resolved from auto by ct_config_validate, so that it prints as
+ * auto again. Only train.micro_batch is such a key; its flag is train.micro_batch_auto. */
+static bool resolved_from_auto(const ct_config *cfg, const config_key *k) {
+    CT_ASSERTF(k->offset == offsetof(ct_config, train.micro_batch), "%s.%s has no auto flag",
+               k->section, k->name);
+    return cfg->train.micro_batch_auto;
+}
+
 static void key_store(ct_config *cfg, const config_key *k, const key_value *v) {
     char *p = (char *)cfg + k->offset;
+    /* A value stored now is what the user asked for, not a resolved auto. */
+    if (k->auto_zero && resolved_from_auto(cfg, k)) cfg->train.micro_batch_auto = false;
     switch (k->type) {
     case KEY_INT: memcpy(p, &v->i, sizeof v->i); break;
     case KEY_UINT64: memcpy(p, &v->u, sizeof v->u); break;
@@ -1156,6 +1182,32 @@ static bool mb_fits(int64_t mb, const void *arg) {
     return l->per_rank % mb == 0 && (l->per_rank / mb) % l->pp == 0;
 }
 
+/*
+ * train.micro_batch: auto. The largest divisor B of the per-rank batch whose B·seq_len stays
+ * within CT_AUTO_MICRO_BATCH_TOKENS (activation memory grows with B·T; 8192 tokens is a few MiB
+ * per layer at d_model 256 and keeps GEMMs large). With a pipeline, more microbatches shrink the
+ * bubble (p−1)/(m+p−1): B is the largest that still leaves m >= 4·pp microbatches when the batch
+ * allows it (then the bubble (p−1)/(5p−1) stays below 20% for any p), and the interleaved
+ * schedule's m % pp == 0 always holds. Nothing fits (interleaved with too small a batch): 1, which the checks after it
+ * explain.
+ */
+#define CT_AUTO_MICRO_BATCH_TOKENS 8192
+
+static int64_t auto_micro_batch(int64_t per_rank, int64_t seq_len, int64_t pp, bool interleaved) {
+    int64_t d[2048];
+    int n = divisors(per_rank, d, 2048);
+    const int64_t cap = CT_MAX(1, CT_AUTO_MICRO_BATCH_TOKENS / seq_len);
+    const int64_t want_m = pp > 1 ? CT_MIN(4 * pp, per_rank) : 1;
+    int64_t best = 0, best_any = 0;
+    for (int i = 0; i < n; i++) { /* increasing: the last one accepted is the largest */
+        int64_t B = d[i], m = per_rank / B;
+        if (B > cap || (interleaved && m % pp)) continue;
+        best_any = B;
+        if (m >= want_m) best = B;
+    }
+    return best ? best : best_any ? best_any : 1;
+}
+
 /* Parameters of the GPT-2 shape with a tied embedding (see config.h: n_params). The table's
  * upper bounds keep every product below 2^62. */
 static int64_t gpt2_params(const ct_model_config *m, const ct_derived_config *d) {
@@ -1342,6 +1394,19 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     d.dp = world_size / mp;
 
     /* The batch: global_batch = micro_batch · dp · grad_accum, fixed whatever the layout. */
+    if (t->micro_batch == 0 || t->micro_batch_auto) {
+        if (t->global_batch % d.dp)
+            return with_hint(
+                ct_error(CT_ERR_INPUT, "train.global_batch=%lld is not divisible by dp=%lld",
+                         (long long)t->global_batch, (long long)d.dp),
+                "every data-parallel rank takes global_batch / dp sequences: use a multiple of "
+                "%lld, e.g. train.global_batch=%lld",
+                (long long)d.dp, (long long)((t->global_batch / d.dp + 1) * d.dp));
+        cfg->train.micro_batch =
+            auto_micro_batch(t->global_batch / d.dp, m->seq_len, p->pp,
+                             p->schedule == CT_SCHEDULE_INTERLEAVED);
+        cfg->train.micro_batch_auto = true;
+    }
     int64_t per_mb = t->micro_batch * d.dp;
     if (t->global_batch % per_mb) {
         ct_error(
@@ -1357,7 +1422,9 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                              (long long)((t->global_batch / per_mb + 1) * per_mb));
         mb_limits ml = {t->global_batch / d.dp, 1};
         list_divisors(ml.per_rank, mb_fits, &ml, list, sizeof list);
-        return with_hint(CT_ERR_INPUT, "valid train.micro_batch values with dp=%lld: %s",
+        return with_hint(CT_ERR_INPUT,
+                         "valid train.micro_batch values with dp=%lld: %s (or "
+                         "train.micro_batch: auto, which picks one for any dp)",
                          (long long)d.dp, list);
     }
     d.grad_accum = t->global_batch / per_mb;
@@ -1422,7 +1489,12 @@ static int print_yaml_string(FILE *out, const char *s) {
 static void format_value(const ct_config *cfg, const config_key *k, char *buf, size_t cap) {
     key_value v = key_load(cfg, k);
     switch (k->type) {
-    case KEY_INT: snprintf(buf, cap, "%lld", (long long)v.i); break;
+    case KEY_INT:
+        if (k->auto_zero && (v.i == 0 || resolved_from_auto(cfg, k)))
+            snprintf(buf, cap, "auto");
+        else
+            snprintf(buf, cap, "%lld", (long long)v.i);
+        break;
     case KEY_UINT64: snprintf(buf, cap, "%llu", (unsigned long long)v.u); break;
     case KEY_FLOAT: format_double(v.f, buf, cap); break;
     case KEY_BOOL: snprintf(buf, cap, "%s", v.b ? "true" : "false"); break;
@@ -1469,11 +1541,14 @@ void ct_config_print(const ct_config *cfg, FILE *out) {
             "#   head_dim: %lld\n"
             "#   d_ff: %lld\n"
             "#   n_kv_head: %lld\n"
+            "#   micro_batch: %lld%s\n"
             "#   grad_accum: %lld\n"
             "#   tokens_per_step: %lld\n"
             "#   n_params: %lld (%s)\n",
             (long long)d->world_size, (long long)d->dp, (long long)d->vocab_padded,
             (long long)d->head_dim, (long long)d->d_ff, (long long)d->n_kv_head,
+            (long long)cfg->train.micro_batch,
+            cfg->train.micro_batch_auto ? " (auto: see train.micro_batch)" : "",
             (long long)d->grad_accum, (long long)d->tokens_per_step, (long long)d->n_params, count);
 }
 
@@ -1502,6 +1577,7 @@ void ct_config_write_docs(FILE *out) {
                 describe_range(k, range, sizeof range);
                 fprintf(out, ", %s", range);
             }
+            if (k->auto_zero) fputs(", or `auto`", out);
             break;
         case KEY_UINT64: fputs("integer, 0 to 2^64-1", out); break;
         case KEY_BOOL: fputs("bool", out); break;

@@ -233,8 +233,11 @@ static const bad_case bad_cases[] = {
     {"virtual_stages_1f1b", "parallel:\n  virtual_stages: 2\n", NULL, 1, "parallel.virtual_stages",
      "needs parallel.schedule=interleaved", NULL},
     {"interleaved_accum",
-     "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  virtual_stages: 2\n  schedule: interleaved\n",
+     "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  virtual_stages: 2\n  schedule: interleaved\n"
+     "train:\n  micro_batch: 8\n",
      NULL, 2, "parallel.pp", "multiple of parallel.pp=2", "1, 2, 4"},
+    {"auto_micro_batch_dp", "train:\n  global_batch: 10\n", NULL, 4, "train.global_batch",
+     "train.global_batch=10 is not divisible by dp=4", "train.global_batch=12"},
     {"global_batch", "train:\n  global_batch: 10\n  micro_batch: 4\n", NULL, 1,
      "train.global_batch", "train.global_batch=10 is not divisible by train.micro_batch=4",
      "valid train.micro_batch values with dp=1: 1, 2, 5, 10"},
@@ -449,6 +452,66 @@ static void pipeline_layouts(void **state) {
     assert_int_equal(ct_config_load_string(&cfg, yaml, "il.yaml"), CT_OK);
     assert_int_equal(ct_config_validate(&cfg, 2), CT_OK);
     assert_int_equal(cfg.derived.grad_accum, 4);
+}
+
+/* Validates `yaml` (+ one optional --set) for `world` ranks; returns the micro_batch it chose. */
+static int64_t auto_choice(const char *yaml, const char *set, int64_t world) {
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    assert_int_equal(ct_config_load_string(&cfg, yaml, "auto.yaml"), CT_OK);
+    if (set) assert_int_equal(ct_config_set(&cfg, set), CT_OK);
+    if (ct_config_validate(&cfg, world) != CT_OK) fail_msg("%s", ct_error_message());
+    assert_true(cfg.train.micro_batch_auto);
+    return cfg.train.micro_batch;
+}
+
+/* train.micro_batch defaults to auto: the largest divisor of global_batch / dp within 8192
+ * tokens, keeping >= 4·pp microbatches with a pipeline, m % pp == 0 when interleaved; an
+ * explicit value stays strict; the choice is re-made for another world size and prints as
+ * auto. */
+static void auto_micro_batch(void **state) {
+    (void)state;
+    const char *g16 = "train:\n  global_batch: 16\n";
+    assert_int_equal(auto_choice(g16, NULL, 1), 16);                         /* 16·256 tokens */
+    assert_int_equal(auto_choice(g16, NULL, 4), 4);                          /* 16 / dp 4 */
+    assert_int_equal(auto_choice(g16, "model.seq_len=2048", 1), 4);          /* 8192 / 2048 */
+    assert_int_equal(auto_choice(g16, "model.seq_len=100000", 1), 1);        /* at least 1 */
+    assert_int_equal(auto_choice("train:\n  global_batch: 12\n", NULL, 1), 12);
+    assert_int_equal(auto_choice("train:\n  global_batch: 24\n", "model.seq_len=1024", 1), 8);
+    /* pp 2: at least 8 microbatches of 16 -> 2; interleaved: m a multiple of pp too. */
+    const char *pp2 = "model:\n  n_layer: 4\nparallel:\n  pp: 2\ntrain:\n  global_batch: 16\n";
+    assert_int_equal(auto_choice(pp2, NULL, 2), 2);
+    assert_int_equal(auto_choice(pp2, NULL, 4), 1); /* dp 2: 8 per rank, 8 microbatches */
+    const char *il = "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  virtual_stages: 2\n"
+                     "  schedule: interleaved\ntrain:\n  global_batch: 12\n";
+    assert_int_equal(auto_choice(il, NULL, 2), 1); /* 12 microbatches: >= 8 and even */
+    assert_int_equal(auto_choice(il, "train.global_batch=48", 2), 6); /* 8 microbatches of 6 */
+
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    assert_int_equal(cfg.train.micro_batch, 0); /* the default is auto */
+    assert_int_equal(ct_config_load_string(&cfg, g16, "g16.yaml"), CT_OK);
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_int_equal(cfg.train.micro_batch, 16);
+    char *text = print_to_string(&cfg);
+    assert_contains(text, "  micro_batch: auto", "print");
+    assert_contains(text, "#   micro_batch: 16 (auto", "print");
+    free(text);
+    /* The same config validated again for 8 ranks chooses again. */
+    assert_int_equal(ct_config_validate(&cfg, 8), CT_OK);
+    assert_int_equal(cfg.train.micro_batch, 2);
+    /* An explicit value is kept and strict; auto can be asked for again. */
+    assert_int_equal(ct_config_set(&cfg, "train.micro_batch=4"), CT_OK);
+    assert_false(cfg.train.micro_batch_auto);
+    assert_int_equal(ct_config_validate(&cfg, 8), CT_ERR_INPUT);
+    assert_contains(ct_error_message(), "not divisible by train.micro_batch=4", "strict");
+    assert_contains(ct_error_hint(), "auto", "hint names auto");
+    assert_int_equal(ct_config_validate(&cfg, 2), CT_OK);
+    assert_int_equal(cfg.train.micro_batch, 4);
+    assert_int_equal(ct_config_set(&cfg, "train.micro_batch=AUTO"), CT_OK);
+    assert_int_equal(ct_config_validate(&cfg, 2), CT_OK);
+    assert_int_equal(cfg.train.micro_batch, 8);
+    assert_int_equal(ct_config_set(&cfg, "train.micro_batch=0"), CT_ERR_INPUT); /* only "auto" */
 }
 
 static void bf16_with_cuda_backend(void **state) {
@@ -765,6 +828,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(gqa_params),
         cmocka_unit_test(grid_derivation),
         cmocka_unit_test(pipeline_layouts),
+        cmocka_unit_test(auto_micro_batch),
         cmocka_unit_test(bf16_with_cuda_backend),
         cmocka_unit_test(set_overrides),
         cmocka_unit_test(value_syntax),

@@ -25,11 +25,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* ---- the key table --------------------------------------------------------------------------- */
@@ -113,7 +116,8 @@ static const config_key keys[] = {
             "parameters (FSDP)"},
     {KEY(parallel, schedule, KEY_ENUM), .choices = schedule_names, .def = "1f1b",
      .doc = "pipeline schedule"},
-    {KEY(parallel, virtual_stages, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1024),
+    {KEY(parallel, virtual_stages, KEY_INT), .def = "1", AT_LEAST(1),
+     AT_MOST(CT_MAX_VIRTUAL_STAGES),
      .doc = "model chunks per pipeline rank; the interleaved schedule needs >= 2"},
     {KEY(parallel, pp_layers, KEY_STRING), .def = "",
      .doc = "explicit layers per chunk, comma-separated (pp * virtual_stages counts summing to "
@@ -999,31 +1003,64 @@ ct_status ct_config_load_string(ct_config *cfg, const char *yaml, const char *or
     return load_buffer(cfg, yaml, strlen(yaml), origin);
 }
 
+/* What a config file is not: named in the message when --config gets something else. */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a pipe";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
 ct_status ct_config_load_file(ct_config *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK: opening a pipe for reading would otherwise wait for a writer forever. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return with_hint(
             ct_error(CT_ERR_INPUT, "cannot open config file '%s': %s", path, strerror(errno)),
             "check the path given to --config");
-    size_t cap = 4096, len = 0;
-    char *data = ct_xmalloc(cap);
-    for (;;) {
-        if (len == cap) {
-            cap *= 2;
-            char *bigger = realloc(data, cap);
-            CT_ASSERTF(bigger != NULL, "out of host memory reading %s", path);
-            data = bigger;
-        }
-        size_t n = fread(data + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
+    struct stat st_file;
+    if (fstat(fd, &st_file) != 0) {
+        int err = errno;
+        close(fd);
+        return with_hint(
+            ct_error(CT_ERR_INPUT, "cannot stat config file '%s': %s", path, strerror(err)),
+            "check the path given to --config");
     }
-    int read_errno = ferror(f) ? errno : 0;
-    fclose(f);
-    if (read_errno) {
+    if (!S_ISREG(st_file.st_mode)) {
+        close(fd);
+        /* A device such as /dev/zero never ends, a pipe may never be written: refuse both. */
+        return with_hint(ct_error(CT_ERR_INPUT, "config file '%s' is %s%s", path,
+                                  file_kind(st_file.st_mode),
+                                  S_ISDIR(st_file.st_mode) ? " (Is a directory)" : ""),
+                         "--config takes a regular YAML file of at most %d KiB",
+                         CT_CONFIG_MAX_BYTES / 1024);
+    }
+    if (st_file.st_size > CT_CONFIG_MAX_BYTES) {
+        close(fd);
+        return with_hint(ct_error(CT_ERR_INPUT, "config file '%s' is %lld bytes, over the %d KiB "
+                                                "a config may have",
+                                  path, (long long)st_file.st_size, CT_CONFIG_MAX_BYTES / 1024),
+                         "--config takes a YAML config; is '%s' the right file?", path);
+    }
+    /* Read at most the cap plus one byte: a file that grows while we read is still bounded. */
+    size_t cap = CT_CONFIG_MAX_BYTES + 1, len = 0;
+    char *data = ct_xmalloc(cap);
+    int read_errno = 0;
+    while (len < cap) {
+        ssize_t n = read(fd, data + len, cap - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) read_errno = errno;
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (read_errno || len > CT_CONFIG_MAX_BYTES) {
         free(data);
         return with_hint(
-            ct_error(CT_ERR_INPUT, "cannot read config file '%s': %s", path, strerror(read_errno)),
+            ct_error(CT_ERR_INPUT, "cannot read config file '%s': %s", path,
+                     read_errno ? strerror(read_errno) : "it grew past the size cap while read"),
             "--config takes a YAML file");
     }
     ct_status st = load_buffer(cfg, data, len, path);

@@ -17,6 +17,10 @@
 
 #define CT_PATH_MAX 512
 
+/* Most model chunks one pipeline rank holds (parallel.virtual_stages); the model's layout keeps
+ * them in a fixed array (model.h, CT_MAX_CHUNKS). */
+#define CT_MAX_VIRTUAL_STAGES 16
+
 typedef enum ct_arch { CT_ARCH_GPT2 = 0, CT_ARCH_LLAMA } ct_arch;
 typedef enum ct_schedule_choice {
     CT_SCHEDULE_1F1B = 0,
@@ -123,7 +127,13 @@ typedef struct ct_config {
 /* Fills every field with its default. */
 void ct_config_defaults(ct_config *cfg);
 
-/* Parses a YAML file into cfg (on top of what is there). Syntax errors quote the line. The file
+/* A config file larger than this is refused (a config is a few KiB; a bigger file is the wrong
+ * one). */
+#define CT_CONFIG_MAX_BYTES (1024 * 1024)
+
+/* Parses a YAML file into cfg (on top of what is there). Syntax errors quote the line. Only a
+ * regular file of at most CT_CONFIG_MAX_BYTES is read: a device (/dev/zero), pipe or directory
+ * is refused with CT_ERR_INPUT, never read forever. The file
  * is one mapping of section -> mapping of key -> scalar; an empty file changes nothing. On any
  * error cfg is left exactly as it was. Messages start with "path:line:col: ". */
 ct_status ct_config_load_file(ct_config *cfg, const char *path);

@@ -17,6 +17,15 @@ done
 
 expect_exit 2 "missing config file" -- "$BIN" train --config "$tmp/nope.yaml"
 expect_text "nope.yaml" "missing config file is named"
+# A config that is not a regular file is refused at once: /dev/zero used to be read forever.
+expect_exit 2 "config that is a device (/dev/zero) is refused, no hang" -- "$BIN" train --config /dev/zero
+expect_text "character device" "the device config is named for what it is"
+mkfifo "$tmp/pipe.yaml"
+expect_exit 2 "config that is a pipe with no writer is refused, no hang" -- "$BIN" train --config "$tmp/pipe.yaml"
+expect_text "hint:" "the pipe config has a hint"
+head -c 2000000 /dev/zero | tr '\0' '#' >"$tmp/huge.yaml"
+expect_exit 2 "config over the size cap" -- "$BIN" train --config "$tmp/huge.yaml"
+expect_text "KiB" "the size cap is named"
 expect_exit 2 "unknown option" -- "$BIN" train --bogus
 expect_text "hint:" "unknown option has a hint"
 expect_exit 2 "unknown command" -- "$BIN" frobnicate

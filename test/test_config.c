@@ -23,6 +23,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,7 +365,44 @@ static void directory_as_file(void **state) {
     ct_config cfg;
     ct_config_defaults(&cfg);
     assert_input_error(ct_config_load_file(&cfg, "/"), "'/'");
-    assert_contains(ct_error_message(), strerror(EISDIR), "message");
+    assert_contains(ct_error_message(), "is a directory", "message");
+}
+
+/* Devices and pipes are refused without reading (/dev/zero never ends, a pipe with no writer
+ * never answers), and so is a file over the size cap. */
+static void not_a_regular_file(void **state) {
+    (void)state;
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    assert_input_error(ct_config_load_file(&cfg, "/dev/zero"), "'/dev/zero'");
+    assert_contains(ct_error_message(), "a character device", "message");
+    char fifo[] = "/tmp/ct_test_fifo_XXXXXX";
+    int fd = mkstemp(fifo);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_input_error(ct_config_load_file(&cfg, fifo), "a pipe");
+    unlink(fifo);
+    char big[] = "/tmp/ct_test_big_XXXXXX";
+    fd = mkstemp(big);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, CT_CONFIG_MAX_BYTES + 1), 0);
+    close(fd);
+    assert_input_error(ct_config_load_file(&cfg, big), "KiB");
+    assert_contains(ct_error_hint(), "right file", "hint");
+    /* Exactly at the cap is read (comment lines: a valid, empty config). */
+    fd = open(big, O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    char line[64];
+    memset(line, ' ', sizeof line);
+    line[0] = '#';
+    line[63] = '\n';
+    for (int i = 0; i < CT_CONFIG_MAX_BYTES / 64; i++)
+        assert_int_equal(write(fd, line, sizeof line), (ssize_t)sizeof line);
+    close(fd);
+    assert_int_equal(ct_config_load_file(&cfg, big), CT_OK);
+    unlink(big);
 }
 
 static void file_errors_carry_path_and_line(void **state) {
@@ -823,6 +861,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(empty_file_is_defaults),
         cmocka_unit_test(missing_file),
         cmocka_unit_test(directory_as_file),
+        cmocka_unit_test(not_a_regular_file),
         cmocka_unit_test(file_errors_carry_path_and_line),
         cmocka_unit_test(gpt2_124m_derived),
         cmocka_unit_test(gqa_params),

@@ -33,7 +33,10 @@ static const char usage_text[] =
     "            --print-config         print the resolved config and derived values, then exit\n"
     "            --profile              time ops by category (same as --set log.profile=true)\n"
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
-    "            --dump-params FILE     write the final parameters (raw f32; for tests)\n"
+    "            --dump-params FILE     write the final parameters as global tensors (raw f32 in\n"
+    "                                   FILE, names and shapes in FILE.index.json) after checking\n"
+    "                                   that every replica holds the same bytes (tests)\n"
+    "            --dump-init-params FILE  the same for the parameters before the first step\n"
     "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
     "  plan      memory, communication and pipeline bubble of a config, without training\n"
     "            --config FILE [--set section.key=V]...   (parallel.dp sets the dp degree)\n"
@@ -76,7 +79,7 @@ static ct_status cmd_train(int argc, char **argv) {
     ct_config_defaults(&cfg);
     const char *config_path = NULL, *backend_name = "cpu";
     bool print_config = false, gemm_rate = false;
-    const char *dump_params = NULL;
+    ct_train_options opts = {0};
     /* The file is loaded first and --set applied after, whatever their order on the line. */
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
@@ -107,11 +110,13 @@ static ct_status cmd_train(int argc, char **argv) {
             sets[n_sets++] = "log.profile=true";
         } else if (!strcmp(a, "--gemm-rate")) {
             gemm_rate = true;
-        } else if (!strcmp(a, "--dump-params")) {
+        } else if (!strcmp(a, "--dump-params") || !strcmp(a, "--dump-init-params")) {
             if (!has_value)
                 st = usage_error("%s needs a file name", a);
+            else if (!strcmp(a, "--dump-params"))
+                opts.dump_params = argv[++i];
             else
-                dump_params = argv[++i];
+                opts.dump_init_params = argv[++i];
         } else {
             st = usage_error("train: unknown option '%s'", a);
         }
@@ -158,7 +163,7 @@ static ct_status cmd_train(int argc, char **argv) {
             st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp, (int)cfg.derived.dp,
                              cfg.parallel.timeout_s);
         }
-        if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, dump_params, NULL);
+        if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, &opts, NULL);
         ct_pctx_free(pctx);
     }
     ct_backend_free(be);

@@ -39,6 +39,27 @@ void ct_backend_sync(ct_backend *be) {
     if (be->iface->sync) be->iface->sync(be->ctx);
 }
 
+size_t ct_backend_env_mem_limit(void) {
+    const char *env = getenv("COOKTRAIN_MEM_LIMIT_MB");
+    if (!env || !env[0]) return 0;
+    char *end = NULL;
+    double mb = strtod(env, &end);
+    if (*end || !(mb > 0) || mb > 1e12) {
+        fprintf(stderr, "cooktrain: ignoring COOKTRAIN_MEM_LIMIT_MB='%s' (not a positive number "
+                        "of MiB)\n", env);
+        return 0;
+    }
+    return (size_t)(mb * 1024.0 * 1024.0);
+}
+
+double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap) {
+    if (!be->iface->peak_flops) {
+        snprintf(how, how_cap, "unknown for the %s backend", be->iface->name);
+        return 0.0;
+    }
+    return be->iface->peak_flops(be->ctx, how, how_cap);
+}
+
 size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {
     CT_ASSERTF(category >= 0 && category < CT_MEM_COUNT, "bad memory category %d", (int)category);
     return be->bytes_in_use[category];
@@ -108,13 +129,19 @@ ct_tensor *ct_tensor_new(ct_backend *be, ct_dtype dtype, int ndim, const int64_t
     size_t bytes = (size_t)numel * esize;
 
     /* Never ask for 0 bytes: a NULL from alloc must mean out-of-memory. */
-    void *data = be->iface->alloc(be->ctx, bytes ? bytes : 1);
+    size_t in_use = ct_backend_mem_total(be);
+    bool over_limit = be->mem_limit && (bytes > be->mem_limit || in_use > be->mem_limit - bytes);
+    void *data = over_limit ? NULL : be->iface->alloc(be->ctx, bytes ? bytes : 1);
     if (!data) {
+        char limit[96] = "";
+        if (be->mem_limit)
+            snprintf(limit, sizeof limit, "; limit %.1f MiB (COOKTRAIN_MEM_LIMIT_MB)",
+                     (double)be->mem_limit / (1024.0 * 1024.0));
         ct_error(CT_ERR_RUNTIME,
                  "out of %s memory: could not allocate %zu bytes (%.1f MiB) for %s "
-                 "(%zu bytes already in use in total)",
+                 "(%zu bytes already in use in total%s)",
                  be->iface->name, bytes, (double)bytes / (1024.0 * 1024.0),
-                 ct_mem_category_name(category), ct_backend_mem_total(be));
+                 ct_mem_category_name(category), in_use, limit);
         ct_hint("reduce train.micro_batch or model size, use activation recompute or a higher "
                 "parallel.zero_stage, or spread the model over more ranks (tp/pp)");
         return NULL;

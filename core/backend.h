@@ -140,6 +140,11 @@ struct ct_backend_i {
     void (*event_wait)(void *ctx, int event);
     void (*sync)(void *ctx);
 
+    /* The hardware's peak fp32 FLOP/s for the threads or device this backend uses — the
+     * denominator of MFU — and how it was obtained, written into `how` (e.g. "measured: FMA
+     * loop on 2 threads"). NULL: unknown (MFU is then not reported). */
+    double (*peak_flops)(void *ctx, char *how, size_t how_cap);
+
     void (*free_backend)(void *ctx); /* NULL: nothing to release */
 };
 
@@ -160,6 +165,10 @@ const char *ct_prof_category_name(ct_prof_category category);
 typedef struct ct_backend {
     const struct ct_backend_i *iface;
     void *ctx;
+    /* Allocations beyond this many bytes in total fail as out of memory (0: no limit): the
+     * environment variable COOKTRAIN_MEM_LIMIT_MB sets it when a backend is made, to rehearse a
+     * device's memory on the CPU and to test the out-of-memory paths. */
+    size_t mem_limit;
     size_t bytes_in_use[CT_MEM_COUNT];
     size_t peak_bytes[CT_MEM_COUNT];
     bool profiling;
@@ -176,6 +185,11 @@ ct_backend *ct_backend_cpu_new(int n_threads);
 void ct_backend_free(ct_backend *be);
 int ct_backend_cpu_threads(const ct_backend *be);
 void ct_backend_sync(ct_backend *be);
+/* COOKTRAIN_MEM_LIMIT_MB as bytes (0 when unset; a malformed value is ignored with a warning):
+ * every backend constructor sets its mem_limit from it. */
+size_t ct_backend_env_mem_limit(void);
+/* The backend's peak_flops slot (0 when the backend does not know; `how` says so). */
+double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap);
 
 /* Bytes currently allocated in one category and the total over all categories. */
 size_t ct_backend_mem(const ct_backend *be, ct_mem_category category);

@@ -43,10 +43,12 @@ int64_t ct_dataset_n_tokens(const ct_dataset *ds);
 
 /*
  * Fills inputs and targets (each n_seq × seq_len, row-major) with the samples of global indices
- * [first, first + n_seq) in the dataset's order. Host memory.
+ * [first, first + n_seq) in the dataset's order. Host memory. Every token read is checked
+ * against its shard's vocab_size: a token out of range (a corrupt shard) gives CT_ERR_INPUT
+ * naming the file, position and sample (the buffers are then partly filled).
  */
-void ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t *inputs,
-                     int32_t *targets);
+ct_status ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t *inputs,
+                          int32_t *targets);
 
 /*
  * Added: the sample (in [0, n_samples), shards in name order, samples in file order) that global
@@ -56,9 +58,9 @@ void ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t *inpu
 int64_t ct_dataset_sample_at(ct_dataset *ds, int64_t g);
 
 /*
- * Added: reads every token once and checks it is below its shard's header vocab_size;
- * CT_ERR_INPUT naming the file and position otherwise. Costs one pass over the data (memory
- * bandwidth), so ct_dataset_open does not do it; `cooktrain` may call it when asked to verify.
+ * Reads every token once and checks it is below its shard's header vocab_size; CT_ERR_INPUT
+ * naming the file and position otherwise. Costs one pass over all the data, so training does
+ * not call it: ct_dataset_fill checks the tokens of each sample it reads instead.
  */
 ct_status ct_dataset_check_tokens(const ct_dataset *ds);
 

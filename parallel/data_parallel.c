@@ -34,6 +34,8 @@ typedef struct dp_unit {
     slot *staging;               /* stages 2-3: slot holding its gradients */
     slot *gathered;              /* stage 3: slot holding its gathered parameters */
     ct_comm_request *gather_req; /* gather in flight into `gathered` */
+    int backwards_left;          /* this step's backward passes of the unit still to end */
+    bool reduce_seen_done;       /* its reduction was seen complete while polling (trace) */
 } dp_unit;
 
 struct ct_dp {
@@ -44,8 +46,9 @@ struct ct_dp {
     dp_unit *units;
     slot staging_pool[STAGING_POOL], staging_dedicated;
     slot gather_pool[GATHER_POOL], gather_dedicated;
-    uint64_t clock; /* counts slot acquisitions */
-    int microbatch, n_microbatches;
+    uint64_t clock;     /* counts slot acquisitions */
+    int microbatch;     /* the microbatch announced last (labels events) */
+    int backwards_per_step; /* backward passes of every unit per step (ct_dp_begin_step) */
     double created, exposed;
     bool logging;
     ct_dp_event *events;
@@ -145,7 +148,7 @@ static void complete_reduction(ct_dp *dp, int u) {
     if (du->reduce_req) {
         timed_wait(dp, du->reduce_req);
         du->reduce_req = NULL;
-        log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
+        if (!du->reduce_seen_done) log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
     }
     if (dp->stage >= 2 && du->staging) {
         ct_tensor *mine = view(du->staging->buf, du->shard_lo, du->shard_n);
@@ -184,6 +187,7 @@ static void start_reduction(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
     ct_unit *unit = &dp->model->units[u];
     log_event(dp, CT_DP_EVENT_REDUCE_START, u);
+    du->reduce_seen_done = false;
     switch (dp->stage) {
     case 0:
         du->reduce_req =
@@ -258,7 +262,13 @@ static void hook_unit_end(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
     if (pass == CT_PASS_BACKWARD) {
         log_event(dp, CT_DP_EVENT_BACKWARD_END, u);
-        bool last = dp->microbatch == dp->n_microbatches - 1;
+        /* The unit's gradients for the step are complete after its last backward pass of the
+         * step, whichever microbatch that is: counted, so a schedule that orders microbatches
+         * differently cannot make stages 0-1 reduce partial sums. */
+        dp_unit *du = &dp->units[u];
+        CT_ASSERTF(du->backwards_left > 0, "unit %s: more backward passes than the %d of a step",
+                   dp->model->units[u].name, dp->backwards_per_step);
+        bool last = --du->backwards_left == 0;
         if (dp->model->layout.sequence_parallel && dp->model->layout.tp_size > 1 &&
             (dp->stage >= 2 || last))
             tp_reduce_replicated(dp, u);
@@ -280,6 +290,16 @@ static void hook_unit_end(void *ctx, int u, ct_pass pass) {
 static void hook_poll(void *ctx) {
     ct_dp *dp = ctx;
     ct_comm_poll(dp->comm);
+    if (!dp->logging) return;
+    /* For the trace: when each reduction is first seen complete, so the trace shows reductions
+     * finishing while backward still runs (completion itself stays in program order). */
+    for (int u = 0; u < dp->model->n_units; u++) {
+        dp_unit *du = &dp->units[u];
+        if (du->reduce_req && !du->reduce_seen_done && ct_comm_test(dp->comm, du->reduce_req)) {
+            du->reduce_seen_done = true;
+            log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
+        }
+    }
 }
 
 /* ---- construction ---------------------------------------------------------------------------- */
@@ -304,7 +324,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     dp->stage = zero_stage;
     dp->N = comm->size;
     dp->rank = comm->rank;
-    dp->n_microbatches = 1;
+    dp->backwards_per_step = 1;
     dp->created = ct_now();
     ct_backend *be = model->be;
     const bool tied_local = model->embed_unit >= 0 && model->head_unit >= 0;
@@ -393,8 +413,11 @@ void ct_dp_free(ct_dp *dp) {
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
-void ct_dp_begin_step(ct_dp *dp) {
+void ct_dp_begin_step(ct_dp *dp, int n_microbatches) {
+    CT_ASSERT(n_microbatches >= 1);
     dp->exposed = 0.0;
+    dp->backwards_per_step = n_microbatches;
+    for (int u = 0; u < dp->model->n_units; u++) dp->units[u].backwards_left = n_microbatches;
     if (dp->stage >= 2) {
         for (int u = 0; u < dp->model->n_units; u++) ct_tensor_zero(dp->units[u].grad_shard);
     } else {
@@ -402,12 +425,15 @@ void ct_dp_begin_step(ct_dp *dp) {
     }
 }
 
-void ct_dp_begin_microbatch(ct_dp *dp, int mb, int n_mb) {
+void ct_dp_begin_microbatch(ct_dp *dp, int mb) {
     dp->microbatch = mb;
-    dp->n_microbatches = n_mb;
 }
 
 void ct_dp_finish_backward(ct_dp *dp) {
+    for (int u = 0; u < dp->model->n_units; u++)
+        CT_ASSERTF(dp->units[u].backwards_left == 0,
+                   "unit %s: %d of its %d backward passes of the step did not run",
+                   dp->model->units[u].name, dp->units[u].backwards_left, dp->backwards_per_step);
     /* Oldest first: the order units finished their backward. */
     for (;;) {
         int next = -1;
@@ -540,13 +566,22 @@ void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_C
 }
 
 double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m) {
-    double f = (double)(N - 1) / (double)N;
+    if (N <= 1) return 0.0;
+    double f = (double)(N - 1) / (double)N, bytes;
     switch (stage) {
     case 0:
-    case 1: return 2.0 * (double)phi * f;
-    case 2: return (double)(m + 1) * (double)phi * f;
-    default: return 3.0 * (double)m * (double)phi * f;
+    case 1: bytes = 2.0 * (double)phi * f; break;
+    case 2: bytes = (double)(m + 1) * (double)phi * f; break;
+    default: bytes = 3.0 * (double)m * (double)phi * f; break;
     }
+    /* The sharded stages also allreduce the gradient norm's partial sum (one f64); counted
+     * with the ring model's integer division, as comm.c counts it. */
+    if (stage >= 1) bytes += (double)ct_zero_scalar_allreduce_bytes(N);
+    return bytes;
+}
+
+uint64_t ct_zero_scalar_allreduce_bytes(int N) {
+    return N <= 1 ? 0 : 2 * (uint64_t)sizeof(double) * (uint64_t)(N - 1) / (uint64_t)N;
 }
 
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {

@@ -37,7 +37,8 @@ typedef enum ct_dp_event_kind {
     CT_DP_EVENT_BACKWARD_BEGIN = 0, /* a unit's backward starts */
     CT_DP_EVENT_BACKWARD_END,       /* a unit's gradients are complete */
     CT_DP_EVENT_REDUCE_START,       /* its reduction is started */
-    CT_DP_EVENT_REDUCE_DONE,        /* its reduction is seen complete */
+    CT_DP_EVENT_REDUCE_DONE,        /* its reduction is first seen complete (polled between ops
+                                       while the log is on; else when waited for) */
     CT_DP_EVENT_GATHER_START,       /* ZeRO-3: a unit's gather starts */
     CT_DP_EVENT_GATHER_DONE,
 } ct_dp_event_kind;
@@ -59,11 +60,15 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
                     const ct_train_config *tc);
 void ct_dp_free(ct_dp *dp);
 
-/* Starts a step: zeroes gradients (full buffers or shards) and the exposed-communication clock. */
-void ct_dp_begin_step(ct_dp *dp);
-/* Announces microbatch `mb` of `n_mb` (stages 0-1 reduce only after the last one). */
-void ct_dp_begin_microbatch(ct_dp *dp, int mb, int n_mb);
-/* Waits for every outstanding reduction; after it, this rank's gradient ranges are final. */
+/* Starts a step of n_microbatches: zeroes gradients (full buffers or shards) and the
+ * exposed-communication clock. Every unit on this rank will run n_microbatches backward passes;
+ * stages 0-1 reduce a unit when its last one ends, counted, in whatever order a schedule runs
+ * the microbatches. */
+void ct_dp_begin_step(ct_dp *dp, int n_microbatches);
+/* Announces microbatch `mb` (it labels the event log; reductions do not depend on it). */
+void ct_dp_begin_microbatch(ct_dp *dp, int mb);
+/* Waits for every outstanding reduction; after it, this rank's gradient ranges are final. Every
+ * unit must have run its n_microbatches backward passes (an assertion). */
 void ct_dp_finish_backward(ct_dp *dp);
 /* Pipeline parallel: sums the tied embedding's gradient between the first stage (wte) and the
  * last (its twin) over the embedding group, on this rank's range, after ct_dp_finish_backward.
@@ -74,9 +79,14 @@ double ct_dp_grad_sumsq(ct_dp *dp);
 /* AdamW on this rank's ranges, then (stages 1-2) the parameter allgather. */
 void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale);
 
-/* The formulas above for Φ = phi bytes over N ranks at a ZeRO stage (used by `plan`). */
+/* The formulas above for Φ = phi bytes over N ranks at a ZeRO stage (used by `plan`). The step
+ * bytes are exact: the formula plus, at stages >= 1, the gradient norm's one-f64 allreduce
+ * (ct_zero_scalar_allreduce_bytes). */
 void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_COUNT]);
 double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m);
+/* Ring-model bytes of one f64 allreduce over N ranks, as comm.c counts them (2·8·(N−1)/N,
+ * rounded down): the per-step scalars (loss, gradient norm) a trainer adds to the formulas. */
+uint64_t ct_zero_scalar_allreduce_bytes(int N);
 /* Predicted bytes per category (params, grads, optim) from the formulas above. */
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]);
 /* Predicted dp-group bytes sent per step by this rank for m microbatches (ring model). */

@@ -14,13 +14,16 @@ struct ct_pipeline {
     ct_model *model;
     ct_dp *dp;
     ct_pctx *pctx;
-    ct_schedule *train, *forward_only;
+    ct_schedule *train, *forward_only; /* train is NULL for a forward-only executor */
     int m, n_chunks;
     int64_t B;
-    ct_acts **pool; /* free activation contexts */
-    int n_pool;
+    ct_acts **pool; /* free activation contexts, all allocated up front */
+    int n_pool, pool_size;
     ct_acts **acts;      /* [m] context of each microbatch in flight, or NULL */
     int *backwards_left; /* [m] local chunks whose backward is still to run */
+    int *forwards_left;  /* [m] local chunks whose forward is still to run (forward-only) */
+    ct_pipeline_head_fn head_fn; /* called after each forward of the chunk with the LM head */
+    void *head_ctx;
     ct_grad_scratch *scratch;
     pending_send *sends;
     int n_sends, cap_sends;
@@ -36,6 +39,7 @@ struct ct_pipeline {
 
 ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                           ct_schedule_kind kind, int m, int64_t B) {
+    *out = NULL;
     ct_pipeline *p = ct_xcalloc(1, sizeof *p);
     p->model = model;
     p->dp = dp;
@@ -44,27 +48,54 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     p->B = B;
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
-    p->train = ct_schedule_new(kind, pctx->pp, v, m);
-    p->forward_only =
-        p->train ? ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m) : NULL;
-    if (!p->train || !p->forward_only) {
+    const bool forward_only = kind == CT_SCHEDULE_KIND_FORWARD_ONLY;
+    if (!forward_only) {
+        p->train = ct_schedule_new(kind, pctx->pp, v, m);
+        if (!p->train) {
+            ct_pipeline_free(p);
+            return CT_ERR_INPUT;
+        }
+    }
+    p->forward_only = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m);
+    if (!p->forward_only) {
         ct_pipeline_free(p);
         return CT_ERR_INPUT;
     }
-    p->pool = ct_xcalloc((size_t)m, sizeof *p->pool);
     p->acts = ct_xcalloc((size_t)m, sizeof *p->acts);
     p->backwards_left = ct_xcalloc((size_t)m, sizeof(int));
+    p->forwards_left = ct_xcalloc((size_t)m, sizeof(int));
     /* At most one owned gradient buffer per backward action can be in flight. */
     p->grad_bufs = ct_xcalloc((size_t)m * (size_t)v + 1, sizeof *p->grad_bufs);
     p->host_tokens = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
     p->host_targets = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
-    ct_status st = ct_grad_scratch_new(&p->scratch, model, B);
+    /* Activation contexts: as many as the training schedule holds at once on this rank (the
+     * simulator's peak, which the executor meets exactly), all allocated now so that running
+     * out of memory is a start-up error with a message rather than a failure mid-step. The
+     * forward-only schedule reuses them (it frees a context once its forwards here are done). */
+    p->pool_size = 1;
+    if (p->train) {
+        ct_sim_result sim = ct_schedule_simulate(p->train, 2.0);
+        p->pool_size = CT_MAX(1, sim.peak_inflight_mb[pctx->pp_rank]);
+        ct_sim_result_release(&sim);
+    }
+    p->pool = ct_xcalloc((size_t)p->pool_size, sizeof *p->pool);
+    ct_status st = CT_OK;
+    for (int i = 0; i < p->pool_size && st == CT_OK; i++) {
+        st = ct_acts_new(&p->pool[i], model, B);
+        if (st == CT_OK) p->n_pool++;
+    }
+    if (st == CT_OK && p->train) st = ct_grad_scratch_new(&p->scratch, model, B);
     if (st != CT_OK) {
         ct_pipeline_free(p);
         return st;
     }
     *out = p;
     return CT_OK;
+}
+
+void ct_pipeline_set_head_fn(ct_pipeline *p, ct_pipeline_head_fn fn, void *ctx) {
+    p->head_fn = fn;
+    p->head_ctx = ctx;
 }
 
 static void wait_sends(ct_pipeline *p, int mb);
@@ -82,6 +113,7 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->pool);
     free(p->acts);
     free(p->backwards_left);
+    free(p->forwards_left);
     free(p->grad_bufs);
     free(p->sends);
     free(p->host_tokens);
@@ -140,18 +172,44 @@ static void track_send(ct_pipeline *p, ct_comm_request *req, ct_tensor *buf, int
     p->sends[p->n_sends++] = (pending_send){.req = req, .buf = buf, .mb = mb};
 }
 
+/* Forward-only: frees the context of a microbatch whose forwards here are all done (the oldest
+ * such one), once the sends that read it complete. */
+static bool release_finished_forward(ct_pipeline *p) {
+    for (int mb = 0; mb < p->m; mb++) {
+        if (p->acts[mb] && p->forwards_left[mb] == 0) {
+            release_acts(p, mb);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The activation context of microbatch mb, taken from the pool on first use. */
 static ct_acts *acts_for(ct_pipeline *p, int mb, ct_batch_fn fill, void *ctx, bool train) {
     if (p->acts[mb]) return p->acts[mb];
-    ct_acts *a = p->n_pool > 0 ? p->pool[--p->n_pool] : NULL;
-    if (!a) CT_ASSERTF(ct_acts_new(&a, p->model, p->B) == CT_OK, "out of memory for activations");
+    if (p->n_pool == 0 && !train) release_finished_forward(p);
+    /* Training holds at most the simulated peak, which is the pool's size (pipeline.h). */
+    CT_ASSERTF(p->n_pool > 0, "pipeline rank %d: more than %d activation contexts in flight",
+               p->pctx->pp_rank, p->pool_size);
+    ct_acts *a = p->pool[--p->n_pool];
     fill(ctx, mb, p->host_tokens, p->host_targets);
     ct_acts_set_batch(a, p->host_tokens, p->host_targets);
     p->acts[mb] = a;
     p->backwards_left[mb] = train ? p->model->layout.n_chunks : 0;
+    p->forwards_left[mb] = p->model->layout.n_chunks;
     p->inflight++;
     p->peak_inflight = CT_MAX(p->peak_inflight, p->inflight);
     return a;
+}
+
+/* Out of memory in the middle of a step: one rank cannot agree with the others, which are busy
+ * in the schedule, so the job ends here (exit 1) with the rank and the allocation named. */
+__attribute__((noreturn)) static void fail_out_of_memory(ct_pipeline *p, const char *what) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ct_error_message());
+    ct_error(CT_ERR_RUNTIME, "rank %d (pipeline stage %d), %s: %s", p->pctx->world_rank,
+             p->pctx->pp_rank, what, msg);
+    ct_mpi_abort(1);
 }
 
 /* Gives microbatch mb's context back to the pool; sends that read it must have completed. */
@@ -185,6 +243,7 @@ static void log_action(ct_pipeline *p, const ct_action *act) {
 /* ---- the executor --------------------------------------------------------------------------- */
 
 double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx) {
+    CT_ASSERTF(!train || p->train, "a forward-only pipeline cannot train");
     const ct_schedule *s = train ? p->train : p->forward_only;
     const int r = p->pctx->pp_rank;
     ct_comm *pp = p->pctx->pp_comm;
@@ -206,11 +265,16 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         }
         case CT_ACTION_FORWARD: {
             ct_acts *a = acts_for(p, mb, fill, ctx, train);
-            ct_dp_begin_microbatch(p->dp, mb, p->m);
+            ct_dp_begin_microbatch(p->dp, mb);
             double l = 0.0;
             ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f, &l);
-            if (m->layout.chunks[j].has_head) loss += l;
-            /* Forward-only (evaluation) keeps its contexts until the end of the run. */
+            if (m->layout.chunks[j].has_head) {
+                loss += l;
+                if (p->head_fn) p->head_fn(p->head_ctx, mb, a);
+            }
+            /* Forward-only: the context is free once its last forward here is done and its
+             * send completes; taken back when the pool runs dry (release_finished_forward). */
+            p->forwards_left[mb]--;
             break;
         }
         case CT_ACTION_SEND_ACT: {
@@ -228,7 +292,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             break;
         }
         case CT_ACTION_BACKWARD: {
-            ct_dp_begin_microbatch(p->dp, mb, p->m);
+            ct_dp_begin_microbatch(p->dp, mb);
             ct_model_backward_chunk(m, j, p->acts[mb], p->scratch);
             /* The first chunk sends nothing back: its last backward frees the context now;
              * elsewhere SEND_GRAD follows and frees it. */
@@ -241,7 +305,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             ct_tensor *buf = p->n_grad_bufs > 0 ? p->grad_bufs[--p->n_grad_bufs] : NULL;
             if (!buf) {
                 buf = ct_tensor_new(m->be, CT_DTYPE_F32, 3, p->scratch->dres->shape, CT_MEM_COMM);
-                CT_ASSERTF(buf != NULL, "out of memory for a gradient send buffer");
+                if (!buf) fail_out_of_memory(p, "a gradient send buffer");
             }
             ct_tensor_copy(buf, p->scratch->dres);
             ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, CT_DTYPE_F32, act->peer,

@@ -4,7 +4,10 @@
  *
  * Each microbatch in flight has its own activation context (ct_acts), taken from a pool on its
  * first forward here and given back once its last backward here is done, so memory follows the
- * schedule's in-flight count (forward-only evaluation keeps its contexts to the end of the run).
+ * schedule's in-flight count. The pool holds exactly the simulator's peak for this rank and is
+ * allocated when the executor is made (out of memory is a start-up error, not a mid-step one).
+ * The forward-only schedule (evaluation, sampling) reuses the pool: a context goes back once
+ * its forwards here are done and the sends that read it have completed.
  * Activations travel as the residual stream at chunk boundaries, (B, T, C) — (B, T/tp, C) with
  * sequence parallelism — point to point on the pp group with non-blocking sends; a receive waits,
  * polling, and that waiting is the measured bubble. Between actions the executor polls the
@@ -24,9 +27,17 @@ typedef void (*ct_batch_fn)(void *ctx, int mb, int32_t *tokens, int32_t *targets
 typedef struct ct_pipeline ct_pipeline;
 
 /* An executor for `model` (this rank's chunks) on the grid's pp group; m microbatches of B
- * sequences per step, training with the `kind` schedule (v from the model's layout). */
+ * sequences per step, training with the `kind` schedule (v from the model's layout), or only
+ * running forwards with kind CT_SCHEDULE_KIND_FORWARD_ONLY (then ct_pipeline_run must be called
+ * with train = false). Allocates the activation contexts (CT_ERR_RUNTIME on out of memory). */
 ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                           ct_schedule_kind kind, int m, int64_t B);
+
+/* Called on the rank that holds the LM head right after each forward of that chunk, with the
+ * microbatch and its activations (the logits are in acts->logits; with dloss = 0 they are kept
+ * as logits). Lets a caller read the output before the context is reused (the sampler). */
+typedef void (*ct_pipeline_head_fn)(void *ctx, int mb, ct_acts *acts);
+void ct_pipeline_set_head_fn(ct_pipeline *p, ct_pipeline_head_fn fn, void *ctx);
 void ct_pipeline_free(ct_pipeline *p);
 
 /*

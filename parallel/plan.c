@@ -69,7 +69,10 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         ct_zero_expected_memory(phi, dp, stage, mem);
         int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
         double acts = (double)ct_acts_bytes(model, B) * inflight;
-        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(phi, dp, stage, m) : 0.0;
+        /* The formula plus the loss sum the trainer allreduces over dp every step. */
+        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(phi, dp, stage, m) +
+                                       (double)ct_zero_scalar_allreduce_bytes(dp)
+                                 : 0.0;
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
         /* point to point: each chunk boundary sends B·Tl·C floats per microbatch each way */
         double boundary = (double)B * (double)model->Tl * (double)model->C * 4.0, pp_bytes = 0;

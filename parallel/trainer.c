@@ -14,7 +14,9 @@
 #include "core/rng.h"
 #include "core/tokenizer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/param_stream.h"
 #include "parallel/pipeline.h"
+#include "parallel/sampler.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -174,15 +176,17 @@ typedef struct trainer {
     bool own_pctx, rank0;
     ct_model *model;
     ct_dp *dp;
-    ct_pipeline *pipeline;  /* pp > 1: runs the schedule; else microbatches run in a loop */
-    ct_dataset *batch_data; /* what the pipeline's batch callback reads from */
-    int64_t batch_first;    /* its first global sample index for this step */
+    ct_pipeline *pipeline; /* pp > 1: runs the schedule; else microbatches run in a loop */
     ct_acts *acts;
     ct_grad_scratch *scratch;
     ct_dataset *train_data, *val_data;
-    int32_t *host_inputs, *host_targets; /* (micro_batch·T) */
+    /* This rank's sequences of the step (or evaluation batch), read and checked before the step
+     * starts: grad_accum microbatches of (micro_batch·T) tokens and targets. */
+    int32_t *step_inputs, *step_targets;
     FILE *metrics;
-    ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
+    char metrics_path[CT_PATH_MAX + 32];
+    ct_status metrics_status; /* rank 0: a failed write (full disk), agreed at the next step */
+    ct_tokenizer *tokenizer;  /* loaded at start when a sample is asked for */
     int dp_rank, dp_size;
 } trainer;
 
@@ -194,8 +198,8 @@ static void trainer_free(trainer *t) {
     ct_model_free(t->model);
     ct_dataset_free(t->train_data);
     ct_dataset_free(t->val_data);
-    free(t->host_inputs);
-    free(t->host_targets);
+    free(t->step_inputs);
+    free(t->step_targets);
     ct_tokenizer_free(t->tokenizer);
     if (t->metrics) fclose(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
@@ -205,6 +209,25 @@ static void trainer_free(trainer *t) {
 static ct_status agree(trainer *t, ct_status st) {
     if (t->pctx->world_size == 1) return st;
     return ct_mpi_agree(st);
+}
+
+/* The same, once per step: one small allreduce on the world group (watchdog-guarded) when all
+ * is well, the message exchange only when some rank failed. */
+static ct_status step_agree(trainer *t, ct_status st) {
+    if (t->pctx->world_size == 1) return st;
+    int32_t failed = st != CT_OK;
+    ct_comm_allreduce(t->pctx->world, &failed, 1, CT_DTYPE_I32, CT_REDUCE_MAX);
+    return failed ? ct_mpi_agree(st) : CT_OK;
+}
+
+/* A write to the metrics file (rank 0): a failure (a full disk) is kept and agreed on at the
+ * next step boundary, so every rank stops together. */
+static void metrics_check(trainer *t) {
+    if (!t->metrics || t->metrics_status != CT_OK) return;
+    if (fflush(t->metrics) == 0 && !ferror(t->metrics)) return;
+    t->metrics_status = ct_error(CT_ERR_RUNTIME, "cannot write the metrics file '%s': %s",
+                                 t->metrics_path, strerror(errno));
+    ct_hint("check free space where log.metrics / log.run_dir point");
 }
 
 /* Files and settings every rank checks for itself: data, tokenizer, metrics. */
@@ -256,11 +279,18 @@ static ct_status open_inputs(trainer *t) {
             return CT_ERR_INPUT;
         }
         ct_config_print(cfg, f);
-        fclose(f);
+        bool written = fflush(f) == 0 && !ferror(f);
+        if (fclose(f) != 0 || !written) {
+            ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", path,
+                     strerror(errno));
+            ct_hint("check free space in log.run_dir");
+            return CT_ERR_RUNTIME;
+        }
         if (!metrics[0]) snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
     }
     if (metrics[0] && t->rank0) {
         CT_TRY(make_parent_dirs(metrics));
+        snprintf(t->metrics_path, sizeof t->metrics_path, "%s", metrics);
         t->metrics = fopen(metrics, "w");
         if (!t->metrics) {
             ct_error(CT_ERR_INPUT, "cannot open the metrics file '%s': %s", metrics,
@@ -302,11 +332,33 @@ static ct_status build_model(trainer *t) {
     return CT_OK;
 }
 
-/* The pipeline's batch callback: microbatch mb of this rank's share of the step. */
+/* Reads this rank's share of one global batch — samples [first, first + G/dp) of `ds`, every
+ * token checked — into the step buffers, then agrees with every rank before any collective of
+ * the step runs: a corrupt sample on one rank ends all of them (exit 2), nobody hangs. Rank 0
+ * also brings in a failed metrics write from the step before. */
+static ct_status read_batch(trainer *t, ct_dataset *ds, int64_t first) {
+    const int64_t per_rank = t->cfg->train.global_batch / t->dp_size;
+    ct_status st = ct_dataset_fill(ds, first, per_rank, t->step_inputs, t->step_targets);
+    if (st == CT_OK) st = t->metrics_status;
+    return step_agree(t, st);
+}
+
+/* Microbatch mb of the step buffers (host, B·T each). */
+static void microbatch_tokens(trainer *t, int mb, const int32_t **tokens,
+                              const int32_t **targets) {
+    int64_t n = t->cfg->train.micro_batch * t->cfg->model.seq_len;
+    *tokens = t->step_inputs + mb * n;
+    *targets = t->step_targets + mb * n;
+}
+
+/* The pipeline's batch callback: microbatch mb of the step buffers. */
 static void fill_batch(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     trainer *t = ctx;
-    int64_t B = t->cfg->train.micro_batch;
-    ct_dataset_fill(t->batch_data, t->batch_first + mb * B, B, tokens, targets);
+    const int32_t *in, *tg;
+    microbatch_tokens(t, mb, &in, &tg);
+    size_t bytes = (size_t)(t->cfg->train.micro_batch * t->cfg->model.seq_len) * sizeof(int32_t);
+    memcpy(tokens, in, bytes);
+    memcpy(targets, tg, bytes);
 }
 
 /* Sum over the pipeline group: only the stage holding the loss contributes. */
@@ -324,9 +376,9 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     t->rank0 = t->pctx->world_rank == 0;
     t->dp_rank = t->pctx->dp_rank;
     t->dp_size = t->pctx->dp;
-    size_t n = (size_t)(cfg->train.micro_batch * cfg->model.seq_len);
-    t->host_inputs = ct_xmalloc(n * sizeof(int32_t));
-    t->host_targets = ct_xmalloc(n * sizeof(int32_t));
+    size_t n = (size_t)(cfg->train.global_batch / t->dp_size * cfg->model.seq_len);
+    t->step_inputs = ct_xmalloc(n * sizeof(int32_t));
+    t->step_targets = ct_xmalloc(n * sizeof(int32_t));
     if (cfg->checkpoint.dir[0] || cfg->checkpoint.interval > 0) {
         /* Refuse rather than train for hours believing checkpoints are being written. */
         ct_error(CT_ERR_INPUT, "checkpoint.dir / checkpoint.interval: checkpoints are not "
@@ -346,95 +398,64 @@ static double dp_sum(trainer *t, double x) {
 }
 
 /* Mean loss over eval_steps global batches of the validation set, from its first samples so
- * every evaluation sees the same data. */
-static double evaluate(trainer *t) {
+ * every evaluation sees the same data. *val_loss is set on every rank; a corrupt validation
+ * sample is agreed on like a training one. */
+static ct_status evaluate(trainer *t, double *val_loss) {
     const ct_config *cfg = t->cfg;
-    int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
+    int64_t G = cfg->train.global_batch, T = cfg->model.seq_len, accum = cfg->derived.grad_accum;
     double sum = 0.0;
-    if (t->pipeline) {
-        t->batch_data = t->val_data;
-        for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
-            t->batch_first = s * G + t->dp_rank * (G / t->dp_size);
-            sum += ct_pipeline_run(t->pipeline, false, 0.0f, fill_batch, t);
-        }
-        return dp_sum(t, pp_sum(t, sum)) / (double)(cfg->train.eval_steps * G * T);
-    }
     for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
-        for (int64_t first = s * G + t->dp_rank * (G / t->dp_size);
-             first < s * G + (t->dp_rank + 1) * (G / t->dp_size); first += B) {
-            ct_dataset_fill(t->val_data, first, B, t->host_inputs, t->host_targets);
-            ct_acts_set_batch(t->acts, t->host_inputs, t->host_targets);
+        CT_TRY(read_batch(t, t->val_data, s * G + t->dp_rank * (G / t->dp_size)));
+        if (t->pipeline) {
+            sum += ct_pipeline_run(t->pipeline, false, 0.0f, fill_batch, t);
+            continue;
+        }
+        for (int64_t mb = 0; mb < accum; mb++) {
+            const int32_t *in, *tg;
+            microbatch_tokens(t, (int)mb, &in, &tg);
+            ct_acts_set_batch(t->acts, in, tg);
             sum += ct_model_forward(t->model, t->acts, 0.0f);
         }
     }
-    return dp_sum(t, sum) / (double)(cfg->train.eval_steps * G * T);
+    if (t->pipeline) sum = pp_sum(t, sum);
+    *val_loss = dp_sum(t, sum) / (double)(cfg->train.eval_steps * G * T);
+    return CT_OK;
 }
 
-/* Draws from softmax(logits) over the real vocabulary with a counter-based uniform. */
-static int32_t sample_token(const float *logits, int64_t V, double u) {
-    double max = -INFINITY, sum = 0.0;
-    for (int64_t i = 0; i < V; i++) max = fmax(max, logits[i]);
-    for (int64_t i = 0; i < V; i++) sum += exp(logits[i] - max);
-    double target = u * sum, acc = 0.0;
-    for (int64_t i = 0; i < V; i++) {
-        acc += exp(logits[i] - max);
-        if (acc >= target) return (int32_t)i;
-    }
-    return (int32_t)(V - 1);
-}
-
-/* Every rank runs the sampler in lockstep (ZeRO-3 gathers are collective); rank 0 prints. */
+/* The after-training sample (log.sample_tokens): every rank runs the sampler in lockstep (its
+ * forward passes are collective, sampler.h); rank 0 prints. */
 static ct_status print_sample(trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_tokenizer *tok = t->tokenizer;
     if (cfg->log.sample_tokens <= 0 || !tok) return CT_OK;
-    if (t->pipeline) {
-        if (t->rank0)
-            printf("(log.sample_tokens: sampling runs without pipeline parallelism; "
-                   "skipped at parallel.pp=%d)\n",
-                   t->pctx->pp);
-        return CT_OK;
-    }
-    ct_model *m = t->model;
-    ct_acts *acts = NULL;
-    CT_TRY(ct_acts_new(&acts, m, 1));
-    int64_t T = m->T, Vl = m->Vp;
-    int32_t *ids = NULL;
+    int32_t *prompt = NULL;
     size_t n_prompt = ct_tokenizer_encode(tok, (const uint8_t *)cfg->log.sample_prompt,
-                                          strlen(cfg->log.sample_prompt), &ids);
-    int64_t total = (int64_t)n_prompt + cfg->log.sample_tokens;
-    ids = realloc(ids, (size_t)CT_MAX(total, 1) * sizeof(int32_t));
-    if (n_prompt == 0) ids[n_prompt++] = '\n'; /* start from a newline byte */
-    int32_t *window = ct_xcalloc((size_t)T, sizeof(int32_t));
-    float *logits = ct_xmalloc((size_t)Vl * sizeof(float));
-    int64_t n = (int64_t)n_prompt;
-    for (int64_t k = 0; k < cfg->log.sample_tokens && n < total; k++) {
-        int64_t start = n > T ? n - T : 0, len = n - start;
-        memset(window, 0, (size_t)T * sizeof(int32_t));
-        memcpy(window, ids + start, (size_t)len * sizeof(int32_t));
-        ct_acts_set_batch(acts, window, window);
-        ct_model_forward(m, acts, 0.0f);
-        ct_tensor *row = ct_tensor_view_1d(acts->logits, (len - 1) * Vl, Vl);
-        ct_tensor_to_host(logits, row);
-        ct_tensor_free(row);
-        ids[n++] = sample_token(logits, m->V, ct_rng_uniform(cfg->train.seed, 0x5a4d, (uint64_t)k));
+                                          strlen(cfg->log.sample_prompt), &prompt);
+    if (n_prompt == 0) { /* start from a newline byte */
+        prompt = realloc(prompt, sizeof(int32_t));
+        CT_ASSERT(prompt != NULL);
+        prompt[n_prompt++] = '\n';
     }
-    size_t n_bytes = 0;
-    uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    ct_status st = ct_sample_tokens(t->model, t->dp, t->pctx, prompt, (int64_t)n_prompt,
+                                    cfg->log.sample_tokens, cfg->train.seed, &ids, &n);
+    free(prompt);
+    if (st != CT_OK) return st;
     if (t->rank0) {
+        size_t n_bytes = 0;
+        uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
         printf("---- sample (%lld tokens) ----\n", (long long)cfg->log.sample_tokens);
         fwrite(text, 1, n_bytes, stdout);
         printf("\n-----------------------------\n");
+        free(text);
     }
-    free(text);
-    free(window);
-    free(logits);
     free(ids);
-    ct_acts_free(acts);
     return CT_OK;
 }
 
-static void print_start(trainer *t, double peak, double tokens_per_step) {
+static void print_start(trainer *t, const char *peak_how, double hw_peak, double gemm_rate,
+                        double tokens_per_step) {
     const ct_config *cfg = t->cfg;
     ct_pctx *p = t->pctx;
     printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
@@ -444,15 +465,19 @@ static void print_start(trainer *t, double peak, double tokens_per_step) {
            (long long)cfg->model.vocab_size, (long long)cfg->derived.vocab_padded,
            (double)cfg->derived.n_params / 1e6);
     if (p->world_size > 1) ct_pctx_print(p, stdout);
-    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld x "
+    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld%s x "
            "grad_accum %lld x dp %d; %.0f tokens/step\n",
            (long long)ct_dataset_n_samples(t->train_data),
            (long long)ct_dataset_n_tokens(t->train_data), (long long)cfg->train.global_batch,
-           (long long)cfg->train.micro_batch, (long long)cfg->derived.grad_accum, t->dp_size,
-           tokens_per_step);
-    printf("backend: %s, %d threads per rank, %d ranks; GEMM peak per rank (measured): "
-           "%.1f GFLOP/s\n",
-           t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size, peak / 1e9);
+           (long long)cfg->train.micro_batch,
+           cfg->train.micro_batch_auto ? " (auto: the largest that divides global_batch/dp within "
+                                         "8192 tokens)"
+                                       : "",
+           (long long)cfg->derived.grad_accum, t->dp_size, tokens_per_step);
+    printf("backend: %s, %d threads per rank, %d ranks; per rank: hardware peak %.1f GFLOP/s "
+           "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (measured)\n",
+           t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size, hw_peak / 1e9,
+           peak_how, gemm_rate / 1e9);
     print_memory(t->be);
     size_t expected[CT_MEM_COUNT];
     ct_dp_expected_memory(t->dp, expected);
@@ -572,157 +597,59 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     return total;
 }
 
-/* Rank 0 writes every parameter's local elements, registry order, raw f32 (tests compare). */
-static ct_status dump_final_params(const char *path, const float *params, int64_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(params, sizeof(float), (size_t)n, f) != (size_t)n || fclose(f) != 0) {
-        ct_error(CT_ERR_INPUT, "cannot write parameter dump '%s': %s", path, strerror(errno));
-        ct_hint("check that the directory exists and is writable");
-        return CT_ERR_INPUT;
+/* ---- parameters kept in memory (ct_train_options.keep_params) --------------------------------- */
+
+typedef struct param_copy {
+    float *data;
+    int64_t n, cap;
+    ct_param_span *spans;
+    int n_spans, cap_spans;
+} param_copy;
+
+static ct_status param_copy_sink(void *ctx, const char *name, int64_t rows, int64_t cols,
+                                 const float *data) {
+    param_copy *c = ctx;
+    int64_t numel = rows * cols;
+    if (c->n + numel > c->cap) {
+        c->cap = CT_MAX(2 * c->cap, c->n + numel);
+        c->data = realloc(c->data, (size_t)c->cap * sizeof(float));
+        CT_ASSERT(c->data != NULL);
     }
+    if (c->n_spans == c->cap_spans) {
+        c->cap_spans = c->cap_spans ? 2 * c->cap_spans : 64;
+        c->spans = realloc(c->spans, (size_t)c->cap_spans * sizeof *c->spans);
+        CT_ASSERT(c->spans != NULL);
+    }
+    ct_param_span *sp = &c->spans[c->n_spans++];
+    snprintf(sp->name, sizeof sp->name, "%s", name);
+    sp->offset = c->n;
+    sp->numel = numel;
+    memcpy(c->data + c->n, data, (size_t)numel * sizeof(float));
+    c->n += numel;
     return CT_OK;
 }
 
-/* Copies the (rows, cols) slice `part` of tensor p, held by tp rank r, into the global tensor. */
-static void place_slice(const ct_param *p, int r, const float *part, float *global) {
-    int64_t rows = p->local_shape[0], cols = p->local_shape[1], gcols = p->global_shape[1];
-    int64_t row0 = p->tp_split_dim == 0 ? (int64_t)r * rows : 0;
-    int64_t col0 = p->tp_split_dim == 1 ? (int64_t)r * cols : 0;
-    for (int64_t i = 0; i < rows; i++)
-        memcpy(global + (row0 + i) * gcols + col0, part + i * cols, (size_t)cols * sizeof(float));
+/* The parameters as they are now: to a dump file and/or into memory (rank 0 keeps them). */
+static ct_status export_params(trainer *t, const char *dump_path, bool keep, param_copy *copy) {
+    if (dump_path) CT_TRY(ct_param_dump_write(t->model, t->dp, t->pctx, dump_path));
+    if (!keep) return CT_OK;
+    memset(copy, 0, sizeof *copy);
+    return ct_param_stream(t->model, t->dp, t->pctx, t->rank0 ? param_copy_sink : NULL, copy,
+                           NULL);
 }
 
-/* Where a parameter goes in the world-size-1 registry order: the embeddings (0), layer l
- * (l + 1), the final norm (L + 1); inside a group every layout lists tensors in one order. */
-static int64_t param_group(const ct_model *m, const ct_param *p) {
-    int l;
-    if (sscanf(p->name, "layers.%d.", &l) == 1) return l + 1;
-    if (!strncmp(p->name, "lnf.", 4)) return m->L + 1;
-    return 0;
-}
-
-typedef struct param_piece {
-    int64_t group, numel;
-    const float *data;
-} param_piece;
-
-/*
- * The model's parameters as global tensors in the world-size-1 registry order, no padding:
- * every unit copied out (gathered under ZeRO-3: collective over dp), tensor-parallel slices
- * gathered from the tp group, pipeline stages sent to pipeline rank 0 (tied twins left out).
- * On world rank 0 the result has the bytes of a world-size-1 run's parameters; elsewhere it
- * holds this rank's stage only.
- */
-static float *collect_params(trainer *t, int64_t *n_out) {
-    ct_model *m = t->model;
-    ct_comm *tp = t->pctx->tp_comm, *pp = t->pctx->pp_comm;
-    int64_t n = 0, max_unit = 0, max_param = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].tied_to) continue;
-        n += m->params[i].global_shape[0] * m->params[i].global_shape[1];
-        max_param = CT_MAX(max_param, m->params[i].numel);
-    }
-    for (int u = 0; u < m->n_units; u++) max_unit = CT_MAX(max_unit, m->units[u].padded_numel);
-    float *mine = ct_xmalloc((size_t)CT_MAX(n, 1) * sizeof(float));
-    float *unit_buf = ct_xmalloc((size_t)max_unit * sizeof(float));
-    float *gathered = ct_xmalloc((size_t)CT_MAX(max_param, 1) * (size_t)tp->size * sizeof(float));
-    param_piece *pieces = ct_xcalloc((size_t)m->n_params, sizeof *pieces);
-    int n_pieces = 0;
-    int64_t pos = 0;
-    for (int u = 0; u < m->n_units; u++) {
-        ct_dp_unit_params_to_host(t->dp, u, unit_buf);
-        const ct_unit *unit = &m->units[u];
-        for (int i = 0; i < unit->n_params; i++) {
-            const ct_param *p = &m->params[unit->first_param + i];
-            if (p->tied_to) continue;
-            const float *local = unit_buf + p->offset;
-            if (p->tp_split_dim < 0 || tp->size == 1) {
-                memcpy(mine + pos, local, (size_t)p->numel * sizeof(float));
-            } else {
-                ct_comm_allgather(tp, local, gathered, p->numel * tp->size, CT_DTYPE_F32);
-                for (int r = 0; r < tp->size; r++)
-                    place_slice(p, r, gathered + (int64_t)r * p->numel, mine + pos);
-            }
-            int64_t numel = p->global_shape[0] * p->global_shape[1];
-            pieces[n_pieces++] = (param_piece){param_group(m, p), numel, mine + pos};
-            pos += numel;
-        }
-    }
-    free(gathered);
-    free(unit_buf);
-    if (pp->size == 1 || t->pctx->tp_rank != 0 || t->pctx->dp_rank != 0) {
-        free(pieces);
-        *n_out = n;
-        return mine;
-    }
-    /* Pipeline stages: each sends (count, groups, sizes, data) to stage 0. */
-    const int tag = 1 << 20;
-    int64_t count = n_pieces;
-    int64_t *meta = ct_xmalloc(2 * (size_t)CT_MAX(count, 1) * sizeof(int64_t));
-    if (t->pctx->pp_rank != 0) {
-        for (int i = 0; i < n_pieces; i++)
-            meta[i] = pieces[i].group, meta[count + i] = pieces[i].numel;
-        ct_comm_wait(pp, ct_comm_isend(pp, &count, 1, CT_DTYPE_I64, 0, tag));
-        ct_comm_wait(pp, ct_comm_isend(pp, meta, 2 * count, CT_DTYPE_I64, 0, tag + 1));
-        ct_comm_wait(pp, ct_comm_isend(pp, mine, n, CT_DTYPE_F32, 0, tag + 2));
-        free(meta);
-        free(pieces);
-        *n_out = n;
-        return mine;
-    }
-    int total_pieces = n_pieces;
-    param_piece *all = ct_xcalloc((size_t)total_pieces, sizeof *all);
-    memcpy(all, pieces, (size_t)n_pieces * sizeof *all);
-    float **stage_data = ct_xcalloc((size_t)pp->size, sizeof *stage_data);
-    int64_t total = n;
-    for (int r = 1; r < pp->size; r++) {
-        int64_t c = 0;
-        ct_comm_wait(pp, ct_comm_irecv(pp, &c, 1, CT_DTYPE_I64, r, tag));
-        int64_t *md = ct_xmalloc(2 * (size_t)CT_MAX(c, 1) * sizeof(int64_t));
-        ct_comm_wait(pp, ct_comm_irecv(pp, md, 2 * c, CT_DTYPE_I64, r, tag + 1));
-        int64_t sz = 0;
-        for (int64_t i = 0; i < c; i++) sz += md[c + i];
-        stage_data[r] = ct_xmalloc((size_t)CT_MAX(sz, 1) * sizeof(float));
-        ct_comm_wait(pp, ct_comm_irecv(pp, stage_data[r], sz, CT_DTYPE_F32, r, tag + 2));
-        all = realloc(all, (size_t)(total_pieces + c) * sizeof *all);
-        CT_ASSERT(all != NULL);
-        int64_t off = 0;
-        for (int64_t i = 0; i < c; i++) {
-            all[total_pieces++] = (param_piece){md[i], md[c + i], stage_data[r] + off};
-            off += md[c + i];
-        }
-        total += sz;
-        free(md);
-    }
-    /* Group by group, keeping each stage's order inside a group (it is the registry's). */
-    param_piece *sorted = ct_xcalloc((size_t)total_pieces, sizeof *sorted);
-    int k = 0;
-    for (int64_t g = 0; g <= m->L + 1; g++)
-        for (int i = 0; i < total_pieces; i++)
-            if (all[i].group == g) sorted[k++] = all[i];
-    CT_ASSERT(k == total_pieces);
-    float *out = ct_xmalloc((size_t)CT_MAX(total, 1) * sizeof(float));
-    int64_t o = 0;
-    for (int i = 0; i < total_pieces; i++) {
-        memcpy(out + o, sorted[i].data, (size_t)sorted[i].numel * sizeof(float));
-        o += sorted[i].numel;
-    }
-    for (int r = 1; r < pp->size; r++) free(stage_data[r]);
-    free(stage_data);
-    free(sorted);
-    free(all);
-    free(meta);
-    free(pieces);
-    free(mine);
-    *n_out = total;
-    return out;
-}
-
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, const char *dump_params,
-                       ct_train_result *result) {
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
+                       const ct_train_options *opts, ct_train_result *result) {
+    static const ct_train_options no_options;
+    if (!opts) opts = &no_options;
+    const bool keep = opts->keep_params && result;
     trainer t;
     ct_status st = trainer_init(&t, cfg, be, pctx);
+    param_copy init_copy = {0}, final_copy = {0};
+    if (st == CT_OK) st = export_params(&t, opts->dump_init_params, keep, &init_copy);
     if (st != CT_OK) {
+        free(init_copy.data);
+        free(init_copy.spans);
         trainer_free(&t);
         return st;
     }
@@ -731,23 +658,39 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
     size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT];
     ct_backend_mem_snapshot(be, mem);
     ct_dp_expected_memory(t.dp, mem_expected);
-    const int64_t G = cfg->train.global_batch, B = cfg->train.micro_batch, T = cfg->model.seq_len;
+    const int64_t G = cfg->train.global_batch, T = cfg->model.seq_len;
     const int64_t accum = cfg->derived.grad_accum;
     const double tokens_per_step = (double)G * (double)T;
     const float dloss = (float)(1.0 / tokens_per_step);
-    /* Per-step traffic the formulas predict (data-parallel.h; ct_expected_tp_bytes). */
+    /* Per-step traffic the formulas predict (data_parallel.h; ct_expected_tp_bytes), exact: the
+     * dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
     const double dp_bytes_expected =
-        t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) : 0.0;
+        t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) +
+                            (double)ct_zero_scalar_allreduce_bytes(t.dp_size)
+                      : 0.0;
     const double tp_bytes_expected = ct_expected_tp_bytes(cfg, &t.model->layout, accum);
     /* FLOPs per token for the whole model; every rank does 1/world of them. */
     const double flops_per_token = ct_model_flops_per_token(t.model) / t.pctx->world_size;
-    /* The MFU denominator: this rank's GEMM rate at the model's own MLP shape. */
-    const double peak = ct_measure_gemm_flops(be, B * T, cfg->derived.d_ff, cfg->model.d_model, 5);
-    if (t.rank0) print_start(&t, peak, tokens_per_step);
+    /* Two denominators, each named for what it is: MFU against the hardware's peak (the
+     * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
+     * reaches at the model's MLP shape. */
+    char peak_how[128];
+    const double hw_peak = ct_backend_peak_flops(be, peak_how, sizeof peak_how);
+    const double gemm_rate = ct_measure_gemm_flops(be, cfg->train.micro_batch * T,
+                                                   cfg->derived.d_ff, cfg->model.d_model, 5);
+    if (t.rank0) print_start(&t, peak_how, hw_peak, gemm_rate, tokens_per_step);
     if (t.metrics) {
         /* Memory by category after setup, next to the ZeRO formula (tests compare them). */
-        fprintf(t.metrics, "{\"setup\": true, \"world\": %d, \"dp\": %d, \"zero_stage\": %lld",
-                t.pctx->world_size, t.dp_size, (long long)cfg->parallel.zero_stage);
+        fprintf(t.metrics,
+                "{\"setup\": true, \"world\": %d, \"dp\": %d, \"zero_stage\": %lld, "
+                "\"steps\": %lld, \"lr\": %.9g, \"n_layer\": %lld, \"tokens_per_step\": %lld, "
+                "\"micro_batch\": %lld, \"micro_batch_auto\": %s, \"units\": %d, "
+                "\"peak_flops_per_s\": %.6e, \"gemm_flops_per_s\": %.6e",
+                t.pctx->world_size, t.dp_size, (long long)cfg->parallel.zero_stage,
+                (long long)cfg->train.steps, cfg->train.lr, (long long)cfg->model.n_layer,
+                (long long)cfg->derived.tokens_per_step, (long long)cfg->train.micro_batch,
+                cfg->train.micro_batch_auto ? "true" : "false", t.model->n_units, hw_peak,
+                gemm_rate);
         for (int c = 0; c < CT_MEM_COUNT; c++)
             fprintf(t.metrics, ", \"mem_%s\": %zu", ct_mem_category_name((ct_mem_category)c),
                     mem[c]);
@@ -756,6 +699,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
                 "\"mem_expected_optim\": %zu}\n",
                 mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS],
                 mem_expected[CT_MEM_OPTIM]);
+        metrics_check(&t);
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
     ct_comm *dp_comm = t.pctx->dp_comm;
@@ -770,23 +714,24 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
     int64_t bad_in_a_row = 0;
     double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
     double interval_exposed = 0, interval_bubble = 0;
-    for (int64_t step = 0; step < cfg->train.steps; step++) {
+    for (int64_t step = 0; step < cfg->train.steps && st == CT_OK; step++) {
         double step_start = ct_now();
+        /* The step's samples, read and checked on every rank before anything collective. */
+        st = read_batch(&t, t.train_data, step * G + t.dp_rank * (G / t.dp_size));
+        if (st != CT_OK) break;
         ct_comm_reset_counters(dp_comm);
         ct_comm_reset_counters(t.pctx->tp_comm);
-        ct_dp_begin_step(t.dp);
+        ct_dp_begin_step(t.dp, (int)accum);
         double loss_sum = 0.0, bubble = 0.0;
-        int64_t first = step * G + t.dp_rank * (G / t.dp_size);
         if (t.pipeline) {
-            t.batch_data = t.train_data;
-            t.batch_first = first;
             loss_sum = ct_pipeline_run(t.pipeline, true, dloss, fill_batch, &t);
             bubble = ct_pipeline_wait_seconds(t.pipeline);
         } else {
             for (int64_t mb = 0; mb < accum; mb++) {
-                ct_dp_begin_microbatch(t.dp, (int)mb, (int)accum);
-                ct_dataset_fill(t.train_data, first + mb * B, B, t.host_inputs, t.host_targets);
-                ct_acts_set_batch(t.acts, t.host_inputs, t.host_targets);
+                const int32_t *in, *tg;
+                microbatch_tokens(&t, (int)mb, &in, &tg);
+                ct_dp_begin_microbatch(t.dp, (int)mb);
+                ct_acts_set_batch(t.acts, in, tg);
                 loss_sum += ct_model_forward(t.model, t.acts, dloss);
                 ct_model_backward(t.model, t.acts, t.scratch);
             }
@@ -836,60 +781,64 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
 
         bool last = step + 1 == cfg->train.steps;
         if (t.val_data && ((step + 1) % cfg->train.eval_interval == 0 || last)) {
-            double val_loss = evaluate(&t);
+            double val_loss = 0.0;
+            st = evaluate(&t, &val_loss);
+            if (st != CT_OK) break;
             res.last_val_loss = val_loss;
             if (t.rank0)
                 printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
                        (long long)cfg->train.steps, val_loss);
-            if (t.metrics)
+            if (t.metrics) {
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", (long long)step + 1,
                         val_loss);
+                metrics_check(&t);
+            }
             interval_start += ct_now() - now; /* evaluation time is not training throughput */
         }
         double tok_per_s_step = tokens_per_step / step_time;
         char loss_json[32], norm_json[32];
         json_number(loss_json, sizeof loss_json, "%.9g", loss);
         json_number(norm_json, sizeof norm_json, "%.6f", grad_norm);
-        if (t.metrics)
+        double achieved = flops_per_token * tok_per_s_step; /* this rank's FLOP/s */
+        if (t.metrics) {
             fprintf(t.metrics,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
-                    "\"bubble_s\": %.4f, "
-                    "\"mfu\": %.4f, \"skipped\": %s, \"dp_bytes\": %llu, "
-                    "\"dp_bytes_expected\": %.0f, \"tp_bytes\": %llu, "
-                    "\"tp_bytes_expected\": %.0f}\n",
+                    "\"bubble_s\": %.4f, \"mfu\": %.4f, \"gemm_efficiency\": %.4f, "
+                    "\"skipped\": %s, \"dp_bytes\": %llu, \"dp_bytes_expected\": %.0f, "
+                    "\"tp_bytes\": %llu, \"tp_bytes_expected\": %.0f}\n",
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
-                    ct_dp_exposed_seconds(t.dp), bubble,
-                    peak > 0 ? flops_per_token * tok_per_s_step / peak : 0.0,
-                    finite ? "false" : "true", (unsigned long long)step_dp_bytes, dp_bytes_expected,
+                    ct_dp_exposed_seconds(t.dp), bubble, hw_peak > 0 ? achieved / hw_peak : 0.0,
+                    gemm_rate > 0 ? achieved / gemm_rate : 0.0, finite ? "false" : "true",
+                    (unsigned long long)step_dp_bytes, dp_bytes_expected,
                     (unsigned long long)step_tp_bytes, tp_bytes_expected);
+            metrics_check(&t);
+        }
         if (bad_in_a_row >= cfg->train.max_bad_steps) {
-            if (t.metrics) fflush(t.metrics);
-            trainer_free(&t);
-            ct_train_result_release(&res);
-            ct_error(CT_ERR_RUNTIME,
-                     "%lld consecutive steps had a non-finite loss or gradient "
-                     "norm (last at step %lld)",
-                     (long long)bad_in_a_row, (long long)step + 1);
+            st = ct_error(CT_ERR_RUNTIME,
+                          "%lld consecutive steps had a non-finite loss or gradient "
+                          "norm (last at step %lld)",
+                          (long long)bad_in_a_row, (long long)step + 1);
             ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets how "
                     "many are tolerated");
-            return CT_ERR_RUNTIME;
+            break;
         }
         if (t.rank0 && ((step + 1) % cfg->log.interval == 0 || last || step == 0)) {
             double elapsed = ct_now() - interval_start;
             double steps = interval_tokens / tokens_per_step;
-            double tok_s = interval_tokens / elapsed;
-            double mfu = peak > 0 ? flops_per_token * tok_s / peak : 0.0;
+            double tok_s = interval_tokens / elapsed, rate = flops_per_token * tok_s;
             char mem[32], eta[32];
             format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(be));
             format_duration(eta, sizeof eta,
                             (double)(cfg->train.steps - step - 1) * (ct_now() - run_start) /
                                 (double)(step + 1));
             printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-                   "MFU %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms | mem %s | "
-                   "ETA %s\n",
+                   "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
+                   "| mem %s | ETA %s\n",
                    (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
-                   100.0 * mfu, 1e3 * (elapsed - interval_exposed - interval_bubble) / steps,
+                   hw_peak > 0 ? 100.0 * rate / hw_peak : 0.0,
+                   gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0,
+                   1e3 * (elapsed - interval_exposed - interval_bubble) / steps,
                    1e3 * interval_exposed / steps, 1e3 * interval_bubble / steps, mem, eta);
             if (cfg->log.profile) {
                 print_profile(be, groups, n_groups, ct_now() - profile_start, steps);
@@ -905,15 +854,27 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
             interval_bubble = 0;
         }
     }
-    if (t.metrics) fflush(t.metrics);
-    st = print_sample(&t);
-    if (st == CT_OK && cfg->log.trace[0]) st = write_trace(&t, cfg->log.trace);
-    res.final_params = collect_params(&t, &res.n_final_params);
-    if (st == CT_OK && dump_params && t.rank0)
-        st = dump_final_params(dump_params, res.final_params, res.n_final_params);
-    st = agree(&t, st);
+    if (st == CT_OK) {
+        /* The last metrics write, then what comes after training; every step is agreed. */
+        metrics_check(&t);
+        st = step_agree(&t, t.metrics_status);
+    }
+    if (st == CT_OK) st = print_sample(&t);
+    if (st == CT_OK && cfg->log.trace[0]) st = agree(&t, write_trace(&t, cfg->log.trace));
+    if (st == CT_OK) st = export_params(&t, opts->dump_params, keep, &final_copy);
     trainer_free(&t);
-    if (result)
+    if (keep && st == CT_OK) {
+        res.init_params = init_copy.data;
+        res.final_params = final_copy.data;
+        res.n_params = final_copy.n;
+        res.spans = final_copy.spans;
+        res.n_spans = final_copy.n_spans;
+        free(init_copy.spans);
+    } else {
+        free(init_copy.data), free(init_copy.spans);
+        free(final_copy.data), free(final_copy.spans);
+    }
+    if (result && st == CT_OK)
         *result = res;
     else
         ct_train_result_release(&res);
@@ -922,7 +883,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, cons
 
 void ct_train_result_release(ct_train_result *result) {
     free(result->losses);
+    free(result->init_params);
     free(result->final_params);
-    result->losses = NULL;
-    result->final_params = NULL;
+    free(result->spans);
+    memset(result, 0, sizeof *result);
 }

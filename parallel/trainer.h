@@ -16,26 +16,42 @@
 #include "core/model.h"
 #include "parallel/context.h"
 
+/* Where one parameter tensor lies in ct_train_result's flat copies. */
+typedef struct ct_param_span {
+    char name[64];
+    int64_t offset, numel; /* elements */
+} ct_param_span;
+
 typedef struct ct_train_result {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
     int64_t skipped_steps;
-    double *losses;      /* [steps_done] training loss per step (malloc'd; caller frees) */
-    float *final_params; /* the parameters at the end as global tensors (tensor-parallel
-                            slices gathered), registry order, no padding (malloc'd) */
-    int64_t n_final_params;
+    double *losses; /* [steps_done] training loss per step (malloc'd; caller frees) */
+    /* With ct_train_options.keep_params, on world rank 0: the parameters before the first and
+     * after the last step as global tensors in the world-size-1 order (param_stream.h), and
+     * where each tensor lies in them (malloc'd). */
+    float *init_params, *final_params;
+    int64_t n_params;
+    ct_param_span *spans;
+    int n_spans;
 } ct_train_result;
 
 void ct_train_result_release(ct_train_result *result);
 
+/* What a run writes besides training (all optional; a zeroed struct asks for nothing). */
+typedef struct ct_train_options {
+    const char *dump_params;      /* the final parameters as a dump (param_stream.h format) */
+    const char *dump_init_params; /* the parameters before the first step, the same way */
+    bool keep_params;             /* fill result->init_params / final_params (tests) */
+} ct_train_options;
+
 /*
  * Trains per cfg (validated for pctx's world size) on this rank; rank 0 prints progress on
  * stdout. pctx NULL means one process without MPI. Failures seen by some ranks only are agreed
- * on, so every rank returns the same status. dump_params (may be NULL) names a file rank 0
- * writes the final parameters to (raw little-endian f32, registry order; for tests).
+ * on, so every rank returns the same status. opts may be NULL; result may be NULL.
  */
-ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx, const char *dump_params,
-                       ct_train_result *result);
+ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
+                       const ct_train_options *opts, ct_train_result *result);
 
 /* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
  * written out above its definition in trainer.c and in the README). */

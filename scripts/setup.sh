@@ -9,6 +9,7 @@ packages=(
     libopenblas-openmp-dev      # CPU GEMMs; the OpenMP build shares our thread pool
     openmpi-bin libopenmpi-dev  # multi-process launch and the CPU comm layer
     libcmocka-dev               # unit-test assertions
+    zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)
     fortunes                    # default corpus for `make run` (plain-text fortune files)
     python3
 )

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Data parallelism through the real binary under mpirun (DESIGN §5, §6, §9):
+#   - the comparator itself: test/compare_runs.py --self-test must catch planted differences;
 #   - equivalence: dp x ZeRO stage x micro_batch against world size 1 on configs/test-tiny.yaml
-#     (losses and final parameters, test/compare_runs.py states the tolerances), with memory
-#     per category equal to the ZeRO formula and dp traffic within 2% of it;
-#   - overlap: the trace shows a unit's reduction started before backward finished;
+#     (every step's loss and gradient norm, every parameter tensor: test/compare_runs.py states
+#     the tolerances), every dp replica bit-identical (--dump-params compares them), memory per
+#     category equal to the ZeRO formula and dp traffic equal to it, exactly;
+#   - parallel.bucket_mb (layers merged into bigger units) trains the same model;
+#   - overlap: the trace shows reductions completing while the backward pass still runs;
 #   - bad layouts and a data file present on one rank only: exit 2 on every rank, one message,
 #     no hang.
 # MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
@@ -11,19 +14,19 @@
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mpi_setup
+equivalence_setup
 
-ensure_test_data
-data=$TEST_DATA
-base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
-
-if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
-    # np  zero  micro_batch: every stage at 2 and 8 ranks, both a full (global/dp) and a
-    # smaller micro-batch, dp=4 in between.
-    while read -r np zero micro; do
-        name="np=$np zero=$zero micro_batch=$micro"
+if reference_run "$tmp"; then
+    python3 test/compare_runs.py --self-test "$tmp/ref.jsonl" "$tmp/ref.bin" --init "$tmp/init.bin"
+    # np  zero  micro_batch  extra: every stage at 2 and 8 ranks, both a full (global/dp) and a
+    # smaller micro-batch, dp=4 in between; merged units (bucket_mb) at stages 0 and 3.
+    while read -r np zero micro extra; do
+        name="np=$np zero=$zero micro_batch=$micro $extra"
+        # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" \
-            --set parallel.zero_stage="$zero" --set train.micro_batch="$micro" \
+            --set parallel.zero_stage="$zero" --set train.micro_batch="$micro" $extra \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            expect_text "all bit-identical" "$name: every dp replica holds the same bytes"
             check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'
@@ -44,19 +47,24 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
 RUNS
 fi
 
-# Overlap: in the last microbatch a reduction starts before the backward pass has finished.
+# Overlap: in the last microbatch some unit's reduction is seen complete (polled between ops)
+# before the backward pass has ended. Reductions that only start, or only complete, after
+# backward would fail this.
 if expect_exit 0 "train with a trace" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set train.steps=1 \
     --set train.warmup_steps=1 --set log.trace="$tmp/trace.json"; then
-    if python3 - "$tmp/trace.rank0.json" <<'PY'
+    if out=$(python3 - "$tmp/trace.rank0.json" <<'PY'
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
-last_mb = max(e["args"]["microbatch"] for e in ev if e.get("ph") == "X")
-spans = [e for e in ev if e.get("ph") == "X" and e["args"]["microbatch"] == last_mb]
+spans = [e for e in ev if e.get("ph") == "X"]
+last_mb = max(e["args"]["microbatch"] for e in spans)
+spans = [e for e in spans if e["args"]["microbatch"] == last_mb]
 bwd_end = max(e["ts"] + e["dur"] for e in spans if e["name"].startswith("backward"))
-first_reduce = min(e["ts"] for e in spans if e["name"].startswith("reduce"))
-sys.exit(0 if first_reduce < bwd_end else 1)
+done = [e for e in spans if e["name"].startswith("reduce") and e["ts"] + e["dur"] < bwd_end]
+print("%d of %d reductions complete before backward ends" %
+      (len(done), sum(e["name"].startswith("reduce") for e in spans)))
+sys.exit(0 if done else 1)
 PY
-    then ok "a reduction starts before backward ends (trace)"; else fail "a reduction starts before backward ends (trace)"; fi
+    ); then ok "reductions complete while backward runs (trace: $out)"; else fail "reductions complete while backward runs (trace: $out)"; fi
 fi
 
 # Bad layouts: the same message on rank 0, exit 2 from every rank, no hang.
@@ -70,7 +78,7 @@ expect_text "global_batch" "indivisible batch names train.global_batch"
 # A data file present on rank 0 only: each rank runs in its own directory and the path is
 # relative, so rank 1 cannot open it. Both must stop with exit 2.
 mkdir -p "$tmp/rank0" "$tmp/rank1"
-cp "$data/train.bin" "$tmp/rank0/train.bin"
+cp "$TEST_DATA/train.bin" "$tmp/rank0/train.bin"
 here=$(pwd)
 expect_exit 2 "data file missing on one rank" -- "${MPIRUN[@]}" -np 2 bash -c \
     'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \

@@ -13,11 +13,9 @@ mpi_setup
 
 for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_tp"; done
 
-ensure_test_data
-data=$TEST_DATA
-base=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$data/train.bin")
+equivalence_setup
 
-if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"; then
+if reference_run "$tmp"; then
     # tp  dp  zero  sequence_parallel  micro_batch
     while read -r tp dp zero sp micro; do
         name="tp=$tp dp=$dp zero=$zero sp=$sp micro_batch=$micro"
@@ -25,6 +23,7 @@ if expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" --set log
             --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
             --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            expect_text "all bit-identical" "$name: every replica holds the same bytes"
             check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'

@@ -61,12 +61,31 @@ ensure_test_data() {
         fail "prepare the byte-level test corpus"
 }
 
-# check_against_reference NAME DIR: compares DIR/run.{jsonl,bin} with DIR/ref.{jsonl,bin}
-# (test/compare_runs.py: lr 1e-3, 4 steps, configs/test-tiny.yaml) including the accounting.
+# The equivalence runs (DESIGN §5): configs/test-tiny.yaml on the test corpus, one thread per
+# rank; sets `base`. train.eps is 1e-6 instead of 1e-8: AdamW divides by sqrt(v) + eps, so an
+# element whose gradient is pure rounding noise (~1e-9: the key bias, whose exact gradient is 0)
+# would move by up to lr in a direction set by the order of a float sum; at 1e-6 — three orders
+# below real gradients (~1e-3) — such elements stay put and every real update is unchanged.
+equivalence_setup() {
+    ensure_test_data
+    base=(train --config configs/test-tiny.yaml --set train.threads=1
+          --set data.train="$TEST_DATA/train.bin" --set train.eps=1e-6)
+}
+
+# reference_run DIR: the world-size-1 run every layout is compared with: DIR/ref.jsonl (metrics),
+# DIR/ref.bin (final parameters), DIR/init.bin (parameters before the first step).
+reference_run() {
+    expect_exit 0 "reference run (world size 1)" -- "$BIN" "${base[@]}" \
+        --set log.metrics="$1/ref.jsonl" --dump-params "$1/ref.bin" --dump-init-params "$1/init.bin"
+}
+
+# check_against_reference NAME DIR: compares DIR/run.{jsonl,bin} with the reference in DIR
+# (test/compare_runs.py states the tolerances) including the accounting.
 check_against_reference() {
     local name=$1 dir=$2 out
-    if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" 1e-3 4 --accounting); then
-        ok "$name matches world size 1; $(echo "$out" | tr '\n' ';')"
+    if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" \
+        --init "$dir/init.bin" --accounting); then
+        ok "$name matches world size 1; $out"
     else
         fail "$name: $out"
     fi

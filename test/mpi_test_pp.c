@@ -78,7 +78,7 @@ static double run_schedule(ct_pctx *pctx, ct_schedule_choice choice, int v) {
     }
     int64_t n = cfg.model.seq_len;
     ct_pipeline_log_actions(pipe, true);
-    ct_dp_begin_step(dp);
+    ct_dp_begin_step(dp, m);
     double loss = ct_pipeline_run(pipe, true, (float)(1.0 / (double)(m * n)), fill, &n);
     ct_dp_finish_backward(dp);
     ct_comm_allreduce(pctx->pp_comm, &loss, 1, CT_DTYPE_F64, CT_REDUCE_SUM);

@@ -260,6 +260,36 @@ static void test_check_tokens_finds_bad_token(void **state) {
     ct_dataset_free(ds);
 }
 
+/* Training reads samples with ct_dataset_fill, which checks each token it copies: exactly the two
+ * samples that hold the bad token (position 40 ends sample 4 and starts sample 5) are refused,
+ * with the file and position named; the others read as before. */
+static void test_fill_rejects_bad_token(void **state) {
+    fixture *fx = *state;
+    char *p = path_in(fx, "badfill.bin");
+    write_ramp(p, 100, 0, 1, 100);
+    patch32(p, CT_SHARD_HEADER_BYTES + 2 * 40, 150 | (41u << 16)); /* token 40 → 150 */
+    ct_dataset *ds;
+    assert_int_equal(ct_dataset_open(&ds, p, 8, 100, 1), CT_OK);
+    int32_t in[8], tg[8];
+    int refused = 0;
+    for (int64_t g = 0; g < ct_dataset_n_samples(ds); g++) {
+        int64_t sample = ct_dataset_sample_at(ds, g);
+        ct_error_clear();
+        ct_status st = ct_dataset_fill(ds, g, 1, in, tg);
+        if (sample == 4 || sample == 5) {
+            assert_int_equal(st, CT_ERR_INPUT);
+            assert_non_null(strstr(ct_error_message(), p));
+            assert_non_null(strstr(ct_error_message(), "token 150 at position 40"));
+            refused++;
+        } else {
+            assert_int_equal(st, CT_OK);
+            assert_int_equal(in[0], (int32_t)(sample * 8)); /* the ramp: token i at position i */
+        }
+    }
+    assert_int_equal(refused, 2);
+    ct_dataset_free(ds);
+}
+
 /* ---- sample order --------------------------------------------------------------------------- */
 
 static ct_dataset *open_ramp(fixture *fx, const char *name, size_t n_tokens, int64_t L,
@@ -571,6 +601,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_shard_write_rejects_bad_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_shards_rejected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_and_empty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fill_rejects_bad_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_check_tokens_finds_bad_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_order_depends_on_seed_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_each_epoch_is_a_permutation, setup, teardown),

@@ -5,6 +5,7 @@
 #ifndef CT_TEST_UTIL_H
 #define CT_TEST_UTIL_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/data.h"
+#include "parallel/trainer.h"
 
 /* The test corpus: the fortunes text made byte-level by scripts/prepare_corpus.sh --byte-level,
  * which test/run_tests.sh runs before any test (every byte is a token below 123). */
@@ -96,12 +98,61 @@ static inline void test_tiny_config(ct_config *cfg, const char *train_path) {
     cfg->train.lr = 3e-3;
     cfg->train.min_lr = 3e-4;
     cfg->train.warmup_steps = 2;
+    cfg->train.eps = 1e-6; /* as the equivalence tests (test/lib_cli.sh says why) */
     cfg->train.eval_interval = 0;
     cfg->log.interval = 1000;
     if (train_path) {
         if (strlen(train_path) >= sizeof cfg->data.train) abort();
         memcpy(cfg->data.train, train_path, strlen(train_path) + 1);
     }
+}
+
+/*
+ * Two runs of one config that differ only in float summation order (microbatches, threads,
+ * layout) must train the same model: test/compare_runs.py derives the tolerance and states why
+ * it is right; this is its check for in-process results (ct_train_options.keep_params). Per step
+ * the relative error is e = 10·sqrt(2·L·G·T)·2^-24; losses and gradient norms agree within
+ * e·step, and every tensor within e·steps of how far it moved,
+ *     ||run − ref|| <= e·steps·max(||ref − init||, 0.1·lr·steps·sqrt(n)).
+ * NaN or Inf anywhere fails. Prints the worst tensor; returns true when everything matches.
+ */
+static inline bool test_runs_match(const ct_config *cfg, const ct_train_result *ref,
+                                   const ct_train_result *run, const char *what) {
+    const double e = 10.0 * sqrt(2.0 * (double)cfg->model.n_layer *
+                                 (double)(cfg->train.global_batch * cfg->model.seq_len)) *
+                     ldexp(1.0, -24);
+    const int64_t steps = cfg->train.steps;
+    bool ok = ref->steps_done == steps && run->steps_done == steps && ref->n_spans == run->n_spans &&
+              ref->n_params == run->n_params && ref->n_spans > 0;
+    for (int64_t s = 0; ok && s < steps; s++) {
+        double a = ref->losses[s], b = run->losses[s];
+        ok = isfinite(a) && isfinite(b) && fabs(a - b) <= e * (double)(s + 1) * fabs(a);
+        if (!ok) printf("%s: loss at step %lld: %.9g vs %.9g\n", what, (long long)s + 1, a, b);
+    }
+    double worst = 0.0;
+    const char *worst_name = "";
+    for (int i = 0; ok && i < ref->n_spans; i++) {
+        const ct_param_span *sp = &ref->spans[i];
+        ok = !strcmp(sp->name, run->spans[i].name) && sp->numel == run->spans[i].numel;
+        double diff = 0.0, change = 0.0;
+        for (int64_t k = sp->offset; ok && k < sp->offset + sp->numel; k++) {
+            double a = ref->final_params[k], b = run->final_params[k], i0 = ref->init_params[k];
+            ok = isfinite(a) && isfinite(b);
+            diff += (a - b) * (a - b);
+            change += (a - i0) * (a - i0);
+        }
+        double scale =
+            fmax(sqrt(change), 0.1 * cfg->train.lr * (double)steps * sqrt((double)sp->numel));
+        double ratio = sqrt(diff) / (e * (double)steps * scale);
+        if (!(ratio <= 1.0)) {
+            printf("%s: %s differs: %.2fx the tolerance\n", what, sp->name, ratio);
+            ok = false;
+        }
+        if (ratio > worst) worst = ratio, worst_name = sp->name;
+    }
+    printf("%s: %s; worst tensor %s at %.1f%% of the tolerance %.2e\n", what,
+           ok ? "match" : "MISMATCH", worst_name, 100.0 * worst, e * (double)steps);
+    return ok;
 }
 
 #endif /* CT_TEST_UTIL_H */

@@ -1,0 +1,129 @@
+/* sampler.c — text generation in any layout. See sampler.h. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "parallel/pipeline.h"
+
+/* The stream of the sampler's uniforms in the counter-based RNG (apart from initialisation's). */
+#define SAMPLE_RNG_STREAM 0x5a4d
+
+int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_t col_offset,
+                       int64_t vocab_size, double u) {
+    /* The max over the whole vocabulary (exact in any order). */
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n_valid; i++) max = fmaxf(max, logits[i]);
+    ct_comm_allreduce(tp, &max, 1, CT_DTYPE_F32, CT_REDUCE_MAX);
+    /* Each rank's sum of exponentials; rank r's running sum starts from the sums of ranks < r,
+     * so it continues the one-rank running sum. */
+    double mine = 0.0;
+    for (int64_t i = 0; i < n_valid; i++) mine += exp((double)logits[i] - max);
+    double *sums = ct_xmalloc((size_t)tp->size * sizeof(double));
+    ct_comm_allgather(tp, &mine, sums, tp->size, CT_DTYPE_F64);
+    double before = 0.0, total = 0.0;
+    for (int r = 0; r < tp->size; r++) {
+        if (r < tp->rank) before += sums[r];
+        total += sums[r];
+    }
+    free(sums);
+    const double target = u * total;
+    /* The first crossing wins (MIN over the ranks that see one); none at all (rounding at the
+     * very end): the last real token. */
+    int32_t token = INT32_MAX;
+    double acc = before;
+    if (before < target || tp->rank == 0) {
+        for (int64_t i = 0; i < n_valid; i++) {
+            acc += exp((double)logits[i] - max);
+            if (acc >= target) {
+                token = (int32_t)(col_offset + i);
+                break;
+            }
+        }
+    }
+    ct_comm_allreduce(tp, &token, 1, CT_DTYPE_I32, CT_REDUCE_MIN);
+    return token == INT32_MAX ? (int32_t)(vocab_size - 1) : token;
+}
+
+typedef struct sampler {
+    ct_model *model;
+    uint64_t seed;
+    int32_t *ids;
+    int64_t n;       /* tokens so far */
+    int32_t *window; /* (T): the last T tokens, zero-padded */
+    int64_t len;     /* real tokens in the window */
+    float *row;      /* (Vp/tp): this rank's logits at the window's last position */
+    int64_t k;       /* which new token is being drawn */
+    int32_t drawn;
+} sampler;
+
+static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
+    sampler *s = ctx;
+    size_t bytes = (size_t)s->model->T * sizeof(int32_t);
+    memcpy(tokens, s->window, bytes);
+    memcpy(targets, s->window, bytes); /* the loss is computed and ignored */
+}
+
+/* On the ranks holding the LM head: draw from the logits at the window's last real position. */
+static void draw(void *ctx, int mb, ct_acts *a) {
+    sampler *s = ctx;
+    ct_model *m = s->model;
+    int64_t Vl = m->wte->local_shape[0];
+    ct_tensor *row = ct_tensor_view_1d(a->logits, (s->len - 1) * Vl, Vl);
+    ct_tensor_to_host(s->row, row);
+    ct_tensor_free(row);
+    double u = ct_rng_uniform(s->seed, SAMPLE_RNG_STREAM, (uint64_t)s->k);
+    s->drawn = ct_sample_draw(m->layout.tp, s->row, m->wte->valid_rows, m->wte->tp_offset, m->V, u);
+}
+
+ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
+                           int64_t n_prompt, int64_t n_new, uint64_t seed, int32_t **out,
+                           int64_t *n_out) {
+    CT_ASSERT(n_prompt >= 1 && n_new >= 0);
+    const int64_t T = m->T;
+    sampler s = {.model = m, .seed = seed, .n = n_prompt};
+    s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
+    memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
+    s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
+    s.row = ct_xmalloc((size_t)m->wte->local_shape[0] * sizeof(float));
+
+    /* One sequence at a time: through every stage on a forward-only schedule, or the one chunk
+     * list of this rank. Allocation failures are agreed on before any collective runs. */
+    ct_pipeline *pipe = NULL;
+    ct_acts *acts = NULL;
+    ct_status st = pctx->pp > 1
+                       ? ct_pipeline_new(&pipe, m, dp, pctx, CT_SCHEDULE_KIND_FORWARD_ONLY, 1, 1)
+                       : ct_acts_new(&acts, m, 1);
+    if (pctx->world_size > 1) st = ct_mpi_agree(st);
+    if (pipe) ct_pipeline_set_head_fn(pipe, draw, &s);
+
+    for (s.k = 0; st == CT_OK && s.k < n_new; s.k++) {
+        int64_t start = s.n > T ? s.n - T : 0;
+        s.len = s.n - start;
+        memset(s.window, 0, (size_t)T * sizeof(int32_t));
+        memcpy(s.window, s.ids + start, (size_t)s.len * sizeof(int32_t));
+        if (pipe) {
+            ct_pipeline_run(pipe, false, 0.0f, fill_window, &s);
+            /* The last stage drew it; every stage needs it for the next window. */
+            ct_comm_broadcast(pctx->pp_comm, &s.drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
+        } else {
+            ct_acts_set_batch(acts, s.window, s.window);
+            ct_model_forward(m, acts, 0.0f);
+            draw(&s, 0, acts);
+        }
+        s.ids[s.n++] = s.drawn;
+    }
+    ct_pipeline_free(pipe);
+    ct_acts_free(acts);
+    free(s.window);
+    free(s.row);
+    if (st != CT_OK) {
+        free(s.ids);
+        return st;
+    }
+    *out = s.ids;
+    *n_out = s.n;
+    return CT_OK;
+}

@@ -1,0 +1,40 @@
+/*
+ * sampler.h — text generation from the trained model, in any layout.
+ *
+ * Every rank runs the sampler in lockstep, because the forward pass is collective: tensor-parallel
+ * layers reduce over tp, ZeRO-3 gathers units over dp, and with pipeline parallelism the window
+ * travels through the stages on a forward-only schedule of one microbatch of one sequence. Token
+ * k is drawn from softmax(logits) over the real vocabulary with the counter-based uniform
+ * u_k = rng(seed, k): the first token whose running sum of exp(logit − max), in vocabulary order,
+ * reaches u_k times the total. With the vocabulary split over tp each rank reduces over its own
+ * rows only — the max and the per-rank sums travel, never the logits — and the rank whose rows
+ * hold the crossing point names the token. The running sum is the same sequence of additions as
+ * on one rank, so every layout draws the tokens a world-size-1 run draws (DESIGN §5), up to the
+ * float rounding of the logits themselves.
+ */
+#ifndef CT_PARALLEL_SAMPLER_H
+#define CT_PARALLEL_SAMPLER_H
+
+#include "core/model.h"
+#include "parallel/context.h"
+#include "parallel/data_parallel.h"
+
+/*
+ * Continues the prompt (n_prompt >= 1 token ids) by n_new tokens. Collective over the world;
+ * every rank gets the whole sequence (*out, malloc'd, *n_out = n_prompt + n_new). The context is
+ * the last seq_len tokens. Out of memory for the activations is agreed on by every rank
+ * (CT_ERR_RUNTIME on all).
+ */
+ct_status ct_sample_tokens(ct_model *model, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
+                           int64_t n_prompt, int64_t n_new, uint64_t seed, int32_t **out,
+                           int64_t *n_out);
+
+/*
+ * The draw itself, for one row of logits: this rank's columns `logits` (n_valid real ones,
+ * global vocabulary index col_offset + i) of a vocabulary split over `tp` in rank order.
+ * Collective over tp; every rank of tp returns the token. u in [0, 1).
+ */
+int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_t col_offset,
+                       int64_t vocab_size, double u);
+
+#endif /* CT_PARALLEL_SAMPLER_H */

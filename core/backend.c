@@ -39,17 +39,22 @@ void ct_backend_sync(ct_backend *be) {
     if (be->iface->sync) be->iface->sync(be->ctx);
 }
 
-size_t ct_backend_env_mem_limit(void) {
+void ct_backend_apply_env(ct_backend *be) {
+    be->mem_limit = 0;
+    be->fail_category = -1;
     const char *env = getenv("COOKTRAIN_MEM_LIMIT_MB");
-    if (!env || !env[0]) return 0;
-    char *end = NULL;
-    double mb = strtod(env, &end);
-    if (*end || !(mb > 0) || mb > 1e12) {
-        fprintf(stderr, "cooktrain: ignoring COOKTRAIN_MEM_LIMIT_MB='%s' (not a positive number "
-                        "of MiB)\n", env);
-        return 0;
+    if (env && env[0]) {
+        char *end = NULL;
+        double mb = strtod(env, &end);
+        if (*end || !(mb > 0) || mb > 1e12)
+            fprintf(stderr, "cooktrain: ignoring COOKTRAIN_MEM_LIMIT_MB='%s' (not a positive "
+                            "number of MiB)\n", env);
+        else
+            be->mem_limit = (size_t)(mb * 1024.0 * 1024.0);
     }
-    return (size_t)(mb * 1024.0 * 1024.0);
+    env = getenv("COOKTRAIN_FAIL_ALLOC");
+    for (int c = 0; env && c < CT_MEM_COUNT; c++)
+        if (!strcmp(env, ct_mem_category_name((ct_mem_category)c))) be->fail_category = c;
 }
 
 double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap) {
@@ -131,6 +136,7 @@ ct_tensor *ct_tensor_new(ct_backend *be, ct_dtype dtype, int ndim, const int64_t
     /* Never ask for 0 bytes: a NULL from alloc must mean out-of-memory. */
     size_t in_use = ct_backend_mem_total(be);
     bool over_limit = be->mem_limit && (bytes > be->mem_limit || in_use > be->mem_limit - bytes);
+    over_limit = over_limit || (int)category == be->fail_category;
     void *data = over_limit ? NULL : be->iface->alloc(be->ctx, bytes ? bytes : 1);
     if (!data) {
         char limit[96] = "";

@@ -169,6 +169,9 @@ typedef struct ct_backend {
      * environment variable COOKTRAIN_MEM_LIMIT_MB sets it when a backend is made, to rehearse a
      * device's memory on the CPU and to test the out-of-memory paths. */
     size_t mem_limit;
+    /* Fault injection for tests: every allocation of this category fails as out of memory (-1:
+     * none). The environment variable COOKTRAIN_FAIL_ALLOC=<category name> sets it. */
+    int fail_category;
     size_t bytes_in_use[CT_MEM_COUNT];
     size_t peak_bytes[CT_MEM_COUNT];
     bool profiling;
@@ -185,9 +188,9 @@ ct_backend *ct_backend_cpu_new(int n_threads);
 void ct_backend_free(ct_backend *be);
 int ct_backend_cpu_threads(const ct_backend *be);
 void ct_backend_sync(ct_backend *be);
-/* COOKTRAIN_MEM_LIMIT_MB as bytes (0 when unset; a malformed value is ignored with a warning):
- * every backend constructor sets its mem_limit from it. */
-size_t ct_backend_env_mem_limit(void);
+/* Sets be->mem_limit from COOKTRAIN_MEM_LIMIT_MB (a malformed value is ignored with a warning)
+ * and be->fail_category from COOKTRAIN_FAIL_ALLOC; every backend constructor calls it. */
+void ct_backend_apply_env(ct_backend *be);
 /* The backend's peak_flops slot (0 when the backend does not know; `how` says so). */
 double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap);
 

@@ -1201,7 +1201,7 @@ ct_backend *ct_backend_cpu_new(int n_threads) {
     ct_backend *be = ct_xcalloc(1, sizeof *be);
     be->iface = &cpu_iface;
     be->ctx = c;
-    be->mem_limit = ct_backend_env_mem_limit();
+    ct_backend_apply_env(be);
     return be;
 }
 

@@ -806,12 +806,13 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
                     "\"bubble_s\": %.4f, \"mfu\": %.4f, \"gemm_efficiency\": %.4f, "
                     "\"skipped\": %s, \"dp_bytes\": %llu, \"dp_bytes_expected\": %.0f, "
-                    "\"tp_bytes\": %llu, \"tp_bytes_expected\": %.0f}\n",
+                    "\"tp_bytes\": %llu, \"tp_bytes_expected\": %.0f, \"mem_bytes\": %zu}\n",
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
                     ct_dp_exposed_seconds(t.dp), bubble, hw_peak > 0 ? achieved / hw_peak : 0.0,
                     gemm_rate > 0 ? achieved / gemm_rate : 0.0, finite ? "false" : "true",
                     (unsigned long long)step_dp_bytes, dp_bytes_expected,
-                    (unsigned long long)step_tp_bytes, tp_bytes_expected);
+                    (unsigned long long)step_tp_bytes, tp_bytes_expected,
+                    ct_backend_mem_total(be));
             metrics_check(&t);
         }
         if (bad_in_a_row >= cfg->train.max_bad_steps) {

@@ -32,13 +32,11 @@ struct ct_pipeline {
     int32_t *host_tokens, *host_targets;
     int inflight, peak_inflight;
     double wait_seconds;
-    bool logging;
-    ct_action *log;
-    int n_log, cap_log;
 };
 
-ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
-                          ct_schedule_kind kind, int m, int64_t B) {
+/* The executor around a training schedule (taken over; NULL for a forward-only executor). */
+static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                               ct_schedule *train, int m, int64_t B) {
     *out = NULL;
     ct_pipeline *p = ct_xcalloc(1, sizeof *p);
     p->model = model;
@@ -46,16 +44,9 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     p->pctx = pctx;
     p->m = m;
     p->B = B;
+    p->train = train;
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
-    const bool forward_only = kind == CT_SCHEDULE_KIND_FORWARD_ONLY;
-    if (!forward_only) {
-        p->train = ct_schedule_new(kind, pctx->pp, v, m);
-        if (!p->train) {
-            ct_pipeline_free(p);
-            return CT_ERR_INPUT;
-        }
-    }
     p->forward_only = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m);
     if (!p->forward_only) {
         ct_pipeline_free(p);
@@ -75,6 +66,8 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     p->pool_size = 1;
     if (p->train) {
         ct_sim_result sim = ct_schedule_simulate(p->train, 2.0);
+        CT_ASSERTF(!sim.deadlock && sim.order_ok, "the training schedule is not runnable: %s",
+                   sim.deadlock ? "it deadlocks" : sim.order_msg);
         p->pool_size = CT_MAX(1, sim.peak_inflight_mb[pctx->pp_rank]);
         ct_sim_result_release(&sim);
     }
@@ -91,6 +84,25 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     }
     *out = p;
     return CT_OK;
+}
+
+ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                          ct_schedule_kind kind, int m, int64_t B) {
+    *out = NULL;
+    ct_schedule *train = NULL;
+    if (kind != CT_SCHEDULE_KIND_FORWARD_ONLY) {
+        train = ct_schedule_new(kind, pctx->pp, model->layout.n_chunks, m);
+        if (!train) return CT_ERR_INPUT;
+    }
+    return pipeline_make(out, model, dp, pctx, train, m, B);
+}
+
+ct_status ct_pipeline_new_from_schedule(ct_pipeline **out, ct_model *model, ct_dp *dp,
+                                        ct_pctx *pctx, ct_schedule *schedule, int64_t B) {
+    CT_ASSERTF(schedule->pp == pctx->pp && schedule->v == model->layout.n_chunks,
+               "schedule for pp=%d v=%d on pp=%d v=%d", schedule->pp, schedule->v, pctx->pp,
+               model->layout.n_chunks);
+    return pipeline_make(out, model, dp, pctx, schedule, schedule->m, B);
 }
 
 void ct_pipeline_set_head_fn(ct_pipeline *p, ct_pipeline_head_fn fn, void *ctx) {
@@ -118,7 +130,6 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->sends);
     free(p->host_tokens);
     free(p->host_targets);
-    free(p->log);
     free(p);
 }
 
@@ -230,16 +241,6 @@ static ct_tensor *chunk_output(ct_pipeline *p, ct_acts *a, int j) {
         ->residual[p->model->layout.chunks[j].first_layer + p->model->layout.chunks[j].n_layers];
 }
 
-static void log_action(ct_pipeline *p, const ct_action *act) {
-    if (!p->logging) return;
-    if (p->n_log == p->cap_log) {
-        p->cap_log = p->cap_log ? 2 * p->cap_log : 256;
-        p->log = realloc(p->log, (size_t)p->cap_log * sizeof *p->log);
-        CT_ASSERT(p->log != NULL);
-    }
-    p->log[p->n_log++] = *act;
-}
-
 /* ---- the executor --------------------------------------------------------------------------- */
 
 double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx) {
@@ -254,7 +255,6 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     for (int i = 0; i < s->n_actions[r]; i++) {
         const ct_action *act = &s->actions[r][i];
         const int mb = act->mb, j = local_chunk(p, act->chunk);
-        log_action(p, act);
         switch (act->kind) {
         case CT_ACTION_RECV_ACT: {
             ct_tensor *in = chunk_input(p, acts_for(p, mb, fill, ctx, train), j);
@@ -328,14 +328,6 @@ double ct_pipeline_wait_seconds(const ct_pipeline *p) {
 }
 int ct_pipeline_peak_inflight(const ct_pipeline *p) {
     return p->peak_inflight;
-}
-void ct_pipeline_log_actions(ct_pipeline *p, bool on) {
-    p->logging = on;
-    p->n_log = 0;
-}
-const ct_action *ct_pipeline_executed(const ct_pipeline *p, int *n) {
-    *n = p->n_log;
-    return p->log;
 }
 const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p) {
     return p->train;

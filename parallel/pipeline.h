@@ -33,6 +33,11 @@ typedef struct ct_pipeline ct_pipeline;
 ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                           ct_schedule_kind kind, int m, int64_t B);
 
+/* The same around a schedule the caller built (a schedule is data: any list the simulator runs
+ * without deadlock; taken over, freed with the executor). m is schedule->m. */
+ct_status ct_pipeline_new_from_schedule(ct_pipeline **out, ct_model *model, ct_dp *dp,
+                                        ct_pctx *pctx, ct_schedule *schedule, int64_t B);
+
 /* Called on the rank that holds the LM head right after each forward of that chunk, with the
  * microbatch and its activations (the logits are in acts->logits; with dloss = 0 they are kept
  * as logits). Lets a caller read the output before the context is reused (the sampler). */
@@ -52,9 +57,7 @@ double ct_pipeline_wait_seconds(const ct_pipeline *p);
 /* Peak activation contexts (microbatches) alive during the last run. */
 int ct_pipeline_peak_inflight(const ct_pipeline *p);
 
-/* Records the actions as executed (for tests: the real order must be the generator's list). */
-void ct_pipeline_log_actions(ct_pipeline *p, bool on);
-const ct_action *ct_pipeline_executed(const ct_pipeline *p, int *n);
+/* The training schedule the executor runs. */
 const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p);
 
 #endif /* CT_PARALLEL_PIPELINE_H */

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallelism and full 3D layouts (DESIGN §6, §11) under mpirun:
-#   - the executor runs exactly the generator's lists and frees activations as the simulator
-#     predicts (test/mpi_test_pp.c at 2 and 4 stages);
+#   - every schedule's gradients against one process running the same microbatches (bit for bit
+#     where the order of the microbatch sums is the same, within the rounding of that sum
+#     otherwise; a reversed-backward schedule at pp 2 x dp 2), and activations freed as the
+#     simulator predicts (test/mpi_test_pp.c at 2 and 4 ranks);
 #   - equivalence against world size 1 on configs/test-tiny.yaml for every tp x pp x dp
 #     factorisation of 2, 4 and 8 ranks with pp > 1 (the ones with pp = 1 are in
 #     cli_mpi_dp.sh and cli_mpi_tp.sh), covering every schedule, ZeRO stage, recompute and

@@ -62,10 +62,15 @@ static void tiny_config(ct_config *cfg) {
     }
 }
 
-/* Max |x| over a tensor's host copy. */
+/* The larger of two errors where NaN wins: fmax would drop a NaN and let a broken value pass. */
+static double worse(double a, double b) {
+    return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
+}
+
+/* Max |x| over a tensor's host copy (NaN if any element is NaN). */
 static double max_abs(const float *x, int64_t n) {
     double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    for (int64_t i = 0; i < n; i++) m = worse(m, fabs(x[i]));
     return m;
 }
 
@@ -109,7 +114,7 @@ static void compare_model(ct_pctx *pctx, bool sp) {
     double worst = 0, scale = max_abs(logits_full, N * Vp);
     for (int64_t r = 0; r < N; r++)
         for (int64_t c = 0; c < Vl; c++)
-            worst = fmax(worst, fabs(logits_full[r * Vp + off + c] - logits_shard[r * Vl + c]));
+            worst = worse(worst, fabs(logits_full[r * Vp + off + c] - logits_shard[r * Vl + c]));
     snprintf(what, sizeof what, "tp=%d%s logits are the vocabulary slice", world, sp ? " sp" : "");
     check(worst <= 2e-5 * scale + 1e-7, "max diff %.3g (scale %.3g)", what, worst, scale);
     free(logits_full);
@@ -136,7 +141,7 @@ static void compare_model(ct_pctx *pctx, bool sp) {
         double err = 0, gscale = max_abs(gf, pf->numel);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
-                err = fmax(err, fabs(gf[(row0 + r) * gcols + col0 + c] - gs[r * cols + c]));
+                err = worse(err, fabs(gf[(row0 + r) * gcols + col0 + c] - gs[r * cols + c]));
         const char *kind = ps->tp_split_dim == 0   ? "rows"
                            : ps->tp_split_dim == 1 ? "columns"
                                                    : "replicated";
@@ -182,14 +187,14 @@ static void compare_xent(ct_pctx *pctx) {
     check(calls == 3, "%g calls (want %g)", what, (double)calls, 3.0);
     float *a = to_host(v[0]), *b = to_host(v[4]);
     double worst = 0;
-    for (int64_t r = 0; r < N; r++) worst = fmax(worst, fabs(a[r] - b[r]) / fabs(a[r]));
+    for (int64_t r = 0; r < N; r++) worst = worse(worst, fabs(a[r] - b[r]) / fabs(a[r]));
     snprintf(what, sizeof what, "tp=%d vocab-parallel losses match the plain ones", world);
     check(worst <= 1e-6, "max rel diff %.3g (tol %.1g)", what, worst, 1e-6);
     float *df = to_host(lf), *ds = to_host(ls);
     worst = 0;
     for (int64_t r = 0; r < N; r++)
         for (int64_t c = 0; c < Vl; c++)
-            worst = fmax(worst, fabs(df[r * Vp + off + c] - ds[r * Vl + c]));
+            worst = worse(worst, fabs(df[r * Vp + off + c] - ds[r * Vl + c]));
     snprintf(what, sizeof what, "tp=%d vocab-parallel dlogits are the slice (padding zero)", world);
     check(worst <= 1e-7, "max diff %.3g (tol %.1g)", what, worst, 1e-7);
     free(a), free(b), free(df), free(ds), free(logits), free(slice);

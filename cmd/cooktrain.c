@@ -32,7 +32,8 @@ static const char usage_text[] =
     "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
     "            --print-config         print the resolved config and derived values, then exit\n"
     "            --profile              time ops by category (same as --set log.profile=true)\n"
-    "            --gemm-rate            measure GEMM FLOP/s at the model's shapes (benchmarks)\n"
+    "            --gemm-rate            measure GEMM FLOP/s at the model's shapes and the\n"
+    "                                   hardware's FMA peak (benchmarks)\n"
     "            --dump-params FILE     write the final parameters as global tensors (raw f32 in\n"
     "                                   FILE, names and shapes in FILE.index.json) after checking\n"
     "                                   that every replica holds the same bytes (tests)\n"
@@ -153,8 +154,11 @@ static ct_status cmd_train(int argc, char **argv) {
         ct_model_layout layout = ct_model_layout_single(&cfg);
         st = ct_model_new(&model, &cfg, be, &layout);
         if (st == CT_OK) {
-            printf("gemm_flops_per_s %.6e\nflops_per_token %.6e\nthreads %d\n", rate,
-                   ct_model_flops_per_token(model), threads);
+            char how[128];
+            double peak = ct_backend_peak_flops(be, how, sizeof how);
+            printf("gemm_flops_per_s %.6e\nflops_per_token %.6e\nthreads %d\n"
+                   "peak_flops_per_s %.6e\npeak_source %s\n",
+                   rate, ct_model_flops_per_token(model), threads, peak, how);
             ct_model_free(model);
         }
     } else {

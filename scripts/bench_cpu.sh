@@ -4,11 +4,15 @@
 #      (scripts/torch_gpt2.py, Debian's python3-torch, 2 threads) on configs/tiny.yaml and
 #      configs/gpt2-124m.yaml, run alternately A/B/A/B in the same time window, and the ratio
 #      of their median tokens/s;
-#   2. MFU: tokens/s x FLOP/token over the sgemm rate at the model's own GEMM shapes
-#      (`cooktrain train --gemm-rate`: every linear layer's forward, input-gradient and
-#      weight-gradient GEMM), measured before each cooktrain run and taken as the median —
-#      this machine's speed drifts by up to 2x over minutes, so only same-window ratios mean
-#      anything;
+#   2. two efficiencies, each named for what it is: MFU, tokens/s x FLOP/token over the
+#      hardware's fp32 peak (a measured FMA loop on the same threads, `cooktrain train
+#      --gemm-rate`), and GEMM efficiency, the same over the sgemm rate at the model's own GEMM
+#      shapes (every linear layer's forward, input-gradient and weight-gradient GEMM); both
+#      denominators measured before each cooktrain run and taken as the median — this machine's
+#      speed drifts by up to 2x over minutes, so only same-window ratios mean anything. With
+#      --compare-torch the PyTorch peer prints its BLAS library and measures its own GEMM rate
+#      at the same shapes in the same window, so the ratio of the two trainers can be read
+#      against the ratio of their GEMM libraries;
 #   3. data-parallel overlap: exposed communication as a share of the step at dp=2 on the 124M
 #      config (one thread per rank), from the trainer's own time split;
 #   4. where the time goes: the --profile line (ms per step by op category).
@@ -64,29 +68,39 @@ bench() {
     if [ -n "$only" ] && [ "$only" != "$name" ]; then return; fi
     local sets=(--set train.threads="$threads" --set train.steps="$steps" --set train.warmup_steps=1
                 --set log.interval="$steps" --set train.eval_interval=0 --set log.sample_tokens=0 "$@")
-    : >"$tmp/$name.rates"; : >"$tmp/$name.ours"; : >"$tmp/$name.torch"
+    : >"$tmp/$name.rates"; : >"$tmp/$name.peaks"; : >"$tmp/$name.ours"; : >"$tmp/$name.torch"
+    : >"$tmp/$name.torch_rates"
     local fpt
     fpt=$("$BIN" train --config "$config" "${sets[@]}" --gemm-rate | awk '/flops_per_token/ {print $2}')
     for round in 1 2; do
-        "$BIN" train --config "$config" "${sets[@]}" --gemm-rate | awk '/gemm_flops_per_s/ {print $2}' >>"$tmp/$name.rates"
+        "$BIN" train --config "$config" "${sets[@]}" --gemm-rate >"$tmp/$name.gemm"
+        awk '/gemm_flops_per_s/ {print $2}' "$tmp/$name.gemm" >>"$tmp/$name.rates"
+        awk '/peak_flops_per_s/ {print $2}' "$tmp/$name.gemm" >>"$tmp/$name.peaks"
         "$BIN" train --config "$config" "${sets[@]}" --profile --set log.metrics="$tmp/$name.$round.jsonl" >"$tmp/$name.$round.log"
         sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$tmp/$name.$round.jsonl" | tail -n +3 >>"$tmp/$name.ours"
         if [ $compare_torch = 1 ]; then
+            # shellcheck disable=SC2086
+            $TORCH_PY scripts/torch_gpt2.py $torch_args --threads "$threads" --gemm-rate >"$tmp/$name.torch_gemm"
+            awk '/gemm_flops_per_s/ {print $2}' "$tmp/$name.torch_gemm" >>"$tmp/$name.torch_rates"
             # shellcheck disable=SC2086
             $TORCH_PY scripts/torch_gpt2.py $torch_args --steps "$steps" --threads "$threads" |
                 sed -n 's/.*s \([0-9.]*\) tokens\/s$/\1/p' | tail -n +3 >>"$tmp/$name.torch"
         fi
     done
-    local ours rate theirs
+    local ours rate peak theirs trate
     ours=$(median <"$tmp/$name.ours")
     rate=$(median <"$tmp/$name.rates")
-    awk -v n="$name" -v tps="$ours" -v fpt="$fpt" -v rate="$rate" -v th="$threads" 'BEGIN {
-        printf "%-10s cooktrain %8.1f tok/s | %.3g FLOP/token | sgemm at model shapes %.1f GFLOP/s (%d threads, median of 2) | MFU %.1f%%\n",
-               n, tps, fpt, rate / 1e9, th, 100 * tps * fpt / rate }'
+    peak=$(median <"$tmp/$name.peaks")
+    awk -v n="$name" -v tps="$ours" -v fpt="$fpt" -v rate="$rate" -v peak="$peak" -v th="$threads" 'BEGIN {
+        printf "%-10s cooktrain %8.1f tok/s | %.3g FLOP/token | FMA peak %.1f GFLOP/s, sgemm at model shapes %.1f GFLOP/s (%d threads, medians of 2) | MFU %.1f%% | GEMM efficiency %.1f%%\n",
+               n, tps, fpt, peak / 1e9, rate / 1e9, th, 100 * tps * fpt / peak, 100 * tps * fpt / rate }'
     if [ $compare_torch = 1 ]; then
         theirs=$(median <"$tmp/$name.torch")
-        awk -v n="$name" -v a="$ours" -v b="$theirs" 'BEGIN {
-            printf "%-10s pytorch   %8.1f tok/s | cooktrain / pytorch = %.2fx (median tokens/s, A/B/A/B)\n", n, b, a / b }'
+        trate=$(median <"$tmp/$name.torch_rates")
+        grep '^torch' "$tmp/$name.torch_gemm" | sed "s/^/$name /"
+        awk -v n="$name" -v a="$ours" -v b="$theirs" -v fpt="$fpt" -v peak="$peak" -v trate="$trate" -v rate="$rate" 'BEGIN {
+            printf "%-10s pytorch   %8.1f tok/s | its own GEMM rate at these shapes %.1f GFLOP/s | MFU %.1f%% | GEMM efficiency %.1f%%\n", n, b, trate / 1e9, 100 * b * fpt / peak, 100 * b * fpt / trate
+            printf "%-10s cooktrain / pytorch = %.2fx (median tokens/s, A/B/A/B); their GEMM libraries: %.2fx\n", n, a / b, rate / trate }'
     fi
     echo "$name $(grep '^profile' "$tmp/$name.2.log" | tail -1)"
 }

@@ -11,6 +11,14 @@ scaled_dot_product_attention). Timed like cooktrain: wall time of each whole ste
 backward, clip, update); prints one line per step and the median.
 
   torch_gpt2.py --vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4 --steps 6
+
+It first prints the BLAS and CPU lines of torch.__config__.show(), so a ratio against cooktrain
+can be explained by the library underneath. With --gemm-rate it instead measures PyTorch's own
+fp32 GEMM rate at this model's shapes the way `cooktrain train --gemm-rate` measures cooktrain's:
+every linear layer's forward (x·Wᵀ), input-gradient (dy·W) and weight-gradient (dyᵀ·x) matmul for
+a batch of B·T tokens, operands in cache, median of a few runs, weighted by how often a step
+runs it; it prints "gemm_flops_per_s X" and "flops_per_token X" (6 × GEMM parameters, the
+tied LM head included, plus causal attention 6·L·T·C, as cooktrain counts them).
 """
 import argparse
 import math
@@ -74,14 +82,61 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def print_backend():
+    """The library lines of PyTorch's build configuration: which BLAS, which CPU kernels."""
+    keep = ("BLAS", "LAPACK", "MKL", "OpenMP", "CPU capability", "oneDNN", "MKLDNN", "PyTorch built")
+    print("torch %s" % torch.__version__)
+    for line in torch.__config__.show().splitlines():
+        line = line.strip(" -")
+        if any(k in line for k in keep):
+            print("torch config: " + line)
+    print("torch threads: %d" % torch.get_num_threads(), flush=True)
+
+
+def gemm_rate(a):
+    """FLOP/s of fp32 matmul at the model's linear shapes, weighted like cooktrain's."""
+    n, c, f = a.batch * a.seq, a.d, 4 * a.d
+    vp = (a.vocab + 127) // 128 * 128
+    # (out, in, times per step): fused q|k|v, attention out, MLP up, MLP down, the LM head
+    linears = [(3 * c, c, a.layers), (c, c, a.layers), (f, c, a.layers), (c, f, a.layers),
+               (vp, c, 1)]
+
+    def median_seconds(fn, reps=5):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    flops = seconds = 0.0
+    with torch.no_grad():
+        for out, inp, count in linears:
+            x, w = torch.full((n, inp), 0.01), torch.full((out, inp), 0.02)
+            dy = torch.full((n, out), 0.01)
+            t = (median_seconds(lambda: x @ w.t()) + median_seconds(lambda: dy @ w) +
+                 median_seconds(lambda: dy.t() @ x))
+            flops += 3 * 2.0 * n * out * inp * count
+            seconds += t * count
+    n_matmul = a.layers * (4 * c * c + 2 * c * f) + vp * c
+    print("gemm_flops_per_s %.6e" % (flops / seconds))
+    print("flops_per_token %.6e" % (6.0 * n_matmul + 6.0 * a.layers * a.seq * c))
+
+
 def main():
     ap = argparse.ArgumentParser()
     for name, default in (("vocab", 50257), ("seq", 256), ("layers", 12), ("d", 768),
                           ("heads", 12), ("batch", 4), ("steps", 6), ("threads", 2)):
         ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--gemm-rate", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(1337)
     torch.set_num_threads(a.threads)
+    print_backend()
+    if a.gemm_rate:
+        gemm_rate(a)
+        return
     model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

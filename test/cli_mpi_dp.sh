@@ -22,6 +22,7 @@ if reference_run "$tmp"; then
     # smaller micro-batch, dp=4 in between; merged units (bucket_mb) at stages 0 and 3.
     while read -r np zero micro extra; do
         name="np=$np zero=$zero micro_batch=$micro $extra"
+        selected "$name" || continue
         # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" \
             --set parallel.zero_stage="$zero" --set train.micro_batch="$micro" $extra \

@@ -37,6 +37,7 @@ if reference_run "$tmp"; then
     # tp pp dp schedule v zero sp recompute micro_batch
     while read -r tp pp dp sched v zero sp rc micro; do
         name="tp=$tp pp=$pp dp=$dp $sched v=$v zero=$zero sp=$sp recompute=$rc micro_batch=$micro"
+        selected "$name" || continue
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
             --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.schedule="$sched" \
             --set parallel.virtual_stages="$v" --set parallel.zero_stage="$zero" \

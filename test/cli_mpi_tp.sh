@@ -19,6 +19,7 @@ if reference_run "$tmp"; then
     # tp  dp  zero  sequence_parallel  micro_batch
     while read -r tp dp zero sp micro; do
         name="tp=$tp dp=$dp zero=$zero sp=$sp micro_batch=$micro"
+        selected "$name" || continue
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * dp)) "$BIN" "${base[@]}" \
             --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
             --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \

@@ -6,6 +6,10 @@ BIN=$BUILD/cooktrain
 ok() { echo "ok $*"; }
 fail() { echo "FAIL $*"; }
 
+# selected NAME: true unless CT_FILTER (an extended regex) is set and NAME does not match it. The
+# equivalence loops use it so that one layout can be run alone (`make mutants` does).
+selected() { [ -z "${CT_FILTER:-}" ] || printf '%s\n' "$1" | grep -qE -- "$CT_FILTER"; }
+
 # expect_exit CODE WHAT -- command...   (stdout+stderr captured in $OUT_TEXT)
 expect_exit() {
     local want=$1 what=$2

@@ -124,9 +124,10 @@ static const config_key keys[] = {
             "n_layer); empty = even split"},
     {KEY(parallel, sequence_parallel, KEY_BOOL), .def = "false",
      .doc = "sequence parallelism inside TP groups (needs seq_len divisible by tp)"},
-    {KEY(parallel, bucket_mb, KEY_FLOAT), .def = "0", AT_LEAST(0),
-     .doc = "merge consecutive FSDP units into gradient buckets of at least this many MiB; 0 = "
-            "one bucket per unit"},
+    {KEY(parallel, bucket_mb, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(1048576),
+     .doc = "merge consecutive layers of a pipeline chunk into one FSDP unit (the grain of "
+            "gradient reduction, ZeRO sharding and ZeRO-3 gathering) of at least this many MiB "
+            "of a rank's parameters; 0 = one unit per layer"},
     {KEY(parallel, timeout_s, KEY_FLOAT), .def = "300", ABOVE(0),
      .doc = "a collective unfinished after this many seconds aborts the job with a report"},
     {KEY(parallel, grad_reduce_dtype, KEY_ENUM), .choices = precision_names, .def = "fp32",
@@ -1498,6 +1499,10 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     d.n_params = gpt2_params(m, &d);
     cfg->derived = d;
     return CT_OK;
+}
+
+int64_t ct_config_unit_min_bytes(const ct_config *cfg) {
+    return (int64_t)(cfg->parallel.bucket_mb * 1024.0 * 1024.0);
 }
 
 /* ---- printing -------------------------------------------------------------------------------- */

@@ -147,6 +147,9 @@ ct_status ct_config_set(ct_config *cfg, const char *assignment);
 /* Checks ranges and consistency and fills cfg->derived for a job of world_size ranks. */
 ct_status ct_config_validate(ct_config *cfg, int64_t world_size);
 
+/* parallel.bucket_mb as bytes: the smallest FSDP unit of merged layers (model.h). */
+int64_t ct_config_unit_min_bytes(const ct_config *cfg);
+
 /* Writes the resolved config as YAML (loadable again), then the derived values as comments. */
 void ct_config_print(const ct_config *cfg, FILE *out);
 

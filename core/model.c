@@ -124,6 +124,13 @@ static void begin_unit(ct_model *m, const char *name, int *unit_cap) {
     u->first_param = m->n_params;
 }
 
+/* Bytes of this rank's parameters registered so far in unit u (the unit being built). */
+static int64_t unit_bytes(const ct_model *m, const ct_unit *u) {
+    int64_t n = 0;
+    for (int i = u->first_param; i < m->n_params; i++) n += m->params[i].numel;
+    return n * (int64_t)sizeof(float);
+}
+
 static void build_registry(ct_model *m) {
     registry_builder rb = {.model = m, .cap = 0};
     m->embed_unit = m->head_unit = -1;
@@ -149,8 +156,19 @@ static void build_registry(ct_model *m) {
         for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
             int l = m->layout.chunks[c].first_layer + i;
             char unit_name[32], name[64];
-            snprintf(unit_name, sizeof unit_name, "layer.%d", l);
-            begin_unit(m, unit_name, &unit_cap);
+            /* The wrapping policy (model.h, Units): a layer joins the current unit while that
+             * unit is below unit_min_bytes. The first layer of a chunk always opens a unit, so
+             * none spans two chunks. */
+            bool open =
+                i == 0 || unit_bytes(m, &m->units[m->n_units - 1]) >= m->layout.unit_min_bytes;
+            if (open) {
+                snprintf(unit_name, sizeof unit_name, "layer.%d", l);
+                begin_unit(m, unit_name, &unit_cap);
+                m->units[m->n_units - 1].first_layer = l;
+            }
+            ct_unit *cur = &m->units[m->n_units - 1];
+            if (!open) snprintf(cur->name, sizeof cur->name, "layers.%d-%d", cur->first_layer, l);
+            cur->n_layers++;
             m->layer_unit[l] = m->n_units - 1;
 #define P(field, suffix, nd, rows, cols, split, init, sd)                                          \
     snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                        \
@@ -261,6 +279,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     if (!m->layout.tp) m->layout.tp = ct_comm_local_new("tp");
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
+    CT_ASSERT(layout->unit_min_bytes >= 0);
 
     build_registry(m);
 
@@ -878,10 +897,12 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double 
         embed_forward(m, a);
         if (!has_head) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
+    /* A merged unit is open from its first layer to its last (units never span chunks). */
     for (int l = first; l < first + n; l++) {
-        unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
+        const ct_unit *u = &m->units[m->layer_unit[l]];
+        if (l == u->first_layer) unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
         layer_forward(m, l, a, a->residual[l + 1]);
-        unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
+        if (l == u->first_layer + u->n_layers - 1) unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
     }
     if (has_head) {
         unit_begin(m, m->head_unit, CT_PASS_FORWARD);
@@ -983,8 +1004,12 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
         head_backward(m, a, s);
         unit_end(m, m->head_unit, CT_PASS_BACKWARD);
     }
+    /* Layers last to first: a merged unit opens at its last layer and closes after its first,
+     * when every layer in it has written its gradients. */
     for (int l = first + n - 1; l >= first; l--) {
-        unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
+        const ct_unit *u = &m->units[m->layer_unit[l]];
+        if (l == u->first_layer + u->n_layers - 1)
+            unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
         if (m->layout.recompute) {
             /* Only the layer's input was kept: rebuild its internals (the forward's
              * collectives run again). The output is already in residual[l+1]. */
@@ -993,7 +1018,7 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
             ct_tensor_free(out);
         }
         layer_backward(m, l, a, s);
-        unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
+        if (l == u->first_layer) unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
     }
     if (has_embed) {
         if (!has_head) unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);

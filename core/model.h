@@ -5,10 +5,21 @@
  *
  * Parameters. Every tensor is registered with its global name and shape, its tensor-parallel
  * split, tie, pipeline chunk, FSDP unit, weight-decay flag and init rule. A unit (the embeddings;
- * one per transformer layer; the final norm) owns one flat range of the parameter slab and the
- * same range of the gradient slab, padded to a multiple of the data-parallel size and of 16
- * elements, so gradient reduction and ZeRO sharding work on whole units. Tensors are views into
- * their unit's range.
+ * one or more consecutive transformer layers; the final norm) owns one flat range of the
+ * parameter slab and the same range of the gradient slab, padded to a multiple of the
+ * data-parallel size and of 16 elements, so gradient reduction and ZeRO sharding work on whole
+ * units. Tensors are views into their unit's range, packed in registry order.
+ *
+ * Units. The unit is the grain of gradient reduction, ZeRO sharding and ZeRO-3 gathering: few
+ * large units mean fewer, larger collectives; many small ones mean more overlap and smaller
+ * gather buffers. layout.unit_min_bytes (parallel.bucket_mb) is the wrapping policy: the layers
+ * of a chunk are merged greedily, in order, into units of at least that many bytes of this
+ * rank's parameters (the last unit of a chunk may be smaller). A unit never spans two chunks,
+ * since chunks run at different times under pipeline parallelism, and the embedding and head
+ * units are never merged with layers (the tied embedding's padding rules, ct_model_new). Merging
+ * moves storage only: every parameter keeps its name, its initial values and the arithmetic of
+ * its gradient, so on one rank the policy changes no bit (across ranks only the collectives'
+ * summation order may change, DESIGN §5).
  *
  * Chunks. A chunk is a contiguous range of layers, plus the embeddings if it is the first chunk
  * and the final norm, tied LM head and loss if it is the last. Forward and backward run per chunk
@@ -25,7 +36,7 @@
 #include "comm.h"
 #include "config.h"
 
-#define CT_MAX_CHUNKS 16
+#define CT_MAX_CHUNKS CT_MAX_VIRTUAL_STAGES /* chunks one rank holds (config.h) */
 
 typedef enum ct_init_rule {
     CT_INIT_ZEROS = 0,
@@ -53,14 +64,16 @@ typedef struct ct_param {
     ct_tensor *grad;    /* view into the unit's gradient range */
 } ct_param;
 
+/* One FSDP unit: a run of consecutive registry entries sharing one flat range. */
 typedef struct ct_unit {
-    char name[32]; /* "embed", "layer.3", "head" */
+    char name[32]; /* "embed", "layer.3" (one layer), "layers.3-5" (merged), "head" */
     int first_param, n_params;
-    int64_t numel;        /* sum of its parameters' local elements */
-    int64_t padded_numel; /* multiple of 16·dp */
-    int64_t slab_offset;  /* start in the parameter / gradient / optimizer slabs */
-    ct_tensor *params;    /* (padded_numel) */
-    ct_tensor *grads;     /* (padded_numel) */
+    int first_layer, n_layers; /* the layers it holds; n_layers = 0 for embed and head */
+    int64_t numel;             /* sum of its parameters' local elements */
+    int64_t padded_numel;      /* multiple of 16·dp */
+    int64_t slab_offset;       /* start in the parameter / gradient / optimizer slabs */
+    ct_tensor *params;         /* (padded_numel) */
+    ct_tensor *grads;          /* (padded_numel) */
 } ct_unit;
 
 /* Where this rank sits: its tensor-parallel slice and the chunks it holds. */
@@ -78,6 +91,10 @@ typedef struct ct_model_layout {
     bool sequence_parallel;
     /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
     bool recompute;
+    /* The FSDP wrapping policy (parallel.bucket_mb): merge consecutive layers of a chunk into one
+     * unit until it holds at least this many bytes of this rank's parameters (their local
+     * elements × 4); 0 = one unit per layer. ct_model_layout_single / _pipeline leave it 0. */
+    int64_t unit_min_bytes;
     int n_chunks; /* chunks on this rank */
     struct {
         int index; /* global chunk index */
@@ -103,9 +120,11 @@ typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
  * model brackets every use of a unit in a pass with unit_begin / unit_end: in a forward pass
  * its parameters are read between them; in a backward pass its parameters are read and its
  * gradients written, and unit_end means the unit's gradients for this microbatch are complete.
+ * A unit of several layers is bracketed once per pass around all of them: opened before its
+ * first layer in forward order (its last in backward) and closed after the last one it runs.
  * Brackets of different units may nest (the tied embedding stays open from the embedding to the
- * LM head). poll is called between ops so outstanding communication progresses. NULL slots
- * are no-ops (world size 1).
+ * LM head); brackets of layer units never overlap. poll is called between ops so outstanding
+ * communication progresses. NULL slots are no-ops (world size 1).
  */
 typedef struct ct_model_hooks {
     void *ctx;
@@ -131,7 +150,8 @@ typedef struct ct_model {
 
     ct_model_hooks hooks;
     int embed_unit, head_unit; /* unit indices, -1 when not on this rank */
-    int *layer_unit;           /* [L] unit of each layer, -1 when not on this rank */
+    int *layer_unit;           /* [L] unit of each layer (shared by merged layers), -1 when not
+                                  on this rank */
     int64_t Tl;                /* positions per rank in the residual stream: T/tp with sequence
                                   parallelism, else T */
     /* Sequence-parallel workspace, grown by ct_acts_new to the largest micro-batch: a local

@@ -243,12 +243,12 @@ static void tp_reduce_replicated(ct_dp *dp, int u) {
     ct_model *m = dp->model;
     const ct_unit *unit = &m->units[u];
     ct_comm *tp = m->layout.tp;
-    ct_comm_request *reqs[64];
+    /* All of the unit's replicated tensors at once (a merged unit holds several layers'). */
+    ct_comm_request **reqs = ct_xcalloc((size_t)unit->n_params, sizeof *reqs);
     int n = 0;
     for (int i = 0; i < unit->n_params; i++) {
         const ct_param *p = &m->params[unit->first_param + i];
         if (p->tp_split_dim >= 0) continue;
-        CT_ASSERT(n < (int)(sizeof reqs / sizeof reqs[0]));
         reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
     }
     for (int i = 0; i < n; i++) {
@@ -256,6 +256,7 @@ static void tp_reduce_replicated(ct_dp *dp, int u) {
         ct_comm_wait(tp, reqs[i]);
         dp->exposed += ct_now() - t0;
     }
+    free(reqs);
 }
 
 static void hook_unit_end(void *ctx, int u, ct_pass pass) {

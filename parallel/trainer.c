@@ -315,6 +315,7 @@ static ct_status build_model(trainer *t) {
     layout.dp_size = t->dp_size;
     layout.shard_grads = stage >= 2;
     layout.shard_params = stage == 3;
+    layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
     CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train));
     if (t->pctx->pp > 1) {
@@ -454,6 +455,17 @@ static ct_status print_sample(trainer *t) {
     return CT_OK;
 }
 
+/* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */
+static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
+    int best = 0;
+    for (int u = 1; u < m->n_units; u++)
+        if (m->units[u].padded_numel > m->units[best].padded_numel) best = u;
+    char size[32];
+    format_bytes(size, sizeof size, (double)m->units[best].padded_numel * sizeof(float));
+    snprintf(buf, n, "%s, %s", m->units[best].name, size);
+    return buf;
+}
+
 static void print_start(trainer *t, const char *peak_how, double hw_peak, double gemm_rate,
                         double tokens_per_step) {
     const ct_config *cfg = t->cfg;
@@ -481,12 +493,14 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
     print_memory(t->be);
     size_t expected[CT_MEM_COUNT];
     ct_dp_expected_memory(t->dp, expected);
-    char a[32], b[32], c[32];
+    char a[32], b[32], c[32], unit[96];
     format_bytes(a, sizeof a, (double)expected[CT_MEM_PARAMS]);
     format_bytes(b, sizeof b, (double)expected[CT_MEM_GRADS]);
     format_bytes(c, sizeof c, (double)expected[CT_MEM_OPTIM]);
-    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s per rank\n",
-           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c);
+    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s per rank; %d "
+           "units on rank 0 (largest %s)\n",
+           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, t->model->n_units,
+           largest_unit(t->model, unit, sizeof unit));
     if (t->dp_size > 1) {
         format_bytes(a, sizeof a, ct_dp_expected_step_bytes(t->dp, (int)cfg->derived.grad_accum));
         format_bytes(b, sizeof b, (double)ct_dp_param_bytes(t->dp));

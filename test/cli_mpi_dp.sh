@@ -29,6 +29,11 @@ if reference_run "$tmp"; then
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
             expect_text "all bit-identical" "$name: every dp replica holds the same bytes"
             check_against_reference "$name" "$tmp"
+            case "$extra" in *bucket_mb*)
+                units=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["units"])' "$tmp/run.jsonl")
+                # 16 layers + embeddings + head make 18 units unmerged
+                if [ "$units" -lt 18 ]; then ok "$name: layers merged into $units units"; else fail "$name: layers merged ($units units)"; fi ;;
+            esac
         fi
     done <<'RUNS'
 2 0 8
@@ -45,6 +50,8 @@ if reference_run "$tmp"; then
 8 2 2
 8 3 1
 8 3 2
+2 0 2 --set parallel.bucket_mb=0.5
+4 3 2 --set parallel.bucket_mb=100
 RUNS
 fi
 

@@ -34,15 +34,16 @@ for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_pp"; done
 equivalence_setup
 
 if reference_run "$tmp"; then
-    # tp pp dp schedule v zero sp recompute micro_batch
-    while read -r tp pp dp sched v zero sp rc micro; do
-        name="tp=$tp pp=$pp dp=$dp $sched v=$v zero=$zero sp=$sp recompute=$rc micro_batch=$micro"
+    # tp pp dp schedule v zero sp recompute micro_batch extra
+    while read -r tp pp dp sched v zero sp rc micro extra; do
+        name="tp=$tp pp=$pp dp=$dp $sched v=$v zero=$zero sp=$sp recompute=$rc micro_batch=$micro $extra"
         selected "$name" || continue
+        # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
             --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.schedule="$sched" \
             --set parallel.virtual_stages="$v" --set parallel.zero_stage="$zero" \
             --set parallel.sequence_parallel="$sp" --set train.recompute="$rc" \
-            --set train.micro_batch="$micro" \
+            --set train.micro_batch="$micro" $extra \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
             expect_text "all bit-identical" "$name: every replica holds the same bytes"
             check_against_reference "$name" "$tmp"
@@ -59,6 +60,7 @@ if reference_run "$tmp"; then
 1 4 2 interleaved 2 0 false none 2
 2 2 2 1f1b 1 3 true full 2
 1 2 4 gpipe 1 2 false none 2
+1 2 2 interleaved 2 3 false full 2 --set parallel.bucket_mb=0.3
 RUNS
 fi
 

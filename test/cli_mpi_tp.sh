@@ -16,13 +16,14 @@ for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_tp"; done
 equivalence_setup
 
 if reference_run "$tmp"; then
-    # tp  dp  zero  sequence_parallel  micro_batch
-    while read -r tp dp zero sp micro; do
-        name="tp=$tp dp=$dp zero=$zero sp=$sp micro_batch=$micro"
+    # tp  dp  zero  sequence_parallel  micro_batch  extra
+    while read -r tp dp zero sp micro extra; do
+        name="tp=$tp dp=$dp zero=$zero sp=$sp micro_batch=$micro $extra"
         selected "$name" || continue
+        # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * dp)) "$BIN" "${base[@]}" \
             --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
-            --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
+            --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" $extra \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
             expect_text "all bit-identical" "$name: every replica holds the same bytes"
             check_against_reference "$name" "$tmp"
@@ -40,6 +41,7 @@ if reference_run "$tmp"; then
 2 4 3 true 1
 4 2 2 false 2
 4 2 2 true 8
+2 2 3 true 2 --set parallel.bucket_mb=100
 RUNS
 fi
 

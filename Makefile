@@ -5,6 +5,8 @@
 #   make data       prepare both corpora: data/fortunes (BPE, tiny.yaml) and data/fortunes-bytes
 #                   (byte-level, test-tiny.yaml)
 #   make test       set up, build, run the whole suite (ends with "tests: N passed, N failed")
+#   make mutants    plant each bug of test/mutants.txt in a scratch copy and check a test
+#                   catches it (test/mutants.py; CI runs it after make test)
 #   make bench      scripts/bench_cpu.sh
 #
 # Knobs: BUILD=dir  OPT="-O3"  ARCH_FLAGS="-march=native"  CUDA=0|1  CUDA_ARCHS="80 90"
@@ -50,7 +52,7 @@ PAR_LIB  := $(BUILD)/libctpar.a
 TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
-.PHONY: all setup run data test bench clean report
+.PHONY: all setup run data test mutants bench clean report
 .SECONDARY:
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
@@ -94,6 +96,10 @@ data: setup
 test: setup
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) bash test/run_tests.sh
+
+mutants: setup
+	@$(MAKE) --no-print-directory all
+	@python3 test/mutants.py
 
 bench: all
 	@bash scripts/bench_cpu.sh

@@ -669,6 +669,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     ct_train_result res = {0};
     res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    res.grad_norms = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
     size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT];
     ct_backend_mem_snapshot(be, mem);
     ct_dp_expected_memory(t.dp, mem_expected);
@@ -790,6 +791,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         interval_bubble += bubble;
         if (step == 0) res.first_loss = loss;
         res.losses[step] = loss;
+        res.grad_norms[step] = grad_norm;
         res.last_loss = loss;
         res.steps_done = step + 1;
 
@@ -898,6 +900,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
 
 void ct_train_result_release(ct_train_result *result) {
     free(result->losses);
+    free(result->grad_norms);
     free(result->init_params);
     free(result->final_params);
     free(result->spans);

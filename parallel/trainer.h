@@ -26,7 +26,8 @@ typedef struct ct_train_result {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
     int64_t skipped_steps;
-    double *losses; /* [steps_done] training loss per step (malloc'd; caller frees) */
+    double *losses;     /* [steps_done] training loss per step (malloc'd; caller frees) */
+    double *grad_norms; /* [steps_done] gradient norm per step (malloc'd) */
     /* With ct_train_options.keep_params, on world rank 0: the parameters before the first and
      * after the last step as global tensors in the world-size-1 order (param_stream.h), and
      * where each tensor lies in them (malloc'd). */

@@ -112,7 +112,7 @@ static inline void test_tiny_config(ct_config *cfg, const char *train_path) {
  * layout) must train the same model: test/compare_runs.py derives the tolerance and states why
  * it is right; this is its check for in-process results (ct_train_options.keep_params). Per step
  * the relative error is e = 10·sqrt(2·L·G·T)·2^-24; losses and gradient norms agree within
- * e·step, and every tensor within e·steps of how far it moved,
+ * e·step (the norm sees a wrongly scaled gradient that AdamW would hide from the parameters), and every tensor within e·steps of how far it moved,
  *     ||run − ref|| <= e·steps·max(||ref − init||, 0.1·lr·steps·sqrt(n)).
  * NaN or Inf anywhere fails. Prints the worst tensor; returns true when everything matches.
  */
@@ -126,8 +126,12 @@ static inline bool test_runs_match(const ct_config *cfg, const ct_train_result *
               ref->n_params == run->n_params && ref->n_spans > 0;
     for (int64_t s = 0; ok && s < steps; s++) {
         double a = ref->losses[s], b = run->losses[s];
+        double na = ref->grad_norms[s], nb = run->grad_norms[s];
         ok = isfinite(a) && isfinite(b) && fabs(a - b) <= e * (double)(s + 1) * fabs(a);
-        if (!ok) printf("%s: loss at step %lld: %.9g vs %.9g\n", what, (long long)s + 1, a, b);
+        ok = ok && isfinite(na) && isfinite(nb) && fabs(na - nb) <= e * (double)(s + 1) * fabs(na);
+        if (!ok)
+            printf("%s: step %lld: loss %.9g vs %.9g, gradient norm %.9g vs %.9g\n", what,
+                   (long long)s + 1, a, b, na, nb);
     }
     double worst = 0.0;
     const char *worst_name = "";

@@ -820,7 +820,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             fprintf(t.metrics,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
-                    "\"bubble_s\": %.4f, \"mfu\": %.4f, \"gemm_efficiency\": %.4f, "
+                    "\"bubble_s\": %.4f, \"mfu\": %.6g, \"gemm_efficiency\": %.6g, "
                     "\"skipped\": %s, \"dp_bytes\": %llu, \"dp_bytes_expected\": %.0f, "
                     "\"tp_bytes\": %llu, \"tp_bytes_expected\": %.0f, \"mem_bytes\": %zu}\n",
                     (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,

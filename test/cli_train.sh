@@ -24,6 +24,9 @@ if expect_exit 0 "train 40 steps" -- "$BIN" "${args[@]}"; then
     expect_text "step    40/40" "progress line reaches the last step"
     expect_text "tok/s" "progress line shows tokens/s"
     expect_text "MFU" "progress line shows MFU"
+    expect_text "GEMM eff" "progress line shows the GEMM efficiency"
+    expect_text "hardware peak" "the start-up report names the hardware peak"
+    expect_text "measured: " "the start-up report says how the peak was obtained"
     expect_text "val_loss" "evaluation runs"
     expect_text "sample" "a sample is printed"
     expect_text "memory" "memory is reported at start"
@@ -31,7 +34,7 @@ if expect_exit 0 "train 40 steps" -- "$BIN" "${args[@]}"; then
     if [ "$lines" = 40 ]; then ok "metrics has 40 training lines"; else fail "metrics has 40 training lines (got $lines)"; fi
     vals=$(grep -c '"val_loss"' "$tmp/metrics.jsonl")
     if [ "$vals" = 2 ]; then ok "metrics has 2 eval lines"; else fail "metrics has 2 eval lines (got $vals)"; fi
-    for key in step loss lr grad_norm tokens_per_s; do
+    for key in step loss lr grad_norm tokens_per_s mfu gemm_efficiency mem_bytes; do
         if grep "\"loss\"" "$tmp/metrics.jsonl" | head -1 | grep -q "\"$key\":"; then ok "metrics carries $key"; else fail "metrics carries $key"; fi
     done
     first=$(grep '"loss"' "$tmp/metrics.jsonl" | head -1 | sed 's/.*"loss": \([0-9.]*\).*/\1/')
@@ -80,6 +83,20 @@ if expect_exit 0 "train with log.run_dir" -- "$BIN" train --config configs/test-
     fi
     expect_exit 0 "the saved config reloads" -- "$BIN" train --config "$tmp/run1/config.yaml" --print-config
 fi
+# MFU (against the hardware peak) and GEMM efficiency (against the GEMM rate at the model's
+# shapes) are the same throughput over the two rates the setup line reports.
+if python3 - "$tmp/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+setup, steps = rows[0], [r for r in rows if "mfu" in r]
+ok = setup["peak_flops_per_s"] > 0 and setup["gemm_flops_per_s"] > 0
+ok = ok and all(r["mfu"] > 0 and r["gemm_efficiency"] > 0 for r in steps)
+ratio = setup["peak_flops_per_s"] / setup["gemm_flops_per_s"]
+ok = ok and all(abs(r["gemm_efficiency"] / r["mfu"] - ratio) <= 1e-4 * ratio for r in steps)
+sys.exit(0 if ok else 1)
+PY
+then ok "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; else fail "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; fi
+
 # Checkpoints are a later feature: asking for them is refused, not silently ignored.
 expect_exit 2 "checkpoint.dir is refused until checkpoints exist" -- "$BIN" train --config configs/test-tiny.yaml \
     --set data.train="$bytes/train.bin" --set checkpoint.dir="$tmp/ckpt"

@@ -3,7 +3,8 @@
  * test/cli_mpi_tp.sh with the world as one tp group (2 or 4 ranks).
  *
  * Every rank builds the full model (a one-rank layout) and its tp shard of the same model
- * (same seed: the shard initialises exactly its slice) and runs one microbatch through both:
+ * (same seed: the shard initialises exactly its slice; biases and norm weights are then moved
+ * off their initial zeros and ones, the same way in both) and runs one microbatch through both:
  *   - forward: the logits of the shard are its vocabulary slice of the full logits; the loss
  *     matches;
  *   - backward: every parameter's gradient is its slice of the full gradient — column-parallel
@@ -74,6 +75,32 @@ static double max_abs(const float *x, int64_t n) {
     return m;
 }
 
+/*
+ * At initialisation biases are zero and norm weights one, so a bug that adds a bias twice or
+ * scales by a norm weight in the wrong place would not show. Both models get the same nonzero
+ * values instead: every bias and norm element is offset by a deterministic function of (tensor
+ * name, global element index), the shard writing exactly its slice (padded vocabulary rows stay
+ * zero: they are not parameters anyone may use).
+ */
+static void perturb(ct_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        ct_param *p = &m->params[i];
+        if (p->init == CT_INIT_NORMAL) continue;
+        float *h = to_host(p->value);
+        uint64_t stream = ct_rng_hash_name(p->name);
+        int64_t rows = p->local_shape[0], cols = p->local_shape[1], gcols = p->global_shape[1];
+        int64_t row0 = p->tp_split_dim == 0 ? p->tp_offset : 0;
+        int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                h[r * cols + c] += (float)(0.1 * ct_rng_normal(99, stream,
+                                                                (uint64_t)((row0 + r) * gcols +
+                                                                           col0 + c)));
+        ct_tensor_from_host(p->value, h);
+        free(h);
+    }
+}
+
 static void compare_model(ct_pctx *pctx, bool sp) {
     ct_config cfg;
     tiny_config(&cfg);
@@ -95,6 +122,8 @@ static void compare_model(ct_pctx *pctx, bool sp) {
         ct_error_print();
         exit(1);
     }
+    perturb(full);
+    perturb(shard);
     int32_t tokens[64], targets[64];
     for (int64_t i = 0; i < N; i++) {
         /* every vocabulary shard gets targets, padded columns never */

@@ -3,6 +3,7 @@
  */
 #include "comm.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +127,10 @@ void ct_comm_barrier(ct_comm *comm) {
     if (comm->size > 1) TIMED(comm, comm->iface->barrier(comm->ctx));
 }
 
+int ct_comm_max_tag(const ct_comm *comm) {
+    return comm->iface->max_tag ? comm->iface->max_tag(comm->ctx) : INT_MAX;
+}
+
 void ct_comm_reset_counters(ct_comm *comm) {
     memset(comm->bytes, 0, sizeof comm->bytes);
     memset(comm->calls, 0, sizeof comm->calls);
@@ -197,6 +202,7 @@ static const struct ct_comm_i local_iface = {
     .poll = NULL,
     .all_to_all = local_all_to_all,
     .barrier = NULL, /* never called */
+    .max_tag = NULL, /* INT_MAX: there is no point-to-point on one rank anyway */
     .free_comm = NULL,
 };
 

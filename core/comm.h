@@ -62,6 +62,8 @@ struct ct_comm_i {
     void (*poll)(void *ctx);
     void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
     void (*barrier)(void *ctx);
+    /* The largest point-to-point tag the group accepts (MPI_TAG_UB for MPI); NULL: INT_MAX. */
+    int (*max_tag)(void *ctx);
     void (*free_comm)(void *ctx); /* NULL: nothing to release */
 };
 
@@ -103,6 +105,13 @@ bool ct_comm_test(ct_comm *comm, ct_comm_request *req);
 void ct_comm_poll(ct_comm *comm);
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
 void ct_comm_barrier(ct_comm *comm);
+
+/* The largest tag isend/irecv accept on this group: tags must lie in [0, ct_comm_max_tag], and
+ * one outside is a caller's bug (CT_ASSERT). MPI only promises 32767 and the bound differs
+ * between transports (Open MPI's ob1 allows INT_MAX), so code that builds tags from indices (the
+ * pipeline's microbatch and stage numbers) asks here instead of assuming. INT_MAX for groups
+ * without a bound (the local group). */
+int ct_comm_max_tag(const ct_comm *comm);
 
 /* Clears the byte, call and time counters. */
 void ct_comm_reset_counters(ct_comm *comm);

@@ -15,22 +15,32 @@
 /* One group: the communicator plus the bookkeeping the watchdog and poll need. */
 typedef struct mpi_group {
     MPI_Comm comm;
+    /* all_to_all's point-to-point pieces travel on a duplicate, so they can never match the
+     * caller's sends and receives whatever their tags; made on first need (a2a_comm_get) */
+    MPI_Comm a2a_comm;
     char *name;
     int rank, size;
+    int tag_ub; /* MPI_TAG_UB: point-to-point tags must lie in [0, tag_ub] */
     double timeout_s;
     uint64_t coll_seq; /* collectives started: the same sequence on every rank of the group */
     uint64_t p2p_seq;  /* sends and receives started by this rank */
     ct_comm_request *pending; /* started, not yet seen complete (doubly linked) */
     int n_pending;
-    /* scratch for MPI_Testsome in poll, grown on demand */
+    /* scratch for MPI_Testsome in test and poll, grown on demand: handle, owner, piece index */
     MPI_Request *poll_mpi;
     int *poll_idx;
     ct_comm_request **poll_req;
+    int *poll_piece;
     int poll_cap;
 } mpi_group;
 
+/* One ct_comm operation: one or more pieces, each one MPI call (comm_mpi.h: counts above the
+ * chunk limit are split), finished when every piece has. */
 struct ct_comm_request {
-    MPI_Request mpi;
+    MPI_Request *mpi; /* the pieces; MPI_REQUEST_NULL once a piece has finished */
+    int n_mpi, cap_mpi;
+    int n_left;      /* pieces not yet finished */
+    MPI_Request one; /* `mpi` points here until a second piece is started */
     mpi_group *group;
     bool done;
     /* what it is, for the watchdog's message */
@@ -41,11 +51,13 @@ struct ct_comm_request {
     bool reduces;
     ct_reduce_op op;
     uint64_t bytes; /* the buffer this rank passes, n · dtype size */
-    uint64_t seq;
-    /* in-place reduce_scatter: MPI leaves the shard at the buffer's start; moved on completion */
+    uint64_t seq;   /* one per operation, however many pieces it has */
+    /* in-place reduce_scatter in one call: MPI leaves the shard at the buffer's start; moved on
+     * completion */
     void *move_dst;
     const void *move_src;
     size_t move_bytes;
+    void *scratch; /* freed on completion: the in-place all_to_all's copy of its input */
     ct_comm_request *prev, *next;
 };
 
@@ -154,10 +166,13 @@ static const char *reduce_op_name(ct_reduce_op op) {
     return op == CT_REDUCE_SUM ? "sum" : op == CT_REDUCE_MAX ? "max" : "min";
 }
 
-static int mpi_count(int64_t n, const char *what) {
-    CT_ASSERTF(n >= 0 && n <= INT_MAX, "%s of %lld elements per rank: MPI counts are int", what,
-               (long long)n);
-    return (int)n;
+/* The most elements one MPI call may carry (comm_mpi.h): MPI's count type is int. */
+static int64_t chunk_limit = INT_MAX;
+
+void ct_comm_mpi_set_chunk_limit(int64_t elements) {
+    CT_ASSERTF(elements <= INT_MAX, "chunk limit %lld elements: MPI counts are int",
+               (long long)elements);
+    chunk_limit = elements > 0 ? elements : INT_MAX;
 }
 
 static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
@@ -169,7 +184,8 @@ static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_byte
 
 static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype dtype, int64_t n) {
     ct_comm_request *req = ct_xcalloc(1, sizeof *req);
-    req->mpi = MPI_REQUEST_NULL;
+    req->mpi = &req->one;
+    req->cap_mpi = 1;
     req->group = g;
     req->kind = kind;
     req->dtype = dtype;
@@ -178,8 +194,37 @@ static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype
     return req;
 }
 
-/* Called right after the MPI call that filled req->mpi. */
+/* The handle for the next piece's MPI call to fill. */
+static MPI_Request *request_piece(ct_comm_request *req) {
+    if (req->n_mpi == req->cap_mpi) {
+        CT_ASSERTF(req->cap_mpi <= INT_MAX / 2, "%s split into more than %d pieces",
+                   ct_comm_op_name(req->kind), req->cap_mpi);
+        req->cap_mpi *= 2;
+        MPI_Request *grown = ct_xmalloc((size_t)req->cap_mpi * sizeof *grown);
+        memcpy(grown, req->mpi, (size_t)req->n_mpi * sizeof *grown);
+        if (req->mpi != &req->one) free(req->mpi);
+        req->mpi = grown;
+    }
+    req->n_left++;
+    req->mpi[req->n_mpi] = MPI_REQUEST_NULL;
+    return &req->mpi[req->n_mpi++];
+}
+
+/* Every piece has finished: finish our side (the request stays allocated until the wait). */
+static void request_finish(ct_comm_request *req) {
+    if (req->move_bytes) memmove(req->move_dst, req->move_src, req->move_bytes);
+    free(req->scratch);
+    req->scratch = NULL;
+    req->done = true;
+}
+
+/* Called once every piece has been started. An operation of no pieces (an all_to_all on a group
+ * of one) is complete at once and never pending. */
 static ct_comm_request *request_track(mpi_group *g, ct_comm_request *req) {
+    if (req->n_left == 0) {
+        request_finish(req);
+        return req;
+    }
     req->next = g->pending;
     if (g->pending) g->pending->prev = req;
     g->pending = req;
@@ -187,10 +232,11 @@ static ct_comm_request *request_track(mpi_group *g, ct_comm_request *req) {
     return req;
 }
 
-/* The MPI request has finished (its handle is already MPI_REQUEST_NULL): finish our side. */
-static void request_complete(mpi_group *g, ct_comm_request *req) {
-    if (req->move_bytes) memmove(req->move_dst, req->move_src, req->move_bytes);
-    req->done = true;
+/* Piece i has finished (MPI has already set its handle to MPI_REQUEST_NULL). */
+static void request_piece_done(mpi_group *g, ct_comm_request *req, int i) {
+    req->mpi[i] = MPI_REQUEST_NULL;
+    if (--req->n_left > 0) return;
+    request_finish(req);
     if (req->prev)
         req->prev->next = req->next;
     else
@@ -198,6 +244,38 @@ static void request_complete(mpi_group *g, ct_comm_request *req) {
     if (req->next) req->next->prev = req->prev;
     req->prev = req->next = NULL;
     g->n_pending--;
+}
+
+/* The scratch arrays of MPI_Testsome, for at least n handles. */
+static void scratch_reserve(mpi_group *g, int n) {
+    if (n <= g->poll_cap) return;
+    g->poll_cap = CT_MAX(2 * g->poll_cap, n);
+    free(g->poll_mpi);
+    free(g->poll_idx);
+    free(g->poll_req);
+    free(g->poll_piece);
+    g->poll_mpi = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_mpi);
+    g->poll_idx = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_idx);
+    g->poll_req = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_req);
+    g->poll_piece = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_piece);
+}
+
+/* Tests the unfinished pieces of one request; true once all have finished. */
+static bool request_test(mpi_group *g, ct_comm_request *req) {
+    if (req->done) return true;
+    if (req->n_mpi == 1) {
+        int flag = 0;
+        CT_MPI_CHECK(MPI_Test(&req->mpi[0], &flag, MPI_STATUS_IGNORE));
+        if (flag) request_piece_done(g, req, 0);
+        return req->done;
+    }
+    /* Testsome skips the pieces already finished (their handles are MPI_REQUEST_NULL). */
+    scratch_reserve(g, req->n_mpi);
+    int done = 0;
+    CT_MPI_CHECK(MPI_Testsome(req->n_mpi, req->mpi, &done, g->poll_idx, MPI_STATUSES_IGNORE));
+    if (done != MPI_UNDEFINED)
+        for (int i = 0; i < done; i++) request_piece_done(g, req, g->poll_idx[i]);
+    return req->done;
 }
 
 static const char *ordinal_suffix(uint64_t k) {
@@ -228,15 +306,19 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
         snprintf(op, sizeof op, "barrier");
     else
         snprintf(op, sizeof op, "%s (%s)", ct_comm_op_name(req->kind), ct_dtype_name(req->dtype));
+    /* A split operation says how far it got: pieces finish in any order, so a count is all. */
+    char pieces[64] = "";
+    if (req->n_mpi > 1)
+        snprintf(pieces, sizeof pieces, " in %d pieces (%d unfinished)", req->n_mpi, req->n_left);
     bool p2p = req->kind == CT_COMM_SEND;
     /* One fprintf, so the lines of different ranks do not interleave. */
     fprintf(stderr,
-            "cooktrain: %s timed out on rank %d: group %s (rank %d of %d), op %s, %llu bytes, "
+            "cooktrain: %s timed out on rank %d: group %s (rank %d of %d), op %s, %llu bytes%s, "
             "sequence #%llu (the %llu%s %s on this group), waited %.1f s\n"
             "hint: %s, or is much slower; raise parallel.timeout_s (now %g s) if it is just "
             "slow\n",
             p2p ? "point-to-point operation" : "collective", world_rank, g->name, g->rank, g->size,
-            op, (unsigned long long)req->bytes, (unsigned long long)req->seq,
+            op, (unsigned long long)req->bytes, pieces, (unsigned long long)req->seq,
             (unsigned long long)req->seq, ordinal_suffix(req->seq),
             p2p ? "point-to-point operation" : "collective", waited,
             p2p ? "the peer did not post the matching operation"
@@ -266,68 +348,85 @@ static void mpi_wait(void *ctx, ct_comm_request *req) {
     CT_ASSERTF(req->group == g, "request of group %s waited on group %s", req->group->name,
                g->name);
     double t0 = ct_now();
-    while (!req->done) {
-        int flag = 0;
-        CT_MPI_CHECK(MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE));
-        if (flag) {
-            request_complete(g, req);
-            break;
-        }
+    while (!request_test(g, req)) {
         double waited = ct_now() - t0;
         if (g->timeout_s > 0 && waited > g->timeout_s) watchdog_fire(g, req, waited);
         idle(waited);
     }
+    if (req->mpi != &req->one) free(req->mpi);
     free(req);
 }
 
 static bool mpi_test(void *ctx, ct_comm_request *req) {
-    mpi_group *g = ctx;
-    if (!req->done) {
-        int flag = 0;
-        CT_MPI_CHECK(MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE));
-        if (flag) request_complete(g, req);
-    }
-    return req->done;
+    return request_test(ctx, req);
 }
 
-/* One MPI_Testsome over every pending request: one pass of the progress engine advances all of
- * them (each round of a non-blocking collective needs such a pass to move on). */
+/* One MPI_Testsome over every unfinished piece of every pending request: one pass of the
+ * progress engine advances all of them (each round of a non-blocking collective needs such a
+ * pass to move on). */
 static void mpi_poll(void *ctx) {
     mpi_group *g = ctx;
     if (!g->pending) return;
-    if (g->n_pending > g->poll_cap) {
-        g->poll_cap = CT_MAX(2 * g->poll_cap, g->n_pending);
-        free(g->poll_mpi);
-        free(g->poll_idx);
-        free(g->poll_req);
-        g->poll_mpi = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_mpi);
-        g->poll_idx = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_idx);
-        g->poll_req = ct_xmalloc((size_t)g->poll_cap * sizeof *g->poll_req);
-    }
     int n = 0;
-    for (ct_comm_request *r = g->pending; r; r = r->next) {
-        g->poll_mpi[n] = r->mpi;
-        g->poll_req[n++] = r;
-    }
+    for (ct_comm_request *r = g->pending; r; r = r->next) n += r->n_left;
+    scratch_reserve(g, n);
+    n = 0;
+    for (ct_comm_request *r = g->pending; r; r = r->next)
+        for (int i = 0; i < r->n_mpi; i++) {
+            if (r->mpi[i] == MPI_REQUEST_NULL) continue;
+            g->poll_mpi[n] = r->mpi[i];
+            g->poll_req[n] = r;
+            g->poll_piece[n++] = i;
+        }
     int done = 0;
     CT_MPI_CHECK(MPI_Testsome(n, g->poll_mpi, &done, g->poll_idx, MPI_STATUSES_IGNORE));
     if (done == MPI_UNDEFINED) return;
+    /* The handles tested were copies: mark the owners' pieces finished. */
     for (int i = 0; i < done; i++) {
-        ct_comm_request *r = g->poll_req[g->poll_idx[i]];
-        r->mpi = MPI_REQUEST_NULL;
-        request_complete(g, r);
+        int k = g->poll_idx[i];
+        request_piece_done(g, g->poll_req[k], g->poll_piece[k]);
     }
+}
+
+/*
+ * The starts. Each splits its buffer into pieces of at most piece_limit elements, one MPI call
+ * each on contiguous memory, started in the same order on every rank (collectives must be).
+ * Reductions stay predefined (or our user) ops on predefined datatypes: nothing here relies on
+ * a reduction over a derived datatype. reduce_scatter, allgather and all_to_all take the
+ * one-call path only when the FULL buffer fits the limit, not just the shard: Open MPI's
+ * non-blocking forms compute full counts and offsets as int products of the group size and the
+ * shard count (libnbc's `count = p * recvcount` in ireduce_scatter_block, `rank * recvcount` in
+ * iallgather).
+ */
+
+/* Elements one MPI call may carry: the chunk limit, and at most INT_MAX bytes, because libnbc
+ * also computes byte counts in int in places (nbc_ibcast.c's chain schedule: `count * size`). */
+static int64_t piece_limit(ct_dtype dtype) {
+    return CT_MIN(chunk_limit, (int64_t)INT_MAX / (int64_t)ct_dtype_size(dtype));
+}
+
+/* Elements in the piece that starts at `off` of a range of n. */
+static int piece_count(int64_t limit, int64_t n, int64_t off) {
+    return (int)CT_MIN(limit, n - off);
 }
 
 static ct_comm_request *mpi_iallreduce(void *ctx, void *buf, int64_t n, ct_dtype dtype,
                                        ct_reduce_op op) {
     mpi_group *g = ctx;
-    int count = mpi_count(n, "allreduce");
+    size_t esz = ct_dtype_size(dtype);
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_ALLREDUCE, dtype, n);
     req->reduces = true;
     req->op = op;
-    CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count, mpi_type(dtype), mpi_op(dtype, op),
-                                g->comm, &req->mpi));
+    MPI_Datatype dt = mpi_type(dtype);
+    MPI_Op mop = mpi_op(dtype, op);
+    int64_t off = 0;
+    do { /* at least one piece, so an empty allreduce still matches across ranks */
+        int c = piece_count(lim, n, off);
+        CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * esz, c, dt, mop,
+                                    g->comm, request_piece(req)));
+        off += c;
+    } while (off < n);
     return request_track(g, req);
 }
 
@@ -336,8 +435,9 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
     mpi_group *g = ctx;
     CT_ASSERTF(n % g->size == 0, "reduce_scatter of %lld elements over %d ranks", (long long)n,
                g->size);
-    int count = mpi_count(n / g->size, "reduce_scatter");
-    size_t esz = ct_dtype_size(dtype), shard = (size_t)count * esz;
+    int64_t s = n / g->size;
+    size_t esz = ct_dtype_size(dtype), shard = (size_t)s * esz;
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_REDUCE_SCATTER, dtype, n);
     req->reduces = true;
     req->op = op;
@@ -346,21 +446,48 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
     /* The interface's send is const for the out-of-place form; in place the caller handed us
      * the whole buffer to work in. */
     char *full = (char *)(uintptr_t)send;
-    if ((char *)recv == full + (size_t)g->rank * shard) {
-        /* MPI's in-place form reads the full buffer and leaves the shard at its start. */
-        CT_MPI_CHECK(
-            MPI_Ireduce_scatter_block(MPI_IN_PLACE, full, count, dt, mop, g->comm, &req->mpi));
-        if (g->rank != 0) {
-            req->move_dst = recv;
-            req->move_src = full;
-            req->move_bytes = shard;
+    bool in_place = (char *)recv == full + (size_t)g->rank * shard;
+    CT_ASSERTF(in_place || !overlaps(send, (size_t)n * esz, recv, shard),
+               "reduce_scatter on group %s: recv overlaps send but is not this rank's shard "
+               "(in place needs recv == send + rank*n/size)",
+               g->name);
+    if (n <= lim) {
+        if (in_place) {
+            /* MPI's in-place form reads the full buffer and leaves the shard at its start. */
+            CT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, full, (int)s, dt, mop, g->comm,
+                                                   request_piece(req)));
+            if (g->rank != 0) {
+                req->move_dst = recv;
+                req->move_src = full;
+                req->move_bytes = shard;
+            }
+        } else {
+            CT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, (int)s, dt, mop, g->comm,
+                                                   request_piece(req)));
         }
-    } else {
-        CT_ASSERTF(!overlaps(send, (size_t)n * esz, recv, shard),
-                   "reduce_scatter on group %s: recv overlaps send but is not this rank's shard "
-                   "(in place needs recv == send + rank*n/size)",
-                   g->name);
-        CT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count, dt, mop, g->comm, &req->mpi));
+        return request_track(g, req);
+    }
+    /* Above the limit: an allreduce of the whole buffer in contiguous pieces, of which this rank
+     * keeps its shard. Not a reduce per chunk and destination: for groups of up to 4 ranks Open
+     * MPI's non-blocking reduce pipelines 8 KiB fragments, one per pass of the progress engine,
+     * which took ~100 s per 2 GiB under the watchdog's polite wait; the allreduce (Rabenseifner,
+     * parallel/context.c) moves at most twice the ring's bytes in a few full-size rounds. In
+     * place the caller's buffer is the workspace (its other shards end unspecified, as
+     * documented); out of place a copy of `send` is, and the shard is copied out at the end. */
+    char *work = full;
+    if (!in_place) {
+        req->scratch = ct_xmalloc((size_t)n * esz);
+        memcpy(req->scratch, send, (size_t)n * esz);
+        work = req->scratch;
+        req->move_dst = recv;
+        req->move_src = work + (size_t)g->rank * shard;
+        req->move_bytes = shard;
+    }
+    for (int64_t off = 0; off < n;) {
+        int c = piece_count(lim, n, off);
+        CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, work + (size_t)off * esz, c, dt, mop, g->comm,
+                                    request_piece(req)));
+        off += c;
     }
     return request_track(g, req);
 }
@@ -369,19 +496,35 @@ static ct_comm_request *mpi_iallgather(void *ctx, const void *send, void *recv, 
                                        ct_dtype dtype) {
     mpi_group *g = ctx;
     CT_ASSERTF(n % g->size == 0, "allgather of %lld elements over %d ranks", (long long)n, g->size);
-    int count = mpi_count(n / g->size, "allgather");
-    size_t esz = ct_dtype_size(dtype), shard = (size_t)count * esz;
+    int64_t s = n / g->size;
+    size_t esz = ct_dtype_size(dtype), shard = (size_t)s * esz;
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_ALLGATHER, dtype, n);
     MPI_Datatype dt = mpi_type(dtype);
-    if ((const char *)send == (char *)recv + (size_t)g->rank * shard) {
-        CT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, count, dt, g->comm,
-                                    &req->mpi));
-    } else {
-        CT_ASSERTF(!overlaps(send, shard, recv, (size_t)n * esz),
-                   "allgather on group %s: send overlaps recv but is not this rank's shard "
-                   "(in place needs send == recv + rank*n/size)",
-                   g->name);
-        CT_MPI_CHECK(MPI_Iallgather(send, count, dt, recv, count, dt, g->comm, &req->mpi));
+    char *mine = (char *)recv + (size_t)g->rank * shard;
+    bool in_place = (const char *)send == mine;
+    CT_ASSERTF(in_place || !overlaps(send, shard, recv, (size_t)n * esz),
+               "allgather on group %s: send overlaps recv but is not this rank's shard "
+               "(in place needs send == recv + rank*n/size)",
+               g->name);
+    if (n <= lim) {
+        if (in_place)
+            CT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt,
+                                        g->comm, request_piece(req)));
+        else
+            CT_MPI_CHECK(
+                MPI_Iallgather(send, (int)s, dt, recv, (int)s, dt, g->comm, request_piece(req)));
+        return request_track(g, req);
+    }
+    /* Per chunk and per source rank q, a broadcast from q straight into recv; the root sends
+     * from recv, so its own shard goes there first. */
+    if (!in_place) memcpy(mine, send, shard);
+    for (int64_t off = 0; off < s;) {
+        int c = piece_count(lim, s, off);
+        for (int q = 0; q < g->size; q++)
+            CT_MPI_CHECK(MPI_Ibcast((char *)recv + ((size_t)q * (size_t)s + (size_t)off) * esz, c,
+                                    dt, q, g->comm, request_piece(req)));
+        off += c;
     }
     return request_track(g, req);
 }
@@ -390,44 +533,115 @@ static ct_comm_request *mpi_ibroadcast(mpi_group *g, void *buf, int64_t n, ct_dt
                                        int root) {
     CT_ASSERTF(root >= 0 && root < g->size, "broadcast root %d on group %s of %d ranks", root,
                g->name, g->size);
-    int count = mpi_count(n, "broadcast");
+    size_t esz = ct_dtype_size(dtype);
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_BROADCAST, dtype, n);
-    CT_MPI_CHECK(MPI_Ibcast(buf, count, mpi_type(dtype), root, g->comm, &req->mpi));
+    int64_t off = 0;
+    do {
+        int c = piece_count(lim, n, off);
+        CT_MPI_CHECK(MPI_Ibcast((char *)buf + (size_t)off * esz, c, mpi_type(dtype), root, g->comm,
+                                request_piece(req)));
+        off += c;
+    } while (off < n);
     return request_track(g, req);
+}
+
+/* The communicator of all_to_all's pieces, duplicated on the first all_to_all that needs it.
+ * The duplication is collective, which is safe here: every rank of the group reaches it inside
+ * the same all_to_all. It is waited for under the watchdog, in the name of that all_to_all. */
+static MPI_Comm a2a_comm_get(mpi_group *g, ct_comm_request *req) {
+    if (g->a2a_comm != MPI_COMM_NULL) return g->a2a_comm;
+    MPI_Request dup;
+    CT_MPI_CHECK(MPI_Comm_idup(g->comm, &g->a2a_comm, &dup));
+    double t0 = ct_now();
+    for (;;) {
+        int flag = 0;
+        CT_MPI_CHECK(MPI_Test(&dup, &flag, MPI_STATUS_IGNORE));
+        if (flag) break;
+        double waited = ct_now() - t0;
+        if (g->timeout_s > 0 && waited > g->timeout_s) watchdog_fire(g, req, waited);
+        idle(waited);
+    }
+    CT_MPI_CHECK(MPI_Comm_set_errhandler(g->a2a_comm, MPI_ERRORS_RETURN));
+    return g->a2a_comm;
 }
 
 static ct_comm_request *mpi_iall_to_all(mpi_group *g, const void *send, void *recv, int64_t n,
                                         ct_dtype dtype) {
     CT_ASSERTF(n % g->size == 0, "all_to_all of %lld elements over %d ranks", (long long)n,
                g->size);
-    int count = mpi_count(n / g->size, "all_to_all");
-    size_t bytes = (size_t)n * ct_dtype_size(dtype);
+    int64_t s = n / g->size;
+    size_t esz = ct_dtype_size(dtype), bytes = (size_t)n * esz, block = (size_t)s * esz;
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_ALL_TO_ALL, dtype, n);
     MPI_Datatype dt = mpi_type(dtype);
-    if (send == recv) {
-        CT_MPI_CHECK(
-            MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, count, dt, g->comm, &req->mpi));
-    } else {
-        CT_ASSERTF(!overlaps(send, bytes, recv, bytes),
-                   "all_to_all on group %s: send and recv overlap but are not equal", g->name);
-        CT_MPI_CHECK(MPI_Ialltoall(send, count, dt, recv, count, dt, g->comm, &req->mpi));
+    CT_ASSERTF(send == recv || !overlaps(send, bytes, recv, bytes),
+               "all_to_all on group %s: send and recv overlap but are not equal", g->name);
+    if (n <= lim) {
+        if (send == recv)
+            CT_MPI_CHECK(MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt,
+                                       g->comm, request_piece(req)));
+        else
+            CT_MPI_CHECK(
+                MPI_Ialltoall(send, (int)s, dt, recv, (int)s, dt, g->comm, request_piece(req)));
+        return request_track(g, req);
     }
+    /* Point-to-point pieces: block q of this rank's input goes to rank q, block q of the output
+     * comes from rank q. Pieces between one pair share a tag; MPI's non-overtaking rule matches
+     * them in the order both sides post them. In place, the sends read a copy, because the
+     * receives overwrite the blocks. This rank's own block never travels. */
+    const char *src = send;
+    if (send != recv)
+        memcpy((char *)recv + (size_t)g->rank * block, src + (size_t)g->rank * block, block);
+    if (g->size == 1) return request_track(g, req);
+    if (send == recv) {
+        req->scratch = ct_xmalloc(bytes);
+        memcpy(req->scratch, send, bytes);
+        src = req->scratch;
+    }
+    MPI_Comm pc = a2a_comm_get(g, req);
+    for (int pass = 0; pass < 2; pass++) /* every receive is posted before any send */
+        for (int q = 0; q < g->size; q++) {
+            if (q == g->rank) continue;
+            for (int64_t off = 0; off < s;) {
+                int c = piece_count(lim, s, off);
+                size_t at = ((size_t)q * (size_t)s + (size_t)off) * esz;
+                if (pass == 0)
+                    CT_MPI_CHECK(MPI_Irecv((char *)recv + at, c, dt, q, 0, pc, request_piece(req)));
+                else
+                    CT_MPI_CHECK(MPI_Isend(src + at, c, dt, q, 0, pc, request_piece(req)));
+                off += c;
+            }
+        }
     return request_track(g, req);
 }
 
+/* A message above the chunk limit goes as several with the same tag, in order (MPI's
+ * non-overtaking rule), so a receive must name the count of its send (comm_mpi.h). */
 static ct_comm_request *mpi_ip2p(mpi_group *g, bool is_recv, void *buf, int64_t n, ct_dtype dtype,
                                  int peer, int tag) {
     CT_ASSERTF(peer >= 0 && peer < g->size, "%s peer %d on group %s of %d ranks",
                is_recv ? "recv" : "send", peer, g->name, g->size);
-    int count = mpi_count(n, is_recv ? "recv" : "send");
+    CT_ASSERTF(tag >= 0 && tag <= g->tag_ub,
+               "%s tag %d on group %s is outside [0, %d] (the communicator's MPI_TAG_UB; "
+               "ct_comm_max_tag gives the bound)",
+               is_recv ? "recv" : "send", tag, g->name, g->tag_ub);
+    size_t esz = ct_dtype_size(dtype);
+    int64_t lim = piece_limit(dtype);
     ct_comm_request *req = request_new(g, CT_COMM_SEND, dtype, n);
     req->is_recv = is_recv;
     req->peer = peer;
     req->tag = tag;
-    if (is_recv)
-        CT_MPI_CHECK(MPI_Irecv(buf, count, mpi_type(dtype), peer, tag, g->comm, &req->mpi));
-    else
-        CT_MPI_CHECK(MPI_Isend(buf, count, mpi_type(dtype), peer, tag, g->comm, &req->mpi));
+    int64_t off = 0;
+    do { /* at least one piece: an empty message is still a message */
+        int c = piece_count(lim, n, off);
+        char *at = (char *)buf + (size_t)off * esz;
+        if (is_recv)
+            CT_MPI_CHECK(MPI_Irecv(at, c, mpi_type(dtype), peer, tag, g->comm, request_piece(req)));
+        else
+            CT_MPI_CHECK(MPI_Isend(at, c, mpi_type(dtype), peer, tag, g->comm, request_piece(req)));
+        off += c;
+    } while (off < n);
     return request_track(g, req);
 }
 
@@ -466,8 +680,12 @@ static void mpi_all_to_all(void *ctx, const void *send, void *recv, int64_t n, c
 static void mpi_barrier(void *ctx) {
     mpi_group *g = ctx;
     ct_comm_request *req = request_new(g, CT_COMM_BARRIER, CT_DTYPE_U8, 0);
-    CT_MPI_CHECK(MPI_Ibarrier(g->comm, &req->mpi));
+    CT_MPI_CHECK(MPI_Ibarrier(g->comm, request_piece(req)));
     mpi_wait(g, request_track(g, req));
+}
+
+static int mpi_max_tag(void *ctx) {
+    return ((const mpi_group *)ctx)->tag_ub;
 }
 
 static void mpi_free_comm(void *ctx) {
@@ -476,11 +694,13 @@ static void mpi_free_comm(void *ctx) {
                g->n_pending);
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized && g->a2a_comm != MPI_COMM_NULL) MPI_Comm_free(&g->a2a_comm);
     if (!finalized && g->comm != MPI_COMM_WORLD && g->comm != MPI_COMM_SELF)
         MPI_Comm_free(&g->comm);
     free(g->poll_mpi);
     free(g->poll_idx);
     free(g->poll_req);
+    free(g->poll_piece);
     free(g->name);
     free(g);
 }
@@ -500,19 +720,32 @@ static const struct ct_comm_i mpi_iface = {
     .poll = mpi_poll,
     .all_to_all = mpi_all_to_all,
     .barrier = mpi_barrier,
+    .max_tag = mpi_max_tag,
     .free_comm = mpi_free_comm,
 };
+
+/* MPI_TAG_UB is attached to MPI_COMM_WORLD; Open MPI copies it to duplicates but not to
+ * communicators made by MPI_Comm_split, so those fall back to the world's value (the bound is
+ * the library's, the same for every communicator). The standard guarantees at least 32767. */
+static int tag_upper_bound(MPI_Comm comm) {
+    int *ub = NULL, flag = 0;
+    CT_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag));
+    if (!flag) CT_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag));
+    return flag && ub ? *ub : 32767;
+}
 
 ct_comm *ct_comm_mpi_new(MPI_Comm comm, const char *name, double timeout_s) {
     CT_ASSERT(comm != MPI_COMM_NULL);
     create_user_ops();
     mpi_group *g = ct_xcalloc(1, sizeof *g);
     g->comm = comm;
+    g->a2a_comm = MPI_COMM_NULL;
     g->name = ct_xstrdup(name);
     g->timeout_s = timeout_s;
     CT_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     CT_MPI_CHECK(MPI_Comm_rank(comm, &g->rank));
     CT_MPI_CHECK(MPI_Comm_size(comm, &g->size));
+    g->tag_ub = tag_upper_bound(comm);
 
     ct_comm *c = ct_xcalloc(1, sizeof *c);
     c->iface = &mpi_iface;

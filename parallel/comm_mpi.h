@@ -25,12 +25,47 @@
  *   allgather        out of place, or in place when send == recv + r·s (MPI_IN_PLACE).
  *   all_to_all       out of place, or send == recv (this rank's block j goes to rank j).
  *   broadcast        in place on `buf`.
- * Any other overlap is a bug and fails a CT_ASSERT. Per-rank element counts must fit an int
- * (MPI's count type): 2^31 − 1 elements per call.
+ * Any other overlap is a bug and fails a CT_ASSERT.
+ *
+ * Counts of any size. MPI's count type is int, so an operation on more elements than one call
+ * may carry is split into pieces, each one MPI call on contiguous memory, all behind the one
+ * ct_comm_request: wait, test, poll and the watchdog handle them together, and the byte counters
+ * (core/comm.c) count the whole operation once, in the ring model as ever. One call carries at
+ * most the chunk limit (INT_MAX elements; tests lower it with ct_comm_mpi_set_chunk_limit) and at
+ * most INT_MAX bytes (Open MPI's non-blocking collectives compute some byte counts in int). The
+ * pieces:
+ *   allreduce, broadcast   contiguous chunks of the buffer.
+ *   reduce_scatter         an allreduce of the whole buffer in contiguous chunks, of which this
+ *                          rank keeps its shard: in place the buffer is the workspace (hence the
+ *                          other shards' unspecified contents), out of place a temporary copy
+ *                          of `send` (n elements) is. Up to twice the ring's traffic, but a few
+ *                          full-size rounds, where Open MPI's reduce per destination would move
+ *                          8 KiB per pass of the progress engine.
+ *   allgather              for each chunk of the shard and each rank q, a broadcast from q
+ *                          straight into recv (out of place, this rank first copies its shard
+ *                          there).
+ *   all_to_all             sends and receives between every pair, on a duplicate of the
+ *                          communicator (made, collectively, inside the group's first split
+ *                          all_to_all) so they never match the caller's messages; in place, the
+ *                          sends read a temporary copy of the whole buffer.
+ *   isend / irecv          consecutive messages with the same tag, kept in order by MPI's
+ *                          non-overtaking rule. A receive must therefore name the count of its
+ *                          send once either exceeds the limit (below it, MPI's own rule holds: a
+ *                          receive may be longer than its message).
+ * reduce_scatter, allgather and all_to_all stay one MPI call only while the FULL buffer n fits,
+ * not just the shard: Open MPI's non-blocking forms compute n, and offsets into it, as int
+ * products of group size and shard count. Reductions always use predefined (or our user) ops on
+ * predefined datatypes, never derived ones. Every rank of a group must start an operation under
+ * the same limit. The temporary copies are host allocations that abort (CT_ASSERT) on failure.
+ *
+ * Point-to-point tags must lie in [0, MPI_TAG_UB of the communicator], read once per group and
+ * given to callers by ct_comm_max_tag; a tag outside is a caller's bug (CT_ASSERT).
  *
  * Sequence numbers in diagnostics: collectives are counted per group in the order this rank
  * started them, which is the same order on every rank of the group (MPI requires it), so the
  * number identifies one collective across ranks. Point-to-point operations have their own count.
+ * An operation split into pieces has one number, and the watchdog's report says how many of its
+ * pieces were still unfinished.
  */
 #ifndef CT_PARALLEL_COMM_MPI_H
 #define CT_PARALLEL_COMM_MPI_H
@@ -50,6 +85,12 @@ ct_comm *ct_comm_mpi_new(MPI_Comm comm, const char *name, double timeout_s);
 /* The MPI communicator behind an MPI group (to bootstrap NCCL from it); MPI_COMM_NULL for any
  * other kind of group. Still owned by the ct_comm. */
 MPI_Comm ct_comm_mpi_handle(const ct_comm *comm);
+
+/* For tests: the most elements one MPI call carries, so small buffers exercise the splitting
+ * of big ones. <= 0 restores the default, INT_MAX (the most an int count can say). Takes effect
+ * for operations started afterwards; every rank of a group must set the same value at the same
+ * point of its sequence of operations. */
+void ct_comm_mpi_set_chunk_limit(int64_t elements);
 
 /* Frees the user-defined reduction ops (bf16, u8 sum); ct_mpi_finalize calls it before
  * MPI_Finalize. */

@@ -6,14 +6,27 @@
  *   mpirun -np N build/test/mpi_test_comm watchdog   a collective one rank never reaches: the
  *                                                    job must abort with the watchdog's report
  *   mpirun -np N build/test/mpi_test_comm watchdog_recv   the same for a receive never matched
+ *   ... watchdog_chunked, watchdog_recv_chunked      the same with operations split into pieces
+ *   mpirun -np N build/test/mpi_test_comm bad_tag    rank 0 sends with a negative tag: the job
+ *                                                    must abort with the CT_ASSERT's message
+ *   mpirun -np N build/test/mpi_test_comm bad_tag_recv   the same for a receive's tag
+ *   mpirun -np 2 build/test/mpi_test_comm big        real counts above INT_MAX (u8, one 4 GiB
+ *                                                    buffer per rank): allreduce, allgather and
+ *                                                    reduce_scatter; "ok"/"FAIL" lines as above
  *
  * Each rank's input is a pure function of (rank, index), so every rank computes the expected
  * result of a collective locally and compares exactly. The values are small integers: their
  * sums are exact in f32 and bf16 whatever order the library adds them in, so "exact" is the
  * right tolerance for every dtype. Every check is agreed over all ranks (MPI_Allreduce of the
  * verdict) before rank 0 prints it; a failing rank prints its own detail first.
+ *
+ * The collectives run again with the chunk limit lowered to a few elements, so that every
+ * operation goes in pieces the way one above INT_MAX elements does (comm_mpi.h). Their names end
+ * in "(chunks of K)", and their expectations are the same exact ones: splitting must not change
+ * a bit of any result.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <sched.h>
@@ -166,79 +179,92 @@ static double overlap_work(ct_comm *c, int slices) {
 
 /* ---- collectives on one group ------------------------------------------------------------- */
 
-static void test_allreduce(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, bool nonblocking,
+/* How a test starts and completes an operation: the blocking call, or the non-blocking one
+ * completed by ct_comm_wait at once, by ct_comm_test until it says done, or by polls between
+ * slices of work and then the wait. A request seen complete by test must hold its result
+ * already, so that one is returned, to be waited for (freed) only after the result is checked. */
+typedef enum { BLOCKING, BY_WAIT, BY_TEST, BY_POLL } completion;
+static const char *completion_names[] = {"", ", waited", ", completed by test", ", polled"};
+
+static ct_comm_request *complete(ct_comm *c, ct_comm_request *req, completion how) {
+    if (how == BY_TEST) {
+        while (!ct_comm_test(c, req)) sched_yield();
+        return req;
+    }
+    if (how == BY_POLL) overlap_work(c, 8);
+    ct_comm_wait(c, req);
+    return NULL;
+}
+
+static void test_allreduce(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, completion how,
                            const char *tag) {
     int N = c->size, r = c->rank, salt = (int)op * 3 + (int)dt;
     void *buf = alloc_garbage(n, dt);
     fill_input(buf, dt, r, 0, n, salt);
-    if (nonblocking) {
-        ct_comm_request *req = ct_comm_iallreduce(c, buf, n, dt, all_ops[op]);
-        overlap_work(c, 8);
-        ct_comm_wait(c, req);
-    } else {
+    ct_comm_request *left = NULL;
+    if (how == BLOCKING)
         ct_comm_allreduce(c, buf, n, dt, all_ops[op]);
-    }
+    else
+        left = complete(c, ct_comm_iallreduce(c, buf, n, dt, all_ops[op]), how);
     bool ok = EXPECT_ALL(buf, dt, n, reduce_expect(dt, op, N, i, salt));
-    check(ok, "%sallreduce %s %s%s", nonblocking ? "i" : "", ct_dtype_name(dt), op_names[op], tag);
+    ct_comm_wait(c, left);
+    check(ok, "%sallreduce %s %s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt), op_names[op],
+          completion_names[how], tag);
     free(buf);
 }
 
-/* form: 0 out of place, 1 in place, 2 non-blocking in place, polled */
-static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, int form,
-                                const char *tag) {
+static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, bool in_place,
+                                completion how, const char *tag) {
     int N = c->size, r = c->rank, salt = 11 + (int)op + 2 * (int)dt;
     int64_t s = n / N;
     size_t esz = ct_dtype_size(dt);
     void *send = alloc_garbage(n, dt);
     fill_input(send, dt, r, 0, n, salt);
-    void *recv = form == 0 ? alloc_garbage(s, dt) : (char *)send + (size_t)(r * s) * esz;
-    if (form == 2) {
-        ct_comm_request *req = ct_comm_ireduce_scatter(c, send, recv, n, dt, all_ops[op]);
-        overlap_work(c, 8);
-        ct_comm_wait(c, req);
-    } else {
+    void *recv = in_place ? (char *)send + (size_t)(r * s) * esz : alloc_garbage(s, dt);
+    ct_comm_request *left = NULL;
+    if (how == BLOCKING)
         ct_comm_reduce_scatter(c, send, recv, n, dt, all_ops[op]);
-    }
+    else
+        left = complete(c, ct_comm_ireduce_scatter(c, send, recv, n, dt, all_ops[op]), how);
     bool ok = EXPECT_ALL(recv, dt, s, reduce_expect(dt, op, N, r * s + i, salt));
-    static const char *forms[] = {"", " in place", " in place, polled"};
-    check(ok, "%sreduce_scatter %s %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt), op_names[op],
-          forms[form], tag);
-    if (form == 0) free(recv);
+    ct_comm_wait(c, left);
+    check(ok, "%sreduce_scatter %s %s%s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt),
+          op_names[op], in_place ? " in place" : "", completion_names[how], tag);
+    if (!in_place) free(recv);
     free(send);
 }
 
-/* form: 0 out of place, 1 in place, 2 non-blocking out of place, polled */
-static void test_allgather(ct_comm *c, ct_dtype dt, int64_t n, int form, const char *tag) {
+static void test_allgather(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, completion how,
+                           const char *tag) {
     int N = c->size, r = c->rank, salt = 5 + (int)dt;
     int64_t s = n / N;
     size_t esz = ct_dtype_size(dt);
     void *recv = alloc_garbage(n, dt);
-    void *send = form == 1 ? (char *)recv + (size_t)(r * s) * esz : alloc_garbage(s, dt);
+    void *send = in_place ? (char *)recv + (size_t)(r * s) * esz : alloc_garbage(s, dt);
     fill_input(send, dt, r, r * s, s, salt);
-    if (form == 2) {
-        ct_comm_request *req = ct_comm_iallgather(c, send, recv, n, dt);
-        overlap_work(c, 8);
-        ct_comm_wait(c, req);
-    } else {
+    ct_comm_request *left = NULL;
+    if (how == BLOCKING)
         ct_comm_allgather(c, send, recv, n, dt);
-    }
+    else
+        left = complete(c, ct_comm_iallgather(c, send, recv, n, dt), how);
     bool ok = EXPECT_ALL(recv, dt, n, input(dt, (int)(i / s), i, salt));
-    static const char *forms[] = {"", " in place", ", polled"};
-    check(ok, "%sallgather %s%s%s", form == 2 ? "i" : "", ct_dtype_name(dt), forms[form], tag);
-    if (form != 1) free(send);
+    ct_comm_wait(c, left);
+    check(ok, "%sallgather %s%s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt),
+          in_place ? " in place" : "", completion_names[how], tag);
+    if (!in_place) free(send);
     free(recv);
 }
 
-static void test_broadcast(ct_comm *c, ct_dtype dt, int64_t n, int root) {
+static void test_broadcast(ct_comm *c, ct_dtype dt, int64_t n, int root, const char *tag) {
     void *buf = alloc_garbage(n, dt);
     if (c->rank == root) fill_input(buf, dt, root, 0, n, 9);
     ct_comm_broadcast(c, buf, n, dt, root);
     bool ok = EXPECT_ALL(buf, dt, n, input(dt, root, i, 9));
-    check(ok, "broadcast %s from rank %d", ct_dtype_name(dt), root);
+    check(ok, "broadcast %s from rank %d%s", ct_dtype_name(dt), root, tag);
     free(buf);
 }
 
-static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place) {
+static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, const char *tag) {
     int N = c->size, r = c->rank;
     int64_t s = n / N;
     void *send = alloc_garbage(n, dt);
@@ -247,13 +273,13 @@ static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place) {
     ct_comm_all_to_all(c, send, recv, n, dt);
     /* Block j of my result is block r of rank j's input. */
     bool ok = EXPECT_ALL(recv, dt, n, input(dt, (int)(i / s), r * s + i % s, 21));
-    check(ok, "all_to_all %s%s", ct_dtype_name(dt), in_place ? " in place" : "");
+    check(ok, "all_to_all %s%s%s", ct_dtype_name(dt), in_place ? " in place" : "", tag);
     if (!in_place) free(recv);
     free(send);
 }
 
 /* Every rank sends to its right neighbour and receives from its left one, in both directions. */
-static void test_ring(ct_comm *c, ct_dtype dt, int64_t n) {
+static void test_ring(ct_comm *c, ct_dtype dt, int64_t n, const char *tag) {
     int N = c->size, r = c->rank, right = (r + 1) % N, left = (r + N - 1) % N;
     void *to_right = alloc_garbage(n, dt), *to_left = alloc_garbage(n, dt);
     void *from_left = alloc_garbage(n, dt), *from_right = alloc_garbage(n, dt);
@@ -269,18 +295,52 @@ static void test_ring(ct_comm *c, ct_dtype dt, int64_t n) {
     for (int k = 3; k >= 0; k--) ct_comm_wait(c, reqs[k]);
     bool ok = EXPECT_ALL(from_left, dt, n, input(dt, left, i, 1)) &&
               EXPECT_ALL(from_right, dt, n, input(dt, right, i, 2));
-    check(ok, "isend/irecv ring both ways %s", ct_dtype_name(dt));
+    check(ok, "isend/irecv ring both ways %s%s", ct_dtype_name(dt), tag);
     free(to_right);
     free(to_left);
     free(from_left);
     free(from_right);
 }
 
+/* Several messages in flight between the same pair with the same tag, of different lengths, plus
+ * one with another tag between them: each must arrive whole and in order, which split messages
+ * get from MPI's non-overtaking rule only if their pieces are posted in order. The receives are
+ * completed in reverse, by test, by poll and by wait. */
+static void test_p2p_same_tag(ct_comm *c, ct_dtype dt, int64_t n, const char *tag) {
+    enum { K = 4 };
+    int N = c->size, r = c->rank, right = (r + 1) % N, left = (r + N - 1) % N;
+    int64_t len[K] = {n, n / 2 + 3, 1, n};
+    int tags[K] = {5, 5, 6, 5};
+    void *out[K], *in[K];
+    ct_comm_request *recvs[K], *sends[K];
+    for (int k = 0; k < K; k++) {
+        out[k] = alloc_garbage(len[k], dt);
+        in[k] = alloc_garbage(len[k], dt);
+        fill_input(out[k], dt, r, 0, len[k], 30 + k);
+        recvs[k] = ct_comm_irecv(c, in[k], len[k], dt, left, tags[k]);
+    }
+    for (int k = 0; k < K; k++) sends[k] = ct_comm_isend(c, out[k], len[k], dt, right, tags[k]);
+    ct_comm_request *left_over[K];
+    for (int k = K - 1; k >= 0; k--) left_over[k] = complete(c, recvs[k], (completion)(1 + k % 3));
+    bool ok = true;
+    for (int k = 0; k < K && ok; k++)
+        ok = EXPECT_ALL(in[k], dt, len[k], input(dt, left, i, 30 + k)) ||
+             why("(message %d of %d, %lld elements)", k, K, (long long)len[k]);
+    for (int k = 0; k < K; k++) ct_comm_wait(c, left_over[k]);
+    for (int k = 0; k < K; k++) ct_comm_wait(c, sends[k]);
+    check(ok, "isend/irecv: %d messages in flight to one peer, same tag, in order %s%s", K,
+          ct_dtype_name(dt), tag);
+    for (int k = 0; k < K; k++) {
+        free(out[k]);
+        free(in[k]);
+    }
+}
+
 /* Three collectives in flight on one group at once, completed through test/poll and waited in
  * another order than they were started. */
-static void test_many_in_flight(ct_comm *c) {
+static void test_many_in_flight(ct_comm *c, int64_t shard, const char *tag) {
     int N = c->size, r = c->rank;
-    int64_t n = (int64_t)N * 3001, s = n / N;
+    int64_t n = (int64_t)N * shard, s = n / N;
     float *a = alloc_garbage(n, CT_DTYPE_F32);
     int64_t *b = alloc_garbage(n, CT_DTYPE_I64);
     uint16_t *g_send = alloc_garbage(s, CT_DTYPE_BF16), *g_recv = alloc_garbage(n, CT_DTYPE_BF16);
@@ -296,14 +356,15 @@ static void test_many_in_flight(ct_comm *c) {
         overlap_work(c, 1);
         if (++rounds % 16 == 0) sched_yield();
     }
-    ct_comm_wait(c, rg);
-    ct_comm_wait(c, ra);
-    ct_comm_wait(c, rb);
+    /* Complete by test means the results are there before the waits, which only free. */
     bool ok =
         EXPECT_ALL(a, CT_DTYPE_F32, n, reduce_expect(CT_DTYPE_F32, 0, N, i, 3)) &&
         EXPECT_ALL(b + r * s, CT_DTYPE_I64, s, reduce_expect(CT_DTYPE_I64, 1, N, r * s + i, 4)) &&
         EXPECT_ALL(g_recv, CT_DTYPE_BF16, n, input(CT_DTYPE_BF16, (int)(i / s), i, 5));
-    check(ok, "three collectives in flight, completed by test, waited out of order");
+    ct_comm_wait(c, rg);
+    ct_comm_wait(c, ra);
+    ct_comm_wait(c, rb);
+    check(ok, "three collectives in flight, completed by test, waited out of order%s", tag);
     free(a);
     free(b);
     free(g_send);
@@ -331,9 +392,9 @@ static void test_bf16_rounding(ct_comm *c) {
 }
 
 /* The ring-model byte counters of comm.h, with the formulas written out here independently. */
-static void test_counters(ct_comm *c) {
+static void test_counters(ct_comm *c, int64_t shard, const char *tag) {
     int N = c->size;
-    int64_t n = (int64_t)N * 1000;
+    int64_t n = (int64_t)N * shard;
     uint64_t want[CT_COMM_OP_COUNT] = {0}, want_calls[CT_COMM_OP_COUNT] = {0};
     float *buf = ct_xcalloc((size_t)n, 8), *out = ct_xcalloc((size_t)n, 8);
     ct_comm_reset_counters(c);
@@ -383,44 +444,104 @@ static void test_counters(ct_comm *c) {
             ok = why("%s calls %llu, want %llu", ct_comm_op_name(k),
                      (unsigned long long)c->calls[k], (unsigned long long)want_calls[k]);
     }
-    check(ok, "byte counters follow the ring model (allreduce 2n(N-1)/N, rs/ag/a2a n(N-1)/N, "
-              "send n, broadcast n at root)");
+    check(ok,
+          "byte counters follow the ring model (allreduce 2n(N-1)/N, rs/ag/a2a n(N-1)/N, "
+          "send n, broadcast n at root)%s",
+          tag);
     free(buf);
     free(out);
+}
+
+/* Every collective, dtype and op on a buffer of n elements (an odd shard size), each form. */
+static void test_matrix(ct_comm *c, int64_t n, const char *tag) {
+    int N = c->size;
+    for (int d = 0; d < N_DTYPES; d++) {
+        ct_dtype dt = all_dtypes[d];
+        for (int op = 0; op < 3; op++) {
+            test_allreduce(c, dt, op, n, BLOCKING, tag);
+            test_allreduce(c, dt, op, n, BY_POLL, tag);
+            test_allreduce(c, dt, op, n, BY_TEST, tag);
+            test_reduce_scatter(c, dt, op, n, false, BLOCKING, tag);
+            test_reduce_scatter(c, dt, op, n, true, BLOCKING, tag);
+            test_reduce_scatter(c, dt, op, n, true, BY_POLL, tag);
+            test_reduce_scatter(c, dt, op, n, false, BY_TEST, tag);
+        }
+        test_allgather(c, dt, n, false, BLOCKING, tag);
+        test_allgather(c, dt, n, true, BLOCKING, tag);
+        test_allgather(c, dt, n, false, BY_POLL, tag);
+        test_allgather(c, dt, n, true, BY_TEST, tag);
+        test_allgather(c, dt, n, false, BY_WAIT, tag);
+        test_broadcast(c, dt, n, d % N, tag);
+        test_all_to_all(c, dt, n, false, tag);
+        test_all_to_all(c, dt, n, true, tag);
+        test_ring(c, dt, n, tag);
+        test_p2p_same_tag(c, dt, n, tag);
+    }
+}
+
+/* Larger buffers take the libraries' segmented / pipelined algorithms. */
+static void test_large(ct_comm *c, const char *tag) {
+    int64_t big = (int64_t)c->size * 50001;
+    test_allreduce(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, BLOCKING, tag);
+    test_allreduce(c, CT_DTYPE_BF16, CT_REDUCE_SUM, big, BY_POLL, tag);
+    test_reduce_scatter(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, true, BLOCKING, tag);
+    test_reduce_scatter(c, CT_DTYPE_BF16, CT_REDUCE_MAX, big, true, BY_POLL, tag);
+    test_allgather(c, CT_DTYPE_F32, big, false, BLOCKING, tag);
+    test_allgather(c, CT_DTYPE_BF16, big, true, BLOCKING, tag);
+}
+
+/* The tag bound: MPI's MPI_TAG_UB on MPI groups (read here independently, from the world), on a
+ * duplicate and on a split communicator (which Open MPI gives no MPI_TAG_UB attribute of its
+ * own), and INT_MAX on the local group. */
+static void test_max_tag(ct_comm *c) {
+    int *ub = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    int want = flag ? *ub : -1;
+    int got = ct_comm_max_tag(c);
+    check((flag && got == want && want >= 32767) || why("max_tag %d, MPI_TAG_UB %d", got, want),
+          "ct_comm_max_tag is MPI_TAG_UB (%d) on an MPI group", want);
+    MPI_Comm split;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &split);
+    ct_comm *s = ct_comm_mpi_new(split, "split", 120.0);
+    got = ct_comm_max_tag(s);
+    check(got == want || why("max_tag %d, MPI_TAG_UB %d", got, want),
+          "ct_comm_max_tag is MPI_TAG_UB on a group from MPI_Comm_split");
+    ct_comm_free(s);
+    ct_comm *local = ct_comm_local_new("local");
+    got = ct_comm_max_tag(local);
+    check(got == INT_MAX || why("max_tag %d", got), "ct_comm_max_tag is INT_MAX on a local group");
+    ct_comm_free(local);
 }
 
 static void test_collectives(ct_comm *c) {
     int N = c->size;
     int64_t n = (int64_t)N * 129; /* an odd shard size */
-    for (int d = 0; d < N_DTYPES; d++) {
-        ct_dtype dt = all_dtypes[d];
-        for (int op = 0; op < 3; op++) {
-            test_allreduce(c, dt, op, n, false, "");
-            test_allreduce(c, dt, op, n, true, " (overlapped, polled)");
-            test_reduce_scatter(c, dt, op, n, 0, "");
-            test_reduce_scatter(c, dt, op, n, 1, "");
-            test_reduce_scatter(c, dt, op, n, 2, "");
-        }
-        for (int form = 0; form < 3; form++) test_allgather(c, dt, n, form, "");
-        test_broadcast(c, dt, n, d % N);
-        test_all_to_all(c, dt, n, false);
-        test_all_to_all(c, dt, n, true);
-        test_ring(c, dt, n);
-    }
-    /* Larger buffers take the libraries' segmented / pipelined algorithms. */
-    int64_t big = (int64_t)N * 50001;
-    test_allreduce(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, false, " (large)");
-    test_allreduce(c, CT_DTYPE_BF16, CT_REDUCE_SUM, big, true, " (large, overlapped)");
-    test_reduce_scatter(c, CT_DTYPE_F32, CT_REDUCE_SUM, big, 1, " (large)");
-    test_reduce_scatter(c, CT_DTYPE_BF16, CT_REDUCE_MAX, big, 2, " (large)");
-    test_allgather(c, CT_DTYPE_F32, big, 0, " (large)");
-    test_allgather(c, CT_DTYPE_BF16, big, 1, " (large)");
-
-    test_many_in_flight(c);
+    test_matrix(c, n, "");
+    test_large(c, " (large)");
+    test_many_in_flight(c, 3001, "");
     test_bf16_rounding(c);
     ct_comm_barrier(c);
     check(true, "barrier");
-    test_counters(c);
+    test_counters(c, 1000, "");
+    test_max_tag(c);
+
+    /* Counts above the chunk limit are split into pieces (comm_mpi.h). Small limits exercise
+     * the splitting of > INT_MAX counts on small buffers, with the same exact expectations: 7
+     * divides neither the shard (129) nor n; 43 divides both; 200 exceeds the shard but not n
+     * (for N > 1), so each piece is a whole shard. */
+    static const int64_t limits[] = {7, 43, 200};
+    char tag[64];
+    for (int k = 0; k < (int)(sizeof limits / sizeof limits[0]); k++) {
+        snprintf(tag, sizeof tag, " (chunks of %lld)", (long long)limits[k]);
+        ct_comm_mpi_set_chunk_limit(limits[k]);
+        test_matrix(c, n, tag);
+        /* smaller: thousands of pieces in flight slow the progress engine at 8 ranks */
+        test_many_in_flight(c, 301, tag);
+        test_counters(c, 100, tag);
+    }
+    ct_comm_mpi_set_chunk_limit(10007); /* divides no shard of test_large */
+    test_large(c, " (large, chunks of 10007)");
+    ct_comm_mpi_set_chunk_limit(0);
 }
 
 /* ---- the grid ------------------------------------------------------------------------------ */
@@ -602,11 +723,13 @@ static void test_agree(void) {
 /* ---- the watchdog ------------------------------------------------------------------------- */
 
 /* Rank 1 skips the second allreduce; everyone else must be stopped by the watchdog within about
- * its 2 s limit, with the diagnostic, instead of hanging. */
-static int watchdog_mode(void) {
+ * its 2 s limit, with the diagnostic, instead of hanging. With `chunk` > 0 the allreduces go in
+ * pieces, and the report must still name operation #2, not piece #12. */
+static int watchdog_mode(int64_t chunk) {
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     ct_comm *c = ct_comm_mpi_new(dup, "world", 2.0);
+    ct_comm_mpi_set_chunk_limit(chunk);
     float x[1024] = {1.0f};
     ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* sequence #1: everyone */
     if (world_rank == 1) {
@@ -619,10 +742,11 @@ static int watchdog_mode(void) {
 }
 
 /* The same for a point-to-point wait: rank 0 waits for a message rank 1 never sends. */
-static int watchdog_recv_mode(void) {
+static int watchdog_recv_mode(int64_t chunk) {
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     ct_comm *c = ct_comm_mpi_new(dup, "pp", 2.0);
+    ct_comm_mpi_set_chunk_limit(chunk);
     float x[256];
     if (world_rank == 0) {
         ct_comm_wait(c, ct_comm_irecv(c, x, 256, CT_DTYPE_F32, 1, 42));
@@ -633,6 +757,188 @@ static int watchdog_recv_mode(void) {
     return 3;
 }
 
+/* ---- tags out of range ---------------------------------------------------------------------- */
+
+/* Rank 0 starts a send (or receive) with a tag outside [0, ct_comm_max_tag]: a caller's bug, so
+ * the job must end in the CT_ASSERT, not in MPI's error or a message that never matches. A
+ * receive gets the bound + 1 where the bound leaves room, else -1 (MPI_ANY_TAG in Open MPI, which
+ * split messages cannot allow either). */
+static int bad_tag_mode(bool recv) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *c = ct_comm_mpi_new(dup, "world", 10.0);
+    int bound = ct_comm_max_tag(c);
+    int tag = !recv ? -7 : bound < INT_MAX ? bound + 1 : -1;
+    float x[4] = {0};
+    if (world_rank == 0) {
+        int peer = 1 % world_size;
+        ct_comm_request *q = recv ? ct_comm_irecv(c, x, 4, CT_DTYPE_F32, peer, tag)
+                                  : ct_comm_isend(c, x, 4, CT_DTYPE_F32, peer, tag);
+        ct_comm_wait(c, q);
+        fprintf(stderr, "rank 0: tag %d was accepted (bound %d)\n", tag, bound);
+        return 3;
+    }
+    for (int i = 0; i < 60; i++) sleep(1); /* the abort of rank 0 ends the job */
+    return 3;
+}
+
+/* ---- counts above INT_MAX, for real --------------------------------------------------------- */
+
+/* u8 input of rank r at index i: the low byte of i plus a function of the higher bytes, so a
+ * piece that lands at a wrong offset shows even when the offset is a multiple of 256. */
+static inline uint8_t big_add(int64_t i, int mult, int r_term) {
+    int64_t j = i >> 8;
+    return (uint8_t)(mult * (j + (j >> 8) + (j >> 16)) + r_term);
+}
+
+/* Rank r's input over [from, from + len) into b[0 .. len). One 256-element block at a time, so
+ * the inner loop is a plain vectorizable ramp. */
+static void big_fill(uint8_t *b, int r, int64_t from, int64_t len) {
+    for (int64_t i = from; i < from + len;) {
+        int64_t end = CT_MIN(((i >> 8) + 1) << 8, from + len);
+        uint8_t add = big_add(i, 1, 37 * r + 1);
+        uint8_t *p = b + (i - from);
+        for (int64_t k = 0; k < end - i; k++) p[k] = (uint8_t)(i + k + add);
+        i = end;
+    }
+}
+
+/* The first index in [from, from + len) where b[0 .. len) differs from rank `who`'s input
+ * (who < 0: from the u8 sum, modulo 256, of every rank's input), or -1. */
+static int64_t big_mismatch(const uint8_t *b, int who, int64_t from, int64_t len) {
+    int N = world_size, mult = who < 0 ? N : 1;
+    int r_term = who < 0 ? 37 * N * (N - 1) / 2 + N : 37 * who + 1;
+    for (int64_t i = from; i < from + len;) {
+        int64_t end = CT_MIN(((i >> 8) + 1) << 8, from + len);
+        uint8_t add = big_add(i, mult, r_term), bad = 0;
+        const uint8_t *p = b + (i - from);
+        for (int64_t k = 0; k < end - i; k++) bad |= p[k] ^ (uint8_t)(mult * (i + k) + add);
+        if (bad)
+            for (int64_t k = 0; k < end - i; k++)
+                if (p[k] != (uint8_t)(mult * (i + k) + add)) return i + k;
+        i = end;
+    }
+    return -1;
+}
+
+static bool big_check(const uint8_t *b, int who, int64_t from, int64_t len) {
+    int64_t at = big_mismatch(b, who, from, len);
+    if (at < 0) return true;
+    int N = world_size;
+    uint8_t want = who < 0 ? (uint8_t)(N * at + big_add(at, N, 37 * N * (N - 1) / 2 + N))
+                           : (uint8_t)(at + big_add(at, 1, 37 * who + 1));
+    return why("element %lld: got %d, want %d", (long long)at, b[at - from], want);
+}
+
+/* Host memory the kernel says it can still give, in bytes (0 if unknown). */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Allocates `bytes` on every rank, or on none: NULL everywhere when the machine has less than
+ * `total` bytes available (over all ranks; checked by rank 0 before anyone allocates) or any
+ * rank's allocation fails. */
+static void *big_alloc(size_t bytes, uint64_t total) {
+    int fits = world_rank != 0 || mem_available() >= total, all = 0;
+    MPI_Bcast(&fits, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    void *p = fits ? malloc(bytes) : NULL;
+    int have = p != NULL;
+    MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all) return p;
+    free(p);
+    if (world_rank == 0)
+        printf("ok np%d operations on more than INT_MAX elements (skipped: %s %.1f GiB over all "
+               "ranks)\n",
+               world_size, fits ? "could not allocate" : "less host memory available than",
+               (double)total / 1073741824.0);
+    n_ok++;
+    return NULL;
+}
+
+/*
+ * Counts above INT_MAX with the default chunk limit, at 2 ranks, on u8 so that one buffer of
+ * 2·(2^31 + 1) bytes per rank serves all three operations. One buffer, reused, because on the
+ * machines we test on the first touch of a page costs far more than the operation (about a
+ * second per GiB), so a fresh buffer per operation would double the run time. Every element is
+ * checked (a vectorized pass), so a lost, duplicated or misplaced piece shows wherever it is.
+ * Memory: the buffer plus the library's temporaries for a reduction (about one piece each),
+ * ~12 GiB over both ranks; the whole mode is skipped if the machine cannot hold 16.
+ */
+static int big_mode(void) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *c = ct_comm_mpi_new(dup, "world", 300.0);
+    int N = c->size, r = c->rank;
+    double t_all = ct_now();
+    int64_t s = ((int64_t)1 << 31) + 1; /* per rank: above INT_MAX itself */
+    int64_t n_all = s * N;
+    uint8_t *buf = big_alloc((size_t)n_all, (uint64_t)n_all * (uint64_t)N * 2);
+    if (buf) {
+        int64_t n = ((int64_t)1 << 31) + 3;
+        double t0 = ct_now();
+        big_fill(buf, r, 0, n);
+        double t1 = ct_now();
+        ct_comm_allreduce(c, buf, n, CT_DTYPE_U8, CT_REDUCE_SUM);
+        double t2 = ct_now();
+        bool ok = big_check(buf, -1, 0, n);
+        check(
+            ok,
+            "allreduce u8 sum of %lld elements (> INT_MAX) (fill %.1f s, op %.1f s, check %.1f s)",
+            (long long)n, t1 - t0, t2 - t1, ct_now() - t2);
+
+        /* In place: this rank's shard where it belongs in the full buffer. */
+        uint8_t *mine = buf + (size_t)r * (size_t)s;
+        t0 = ct_now();
+        big_fill(mine, r, (int64_t)r * s, s);
+        t1 = ct_now();
+        ct_comm_allgather(c, mine, buf, n_all, CT_DTYPE_U8);
+        t2 = ct_now();
+        ok = true;
+        for (int q = 0; q < N && ok; q++)
+            ok = big_check(buf + (size_t)q * (size_t)s, q, (int64_t)q * s, s);
+        check(ok,
+              "allgather u8 in place, %lld elements per rank (> INT_MAX) (fill %.1f s, op %.1f s, "
+              "check %.1f s)",
+              (long long)s, t1 - t0, t2 - t1, ct_now() - t2);
+
+        t0 = ct_now();
+        big_fill(buf, r, 0, n_all);
+        t1 = ct_now();
+        ct_comm_reduce_scatter(c, buf, mine, n_all, CT_DTYPE_U8, CT_REDUCE_SUM);
+        t2 = ct_now();
+        ok = big_check(mine, -1, (int64_t)r * s, s);
+        check(ok,
+              "reduce_scatter u8 sum in place, %lld elements per rank (> INT_MAX) (fill %.1f s, op "
+              "%.1f s, check %.1f s)",
+              (long long)s, t1 - t0, t2 - t1, ct_now() - t2);
+        free(buf);
+    }
+    ct_comm_free(c);
+
+    /* The peak resident memory of this rank, for whoever sizes the machine for this test. */
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long hwm_kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &hwm_kb) == 1) break;
+    if (f) fclose(f);
+    long all_kb = 0;
+    MPI_Reduce(&hwm_kb, &all_kb, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (world_rank == 0)
+        printf("mpi_test_comm big np%d: %d ok, %d failed, %.1f s, peak resident %.1f GiB over all "
+               "ranks\n",
+               world_size, n_ok, n_fail, ct_now() - t_all, all_kb / 1048576.0);
+    ct_mpi_finalize();
+    return n_fail ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (ct_mpi_init(&argc, &argv) != CT_OK) {
         ct_error_print();
@@ -640,8 +946,15 @@ int main(int argc, char **argv) {
     }
     world_rank = ct_mpi_world_rank();
     world_size = ct_mpi_world_size();
-    if (argc > 1 && !strcmp(argv[1], "watchdog")) return watchdog_mode();
-    if (argc > 1 && !strcmp(argv[1], "watchdog_recv")) return watchdog_recv_mode();
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "watchdog")) return watchdog_mode(0);
+    if (!strcmp(mode, "watchdog_recv")) return watchdog_recv_mode(0);
+    if (!strcmp(mode, "watchdog_chunked")) return watchdog_mode(100);
+    if (!strcmp(mode, "watchdog_recv_chunked")) return watchdog_recv_mode(100);
+    if (!strcmp(mode, "bad_tag")) return bad_tag_mode(false);
+    if (!strcmp(mode, "bad_tag_recv")) return bad_tag_mode(true);
+    if (!strcmp(mode, "big")) return big_mode();
+    CT_ASSERTF(!mode[0], "unknown mode '%s'", mode);
     double t0 = ct_now();
 
     /* Everything runs on one node here, so the node-local numbers are the world's. */

@@ -16,6 +16,7 @@ struct ct_pipeline {
     ct_pctx *pctx;
     ct_schedule *train, *forward_only; /* train is NULL for a forward-only executor */
     int m, n_chunks;
+    int tag_cycle; /* microbatches whose messages get distinct tags (see tag_of) */
     int64_t B;
     ct_acts **pool; /* free activation contexts, all allocated up front */
     int n_pool, pool_size;
@@ -34,6 +35,43 @@ struct ct_pipeline {
     double wait_seconds;
 };
 
+/* For tests: a tag bound below the communicator's, so the wrapping of tags is exercised. */
+static int tag_bound_for_tests;
+
+void ct_pipeline_set_tag_bound_for_tests(int max_tag) {
+    tag_bound_for_tests = max_tag;
+}
+
+/*
+ * Tags: a message is named by (microbatch, boundary, direction), tag ((mb mod K)·n_chunks +
+ * lower chunk)·2 + (gradient?). MPI only promises tags up to 32767 (MPI_TAG_UB; Open MPI's ob1
+ * allows INT_MAX, other transports less), so K — the microbatches whose messages get distinct
+ * tags — is as many as fit. When K < m, messages of different microbatches share a tag on one
+ * channel, which is safe because MPI matches same-source, same-tag messages in send order to
+ * receives in posting order, and every schedule sends each channel's microbatches in the order
+ * its receiver receives them (ct_schedule_channels_in_order, checked here).
+ */
+static ct_status choose_tags(ct_pipeline *p) {
+    int max_tag = ct_comm_max_tag(p->pctx->pp_comm);
+    if (tag_bound_for_tests > 0) max_tag = CT_MIN(max_tag, tag_bound_for_tests);
+    const int64_t per_mb = 2 * (int64_t)p->n_chunks;
+    if (per_mb - 1 > max_tag) {
+        ct_error(CT_ERR_INPUT,
+                 "a pipeline of %d chunks needs %lld message tags, but MPI allows tags up to %d",
+                 p->n_chunks, (long long)per_mb, max_tag);
+        ct_hint("use fewer pipeline chunks (parallel.pp x parallel.virtual_stages)");
+        return CT_ERR_INPUT;
+    }
+    p->tag_cycle = (int)CT_MIN((int64_t)p->m, ((int64_t)max_tag + 1) / per_mb);
+    char why[256];
+    const ct_schedule *lists[] = {p->train, p->forward_only};
+    for (int i = 0; i < 2 && p->tag_cycle < p->m; i++)
+        CT_ASSERTF(!lists[i] || ct_schedule_channels_in_order(lists[i], why, sizeof why),
+                   "tags repeat every %d microbatches, but a channel is out of order: %s",
+                   p->tag_cycle, why);
+    return CT_OK;
+}
+
 /* The executor around a training schedule (taken over; NULL for a forward-only executor). */
 static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                                ct_schedule *train, int m, int64_t B) {
@@ -48,9 +86,10 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
     p->forward_only = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m);
-    if (!p->forward_only) {
+    ct_status tags = p->forward_only ? choose_tags(p) : CT_ERR_INPUT;
+    if (tags != CT_OK) {
         ct_pipeline_free(p);
-        return CT_ERR_INPUT;
+        return tags;
     }
     p->acts = ct_xcalloc((size_t)m, sizeof *p->acts);
     p->backwards_left = ct_xcalloc((size_t)m, sizeof(int));
@@ -141,7 +180,7 @@ static int local_chunk(const ct_pipeline *p, int chunk) {
 
 /* Tag of the message crossing the boundary between chunks `lower` and lower + 1. */
 static int tag_of(const ct_pipeline *p, int mb, int lower, bool grad) {
-    return ((mb * p->n_chunks) + lower) * 2 + (grad ? 1 : 0);
+    return ((mb % p->tag_cycle) * p->n_chunks + lower) * 2 + (grad ? 1 : 0); /* choose_tags */
 }
 
 static void poll_all(ct_pipeline *p) {

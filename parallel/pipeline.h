@@ -57,6 +57,11 @@ double ct_pipeline_wait_seconds(const ct_pipeline *p);
 /* Peak activation contexts (microbatches) alive during the last run. */
 int ct_pipeline_peak_inflight(const ct_pipeline *p);
 
+/* For tests: executors made afterwards keep their message tags at or below max_tag (0: the
+ * communicator's MPI_TAG_UB only), so tags repeat across microbatches as they do on an MPI with
+ * a small tag bound. */
+void ct_pipeline_set_tag_bound_for_tests(int max_tag);
+
 /* The training schedule the executor runs. */
 const ct_schedule *ct_pipeline_schedule(const ct_pipeline *p);
 

@@ -472,6 +472,54 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
     return res;
 }
 
+bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_cap) {
+    /* A channel is (direction, lower chunk of the boundary): the k-th send on it must carry the
+     * same microbatch as the k-th receive. */
+    const int nc = n_chunks(s), m = s->m;
+    int *sent = ct_xmalloc((size_t)2 * (size_t)nc * (size_t)m * sizeof(int));
+    int *n_sent = ct_xcalloc((size_t)2 * (size_t)nc, sizeof(int));
+    int *n_recv = ct_xcalloc((size_t)2 * (size_t)nc, sizeof(int));
+    bool ok = true;
+    for (int pass = 0; pass < 2 && ok; pass++) { /* sends first, then the receives against them */
+        for (int r = 0; r < s->pp && ok; r++) {
+            for (int i = 0; i < s->n_actions[r] && ok; i++) {
+                const ct_action *a = &s->actions[r][i];
+                bool grad = a->kind == CT_ACTION_SEND_GRAD || a->kind == CT_ACTION_RECV_GRAD;
+                bool send = a->kind == CT_ACTION_SEND_ACT || a->kind == CT_ACTION_SEND_GRAD;
+                bool recv = a->kind == CT_ACTION_RECV_ACT || a->kind == CT_ACTION_RECV_GRAD;
+                if (!(pass == 0 ? send : recv)) continue;
+                /* the boundary's lower chunk: activations leave c and enter c + 1, gradients
+                 * leave c and enter c − 1 */
+                int lower = a->kind == CT_ACTION_SEND_ACT || a->kind == CT_ACTION_RECV_GRAD
+                                ? a->chunk
+                                : a->chunk - 1;
+                int ch = 2 * lower + (grad ? 1 : 0);
+                if (pass == 0) {
+                    CT_ASSERT(n_sent[ch] < m);
+                    sent[(size_t)ch * (size_t)m + (size_t)n_sent[ch]++] = a->mb;
+                } else {
+                    int k = n_recv[ch]++;
+                    if (k >= n_sent[ch] || sent[(size_t)ch * (size_t)m + (size_t)k] != a->mb) {
+                        ok = false;
+                        if (why)
+                            snprintf(why, why_cap,
+                                     "rank %d receives %s of microbatch %d across chunks %d|%d "
+                                     "as its message %d on that channel, which carries "
+                                     "microbatch %d",
+                                     r, grad ? "gradients" : "activations", a->mb, lower,
+                                     lower + 1, k, k < n_sent[ch] ? sent[(size_t)ch * m + k] : -1);
+                    }
+                }
+            }
+        }
+    }
+    free(sent);
+    free(n_sent);
+    free(n_recv);
+    if (ok && why && why_cap) why[0] = '\0';
+    return ok;
+}
+
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio) {
     return simulate(s, backward_ratio, NULL);
 }

@@ -116,6 +116,16 @@ double ct_schedule_theory_bubble(const ct_schedule *s);
  * is `rank`. Returns false for FORWARD/BACKWARD and for a transfer off either end of the model. */
 bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_action *match);
 
+/*
+ * True when every channel delivers in order: for each direction (activations, gradients) and each
+ * chunk boundary, the sending rank's list sends the microbatches in the same order as the
+ * receiving rank's list receives them. Then messages of one channel may share a tag — MPI
+ * matches messages with the same source and tag in the order they were sent, to receives in the
+ * order they were posted — which is what lets the executor keep its tags below a small
+ * MPI_TAG_UB. On false, *why (may be NULL) names the first channel out of order.
+ */
+bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_cap);
+
 /* Prints the schedule as a text timeline, one row per rank, one column per time unit of the
  * simulation (F/B with the microbatch, '.' idle), then the per-rank report. A column is one chunk
  * forward (1/v) wide and holds "F<mb>" (v = 1) or "F<mb>:<global chunk>"; a backward fills

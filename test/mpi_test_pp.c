@@ -22,7 +22,9 @@
  *   - after the tied-embedding gradient sum and an optimizer step, the first stage's wte and
  *     the last stage's twin are the same bytes;
  *   - the loss summed over the stages is finite and the same for every schedule (to 1e-6
- *     relative: each microbatch's loss is summed in order on the last stage).
+ *     relative: each microbatch's loss is summed in order on the last stage);
+ *   - all of it again with a tag bound that leaves one tag per channel (pipeline.c: tags then
+ *     repeat across microbatches and MPI's in-order matching must keep them apart).
  * Prints "ok <what>" / "FAIL <what>" lines; exits 1 on any failure.
  */
 #include <math.h>
@@ -278,10 +280,40 @@ int main(int argc, char **argv) {
         ct_error_print();
         return 1;
     }
+    char what[128];
     double l_1f1b = run_schedule(pctx, "1f1b", CT_SCHEDULE_1F1B, 1, false);
     double l_gpipe = run_schedule(pctx, "gpipe", CT_SCHEDULE_GPIPE, 1, false);
     double l_inter = run_schedule(pctx, "interleaved", CT_SCHEDULE_INTERLEAVED, 2, false);
     double l_rev = run_schedule(pctx, "gpipe, backward reversed", CT_SCHEDULE_GPIPE, 1, true);
+    /* An MPI whose tag bound leaves one tag per channel: every microbatch's message on a
+     * channel carries the same tag, and MPI's in-order matching must still deliver each one
+     * to its own receive (pipeline.c, choose_tags). 2·pp·v tags: the interleaved run's. */
+    ct_pipeline_set_tag_bound_for_tests(2 * world * 2 - 1);
+    run_schedule(pctx, "1f1b, tags repeating every 2 microbatches", CT_SCHEDULE_1F1B, 1, false);
+    run_schedule(pctx, "interleaved, one tag per channel", CT_SCHEDULE_INTERLEAVED, 2, false);
+    /* Fewer tags than channels: refused with a message, not run with colliding tags. */
+    ct_pipeline_set_tag_bound_for_tests(2 * world - 2);
+    {
+        ct_config cfg;
+        pipeline_config(&cfg, pctx, CT_SCHEDULE_1F1B, 1);
+        ct_backend *be = ct_backend_cpu_new(1);
+        ct_model_layout layout = ct_model_layout_pipeline(&cfg, pctx->pp_rank);
+        ct_model *model;
+        ct_dp *dp;
+        ct_pipeline *pipe = NULL;
+        CT_ASSERT(ct_model_new(&model, &cfg, be, &layout) == CT_OK &&
+                  ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train) == CT_OK);
+        ct_status st = ct_pipeline_new(&pipe, model, dp, pctx, CT_SCHEDULE_KIND_1F1B,
+                                       (int)cfg.derived.grad_accum, 1);
+        snprintf(what, sizeof what, "pp=%d: too small a tag bound is refused (exit 2, tags named)",
+                 world);
+        report(st == CT_ERR_INPUT && pipe == NULL && strstr(ct_error_message(), "message tags"),
+               what);
+        ct_dp_free(dp);
+        ct_model_free(model);
+        ct_backend_free(be);
+    }
+    ct_pipeline_set_tag_bound_for_tests(0);
     if (world == 4) {
         /* pp 2 x dp 2: the data-parallel reduction under a reversed backward order. */
         ct_pctx *grid;
@@ -293,7 +325,6 @@ int main(int argc, char **argv) {
         run_schedule(grid, "1f1b", CT_SCHEDULE_1F1B, 1, false);
         ct_pctx_free(grid);
     }
-    char what[128];
     snprintf(what, sizeof what, "pp=%d: the loss is finite and the same for every schedule", world);
     report(isfinite(l_1f1b) && fabs(l_gpipe - l_1f1b) <= 1e-6 * fabs(l_1f1b) &&
                fabs(l_inter - l_1f1b) <= 1e-6 * fabs(l_1f1b) &&

@@ -514,6 +514,50 @@ static void test_broken_order(void **state) {
     ct_schedule_free(s);
 }
 
+/* Every generator delivers each channel in order (the executor's tags may then repeat across
+ * microbatches, pipeline.c), and a list that receives two microbatches of one channel in the
+ * other order than they are sent is found. */
+static void test_channels_in_order(void **state) {
+    static const ct_schedule_kind kinds[] = {CT_SCHEDULE_KIND_GPIPE, CT_SCHEDULE_KIND_1F1B,
+                                             CT_SCHEDULE_KIND_INTERLEAVED,
+                                             CT_SCHEDULE_KIND_FORWARD_ONLY};
+    int checked = 0;
+    char why[256];
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int pp = 1; pp <= 8; pp++)
+            for (int v = 1; v <= 3; v++)
+                for (int m = 1; m <= 17; m++) {
+                    if (ct_schedule_check(kinds[k], pp, v, m) != CT_OK) continue;
+                    ct_schedule *s = ct_schedule_new(kinds[k], pp, v, m);
+                    if (!ct_schedule_channels_in_order(s, why, sizeof why))
+                        fail_msg("%s pp=%d v=%d m=%d: %s", ct_schedule_kind_name(kinds[k]), pp, v,
+                                 m, why);
+                    ct_schedule_free(s);
+                    checked++;
+                }
+    assert_true(checked > 300);
+    ct_error_clear();
+
+    /* Rank 1 of a GPipe over 2 ranks receives microbatch 1's activations before microbatch 0's:
+     * the simulator is content (both are sent before either is received), the channel is not. */
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 2, 1, 2);
+    int r0 = find_action(s, 1, CT_ACTION_RECV_ACT, 0, 1);
+    int r1 = find_action(s, 1, CT_ACTION_RECV_ACT, 1, 1);
+    s->actions[1][r0].mb = 1;
+    s->actions[1][r1].mb = 0;
+    int f0 = find_action(s, 1, CT_ACTION_FORWARD, 0, 1);
+    int f1 = find_action(s, 1, CT_ACTION_FORWARD, 1, 1);
+    s->actions[1][f0].mb = 1;
+    s->actions[1][f1].mb = 0;
+    ct_sim_result res = ct_schedule_simulate(s, 1.0);
+    assert_false(res.deadlock);
+    ct_sim_result_release(&res);
+    assert_false(ct_schedule_channels_in_order(s, why, sizeof why));
+    if (!strstr(why, "rank 1 receives activations of microbatch 1 across chunks 0|1"))
+        fail_msg("%s", why);
+    ct_schedule_free(s);
+}
+
 /* ---- arguments --------------------------------------------------------------------------------
  */
 
@@ -631,6 +675,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_match_and_chunk_rank),
         cmocka_unit_test(test_deadlock_detected),
         cmocka_unit_test(test_broken_order),
+        cmocka_unit_test(test_channels_in_order),
         cmocka_unit_test(test_invalid_arguments),
         cmocka_unit_test(test_print_timeline),
     };

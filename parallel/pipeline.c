@@ -17,6 +17,7 @@ struct ct_pipeline {
     ct_schedule *train, *forward_only; /* train is NULL for a forward-only executor */
     int m, n_chunks;
     int tag_cycle; /* microbatches whose messages get distinct tags (see tag_of) */
+    int max_tag;   /* the bound choose_tags kept to */
     int64_t B;
     ct_acts **pool; /* free activation contexts, all allocated up front */
     int n_pool, pool_size;
@@ -62,6 +63,7 @@ static ct_status choose_tags(ct_pipeline *p) {
         ct_hint("use fewer pipeline chunks (parallel.pp x parallel.virtual_stages)");
         return CT_ERR_INPUT;
     }
+    p->max_tag = max_tag;
     p->tag_cycle = (int)CT_MIN((int64_t)p->m, ((int64_t)max_tag + 1) / per_mb);
     char why[256];
     const ct_schedule *lists[] = {p->train, p->forward_only};
@@ -180,7 +182,9 @@ static int local_chunk(const ct_pipeline *p, int chunk) {
 
 /* Tag of the message crossing the boundary between chunks `lower` and lower + 1. */
 static int tag_of(const ct_pipeline *p, int mb, int lower, bool grad) {
-    return ((mb % p->tag_cycle) * p->n_chunks + lower) * 2 + (grad ? 1 : 0); /* choose_tags */
+    int tag = ((mb % p->tag_cycle) * p->n_chunks + lower) * 2 + (grad ? 1 : 0); /* choose_tags */
+    CT_ASSERTF(tag >= 0 && tag <= p->max_tag, "pipeline tag %d outside [0, %d]", tag, p->max_tag);
+    return tag;
 }
 
 static void poll_all(ct_pipeline *p) {

@@ -47,8 +47,10 @@ void ct_backend_apply_env(ct_backend *be) {
         char *end = NULL;
         double mb = strtod(env, &end);
         if (*end || !(mb > 0) || mb > 1e12)
-            fprintf(stderr, "cooktrain: ignoring COOKTRAIN_MEM_LIMIT_MB='%s' (not a positive "
-                            "number of MiB)\n", env);
+            fprintf(stderr,
+                    "cooktrain: ignoring COOKTRAIN_MEM_LIMIT_MB='%s' (not a positive "
+                    "number of MiB)\n",
+                    env);
         else
             be->mem_limit = (size_t)(mb * 1024.0 * 1024.0);
     }

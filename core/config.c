@@ -1032,16 +1032,16 @@ ct_status ct_config_load_file(ct_config *cfg, const char *path) {
     if (!S_ISREG(st_file.st_mode)) {
         close(fd);
         /* A device such as /dev/zero never ends, a pipe may never be written: refuse both. */
-        return with_hint(ct_error(CT_ERR_INPUT, "config file '%s' is %s%s", path,
-                                  file_kind(st_file.st_mode),
-                                  S_ISDIR(st_file.st_mode) ? " (Is a directory)" : ""),
-                         "--config takes a regular YAML file of at most %d KiB",
-                         CT_CONFIG_MAX_BYTES / 1024);
+        return with_hint(
+            ct_error(CT_ERR_INPUT, "config file '%s' is %s%s", path, file_kind(st_file.st_mode),
+                     S_ISDIR(st_file.st_mode) ? " (Is a directory)" : ""),
+            "--config takes a regular YAML file of at most %d KiB", CT_CONFIG_MAX_BYTES / 1024);
     }
     if (st_file.st_size > CT_CONFIG_MAX_BYTES) {
         close(fd);
-        return with_hint(ct_error(CT_ERR_INPUT, "config file '%s' is %lld bytes, over the %d KiB "
-                                                "a config may have",
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "config file '%s' is %lld bytes, over the %d KiB "
+                                  "a config may have",
                                   path, (long long)st_file.st_size, CT_CONFIG_MAX_BYTES / 1024),
                          "--config takes a YAML config; is '%s' the right file?", path);
     }
@@ -1226,8 +1226,8 @@ static bool mb_fits(int64_t mb, const void *arg) {
  * per layer at d_model 256 and keeps GEMMs large). With a pipeline, more microbatches shrink the
  * bubble (p−1)/(m+p−1): B is the largest that still leaves m >= 4·pp microbatches when the batch
  * allows it (then the bubble (p−1)/(5p−1) stays below 20% for any p), and the interleaved
- * schedule's m % pp == 0 always holds. Nothing fits (interleaved with too small a batch): 1, which the checks after it
- * explain.
+ * schedule's m % pp == 0 always holds. Nothing fits (interleaved with too small a batch): 1, which
+ * the checks after it explain.
  */
 #define CT_AUTO_MICRO_BATCH_TOKENS 8192
 
@@ -1440,9 +1440,8 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                 "every data-parallel rank takes global_batch / dp sequences: use a multiple of "
                 "%lld, e.g. train.global_batch=%lld",
                 (long long)d.dp, (long long)((t->global_batch / d.dp + 1) * d.dp));
-        cfg->train.micro_batch =
-            auto_micro_batch(t->global_batch / d.dp, m->seq_len, p->pp,
-                             p->schedule == CT_SCHEDULE_INTERLEAVED);
+        cfg->train.micro_batch = auto_micro_batch(t->global_batch / d.dp, m->seq_len, p->pp,
+                                                  p->schedule == CT_SCHEDULE_INTERLEAVED);
         cfg->train.micro_batch_auto = true;
     }
     int64_t per_mb = t->micro_batch * d.dp;

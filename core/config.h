@@ -56,9 +56,9 @@ typedef struct ct_parallel_config {
 
 typedef struct ct_train_config {
     int64_t steps;
-    int64_t global_batch; /* sequences per optimizer step */
-    int64_t micro_batch;  /* sequences per microbatch per dp rank; 0 (or "auto" in a file) =
-                             chosen by ct_config_validate, which stores the choice here */
+    int64_t global_batch;  /* sequences per optimizer step */
+    int64_t micro_batch;   /* sequences per microbatch per dp rank; 0 (or "auto" in a file) =
+                              chosen by ct_config_validate, which stores the choice here */
     bool micro_batch_auto; /* not a key: micro_batch was resolved from auto by validate (so
                               it prints as auto and is chosen again for another world size) */
     double lr, min_lr;

@@ -46,8 +46,8 @@ struct ct_dp {
     dp_unit *units;
     slot staging_pool[STAGING_POOL], staging_dedicated;
     slot gather_pool[GATHER_POOL], gather_dedicated;
-    uint64_t clock;     /* counts slot acquisitions */
-    int microbatch;     /* the microbatch announced last (labels events) */
+    uint64_t clock;         /* counts slot acquisitions */
+    int microbatch;         /* the microbatch announced last (labels events) */
     int backwards_per_step; /* backward passes of every unit per step (ct_dp_begin_step) */
     double created, exposed;
     bool logging;

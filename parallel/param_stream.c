@@ -121,8 +121,7 @@ static void stream_param(stream *s, const ct_param *p, int owner_stage) {
     snprintf(h.name, sizeof h.name, "%s", p->name);
     h.rows = rows;
     h.cols = cols;
-    ct_comm_wait(pc->pp_comm,
-                 ct_comm_isend(pc->pp_comm, &h, sizeof h, CT_DTYPE_U8, 0, TAG_HEADER));
+    ct_comm_wait(pc->pp_comm, ct_comm_isend(pc->pp_comm, &h, sizeof h, CT_DTYPE_U8, 0, TAG_HEADER));
     ct_comm_wait(pc->pp_comm, ct_comm_isend(pc->pp_comm, global, numel, CT_DTYPE_F32, 0, TAG_DATA));
 }
 
@@ -153,10 +152,10 @@ static void check_tied_twin(stream *s) {
     if (!replicas_agree(embed, crc)) note_mismatch(s, "wte", "tied-embedding (first/last stage)");
 }
 
-ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_fn sink,
-                          void *ctx, int64_t *n_checked) {
-    stream s = {.model = m, .dp = dp, .pctx = pctx, .sink = sink, .sink_ctx = ctx,
-                .unit_in_buf = -1};
+ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_fn sink, void *ctx,
+                          int64_t *n_checked) {
+    stream s = {
+        .model = m, .dp = dp, .pctx = pctx, .sink = sink, .sink_ctx = ctx, .unit_in_buf = -1};
     const int n_groups = (int)m->L + 2;
     /* Which stage holds each group, and how many tensors and elements it has: every rank fills
      * in its own groups, the world takes the maximum. */
@@ -215,7 +214,8 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
     return pctx->world_size > 1 ? ct_mpi_agree(st) : st;
 }
 
-/* ---- the dump file ---------------------------------------------------------------------------- */
+/* ---- the dump file ----------------------------------------------------------------------------
+ */
 
 struct ct_param_dump {
     char *path;
@@ -240,8 +240,8 @@ ct_status ct_param_dump_open(ct_param_dump **out, const char *path) {
     d->index = d->data ? fopen(index_path, "w") : NULL;
     ct_status st = CT_OK;
     if (!d->data || !d->index) {
-        ct_error(CT_ERR_INPUT, "cannot open the parameter dump '%s': %s", d->data ? index_path : path,
-                 strerror(errno));
+        ct_error(CT_ERR_INPUT, "cannot open the parameter dump '%s': %s",
+                 d->data ? index_path : path, strerror(errno));
         ct_hint("check that the directory exists and is writable (--dump-params)");
         if (d->data) fclose(d->data);
         free(d->path);

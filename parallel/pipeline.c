@@ -21,9 +21,9 @@ struct ct_pipeline {
     int64_t B;
     ct_acts **pool; /* free activation contexts, all allocated up front */
     int n_pool, pool_size;
-    ct_acts **acts;      /* [m] context of each microbatch in flight, or NULL */
-    int *backwards_left; /* [m] local chunks whose backward is still to run */
-    int *forwards_left;  /* [m] local chunks whose forward is still to run (forward-only) */
+    ct_acts **acts;              /* [m] context of each microbatch in flight, or NULL */
+    int *backwards_left;         /* [m] local chunks whose backward is still to run */
+    int *forwards_left;          /* [m] local chunks whose forward is still to run (forward-only) */
     ct_pipeline_head_fn head_fn; /* called after each forward of the chunk with the LM head */
     void *head_ctx;
     ct_grad_scratch *scratch;

@@ -506,8 +506,8 @@ bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_c
                                      "rank %d receives %s of microbatch %d across chunks %d|%d "
                                      "as its message %d on that channel, which carries "
                                      "microbatch %d",
-                                     r, grad ? "gradients" : "activations", a->mb, lower,
-                                     lower + 1, k, k < n_sent[ch] ? sent[(size_t)ch * m + k] : -1);
+                                     r, grad ? "gradients" : "activations", a->mb, lower, lower + 1,
+                                     k, k < n_sent[ch] ? sent[(size_t)ch * m + k] : -1);
                     }
                 }
             }

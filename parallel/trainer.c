@@ -281,8 +281,7 @@ static ct_status open_inputs(trainer *t) {
         ct_config_print(cfg, f);
         bool written = fflush(f) == 0 && !ferror(f);
         if (fclose(f) != 0 || !written) {
-            ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", path,
-                     strerror(errno));
+            ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
             ct_hint("check free space in log.run_dir");
             return CT_ERR_RUNTIME;
         }
@@ -345,8 +344,7 @@ static ct_status read_batch(trainer *t, ct_dataset *ds, int64_t first) {
 }
 
 /* Microbatch mb of the step buffers (host, B·T each). */
-static void microbatch_tokens(trainer *t, int mb, const int32_t **tokens,
-                              const int32_t **targets) {
+static void microbatch_tokens(trainer *t, int mb, const int32_t **tokens, const int32_t **targets) {
     int64_t n = t->cfg->train.micro_batch * t->cfg->model.seq_len;
     *tokens = t->step_inputs + mb * n;
     *targets = t->step_targets + mb * n;
@@ -611,7 +609,8 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     return total;
 }
 
-/* ---- parameters kept in memory (ct_train_options.keep_params) --------------------------------- */
+/* ---- parameters kept in memory (ct_train_options.keep_params) ---------------------------------
+ */
 
 typedef struct param_copy {
     float *data;
@@ -648,8 +647,7 @@ static ct_status export_params(trainer *t, const char *dump_path, bool keep, par
     if (dump_path) CT_TRY(ct_param_dump_write(t->model, t->dp, t->pctx, dump_path));
     if (!keep) return CT_OK;
     memset(copy, 0, sizeof *copy);
-    return ct_param_stream(t->model, t->dp, t->pctx, t->rank0 ? param_copy_sink : NULL, copy,
-                           NULL);
+    return ct_param_stream(t->model, t->dp, t->pctx, t->rank0 ? param_copy_sink : NULL, copy, NULL);
 }
 
 ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
@@ -679,10 +677,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     const float dloss = (float)(1.0 / tokens_per_step);
     /* Per-step traffic the formulas predict (data_parallel.h; ct_expected_tp_bytes), exact: the
      * dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
-    const double dp_bytes_expected =
-        t.dp_size > 1 ? ct_dp_expected_step_bytes(t.dp, (int)accum) +
-                            (double)ct_zero_scalar_allreduce_bytes(t.dp_size)
-                      : 0.0;
+    const double dp_bytes_expected = t.dp_size > 1
+                                         ? ct_dp_expected_step_bytes(t.dp, (int)accum) +
+                                               (double)ct_zero_scalar_allreduce_bytes(t.dp_size)
+                                         : 0.0;
     const double tp_bytes_expected = ct_expected_tp_bytes(cfg, &t.model->layout, accum);
     /* FLOPs per token for the whole model; every rank does 1/world of them. */
     const double flops_per_token = ct_model_flops_per_token(t.model) / t.pctx->world_size;
@@ -827,8 +825,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     ct_dp_exposed_seconds(t.dp), bubble, hw_peak > 0 ? achieved / hw_peak : 0.0,
                     gemm_rate > 0 ? achieved / gemm_rate : 0.0, finite ? "false" : "true",
                     (unsigned long long)step_dp_bytes, dp_bytes_expected,
-                    (unsigned long long)step_tp_bytes, tp_bytes_expected,
-                    ct_backend_mem_total(be));
+                    (unsigned long long)step_tp_bytes, tp_bytes_expected, ct_backend_mem_total(be));
             metrics_check(&t);
         }
         if (bad_in_a_row >= cfg->train.max_bad_steps) {

@@ -68,8 +68,7 @@ static void fill(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
 
 /* The tiny model of test_util.h, 8 layers on 8 positions, over the grid's pp stages and dp
  * replicas, 2·pp microbatches of one sequence per replica. */
-static void pipeline_config(ct_config *cfg, const ct_pctx *pctx, ct_schedule_choice choice,
-                            int v) {
+static void pipeline_config(ct_config *cfg, const ct_pctx *pctx, ct_schedule_choice choice, int v) {
     test_tiny_config(cfg, NULL);
     cfg->model.seq_len = 8;
     cfg->model.n_layer = 8;
@@ -191,8 +190,7 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice c
     int64_t n = cfg.model.seq_len;
     batch b = {.n = n, .replica = pctx->dp_rank, .m = m};
     ct_dp_begin_step(dp, m);
-    double loss =
-        ct_pipeline_run(pipe, true, (float)(1.0 / (double)(dp_size * m * n)), fill, &b);
+    double loss = ct_pipeline_run(pipe, true, (float)(1.0 / (double)(dp_size * m * n)), fill, &b);
     ct_dp_finish_backward(dp);
     ct_dp_sync_tied(dp, pctx->embed_comm);
     ct_comm_allreduce(pctx->pp_comm, &loss, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
@@ -241,8 +239,8 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice c
     int r = pctx->pp_rank;
     ct_sim_result sim = ct_schedule_simulate(ct_pipeline_schedule(pipe), 2.0);
     snprintf(what, sizeof what,
-             "%s pp=%d dp=%d m=%d: activations held at once = simulated peak (%d)", name,
-             pctx->pp, dp_size, m, sim.peak_inflight_mb[r]);
+             "%s pp=%d dp=%d m=%d: activations held at once = simulated peak (%d)", name, pctx->pp,
+             dp_size, m, sim.peak_inflight_mb[r]);
     report(ct_pipeline_peak_inflight(pipe) == sim.peak_inflight_mb[r], what);
     ct_sim_result_release(&sim);
 
@@ -256,8 +254,8 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice c
         float *both = ct_xmalloc(2 * (size_t)nw * sizeof(float));
         ct_comm_allgather(pctx->embed_comm, mine, both, 2 * nw, CT_DTYPE_F32);
         snprintf(what, sizeof what,
-                 "%s pp=%d dp=%d: tied embedding copies identical after the update", name,
-                 pctx->pp, dp_size);
+                 "%s pp=%d dp=%d: tied embedding copies identical after the update", name, pctx->pp,
+                 dp_size);
         report(memcmp(both, both + nw, (size_t)nw * sizeof(float)) == 0, what);
         free(mine), free(both);
     }

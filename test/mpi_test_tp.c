@@ -93,9 +93,9 @@ static void perturb(ct_model *m) {
         int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
-                h[r * cols + c] += (float)(0.1 * ct_rng_normal(99, stream,
-                                                                (uint64_t)((row0 + r) * gcols +
-                                                                           col0 + c)));
+                h[r * cols + c] +=
+                    (float)(0.1 *
+                            ct_rng_normal(99, stream, (uint64_t)((row0 + r) * gcols + col0 + c)));
         ct_tensor_from_host(p->value, h);
         free(h);
     }

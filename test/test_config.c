@@ -510,10 +510,10 @@ static int64_t auto_choice(const char *yaml, const char *set, int64_t world) {
 static void auto_micro_batch(void **state) {
     (void)state;
     const char *g16 = "train:\n  global_batch: 16\n";
-    assert_int_equal(auto_choice(g16, NULL, 1), 16);                         /* 16·256 tokens */
-    assert_int_equal(auto_choice(g16, NULL, 4), 4);                          /* 16 / dp 4 */
-    assert_int_equal(auto_choice(g16, "model.seq_len=2048", 1), 4);          /* 8192 / 2048 */
-    assert_int_equal(auto_choice(g16, "model.seq_len=100000", 1), 1);        /* at least 1 */
+    assert_int_equal(auto_choice(g16, NULL, 1), 16);                  /* 16·256 tokens */
+    assert_int_equal(auto_choice(g16, NULL, 4), 4);                   /* 16 / dp 4 */
+    assert_int_equal(auto_choice(g16, "model.seq_len=2048", 1), 4);   /* 8192 / 2048 */
+    assert_int_equal(auto_choice(g16, "model.seq_len=100000", 1), 1); /* at least 1 */
     assert_int_equal(auto_choice("train:\n  global_batch: 12\n", NULL, 1), 12);
     assert_int_equal(auto_choice("train:\n  global_batch: 24\n", "model.seq_len=1024", 1), 8);
     /* pp 2: at least 8 microbatches of 16 -> 2; interleaved: m a multiple of pp too. */

@@ -112,18 +112,20 @@ static inline void test_tiny_config(ct_config *cfg, const char *train_path) {
  * layout) must train the same model: test/compare_runs.py derives the tolerance and states why
  * it is right; this is its check for in-process results (ct_train_options.keep_params). Per step
  * the relative error is e = 10·sqrt(2·L·G·T)·2^-24; losses and gradient norms agree within
- * e·step (the norm sees a wrongly scaled gradient that AdamW would hide from the parameters), and every tensor within e·steps of how far it moved,
+ * e·step (the norm sees a wrongly scaled gradient that AdamW would hide from the parameters), and
+ * every tensor within e·steps of how far it moved,
  *     ||run − ref|| <= e·steps·max(||ref − init||, 0.1·lr·steps·sqrt(n)).
  * NaN or Inf anywhere fails. Prints the worst tensor; returns true when everything matches.
  */
 static inline bool test_runs_match(const ct_config *cfg, const ct_train_result *ref,
                                    const ct_train_result *run, const char *what) {
-    const double e = 10.0 * sqrt(2.0 * (double)cfg->model.n_layer *
-                                 (double)(cfg->train.global_batch * cfg->model.seq_len)) *
+    const double e = 10.0 *
+                     sqrt(2.0 * (double)cfg->model.n_layer *
+                          (double)(cfg->train.global_batch * cfg->model.seq_len)) *
                      ldexp(1.0, -24);
     const int64_t steps = cfg->train.steps;
-    bool ok = ref->steps_done == steps && run->steps_done == steps && ref->n_spans == run->n_spans &&
-              ref->n_params == run->n_params && ref->n_spans > 0;
+    bool ok = ref->steps_done == steps && run->steps_done == steps &&
+              ref->n_spans == run->n_spans && ref->n_params == run->n_params && ref->n_spans > 0;
     for (int64_t s = 0; ok && s < steps; s++) {
         double a = ref->losses[s], b = run->losses[s];
         double na = ref->grad_norms[s], nb = run->grad_norms[s];

@@ -35,10 +35,8 @@ for pos in range(64, len(data) - 1, 2 * 33):  # 64-byte header, 2-byte tokens
     data[pos:pos + 2] = (200).to_bytes(2, "little")
 open(sys.argv[2], "wb").write(data)
 PY
-here=$(pwd)
-expect_exit 2 "a token id out of range on one rank" -- "${MPIRUN[@]}" -np 2 bash -c \
-    'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \
-    "$tmp" "$here/$BIN" "$here"
+rank_dirs_command "$tmp"
+expect_exit 2 "a token id out of range on one rank" -- "${RANK_CMD[@]}"
 expect_text "rank 1: data shard train.bin is corrupt: token 200" "the bad token, its shard and the rank are named"
 expect_text "hint:" "the bad token has a hint"
 exactly_one_message "the bad token"

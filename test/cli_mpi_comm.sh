@@ -23,35 +23,31 @@ fi
 
 now_ms() { date +%s%3N; }
 
-for np in 1 2 4 8; do
+# run_program LABEL NP [MODE]: mpi_test_comm at NP ranks, its own lines relayed, and one check
+# that it exits 0 (with the time it took).
+run_program() {
+    local label=$1 np=$2 t0 t1 out rc
+    shift 2
     t0=$(now_ms)
-    out=$(timeout 300 mpirun "${mpirun_args[@]}" -np "$np" "$exe" 2>&1)
+    out=$(timeout 300 mpirun "${mpirun_args[@]}" -np "$np" "$exe" "$@" 2>&1)
     rc=$?
     t1=$(now_ms)
     # The program's own lines ("ok npN ...", "FAIL npN ...", and indented details).
-    printf '%s\n' "$out" | grep -E '^(ok |FAIL |    rank )'
+    printf '%s\n' "$out" | grep -E '^(ok |FAIL |    rank |mpi_test_comm big )'
     if [ "$rc" = 0 ]; then
-        ok "mpi_test_comm at $np ranks exits 0 ($(( (t1 - t0) / 1000 )).$(( (t1 - t0) % 1000 / 100 )) s)"
+        ok "$label at $np ranks exits 0 ($(( (t1 - t0) / 1000 )).$(( (t1 - t0) % 1000 / 100 )) s)"
     else
-        fail "mpi_test_comm at $np ranks exits 0 (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
+        fail "$label at $np ranks exits 0 (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
         printf '%s\n' "$out" | grep -vE '^(ok |FAIL )' | tail -15 | sed 's/^/    /'
     fi
-done
+}
+
+for np in 1 2 4 8; do run_program mpi_test_comm "$np"; done
 
 # Counts above INT_MAX for real, with the default chunk limit: 2 ranks only (the buffers are
 # 4 GiB per rank; more ranks would only multiply the memory). The program skips, with an "ok ...
 # (skipped: ...)" line, where the machine cannot hold them.
-t0=$(now_ms)
-out=$(timeout 300 mpirun "${mpirun_args[@]}" -np 2 "$exe" big 2>&1)
-rc=$?
-t1=$(now_ms)
-printf '%s\n' "$out" | grep -E '^(ok |FAIL |    rank |mpi_test_comm big )'
-if [ "$rc" = 0 ]; then
-    ok "mpi_test_comm big (> INT_MAX elements) at 2 ranks exits 0 ($(( (t1 - t0) / 1000 )).$(( (t1 - t0) % 1000 / 100 )) s)"
-else
-    fail "mpi_test_comm big (> INT_MAX elements) at 2 ranks exits 0 (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
-    printf '%s\n' "$out" | grep -vE '^(ok |FAIL )' | tail -15 | sed 's/^/    /'
-fi
+run_program "mpi_test_comm big (> INT_MAX elements)" 2 big
 
 # watchdog_run NP MODE WANT...   (every WANT must appear in the output)
 watchdog_run() {

@@ -87,9 +87,7 @@ expect_text "global_batch" "indivisible batch names train.global_batch"
 # relative, so rank 1 cannot open it. Both must stop with exit 2.
 mkdir -p "$tmp/rank0" "$tmp/rank1"
 cp "$TEST_DATA/train.bin" "$tmp/rank0/train.bin"
-here=$(pwd)
-expect_exit 2 "data file missing on one rank" -- "${MPIRUN[@]}" -np 2 bash -c \
-    'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \
-    "$tmp" "$here/$BIN" "$here"
+rank_dirs_command "$tmp"
+expect_exit 2 "data file missing on one rank" -- "${RANK_CMD[@]}"
 expect_text "rank 1" "the failing rank is named"
 expect_text "train.bin" "the missing file is named"

@@ -55,6 +55,17 @@ run_mpi_program() {
     fi
 }
 
+# rank_dirs_command DIR: sets RANK_CMD to a 2-rank job whose rank R trains configs/test-tiny.yaml
+# inside DIR/rankR on a relative data.train=train.bin, so each rank reads its own file (a file
+# missing or corrupt on one rank only).
+rank_dirs_command() {
+    local here
+    here=$(pwd)
+    RANK_CMD=("${MPIRUN[@]}" -np 2 bash -c \
+        'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \
+        "$1" "$here/$BIN" "$here")
+}
+
 # The byte-level test corpus (fortunes text, every byte a token < 123) that configs/test-tiny.yaml
 # trains on, made by scripts/prepare_corpus.sh --byte-level; sets TEST_DATA (train.bin, val.bin)
 # and TEST_TEXT (the text itself). run_tests.sh prepares it before any test runs.

@@ -84,12 +84,27 @@ class GPT(nn.Module):
 
 def print_backend():
     """The library lines of PyTorch's build configuration: which BLAS, which CPU kernels."""
-    keep = ("BLAS", "LAPACK", "MKL", "OpenMP", "CPU capability", "oneDNN", "MKLDNN", "PyTorch built")
     print("torch %s" % torch.__version__)
     for line in torch.__config__.show().splitlines():
         line = line.strip(" -")
-        if any(k in line for k in keep):
-            print("torch config: " + line)
+        if line.startswith("Build settings:"):
+            settings = dict(kv.split("=", 1) for kv in line[len("Build settings:"):].split(", ")
+                            if "=" in kv)
+            line = "build: " + ", ".join("%s=%s" % (k.strip(), settings[k].strip(" ,"))
+                                         for k in settings
+                                         if k.strip() in ("BLAS_INFO", "LAPACK_INFO",
+                                                          "USE_MKLDNN", "USE_OPENMP"))
+        elif not any(k in line for k in ("MKL", "OpenMP", "CPU capability", "oneDNN")):
+            continue
+        print("torch config: " + line)
+    # "generic" BLAS is whatever libblas.so.3 the system links: name the file really loaded.
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    try:
+        libs = sorted(set(line.split()[-1] for line in open("/proc/self/maps")
+                          if "blas" in line.lower() and "/" in line))
+        print("torch BLAS loaded: " + (", ".join(libs) or "none found in /proc/self/maps"))
+    except OSError:
+        pass
     print("torch threads: %d" % torch.get_num_threads(), flush=True)
 
 

@@ -323,6 +323,24 @@ static void test_microbatch_equivalence(void **state) {
     ct_train_result_release(&ref);
 }
 
+/* A run gathers the model's parameters only when asked (--dump-params, keep_params): nothing is
+ * collected at the end of an ordinary run. */
+static void test_params_kept_only_when_asked(void **state) {
+    ct_config cfg;
+    test_tiny_config(&cfg, shard_path);
+    cfg.train.steps = 1;
+    cfg.train.warmup_steps = 1;
+    validated_config(&cfg);
+    ct_backend *be = ct_backend_cpu_new(1);
+    ct_train_result r;
+    assert_int_equal(ct_train_run(&cfg, be, NULL, NULL, &r), CT_OK);
+    assert_null(r.final_params);
+    assert_null(r.init_params);
+    assert_int_equal(r.n_spans, 0);
+    ct_train_result_release(&r);
+    ct_backend_free(be);
+}
+
 /* The same bytes with 1 and 2 threads: every reduction has a thread-independent order. */
 static void test_thread_determinism(void **state) {
     ct_config cfg;
@@ -401,6 +419,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_overfit_one_batch),
         cmocka_unit_test(test_microbatch_equivalence),
+        cmocka_unit_test(test_params_kept_only_when_asked),
         cmocka_unit_test(test_thread_determinism),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_loss_falls),

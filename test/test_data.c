@@ -246,13 +246,20 @@ static void test_missing_and_empty(void **state) {
     assert_open_rejected(p, 0, 100, p, "seq_len=0");
 }
 
-static void test_check_tokens_finds_bad_token(void **state) {
-    fixture *fx = *state;
-    char *p = path_in(fx, "badtok.bin");
-    write_ramp(p, 100, 0, 1, 100);
-    patch32(p, CT_SHARD_HEADER_BYTES + 2 * 40, 150 | (41u << 16)); /* token 40 → 150 */
+/* A ramp shard (token i at position i, vocab 100) whose token 40 is 150, opened with seq_len 8:
+ * the header is sound, so it opens; the token is out of range. */
+static ct_dataset *open_bad_token_shard(fixture *fx, const char *name, char **path) {
+    *path = path_in(fx, name);
+    write_ramp(*path, 100, 0, 1, 100);
+    patch32(*path, CT_SHARD_HEADER_BYTES + 2 * 40, 150 | (41u << 16)); /* token 40 → 150 */
     ct_dataset *ds;
-    assert_int_equal(ct_dataset_open(&ds, p, 8, 100, 1), CT_OK);
+    assert_int_equal(ct_dataset_open(&ds, *path, 8, 100, 1), CT_OK);
+    return ds;
+}
+
+static void test_check_tokens_finds_bad_token(void **state) {
+    char *p;
+    ct_dataset *ds = open_bad_token_shard(*state, "badtok.bin", &p);
     ct_error_clear();
     assert_int_equal(ct_dataset_check_tokens(ds), CT_ERR_INPUT);
     assert_non_null(strstr(ct_error_message(), p));
@@ -264,12 +271,8 @@ static void test_check_tokens_finds_bad_token(void **state) {
  * samples that hold the bad token (position 40 ends sample 4 and starts sample 5) are refused,
  * with the file and position named; the others read as before. */
 static void test_fill_rejects_bad_token(void **state) {
-    fixture *fx = *state;
-    char *p = path_in(fx, "badfill.bin");
-    write_ramp(p, 100, 0, 1, 100);
-    patch32(p, CT_SHARD_HEADER_BYTES + 2 * 40, 150 | (41u << 16)); /* token 40 → 150 */
-    ct_dataset *ds;
-    assert_int_equal(ct_dataset_open(&ds, p, 8, 100, 1), CT_OK);
+    char *p;
+    ct_dataset *ds = open_bad_token_shard(*state, "badfill.bin", &p);
     int32_t in[8], tg[8];
     int refused = 0;
     for (int64_t g = 0; g < ct_dataset_n_samples(ds); g++) {

@@ -35,6 +35,13 @@ else
   $(info hint: run `bash scripts/setup.sh` (or `make setup`) to install them with apt-get)
 endif
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
+# oneDNN (bf16 GEMMs, core/cpu_gemm.c) ships no pkg-config file in Debian: look for its header.
+HAVE_DNNL := $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),yes)
+ifneq ($(HAVE_DNNL),yes)
+  $(info make: required library missing: oneDNN (libdnnl-dev; /usr/include/oneapi/dnnl/dnnl.h).)
+  $(info hint: run `bash scripts/setup.sh` (or `make setup`) to install it with apt-get)
+endif
+LDLIBS  += -ldnnl
 
 # ---- optional: CUDA (chosen here and nowhere else) ------------------------------------------------
 NVCC := $(shell command -v nvcc 2>/dev/null)
@@ -57,7 +64,7 @@ TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
 report:
-	@echo "make: required: $(PKG_REQUIRED) $(if $(HAVE_PKGS),found,NOT FOUND); cmocka $(if $(HAVE_CMOCKA),found,NOT FOUND)"
+	@echo "make: required: $(PKG_REQUIRED) $(if $(HAVE_PKGS),found,NOT FOUND); cmocka $(if $(HAVE_CMOCKA),found,NOT FOUND); oneDNN $(if $(HAVE_DNNL),found,NOT FOUND (libdnnl-dev))"
 	@echo "make: optional: nvcc $(if $(NVCC),found ($(NVCC)),not found); CUDA backend: not part of this build yet"
 
 setup:

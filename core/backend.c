@@ -20,6 +20,7 @@ const char *ct_mem_category_name(ct_mem_category category) {
     case CT_MEM_PARAMS: return "params";
     case CT_MEM_GRADS: return "grads";
     case CT_MEM_OPTIM: return "optim";
+    case CT_MEM_MASTER: return "master";
     case CT_MEM_ACTS: return "acts";
     case CT_MEM_COMM: return "comm";
     case CT_MEM_GATHERED: return "gathered";
@@ -200,6 +201,26 @@ ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, con
     return t;
 }
 
+ct_tensor *ct_tensor_view_as(const ct_tensor *parent, ct_dtype dtype, size_t byte_offset, int ndim,
+                             const int64_t *shape) {
+    CT_ASSERT(parent != NULL);
+    size_t bytes = (size_t)shape_numel(ndim, shape) * ct_dtype_size(dtype);
+    CT_ASSERTF(byte_offset % ct_dtype_size(dtype) == 0 && byte_offset <= ct_tensor_bytes(parent) &&
+                   bytes <= ct_tensor_bytes(parent) - byte_offset,
+               "%s view of %zu bytes at byte %zu does not fit in %s", ct_dtype_name(dtype), bytes,
+               byte_offset, SH(parent));
+    ct_tensor *t = ct_xcalloc(1, sizeof *t);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    t->numel = shape_numel(ndim, shape);
+    t->backend = parent->backend;
+    t->data = (char *)parent->data + byte_offset;
+    t->owns_data = false;
+    t->category = parent->category;
+    return t;
+}
+
 ct_tensor *ct_tensor_new_unbound(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape) {
     ct_tensor *t = ct_xcalloc(1, sizeof *t);
     t->dtype = dtype;
@@ -290,11 +311,51 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
     be->iface->copy(be->ctx, dst->data, src->data, ct_tensor_bytes(dst));
 }
 
+uint16_t ct_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float ct_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void ct_tensor_from_host_f32(ct_tensor *dst, const float *src) {
+    if (dst->dtype == CT_DTYPE_F32) {
+        ct_tensor_from_host(dst, src);
+        return;
+    }
+    CT_ASSERTF(dst->dtype == CT_DTYPE_BF16, "from_host_f32 into %s", SH(dst));
+    uint16_t *h = ct_xmalloc((size_t)CT_MAX(1, dst->numel) * sizeof *h);
+    for (int64_t i = 0; i < dst->numel; i++) h[i] = ct_f32_to_bf16(src[i]);
+    ct_tensor_from_host(dst, h);
+    free(h);
+}
+
+void ct_tensor_to_host_f32(float *dst, const ct_tensor *src) {
+    if (src->dtype == CT_DTYPE_F32) {
+        ct_tensor_to_host(dst, src);
+        return;
+    }
+    CT_ASSERTF(src->dtype == CT_DTYPE_BF16, "to_host_f32 from %s", SH(src));
+    uint16_t *h = ct_xmalloc((size_t)CT_MAX(1, src->numel) * sizeof *h);
+    ct_tensor_to_host(h, src);
+    for (int64_t i = 0; i < src->numel; i++) dst[i] = ct_bf16_to_f32(h[i]);
+    free(h);
+}
+
 /* ---- op wrappers -------------------------------------------------------------------------- */
 
 #define ROWS(t) ct_tensor_rows(t)
 #define COLS(t) ct_tensor_cols(t)
 #define F32(t) ((float *)(t)->data)
+#define DATA(t) ((t)->data)
+#define DT(t) ((t)->dtype)
 #define I32(t) ((const int32_t *)(t)->data)
 #define IFACE(t) ((t)->backend->iface)
 
@@ -317,6 +378,20 @@ static void check_f32(const ct_tensor *t, const char *what) {
     CT_ASSERTF(t->dtype == CT_DTYPE_F32, "%s must be f32, got %s", what, SH(t));
 }
 
+/* An activation or parameter operand: f32 or bf16. */
+static void check_float(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_F32 || t->dtype == CT_DTYPE_BF16,
+               "%s must be f32 or bf16, got %s", what, SH(t));
+}
+
+/* Another activation or parameter operand of the same op: same dtype as `ref`. */
+static void check_like(const ct_tensor *t, const ct_tensor *ref, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == ref->dtype, "%s must be %s like the op's other operands, got %s", what,
+               ct_dtype_name(ref->dtype), SH(t));
+}
+
 static void check_i32(const ct_tensor *t, const char *what) {
     CT_ASSERTF(t != NULL, "%s is NULL", what);
     CT_ASSERTF(t->dtype == CT_DTYPE_I32, "%s must be i32, got %s", what, SH(t));
@@ -329,9 +404,11 @@ static void check_same_backend(const ct_tensor *a, const ct_tensor *b) {
 
 void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
              float alpha, float beta) {
-    check_f32(C, "gemm C");
-    check_f32(A, "gemm A");
-    check_f32(B, "gemm B");
+    check_float(A, "gemm A");
+    check_like(B, A, "gemm B");
+    check_float(C, "gemm C");
+    CT_ASSERTF(C->dtype == CT_DTYPE_F32 || A->dtype == CT_DTYPE_BF16,
+               "gemm: a bf16 C needs bf16 A and B, got A %s, C %s", SH(A), SH(C));
     check_same_backend(C, A);
     check_same_backend(C, B);
     int64_t M = ROWS(C), N = COLS(C);
@@ -342,74 +419,74 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
                "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
                SH(B), trans_b ? "^T" : "");
     double prof_t0_ = prof_begin(C);
-    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, F32(A), a_cols, F32(B), b_cols, beta,
-                   F32(C), N);
+    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols,
+                   beta, DATA(C), N, DT(A), DT(C));
     prof_end(C, CT_PROF_GEMM, prof_t0_);
 }
 
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
-    check_f32(out, "bias_add out");
-    check_f32(bias, "bias_add bias");
+    check_float(out, "bias_add out");
+    check_like(bias, out, "bias_add bias");
     check_same_backend(out, bias);
     CT_ASSERTF(bias->numel == COLS(out), "bias_add: bias %s does not match out %s", SH(bias),
                SH(out));
     double prof_t0_ = prof_begin(out);
-    IFACE(out)->bias_add(CTX(out), F32(out), F32(bias), ROWS(out), COLS(out));
+    IFACE(out)->bias_add(CTX(out), DT(out), DATA(out), DATA(bias), ROWS(out), COLS(out));
     prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residual) {
-    check_f32(out, "bias_init out");
-    check_f32(bias, "bias_init bias");
+    check_float(out, "bias_init out");
+    check_like(bias, out, "bias_init bias");
     check_same_backend(out, bias);
     CT_ASSERTF(bias->numel == COLS(out), "bias_init: bias %s does not match out %s", SH(bias),
                SH(out));
     if (residual) {
-        check_f32(residual, "bias_init residual");
+        check_like(residual, out, "bias_init residual");
         check_same_backend(out, residual);
         CT_ASSERTF(residual->numel == out->numel, "bias_init: residual %s does not match out %s",
                    SH(residual), SH(out));
     }
     double prof_t0_ = prof_begin(out);
-    IFACE(out)->bias_init(CTX(out), F32(out), F32(bias), residual ? F32(residual) : NULL, ROWS(out),
-                          COLS(out));
+    IFACE(out)->bias_init(CTX(out), DT(out), DATA(out), DATA(bias),
+                          residual ? DATA(residual) : NULL, ROWS(out), COLS(out));
     prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
     check_f32(dbias, "bias_grad dbias");
-    check_f32(dout, "bias_grad dout");
+    check_float(dout, "bias_grad dout");
     check_same_backend(dbias, dout);
     CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s", SH(dbias),
                SH(dout));
     double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->bias_grad(CTX(dout), F32(dbias), F32(dout), ROWS(dout), COLS(dout));
+    IFACE(dout)->bias_grad(CTX(dout), DT(dout), F32(dbias), DATA(dout), ROWS(dout), COLS(dout));
     prof_end(dout, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
-    check_f32(dst, "axpy dst");
-    check_f32(src, "axpy src");
+    check_float(dst, "axpy dst");
+    check_like(src, dst, "axpy src");
     check_same_backend(dst, src);
     CT_ASSERTF(dst->numel == src->numel, "axpy: dst %s and src %s differ in size", SH(dst),
                SH(src));
     double prof_t0_ = prof_begin(dst);
-    IFACE(dst)->axpy(CTX(dst), F32(dst), F32(src), alpha, dst->numel);
+    IFACE(dst)->axpy(CTX(dst), DT(dst), DATA(dst), DATA(src), alpha, dst->numel);
     prof_end(dst, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_scale(ct_tensor *x, float s) {
-    check_f32(x, "scale x");
+    check_float(x, "scale x");
     double prof_t0_ = prof_begin(x);
-    IFACE(x)->scale(CTX(x), F32(x), s, x->numel);
+    IFACE(x)->scale(CTX(x), DT(x), DATA(x), s, x->numel);
     prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
                       int64_t row_offset) {
-    check_f32(out, "embedding_fwd out");
+    check_float(out, "embedding_fwd out");
     check_i32(tokens, "embedding_fwd tokens");
-    check_f32(table, "embedding_fwd table");
+    check_like(table, out, "embedding_fwd table");
     check_same_backend(out, tokens);
     check_same_backend(out, table);
     CT_ASSERTF(ROWS(out) == tokens->numel && COLS(out) == COLS(table),
@@ -417,15 +494,15 @@ void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *
                SH(out), SH(tokens), SH(table));
     CT_ASSERTF(row_offset >= 0, "embedding_fwd: row_offset %lld < 0", (long long)row_offset);
     double prof_t0_ = prof_begin(out);
-    IFACE(out)->embedding_fwd(CTX(out), F32(out), I32(tokens), F32(table), ROWS(out), COLS(out),
-                              ROWS(table), row_offset);
+    IFACE(out)->embedding_fwd(CTX(out), DT(out), DATA(out), I32(tokens), DATA(table), ROWS(out),
+                              COLS(out), ROWS(table), row_offset);
     prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
                       int64_t row_offset) {
     check_f32(dtable, "embedding_bwd dtable");
-    check_f32(dout, "embedding_bwd dout");
+    check_float(dout, "embedding_bwd dout");
     check_i32(tokens, "embedding_bwd tokens");
     check_same_backend(dtable, dout);
     check_same_backend(dtable, tokens);
@@ -433,14 +510,14 @@ void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor 
                "embedding_bwd: dout %s, tokens %s, dtable %s", SH(dout), SH(tokens), SH(dtable));
     CT_ASSERTF(row_offset >= 0, "embedding_bwd: row_offset %lld < 0", (long long)row_offset);
     double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->embedding_bwd(CTX(dout), F32(dtable), F32(dout), I32(tokens), ROWS(dout),
-                               COLS(dout), ROWS(dtable), row_offset);
+    IFACE(dout)->embedding_bwd(CTX(dout), DT(dout), F32(dtable), DATA(dout), I32(tokens),
+                               ROWS(dout), COLS(dout), ROWS(dtable), row_offset);
     prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset) {
-    check_f32(out, "posemb_fwd out");
-    check_f32(wpe, "posemb_fwd wpe");
+    check_float(out, "posemb_fwd out");
+    check_like(wpe, out, "posemb_fwd wpe");
     check_same_backend(out, wpe);
     int64_t C = COLS(out);
     CT_ASSERTF(B >= 0 && T >= 0 && out->numel == B * T * C && COLS(wpe) == C,
@@ -450,14 +527,14 @@ void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, i
                "posemb_fwd: positions [%lld, %lld) outside wpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(wpe));
     double prof_t0_ = prof_begin(out);
-    IFACE(out)->posemb_fwd(CTX(out), F32(out), F32(wpe), B, T, C, pos_offset);
+    IFACE(out)->posemb_fwd(CTX(out), DT(out), DATA(out), DATA(wpe), B, T, C, pos_offset);
     prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
                    int64_t pos_offset) {
     check_f32(dwpe, "posemb_bwd dwpe");
-    check_f32(dout, "posemb_bwd dout");
+    check_float(dout, "posemb_bwd dout");
     check_same_backend(dwpe, dout);
     int64_t C = COLS(dout);
     CT_ASSERTF(B >= 0 && T >= 0 && dout->numel == B * T * C && COLS(dwpe) == C,
@@ -467,18 +544,18 @@ void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
                "posemb_bwd: positions [%lld, %lld) outside dwpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(dwpe));
     double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->posemb_bwd(CTX(dout), F32(dwpe), F32(dout), B, T, C, pos_offset);
+    IFACE(dout)->posemb_bwd(CTX(dout), DT(dout), F32(dwpe), DATA(dout), B, T, C, pos_offset);
     prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
 }
 
 void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
                       const ct_tensor *w, const ct_tensor *b) {
-    check_f32(out, "layernorm_fwd out");
+    check_float(inp, "layernorm_fwd inp");
+    check_like(out, inp, "layernorm_fwd out");
     check_f32(mean, "layernorm_fwd mean");
     check_f32(rstd, "layernorm_fwd rstd");
-    check_f32(inp, "layernorm_fwd inp");
-    check_f32(w, "layernorm_fwd w");
-    check_f32(b, "layernorm_fwd b");
+    check_like(w, inp, "layernorm_fwd w");
+    check_like(b, inp, "layernorm_fwd b");
     check_same_backend(out, inp);
     int64_t N = ROWS(inp), C = COLS(inp);
     CT_ASSERTF(ROWS(out) == N && COLS(out) == C && mean->numel == N && rstd->numel == N &&
@@ -486,20 +563,20 @@ void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct
                "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
                SH(rstd), SH(inp), SH(w), SH(b));
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->layernorm_fwd(CTX(inp), F32(out), F32(mean), F32(rstd), F32(inp), F32(w), F32(b), N,
-                              C);
+    IFACE(inp)->layernorm_fwd(CTX(inp), DT(inp), DATA(out), F32(mean), F32(rstd), DATA(inp),
+                              DATA(w), DATA(b), N, C);
     prof_end(inp, CT_PROF_NORM, prof_t0_);
 }
 
 void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
                       const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
                       const ct_tensor *rstd) {
-    check_f32(dinp, "layernorm_bwd dinp");
+    check_float(inp, "layernorm_bwd inp");
+    check_like(dinp, inp, "layernorm_bwd dinp");
     check_f32(dw, "layernorm_bwd dw");
     check_f32(db, "layernorm_bwd db");
-    check_f32(dout, "layernorm_bwd dout");
-    check_f32(inp, "layernorm_bwd inp");
-    check_f32(w, "layernorm_bwd w");
+    check_like(dout, inp, "layernorm_bwd dout");
+    check_like(w, inp, "layernorm_bwd w");
     check_f32(mean, "layernorm_bwd mean");
     check_f32(rstd, "layernorm_bwd rstd");
     check_same_backend(dinp, inp);
@@ -510,25 +587,25 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
                "layernorm_bwd: dinp %s, dw %s, db %s, dout %s, inp %s, w %s, mean %s, rstd %s",
                SH(dinp), SH(dw), SH(db), SH(dout), SH(inp), SH(w), SH(mean), SH(rstd));
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->layernorm_bwd(CTX(inp), F32(dinp), F32(dw), F32(db), F32(dout), F32(inp), F32(w),
-                              F32(mean), F32(rstd), N, C);
+    IFACE(inp)->layernorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), F32(db), DATA(dout),
+                              DATA(inp), DATA(w), F32(mean), F32(rstd), N, C);
     prof_end(inp, CT_PROF_NORM, prof_t0_);
 }
 
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
-    check_f32(out, "gelu_fwd out");
-    check_f32(inp, "gelu_fwd inp");
+    check_float(inp, "gelu_fwd inp");
+    check_like(out, inp, "gelu_fwd out");
     check_same_backend(out, inp);
     CT_ASSERTF(out->numel == inp->numel, "gelu_fwd: out %s, inp %s", SH(out), SH(inp));
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->gelu_fwd(CTX(inp), F32(out), F32(inp), inp->numel);
+    IFACE(inp)->gelu_fwd(CTX(inp), DT(inp), DATA(out), DATA(inp), inp->numel);
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
 void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout) {
-    check_f32(dinp, "gelu_bwd dinp");
-    check_f32(inp, "gelu_bwd inp");
-    check_f32(dout, "gelu_bwd dout");
+    check_float(inp, "gelu_bwd inp");
+    check_like(dinp, inp, "gelu_bwd dinp");
+    check_like(dout, inp, "gelu_bwd dout");
     check_same_backend(dinp, inp);
     CT_ASSERTF(dinp->numel == inp->numel && dout->numel == inp->numel,
                "gelu_bwd: dinp %s, inp %s, dout %s", SH(dinp), SH(inp), SH(dout));
@@ -541,7 +618,8 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
         N = ROWS(inp), C = COLS(inp);
     }
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->gelu_bwd(CTX(inp), F32(dinp), dbias ? F32(dbias) : NULL, F32(inp), F32(dout), N, C);
+    IFACE(inp)->gelu_bwd(CTX(inp), DT(inp), DATA(dinp), dbias ? F32(dbias) : NULL, DATA(inp),
+                         DATA(dout), N, C);
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
@@ -568,23 +646,24 @@ static int64_t attention_head_dim(const char *op, const ct_tensor *qkv, const ct
 
 void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int64_t B, int64_t T,
                       int64_t n_head, int64_t n_kv_head) {
-    check_f32(out, "attention_fwd out");
+    check_float(qkv, "attention_fwd qkv");
+    check_like(out, qkv, "attention_fwd out");
     check_f32(lse, "attention_fwd lse");
-    check_f32(qkv, "attention_fwd qkv");
     check_same_backend(out, qkv);
     int64_t hd = attention_head_dim("attention_fwd", qkv, out, lse, B, T, n_head, n_kv_head);
     double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_fwd(CTX(qkv), F32(out), F32(lse), F32(qkv), B, T, n_head, n_kv_head, hd);
+    IFACE(qkv)->attention_fwd(CTX(qkv), DT(qkv), DATA(out), F32(lse), DATA(qkv), B, T, n_head,
+                              n_kv_head, hd);
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
 void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                       const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse, int64_t B,
                       int64_t T, int64_t n_head, int64_t n_kv_head) {
-    check_f32(dqkv, "attention_bwd dqkv");
-    check_f32(dout, "attention_bwd dout");
-    check_f32(qkv, "attention_bwd qkv");
-    check_f32(out, "attention_bwd out");
+    check_float(qkv, "attention_bwd qkv");
+    check_like(dqkv, qkv, "attention_bwd dqkv");
+    check_like(dout, qkv, "attention_bwd dout");
+    check_like(out, qkv, "attention_bwd out");
     check_f32(lse, "attention_bwd lse");
     check_same_backend(dqkv, qkv);
     int64_t hd = attention_head_dim("attention_bwd", qkv, out, lse, B, T, n_head, n_kv_head);
@@ -598,8 +677,9 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                    SH(dbias), SH(qkv));
     }
     double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_bwd(CTX(qkv), F32(dqkv), dbias ? F32(dbias) : NULL, F32(dout), F32(qkv),
-                              F32(out), F32(lse), B, T, n_head, n_kv_head, hd);
+    IFACE(qkv)->attention_bwd(CTX(qkv), DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL,
+                              DATA(dout), DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head,
+                              hd);
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
@@ -611,14 +691,14 @@ static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_v
 
 void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid) {
     check_f32(rowmax, "xent_rowmax rowmax");
-    check_f32(logits, "xent_rowmax logits");
+    check_float(logits, "xent_rowmax logits");
     check_same_backend(rowmax, logits);
     check_xent_cols("xent_rowmax", logits, n_valid);
     CT_ASSERTF(rowmax->numel == ROWS(logits), "xent_rowmax: rowmax %s vs logits %s", SH(rowmax),
                SH(logits));
     double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_rowmax(CTX(logits), F32(rowmax), F32(logits), ROWS(logits), COLS(logits),
-                               n_valid);
+    IFACE(logits)->xent_rowmax(CTX(logits), DT(logits), F32(rowmax), DATA(logits), ROWS(logits),
+                               COLS(logits), n_valid);
     prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
@@ -627,7 +707,7 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logit
                     int64_t col_offset, bool keep_exp) {
     check_f32(sumexp, "xent_sumexp sumexp");
     check_f32(target_logit, "xent_sumexp target_logit");
-    check_f32(logits, "xent_sumexp logits");
+    check_float(logits, "xent_sumexp logits");
     check_i32(targets, "xent_sumexp targets");
     check_f32(rowmax, "xent_sumexp rowmax");
     check_same_backend(sumexp, logits);
@@ -638,9 +718,9 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logit
                "xent_sumexp: sumexp %s, target_logit %s, targets %s, rowmax %s vs logits %s",
                SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
     double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_sumexp(CTX(logits), F32(sumexp), F32(target_logit), F32(logits),
-                               I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset,
-                               keep_exp);
+    IFACE(logits)->xent_sumexp(CTX(logits), DT(logits), F32(sumexp), F32(target_logit),
+                               DATA(logits), I32(targets), F32(rowmax), N, COLS(logits), n_valid,
+                               col_offset, keep_exp);
     prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
@@ -648,7 +728,7 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                     const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
                     int64_t n_valid, int64_t col_offset, float dloss, bool write_grad) {
     check_f32(losses, "xent_finish losses");
-    check_f32(logits, "xent_finish logits");
+    check_float(logits, "xent_finish logits");
     check_i32(targets, "xent_finish targets");
     check_f32(rowmax, "xent_finish rowmax");
     check_f32(sumexp, "xent_finish sumexp");
@@ -662,14 +742,15 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                "logits %s",
                SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
     double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_finish(CTX(logits), F32(losses), F32(logits), I32(targets), F32(rowmax),
-                               F32(sumexp), F32(target_logit), N, COLS(logits), n_valid, col_offset,
-                               dloss, write_grad);
+    IFACE(logits)->xent_finish(CTX(logits), DT(logits), F32(losses), DATA(logits), I32(targets),
+                               F32(rowmax), F32(sumexp), F32(target_logit), N, COLS(logits),
+                               n_valid, col_offset, dloss, write_grad);
     prof_end(logits, CT_PROF_LOSS, prof_t0_);
 }
 
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
-              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp) {
+              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+              ct_tensor *param_copy) {
     check_f32(param, "adamw param");
     check_f32(grad, "adamw grad");
     check_f32(m, "adamw m");
@@ -681,6 +762,12 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
     CT_ASSERTF(grad->numel == n && m->numel == n && v->numel == n,
                "adamw: param %s, grad %s, m %s, v %s must have equal length", SH(param), SH(grad),
                SH(m), SH(v));
+    if (param_copy) {
+        check_float(param_copy, "adamw param_copy");
+        check_same_backend(param, param_copy);
+        CT_ASSERTF(param_copy->numel == n, "adamw: param_copy %s vs param %s", SH(param_copy),
+                   SH(param));
+    }
     CT_ASSERTF(hp != NULL && hp->step >= 1, "adamw: step must be >= 1 (1-based)");
     CT_ASSERTF(n_segments >= 0 && (n_segments == 0 || segments != NULL), "adamw: %d segments",
                n_segments);
@@ -691,7 +778,8 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
                    (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
     double prof_t0_ = prof_begin(param);
     IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments,
-                        hp);
+                        hp, param_copy ? DATA(param_copy) : NULL,
+                        param_copy ? DT(param_copy) : CT_DTYPE_F32);
     prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
 }
 

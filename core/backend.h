@@ -30,7 +30,8 @@
 typedef enum ct_mem_category {
     CT_MEM_PARAMS = 0,
     CT_MEM_GRADS,
-    CT_MEM_OPTIM,
+    CT_MEM_OPTIM,  /* AdamW m and v (fp32) */
+    CT_MEM_MASTER, /* fp32 master weights (bf16 mixed precision only) */
     CT_MEM_ACTS,
     CT_MEM_COMM,
     CT_MEM_GATHERED,
@@ -68,6 +69,18 @@ typedef struct ct_adamw_hparams {
 
 /*
  * The slots. Pointers are backend memory. Optional slots may be NULL (default written beside).
+ *
+ * Precision. Every op that touches activations takes `dt`, the storage dtype of its activations
+ * and of the parameters it reads: CT_DTYPE_F32 (train.precision fp32) or CT_DTYPE_BF16 (bf16
+ * mixed precision). Those pointers are `void *` and hold dt elements. Everything else is fp32 in
+ * both modes and typed `float *`: parameter gradients (dw, db, dbias, dtable, dwpe — they
+ * accumulate across microbatches), statistics (mean, rstd, lse, rowmax, sumexp, target_logit,
+ * losses), optimizer state and master weights. Arithmetic is fp32 throughout (bf16 values are
+ * widened on load and rounded to nearest even on store), and reductions accumulate in fp32 or
+ * wider. So a backend provides, for each precision:
+ *   fp32: every slot with dt = F32 (the exact reference);
+ *   bf16: every slot with dt = BF16, gemm with bf16 A and B into an f32 or bf16 C, adamw writing
+ *         a bf16 copy of the updated fp32 master weights, and cast.
  */
 struct ct_backend_i {
     const char *name;
@@ -81,55 +94,64 @@ struct ct_backend_i {
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
 
     /* C(M,N) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_*; lda/ldb/ldc
-     * are row strides in elements. */
+     * are row strides in elements. A and B hold ab_dtype elements, C c_dtype (f32/f32, bf16/f32
+     * or bf16/bf16); products accumulate in fp32. beta = 0 never reads C. */
     void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                 float *C, int64_t ldc);
+                 float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                 void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 
-    void (*bias_add)(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
-    void (*bias_init)(void *ctx, float *out, const float *bias, const float *residual, int64_t N,
-                      int64_t C); /* residual may be NULL */
-    void (*bias_grad)(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
-    void (*axpy)(void *ctx, float *dst, const float *src, float alpha, int64_t n);
-    void (*scale)(void *ctx, float *x, float s, int64_t n);
+    void (*bias_add)(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N, int64_t C);
+    void (*bias_init)(void *ctx, ct_dtype dt, void *out, const void *bias, const void *residual,
+                      int64_t N, int64_t C); /* residual may be NULL */
+    void (*bias_grad)(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
+                      int64_t C);
+    void (*axpy)(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
+    void (*scale)(void *ctx, ct_dtype dt, void *x, float s, int64_t n);
 
-    void (*embedding_fwd)(void *ctx, float *out, const int32_t *tokens, const float *table,
-                          int64_t N, int64_t C, int64_t rows, int64_t row_offset);
-    void (*embedding_bwd)(void *ctx, float *dtable, const float *dout, const int32_t *tokens,
-                          int64_t N, int64_t C, int64_t rows, int64_t row_offset);
-    void (*posemb_fwd)(void *ctx, float *out, const float *wpe, int64_t B, int64_t T, int64_t C,
-                       int64_t pos_offset);
-    void (*posemb_bwd)(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T, int64_t C,
-                       int64_t pos_offset);
+    void (*embedding_fwd)(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
+                          const void *table, int64_t N, int64_t C, int64_t rows,
+                          int64_t row_offset);
+    void (*embedding_bwd)(void *ctx, ct_dtype dt, float *dtable, const void *dout,
+                          const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
+                          int64_t row_offset);
+    void (*posemb_fwd)(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B, int64_t T,
+                       int64_t C, int64_t pos_offset);
+    void (*posemb_bwd)(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
+                       int64_t T, int64_t C, int64_t pos_offset);
 
-    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int64_t N, int64_t C);
-    void (*layernorm_bwd)(void *ctx, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean, const float *rstd,
-                          int64_t N, int64_t C);
+    void (*layernorm_fwd)(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
+                          const void *inp, const void *w, const void *b, int64_t N, int64_t C);
+    void (*layernorm_bwd)(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
+                          const void *dout, const void *inp, const void *w, const float *mean,
+                          const float *rstd, int64_t N, int64_t C);
 
-    void (*gelu_fwd)(void *ctx, float *out, const float *inp, int64_t n);
-    void (*gelu_bwd)(void *ctx, float *dinp, float *dbias, const float *inp, const float *dout,
-                     int64_t N, int64_t C); /* dbias may be NULL */
+    void (*gelu_fwd)(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n);
+    void (*gelu_bwd)(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
+                     const void *dout, int64_t N, int64_t C); /* dbias may be NULL */
 
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
+    void (*attention_fwd)(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
+                          int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                          int64_t head_dim);
+    void (*attention_bwd)(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
+                          const void *qkv, const void *out, const float *lse, int64_t B, int64_t T,
                           int64_t n_head, int64_t n_kv_head, int64_t head_dim);
-    void (*attention_bwd)(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
-                          int64_t n_kv_head, int64_t head_dim);
 
-    void (*xent_rowmax)(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
-                        int64_t n_valid);
-    void (*xent_sumexp)(void *ctx, float *sumexp, float *target_logit, float *logits,
+    void (*xent_rowmax)(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
+                        int64_t V, int64_t n_valid);
+    void (*xent_sumexp)(void *ctx, ct_dtype dt, float *sumexp, float *target_logit, void *logits,
                         const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
                         int64_t n_valid, int64_t col_offset, bool keep_exp);
-    void (*xent_finish)(void *ctx, float *losses, float *logits_to_grad, const int32_t *targets,
-                        const float *rowmax, const float *sumexp, const float *target_logit,
-                        int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
-                        bool write_grad);
+    void (*xent_finish)(void *ctx, ct_dtype dt, float *losses, void *logits_to_grad,
+                        const int32_t *targets, const float *rowmax, const float *sumexp,
+                        const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
+                        int64_t col_offset, float dloss, bool write_grad);
 
+    /* AdamW on fp32 weights (the parameters in fp32 mode, the master weights in bf16 mode);
+     * when param_copy is not NULL every updated element is also stored there as copy_dtype
+     * (the bf16 parameters the model computes with). */
     void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v,
-                  const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp);
+                  const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+                  void *param_copy, ct_dtype copy_dtype);
     void (*sumsq)(void *ctx, float *out, const float *x, int64_t n);
 
     void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
@@ -212,6 +234,10 @@ ct_tensor *ct_tensor_new_2d(ct_backend *be, ct_dtype dtype, int64_t rows, int64_
 ct_tensor *ct_tensor_view(const ct_tensor *parent, int64_t offset, int ndim, const int64_t *shape);
 ct_tensor *ct_tensor_view_1d(const ct_tensor *parent, int64_t offset, int64_t n);
 ct_tensor *ct_tensor_view_2d(const ct_tensor *parent, int64_t offset, int64_t rows, int64_t cols);
+/* A view of `dtype` elements starting `byte_offset` bytes into `parent` (any dtype; the offset
+ * a multiple of dtype's size): one activation slab holds tensors of several dtypes. */
+ct_tensor *ct_tensor_view_as(const ct_tensor *parent, ct_dtype dtype, size_t byte_offset, int ndim,
+                             const int64_t *shape);
 /* A view handle with no memory yet (data NULL); bind it with ct_tensor_rebind. Used for tensors
  * whose storage moves: ZeRO-3 parameters live in a gathered buffer only while in use. */
 ct_tensor *ct_tensor_new_unbound(ct_backend *be, ct_dtype dtype, int ndim, const int64_t *shape);
@@ -229,10 +255,20 @@ void ct_tensor_zero(ct_tensor *t);
 void ct_tensor_from_host(ct_tensor *dst, const void *src); /* copies ct_tensor_bytes(dst) */
 void ct_tensor_to_host(void *dst, const ct_tensor *src);
 void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src); /* same dtype and numel */
+/* Host fp32 values to and from an f32 or bf16 tensor (converted on the host; bf16 rounds to
+ * nearest even): how parameters are initialised, dumped and checked whatever their dtype. */
+void ct_tensor_from_host_f32(ct_tensor *dst, const float *src);
+void ct_tensor_to_host_f32(float *dst, const ct_tensor *src);
+/* Host conversions (round to nearest even; NaN stays NaN). */
+uint16_t ct_f32_to_bf16(float f);
+float ct_bf16_to_f32(uint16_t h);
 
-/* ---- ops (thin wrappers; shapes in comments) ------------------------------------------------ */
+/* ---- ops (thin wrappers; shapes in comments) ------------------------------------------------ *
+ * Activation and parameter tensors of one op share a dtype, f32 or bf16 (the slot's `dt`);
+ * parameter gradients and statistics are f32 (see the slot table). */
 
-/* C(M,N) = alpha·op(A)·op(B) + beta·C. 2-D views, or N-D treated as (rows, last dim). */
+/* C(M,N) = alpha·op(A)·op(B) + beta·C. 2-D views, or N-D treated as (rows, last dim). A and B
+ * share a dtype; C is f32, or bf16 when A and B are. */
 void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
              float alpha, float beta);
 /* out(N,C) += bias(C) */
@@ -312,9 +348,12 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                     const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
                     int64_t n_valid, int64_t col_offset, float dloss, bool write_grad);
 
-/* AdamW on flat 1-D views of equal length; only elements covered by a segment are updated. */
+/* AdamW on flat 1-D f32 views of equal length; only elements covered by a segment are updated.
+ * param is the fp32 copy the optimizer owns (the parameters themselves in fp32 mode, the master
+ * weights in bf16 mode); param_copy (NULL: none) gets the updated values in its own dtype. */
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
-              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp);
+              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+              ct_tensor *param_copy);
 /* out[index] = sum of x² (computed in double, fixed chunking; out is an f32 1-D tensor). */
 void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x);
 /* Elementwise dtype conversion (f32 <-> bf16, round to nearest even). */

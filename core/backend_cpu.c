@@ -1,8 +1,9 @@
 /*
- * backend_cpu.c — the CPU backend: every slot of struct ct_backend_i for fp32 (bf16 only in cast
- * and fill). It is the numerical reference the other backends are tested against, and it is meant
- * to be fast on a few cores:
- *   - GEMMs go to OpenBLAS (cblas_sgemm, row-major, transposes passed as flags);
+ * backend_cpu.c — the CPU backend: every slot of struct ct_backend_i, for fp32 and bf16 (see
+ * "bf16: the slots" near the end). It is the numerical reference the other backends are tested
+ * against, and it is meant to be fast on a few cores:
+ *   - fp32 GEMMs go to OpenBLAS (cblas_sgemm, row-major, transposes passed as flags), bf16 GEMMs
+ *     to oneDNN's matmul (cpu_gemm.h: AMX or AVX512-BF16 kernels, fp32 accumulation);
  *   - every other op is an OpenMP loop over rows / elements with vectorisable inner loops;
  *   - one thread pool: OpenMP for our loops and the OpenMP build of OpenBLAS. A cblas call made
  *     inside one of our parallel regions runs single-threaded, which is what attention wants.
@@ -39,6 +40,8 @@
 #include "backend.h"
 
 #include <cblas.h>
+
+#include "cpu_gemm.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -67,10 +70,14 @@ enum {
     EW_BLOCK = 1024,      /* elements per block of an elementwise loop (4 KiB of floats) */
 };
 
+enum { N_STAGE = 5 }; /* most operands of one op staged through fp32 (attention backward) */
+
 typedef struct cpu_ctx {
     int n_threads;
     void *ws; /* workspace, 64-byte aligned, ws_bytes long */
     size_t ws_bytes;
+    float *stage[N_STAGE]; /* bf16 operands widened to fp32 (see "bf16" below) */
+    size_t stage_bytes[N_STAGE];
 } cpu_ctx;
 
 #define CT_PRAGMA(x) _Pragma(#x)
@@ -1017,8 +1024,8 @@ static void cpu_xent_finish(void *ctx, float *losses, float *logits, const int32
  * (1 - beta1) and (1 - beta2) are computed in float.
  */
 static void cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
-                      const ct_adamw_segment *segments, int n_segments,
-                      const ct_adamw_hparams *hp) {
+                      const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+                      void *param_copy, ct_dtype copy_dtype) {
     cpu_ctx *c = ctx;
     const float b1 = hp->beta1, b2 = hp->beta2, one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
     const float bc1 = (float)(1.0 - pow((double)b1, (double)hp->step));
@@ -1039,6 +1046,16 @@ static void cpu_adamw(void *ctx, float *param, const float *grad, float *m, floa
             p[i] = fmaf(-lr, upd, p[i]);
             ms[i] = mi;
             vs[i] = vi;
+        }
+        /* The bf16 parameters the model computes with: the updated master weights, rounded. */
+        if (param_copy && copy_dtype == CT_DTYPE_BF16) {
+            uint16_t *pc = (uint16_t *)param_copy + off;
+            CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+            for (int64_t i = 0; i < n; i++) pc[i] = f32_to_bf16(p[i]);
+        } else if (param_copy) {
+            CT_ASSERTF(copy_dtype == CT_DTYPE_F32, "adamw: param copy of dtype %s",
+                       ct_dtype_name(copy_dtype));
+            memcpy((float *)param_copy + off, p, (size_t)n * sizeof(float));
         }
     }
 }
@@ -1088,6 +1105,249 @@ static void cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, 
         CT_ASSERTF(0, "cpu cast: %s -> %s is not supported", ct_dtype_name(src_dtype),
                    ct_dtype_name(dst_dtype));
     }
+}
+
+/* ---- bf16: the slots ------------------------------------------------------------------------
+ *
+ * Each slot takes the storage dtype of its activations and parameters (backend.h). fp32 goes
+ * straight to the kernels above. bf16 runs the same kernels on fp32 copies: every bf16 operand is
+ * widened into a staging buffer (exact: a bf16 value is an fp32 value), the kernel runs in fp32,
+ * and every output is rounded back to nearest even. So the bf16 path computes exactly what the
+ * fp32 reference computes on the rounded inputs, rounded once at the end — the numerics mixed
+ * precision promises (fp32 arithmetic and accumulation, bf16 storage) — at the price of one extra
+ * pass over each operand. GEMMs are the exception: oneDNN reads bf16 directly (cpu_gemm.h).
+ */
+
+/* Staging buffer k, at least n floats. */
+static float *stage_buf(cpu_ctx *c, int k, int64_t n) {
+    size_t bytes = (size_t)CT_MAX(n, 1) * sizeof(float);
+    if (bytes > c->stage_bytes[k]) {
+        free(c->stage[k]);
+        c->stage_bytes[k] = round_up(bytes, 64);
+        c->stage[k] = aligned_alloc(64, c->stage_bytes[k]);
+        CT_ASSERTF(c->stage[k] != NULL, "cpu backend: out of memory for a %zu-byte bf16 stage",
+                   c->stage_bytes[k]);
+    }
+    return c->stage[k];
+}
+
+static void widen(cpu_ctx *c, float *dst, const uint16_t *src, int64_t n) {
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
+static void narrow(cpu_ctx *c, uint16_t *dst, const float *src, int64_t n) {
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+/* An input operand as fp32: the pointer itself for f32, else widened into staging buffer k. */
+static const float *in_f32(cpu_ctx *c, int k, ct_dtype dt, const void *p, int64_t n) {
+    if (dt == CT_DTYPE_F32 || !p) return p;
+    float *f = stage_buf(c, k, n);
+    widen(c, f, p, n);
+    return f;
+}
+
+/* An output operand as fp32: the pointer itself for f32, else staging buffer k — holding the
+ * widened current values when the op reads them (accumulates or updates in place). */
+static float *out_f32(cpu_ctx *c, int k, ct_dtype dt, void *p, int64_t n, bool reads) {
+    if (dt == CT_DTYPE_F32) return p;
+    float *f = stage_buf(c, k, n);
+    if (reads) widen(c, f, p, n);
+    return f;
+}
+
+/* Stores an output obtained from out_f32 (bf16: rounded to nearest even). */
+static void out_done(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t n) {
+    if (dt != CT_DTYPE_F32) narrow(c, p, f, n);
+}
+
+static void slot_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                      float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+    cpu_ctx *c = ctx;
+    if (ab_dtype == CT_DTYPE_F32 && c_dtype == CT_DTYPE_F32) {
+        cpu_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    CT_ASSERTF(ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs into a %s C", ct_dtype_name(ab_dtype),
+               ct_dtype_name(c_dtype));
+    if (M == 0 || N == 0) return;
+    if (K == 0) { /* C = beta·C, row by row (C may be strided) */
+        for (int64_t i = 0; i < M; i++) {
+            void *row = (char *)C + (size_t)(i * ldc) * ct_dtype_size(c_dtype);
+            float *f = out_f32(c, 0, c_dtype, row, N, beta != 0.0f);
+            for (int64_t j = 0; j < N; j++) f[j] = beta == 0.0f ? 0.0f : beta * f[j];
+            out_done(c, c_dtype, row, f, N);
+        }
+        return;
+    }
+    if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
+    ct_cpu_gemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+                       c_dtype);
+}
+
+static void slot_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
+                          int64_t C) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, N * C, true);
+    cpu_bias_add(c, o, in_f32(c, 1, dt, bias, C), N, C);
+    out_done(c, dt, out, o, N * C);
+}
+
+static void slot_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
+                           const void *residual, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, N * C, false);
+    cpu_bias_init(c, o, in_f32(c, 1, dt, bias, C), in_f32(c, 2, dt, residual, N * C), N, C);
+    out_done(c, dt, out, o, N * C);
+}
+
+static void slot_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
+                           int64_t C) {
+    cpu_ctx *c = ctx;
+    cpu_bias_grad(c, dbias, in_f32(c, 0, dt, dout, N * C), N, C);
+}
+
+static void slot_axpy(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n) {
+    cpu_ctx *c = ctx;
+    float *d = out_f32(c, 0, dt, dst, n, true);
+    cpu_axpy(c, d, in_f32(c, 1, dt, src, n), alpha, n);
+    out_done(c, dt, dst, d, n);
+}
+
+static void slot_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
+    cpu_ctx *c = ctx;
+    float *f = out_f32(c, 0, dt, x, n, true);
+    cpu_scale(c, f, s, n);
+    out_done(c, dt, x, f, n);
+}
+
+static void slot_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
+                               const void *table, int64_t N, int64_t C, int64_t rows,
+                               int64_t row_offset) {
+    cpu_ctx *c = ctx;
+    if (dt == CT_DTYPE_BF16) {
+        /* A row gather: copy the bf16 rows as they are (no arithmetic to widen for). */
+        const uint16_t *tab = table;
+        uint16_t *o = out;
+        PARALLEL_FOR(threads_for(c, N * C))
+        for (int64_t i = 0; i < N; i++) {
+            int64_t r = (int64_t)tokens[i] - row_offset;
+            if (r >= 0 && r < rows)
+                memcpy(o + i * C, tab + r * C, (size_t)C * sizeof(uint16_t));
+            else
+                memset(o + i * C, 0, (size_t)C * sizeof(uint16_t));
+        }
+        return;
+    }
+    cpu_embedding_fwd(c, out, tokens, table, N, C, rows, row_offset);
+}
+
+static void slot_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
+                               const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
+                               int64_t row_offset) {
+    cpu_ctx *c = ctx;
+    cpu_embedding_bwd(c, dtable, in_f32(c, 0, dt, dout, N * C), tokens, N, C, rows, row_offset);
+}
+
+static void slot_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B,
+                            int64_t T, int64_t C, int64_t pos_offset) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, B * T * C, true);
+    cpu_posemb_fwd(c, o, in_f32(c, 1, dt, wpe, (pos_offset + T) * C), B, T, C, pos_offset);
+    out_done(c, dt, out, o, B * T * C);
+}
+
+static void slot_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
+                            int64_t T, int64_t C, int64_t pos_offset) {
+    cpu_ctx *c = ctx;
+    cpu_posemb_bwd(c, dwpe, in_f32(c, 0, dt, dout, B * T * C), B, T, C, pos_offset);
+}
+
+static void slot_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
+                               const void *inp, const void *w, const void *b, int64_t N,
+                               int64_t C) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, N * C, false);
+    cpu_layernorm_fwd(c, o, mean, rstd, in_f32(c, 1, dt, inp, N * C), in_f32(c, 2, dt, w, C),
+                      in_f32(c, 3, dt, b, C), N, C);
+    out_done(c, dt, out, o, N * C);
+}
+
+static void slot_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
+                               const void *dout, const void *inp, const void *w, const float *mean,
+                               const float *rstd, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    float *di = out_f32(c, 0, dt, dinp, N * C, true); /* accumulates */
+    cpu_layernorm_bwd(c, di, dw, db, in_f32(c, 1, dt, dout, N * C), in_f32(c, 2, dt, inp, N * C),
+                      in_f32(c, 3, dt, w, C), mean, rstd, N, C);
+    out_done(c, dt, dinp, di, N * C);
+}
+
+static void slot_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, n, false);
+    cpu_gelu_fwd(c, o, in_f32(c, 1, dt, inp, n), n);
+    out_done(c, dt, out, o, n);
+}
+
+static void slot_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
+                          const void *dout, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    const float *dO = in_f32(c, 1, dt, dout, N * C); /* before dinp's stage: they may alias */
+    float *di = out_f32(c, 0, dt, dinp, N * C, false);
+    cpu_gelu_bwd(c, di, dbias, in_f32(c, 2, dt, inp, N * C), dO, N, C);
+    out_done(c, dt, dinp, di, N * C);
+}
+
+static void slot_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
+                               int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                               int64_t hd) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd;
+    float *o = out_f32(c, 0, dt, out, n_out, false);
+    cpu_attention_fwd(c, o, lse, in_f32(c, 1, dt, qkv, n_qkv), B, T, n_head, n_kv_head, hd);
+    out_done(c, dt, out, o, n_out);
+}
+
+static void slot_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
+                               const void *qkv, const void *out, const float *lse, int64_t B,
+                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd;
+    float *dq = out_f32(c, 0, dt, dqkv, n_qkv, false);
+    cpu_attention_bwd(c, dq, dbias, in_f32(c, 1, dt, dout, n_out), in_f32(c, 2, dt, qkv, n_qkv),
+                      in_f32(c, 3, dt, out, n_out), lse, B, T, n_head, n_kv_head, hd);
+    out_done(c, dt, dqkv, dq, n_qkv);
+}
+
+static void slot_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
+                             int64_t V, int64_t n_valid) {
+    cpu_ctx *c = ctx;
+    cpu_xent_rowmax(c, rowmax, in_f32(c, 0, dt, logits, N * V), N, V, n_valid);
+}
+
+static void slot_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *target_logit,
+                             void *logits, const int32_t *targets, const float *rowmax, int64_t N,
+                             int64_t V, int64_t n_valid, int64_t col_offset, bool keep_exp) {
+    cpu_ctx *c = ctx;
+    float *l = out_f32(c, 0, dt, logits, N * V, true);
+    cpu_xent_sumexp(c, sumexp, target_logit, l, targets, rowmax, N, V, n_valid, col_offset,
+                    keep_exp);
+    if (keep_exp) out_done(c, dt, logits, l, N * V);
+}
+
+static void slot_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits,
+                             const int32_t *targets, const float *rowmax, const float *sumexp,
+                             const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
+                             int64_t col_offset, float dloss, bool write_grad) {
+    cpu_ctx *c = ctx;
+    float *l = out_f32(c, 0, dt, logits, N * V, write_grad);
+    cpu_xent_finish(c, losses, l, targets, rowmax, sumexp, target_logit, N, V, n_valid, col_offset,
+                    dloss, write_grad);
+    if (write_grad) out_done(c, dt, logits, l, N * V);
 }
 
 /* ---- the backend ---------------------------------------------------------------------------- */
@@ -1151,6 +1411,7 @@ static double cpu_peak_flops(void *ctx, char *how, size_t how_cap) {
 static void cpu_free_backend(void *ctx) {
     cpu_ctx *c = ctx;
     free(c->ws);
+    for (int k = 0; k < N_STAGE; k++) free(c->stage[k]);
     free(c);
 }
 
@@ -1162,25 +1423,25 @@ static const struct ct_backend_i cpu_iface = {
     .copy_from_host = cpu_copy_host,
     .copy_to_host = cpu_copy_host,
     .copy = cpu_copy,
-    .gemm = cpu_gemm,
-    .bias_add = cpu_bias_add,
-    .bias_init = cpu_bias_init,
-    .bias_grad = cpu_bias_grad,
-    .axpy = cpu_axpy,
-    .scale = cpu_scale,
-    .embedding_fwd = cpu_embedding_fwd,
-    .embedding_bwd = cpu_embedding_bwd,
-    .posemb_fwd = cpu_posemb_fwd,
-    .posemb_bwd = cpu_posemb_bwd,
-    .layernorm_fwd = cpu_layernorm_fwd,
-    .layernorm_bwd = cpu_layernorm_bwd,
-    .gelu_fwd = cpu_gelu_fwd,
-    .gelu_bwd = cpu_gelu_bwd,
-    .attention_fwd = cpu_attention_fwd,
-    .attention_bwd = cpu_attention_bwd,
-    .xent_rowmax = cpu_xent_rowmax,
-    .xent_sumexp = cpu_xent_sumexp,
-    .xent_finish = cpu_xent_finish,
+    .gemm = slot_gemm,
+    .bias_add = slot_bias_add,
+    .bias_init = slot_bias_init,
+    .bias_grad = slot_bias_grad,
+    .axpy = slot_axpy,
+    .scale = slot_scale,
+    .embedding_fwd = slot_embedding_fwd,
+    .embedding_bwd = slot_embedding_bwd,
+    .posemb_fwd = slot_posemb_fwd,
+    .posemb_bwd = slot_posemb_bwd,
+    .layernorm_fwd = slot_layernorm_fwd,
+    .layernorm_bwd = slot_layernorm_bwd,
+    .gelu_fwd = slot_gelu_fwd,
+    .gelu_bwd = slot_gelu_bwd,
+    .attention_fwd = slot_attention_fwd,
+    .attention_bwd = slot_attention_bwd,
+    .xent_rowmax = slot_xent_rowmax,
+    .xent_sumexp = slot_xent_sumexp,
+    .xent_finish = slot_xent_finish,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .cast = cpu_cast,

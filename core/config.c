@@ -23,6 +23,8 @@
  */
 #include "config.h"
 
+#include "cpu_gemm.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -73,7 +75,8 @@ typedef struct config_key {
 
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
 static const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", NULL};
-static const char *const precision_names[] = {"fp32", "bf16", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", "auto", NULL};
+static const char *const reduce_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
 
 static const char *const sections[] = {"model", "parallel", "train", "data", "checkpoint", "log"};
@@ -130,8 +133,9 @@ static const config_key keys[] = {
             "of a rank's parameters; 0 = one unit per layer"},
     {KEY(parallel, timeout_s, KEY_FLOAT), .def = "300", ABOVE(0),
      .doc = "a collective unfinished after this many seconds aborts the job with a report"},
-    {KEY(parallel, grad_reduce_dtype, KEY_ENUM), .choices = precision_names, .def = "fp32",
-     .doc = "dtype of the data-parallel gradient reduction (bf16 needs train.precision bf16)"},
+    {KEY(parallel, grad_reduce_dtype, KEY_ENUM), .choices = reduce_dtype_names, .def = "fp32",
+     .doc = "dtype of the data-parallel gradient reduction: bf16 halves its traffic (needs "
+            "train.precision bf16)"},
 
     /* train */
     {KEY(train, steps, KEY_INT), .def = "100", AT_LEAST(1), .doc = "optimizer steps to run"},
@@ -160,7 +164,9 @@ static const config_key keys[] = {
     {KEY(train, seed, KEY_UINT64), .def = "1337",
      .doc = "seed of parameter initialisation and data order"},
     {KEY(train, precision, KEY_ENUM), .choices = precision_names, .def = "fp32",
-     .doc = "fp32 everywhere, or bf16 with fp32 master weights (CUDA backend only)"},
+     .doc = "fp32 everywhere (exact), or bf16 mixed precision: bf16 parameters and activations, "
+            "fp32 master weights, optimizer state and accumulation; auto = bf16 where the "
+            "hardware multiplies bf16 natively (CPU: AMX or AVX512-BF16), else fp32"},
     {KEY(train, recompute, KEY_ENUM), .choices = recompute_names, .def = "none",
      .doc = "activation recompute: full keeps only each layer's input and recomputes the rest"},
     {KEY(train, eval_interval, KEY_INT), .def = "0", AT_LEAST(0),
@@ -1284,20 +1290,31 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     if (m->arch == CT_ARCH_LLAMA)
         return with_hint(ct_error(CT_ERR_INPUT, "model.arch=llama is not implemented yet"),
                          "use model.arch: gpt2 for now (Llama-style blocks are planned)");
-    if (t->precision == CT_PRECISION_BF16 && !cfg->runtime_backend_cuda)
-        return with_hint(ct_error(CT_ERR_INPUT, "train.precision=bf16 needs the CUDA backend"),
-                         "the CPU backend computes in fp32: set train.precision: fp32, or run "
-                         "with --backend cuda on a GPU build");
+    ct_precision precision = t->precision;
+    char precision_why[96];
+    snprintf(precision_why, sizeof precision_why, "train.precision: %s",
+             precision_names[t->precision]);
+    if (precision == CT_PRECISION_AUTO) {
+        char what[80];
+        bool native = cfg->runtime_backend_cuda || ct_cpu_has_native_bf16(what, sizeof what);
+        precision = native ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+        snprintf(precision_why, sizeof precision_why, "auto: %s",
+                 cfg->runtime_backend_cuda ? "GPU" : what);
+    }
     /* Reducing fp32 gradients in bf16 would only lose precision and break the equality of
      * layouts (DESIGN §5); bf16 reduction is an option of bf16 training. */
-    if (p->grad_reduce_dtype == CT_PRECISION_BF16 && t->precision != CT_PRECISION_BF16)
-        return with_hint(
-            ct_error(CT_ERR_INPUT, "parallel.grad_reduce_dtype=bf16 needs train.precision=bf16"),
-            "fp32 training reduces gradients in fp32: remove "
-            "parallel.grad_reduce_dtype or set it to fp32");
+    if (p->grad_reduce_dtype == CT_PRECISION_BF16 && precision != CT_PRECISION_BF16)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.grad_reduce_dtype=bf16 needs bf16 training, but "
+                                  "train.precision is fp32 (%s)",
+                                  precision_why),
+                         "fp32 training reduces gradients in fp32: remove "
+                         "parallel.grad_reduce_dtype or set it to fp32");
 
     ct_derived_config d;
     memset(&d, 0, sizeof d);
+    d.precision = precision;
+    snprintf(d.precision_why, sizeof d.precision_why, "%s", precision_why);
     d.world_size = world_size;
     d.vocab_padded = (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad;
     d.n_kv_head = m->n_kv_head ? m->n_kv_head : m->n_head;
@@ -1585,12 +1602,14 @@ void ct_config_print(const ct_config *cfg, FILE *out) {
             "#   micro_batch: %lld%s\n"
             "#   grad_accum: %lld\n"
             "#   tokens_per_step: %lld\n"
-            "#   n_params: %lld (%s)\n",
+            "#   n_params: %lld (%s)\n"
+            "#   precision: %s (%s)\n",
             (long long)d->world_size, (long long)d->dp, (long long)d->vocab_padded,
             (long long)d->head_dim, (long long)d->d_ff, (long long)d->n_kv_head,
             (long long)cfg->train.micro_batch,
             cfg->train.micro_batch_auto ? " (auto: see train.micro_batch)" : "",
-            (long long)d->grad_accum, (long long)d->tokens_per_step, (long long)d->n_params, count);
+            (long long)d->grad_accum, (long long)d->tokens_per_step, (long long)d->n_params, count,
+            d->precision == CT_PRECISION_BF16 ? "bf16" : "fp32", d->precision_why);
 }
 
 /* Markdown table cells: a '|' inside a cell would end it. */

@@ -27,7 +27,9 @@ typedef enum ct_schedule_choice {
     CT_SCHEDULE_GPIPE,
     CT_SCHEDULE_INTERLEAVED
 } ct_schedule_choice;
-typedef enum ct_precision { CT_PRECISION_FP32 = 0, CT_PRECISION_BF16 } ct_precision;
+/* train.precision (AUTO is resolved by ct_config_validate into derived.precision) and
+ * parallel.grad_reduce_dtype (FP32 or BF16 only). */
+typedef enum ct_precision { CT_PRECISION_FP32 = 0, CT_PRECISION_BF16, CT_PRECISION_AUTO } ct_precision;
 typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recompute;
 
 typedef struct ct_model_config {
@@ -108,6 +110,8 @@ typedef struct ct_derived_config {
     int64_t head_dim;        /* d_model / n_head */
     int64_t grad_accum;      /* global_batch / (micro_batch · dp) */
     int64_t n_params;        /* parameters of the model (tied embedding once, padding included) */
+    ct_precision precision;  /* train.precision resolved: FP32 or BF16 (never AUTO) */
+    char precision_why[96];  /* how it was chosen, e.g. "auto: the CPU has avx512_bf16" */
     int64_t tokens_per_step; /* global_batch · seq_len */
 } ct_derived_config;
 
@@ -119,8 +123,8 @@ typedef struct ct_config {
     ct_checkpoint_config checkpoint;
     ct_log_config log;
     ct_derived_config derived;
-    /* Not a YAML key: cmd sets it from `--backend cuda` before ct_config_validate, which rejects
-     * train.precision=bf16 while it is false (the CPU backend is fp32 only). Default false. */
+    /* Not a YAML key: cmd sets it from `--backend cuda` before ct_config_validate, whose
+     * train.precision=auto then picks bf16 (a GPU multiplies bf16 natively). Default false. */
     bool runtime_backend_cuda;
 } ct_config;
 
@@ -156,5 +160,10 @@ void ct_config_print(const ct_config *cfg, FILE *out);
 /* Writes a Markdown table of every key (section.key, type and allowed values, default, meaning),
  * straight from the key table; configs/README.md embeds it (test/gen_config_docs.c prints it). */
 void ct_config_write_docs(FILE *out);
+
+/* The storage dtype of parameters and activations for a resolved precision (FP32 or BF16). */
+static inline ct_dtype ct_precision_dtype(ct_precision precision) {
+    return precision == CT_PRECISION_BF16 ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+}
 
 #endif /* CT_CONFIG_H */

@@ -275,6 +275,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->Vp = cfg->derived.vocab_padded;
     m->seed = cfg->train.seed;
     m->be = be;
+    m->dtype = ct_precision_dtype(cfg->train.precision);
     m->layout = *layout;
     if (!m->layout.tp) m->layout.tp = ct_comm_local_new("tp");
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
@@ -312,7 +313,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     }
     m->slab_numel = slab;
     if (!layout->shard_params) {
-        m->param_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_PARAMS);
+        m->param_slab = ct_tensor_new_1d(be, m->dtype, slab, CT_MEM_PARAMS);
         if (!m->param_slab) goto oom;
     }
     if (!layout->shard_grads) {
@@ -322,12 +323,12 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     for (int u = 0; u < m->n_units; u++) {
         ct_unit *unit = &m->units[u];
         int64_t n = unit->padded_numel;
-        unit->params = ct_tensor_new_unbound(be, CT_DTYPE_F32, 1, &n);
+        unit->params = ct_tensor_new_unbound(be, m->dtype, 1, &n);
         unit->grads = ct_tensor_new_unbound(be, CT_DTYPE_F32, 1, &n);
         for (int i = 0; i < unit->n_params; i++) {
             ct_param *p = &m->params[unit->first_param + i];
             int64_t shape[2] = {p->local_shape[0], p->local_shape[1]};
-            p->value = ct_tensor_new_unbound(be, CT_DTYPE_F32, p->ndim, shape);
+            p->value = ct_tensor_new_unbound(be, m->dtype, p->ndim, shape);
             p->grad = ct_tensor_new_unbound(be, CT_DTYPE_F32, p->ndim, shape);
         }
         if (m->param_slab) ct_model_bind_unit_params(m, u, m->param_slab, unit->slab_offset);
@@ -399,8 +400,8 @@ ct_param *ct_model_find_param(ct_model *m, const char *name) {
     return NULL;
 }
 
-static void init_param(ct_model *m, ct_param *p) {
-    float *host = ct_xmalloc((size_t)p->numel * sizeof(float));
+/* Writes parameter p's initial fp32 values (its local slice, numel floats) into host. */
+static void init_param_host(ct_model *m, const ct_param *p, float *host) {
     /* A tied twin draws from the stream of the tensor it is tied to: same bytes. */
     uint64_t stream = ct_rng_hash_name(p->tied_to ? p->tied_to : p->name);
     int64_t rows = p->local_shape[0], cols = p->local_shape[1];
@@ -425,15 +426,24 @@ static void init_param(ct_model *m, ct_param *p) {
             host[r * cols + c] = v;
         }
     }
-    ct_tensor_from_host(p->value, host);
-    free(host);
+}
+
+void ct_model_init_unit_host(const ct_model *m, int u, float *host) {
+    const ct_unit *unit = &m->units[u];
+    memset(host, 0, (size_t)unit->padded_numel * sizeof(float)); /* padding after the last one */
+    for (int i = 0; i < unit->n_params; i++) {
+        const ct_param *p = &m->params[unit->first_param + i];
+        init_param_host((ct_model *)m, p, host + p->offset);
+    }
 }
 
 void ct_model_init_unit(ct_model *m, int u) {
     ct_unit *unit = &m->units[u];
     CT_ASSERTF(unit->params->data != NULL, "unit %s has no parameter buffer bound", unit->name);
-    ct_tensor_zero(unit->params); /* the padding after the last tensor */
-    for (int i = 0; i < unit->n_params; i++) init_param(m, &m->params[unit->first_param + i]);
+    float *host = ct_xmalloc((size_t)unit->padded_numel * sizeof(float));
+    ct_model_init_unit_host(m, u, host);
+    ct_tensor_from_host_f32(unit->params, host); /* rounded once to bf16 in bf16 mode */
+    free(host);
 }
 
 void ct_model_init_params(ct_model *m) {
@@ -461,40 +471,47 @@ double ct_model_flops_per_token(const ct_model *m) {
 /* ---- activations ------------------------------------------------------------------------------
  */
 
-/* Carves views out of one slab; with slab == NULL it only counts. */
+/* Carves views out of one byte slab (activations in the model's dtype, statistics in f32); with
+ * slab == NULL it only counts. Every view starts on a 64-byte boundary. */
 typedef struct carver {
     ct_tensor *slab;
-    int64_t used;
+    size_t used; /* bytes */
 } carver;
 
-static ct_tensor *carve(carver *cv, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+static ct_tensor *carve_as(carver *cv, ct_dtype dtype, int ndim, int64_t d0, int64_t d1,
+                           int64_t d2) {
     int64_t shape[3] = {d0, d1, d2};
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    ct_tensor *t = cv->slab ? ct_tensor_view(cv->slab, cv->used, ndim, shape) : NULL;
-    cv->used += (n + 15) / 16 * 16;
+    ct_tensor *t = cv->slab ? ct_tensor_view_as(cv->slab, dtype, cv->used, ndim, shape) : NULL;
+    cv->used += ((size_t)n * ct_dtype_size(dtype) + 63) / 64 * 64;
     return t;
 }
+
+/* An activation (model dtype) and a statistic (f32: norms' mean and rstd, attention's lse, the
+ * loss's row values). */
+#define carve(cv, ndim, d0, d1, d2) carve_as(cv, m->dtype, ndim, d0, d1, d2)
+#define carve_stat(cv, ndim, d0, d1, d2) carve_as(cv, CT_DTYPE_F32, ndim, d0, d1, d2)
 
 /* A layer's internal activations (everything but its input and output residuals). */
 static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
     int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
     la->ln1 = carve(cv, 3, B, T, C);
-    la->ln1_mean = carve(cv, 1, Nl, 0, 0);
-    la->ln1_rstd = carve(cv, 1, Nl, 0, 0);
+    la->ln1_mean = carve_stat(cv, 1, Nl, 0, 0);
+    la->ln1_rstd = carve_stat(cv, 1, Nl, 0, 0);
     la->qkv = carve(cv, 3, B, T, qdim + 2 * kvdim);
     la->att = carve(cv, 3, B, T, qdim);
-    la->lse = carve(cv, 3, B, m->NH / tp, T);
+    la->lse = carve_stat(cv, 3, B, m->NH / tp, T);
     la->mid = carve(cv, 3, B, m->Tl, C);
     la->ln2 = carve(cv, 3, B, T, C);
-    la->ln2_mean = carve(cv, 1, Nl, 0, 0);
-    la->ln2_rstd = carve(cv, 1, Nl, 0, 0);
+    la->ln2_mean = carve_stat(cv, 1, Nl, 0, 0);
+    la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
     la->h = carve(cv, 3, B, T, F);
     la->g = carve(cv, 3, B, T, F);
 }
 
-/* Elements of one layer's internal activations for a micro-batch of B. */
-static int64_t layer_internals_numel(ct_model *m, int64_t B) {
+/* Bytes of one layer's internal activations for a micro-batch of B. */
+static size_t layer_internals_bytes(ct_model *m, int64_t B) {
     ct_layer_acts la;
     carver cv = {0};
     carve_layer(m, &la, &cv, B);
@@ -524,13 +541,13 @@ static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
         }
         if (m->layout.chunks[c].has_head) {
             a->lnf = carve(cv, 3, B, m->T, C);
-            a->lnf_mean = carve(cv, 1, Nl, 0, 0);
-            a->lnf_rstd = carve(cv, 1, Nl, 0, 0);
+            a->lnf_mean = carve_stat(cv, 1, Nl, 0, 0);
+            a->lnf_rstd = carve_stat(cv, 1, Nl, 0, 0);
             a->logits = carve(cv, 2, N, vloc, 0);
-            a->rowmax = carve(cv, 1, N, 0, 0);
-            a->sumexp = carve(cv, 1, N, 0, 0);
-            a->target_logit = carve(cv, 1, N, 0, 0);
-            a->losses = carve(cv, 1, N, 0, 0);
+            a->rowmax = carve_stat(cv, 1, N, 0, 0);
+            a->sumexp = carve_stat(cv, 1, N, 0, 0);
+            a->target_logit = carve_stat(cv, 1, N, 0, 0);
+            a->losses = carve_stat(cv, 1, N, 0, 0);
         }
     }
 }
@@ -543,7 +560,7 @@ size_t ct_acts_bytes(const ct_model *m, int64_t B) {
     carve_acts((ct_model *)m, &a, &cv);
     free(a.residual);
     free(a.layers);
-    return (size_t)cv.used * sizeof(float) + 2 * (size_t)(B * m->T) * sizeof(int32_t);
+    return cv.used + 2 * (size_t)(B * m->T) * sizeof(int32_t);
 }
 
 ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
@@ -563,17 +580,17 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
                    (long long)m->recompute_B, (long long)B);
         ct_tensor_free(m->recompute_ws);
         ct_tensor_free(m->recompute_out);
-        m->recompute_ws =
-            ct_tensor_new_1d(m->be, CT_DTYPE_F32, layer_internals_numel(m, B), CT_MEM_ACTS);
+        m->recompute_ws = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)layer_internals_bytes(m, B),
+                                           CT_MEM_ACTS);
         int64_t shape[3] = {B, m->Tl, m->C};
-        m->recompute_out = ct_tensor_new(m->be, CT_DTYPE_F32, 3, shape, CT_MEM_ACTS);
+        m->recompute_out = ct_tensor_new(m->be, m->dtype, 3, shape, CT_MEM_ACTS);
         m->recompute_B = B;
         if (!m->recompute_ws || !m->recompute_out) {
             ct_acts_free(a);
             return CT_ERR_RUNTIME;
         }
     }
-    a->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_ACTS);
+    a->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_ACTS);
     a->tokens = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
     a->targets = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
     if (!a->slab || !a->tokens || !a->targets) {
@@ -586,9 +603,9 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     a->model = m;
     if (m->layout.sequence_parallel && B > m->sp_capacity_B) {
         ct_tensor_free(m->sp_local), ct_tensor_free(m->sp_full), ct_tensor_free(m->sp_perm);
-        m->sp_local = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->Tl * m->C, CT_MEM_WORKSPACE);
-        m->sp_full = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->T * m->C, CT_MEM_WORKSPACE);
-        m->sp_perm = ct_tensor_new_1d(m->be, CT_DTYPE_F32, B * m->T * m->C, CT_MEM_WORKSPACE);
+        m->sp_local = ct_tensor_new_1d(m->be, m->dtype, B * m->Tl * m->C, CT_MEM_WORKSPACE);
+        m->sp_full = ct_tensor_new_1d(m->be, m->dtype, B * m->T * m->C, CT_MEM_WORKSPACE);
+        m->sp_perm = ct_tensor_new_1d(m->be, m->dtype, B * m->T * m->C, CT_MEM_WORKSPACE);
         m->sp_capacity_B = B;
         if (!m->sp_local || !m->sp_full || !m->sp_perm) {
             ct_acts_free(a);
@@ -637,7 +654,7 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
         s->dqkv = carve(&cv, 3, B, T, qdim + 2 * kvdim);
         s->dh = carve(&cv, 3, B, T, F);
         if (pass == 0) {
-            s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_F32, cv.used, CT_MEM_WORKSPACE);
+            s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_WORKSPACE);
             if (!s->slab) {
                 free(s);
                 return CT_ERR_RUNTIME;
@@ -754,11 +771,11 @@ static void seq_permute(ct_model *m, ct_tensor *dst, const ct_tensor *src, int64
 static void seq_gather(ct_model *m, ct_tensor *full, const ct_tensor *slice) {
     int64_t B = slice->shape[0], n = full->numel;
     if (B == 1) {
-        ct_comm_allgather(m->layout.tp, slice->data, full->data, n, CT_DTYPE_F32);
+        ct_comm_allgather(m->layout.tp, slice->data, full->data, n, slice->dtype);
         return;
     }
     ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
-    ct_comm_allgather(m->layout.tp, slice->data, perm->data, n, CT_DTYPE_F32);
+    ct_comm_allgather(m->layout.tp, slice->data, perm->data, n, slice->dtype);
     seq_permute(m, full, perm, B, false);
     ct_tensor_free(perm);
 }
@@ -767,13 +784,13 @@ static void seq_gather(ct_model *m, ct_tensor *full, const ct_tensor *slice) {
 static void seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor *full) {
     int64_t B = slice->shape[0], n = full->numel;
     if (B == 1) {
-        ct_comm_reduce_scatter(m->layout.tp, full->data, slice->data, n, CT_DTYPE_F32,
+        ct_comm_reduce_scatter(m->layout.tp, full->data, slice->data, n, slice->dtype,
                                CT_REDUCE_SUM);
         return;
     }
     ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
     seq_permute(m, perm, full, B, true);
-    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, slice->dtype, CT_REDUCE_SUM);
     ct_tensor_free(perm);
 }
 

@@ -138,13 +138,16 @@ typedef struct ct_model {
     int64_t T, C, L, NH, NKV, hd, F, V, Vp;
     uint64_t seed;
     ct_backend *be;
+    /* Storage dtype of parameters and activations: f32, or bf16 for train.precision bf16 (then
+     * gradients stay f32 and the optimizer keeps fp32 master weights; backend.h). */
+    ct_dtype dtype;
     ct_model_layout layout;
 
     ct_param *params; /* the registry, in unit order */
     int n_params;
     ct_unit *units;
     int n_units;
-    ct_tensor *param_slab; /* all units' parameters, then the same for grads */
+    ct_tensor *param_slab; /* all units' parameters (model dtype), then the grads (f32) */
     ct_tensor *grad_slab;
     int64_t slab_numel;
 
@@ -221,6 +224,9 @@ void ct_model_free(ct_model *model);
  * ct_model_init_unit writes one unit's parameters into its currently bound buffer. */
 void ct_model_init_params(ct_model *model);
 void ct_model_init_unit(ct_model *model, int unit);
+/* Unit u's initial values in fp32 (padded_numel floats, padding zero) into host memory: what
+ * fp32 master weights start from, before the parameters' rounding to bf16. */
+void ct_model_init_unit_host(const ct_model *model, int unit, float *host);
 /* Zeroes the gradient slab (no-op when gradients are sharded: the data-parallel layer owns them).
  */
 void ct_model_zero_grads(ct_model *model);

@@ -4,6 +4,18 @@
 #include <math.h>
 #include <stdlib.h>
 
+ct_state_bytes ct_state_bytes_of(ct_dtype param_dtype, ct_dtype reduce_dtype) {
+    CT_ASSERT(param_dtype == CT_DTYPE_F32 || param_dtype == CT_DTYPE_BF16);
+    CT_ASSERT(reduce_dtype == CT_DTYPE_F32 || reduce_dtype == CT_DTYPE_BF16);
+    return (ct_state_bytes){
+        .params = ct_dtype_size(param_dtype),
+        .grads = sizeof(float),
+        .master = param_dtype == CT_DTYPE_F32 ? 0 : sizeof(float),
+        .optim = 2 * sizeof(float),
+        .reduce = ct_dtype_size(reduce_dtype),
+    };
+}
+
 ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_config *tc,
                        const int64_t *lo, const int64_t *n) {
     ct_optimizer *opt = ct_xcalloc(1, sizeof *opt);
@@ -37,6 +49,26 @@ ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_confi
             };
         }
     }
+    if (model->dtype != CT_DTYPE_F32) {
+        int64_t total = 0;
+        for (int u = 0; u < model->n_units; u++) total += opt->units[u].n;
+        opt->master_slab =
+            ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, total), CT_MEM_MASTER);
+        if (!opt->master_slab) {
+            ct_optim_free(opt);
+            return CT_ERR_RUNTIME;
+        }
+        int64_t at = 0;
+        for (int u = 0; u < model->n_units; u++) {
+            ct_optim_unit *ou = &opt->units[u];
+            ou->master = ct_tensor_view_1d(opt->master_slab, at, ou->n);
+            at += ou->n;
+            float *host = ct_xmalloc((size_t)model->units[u].padded_numel * sizeof(float));
+            ct_model_init_unit_host(model, u, host);
+            ct_tensor_from_host(ou->master, host + ou->lo);
+            free(host);
+        }
+    }
     opt->norm_partials =
         ct_tensor_new_1d(model->be, CT_DTYPE_F32, CT_MAX(1, model->n_params), CT_MEM_WORKSPACE);
     if (!opt->norm_partials) {
@@ -52,9 +84,11 @@ void ct_optim_free(ct_optimizer *opt) {
     for (int u = 0; opt->units && u < opt->model->n_units; u++) {
         ct_tensor_free(opt->units[u].m);
         ct_tensor_free(opt->units[u].v);
+        ct_tensor_free(opt->units[u].master);
         free(opt->units[u].segments);
     }
     free(opt->units);
+    ct_tensor_free(opt->master_slab);
     ct_tensor_free(opt->norm_partials);
     free(opt);
 }
@@ -123,7 +157,10 @@ void ct_optim_update_unit(ct_optimizer *opt, int u, ct_tensor *params, const ct_
         .step = opt->step,
         .grad_scale = grad_scale,
     };
-    ct_adamw(params, grads, ou->m, ou->v, ou->segments, ou->n_segments, &hp);
+    if (ou->master)
+        ct_adamw(ou->master, grads, ou->m, ou->v, ou->segments, ou->n_segments, &hp, params);
+    else
+        ct_adamw(params, grads, ou->m, ou->v, ou->segments, ou->n_segments, &hp, NULL);
 }
 
 void ct_optim_step(ct_optimizer *opt, float lr, float grad_scale) {

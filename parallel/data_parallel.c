@@ -21,6 +21,7 @@
 
 typedef struct slot {
     ct_tensor *buf;
+    ct_tensor *low; /* stages 2-3 with a bf16 reduction: buf rounded to bf16, what is reduced */
     int owner;      /* unit using it, or -1 */
     uint64_t since; /* when it was taken (for "oldest first") */
 } slot;
@@ -29,7 +30,9 @@ typedef struct dp_unit {
     int64_t n, shard_n, shard_lo;
     bool dedicated;              /* the tied embedding: its own slots */
     ct_tensor *grad_shard;       /* stages 2-3: (shard_n) accumulated own gradients */
-    ct_tensor *param_shard;      /* stage 3: (shard_n) own parameters */
+    ct_tensor *param_shard;      /* stage 3: (shard_n) own parameters (model dtype) */
+    ct_tensor *reduce_buf;       /* stages 0-1 with a bf16 reduction: (n) the unit's gradients
+                                    rounded to bf16, reduced in place */
     ct_comm_request *reduce_req; /* reduction in flight */
     slot *staging;               /* stages 2-3: slot holding its gradients */
     slot *gathered;              /* stage 3: slot holding its gathered parameters */
@@ -42,6 +45,7 @@ struct ct_dp {
     ct_model *model;
     ct_comm *comm;
     int stage, N, rank;
+    ct_dtype reduce_dtype; /* gradients are reduced in this dtype (they accumulate in f32) */
     ct_optimizer *opt;
     dp_unit *units;
     slot staging_pool[STAGING_POOL], staging_dedicated;
@@ -101,8 +105,8 @@ static void start_gather(ct_dp *dp, int u, slot *s) {
     dp_unit *du = &dp->units[u];
     du->gathered = s;
     log_event(dp, CT_DP_EVENT_GATHER_START, u);
-    du->gather_req =
-        ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n, CT_DTYPE_F32);
+    du->gather_req = ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n,
+                                        s->buf->dtype);
     ct_model_bind_unit_params(dp->model, u, s->buf, 0);
 }
 
@@ -145,13 +149,28 @@ static void release_gathered(ct_dp *dp, int u) {
  * staging slot. */
 static void complete_reduction(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
+    bool reduced = du->reduce_req != NULL;
     if (du->reduce_req) {
         timed_wait(dp, du->reduce_req);
         du->reduce_req = NULL;
         if (!du->reduce_seen_done) log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
     }
+    if (reduced && du->reduce_buf) {
+        /* A bf16 reduction lands back in the f32 gradients: all of them (stage 0), the own
+         * shard (stage 1). */
+        const ct_tensor *grads = dp->model->units[u].grads;
+        int64_t lo = dp->stage == 0 ? 0 : du->shard_lo, n = dp->stage == 0 ? du->n : du->shard_n;
+        ct_tensor *from = view(du->reduce_buf, lo, n), *to = view(grads, lo, n);
+        ct_cast(to, from);
+        ct_tensor_free(from), ct_tensor_free(to);
+    }
     if (dp->stage >= 2 && du->staging) {
         ct_tensor *mine = view(du->staging->buf, du->shard_lo, du->shard_n);
+        if (reduced && du->staging->low) { /* the bf16 sums, widened into the f32 staging */
+            ct_tensor *low = view(du->staging->low, du->shard_lo, du->shard_n);
+            ct_cast(mine, low);
+            ct_tensor_free(low);
+        }
         ct_axpy(du->grad_shard, mine, 1.0f);
         ct_tensor_free(mine);
         du->staging->owner = -1;
@@ -188,26 +207,25 @@ static void start_reduction(ct_dp *dp, int u) {
     ct_unit *unit = &dp->model->units[u];
     log_event(dp, CT_DP_EVENT_REDUCE_START, u);
     du->reduce_seen_done = false;
-    switch (dp->stage) {
-    case 0:
-        du->reduce_req =
-            ct_comm_iallreduce(dp->comm, unit->grads->data, du->n, CT_DTYPE_F32, CT_REDUCE_SUM);
-        break;
-    case 1: {
+    /* What is reduced: the f32 gradients themselves, or their bf16 rounding (reduce_dtype
+     * bf16: half the bytes on the wire). */
+    const ct_tensor *grads = dp->stage >= 2 ? du->staging->buf : unit->grads;
+    const ct_tensor *wire = grads;
+    if (dp->reduce_dtype != grads->dtype) {
+        ct_tensor *low = dp->stage >= 2 ? du->staging->low : du->reduce_buf;
+        ct_cast(low, grads);
+        wire = low;
+    }
+    char *g = wire->data;
+    size_t esize = ct_dtype_size(wire->dtype);
+    if (dp->stage == 0) {
+        du->reduce_req = ct_comm_iallreduce(dp->comm, g, du->n, wire->dtype, CT_REDUCE_SUM);
+    } else {
         /* In place: this rank's shard of the sums lands at its own offset. */
-        float *g = unit->grads->data;
-        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n, CT_DTYPE_F32,
-                                                 CT_REDUCE_SUM);
-        break;
+        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + (size_t)du->shard_lo * esize,
+                                                 du->n, wire->dtype, CT_REDUCE_SUM);
     }
-    default: {
-        float *g = du->staging->buf->data;
-        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + du->shard_lo, du->n, CT_DTYPE_F32,
-                                                 CT_REDUCE_SUM);
-        ct_model_bind_unit_grads(dp->model, u, NULL, 0);
-        break;
-    }
-    }
+    if (dp->stage >= 2) ct_model_bind_unit_grads(dp->model, u, NULL, 0);
 }
 
 /* ---- the model's hooks ------------------------------------------------------------------------
@@ -249,7 +267,7 @@ static void tp_reduce_replicated(ct_dp *dp, int u) {
     for (int i = 0; i < unit->n_params; i++) {
         const ct_param *p = &m->params[unit->first_param + i];
         if (p->tp_split_dim >= 0) continue;
-        reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
+        reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, p->grad->dtype, CT_REDUCE_SUM);
     }
     for (int i = 0; i < n; i++) {
         double t0 = ct_now();
@@ -305,15 +323,19 @@ static void hook_poll(void *ctx) {
 
 /* ---- construction ---------------------------------------------------------------------------- */
 
-static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_mem_category category) {
+/* A slot of n elements of `dtype`; with `low` != dtype also its rounding buffer (staging slots of
+ * a bf16 reduction). */
+static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_dtype dtype, ct_dtype low,
+                            ct_mem_category category) {
     s->owner = -1;
     if (n == 0) return CT_OK;
-    s->buf = ct_tensor_new_1d(be, CT_DTYPE_F32, n, category);
-    return s->buf ? CT_OK : CT_ERR_RUNTIME;
+    s->buf = ct_tensor_new_1d(be, dtype, n, category);
+    if (s->buf && low != dtype) s->low = ct_tensor_new_1d(be, low, n, category);
+    return s->buf && (low == dtype || s->low) ? CT_OK : CT_ERR_RUNTIME;
 }
 
 ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
-                    const ct_train_config *tc) {
+                    const ct_train_config *tc, ct_dtype reduce_dtype) {
     CT_ASSERT(zero_stage >= 0 && zero_stage <= 3);
     CT_ASSERTF(model->layout.dp_size == comm->size, "model padded for dp=%d, group has %d",
                model->layout.dp_size, comm->size);
@@ -323,6 +345,8 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     dp->model = model;
     dp->comm = comm;
     dp->stage = zero_stage;
+    dp->reduce_dtype = reduce_dtype;
+    CT_ASSERT(reduce_dtype == CT_DTYPE_F32 || reduce_dtype == CT_DTYPE_BF16);
     dp->N = comm->size;
     dp->rank = comm->rank;
     dp->backwards_per_step = 1;
@@ -354,8 +378,12 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
             if (!du->grad_shard) st = CT_ERR_RUNTIME;
         }
         if (zero_stage == 3 && st == CT_OK) {
-            du->param_shard = ct_tensor_new_1d(be, CT_DTYPE_F32, du->shard_n, CT_MEM_PARAMS);
+            du->param_shard = ct_tensor_new_1d(be, model->dtype, du->shard_n, CT_MEM_PARAMS);
             if (!du->param_shard) st = CT_ERR_RUNTIME;
+        }
+        if (zero_stage <= 1 && reduce_dtype != CT_DTYPE_F32 && dp->N > 1 && st == CT_OK) {
+            du->reduce_buf = ct_tensor_new_1d(be, reduce_dtype, du->n, CT_MEM_COMM);
+            if (!du->reduce_buf) st = CT_ERR_RUNTIME;
         }
     }
     if (st == CT_OK) st = ct_optim_new(&dp->opt, model, tc, lo, len);
@@ -365,14 +393,19 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     for (int i = 0; i < GATHER_POOL; i++) dp->gather_pool[i].owner = -1;
     dp->staging_dedicated.owner = dp->gather_dedicated.owner = -1;
     if (zero_stage >= 2) {
+        ct_dtype low = dp->N > 1 ? reduce_dtype : CT_DTYPE_F32;
         for (int i = 0; i < STAGING_POOL && st == CT_OK; i++)
-            st = alloc_slot(&dp->staging_pool[i], be, pool_n, CT_MEM_COMM);
-        if (st == CT_OK) st = alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_MEM_COMM);
+            st = alloc_slot(&dp->staging_pool[i], be, pool_n, CT_DTYPE_F32, low, CT_MEM_COMM);
+        if (st == CT_OK)
+            st = alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_DTYPE_F32, low,
+                            CT_MEM_COMM);
     }
     if (zero_stage == 3) {
+        const ct_dtype pd = model->dtype;
         for (int i = 0; i < GATHER_POOL && st == CT_OK; i++)
-            st = alloc_slot(&dp->gather_pool[i], be, pool_n, CT_MEM_GATHERED);
-        if (st == CT_OK) st = alloc_slot(&dp->gather_dedicated, be, dedicated_n, CT_MEM_GATHERED);
+            st = alloc_slot(&dp->gather_pool[i], be, pool_n, pd, pd, CT_MEM_GATHERED);
+        if (st == CT_OK)
+            st = alloc_slot(&dp->gather_dedicated, be, dedicated_n, pd, pd, CT_MEM_GATHERED);
         /* Initialise each unit in a full buffer, keep this rank's shard. */
         for (int u = 0; u < nu && st == CT_OK; u++) {
             dp_unit *du = &dp->units[u];
@@ -401,10 +434,13 @@ void ct_dp_free(ct_dp *dp) {
     for (int u = 0; dp->units && u < dp->model->n_units; u++) {
         ct_tensor_free(dp->units[u].grad_shard);
         ct_tensor_free(dp->units[u].param_shard);
+        ct_tensor_free(dp->units[u].reduce_buf);
     }
-    for (int i = 0; i < STAGING_POOL; i++) ct_tensor_free(dp->staging_pool[i].buf);
+    for (int i = 0; i < STAGING_POOL; i++)
+        ct_tensor_free(dp->staging_pool[i].buf), ct_tensor_free(dp->staging_pool[i].low);
     for (int i = 0; i < GATHER_POOL; i++) ct_tensor_free(dp->gather_pool[i].buf);
     ct_tensor_free(dp->staging_dedicated.buf);
+    ct_tensor_free(dp->staging_dedicated.low);
     ct_tensor_free(dp->gather_dedicated.buf);
     ct_optim_free(dp->opt);
     free(dp->units);
@@ -518,7 +554,7 @@ void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed) {
     int64_t n = CT_MIN(n_wte, lo + grads->numel) - lo;
     if (n > 0) {
         double t0 = ct_now();
-        ct_comm_allreduce(embed, grads->data, n, CT_DTYPE_F32, CT_REDUCE_SUM);
+        ct_comm_allreduce(embed, grads->data, n, grads->dtype, CT_REDUCE_SUM);
         dp->exposed += ct_now() - t0;
     }
     ct_tensor_free(params);
@@ -541,9 +577,11 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
         /* Every rank updated its own shard: gather the parameters back, all units at once. */
         ct_comm_request **reqs = ct_xcalloc((size_t)nu, sizeof *reqs);
         for (int u = 0; u < nu; u++) {
-            float *params = dp->model->units[u].params->data;
-            reqs[u] = ct_comm_iallgather(dp->comm, params + dp->units[u].shard_lo, params,
-                                         dp->units[u].n, CT_DTYPE_F32);
+            const ct_tensor *params = dp->model->units[u].params;
+            char *all = params->data;
+            size_t esize = ct_dtype_size(params->dtype);
+            reqs[u] = ct_comm_iallgather(dp->comm, all + (size_t)dp->units[u].shard_lo * esize,
+                                         all, dp->units[u].n, params->dtype);
         }
         for (int u = 0; u < nu; u++) timed_wait(dp, reqs[u]);
         free(reqs);
@@ -552,28 +590,41 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
 
 /* ---- accounting and introspection ------------------------------------------------------------ */
 
+int64_t ct_dp_param_elems(const ct_dp *dp) {
+    int64_t n = 0;
+    for (int u = 0; u < dp->model->n_units; u++) n += dp->units[u].n;
+    return n;
+}
+
 size_t ct_dp_param_bytes(const ct_dp *dp) {
-    size_t n = 0;
-    for (int u = 0; u < dp->model->n_units; u++) n += (size_t)dp->units[u].n;
-    return n * sizeof(float);
+    return (size_t)ct_dp_param_elems(dp) * ct_dtype_size(dp->model->dtype);
 }
 
-void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_COUNT]) {
-    size_t shard = phi / (size_t)N;
+ct_state_bytes ct_dp_state_bytes(const ct_dp *dp) {
+    return ct_state_bytes_of(dp->model->dtype, dp->reduce_dtype);
+}
+
+void ct_zero_expected_memory(int64_t elems, ct_state_bytes sb, int N, int stage,
+                             size_t bytes[CT_MEM_COUNT]) {
+    size_t all = (size_t)elems, shard = all / (size_t)N;
     memset(bytes, 0, CT_MEM_COUNT * sizeof bytes[0]);
-    bytes[CT_MEM_PARAMS] = stage == 3 ? shard : phi;
-    bytes[CT_MEM_GRADS] = stage >= 2 ? shard : phi;
-    bytes[CT_MEM_OPTIM] = 2 * (stage >= 1 ? shard : phi);
+    bytes[CT_MEM_PARAMS] = sb.params * (stage == 3 ? shard : all);
+    bytes[CT_MEM_GRADS] = sb.grads * (stage >= 2 ? shard : all);
+    bytes[CT_MEM_OPTIM] = sb.optim * (stage >= 1 ? shard : all);
+    bytes[CT_MEM_MASTER] = sb.master * (stage >= 1 ? shard : all);
 }
 
-double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m) {
+double ct_zero_expected_step_bytes(int64_t elems, ct_state_bytes sb, int N, int stage, int m) {
     if (N <= 1) return 0.0;
-    double f = (double)(N - 1) / (double)N, bytes;
+    /* Ψ(N−1)/N elements per collective pass (ring model), times the bytes each pass moves: the
+     * reduction moves gradients (reduce bytes), the allgathers parameters (params bytes). */
+    double f = (double)elems * (double)(N - 1) / (double)N;
+    double r = (double)sb.reduce, p = (double)sb.params, bytes;
     switch (stage) {
-    case 0:
-    case 1: bytes = 2.0 * (double)phi * f; break;
-    case 2: bytes = (double)(m + 1) * (double)phi * f; break;
-    default: bytes = 3.0 * (double)m * (double)phi * f; break;
+    case 0: bytes = 2.0 * r * f; break;                          /* allreduce */
+    case 1: bytes = (r + p) * f; break;                          /* reduce-scatter + allgather */
+    case 2: bytes = ((double)m * r + p) * f; break;               /* m reduce-scatters + allgather */
+    default: bytes = (double)m * (2.0 * p + r) * f; break;       /* 2m gathers + m reduce-scatters */
     }
     /* The sharded stages also allreduce the gradient norm's partial sum (one f64); counted
      * with the ring model's integer division, as comm.c counts it. */
@@ -586,11 +637,12 @@ uint64_t ct_zero_scalar_allreduce_bytes(int N) {
 }
 
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
-    ct_zero_expected_memory(ct_dp_param_bytes(dp), dp->N, dp->stage, bytes);
+    ct_zero_expected_memory(ct_dp_param_elems(dp), ct_dp_state_bytes(dp), dp->N, dp->stage, bytes);
 }
 
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    return ct_zero_expected_step_bytes(ct_dp_param_bytes(dp), dp->N, dp->stage, m);
+    return ct_zero_expected_step_bytes(ct_dp_param_elems(dp), ct_dp_state_bytes(dp), dp->N,
+                                       dp->stage, m);
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {
@@ -612,10 +664,10 @@ ct_optimizer *ct_dp_optimizer(ct_dp *dp) {
 
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
     if (dp->stage < 3) {
-        ct_tensor_to_host(host, dp->model->units[u].params);
+        ct_tensor_to_host_f32(host, dp->model->units[u].params);
         return;
     }
     ensure_gathered(dp, u);
-    ct_tensor_to_host(host, dp->model->units[u].params);
+    ct_tensor_to_host_f32(host, dp->model->units[u].params);
     release_gathered(dp, u);
 }

@@ -6,7 +6,10 @@
  * for the embeddings, one for the final norm), padded to a multiple of 16·dp, so every shard
  * is equal: rank r owns elements [r·n/dp, (r+1)·n/dp) of a unit of n elements. With m
  * microbatches per step and Φ the bytes of this rank's parameters, per-rank traffic on the
- * dp group per step is (ring model, comm.h):
+ * dp group per step is (ring model, comm.h; written for fp32, where gradients and parameters
+ * travel at 4 bytes per element — in general each reduction pass moves Ψ gradient elements at
+ * parallel.grad_reduce_dtype's size and each gather pass Ψ parameters at the parameter dtype's
+ * size, Ψ = elements of this rank's slice; see ct_state_bytes in core/optim.h):
  *   stage 0: gradients accumulate locally; each unit is allreduced when its last-microbatch
  *            gradients are complete                                          → 2Φ(N−1)/N
  *   stage 1: AdamW moments sharded; reduce-scatter at the last microbatch, update the own
@@ -16,8 +19,9 @@
  *   stage 3: parameters sharded too: a unit is gathered once per forward and once per
  *            backward of each microbatch, released after its last use in that pass, the
  *            next unit's gather prefetched                                   → 3mΦ(N−1)/N
- * Memory (bytes, Φ as above): parameters Φ (Φ/N at stage 3), gradients Φ (Φ/N at stages 2-3),
- * optimizer state 2Φ (2Φ/N at stages ≥ 1); staging buffers count as communication buffers and
+ * Memory (per element of Ψ, bytes from ct_state_bytes): parameters (1/N at stage 3), gradients
+ * (1/N at stages 2-3), optimizer state and fp32 master weights (1/N at stages ≥ 1); staging
+ * buffers (and the bf16 copies a bf16 reduction sends) count as communication buffers and
  * gathered units as gathered parameters.
  *
  * Reductions start (non-blocking) the moment a unit's gradients are complete and progress while
@@ -54,10 +58,11 @@ typedef struct ct_dp_event {
  * stage 2/3, layout.shard_grads, for stage 3 layout.shard_params) over the dp group `comm`:
  * allocates the optimizer state (ct_optimizer over this rank's ranges), gradient shards,
  * staging and gather buffers, initialises ZeRO-3 parameter shards, and installs the model's
- * hooks. `other` lists further groups to poll between ops (may be NULL).
+ * hooks. Gradients accumulate in f32 and are reduced in reduce_dtype (f32, or bf16 to halve the
+ * traffic: rounded into a bf16 buffer, reduced, widened back).
  */
 ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
-                    const ct_train_config *tc);
+                    const ct_train_config *tc, ct_dtype reduce_dtype);
 void ct_dp_free(ct_dp *dp);
 
 /* Starts a step of n_microbatches: zeroes gradients (full buffers or shards) and the
@@ -79,20 +84,24 @@ double ct_dp_grad_sumsq(ct_dp *dp);
 /* AdamW on this rank's ranges, then (stages 1-2) the parameter allgather. */
 void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale);
 
-/* The formulas above for Φ = phi bytes over N ranks at a ZeRO stage (used by `plan`). The step
- * bytes are exact: the formula plus, at stages >= 1, the gradient norm's one-f64 allreduce
- * (ct_zero_scalar_allreduce_bytes). */
-void ct_zero_expected_memory(size_t phi, int N, int stage, size_t bytes[CT_MEM_COUNT]);
-double ct_zero_expected_step_bytes(size_t phi, int N, int stage, int m);
+/* The formulas above for Ψ = elems parameter elements over N ranks at a ZeRO stage, with the
+ * bytes per element of `sb` (used by `plan`). The step bytes are exact: the formula plus, at
+ * stages >= 1, the gradient norm's one-f64 allreduce (ct_zero_scalar_allreduce_bytes). */
+void ct_zero_expected_memory(int64_t elems, ct_state_bytes sb, int N, int stage,
+                             size_t bytes[CT_MEM_COUNT]);
+double ct_zero_expected_step_bytes(int64_t elems, ct_state_bytes sb, int N, int stage, int m);
 /* Ring-model bytes of one f64 allreduce over N ranks, as comm.c counts them (2·8·(N−1)/N,
  * rounded down): the per-step scalars (loss, gradient norm) a trainer adds to the formulas. */
 uint64_t ct_zero_scalar_allreduce_bytes(int N);
-/* Predicted bytes per category (params, grads, optim) from the formulas above. */
+/* Predicted bytes per category (params, grads, optim, master) from the formulas above. */
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]);
 /* Predicted dp-group bytes sent per step by this rank for m microbatches (ring model). */
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m);
-/* Bytes of this rank's parameter slice (Φ): the padded unit sizes times 4. */
+/* Elements of this rank's parameter slice (Ψ, the padded unit sizes) and their bytes (Φ). */
+int64_t ct_dp_param_elems(const ct_dp *dp);
 size_t ct_dp_param_bytes(const ct_dp *dp);
+/* Bytes per element of each state for this dp layer's precision and reduce dtype. */
+ct_state_bytes ct_dp_state_bytes(const ct_dp *dp);
 /* Seconds spent waiting on dp communication since ct_dp_begin_step (exposed communication). */
 double ct_dp_exposed_seconds(const ct_dp *dp);
 

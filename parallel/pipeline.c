@@ -301,7 +301,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         switch (act->kind) {
         case CT_ACTION_RECV_ACT: {
             ct_tensor *in = chunk_input(p, acts_for(p, mb, fill, ctx, train), j);
-            ct_comm_request *req = ct_comm_irecv(pp, in->data, in->numel, CT_DTYPE_F32, act->peer,
+            ct_comm_request *req = ct_comm_irecv(pp, in->data, in->numel, in->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, false));
             timed_wait(p, req);
             break;
@@ -322,14 +322,14 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         }
         case CT_ACTION_SEND_ACT: {
             ct_tensor *o = chunk_output(p, p->acts[mb], j);
-            ct_comm_request *req = ct_comm_isend(pp, o->data, o->numel, CT_DTYPE_F32, act->peer,
+            ct_comm_request *req = ct_comm_isend(pp, o->data, o->numel, o->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk, false));
             track_send(p, req, NULL, mb);
             break;
         }
         case CT_ACTION_RECV_GRAD: {
             ct_comm_request *req =
-                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel, CT_DTYPE_F32,
+                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel, p->scratch->dres->dtype,
                               act->peer, tag_of(p, mb, act->chunk, true));
             timed_wait(p, req);
             break;
@@ -347,11 +347,12 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             wait_sends(p, -1);
             ct_tensor *buf = p->n_grad_bufs > 0 ? p->grad_bufs[--p->n_grad_bufs] : NULL;
             if (!buf) {
-                buf = ct_tensor_new(m->be, CT_DTYPE_F32, 3, p->scratch->dres->shape, CT_MEM_COMM);
+                buf = ct_tensor_new(m->be, p->scratch->dres->dtype, 3, p->scratch->dres->shape,
+                                    CT_MEM_COMM);
                 if (!buf) fail_out_of_memory(p, "a gradient send buffer");
             }
             ct_tensor_copy(buf, p->scratch->dres);
-            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, CT_DTYPE_F32, act->peer,
+            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, buf->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, true));
             track_send(p, req, buf, -1);
             if (p->backwards_left[mb] == 0) release_acts(p, mb);

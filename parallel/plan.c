@@ -46,11 +46,19 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         sim = ct_schedule_simulate(sched, backward_ratio);
     }
     ct_backend *be = ct_backend_cpu_new(1);
-    if (!json) fprintf(out, "per rank, fp32 (tp rank 0 of each stage; dp ranks alike):\n");
+    const ct_dtype pdt = ct_precision_dtype(cfg->derived.precision);
+    const ct_state_bytes sb =
+        ct_state_bytes_of(pdt, ct_precision_dtype(cfg->parallel.grad_reduce_dtype));
     if (!json)
         fprintf(out,
-                "  stage | params (Φ)  | param mem   | grads       | optimizer   | activations "
-                "(peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
+                "per rank, %s (%s; bytes per parameter: params %zu + grads %zu + master %zu + "
+                "optimizer %zu; dp reduction %zu; tp rank 0 of each stage, dp ranks alike):\n",
+                ct_dtype_name(pdt), cfg->derived.precision_why, sb.params, sb.grads, sb.master,
+                sb.optim, sb.reduce);
+    if (!json)
+        fprintf(out,
+                "  stage | params (Φ)  | param mem   | grads       | optimizer   | master      | "
+                "activations (peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
     ct_status st = CT_OK;
     for (int r = 0; r < pp && st == CT_OK; r++) {
         ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
@@ -64,19 +72,22 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         ct_model *model = NULL;
         st = ct_model_new(&model, cfg, be, &layout);
         if (st != CT_OK) break;
-        size_t phi = 0;
-        for (int u = 0; u < model->n_units; u++) phi += (size_t)model->units[u].padded_numel * 4;
-        size_t mem[CT_MEM_COUNT];
-        ct_zero_expected_memory(phi, dp, stage, mem);
+        int64_t elems = 0;
+        for (int u = 0; u < model->n_units; u++) elems += model->units[u].padded_numel;
+        size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
+        ct_zero_expected_memory(elems, sb, dp, stage, mem);
         int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
         double acts = (double)ct_acts_bytes(model, B) * inflight;
         /* The formula plus the loss sum the trainer allreduces over dp every step. */
-        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(phi, dp, stage, m) +
+        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(elems, sb, dp, stage, m) +
                                        (double)ct_zero_scalar_allreduce_bytes(dp)
                                  : 0.0;
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
-        /* point to point: each chunk boundary sends B·Tl·C floats per microbatch each way */
-        double boundary = (double)B * (double)model->Tl * (double)model->C * 4.0, pp_bytes = 0;
+        /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
+         * microbatch each way */
+        double boundary = (double)B * (double)model->Tl * (double)model->C *
+                          (double)ct_dtype_size(pdt),
+               pp_bytes = 0;
         for (int j = 0; j < layout.n_chunks; j++) {
             int c = layout.chunks[j].index;
             if (c < pp * (int)cfg->parallel.virtual_stages - 1) pp_bytes += boundary * m;
@@ -85,19 +96,22 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         if (json) {
             fprintf(out,
                     "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
-                    "\"optim_bytes\": %zu, \"acts_bytes\": %.0f, \"inflight\": %d, "
-                    "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f, \"pp_bytes\": %.0f}\n",
-                    r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], acts, inflight,
-                    dp_bytes, tp_bytes, pp_bytes);
+                    "\"optim_bytes\": %zu, \"master_bytes\": %zu, \"acts_bytes\": %.0f, "
+                    "\"inflight\": %d, \"dp_bytes\": %.0f, \"tp_bytes\": %.0f, "
+                    "\"pp_bytes\": %.0f, \"precision\": \"%s\"}\n",
+                    r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM],
+                    mem[CT_MEM_MASTER], acts, inflight, dp_bytes, tp_bytes, pp_bytes,
+                    ct_dtype_name(pdt));
             ct_model_free(model);
             continue;
         }
-        char a[5][32], b[3][32];
-        fprintf(out, "  %5d | %11s | %11s | %11s | %11s | %11s (%3d) | %13s | %13s | %13s\n", r,
-                mib(a[0], 32, (double)phi), mib(a[1], 32, (double)mem[CT_MEM_PARAMS]),
+        char a[6][32], b[3][32];
+        fprintf(out,
+                "  %5d | %11s | %11s | %11s | %11s | %11s | %11s (%3d)     | %13s | %13s | %13s\n",
+                r, mib(a[0], 32, (double)phi), mib(a[1], 32, (double)mem[CT_MEM_PARAMS]),
                 mib(a[2], 32, (double)mem[CT_MEM_GRADS]), mib(a[3], 32, (double)mem[CT_MEM_OPTIM]),
-                mib(a[4], 32, acts), inflight, mib(b[0], 32, dp_bytes), mib(b[1], 32, tp_bytes),
-                mib(b[2], 32, pp_bytes));
+                mib(a[4], 32, (double)mem[CT_MEM_MASTER]), mib(a[5], 32, acts), inflight,
+                mib(b[0], 32, dp_bytes), mib(b[1], 32, tp_bytes), mib(b[2], 32, pp_bytes));
         ct_model_free(model);
     }
     ct_backend_free(be);

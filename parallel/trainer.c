@@ -23,14 +23,15 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Times C = op(A)·op(B) + beta·C for one shape; returns the median seconds. */
+/* Times C = op(A)·op(B) + beta·C for one shape, A and B of dtype ab, C of dtype c; returns the
+ * median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                        float beta, int reps) {
+                        float beta, ct_dtype ab, ct_dtype c, int reps) {
     int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
     int64_t c_shape[2] = {M, N};
-    ct_tensor *A = ct_tensor_new(be, CT_DTYPE_F32, 2, a_shape, CT_MEM_WORKSPACE);
-    ct_tensor *B = ct_tensor_new(be, CT_DTYPE_F32, 2, b_shape, CT_MEM_WORKSPACE);
-    ct_tensor *C = ct_tensor_new(be, CT_DTYPE_F32, 2, c_shape, CT_MEM_WORKSPACE);
+    ct_tensor *A = ct_tensor_new(be, ab, 2, a_shape, CT_MEM_WORKSPACE);
+    ct_tensor *B = ct_tensor_new(be, ab, 2, b_shape, CT_MEM_WORKSPACE);
+    ct_tensor *C = ct_tensor_new(be, c, 2, c_shape, CT_MEM_WORKSPACE);
     if (!A || !B || !C) {
         ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
         return 0.0;
@@ -54,8 +55,9 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
     return median;
 }
 
-double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, int reps) {
-    double t = time_gemm(be, M, N, K, false, true, 1.0f, reps);
+double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
+                             int reps) {
+    double t = time_gemm(be, M, N, K, false, true, 1.0f, dtype, dtype, reps);
     return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
 }
 
@@ -64,6 +66,8 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
     const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
     const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
+    /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
+    const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
     /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
      * and v as one fused projection; the layers with a bias accumulate onto it (beta 1), the LM
      * head (the tied embedding, no bias) overwrites. Each GEMM is timed with the beta of the
@@ -82,9 +86,9 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
         int64_t out = linears[i].out, in = linears[i].in;
         double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
-        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, reps) /* y = x·Wᵀ */
-                   + time_gemm(be, N, in, out, false, false, 0.0f, reps) /* dx = dy·W    */
-                   + time_gemm(be, out, in, N, true, false, 1.0f, reps); /* dW += dyᵀ·x */
+        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, dt, dt, reps) /* y */
+                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps)      /* dx = dy·W */
+                   + time_gemm(be, out, in, N, true, false, 1.0f, dt, CT_DTYPE_F32, reps); /* dW */
         flops += 3.0 * f * n;
         seconds += t * n;
     }
@@ -316,7 +320,8 @@ static ct_status build_model(trainer *t) {
     layout.shard_params = stage == 3;
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
-    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train));
+    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train,
+                     ct_precision_dtype(cfg->parallel.grad_reduce_dtype)));
     if (t->pctx->pp > 1) {
         static const ct_schedule_kind kinds[] = {
             [CT_SCHEDULE_1F1B] = CT_SCHEDULE_KIND_1F1B,
@@ -485,19 +490,26 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
                                        : "",
            (long long)cfg->derived.grad_accum, t->dp_size, tokens_per_step);
     printf("backend: %s, %d threads per rank, %d ranks; per rank: hardware peak %.1f GFLOP/s "
-           "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (measured)\n",
+           "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (%s, measured)\n",
            t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size, hw_peak / 1e9,
-           peak_how, gemm_rate / 1e9);
+           peak_how, gemm_rate / 1e9, ct_dtype_name(t->model->dtype));
+    const ct_state_bytes sb = ct_dp_state_bytes(t->dp);
+    printf("precision: %s (%s): bytes per parameter: params %zu + grads %zu + master %zu + "
+           "optimizer %zu = %zu; dp gradient reduction in %s\n",
+           cfg->derived.precision == CT_PRECISION_BF16 ? "bf16 mixed" : "fp32",
+           cfg->derived.precision_why, sb.params, sb.grads, sb.master, sb.optim,
+           sb.params + sb.grads + sb.master + sb.optim, sb.reduce == 2 ? "bf16" : "fp32");
     print_memory(t->be);
     size_t expected[CT_MEM_COUNT];
     ct_dp_expected_memory(t->dp, expected);
-    char a[32], b[32], c[32], unit[96];
+    char a[32], b[32], c[32], d[32], unit[96];
     format_bytes(a, sizeof a, (double)expected[CT_MEM_PARAMS]);
     format_bytes(b, sizeof b, (double)expected[CT_MEM_GRADS]);
     format_bytes(c, sizeof c, (double)expected[CT_MEM_OPTIM]);
-    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s per rank; %d "
-           "units on rank 0 (largest %s)\n",
-           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, t->model->n_units,
+    format_bytes(d, sizeof d, (double)expected[CT_MEM_MASTER]);
+    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s, master %s per "
+           "rank; %d units on rank 0 (largest %s)\n",
+           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, d, t->model->n_units,
            largest_unit(t->model, unit, sizeof unit));
     if (t->dp_size > 1) {
         format_bytes(a, sizeof a, ct_dp_expected_step_bytes(t->dp, (int)cfg->derived.grad_accum));
@@ -598,13 +610,16 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     }
     double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
     double C = (double)cfg->model.d_model, BTC = B * T * C;
-    double ring = 2.0 * (N - 1.0) / N * sizeof(float);
+    /* Activations travel in the model's dtype (bf16 in bf16 mode); the cross-entropy's row
+     * statistics and the replicated tensors' gradients are fp32 in every mode. */
+    double ring = 2.0 * (N - 1.0) / N;
+    double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
     double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
-    double per_mb = (4.0 * L + recompute + embed + head) * BTC + head * 3.0 * B * T;
+    double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
     double total = ring * per_mb * (double)m;
     if (cfg->parallel.sequence_parallel) {
         double replicated = 6.0 * L * C + embed * T * C + head * 2.0 * C;
-        total += ring * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
+        total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;
 }
@@ -689,8 +704,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
      * reaches at the model's MLP shape. */
     char peak_how[128];
     const double hw_peak = ct_backend_peak_flops(be, peak_how, sizeof peak_how);
-    const double gemm_rate = ct_measure_gemm_flops(be, cfg->train.micro_batch * T,
-                                                   cfg->derived.d_ff, cfg->model.d_model, 5);
+    const double gemm_rate =
+        ct_measure_gemm_flops(be, cfg->train.micro_batch * T, cfg->derived.d_ff, cfg->model.d_model,
+                              t.model->dtype, 5);
     if (t.rank0) print_start(&t, peak_how, hw_peak, gemm_rate, tokens_per_step);
     if (t.metrics) {
         /* Memory by category after setup, next to the ZeRO formula (tests compare them). */
@@ -709,9 +725,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                     mem[c]);
         fprintf(t.metrics,
                 ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
-                "\"mem_expected_optim\": %zu}\n",
+                "\"mem_expected_optim\": %zu, \"mem_expected_master\": %zu, "
+                "\"precision\": \"%s\"}\n",
                 mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS],
-                mem_expected[CT_MEM_OPTIM]);
+                mem_expected[CT_MEM_OPTIM], mem_expected[CT_MEM_MASTER],
+                ct_dtype_name(t.model->dtype));
         metrics_check(&t);
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);

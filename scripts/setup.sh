@@ -7,6 +7,7 @@ packages=(
     build-essential pkg-config
     libyaml-dev                 # config files
     libopenblas-openmp-dev      # CPU GEMMs; the OpenMP build shares our thread pool
+    libdnnl-dev                 # bf16 GEMMs (oneDNN matmul; AMX / AVX512-BF16)
     openmpi-bin libopenmpi-dev  # multi-process launch and the CPU comm layer
     libcmocka-dev               # unit-test assertions
     zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)

@@ -191,7 +191,7 @@ static void test_gemm_strided_slot(void **state) {
         ct_tensor_from_host(B, hb);
         ct_tensor_from_host(C, hc);
         be->iface->gemm(be->ctx, ta, tb, M, N, K, 0.75f, A->data, lda, B->data, ldb, -0.5f, C->data,
-                        ldc);
+                        ldc, CT_DTYPE_F32, CT_DTYPE_F32);
         float *got = host_of(C);
         double *want = malloc((size_t)(M * N) * sizeof *want);
         gemm_ref(ta, tb, M, N, K, 0.75, ha, lda, hb, ldb, -0.5, hc, ldc, want);
@@ -953,13 +953,13 @@ static void test_adamw_hand(void **state) {
     ct_adamw_segment seg[2] = {{0, 3, 0.1f}, {5, 4, 0.0f}};
     ct_adamw_hparams hpar = {
         .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1, .grad_scale = 2.0f};
-    ct_adamw(p, g, m, v, seg, 2, &hpar);
+    ct_adamw(p, g, m, v, seg, 2, &hpar, NULL);
     float *p1 = host_of(p);
     double w1[10] = {0.890000001, 0.890000001, 0.890000001, 7,           -7,
                      0.900000001, 0.900000001, 0.900000001, 0.900000001, 3};
     check_close("adamw step 1", p1, w1, n, 1e-6, 0);
     hpar.step = 2;
-    ct_adamw(p, g, m, v, seg, 2, &hpar);
+    ct_adamw(p, g, m, v, seg, 2, &hpar, NULL);
     float *p2 = host_of(p), *m2 = host_of(m), *v2 = host_of(v);
     double w2[10] = {0.781100002, 0.781100002, 0.781100002, 7,           -7,
                      0.800000002, 0.800000002, 0.800000002, 0.800000002, 3};
@@ -1009,7 +1009,7 @@ static void test_adamw_random(void **state) {
                 rp[i] -= (double)hpar.lr *
                          (mh / (sqrt(vh) + (double)hpar.eps) + (double)seg[k].weight_decay * rp[i]);
             }
-        ct_adamw(p, g, m, v, seg, 2, &hpar);
+        ct_adamw(p, g, m, v, seg, 2, &hpar, NULL);
         hpar.step++;
     }
     float *gp = host_of(p), *gm = host_of(m), *gv = host_of(v);

@@ -663,6 +663,21 @@ ct_optimizer *ct_dp_optimizer(ct_dp *dp) {
 }
 
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
+    const ct_optim_unit *ou = &dp->opt->units[u];
+    if (ou->master) {
+        /* bf16 training: the fp32 master weights are the parameters' true values (the bf16
+         * ones are their rounding). Sharded at stages >= 1: gather them (host memory). */
+        dp_unit *du = &dp->units[u];
+        if (dp->stage == 0 || dp->N == 1) {
+            ct_tensor_to_host(host, ou->master);
+            return;
+        }
+        float *mine = ct_xmalloc((size_t)CT_MAX(1, du->shard_n) * sizeof(float));
+        ct_tensor_to_host(mine, ou->master);
+        ct_comm_allgather(dp->comm, mine, host, du->n, CT_DTYPE_F32);
+        free(mine);
+        return;
+    }
     if (dp->stage < 3) {
         ct_tensor_to_host_f32(host, dp->model->units[u].params);
         return;

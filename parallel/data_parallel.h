@@ -110,8 +110,9 @@ void ct_dp_log_events(ct_dp *dp, bool on);
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n);
 
 ct_optimizer *ct_dp_optimizer(ct_dp *dp);
-/* Copies this rank's full parameters of unit u into host memory (gathers them at stage 3):
- * collective over the dp group. */
+/* Copies this rank's full parameters of unit u into host memory as fp32 (gathers them at stage
+ * 3): collective over the dp group. In bf16 training these are the fp32 master weights (gathered
+ * at stages >= 1), of which the bf16 parameters are the rounding. */
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host);
 
 #endif /* CT_DATA_PARALLEL_H */

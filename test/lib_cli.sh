@@ -96,10 +96,13 @@ reference_run() {
 
 # check_against_reference NAME DIR: compares DIR/run.{jsonl,bin} with the reference in DIR
 # (test/compare_runs.py states the tolerances) including the accounting.
+# In bf16 (DIR/twin.{jsonl,bin} present: the reference config trained in fp32) the allowance is
+# the twins' distance (--noise; compare_runs.py says why).
 check_against_reference() {
-    local name=$1 dir=$2 out
+    local name=$1 dir=$2 out noise=()
+    [ -f "$dir/twin.bin" ] && noise=(--noise "$dir/twin.jsonl" "$dir/twin.bin")
     if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" \
-        --init "$dir/init.bin" --accounting); then
+        --init "$dir/init.bin" --accounting "${noise[@]}"); then
         ok "$name matches world size 1; $out"
     else
         fail "$name: $out"

@@ -419,8 +419,8 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
                "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
                SH(B), trans_b ? "^T" : "");
     double prof_t0_ = prof_begin(C);
-    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols,
-                   beta, DATA(C), N, DT(A), DT(C));
+    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols, beta,
+                   DATA(C), N, DT(A), DT(C));
     prof_end(C, CT_PROF_GEMM, prof_t0_);
 }
 
@@ -677,9 +677,8 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                    SH(dbias), SH(qkv));
     }
     double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_bwd(CTX(qkv), DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL,
-                              DATA(dout), DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head,
-                              hd);
+    IFACE(qkv)->attention_bwd(CTX(qkv), DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL, DATA(dout),
+                              DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head, hd);
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
@@ -777,8 +776,8 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
                    "adamw: segment %d [%lld, +%lld) outside the %lld-element range", s,
                    (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
     double prof_t0_ = prof_begin(param);
-    IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments,
-                        hp, param_copy ? DATA(param_copy) : NULL,
+    IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments, hp,
+                        param_copy ? DATA(param_copy) : NULL,
                         param_copy ? DT(param_copy) : CT_DTYPE_F32);
     prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
 }

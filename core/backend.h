@@ -103,8 +103,7 @@ struct ct_backend_i {
     void (*bias_add)(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N, int64_t C);
     void (*bias_init)(void *ctx, ct_dtype dt, void *out, const void *bias, const void *residual,
                       int64_t N, int64_t C); /* residual may be NULL */
-    void (*bias_grad)(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
-                      int64_t C);
+    void (*bias_grad)(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N, int64_t C);
     void (*axpy)(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
     void (*scale)(void *ctx, ct_dtype dt, void *x, float s, int64_t n);
 
@@ -116,8 +115,8 @@ struct ct_backend_i {
                           int64_t row_offset);
     void (*posemb_fwd)(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B, int64_t T,
                        int64_t C, int64_t pos_offset);
-    void (*posemb_bwd)(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
-                       int64_t T, int64_t C, int64_t pos_offset);
+    void (*posemb_bwd)(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B, int64_t T,
+                       int64_t C, int64_t pos_offset);
 
     void (*layernorm_fwd)(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
                           const void *inp, const void *w, const void *b, int64_t N, int64_t C);
@@ -129,9 +128,8 @@ struct ct_backend_i {
     void (*gelu_bwd)(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
                      const void *dout, int64_t N, int64_t C); /* dbias may be NULL */
 
-    void (*attention_fwd)(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
-                          int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                          int64_t head_dim);
+    void (*attention_fwd)(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv, int64_t B,
+                          int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim);
     void (*attention_bwd)(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
                           const void *qkv, const void *out, const float *lse, int64_t B, int64_t T,
                           int64_t n_head, int64_t n_kv_head, int64_t head_dim);

@@ -1171,8 +1171,8 @@ static void slot_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t 
         cpu_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    CT_ASSERTF(ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs into a %s C", ct_dtype_name(ab_dtype),
-               ct_dtype_name(c_dtype));
+    CT_ASSERTF(ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs into a %s C",
+               ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
     if (M == 0 || N == 0) return;
     if (K == 0) { /* C = beta·C, row by row (C may be strided) */
         for (int64_t i = 0; i < M; i++) {

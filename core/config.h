@@ -29,7 +29,11 @@ typedef enum ct_schedule_choice {
 } ct_schedule_choice;
 /* train.precision (AUTO is resolved by ct_config_validate into derived.precision) and
  * parallel.grad_reduce_dtype (FP32 or BF16 only). */
-typedef enum ct_precision { CT_PRECISION_FP32 = 0, CT_PRECISION_BF16, CT_PRECISION_AUTO } ct_precision;
+typedef enum ct_precision {
+    CT_PRECISION_FP32 = 0,
+    CT_PRECISION_BF16,
+    CT_PRECISION_AUTO
+} ct_precision;
 typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recompute;
 
 typedef struct ct_model_config {

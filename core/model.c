@@ -580,8 +580,8 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
                    (long long)m->recompute_B, (long long)B);
         ct_tensor_free(m->recompute_ws);
         ct_tensor_free(m->recompute_out);
-        m->recompute_ws = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)layer_internals_bytes(m, B),
-                                           CT_MEM_ACTS);
+        m->recompute_ws =
+            ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)layer_internals_bytes(m, B), CT_MEM_ACTS);
         int64_t shape[3] = {B, m->Tl, m->C};
         m->recompute_out = ct_tensor_new(m->be, m->dtype, 3, shape, CT_MEM_ACTS);
         m->recompute_B = B;

@@ -105,8 +105,8 @@ static void start_gather(ct_dp *dp, int u, slot *s) {
     dp_unit *du = &dp->units[u];
     du->gathered = s;
     log_event(dp, CT_DP_EVENT_GATHER_START, u);
-    du->gather_req = ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n,
-                                        s->buf->dtype);
+    du->gather_req =
+        ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n, s->buf->dtype);
     ct_model_bind_unit_params(dp->model, u, s->buf, 0);
 }
 
@@ -397,8 +397,8 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
         for (int i = 0; i < STAGING_POOL && st == CT_OK; i++)
             st = alloc_slot(&dp->staging_pool[i], be, pool_n, CT_DTYPE_F32, low, CT_MEM_COMM);
         if (st == CT_OK)
-            st = alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_DTYPE_F32, low,
-                            CT_MEM_COMM);
+            st =
+                alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_DTYPE_F32, low, CT_MEM_COMM);
     }
     if (zero_stage == 3) {
         const ct_dtype pd = model->dtype;
@@ -580,8 +580,8 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
             const ct_tensor *params = dp->model->units[u].params;
             char *all = params->data;
             size_t esize = ct_dtype_size(params->dtype);
-            reqs[u] = ct_comm_iallgather(dp->comm, all + (size_t)dp->units[u].shard_lo * esize,
-                                         all, dp->units[u].n, params->dtype);
+            reqs[u] = ct_comm_iallgather(dp->comm, all + (size_t)dp->units[u].shard_lo * esize, all,
+                                         dp->units[u].n, params->dtype);
         }
         for (int u = 0; u < nu; u++) timed_wait(dp, reqs[u]);
         free(reqs);
@@ -621,10 +621,10 @@ double ct_zero_expected_step_bytes(int64_t elems, ct_state_bytes sb, int N, int 
     double f = (double)elems * (double)(N - 1) / (double)N;
     double r = (double)sb.reduce, p = (double)sb.params, bytes;
     switch (stage) {
-    case 0: bytes = 2.0 * r * f; break;                          /* allreduce */
-    case 1: bytes = (r + p) * f; break;                          /* reduce-scatter + allgather */
-    case 2: bytes = ((double)m * r + p) * f; break;               /* m reduce-scatters + allgather */
-    default: bytes = (double)m * (2.0 * p + r) * f; break;       /* 2m gathers + m reduce-scatters */
+    case 0: bytes = 2.0 * r * f; break;                    /* allreduce */
+    case 1: bytes = (r + p) * f; break;                    /* reduce-scatter + allgather */
+    case 2: bytes = ((double)m * r + p) * f; break;        /* m reduce-scatters + allgather */
+    default: bytes = (double)m * (2.0 * p + r) * f; break; /* 2m gathers + m reduce-scatters */
     }
     /* The sharded stages also allreduce the gradient norm's partial sum (one f64); counted
      * with the ring model's integer division, as comm.c counts it. */

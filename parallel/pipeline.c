@@ -329,8 +329,8 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         }
         case CT_ACTION_RECV_GRAD: {
             ct_comm_request *req =
-                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel, p->scratch->dres->dtype,
-                              act->peer, tag_of(p, mb, act->chunk, true));
+                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel,
+                              p->scratch->dres->dtype, act->peer, tag_of(p, mb, act->chunk, true));
             timed_wait(p, req);
             break;
         }

@@ -85,8 +85,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
         /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
          * microbatch each way */
-        double boundary = (double)B * (double)model->Tl * (double)model->C *
-                          (double)ct_dtype_size(pdt),
+        double boundary =
+                   (double)B * (double)model->Tl * (double)model->C * (double)ct_dtype_size(pdt),
                pp_bytes = 0;
         for (int j = 0; j < layout.n_chunks; j++) {
             int c = layout.chunks[j].index;
@@ -99,9 +99,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                     "\"optim_bytes\": %zu, \"master_bytes\": %zu, \"acts_bytes\": %.0f, "
                     "\"inflight\": %d, \"dp_bytes\": %.0f, \"tp_bytes\": %.0f, "
                     "\"pp_bytes\": %.0f, \"precision\": \"%s\"}\n",
-                    r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM],
-                    mem[CT_MEM_MASTER], acts, inflight, dp_bytes, tp_bytes, pp_bytes,
-                    ct_dtype_name(pdt));
+                    r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], mem[CT_MEM_MASTER],
+                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, ct_dtype_name(pdt));
             ct_model_free(model);
             continue;
         }

@@ -87,7 +87,7 @@ double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int rep
         int64_t out = linears[i].out, in = linears[i].in;
         double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
         double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, dt, dt, reps) /* y */
-                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps)      /* dx = dy·W */
+                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps) /* dx = dy·W */
                    + time_gemm(be, out, in, N, true, false, 1.0f, dt, CT_DTYPE_F32, reps); /* dW */
         flops += 3.0 * f * n;
         seconds += t * n;
@@ -704,9 +704,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
      * reaches at the model's MLP shape. */
     char peak_how[128];
     const double hw_peak = ct_backend_peak_flops(be, peak_how, sizeof peak_how);
-    const double gemm_rate =
-        ct_measure_gemm_flops(be, cfg->train.micro_batch * T, cfg->derived.d_ff, cfg->model.d_model,
-                              t.model->dtype, 5);
+    const double gemm_rate = ct_measure_gemm_flops(
+        be, cfg->train.micro_batch * T, cfg->derived.d_ff, cfg->model.d_model, t.model->dtype, 5);
     if (t.rank0) print_start(&t, peak_how, hw_peak, gemm_rate, tokens_per_step);
     if (t.metrics) {
         /* Memory by category after setup, next to the ZeRO formula (tests compare them). */
@@ -727,9 +726,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                 ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
                 "\"mem_expected_optim\": %zu, \"mem_expected_master\": %zu, "
                 "\"precision\": \"%s\"}\n",
-                mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS],
-                mem_expected[CT_MEM_OPTIM], mem_expected[CT_MEM_MASTER],
-                ct_dtype_name(t.model->dtype));
+                mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS], mem_expected[CT_MEM_OPTIM],
+                mem_expected[CT_MEM_MASTER], ct_dtype_name(t.model->dtype));
         metrics_check(&t);
     }
     if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);

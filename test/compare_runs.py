@@ -48,7 +48,7 @@ bf16 runs (--noise NOISE.jsonl NOISE.bin, the same config trained in the other p
 Layouts in bf16 differ in where values are rounded to bf16, not only in the order of fp32 sums:
 tensor parallelism rounds partial sums before its allreduce, a changed fp32 summation order
 upstream of a rounding flips it now and then, a bf16 gradient reduction rounds each rank's part.
-Each of these is a rounding error of bf16's size (u = 2^-9 relative per element) — the very
+Each of these is a rounding error of bf16's size (u = 2^-8 relative per element: 8 significant bits) — the very
 errors that separate a bf16 run from the fp32 run of the same config. So the bf16 run of a layout
 may differ from the bf16 reference by no more than the reference differs from its fp32 twin,
 measured in the same test: per tensor ||run − ref|| <= 2 · w · scale, where scale is the

@@ -56,6 +56,8 @@
 
 #include "core/backend.h"
 
+#include "test_util.h"
+
 #define U16 (1.0 / 256.0)      /* bf16 unit roundoff, 2^-8 */
 #define U32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
 #define F32 CT_DTYPE_F32
@@ -69,15 +71,12 @@ static bool verbose;
 static uint64_t rng_state = 0xB7E151628AED2A6Bull;
 
 static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return test_rng_next(&rng_state);
 }
 
 /* uniform in [lo, hi) */
 static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+    return test_urand(&rng_state, lo, hi);
 }
 
 static float bf16_round(float x) {

@@ -41,22 +41,17 @@
 
 #include "core/cpu_gemm.h"
 
+#include "test_util.h"
+
 static bool verbose;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* uniform in [-1, 1) */
 static float urand(void) {
-    return -1.0f + 2.0f * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+    return test_urand(&rng_state, -1.0f, 1.0f);
 }
 
 /* f32 -> bf16 round to nearest even, the project's rounding (backend_cpu.c) */

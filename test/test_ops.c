@@ -29,6 +29,8 @@
 
 #include "core/backend.h"
 
+#include "test_util.h"
+
 static ct_backend *be;  /* 2 threads: the backend under test */
 static ct_backend *be1; /* 1 thread  } for the determinism test */
 static ct_backend *be3; /* 3 threads } */
@@ -38,15 +40,12 @@ static ct_backend *be3; /* 3 threads } */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return test_rng_next(&rng_state);
 }
 
 /* uniform in [lo, hi) */
 static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+    return test_urand(&rng_state, lo, hi);
 }
 
 static float *rand_floats(int64_t n, float lo, float hi) {

@@ -24,15 +24,14 @@
 
 #include "core/tokenizer.h"
 
+#include "test_util.h"
+
 /* ---- fixtures ------------------------------------------------------------------------------- */
 
 static uint64_t test_rng_state = 0x1234567887654321ull;
 
 static uint64_t test_rand(void) {
-    uint64_t x = (test_rng_state += 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+    return test_rng_next(&test_rng_state);
 }
 
 static uint8_t *read_whole(const char *path, size_t *n) {

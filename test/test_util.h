@@ -16,6 +16,20 @@
 #include "core/data.h"
 #include "parallel/trainer.h"
 
+/* The tests' random inputs: splitmix64 stepping `*state`. Each test file keeps its own state,
+ * so its sequence is fixed by its seed alone. */
+static inline uint64_t test_rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi), from the top 53 bits of a draw. */
+static inline float test_urand(uint64_t *state, float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(test_rng_next(state) >> 11) / 9007199254740992.0);
+}
+
 /* The test corpus: the fortunes text made byte-level by scripts/prepare_corpus.sh --byte-level,
  * which test/run_tests.sh runs before any test (every byte is a token below 123). */
 static inline const char *test_corpus_path(void) {

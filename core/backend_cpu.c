@@ -433,16 +433,21 @@ static void cpu_scale(void *ctx, float *x, float s, int64_t n) {
 
 /* ---- embeddings --------------------------------------------------------------------------- */
 
-static void cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *table,
-                              int64_t N, int64_t C, int64_t rows, int64_t row_offset) {
+/* A row gather: no arithmetic, so it is the slot for both dtypes (f32 and bf16 rows are copied
+ * as they are). */
+static void cpu_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
+                              const void *table, int64_t N, int64_t C, int64_t rows,
+                              int64_t row_offset) {
     cpu_ctx *c = ctx;
+    const size_t row_bytes = (size_t)C * ct_dtype_size(dt);
     PARALLEL_FOR(threads_for(c, N * C))
     for (int64_t i = 0; i < N; i++) {
         int64_t r = (int64_t)tokens[i] - row_offset;
+        char *o = (char *)out + (size_t)i * row_bytes;
         if (r >= 0 && r < rows)
-            memcpy(out + i * C, table + r * C, (size_t)C * sizeof(float));
+            memcpy(o, (const char *)table + (size_t)r * row_bytes, row_bytes);
         else
-            memset(out + i * C, 0, (size_t)C * sizeof(float)); /* another shard's token */
+            memset(o, 0, row_bytes); /* another shard's token */
     }
 }
 
@@ -1224,27 +1229,6 @@ static void slot_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
     out_done(c, dt, x, f, n);
 }
 
-static void slot_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
-                               const void *table, int64_t N, int64_t C, int64_t rows,
-                               int64_t row_offset) {
-    cpu_ctx *c = ctx;
-    if (dt == CT_DTYPE_BF16) {
-        /* A row gather: copy the bf16 rows as they are (no arithmetic to widen for). */
-        const uint16_t *tab = table;
-        uint16_t *o = out;
-        PARALLEL_FOR(threads_for(c, N * C))
-        for (int64_t i = 0; i < N; i++) {
-            int64_t r = (int64_t)tokens[i] - row_offset;
-            if (r >= 0 && r < rows)
-                memcpy(o + i * C, tab + r * C, (size_t)C * sizeof(uint16_t));
-            else
-                memset(o + i * C, 0, (size_t)C * sizeof(uint16_t));
-        }
-        return;
-    }
-    cpu_embedding_fwd(c, out, tokens, table, N, C, rows, row_offset);
-}
-
 static void slot_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
                                const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
                                int64_t row_offset) {
@@ -1429,7 +1413,7 @@ static const struct ct_backend_i cpu_iface = {
     .bias_grad = slot_bias_grad,
     .axpy = slot_axpy,
     .scale = slot_scale,
-    .embedding_fwd = slot_embedding_fwd,
+    .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = slot_embedding_bwd,
     .posemb_fwd = slot_posemb_fwd,
     .posemb_bwd = slot_posemb_bwd,

@@ -400,40 +400,45 @@ ct_param *ct_model_find_param(ct_model *m, const char *name) {
     return NULL;
 }
 
-/* Writes parameter p's initial fp32 values (its local slice, numel floats) into host. */
-static void init_param_host(ct_model *m, const ct_param *p, float *host) {
+/* Writes elements [e0, e1) of parameter p's local slice (row-major) as initial fp32 values into
+ * dst[0, e1 - e0). Each element is a pure function of (seed, name, global index), so any part of a
+ * tensor can be made on its own. */
+static void init_param_host(const ct_model *m, const ct_param *p, int64_t e0, int64_t e1,
+                            float *dst) {
     /* A tied twin draws from the stream of the tensor it is tied to: same bytes. */
     uint64_t stream = ct_rng_hash_name(p->tied_to ? p->tied_to : p->name);
-    int64_t rows = p->local_shape[0], cols = p->local_shape[1];
+    int64_t cols = p->local_shape[1];
     int64_t row0 = p->tp_split_dim == 0 ? p->tp_offset : 0;
     int64_t col0 = p->tp_split_dim == 1 ? p->tp_offset : 0;
     int64_t gcols = p->global_shape[1];
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < cols; c++) {
-            float v = 0.0f;
-            if (r < p->valid_rows) {
-                switch (p->init) {
-                case CT_INIT_ZEROS: v = 0.0f; break;
-                case CT_INIT_ONES: v = 1.0f; break;
-                case CT_INIT_NORMAL: {
-                    uint64_t g = (uint64_t)((row0 + r) * gcols + col0 + c);
-                    v = (float)(p->init_std * ct_rng_normal(m->seed, stream, g));
-                    break;
-                }
-                }
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t r = e / cols, c = e % cols;
+        float v = 0.0f;
+        if (r < p->valid_rows) {
+            switch (p->init) {
+            case CT_INIT_ZEROS: v = 0.0f; break;
+            case CT_INIT_ONES: v = 1.0f; break;
+            case CT_INIT_NORMAL: {
+                uint64_t g = (uint64_t)((row0 + r) * gcols + col0 + c);
+                v = (float)(p->init_std * ct_rng_normal(m->seed, stream, g));
+                break;
             }
-            host[r * cols + c] = v;
+            }
         }
+        dst[e - e0] = v;
     }
 }
 
-void ct_model_init_unit_host(const ct_model *m, int u, float *host) {
+void ct_model_init_range_host(const ct_model *m, int u, int64_t lo, int64_t n, float *host) {
     const ct_unit *unit = &m->units[u];
-    memset(host, 0, (size_t)unit->padded_numel * sizeof(float)); /* padding after the last one */
+    CT_ASSERT(lo >= 0 && n >= 0 && lo + n <= unit->padded_numel);
+    memset(host, 0, (size_t)n * sizeof(float)); /* unit padding, and the gaps between tensors */
     for (int i = 0; i < unit->n_params; i++) {
         const ct_param *p = &m->params[unit->first_param + i];
-        init_param_host((ct_model *)m, p, host + p->offset);
+        int64_t start = CT_MAX(lo, p->offset), end = CT_MIN(lo + n, p->offset + p->numel);
+        if (start < end)
+            init_param_host(m, p, start - p->offset, end - p->offset, host + (start - lo));
     }
 }
 
@@ -441,7 +446,7 @@ void ct_model_init_unit(ct_model *m, int u) {
     ct_unit *unit = &m->units[u];
     CT_ASSERTF(unit->params->data != NULL, "unit %s has no parameter buffer bound", unit->name);
     float *host = ct_xmalloc((size_t)unit->padded_numel * sizeof(float));
-    ct_model_init_unit_host(m, u, host);
+    ct_model_init_range_host(m, u, 0, unit->padded_numel, host);
     ct_tensor_from_host_f32(unit->params, host); /* rounded once to bf16 in bf16 mode */
     free(host);
 }

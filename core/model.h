@@ -224,9 +224,10 @@ void ct_model_free(ct_model *model);
  * ct_model_init_unit writes one unit's parameters into its currently bound buffer. */
 void ct_model_init_params(ct_model *model);
 void ct_model_init_unit(ct_model *model, int unit);
-/* Unit u's initial values in fp32 (padded_numel floats, padding zero) into host memory: what
- * fp32 master weights start from, before the parameters' rounding to bf16. */
-void ct_model_init_unit_host(const ct_model *model, int unit, float *host);
+/* Elements [lo, lo + n) of unit u's flat range as initial fp32 values (padding zero) into host
+ * memory (n floats): what fp32 master weights start from, before the parameters' rounding to
+ * bf16. Only the tensors the range touches are generated, so a ZeRO shard costs its own size. */
+void ct_model_init_range_host(const ct_model *model, int unit, int64_t lo, int64_t n, float *host);
 /* Zeroes the gradient slab (no-op when gradients are sharded: the data-parallel layer owns them).
  */
 void ct_model_zero_grads(ct_model *model);

@@ -63,9 +63,9 @@ ct_status ct_optim_new(ct_optimizer **out, ct_model *model, const ct_train_confi
             ct_optim_unit *ou = &opt->units[u];
             ou->master = ct_tensor_view_1d(opt->master_slab, at, ou->n);
             at += ou->n;
-            float *host = ct_xmalloc((size_t)model->units[u].padded_numel * sizeof(float));
-            ct_model_init_unit_host(model, u, host);
-            ct_tensor_from_host(ou->master, host + ou->lo);
+            float *host = ct_xmalloc((size_t)CT_MAX(1, ou->n) * sizeof(float));
+            ct_model_init_range_host(model, u, ou->lo, ou->n, host);
+            ct_tensor_from_host(ou->master, host);
             free(host);
         }
     }

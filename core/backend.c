@@ -311,20 +311,6 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
     be->iface->copy(be->ctx, dst->data, src->data, ct_tensor_bytes(dst));
 }
 
-uint16_t ct_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float ct_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 void ct_tensor_from_host_f32(ct_tensor *dst, const float *src) {
     if (dst->dtype == CT_DTYPE_F32) {
         ct_tensor_from_host(dst, src);

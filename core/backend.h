@@ -257,9 +257,6 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src); /* same dtype and num
  * nearest even): how parameters are initialised, dumped and checked whatever their dtype. */
 void ct_tensor_from_host_f32(ct_tensor *dst, const float *src);
 void ct_tensor_to_host_f32(float *dst, const ct_tensor *src);
-/* Host conversions (round to nearest even; NaN stays NaN). */
-uint16_t ct_f32_to_bf16(float f);
-float ct_bf16_to_f32(uint16_t h);
 
 /* ---- ops (thin wrappers; shapes in comments) ------------------------------------------------ *
  * Activation and parameter tensors of one op share a dtype, f32 or bf16 (the slot's `dt`);

@@ -1178,16 +1178,7 @@ static void slot_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t 
     }
     CT_ASSERTF(ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs into a %s C",
                ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
-    if (M == 0 || N == 0) return;
-    if (K == 0) { /* C = beta·C, row by row (C may be strided) */
-        for (int64_t i = 0; i < M; i++) {
-            void *row = (char *)C + (size_t)(i * ldc) * ct_dtype_size(c_dtype);
-            float *f = out_f32(c, 0, c_dtype, row, N, beta != 0.0f);
-            for (int64_t j = 0; j < N; j++) f[j] = beta == 0.0f ? 0.0f : beta * f[j];
-            out_done(c, c_dtype, row, f, N);
-        }
-        return;
-    }
+    /* M, N or K of 0 are handled there as BLAS defines them (K = 0: C = beta·C). */
     if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
     ct_cpu_gemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
                        c_dtype);

@@ -38,6 +38,9 @@ typedef enum ct_dtype {
 
 size_t ct_dtype_size(ct_dtype dtype);
 const char *ct_dtype_name(ct_dtype dtype);
+/* bf16 <-> f32 on the host: round to nearest even; a NaN stays a (quiet) NaN. */
+uint16_t ct_f32_to_bf16(float f);
+float ct_bf16_to_f32(uint16_t h);
 
 /*
  * The error channel. ct_error() records the message (printf-style) and returns `status`, so a

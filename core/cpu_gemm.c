@@ -209,21 +209,6 @@ static void key_init(gemm_key *k, bool trans_a, bool trans_b, int64_t M, int64_t
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
 /* f32 -> bf16, round to nearest even; NaN stays NaN (as backend_cpu.c). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* C = beta·C without A·B (K == 0 or alpha == 0, as BLAS defines them); beta == 0 writes zeros. */
 static void scale_c(int64_t M, int64_t N, float beta, void *C, int64_t ldc, ct_dtype c_dtype) {
     for (int64_t i = 0; i < M; i++) {
@@ -233,7 +218,7 @@ static void scale_c(int64_t M, int64_t N, float beta, void *C, int64_t ldc, ct_d
         } else {
             uint16_t *c = (uint16_t *)C + i * ldc;
             for (int64_t j = 0; j < N; j++)
-                c[j] = beta == 0.0f ? 0 : f32_to_bf16(beta * bf16_to_f32(c[j]));
+                c[j] = beta == 0.0f ? 0 : ct_f32_to_bf16(beta * ct_bf16_to_f32(c[j]));
         }
     }
 }

@@ -39,13 +39,6 @@ static double median(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 static float *rand_floats(int64_t n, uint64_t seed) {
     float *x = malloc((size_t)n * sizeof *x);
     if (!x) {
@@ -62,7 +55,7 @@ static float *rand_floats(int64_t n, uint64_t seed) {
 
 static uint16_t *to_bf16_copy(const float *x, int64_t n) {
     uint16_t *h = malloc((size_t)n * sizeof *h);
-    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(x[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = ct_f32_to_bf16(x[i]);
     return h;
 }
 

@@ -54,22 +54,6 @@ static float urand(void) {
     return test_urand(&rng_state, -1.0f, 1.0f);
 }
 
-/* f32 -> bf16 round to nearest even, the project's rounding (backend_cpu.c) */
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* A stored matrix: rows × cols with row stride ld, in dtype, plus its values as floats (what the
  * GEMM sees: bf16-rounded for bf16). Padding columns hold NaN in both. */
 typedef struct mat {
@@ -89,9 +73,9 @@ static mat mat_new(int64_t rows, int64_t cols, int64_t ld, ct_dtype dtype, bool 
             float v = (j < cols && !nan_fill) ? urand() : NAN;
             size_t at = (size_t)(i * ld + j);
             if (dtype == CT_DTYPE_BF16) {
-                uint16_t h = to_bf16(v);
+                uint16_t h = ct_f32_to_bf16(v);
                 ((uint16_t *)m.data)[at] = h;
-                m.val[at] = from_bf16(h);
+                m.val[at] = ct_bf16_to_f32(h);
             } else {
                 ((float *)m.data)[at] = v;
                 m.val[at] = v;
@@ -105,7 +89,7 @@ static void mat_free(mat *m) {
 }
 
 static float mat_get(const mat *m, size_t at) {
-    return m->dtype == CT_DTYPE_BF16 ? from_bf16(((const uint16_t *)m->data)[at])
+    return m->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(((const uint16_t *)m->data)[at])
                                      : ((const float *)m->data)[at];
 }
 

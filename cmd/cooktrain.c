@@ -102,7 +102,7 @@ static ct_status cmd_train(int argc, char **argv) {
             sets[n_sets++] = a + 6;
         } else if (!strcmp(a, "--backend")) {
             if (!has_value)
-                st = usage_error("%s needs cpu or cuda", a);
+                st = usage_error("%s needs cpu, cuda, auto or cpu-async", a);
             else
                 backend_name = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
@@ -125,16 +125,6 @@ static ct_status cmd_train(int argc, char **argv) {
     if (st == CT_OK && config_path) st = ct_config_load_file(&cfg, config_path);
     for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
     free(sets);
-    if (st == CT_OK && strcmp(backend_name, "cpu") != 0) {
-        if (!strcmp(backend_name, "cuda")) {
-            ct_error(CT_ERR_INPUT, "--backend cuda: the CUDA backend is not part of this build");
-            ct_hint("use --backend cpu (the default)");
-        } else {
-            ct_error(CT_ERR_INPUT, "--backend '%s' is not a backend", backend_name);
-            ct_hint("valid backends: cpu, cuda");
-        }
-        st = CT_ERR_INPUT;
-    }
     const int world = ct_mpi_world_size(), rank = ct_mpi_world_rank();
     if (st == CT_OK) st = ct_config_validate(&cfg, world);
     /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
@@ -146,7 +136,17 @@ static ct_status cmd_train(int argc, char **argv) {
         return CT_OK;
     }
     int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
-    ct_backend *be = ct_backend_cpu_new(threads);
+    ct_backend *be = NULL;
+    char chosen[256];
+    st = ct_backend_new(&be, backend_name, threads, chosen, sizeof chosen);
+    /* every rank reaches the same verdict on the same build; a node without a device differs */
+    if (world > 1) st = ct_mpi_agree(st);
+    if (st != CT_OK) {
+        ct_backend_free(be);
+        return st;
+    }
+    if (rank == 0 && !gemm_rate && strcmp(chosen, backend_name) != 0)
+        printf("backend: %s\n", chosen);
     if (gemm_rate) {
         /* For scripts/bench_cpu.sh: the MFU denominator at this config's GEMM shapes. */
         double rate = ct_measure_model_gemm_flops(&cfg, be, 5);
@@ -155,7 +155,7 @@ static ct_status cmd_train(int argc, char **argv) {
         st = ct_model_new(&model, &cfg, be, &layout);
         if (st == CT_OK) {
             char how[128];
-            double peak = ct_backend_peak_flops(be, how, sizeof how);
+            double peak = ct_backend_peak_flops(be, model->dtype, how, sizeof how);
             printf("gemm_flops_per_s %.6e\nflops_per_token %.6e\nthreads %d\n"
                    "peak_flops_per_s %.6e\npeak_source %s\n",
                    rate, ct_model_flops_per_token(model), threads, peak, how);

@@ -40,6 +40,113 @@ void ct_backend_sync(ct_backend *be) {
     if (be->iface->sync) be->iface->sync(be->ctx);
 }
 
+void ct_backend_event_record(ct_backend *be, int event) {
+    CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
+    if (be->iface->event_record) be->iface->event_record(be->ctx, event);
+}
+
+void ct_backend_event_wait(ct_backend *be, int event) {
+    CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
+    if (be->iface->event_wait) be->iface->event_wait(be->ctx, event);
+}
+
+void ct_backend_describe(const ct_backend *be, char *buf, size_t cap) {
+    char what[96] = "";
+    if (be->iface->describe) be->iface->describe(be->ctx, what, sizeof what);
+    snprintf(buf, cap, "%s%s%s", be->iface->name, what[0] ? ", " : "", what);
+}
+
+/* ---- the registry -----------------------------------------------------------------------------
+ */
+
+static ct_backend *create_cpu(int n_threads) {
+    return ct_backend_cpu_new(n_threads);
+}
+
+static ct_backend *create_cpu_async(int n_threads) {
+    return ct_backend_async_new(ct_backend_cpu_new(n_threads));
+}
+
+enum { MAX_BACKENDS = 8 };
+static ct_backend_desc registry[MAX_BACKENDS] = {
+    {.name = "cpu", .create = create_cpu},
+    {.name = "cpu-async", .create = create_cpu_async},
+};
+static int n_registered = 2;
+
+void ct_backend_register(const ct_backend_desc *desc) {
+    for (int i = 0; i < n_registered; i++)
+        if (!strcmp(registry[i].name, desc->name)) {
+            registry[i] = *desc;
+            return;
+        }
+    CT_ASSERTF(n_registered < MAX_BACKENDS, "more than %d backends registered", MAX_BACKENDS);
+    registry[n_registered++] = *desc;
+}
+
+static const ct_backend_desc *registry_find(const char *name) {
+    for (int i = 0; i < n_registered; i++)
+        if (!strcmp(registry[i].name, name)) return &registry[i];
+    return NULL;
+}
+
+/* The registered names, "a, b, c", for hints. */
+static void registry_names(char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n_registered && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", registry[i].name);
+}
+
+ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
+                         size_t cap) {
+    *out = NULL;
+    char why[160] = "", names[160];
+    registry_names(names, sizeof names);
+    const ct_backend_desc *desc = NULL;
+    if (!strcmp(name, "auto")) {
+        for (int i = 0; i < n_registered && !desc; i++)
+            if (registry[i].accelerator &&
+                (!registry[i].usable || registry[i].usable(why, sizeof why)))
+                desc = &registry[i];
+        if (desc)
+            snprintf(chosen, cap, "%s (auto)", desc->name);
+        else
+            snprintf(chosen, cap, "cpu (auto: %s)", why[0] ? why : "this build has no GPU backend");
+        if (!desc) desc = registry_find("cpu");
+    } else {
+        desc = registry_find(name);
+        if (!desc && !strcmp(name, "cuda")) {
+            ct_error(CT_ERR_INPUT, "--backend cuda: the CUDA backend is not part of this build");
+            ct_hint("use --backend cpu (or auto, which picks cuda where it is built and a GPU is "
+                    "usable)");
+            return CT_ERR_INPUT;
+        }
+        if (!desc) {
+            ct_error(CT_ERR_INPUT, "--backend '%s' is not a backend", name);
+            ct_hint("valid backends: %s, auto", names);
+            return CT_ERR_INPUT;
+        }
+        if (desc->usable && !desc->usable(why, sizeof why)) {
+            ct_error(CT_ERR_INPUT, "--backend %s: %s", name, why);
+            ct_hint("use --backend cpu, or --backend auto to fall back to it");
+            return CT_ERR_INPUT;
+        }
+        snprintf(chosen, cap, "%s", desc->name);
+    }
+    ct_backend *be = desc->create(n_threads);
+    const char *async = getenv("COOKTRAIN_ASYNC");
+    if (async && !strcmp(async, "1") && strstr(be->iface->name, "-async") == NULL) {
+        be = ct_backend_async_new(be);
+        size_t used = strlen(chosen);
+        if (used < cap)
+            snprintf(chosen + used, cap - used,
+                     " behind the asynchronous stream (COOKTRAIN_ASYNC=1)");
+    }
+    *out = be;
+    return CT_OK;
+}
+
 void ct_backend_apply_env(ct_backend *be) {
     be->mem_limit = 0;
     be->fail_category = -1;
@@ -60,12 +167,12 @@ void ct_backend_apply_env(ct_backend *be) {
         if (!strcmp(env, ct_mem_category_name((ct_mem_category)c))) be->fail_category = c;
 }
 
-double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap) {
+double ct_backend_peak_flops(ct_backend *be, ct_dtype dt, char *how, size_t how_cap) {
     if (!be->iface->peak_flops) {
         snprintf(how, how_cap, "unknown for the %s backend", be->iface->name);
         return 0.0;
     }
-    return be->iface->peak_flops(be->ctx, how, how_cap);
+    return be->iface->peak_flops(be->ctx, dt, how, how_cap);
 }
 
 size_t ct_backend_mem(const ct_backend *be, ct_mem_category category) {

@@ -26,6 +26,7 @@
 #include "common.h"
 
 #define CT_MAX_DIMS 4
+#define CT_BACKEND_EVENTS 16 /* event ids per backend (event_record / event_wait) */
 
 typedef enum ct_mem_category {
     CT_MEM_PARAMS = 0,
@@ -155,15 +156,29 @@ struct ct_backend_i {
     void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
                  int64_t n);
 
-    /* ordering; NULL means no-op (the CPU runs everything synchronously) */
+    /* Ordering (NULL: no-op, for a backend whose ops complete before their slot returns, as the
+     * plain CPU backend's do). Ops run in the order they are issued, on the backend's stream,
+     * possibly after their slot has returned; host memory passed to a slot (hp, segments) may be
+     * reused as soon as the slot returns. Events are integers in [0, CT_BACKEND_EVENTS).
+     *   event_record: event `event` completes once every op issued before it has completed
+     *                 (recording it again moves it to the current point);
+     *   event_wait:   the host blocks until `event`, as last recorded, has completed;
+     *   sync:         the host blocks until every op issued so far has completed.
+     * copy_to_host returns with the bytes on the host (it waits for the ops before it); free
+     * waits for the ops that may still use the memory. */
     void (*event_record)(void *ctx, int event);
     void (*event_wait)(void *ctx, int event);
     void (*sync)(void *ctx);
 
-    /* The hardware's peak fp32 FLOP/s for the threads or device this backend uses — the
-     * denominator of MFU — and how it was obtained, written into `how` (e.g. "measured: FMA
-     * loop on 2 threads"). NULL: unknown (MFU is then not reported). */
-    double (*peak_flops)(void *ctx, char *how, size_t how_cap);
+    /* The hardware's peak FLOP/s for multiplies in dtype `dt` (f32 or bf16, fp32 accumulation) on
+     * the threads or device this backend uses — the denominator of MFU — and how it was obtained,
+     * written into `how` (e.g. "measured: FMA loop on 2 threads"). NULL: unknown (MFU is then
+     * not reported). */
+    double (*peak_flops)(void *ctx, ct_dtype dt, char *how, size_t how_cap);
+
+    /* What runs the ops, for the start-up line, e.g. "2 threads" or "H100, 80 GiB". NULL: the
+     * name alone. */
+    void (*describe)(void *ctx, char *buf, size_t cap);
 
     void (*free_backend)(void *ctx); /* NULL: nothing to release */
 };
@@ -203,16 +218,54 @@ void ct_backend_profile(ct_backend *be, bool on);
 
 /* ---- backends ---------------------------------------------------------------------------- */
 
-/* The CPU backend; n_threads <= 0 means "what OpenMP would use". */
+/*
+ * The registry: the one place backends are made. Built in: "cpu" (backend_cpu.c, always) and
+ * "cpu-async" (the CPU backend behind the asynchronous stream, ct_backend_async_new). A backend
+ * built elsewhere (cuda/) registers itself with ct_backend_register before the first
+ * ct_backend_new. `name` "auto" picks the first registered accelerator whose `usable` says yes,
+ * else "cpu". The environment variable COOKTRAIN_ASYNC=1 puts whatever backend is made behind the
+ * asynchronous stream (how the test suite proves the ordering of every caller).
+ * n_threads: host threads (<= 0: what OpenMP would use). On success *out is the backend and
+ * `chosen` (cap bytes) says what was picked and why, e.g. "cpu (auto: this build has no CUDA
+ * backend)". An unknown name, or a known one that is not built or cannot run here, is
+ * CT_ERR_INPUT with a message and a hint.
+ */
+typedef struct ct_backend_desc {
+    const char *name;
+    ct_backend *(*create)(int n_threads);
+    /* NULL: always usable. Else true when the backend can run here; false with the reason
+     * written into why (e.g. "no usable CUDA device (cudaErrorInsufficientDriver)"). */
+    bool (*usable)(char *why, size_t cap);
+    bool accelerator; /* a candidate for "auto" */
+} ct_backend_desc;
+void ct_backend_register(const ct_backend_desc *desc);
+ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
+                         size_t cap);
+/* The CPU backend (only the registry and the CPU backend's own tests call it directly);
+ * n_threads <= 0 means "what OpenMP would use". */
 ct_backend *ct_backend_cpu_new(int n_threads);
+/*
+ * The asynchronous stream (backend_async.c): a backend whose ops run on a worker thread, after
+ * their slot has returned, by `inner`'s slots, in issue order. It runs queued work lazily — only
+ * when the host waits (event_wait, sync, copy_to_host, free, peak_flops) or the queue is full —
+ * so an op that reaches memory without the wait the ordering rules require (a collective reading
+ * a gradient before the backward that writes it has run) sees stale values every time, not by
+ * chance. Takes ownership of `inner`. Results are bit-identical to `inner`'s.
+ */
+ct_backend *ct_backend_async_new(ct_backend *inner);
 void ct_backend_free(ct_backend *be);
-int ct_backend_cpu_threads(const ct_backend *be);
+/* The backend's name and what runs its ops (the describe slot), e.g. "cpu, 2 threads". */
+void ct_backend_describe(const ct_backend *be, char *buf, size_t cap);
+/* Ordering (the slots' rules above): the host waits for everything issued so far; records event
+ * `event` at the current point of the stream; waits on the host for it. */
 void ct_backend_sync(ct_backend *be);
+void ct_backend_event_record(ct_backend *be, int event);
+void ct_backend_event_wait(ct_backend *be, int event);
 /* Sets be->mem_limit from COOKTRAIN_MEM_LIMIT_MB (a malformed value is ignored with a warning)
  * and be->fail_category from COOKTRAIN_FAIL_ALLOC; every backend constructor calls it. */
 void ct_backend_apply_env(ct_backend *be);
 /* The backend's peak_flops slot (0 when the backend does not know; `how` says so). */
-double ct_backend_peak_flops(ct_backend *be, char *how, size_t how_cap);
+double ct_backend_peak_flops(ct_backend *be, ct_dtype dt, char *how, size_t how_cap);
 
 /* Bytes currently allocated in one category and the total over all categories. */
 size_t ct_backend_mem(const ct_backend *be, ct_mem_category category);

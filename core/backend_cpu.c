@@ -42,7 +42,7 @@
 #include <cblas.h>
 
 #include "cpu_gemm.h"
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 #include <math.h>
@@ -68,6 +68,7 @@ enum {
                          * at T = 128 and 256 (hd 64), by 10-15% over 64 */
     PAR_MIN_WORK = 16384, /* below this many elements an op runs on one thread */
     EW_BLOCK = 1024,      /* elements per block of an elementwise loop (4 KiB of floats) */
+    GEMM_ROW_BLOCK = 256, /* rows of C per single-threaded sgemm (cpu_gemm) */
 };
 
 enum { N_STAGE = 5 }; /* most operands of one op staged through fp32 (attention backward) */
@@ -335,12 +336,25 @@ static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N
                 C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    /* The OpenMP build of OpenBLAS sizes its team from omp_get_max_threads() of the calling
-     * thread, so another backend in the same process may have changed it: set ours. */
-    if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A, (int)lda, B,
-                (int)ldb, beta, C, (int)ldc);
+    /* Rows of C in fixed blocks, each one single-threaded sgemm (OpenBLAS runs single-threaded
+     * inside our parallel region), the blocks spread over the threads. OpenBLAS's own threading
+     * splits C by the thread count, and its kernels treat the edge rows and columns of a piece
+     * with other micro-kernels whose sums run in another order: measured on an EPYC where it
+     * picks its Haswell kernels, 1 and 3 threads disagreed in 10% of the elements of a
+     * 333x517x200 product. With blocks fixed by the shape alone, every element's sum is the
+     * same for any thread count (the top of this file). Each block re-packs op(B), which costs
+     * ~1/GEMM_ROW_BLOCK of its arithmetic. */
+    const int64_t n_blocks = (M + GEMM_ROW_BLOCK - 1) / GEMM_ROW_BLOCK;
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
+                          tb = trans_b ? CblasTrans : CblasNoTrans;
+    CT_PRAGMA(omp parallel for schedule(static) num_threads(CT_MIN(c->n_threads, n_blocks)))
+    for (int64_t blk = 0; blk < n_blocks; blk++) {
+        const int64_t i0 = blk * GEMM_ROW_BLOCK, rows = CT_MIN(GEMM_ROW_BLOCK, M - i0);
+        /* row i of op(A) is row i of A, or column i of A when transposed */
+        const float *a = trans_a ? A + i0 : A + i0 * lda;
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)N, (int)K, alpha, a, (int)lda, B,
+                    (int)ldb, beta, C + i0 * ldc, (int)ldc);
+    }
 }
 
 /* ---- elementwise and bias ------------------------------------------------------------------ */
@@ -1333,7 +1347,8 @@ static void cpu_copy_host(void *ctx, void *dst, const void *src, size_t bytes) {
 
 /* ---- the hardware peak: a fused multiply-add loop ------------------------------------------
  *
- * MFU's denominator is the machine's fp32 peak, measured rather than looked up: each thread runs
+ * MFU's denominator is the machine's peak in the model's dtype, measured rather than looked up.
+ * fp32 (and the pattern of the bf16 loop below): each thread runs
  * CHAINS independent dependency chains of vector FMAs on registers (no memory traffic), enough
  * to cover the FMA latency on every FMA port, and the best of a few short runs is taken. This
  * is what the cores really deliver at the vector width the compiler targets (AVX-512 clocks
@@ -1367,20 +1382,91 @@ static double fma_loop(int64_t iters) {
     return 2.0 * PEAK_LANES * PEAK_CHAINS * (double)iters;
 }
 
-static double cpu_peak_flops(void *ctx, char *how, size_t how_cap) {
-    cpu_ctx *c = ctx;
-    const int64_t iters = 2000000; /* ~20 ms per thread at a few GHz */
+/* FLOPs done by one thread with AVX512-BF16: `iters` rounds of CHAINS vdpbf16ps, each 16 fp32
+ * lanes += two bf16 products (4 FLOPs per lane). */
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(int64_t iters) {
+    __m512 acc[PEAK_CHAINS];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+    for (int c = 0; c < PEAK_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int c = 0; c < PEAK_CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __m512 sum = acc[0];
+    for (int c = 1; c < PEAK_CHAINS; c++) sum = _mm512_add_ps(sum, acc[c]);
+    peak_sink = _mm512_reduce_add_ps(sum);
+    return 4.0 * 16 * PEAK_CHAINS * (double)iters;
+}
+#endif
+
+/* Best of 3 runs of `loop` on every thread, in FLOP/s. */
+static double best_loop_rate(const cpu_ctx *c, double (*loop)(int64_t), int64_t iters) {
     double best = 0.0;
     for (int rep = 0; rep < 3; rep++) {
         double flops = 0.0, t0 = ct_now();
 #pragma omp parallel num_threads(c->n_threads) reduction(+ : flops)
-        flops += fma_loop(iters);
+        flops += loop(iters);
         double rate = flops / (ct_now() - t0);
         if (rate > best) best = rate;
     }
+    return best;
+}
+
+/*
+ * The bf16 peak. AVX512-BF16 without AMX: the vdpbf16ps loop above, the vector units' bf16 rate
+ * (twice fp32's on the same ports). With AMX the tiles outrun any vector loop and their rate is
+ * reached only through a tiled kernel, so the peak is oneDNN's best bf16 matmul at a large square
+ * shape, measured. Without native bf16 (forced on by COOKTRAIN_CPU_BF16=1), oneDNN emulates bf16
+ * on the fp32 units: the fp32 peak stands.
+ */
+static double cpu_peak_bf16(cpu_ctx *c, char *how, size_t how_cap) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16")) {
+        double rate = best_loop_rate(c, dpbf16_loop, 1000000);
+        snprintf(how, how_cap, "measured: 16-lane bf16 dot-product (vdpbf16ps) loop on %d thread%s",
+                 c->n_threads, c->n_threads == 1 ? "" : "s");
+        return rate;
+    }
+    if (__builtin_cpu_supports("amx-bf16")) {
+        enum { S = 1024 };
+        uint16_t *a = calloc((size_t)S * S, 2), *b = calloc((size_t)S * S, 2);
+        float *out = malloc((size_t)S * S * sizeof(float));
+        CT_ASSERT(a && b && out);
+        if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
+        double best = 0.0;
+        for (int rep = 0; rep < 4; rep++) { /* the first call builds the primitive */
+            double t0 = ct_now();
+            ct_cpu_gemm_onednn(false, false, S, S, S, 1.0f, a, S, b, S, 0.0f, out, S, CT_DTYPE_BF16,
+                               CT_DTYPE_F32);
+            double rate = 2.0 * S * S * S / (ct_now() - t0);
+            if (rep > 0 && rate > best) best = rate;
+        }
+        free(a), free(b), free(out);
+        snprintf(how, how_cap, "measured: oneDNN bf16 matmul %dx%dx%d on AMX tiles, %d thread%s", S,
+                 S, S, c->n_threads, c->n_threads == 1 ? "" : "s");
+        return best;
+    }
+#endif
+    double rate = best_loop_rate(c, fma_loop, 2000000);
+    snprintf(how, how_cap,
+             "measured: %d-lane fp32 FMA loop on %d thread%s (no native bf16: "
+             "bf16 GEMMs run on the fp32 units)",
+             PEAK_LANES, c->n_threads, c->n_threads == 1 ? "" : "s");
+    return rate;
+}
+
+static double cpu_peak_flops(void *ctx, ct_dtype dt, char *how, size_t how_cap) {
+    cpu_ctx *c = ctx;
+    if (dt == CT_DTYPE_BF16) return cpu_peak_bf16(c, how, how_cap);
+    const double rate = best_loop_rate(c, fma_loop, 2000000); /* ~20 ms per thread */
     snprintf(how, how_cap, "measured: %d-lane fp32 FMA loop on %d thread%s", PEAK_LANES,
              c->n_threads, c->n_threads == 1 ? "" : "s");
-    return best;
+    return rate;
+}
+
+static void cpu_describe(void *ctx, char *buf, size_t cap) {
+    const cpu_ctx *c = ctx;
+    snprintf(buf, cap, "%d thread%s", c->n_threads, c->n_threads == 1 ? "" : "s");
 }
 
 static void cpu_free_backend(void *ctx) {
@@ -1424,6 +1510,7 @@ static const struct ct_backend_i cpu_iface = {
     .event_wait = NULL,
     .sync = NULL,
     .peak_flops = cpu_peak_flops,
+    .describe = cpu_describe,
     .free_backend = cpu_free_backend,
 };
 
@@ -1439,9 +1526,4 @@ ct_backend *ct_backend_cpu_new(int n_threads) {
     be->ctx = c;
     ct_backend_apply_env(be);
     return be;
-}
-
-int ct_backend_cpu_threads(const ct_backend *be) {
-    CT_ASSERTF(be->iface == &cpu_iface, "ct_backend_cpu_threads on a %s backend", be->iface->name);
-    return ((const cpu_ctx *)be->ctx)->n_threads;
 }

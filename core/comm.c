@@ -3,6 +3,8 @@
  */
 #include "comm.h"
 
+#include "backend.h"
+
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,8 +43,30 @@ static void count(ct_comm *comm, ct_comm_op_kind kind, int64_t n, ct_dtype dtype
         (comm)->seconds += ct_now() - t0_;                                                         \
     } while (0)
 
+void ct_comm_set_stream(ct_comm *comm, struct ct_backend *be) {
+    comm->stream = be;
+}
+
+void ct_comm_unset_stream(ct_comm *comm, const struct ct_backend *be) {
+    if (comm && comm->stream == be) comm->stream = NULL;
+}
+
+/* Before an operation on the buffers: the compute issued so far on the group's stream has run
+ * (comm.h). Groups of one copy on the stream itself and skip this. */
+static const struct ct_comm_i local_iface;
+
+static void after_compute(ct_comm *comm) {
+    if (!comm->stream || comm->iface == &local_iface) return;
+    ct_backend_event_record(comm->stream, CT_EVENT_COMM);
+    if (comm->iface->wait_compute)
+        comm->iface->wait_compute(comm->ctx, comm->stream, CT_EVENT_COMM);
+    else
+        ct_backend_event_wait(comm->stream, CT_EVENT_COMM);
+}
+
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
     count(comm, CT_COMM_ALLREDUCE, n, dtype);
+    after_compute(comm);
     if (comm->size > 1) TIMED(comm, comm->iface->allreduce(comm->ctx, buf, n, dtype, op));
 }
 
@@ -51,6 +75,7 @@ void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t
     CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks", (long long)n,
                comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
+    after_compute(comm);
     TIMED(comm, comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op));
 }
 
@@ -58,6 +83,7 @@ void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, c
     CT_ASSERTF(n % comm->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
                comm->size);
     count(comm, CT_COMM_ALLGATHER, n, dtype);
+    after_compute(comm);
     TIMED(comm, comm->iface->allgather(comm->ctx, send, recv, n, dtype));
 }
 
@@ -66,6 +92,7 @@ void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int 
     if (comm->rank == root)
         comm->bytes[CT_COMM_BROADCAST] +=
             ring_bytes(CT_COMM_BROADCAST, (uint64_t)n * ct_dtype_size(dtype), comm->size);
+    after_compute(comm);
     if (comm->size > 1) TIMED(comm, comm->iface->broadcast(comm->ctx, buf, n, dtype, root));
 }
 
@@ -73,17 +100,20 @@ ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dty
                                int tag) {
     comm->calls[CT_COMM_SEND]++;
     comm->bytes[CT_COMM_SEND] += (uint64_t)n * ct_dtype_size(dtype);
+    after_compute(comm);
     return comm->iface->isend(comm->ctx, buf, n, dtype, peer, tag);
 }
 
 ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
                                int tag) {
+    after_compute(comm); /* the buffer may still be read by an earlier op */
     return comm->iface->irecv(comm->ctx, buf, n, dtype, peer, tag);
 }
 
 ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype,
                                     ct_reduce_op op) {
     count(comm, CT_COMM_ALLREDUCE, n, dtype);
+    after_compute(comm);
     if (comm->size == 1) return NULL;
     return comm->iface->iallreduce(comm->ctx, buf, n, dtype, op);
 }
@@ -93,6 +123,7 @@ ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *
     CT_ASSERTF(n % comm->size == 0, "reduce_scatter of %lld elements over %d ranks", (long long)n,
                comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
+    after_compute(comm);
     return comm->iface->ireduce_scatter(comm->ctx, send, recv, n, dtype, op);
 }
 
@@ -101,6 +132,7 @@ ct_comm_request *ct_comm_iallgather(ct_comm *comm, const void *send, void *recv,
     CT_ASSERTF(n % comm->size == 0, "allgather of %lld elements over %d ranks", (long long)n,
                comm->size);
     count(comm, CT_COMM_ALLGATHER, n, dtype);
+    after_compute(comm);
     return comm->iface->iallgather(comm->ctx, send, recv, n, dtype);
 }
 
@@ -119,6 +151,7 @@ bool ct_comm_test(ct_comm *comm, ct_comm_request *req) {
 
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
     count(comm, CT_COMM_ALL_TO_ALL, n, dtype);
+    after_compute(comm);
     TIMED(comm, comm->iface->all_to_all(comm->ctx, send, recv, n, dtype));
 }
 
@@ -145,18 +178,26 @@ void ct_comm_free(ct_comm *comm) {
 
 /* ---- the local group: one rank, so every collective is the identity ------------------------ */
 
-/* Buffers may live in device memory, so copies between distinct send/recv buffers need the
- * backend; the local group is only used where send == recv or where the caller copies. With one
- * rank reduce_scatter and allgather are plain copies of n elements, done with memmove only when
- * the pointers are host memory — which the CPU backend's are. The CUDA build supplies its own
- * one-rank NCCL communicator instead. */
+/* With one rank reduce_scatter, allgather and all_to_all are plain copies of n elements. Buffers
+ * may be device memory, so a bound group (ct_comm_set_stream) copies through its backend. */
+/* The one copy of the local group: through the stream's backend when the group has one (device
+ * memory, and ordered with the compute around it), else on the host. */
+static void local_copy(ct_comm *comm, void *dst, const void *src, int64_t n, ct_dtype dtype) {
+    if (dst == src || n == 0) return;
+    size_t bytes = (size_t)n * ct_dtype_size(dtype);
+    if (comm->stream)
+        comm->stream->iface->copy(comm->stream->ctx, dst, src, bytes);
+    else
+        memmove(dst, src, bytes);
+}
+
 static void local_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype,
                                  ct_reduce_op op) {
-    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+    local_copy(ctx, recv, send, n, dtype);
 }
 
 static void local_allgather(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
-    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+    local_copy(ctx, recv, send, n, dtype);
 }
 
 static ct_comm_request *local_p2p(void *ctx, const void *buf, int64_t n, ct_dtype dtype, int peer,
@@ -184,7 +225,7 @@ static ct_comm_request *local_iallgather(void *ctx, const void *send, void *recv
 }
 
 static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
-    if (send != recv) memmove(recv, send, (size_t)n * ct_dtype_size(dtype));
+    local_copy(ctx, recv, send, n, dtype);
 }
 
 static const struct ct_comm_i local_iface = {
@@ -209,6 +250,7 @@ static const struct ct_comm_i local_iface = {
 ct_comm *ct_comm_local_new(const char *name) {
     ct_comm *comm = ct_xcalloc(1, sizeof *comm);
     comm->iface = &local_iface;
+    comm->ctx = comm; /* the local slots need the group itself (its stream) */
     comm->name = name;
     comm->rank = 0;
     comm->size = 1;

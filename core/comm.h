@@ -35,6 +35,8 @@ typedef enum ct_comm_op_kind {
 
 const char *ct_comm_op_name(ct_comm_op_kind kind);
 
+struct ct_backend; /* backend.h: the memory buffers live in, for ordering */
+
 /* A pending non-blocking operation; completed by ct_comm_wait. */
 typedef struct ct_comm_request ct_comm_request;
 
@@ -62,6 +64,11 @@ struct ct_comm_i {
     void (*poll)(void *ctx);
     void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
     void (*barrier)(void *ctx);
+    /* Orders this group's next operation after the compute issued so far on `be` (whose memory
+     * the buffers are), recorded as event `event`: a communication stream would wait for the
+     * event on the device. NULL: the host waits for the event (the MPI implementation, which
+     * reads and writes the buffers from the host). */
+    void (*wait_compute)(void *ctx, struct ct_backend *be, int event);
     /* The largest point-to-point tag the group accepts (MPI_TAG_UB for MPI); NULL: INT_MAX. */
     int (*max_tag)(void *ctx);
     void (*free_comm)(void *ctx); /* NULL: nothing to release */
@@ -70,6 +77,9 @@ struct ct_comm_i {
 typedef struct ct_comm {
     const struct ct_comm_i *iface;
     void *ctx;
+    /* The backend whose memory this group's buffers are (ct_comm_set_stream); NULL: host
+     * memory, written by nobody else while an operation runs. */
+    struct ct_backend *stream;
     const char *name; /* "tp", "dp", "pp", "mp", "embed", "world" */
     int rank, size;
     uint64_t bytes[CT_COMM_OP_COUNT]; /* ring-model bytes sent by this rank */
@@ -79,6 +89,23 @@ typedef struct ct_comm {
 
 /* A group of one rank (world size 1, or tp = 1 inside a bigger job). */
 ct_comm *ct_comm_local_new(const char *name);
+/*
+ * Ordering against compute (DESIGN §3). After ct_comm_set_stream(comm, be), every operation the
+ * group starts on buffers of `be`'s memory is ordered after the ops issued on `be` before it:
+ * they may still be running (an asynchronous backend), and a collective must neither read a
+ * buffer before the op that writes it has run nor overwrite one an earlier op still reads. A
+ * completed operation (a blocking one on return, a non-blocking one when ct_comm_wait returns)
+ * is seen by every op issued on `be` after that. The one-rank group copies through `be` instead
+ * of the host, so its copies need no wait at all. Whoever puts tensors on a group binds it and
+ * unbinds it when done: the model its tp group, data_parallel its dp group, the pipeline its pp
+ * and embedding groups. Groups that carry host scalars only (mp, world) stay unbound; a bound
+ * group may carry host buffers too (the wait is then merely unneeded).
+ */
+void ct_comm_set_stream(ct_comm *comm, struct ct_backend *be);
+/* Unbinds `comm` if it is bound to `be` (whoever bound it calls this before `be` may be freed). */
+void ct_comm_unset_stream(ct_comm *comm, const struct ct_backend *be);
+/* The event a comm records on its stream before it reads or writes the buffers. */
+#define CT_EVENT_COMM 0
 void ct_comm_free(ct_comm *comm); /* accepts NULL */
 
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op);

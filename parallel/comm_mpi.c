@@ -6,7 +6,7 @@
 #include "comm_mpi.h"
 
 #include <limits.h>
-#include <sched.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +22,9 @@ typedef struct mpi_group {
     int rank, size;
     int tag_ub; /* MPI_TAG_UB: point-to-point tags must lie in [0, tag_ub] */
     double timeout_s;
+    /* Inside a blocking operation: its pieces are blocking MPI calls (Open MPI's tuned
+     * algorithms, no request to poll), watched by the watchdog thread. */
+    bool blocking;
     uint64_t coll_seq; /* collectives started: the same sequence on every rank of the group */
     uint64_t p2p_seq;  /* sends and receives started by this rank */
     ct_comm_request *pending; /* started, not yet seen complete (doubly linked) */
@@ -180,7 +183,90 @@ static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_byte
     return a_bytes && b_bytes && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-/* ---- requests: start, completion, the watchdog -------------------------------------------- */
+/* ---- the watchdog thread ------------------------------------------------------------------
+ *
+ * Every wait is a blocking MPI call (MPI_Wait, or the blocking collective itself), which is as
+ * fast as raw MPI: polling with MPI_Test and sleeping between tests cost ct_comm half of MPI's
+ * bandwidth, because a non-blocking collective advances only inside MPI calls. A blocking call
+ * cannot time itself out, so one thread per process watches it: the waiting thread arms the
+ * watchdog with the operation before it blocks and disarms it after; the watchdog sleeps until
+ * the armed operation's deadline and, if it is still armed then, reports it and ends the job
+ * (watchdog_fire). The watchdog calls no MPI function but MPI_Abort, which may be called from
+ * any thread to end the job. Oversubscribed ranks should let MPI yield while it waits
+ * (OMPI_MCA_mpi_yield_when_idle=1, as the tests set; DESIGN §11).
+ */
+__attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_request *req,
+                                                    double waited);
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    mpi_group *group; /* the armed operation, NULL when none */
+    ct_comm_request *req;
+    double since; /* ct_now() when it was armed */
+    bool idle;    /* the thread waits with no deadline: arming must wake it */
+} watchdog = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *watchdog_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&watchdog.mu);
+    for (;;) {
+        if (!watchdog.req) {
+            watchdog.idle = true;
+            pthread_cond_wait(&watchdog.wake, &watchdog.mu);
+            watchdog.idle = false;
+            continue;
+        }
+        double waited = ct_now() - watchdog.since;
+        if (waited > watchdog.group->timeout_s) watchdog_fire(watchdog.group, watchdog.req, waited);
+        /* Sleep to the deadline (or until re-armed: the loop re-reads the state). */
+        double left = watchdog.group->timeout_s - waited + 1e-3;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)left;
+        until.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&watchdog.wake, &watchdog.mu, &until);
+    }
+    return NULL;
+}
+
+static void watchdog_start(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&watchdog.wake, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_t thread;
+    CT_ASSERTF(pthread_create(&thread, NULL, watchdog_main, NULL) == 0,
+               "cannot start the collective watchdog thread");
+    pthread_detach(thread);
+}
+
+/* The calling thread is about to block in `req` (timeout_s <= 0: unwatched). */
+static void watchdog_arm(mpi_group *g, ct_comm_request *req) {
+    if (g->timeout_s <= 0) return;
+    pthread_once(&watchdog.once, watchdog_start);
+    pthread_mutex_lock(&watchdog.mu);
+    watchdog.group = g;
+    watchdog.req = req;
+    watchdog.since = ct_now();
+    if (watchdog.idle) pthread_cond_signal(&watchdog.wake);
+    pthread_mutex_unlock(&watchdog.mu);
+}
+
+/* The operation armed last has completed. */
+static void watchdog_disarm(void) {
+    if (!watchdog.req) return; /* never armed (timeout_s <= 0): only this thread writes it */
+    pthread_mutex_lock(&watchdog.mu);
+    watchdog.group = NULL;
+    watchdog.req = NULL;
+    pthread_mutex_unlock(&watchdog.mu);
+}
+
+/* ---- requests: start, completion --------------------------------------------------------------
+ */
 
 static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype dtype, int64_t n) {
     ct_comm_request *req = ct_xcalloc(1, sizeof *req);
@@ -191,6 +277,7 @@ static ct_comm_request *request_new(mpi_group *g, ct_comm_op_kind kind, ct_dtype
     req->dtype = dtype;
     req->bytes = (uint64_t)n * ct_dtype_size(dtype);
     req->seq = kind == CT_COMM_SEND ? ++g->p2p_seq : ++g->coll_seq;
+    if (g->blocking) watchdog_arm(g, req);
     return req;
 }
 
@@ -221,6 +308,7 @@ static void request_finish(ct_comm_request *req) {
 /* Called once every piece has been started. An operation of no pieces (an all_to_all on a group
  * of one) is complete at once and never pending. */
 static ct_comm_request *request_track(mpi_group *g, ct_comm_request *req) {
+    if (g->blocking) watchdog_disarm();
     if (req->n_left == 0) {
         request_finish(req);
         return req;
@@ -293,8 +381,7 @@ static const char *ordinal_suffix(uint64_t k) {
  * then end the whole job rather than hang until the scheduler's limit. */
 __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_request *req,
                                                     double waited) {
-    int world_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    const int world_rank = ct_log_rank();
     char op[96];
     if (req->kind == CT_COMM_SEND)
         snprintf(op, sizeof op, "%s %s group rank %d (tag %d, %s)", req->is_recv ? "recv" : "send",
@@ -329,29 +416,20 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
     abort();
 }
 
-/* Waiting politely: ranks often outnumber cores (tests, laptops), and a rank that spins takes
- * the core its peer needs to reach the collective. Spin-yield for the first millisecond (short
- * operations finish without a sleep's latency), then sleep briefly between tests. */
-static void idle(double waited) {
-    if (waited < 1e-3) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, waited < 1e-2 ? 50000 : 200000};
-    nanosleep(&ts, NULL);
-}
-
 /* ---- the interface slots ------------------------------------------------------------------ */
 
 static void mpi_wait(void *ctx, ct_comm_request *req) {
     mpi_group *g = ctx;
     CT_ASSERTF(req->group == g, "request of group %s waited on group %s", req->group->name,
                g->name);
-    double t0 = ct_now();
-    while (!request_test(g, req)) {
-        double waited = ct_now() - t0;
-        if (g->timeout_s > 0 && waited > g->timeout_s) watchdog_fire(g, req, waited);
-        idle(waited);
+    if (!req->done) {
+        watchdog_arm(g, req);
+        for (int i = 0; i < req->n_mpi; i++) {
+            if (req->mpi[i] == MPI_REQUEST_NULL) continue; /* finished before */
+            CT_MPI_CHECK(MPI_Wait(&req->mpi[i], MPI_STATUS_IGNORE));
+            request_piece_done(g, req, i);
+        }
+        watchdog_disarm();
     }
     if (req->mpi != &req->one) free(req->mpi);
     free(req);
@@ -410,6 +488,50 @@ static int piece_count(int64_t limit, int64_t n, int64_t off) {
     return (int)CT_MIN(limit, n - off);
 }
 
+/* One piece of a collective: inside a blocking operation the blocking MPI call (complete on
+ * return, under the armed watchdog), else the non-blocking one, whose handle joins `req`. */
+static void piece_allreduce(mpi_group *g, ct_comm_request *req, void *buf, int c, MPI_Datatype dt,
+                            MPI_Op op) {
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, c, dt, op, g->comm));
+    else
+        CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, c, dt, op, g->comm, request_piece(req)));
+}
+
+static void piece_reduce_scatter(mpi_group *g, ct_comm_request *req, const void *send, void *recv,
+                                 int c, MPI_Datatype dt, MPI_Op op) {
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, c, dt, op, g->comm));
+    else
+        CT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, c, dt, op, g->comm, request_piece(req)));
+}
+
+static void piece_allgather(mpi_group *g, ct_comm_request *req, const void *send, int send_c,
+                            MPI_Datatype send_dt, void *recv, int c, MPI_Datatype dt) {
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Allgather(send, send_c, send_dt, recv, c, dt, g->comm));
+    else
+        CT_MPI_CHECK(
+            MPI_Iallgather(send, send_c, send_dt, recv, c, dt, g->comm, request_piece(req)));
+}
+
+static void piece_bcast(mpi_group *g, ct_comm_request *req, void *buf, int c, MPI_Datatype dt,
+                        int root) {
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Bcast(buf, c, dt, root, g->comm));
+    else
+        CT_MPI_CHECK(MPI_Ibcast(buf, c, dt, root, g->comm, request_piece(req)));
+}
+
+static void piece_alltoall(mpi_group *g, ct_comm_request *req, const void *send, int send_c,
+                           MPI_Datatype send_dt, void *recv, int c, MPI_Datatype dt) {
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Alltoall(send, send_c, send_dt, recv, c, dt, g->comm));
+    else
+        CT_MPI_CHECK(
+            MPI_Ialltoall(send, send_c, send_dt, recv, c, dt, g->comm, request_piece(req)));
+}
+
 static ct_comm_request *mpi_iallreduce(void *ctx, void *buf, int64_t n, ct_dtype dtype,
                                        ct_reduce_op op) {
     mpi_group *g = ctx;
@@ -423,8 +545,7 @@ static ct_comm_request *mpi_iallreduce(void *ctx, void *buf, int64_t n, ct_dtype
     int64_t off = 0;
     do { /* at least one piece, so an empty allreduce still matches across ranks */
         int c = piece_count(lim, n, off);
-        CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * esz, c, dt, mop,
-                                    g->comm, request_piece(req)));
+        piece_allreduce(g, req, (char *)buf + (size_t)off * esz, c, dt, mop);
         off += c;
     } while (off < n);
     return request_track(g, req);
@@ -454,16 +575,14 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
     if (n <= lim) {
         if (in_place) {
             /* MPI's in-place form reads the full buffer and leaves the shard at its start. */
-            CT_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, full, (int)s, dt, mop, g->comm,
-                                                   request_piece(req)));
+            piece_reduce_scatter(g, req, MPI_IN_PLACE, full, (int)s, dt, mop);
             if (g->rank != 0) {
                 req->move_dst = recv;
                 req->move_src = full;
                 req->move_bytes = shard;
             }
         } else {
-            CT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, (int)s, dt, mop, g->comm,
-                                                   request_piece(req)));
+            piece_reduce_scatter(g, req, send, recv, (int)s, dt, mop);
         }
         return request_track(g, req);
     }
@@ -485,8 +604,7 @@ static ct_comm_request *mpi_ireduce_scatter(void *ctx, const void *send, void *r
     }
     for (int64_t off = 0; off < n;) {
         int c = piece_count(lim, n, off);
-        CT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, work + (size_t)off * esz, c, dt, mop, g->comm,
-                                    request_piece(req)));
+        piece_allreduce(g, req, work + (size_t)off * esz, c, dt, mop);
         off += c;
     }
     return request_track(g, req);
@@ -509,11 +627,9 @@ static ct_comm_request *mpi_iallgather(void *ctx, const void *send, void *recv, 
                g->name);
     if (n <= lim) {
         if (in_place)
-            CT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt,
-                                        g->comm, request_piece(req)));
+            piece_allgather(g, req, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt);
         else
-            CT_MPI_CHECK(
-                MPI_Iallgather(send, (int)s, dt, recv, (int)s, dt, g->comm, request_piece(req)));
+            piece_allgather(g, req, send, (int)s, dt, recv, (int)s, dt);
         return request_track(g, req);
     }
     /* Per chunk and per source rank q, a broadcast from q straight into recv; the root sends
@@ -522,8 +638,8 @@ static ct_comm_request *mpi_iallgather(void *ctx, const void *send, void *recv, 
     for (int64_t off = 0; off < s;) {
         int c = piece_count(lim, s, off);
         for (int q = 0; q < g->size; q++)
-            CT_MPI_CHECK(MPI_Ibcast((char *)recv + ((size_t)q * (size_t)s + (size_t)off) * esz, c,
-                                    dt, q, g->comm, request_piece(req)));
+            piece_bcast(g, req, (char *)recv + ((size_t)q * (size_t)s + (size_t)off) * esz, c, dt,
+                        q);
         off += c;
     }
     return request_track(g, req);
@@ -539,8 +655,7 @@ static ct_comm_request *mpi_ibroadcast(mpi_group *g, void *buf, int64_t n, ct_dt
     int64_t off = 0;
     do {
         int c = piece_count(lim, n, off);
-        CT_MPI_CHECK(MPI_Ibcast((char *)buf + (size_t)off * esz, c, mpi_type(dtype), root, g->comm,
-                                request_piece(req)));
+        piece_bcast(g, req, (char *)buf + (size_t)off * esz, c, mpi_type(dtype), root);
         off += c;
     } while (off < n);
     return request_track(g, req);
@@ -553,15 +668,9 @@ static MPI_Comm a2a_comm_get(mpi_group *g, ct_comm_request *req) {
     if (g->a2a_comm != MPI_COMM_NULL) return g->a2a_comm;
     MPI_Request dup;
     CT_MPI_CHECK(MPI_Comm_idup(g->comm, &g->a2a_comm, &dup));
-    double t0 = ct_now();
-    for (;;) {
-        int flag = 0;
-        CT_MPI_CHECK(MPI_Test(&dup, &flag, MPI_STATUS_IGNORE));
-        if (flag) break;
-        double waited = ct_now() - t0;
-        if (g->timeout_s > 0 && waited > g->timeout_s) watchdog_fire(g, req, waited);
-        idle(waited);
-    }
+    watchdog_arm(g, req);
+    CT_MPI_CHECK(MPI_Wait(&dup, MPI_STATUS_IGNORE));
+    watchdog_disarm();
     CT_MPI_CHECK(MPI_Comm_set_errhandler(g->a2a_comm, MPI_ERRORS_RETURN));
     return g->a2a_comm;
 }
@@ -579,11 +688,9 @@ static ct_comm_request *mpi_iall_to_all(mpi_group *g, const void *send, void *re
                "all_to_all on group %s: send and recv overlap but are not equal", g->name);
     if (n <= lim) {
         if (send == recv)
-            CT_MPI_CHECK(MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt,
-                                       g->comm, request_piece(req)));
+            piece_alltoall(g, req, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)s, dt);
         else
-            CT_MPI_CHECK(
-                MPI_Ialltoall(send, (int)s, dt, recv, (int)s, dt, g->comm, request_piece(req)));
+            piece_alltoall(g, req, send, (int)s, dt, recv, (int)s, dt);
         return request_track(g, req);
     }
     /* Point-to-point pieces: block q of this rank's input goes to rank q, block q of the output
@@ -655,33 +762,52 @@ static ct_comm_request *mpi_irecv(void *ctx, void *buf, int64_t n, ct_dtype dtyp
     return mpi_ip2p(ctx, true, buf, n, dtype, peer, tag);
 }
 
-/* The blocking forms: the non-blocking start plus the watchdog's wait. */
+/* The blocking forms. An operation that fits one MPI call (n elements of dtype within
+ * piece_limit: every start takes its one-call path then) runs the start with g->blocking set, so
+ * that call is the blocking MPI collective, watched by the watchdog thread (request_new arms it,
+ * request_track disarms it), and the wait only frees the request. A split operation keeps its
+ * non-blocking pieces and waits for them under the watchdog, which can then say how many of
+ * them are unfinished. */
+#define BLOCKING(g, n, dtype, start)                                                               \
+    do {                                                                                           \
+        (g)->blocking = (n) <= piece_limit(dtype);                                                 \
+        ct_comm_request *req_ = (start);                                                           \
+        (g)->blocking = false;                                                                     \
+        mpi_wait((g), req_);                                                                       \
+    } while (0)
+
 static void mpi_allreduce(void *ctx, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
-    mpi_wait(ctx, mpi_iallreduce(ctx, buf, n, dtype, op));
+    BLOCKING((mpi_group *)ctx, n, dtype, mpi_iallreduce(ctx, buf, n, dtype, op));
 }
 
 static void mpi_reduce_scatter(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype,
                                ct_reduce_op op) {
-    mpi_wait(ctx, mpi_ireduce_scatter(ctx, send, recv, n, dtype, op));
+    BLOCKING((mpi_group *)ctx, n, dtype, mpi_ireduce_scatter(ctx, send, recv, n, dtype, op));
 }
 
 static void mpi_allgather(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
-    mpi_wait(ctx, mpi_iallgather(ctx, send, recv, n, dtype));
+    BLOCKING((mpi_group *)ctx, n, dtype, mpi_iallgather(ctx, send, recv, n, dtype));
 }
 
 static void mpi_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dtype, int root) {
-    mpi_wait(ctx, mpi_ibroadcast(ctx, buf, n, dtype, root));
+    BLOCKING((mpi_group *)ctx, n, dtype, mpi_ibroadcast(ctx, buf, n, dtype, root));
 }
 
 static void mpi_all_to_all(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype) {
-    mpi_wait(ctx, mpi_iall_to_all(ctx, send, recv, n, dtype));
+    BLOCKING((mpi_group *)ctx, n, dtype, mpi_iall_to_all(ctx, send, recv, n, dtype));
+}
+
+static ct_comm_request *barrier_start(mpi_group *g) {
+    ct_comm_request *req = request_new(g, CT_COMM_BARRIER, CT_DTYPE_U8, 0);
+    if (g->blocking)
+        CT_MPI_CHECK(MPI_Barrier(g->comm));
+    else
+        CT_MPI_CHECK(MPI_Ibarrier(g->comm, request_piece(req)));
+    return request_track(g, req);
 }
 
 static void mpi_barrier(void *ctx) {
-    mpi_group *g = ctx;
-    ct_comm_request *req = request_new(g, CT_COMM_BARRIER, CT_DTYPE_U8, 0);
-    CT_MPI_CHECK(MPI_Ibarrier(g->comm, request_piece(req)));
-    mpi_wait(g, request_track(g, req));
+    BLOCKING((mpi_group *)ctx, 0, CT_DTYPE_U8, barrier_start(ctx));
 }
 
 static int mpi_max_tag(void *ctx) {

@@ -343,6 +343,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     CT_ASSERT(model->layout.shard_params == (zero_stage == 3));
     ct_dp *dp = ct_xcalloc(1, sizeof *dp);
     dp->model = model;
+    ct_comm_set_stream(comm, model->be); /* gradients and parameters: the model's memory */
     dp->comm = comm;
     dp->stage = zero_stage;
     dp->reduce_dtype = reduce_dtype;
@@ -430,6 +431,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
 
 void ct_dp_free(ct_dp *dp) {
     if (!dp) return;
+    if (dp->model) ct_comm_unset_stream(dp->comm, dp->model->be);
     if (dp->model && dp->model->hooks.ctx == dp) dp->model->hooks = (ct_model_hooks){0};
     for (int u = 0; dp->units && u < dp->model->n_units; u++) {
         ct_tensor_free(dp->units[u].grad_shard);

@@ -85,6 +85,9 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     p->m = m;
     p->B = B;
     p->train = train;
+    /* activations and their gradients travel between stages: the model's memory */
+    if (pctx->pp_comm) ct_comm_set_stream(pctx->pp_comm, model->be);
+    if (pctx->embed_comm) ct_comm_set_stream(pctx->embed_comm, model->be);
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
     p->forward_only = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m);
@@ -157,6 +160,8 @@ static void release_acts(ct_pipeline *p, int mb);
 void ct_pipeline_free(ct_pipeline *p) {
     if (!p) return;
     wait_sends(p, -2);
+    ct_comm_unset_stream(p->pctx->pp_comm, p->model->be);
+    ct_comm_unset_stream(p->pctx->embed_comm, p->model->be);
     for (int i = 0; i < p->n_pool; i++) ct_acts_free(p->pool[i]);
     for (int i = 0; p->acts && i < p->m; i++) ct_acts_free(p->acts[i]);
     for (int i = 0; i < p->n_grad_bufs; i++) ct_tensor_free(p->grad_bufs[i]);

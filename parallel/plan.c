@@ -45,7 +45,12 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         if (!sched) return CT_ERR_INPUT;
         sim = ct_schedule_simulate(sched, backward_ratio);
     }
-    ct_backend *be = ct_backend_cpu_new(1);
+    /* Memory is planned from the tensors the model would allocate: made on the CPU, whatever
+     * the backend the job will run on. */
+    ct_backend *be = NULL;
+    char chosen[160];
+    ct_status made = ct_backend_new(&be, "cpu", 1, chosen, sizeof chosen);
+    CT_ASSERTF(made == CT_OK, "the cpu backend is always built");
     const ct_dtype pdt = ct_precision_dtype(cfg->derived.precision);
     const ct_state_bytes sb =
         ct_state_bytes_of(pdt, ct_precision_dtype(cfg->parallel.grad_reduce_dtype));

@@ -489,10 +489,12 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
                                          "8192 tokens)"
                                        : "",
            (long long)cfg->derived.grad_accum, t->dp_size, tokens_per_step);
-    printf("backend: %s, %d threads per rank, %d ranks; per rank: hardware peak %.1f GFLOP/s "
+    char what[128];
+    ct_backend_describe(t->be, what, sizeof what);
+    printf("backend: %s per rank, %d ranks; per rank: hardware peak in %s %.1f GFLOP/s "
            "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (%s, measured)\n",
-           t->be->iface->name, ct_backend_cpu_threads(t->be), p->world_size, hw_peak / 1e9,
-           peak_how, gemm_rate / 1e9, ct_dtype_name(t->model->dtype));
+           what, p->world_size, ct_dtype_name(t->model->dtype), hw_peak / 1e9, peak_how,
+           gemm_rate / 1e9, ct_dtype_name(t->model->dtype));
     const ct_state_bytes sb = ct_dp_state_bytes(t->dp);
     printf("precision: %s (%s): bytes per parameter: params %zu + grads %zu + master %zu + "
            "optimizer %zu = %zu; dp gradient reduction in %s\n",
@@ -703,7 +705,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
      * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
      * reaches at the model's MLP shape. */
     char peak_how[128];
-    const double hw_peak = ct_backend_peak_flops(be, peak_how, sizeof peak_how);
+    const double hw_peak = ct_backend_peak_flops(be, t.model->dtype, peak_how, sizeof peak_how);
     const double gemm_rate = ct_measure_gemm_flops(
         be, cfg->train.micro_batch * T, cfg->derived.d_ff, cfg->model.d_model, t.model->dtype, 5);
     if (t.rank0) print_start(&t, peak_how, hw_peak, gemm_rate, tokens_per_step);

@@ -16,9 +16,15 @@
 #   3. data-parallel overlap: exposed communication as a share of the step at dp=2 on the 124M
 #      config (one thread per rank), from the trainer's own time split;
 #   4. where the time goes: the --profile line (ms per step by op category).
+# Each model runs in each precision of --precision (default: fp32 then bf16). bf16 is cooktrain's
+# mixed precision (train.precision: bf16) against the peer under torch.autocast("cpu", bfloat16);
+# its MFU is over the bf16 peak (`--gemm-rate` in bf16: a vdpbf16ps loop, or AMX's best matmul)
+# and its GEMM efficiency over the bf16 GEMM rate at the model's shapes, both measured in the
+# same run; the two precisions of one model are compared as cooktrain bf16 / cooktrain fp32.
 # Also the BPE training time. Medians are over the steps after the first two of each run.
 #
-#   scripts/bench_cpu.sh [--compare-torch] [--steps-tiny N] [--steps-124m N] [--skip-dp] [--only tiny|gpt2-124m]
+#   scripts/bench_cpu.sh [--compare-torch] [--precision "fp32 bf16"] [--steps-tiny N] [--steps-124m N]
+#                        [--skip-dp] [--only tiny|gpt2-124m]
 # (--only runs one model's throughput figures and skips the dp run: for quick iterations)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,17 +36,25 @@ threads=2
 compare_torch=0
 skip_dp=0
 only=
+precisions="fp32 bf16"
 while [ $# -gt 0 ]; do
     case $1 in
         --compare-torch) compare_torch=1; shift ;;
         --steps-tiny) steps_tiny=$2; shift 2 ;;
         --steps-124m) steps_124m=$2; shift 2 ;;
         --skip-dp) skip_dp=1; shift ;;
+        --precision) precisions=$2; shift 2 ;;
         --only) only=$2; skip_dp=1; shift 2 ;;
         *) echo "bench_cpu: unknown option $1" >&2; echo "hint: see the comment at the top of $0" >&2; exit 2 ;;
     esac
 done
 
+for precision in $precisions; do
+    case $precision in
+        fp32 | bf16) ;;
+        *) echo "bench_cpu: --precision $precision is not fp32 or bf16" >&2; echo "hint: --precision \"fp32 bf16\" runs both" >&2; exit 2 ;;
+    esac
+done
 make --no-print-directory -s "$BIN" >/dev/null
 TORCH_PY=/usr/bin/python3 # Debian's python3-torch lives in the system interpreter
 if [ $compare_torch = 1 ] && ! $TORCH_PY -c 'import torch' 2>/dev/null; then
@@ -60,14 +74,17 @@ echo "== BPE: 4096-token vocabulary on the fortunes corpus"
 if [ ! -f data/fortunes/train.bin ]; then bash scripts/prepare_corpus.sh "$BIN" data/fortunes >/dev/null; fi
 "$BIN" prepare --input "$fortunes" --vocab-size 50257 --out "$tmp/f50k" >/dev/null
 
-# ---- one model: A/B/A/B ----------------------------------------------------------------------
-# bench NAME CONFIG STEPS TORCH_ARGS [--set ...]
+# ---- one model in one precision: A/B/A/B ------------------------------------------------------
+# bench NAME CONFIG STEPS TORCH_ARGS PRECISION [--set ...]
 bench() {
-    local name=$1 config=$2 steps=$3 torch_args=$4
-    shift 4
-    if [ -n "$only" ] && [ "$only" != "$name" ]; then return; fi
+    local model=$1 config=$2 steps=$3 torch_args=$4 precision=$5
+    shift 5
+    if [ -n "$only" ] && [ "$only" != "$model" ]; then return; fi
+    local name="$model.$precision"
     local sets=(--set train.threads="$threads" --set train.steps="$steps" --set train.warmup_steps=1
-                --set log.interval="$steps" --set train.eval_interval=0 --set log.sample_tokens=0 "$@")
+                --set log.interval="$steps" --set train.eval_interval=0 --set log.sample_tokens=0
+                --set train.precision="$precision" "$@")
+    [ "$precision" = bf16 ] && torch_args="$torch_args --autocast"
     : >"$tmp/$name.rates"; : >"$tmp/$name.peaks"; : >"$tmp/$name.ours"; : >"$tmp/$name.torch"
     : >"$tmp/$name.torch_rates"
     local fpt
@@ -92,23 +109,39 @@ bench() {
     rate=$(median <"$tmp/$name.rates")
     peak=$(median <"$tmp/$name.peaks")
     awk -v n="$name" -v tps="$ours" -v fpt="$fpt" -v rate="$rate" -v peak="$peak" -v th="$threads" 'BEGIN {
-        printf "%-10s cooktrain %8.1f tok/s | %.3g FLOP/token | FMA peak %.1f GFLOP/s, sgemm at model shapes %.1f GFLOP/s (%d threads, medians of 2) | MFU %.1f%% | GEMM efficiency %.1f%%\n",
+        printf "%-15s cooktrain %8.1f tok/s | %.3g FLOP/token | peak %.1f GFLOP/s, GEMM at model shapes %.1f GFLOP/s (%d threads, medians of 2) | MFU %.1f%% | GEMM efficiency %.1f%%\n",
                n, tps, fpt, peak / 1e9, rate / 1e9, th, 100 * tps * fpt / peak, 100 * tps * fpt / rate }'
     if [ $compare_torch = 1 ]; then
         theirs=$(median <"$tmp/$name.torch")
         trate=$(median <"$tmp/$name.torch_rates")
         grep '^torch' "$tmp/$name.torch_gemm" | sed "s/^/$name /"
         awk -v n="$name" -v a="$ours" -v b="$theirs" -v fpt="$fpt" -v peak="$peak" -v trate="$trate" -v rate="$rate" 'BEGIN {
-            printf "%-10s pytorch   %8.1f tok/s | its own GEMM rate at these shapes %.1f GFLOP/s | MFU %.1f%% | GEMM efficiency %.1f%%\n", n, b, trate / 1e9, 100 * b * fpt / peak, 100 * b * fpt / trate
-            printf "%-10s cooktrain / pytorch = %.2fx (median tokens/s, A/B/A/B); their GEMM libraries: %.2fx\n", n, a / b, rate / trate }'
+            printf "%-15s pytorch   %8.1f tok/s | its own GEMM rate at these shapes %.1f GFLOP/s | MFU %.1f%% | GEMM efficiency %.1f%%\n", n, b, trate / 1e9, 100 * b * fpt / peak, 100 * b * fpt / trate
+            printf "%-15s cooktrain / pytorch = %.2fx (median tokens/s, A/B/A/B); their GEMM libraries: %.2fx\n", n, a / b, rate / trate }'
     fi
     echo "$name $(grep '^profile' "$tmp/$name.2.log" | tail -1)"
+    echo "$ours" >"$tmp/$name.median"
+}
+
+# precision_ratio MODEL: cooktrain bf16 / fp32 for a model benchmarked in both
+precision_ratio() {
+    local model=$1
+    if [ -f "$tmp/$model.fp32.median" ] && [ -f "$tmp/$model.bf16.median" ]; then
+        awk -v n="$model" -v a="$(cat "$tmp/$model.bf16.median")" -v b="$(cat "$tmp/$model.fp32.median")" 'BEGIN {
+            printf "%-15s cooktrain bf16 / cooktrain fp32 = %.2fx (median tokens/s; the runs alternate with the peer, not with each other)\n", n, a / b }'
+    fi
 }
 
 echo "== training throughput (2 threads)"
-bench tiny configs/tiny.yaml "$steps_tiny" "--vocab 4096 --seq 128 --layers 6 --d 256 --heads 4 --batch 16"
-bench gpt2-124m configs/gpt2-124m.yaml "$steps_124m" "--vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4" \
-    --set data.train="$tmp/f50k/train.bin"
+for precision in $precisions; do
+    bench tiny configs/tiny.yaml "$steps_tiny" "--vocab 4096 --seq 128 --layers 6 --d 256 --heads 4 --batch 16" "$precision"
+done
+precision_ratio tiny
+for precision in $precisions; do
+    bench gpt2-124m configs/gpt2-124m.yaml "$steps_124m" "--vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4" \
+        "$precision" --set data.train="$tmp/f50k/train.bin"
+done
+precision_ratio gpt2-124m
 
 # ---- data-parallel overlap ----------------------------------------------------------------------
 if [ $skip_dp = 0 ]; then

@@ -4,7 +4,9 @@
 The same GPT-2 as cooktrain's model: learned token + position embeddings, pre-LayerNorm blocks
 (eps 1e-5) with causal multi-head attention (one fused q|k|v projection with bias, as cooktrain
 and nanoGPT have it) and a tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding,
-vocabulary padded to a multiple of 128; fp32; AdamW with decoupled weight decay on >= 2-D
+vocabulary padded to a multiple of 128; fp32, or with --autocast bf16 mixed precision the way PyTorch users run it on a CPU
+(torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss: matmuls in bf16 through
+oneDNN, fp32 parameters, optimizer and reductions); AdamW with decoupled weight decay on >= 2-D
 tensors only, global-norm clipping at 1.0; one optimizer step per batch of B sequences. It is
 written the way a careful PyTorch 1.13 user would (nanoGPT's structure; 1.13 has no fused
 scaled_dot_product_attention). Timed like cooktrain: wall time of each whole step (forward,
@@ -14,7 +16,7 @@ backward, clip, update); prints one line per step and the median.
 
 It first prints the BLAS and CPU lines of torch.__config__.show(), so a ratio against cooktrain
 can be explained by the library underneath. With --gemm-rate it instead measures PyTorch's own
-fp32 GEMM rate at this model's shapes the way `cooktrain train --gemm-rate` measures cooktrain's:
+GEMM rate at this model's shapes (fp32, or bf16 with --autocast) the way `cooktrain train --gemm-rate` measures cooktrain's:
 every linear layer's forward (x·Wᵀ), input-gradient (dy·W) and weight-gradient (dyᵀ·x) matmul for
 a batch of B·T tokens, operands in cache, median of a few runs, weighted by how often a step
 runs it; it prints "gemm_flops_per_s X" and "flops_per_token X" (6 × GEMM parameters, the
@@ -109,7 +111,9 @@ def print_backend():
 
 
 def gemm_rate(a):
-    """FLOP/s of fp32 matmul at the model's linear shapes, weighted like cooktrain's."""
+    """FLOP/s of matmul (fp32, or bf16 with --autocast) at the model's linear shapes, weighted
+    like cooktrain's."""
+    dtype = torch.bfloat16 if a.autocast else torch.float32
     n, c, f = a.batch * a.seq, a.d, 4 * a.d
     vp = (a.vocab + 127) // 128 * 128
     # (out, in, times per step): fused q|k|v, attention out, MLP up, MLP down, the LM head
@@ -128,8 +132,9 @@ def gemm_rate(a):
     flops = seconds = 0.0
     with torch.no_grad():
         for out, inp, count in linears:
-            x, w = torch.full((n, inp), 0.01), torch.full((out, inp), 0.02)
-            dy = torch.full((n, out), 0.01)
+            x = torch.full((n, inp), 0.01, dtype=dtype)
+            w = torch.full((out, inp), 0.02, dtype=dtype)
+            dy = torch.full((n, out), 0.01, dtype=dtype)
             t = (median_seconds(lambda: x @ w.t()) + median_seconds(lambda: dy @ w) +
                  median_seconds(lambda: dy.t() @ x))
             flops += 3 * 2.0 * n * out * inp * count
@@ -145,6 +150,7 @@ def main():
                           ("heads", 12), ("batch", 4), ("steps", 6), ("threads", 2)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--gemm-rate", action="store_true")
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast (mixed precision)")
     a = ap.parse_args()
     torch.manual_seed(1337)
     torch.set_num_threads(a.threads)
@@ -165,7 +171,8 @@ def main():
         tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -34,8 +34,22 @@ expect_exit 2 "--set unknown key" -- "$BIN" train --set train.stepz=3
 expect_text "train.steps" "--set unknown key suggests train.steps"
 expect_exit 2 "--set bad value" -- "$BIN" train --set train.lr=fast
 expect_text "train.lr" "--set bad value names train.lr"
-expect_exit 2 "--backend cuda without CUDA" -- "$BIN" train --backend cuda
-expect_text "hint:" "--backend cuda has a hint"
+# The backend registry: with a valid config, so the refusal is the backend's.
+ensure_test_data
+valid=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$TEST_DATA/train.bin"
+       --set train.steps=2 --set train.warmup_steps=1)
+expect_exit 2 "--backend cuda without CUDA" -- "$BIN" "${valid[@]}" --backend cuda
+expect_text "the CUDA backend is not part of this build" "--backend cuda says it is not built"
+expect_text "hint: use --backend cpu" "--backend cuda has a hint"
+expect_exit 2 "--backend of an unknown name" -- "$BIN" "${valid[@]}" --backend tpu
+expect_text "'tpu' is not a backend" "the unknown backend is named"
+expect_text "cpu, cpu-async, auto" "the hint lists the registered backends"
+if expect_exit 0 "--backend auto falls back to cpu" -- "$BIN" "${valid[@]}" --backend auto; then
+    expect_text "backend: cpu (auto: this build has no GPU backend)" "auto says what it picked and why"
+fi
+if expect_exit 0 "--backend cpu-async trains" -- "$BIN" "${valid[@]}" --backend cpu-async; then
+    expect_text "backend: cpu-async" "the asynchronous stream is named at start"
+fi
 
 # --print-config shows the resolved config with derived values, and reloads identically.
 if expect_exit 0 "print-config" -- "$BIN" train --config configs/tiny.yaml --set train.micro_batch=4 --print-config; then

@@ -61,5 +61,7 @@ if expect_exit 0 "bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" "${b
 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b
 4 --set parallel.tp=2 --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16
+8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set train.micro_batch=2 --set parallel.zero_stage=2 --set parallel.sequence_parallel=true
+8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16 --set train.recompute=full
 RUNS
 fi

@@ -168,7 +168,7 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice c
     ct_config cfg;
     pipeline_config(&cfg, pctx, choice, v);
     const int m = (int)cfg.derived.grad_accum, dp_size = pctx->dp;
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_pipeline(&cfg, pctx->pp_rank);
     layout.dp_size = dp_size;
     ct_model *model;
@@ -294,7 +294,7 @@ int main(int argc, char **argv) {
     {
         ct_config cfg;
         pipeline_config(&cfg, pctx, CT_SCHEDULE_1F1B, 1);
-        ct_backend *be = ct_backend_cpu_new(1);
+        ct_backend *be = test_backend_new(1);
         ct_model_layout layout = ct_model_layout_pipeline(&cfg, pctx->pp_rank);
         ct_model *model;
         ct_dp *dp;

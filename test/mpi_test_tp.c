@@ -104,7 +104,7 @@ static void perturb(ct_model *m) {
 static void compare_model(ct_pctx *pctx, bool sp) {
     ct_config cfg;
     tiny_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout full_layout = ct_model_layout_single(&cfg);
     ct_model_layout shard_layout = full_layout;
     shard_layout.tp = pctx->tp_comm;
@@ -188,7 +188,7 @@ static void compare_model(ct_pctx *pctx, bool sp) {
 
 /* The vocab-parallel loss alone: three allreduces, same losses and dlogits as the plain one. */
 static void compare_xent(ct_pctx *pctx) {
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     const int64_t N = 24, Vp = 128, V = 123, Vl = Vp / world, off = pctx->tp_rank * Vl;
     const int64_t n_valid = CT_MAX(0, CT_MIN(Vl, V - off));
     float *logits = ct_xmalloc((size_t)(N * Vp) * sizeof(float));

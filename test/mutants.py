@@ -12,6 +12,7 @@ rebuild (incrementally), run the command; the mutant is caught when the command 
 "caught NAME" or "MISSED NAME" per mutant and "mutants: N caught, M missed", and exits 1 unless
 every mutant was caught.
 """
+import glob
 import os
 import shutil
 import subprocess
@@ -97,6 +98,11 @@ def main(argv):
         if f:
             os.makedirs(os.path.join(work, os.path.dirname(f)), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, f), os.path.join(work, f))
+    # The Makefile marks every target .SECONDARY, so an object missing for a source file new
+    # since the last run (copied with its old mtime) would not be rebuilt for an archive that
+    # looks up to date: remove the archives, so they are remade from every object.
+    for lib in glob.glob(os.path.join(work, "build", "*.a")):
+        os.remove(lib)
     logs = os.path.join(work, "mutant-logs")
     os.makedirs(logs, exist_ok=True)
     make = "make --no-print-directory -j2 all >/dev/null"

@@ -1378,7 +1378,7 @@ static void test_adamw(void **state) {
 static int setup(void **state) {
     (void)state;
     verbose = getenv("TEST_BF16_VERBOSE") != NULL;
-    be = ct_backend_cpu_new(2);
+    be = test_backend_new(2);
     return be ? 0 : -1;
 }
 

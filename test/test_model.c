@@ -35,7 +35,7 @@ static void test_registry(void **state) {
     ct_config cfg;
     test_tiny_config(&cfg, NULL);
     validated_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_single(&cfg);
     ct_model *m;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
@@ -74,7 +74,7 @@ static void test_init_layout_independent(void **state) {
     ct_config cfg;
     test_tiny_config(&cfg, NULL);
     validated_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout single = ct_model_layout_single(&cfg);
     ct_model *full;
     assert_int_equal(ct_model_new(&full, &cfg, be, &single), CT_OK);
@@ -152,7 +152,7 @@ static void test_gradcheck(void **state) {
     cfg.train.micro_batch = 2;
     cfg.train.global_batch = 2;
     validated_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_single(&cfg);
     ct_model *m;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
@@ -230,7 +230,7 @@ static void test_overfit_one_batch(void **state) {
     cfg.train.min_lr = 1e-2;
     cfg.train.warmup_steps = 1;
     validated_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_single(&cfg);
     ct_model *m;
     ct_optimizer *opt;
@@ -286,7 +286,7 @@ static int teardown_data(void **state) {
 
 static ct_train_result run_training(ct_config *cfg, int threads) {
     validated_config(cfg);
-    ct_backend *be = ct_backend_cpu_new(threads);
+    ct_backend *be = test_backend_new(threads);
     ct_train_result r;
     ct_train_options opts = {.keep_params = true};
     ct_status st = ct_train_run(cfg, be, NULL, &opts, &r);
@@ -331,7 +331,7 @@ static void test_params_kept_only_when_asked(void **state) {
     cfg.train.steps = 1;
     cfg.train.warmup_steps = 1;
     validated_config(&cfg);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_train_result r;
     assert_int_equal(ct_train_run(&cfg, be, NULL, NULL, &r), CT_OK);
     assert_null(r.final_params);
@@ -376,7 +376,7 @@ static void test_recompute(void **state) {
     ct_train_result_release(&a);
     ct_train_result_release(&b);
 
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout keep = ct_model_layout_single(&cfg), recompute = keep;
     recompute.recompute = true;
     ct_model *m1, *m2;

@@ -75,7 +75,7 @@ static void test_segments_and_norm(void **state) {
     test_tiny_config(&cfg, NULL);
     cfg.train.weight_decay = 0.1;
     assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_single(&cfg);
     ct_model *m;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);

@@ -151,7 +151,7 @@ static const char *names_for(const ct_config *cfg, ct_backend *be, ct_model_layo
 static void test_unit_names_single(void **state) {
     ct_config cfg;
     units_config(&cfg, 6, 1, 1, "");
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_model_layout layout = ct_model_layout_single(&cfg);
     assert_int_equal(layout.unit_min_bytes, 0);
     ct_model *flat = new_model(&cfg, be, layout, 0);
@@ -190,7 +190,7 @@ static void test_unit_names_single(void **state) {
 static void test_unit_names_tp(void **state) {
     ct_config cfg;
     units_config(&cfg, 6, 1, 1, "");
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     for (int r = 0; r < 2; r++) {
         ct_model_layout layout = ct_model_layout_single(&cfg);
         layout.tp_size = 2;
@@ -209,7 +209,7 @@ static void test_unit_names_tp(void **state) {
 
 /* Pipeline layouts: units never span two chunks, even with a threshold nothing reaches. */
 static void test_unit_names_pipeline(void **state) {
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     ct_config cfg;
     units_config(&cfg, 6, 1, 1, "");
     ct_model *flat = new_model(&cfg, be, ct_model_layout_single(&cfg), 0);
@@ -309,7 +309,7 @@ static void case_thresholds(const ct_model *flat, int64_t out[3]) {
 /* Initialisation is a function of (seed, name, element index): where a tensor sits changes
  * nothing. */
 static void test_init_bitwise(void **state) {
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     for (int k = 0; k < N_LAYOUT_CASES; k++) {
         ct_config cfg;
         ct_model_layout layout = case_layout(&layout_cases[k], &cfg);
@@ -458,7 +458,7 @@ static double run_step(ct_model *m, recorder *r) {
 
 /* Same loss and gradients, bit for bit, by name: merging moves storage, not arithmetic. */
 static void test_step_bitwise(void **state) {
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     for (int k = 0; k < N_LAYOUT_CASES; k++) {
         ct_config cfg;
         ct_model_layout layout = case_layout(&layout_cases[k], &cfg);
@@ -649,7 +649,7 @@ static bool check_hooks(const char *what, const ct_config *cfg, ct_backend *be,
  * activation and with train.recompute = full (the layer's forward rerun inside the backward
  * bracket), observed and enforced. */
 static void test_hooks(void **state) {
-    ct_backend *be = ct_backend_cpu_new(1);
+    ct_backend *be = test_backend_new(1);
     int failed = 0, cases = 0;
     for (int k = 0; k < N_LAYOUT_CASES; k++) {
         for (int recompute = 0; recompute < 2; recompute++) {

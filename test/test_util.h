@@ -11,10 +11,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/backend.h"
 #include "core/common.h"
 #include "core/config.h"
 #include "core/data.h"
 #include "parallel/trainer.h"
+
+/* A CPU backend through the registry, so that COOKTRAIN_ASYNC=1 runs the test on the
+ * asynchronous stream (core/backend.h). */
+static inline ct_backend *test_backend_new(int n_threads) {
+    ct_backend *be = NULL;
+    char chosen[160];
+    if (ct_backend_new(&be, "cpu", n_threads, chosen, sizeof chosen) != CT_OK) abort();
+    return be;
+}
 
 /* The tests' random inputs: splitmix64 stepping `*state`. Each test file keeps its own state,
  * so its sequence is fixed by its seed alone. */

@@ -209,7 +209,9 @@ static void compare_xent(ct_pctx *pctx) {
     ct_comm *self = ct_comm_local_new("self");
     ct_vocab_parallel_xent(self, v[0], lf, tg, v[1], v[2], v[3], V, 0, 0.5f);
     uint64_t before = pctx->tp_comm->calls[CT_COMM_ALLREDUCE];
+    ct_comm_set_stream(pctx->tp_comm, be); /* it carries be's tensors (core/comm.h) */
     ct_vocab_parallel_xent(pctx->tp_comm, v[4], ls, tg, v[5], v[6], v[7], n_valid, off, 0.5f);
+    ct_comm_unset_stream(pctx->tp_comm, be);
     uint64_t calls = pctx->tp_comm->calls[CT_COMM_ALLREDUCE] - before;
     char what[128];
     snprintf(what, sizeof what, "tp=%d vocab-parallel loss uses exactly 3 allreduces", world);

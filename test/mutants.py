@@ -2,11 +2,11 @@
 """Mutation testing: plants each bug of test/mutants.txt, one at a time, into a scratch copy of the
 tree, rebuilds it and runs the test command that must catch it (`make mutants`).
 
-  python3 test/mutants.py [--only NAME]... [--list] [--dir DIR]
+  python3 test/mutants.py [--only NAME]... [--list] [--check] [--dir DIR]
 
 First every mutant's piece of code must occur exactly once in its file (a mutant that no longer
-applies is reported, not skipped). The scratch tree (DIR, default /tmp/cooktrain-mutants) gets a
-copy of every tracked file and is built once; every distinct test command then runs on the
+applies is reported, not skipped; --check stops there, as make test does). The scratch tree
+(DIR, default /tmp/cooktrain-mutants) gets a copy of every tracked file and is built once; every distinct test command then runs on the
 unmutated tree and must pass — otherwise a "caught" would mean nothing. Then, per mutant: apply,
 rebuild (incrementally), run the command; the mutant is caught when the command fails. Prints
 "caught NAME" or "MISSED NAME" per mutant and "mutants: N caught, M missed", and exits 1 unless
@@ -81,6 +81,14 @@ def main(argv):
         text = open(os.path.join(ROOT, m["file"])).read()
         if text.count(m["find"]) != 1:
             stale.append("%s (%s: found %d times)" % (m["name"], m["file"], text.count(m["find"])))
+    if "--check" in argv:
+        # make test's quick guard (test/cli_mutants.sh): every planted bug still finds the code
+        # it changes, so a refactor cannot leave `make mutants` failing on a stale snippet.
+        for m in mutants:
+            bad = [s for s in stale if s.startswith(m["name"] + " ")]
+            print(("FAIL mutant %s no longer applies: %s" % (m["name"], bad[0])) if bad
+                  else "ok mutant %s applies" % m["name"])
+        return 1 if stale else 0
     if stale:
         print("mutants that no longer apply: " + "; ".join(stale))
         return 1

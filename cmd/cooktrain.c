@@ -228,7 +228,7 @@ static ct_status cmd_plan(int argc, char **argv) {
         } else
             st = usage_error("plan: unknown option or missing value '%s'", a);
     }
-    ct_schedule_kind kind = CT_SCHEDULE_KIND_1F1B;
+    ct_schedule_kind kind = CT_SCHEDULE_1F1B;
     if (st == CT_OK && (config_path || n_sets > 0)) {
         /* A config: its whole cost per stage, on tp x pp x dp ranks (parallel.dp, default 1). */
         if (config_path) st = ct_config_load_file(&cfg, config_path);
@@ -240,13 +240,11 @@ static ct_status cmd_plan(int argc, char **argv) {
     }
     free(sets);
     if (st == CT_OK && schedule) {
-        if (!strcmp(schedule, "gpipe"))
-            kind = CT_SCHEDULE_KIND_GPIPE;
-        else if (!strcmp(schedule, "1f1b"))
-            kind = CT_SCHEDULE_KIND_1F1B;
-        else if (!strcmp(schedule, "interleaved"))
-            kind = CT_SCHEDULE_KIND_INTERLEAVED;
-        else {
+        kind = CT_SCHEDULE_FORWARD_ONLY; /* "not found" until a configurable name matches */
+        for (int k = 0; k < CT_SCHEDULE_FORWARD_ONLY; k++)
+            if (!strcmp(schedule, ct_schedule_kind_name((ct_schedule_kind)k)))
+                kind = (ct_schedule_kind)k;
+        if (kind == CT_SCHEDULE_FORWARD_ONLY) {
             ct_error(CT_ERR_INPUT, "--schedule '%s' is not a schedule", schedule);
             ct_hint("valid schedules: gpipe, 1f1b, interleaved");
             st = CT_ERR_INPUT;

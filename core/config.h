@@ -22,11 +22,15 @@
 #define CT_MAX_VIRTUAL_STAGES 16
 
 typedef enum ct_arch { CT_ARCH_GPT2 = 0, CT_ARCH_LLAMA } ct_arch;
-typedef enum ct_schedule_choice {
+/* parallel.schedule, and what the pipeline's generators build (parallel/schedule.h): one enum
+ * for both. The configurable schedules come first, in the order of their names in the config;
+ * FORWARD_ONLY (evaluation and sampling) is never chosen by a config. */
+typedef enum ct_schedule_kind {
     CT_SCHEDULE_1F1B = 0,
     CT_SCHEDULE_GPIPE,
-    CT_SCHEDULE_INTERLEAVED
-} ct_schedule_choice;
+    CT_SCHEDULE_INTERLEAVED,
+    CT_SCHEDULE_FORWARD_ONLY,
+} ct_schedule_kind;
 /* train.precision (AUTO is resolved by ct_config_validate into derived.precision) and
  * parallel.grad_reduce_dtype (FP32 or BF16 only). */
 typedef enum ct_precision {
@@ -51,7 +55,7 @@ typedef struct ct_model_config {
 typedef struct ct_parallel_config {
     int64_t tp, pp, dp; /* dp 0 means world / (tp·pp) */
     int64_t zero_stage;
-    ct_schedule_choice schedule;
+    ct_schedule_kind schedule;
     int64_t virtual_stages;
     char pp_layers[256]; /* comma-separated explicit split, "" = even */
     bool sequence_parallel;

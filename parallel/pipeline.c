@@ -90,7 +90,7 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     if (pctx->embed_comm) ct_comm_set_stream(pctx->embed_comm, model->be);
     int v = model->layout.n_chunks;
     p->n_chunks = pctx->pp * v;
-    p->forward_only = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, pctx->pp, v, m);
+    p->forward_only = ct_schedule_new(CT_SCHEDULE_FORWARD_ONLY, pctx->pp, v, m);
     ct_status tags = p->forward_only ? choose_tags(p) : CT_ERR_INPUT;
     if (tags != CT_OK) {
         ct_pipeline_free(p);
@@ -134,7 +134,7 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
                           ct_schedule_kind kind, int m, int64_t B) {
     *out = NULL;
     ct_schedule *train = NULL;
-    if (kind != CT_SCHEDULE_KIND_FORWARD_ONLY) {
+    if (kind != CT_SCHEDULE_FORWARD_ONLY) {
         train = ct_schedule_new(kind, pctx->pp, model->layout.n_chunks, m);
         if (!train) return CT_ERR_INPUT;
     }

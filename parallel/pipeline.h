@@ -28,7 +28,7 @@ typedef struct ct_pipeline ct_pipeline;
 
 /* An executor for `model` (this rank's chunks) on the grid's pp group; m microbatches of B
  * sequences per step, training with the `kind` schedule (v from the model's layout), or only
- * running forwards with kind CT_SCHEDULE_KIND_FORWARD_ONLY (then ct_pipeline_run must be called
+ * running forwards with kind CT_SCHEDULE_FORWARD_ONLY (then ct_pipeline_run must be called
  * with train = false). Allocates the activation contexts (CT_ERR_RUNTIME on out of memory). */
 ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                           ct_schedule_kind kind, int m, int64_t B);

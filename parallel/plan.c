@@ -17,14 +17,6 @@ static const char *mib(char *buf, size_t n, double bytes) {
     return buf;
 }
 
-static ct_schedule_kind schedule_kind(const ct_config *cfg) {
-    switch (cfg->parallel.schedule) {
-    case CT_SCHEDULE_GPIPE: return CT_SCHEDULE_KIND_GPIPE;
-    case CT_SCHEDULE_INTERLEAVED: return CT_SCHEDULE_KIND_INTERLEAVED;
-    default: return CT_SCHEDULE_KIND_1F1B;
-    }
-}
-
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
     const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
     const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
@@ -41,7 +33,7 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
     ct_schedule *sched = NULL;
     ct_sim_result sim = {0};
     if (pp > 1) {
-        sched = ct_schedule_new(schedule_kind(cfg), pp, (int)cfg->parallel.virtual_stages, m);
+        sched = ct_schedule_new(cfg->parallel.schedule, pp, (int)cfg->parallel.virtual_stages, m);
         if (!sched) return CT_ERR_INPUT;
         sim = ct_schedule_simulate(sched, backward_ratio);
     }

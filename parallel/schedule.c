@@ -28,10 +28,10 @@
 
 const char *ct_schedule_kind_name(ct_schedule_kind kind) {
     switch (kind) {
-    case CT_SCHEDULE_KIND_GPIPE: return "gpipe";
-    case CT_SCHEDULE_KIND_1F1B: return "1f1b";
-    case CT_SCHEDULE_KIND_INTERLEAVED: return "interleaved";
-    case CT_SCHEDULE_KIND_FORWARD_ONLY: return "forward-only";
+    case CT_SCHEDULE_GPIPE: return "gpipe";
+    case CT_SCHEDULE_1F1B: return "1f1b";
+    case CT_SCHEDULE_INTERLEAVED: return "interleaved";
+    case CT_SCHEDULE_FORWARD_ONLY: return "forward-only";
     }
     return "?";
 }
@@ -130,15 +130,15 @@ static void gen_warmup_steady_cooldown(ct_schedule *s, int r, int warmup) {
 static void gen_rank(ct_schedule *s, int r) {
     int p = s->pp, v = s->v, m = s->m;
     switch (s->kind) {
-    case CT_SCHEDULE_KIND_GPIPE:
+    case CT_SCHEDULE_GPIPE:
         for (int mb = 0; mb < m; mb++) emit_forward(s, r, mb, r);
         for (int mb = 0; mb < m; mb++) emit_backward(s, r, mb, r);
         break;
-    case CT_SCHEDULE_KIND_1F1B:
+    case CT_SCHEDULE_1F1B:
         /* Rank r can admit p−r−1 microbatches before the first gradient could possibly return. */
         gen_warmup_steady_cooldown(s, r, CT_MIN(p - r - 1, m));
         break;
-    case CT_SCHEDULE_KIND_INTERLEAVED:
+    case CT_SCHEDULE_INTERLEAVED:
         /* Megatron's count: (v−1)·p forwards fill the later chunks' first group, and 2 more
          * per downstream rank give the slack that keeps a rank from stalling on its neighbours
          * when sends and receives are posted in pairs (NVIDIA/Megatron-LM#169). With free,
@@ -146,7 +146,7 @@ static void gen_rank(ct_schedule *s, int r) {
          * they cost 2 chunk activations per downstream rank. */
         gen_warmup_steady_cooldown(s, r, CT_MIN((p - r - 1) * 2 + (v - 1) * p, m * v));
         break;
-    case CT_SCHEDULE_KIND_FORWARD_ONLY:
+    case CT_SCHEDULE_FORWARD_ONLY:
         /* Global chunk order inside a microbatch, microbatches in order: every receive waits on
          * a send that comes earlier in the (mb, chunk) lexicographic order, so no cycle. */
         for (int mb = 0; mb < m; mb++)
@@ -157,7 +157,7 @@ static void gen_rank(ct_schedule *s, int r) {
 
 ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
     const char *name = ct_schedule_kind_name(kind);
-    if (kind < CT_SCHEDULE_KIND_GPIPE || kind > CT_SCHEDULE_KIND_FORWARD_ONLY) {
+    if ((int)kind < 0 || kind > CT_SCHEDULE_FORWARD_ONLY) {
         ct_error(CT_ERR_INPUT, "unknown pipeline schedule kind %d", (int)kind);
         ct_hint("use gpipe, 1f1b, interleaved or forward-only");
         return CT_ERR_INPUT;
@@ -170,13 +170,13 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
                 "per step; all must be positive");
         return CT_ERR_INPUT;
     }
-    if ((kind == CT_SCHEDULE_KIND_GPIPE || kind == CT_SCHEDULE_KIND_1F1B) && v > 1) {
+    if ((kind == CT_SCHEDULE_GPIPE || kind == CT_SCHEDULE_1F1B) && v > 1) {
         ct_error(CT_ERR_INPUT, "pipeline schedule %s runs one chunk per rank (got v=%d, pp=%d)",
                  name, v, pp);
         ct_hint("use v=1 with %s, or the interleaved schedule for v=%d chunks per rank", name, v);
         return CT_ERR_INPUT;
     }
-    if (kind == CT_SCHEDULE_KIND_INTERLEAVED && v < 2) {
+    if (kind == CT_SCHEDULE_INTERLEAVED && v < 2) {
         ct_error(CT_ERR_INPUT,
                  "pipeline schedule interleaved needs v >= 2 chunks per rank (got "
                  "v=%d, pp=%d, m=%d)",
@@ -184,7 +184,7 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
         ct_hint("use v=2 or more, or the 1f1b schedule for one chunk per rank");
         return CT_ERR_INPUT;
     }
-    if (kind == CT_SCHEDULE_KIND_INTERLEAVED && m % pp) {
+    if (kind == CT_SCHEDULE_INTERLEAVED && m % pp) {
         ct_error(CT_ERR_INPUT,
                  "pipeline schedule interleaved needs m=%d microbatches to be a multiple of "
                  "pp=%d (m %% pp = %d)",
@@ -235,10 +235,10 @@ void ct_schedule_free(ct_schedule *s) {
 double ct_schedule_theory_bubble(const ct_schedule *s) {
     double p = s->pp, v = s->v, m = s->m;
     switch (s->kind) {
-    case CT_SCHEDULE_KIND_GPIPE:
-    case CT_SCHEDULE_KIND_1F1B: return (p - 1) / (m + p - 1);
-    case CT_SCHEDULE_KIND_INTERLEAVED: return (p - 1) / (v * m + p - 1);
-    case CT_SCHEDULE_KIND_FORWARD_ONLY:
+    case CT_SCHEDULE_GPIPE:
+    case CT_SCHEDULE_1F1B: return (p - 1) / (m + p - 1);
+    case CT_SCHEDULE_INTERLEAVED: return (p - 1) / (v * m + p - 1);
+    case CT_SCHEDULE_FORWARD_ONLY:
         /* In units of one chunk forward: microbatch k enters chunk 0 at k·((v−1)·p + 1) (rank 0
          * must finish k−1's last local chunk first) and needs p·v more to leave. */
         return 1 - m * v / ((m - 1) * ((v - 1) * p + 1) + p * v);
@@ -311,7 +311,7 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
         }
     }
 
-    bool fwd_only = s->kind == CT_SCHEDULE_KIND_FORWARD_ONLY;
+    bool fwd_only = s->kind == CT_SCHEDULE_FORWARD_ONLY;
     for (int mb = 0; mb < m && res->order_ok; mb++) {
         for (int c = 0; c < nc && res->order_ok; c++) {
             int r = ct_schedule_chunk_rank(s, c);

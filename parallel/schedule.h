@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "core/common.h"
+#include "core/config.h" /* ct_schedule_kind */
 
 typedef enum ct_action_kind {
     CT_ACTION_FORWARD = 0,
@@ -41,13 +42,6 @@ typedef struct ct_action {
     int chunk; /* global chunk index, 0..pp·v-1 */
     int peer;  /* pipeline rank of the other end (transfers only; -1 otherwise) */
 } ct_action;
-
-typedef enum ct_schedule_kind {
-    CT_SCHEDULE_KIND_GPIPE = 0,
-    CT_SCHEDULE_KIND_1F1B,
-    CT_SCHEDULE_KIND_INTERLEAVED,
-    CT_SCHEDULE_KIND_FORWARD_ONLY, /* evaluation: forwards only */
-} ct_schedule_kind;
 
 typedef struct ct_schedule {
     ct_schedule_kind kind;

@@ -323,14 +323,8 @@ static ct_status build_model(trainer *t) {
     CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train,
                      ct_precision_dtype(cfg->parallel.grad_reduce_dtype)));
     if (t->pctx->pp > 1) {
-        static const ct_schedule_kind kinds[] = {
-            [CT_SCHEDULE_1F1B] = CT_SCHEDULE_KIND_1F1B,
-            [CT_SCHEDULE_GPIPE] = CT_SCHEDULE_KIND_GPIPE,
-            [CT_SCHEDULE_INTERLEAVED] = CT_SCHEDULE_KIND_INTERLEAVED,
-        };
-        return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx,
-                               kinds[cfg->parallel.schedule], (int)cfg->derived.grad_accum,
-                               cfg->train.micro_batch);
+        return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx, cfg->parallel.schedule,
+                               (int)cfg->derived.grad_accum, cfg->train.micro_batch);
     }
     CT_TRY(ct_acts_new(&t->acts, t->model, cfg->train.micro_batch));
     CT_TRY(ct_grad_scratch_new(&t->scratch, t->model, cfg->train.micro_batch));

@@ -68,7 +68,7 @@ static void fill(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
 
 /* The tiny model of test_util.h, 8 layers on 8 positions, over the grid's pp stages and dp
  * replicas, 2·pp microbatches of one sequence per replica. */
-static void pipeline_config(ct_config *cfg, const ct_pctx *pctx, ct_schedule_choice choice, int v) {
+static void pipeline_config(ct_config *cfg, const ct_pctx *pctx, ct_schedule_kind choice, int v) {
     test_tiny_config(cfg, NULL);
     cfg->model.seq_len = 8;
     cfg->model.n_layer = 8;
@@ -140,7 +140,7 @@ static void reference_free(reference *ref) {
 
 /* GPipe with each rank's backward passes (with their transfers) in reverse microbatch order. */
 static ct_schedule *gpipe_reversed(int pp, int m) {
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, pp, 1, m);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_GPIPE, pp, 1, m);
     for (int r = 0; r < s->pp; r++) {
         ct_action *a = s->actions[r];
         int n = s->n_actions[r], first = n;
@@ -163,7 +163,7 @@ static ct_schedule *gpipe_reversed(int pp, int m) {
     return s;
 }
 
-static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice choice, int v,
+static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_kind choice, int v,
                            bool reversed) {
     ct_config cfg;
     pipeline_config(&cfg, pctx, choice, v);
@@ -174,15 +174,13 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_choice c
     ct_model *model;
     ct_dp *dp;
     ct_pipeline *pipe;
-    static const ct_schedule_kind kinds[] = {CT_SCHEDULE_KIND_1F1B, CT_SCHEDULE_KIND_GPIPE,
-                                             CT_SCHEDULE_KIND_INTERLEAVED};
     bool built = ct_model_new(&model, &cfg, be, &layout) == CT_OK &&
                  ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train, CT_DTYPE_F32) == CT_OK;
     if (built && reversed)
         built = ct_pipeline_new_from_schedule(&pipe, model, dp, pctx, gpipe_reversed(pctx->pp, m),
                                               1) == CT_OK;
     else if (built)
-        built = ct_pipeline_new(&pipe, model, dp, pctx, kinds[choice], m, 1) == CT_OK;
+        built = ct_pipeline_new(&pipe, model, dp, pctx, choice, m, 1) == CT_OK;
     if (!built) {
         ct_error_print();
         exit(1);
@@ -301,7 +299,7 @@ int main(int argc, char **argv) {
         ct_pipeline *pipe = NULL;
         CT_ASSERT(ct_model_new(&model, &cfg, be, &layout) == CT_OK &&
                   ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train, CT_DTYPE_F32) == CT_OK);
-        ct_status st = ct_pipeline_new(&pipe, model, dp, pctx, CT_SCHEDULE_KIND_1F1B,
+        ct_status st = ct_pipeline_new(&pipe, model, dp, pctx, CT_SCHEDULE_1F1B,
                                        (int)cfg.derived.grad_accum, 1);
         snprintf(what, sizeof what, "pp=%d: too small a tag bound is refused (exit 2, tags named)",
                  world);

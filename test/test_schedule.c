@@ -93,7 +93,7 @@ static void check_bubble(const ct_schedule *s, double theory) {
         assert_false(res.deadlock);
         assert_int_equal(res.deadlock_rank, -1);
         if (!res.order_ok) fail_msg("%s", res.order_msg);
-        double busy = s->m * (s->kind == CT_SCHEDULE_KIND_FORWARD_ONLY ? 1.0 : 1.0 + ratios[k]);
+        double busy = s->m * (s->kind == CT_SCHEDULE_FORWARD_ONLY ? 1.0 : 1.0 + ratios[k]);
         for (int r = 0; r < s->pp; r++) {
             assert_true(fabs(res.busy[r] - busy) <= BUBBLE_TOL);
             if (fabs(res.bubble[r] - theory) > BUBBLE_TOL)
@@ -123,7 +123,7 @@ static void test_gpipe(void **state) {
         int p = pps[ip], ms[5], nm = microbatch_counts(p, ms);
         for (int im = 0; im < nm; im++) {
             int m = ms[im];
-            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, p, 1, m);
+            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_GPIPE, p, 1, m);
             assert_non_null(s);
             check_transfers(s);
             /* All forwards in microbatch order, then all backwards in the same (FIFO) order. */
@@ -161,7 +161,7 @@ static void test_1f1b(void **state) {
         int p = pps[ip], ms[5], nm = microbatch_counts(p, ms);
         for (int im = 0; im < nm; im++) {
             int m = ms[im];
-            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_1F1B, p, 1, m);
+            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_1F1B, p, 1, m);
             assert_non_null(s);
             check_transfers(s);
             /* min(p−r−1, m) warm-up forwards, then F/B alternating, then the drain; forwards
@@ -270,7 +270,7 @@ static void test_interleaved(void **state) {
             int p = pps[ip], v = vs[iv], ms[3] = {p, 2 * p, 8 * p};
             for (int im = 0; im < 3; im++) {
                 int m = ms[im];
-                ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_INTERLEAVED, p, v, m);
+                ct_schedule *s = ct_schedule_new(CT_SCHEDULE_INTERLEAVED, p, v, m);
                 assert_non_null(s);
                 check_transfers(s);
                 check_interleaved_order(s);
@@ -301,7 +301,7 @@ static void test_interleaved_peak_report(void **state) {
     for (int ip = 0; ip < 3; ip++) {
         for (int iv = 0; iv < 2; iv++) {
             int p = pps[ip], v = vs[iv];
-            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_INTERLEAVED, p, v, 2 * p);
+            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_INTERLEAVED, p, v, 2 * p);
             ct_sim_result res = ct_schedule_simulate(s, 2.0);
             printf("  pp=%d v=%d:", p, v);
             for (int r = 0; r < p; r++)
@@ -330,7 +330,7 @@ static void test_forward_only(void **state) {
             int p = pps[ip], v = vs[iv], ms[5], nm = microbatch_counts(p, ms);
             for (int im = 0; im < nm; im++) {
                 int m = ms[im];
-                ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_FORWARD_ONLY, p, v, m);
+                ct_schedule *s = ct_schedule_new(CT_SCHEDULE_FORWARD_ONLY, p, v, m);
                 assert_non_null(s);
                 check_transfers(s);
                 for (int r = 0; r < p; r++) {
@@ -365,8 +365,8 @@ static void test_forward_only(void **state) {
 
 /* pp = 1: no pipeline, no bubble; with v > 1 the chunks talk to their own rank. */
 static void test_single_rank(void **state) {
-    for (int kind = CT_SCHEDULE_KIND_GPIPE; kind <= CT_SCHEDULE_KIND_FORWARD_ONLY; kind++) {
-        int v = kind == CT_SCHEDULE_KIND_INTERLEAVED ? 2 : 1;
+    for (int kind = CT_SCHEDULE_1F1B; kind <= CT_SCHEDULE_FORWARD_ONLY; kind++) {
+        int v = kind == CT_SCHEDULE_INTERLEAVED ? 2 : 1;
         ct_schedule *s = ct_schedule_new((ct_schedule_kind)kind, 1, v, 3);
         assert_non_null(s);
         check_transfers(s);
@@ -379,7 +379,7 @@ static void test_single_rank(void **state) {
 }
 
 static void test_match_and_chunk_rank(void **state) {
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 4);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_INTERLEAVED, 4, 2, 4);
     assert_non_null(s);
     assert_int_equal(ct_schedule_chunk_rank(s, 0), 0);
     assert_int_equal(ct_schedule_chunk_rank(s, 5), 1);
@@ -432,7 +432,7 @@ static void test_deadlock_detected(void **state) {
     /* GPipe pp=2 m=1, rank 0 waits for the gradient before sending the activation that the
      * gradient depends on: a two-rank cycle. Each action is still on the right side of its
      * compute step, so the order check passes; only the simulation can see this. */
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 2, 1, 1);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_GPIPE, 2, 1, 1);
     int i_send = find_action(s, 0, CT_ACTION_SEND_ACT, 0, 0);
     int i_recv = find_action(s, 0, CT_ACTION_RECV_GRAD, 0, 0);
     swap_actions(s, 0, i_send, i_recv);
@@ -448,7 +448,7 @@ static void test_deadlock_detected(void **state) {
     /* 1F1B pp=4 m=8: rank 1 holds back microbatch 0's activation until microbatch 0's gradient
      * comes back: ranks 1..3 wait on each other, rank 0 on rank 1, so rank 0 is the first
      * stuck rank, at the receive of its first gradient. */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_1F1B, 4, 1, 8);
+    s = ct_schedule_new(CT_SCHEDULE_1F1B, 4, 1, 8);
     i_send = find_action(s, 1, CT_ACTION_SEND_ACT, 0, 1);
     i_recv = find_action(s, 1, CT_ACTION_RECV_GRAD, 0, 1);
     swap_actions(s, 1, i_send, i_recv);
@@ -463,7 +463,7 @@ static void test_deadlock_detected(void **state) {
     /* A late send is not a deadlock: on rank 0 of 1F1B pp=4 m=8, sending microbatch 3 only after
      * microbatch 0's gradient is received is fine, since rank 1 runs backward 0 before it needs
      * microbatch 3 (its warm-up is one shorter). The simulator must not cry wolf. */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_1F1B, 4, 1, 8);
+    s = ct_schedule_new(CT_SCHEDULE_1F1B, 4, 1, 8);
     i_send = find_action(s, 0, CT_ACTION_SEND_ACT, 3, 0);
     i_recv = find_action(s, 0, CT_ACTION_RECV_GRAD, 0, 0);
     assert_true(i_send < i_recv);
@@ -479,7 +479,7 @@ static void test_broken_order(void **state) {
     /* A send naming the wrong microbatch: rank 1's receive of microbatch 1 never matches and
      * rank 0 then waits for microbatch 1's gradient, so both are stuck and rank 0, the first,
      * is reported. The order check names the doubled message. */
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_1F1B, 2, 1, 2);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_1F1B, 2, 1, 2);
     int i = find_action(s, 0, CT_ACTION_SEND_ACT, 1, 0);
     s->actions[0][i].mb = 0;
     ct_sim_result res = ct_schedule_simulate(s, 1.0);
@@ -492,7 +492,7 @@ static void test_broken_order(void **state) {
     ct_schedule_free(s);
 
     /* A backward moved before its forward (transfers included, so nothing waits forever). */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 1, 1, 2);
+    s = ct_schedule_new(CT_SCHEDULE_GPIPE, 1, 1, 2);
     int f = find_action(s, 0, CT_ACTION_FORWARD, 1, 0);
     int b = find_action(s, 0, CT_ACTION_BACKWARD, 1, 0);
     swap_actions(s, 0, f, b);
@@ -504,7 +504,7 @@ static void test_broken_order(void **state) {
     ct_schedule_free(s);
 
     /* A transfer with the wrong peer. */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 4, 1, 1);
+    s = ct_schedule_new(CT_SCHEDULE_GPIPE, 4, 1, 1);
     i = find_action(s, 2, CT_ACTION_RECV_ACT, 0, 2);
     s->actions[2][i].peer = 3;
     res = ct_schedule_simulate(s, 1.0);
@@ -518,9 +518,8 @@ static void test_broken_order(void **state) {
  * microbatches, pipeline.c), and a list that receives two microbatches of one channel in the
  * other order than they are sent is found. */
 static void test_channels_in_order(void **state) {
-    static const ct_schedule_kind kinds[] = {CT_SCHEDULE_KIND_GPIPE, CT_SCHEDULE_KIND_1F1B,
-                                             CT_SCHEDULE_KIND_INTERLEAVED,
-                                             CT_SCHEDULE_KIND_FORWARD_ONLY};
+    static const ct_schedule_kind kinds[] = {CT_SCHEDULE_GPIPE, CT_SCHEDULE_1F1B,
+                                             CT_SCHEDULE_INTERLEAVED, CT_SCHEDULE_FORWARD_ONLY};
     int checked = 0;
     char why[256];
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
@@ -540,7 +539,7 @@ static void test_channels_in_order(void **state) {
 
     /* Rank 1 of a GPipe over 2 ranks receives microbatch 1's activations before microbatch 0's:
      * the simulator is content (both are sent before either is received), the channel is not. */
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 2, 1, 2);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_GPIPE, 2, 1, 2);
     int r0 = find_action(s, 1, CT_ACTION_RECV_ACT, 0, 1);
     int r1 = find_action(s, 1, CT_ACTION_RECV_ACT, 1, 1);
     s->actions[1][r0].mb = 1;
@@ -567,15 +566,15 @@ static void test_invalid_arguments(void **state) {
         int pp, v, m;
         const char *says[2]; /* substrings the message must contain */
     } cases[] = {
-        {CT_SCHEDULE_KIND_GPIPE, 0, 1, 4, {"pp=0", NULL}},
-        {CT_SCHEDULE_KIND_1F1B, -2, 1, 4, {"pp=-2", NULL}},
-        {CT_SCHEDULE_KIND_1F1B, 4, 1, 0, {"m=0", NULL}},
-        {CT_SCHEDULE_KIND_FORWARD_ONLY, 4, 0, 4, {"v=0", NULL}},
-        {CT_SCHEDULE_KIND_GPIPE, 4, 2, 8, {"gpipe", "v=2"}},
-        {CT_SCHEDULE_KIND_1F1B, 4, 3, 8, {"1f1b", "v=3"}},
-        {CT_SCHEDULE_KIND_INTERLEAVED, 4, 1, 8, {"interleaved", "v=1"}},
-        {CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 6, {"m=6", "pp=4"}},
-        {CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 2, {"m=2", "pp=4"}},
+        {CT_SCHEDULE_GPIPE, 0, 1, 4, {"pp=0", NULL}},
+        {CT_SCHEDULE_1F1B, -2, 1, 4, {"pp=-2", NULL}},
+        {CT_SCHEDULE_1F1B, 4, 1, 0, {"m=0", NULL}},
+        {CT_SCHEDULE_FORWARD_ONLY, 4, 0, 4, {"v=0", NULL}},
+        {CT_SCHEDULE_GPIPE, 4, 2, 8, {"gpipe", "v=2"}},
+        {CT_SCHEDULE_1F1B, 4, 3, 8, {"1f1b", "v=3"}},
+        {CT_SCHEDULE_INTERLEAVED, 4, 1, 8, {"interleaved", "v=1"}},
+        {CT_SCHEDULE_INTERLEAVED, 4, 2, 6, {"m=6", "pp=4"}},
+        {CT_SCHEDULE_INTERLEAVED, 4, 2, 2, {"m=2", "pp=4"}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         ct_error_clear();
@@ -591,12 +590,12 @@ static void test_invalid_arguments(void **state) {
     }
     /* The hint for a non-multiple proposes the neighbouring multiples. */
     ct_error_clear();
-    assert_null(ct_schedule_new(CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 6));
+    assert_null(ct_schedule_new(CT_SCHEDULE_INTERLEAVED, 4, 2, 6));
     assert_non_null(strstr(ct_error_hint(), "m=4 or m=8"));
     /* And the valid edge cases pass the check. */
-    assert_int_equal(ct_schedule_check(CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 4), CT_OK);
-    assert_int_equal(ct_schedule_check(CT_SCHEDULE_KIND_1F1B, 1, 1, 1), CT_OK);
-    assert_int_equal(ct_schedule_check(CT_SCHEDULE_KIND_FORWARD_ONLY, 2, 3, 1), CT_OK);
+    assert_int_equal(ct_schedule_check(CT_SCHEDULE_INTERLEAVED, 4, 2, 4), CT_OK);
+    assert_int_equal(ct_schedule_check(CT_SCHEDULE_1F1B, 1, 1, 1), CT_OK);
+    assert_int_equal(ct_schedule_check(CT_SCHEDULE_FORWARD_ONLY, 2, 3, 1), CT_OK);
     ct_error_clear();
 }
 
@@ -629,7 +628,7 @@ static void assert_has_line(const char *text, const char *prefix) {
 
 static void test_print_timeline(void **state) {
     /* GPipe pp=4 m=4, backward twice a forward: the textbook picture, every cell one forward. */
-    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 4, 1, 4);
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_GPIPE, 4, 1, 4);
     char *text = print_to_string(s, 2.0);
     assert_has_line(text, "rank 0 |F0F1F2F3..................B0B0B1B1B2B2B3B3|");
     assert_has_line(text, "rank 1 |..F0F1F2F3............B0B0B1B1B2B2B3B3....|");
@@ -641,7 +640,7 @@ static void test_print_timeline(void **state) {
     ct_schedule_free(s);
 
     /* Interleaved: cells name the global chunk; rank 0 starts with its first group on chunk 0. */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_INTERLEAVED, 4, 2, 8);
+    s = ct_schedule_new(CT_SCHEDULE_INTERLEAVED, 4, 2, 8);
     text = print_to_string(s, 2.0);
     assert_has_line(text, "rank 0 |F0:0F1:0F2:0F3:0F0:4F1:4F2:4F3:4F4:0");
     assert_has_line(text, "rank 3 |............F0:3F1:3F2:3F3:3F0:7B0:7B0:7");
@@ -651,7 +650,7 @@ static void test_print_timeline(void **state) {
     ct_schedule_free(s);
 
     /* A deadlocked list prints what ran and says where it stuck. */
-    s = ct_schedule_new(CT_SCHEDULE_KIND_GPIPE, 2, 1, 1);
+    s = ct_schedule_new(CT_SCHEDULE_GPIPE, 2, 1, 1);
     swap_actions(s, 0, find_action(s, 0, CT_ACTION_SEND_ACT, 0, 0),
                  find_action(s, 0, CT_ACTION_RECV_GRAD, 0, 0));
     text = print_to_string(s, 2.0);

@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/config.h"
+#include "core/gemm_bench.h"
 #include "core/model.h"
 #include "core/prepare.h"
 #include "parallel/context.h"
@@ -149,7 +150,7 @@ static ct_status cmd_train(int argc, char **argv) {
         printf("backend: %s\n", chosen);
     if (gemm_rate) {
         /* For scripts/bench_cpu.sh: the MFU denominator at this config's GEMM shapes. */
-        double rate = ct_measure_model_gemm_flops(&cfg, be, 5);
+        double rate = ct_gemm_bench_model_rate(&cfg, be, 5);
         ct_model *model = NULL;
         ct_model_layout layout = ct_model_layout_single(&cfg);
         st = ct_model_new(&model, &cfg, be, &layout);

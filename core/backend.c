@@ -407,6 +407,7 @@ void ct_tensor_from_host(ct_tensor *dst, const void *src) {
 
 void ct_tensor_to_host(void *dst, const ct_tensor *src) {
     ct_backend *be = src->backend;
+    be->host_copies++;
     be->iface->copy_to_host(be->ctx, dst, src->data, ct_tensor_bytes(src));
 }
 

@@ -211,6 +211,10 @@ typedef struct ct_backend {
     size_t peak_bytes[CT_MEM_COUNT];
     bool profiling;
     double prof_seconds[CT_PROF_COUNT]; /* wall time inside each category's ops */
+    /* Copies to the host so far (ct_tensor_to_host and the _f32 form). Each one waits for the
+     * stream, so the training loop makes a fixed few per step whatever the microbatch count
+     * (loss, gradient norm); its metrics report them and tests compare. */
+    int64_t host_copies;
 } ct_backend;
 
 /* Starts (on) or stops timing every op by category, clearing the totals. */

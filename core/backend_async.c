@@ -317,10 +317,8 @@ typedef struct cmd {
     };
 } cmd;
 
-/* Runs one command by inner's slot, then frees what the command owns. Worker thread only. */
-static void cmd_run(ct_backend *inner, cmd *c) {
-    const struct ct_backend_i *f = inner->iface;
-    void *x = inner->ctx;
+/* Runs a queued op that marks the stream or moves memory. Worker thread only. */
+static void run_stream_op(const struct ct_backend_i *f, void *x, cmd *c) {
     switch (c->kind) {
     case CMD_MARKER:
         if (f->event_record) f->event_record(x, c->marker.event);
@@ -341,6 +339,18 @@ static void cmd_run(ct_backend *inner, cmd *c) {
         f->copy(x, a->dst, a->src, a->bytes);
         break;
     }
+    case CMD_CAST: {
+        struct cast_args *a = &c->cast;
+        f->cast(x, a->dst, a->dst_dtype, a->src, a->src_dtype, a->n);
+        break;
+    }
+    default: CT_ASSERTF(false, "command kind %d sent to run_stream_op", (int)c->kind);
+    }
+}
+
+/* Runs a queued GEMM, bias or vector op. Worker thread only. */
+static void run_linear_op(const struct ct_backend_i *f, void *x, cmd *c) {
+    switch (c->kind) {
     case CMD_GEMM: {
         struct gemm_args *a = &c->gemm;
         f->gemm(x, a->trans_a, a->trans_b, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb,
@@ -372,6 +382,13 @@ static void cmd_run(ct_backend *inner, cmd *c) {
         f->scale(x, a->dt, a->x, a->s, a->n);
         break;
     }
+    default: CT_ASSERTF(false, "command kind %d sent to run_linear_op", (int)c->kind);
+    }
+}
+
+/* Runs a queued forward or backward op of a model layer. Worker thread only. */
+static void run_layer_op(const struct ct_backend_i *f, void *x, cmd *c) {
+    switch (c->kind) {
     case CMD_EMBEDDING_FWD: {
         struct embedding_fwd_args *a = &c->embedding_fwd;
         f->embedding_fwd(x, a->dt, a->out, a->tokens, a->table, a->N, a->C, a->rows, a->row_offset);
@@ -426,6 +443,13 @@ static void cmd_run(ct_backend *inner, cmd *c) {
                          a->n_head, a->n_kv_head, a->head_dim);
         break;
     }
+    default: CT_ASSERTF(false, "command kind %d sent to run_layer_op", (int)c->kind);
+    }
+}
+
+/* Runs a queued cross-entropy or optimizer op. Worker thread only. */
+static void run_loss_optim_op(const struct ct_backend_i *f, void *x, cmd *c) {
+    switch (c->kind) {
     case CMD_XENT_ROWMAX: {
         struct xent_rowmax_args *a = &c->xent_rowmax;
         f->xent_rowmax(x, a->dt, a->rowmax, a->logits, a->N, a->V, a->n_valid);
@@ -456,11 +480,13 @@ static void cmd_run(ct_backend *inner, cmd *c) {
         f->sumsq(x, a->out, a->x, a->n);
         break;
     }
-    case CMD_CAST: {
-        struct cast_args *a = &c->cast;
-        f->cast(x, a->dst, a->dst_dtype, a->src, a->src_dtype, a->n);
-        break;
+    default: CT_ASSERTF(false, "command kind %d sent to run_loss_optim_op", (int)c->kind);
     }
+}
+
+/* Runs a call the host waits for (host_wait). Worker thread only. */
+static void run_call(const struct ct_backend_i *f, void *x, cmd *c) {
+    switch (c->kind) {
     case CMD_COPY_TO_HOST: {
         struct copy_to_host_args *a = &c->copy_to_host;
         f->copy_to_host(x, a->dst, a->src, a->bytes);
@@ -478,6 +504,46 @@ static void cmd_run(ct_backend *inner, cmd *c) {
         *a->result = f->peak_flops(x, a->dt, a->how, a->how_cap);
         break;
     }
+    default: CT_ASSERTF(false, "command kind %d sent to run_call", (int)c->kind);
+    }
+}
+
+/* Runs one command by inner's slot, then frees what the command owns. Worker thread only. */
+static void cmd_run(ct_backend *inner, cmd *c) {
+    const struct ct_backend_i *f = inner->iface;
+    void *x = inner->ctx;
+    switch (c->kind) {
+    case CMD_MARKER:
+    case CMD_FILL:
+    case CMD_COPY_FROM_HOST:
+    case CMD_COPY:
+    case CMD_CAST: run_stream_op(f, x, c); break;
+    case CMD_GEMM:
+    case CMD_BIAS_ADD:
+    case CMD_BIAS_INIT:
+    case CMD_BIAS_GRAD:
+    case CMD_AXPY:
+    case CMD_SCALE: run_linear_op(f, x, c); break;
+    case CMD_EMBEDDING_FWD:
+    case CMD_EMBEDDING_BWD:
+    case CMD_POSEMB_FWD:
+    case CMD_POSEMB_BWD:
+    case CMD_LAYERNORM_FWD:
+    case CMD_LAYERNORM_BWD:
+    case CMD_GELU_FWD:
+    case CMD_GELU_BWD:
+    case CMD_ATTENTION_FWD:
+    case CMD_ATTENTION_BWD: run_layer_op(f, x, c); break;
+    case CMD_XENT_ROWMAX:
+    case CMD_XENT_SUMEXP:
+    case CMD_XENT_FINISH:
+    case CMD_ADAMW:
+    case CMD_SUMSQ: run_loss_optim_op(f, x, c); break;
+    case CMD_COPY_TO_HOST:
+    case CMD_FREE:
+    case CMD_EVENT_WAIT:
+    case CMD_SYNC:
+    case CMD_PEAK_FLOPS: run_call(f, x, c); break;
     }
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char error_message[2048];
@@ -141,6 +142,24 @@ ct_status ct_file_publish(const char *tmp, const char *path, bool write_ok, cons
         ct_hint("check that the directory is writable");
         return CT_ERR_INPUT;
     }
+    return CT_OK;
+}
+
+ct_status ct_mkdir_parents(const char *path) {
+    char *dir = ct_xstrdup(path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            ct_error(CT_ERR_INPUT, "cannot create directory '%s' for '%s': %s", dir, path,
+                     strerror(errno));
+            ct_hint("check the path and its permissions");
+            free(dir);
+            return CT_ERR_INPUT;
+        }
+        *p = '/';
+    }
+    free(dir);
     return CT_OK;
 }
 

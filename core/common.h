@@ -91,9 +91,14 @@ char *ct_xstrdup(const char *s);
  */
 ct_status ct_file_publish(const char *tmp, const char *path, bool write_ok, const char *what);
 
+/* mkdir -p of the directory part of `path` (the file itself is not made); CT_ERR_INPUT with a
+ * message naming the directory when one cannot be made. */
+ct_status ct_mkdir_parents(const char *path);
+
 /* Monotonic wall time in seconds. */
 double ct_now(void);
 
+#define CT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define CT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CT_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -1268,14 +1268,8 @@ static int64_t gpt2_params(const ct_model_config *m, const ct_derived_config *d)
            + m->n_layer * layer + 2 * C /* final LN */;
 }
 
-ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
-    CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
-    memset(&cfg->derived, 0, sizeof cfg->derived);
-    const ct_model_config *m = &cfg->model;
-    const ct_parallel_config *p = &cfg->parallel;
-    const ct_train_config *t = &cfg->train;
-    char list[256], a[64], b[64];
-
+/* Checks each key against its own constraints (type, range, allowed values). */
+static ct_status check_keys(const ct_config *cfg) {
     /* Per-key constraints again: a caller may have filled the struct without the loader. */
     for (int i = 0; i < N_KEYS; i++) {
         const config_key *k = &keys[i];
@@ -1286,10 +1280,21 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
         key_value v = key_load(cfg, k);
         CT_TRY(key_check(k, &v, ""));
     }
+    return CT_OK;
+}
 
+/* Checks that the model architecture is one this trainer implements. */
+static ct_status check_arch(const ct_model_config *m) {
     if (m->arch == CT_ARCH_LLAMA)
         return with_hint(ct_error(CT_ERR_INPUT, "model.arch=llama is not implemented yet"),
                          "use model.arch: gpt2 for now (Llama-style blocks are planned)");
+    return CT_OK;
+}
+
+/* Resolves train.precision (auto: by hardware) and checks grad_reduce_dtype against it. */
+static ct_status resolve_precision(const ct_config *cfg, ct_derived_config *d) {
+    const ct_parallel_config *p = &cfg->parallel;
+    const ct_train_config *t = &cfg->train;
     ct_precision precision = t->precision;
     char precision_why[96];
     snprintf(precision_why, sizeof precision_why, "train.precision: %s",
@@ -1311,14 +1316,17 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                          "fp32 training reduces gradients in fp32: remove "
                          "parallel.grad_reduce_dtype or set it to fp32");
 
-    ct_derived_config d;
-    memset(&d, 0, sizeof d);
-    d.precision = precision;
-    snprintf(d.precision_why, sizeof d.precision_why, "%s", precision_why);
-    d.world_size = world_size;
-    d.vocab_padded = (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad;
-    d.n_kv_head = m->n_kv_head ? m->n_kv_head : m->n_head;
-    d.d_ff = m->d_ff ? m->d_ff : 4 * m->d_model;
+    d->precision = precision;
+    snprintf(d->precision_why, sizeof d->precision_why, "%s", precision_why);
+    return CT_OK;
+}
+
+/* Derives vocab_padded, n_kv_head, d_ff and head_dim; checks that the heads divide evenly. */
+static ct_status check_model(const ct_model_config *m, ct_derived_config *d) {
+    char list[256];
+    d->vocab_padded = (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad;
+    d->n_kv_head = m->n_kv_head ? m->n_kv_head : m->n_head;
+    d->d_ff = m->d_ff ? m->d_ff : 4 * m->d_model;
 
     /* The model on its own. */
     if (m->d_model % m->n_head) {
@@ -1330,20 +1338,26 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                          "divide %lld: %s",
                          (long long)m->d_model, list);
     }
-    d.head_dim = m->d_model / m->n_head;
-    if (d.n_kv_head > m->n_head || m->n_head % d.n_kv_head) {
+    d->head_dim = m->d_model / m->n_head;
+    if (d->n_kv_head > m->n_head || m->n_head % d->n_kv_head) {
         list_divisors(m->n_head, NULL, NULL, list, sizeof list);
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "model.n_kv_head=%lld does not divide model.n_head=%lld",
-                                  (long long)d.n_kv_head, (long long)m->n_head),
+                                  (long long)d->n_kv_head, (long long)m->n_head),
                          "each key/value head serves n_head / n_kv_head query heads; use one of "
                          "%s (0 = n_head)",
                          list);
     }
+    return CT_OK;
+}
 
+/* Checks that parallel.tp divides every tensor-parallel dimension of the model. */
+static ct_status check_tp(const ct_config *cfg, const ct_derived_config *d) {
+    const ct_model_config *m = &cfg->model;
+    const ct_parallel_config *p = &cfg->parallel;
     /* The model against the tensor-parallel degree: each rank owns whole heads, a slice of the
      * MLP and of the padded vocabulary. */
-    tp_limits tl = {m->n_head, d.n_kv_head, d.d_ff, d.vocab_padded,
+    tp_limits tl = {m->n_head, d->n_kv_head, d->d_ff, d->vocab_padded,
                     p->sequence_parallel ? m->seq_len : 0};
     long long tp = (long long)p->tp;
     if (m->n_head % p->tp) {
@@ -1351,23 +1365,23 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
                  (long long)m->n_head);
         return tp_error(&tl);
     }
-    if (d.n_kv_head % p->tp) {
+    if (d->n_kv_head % p->tp) {
         ct_error(CT_ERR_INPUT,
                  "parallel.tp=%lld does not divide the key/value heads (model.n_kv_head=%lld)", tp,
-                 (long long)d.n_kv_head);
+                 (long long)d->n_kv_head);
         return tp_error(&tl);
     }
-    if (d.d_ff % p->tp) {
+    if (d->d_ff % p->tp) {
         ct_error(CT_ERR_INPUT, "parallel.tp=%lld does not divide the MLP width (model.d_ff=%lld)",
-                 tp, (long long)d.d_ff);
+                 tp, (long long)d->d_ff);
         return tp_error(&tl);
     }
-    if (d.vocab_padded % p->tp) {
+    if (d->vocab_padded % p->tp) {
         ct_error(
             CT_ERR_INPUT,
             "parallel.tp=%lld does not divide the padded vocabulary %lld (model.vocab_size=%lld "
             "rounded up to a multiple of model.vocab_pad=%lld)",
-            tp, (long long)d.vocab_padded, (long long)m->vocab_size, (long long)m->vocab_pad);
+            tp, (long long)d->vocab_padded, (long long)m->vocab_size, (long long)m->vocab_pad);
         return tp_error(&tl);
     }
     if (p->sequence_parallel && m->seq_len % p->tp) {
@@ -1377,6 +1391,14 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
             (long long)m->seq_len, tp);
         return tp_error(&tl);
     }
+    return CT_OK;
+}
+
+/* Checks the pipeline schedule and the split of the layers over its chunks. */
+static ct_status check_pipeline(const ct_config *cfg) {
+    const ct_model_config *m = &cfg->model;
+    const ct_parallel_config *p = &cfg->parallel;
+    char list[256];
 
     /* The layers against the pipeline. */
     int64_t v = p->virtual_stages, chunks = p->pp * v;
@@ -1425,8 +1447,13 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
             "with parallel.pp_layers%s%s%s",
             (long long)m->n_layer, list, example[0] ? ": \"" : "", example, example[0] ? "\"" : "");
     }
+    return CT_OK;
+}
 
+/* Checks that the tp x pp x dp grid fits the world size, and derives dp. */
+static ct_status check_grid(const ct_parallel_config *p, int64_t world_size, ct_derived_config *d) {
     /* The grid against the world: rank = tp_rank + tp·(dp_rank + dp·pp_rank). */
+    long long tp = (long long)p->tp;
     int64_t mp = p->tp * p->pp;
     if (p->dp && mp * p->dp != world_size)
         return with_hint(
@@ -1446,56 +1473,71 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
             "launch a multiple of %lld ranks (mpirun -np N), or choose tp and pp whose product "
             "divides %lld",
             (long long)mp, (long long)world_size);
-    d.dp = world_size / mp;
+    d->dp = world_size / mp;
+    return CT_OK;
+}
+
+/* Checks the batch against dp (picking micro_batch when auto), and derives grad_accum. */
+static ct_status check_batch(ct_config *cfg, ct_derived_config *d) {
+    const ct_model_config *m = &cfg->model;
+    const ct_parallel_config *p = &cfg->parallel;
+    const ct_train_config *t = &cfg->train;
+    char list[256];
 
     /* The batch: global_batch = micro_batch · dp · grad_accum, fixed whatever the layout. */
     if (t->micro_batch == 0 || t->micro_batch_auto) {
-        if (t->global_batch % d.dp)
+        if (t->global_batch % d->dp)
             return with_hint(
                 ct_error(CT_ERR_INPUT, "train.global_batch=%lld is not divisible by dp=%lld",
-                         (long long)t->global_batch, (long long)d.dp),
+                         (long long)t->global_batch, (long long)d->dp),
                 "every data-parallel rank takes global_batch / dp sequences: use a multiple of "
                 "%lld, e.g. train.global_batch=%lld",
-                (long long)d.dp, (long long)((t->global_batch / d.dp + 1) * d.dp));
-        cfg->train.micro_batch = auto_micro_batch(t->global_batch / d.dp, m->seq_len, p->pp,
+                (long long)d->dp, (long long)((t->global_batch / d->dp + 1) * d->dp));
+        cfg->train.micro_batch = auto_micro_batch(t->global_batch / d->dp, m->seq_len, p->pp,
                                                   p->schedule == CT_SCHEDULE_INTERLEAVED);
         cfg->train.micro_batch_auto = true;
     }
-    int64_t per_mb = t->micro_batch * d.dp;
+    int64_t per_mb = t->micro_batch * d->dp;
     if (t->global_batch % per_mb) {
         ct_error(
             CT_ERR_INPUT,
             "train.global_batch=%lld is not divisible by train.micro_batch=%lld x dp=%lld = %lld",
-            (long long)t->global_batch, (long long)t->micro_batch, (long long)d.dp,
+            (long long)t->global_batch, (long long)t->micro_batch, (long long)d->dp,
             (long long)per_mb);
-        if (t->global_batch % d.dp)
+        if (t->global_batch % d->dp)
             return with_hint(CT_ERR_INPUT,
                              "global_batch must be a multiple of micro_batch * dp; with "
                              "micro_batch=%lld and dp=%lld try train.global_batch=%lld",
-                             (long long)t->micro_batch, (long long)d.dp,
+                             (long long)t->micro_batch, (long long)d->dp,
                              (long long)((t->global_batch / per_mb + 1) * per_mb));
-        mb_limits ml = {t->global_batch / d.dp, 1};
+        mb_limits ml = {t->global_batch / d->dp, 1};
         list_divisors(ml.per_rank, mb_fits, &ml, list, sizeof list);
         return with_hint(CT_ERR_INPUT,
                          "valid train.micro_batch values with dp=%lld: %s (or "
                          "train.micro_batch: auto, which picks one for any dp)",
-                         (long long)d.dp, list);
+                         (long long)d->dp, list);
     }
-    d.grad_accum = t->global_batch / per_mb;
-    if (p->schedule == CT_SCHEDULE_INTERLEAVED && d.grad_accum % p->pp) {
-        mb_limits ml = {t->global_batch / d.dp, p->pp};
+    d->grad_accum = t->global_batch / per_mb;
+    if (p->schedule == CT_SCHEDULE_INTERLEAVED && d->grad_accum % p->pp) {
+        mb_limits ml = {t->global_batch / d->dp, p->pp};
         list_divisors(ml.per_rank, mb_fits, &ml, list, sizeof list);
         return with_hint(
             ct_error(CT_ERR_INPUT,
                      "parallel.schedule=interleaved needs the microbatch count "
                      "(grad_accum=%lld = train.global_batch=%lld / (train.micro_batch=%lld "
                      "x dp=%lld)) to be a multiple of parallel.pp=%lld",
-                     (long long)d.grad_accum, (long long)t->global_batch, (long long)t->micro_batch,
-                     (long long)d.dp, (long long)p->pp),
+                     (long long)d->grad_accum, (long long)t->global_batch,
+                     (long long)t->micro_batch, (long long)d->dp, (long long)p->pp),
             "valid train.micro_batch values for this schedule: %s (or raise "
             "train.global_batch)",
             list);
     }
+    return CT_OK;
+}
+
+/* Checks that the learning-rate schedule fits: min_lr <= lr, warmup within steps. */
+static ct_status check_lr_schedule(const ct_train_config *t) {
+    char a[64], b[64];
 
     /* The optimizer schedule. */
     if (t->min_lr > t->lr) {
@@ -1510,9 +1552,28 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
             ct_error(CT_ERR_INPUT, "train.warmup_steps=%lld exceeds train.steps=%lld",
                      (long long)t->warmup_steps, (long long)t->steps),
             "warmup must fit in the run: lower train.warmup_steps or raise train.steps");
+    return CT_OK;
+}
 
-    d.tokens_per_step = t->global_batch * m->seq_len;
-    d.n_params = gpt2_params(m, &d);
+ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
+    CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
+    memset(&cfg->derived, 0, sizeof cfg->derived);
+    CT_TRY(check_keys(cfg));
+    CT_TRY(check_arch(&cfg->model));
+
+    ct_derived_config d;
+    memset(&d, 0, sizeof d);
+    CT_TRY(resolve_precision(cfg, &d));
+    d.world_size = world_size;
+    CT_TRY(check_model(&cfg->model, &d));
+    CT_TRY(check_tp(cfg, &d));
+    CT_TRY(check_pipeline(cfg));
+    CT_TRY(check_grid(&cfg->parallel, world_size, &d));
+    CT_TRY(check_batch(cfg, &d));
+    CT_TRY(check_lr_schedule(&cfg->train));
+
+    d.tokens_per_step = cfg->train.global_batch * cfg->model.seq_len;
+    d.n_params = gpt2_params(&cfg->model, &d);
     cfg->derived = d;
     return CT_OK;
 }

@@ -393,6 +393,7 @@ void ct_model_free(ct_model *m) {
     ct_tensor_free(m->sp_perm);
     ct_tensor_free(m->recompute_ws);
     ct_tensor_free(m->recompute_out);
+    ct_tensor_free(m->step_losses);
     free(m);
 }
 
@@ -681,7 +682,8 @@ void ct_grad_scratch_free(ct_grad_scratch *s) {
     free(s);
 }
 
-void ct_acts_set_batch(ct_acts *a, const int32_t *tokens, const int32_t *targets) {
+void ct_acts_set_batch(ct_acts *a, int mb, const int32_t *tokens, const int32_t *targets) {
+    a->mb = mb;
     ct_tensor_from_host(a->tokens, tokens);
     if (targets) ct_tensor_from_host(a->targets, targets);
 }
@@ -893,25 +895,55 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                    dloss, dloss != 0.0f);
 }
 
-/* Final norm, tied LM head and vocab-parallel cross-entropy. Returns the summed loss. */
-static double head_forward(ct_model *m, ct_acts *a, float dloss) {
+void ct_model_begin_losses(ct_model *m, int n_microbatches, int64_t B) {
+    if (m->head_unit < 0) return; /* the loss is computed on the last pipeline stage */
+    const int64_t len = B * m->T, need = (int64_t)n_microbatches * len;
+    if (!m->step_losses || m->step_losses->numel < need) {
+        ct_tensor_free(m->step_losses);
+        m->step_losses = ct_tensor_new_1d(m->be, CT_DTYPE_F32, need, CT_MEM_ACTS);
+        CT_ASSERTF(m->step_losses, "out of memory for %lld per-token losses", (long long)need);
+    }
+    m->loss_slots = n_microbatches;
+    m->loss_slot_len = len;
+    ct_tensor_zero(m->step_losses);
+}
+
+double ct_model_loss_sum(ct_model *m) {
+    if (m->loss_slots == 0) return 0.0;
+    const int64_t len = m->loss_slot_len;
+    ct_tensor *used = ct_tensor_view_1d(m->step_losses, 0, (int64_t)m->loss_slots * len);
+    float *losses = ct_xmalloc((size_t)used->numel * sizeof(float));
+    ct_tensor_to_host(losses, used); /* the step's one copy of its loss to the host */
+    ct_tensor_free(used);
+    double total = 0.0;
+    for (int mb = 0; mb < m->loss_slots; mb++) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < len; i++) sum += losses[(int64_t)mb * len + i];
+        total += sum;
+    }
+    free(losses);
+    return total;
+}
+
+/* Final norm, tied LM head and vocab-parallel cross-entropy; the per-token losses go to the
+ * step's slot for this microbatch (copied on the backend: no host round trip per microbatch). */
+static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
     norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
     ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
     ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
                            a->target_logit, m->wte->valid_rows, m->wte->tp_offset, dloss);
-    /* The per-token losses are tiny (B·T floats): sum them on the host in double, in order, so
-     * the reported loss does not depend on threads or layout. */
-    float *losses = ct_xmalloc((size_t)N * sizeof(float));
-    ct_tensor_to_host(losses, a->losses);
-    double sum = 0.0;
-    for (int64_t i = 0; i < N; i++) sum += losses[i];
-    free(losses);
-    return sum;
+    if (a->mb >= 0 && a->mb < m->loss_slots) {
+        CT_ASSERTF(N == m->loss_slot_len, "microbatch of %lld tokens, loss slots of %lld",
+                   (long long)N, (long long)m->loss_slot_len);
+        ct_tensor *slot = ct_tensor_view_1d(m->step_losses, (int64_t)a->mb * N, N);
+        ct_tensor_copy(slot, a->losses);
+        ct_tensor_free(slot);
+    }
 }
 
-void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double *loss_sum) {
+void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
     const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
     const bool has_embed = m->layout.chunks[c].has_embed, has_head = m->layout.chunks[c].has_head;
     /* With the embedding and the head in one chunk, the tied embedding is read by both: its
@@ -930,8 +962,7 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss, double 
     }
     if (has_head) {
         unit_begin(m, m->head_unit, CT_PASS_FORWARD);
-        double s = head_forward(m, a, dloss);
-        if (loss_sum) *loss_sum = s;
+        head_forward(m, a, dloss);
         unit_end(m, m->head_unit, CT_PASS_FORWARD);
         if (has_embed) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
@@ -1051,10 +1082,15 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     }
 }
 
-double ct_model_forward(ct_model *m, ct_acts *a, float dloss) {
-    double loss = 0.0;
-    for (int c = 0; c < m->layout.n_chunks; c++) ct_model_forward_chunk(m, c, a, dloss, &loss);
-    return loss;
+void ct_model_forward(ct_model *m, ct_acts *a, float dloss) {
+    for (int c = 0; c < m->layout.n_chunks; c++) ct_model_forward_chunk(m, c, a, dloss);
+}
+
+double ct_model_forward_loss(ct_model *m, ct_acts *a, float dloss) {
+    ct_model_begin_losses(m, 1, a->B);
+    a->mb = 0;
+    ct_model_forward(m, a, dloss);
+    return ct_model_loss_sum(m);
 }
 
 void ct_model_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {

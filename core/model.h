@@ -166,6 +166,11 @@ typedef struct ct_model {
     ct_tensor *recompute_ws, *recompute_out;
     int64_t recompute_B;
     int live_acts; /* activation contexts alive (ct_acts_new / _free) */
+    /* The step's per-token losses, [loss_slots] microbatches of loss_slot_len floats, kept on
+     * the backend until the step ends (ct_model_begin_losses / ct_model_loss_sum). */
+    ct_tensor *step_losses;
+    int loss_slots;
+    int64_t loss_slot_len;
 
     ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) */
     ct_param *lnf_w, *lnf_b; /* (C) */
@@ -186,6 +191,7 @@ typedef struct ct_layer_acts {
 typedef struct ct_acts {
     struct ct_model *model;
     int64_t B;
+    int mb;       /* the microbatch of the step these activations hold (its loss slot; <0 none) */
     int n_layers; /* L (entries of layers not on this rank stay NULL) */
     ct_tensor *slab;
     ct_tensor *tokens, *targets; /* (B·T) i32 */
@@ -243,23 +249,40 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *model, int64_t B)
 void ct_grad_scratch_free(ct_grad_scratch *scratch);
 size_t ct_acts_bytes(const ct_model *model, int64_t B);
 
-/* Copies a microbatch of token ids (host, B·T each) into the context. targets may be NULL. */
-void ct_acts_set_batch(ct_acts *acts, const int32_t *tokens, const int32_t *targets);
+/* Copies microbatch mb's token ids (host, B·T each) into the context; mb < 0 keeps no loss
+ * (the sampler). targets may be NULL. */
+void ct_acts_set_batch(ct_acts *acts, int mb, const int32_t *tokens, const int32_t *targets);
+
+/*
+ * The loss of a step reaches the host once, at its end (DESIGN §3: values leave the backend
+ * only through an explicit copy, and a copy waits for the stream). ct_model_begin_losses makes
+ * room for n_microbatches slots of B·T floats and zeroes them; the forward of the last chunk
+ * copies microbatch acts->mb's per-token losses into its slot, on the backend; ct_model_loss_sum
+ * copies all slots to the host at once and returns their sum in double, microbatch by
+ * microbatch in order, so the value depends neither on threads nor on layout. A rank without the
+ * LM head has no slots and returns 0. Forwards of a microbatch without a slot (the sampler's)
+ * keep no loss.
+ */
+void ct_model_begin_losses(ct_model *model, int n_microbatches, int64_t B);
+double ct_model_loss_sum(ct_model *model);
 
 /*
  * Forward of chunk `c` (index into layout.chunks). The first chunk embeds acts->tokens; the last
  * computes the loss against acts->targets, and, when dloss != 0, turns the logits into dlogits
- * scaled by dloss (so backward can follow without keeping the logits). For the last chunk the
- * summed loss over the microbatch's tokens is returned in *loss_sum (host, double).
+ * scaled by dloss (so backward can follow without keeping the logits); the per-token losses go
+ * to the step's loss slot acts->mb (ct_model_begin_losses).
  */
-void ct_model_forward_chunk(ct_model *model, int c, ct_acts *acts, float dloss, double *loss_sum);
+void ct_model_forward_chunk(ct_model *model, int c, ct_acts *acts, float dloss);
 /* Backward of chunk `c`: accumulates parameter gradients; the gradient of the chunk's input
  * residual is left in scratch->dres (for the previous chunk). The last chunk starts from the
  * dlogits left by forward; any other chunk expects scratch->dres to hold the incoming gradient. */
 void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
 
-/* Whole-model conveniences for world size 1 (all chunks in order). */
-double ct_model_forward(ct_model *model, ct_acts *acts, float dloss);
+/* Whole-model conveniences (all of this rank's chunks in order). ct_model_forward keeps the
+ * loss in slot acts->mb like ct_model_forward_chunk; ct_model_forward_loss is the one-microbatch
+ * form for tests and tools: one slot, forward, the summed loss read at once. */
+void ct_model_forward(ct_model *model, ct_acts *acts, float dloss);
+double ct_model_forward_loss(ct_model *model, ct_acts *acts, float dloss);
 void ct_model_backward(ct_model *model, ct_acts *acts, ct_grad_scratch *scratch);
 
 /*

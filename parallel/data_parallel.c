@@ -655,6 +655,40 @@ void ct_dp_log_events(ct_dp *dp, bool on) {
     dp->logging = on;
 }
 
+void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
+    int n = 0;
+    const ct_dp_event *ev = ct_dp_events(dp, &n);
+    ct_trace_thread(trace, 0, "compute");
+    ct_trace_thread(trace, 1, "dp comm");
+    for (int i = 0; i < n; i++) {
+        ct_dp_event_kind end;
+        const char *what;
+        int tid;
+        switch (ev[i].kind) {
+        case CT_DP_EVENT_BACKWARD_BEGIN:
+            end = CT_DP_EVENT_BACKWARD_END, what = "backward", tid = 0;
+            break;
+        case CT_DP_EVENT_REDUCE_START:
+            end = CT_DP_EVENT_REDUCE_DONE, what = "reduce", tid = 1;
+            break;
+        case CT_DP_EVENT_GATHER_START:
+            end = CT_DP_EVENT_GATHER_DONE, what = "gather", tid = 1;
+            break;
+        default: continue;
+        }
+        /* The span ends at the unit's next event of the matching kind. */
+        double stop = ev[i].time;
+        for (int j = i + 1; j < n; j++)
+            if (ev[j].kind == end && ev[j].unit == ev[i].unit) {
+                stop = ev[j].time;
+                break;
+            }
+        char name[96];
+        snprintf(name, sizeof name, "%s %s", what, dp->model->units[ev[i].unit].name);
+        ct_trace_span(trace, tid, name, ev[i].time, stop, ev[i].microbatch);
+    }
+}
+
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n) {
     *n = dp->n_events;
     return dp->events;

@@ -32,6 +32,7 @@
 
 #include "core/comm.h"
 #include "core/model.h"
+#include "core/trace.h"
 #include "core/optim.h"
 
 typedef struct ct_dp ct_dp;
@@ -108,6 +109,10 @@ double ct_dp_exposed_seconds(const ct_dp *dp);
 /* The event log (events since creation, in order); recording starts with ct_dp_log_events. */
 void ct_dp_log_events(ct_dp *dp, bool on);
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n);
+/* The event log as trace spans (core/trace.h): thread 0 "compute" (one span per unit backward),
+ * thread 1 "dp comm" (one per reduction or gather, from its start to when the rank saw it
+ * complete). */
+void ct_dp_trace(const ct_dp *dp, ct_trace *trace);
 
 ct_optimizer *ct_dp_optimizer(ct_dp *dp);
 /* Copies this rank's full parameters of unit u into host memory as fp32 (gathers them at stage

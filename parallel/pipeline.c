@@ -252,7 +252,7 @@ static ct_acts *acts_for(ct_pipeline *p, int mb, ct_batch_fn fill, void *ctx, bo
                p->pctx->pp_rank, p->pool_size);
     ct_acts *a = p->pool[--p->n_pool];
     fill(ctx, mb, p->host_tokens, p->host_targets);
-    ct_acts_set_batch(a, p->host_tokens, p->host_targets);
+    ct_acts_set_batch(a, mb, p->host_tokens, p->host_targets);
     p->acts[mb] = a;
     p->backwards_left[mb] = train ? p->model->layout.n_chunks : 0;
     p->forwards_left[mb] = p->model->layout.n_chunks;
@@ -297,7 +297,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     const int r = p->pctx->pp_rank;
     ct_comm *pp = p->pctx->pp_comm;
     ct_model *m = p->model;
-    double loss = 0.0;
+    ct_model_begin_losses(m, s->m, p->B);
     p->wait_seconds = 0.0;
     p->peak_inflight = 0;
     for (int i = 0; i < s->n_actions[r]; i++) {
@@ -314,12 +314,8 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         case CT_ACTION_FORWARD: {
             ct_acts *a = acts_for(p, mb, fill, ctx, train);
             ct_dp_begin_microbatch(p->dp, mb);
-            double l = 0.0;
-            ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f, &l);
-            if (m->layout.chunks[j].has_head) {
-                loss += l;
-                if (p->head_fn) p->head_fn(p->head_ctx, mb, a);
-            }
+            ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f);
+            if (m->layout.chunks[j].has_head && p->head_fn) p->head_fn(p->head_ctx, mb, a);
             /* Forward-only: the context is free once its last forward here is done and its
              * send completes; taken back when the pool runs dry (release_finished_forward). */
             p->forwards_left[mb]--;
@@ -369,7 +365,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     wait_sends(p, -2);
     for (int mb = 0; mb < p->m; mb++)
         if (p->acts[mb]) release_acts(p, mb);
-    return loss;
+    return ct_model_loss_sum(m); /* the run's one copy of its loss to the host */
 }
 
 double ct_pipeline_wait_seconds(const ct_pipeline *p) {

@@ -48,7 +48,8 @@ void ct_pipeline_free(ct_pipeline *p);
 /*
  * Runs one step: the training schedule (train = true; backward starts from dloss per token) or
  * the forward-only one (evaluation). Returns the summed loss of the microbatches whose last
- * chunk ran here (0 elsewhere).
+ * chunk ran here (0 elsewhere), read from the backend once, after the run
+ * (ct_model_begin_losses).
  */
 double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx);
 

@@ -109,7 +109,7 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
             /* The last stage drew it; every stage needs it for the next window. */
             ct_comm_broadcast(pctx->pp_comm, &s.drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
         } else {
-            ct_acts_set_batch(acts, s.window, s.window);
+            ct_acts_set_batch(acts, -1, s.window, s.window); /* no loss kept */
             ct_model_forward(m, acts, 0.0f);
             draw(&s, 0, acts);
         }

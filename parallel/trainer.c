@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 #include "core/data.h"
+#include "core/gemm_bench.h"
+#include "core/metrics.h"
 #include "core/model.h"
 #include "core/optim.h"
 #include "core/rng.h"
@@ -17,109 +19,6 @@
 #include "parallel/param_stream.h"
 #include "parallel/pipeline.h"
 #include "parallel/sampler.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Times C = op(A)·op(B) + beta·C for one shape, A and B of dtype ab, C of dtype c; returns the
- * median seconds. */
-static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                        float beta, ct_dtype ab, ct_dtype c, int reps) {
-    int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
-    int64_t c_shape[2] = {M, N};
-    ct_tensor *A = ct_tensor_new(be, ab, 2, a_shape, CT_MEM_WORKSPACE);
-    ct_tensor *B = ct_tensor_new(be, ab, 2, b_shape, CT_MEM_WORKSPACE);
-    ct_tensor *C = ct_tensor_new(be, c, 2, c_shape, CT_MEM_WORKSPACE);
-    if (!A || !B || !C) {
-        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
-        return 0.0;
-    }
-    ct_tensor_fill(A, 0.01f);
-    ct_tensor_fill(B, 0.02f);
-    ct_tensor_zero(C);
-    double *times = ct_xmalloc((size_t)reps * sizeof(double));
-    ct_gemm(C, A, B, ta, tb, 1.0f, beta);
-    ct_backend_sync(be);
-    for (int r = 0; r < reps; r++) {
-        double t0 = ct_now();
-        ct_gemm(C, A, B, ta, tb, 1.0f, beta);
-        ct_backend_sync(be);
-        times[r] = ct_now() - t0;
-    }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
-    double median = times[reps / 2];
-    free(times);
-    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
-    return median;
-}
-
-double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
-                             int reps) {
-    double t = time_gemm(be, M, N, K, false, true, 1.0f, dtype, dtype, reps);
-    return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
-}
-
-double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps) {
-    const int64_t N = cfg->train.micro_batch * cfg->model.seq_len, C = cfg->model.d_model;
-    const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
-    const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
-    const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
-    /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
-    const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
-    /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
-     * and v as one fused projection; the layers with a bias accumulate onto it (beta 1), the LM
-     * head (the tied embedding, no bias) overwrites. Each GEMM is timed with the beta of the
-     * model's call: overwriting costs the BLAS an extra pass over C. */
-    struct {
-        int64_t out, in, count;
-        float fwd_beta;
-    } linears[] = {
-        {qdim + 2 * kvdim, C, L, 1.0f},
-        {C, qdim, L, 1.0f},
-        {F, C, L, 1.0f},
-        {C, F, L, 1.0f},
-        {Vp, C, 1, 0.0f},
-    };
-    double flops = 0.0, seconds = 0.0;
-    for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
-        int64_t out = linears[i].out, in = linears[i].in;
-        double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
-        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, dt, dt, reps) /* y */
-                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps) /* dx = dy·W */
-                   + time_gemm(be, out, in, N, true, false, 1.0f, dt, CT_DTYPE_F32, reps); /* dW */
-        flops += 3.0 * f * n;
-        seconds += t * n;
-    }
-    return seconds > 0 ? flops / seconds : 0.0;
-}
-
-/* A JSON number, or null for NaN and infinities (JSON has no spelling for them). */
-static void json_number(char *buf, size_t n, const char *fmt, double x) {
-    if (isfinite(x))
-        snprintf(buf, n, fmt, x);
-    else
-        snprintf(buf, n, "null");
-}
-
-/* mkdir -p of the directory part of `path`. */
-static ct_status make_parent_dirs(const char *path) {
-    char dir[CT_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            ct_error(CT_ERR_INPUT, "cannot create directory '%s' for '%s': %s", dir, path,
-                     strerror(errno));
-            ct_hint("check the path and its permissions");
-            return CT_ERR_INPUT;
-        }
-        *p = '/';
-    }
-    return CT_OK;
-}
 
 static void format_bytes(char *buf, size_t n, double bytes) {
     if (bytes >= 1024.0 * 1024 * 1024)
@@ -187,12 +86,36 @@ typedef struct trainer {
     /* This rank's sequences of the step (or evaluation batch), read and checked before the step
      * starts: grad_accum microbatches of (micro_batch·T) tokens and targets. */
     int32_t *step_inputs, *step_targets;
-    FILE *metrics;
-    char metrics_path[CT_PATH_MAX + 32];
-    ct_status metrics_status; /* rank 0: a failed write (full disk), agreed at the next step */
-    ct_tokenizer *tokenizer;  /* loaded at start when a sample is asked for */
+    ct_metrics *metrics;     /* world rank 0 only; a failed write is agreed at the next step */
+    ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
     int dp_rank, dp_size;
+
+    /* The run's constants, fixed by start_run. */
+    int64_t accum;             /* microbatches per step on this rank */
+    double tokens_per_step;    /* G·T */
+    float dloss;               /* 1 / tokens_per_step: where backward starts */
+    double flops_per_token;    /* this rank's share (1/world) of the model's */
+    double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
+    char peak_how[128];        /* how hw_peak was found */
+    double dp_bytes_expected, tp_bytes_expected; /* per step, by the formulas */
+    ct_comm *groups[6]; /* every group, for the profile's communication time */
+
+    /* Progress since the last log line (rank 0 prints it). */
+    double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
+    double profile_start;
+    int64_t bad_in_a_row; /* consecutive non-finite steps */
+    ct_train_result res;
 } trainer;
+
+/* What one optimizer step did, as the metrics and the log line report it. */
+typedef struct step_stats {
+    int64_t step; /* 0-based */
+    double loss, grad_norm, lr;
+    bool finite; /* false: the step was skipped */
+    double seconds, exposed, bubble;
+    uint64_t dp_bytes, tp_bytes; /* sent by this rank, ring model */
+    int64_t host_copies;         /* copies from the backend to the host during the step */
+} step_stats;
 
 static void trainer_free(trainer *t) {
     ct_grad_scratch_free(t->scratch);
@@ -205,7 +128,7 @@ static void trainer_free(trainer *t) {
     free(t->step_inputs);
     free(t->step_targets);
     ct_tokenizer_free(t->tokenizer);
-    if (t->metrics) fclose(t->metrics);
+    ct_metrics_free(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
 }
 
@@ -222,16 +145,6 @@ static ct_status step_agree(trainer *t, ct_status st) {
     int32_t failed = st != CT_OK;
     ct_comm_allreduce(t->pctx->world, &failed, 1, CT_DTYPE_I32, CT_REDUCE_MAX);
     return failed ? ct_mpi_agree(st) : CT_OK;
-}
-
-/* A write to the metrics file (rank 0): a failure (a full disk) is kept and agreed on at the
- * next step boundary, so every rank stops together. */
-static void metrics_check(trainer *t) {
-    if (!t->metrics || t->metrics_status != CT_OK) return;
-    if (fflush(t->metrics) == 0 && !ferror(t->metrics)) return;
-    t->metrics_status = ct_error(CT_ERR_RUNTIME, "cannot write the metrics file '%s': %s",
-                                 t->metrics_path, strerror(errno));
-    ct_hint("check free space where log.metrics / log.run_dir point");
 }
 
 /* Files and settings every rank checks for itself: data, tokenizer, metrics. */
@@ -275,7 +188,7 @@ static ct_status open_inputs(trainer *t) {
     if (cfg->log.run_dir[0] && t->rank0) {
         char path[CT_PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/config.yaml", cfg->log.run_dir);
-        CT_TRY(make_parent_dirs(path));
+        CT_TRY(ct_mkdir_parents(path));
         FILE *f = fopen(path, "w");
         if (!f) {
             ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
@@ -291,17 +204,7 @@ static ct_status open_inputs(trainer *t) {
         }
         if (!metrics[0]) snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
     }
-    if (metrics[0] && t->rank0) {
-        CT_TRY(make_parent_dirs(metrics));
-        snprintf(t->metrics_path, sizeof t->metrics_path, "%s", metrics);
-        t->metrics = fopen(metrics, "w");
-        if (!t->metrics) {
-            ct_error(CT_ERR_INPUT, "cannot open the metrics file '%s': %s", metrics,
-                     strerror(errno));
-            ct_hint("check that the directory exists and is writable (log.metrics, log.run_dir)");
-            return CT_ERR_INPUT;
-        }
-    }
+    if (metrics[0] && t->rank0) CT_TRY(ct_metrics_open(&t->metrics, metrics));
     return CT_OK;
 }
 
@@ -338,7 +241,7 @@ static ct_status build_model(trainer *t) {
 static ct_status read_batch(trainer *t, ct_dataset *ds, int64_t first) {
     const int64_t per_rank = t->cfg->train.global_batch / t->dp_size;
     ct_status st = ct_dataset_fill(ds, first, per_rank, t->step_inputs, t->step_targets);
-    if (st == CT_OK) st = t->metrics_status;
+    if (st == CT_OK) st = ct_metrics_status(t->metrics);
     return step_agree(t, st);
 }
 
@@ -357,6 +260,24 @@ static void fill_batch(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     size_t bytes = (size_t)(t->cfg->train.micro_batch * t->cfg->model.seq_len) * sizeof(int32_t);
     memcpy(tokens, in, bytes);
     memcpy(targets, tg, bytes);
+}
+
+/* One batch of this rank's grad_accum microbatches (the step buffers), through the pipeline or
+ * in a loop: forward, and backward when training. Returns the summed loss of the microbatches
+ * whose head ran here, read from the backend once, at the end. */
+static double run_microbatches(trainer *t, bool train, float dloss) {
+    if (t->pipeline) return ct_pipeline_run(t->pipeline, train, dloss, fill_batch, t);
+    const int accum = (int)t->cfg->derived.grad_accum;
+    ct_model_begin_losses(t->model, accum, t->cfg->train.micro_batch);
+    for (int mb = 0; mb < accum; mb++) {
+        const int32_t *in, *tg;
+        microbatch_tokens(t, mb, &in, &tg);
+        if (train) ct_dp_begin_microbatch(t->dp, mb);
+        ct_acts_set_batch(t->acts, mb, in, tg);
+        ct_model_forward(t->model, t->acts, train ? dloss : 0.0f);
+        if (train) ct_model_backward(t->model, t->acts, t->scratch);
+    }
+    return ct_model_loss_sum(t->model);
 }
 
 /* Sum over the pipeline group: only the stage holding the loss contributes. */
@@ -400,20 +321,11 @@ static double dp_sum(trainer *t, double x) {
  * sample is agreed on like a training one. */
 static ct_status evaluate(trainer *t, double *val_loss) {
     const ct_config *cfg = t->cfg;
-    int64_t G = cfg->train.global_batch, T = cfg->model.seq_len, accum = cfg->derived.grad_accum;
+    int64_t G = cfg->train.global_batch, T = cfg->model.seq_len;
     double sum = 0.0;
     for (int64_t s = 0; s < cfg->train.eval_steps; s++) {
         CT_TRY(read_batch(t, t->val_data, s * G + t->dp_rank * (G / t->dp_size)));
-        if (t->pipeline) {
-            sum += ct_pipeline_run(t->pipeline, false, 0.0f, fill_batch, t);
-            continue;
-        }
-        for (int64_t mb = 0; mb < accum; mb++) {
-            const int32_t *in, *tg;
-            microbatch_tokens(t, (int)mb, &in, &tg);
-            ct_acts_set_batch(t->acts, in, tg);
-            sum += ct_model_forward(t->model, t->acts, 0.0f);
-        }
+        sum += run_microbatches(t, false, 0.0f);
     }
     if (t->pipeline) sum = pp_sum(t, sum);
     *val_loss = dp_sum(t, sum) / (double)(cfg->train.eval_steps * G * T);
@@ -515,72 +427,12 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
     fflush(stdout);
 }
 
-/* The trace of this rank's data-parallel events as Chrome/Perfetto JSON ("traceEvents"): one
- * span per unit backward (thread "compute") and per reduction or gather (thread "dp comm"), from
- * its start to when the rank saw it complete. With several ranks each writes PATH.rank<R>.json
- * (pid = rank), which Perfetto opens side by side. */
+/* log.trace: this rank's data-parallel events as a Chrome/Perfetto trace (core/trace.h). */
 static ct_status write_trace(trainer *t, const char *path) {
-    char file[CT_PATH_MAX + 32];
-    if (t->pctx->world_size > 1) {
-        const char *dot = strrchr(path, '.');
-        int stem = dot && !strchr(dot, '/') ? (int)(dot - path) : (int)strlen(path);
-        snprintf(file, sizeof file, "%.*s.rank%d.json", stem, path, t->pctx->world_rank);
-    } else {
-        snprintf(file, sizeof file, "%s", path);
-    }
-    CT_TRY(make_parent_dirs(file));
-    FILE *f = fopen(file, "w");
-    if (!f) {
-        ct_error(CT_ERR_INPUT, "cannot open log.trace file '%s': %s", file, strerror(errno));
-        ct_hint("check that the directory exists and is writable");
-        return CT_ERR_INPUT;
-    }
-    int n = 0, rank = t->pctx->world_rank;
-    const ct_dp_event *ev = ct_dp_events(t->dp, &n);
-    fprintf(f, "{\"traceEvents\": [\n");
-    fprintf(f,
-            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
-            "\"args\": {\"name\": \"compute\"}},\n",
-            rank);
-    fprintf(f,
-            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
-            "\"args\": {\"name\": \"dp comm\"}}",
-            rank);
-    for (int i = 0; i < n; i++) {
-        ct_dp_event_kind end;
-        const char *what;
-        int tid;
-        switch (ev[i].kind) {
-        case CT_DP_EVENT_BACKWARD_BEGIN:
-            end = CT_DP_EVENT_BACKWARD_END, what = "backward", tid = 0;
-            break;
-        case CT_DP_EVENT_REDUCE_START:
-            end = CT_DP_EVENT_REDUCE_DONE, what = "reduce", tid = 1;
-            break;
-        case CT_DP_EVENT_GATHER_START:
-            end = CT_DP_EVENT_GATHER_DONE, what = "gather", tid = 1;
-            break;
-        default: continue;
-        }
-        double stop = ev[i].time;
-        for (int j = i + 1; j < n; j++)
-            if (ev[j].kind == end && ev[j].unit == ev[i].unit) {
-                stop = ev[j].time;
-                break;
-            }
-        fprintf(f,
-                ",\n{\"name\": \"%s %s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-                "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"microbatch\": %d}}",
-                what, t->model->units[ev[i].unit].name, rank, tid, 1e6 * ev[i].time,
-                1e6 * (stop - ev[i].time), ev[i].microbatch);
-    }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) {
-        ct_error(CT_ERR_INPUT, "cannot write log.trace file '%s': %s", file, strerror(errno));
-        ct_hint("check free space");
-        return CT_ERR_INPUT;
-    }
-    return CT_OK;
+    ct_trace *trace;
+    CT_TRY(ct_trace_open(&trace, path, t->pctx->world_rank, t->pctx->world_size));
+    ct_dp_trace(t->dp, trace);
+    return ct_trace_close(trace);
 }
 
 /*
@@ -661,6 +513,251 @@ static ct_status export_params(trainer *t, const char *dump_path, bool keep, par
     return ct_param_stream(t->model, t->dp, t->pctx, t->rank0 ? param_copy_sink : NULL, copy, NULL);
 }
 
+/* ---- the run ----------------------------------------------------------------------------------
+ */
+
+/* The first metrics line: the run's shape, the measured rates, memory by category after setup
+ * next to the ZeRO formula (tests compare them). */
+static void write_setup_metrics(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    ct_metrics *m = t->metrics;
+    size_t mem[CT_MEM_COUNT], expected[CT_MEM_COUNT];
+    ct_backend_mem_snapshot(t->be, mem);
+    ct_dp_expected_memory(t->dp, expected);
+    ct_metrics_begin(m);
+    ct_metrics_bool(m, "setup", true);
+    ct_metrics_int(m, "world", t->pctx->world_size);
+    ct_metrics_int(m, "dp", t->dp_size);
+    ct_metrics_int(m, "zero_stage", cfg->parallel.zero_stage);
+    ct_metrics_int(m, "steps", cfg->train.steps);
+    ct_metrics_num(m, "lr", "%.9g", cfg->train.lr);
+    ct_metrics_int(m, "n_layer", cfg->model.n_layer);
+    ct_metrics_int(m, "tokens_per_step", cfg->derived.tokens_per_step);
+    ct_metrics_int(m, "micro_batch", cfg->train.micro_batch);
+    ct_metrics_bool(m, "micro_batch_auto", cfg->train.micro_batch_auto);
+    ct_metrics_int(m, "units", t->model->n_units);
+    ct_metrics_num(m, "peak_flops_per_s", "%.6e", t->hw_peak);
+    ct_metrics_num(m, "gemm_flops_per_s", "%.6e", t->gemm_rate);
+    for (int c = 0; c < CT_MEM_COUNT; c++) {
+        char key[48];
+        snprintf(key, sizeof key, "mem_%s", ct_mem_category_name((ct_mem_category)c));
+        ct_metrics_uint(m, key, mem[c]);
+    }
+    ct_metrics_uint(m, "mem_expected_params", expected[CT_MEM_PARAMS]);
+    ct_metrics_uint(m, "mem_expected_grads", expected[CT_MEM_GRADS]);
+    ct_metrics_uint(m, "mem_expected_optim", expected[CT_MEM_OPTIM]);
+    ct_metrics_uint(m, "mem_expected_master", expected[CT_MEM_MASTER]);
+    ct_metrics_str(m, "precision", ct_dtype_name(t->model->dtype));
+    ct_metrics_end(m);
+}
+
+/* The run's constants, the measured rates, the start-up report; then tracing, profiling and
+ * the progress clocks start. */
+static void start_run(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    const int64_t T = cfg->model.seq_len;
+    t->accum = cfg->derived.grad_accum;
+    t->tokens_per_step = (double)cfg->train.global_batch * (double)T;
+    t->dloss = (float)(1.0 / t->tokens_per_step);
+    /* Per-step traffic the formulas predict (data_parallel.h; ct_expected_tp_bytes), exact: the
+     * dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
+    if (t->dp_size > 1)
+        t->dp_bytes_expected = ct_dp_expected_step_bytes(t->dp, (int)t->accum) +
+                               (double)ct_zero_scalar_allreduce_bytes(t->dp_size);
+    t->tp_bytes_expected = ct_expected_tp_bytes(cfg, &t->model->layout, t->accum);
+    /* FLOPs per token for the whole model; every rank does 1/world of them. */
+    t->flops_per_token = ct_model_flops_per_token(t->model) / t->pctx->world_size;
+    /* Two denominators, each named for what it is: MFU against the hardware's peak (the
+     * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
+     * reaches at the model's MLP shape. */
+    t->hw_peak = ct_backend_peak_flops(t->be, t->model->dtype, t->peak_how, sizeof t->peak_how);
+    t->gemm_rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * T, cfg->derived.d_ff,
+                                      cfg->model.d_model, t->model->dtype, 5);
+    if (t->rank0) print_start(t, t->peak_how, t->hw_peak, t->gemm_rate, t->tokens_per_step);
+    write_setup_metrics(t);
+    if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
+    if (cfg->log.profile) ct_backend_profile(t->be, true);
+    ct_pctx *p = t->pctx;
+    ct_comm *groups[] = {p->tp_comm, p->dp_comm, p->pp_comm, p->mp_comm, p->embed_comm, p->world};
+    memcpy(t->groups, groups, sizeof groups);
+    for (int g = 0; g < (int)CT_ARRAY_LEN(t->groups); g++)
+        if (t->groups[g]) t->groups[g]->seconds = 0.0;
+    t->profile_start = t->run_start = t->interval_start = ct_now();
+}
+
+/*
+ * One optimizer step: read and agree on the step's samples, forward and backward of every
+ * microbatch (dp reductions overlapping backward), the loss and gradient norm summed over the
+ * grid, then AdamW — or a skipped step when either is not finite. Fails only on bad data.
+ */
+static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
+    const ct_config *cfg = t->cfg;
+    const int64_t G = cfg->train.global_batch;
+    memset(s, 0, sizeof *s);
+    s->step = step;
+    double start = ct_now();
+    int64_t copies = t->be->host_copies;
+    /* The step's samples, read and checked on every rank before anything collective. */
+    CT_TRY(read_batch(t, t->train_data, step * G + t->dp_rank * (G / t->dp_size)));
+    ct_comm_reset_counters(t->pctx->dp_comm);
+    ct_comm_reset_counters(t->pctx->tp_comm);
+    ct_dp_begin_step(t->dp, (int)t->accum);
+    double loss_sum = run_microbatches(t, true, t->dloss);
+    s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
+    ct_dp_finish_backward(t->dp);
+    ct_dp_sync_tied(t->dp, t->pctx->embed_comm);
+    if (t->pipeline) loss_sum = pp_sum(t, loss_sum);
+    s->loss = dp_sum(t, loss_sum) / t->tokens_per_step;
+    /* Each rank summed its own slice (replicated tensors on tp rank 0 only): add up the
+     * slices of the model-parallel group. */
+    double sumsq = ct_dp_grad_sumsq(t->dp);
+    ct_comm_allreduce(t->pctx->mp_comm, &sumsq, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    s->grad_norm = sqrt(sumsq);
+    s->lr = ct_optim_lr(&cfg->train, step);
+    s->finite = isfinite(s->loss) && isfinite(s->grad_norm);
+    if (s->finite)
+        ct_dp_optimizer_step(t->dp, (float)s->lr, ct_optim_clip_scale(&cfg->train, s->grad_norm));
+    ct_backend_sync(t->be);
+    s->seconds = ct_now() - start;
+    s->exposed = ct_dp_exposed_seconds(t->dp);
+    s->host_copies = t->be->host_copies - copies;
+    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dp_comm->bytes[k];
+    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->tp_bytes += t->pctx->tp_comm->bytes[k];
+    return CT_OK;
+}
+
+static void write_step_metrics(trainer *t, const step_stats *s) {
+    ct_metrics *m = t->metrics;
+    double tok_per_s = t->tokens_per_step / s->seconds;
+    double achieved = t->flops_per_token * tok_per_s; /* this rank's FLOP/s */
+    ct_metrics_begin(m);
+    ct_metrics_int(m, "step", s->step + 1);
+    ct_metrics_num(m, "loss", "%.9g", s->loss);
+    ct_metrics_num(m, "lr", "%.6e", s->lr);
+    ct_metrics_num(m, "grad_norm", "%.6f", s->grad_norm);
+    ct_metrics_num(m, "tokens_per_s", "%.1f", tok_per_s);
+    ct_metrics_num(m, "step_time_s", "%.4f", s->seconds);
+    ct_metrics_num(m, "exposed_comm_s", "%.4f", s->exposed);
+    ct_metrics_num(m, "bubble_s", "%.4f", s->bubble);
+    ct_metrics_num(m, "mfu", "%.6g", t->hw_peak > 0 ? achieved / t->hw_peak : 0.0);
+    ct_metrics_num(m, "gemm_efficiency", "%.6g", t->gemm_rate > 0 ? achieved / t->gemm_rate : 0.0);
+    ct_metrics_bool(m, "skipped", !s->finite);
+    ct_metrics_uint(m, "dp_bytes", s->dp_bytes);
+    ct_metrics_num(m, "dp_bytes_expected", "%.0f", t->dp_bytes_expected);
+    ct_metrics_uint(m, "tp_bytes", s->tp_bytes);
+    ct_metrics_num(m, "tp_bytes_expected", "%.0f", t->tp_bytes_expected);
+    ct_metrics_uint(m, "mem_bytes", ct_backend_mem_total(t->be));
+    ct_metrics_int(m, "host_copies", s->host_copies);
+    ct_metrics_end(m);
+}
+
+/* The step's numbers into the result, the traffic check of step 1, the skip count. */
+static ct_status record_step(trainer *t, const step_stats *s) {
+    ct_train_result *res = &t->res;
+    if (s->step == 0) res->first_loss = s->loss;
+    res->losses[s->step] = s->loss;
+    res->grad_norms[s->step] = s->grad_norm;
+    res->last_loss = s->loss;
+    res->steps_done = s->step + 1;
+    t->interval_tokens += t->tokens_per_step;
+    t->interval_exposed += s->exposed;
+    t->interval_bubble += s->bubble;
+    if (s->step == 0 && t->rank0) {
+        if (t->dp_size > 1)
+            printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                   (double)s->dp_bytes / 1048576.0, t->dp_bytes_expected / 1048576.0);
+        if (t->pctx->tp > 1)
+            printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                   (double)s->tp_bytes / 1048576.0, t->tp_bytes_expected / 1048576.0);
+    }
+    if (s->finite) {
+        t->bad_in_a_row = 0;
+        return CT_OK;
+    }
+    res->skipped_steps++;
+    t->bad_in_a_row++;
+    if (t->rank0)
+        printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a row)\n",
+               (long long)s->step + 1, s->loss, s->grad_norm, (long long)t->bad_in_a_row);
+    return CT_OK;
+}
+
+/* train.max_bad_steps consecutive non-finite steps end the run. */
+static ct_status check_bad_steps(trainer *t, int64_t step) {
+    if (t->bad_in_a_row < t->cfg->train.max_bad_steps) return CT_OK;
+    ct_error(CT_ERR_RUNTIME,
+             "%lld consecutive steps had a non-finite loss or gradient norm (last at step %lld)",
+             (long long)t->bad_in_a_row, (long long)step + 1);
+    ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets how many are "
+            "tolerated");
+    return CT_ERR_RUNTIME;
+}
+
+/* Evaluation every train.eval_interval steps and after the last; its time is not counted in
+ * the training throughput. */
+static ct_status maybe_evaluate(trainer *t, int64_t step) {
+    const ct_config *cfg = t->cfg;
+    bool last = step + 1 == cfg->train.steps;
+    if (!t->val_data || ((step + 1) % cfg->train.eval_interval != 0 && !last)) return CT_OK;
+    double start = ct_now(), val_loss = 0.0;
+    CT_TRY(evaluate(t, &val_loss));
+    t->res.last_val_loss = val_loss;
+    if (t->rank0)
+        printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
+               (long long)cfg->train.steps, val_loss);
+    ct_metrics_begin(t->metrics);
+    ct_metrics_int(t->metrics, "step", step + 1);
+    ct_metrics_num(t->metrics, "val_loss", "%.6f", val_loss);
+    ct_metrics_end(t->metrics);
+    t->interval_start += ct_now() - start;
+    return CT_OK;
+}
+
+/* Rank 0's progress line every log.interval steps (and the first and last), with the profile
+ * when log.profile asks for it. */
+static void print_progress(trainer *t, const step_stats *s) {
+    const ct_config *cfg = t->cfg;
+    const int64_t step = s->step;
+    if (!t->rank0 ||
+        ((step + 1) % cfg->log.interval != 0 && step + 1 != cfg->train.steps && step != 0))
+        return;
+    double elapsed = ct_now() - t->interval_start;
+    double steps = t->interval_tokens / t->tokens_per_step;
+    double tok_s = t->interval_tokens / elapsed, rate = t->flops_per_token * tok_s;
+    char mem[32], eta[32];
+    format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(t->be));
+    format_duration(eta, sizeof eta,
+                    (double)(cfg->train.steps - step - 1) * (ct_now() - t->run_start) /
+                        (double)(step + 1));
+    printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
+           "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
+           "| mem %s | ETA %s\n",
+           (long long)step + 1, (long long)cfg->train.steps, s->loss, s->lr, s->grad_norm, tok_s,
+           t->hw_peak > 0 ? 100.0 * rate / t->hw_peak : 0.0,
+           t->gemm_rate > 0 ? 100.0 * rate / t->gemm_rate : 0.0,
+           1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
+           1e3 * t->interval_exposed / steps, 1e3 * t->interval_bubble / steps, mem, eta);
+    if (cfg->log.profile) {
+        const int n_groups = (int)CT_ARRAY_LEN(t->groups);
+        print_profile(t->be, t->groups, n_groups, ct_now() - t->profile_start, steps);
+        ct_backend_profile(t->be, true);
+        for (int g = 0; g < n_groups; g++)
+            if (t->groups[g]) t->groups[g]->seconds = 0.0;
+        t->profile_start = ct_now();
+    }
+    fflush(stdout);
+    t->interval_start = ct_now();
+    t->interval_tokens = t->interval_exposed = t->interval_bubble = 0;
+}
+
+/* What follows the last step: the last metrics write agreed on, the sample, the trace. */
+static ct_status finish_run(trainer *t) {
+    CT_TRY(step_agree(t, ct_metrics_status(t->metrics)));
+    CT_TRY(print_sample(t));
+    if (t->cfg->log.trace[0]) CT_TRY(agree(t, write_trace(t, t->cfg->log.trace)));
+    return CT_OK;
+}
+
 ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                        const ct_train_options *opts, ct_train_result *result) {
     static const ct_train_options no_options;
@@ -676,218 +773,22 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         trainer_free(&t);
         return st;
     }
-    ct_train_result res = {0};
-    res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
-    res.grad_norms = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
-    size_t mem[CT_MEM_COUNT], mem_expected[CT_MEM_COUNT];
-    ct_backend_mem_snapshot(be, mem);
-    ct_dp_expected_memory(t.dp, mem_expected);
-    const int64_t G = cfg->train.global_batch, T = cfg->model.seq_len;
-    const int64_t accum = cfg->derived.grad_accum;
-    const double tokens_per_step = (double)G * (double)T;
-    const float dloss = (float)(1.0 / tokens_per_step);
-    /* Per-step traffic the formulas predict (data_parallel.h; ct_expected_tp_bytes), exact: the
-     * dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
-    const double dp_bytes_expected = t.dp_size > 1
-                                         ? ct_dp_expected_step_bytes(t.dp, (int)accum) +
-                                               (double)ct_zero_scalar_allreduce_bytes(t.dp_size)
-                                         : 0.0;
-    const double tp_bytes_expected = ct_expected_tp_bytes(cfg, &t.model->layout, accum);
-    /* FLOPs per token for the whole model; every rank does 1/world of them. */
-    const double flops_per_token = ct_model_flops_per_token(t.model) / t.pctx->world_size;
-    /* Two denominators, each named for what it is: MFU against the hardware's peak (the
-     * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
-     * reaches at the model's MLP shape. */
-    char peak_how[128];
-    const double hw_peak = ct_backend_peak_flops(be, t.model->dtype, peak_how, sizeof peak_how);
-    const double gemm_rate = ct_measure_gemm_flops(
-        be, cfg->train.micro_batch * T, cfg->derived.d_ff, cfg->model.d_model, t.model->dtype, 5);
-    if (t.rank0) print_start(&t, peak_how, hw_peak, gemm_rate, tokens_per_step);
-    if (t.metrics) {
-        /* Memory by category after setup, next to the ZeRO formula (tests compare them). */
-        fprintf(t.metrics,
-                "{\"setup\": true, \"world\": %d, \"dp\": %d, \"zero_stage\": %lld, "
-                "\"steps\": %lld, \"lr\": %.9g, \"n_layer\": %lld, \"tokens_per_step\": %lld, "
-                "\"micro_batch\": %lld, \"micro_batch_auto\": %s, \"units\": %d, "
-                "\"peak_flops_per_s\": %.6e, \"gemm_flops_per_s\": %.6e",
-                t.pctx->world_size, t.dp_size, (long long)cfg->parallel.zero_stage,
-                (long long)cfg->train.steps, cfg->train.lr, (long long)cfg->model.n_layer,
-                (long long)cfg->derived.tokens_per_step, (long long)cfg->train.micro_batch,
-                cfg->train.micro_batch_auto ? "true" : "false", t.model->n_units, hw_peak,
-                gemm_rate);
-        for (int c = 0; c < CT_MEM_COUNT; c++)
-            fprintf(t.metrics, ", \"mem_%s\": %zu", ct_mem_category_name((ct_mem_category)c),
-                    mem[c]);
-        fprintf(t.metrics,
-                ", \"mem_expected_params\": %zu, \"mem_expected_grads\": %zu, "
-                "\"mem_expected_optim\": %zu, \"mem_expected_master\": %zu, "
-                "\"precision\": \"%s\"}\n",
-                mem_expected[CT_MEM_PARAMS], mem_expected[CT_MEM_GRADS], mem_expected[CT_MEM_OPTIM],
-                mem_expected[CT_MEM_MASTER], ct_dtype_name(t.model->dtype));
-        metrics_check(&t);
-    }
-    if (cfg->log.trace[0]) ct_dp_log_events(t.dp, true);
-    ct_comm *dp_comm = t.pctx->dp_comm;
-    if (cfg->log.profile) ct_backend_profile(be, true);
-    ct_comm *groups[] = {t.pctx->tp_comm,    dp_comm,      t.pctx->pp_comm, t.pctx->mp_comm,
-                         t.pctx->embed_comm, t.pctx->world};
-    const int n_groups = (int)(sizeof groups / sizeof groups[0]);
-    for (int g = 0; g < n_groups; g++)
-        if (groups[g]) groups[g]->seconds = 0.0;
-    double profile_start = ct_now();
-
-    int64_t bad_in_a_row = 0;
-    double interval_start = ct_now(), run_start = interval_start, interval_tokens = 0;
-    double interval_exposed = 0, interval_bubble = 0;
+    t.res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    t.res.grad_norms = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    start_run(&t);
     for (int64_t step = 0; step < cfg->train.steps && st == CT_OK; step++) {
-        double step_start = ct_now();
-        /* The step's samples, read and checked on every rank before anything collective. */
-        st = read_batch(&t, t.train_data, step * G + t.dp_rank * (G / t.dp_size));
+        step_stats s;
+        st = train_step(&t, step, &s);
+        if (st == CT_OK) st = record_step(&t, &s);
+        if (st == CT_OK) st = maybe_evaluate(&t, step);
         if (st != CT_OK) break;
-        ct_comm_reset_counters(dp_comm);
-        ct_comm_reset_counters(t.pctx->tp_comm);
-        ct_dp_begin_step(t.dp, (int)accum);
-        double loss_sum = 0.0, bubble = 0.0;
-        if (t.pipeline) {
-            loss_sum = ct_pipeline_run(t.pipeline, true, dloss, fill_batch, &t);
-            bubble = ct_pipeline_wait_seconds(t.pipeline);
-        } else {
-            for (int64_t mb = 0; mb < accum; mb++) {
-                const int32_t *in, *tg;
-                microbatch_tokens(&t, (int)mb, &in, &tg);
-                ct_dp_begin_microbatch(t.dp, (int)mb);
-                ct_acts_set_batch(t.acts, in, tg);
-                loss_sum += ct_model_forward(t.model, t.acts, dloss);
-                ct_model_backward(t.model, t.acts, t.scratch);
-            }
-        }
-        ct_dp_finish_backward(t.dp);
-        ct_dp_sync_tied(t.dp, t.pctx->embed_comm);
-        if (t.pipeline) loss_sum = pp_sum(&t, loss_sum);
-        double loss = dp_sum(&t, loss_sum) / tokens_per_step;
-        /* Each rank summed its own slice (replicated tensors on tp rank 0 only): add up the
-         * slices of the model-parallel group. */
-        double sumsq = ct_dp_grad_sumsq(t.dp);
-        ct_comm_allreduce(t.pctx->mp_comm, &sumsq, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
-        double grad_norm = sqrt(sumsq);
-        double lr = ct_optim_lr(&cfg->train, step);
-        bool finite = isfinite(loss) && isfinite(grad_norm);
-        if (finite) {
-            ct_dp_optimizer_step(t.dp, (float)lr, ct_optim_clip_scale(&cfg->train, grad_norm));
-            bad_in_a_row = 0;
-        } else {
-            res.skipped_steps++;
-            bad_in_a_row++;
-            if (t.rank0)
-                printf("step %lld: loss %g, grad norm %g is not finite; step skipped (%lld in a "
-                       "row)\n",
-                       (long long)step + 1, loss, grad_norm, (long long)bad_in_a_row);
-        }
-        ct_backend_sync(be);
-        double now = ct_now(), step_time = now - step_start;
-        uint64_t step_dp_bytes = 0, step_tp_bytes = 0;
-        for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_dp_bytes += dp_comm->bytes[k];
-        for (int k = 0; k < CT_COMM_OP_COUNT; k++) step_tp_bytes += t.pctx->tp_comm->bytes[k];
-        if (step == 0 && t.rank0) {
-            if (t.dp_size > 1)
-                printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
-                       (double)step_dp_bytes / 1048576.0, dp_bytes_expected / 1048576.0);
-            if (t.pctx->tp > 1)
-                printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
-                       (double)step_tp_bytes / 1048576.0, tp_bytes_expected / 1048576.0);
-        }
-        interval_tokens += tokens_per_step;
-        interval_exposed += ct_dp_exposed_seconds(t.dp);
-        interval_bubble += bubble;
-        if (step == 0) res.first_loss = loss;
-        res.losses[step] = loss;
-        res.grad_norms[step] = grad_norm;
-        res.last_loss = loss;
-        res.steps_done = step + 1;
-
-        bool last = step + 1 == cfg->train.steps;
-        if (t.val_data && ((step + 1) % cfg->train.eval_interval == 0 || last)) {
-            double val_loss = 0.0;
-            st = evaluate(&t, &val_loss);
-            if (st != CT_OK) break;
-            res.last_val_loss = val_loss;
-            if (t.rank0)
-                printf("step %5lld/%lld | val_loss %.4f\n", (long long)step + 1,
-                       (long long)cfg->train.steps, val_loss);
-            if (t.metrics) {
-                fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", (long long)step + 1,
-                        val_loss);
-                metrics_check(&t);
-            }
-            interval_start += ct_now() - now; /* evaluation time is not training throughput */
-        }
-        double tok_per_s_step = tokens_per_step / step_time;
-        char loss_json[32], norm_json[32];
-        json_number(loss_json, sizeof loss_json, "%.9g", loss);
-        json_number(norm_json, sizeof norm_json, "%.6f", grad_norm);
-        double achieved = flops_per_token * tok_per_s_step; /* this rank's FLOP/s */
-        if (t.metrics) {
-            fprintf(t.metrics,
-                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, "
-                    "\"tokens_per_s\": %.1f, \"step_time_s\": %.4f, \"exposed_comm_s\": %.4f, "
-                    "\"bubble_s\": %.4f, \"mfu\": %.6g, \"gemm_efficiency\": %.6g, "
-                    "\"skipped\": %s, \"dp_bytes\": %llu, \"dp_bytes_expected\": %.0f, "
-                    "\"tp_bytes\": %llu, \"tp_bytes_expected\": %.0f, \"mem_bytes\": %zu}\n",
-                    (long long)step + 1, loss_json, lr, norm_json, tok_per_s_step, step_time,
-                    ct_dp_exposed_seconds(t.dp), bubble, hw_peak > 0 ? achieved / hw_peak : 0.0,
-                    gemm_rate > 0 ? achieved / gemm_rate : 0.0, finite ? "false" : "true",
-                    (unsigned long long)step_dp_bytes, dp_bytes_expected,
-                    (unsigned long long)step_tp_bytes, tp_bytes_expected, ct_backend_mem_total(be));
-            metrics_check(&t);
-        }
-        if (bad_in_a_row >= cfg->train.max_bad_steps) {
-            st = ct_error(CT_ERR_RUNTIME,
-                          "%lld consecutive steps had a non-finite loss or gradient "
-                          "norm (last at step %lld)",
-                          (long long)bad_in_a_row, (long long)step + 1);
-            ct_hint("lower train.lr or raise train.warmup_steps; train.max_bad_steps sets how "
-                    "many are tolerated");
-            break;
-        }
-        if (t.rank0 && ((step + 1) % cfg->log.interval == 0 || last || step == 0)) {
-            double elapsed = ct_now() - interval_start;
-            double steps = interval_tokens / tokens_per_step;
-            double tok_s = interval_tokens / elapsed, rate = flops_per_token * tok_s;
-            char mem[32], eta[32];
-            format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(be));
-            format_duration(eta, sizeof eta,
-                            (double)(cfg->train.steps - step - 1) * (ct_now() - run_start) /
-                                (double)(step + 1));
-            printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-                   "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
-                   "| mem %s | ETA %s\n",
-                   (long long)step + 1, (long long)cfg->train.steps, loss, lr, grad_norm, tok_s,
-                   hw_peak > 0 ? 100.0 * rate / hw_peak : 0.0,
-                   gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0,
-                   1e3 * (elapsed - interval_exposed - interval_bubble) / steps,
-                   1e3 * interval_exposed / steps, 1e3 * interval_bubble / steps, mem, eta);
-            if (cfg->log.profile) {
-                print_profile(be, groups, n_groups, ct_now() - profile_start, steps);
-                ct_backend_profile(be, true);
-                for (int g = 0; g < n_groups; g++)
-                    if (groups[g]) groups[g]->seconds = 0.0;
-                profile_start = ct_now();
-            }
-            fflush(stdout);
-            interval_start = ct_now();
-            interval_tokens = 0;
-            interval_exposed = 0;
-            interval_bubble = 0;
-        }
+        write_step_metrics(&t, &s);
+        st = check_bad_steps(&t, step);
+        if (st == CT_OK) print_progress(&t, &s);
     }
-    if (st == CT_OK) {
-        /* The last metrics write, then what comes after training; every step is agreed. */
-        metrics_check(&t);
-        st = step_agree(&t, t.metrics_status);
-    }
-    if (st == CT_OK) st = print_sample(&t);
-    if (st == CT_OK && cfg->log.trace[0]) st = agree(&t, write_trace(&t, cfg->log.trace));
+    if (st == CT_OK) st = finish_run(&t);
     if (st == CT_OK) st = export_params(&t, opts->dump_params, keep, &final_copy);
+    ct_train_result res = t.res;
     trainer_free(&t);
     if (keep && st == CT_OK) {
         res.init_params = init_copy.data;

@@ -58,19 +58,4 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
  * written out above its definition in trainer.c and in the README). */
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 
-/* Measures the backend's GEMM rate (FLOP/s) at shape M×N×K with operands of `dtype` (f32, or
- * bf16 into bf16): the median of a few runs. */
-double ct_measure_gemm_flops(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
-                             int reps);
-
-/*
- * The backend's GEMM rate at the model's own shapes: every linear layer's forward (x·Wᵀ),
- * input-gradient (dy·W) and weight-gradient (dyᵀ·x) GEMM for a microbatch of B sequences, each
- * called as the model calls it (transposes, and beta: accumulate or overwrite), timed (median of
- * `reps`, operands in cache) and weighted by how often a step runs it, in the dtypes of
- * cfg->derived.precision (bf16: weight gradients into f32). Returns FLOP/s; this is the GEMM
- * efficiency denominator of scripts/bench_cpu.sh.
- */
-double ct_measure_model_gemm_flops(const ct_config *cfg, ct_backend *be, int reps);
-
 #endif /* CT_PARALLEL_TRAINER_H */

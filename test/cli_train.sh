@@ -97,6 +97,22 @@ sys.exit(0 if ok else 1)
 PY
 then ok "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; else fail "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; fi
 
+# The loss reaches the host once per step, not once per microbatch (DESIGN §3: a copy to the
+# host waits for the stream): the step's copies to the host are the same with 1 and with 8
+# microbatches per step.
+for mb in 16 2; do
+    expect_exit 0 "train with micro_batch $mb (host copies counted)" -- "$BIN" train --config configs/test-tiny.yaml \
+        --set train.threads=1 --set train.steps=3 --set train.micro_batch=$mb \
+        --set data.train="$bytes/train.bin" --set log.metrics="$tmp/copies$mb.jsonl"
+done
+if python3 - "$tmp/copies16.jsonl" "$tmp/copies2.jsonl" <<'PY'
+import json, sys
+runs = [[json.loads(l)["host_copies"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("host copies per step, 1 and 8 microbatches:", runs)
+sys.exit(0 if len(runs[0]) == 3 and runs[0][0] > 0 and len(set(runs[0] + runs[1])) == 1 else 1)
+PY
+then ok "host copies per step do not grow with the microbatch count"; else fail "host copies per step do not grow with the microbatch count"; fi
+
 # Checkpoints are a later feature: asking for them is refused, not silently ignored.
 expect_exit 2 "checkpoint.dir is refused until checkpoints exist" -- "$BIN" train --config configs/test-tiny.yaml \
     --set data.train="$bytes/train.bin" --set checkpoint.dir="$tmp/ckpt"

@@ -115,7 +115,7 @@ static void reference_run(reference *ref, const ct_config *cfg, ct_backend *be, 
         for (int mb = 0; mb < replicas * m; mb++) {
             batch b = {.n = tokens, .replica = mb / m, .m = m};
             fill(&b, mb % m, in, tg);
-            ct_acts_set_batch(acts, in, tg);
+            ct_acts_set_batch(acts, 0, in, tg);
             if (pass == 0) ct_model_zero_grads(rm);
             ct_model_forward(rm, acts, dloss);
             ct_model_backward(rm, acts, scratch);

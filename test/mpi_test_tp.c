@@ -130,12 +130,12 @@ static void compare_model(ct_pctx *pctx, bool sp) {
         tokens[i] = (int32_t)(ct_rng_u64(3, 1, (uint64_t)i) % 123);
         targets[i] = (int32_t)((i * 37 + 5) % 123);
     }
-    ct_acts_set_batch(fa, tokens, targets);
-    ct_acts_set_batch(sa, tokens, targets);
+    ct_acts_set_batch(fa, 0, tokens, targets);
+    ct_acts_set_batch(sa, 0, tokens, targets);
     char what[160];
 
     /* Forward only: the logits are a column slice of the full logits. */
-    double lf = ct_model_forward(full, fa, 0.0f), ls = ct_model_forward(shard, sa, 0.0f);
+    double lf = ct_model_forward_loss(full, fa, 0.0f), ls = ct_model_forward_loss(shard, sa, 0.0f);
     snprintf(what, sizeof what, "tp=%d%s forward loss", world, sp ? " sp" : "");
     check(fabs(lf - ls) <= 1e-5 * fabs(lf), "%.8g vs %.8g", what, lf, ls);
     float *logits_full = to_host(fa->logits), *logits_shard = to_host(sa->logits);

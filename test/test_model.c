@@ -129,7 +129,7 @@ static void test_init_layout_independent(void **state) {
  */
 
 static double model_loss(ct_model *m, ct_acts *a) {
-    return ct_model_forward(m, a, 0.0f) / (double)(a->B * m->T);
+    return ct_model_forward_loss(m, a, 0.0f) / (double)(a->B * m->T);
 }
 
 /*
@@ -172,7 +172,7 @@ static void test_gradcheck(void **state) {
     int64_t N = 2 * cfg.model.seq_len;
     int32_t tokens[64], targets[64];
     random_batch(tokens, targets, N, cfg.model.vocab_size, 99);
-    ct_acts_set_batch(a, tokens, targets);
+    ct_acts_set_batch(a, 0, tokens, targets);
     ct_model_zero_grads(m);
     ct_model_forward(m, a, (float)(1.0 / (double)N));
     ct_model_backward(m, a, s);
@@ -243,11 +243,11 @@ static void test_overfit_one_batch(void **state) {
     int64_t N = 4 * cfg.model.seq_len;
     int32_t tokens[64], targets[64];
     random_batch(tokens, targets, N, cfg.model.vocab_size, 5);
-    ct_acts_set_batch(a, tokens, targets);
+    ct_acts_set_batch(a, 0, tokens, targets);
     double first = 0, loss = 0;
     for (int step = 0; step < cfg.train.steps; step++) {
         ct_model_zero_grads(m);
-        loss = ct_model_forward(m, a, (float)(1.0 / (double)N)) / (double)N;
+        loss = ct_model_forward_loss(m, a, (float)(1.0 / (double)N)) / (double)N;
         ct_model_backward(m, a, s);
         double norm = sqrt(ct_optim_grad_sumsq(opt, NULL));
         ct_optim_step(opt, (float)ct_optim_lr(&cfg.train, step),

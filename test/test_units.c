@@ -426,20 +426,21 @@ static double run_step(ct_model *m, recorder *r) {
         tokens[i] = (int32_t)(ct_rng_u64(17, 1, (uint64_t)i) % (uint64_t)m->V);
         targets[i] = (int32_t)(ct_rng_u64(17, 2, (uint64_t)i) % (uint64_t)m->V);
     }
-    ct_acts_set_batch(a, tokens, targets);
+    ct_acts_set_batch(a, 0, tokens, targets);
     ct_model_zero_grads(m);
     if (r) {
         if (r->enforce) bind_all(m, r->poison, r->trash);
         m->hooks = (ct_model_hooks){.ctx = r, .unit_begin = rec_begin, .unit_end = rec_end};
     }
     const ct_model_layout *lo = &m->layout;
-    double loss = 0.0;
+    ct_model_begin_losses(m, 1, a->B);
     for (int c = 0; c < lo->n_chunks; c++) {
         if (r) r->chunk = c;
         if (!lo->chunks[c].has_embed)
             fill_normal(a->residual[lo->chunks[c].first_layer], 100 + lo->chunks[c].index, 1.0f);
-        ct_model_forward_chunk(m, c, a, (float)(1.0 / (double)N), &loss);
+        ct_model_forward_chunk(m, c, a, (float)(1.0 / (double)N));
     }
+    double loss = ct_model_loss_sum(m);
     for (int c = lo->n_chunks - 1; c >= 0; c--) {
         if (r) r->chunk = c;
         if (!lo->chunks[c].has_head) fill_normal(s->dres, 200 + lo->chunks[c].index, 1e-2f);

@@ -1,0 +1,81 @@
+/* gemm_bench.c — the backend's GEMM rate, measured. See gemm_bench.h. */
+#include "gemm_bench.h"
+
+#include <stdlib.h>
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Times C = op(A)·op(B) + beta·C for one shape, A and B of dtype ab, C of dtype c; returns the
+ * median seconds. */
+static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                        float beta, ct_dtype ab, ct_dtype c, int reps) {
+    int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
+    int64_t c_shape[2] = {M, N};
+    ct_tensor *A = ct_tensor_new(be, ab, 2, a_shape, CT_MEM_WORKSPACE);
+    ct_tensor *B = ct_tensor_new(be, ab, 2, b_shape, CT_MEM_WORKSPACE);
+    ct_tensor *C = ct_tensor_new(be, c, 2, c_shape, CT_MEM_WORKSPACE);
+    if (!A || !B || !C) {
+        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+        return 0.0;
+    }
+    ct_tensor_fill(A, 0.01f);
+    ct_tensor_fill(B, 0.02f);
+    ct_tensor_zero(C);
+    double *times = ct_xmalloc((size_t)reps * sizeof(double));
+    ct_gemm(C, A, B, ta, tb, 1.0f, beta);
+    ct_backend_sync(be);
+    for (int r = 0; r < reps; r++) {
+        double t0 = ct_now();
+        ct_gemm(C, A, B, ta, tb, 1.0f, beta);
+        ct_backend_sync(be);
+        times[r] = ct_now() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    double median = times[reps / 2];
+    free(times);
+    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    return median;
+}
+
+double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
+                          int reps) {
+    double t = time_gemm(be, M, N, K, false, true, 1.0f, dtype, dtype, reps);
+    return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
+}
+
+double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps) {
+    const int64_t N = cfg->train.micro_batch * cfg->model.seq_len, C = cfg->model.d_model;
+    const int64_t qdim = cfg->model.n_head * cfg->derived.head_dim;
+    const int64_t kvdim = cfg->derived.n_kv_head * cfg->derived.head_dim;
+    const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
+    /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
+    const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
+    /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
+     * and v as one fused projection; the layers with a bias accumulate onto it (beta 1), the LM
+     * head (the tied embedding, no bias) overwrites. Each GEMM is timed with the beta of the
+     * model's call: overwriting costs the BLAS an extra pass over C. */
+    struct {
+        int64_t out, in, count;
+        float fwd_beta;
+    } linears[] = {
+        {qdim + 2 * kvdim, C, L, 1.0f},
+        {C, qdim, L, 1.0f},
+        {F, C, L, 1.0f},
+        {C, F, L, 1.0f},
+        {Vp, C, 1, 0.0f},
+    };
+    double flops = 0.0, seconds = 0.0;
+    for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
+        int64_t out = linears[i].out, in = linears[i].in;
+        double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
+        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, dt, dt, reps) /* y */
+                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps) /* dx = dy·W */
+                   + time_gemm(be, out, in, N, true, false, 1.0f, dt, CT_DTYPE_F32, reps); /* dW */
+        flops += 3.0 * f * n;
+        seconds += t * n;
+    }
+    return seconds > 0 ? flops / seconds : 0.0;
+}

@@ -1,0 +1,79 @@
+/* trace.c — Chrome/Perfetto trace files. See trace.h. */
+#include "trace.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ct_trace {
+    FILE *file;
+    char *path;
+    int rank;
+    int events; /* written so far: every one but the first is preceded by a comma */
+};
+
+ct_status ct_trace_open(ct_trace **out, const char *path, int rank, int world_size) {
+    *out = NULL;
+    size_t cap = strlen(path) + 32;
+    char *file = ct_xmalloc(cap);
+    if (world_size > 1) {
+        const char *dot = strrchr(path, '.');
+        int stem = dot && !strchr(dot, '/') ? (int)(dot - path) : (int)strlen(path);
+        snprintf(file, cap, "%.*s.rank%d.json", stem, path, rank);
+    } else {
+        snprintf(file, cap, "%s", path);
+    }
+    ct_status st = ct_mkdir_parents(file);
+    FILE *f = st == CT_OK ? fopen(file, "w") : NULL;
+    if (st == CT_OK && !f) {
+        st = ct_error(CT_ERR_INPUT, "cannot open log.trace file '%s': %s", file, strerror(errno));
+        ct_hint("check that the directory exists and is writable");
+    }
+    if (st != CT_OK) {
+        free(file);
+        return st;
+    }
+    ct_trace *t = ct_xcalloc(1, sizeof *t);
+    t->file = f;
+    t->path = file;
+    t->rank = rank;
+    fprintf(f, "{\"traceEvents\": [\n");
+    *out = t;
+    return CT_OK;
+}
+
+static void separate(ct_trace *t) {
+    if (t->events++) fprintf(t->file, ",\n");
+}
+
+void ct_trace_thread(ct_trace *t, int tid, const char *name) {
+    separate(t);
+    fprintf(t->file,
+            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+            "\"args\": {\"name\": \"%s\"}}",
+            t->rank, tid, name);
+}
+
+void ct_trace_span(ct_trace *t, int tid, const char *name, double start, double end,
+                   int microbatch) {
+    separate(t);
+    fprintf(t->file,
+            "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
+            "\"dur\": %.3f, \"args\": {\"microbatch\": %d}}",
+            name, t->rank, tid, 1e6 * start, 1e6 * (end - start), microbatch);
+}
+
+ct_status ct_trace_close(ct_trace *t) {
+    fprintf(t->file, "\n]}\n");
+    bool written = !ferror(t->file);
+    ct_status st = CT_OK;
+    if (fclose(t->file) != 0 || !written) {
+        st = ct_error(CT_ERR_INPUT, "cannot write log.trace file '%s': %s", t->path,
+                      strerror(errno));
+        ct_hint("check free space");
+    }
+    free(t->path);
+    free(t);
+    return st;
+}

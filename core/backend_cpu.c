@@ -1518,9 +1518,15 @@ ct_backend *ct_backend_cpu_new(int n_threads) {
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     cpu_ctx *c = ct_xcalloc(1, sizeof *c);
     c->n_threads = n_threads;
-    /* One pool: our loops pass num_threads explicitly; OpenBLAS follows the OpenMP setting. */
+    /* One pool, ours: our loops pass num_threads explicitly, and OpenBLAS never threads on its
+     * own — every sgemm runs on the thread that calls it (the fp32 GEMM spreads fixed row blocks
+     * over the threads; attention calls it per head inside its own loop). Left to itself,
+     * OpenBLAS opens a nested team whenever it is called from a one-thread region (an op too
+     * small to split), and under libgomp's default spin-wait those short-lived nested threads
+     * and the idle pool's spinning workers fight over the cores: measured on 2 cores, a 2-thread
+     * test-tiny step took 3.3 s instead of 33 ms. */
     omp_set_num_threads(n_threads);
-    openblas_set_num_threads(n_threads);
+    openblas_set_num_threads(1);
     ct_backend *be = ct_xcalloc(1, sizeof *be);
     be->iface = &cpu_iface;
     be->ctx = c;

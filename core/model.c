@@ -12,6 +12,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,7 @@ static ct_param *add_param(registry_builder *rb, const char *name, int ndim, int
         p->tp_offset = (int64_t)r * (g / tp);
     }
     p->chunk = chunk;
+    p->layer = -1;
     p->unit = m->n_units - 1;
     p->decay = ndim >= 2;
     p->init = init;
@@ -150,8 +152,10 @@ static void build_registry(ct_model *m) {
         if (m->layout.chunks[c].has_embed) {
             begin_unit(m, "embed", &unit_cap);
             m->embed_unit = m->n_units - 1;
-            add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
-            add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk);
+            add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
+                offsetof(ct_model, wte);
+            add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk)->field =
+                offsetof(ct_model, wpe);
         }
         for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
             int l = m->layout.chunks[c].first_layer + i;
@@ -170,9 +174,13 @@ static void build_registry(ct_model *m) {
             if (!open) snprintf(cur->name, sizeof cur->name, "layers.%d-%d", cur->first_layer, l);
             cur->n_layers++;
             m->layer_unit[l] = m->n_units - 1;
-#define P(field, suffix, nd, rows, cols, split, init, sd)                                          \
-    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                        \
-    add_param(&rb, name, nd, rows, cols, split, init, sd, chunk)
+#define P(field_name, suffix, nd, rows, cols, split, init, sd)                                     \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                    \
+        ct_param *p_ = add_param(&rb, name, nd, rows, cols, split, init, sd, chunk);               \
+        p_->layer = l;                                                                             \
+        p_->field = offsetof(ct_layer_params, field_name);                                         \
+    } while (0)
             P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
             /* wq, wk, wv back to back, then bq, bk, bv: in the unit's flat range (and in each tp
@@ -206,9 +214,12 @@ static void build_registry(ct_model *m) {
                 ct_param *twin =
                     add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
                 twin->tied_to = "wte";
+                twin->field = offsetof(ct_model, wte); /* the LM head reads m->wte either way */
             }
-            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk);
-            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
+            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk)->field =
+                offsetof(ct_model, lnf_w);
+            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk)->field =
+                offsetof(ct_model, lnf_b);
         }
     }
     for (int u = 0; u < m->n_units; u++) {
@@ -217,43 +228,15 @@ static void build_registry(ct_model *m) {
     }
 }
 
-/* Points the named fields at the registry entries. */
+/* Points the named fields at the registry entries (each entry says which field names it). */
 static void bind_params(ct_model *m) {
     m->layers = ct_xcalloc((size_t)m->L, sizeof *m->layers);
     for (int i = 0; i < m->n_params; i++) {
         ct_param *p = &m->params[i];
-        if (!strcmp(p->name, "wte") || !strcmp(p->name, "head.wte")) {
-            if (!m->wte || !strcmp(p->name, "wte")) m->wte = p;
-        } else if (!strcmp(p->name, "wpe")) {
-            m->wpe = p;
-        } else if (!strcmp(p->name, "lnf.weight")) {
-            m->lnf_w = p;
-        } else if (!strcmp(p->name, "lnf.bias")) {
-            m->lnf_b = p;
-        } else {
-            int l, n = 0;
-            char suffix[48];
-            if (sscanf(p->name, "layers.%d.%47s%n", &l, suffix, &n) != 2)
-                CT_ASSERTF(0, "%s", p->name);
-            ct_layer_params *lp = &m->layers[l];
-            struct {
-                const char *s;
-                ct_param **slot;
-            } map[] = {
-                {"ln1.weight", &lp->ln1_w},  {"ln1.bias", &lp->ln1_b},
-                {"attn.wq", &lp->wq},        {"attn.bq", &lp->bq},
-                {"attn.wk", &lp->wk},        {"attn.bk", &lp->bk},
-                {"attn.wv", &lp->wv},        {"attn.bv", &lp->bv},
-                {"attn.wo", &lp->wo},        {"attn.bo", &lp->bo},
-                {"ln2.weight", &lp->ln2_w},  {"ln2.bias", &lp->ln2_b},
-                {"mlp.w_up", &lp->w_up},     {"mlp.b_up", &lp->b_up},
-                {"mlp.w_down", &lp->w_down}, {"mlp.b_down", &lp->b_down},
-            };
-            bool found = false;
-            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
-                if (!strcmp(suffix, map[k].s)) *map[k].slot = p, found = true;
-            CT_ASSERTF(found, "unbound parameter %s", p->name);
-        }
+        char *owner = p->layer >= 0 ? (char *)&m->layers[p->layer] : (char *)m;
+        ct_param **slot = (ct_param **)(owner + p->field);
+        CT_ASSERTF(!*slot, "two parameters bound to one field (%s)", p->name);
+        *slot = p;
     }
 }
 

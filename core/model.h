@@ -52,6 +52,9 @@ typedef struct ct_param {
     int tp_split_dim;       /* -1 replicated over tp, 0 split by rows, 1 split by columns */
     int64_t tp_offset;      /* start of this rank's slice along the split dim */
     const char *tied_to;    /* name of the tensor this one is tied to, or NULL */
+    int layer;              /* transformer layer it belongs to; -1: embeddings, final norm */
+    size_t field;           /* offset of the pointer that names it: in ct_layer_params for a
+                               layer's tensors, in ct_model for the others (bind_params) */
     int chunk;              /* pipeline chunk (global index) */
     int unit;               /* FSDP unit (index into ct_model.units) */
     bool decay;             /* weight decay: tensors with >= 2 dims */

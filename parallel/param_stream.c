@@ -20,10 +20,9 @@ typedef struct tensor_header {
 /* The world-size-1 group of a parameter: the embeddings (0), layer l (l + 1), the final norm
  * (L + 1). Inside a group every layout registers the tensors in one order. */
 static int param_group(const ct_model *m, const ct_param *p) {
-    int l;
-    if (sscanf(p->name, "layers.%d.", &l) == 1) return l + 1;
-    if (!strncmp(p->name, "lnf.", 4)) return (int)m->L + 1;
-    return 0;
+    if (p->layer >= 0) return p->layer + 1;
+    /* The final norm is the head unit's own; the tied twin of wte there is an embedding. */
+    return p->unit == m->head_unit && !p->tied_to ? (int)m->L + 1 : 0;
 }
 
 static uint32_t crc_of(const float *data, int64_t n) {

@@ -59,11 +59,13 @@ run_mpi_program() {
 # inside DIR/rankR on a relative data.train=train.bin, so each rank reads its own file (a file
 # missing or corrupt on one rank only).
 rank_dirs_command() {
-    local here
+    local here bin
     here=$(pwd)
+    bin=$BIN
+    [ "${bin#/}" = "$bin" ] && bin=$here/$BIN # BUILD may be relative or absolute
     RANK_CMD=("${MPIRUN[@]}" -np 2 bash -c \
         'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$1" train --config "$2/configs/test-tiny.yaml" --set train.threads=1 --set data.train=train.bin' \
-        "$1" "$here/$BIN" "$here")
+        "$1" "$bin" "$here")
 }
 
 # The byte-level test corpus (fortunes text, every byte a token < 123) that configs/test-tiny.yaml

@@ -59,7 +59,7 @@ PAR_LIB  := $(BUILD)/libctpar.a
 TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
-.PHONY: all setup run data test mutants bench clean report
+.PHONY: all setup run data test mutants bench clean report print-ldlibs
 .SECONDARY:
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
@@ -110,6 +110,10 @@ mutants: setup
 
 bench: all
 	@bash scripts/bench_cpu.sh
+
+# The link libraries, for scripts that build a program against the libraries (bench_comm.sh).
+print-ldlibs:
+	@echo $(LDLIBS)
 
 clean:
 	rm -rf $(BUILD)

@@ -103,3 +103,13 @@ assert_run() {
 assert_run 2 bad_tag "internal error on rank 0" "send tag -7 on group world is outside [0, " \
     "MPI_TAG_UB"
 assert_run 2 bad_tag_recv "internal error on rank 0" "recv tag " "on group world is outside [0, "
+
+# The collective benchmark still builds against the libraries and runs every path (a smoke run:
+# no timing is checked; scripts/bench_comm.sh prints the ratios).
+out=$(BUILD=$BUILD bash scripts/bench_comm.sh --ranks 2 --sizes 64k --quick --no-make 2>&1)
+if printf '%s\n' "$out" | grep -qE '^allgather +64 KiB mpi_nb'; then
+    ok "scripts/bench_comm.sh builds and runs every op and path"
+else
+    fail "scripts/bench_comm.sh builds and runs every op and path"
+    printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+fi

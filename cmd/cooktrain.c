@@ -6,6 +6,7 @@
  *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
  *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
  *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
+ *   cooktrain inspect DIR
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <omp.h>
 
 #include "core/backend.h"
+#include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/gemm_bench.h"
 #include "core/model.h"
@@ -47,6 +49,8 @@ static const char usage_text[] =
     "            --json prints a config's per-stage bytes as JSON lines\n"
     "  prepare   train a BPE tokenizer and write token shards\n"
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
+    "  inspect   print a checkpoint's train state and tensors and verify every checksum\n"
+    "            DIR (a checkpoint.dir/step-N directory)\n"
     "  help      this text\n";
 
 /* Every rank ends with the same code; only rank 0 prints the (agreed) message. */
@@ -288,6 +292,9 @@ int main(int argc, char **argv) {
         st = cmd_plan(argc - first, argv + first);
     } else if (!strcmp(command, "prepare")) {
         st = ct_prepare_run(argc - first, argv + first);
+    } else if (!strcmp(command, "inspect")) {
+        st = argc - first == 1 ? ct_ckpt_inspect(argv[first], stdout)
+                               : usage_error("inspect takes one checkpoint directory%s", "");
     } else if (!strcmp(command, "help") || !strcmp(command, "--help") || !strcmp(command, "-h")) {
         fputs(usage_text, stdout);
         st = CT_OK;

@@ -98,6 +98,24 @@ ct_status ct_mkdir_parents(const char *path);
 /* Monotonic wall time in seconds. */
 double ct_now(void);
 
+/* Little-endian encoding: every file format of the project is little-endian whatever the host
+ * (and says so with a byte-order mark); compilers turn these into single loads and stores. */
+static inline void ct_put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void ct_put_le64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t ct_get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t ct_get_le64(const uint8_t *p) {
+    return (uint64_t)ct_get_le32(p) | (uint64_t)ct_get_le32(p + 4) << 32;
+}
+
+/* Longest path a config or a command line may give. */
+#define CT_PATH_MAX 512
+
 #define CT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define CT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CT_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -177,6 +177,9 @@ static const config_key keys[] = {
      .doc = "consecutive steps with a NaN/Inf loss or gradient norm before the job aborts"},
     {KEY(train, threads, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(4096),
      .doc = "threads per rank; 0 = cores / ranks on this node"},
+    {KEY(train, stop_after, KEY_INT), .def = "0", AT_LEAST(0),
+     .doc = "stop after this many steps as if preempted (saving a checkpoint when "
+            "checkpoint.dir is set; the schedule still runs to train.steps); 0 = never"},
 
     /* data */
     {KEY(data, train, KEY_STRING), .def = "", .doc = "training token shards: a path or a glob"},
@@ -186,11 +189,10 @@ static const config_key keys[] = {
 
     /* checkpoint */
     {KEY(checkpoint, dir, KEY_STRING), .def = "",
-     .doc = "directory of the checkpoints; empty = no checkpoints (not implemented yet: a "
-            "non-empty value is refused)"},
+     .doc = "directory of the checkpoints (step-N/ and `latest`); empty = no checkpoints. With "
+            "a directory, a checkpoint is also saved after the last step and when stopped"},
     {KEY(checkpoint, interval, KEY_INT), .def = "0", AT_LEAST(0),
-     .doc = "save every this many steps; 0 = no periodic saves (not implemented yet: > 0 is "
-            "refused)"},
+     .doc = "save every this many steps; 0 = no periodic saves"},
     {KEY(checkpoint, keep, KEY_INT), .def = "3", AT_LEAST(1),
      .doc = "checkpoints kept (the oldest are deleted)"},
     {KEY(checkpoint, resume, KEY_STRING), .def = "auto", .nonempty = true,
@@ -1555,6 +1557,16 @@ static ct_status check_lr_schedule(const ct_train_config *t) {
     return CT_OK;
 }
 
+/* Checks that checkpoint settings that need a directory have one. */
+static ct_status check_checkpoint(const ct_config *cfg) {
+    const ct_checkpoint_config *c = &cfg->checkpoint;
+    if (c->dir[0] || c->interval == 0) return CT_OK;
+    return with_hint(ct_error(CT_ERR_INPUT,
+                              "checkpoint.interval=%lld but checkpoint.dir is not set",
+                              (long long)c->interval),
+                     "set checkpoint.dir to the directory the checkpoints go to");
+}
+
 ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
     memset(&cfg->derived, 0, sizeof cfg->derived);
@@ -1571,6 +1583,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_grid(&cfg->parallel, world_size, &d));
     CT_TRY(check_batch(cfg, &d));
     CT_TRY(check_lr_schedule(&cfg->train));
+    CT_TRY(check_checkpoint(cfg));
 
     d.tokens_per_step = cfg->train.global_batch * cfg->model.seq_len;
     d.n_params = gpt2_params(&cfg->model, &d);

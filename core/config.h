@@ -15,8 +15,6 @@
 
 #include <stdio.h>
 
-#define CT_PATH_MAX 512
-
 /* Most model chunks one pipeline rank holds (parallel.virtual_stages); the model's layout keeps
  * them in a fixed array (model.h, CT_MAX_CHUNKS). */
 #define CT_MAX_VIRTUAL_STAGES 16
@@ -82,7 +80,8 @@ typedef struct ct_train_config {
     int64_t eval_interval; /* 0 disables evaluation */
     int64_t eval_steps;
     int64_t max_bad_steps;
-    int64_t threads; /* threads per rank; 0 = cores / ranks on this node */
+    int64_t threads;    /* threads per rank; 0 = cores / ranks on this node */
+    int64_t stop_after; /* stop (as if preempted) after this many steps; 0 = never */
 } ct_train_config;
 
 typedef struct ct_data_config {

@@ -52,29 +52,11 @@ struct ct_dataset {
     uint32_t *perm;     /* (n_samples,) */
 };
 
-/* ---- little-endian encoding (the format is LE whatever the host is) ------------------------- */
-
-static void put_le32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_le64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_le64(const uint8_t *p) {
-    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
 /* Token i of a shard; compilers turn these byte loads into one load on little-endian hosts. */
 static inline int32_t shard_token(const shard *s, int64_t i) {
     const uint8_t *p = s->tokens + (size_t)i * s->width;
     if (s->width == 2) return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8);
-    return (int32_t)get_le32(p);
+    return (int32_t)ct_get_le32(p);
 }
 
 /* ---- writing -------------------------------------------------------------------------------- */
@@ -99,11 +81,11 @@ ct_status ct_shard_write(const char *path, const int32_t *tokens, size_t n_token
     uint32_t width = vocab_size <= 65536 ? 2 : 4;
     uint8_t header[CT_SHARD_HEADER_BYTES] = {0};
     memcpy(header, SHARD_MAGIC, 8);
-    put_le32(header + 8, SHARD_VERSION);
-    put_le32(header + 12, SHARD_BOM);
-    put_le32(header + 16, width);
-    put_le32(header + 20, (uint32_t)vocab_size);
-    put_le64(header + 24, (uint64_t)n_tokens);
+    ct_put_le32(header + 8, SHARD_VERSION);
+    ct_put_le32(header + 12, SHARD_BOM);
+    ct_put_le32(header + 16, width);
+    ct_put_le32(header + 20, (uint32_t)vocab_size);
+    ct_put_le64(header + 24, (uint64_t)n_tokens);
 
     /* Write PATH.tmp and rename: readers never see a half-written shard under the real name. */
     size_t tmp_len = strlen(path) + 8;
@@ -187,9 +169,9 @@ static ct_status shard_open(shard *s, const char *path, int64_t model_vocab) {
     const uint8_t *h = s->map;
     if (memcmp(h, SHARD_MAGIC, 8) != 0)
         return shard_corrupt(path, "bad magic (expected \"" SHARD_MAGIC "\"); not a token shard");
-    uint32_t version = get_le32(h + 8), bom = get_le32(h + 12);
-    uint32_t width = get_le32(h + 16), vocab = get_le32(h + 20);
-    uint64_t count = get_le64(h + 24);
+    uint32_t version = ct_get_le32(h + 8), bom = ct_get_le32(h + 12);
+    uint32_t width = ct_get_le32(h + 16), vocab = ct_get_le32(h + 20);
+    uint64_t count = ct_get_le64(h + 24);
     if (version != SHARD_VERSION) {
         snprintf(what, sizeof what, "version %u, this build reads version %u", version,
                  SHARD_VERSION);

@@ -275,7 +275,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
      * padded size of the larger one (see the twin in build_registry). */
     const int64_t vocab_slice = m->Vp / layout->tp_size * m->C;
     const int64_t tied_numel = CT_MAX(vocab_slice + m->T * m->C, vocab_slice + 2 * m->C);
-    const bool tie_across_ranks = (m->embed_unit >= 0) != (m->head_unit >= 0);
+    const ct_tied_place tied = ct_model_tied_place(m, NULL);
+    const bool tie_across_ranks = tied == CT_TIED_FIRST || tied == CT_TIED_LAST;
     int64_t slab = 0;
     for (int u = 0; u < m->n_units; u++) {
         ct_unit *unit = &m->units[u];
@@ -327,6 +328,12 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         }
     }
     bind_params(m);
+    /* The tied embedding where model.h says it is (ct_model_tied_place): at offset 0 of its unit.
+     */
+    int tied_unit;
+    ct_model_tied_place(m, &tied_unit);
+    CT_ASSERT((m->wte != NULL) == (tied_unit >= 0));
+    CT_ASSERT(!m->wte || (m->wte->unit == tied_unit && m->wte->offset == 0));
     if (m->param_slab) ct_model_init_params(m);
     ct_model_zero_grads(m);
     *out = m;
@@ -384,6 +391,90 @@ ct_param *ct_model_find_param(ct_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i].name, name)) return &m->params[i];
     return NULL;
+}
+
+/* ---- accessors (model.h) ------------------------------------------------------------------- */
+
+int ct_model_n_units(const ct_model *m) {
+    return m->n_units;
+}
+
+const ct_unit *ct_model_unit(const ct_model *m, int u) {
+    CT_ASSERTF(u >= 0 && u < m->n_units, "unit %d of %d", u, m->n_units);
+    return &m->units[u];
+}
+
+int ct_model_unit_chunk(const ct_model *m, int u) {
+    return ct_model_param(m, ct_model_unit(m, u)->first_param)->chunk;
+}
+
+int ct_model_n_params(const ct_model *m) {
+    return m->n_params;
+}
+
+const ct_param *ct_model_param(const ct_model *m, int i) {
+    CT_ASSERTF(i >= 0 && i < m->n_params, "parameter %d of %d", i, m->n_params);
+    return &m->params[i];
+}
+
+const ct_model_layout *ct_model_layout_of(const ct_model *m) {
+    return &m->layout;
+}
+
+ct_dtype ct_model_dtype(const ct_model *m) {
+    return m->dtype;
+}
+
+ct_backend *ct_model_backend(const ct_model *m) {
+    return m->be;
+}
+
+int ct_model_n_layers(const ct_model *m) {
+    return (int)m->L;
+}
+
+int64_t ct_model_seq_len(const ct_model *m) {
+    return m->T;
+}
+
+int64_t ct_model_local_seq_len(const ct_model *m) {
+    return m->Tl;
+}
+
+int64_t ct_model_d_model(const ct_model *m) {
+    return m->C;
+}
+
+int64_t ct_model_vocab_size(const ct_model *m) {
+    return m->V;
+}
+
+int ct_model_embed_unit(const ct_model *m) {
+    return m->embed_unit;
+}
+
+int ct_model_head_unit(const ct_model *m) {
+    return m->head_unit;
+}
+
+const ct_param *ct_model_wte(const ct_model *m) {
+    return m->wte;
+}
+
+const ct_model_hooks *ct_model_hooks_of(const ct_model *m) {
+    return &m->hooks;
+}
+
+void ct_model_set_hooks(ct_model *m, ct_model_hooks hooks) {
+    m->hooks = hooks;
+}
+
+ct_tied_place ct_model_tied_place(const ct_model *m, int *unit) {
+    const bool embed = m->embed_unit >= 0, head = m->head_unit >= 0;
+    if (unit) *unit = embed ? m->embed_unit : head ? m->head_unit : -1;
+    if (embed && head) return CT_TIED_LOCAL;
+    if (embed) return CT_TIED_FIRST;
+    return head ? CT_TIED_LAST : CT_TIED_ABSENT;
 }
 
 /* Writes elements [e0, e1) of parameter p's local slice (row-major) as initial fp32 values into
@@ -669,6 +760,26 @@ void ct_acts_set_batch(ct_acts *a, int mb, const int32_t *tokens, const int32_t 
     a->mb = mb;
     ct_tensor_from_host(a->tokens, tokens);
     if (targets) ct_tensor_from_host(a->targets, targets);
+}
+
+ct_tensor *ct_acts_chunk_input(const ct_acts *a, int c) {
+    const ct_model_layout *l = &a->model->layout;
+    CT_ASSERTF(c >= 0 && c < l->n_chunks, "chunk %d of %d", c, l->n_chunks);
+    return a->residual[l->chunks[c].first_layer];
+}
+
+ct_tensor *ct_acts_chunk_output(const ct_acts *a, int c) {
+    const ct_model_layout *l = &a->model->layout;
+    CT_ASSERTF(c >= 0 && c < l->n_chunks, "chunk %d of %d", c, l->n_chunks);
+    return a->residual[l->chunks[c].first_layer + l->chunks[c].n_layers];
+}
+
+ct_tensor *ct_acts_logits(const ct_acts *a) {
+    return a->logits;
+}
+
+ct_tensor *ct_grad_scratch_dres(const ct_grad_scratch *scratch) {
+    return scratch->dres;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------

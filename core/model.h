@@ -246,6 +246,57 @@ void ct_model_bind_unit_params(ct_model *model, int unit, const ct_tensor *buf, 
 void ct_model_bind_unit_grads(ct_model *model, int unit, const ct_tensor *buf, int64_t offset);
 ct_param *ct_model_find_param(ct_model *model, const char *name);
 
+/*
+ * Accessors: how code outside core/ (the parallel layer) reaches the model, so that it does not
+ * depend on the layout of ct_model. Views and pointers returned stay owned by the model.
+ */
+int ct_model_n_units(const ct_model *model);                   /* units on this rank */
+const ct_unit *ct_model_unit(const ct_model *model, int unit); /* unit in [0, n_units) */
+int ct_model_unit_chunk(const ct_model *model, int unit);      /* its chunk's global index */
+int ct_model_n_params(const ct_model *model);                  /* registry entries on this rank */
+const ct_param *ct_model_param(const ct_model *model, int i);  /* entry i, in unit order */
+const ct_model_layout *ct_model_layout_of(const ct_model *model); /* where this rank sits */
+ct_dtype ct_model_dtype(const ct_model *model);      /* storage dtype of parameters, activations */
+ct_backend *ct_model_backend(const ct_model *model); /* where its tensors live */
+int ct_model_n_layers(const ct_model *model);        /* L: all layers, not only this rank's */
+int64_t ct_model_seq_len(const ct_model *model);     /* T */
+int64_t ct_model_local_seq_len(const ct_model *model); /* Tl: T/tp sequence parallel, else T */
+int64_t ct_model_d_model(const ct_model *model);       /* C */
+int64_t ct_model_vocab_size(const ct_model *model);    /* V: real tokens (Vp with padding) */
+int ct_model_embed_unit(const ct_model *model); /* the embeddings' unit, -1 not on this rank */
+int ct_model_head_unit(const ct_model *model);  /* final norm (+ twin) unit, -1 not on this rank */
+/* The tied embedding as this rank's LM head or embedding reads it: wte, or its twin head.wte on
+ * a last stage without the embedding; NULL on a rank with neither. */
+const ct_param *ct_model_wte(const ct_model *model);
+/* The data-parallel layer's hooks: the ones installed, and installing new ones ({0}: none). */
+const ct_model_hooks *ct_model_hooks_of(const ct_model *model);
+void ct_model_set_hooks(ct_model *model, ct_model_hooks hooks);
+
+/*
+ * The tied embedding, decided here and nowhere else. wte (Vp, C) is read by the embedding (first
+ * chunk) and by the LM head (last chunk), and where it lives depends on the layout:
+ *   CT_TIED_LOCAL  both on this rank (one pipeline stage): one tensor, wte, in the embedding
+ *                  unit; its brackets span a whole pass (the data-parallel layer gives that unit
+ *                  dedicated slots).
+ *   CT_TIED_FIRST  first pipeline stage only: wte in the embedding unit, the owner; its twin is
+ *                  on the last stage.
+ *   CT_TIED_LAST   last pipeline stage only: the twin head.wte (tied_to = "wte": same initial
+ *                  bytes, left out of the norm and of parameter dumps) in the head unit.
+ *   CT_TIED_ABSENT neither (a middle pipeline stage).
+ * In the FIRST and LAST cases wte and its twin sit at offset 0 of their units and both units are
+ * padded to the same size (ct_model_new), so every data-parallel shard covers the same elements
+ * of the two copies: their gradients are summed shard by shard over the embedding group
+ * (ct_dp_sync_tied) and they stay bit-identical (the parameter stream checks it). `unit` (may be
+ * NULL) gets the unit holding wte or its twin, -1 when absent.
+ */
+typedef enum ct_tied_place {
+    CT_TIED_ABSENT = 0,
+    CT_TIED_LOCAL,
+    CT_TIED_FIRST,
+    CT_TIED_LAST,
+} ct_tied_place;
+ct_tied_place ct_model_tied_place(const ct_model *model, int *unit);
+
 ct_status ct_acts_new(ct_acts **out, ct_model *model, int64_t B);
 void ct_acts_free(ct_acts *acts);
 ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *model, int64_t B);
@@ -255,6 +306,16 @@ size_t ct_acts_bytes(const ct_model *model, int64_t B);
 /* Copies microbatch mb's token ids (host, B·T each) into the context; mb < 0 keeps no loss
  * (the sampler). targets may be NULL. */
 void ct_acts_set_batch(ct_acts *acts, int mb, const int32_t *tokens, const int32_t *targets);
+/* The residual (B,Tl,C) entering / leaving chunk c (index into layout.chunks): what a pipeline
+ * receives before the chunk's forward and sends after it. */
+ct_tensor *ct_acts_chunk_input(const ct_acts *acts, int c);
+ct_tensor *ct_acts_chunk_output(const ct_acts *acts, int c);
+/* (B·T, Vp/tp) this rank's columns of the logits after the last chunk's forward (dlogits when
+ * it was given a dloss). */
+ct_tensor *ct_acts_logits(const ct_acts *acts);
+/* (B,Tl,C) the gradient of a chunk's input residual after its backward (ct_model_backward_chunk),
+ * or the incoming gradient to put there before it. */
+ct_tensor *ct_grad_scratch_dres(const ct_grad_scratch *scratch);
 
 /*
  * The loss of a step reaches the host once, at its end (DESIGN §3: values leave the backend

@@ -87,17 +87,6 @@ static size_t pow2_at_least(size_t n) {
     return c;
 }
 
-static void put_le32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* ---- pre-splitting -------------------------------------------------------------------------- */
 
 /* Letters and digits; bytes >= 0x80 count as letters so UTF-8 words stay in one chunk. */
@@ -703,13 +692,13 @@ ct_status ct_tokenizer_save(const ct_tokenizer *tok, const char *path) {
     size_t bytes = TOK_HEADER_BYTES + (size_t)tok->n_merges * 8;
     uint8_t *buf = ct_xmalloc(bytes);
     memcpy(buf, TOK_MAGIC, 8);
-    put_le32(buf + 8, TOK_VERSION);
-    put_le32(buf + 12, TOK_BOM);
-    put_le32(buf + 16, (uint32_t)tok->vocab_size);
-    put_le32(buf + 20, (uint32_t)tok->n_merges);
+    ct_put_le32(buf + 8, TOK_VERSION);
+    ct_put_le32(buf + 12, TOK_BOM);
+    ct_put_le32(buf + 16, (uint32_t)tok->vocab_size);
+    ct_put_le32(buf + 20, (uint32_t)tok->n_merges);
     for (int i = 0; i < tok->n_merges; i++) {
-        put_le32(buf + TOK_HEADER_BYTES + 8 * (size_t)i, tok->merges[2 * i]);
-        put_le32(buf + TOK_HEADER_BYTES + 8 * (size_t)i + 4, tok->merges[2 * i + 1]);
+        ct_put_le32(buf + TOK_HEADER_BYTES + 8 * (size_t)i, tok->merges[2 * i]);
+        ct_put_le32(buf + TOK_HEADER_BYTES + 8 * (size_t)i + 4, tok->merges[2 * i + 1]);
     }
     /* Write a temporary file and rename it, so a crash never leaves a half-written tokenizer
      * under the real name. */
@@ -768,8 +757,8 @@ ct_status ct_tokenizer_load(ct_tokenizer **out, const char *path) {
         fclose(f);
         return corrupt(path, "bad magic (expected \"" TOK_MAGIC "\"); not a cooktrain tokenizer");
     }
-    uint32_t version = get_le32(header + 8), bom = get_le32(header + 12);
-    uint32_t vocab = get_le32(header + 16), n_merges = get_le32(header + 20);
+    uint32_t version = ct_get_le32(header + 8), bom = ct_get_le32(header + 12);
+    uint32_t vocab = ct_get_le32(header + 16), n_merges = ct_get_le32(header + 20);
     if (version != TOK_VERSION) {
         fclose(f);
         snprintf(what, sizeof what, "version %u, this build reads version %u", version,
@@ -804,7 +793,7 @@ ct_status ct_tokenizer_load(ct_tokenizer **out, const char *path) {
     }
     uint32_t *merges = ct_xmalloc(((size_t)n_merges + 1) * 2 * sizeof *merges);
     for (uint32_t i = 0; i < n_merges; i++) {
-        uint32_t l = get_le32(body + 8 * (size_t)i), r = get_le32(body + 8 * (size_t)i + 4);
+        uint32_t l = ct_get_le32(body + 8 * (size_t)i), r = ct_get_le32(body + 8 * (size_t)i + 4);
         if (l >= 256 + i || r >= 256 + i) {
             free(body);
             free(merges);

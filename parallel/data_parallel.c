@@ -114,7 +114,7 @@ static void ensure_gathered(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
     if (!du->gathered) {
         slot *s = take_gather_slot(dp, u);
-        CT_ASSERTF(s != NULL, "no free gather slot for unit %s", dp->model->units[u].name);
+        CT_ASSERTF(s != NULL, "no free gather slot for unit %s", ct_model_unit(dp->model, u)->name);
         start_gather(dp, u, s);
     }
     if (du->gather_req) {
@@ -127,10 +127,10 @@ static void ensure_gathered(ct_dp *dp, int u) {
 /* Starts gathering unit u ahead of its use if a pool slot is free (never waits). Only within
  * the chunk of `from`: across chunks (pipeline parallel) the next unit may run much later. */
 static void prefetch(ct_dp *dp, int u, int from) {
-    if (u < 0 || u >= dp->model->n_units || dp->units[u].gathered || dp->units[u].dedicated) return;
-    const ct_model *m = dp->model;
-    if (m->params[m->units[u].first_param].chunk != m->params[m->units[from].first_param].chunk)
+    if (u < 0 || u >= ct_model_n_units(dp->model) || dp->units[u].gathered ||
+        dp->units[u].dedicated)
         return;
+    if (ct_model_unit_chunk(dp->model, u) != ct_model_unit_chunk(dp->model, from)) return;
     slot *s = take_gather_slot(dp, u);
     if (s) start_gather(dp, u, s);
 }
@@ -158,7 +158,7 @@ static void complete_reduction(ct_dp *dp, int u) {
     if (reduced && du->reduce_buf) {
         /* A bf16 reduction lands back in the f32 gradients: all of them (stage 0), the own
          * shard (stage 1). */
-        const ct_tensor *grads = dp->model->units[u].grads;
+        const ct_tensor *grads = ct_model_unit(dp->model, u)->grads;
         int64_t lo = dp->stage == 0 ? 0 : du->shard_lo, n = dp->stage == 0 ? du->n : du->shard_n;
         ct_tensor *from = view(du->reduce_buf, lo, n), *to = view(grads, lo, n);
         ct_cast(to, from);
@@ -204,7 +204,7 @@ static slot *take_staging_slot(ct_dp *dp, int u) {
 
 static void start_reduction(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
-    ct_unit *unit = &dp->model->units[u];
+    const ct_unit *unit = ct_model_unit(dp->model, u);
     log_event(dp, CT_DP_EVENT_REDUCE_START, u);
     du->reduce_seen_done = false;
     /* What is reduced: the f32 gradients themselves, or their bf16 rounding (reduce_dtype
@@ -258,14 +258,14 @@ static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
  * (stages 2-3) or on the accumulated ones at the last microbatch (stages 0-1), never twice.
  */
 static void tp_reduce_replicated(ct_dp *dp, int u) {
-    ct_model *m = dp->model;
-    const ct_unit *unit = &m->units[u];
-    ct_comm *tp = m->layout.tp;
+    const ct_model *m = dp->model;
+    const ct_unit *unit = ct_model_unit(m, u);
+    ct_comm *tp = ct_model_layout_of(m)->tp;
     /* All of the unit's replicated tensors at once (a merged unit holds several layers'). */
     ct_comm_request **reqs = ct_xcalloc((size_t)unit->n_params, sizeof *reqs);
     int n = 0;
     for (int i = 0; i < unit->n_params; i++) {
-        const ct_param *p = &m->params[unit->first_param + i];
+        const ct_param *p = ct_model_param(m, unit->first_param + i);
         if (p->tp_split_dim >= 0) continue;
         reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, p->grad->dtype, CT_REDUCE_SUM);
     }
@@ -286,10 +286,10 @@ static void hook_unit_end(void *ctx, int u, ct_pass pass) {
          * differently cannot make stages 0-1 reduce partial sums. */
         dp_unit *du = &dp->units[u];
         CT_ASSERTF(du->backwards_left > 0, "unit %s: more backward passes than the %d of a step",
-                   dp->model->units[u].name, dp->backwards_per_step);
+                   ct_model_unit(dp->model, u)->name, dp->backwards_per_step);
         bool last = --du->backwards_left == 0;
-        if (dp->model->layout.sequence_parallel && dp->model->layout.tp_size > 1 &&
-            (dp->stage >= 2 || last))
+        const ct_model_layout *layout = ct_model_layout_of(dp->model);
+        if (layout->sequence_parallel && layout->tp_size > 1 && (dp->stage >= 2 || last))
             tp_reduce_replicated(dp, u);
         if (dp->stage >= 2) {
             if (dp->N > 1) {
@@ -312,7 +312,7 @@ static void hook_poll(void *ctx) {
     if (!dp->logging) return;
     /* For the trace: when each reduction is first seen complete, so the trace shows reductions
      * finishing while backward still runs (completion itself stays in program order). */
-    for (int u = 0; u < dp->model->n_units; u++) {
+    for (int u = 0; u < ct_model_n_units(dp->model); u++) {
         dp_unit *du = &dp->units[u];
         if (du->reduce_req && !du->reduce_seen_done && ct_comm_test(dp->comm, du->reduce_req)) {
             du->reduce_seen_done = true;
@@ -337,13 +337,15 @@ static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_dtype dtype, 
 ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
                     const ct_train_config *tc, ct_dtype reduce_dtype) {
     CT_ASSERT(zero_stage >= 0 && zero_stage <= 3);
-    CT_ASSERTF(model->layout.dp_size == comm->size, "model padded for dp=%d, group has %d",
-               model->layout.dp_size, comm->size);
-    CT_ASSERT(model->layout.shard_grads == (zero_stage >= 2));
-    CT_ASSERT(model->layout.shard_params == (zero_stage == 3));
+    const ct_model_layout *layout = ct_model_layout_of(model);
+    CT_ASSERTF(layout->dp_size == comm->size, "model padded for dp=%d, group has %d",
+               layout->dp_size, comm->size);
+    CT_ASSERT(layout->shard_grads == (zero_stage >= 2));
+    CT_ASSERT(layout->shard_params == (zero_stage == 3));
     ct_dp *dp = ct_xcalloc(1, sizeof *dp);
     dp->model = model;
-    ct_comm_set_stream(comm, model->be); /* gradients and parameters: the model's memory */
+    ct_comm_set_stream(comm,
+                       ct_model_backend(model)); /* gradients and parameters: the model's memory */
     dp->comm = comm;
     dp->stage = zero_stage;
     dp->reduce_dtype = reduce_dtype;
@@ -352,10 +354,12 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     dp->rank = comm->rank;
     dp->backwards_per_step = 1;
     dp->created = ct_now();
-    ct_backend *be = model->be;
-    const bool tied_local = model->embed_unit >= 0 && model->head_unit >= 0;
+    ct_backend *be = ct_model_backend(model);
+    /* The tied embedding on one rank: its unit gets the dedicated slots. */
+    int tied_unit;
+    const bool tied_local = ct_model_tied_place(model, &tied_unit) == CT_TIED_LOCAL;
 
-    int nu = model->n_units;
+    int nu = ct_model_n_units(model);
     dp->units = ct_xcalloc((size_t)nu, sizeof *dp->units);
     int64_t *lo = ct_xcalloc((size_t)nu, sizeof(int64_t)),
             *len = ct_xcalloc((size_t)nu, sizeof(int64_t));
@@ -363,11 +367,11 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     ct_status st = CT_OK;
     for (int u = 0; u < nu; u++) {
         dp_unit *du = &dp->units[u];
-        du->n = model->units[u].padded_numel;
+        du->n = ct_model_unit(model, u)->padded_numel;
         CT_ASSERT(du->n % dp->N == 0);
         du->shard_n = du->n / dp->N;
         du->shard_lo = (int64_t)dp->rank * du->shard_n;
-        du->dedicated = tied_local && u == model->embed_unit;
+        du->dedicated = tied_local && u == tied_unit;
         if (du->dedicated)
             dedicated_n = du->n;
         else
@@ -379,7 +383,8 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
             if (!du->grad_shard) st = CT_ERR_RUNTIME;
         }
         if (zero_stage == 3 && st == CT_OK) {
-            du->param_shard = ct_tensor_new_1d(be, model->dtype, du->shard_n, CT_MEM_PARAMS);
+            du->param_shard =
+                ct_tensor_new_1d(be, ct_model_dtype(model), du->shard_n, CT_MEM_PARAMS);
             if (!du->param_shard) st = CT_ERR_RUNTIME;
         }
         if (zero_stage <= 1 && reduce_dtype != CT_DTYPE_F32 && dp->N > 1 && st == CT_OK) {
@@ -402,7 +407,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
                 alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_DTYPE_F32, low, CT_MEM_COMM);
     }
     if (zero_stage == 3) {
-        const ct_dtype pd = model->dtype;
+        const ct_dtype pd = ct_model_dtype(model);
         for (int i = 0; i < GATHER_POOL && st == CT_OK; i++)
             st = alloc_slot(&dp->gather_pool[i], be, pool_n, pd, pd, CT_MEM_GATHERED);
         if (st == CT_OK)
@@ -423,17 +428,20 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
         ct_dp_free(dp);
         return st;
     }
-    model->hooks = (ct_model_hooks){
-        .ctx = dp, .unit_begin = hook_unit_begin, .unit_end = hook_unit_end, .poll = hook_poll};
+    ct_model_set_hooks(model, (ct_model_hooks){.ctx = dp,
+                                               .unit_begin = hook_unit_begin,
+                                               .unit_end = hook_unit_end,
+                                               .poll = hook_poll});
     *out = dp;
     return CT_OK;
 }
 
 void ct_dp_free(ct_dp *dp) {
     if (!dp) return;
-    if (dp->model) ct_comm_unset_stream(dp->comm, dp->model->be);
-    if (dp->model && dp->model->hooks.ctx == dp) dp->model->hooks = (ct_model_hooks){0};
-    for (int u = 0; dp->units && u < dp->model->n_units; u++) {
+    if (dp->model) ct_comm_unset_stream(dp->comm, ct_model_backend(dp->model));
+    if (dp->model && ct_model_hooks_of(dp->model)->ctx == dp)
+        ct_model_set_hooks(dp->model, (ct_model_hooks){0});
+    for (int u = 0; dp->units && u < ct_model_n_units(dp->model); u++) {
         ct_tensor_free(dp->units[u].grad_shard);
         ct_tensor_free(dp->units[u].param_shard);
         ct_tensor_free(dp->units[u].reduce_buf);
@@ -456,9 +464,10 @@ void ct_dp_begin_step(ct_dp *dp, int n_microbatches) {
     CT_ASSERT(n_microbatches >= 1);
     dp->exposed = 0.0;
     dp->backwards_per_step = n_microbatches;
-    for (int u = 0; u < dp->model->n_units; u++) dp->units[u].backwards_left = n_microbatches;
+    const int nu = ct_model_n_units(dp->model);
+    for (int u = 0; u < nu; u++) dp->units[u].backwards_left = n_microbatches;
     if (dp->stage >= 2) {
-        for (int u = 0; u < dp->model->n_units; u++) ct_tensor_zero(dp->units[u].grad_shard);
+        for (int u = 0; u < nu; u++) ct_tensor_zero(dp->units[u].grad_shard);
     } else {
         ct_model_zero_grads(dp->model);
     }
@@ -469,15 +478,17 @@ void ct_dp_begin_microbatch(ct_dp *dp, int mb) {
 }
 
 void ct_dp_finish_backward(ct_dp *dp) {
-    for (int u = 0; u < dp->model->n_units; u++)
+    const int nu = ct_model_n_units(dp->model);
+    for (int u = 0; u < nu; u++)
         CT_ASSERTF(dp->units[u].backwards_left == 0,
                    "unit %s: %d of its %d backward passes of the step did not run",
-                   dp->model->units[u].name, dp->units[u].backwards_left, dp->backwards_per_step);
+                   ct_model_unit(dp->model, u)->name, dp->units[u].backwards_left,
+                   dp->backwards_per_step);
     /* Oldest first: the order units finished their backward. */
     for (;;) {
         int next = -1;
         uint64_t since = UINT64_MAX;
-        for (int u = 0; u < dp->model->n_units; u++) {
+        for (int u = 0; u < nu; u++) {
             dp_unit *du = &dp->units[u];
             if (!du->reduce_req && !du->staging) continue;
             uint64_t t = du->staging ? du->staging->since : 0;
@@ -491,7 +502,7 @@ void ct_dp_finish_backward(ct_dp *dp) {
 /* The (params, grads) ranges this rank updates for unit u; caller frees both views. */
 static void unit_ranges(ct_dp *dp, int u, ct_tensor **params, ct_tensor **grads) {
     dp_unit *du = &dp->units[u];
-    ct_unit *unit = &dp->model->units[u];
+    const ct_unit *unit = ct_model_unit(dp->model, u);
     switch (dp->stage) {
     case 0:
         *params = view(unit->params, 0, du->n);
@@ -513,7 +524,7 @@ static void unit_ranges(ct_dp *dp, int u, ct_tensor **params, ct_tensor **grads)
 }
 
 double ct_dp_grad_sumsq(ct_dp *dp) {
-    int nu = dp->model->n_units;
+    int nu = ct_model_n_units(dp->model);
     ct_tensor **params = ct_xcalloc((size_t)nu, sizeof *params);
     ct_tensor **grads = ct_xcalloc((size_t)nu, sizeof *grads);
     for (int u = 0; u < nu; u++) unit_ranges(dp, u, &params[u], &grads[u]);
@@ -532,7 +543,7 @@ double ct_dp_grad_sumsq(ct_dp *dp) {
 
 /* Gathers left from a prefetch that was never used hold last step's parameters: drop them. */
 static void drop_gathered(ct_dp *dp) {
-    for (int u = 0; u < dp->model->n_units; u++) {
+    for (int u = 0; u < ct_model_n_units(dp->model); u++) {
         dp_unit *du = &dp->units[u];
         if (!du->gathered) continue;
         if (du->gather_req) timed_wait(dp, du->gather_req);
@@ -542,14 +553,14 @@ static void drop_gathered(ct_dp *dp) {
 }
 
 void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed) {
-    ct_model *m = dp->model;
-    const bool across = (m->embed_unit >= 0) != (m->head_unit >= 0);
+    int u;
+    const ct_tied_place place = ct_model_tied_place(dp->model, &u);
+    const bool across = place == CT_TIED_FIRST || place == CT_TIED_LAST;
     if (!across || !embed || embed->size == 1) return;
     /* The embedding unit (first stage) and the head unit (last stage) hold wte / its twin at
-     * offset 0 and have the same padded size, so this rank's range covers the same elements of
-     * both: sum them over the two stages. */
-    int u = m->embed_unit >= 0 ? m->embed_unit : m->head_unit;
-    int64_t n_wte = m->wte->numel; /* m->wte is the twin on the last stage */
+     * offset 0 and have the same padded size (model.h, ct_model_tied_place), so this rank's range
+     * covers the same elements of both: sum them over the two stages. */
+    int64_t n_wte = ct_model_wte(dp->model)->numel; /* the twin on the last stage */
     ct_tensor *params, *grads;
     unit_ranges(dp, u, &params, &grads);
     int64_t lo = dp->stage == 0 ? 0 : dp->units[u].shard_lo;
@@ -563,8 +574,10 @@ void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed) {
     ct_tensor_free(grads);
 }
 
+static void gather_updated_params(ct_dp *dp);
+
 void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
-    int nu = dp->model->n_units;
+    int nu = ct_model_n_units(dp->model);
     if (dp->stage == 3) drop_gathered(dp);
     ct_optim_begin_step(dp->opt);
     for (int u = 0; u < nu; u++) {
@@ -575,11 +588,16 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
         ct_tensor_free(g);
         hook_poll(dp);
     }
+    gather_updated_params(dp);
+}
+
+/* ZeRO 1-2: every rank updated its own shard: gather the parameters back, all units at once. */
+static void gather_updated_params(ct_dp *dp) {
+    int nu = ct_model_n_units(dp->model);
     if ((dp->stage == 1 || dp->stage == 2) && dp->N > 1) {
-        /* Every rank updated its own shard: gather the parameters back, all units at once. */
         ct_comm_request **reqs = ct_xcalloc((size_t)nu, sizeof *reqs);
         for (int u = 0; u < nu; u++) {
-            const ct_tensor *params = dp->model->units[u].params;
+            const ct_tensor *params = ct_model_unit(dp->model, u)->params;
             char *all = params->data;
             size_t esize = ct_dtype_size(params->dtype);
             reqs[u] = ct_comm_iallgather(dp->comm, all + (size_t)dp->units[u].shard_lo * esize, all,
@@ -594,16 +612,16 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale) {
 
 int64_t ct_dp_param_elems(const ct_dp *dp) {
     int64_t n = 0;
-    for (int u = 0; u < dp->model->n_units; u++) n += dp->units[u].n;
+    for (int u = 0; u < ct_model_n_units(dp->model); u++) n += dp->units[u].n;
     return n;
 }
 
 size_t ct_dp_param_bytes(const ct_dp *dp) {
-    return (size_t)ct_dp_param_elems(dp) * ct_dtype_size(dp->model->dtype);
+    return (size_t)ct_dp_param_elems(dp) * ct_dtype_size(ct_model_dtype(dp->model));
 }
 
 ct_state_bytes ct_dp_state_bytes(const ct_dp *dp) {
-    return ct_state_bytes_of(dp->model->dtype, dp->reduce_dtype);
+    return ct_state_bytes_of(ct_model_dtype(dp->model), dp->reduce_dtype);
 }
 
 void ct_zero_expected_memory(int64_t elems, ct_state_bytes sb, int N, int stage,
@@ -684,7 +702,7 @@ void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
                 break;
             }
         char name[96];
-        snprintf(name, sizeof name, "%s %s", what, dp->model->units[ev[i].unit].name);
+        snprintf(name, sizeof name, "%s %s", what, ct_model_unit(dp->model, ev[i].unit)->name);
         ct_trace_span(trace, tid, name, ev[i].time, stop, ev[i].microbatch);
     }
 }
@@ -696,6 +714,45 @@ const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n) {
 
 ct_optimizer *ct_dp_optimizer(ct_dp *dp) {
     return dp->opt;
+}
+
+int ct_dp_stage(const ct_dp *dp) {
+    return dp->stage;
+}
+
+void ct_dp_unit_range(const ct_dp *dp, int u, int64_t *lo, int64_t *n) {
+    *lo = dp->opt->units[u].lo;
+    *n = dp->opt->units[u].n;
+}
+
+void ct_dp_unit_state(ct_dp *dp, int u, ct_tensor **weights, ct_tensor **m, ct_tensor **v) {
+    const ct_optim_unit *ou = &dp->opt->units[u];
+    ct_tensor *params, *grads;
+    unit_ranges(dp, u, &params, &grads);
+    ct_tensor_free(grads);
+    if (ou->master) {
+        ct_tensor_free(params);
+        *weights = view(ou->master, 0, ou->n);
+    } else {
+        *weights = params;
+    }
+    CT_ASSERT((*weights)->numel == ou->n && (*weights)->dtype == CT_DTYPE_F32);
+    *m = view(ou->m, 0, ou->n);
+    *v = view(ou->v, 0, ou->n);
+}
+
+void ct_dp_load_done(ct_dp *dp, int64_t optimizer_step) {
+    dp->opt->step = optimizer_step;
+    for (int u = 0; u < ct_model_n_units(dp->model); u++) {
+        const ct_optim_unit *ou = &dp->opt->units[u];
+        if (!ou->master) continue;
+        ct_tensor *params, *grads;
+        unit_ranges(dp, u, &params, &grads);
+        ct_cast(params, ou->master); /* as AdamW writes them after every update */
+        ct_tensor_free(params);
+        ct_tensor_free(grads);
+    }
+    gather_updated_params(dp);
 }
 
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
@@ -715,10 +772,10 @@ void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
         return;
     }
     if (dp->stage < 3) {
-        ct_tensor_to_host_f32(host, dp->model->units[u].params);
+        ct_tensor_to_host_f32(host, ct_model_unit(dp->model, u)->params);
         return;
     }
     ensure_gathered(dp, u);
-    ct_tensor_to_host_f32(host, dp->model->units[u].params);
+    ct_tensor_to_host_f32(host, ct_model_unit(dp->model, u)->params);
     release_gathered(dp, u);
 }

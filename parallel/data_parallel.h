@@ -120,4 +120,19 @@ ct_optimizer *ct_dp_optimizer(ct_dp *dp);
  * at stages >= 1), of which the bf16 parameters are the rounding. */
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host);
 
+/* ---- checkpoints (parallel/checkpoint_io.c) ---------------------------------------------- */
+
+int ct_dp_stage(const ct_dp *dp);
+/* The range [lo, lo + n) of unit u that this rank's optimizer updates. */
+void ct_dp_unit_range(const ct_dp *dp, int u, int64_t *lo, int64_t *n);
+/* Views of that range's optimizer state (n f32 elements each; the caller frees them): the fp32
+ * weights AdamW updates (the master weights in bf16 training, else the parameters themselves:
+ * the unit's range, or the ZeRO-3 shard), and the moments m and v. */
+void ct_dp_unit_state(ct_dp *dp, int u, ct_tensor **weights, ct_tensor **m, ct_tensor **v);
+/* After every unit's state was written through ct_dp_unit_state: sets the optimizer's step
+ * counter, rounds the bf16 parameters from the master weights, and at ZeRO 1-2 gathers the
+ * parameters outside each rank's shard — the parameters then stand as after that optimizer
+ * step. Collective over the dp group. */
+void ct_dp_load_done(ct_dp *dp, int64_t optimizer_step);
+
 #endif /* CT_DATA_PARALLEL_H */

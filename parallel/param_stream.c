@@ -22,7 +22,7 @@ typedef struct tensor_header {
 static int param_group(const ct_model *m, const ct_param *p) {
     if (p->layer >= 0) return p->layer + 1;
     /* The final norm is the head unit's own; the tied twin of wte there is an embedding. */
-    return p->unit == m->head_unit && !p->tied_to ? (int)m->L + 1 : 0;
+    return p->unit == ct_model_head_unit(m) && !p->tied_to ? ct_model_n_layers(m) + 1 : 0;
 }
 
 static uint32_t crc_of(const float *data, int64_t n) {
@@ -142,10 +142,11 @@ static void receive_group(stream *s, int from, int n_tensors, int64_t max_numel)
 /* The tied embedding: the first stage's wte and the last stage's twin must be the same bytes
  * (pipeline parallel only; with one stage they are one tensor). */
 static void check_tied_twin(stream *s) {
-    ct_model *m = s->model;
     ct_comm *embed = s->pctx->embed_comm;
+    const ct_tied_place place = ct_model_tied_place(s->model, NULL);
+    if (place != CT_TIED_FIRST && place != CT_TIED_LAST) return;
     if (!embed || embed->size == 1) return;
-    const ct_param *w = m->wte; /* the twin on the last stage */
+    const ct_param *w = ct_model_wte(s->model); /* the twin on the last stage */
     uint32_t crc = crc_of(unit_on_host(s, w->unit) + w->offset, w->numel);
     s->checked++;
     if (!replicas_agree(embed, crc)) note_mismatch(s, "wte", "tied-embedding (first/last stage)");
@@ -155,17 +156,18 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
                           int64_t *n_checked) {
     stream s = {
         .model = m, .dp = dp, .pctx = pctx, .sink = sink, .sink_ctx = ctx, .unit_in_buf = -1};
-    const int n_groups = (int)m->L + 2;
+    const int n_groups = ct_model_n_layers(m) + 2;
     /* Which stage holds each group, and how many tensors and elements it has: every rank fills
      * in its own groups, the world takes the maximum. */
     int64_t *info = ct_xcalloc(3 * (size_t)n_groups + 1, sizeof(int64_t));
     int64_t *owner = info, *count = info + n_groups, *largest = info + 2 * n_groups;
     for (int g = 0; g < n_groups; g++) owner[g] = -1;
     int64_t max_unit = 0, max_local = 0;
-    for (int u = 0; u < m->n_units; u++) max_unit = CT_MAX(max_unit, m->units[u].padded_numel);
-    for (int i = 0; i < m->n_params; i++) {
-        const ct_param *p = &m->params[i];
-        if (p->tied_to) continue;
+    for (int u = 0; u < ct_model_n_units(m); u++)
+        max_unit = CT_MAX(max_unit, ct_model_unit(m, u)->padded_numel);
+    for (int i = 0; i < ct_model_n_params(m); i++) {
+        const ct_param *p = ct_model_param(m, i);
+        if (p->tied_to) continue; /* the twin: checked against wte (check_tied_twin) */
         int g = param_group(m, p);
         owner[g] = pctx->pp_rank;
         count[g]++;
@@ -186,9 +188,10 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
     for (int g = 0; g < n_groups; g++) {
         int stage = (int)owner[g];
         if (pctx->pp_rank == stage) {
-            for (int i = 0; i < m->n_params; i++)
-                if (!m->params[i].tied_to && param_group(m, &m->params[i]) == g)
-                    stream_param(&s, &m->params[i], stage);
+            for (int i = 0; i < ct_model_n_params(m); i++) {
+                const ct_param *p = ct_model_param(m, i);
+                if (!p->tied_to && param_group(m, p) == g) stream_param(&s, p, stage);
+            }
         } else if (pctx->world_rank == 0) {
             receive_group(&s, stage, (int)count[g], max_global);
         }

@@ -86,9 +86,9 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     p->B = B;
     p->train = train;
     /* activations and their gradients travel between stages: the model's memory */
-    if (pctx->pp_comm) ct_comm_set_stream(pctx->pp_comm, model->be);
-    if (pctx->embed_comm) ct_comm_set_stream(pctx->embed_comm, model->be);
-    int v = model->layout.n_chunks;
+    if (pctx->pp_comm) ct_comm_set_stream(pctx->pp_comm, ct_model_backend(model));
+    if (pctx->embed_comm) ct_comm_set_stream(pctx->embed_comm, ct_model_backend(model));
+    int v = ct_model_layout_of(model)->n_chunks;
     p->n_chunks = pctx->pp * v;
     p->forward_only = ct_schedule_new(CT_SCHEDULE_FORWARD_ONLY, pctx->pp, v, m);
     ct_status tags = p->forward_only ? choose_tags(p) : CT_ERR_INPUT;
@@ -101,8 +101,9 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     p->forwards_left = ct_xcalloc((size_t)m, sizeof(int));
     /* At most one owned gradient buffer per backward action can be in flight. */
     p->grad_bufs = ct_xcalloc((size_t)m * (size_t)v + 1, sizeof *p->grad_bufs);
-    p->host_tokens = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
-    p->host_targets = ct_xmalloc((size_t)(B * model->T) * sizeof(int32_t));
+    const int64_t T = ct_model_seq_len(model);
+    p->host_tokens = ct_xmalloc((size_t)(B * T) * sizeof(int32_t));
+    p->host_targets = ct_xmalloc((size_t)(B * T) * sizeof(int32_t));
     /* Activation contexts: as many as the training schedule holds at once on this rank (the
      * simulator's peak, which the executor meets exactly), all allocated now so that running
      * out of memory is a start-up error with a message rather than a failure mid-step. The
@@ -135,7 +136,7 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
     *out = NULL;
     ct_schedule *train = NULL;
     if (kind != CT_SCHEDULE_FORWARD_ONLY) {
-        train = ct_schedule_new(kind, pctx->pp, model->layout.n_chunks, m);
+        train = ct_schedule_new(kind, pctx->pp, ct_model_layout_of(model)->n_chunks, m);
         if (!train) return CT_ERR_INPUT;
     }
     return pipeline_make(out, model, dp, pctx, train, m, B);
@@ -143,9 +144,9 @@ ct_status ct_pipeline_new(ct_pipeline **out, ct_model *model, ct_dp *dp, ct_pctx
 
 ct_status ct_pipeline_new_from_schedule(ct_pipeline **out, ct_model *model, ct_dp *dp,
                                         ct_pctx *pctx, ct_schedule *schedule, int64_t B) {
-    CT_ASSERTF(schedule->pp == pctx->pp && schedule->v == model->layout.n_chunks,
-               "schedule for pp=%d v=%d on pp=%d v=%d", schedule->pp, schedule->v, pctx->pp,
-               model->layout.n_chunks);
+    const int v = ct_model_layout_of(model)->n_chunks;
+    CT_ASSERTF(schedule->pp == pctx->pp && schedule->v == v,
+               "schedule for pp=%d v=%d on pp=%d v=%d", schedule->pp, schedule->v, pctx->pp, v);
     return pipeline_make(out, model, dp, pctx, schedule, schedule->m, B);
 }
 
@@ -160,8 +161,8 @@ static void release_acts(ct_pipeline *p, int mb);
 void ct_pipeline_free(ct_pipeline *p) {
     if (!p) return;
     wait_sends(p, -2);
-    ct_comm_unset_stream(p->pctx->pp_comm, p->model->be);
-    ct_comm_unset_stream(p->pctx->embed_comm, p->model->be);
+    ct_comm_unset_stream(p->pctx->pp_comm, ct_model_backend(p->model));
+    ct_comm_unset_stream(p->pctx->embed_comm, ct_model_backend(p->model));
     for (int i = 0; i < p->n_pool; i++) ct_acts_free(p->pool[i]);
     for (int i = 0; p->acts && i < p->m; i++) ct_acts_free(p->acts[i]);
     for (int i = 0; i < p->n_grad_bufs; i++) ct_tensor_free(p->grad_bufs[i]);
@@ -254,8 +255,9 @@ static ct_acts *acts_for(ct_pipeline *p, int mb, ct_batch_fn fill, void *ctx, bo
     fill(ctx, mb, p->host_tokens, p->host_targets);
     ct_acts_set_batch(a, mb, p->host_tokens, p->host_targets);
     p->acts[mb] = a;
-    p->backwards_left[mb] = train ? p->model->layout.n_chunks : 0;
-    p->forwards_left[mb] = p->model->layout.n_chunks;
+    const int here = ct_model_layout_of(p->model)->n_chunks;
+    p->backwards_left[mb] = train ? here : 0;
+    p->forwards_left[mb] = here;
     p->inflight++;
     p->peak_inflight = CT_MAX(p->peak_inflight, p->inflight);
     return a;
@@ -279,16 +281,6 @@ static void release_acts(ct_pipeline *p, int mb) {
     p->inflight--;
 }
 
-/* The residual tensor at the input (or output) of local chunk j. */
-static ct_tensor *chunk_input(ct_pipeline *p, ct_acts *a, int j) {
-    return a->residual[p->model->layout.chunks[j].first_layer];
-}
-
-static ct_tensor *chunk_output(ct_pipeline *p, ct_acts *a, int j) {
-    return a
-        ->residual[p->model->layout.chunks[j].first_layer + p->model->layout.chunks[j].n_layers];
-}
-
 /* ---- the executor --------------------------------------------------------------------------- */
 
 double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx) {
@@ -297,6 +289,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     const int r = p->pctx->pp_rank;
     ct_comm *pp = p->pctx->pp_comm;
     ct_model *m = p->model;
+    const ct_model_layout *layout = ct_model_layout_of(m);
     ct_model_begin_losses(m, s->m, p->B);
     p->wait_seconds = 0.0;
     p->peak_inflight = 0;
@@ -305,7 +298,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         const int mb = act->mb, j = local_chunk(p, act->chunk);
         switch (act->kind) {
         case CT_ACTION_RECV_ACT: {
-            ct_tensor *in = chunk_input(p, acts_for(p, mb, fill, ctx, train), j);
+            ct_tensor *in = ct_acts_chunk_input(acts_for(p, mb, fill, ctx, train), j);
             ct_comm_request *req = ct_comm_irecv(pp, in->data, in->numel, in->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, false));
             timed_wait(p, req);
@@ -315,23 +308,23 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             ct_acts *a = acts_for(p, mb, fill, ctx, train);
             ct_dp_begin_microbatch(p->dp, mb);
             ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f);
-            if (m->layout.chunks[j].has_head && p->head_fn) p->head_fn(p->head_ctx, mb, a);
+            if (layout->chunks[j].has_head && p->head_fn) p->head_fn(p->head_ctx, mb, a);
             /* Forward-only: the context is free once its last forward here is done and its
              * send completes; taken back when the pool runs dry (release_finished_forward). */
             p->forwards_left[mb]--;
             break;
         }
         case CT_ACTION_SEND_ACT: {
-            ct_tensor *o = chunk_output(p, p->acts[mb], j);
+            ct_tensor *o = ct_acts_chunk_output(p->acts[mb], j);
             ct_comm_request *req = ct_comm_isend(pp, o->data, o->numel, o->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk, false));
             track_send(p, req, NULL, mb);
             break;
         }
         case CT_ACTION_RECV_GRAD: {
-            ct_comm_request *req =
-                ct_comm_irecv(pp, p->scratch->dres->data, p->scratch->dres->numel,
-                              p->scratch->dres->dtype, act->peer, tag_of(p, mb, act->chunk, true));
+            ct_tensor *dres = ct_grad_scratch_dres(p->scratch);
+            ct_comm_request *req = ct_comm_irecv(pp, dres->data, dres->numel, dres->dtype,
+                                                 act->peer, tag_of(p, mb, act->chunk, true));
             timed_wait(p, req);
             break;
         }
@@ -346,13 +339,13 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         case CT_ACTION_SEND_GRAD: {
             /* Backward's scratch is reused by the next backward: send a copy. */
             wait_sends(p, -1);
+            const ct_tensor *dres = ct_grad_scratch_dres(p->scratch);
             ct_tensor *buf = p->n_grad_bufs > 0 ? p->grad_bufs[--p->n_grad_bufs] : NULL;
             if (!buf) {
-                buf = ct_tensor_new(m->be, p->scratch->dres->dtype, 3, p->scratch->dres->shape,
-                                    CT_MEM_COMM);
+                buf = ct_tensor_new(ct_model_backend(m), dres->dtype, 3, dres->shape, CT_MEM_COMM);
                 if (!buf) fail_out_of_memory(p, "a gradient send buffer");
             }
-            ct_tensor_copy(buf, p->scratch->dres);
+            ct_tensor_copy(buf, dres);
             ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, buf->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, true));
             track_send(p, req, buf, -1);

@@ -70,7 +70,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         st = ct_model_new(&model, cfg, be, &layout);
         if (st != CT_OK) break;
         int64_t elems = 0;
-        for (int u = 0; u < model->n_units; u++) elems += model->units[u].padded_numel;
+        for (int u = 0; u < ct_model_n_units(model); u++)
+            elems += ct_model_unit(model, u)->padded_numel;
         size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
         ct_zero_expected_memory(elems, sb, dp, stage, mem);
         int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
@@ -82,8 +83,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
         /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
          * microbatch each way */
-        double boundary =
-                   (double)B * (double)model->Tl * (double)model->C * (double)ct_dtype_size(pdt),
+        double boundary = (double)B * (double)ct_model_local_seq_len(model) *
+                          (double)ct_model_d_model(model) * (double)ct_dtype_size(pdt),
                pp_bytes = 0;
         for (int j = 0; j < layout.n_chunks; j++) {
             int c = layout.chunks[j].index;

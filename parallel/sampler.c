@@ -61,7 +61,7 @@ typedef struct sampler {
 
 static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     sampler *s = ctx;
-    size_t bytes = (size_t)s->model->T * sizeof(int32_t);
+    size_t bytes = (size_t)ct_model_seq_len(s->model) * sizeof(int32_t);
     memcpy(tokens, s->window, bytes);
     memcpy(targets, s->window, bytes); /* the loss is computed and ignored */
 }
@@ -69,25 +69,29 @@ static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
 /* On the ranks holding the LM head: draw from the logits at the window's last real position. */
 static void draw(void *ctx, int mb, ct_acts *a) {
     sampler *s = ctx;
-    ct_model *m = s->model;
-    int64_t Vl = m->wte->local_shape[0];
-    ct_tensor *row = ct_tensor_view_1d(a->logits, (s->len - 1) * Vl, Vl);
+    const ct_model *m = s->model;
+    const ct_param *wte = ct_model_wte(m); /* the LM head: this rank's rows of the vocabulary */
+    int64_t Vl = wte->local_shape[0];
+    ct_tensor *row = ct_tensor_view_1d(ct_acts_logits(a), (s->len - 1) * Vl, Vl);
     ct_tensor_to_host(s->row, row);
     ct_tensor_free(row);
     double u = ct_rng_uniform(s->seed, SAMPLE_RNG_STREAM, (uint64_t)s->k);
-    s->drawn = ct_sample_draw(m->layout.tp, s->row, m->wte->valid_rows, m->wte->tp_offset, m->V, u);
+    s->drawn = ct_sample_draw(ct_model_layout_of(m)->tp, s->row, wte->valid_rows, wte->tp_offset,
+                              ct_model_vocab_size(m), u);
 }
 
 ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
                            int64_t n_prompt, int64_t n_new, uint64_t seed, int32_t **out,
                            int64_t *n_out) {
     CT_ASSERT(n_prompt >= 1 && n_new >= 0);
-    const int64_t T = m->T;
+    const int64_t T = ct_model_seq_len(m);
     sampler s = {.model = m, .seed = seed, .n = n_prompt};
     s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
     s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
-    s.row = ct_xmalloc((size_t)m->wte->local_shape[0] * sizeof(float));
+    /* the last stage's slice of the vocabulary (a middle stage holds no wte and draws nothing) */
+    const ct_param *wte = ct_model_wte(m);
+    s.row = ct_xmalloc((size_t)(wte ? wte->local_shape[0] : 1) * sizeof(float));
 
     /* One sequence at a time: through every stage on a forward-only schedule, or the one chunk
      * list of this rank. Allocation failures are agreed on before any collective runs. */

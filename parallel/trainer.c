@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include "core/data.h"
@@ -15,6 +16,7 @@
 #include "core/optim.h"
 #include "core/rng.h"
 #include "core/tokenizer.h"
+#include "parallel/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/param_stream.h"
 #include "parallel/pipeline.h"
@@ -104,6 +106,9 @@ typedef struct trainer {
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
     double profile_start;
     int64_t bad_in_a_row; /* consecutive non-finite steps */
+    int32_t stop_signal;  /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
+    int64_t first_step;   /* 0, or the step a checkpoint resumed from */
+    bool stopped;         /* ended early (signal or train.stop_after) */
     ct_train_result res;
 } trainer;
 
@@ -112,6 +117,7 @@ typedef struct step_stats {
     int64_t step; /* 0-based */
     double loss, grad_norm, lr;
     bool finite; /* false: the step was skipped */
+    bool stop;   /* not run: a stop was agreed on at its start */
     double seconds, exposed, bubble;
     uint64_t dp_bytes, tp_bytes; /* sent by this rank, ring model */
     int64_t host_copies;         /* copies from the backend to the host during the step */
@@ -132,6 +138,23 @@ static void trainer_free(trainer *t) {
     if (t->own_pctx) ct_pctx_free(t->pctx);
 }
 
+/* SIGTERM or SIGUSR1 (what SLURM sends before a time limit or a preemption): the signal number,
+ * agreed on at the next step boundary; the run then saves a checkpoint and ends (exit 0). */
+static volatile sig_atomic_t stop_signal_seen;
+
+static void on_stop_signal(int sig) {
+    stop_signal_seen = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 /* Every rank gets the worst status of all (DESIGN §9); one process needs no agreement. */
 static ct_status agree(trainer *t, ct_status st) {
     if (t->pctx->world_size == 1) return st;
@@ -141,10 +164,14 @@ static ct_status agree(trainer *t, ct_status st) {
 /* The same, once per step: one small allreduce on the world group (watchdog-guarded) when all
  * is well, the message exchange only when some rank failed. */
 static ct_status step_agree(trainer *t, ct_status st) {
+    /* The same allreduce carries the stop request (SIGTERM / SIGUSR1 on any rank), so every
+     * rank stops after the same step. */
+    t->stop_signal = stop_signal_seen;
     if (t->pctx->world_size == 1) return st;
-    int32_t failed = st != CT_OK;
-    ct_comm_allreduce(t->pctx->world, &failed, 1, CT_DTYPE_I32, CT_REDUCE_MAX);
-    return failed ? ct_mpi_agree(st) : CT_OK;
+    int32_t flags[2] = {st != CT_OK, t->stop_signal};
+    ct_comm_allreduce(t->pctx->world, flags, 2, CT_DTYPE_I32, CT_REDUCE_MAX);
+    t->stop_signal = flags[1];
+    return flags[0] ? ct_mpi_agree(st) : CT_OK;
 }
 
 /* Files and settings every rank checks for itself: data, tokenizer, metrics. */
@@ -298,13 +325,6 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     size_t n = (size_t)(cfg->train.global_batch / t->dp_size * cfg->model.seq_len);
     t->step_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->step_targets = ct_xmalloc(n * sizeof(int32_t));
-    if (cfg->checkpoint.dir[0] || cfg->checkpoint.interval > 0) {
-        /* Refuse rather than train for hours believing checkpoints are being written. */
-        ct_error(CT_ERR_INPUT, "checkpoint.dir / checkpoint.interval: checkpoints are not "
-                               "implemented yet");
-        ct_hint("leave checkpoint.dir empty and checkpoint.interval at 0 for now");
-        return CT_ERR_INPUT;
-    }
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
     return CT_OK;
@@ -367,11 +387,11 @@ static ct_status print_sample(trainer *t) {
 /* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */
 static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
     int best = 0;
-    for (int u = 1; u < m->n_units; u++)
-        if (m->units[u].padded_numel > m->units[best].padded_numel) best = u;
+    for (int u = 1; u < ct_model_n_units(m); u++)
+        if (ct_model_unit(m, u)->padded_numel > ct_model_unit(m, best)->padded_numel) best = u;
     char size[32];
-    format_bytes(size, sizeof size, (double)m->units[best].padded_numel * sizeof(float));
-    snprintf(buf, n, "%s, %s", m->units[best].name, size);
+    format_bytes(size, sizeof size, (double)ct_model_unit(m, best)->padded_numel * sizeof(float));
+    snprintf(buf, n, "%s, %s", ct_model_unit(m, best)->name, size);
     return buf;
 }
 
@@ -399,8 +419,8 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
     ct_backend_describe(t->be, what, sizeof what);
     printf("backend: %s per rank, %d ranks; per rank: hardware peak in %s %.1f GFLOP/s "
            "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (%s, measured)\n",
-           what, p->world_size, ct_dtype_name(t->model->dtype), hw_peak / 1e9, peak_how,
-           gemm_rate / 1e9, ct_dtype_name(t->model->dtype));
+           what, p->world_size, ct_dtype_name(ct_model_dtype(t->model)), hw_peak / 1e9, peak_how,
+           gemm_rate / 1e9, ct_dtype_name(ct_model_dtype(t->model)));
     const ct_state_bytes sb = ct_dp_state_bytes(t->dp);
     printf("precision: %s (%s): bytes per parameter: params %zu + grads %zu + master %zu + "
            "optimizer %zu = %zu; dp gradient reduction in %s\n",
@@ -417,7 +437,7 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
     format_bytes(d, sizeof d, (double)expected[CT_MEM_MASTER]);
     printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s, master %s per "
            "rank; %d units on rank 0 (largest %s)\n",
-           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, d, t->model->n_units,
+           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, d, ct_model_n_units(t->model),
            largest_unit(t->model, unit, sizeof unit));
     if (t->dp_size > 1) {
         format_bytes(a, sizeof a, ct_dp_expected_step_bytes(t->dp, (int)cfg->derived.grad_accum));
@@ -535,7 +555,7 @@ static void write_setup_metrics(trainer *t) {
     ct_metrics_int(m, "tokens_per_step", cfg->derived.tokens_per_step);
     ct_metrics_int(m, "micro_batch", cfg->train.micro_batch);
     ct_metrics_bool(m, "micro_batch_auto", cfg->train.micro_batch_auto);
-    ct_metrics_int(m, "units", t->model->n_units);
+    ct_metrics_int(m, "units", ct_model_n_units(t->model));
     ct_metrics_num(m, "peak_flops_per_s", "%.6e", t->hw_peak);
     ct_metrics_num(m, "gemm_flops_per_s", "%.6e", t->gemm_rate);
     for (int c = 0; c < CT_MEM_COUNT; c++) {
@@ -547,7 +567,7 @@ static void write_setup_metrics(trainer *t) {
     ct_metrics_uint(m, "mem_expected_grads", expected[CT_MEM_GRADS]);
     ct_metrics_uint(m, "mem_expected_optim", expected[CT_MEM_OPTIM]);
     ct_metrics_uint(m, "mem_expected_master", expected[CT_MEM_MASTER]);
-    ct_metrics_str(m, "precision", ct_dtype_name(t->model->dtype));
+    ct_metrics_str(m, "precision", ct_dtype_name(ct_model_dtype(t->model)));
     ct_metrics_end(m);
 }
 
@@ -564,15 +584,16 @@ static void start_run(trainer *t) {
     if (t->dp_size > 1)
         t->dp_bytes_expected = ct_dp_expected_step_bytes(t->dp, (int)t->accum) +
                                (double)ct_zero_scalar_allreduce_bytes(t->dp_size);
-    t->tp_bytes_expected = ct_expected_tp_bytes(cfg, &t->model->layout, t->accum);
+    t->tp_bytes_expected = ct_expected_tp_bytes(cfg, ct_model_layout_of(t->model), t->accum);
     /* FLOPs per token for the whole model; every rank does 1/world of them. */
     t->flops_per_token = ct_model_flops_per_token(t->model) / t->pctx->world_size;
     /* Two denominators, each named for what it is: MFU against the hardware's peak (the
      * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
      * reaches at the model's MLP shape. */
-    t->hw_peak = ct_backend_peak_flops(t->be, t->model->dtype, t->peak_how, sizeof t->peak_how);
+    t->hw_peak =
+        ct_backend_peak_flops(t->be, ct_model_dtype(t->model), t->peak_how, sizeof t->peak_how);
     t->gemm_rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * T, cfg->derived.d_ff,
-                                      cfg->model.d_model, t->model->dtype, 5);
+                                      cfg->model.d_model, ct_model_dtype(t->model), 5);
     if (t->rank0) print_start(t, t->peak_how, t->hw_peak, t->gemm_rate, t->tokens_per_step);
     write_setup_metrics(t);
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
@@ -599,6 +620,10 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     int64_t copies = t->be->host_copies;
     /* The step's samples, read and checked on every rank before anything collective. */
     CT_TRY(read_batch(t, t->train_data, step * G + t->dp_rank * (G / t->dp_size)));
+    if (t->stop_signal) {
+        s->stop = true;
+        return CT_OK;
+    }
     ct_comm_reset_counters(t->pctx->dp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_dp_begin_step(t->dp, (int)t->accum);
@@ -654,7 +679,7 @@ static void write_step_metrics(trainer *t, const step_stats *s) {
 /* The step's numbers into the result, the traffic check of step 1, the skip count. */
 static ct_status record_step(trainer *t, const step_stats *s) {
     ct_train_result *res = &t->res;
-    if (s->step == 0) res->first_loss = s->loss;
+    if (s->step == t->first_step) res->first_loss = s->loss;
     res->losses[s->step] = s->loss;
     res->grad_norms[s->step] = s->grad_norm;
     res->last_loss = s->loss;
@@ -718,8 +743,8 @@ static ct_status maybe_evaluate(trainer *t, int64_t step) {
 static void print_progress(trainer *t, const step_stats *s) {
     const ct_config *cfg = t->cfg;
     const int64_t step = s->step;
-    if (!t->rank0 ||
-        ((step + 1) % cfg->log.interval != 0 && step + 1 != cfg->train.steps && step != 0))
+    if (!t->rank0 || ((step + 1) % cfg->log.interval != 0 && step + 1 != cfg->train.steps &&
+                      step != t->first_step))
         return;
     double elapsed = ct_now() - t->interval_start;
     double steps = t->interval_tokens / t->tokens_per_step;
@@ -728,7 +753,7 @@ static void print_progress(trainer *t, const step_stats *s) {
     format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(t->be));
     format_duration(eta, sizeof eta,
                     (double)(cfg->train.steps - step - 1) * (ct_now() - t->run_start) /
-                        (double)(step + 1));
+                        (double)(step + 1 - t->first_step));
     printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
            "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
            "| mem %s | ETA %s\n",
@@ -750,10 +775,68 @@ static void print_progress(trainer *t, const step_stats *s) {
     t->interval_tokens = t->interval_exposed = t->interval_bubble = 0;
 }
 
+/* checkpoint.resume: loads the checkpoint to continue from, if any (after start_run, so the
+ * start-up report describes the run; before the first step). */
+static ct_status resume_run(trainer *t) {
+    const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    char path[CT_PATH_MAX + 32];
+    CT_TRY(
+        agree(t, ct_ckpt_find(cc->dir, cc->resume, path, sizeof path, t->rank0 ? stdout : NULL)));
+    if (!path[0]) return CT_OK;
+    ct_ckpt_state state;
+    double start = ct_now();
+    CT_TRY(ct_ckpt_load(path, t->cfg, t->model, t->dp, t->pctx, &state));
+    t->first_step = CT_MIN(state.step, t->cfg->train.steps);
+    if (t->rank0)
+        printf("checkpoint: resumed from %s at step %lld (written by %lld ranks: tp %lld, pp "
+               "%lld, dp %lld, zero %lld), loaded in %.2f s\n",
+               path, (long long)state.step, (long long)state.world_size, (long long)state.tp,
+               (long long)state.pp, (long long)state.dp, (long long)state.zero_stage,
+               ct_now() - start);
+    t->profile_start = t->run_start = t->interval_start = ct_now();
+    return CT_OK;
+}
+
+/* A checkpoint of the state after `steps` steps, when checkpoint.dir is set and one is due:
+ * every checkpoint.interval steps, after the last step, and when stopping. */
+static ct_status maybe_save(trainer *t, int64_t steps, bool stopping) {
+    const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    bool due =
+        stopping || steps == t->cfg->train.steps || (cc->interval > 0 && steps % cc->interval == 0);
+    if (!cc->dir[0] || !due) return CT_OK;
+    double blocked = 0.0;
+    CT_TRY(ct_ckpt_save(t->cfg, t->model, t->dp, t->pctx, steps, &blocked));
+    if (t->rank0) {
+        printf("checkpoint: step %lld saved to %s/step-%08lld (%.2f s)\n", (long long)steps,
+               cc->dir, (long long)steps, blocked);
+        fflush(stdout);
+    }
+    t->interval_start += blocked; /* saving is not training throughput */
+    return CT_OK;
+}
+
+/* Ends the run early after `steps` steps, on a signal or train.stop_after: saves, says how to
+ * go on. */
+static ct_status stop_run(trainer *t, int64_t steps) {
+    t->stopped = true;
+    CT_TRY(maybe_save(t, steps, true));
+    if (t->rank0) {
+        if (t->stop_signal)
+            printf("stopped after step %lld on %s", (long long)steps,
+                   t->stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
+        else
+            printf("stopped after step %lld (train.stop_after)", (long long)steps);
+        printf("; %s\n", t->cfg->checkpoint.dir[0]
+                             ? "run the same command again to resume (checkpoint.resume: auto)"
+                             : "no checkpoint.dir was set, so nothing was saved");
+    }
+    return CT_OK;
+}
+
 /* What follows the last step: the last metrics write agreed on, the sample, the trace. */
 static ct_status finish_run(trainer *t) {
     CT_TRY(step_agree(t, ct_metrics_status(t->metrics)));
-    CT_TRY(print_sample(t));
+    if (!t->stopped) CT_TRY(print_sample(t));
     if (t->cfg->log.trace[0]) CT_TRY(agree(t, write_trace(t, t->cfg->log.trace)));
     return CT_OK;
 }
@@ -775,16 +858,27 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     t.res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
     t.res.grad_norms = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    catch_stop_signals();
     start_run(&t);
-    for (int64_t step = 0; step < cfg->train.steps && st == CT_OK; step++) {
+    st = resume_run(&t);
+    for (int64_t step = t.first_step; step < cfg->train.steps && st == CT_OK; step++) {
         step_stats s;
         st = train_step(&t, step, &s);
+        if (st == CT_OK && s.stop) {
+            st = stop_run(&t, step);
+            break;
+        }
         if (st == CT_OK) st = record_step(&t, &s);
         if (st == CT_OK) st = maybe_evaluate(&t, step);
         if (st != CT_OK) break;
         write_step_metrics(&t, &s);
         st = check_bad_steps(&t, step);
         if (st == CT_OK) print_progress(&t, &s);
+        if (st == CT_OK && step + 1 == cfg->train.stop_after) {
+            st = stop_run(&t, step + 1);
+            break;
+        }
+        if (st == CT_OK) st = maybe_save(&t, step + 1, false);
     }
     if (st == CT_OK) st = finish_run(&t);
     if (st == CT_OK) st = export_params(&t, opts->dump_params, keep, &final_copy);

@@ -40,6 +40,7 @@ if expect_exit 0 "world size 1 samples" -- "$BIN" "${base[@]}"; then
 4 --set parallel.tp=4 --set parallel.sequence_parallel=true
 2 --set parallel.dp=2 --set parallel.zero_stage=3
 2 --set parallel.pp=2
+4 --set parallel.pp=4
 4 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2
 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true --set train.recompute=full
 RUNS

@@ -113,7 +113,3 @@ sys.exit(0 if len(runs[0]) == 3 and runs[0][0] > 0 and len(set(runs[0] + runs[1]
 PY
 then ok "host copies per step do not grow with the microbatch count"; else fail "host copies per step do not grow with the microbatch count"; fi
 
-# Checkpoints are a later feature: asking for them is refused, not silently ignored.
-expect_exit 2 "checkpoint.dir is refused until checkpoints exist" -- "$BIN" train --config configs/test-tiny.yaml \
-    --set data.train="$bytes/train.bin" --set checkpoint.dir="$tmp/ckpt"
-expect_text "hint:" "the checkpoint refusal has a hint"

@@ -1,0 +1,691 @@
+/* checkpoint.c — the checkpoint format and its directory. See checkpoint.h. */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define DATA_MAGIC "CTCKDATA"
+#define MANIFEST_MAGIC "CTCKPTMF"
+#define CKPT_VERSION 1u
+#define CKPT_BOM 0x01020304u
+enum {
+    DATA_HEADER = 32,
+    MANIFEST_HEADER = 64,
+    PIECE_RECORD = 152,
+    CHUNK_FLOATS = 1 << 20, /* values read or converted at a time: 4 MiB */
+};
+
+const char *const ct_ckpt_state_names[] = {
+    "step",
+    "samples_seen",
+    "tokens_seen",
+    "optimizer_step",
+    "seed",
+    "global_batch",
+    "arch",
+    "vocab_size",
+    "vocab_pad",
+    "seq_len",
+    "n_layer",
+    "d_model",
+    "n_head",
+    "n_kv_head",
+    "d_ff",
+    "world_size",
+    "tp",
+    "pp",
+    "dp",
+    "zero_stage",
+    "virtual_stages",
+    "precision",
+    "format_version",
+};
+_Static_assert(sizeof ct_ckpt_state_names / sizeof ct_ckpt_state_names[0] == CT_CKPT_STATE_FIELDS,
+               "a name for every state field");
+
+const char *ct_ckpt_kind_name(ct_ckpt_kind kind) {
+    switch (kind) {
+    case CT_CKPT_WEIGHT: return "weight";
+    case CT_CKPT_ADAM_M: return "adam_m";
+    case CT_CKPT_ADAM_V: return "adam_v";
+    default: return "?";
+    }
+}
+
+void ct_ckpt_manifest_release(ct_ckpt_manifest *m) {
+    free(m->pieces);
+    free(m->config_text);
+    memset(m, 0, sizeof *m);
+}
+
+static ct_status io_error(const char *what, const char *path) {
+    ct_error(CT_ERR_RUNTIME, "checkpoint: cannot %s '%s': %s", what, path, strerror(errno));
+    ct_hint("check free space and permissions where checkpoint.dir points");
+    return CT_ERR_RUNTIME;
+}
+
+static ct_status corrupt(const char *path, const char *what) {
+    ct_error(CT_ERR_INPUT, "checkpoint file '%s' is corrupt: %s", path, what);
+    ct_hint("use another checkpoint (checkpoint.resume: PATH, or remove this one) or start over "
+            "with checkpoint.resume: never");
+    return CT_ERR_INPUT;
+}
+
+static ct_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return io_error("open for fsync", path);
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? CT_OK : io_error("fsync", path);
+}
+
+/* f32 values to and from their little-endian bytes (a copy on little-endian hosts). */
+static void floats_to_le(uint8_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        ct_put_le32(dst + 4 * i, u);
+    }
+}
+
+static void floats_from_le(float *dst, const uint8_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = ct_get_le32(src + 4 * i);
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
+static int64_t box_width(const ct_ckpt_box *b) {
+    return b->col1 - b->col0;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+struct ct_ckpt_writer {
+    FILE *f;
+    char path[CT_PATH_MAX + 32];
+    int rank;
+    int64_t offset;
+    uint8_t *buf; /* CHUNK_FLOATS values as bytes */
+    bool failed;
+};
+
+static void rank_file(char *buf, size_t n, const char *dir, int rank) {
+    snprintf(buf, n, "%s/rank-%05d.bin", dir, rank);
+}
+
+ct_status ct_ckpt_writer_open(ct_ckpt_writer **out, const char *dir, int rank) {
+    ct_ckpt_writer *w = ct_xcalloc(1, sizeof *w);
+    rank_file(w->path, sizeof w->path, dir, rank);
+    w->rank = rank;
+    w->f = fopen(w->path, "wb");
+    if (!w->f) {
+        ct_status st = io_error("create", w->path);
+        free(w);
+        *out = NULL;
+        return st;
+    }
+    uint8_t h[DATA_HEADER] = {0};
+    memcpy(h, DATA_MAGIC, 8);
+    ct_put_le32(h + 8, CKPT_VERSION);
+    ct_put_le32(h + 12, CKPT_BOM);
+    ct_put_le32(h + 16, (uint32_t)rank);
+    w->failed = fwrite(h, 1, sizeof h, w->f) != sizeof h;
+    w->offset = DATA_HEADER;
+    w->buf = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
+    *out = w;
+    return CT_OK;
+}
+
+ct_status ct_ckpt_writer_add(ct_ckpt_writer *w, ct_ckpt_piece *piece, const float *data) {
+    const int64_t n = piece->box.hi - piece->box.lo;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int64_t done = 0; done < n && !w->failed;) {
+        int64_t c = CT_MIN(n - done, (int64_t)CHUNK_FLOATS);
+        floats_to_le(w->buf, data + done, c);
+        crc = crc32(crc, w->buf, (uInt)(4 * c));
+        w->failed = fwrite(w->buf, 4, (size_t)c, w->f) != (size_t)c;
+        done += c;
+    }
+    if (w->failed) return io_error("write", w->path);
+    piece->file = w->rank;
+    piece->offset = w->offset;
+    piece->crc = (uint32_t)crc;
+    w->offset += 4 * n;
+    return CT_OK;
+}
+
+ct_status ct_ckpt_writer_close(ct_ckpt_writer *w) {
+    if (!w) return CT_OK;
+    bool ok = !w->failed && fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
+    int err = errno;
+    ok = fclose(w->f) == 0 && ok;
+    errno = err;
+    ct_status st = ok ? CT_OK : io_error("write", w->path);
+    free(w->buf);
+    free(w);
+    return st;
+}
+
+static void put_box(uint8_t *p, const ct_ckpt_box *b) {
+    memset(p, 0, CT_CKPT_NAME);
+    memcpy(p, b->name, strnlen(b->name, CT_CKPT_NAME - 1));
+    ct_put_le32(p + 64, (uint32_t)b->kind);
+    const int64_t v[] = {b->rows, b->cols, b->row0, b->row1, b->col0, b->col1, b->lo, b->hi};
+    for (int i = 0; i < 8; i++) ct_put_le64(p + 72 + 8 * i, (uint64_t)v[i]);
+}
+
+static void get_box(const uint8_t *p, ct_ckpt_box *b) {
+    memset(b, 0, sizeof *b);
+    memcpy(b->name, p, CT_CKPT_NAME - 1);
+    b->kind = (int32_t)ct_get_le32(p + 64);
+    int64_t *v[] = {&b->rows, &b->cols, &b->row0, &b->row1, &b->col0, &b->col1, &b->lo, &b->hi};
+    for (int i = 0; i < 8; i++) *v[i] = (int64_t)ct_get_le64(p + 72 + 8 * i);
+}
+
+ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *m) {
+    const size_t config_bytes = m->config_text ? strlen(m->config_text) : 0;
+    const size_t state_bytes = 8 * (size_t)CT_CKPT_STATE_FIELDS;
+    const size_t total =
+        MANIFEST_HEADER + state_bytes + (size_t)m->n_pieces * PIECE_RECORD + config_bytes + 4;
+    uint8_t *buf = ct_xcalloc(1, total), *p = buf;
+    memcpy(p, MANIFEST_MAGIC, 8);
+    ct_put_le32(p + 8, CKPT_VERSION);
+    ct_put_le32(p + 12, CKPT_BOM);
+    ct_put_le32(p + 16, (uint32_t)m->n_files);
+    ct_put_le32(p + 20, (uint32_t)config_bytes);
+    ct_put_le64(p + 24, (uint64_t)m->n_pieces);
+    ct_put_le32(p + 32, (uint32_t)CT_CKPT_STATE_FIELDS);
+    p += MANIFEST_HEADER;
+    const int64_t *state = (const int64_t *)&m->state;
+    for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++, p += 8) ct_put_le64(p, (uint64_t)state[i]);
+    for (int64_t i = 0; i < m->n_pieces; i++, p += PIECE_RECORD) {
+        const ct_ckpt_piece *pc = &m->pieces[i];
+        put_box(p, &pc->box);
+        ct_put_le32(p + 68, (uint32_t)pc->file);
+        ct_put_le64(p + 136, (uint64_t)pc->offset);
+        ct_put_le32(p + 144, pc->crc);
+    }
+    memcpy(p, m->config_text, config_bytes);
+    p += config_bytes;
+    ct_put_le32(p, (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)(total - 4)));
+
+    char path[CT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/manifest.bin", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(buf);
+        return io_error("create", path);
+    }
+    bool ok = fwrite(buf, 1, total, f) == total && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    free(buf);
+    return ok ? CT_OK : io_error("write", path);
+}
+
+/* ---- the directory ------------------------------------------------------------------------ */
+
+void ct_ckpt_crash_point(const char *point, int64_t step) {
+    const char *want = getenv("COOKTRAIN_CKPT_CRASH");
+    if (!want) return;
+    size_t len = strlen(point);
+    if (strncmp(want, point, len) != 0) return;
+    if (want[len] == '@' ? strtoll(want + len + 1, NULL, 10) == step : want[len] == '\0')
+        raise(SIGKILL);
+}
+
+void ct_ckpt_step_path(char *buf, size_t n, const char *root, int64_t step, bool tmp) {
+    snprintf(buf, n, "%s/step-%08lld%s", root, (long long)step, tmp ? ".tmp" : "");
+}
+
+/* rm -r of a checkpoint directory: its files, then itself (they hold no subdirectories). */
+static ct_status remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? CT_OK : io_error("open directory", dir);
+    struct dirent *e;
+    char path[CT_PATH_MAX + 300];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0) {
+            closedir(d);
+            return io_error("remove", path);
+        }
+    }
+    closedir(d);
+    return rmdir(dir) == 0 ? CT_OK : io_error("remove directory", dir);
+}
+
+ct_status ct_ckpt_begin(const char *root, int64_t step) {
+    char tmp[CT_PATH_MAX + 32], probe[CT_PATH_MAX + 48];
+    snprintf(probe, sizeof probe, "%s/x", root);
+    CT_TRY(ct_mkdir_parents(probe));
+    ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
+    CT_TRY(remove_dir(tmp));
+    if (mkdir(tmp, 0755) != 0) return io_error("create directory", tmp);
+    return CT_OK;
+}
+
+ct_status ct_ckpt_publish(const char *root, int64_t step) {
+    char tmp[CT_PATH_MAX + 32], final[CT_PATH_MAX + 32], latest[CT_PATH_MAX + 32];
+    char latest_tmp[CT_PATH_MAX + 32];
+    ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
+    ct_ckpt_step_path(final, sizeof final, root, step, false);
+    CT_TRY(fsync_path(tmp));
+    /* A checkpoint of this step already there (a run resumed from it and saving at the same
+     * step) is replaced: it stays complete until the rename of the new one. */
+    char old[CT_PATH_MAX + 40];
+    snprintf(old, sizeof old, "%s.old", final);
+    CT_TRY(remove_dir(old));
+    if (rename(final, old) != 0 && errno != ENOENT) return io_error("rename", final);
+    if (rename(tmp, final) != 0) return io_error("rename", tmp);
+    CT_TRY(fsync_path(root));
+    ct_ckpt_crash_point("before-latest", step);
+    snprintf(latest, sizeof latest, "%s/latest", root);
+    snprintf(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", root);
+    FILE *f = fopen(latest_tmp, "w");
+    if (!f) return io_error("create", latest_tmp);
+    bool ok =
+        fprintf(f, "step-%08lld\n", (long long)step) > 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) return io_error("write", latest_tmp);
+    if (rename(latest_tmp, latest) != 0) return io_error("rename", latest_tmp);
+    CT_TRY(fsync_path(root));
+    return remove_dir(old);
+}
+
+/* The steps of ROOT's complete checkpoints (step-N, no suffix), ascending; returns the count. */
+static int list_steps(const char *root, int64_t **steps) {
+    *steps = NULL;
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "step-", 5) != 0) continue;
+        long long s = strtoll(e->d_name + 5, &end, 10);
+        if (end == e->d_name + 5 || *end) continue; /* .tmp, .old and foreign names */
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            *steps = realloc(*steps, (size_t)cap * sizeof **steps);
+            CT_ASSERT(*steps != NULL);
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            int64_t t = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = t;
+        }
+    return n;
+}
+
+/* The step `latest` names, or -1. */
+static int64_t latest_step(const char *root) {
+    char path[CT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/latest", root);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long long s = -1;
+    if (fscanf(f, "step-%lld", &s) != 1) s = -1;
+    fclose(f);
+    return s;
+}
+
+ct_status ct_ckpt_prune(const char *root, int64_t keep) {
+    int64_t *steps;
+    int n = list_steps(root, &steps);
+    const int64_t latest = latest_step(root);
+    ct_status st = CT_OK;
+    char path[CT_PATH_MAX + 32];
+    for (int i = 0; i + keep < n && st == CT_OK; i++) {
+        if (steps[i] == latest) continue;
+        ct_ckpt_step_path(path, sizeof path, root, steps[i], false);
+        st = remove_dir(path);
+    }
+    free(steps);
+    return st;
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static ct_status read_file(const char *path, uint8_t **out, size_t *len) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ct_error(CT_ERR_INPUT, "checkpoint: cannot open '%s': %s", path, strerror(errno));
+        ct_hint("a checkpoint directory holds manifest.bin and rank-*.bin files; is it complete?");
+        return CT_ERR_INPUT;
+    }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = ct_xmalloc((size_t)CT_MAX(size, 1));
+    bool ok = size >= 0 && fread(buf, 1, (size_t)size, f) == (size_t)size;
+    fclose(f);
+    if (!ok) {
+        free(buf);
+        return corrupt(path, "short read");
+    }
+    *out = buf;
+    *len = (size_t)size;
+    return CT_OK;
+}
+
+/* Magic, version and byte-order mark of a header. */
+static ct_status check_header(const char *path, const uint8_t *h, size_t len, const char *magic,
+                              size_t header_bytes) {
+    char what[160];
+    if (len < header_bytes) {
+        snprintf(what, sizeof what, "%zu bytes, shorter than its %zu-byte header", len,
+                 header_bytes);
+        return corrupt(path, what);
+    }
+    if (memcmp(h, magic, 8) != 0) {
+        snprintf(what, sizeof what, "bad magic (expected \"%s\")", magic);
+        return corrupt(path, what);
+    }
+    uint32_t version = ct_get_le32(h + 8), bom = ct_get_le32(h + 12);
+    if (bom != CKPT_BOM) {
+        snprintf(what, sizeof what, "byte-order mark 0x%08x, expected 0x%08x%s", bom, CKPT_BOM,
+                 bom == 0x04030201u ? " (written with the other byte order)" : "");
+        return corrupt(path, what);
+    }
+    if (version != CKPT_VERSION) {
+        snprintf(what, sizeof what, "format version %u; this cooktrain reads version %u", version,
+                 CKPT_VERSION);
+        return corrupt(path, what);
+    }
+    return CT_OK;
+}
+
+static ct_status parse_manifest(const char *path, const uint8_t *buf, size_t len,
+                                ct_ckpt_manifest *m) {
+    char what[200];
+    CT_TRY(check_header(path, buf, len, MANIFEST_MAGIC, MANIFEST_HEADER + 4));
+    uint32_t stored = ct_get_le32(buf + len - 4);
+    if ((uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)(len - 4)) != stored)
+        return corrupt(path, "checksum mismatch (the file was changed or cut short)");
+    m->n_files = (int)ct_get_le32(buf + 16);
+    const size_t config_bytes = ct_get_le32(buf + 20);
+    m->n_pieces = (int64_t)ct_get_le64(buf + 24);
+    const uint32_t n_state = ct_get_le32(buf + 32);
+    const size_t need = MANIFEST_HEADER + 8 * (size_t)n_state + (size_t)m->n_pieces * PIECE_RECORD +
+                        config_bytes + 4;
+    if (n_state != CT_CKPT_STATE_FIELDS || m->n_pieces < 0 || need != len) {
+        snprintf(what, sizeof what, "%u state fields and %lld pieces do not fit its %zu bytes",
+                 n_state, (long long)m->n_pieces, len);
+        return corrupt(path, what);
+    }
+    const uint8_t *p = buf + MANIFEST_HEADER;
+    int64_t *state = (int64_t *)&m->state;
+    for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++, p += 8) state[i] = (int64_t)ct_get_le64(p);
+    m->pieces = ct_xcalloc((size_t)CT_MAX(m->n_pieces, 1), sizeof *m->pieces);
+    for (int64_t i = 0; i < m->n_pieces; i++, p += PIECE_RECORD) {
+        ct_ckpt_piece *pc = &m->pieces[i];
+        get_box(p, &pc->box);
+        pc->file = (int32_t)ct_get_le32(p + 68);
+        pc->offset = (int64_t)ct_get_le64(p + 136);
+        pc->crc = ct_get_le32(p + 144);
+        const ct_ckpt_box *b = &pc->box;
+        bool ok = b->kind >= 0 && b->kind < CT_CKPT_KIND_COUNT && pc->file >= 0 &&
+                  pc->file < m->n_files && 0 <= b->row0 && b->row0 < b->row1 &&
+                  b->row1 <= b->rows && 0 <= b->col0 && b->col0 < b->col1 && b->col1 <= b->cols &&
+                  0 <= b->lo && b->lo < b->hi && b->hi <= (b->row1 - b->row0) * box_width(b) &&
+                  pc->offset >= DATA_HEADER;
+        if (!ok) {
+            snprintf(what, sizeof what, "piece %lld (%s) has an impossible box or file",
+                     (long long)i, b->name);
+            return corrupt(path, what);
+        }
+    }
+    m->config_text = ct_xmalloc(config_bytes + 1);
+    memcpy(m->config_text, p, config_bytes);
+    m->config_text[config_bytes] = '\0';
+    return CT_OK;
+}
+
+/* Opens rank file `file` of DIR and checks its header; its length into *len. */
+static ct_status open_rank_file(const char *dir, int file, int *fd, int64_t *len) {
+    char path[CT_PATH_MAX + 32];
+    rank_file(path, sizeof path, dir, file);
+    *fd = open(path, O_RDONLY);
+    if (*fd < 0) {
+        ct_error(CT_ERR_INPUT, "checkpoint '%s': rank file '%s' is missing: %s", dir, path,
+                 strerror(errno));
+        ct_hint("a checkpoint needs every rank's file; use another checkpoint "
+                "(checkpoint.resume: PATH) or checkpoint.resume: never");
+        return CT_ERR_INPUT;
+    }
+    struct stat st;
+    uint8_t h[DATA_HEADER];
+    ssize_t got = pread(*fd, h, sizeof h, 0);
+    *len = fstat(*fd, &st) == 0 ? (int64_t)st.st_size : 0;
+    ct_status s = check_header(path, h, got < 0 ? 0 : (size_t)got, DATA_MAGIC, DATA_HEADER);
+    if (s == CT_OK && ct_get_le32(h + 16) != (uint32_t)file)
+        s = corrupt(path, "header names another rank");
+    if (s != CT_OK) close(*fd);
+    return s;
+}
+
+ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
+    memset(m, 0, sizeof *m);
+    char path[CT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/manifest.bin", dir);
+    uint8_t *buf;
+    size_t len;
+    CT_TRY(read_file(path, &buf, &len));
+    ct_status st = parse_manifest(path, buf, len, m);
+    free(buf);
+    /* Every rank file: present, its header right, long enough for the pieces it holds. */
+    int64_t *need = ct_xcalloc((size_t)CT_MAX(m->n_files, 1), sizeof *need);
+    for (int64_t i = 0; st == CT_OK && i < m->n_pieces; i++) {
+        const ct_ckpt_piece *pc = &m->pieces[i];
+        need[pc->file] = CT_MAX(need[pc->file], pc->offset + 4 * (pc->box.hi - pc->box.lo));
+    }
+    for (int f = 0; st == CT_OK && f < m->n_files; f++) {
+        int fd;
+        int64_t flen;
+        st = open_rank_file(dir, f, &fd, &flen);
+        if (st != CT_OK) break;
+        close(fd);
+        if (flen < need[f]) {
+            char what[160];
+            rank_file(path, sizeof path, dir, f);
+            snprintf(what, sizeof what, "truncated: %lld bytes, its pieces need %lld",
+                     (long long)flen, (long long)need[f]);
+            st = corrupt(path, what);
+        }
+    }
+    free(need);
+    if (st != CT_OK) ct_ckpt_manifest_release(m);
+    return st;
+}
+
+static bool same_tensor(const ct_ckpt_box *a, const ct_ckpt_box *b) {
+    return a->kind == b->kind && !strncmp(a->name, b->name, CT_CKPT_NAME);
+}
+
+/* Copies the values of a piece's flat range [f0, f0 + n) (in `vals`) that `want` needs into
+ * out; returns how many it copied. Walks the piece's rows: each row's run of columns, clipped to
+ * want's box, is one contiguous run of want's row-major order, clipped again to [lo, hi). */
+static int64_t scatter(const ct_ckpt_box *have, int64_t f0, const float *vals, int64_t n,
+                       const ct_ckpt_box *want, float *out) {
+    const int64_t hw = box_width(have), ww = box_width(want);
+    int64_t copied = 0;
+    for (int64_t f = f0; f < f0 + n;) {
+        const int64_t row = have->row0 + f / hw, col = have->col0 + f % hw;
+        const int64_t run = CT_MIN(f0 + n, (f / hw + 1) * hw) - f; /* to the end of the row */
+        if (row >= want->row0 && row < want->row1) {
+            int64_t c0 = CT_MAX(col, want->col0), c1 = CT_MIN(col + run, want->col1);
+            int64_t w0 = (row - want->row0) * ww + (c0 - want->col0);
+            int64_t a = CT_MAX(w0, want->lo), b = CT_MIN(w0 + (c1 - c0), want->hi);
+            if (b > a) {
+                memcpy(out + (a - want->lo), vals + (f - f0) + (c0 - col) + (a - w0),
+                       (size_t)(b - a) * sizeof(float));
+                copied += b - a;
+            }
+        }
+        f += run;
+    }
+    return copied;
+}
+
+/* Whether a piece can hold any of want's elements (their boxes meet). */
+static bool boxes_meet(const ct_ckpt_box *a, const ct_ckpt_box *b) {
+    return a->row0 < b->row1 && b->row0 < a->row1 && a->col0 < b->col1 && b->col0 < a->col1;
+}
+
+/* Reads one piece whole, in chunks, checking its checksum; scatters what `want` needs. */
+static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_ckpt_box *want,
+                            float *out, int64_t *copied, uint8_t *bytes, float *vals) {
+    char path[CT_PATH_MAX + 32];
+    rank_file(path, sizeof path, dir, pc->file);
+    int fd;
+    int64_t flen;
+    CT_TRY(open_rank_file(dir, pc->file, &fd, &flen));
+    const int64_t n = pc->box.hi - pc->box.lo;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    ct_status st = CT_OK;
+    for (int64_t done = 0; done < n;) {
+        int64_t c = CT_MIN(n - done, (int64_t)CHUNK_FLOATS);
+        ssize_t got = pread(fd, bytes, (size_t)(4 * c), (off_t)(pc->offset + 4 * done));
+        if (got != (ssize_t)(4 * c)) {
+            st = corrupt(path, "short read (truncated?)");
+            break;
+        }
+        crc = crc32(crc, bytes, (uInt)(4 * c));
+        if (want) {
+            floats_from_le(vals, bytes, c);
+            *copied += scatter(&pc->box, pc->box.lo + done, vals, c, want, out);
+        }
+        done += c;
+    }
+    close(fd);
+    if (st == CT_OK && (uint32_t)crc != pc->crc) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint file '%s' is corrupt: the checksum of tensor %s (%s) does not match",
+                 path, pc->box.name, ct_ckpt_kind_name((ct_ckpt_kind)pc->box.kind));
+        ct_hint("use another checkpoint (checkpoint.resume: PATH) or start over with "
+                "checkpoint.resume: never");
+        st = CT_ERR_INPUT;
+    }
+    return st;
+}
+
+ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_ckpt_box *want,
+                           float *out) {
+    uint8_t *bytes = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
+    float *vals = ct_xmalloc((size_t)CHUNK_FLOATS * sizeof(float));
+    int64_t copied = 0;
+    bool shape_ok = true;
+    ct_status st = CT_OK;
+    for (int64_t i = 0; i < m->n_pieces && st == CT_OK; i++) {
+        const ct_ckpt_piece *pc = &m->pieces[i];
+        if (!same_tensor(&pc->box, want)) continue;
+        if (pc->box.rows != want->rows || pc->box.cols != want->cols) {
+            shape_ok = false;
+            break;
+        }
+        if (boxes_meet(&pc->box, want)) st = read_piece(dir, pc, want, out, &copied, bytes, vals);
+    }
+    free(bytes);
+    free(vals);
+    if (st != CT_OK) return st;
+    if (!shape_ok || copied != want->hi - want->lo) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint '%s' does not hold tensor %s (%s) as this run needs it: %s", dir,
+                 want->name, ct_ckpt_kind_name((ct_ckpt_kind)want->kind),
+                 shape_ok ? "elements are missing" : "its shape differs");
+        ct_hint("the checkpoint comes from another model or is incomplete; use another one or "
+                "checkpoint.resume: never");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+ct_status ct_ckpt_find(const char *root, const char *resume, char *out, size_t n, FILE *note) {
+    out[0] = '\0';
+    if (!strcmp(resume, "never")) return CT_OK;
+    ct_ckpt_manifest m;
+    if (strcmp(resume, "auto") != 0) {
+        CT_TRY(ct_ckpt_open(resume, &m));
+        ct_ckpt_manifest_release(&m);
+        snprintf(out, n, "%s", resume);
+        return CT_OK;
+    }
+    if (!root[0]) return CT_OK;
+    /* Every complete checkpoint, newest first: a step-N directory exists only once its save
+     * finished (the rename is the last step of a save but for `latest`, which a crash can leave
+     * naming the one before). */
+    int64_t *steps;
+    int count = list_steps(root, &steps);
+    char path[CT_PATH_MAX + 32], bad[CT_PATH_MAX + 32] = "", why[512] = "";
+    for (int i = count - 1; i >= 0 && !out[0]; i--) {
+        ct_ckpt_step_path(path, sizeof path, root, steps[i], false);
+        if (ct_ckpt_open(path, &m) == CT_OK) {
+            ct_ckpt_manifest_release(&m);
+            snprintf(out, n, "%s", path);
+        } else if (!bad[0]) {
+            snprintf(bad, sizeof bad, "%s", path);
+            snprintf(why, sizeof why, "%s", ct_error_message());
+        }
+    }
+    free(steps);
+    if (out[0] && bad[0] && note)
+        fprintf(note, "checkpoint: %s is not usable (%s); resuming from %s instead\n", bad, why,
+                out);
+    if (!out[0] && bad[0]) {
+        ct_error(CT_ERR_INPUT,
+                 "no usable checkpoint in '%s': the newest, %s, and every older "
+                 "one fail their checks (%s)",
+                 root, bad, why);
+        ct_hint("`cooktrain inspect DIR` checks one; checkpoint.resume: never starts over "
+                "(with another checkpoint.dir, to keep these)");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
+    ct_ckpt_manifest m;
+    CT_TRY(ct_ckpt_open(dir, &m));
+    fprintf(out, "checkpoint %s: format %u, %d rank files, %lld pieces\n", dir, CKPT_VERSION,
+            m.n_files, (long long)m.n_pieces);
+    const int64_t *state = (const int64_t *)&m.state;
+    for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++)
+        fprintf(out, "  %-15s %lld\n", ct_ckpt_state_names[i], (long long)state[i]);
+    /* Tensors: distinct (name, kind) with their elements over all pieces. */
+    int64_t elems[CT_CKPT_KIND_COUNT] = {0}, tensors = 0;
+    for (int64_t i = 0; i < m.n_pieces; i++) {
+        const ct_ckpt_box *b = &m.pieces[i].box;
+        elems[b->kind] += b->hi - b->lo;
+        bool first = true;
+        for (int64_t j = 0; j < i && first; j++) first = !same_tensor(&m.pieces[j].box, b);
+        tensors += first;
+    }
+    fprintf(out, "  %lld tensors;", (long long)tensors);
+    for (int k = 0; k < CT_CKPT_KIND_COUNT; k++)
+        fprintf(out, " %s %lld values%s", ct_ckpt_kind_name((ct_ckpt_kind)k), (long long)elems[k],
+                k + 1 < CT_CKPT_KIND_COUNT ? "," : "\n");
+    uint8_t *bytes = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
+    ct_status st = CT_OK;
+    int64_t copied = 0;
+    for (int64_t i = 0; i < m.n_pieces && st == CT_OK; i++)
+        st = read_piece(dir, &m.pieces[i], NULL, NULL, &copied, bytes, NULL);
+    free(bytes);
+    if (st == CT_OK)
+        fprintf(out, "  every checksum verified (%lld pieces)\n", (long long)m.n_pieces);
+    ct_ckpt_manifest_release(&m);
+    return st;
+}

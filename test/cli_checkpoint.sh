@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Checkpoints through the real binary (DESIGN §8), on configs/test-tiny.yaml, 6 steps:
+#   - bit-exact resume: 6 steps straight against 3 steps, stop (train.stop_after), resume, 3 more
+#     — identical losses, gradient norms and final parameter bytes — at world size 1, ZeRO-3 over
+#     dp=2, interleaved pp=2 (2 chunks per rank), and bf16 with ZeRO-1;
+#   - resharding: saved in 4 layouts, each resumed in 3 others; the losses and final parameters
+#     match the world-size-1 run within test/compare_runs.py's fp32 tolerance;
+#   - a kill -9 at four points of a save leaves the previous checkpoint loadable and `latest`
+#     naming a complete one; the next run resumes from it;
+#   - corruption (a flipped value byte, a truncated or missing rank file, a damaged manifest, a
+#     checkpoint of another model): exit 2, a message naming the file (and tensor), nothing in
+#     the checkpoint directory changed; with checkpoint.resume: auto the newest valid one is used
+#     and the fallback said;
+#   - SIGTERM (one process) and SIGUSR1 (under mpirun, which forwards it) stop the run at the next
+#     step boundary with a checkpoint and exit 0; `cooktrain inspect` verifies checksums.
+# MPI runs one at a time, one thread per rank, passive waiting (DESIGN §11).
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+six=(--set train.steps=6 --set train.warmup_steps=1)
+
+# run NAME NP ARGS...: one training run (NP 1: no mpirun) with the equivalence settings.
+run() {
+    local name=$1 np=$2
+    shift 2
+    if [ "$np" = 1 ]; then
+        expect_exit 0 "$name" -- "$BIN" "${base[@]}" "${six[@]}" "$@"
+    else
+        expect_exit 0 "$name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" "${six[@]}" "$@"
+    fi
+}
+
+# same_losses A.jsonl B.jsonl: every step's loss and gradient norm printed identically.
+same_losses() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+def steps(p):
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if "loss" in r}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+sys.exit(0 if a and a == b else 1)
+PY
+}
+
+# ---- bit-exact resume in the same layout ------------------------------------------------------
+while read -r np extra; do
+    name="np=$np $extra"
+    selected "bit-exact $name" || continue
+    d=$tmp/exact
+    rm -rf "$d" && mkdir -p "$d"
+    # shellcheck disable=SC2086
+    run "$name: 6 steps straight" "$np" $extra --set log.metrics="$d/straight.jsonl" --dump-params "$d/straight.bin" || continue
+    # shellcheck disable=SC2086
+    run "$name: 3 steps, stop" "$np" $extra --set checkpoint.dir="$d/ck" --set train.stop_after=3 \
+        --set log.metrics="$d/first.jsonl" || continue
+    expect_text "stopped after step 3" "$name: the run says where it stopped"
+    # shellcheck disable=SC2086
+    run "$name: resume, 3 more" "$np" $extra --set checkpoint.dir="$d/ck" \
+        --set log.metrics="$d/second.jsonl" --dump-params "$d/resumed.bin" || continue
+    expect_text "resumed from $d/ck/step-00000003 at step 3" "$name: resumes from step 3"
+    cat "$d/first.jsonl" "$d/second.jsonl" >"$d/both.jsonl"
+    if same_losses "$d/straight.jsonl" "$d/both.jsonl" && cmp -s "$d/straight.bin" "$d/resumed.bin"; then
+        ok "$name: resumed run is bit-identical to the straight one (losses, norms, parameters)"
+    else
+        fail "$name: resumed run is bit-identical to the straight one (losses, norms, parameters)"
+    fi
+done <<'RUNS'
+1
+2 --set parallel.zero_stage=3
+4 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=1
+2 --set train.precision=bf16 --set parallel.zero_stage=1
+RUNS
+
+# ---- resharding: save in one layout, resume in another ----------------------------------------
+if selected "reshard"; then
+    d=$tmp/reshard
+    mkdir -p "$d"
+    run "reshard: reference (world size 1)" 1 --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" \
+        --dump-init-params "$d/init.bin"
+    # layouts: name np settings
+    layouts=(
+        "w1|1|"
+        "dp2-zero1|2|--set parallel.zero_stage=1"
+        "tp2-sp|2|--set parallel.tp=2 --set parallel.sequence_parallel=true"
+        "pp2-dp2-zero3|4|--set parallel.pp=2 --set parallel.zero_stage=3"
+        "tp2-pp2-zero2|4|--set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=2 --set train.micro_batch=2"
+    )
+    # each saved layout resumes in the three layouts after it (cyclically)
+    for i in 0 1 2 3; do
+        IFS='|' read -r sname snp sargs <<<"${layouts[$i]}"
+        ck=$d/ck-$sname
+        # shellcheck disable=SC2086
+        run "reshard: save in $sname" "$snp" $sargs --set checkpoint.dir="$ck" --set train.stop_after=3 \
+            --set log.metrics="$d/first-$sname.jsonl" || continue
+        for k in 1 2 3; do
+            IFS='|' read -r lname lnp largs <<<"${layouts[$(((i + k) % 5))]}"
+            rm -f "$d/run.bin"
+            # shellcheck disable=SC2086
+            run "reshard: $sname -> $lname" "$lnp" $largs --set checkpoint.resume="$ck/step-00000003" \
+                --set log.metrics="$d/second.jsonl" --dump-params "$d/run.bin" || continue
+            cat "$d/first-$sname.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
+            if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
+                ok "reshard $sname -> $lname matches world size 1; $out"
+            else
+                fail "reshard $sname -> $lname: $out"
+            fi
+        done
+    done
+fi
+
+# ---- a kill -9 in the middle of a save ----------------------------------------------------------
+if selected "crash"; then
+    for point in mid-file before-manifest before-rename before-latest; do
+        d=$tmp/crash-$point
+        mkdir -p "$d"
+        COOKTRAIN_CKPT_CRASH="$point@4" "$BIN" "${base[@]}" "${six[@]}" --set checkpoint.dir="$d/ck" \
+            --set checkpoint.interval=2 >"$d/out.txt" 2>&1
+        rc=$?
+        if [ "$rc" = 137 ] && grep -q "step 2 saved" "$d/out.txt"; then
+            ok "crash $point: killed during the save of step 4, after step 2's was saved"
+        else
+            fail "crash $point: killed during the save of step 4 (exit $rc)"
+        fi
+        # before-latest: step-4 was complete (renamed), only `latest` still names step 2: the
+        # newest complete checkpoint is used
+        want=00000002
+        [ "$point" = before-latest ] && want=00000004
+        expect_exit 0 "crash $point: the surviving checkpoint verifies" -- "$BIN" inspect "$d/ck/step-00000002"
+        expect_exit 0 "crash $point: the next run resumes" -- "$BIN" "${base[@]}" "${six[@]}" --set checkpoint.dir="$d/ck" \
+            --set checkpoint.interval=2
+        expect_text "resumed from $d/ck/step-$want" "crash $point: it resumes from step-$want"
+    done
+fi
+
+# ---- corrupt and foreign checkpoints --------------------------------------------------------------
+if selected "corrupt"; then
+    d=$tmp/corrupt
+    mkdir -p "$d"
+    run "corrupt: a checkpoint at steps 2 and 4" 1 --set checkpoint.dir="$d/ck" --set checkpoint.interval=2 \
+        --set train.stop_after=4
+    step4=$d/ck/step-00000004
+    expect_exit 0 "inspect a good checkpoint" -- "$BIN" inspect "$step4"
+    expect_text "every checksum verified" "inspect verifies every checksum"
+    expect_text "optimizer_step" "inspect prints the train state"
+    snapshot() { (cd "$d/ck" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+    # corrupt KIND ACTION: damage step-4 in a copy, check the refusal, restore.
+    corrupt_case() {
+        local what=$1 want=$2
+        local before
+        before=$(snapshot)
+        expect_exit 2 "corrupt ($what): resume refuses" -- "$BIN" "${base[@]}" "${six[@]}" \
+            --set checkpoint.dir="$d/other" --set checkpoint.resume="$step4"
+        expect_text "$want" "corrupt ($what): the message names $want"
+        expect_text "hint:" "corrupt ($what): with a hint"
+        if [ "$(snapshot)" = "$before" ]; then ok "corrupt ($what): nothing changed in the checkpoint directory"; else fail "corrupt ($what): nothing changed in the checkpoint directory"; fi
+        expect_exit 2 "corrupt ($what): inspect refuses" -- "$BIN" inspect "$step4"
+    }
+    cp -a "$step4" "$d/good"
+    rank=$step4/rank-00000.bin
+    # a flipped byte inside the first piece's values (offset 32 is the first value)
+    printf '\x7f' | dd of="$rank" bs=1 seek=40 conv=notrunc status=none
+    corrupt_case "flipped byte" "rank-00000.bin"
+    expect_text "the checksum of tensor" "corrupt (flipped byte): the message names the tensor"
+    rm -rf "$step4" && cp -a "$d/good" "$step4"
+    truncate -s -100 "$rank"
+    corrupt_case "truncated rank file" "truncated"
+    rm -rf "$step4" && cp -a "$d/good" "$step4"
+    rm "$rank"
+    corrupt_case "missing rank file" "rank-00000.bin"
+    rm -rf "$step4" && cp -a "$d/good" "$step4"
+    printf '\x01' | dd of="$step4/manifest.bin" bs=1 seek=100 conv=notrunc status=none
+    corrupt_case "damaged manifest" "manifest.bin"
+    # auto falls back to the newest valid checkpoint and says so
+    expect_exit 0 "corrupt: resume auto falls back" -- "$BIN" "${base[@]}" "${six[@]}" --set checkpoint.dir="$d/ck"
+    expect_text "step-00000004 is not usable" "corrupt: the fallback is said"
+    expect_text "resumed from $d/ck/step-00000002 at step 2" "corrupt: resumed from the previous checkpoint"
+    # another model: refused, naming the field
+    expect_exit 2 "another model's checkpoint is refused" -- "$BIN" "${base[@]}" "${six[@]}" \
+        --set model.d_model=32 --set model.n_head=4 --set checkpoint.resume="$d/good"
+    expect_text "model.d_model=64, this run has 32" "the refusal names the differing field"
+    expect_exit 2 "checkpoint.interval without checkpoint.dir is refused" -- "$BIN" "${base[@]}" \
+        --set checkpoint.interval=2
+fi
+
+# ---- stop signals ----------------------------------------------------------------------------------
+# signal_run NAME SIGNAL NP: a long run signalled after its first step line; it must stop at a
+# step boundary with a checkpoint and exit 0, and the next run resumes from it.
+signal_run() {
+    local name=$1 sig=$2 np=$3 d=$tmp/signal-$2 launcher=()
+    mkdir -p "$d"
+    # the signal goes to mpirun itself (not to a `timeout` in front of it), which forwards it
+    [ "$np" != 1 ] && launcher=(mpirun --oversubscribe --bind-to none -np "$np")
+    "${launcher[@]}" "$BIN" "${base[@]}" --set train.steps=2000 --set checkpoint.dir="$d/ck" \
+        --set log.interval=1 >"$d/out.txt" 2>&1 &
+    local pid=$! waited=0
+    while ! grep -q "^step " "$d/out.txt" && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+    kill -"$sig" "$pid"
+    # no hang: the job must be gone within 60 s of the signal
+    (sleep 60 && kill -9 "$pid" 2>/dev/null) &
+    local guard=$!
+    wait "$pid"
+    local rc=$?
+    kill "$guard" 2>/dev/null
+    if [ "$rc" = 0 ] && grep -q "stopped after step [0-9]* on SIG$sig" "$d/out.txt"; then
+        ok "$name: stops at a step boundary and exits 0"
+    else
+        fail "$name: stops at a step boundary and exits 0 (exit $rc)"
+        tail -5 "$d/out.txt" | sed 's/^/    /'
+    fi
+    local at
+    at=$(sed -n "s/^stopped after step \([0-9]*\) on .*/\1/p" "$d/out.txt")
+    expect_exit 0 "$name: the checkpoint verifies" -- "$BIN" inspect "$(printf '%s/ck/step-%08d' "$d" "${at:-0}")"
+}
+if selected "signal"; then
+    signal_run "SIGTERM, one process" TERM 1
+    signal_run "SIGUSR1 under mpirun, 2 ranks" USR1 2
+fi

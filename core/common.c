@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char error_message[2048];
-static char error_hint[1024];
+static _Thread_local char error_message[2048]; /* per thread: a background writer reports its own */
+static _Thread_local char error_hint[1024];
 static int log_rank;
 
 size_t ct_dtype_size(ct_dtype dtype) {

@@ -193,6 +193,9 @@ static const config_key keys[] = {
             "a directory, a checkpoint is also saved after the last step and when stopped"},
     {KEY(checkpoint, interval, KEY_INT), .def = "0", AT_LEAST(0),
      .doc = "save every this many steps; 0 = no periodic saves"},
+    {KEY(checkpoint, async, KEY_BOOL), .def = "true",
+     .doc = "write checkpoint files on a background thread: training waits only for the copy of "
+            "its state to host memory"},
     {KEY(checkpoint, keep, KEY_INT), .def = "3", AT_LEAST(1),
      .doc = "checkpoints kept (the oldest are deleted)"},
     {KEY(checkpoint, resume, KEY_STRING), .def = "auto", .nonempty = true,

@@ -94,6 +94,7 @@ typedef struct ct_checkpoint_config {
     char dir[CT_PATH_MAX];
     int64_t interval;
     int64_t keep;
+    bool async;               /* files written on a background thread */
     char resume[CT_PATH_MAX]; /* auto | never | PATH */
 } ct_checkpoint_config;
 

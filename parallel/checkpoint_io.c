@@ -1,6 +1,8 @@
 /* checkpoint_io.c — saving and loading a run's state in any layout. See checkpoint_io.h. */
 #include "checkpoint_io.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,52 +64,94 @@ static ct_status for_each_run(ct_model *model, ct_dp *dp, const ct_pctx *pctx, b
 
 /* ---- saving ------------------------------------------------------------------------------- */
 
-typedef struct saver {
+struct ct_ckpt_saver {
+    const ct_config *cfg;
+    ct_pctx *pctx;
     ct_dp *dp;
-    int64_t step;
-    ct_ckpt_writer *writer;
-    ct_ckpt_piece *pieces;
+    int64_t step, optimizer_step;
+    char dir[CT_PATH_MAX + 32]; /* step-N.tmp */
+    ct_ckpt_piece *pieces;      /* this rank's, in file order */
     int64_t n, cap;
-    float *host;
-    int64_t host_cap;
-} saver;
+    float *staging;    /* every piece's values back to back (host) */
+    int64_t *value_at; /* [n] where each piece's values start in staging */
+    int64_t staged;    /* floats staged */
+    /* The rank file's writer: a background thread (checkpoint.async) or the caller. */
+    pthread_t thread;
+    bool threaded;
+    atomic_bool written;
+    ct_status write_status;
+    char write_error[2048], write_hint[1024];
+    double begin_time, staged_time, written_time;
+};
 
-static ct_status save_run(void *ctx, const state_run *run) {
-    saver *s = ctx;
+/* Pass 1 (staging NULL) records the pieces and counts their values; pass 2 copies the values
+ * from the backend into the staging buffer. */
+static ct_status stage_run(void *ctx, const state_run *run) {
+    ct_ckpt_saver *s = ctx;
+    const int64_t len = run->b - run->a;
+    if (!s->staging) {
+        for (int k = 0; k < CT_CKPT_KIND_COUNT; k++) {
+            if (s->n == s->cap) {
+                s->cap = s->cap ? 2 * s->cap : 256;
+                s->pieces = realloc(s->pieces, (size_t)s->cap * sizeof *s->pieces);
+                s->value_at = realloc(s->value_at, (size_t)s->cap * sizeof *s->value_at);
+                CT_ASSERT(s->pieces != NULL && s->value_at != NULL);
+            }
+            ct_ckpt_piece *pc = &s->pieces[s->n];
+            memset(pc, 0, sizeof *pc);
+            pc->box = param_box(run->param);
+            pc->box.kind = k;
+            pc->box.lo = run->a;
+            pc->box.hi = run->b;
+            s->value_at[s->n++] = s->staged;
+            s->staged += len;
+        }
+        return CT_OK;
+    }
     ct_tensor *state[CT_CKPT_KIND_COUNT];
     ct_dp_unit_state(s->dp, run->unit, &state[CT_CKPT_WEIGHT], &state[CT_CKPT_ADAM_M],
                      &state[CT_CKPT_ADAM_V]);
-    const int64_t len = run->b - run->a;
-    if (len > s->host_cap) {
-        s->host_cap = len;
-        free(s->host);
-        s->host = ct_xmalloc((size_t)len * sizeof(float));
-    }
-    ct_status st = CT_OK;
-    for (int k = 0; k < CT_CKPT_KIND_COUNT && st == CT_OK; k++) {
-        if (s->n == s->cap) {
-            s->cap = s->cap ? 2 * s->cap : 256;
-            s->pieces = realloc(s->pieces, (size_t)s->cap * sizeof *s->pieces);
-            CT_ASSERT(s->pieces != NULL);
-        }
-        ct_ckpt_piece *pc = &s->pieces[s->n++];
-        memset(pc, 0, sizeof *pc);
-        pc->box = param_box(run->param);
-        pc->box.kind = k;
-        pc->box.lo = run->a;
-        pc->box.hi = run->b;
+    for (int k = 0; k < CT_CKPT_KIND_COUNT; k++) {
         ct_tensor *v = ct_tensor_view_1d(state[k], run->at, len);
-        ct_tensor_to_host_f32(s->host, v);
+        ct_tensor_to_host_f32(s->staging + s->staged, v);
+        s->staged += len;
         ct_tensor_free(v);
-        st = ct_ckpt_writer_add(s->writer, pc, s->host);
-        if (k == 0 && s->n == 1) ct_ckpt_crash_point("mid-file", s->step);
+        ct_tensor_free(state[k]);
     }
-    for (int k = 0; k < CT_CKPT_KIND_COUNT; k++) ct_tensor_free(state[k]);
-    return st;
+    return CT_OK;
+}
+
+/* Writes this rank's file from the staging buffer; keeps a failure's message for the caller's
+ * thread (errors are per thread). */
+static void *write_rank_file(void *arg) {
+    ct_ckpt_saver *s = arg;
+    ct_ckpt_writer *w = NULL;
+    ct_status st = ct_ckpt_writer_open(&w, s->dir, s->pctx->world_rank);
+    for (int64_t i = 0; i < s->n && st == CT_OK; i++) {
+        st = ct_ckpt_writer_add(w, &s->pieces[i], s->staging + s->value_at[i]);
+        if (i == 0) ct_ckpt_crash_point("mid-file", s->step);
+    }
+    if (w) {
+        ct_status closed = ct_ckpt_writer_close(w);
+        if (st == CT_OK) st = closed;
+    }
+    if (st != CT_OK) {
+        snprintf(s->write_error, sizeof s->write_error, "%s", ct_error_message());
+        snprintf(s->write_hint, sizeof s->write_hint, "%s", ct_error_hint());
+    }
+    s->write_status = st;
+    s->written_time = ct_now();
+    atomic_store(&s->written, true);
+    return NULL;
 }
 
 /* Every rank's pieces to world rank 0: counts, then the records padded to the largest count. */
-static ct_ckpt_piece *gather_pieces(const ct_pctx *pctx, const saver *s, int64_t *total) {
+typedef struct saver_pieces {
+    const ct_ckpt_piece *pieces;
+    int64_t n;
+} saver_pieces;
+
+static ct_ckpt_piece *gather_pieces(const ct_pctx *pctx, const saver_pieces *s, int64_t *total) {
     const int N = pctx->world_size;
     int64_t *counts = ct_xcalloc((size_t)N, sizeof *counts);
     counts[pctx->world_rank] = s->n;
@@ -186,34 +230,98 @@ static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64
     return ct_ckpt_prune(root, cfg->checkpoint.keep);
 }
 
-ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
-                       int64_t step, double *blocked_s) {
-    const double start = ct_now();
+ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                             ct_pctx *pctx, int64_t step) {
+    *out = NULL;
     const char *root = cfg->checkpoint.dir;
-    ct_backend_sync(ct_model_backend(model));
-    CT_TRY(agree(pctx, pctx->world_rank == 0 ? ct_ckpt_begin(root, step) : CT_OK));
-    char tmp[CT_PATH_MAX + 32];
-    ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
-    saver s = {.dp = dp, .step = step};
-    ct_status st = ct_ckpt_writer_open(&s.writer, tmp, pctx->world_rank);
-    if (st == CT_OK) st = for_each_run(model, dp, pctx, true, save_run, &s);
-    if (s.writer) {
-        ct_status closed = ct_ckpt_writer_close(s.writer);
-        if (st == CT_OK) st = closed;
+    ct_ckpt_saver *s = ct_xcalloc(1, sizeof *s);
+    s->cfg = cfg;
+    s->pctx = pctx;
+    s->dp = dp;
+    s->step = step;
+    s->optimizer_step = ct_dp_optimizer(dp)->step;
+    s->begin_time = ct_now();
+    ct_ckpt_step_path(s->dir, sizeof s->dir, root, step, true);
+    ct_status st = agree(pctx, pctx->world_rank == 0 ? ct_ckpt_begin(root, step) : CT_OK);
+    if (st != CT_OK) {
+        free(s);
+        return st;
     }
-    free(s.host);
+    /* The only part training waits for: this rank's state copied to host memory. */
+    for_each_run(model, dp, pctx, true, stage_run, s);
+    s->staging = malloc((size_t)CT_MAX(s->staged, 1) * sizeof(float));
+    if (!s->staging) {
+        ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory staging %lld values of step %lld",
+                 (long long)s->staged, (long long)step);
+        ct_hint("a checkpoint stages this rank's weights and AdamW moments in host memory");
+        st = CT_ERR_RUNTIME;
+    }
+    st = agree(pctx, st);
+    if (st != CT_OK) {
+        ct_ckpt_save_abandon(s);
+        return st;
+    }
+    ct_backend_sync(ct_model_backend(model));
+    s->staged = 0;
+    for_each_run(model, dp, pctx, true, stage_run, s);
+    s->staged_time = ct_now();
+    s->threaded = cfg->checkpoint.async;
+    if (s->threaded && pthread_create(&s->thread, NULL, write_rank_file, s) != 0)
+        s->threaded = false; /* no thread to be had: write it now */
+    if (!s->threaded) write_rank_file(s);
+    *out = s;
+    return CT_OK;
+}
+
+bool ct_ckpt_save_written(ct_ckpt_saver *s) {
+    return atomic_load(&s->written);
+}
+
+void ct_ckpt_save_abandon(ct_ckpt_saver *s) {
+    if (!s) return;
+    if (s->threaded) pthread_join(s->thread, NULL);
+    free(s->pieces);
+    free(s->value_at);
+    free(s->staging);
+    free(s);
+}
+
+ct_status ct_ckpt_save_end(ct_ckpt_saver *s, ct_ckpt_save_stats *stats) {
+    if (s->threaded) pthread_join(s->thread, NULL);
+    s->threaded = false;
+    ct_status st = s->write_status;
+    if (st != CT_OK) {
+        ct_error(st, "%s", s->write_error);
+        ct_hint("%s", s->write_hint);
+    }
+    ct_pctx *pctx = s->pctx;
     st = agree(pctx, st);
     if (st == CT_OK) {
+        saver_pieces sp = {.pieces = s->pieces, .n = s->n};
         int64_t n = 0;
-        ct_ckpt_piece *pieces = gather_pieces(pctx, &s, &n);
-        int64_t opt_step = ct_dp_optimizer(dp)->step;
-        st = pctx->world_rank == 0 ? write_manifest(cfg, pctx, step, opt_step, pieces, n) : CT_OK;
-        free(pieces);
+        ct_ckpt_piece *all = gather_pieces(pctx, &sp, &n);
+        st = pctx->world_rank == 0
+                 ? write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n)
+                 : CT_OK;
+        free(all);
         st = agree(pctx, st);
     }
-    free(s.pieces);
-    if (blocked_s) *blocked_s = ct_now() - start;
+    if (stats) {
+        stats->blocked_s = s->staged_time - s->begin_time;
+        stats->write_s = s->written_time - s->staged_time;
+        stats->total_s = ct_now() - s->begin_time;
+        stats->bytes = (double)s->staged * sizeof(float);
+        stats->async = s->cfg->checkpoint.async;
+    }
+    ct_ckpt_save_abandon(s);
     return st;
+}
+
+ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                       int64_t step, ct_ckpt_save_stats *stats) {
+    ct_ckpt_saver *s;
+    CT_TRY(ct_ckpt_save_begin(&s, cfg, model, dp, pctx, step));
+    return ct_ckpt_save_end(s, stats);
 }
 
 /* ---- loading ------------------------------------------------------------------------------ */

@@ -26,12 +26,37 @@
 #include "parallel/data_parallel.h"
 
 /*
- * Saves the state after `step` optimizer steps into checkpoint.dir/step-N (atomically: see
- * checkpoint.h) and prunes to checkpoint.keep. Collective over the world; every rank returns the
- * same status. *blocked_s (may be NULL) gets the seconds training waited.
+ * A save of the state after `step` optimizer steps into checkpoint.dir/step-N (atomically: see
+ * checkpoint.h), in two halves so that training can go on in between:
+ *   ct_ckpt_save_begin copies this rank's pieces to a host staging buffer — the only part
+ *     training waits for — and writes its rank file: on a background thread with
+ *     checkpoint.async, else before returning;
+ *   ct_ckpt_save_end waits for the file, gathers every rank's piece list, and rank 0 writes the
+ *     manifest, publishes the checkpoint and prunes to checkpoint.keep.
+ * Both are collective over the world and return the same status on every rank; a caller ends a
+ * save before beginning the next (so saves complete in order) and before the run ends.
+ * ct_ckpt_save_written says, without blocking, whether this rank's file is done, so a caller can
+ * end the save at the first step boundary where every rank's is.
  */
+typedef struct ct_ckpt_saver ct_ckpt_saver;
+typedef struct ct_ckpt_save_stats {
+    double blocked_s; /* training waited: staging */
+    double write_s;   /* writing and fsyncing this rank's file (in the background if async) */
+    double total_s;   /* begin to published */
+    double bytes;     /* this rank's values */
+    bool async;
+} ct_ckpt_save_stats;
+
+ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                             ct_pctx *pctx, int64_t step);
+bool ct_ckpt_save_written(ct_ckpt_saver *saver);
+ct_status ct_ckpt_save_end(ct_ckpt_saver *saver, ct_ckpt_save_stats *stats); /* frees saver */
+/* Drops a save without publishing it (after a failure elsewhere): joins its writer, frees it;
+ * step-N.tmp stays behind, which no loader takes for a checkpoint. Not collective. */
+void ct_ckpt_save_abandon(ct_ckpt_saver *saver);
+/* Begin and end at once. */
 ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
-                       int64_t step, double *blocked_s);
+                       int64_t step, ct_ckpt_save_stats *stats);
 
 /*
  * Loads checkpoint directory `path` into this layout: refuses (CT_ERR_INPUT, naming the field)

@@ -105,10 +105,13 @@ typedef struct trainer {
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
     double profile_start;
-    int64_t bad_in_a_row; /* consecutive non-finite steps */
-    int32_t stop_signal;  /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
-    int64_t first_step;   /* 0, or the step a checkpoint resumed from */
-    bool stopped;         /* ended early (signal or train.stop_after) */
+    int64_t bad_in_a_row;   /* consecutive non-finite steps */
+    int32_t stop_signal;    /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
+    int64_t first_step;     /* 0, or the step a checkpoint resumed from */
+    ct_ckpt_saver *pending; /* a checkpoint save begun and not yet ended */
+    bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
+    int64_t pending_step;
+    bool stopped; /* ended early (signal or train.stop_after) */
     ct_train_result res;
 } trainer;
 
@@ -124,6 +127,7 @@ typedef struct step_stats {
 } step_stats;
 
 static void trainer_free(trainer *t) {
+    ct_ckpt_save_abandon(t->pending); /* only after a failure: a save ends before the run does */
     ct_grad_scratch_free(t->scratch);
     ct_acts_free(t->acts);
     ct_pipeline_free(t->pipeline);
@@ -167,10 +171,14 @@ static ct_status step_agree(trainer *t, ct_status st) {
     /* The same allreduce carries the stop request (SIGTERM / SIGUSR1 on any rank), so every
      * rank stops after the same step. */
     t->stop_signal = stop_signal_seen;
+    /* ... and whether an asynchronous checkpoint is still being written on some rank */
+    int32_t unwritten = t->pending && !ct_ckpt_save_written(t->pending);
+    t->pending_written = t->pending && !unwritten;
     if (t->pctx->world_size == 1) return st;
-    int32_t flags[2] = {st != CT_OK, t->stop_signal};
-    ct_comm_allreduce(t->pctx->world, flags, 2, CT_DTYPE_I32, CT_REDUCE_MAX);
+    int32_t flags[3] = {st != CT_OK, t->stop_signal, unwritten};
+    ct_comm_allreduce(t->pctx->world, flags, 3, CT_DTYPE_I32, CT_REDUCE_MAX);
     t->stop_signal = flags[1];
+    t->pending_written = t->pending && !flags[2];
     return flags[0] ? ct_mpi_agree(st) : CT_OK;
 }
 
@@ -797,22 +805,43 @@ static ct_status resume_run(trainer *t) {
     return CT_OK;
 }
 
-/* A checkpoint of the state after `steps` steps, when checkpoint.dir is set and one is due:
- * every checkpoint.interval steps, after the last step, and when stopping. */
-static ct_status maybe_save(trainer *t, int64_t steps, bool stopping) {
-    const ct_checkpoint_config *cc = &t->cfg->checkpoint;
-    bool due =
-        stopping || steps == t->cfg->train.steps || (cc->interval > 0 && steps % cc->interval == 0);
-    if (!cc->dir[0] || !due) return CT_OK;
-    double blocked = 0.0;
-    CT_TRY(ct_ckpt_save(t->cfg, t->model, t->dp, t->pctx, steps, &blocked));
+/* Ends the save in flight (waiting for its files if need be) and reports it. */
+static ct_status end_pending_save(trainer *t) {
+    if (!t->pending) return CT_OK;
+    ct_ckpt_saver *s = t->pending;
+    t->pending = NULL;
+    ct_ckpt_save_stats stats;
+    double start = ct_now();
+    CT_TRY(ct_ckpt_save_end(s, &stats));
+    t->interval_start += ct_now() - start; /* saving is not training throughput */
     if (t->rank0) {
-        printf("checkpoint: step %lld saved to %s/step-%08lld (%.2f s)\n", (long long)steps,
-               cc->dir, (long long)steps, blocked);
+        printf("checkpoint: step %lld saved to %s/step-%08lld: %.1f MiB per rank; training "
+               "blocked %.3f s; written in %.3f s (%.0f MB/s)%s\n",
+               (long long)t->pending_step, t->cfg->checkpoint.dir, (long long)t->pending_step,
+               stats.bytes / 1048576.0, stats.blocked_s, stats.write_s,
+               stats.write_s > 0 ? stats.bytes / stats.write_s / 1e6 : 0.0,
+               stats.async ? " in the background" : "");
         fflush(stdout);
     }
-    t->interval_start += blocked; /* saving is not training throughput */
     return CT_OK;
+}
+
+/* A checkpoint of the state after `steps` steps, when checkpoint.dir is set and one is due:
+ * every checkpoint.interval steps, after the last step, and when stopping. With
+ * checkpoint.async the files are written in the background and the save ends at the first step
+ * boundary where every rank's file is done (or at the next save, or the end of the run). */
+static ct_status maybe_save(trainer *t, int64_t steps, bool stopping) {
+    const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    bool last = stopping || steps == t->cfg->train.steps;
+    bool due = last || (cc->interval > 0 && steps % cc->interval == 0);
+    if (!cc->dir[0] || !due) return CT_OK;
+    CT_TRY(end_pending_save(t)); /* saves complete in order */
+    double start = ct_now();
+    CT_TRY(ct_ckpt_save_begin(&t->pending, t->cfg, t->model, t->dp, t->pctx, steps));
+    t->interval_start += ct_now() - start;
+    t->pending_step = steps;
+    t->pending_written = false;
+    return last || !cc->async ? end_pending_save(t) : CT_OK;
 }
 
 /* Ends the run early after `steps` steps, on a signal or train.stop_after: saves, says how to
@@ -835,6 +864,7 @@ static ct_status stop_run(trainer *t, int64_t steps) {
 
 /* What follows the last step: the last metrics write agreed on, the sample, the trace. */
 static ct_status finish_run(trainer *t) {
+    CT_TRY(end_pending_save(t));
     CT_TRY(step_agree(t, ct_metrics_status(t->metrics)));
     if (!t->stopped) CT_TRY(print_sample(t));
     if (t->cfg->log.trace[0]) CT_TRY(agree(t, write_trace(t, t->cfg->log.trace)));
@@ -868,6 +898,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             st = stop_run(&t, step);
             break;
         }
+        if (st == CT_OK && t.pending_written) st = end_pending_save(&t);
         if (st == CT_OK) st = record_step(&t, &s);
         if (st == CT_OK) st = maybe_evaluate(&t, step);
         if (st != CT_OK) break;

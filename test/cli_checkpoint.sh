@@ -2,7 +2,8 @@
 # Checkpoints through the real binary (DESIGN §8), on configs/test-tiny.yaml, 6 steps:
 #   - bit-exact resume: 6 steps straight against 3 steps, stop (train.stop_after), resume, 3 more
 #     — identical losses, gradient norms and final parameter bytes — at world size 1, ZeRO-3 over
-#     dp=2, interleaved pp=2 (2 chunks per rank), and bf16 with ZeRO-1;
+#     dp=2, interleaved pp=2 (2 chunks per rank), and bf16 with ZeRO-1 (asynchronous saves, the
+#     default); synchronous saves write the same bytes;
 #   - resharding: saved in 4 layouts, each resumed in 3 others; the losses and final parameters
 #     match the world-size-1 run within test/compare_runs.py's fp32 tolerance;
 #   - a kill -9 at four points of a save leaves the previous checkpoint loadable and `latest`
@@ -71,6 +72,21 @@ done <<'RUNS'
 4 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=1
 2 --set train.precision=bf16 --set parallel.zero_stage=1
 RUNS
+
+# ---- asynchronous and synchronous saves write the same bytes -----------------------------------
+if selected "async"; then
+    d=$tmp/async
+    for mode in true false; do
+        run "async=$mode: 4 steps, a save every 2" 2 --set parallel.zero_stage=1 --set checkpoint.async=$mode \
+            --set checkpoint.dir="$d/$mode" --set checkpoint.interval=2 --set train.stop_after=4
+    done
+    expect_text "written in" "the save reports its write time"
+    same=1
+    for f in step-00000002/rank-00000.bin step-00000002/rank-00001.bin step-00000004/rank-00000.bin; do
+        cmp -s "$d/true/$f" "$d/false/$f" || same=0
+    done
+    if [ $same = 1 ]; then ok "async and sync saves write identical rank files"; else fail "async and sync saves write identical rank files"; fi
+fi
 
 # ---- resharding: save in one layout, resume in another ----------------------------------------
 if selected "reshard"; then

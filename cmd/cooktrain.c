@@ -7,6 +7,8 @@
  *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
  *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
  *   cooktrain inspect DIR
+ *   cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]
+ *   cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +18,13 @@
 
 #include "core/backend.h"
 #include "core/checkpoint.h"
+#include "core/export.h"
 #include "core/config.h"
 #include "core/gemm_bench.h"
 #include "core/model.h"
 #include "core/prepare.h"
 #include "parallel/context.h"
+#include "parallel/generate.h"
 #include "parallel/plan.h"
 #include "parallel/schedule.h"
 #include "parallel/trainer.h"
@@ -51,6 +55,10 @@ static const char usage_text[] =
     "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
     "  inspect   print a checkpoint's train state and tensors and verify every checksum\n"
     "            DIR (a checkpoint.dir/step-N directory)\n"
+    "  sample    text from a checkpoint, on one process: DIR [--prompt TEXT] [--tokens N]\n"
+    "            [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
+    "  export    a checkpoint as one safetensors file with Hugging Face GPT-2 names, and its\n"
+    "            config.json: DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
     "  help      this text\n";
 
 /* Every rank ends with the same code; only rank 0 prints the (agreed) message. */
@@ -292,6 +300,10 @@ int main(int argc, char **argv) {
         st = cmd_plan(argc - first, argv + first);
     } else if (!strcmp(command, "prepare")) {
         st = ct_prepare_run(argc - first, argv + first);
+    } else if (!strcmp(command, "sample")) {
+        st = ct_generate_run(argc - first, argv + first);
+    } else if (!strcmp(command, "export")) {
+        st = ct_export_run(argc - first, argv + first);
     } else if (!strcmp(command, "inspect")) {
         st = argc - first == 1 ? ct_ckpt_inspect(argv[first], stdout)
                                : usage_error("inspect takes one checkpoint directory%s", "");

@@ -11,8 +11,34 @@
 /* The stream of the sampler's uniforms in the counter-based RNG (apart from initialisation's). */
 #define SAMPLE_RNG_STREAM 0x5a4d
 
+static int cmp_float_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The k-th largest logit of the whole vocabulary: each rank's k largest, gathered over tp. */
+static float top_k_threshold(ct_comm *tp, const float *logits, int64_t n_valid, int64_t k) {
+    float *mine = ct_xmalloc((size_t)CT_MAX(n_valid, k) * sizeof(float));
+    memcpy(mine, logits, (size_t)n_valid * sizeof(float));
+    for (int64_t i = n_valid; i < k; i++) mine[i] = -INFINITY;
+    qsort(mine, (size_t)CT_MAX(n_valid, k), sizeof(float), cmp_float_desc);
+    float *all = ct_xmalloc((size_t)(k * tp->size) * sizeof(float));
+    ct_comm_allgather(tp, mine, all, k * tp->size, CT_DTYPE_F32);
+    qsort(all, (size_t)(k * tp->size), sizeof(float), cmp_float_desc);
+    float thr = all[k - 1];
+    free(mine);
+    free(all);
+    return thr;
+}
+
 int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_t col_offset,
-                       int64_t vocab_size, double u) {
+                       int64_t vocab_size, double u, const ct_sample_options *opt) {
+    const double inv_temp = opt ? 1.0 / opt->temperature : 1.0;
+    const int64_t top_k = opt ? opt->top_k : 0;
+    /* With top-k, logits below the k-th largest are left out (ties with it stay in). */
+    const float thr =
+        top_k > 0 && top_k < vocab_size ? top_k_threshold(tp, logits, n_valid, top_k) : -INFINITY;
+#define WEIGHT(i) (logits[i] >= thr ? exp(((double)logits[i] - max) * inv_temp) : 0.0)
     /* The max over the whole vocabulary (exact in any order). */
     float max = -INFINITY;
     for (int64_t i = 0; i < n_valid; i++) max = fmaxf(max, logits[i]);
@@ -20,7 +46,7 @@ int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_
     /* Each rank's sum of exponentials; rank r's running sum starts from the sums of ranks < r,
      * so it continues the one-rank running sum. */
     double mine = 0.0;
-    for (int64_t i = 0; i < n_valid; i++) mine += exp((double)logits[i] - max);
+    for (int64_t i = 0; i < n_valid; i++) mine += WEIGHT(i);
     double *sums = ct_xmalloc((size_t)tp->size * sizeof(double));
     ct_comm_allgather(tp, &mine, sums, tp->size, CT_DTYPE_F64);
     double before = 0.0, total = 0.0;
@@ -36,13 +62,14 @@ int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_
     double acc = before;
     if (before < target || tp->rank == 0) {
         for (int64_t i = 0; i < n_valid; i++) {
-            acc += exp((double)logits[i] - max);
-            if (acc >= target) {
+            acc += WEIGHT(i);
+            if (acc >= target && logits[i] >= thr) {
                 token = (int32_t)(col_offset + i);
                 break;
             }
         }
     }
+#undef WEIGHT
     ct_comm_allreduce(tp, &token, 1, CT_DTYPE_I32, CT_REDUCE_MIN);
     return token == INT32_MAX ? (int32_t)(vocab_size - 1) : token;
 }
@@ -57,6 +84,7 @@ typedef struct sampler {
     float *row;      /* (Vp/tp): this rank's logits at the window's last position */
     int64_t k;       /* which new token is being drawn */
     int32_t drawn;
+    const ct_sample_options *opt;
 } sampler;
 
 static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
@@ -77,15 +105,16 @@ static void draw(void *ctx, int mb, ct_acts *a) {
     ct_tensor_free(row);
     double u = ct_rng_uniform(s->seed, SAMPLE_RNG_STREAM, (uint64_t)s->k);
     s->drawn = ct_sample_draw(ct_model_layout_of(m)->tp, s->row, wte->valid_rows, wte->tp_offset,
-                              ct_model_vocab_size(m), u);
+                              ct_model_vocab_size(m), u, s->opt);
 }
 
 ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
-                           int64_t n_prompt, int64_t n_new, uint64_t seed, int32_t **out,
-                           int64_t *n_out) {
+                           int64_t n_prompt, int64_t n_new, uint64_t seed,
+                           const ct_sample_options *opt, int32_t **out, int64_t *n_out) {
     CT_ASSERT(n_prompt >= 1 && n_new >= 0);
+    CT_ASSERT(!opt || (opt->temperature > 0 && opt->top_k >= 0));
     const int64_t T = ct_model_seq_len(m);
-    sampler s = {.model = m, .seed = seed, .n = n_prompt};
+    sampler s = {.model = m, .seed = seed, .n = n_prompt, .opt = opt};
     s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
     s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
@@ -129,5 +158,34 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
     }
     *out = s.ids;
     *n_out = s.n;
+    return CT_OK;
+}
+
+ct_status ct_sample_print(ct_model *m, ct_dp *dp, ct_pctx *pctx, const ct_tokenizer *tok,
+                          const char *prompt_text, int64_t n_new, uint64_t seed,
+                          const ct_sample_options *opt) {
+    int32_t *prompt = NULL;
+    size_t n_prompt =
+        ct_tokenizer_encode(tok, (const uint8_t *)prompt_text, strlen(prompt_text), &prompt);
+    if (n_prompt == 0) { /* start from a newline byte */
+        prompt = realloc(prompt, sizeof(int32_t));
+        CT_ASSERT(prompt != NULL);
+        prompt[n_prompt++] = '\n';
+    }
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    ct_status st =
+        ct_sample_tokens(m, dp, pctx, prompt, (int64_t)n_prompt, n_new, seed, opt, &ids, &n);
+    free(prompt);
+    if (st != CT_OK) return st;
+    if (pctx->world_rank == 0) {
+        size_t n_bytes = 0;
+        uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
+        printf("---- sample (%lld tokens) ----\n", (long long)n_new);
+        fwrite(text, 1, n_bytes, stdout);
+        printf("\n-----------------------------\n");
+        free(text);
+    }
+    free(ids);
     return CT_OK;
 }

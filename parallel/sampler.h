@@ -16,8 +16,16 @@
 #define CT_PARALLEL_SAMPLER_H
 
 #include "core/model.h"
+#include "core/tokenizer.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
+
+/* Temperature (> 0; logits divided by it) and top-k (0: the whole vocabulary; else only the k
+ * largest logits, ties with the k-th included). NULL means 1 and 0: plain softmax sampling. */
+typedef struct ct_sample_options {
+    double temperature;
+    int64_t top_k;
+} ct_sample_options;
 
 /*
  * Continues the prompt (n_prompt >= 1 token ids) by n_new tokens. Collective over the world;
@@ -26,8 +34,16 @@
  * (CT_ERR_RUNTIME on all).
  */
 ct_status ct_sample_tokens(ct_model *model, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
-                           int64_t n_prompt, int64_t n_new, uint64_t seed, int32_t **out,
-                           int64_t *n_out);
+                           int64_t n_prompt, int64_t n_new, uint64_t seed,
+                           const ct_sample_options *opt, int32_t **out, int64_t *n_out);
+
+/*
+ * The prompt text encoded (an empty one starts from a newline byte) and continued by n_new
+ * tokens, printed by world rank 0 between two rules. Collective over the world.
+ */
+ct_status ct_sample_print(ct_model *model, ct_dp *dp, ct_pctx *pctx, const ct_tokenizer *tok,
+                          const char *prompt, int64_t n_new, uint64_t seed,
+                          const ct_sample_options *opt);
 
 /*
  * The draw itself, for one row of logits: this rank's columns `logits` (n_valid real ones,
@@ -35,6 +51,6 @@ ct_status ct_sample_tokens(ct_model *model, ct_dp *dp, ct_pctx *pctx, const int3
  * Collective over tp; every rank of tp returns the token. u in [0, 1).
  */
 int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_t col_offset,
-                       int64_t vocab_size, double u);
+                       int64_t vocab_size, double u, const ct_sample_options *opt);
 
 #endif /* CT_PARALLEL_SAMPLER_H */

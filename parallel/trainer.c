@@ -366,30 +366,8 @@ static ct_status print_sample(trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_tokenizer *tok = t->tokenizer;
     if (cfg->log.sample_tokens <= 0 || !tok) return CT_OK;
-    int32_t *prompt = NULL;
-    size_t n_prompt = ct_tokenizer_encode(tok, (const uint8_t *)cfg->log.sample_prompt,
-                                          strlen(cfg->log.sample_prompt), &prompt);
-    if (n_prompt == 0) { /* start from a newline byte */
-        prompt = realloc(prompt, sizeof(int32_t));
-        CT_ASSERT(prompt != NULL);
-        prompt[n_prompt++] = '\n';
-    }
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    ct_status st = ct_sample_tokens(t->model, t->dp, t->pctx, prompt, (int64_t)n_prompt,
-                                    cfg->log.sample_tokens, cfg->train.seed, &ids, &n);
-    free(prompt);
-    if (st != CT_OK) return st;
-    if (t->rank0) {
-        size_t n_bytes = 0;
-        uint8_t *text = ct_tokenizer_decode(tok, ids, (size_t)n, &n_bytes);
-        printf("---- sample (%lld tokens) ----\n", (long long)cfg->log.sample_tokens);
-        fwrite(text, 1, n_bytes, stdout);
-        printf("\n-----------------------------\n");
-        free(text);
-    }
-    free(ids);
-    return CT_OK;
+    return ct_sample_print(t->model, t->dp, t->pctx, tok, cfg->log.sample_prompt,
+                           cfg->log.sample_tokens, cfg->train.seed, NULL);
 }
 
 /* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */

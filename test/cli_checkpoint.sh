@@ -12,6 +12,11 @@
 #     checkpoint of another model): exit 2, a message naming the file (and tensor), nothing in
 #     the checkpoint directory changed; with checkpoint.resume: auto the newest valid one is used
 #     and the fallback said;
+#   - export: the safetensors file has GPT-2's names, shapes and dtypes and the checkpoint's values
+#     (test/check_export.py; with python3-torch, a PyTorch GPT-2 in HF's layout gives the loss of
+#     one in ours);
+#   - `cooktrain sample DIR` draws the text the training run (one process, and tp=2) drew after its
+#     last step with the same seed; top-k 1 is greedy; bad options exit 2;
 #   - SIGTERM (one process) and SIGUSR1 (under mpirun, which forwards it) stop the run at the next
 #     step boundary with a checkpoint and exit 0; `cooktrain inspect` verifies checksums.
 # MPI runs one at a time, one thread per rank, passive waiting (DESIGN §11).
@@ -197,6 +202,60 @@ if selected "corrupt"; then
     expect_text "model.d_model=64, this run has 32" "the refusal names the differing field"
     expect_exit 2 "checkpoint.interval without checkpoint.dir is refused" -- "$BIN" "${base[@]}" \
         --set checkpoint.interval=2
+fi
+
+# ---- export to safetensors ----------------------------------------------------------------------
+if selected "export"; then
+    d=$tmp/export
+    run "export: 3 steps with a checkpoint" 1 --set train.steps=3 --set checkpoint.dir="$d/ck" --dump-params "$d/final.bin"
+    # Debian's python3 has torch when python3-torch is installed (a pyenv python3 may not)
+    py=python3
+    /usr/bin/python3 -c 'import torch' 2>/dev/null && py=/usr/bin/python3
+    for dtype in fp32 bf16; do
+        expect_exit 0 "export --dtype $dtype" -- "$BIN" export "$d/ck/step-00000003" --out "$d/$dtype/model.safetensors" --dtype $dtype
+        flag=()
+        [ $dtype = bf16 ] && flag=(--bf16)
+        $py test/check_export.py "$d/$dtype/model.safetensors" "$d/final.bin" "${flag[@]}" --tokens "$TEST_DATA/val.bin" |
+            sed "s/^\(ok\|FAIL\) /\1 export $dtype: /"
+    done
+    expect_exit 2 "export without --out is refused" -- "$BIN" export "$d/ck/step-00000003"
+    expect_exit 2 "export of a directory that is no checkpoint is refused" -- "$BIN" export "$d" --out "$d/x.safetensors"
+fi
+
+# ---- sample from a checkpoint -----------------------------------------------------------------
+# sampled FILE: the text between the sample's two rules.
+sampled() { awk '/^---- sample/ {on = 1; next} /^-------/ {on = 0} on' "$1"; }
+if selected "sample"; then
+    d=$tmp/sample
+    mkdir -p "$d"
+    head -c 200000 "$TEST_TEXT" >"$d/text.txt"
+    "$BIN" prepare --input "$d/text.txt" --vocab-size 300 --out "$d/data" >/dev/null
+    bpe=(--set model.vocab_size=300 --set data.train="$d/data/train.bin" --set data.tokenizer="$d/data/tokenizer.bin"
+         --set log.sample_tokens=24 --set log.sample_prompt=The)
+    for layout in "1|" "2|--set parallel.tp=2"; do
+        IFS='|' read -r np extra <<<"$layout"
+        # shellcheck disable=SC2086
+        run "sample: train np=$np, sample after training" "$np" "${bpe[@]}" $extra --set train.steps=3 --set checkpoint.dir="$d/ck$np"
+        printf '%s\n' "$OUT_TEXT" >"$d/train$np.txt"
+        "$BIN" sample "$d/ck$np/step-00000003" --prompt The --tokens 24 --seed 1234 >"$d/sample$np.txt" 2>&1
+        if [ -s "$d/train$np.txt" ] && cmp -s <(sampled "$d/train$np.txt") <(sampled "$d/sample$np.txt"); then
+            ok "sample from the np=$np checkpoint draws the text the training run drew (same weights, seed, prompt)"
+        else
+            fail "sample from the np=$np checkpoint draws the text the training run drew (same weights, seed, prompt)"
+        fi
+    done
+    ck=$d/ck1/step-00000003
+    "$BIN" sample "$ck" --prompt The --tokens 24 --seed 1 --top-k 1 >"$d/g1.txt"
+    "$BIN" sample "$ck" --prompt The --tokens 24 --seed 2 --top-k 1 --temperature 0.7 >"$d/g2.txt"
+    "$BIN" sample "$ck" --prompt The --tokens 24 --seed 1 >"$d/r1.txt"
+    "$BIN" sample "$ck" --prompt The --tokens 24 --seed 2 >"$d/r2.txt"
+    if cmp -s <(sampled "$d/g1.txt") <(sampled "$d/g2.txt") && ! cmp -s <(sampled "$d/r1.txt") <(sampled "$d/r2.txt"); then
+        ok "top-k 1 is greedy (the same text for any seed and temperature); other seeds draw other text"
+    else
+        fail "top-k 1 is greedy (the same text for any seed and temperature); other seeds draw other text"
+    fi
+    expect_exit 2 "sample --temperature 0 is refused" -- "$BIN" sample "$ck" --temperature 0
+    expect_exit 2 "sample of a directory that is no checkpoint is refused" -- "$BIN" sample "$d"
 fi
 
 # ---- stop signals ----------------------------------------------------------------------------------

@@ -1,0 +1,294 @@
+/* export.c — a checkpoint as a Hugging Face GPT-2 safetensors file. See export.h. */
+#include "export.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/checkpoint.h"
+
+/* One exported tensor: up to three checkpoint tensors stacked by rows, the first `rows` rows
+ * kept (vocabulary padding dropped), transposed or not. */
+typedef struct hf_tensor {
+    char name[96];
+    char src[3][CT_CKPT_NAME];
+    int n_src;
+    bool transpose;
+    int64_t rows, cols; /* the stacked source's kept shape (before transposing) */
+    bool vector;        /* 1-D in HF's layout */
+} hf_tensor;
+
+static const ct_ckpt_box *find_tensor(const ct_ckpt_manifest *m, const char *name) {
+    for (int64_t i = 0; i < m->n_pieces; i++)
+        if (m->pieces[i].box.kind == CT_CKPT_WEIGHT && !strcmp(m->pieces[i].box.name, name))
+            return &m->pieces[i].box;
+    return NULL;
+}
+
+/* Fills in rows and cols from the checkpoint's shapes. */
+static ct_status shape_of(const char *dir, const ct_ckpt_manifest *m, hf_tensor *t,
+                          int64_t keep_rows) {
+    t->rows = 0;
+    for (int s = 0; s < t->n_src; s++) {
+        const ct_ckpt_box *b = find_tensor(m, t->src[s]);
+        if (!b) {
+            ct_error(CT_ERR_INPUT, "checkpoint '%s' has no tensor %s", dir, t->src[s]);
+            ct_hint("export reads checkpoints of cooktrain's GPT-2 model (`cooktrain inspect` "
+                    "lists what one holds)");
+            return CT_ERR_INPUT;
+        }
+        t->rows += b->rows;
+        t->cols = b->cols;
+    }
+    if (keep_rows > 0) t->rows = CT_MIN(t->rows, keep_rows);
+    t->vector = t->cols == 1;
+    return CT_OK;
+}
+
+/* The HF tensor's values, row-major in HF's shape: (cols, rows) when transposed. */
+static ct_status load_values(const char *dir, const ct_ckpt_manifest *m, const hf_tensor *t,
+                             float *out) {
+    float *stacked = ct_xmalloc((size_t)(t->rows * t->cols) * sizeof(float));
+    int64_t row = 0;
+    ct_status st = CT_OK;
+    for (int s = 0; s < t->n_src && st == CT_OK && row < t->rows; s++) {
+        const ct_ckpt_box *b = find_tensor(m, t->src[s]);
+        ct_ckpt_box want = *b;
+        want.row0 = 0;
+        want.row1 = CT_MIN(b->rows, t->rows - row);
+        want.col0 = 0;
+        want.col1 = b->cols;
+        want.lo = 0;
+        want.hi = want.row1 * b->cols;
+        st = ct_ckpt_read_box(dir, m, &want, stacked + row * t->cols);
+        row += want.row1;
+    }
+    if (st == CT_OK) {
+        if (t->transpose)
+            for (int64_t i = 0; i < t->rows; i++)
+                for (int64_t j = 0; j < t->cols; j++)
+                    out[j * t->rows + i] = stacked[i * t->cols + j];
+        else
+            memcpy(out, stacked, (size_t)(t->rows * t->cols) * sizeof(float));
+    }
+    free(stacked);
+    return st;
+}
+
+/* One HF tensor of every layer, from up to three of ours (suffixes after "h.L." and
+ * "layers.L."). */
+static const struct {
+    const char *hf;
+    bool transpose;
+    const char *src[3];
+} layer_map[] = {
+    {"ln_1.weight", false, {"ln1.weight"}},
+    {"ln_1.bias", false, {"ln1.bias"}},
+    {"attn.c_attn.weight", true, {"attn.wq", "attn.wk", "attn.wv"}},
+    {"attn.c_attn.bias", false, {"attn.bq", "attn.bk", "attn.bv"}},
+    {"attn.c_proj.weight", true, {"attn.wo"}},
+    {"attn.c_proj.bias", false, {"attn.bo"}},
+    {"ln_2.weight", false, {"ln2.weight"}},
+    {"ln_2.bias", false, {"ln2.bias"}},
+    {"mlp.c_fc.weight", true, {"mlp.w_up"}},
+    {"mlp.c_fc.bias", false, {"mlp.b_up"}},
+    {"mlp.c_proj.weight", true, {"mlp.w_down"}},
+    {"mlp.c_proj.bias", false, {"mlp.b_down"}},
+};
+
+static void add(hf_tensor *t, const char *hf, bool transpose, const char *const *src, int n_src) {
+    snprintf(t->name, sizeof t->name, "%s", hf);
+    t->transpose = transpose;
+    t->n_src = n_src;
+    for (int s = 0; s < n_src; s++) snprintf(t->src[s], sizeof t->src[s], "%s", src[s]);
+}
+
+/* The HF GPT-2 tensor list for a checkpoint of L layers, in the order of the file. */
+static hf_tensor *hf_tensors(int64_t L, int *count) {
+    const int per_layer = (int)CT_ARRAY_LEN(layer_map);
+    hf_tensor *t = ct_xcalloc((size_t)(4 + per_layer * L), sizeof *t);
+    int n = 0;
+    add(&t[n++], "wte.weight", false, (const char *[]){"wte"}, 1);
+    add(&t[n++], "wpe.weight", false, (const char *[]){"wpe"}, 1);
+    for (int64_t l = 0; l < L; l++) {
+        for (int k = 0; k < per_layer; k++) {
+            char hf[96], src[3][CT_CKPT_NAME];
+            const char *srcs[3];
+            int n_src = 0;
+            snprintf(hf, sizeof hf, "h.%lld.%s", (long long)l, layer_map[k].hf);
+            for (; n_src < 3 && layer_map[k].src[n_src]; n_src++) {
+                snprintf(src[n_src], sizeof src[n_src], "layers.%lld.%s", (long long)l,
+                         layer_map[k].src[n_src]);
+                srcs[n_src] = src[n_src];
+            }
+            add(&t[n++], hf, layer_map[k].transpose, srcs, n_src);
+        }
+    }
+    add(&t[n++], "ln_f.weight", false, (const char *[]){"lnf.weight"}, 1);
+    add(&t[n++], "ln_f.bias", false, (const char *[]){"lnf.bias"}, 1);
+    *count = n;
+    return t;
+}
+
+/* config.json beside the safetensors file, for transformers' GPT2Config. */
+static ct_status write_hf_config(const char *out, const ct_ckpt_state *s) {
+    char path[CT_PATH_MAX + 32], tmp[CT_PATH_MAX + 48];
+    const char *slash = strrchr(out, '/');
+    snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - out + 1) : 0, out);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        ct_error(CT_ERR_INPUT, "cannot create '%s': %s", tmp, strerror(errno));
+        ct_hint("check that the directory of --out exists and is writable");
+        return CT_ERR_INPUT;
+    }
+    fprintf(f,
+            "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+            "  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n  \"n_ctx\": %lld,\n"
+            "  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": %lld,\n"
+            "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+            "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+            (long long)s->vocab_size, (long long)s->seq_len, (long long)s->seq_len,
+            (long long)s->d_model, (long long)s->n_layer, (long long)s->n_head, (long long)s->d_ff);
+    bool ok = fflush(f) == 0 && !ferror(f);
+    ok = fclose(f) == 0 && ok;
+    return ct_file_publish(tmp, path, ok, "config.json");
+}
+
+/* The JSON header, padded with spaces to a multiple of 8 bytes. */
+static char *safetensors_header(const hf_tensor *t, int n, ct_dtype dtype, size_t *len) {
+    size_t cap = 256 + (size_t)n * 160, used = 0;
+    char *h = ct_xmalloc(cap);
+    used += (size_t)snprintf(h, cap,
+                             "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"cooktrain\"}");
+    int64_t offset = 0;
+    const size_t esize = ct_dtype_size(dtype);
+    for (int i = 0; i < n; i++) {
+        int64_t bytes = t[i].rows * t[i].cols * (int64_t)esize;
+        char shape[64];
+        if (t[i].vector)
+            snprintf(shape, sizeof shape, "[%lld]", (long long)t[i].rows);
+        else if (t[i].transpose)
+            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)t[i].cols,
+                     (long long)t[i].rows);
+        else
+            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)t[i].rows,
+                     (long long)t[i].cols);
+        used +=
+            (size_t)snprintf(h + used, cap - used,
+                             ",\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%lld,%lld]}",
+                             t[i].name, dtype == CT_DTYPE_BF16 ? "BF16" : "F32", shape,
+                             (long long)offset, (long long)(offset + bytes));
+        offset += bytes;
+    }
+    used += (size_t)snprintf(h + used, cap - used, "}");
+    while (used % 8) h[used++] = ' ';
+    h[used] = '\0';
+    *len = used;
+    return h;
+}
+
+ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype) {
+    ct_ckpt_manifest m;
+    CT_TRY(ct_ckpt_open(dir, &m));
+    ct_status st = CT_OK;
+    if (m.state.n_kv_head != m.state.n_head) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint '%s' has n_kv_head=%lld < n_head=%lld (GQA), which "
+                 "GPT-2's safetensors layout cannot hold",
+                 dir, (long long)m.state.n_kv_head, (long long)m.state.n_head);
+        ct_hint("export is for GPT-2 models with n_kv_head = n_head");
+        st = CT_ERR_INPUT;
+    }
+    int n = 0;
+    hf_tensor *t = hf_tensors(m.state.n_layer, &n);
+    int64_t largest = 0;
+    for (int i = 0; i < n && st == CT_OK; i++) {
+        st = shape_of(dir, &m, &t[i], i == 0 ? m.state.vocab_size : 0);
+        largest = CT_MAX(largest, t[i].rows * t[i].cols);
+    }
+    char tmp[CT_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    if (st == CT_OK) st = ct_mkdir_parents(out);
+    FILE *f = st == CT_OK ? fopen(tmp, "wb") : NULL;
+    if (st == CT_OK && !f) {
+        ct_error(CT_ERR_INPUT, "cannot create '%s': %s", tmp, strerror(errno));
+        ct_hint("check that the directory of --out exists and is writable");
+        st = CT_ERR_INPUT;
+    }
+    if (st == CT_OK) {
+        size_t hlen;
+        char *header = safetensors_header(t, n, dtype, &hlen);
+        uint8_t len8[8];
+        ct_put_le64(len8, (uint64_t)hlen);
+        bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, hlen, f) == hlen;
+        free(header);
+        float *values = ct_xmalloc((size_t)largest * sizeof(float));
+        uint8_t *bytes = ct_xmalloc((size_t)largest * 4);
+        for (int i = 0; i < n && ok && st == CT_OK; i++) {
+            st = load_values(dir, &m, &t[i], values);
+            const int64_t k = t[i].rows * t[i].cols;
+            for (int64_t j = 0; j < k && st == CT_OK; j++) {
+                uint32_t u;
+                memcpy(&u, &values[j], 4);
+                if (dtype == CT_DTYPE_BF16) {
+                    uint16_t b = ct_f32_to_bf16(values[j]);
+                    bytes[2 * j] = (uint8_t)b, bytes[2 * j + 1] = (uint8_t)(b >> 8);
+                } else {
+                    ct_put_le32(bytes + 4 * j, u);
+                }
+            }
+            if (st == CT_OK) ok = fwrite(bytes, ct_dtype_size(dtype), (size_t)k, f) == (size_t)k;
+        }
+        free(values);
+        free(bytes);
+        ok = fflush(f) == 0 && ok;
+        ok = fclose(f) == 0 && ok;
+        if (st == CT_OK)
+            st = ct_file_publish(tmp, out, ok, "safetensors");
+        else
+            remove(tmp);
+    }
+    if (st == CT_OK) st = write_hf_config(out, &m.state);
+    free(t);
+    ct_ckpt_manifest_release(&m);
+    return st;
+}
+
+ct_status ct_export_run(int argc, char **argv) {
+    const char *dir = NULL, *out = NULL;
+    ct_dtype dtype = CT_DTYPE_F32;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--out") && value) {
+            out = value, i++;
+        } else if (!strcmp(a, "--dtype") && value) {
+            i++;
+            if (!strcmp(value, "fp32"))
+                dtype = CT_DTYPE_F32;
+            else if (!strcmp(value, "bf16"))
+                dtype = CT_DTYPE_BF16;
+            else {
+                ct_error(CT_ERR_INPUT, "export: --dtype '%s' is not fp32 or bf16", value);
+                ct_hint("--dtype fp32 (the default) or --dtype bf16");
+                return CT_ERR_INPUT;
+            }
+        } else if (a[0] != '-' && !dir) {
+            dir = a;
+        } else {
+            ct_error(CT_ERR_INPUT, "export: unknown option or missing value '%s'", a);
+            ct_hint("usage: cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]");
+            return CT_ERR_INPUT;
+        }
+    }
+    if (!dir || !out) {
+        ct_error(CT_ERR_INPUT, "export needs a checkpoint directory and --out FILE");
+        ct_hint("usage: cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]");
+        return CT_ERR_INPUT;
+    }
+    CT_TRY(ct_export_safetensors(dir, out, dtype));
+    printf("exported %s to %s (%s) and config.json beside it\n", dir, out,
+           dtype == CT_DTYPE_BF16 ? "bf16" : "fp32");
+    return CT_OK;
+}

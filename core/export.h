@@ -1,0 +1,36 @@
+/*
+ * export.h — a checkpoint as one unsharded safetensors file with Hugging Face GPT-2 names
+ * (`cooktrain export DIR --out FILE [--dtype fp32|bf16]`), plus FILE's directory's config.json
+ * that transformers' GPT2Config reads.
+ *
+ * safetensors: an 8-byte little-endian header length, a JSON header mapping each name to its
+ * dtype ("F32" or "BF16"), shape and [begin, end) byte offsets into the data that follows, then
+ * the data, row-major, little-endian. Names and layouts follow the `gpt2` checkpoints on the
+ * Hugging Face hub (GPT2Model's state dict, no "transformer." prefix):
+ *   wte.weight (V, C)            our wte without the vocabulary padding rows
+ *   wpe.weight (T, C)
+ *   h.L.ln_1.weight/bias (C)     ln1
+ *   h.L.attn.c_attn.weight (C, 3C), .bias (3C)   [wq; wk; wv] transposed, [bq; bk; bv]
+ *   h.L.attn.c_proj.weight (C, C), .bias         wo transposed
+ *   h.L.ln_2.weight/bias (C)     ln2
+ *   h.L.mlp.c_fc.weight (C, F), .bias (F)        w_up transposed
+ *   h.L.mlp.c_proj.weight (F, C), .bias (C)      w_down transposed
+ *   ln_f.weight/bias (C)         lnf
+ * HF's Conv1D stores a linear layer as (in, out) where ours (like torch.nn.Linear) is
+ * (out, in): every projection matrix is transposed on the way out. The LM head is tied to
+ * wte, as in GPT-2 (tie_word_embeddings). GELU is the tanh form ("gelu_new"), LayerNorm eps 1e-5.
+ */
+#ifndef CT_CORE_EXPORT_H
+#define CT_CORE_EXPORT_H
+
+#include "core/common.h"
+
+/* Reads checkpoint directory `dir` (every piece's checksum checked) and writes `out` and
+ * config.json beside it, atomically (a temporary file renamed into place). dtype: F32 or BF16.
+ * Memory: the largest tensor (c_attn: three of them) at a time. */
+ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype);
+
+/* `cooktrain export` argument parsing and the call. */
+ct_status ct_export_run(int argc, char **argv);
+
+#endif /* CT_CORE_EXPORT_H */

@@ -18,7 +18,9 @@
 #   - `cooktrain sample DIR` draws the text the training run (one process, and tp=2) drew after its
 #     last step with the same seed; top-k 1 is greedy; bad options exit 2;
 #   - SIGTERM (one process) and SIGUSR1 (under mpirun, which forwards it) stop the run at the next
-#     step boundary with a checkpoint and exit 0; `cooktrain inspect` verifies checksums.
+#     step boundary with a checkpoint and exit 0; `cooktrain inspect` verifies checksums;
+#   - scripts/slurm/cooktrain.sbatch under stand-ins for srun and scontrol: SIGUSR1 to the batch
+#     script stops the job with a checkpoint in its per-job directory, exit 0, and a requeue.
 # MPI runs one at a time, one thread per rank, passive waiting (DESIGN §11).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -290,4 +292,42 @@ signal_run() {
 if selected "signal"; then
     signal_run "SIGTERM, one process" TERM 1
     signal_run "SIGUSR1 under mpirun, 2 ranks" USR1 2
+fi
+
+# ---- the SLURM batch script, under stand-ins for srun and scontrol --------------------------------
+# (a real one-node SLURM cluster is a later issue's test). The stand-in srun drops srun's options
+# and runs mpirun; scontrol records the requeue. The script gets SIGUSR1 as SLURM's
+# --signal=B:USR1 would send it, passes it on, and the job saves, exits 0 and requeues itself.
+if selected "slurm"; then
+    d=$tmp/slurm
+    mkdir -p "$d/bin"
+    cat >"$d/bin/srun" <<'SH'
+#!/usr/bin/env bash
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+exec mpirun --oversubscribe --bind-to none -np "$SLURM_NTASKS" "$@"
+SH
+    printf '#!/usr/bin/env bash\necho "$@" >>"%s/scontrol.log"\n' "$d" >"$d/bin/scontrol"
+    chmod +x "$d/bin/srun" "$d/bin/scontrol"
+    PATH=$d/bin:$PATH SLURM_JOB_ID=42 SLURM_JOB_NAME=ct SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
+        SLURM_CPUS_PER_TASK=1 RUN_DIR=$d/run bash scripts/slurm/cooktrain.sbatch configs/test-tiny.yaml \
+        --set data.train="$TEST_DATA/train.bin" --set train.steps=2000 --set log.interval=1 >"$d/out.txt" 2>&1 &
+    pid=$! waited=0
+    while ! grep -q "^step " "$d/out.txt" && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+    kill -USR1 "$pid"
+    (sleep 60 && kill -9 "$pid" 2>/dev/null) &
+    guard=$!
+    wait "$pid"
+    rc=$?
+    kill "$guard" 2>/dev/null
+    if [ "$rc" = 0 ] && grep -q "stopped after step" "$d/out.txt" && grep -q "requeue 42" "$d/scontrol.log" 2>/dev/null; then
+        ok "slurm script: SIGUSR1 stops the job with a checkpoint, exit 0, requeued"
+    else
+        fail "slurm script: SIGUSR1 stops the job with a checkpoint, exit 0, requeued (exit $rc)"
+        tail -5 "$d/out.txt" | sed 's/^/    /'
+    fi
+    if ls "$d/run/checkpoints"/step-* >/dev/null 2>&1 && [ -s "$d/run/config.yaml" ]; then
+        ok "slurm script: checkpoints and the run's config in the per-job directory"
+    else
+        fail "slurm script: checkpoints and the run's config in the per-job directory"
+    fi
 fi

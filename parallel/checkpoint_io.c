@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "core/optim.h"
@@ -83,6 +84,42 @@ struct ct_ckpt_saver {
     char write_error[2048], write_hint[1024];
     double begin_time, staged_time, written_time;
 };
+
+/* The staging buffer, kept from one save to the next and made (and touched) once, up front
+ * when ct_ckpt_prepare is called: the first touch of fresh pages — a fault each — was most of the
+ * time training waited for a save (measured on the 124M model: 2.3 s to stage 1.4 GiB, most of
+ * it faulting; 2 MiB huge pages, asked for with madvise, cut the faults 512-fold). One save uses
+ * it at a time (saves complete in order). */
+static float *staging_cache;
+static size_t staging_cache_bytes;
+
+static float *staging_take(size_t bytes) {
+    if (staging_cache && staging_cache_bytes >= bytes) {
+        float *p = staging_cache;
+        staging_cache = NULL;
+        return p;
+    }
+    free(staging_cache);
+    staging_cache = NULL;
+    const size_t huge = (size_t)2 << 20, rounded = (bytes + huge - 1) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, rounded) != 0) return NULL;
+    madvise(p, rounded, MADV_HUGEPAGE);
+    staging_cache_bytes = rounded;
+    return p;
+}
+
+static void staging_give_back(float *p) {
+    if (!p) return;
+    free(staging_cache); /* a smaller one taken meanwhile: keep the newest */
+    staging_cache = p;
+}
+
+void ct_ckpt_release(void) {
+    free(staging_cache);
+    staging_cache = NULL;
+    staging_cache_bytes = 0;
+}
 
 /* Pass 1 (staging NULL) records the pieces and counts their values; pass 2 copies the values
  * from the backend into the staging buffer. */
@@ -230,6 +267,26 @@ static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64
     return ct_ckpt_prune(root, cfg->checkpoint.keep);
 }
 
+ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
+    ct_ckpt_saver s = {.dp = dp};
+    for_each_run(model, dp, pctx, true, stage_run, &s);
+    free(s.pieces);
+    free(s.value_at);
+    const size_t bytes = (size_t)CT_MAX(s.staged, 1) * sizeof(float);
+    float *p = staging_take(bytes);
+    ct_status st = CT_OK;
+    if (!p) {
+        ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory for the %.1f MiB staging buffer",
+                 (double)bytes / 1048576.0);
+        ct_hint("set checkpoint.async: false, or give the job more memory");
+        st = CT_ERR_RUNTIME;
+    } else {
+        memset(p, 0, bytes); /* fault the pages in now, not during a save */
+        staging_give_back(p);
+    }
+    return agree(pctx, st);
+}
+
 ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
                              ct_pctx *pctx, int64_t step) {
     *out = NULL;
@@ -249,7 +306,7 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     }
     /* The only part training waits for: this rank's state copied to host memory. */
     for_each_run(model, dp, pctx, true, stage_run, s);
-    s->staging = malloc((size_t)CT_MAX(s->staged, 1) * sizeof(float));
+    s->staging = staging_take((size_t)CT_MAX(s->staged, 1) * sizeof(float));
     if (!s->staging) {
         ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory staging %lld values of step %lld",
                  (long long)s->staged, (long long)step);
@@ -282,7 +339,7 @@ void ct_ckpt_save_abandon(ct_ckpt_saver *s) {
     if (s->threaded) pthread_join(s->thread, NULL);
     free(s->pieces);
     free(s->value_at);
-    free(s->staging);
+    staging_give_back(s->staging);
     free(s);
 }
 

@@ -54,6 +54,11 @@ ct_status ct_ckpt_save_end(ct_ckpt_saver *saver, ct_ckpt_save_stats *stats); /* 
 /* Drops a save without publishing it (after a failure elsewhere): joins its writer, frees it;
  * step-N.tmp stays behind, which no loader takes for a checkpoint. Not collective. */
 void ct_ckpt_save_abandon(ct_ckpt_saver *saver);
+/* Makes and touches the host staging buffer a save of this rank's state needs, so that no save
+ * pays for fresh pages (call at start when checkpoints are on); kept until ct_ckpt_release.
+ * Collective (agrees on an out-of-memory failure). */
+ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx);
+void ct_ckpt_release(void);
 /* Begin and end at once. */
 ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                        int64_t step, ct_ckpt_save_stats *stats);

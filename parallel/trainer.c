@@ -128,6 +128,7 @@ typedef struct step_stats {
 
 static void trainer_free(trainer *t) {
     ct_ckpt_save_abandon(t->pending); /* only after a failure: a save ends before the run does */
+    ct_ckpt_release();
     ct_grad_scratch_free(t->scratch);
     ct_acts_free(t->acts);
     ct_pipeline_free(t->pipeline);
@@ -765,6 +766,7 @@ static void print_progress(trainer *t, const step_stats *s) {
  * start-up report describes the run; before the first step). */
 static ct_status resume_run(trainer *t) {
     const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    if (cc->dir[0]) CT_TRY(ct_ckpt_prepare(t->model, t->dp, t->pctx));
     char path[CT_PATH_MAX + 32];
     CT_TRY(
         agree(t, ct_ckpt_find(cc->dir, cc->resume, path, sizeof path, t->rank0 ? stdout : NULL)));

@@ -19,7 +19,8 @@ enum {
     DATA_HEADER = 32,
     MANIFEST_HEADER = 64,
     PIECE_RECORD = 152,
-    CHUNK_FLOATS = 1 << 20, /* values read or converted at a time: 4 MiB */
+    CHUNK_FLOATS = 1 << 20, /* values read or converted at a time: 4 MiB (CT_CKPT_READ_BUFFER_BYTES
+                               counts its two buffers) */
 };
 
 const char *const ct_ckpt_state_names[] = {

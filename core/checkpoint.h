@@ -135,6 +135,9 @@ void ct_ckpt_crash_point(const char *point, int64_t step);
  */
 ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *manifest);
 
+/* Host memory ct_ckpt_read_box holds while it reads (its chunk buffers). */
+#define CT_CKPT_READ_BUFFER_BYTES ((double)(8 << 20))
+
 /*
  * Fills out[0 .. want.hi - want.lo) with the elements `want` describes, from every piece of the
  * same tensor and kind that overlaps it, reading each such piece whole in bounded chunks and

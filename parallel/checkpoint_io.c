@@ -423,6 +423,7 @@ typedef struct loader {
     ct_dp *dp;
     float *host;
     int64_t host_cap;
+    int64_t loaded; /* values read into this rank's state */
 } loader;
 
 static ct_status load_run(void *ctx, const state_run *run) {
@@ -436,6 +437,7 @@ static ct_status load_run(void *ctx, const state_run *run) {
         free(l->host);
         l->host = ct_xmalloc((size_t)len * sizeof(float));
     }
+    l->loaded += CT_CKPT_KIND_COUNT * len;
     ct_status st = CT_OK;
     for (int k = 0; k < CT_CKPT_KIND_COUNT && st == CT_OK; k++) {
         ct_ckpt_box want = param_box(run->param);
@@ -453,7 +455,7 @@ static ct_status load_run(void *ctx, const state_run *run) {
 }
 
 ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
-                       ct_pctx *pctx, ct_ckpt_state *state) {
+                       ct_pctx *pctx, ct_ckpt_state *state, ct_ckpt_load_stats *stats) {
     ct_ckpt_manifest m;
     ct_status st = ct_ckpt_open(path, &m);
     if (st == CT_OK) st = check_compatible(path, &m.state, cfg);
@@ -465,6 +467,10 @@ ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, 
     loader l = {.path = path, .manifest = &m, .dp = dp};
     st = agree(pctx, for_each_run(model, dp, pctx, false, load_run, &l));
     free(l.host);
+    if (stats) {
+        stats->state_bytes = (double)l.loaded * sizeof(float);
+        stats->buffer_bytes = (double)l.host_cap * sizeof(float) + CT_CKPT_READ_BUFFER_BYTES;
+    }
     if (st == CT_OK) {
         *state = m.state;
         ct_dp_load_done(dp, m.state.optimizer_step);

@@ -68,7 +68,12 @@ ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx
  * a checkpoint of another model shape, seed or global batch; fills *state (the step to continue
  * from is state->step). Collective; every rank returns the same status.
  */
+typedef struct ct_ckpt_load_stats {
+    double state_bytes;  /* this rank's state, read */
+    double buffer_bytes; /* the most host memory the load held at once: the largest parameter
+                            slice of this rank plus the reader's chunk buffers */
+} ct_ckpt_load_stats;
 ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
-                       ct_pctx *pctx, ct_ckpt_state *state);
+                       ct_pctx *pctx, ct_ckpt_state *state, ct_ckpt_load_stats *stats);
 
 #endif /* CT_PARALLEL_CHECKPOINT_IO_H */

@@ -120,7 +120,7 @@ ct_status ct_generate_run(int argc, char **argv) {
         st = ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train,
                        ct_precision_dtype(cfg.parallel.grad_reduce_dtype));
     ct_ckpt_state state;
-    if (st == CT_OK) st = ct_ckpt_load(a.dir, &cfg, model, dp, pctx, &state);
+    if (st == CT_OK) st = ct_ckpt_load(a.dir, &cfg, model, dp, pctx, &state, NULL);
     if (st == CT_OK) {
         printf("checkpoint %s: step %lld, %lld layers, d_model %lld; temperature %g, top-k %lld, "
                "seed %llu\n",

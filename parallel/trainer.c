@@ -773,14 +773,16 @@ static ct_status resume_run(trainer *t) {
     if (!path[0]) return CT_OK;
     ct_ckpt_state state;
     double start = ct_now();
-    CT_TRY(ct_ckpt_load(path, t->cfg, t->model, t->dp, t->pctx, &state));
+    ct_ckpt_load_stats stats;
+    CT_TRY(ct_ckpt_load(path, t->cfg, t->model, t->dp, t->pctx, &state, &stats));
     t->first_step = CT_MIN(state.step, t->cfg->train.steps);
     if (t->rank0)
         printf("checkpoint: resumed from %s at step %lld (written by %lld ranks: tp %lld, pp "
-               "%lld, dp %lld, zero %lld), loaded in %.2f s\n",
+               "%lld, dp %lld, zero %lld), loaded in %.2f s; rank 0 read %.1f MiB of state "
+               "holding at most %.1f MiB of host buffers\n",
                path, (long long)state.step, (long long)state.world_size, (long long)state.tp,
                (long long)state.pp, (long long)state.dp, (long long)state.zero_stage,
-               ct_now() - start);
+               ct_now() - start, stats.state_bytes / 1048576.0, stats.buffer_bytes / 1048576.0);
     t->profile_start = t->run_start = t->interval_start = ct_now();
     return CT_OK;
 }

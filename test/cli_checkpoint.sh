@@ -5,7 +5,8 @@
 #     dp=2, interleaved pp=2 (2 chunks per rank), and bf16 with ZeRO-1 (asynchronous saves, the
 #     default); synchronous saves write the same bytes;
 #   - resharding: saved in 4 layouts, each resumed in 3 others; the losses and final parameters
-#     match the world-size-1 run within test/compare_runs.py's fp32 tolerance;
+#     match the world-size-1 run within test/compare_runs.py's fp32 tolerance, and the load held
+#     one parameter slice (plus the reader's chunks) at a time;
 #   - a kill -9 at four points of a save leaves the previous checkpoint loadable and `latest`
 #     naming a complete one; the next run resumes from it;
 #   - corruption (a flipped value byte, a truncated or missing rank file, a damaged manifest, a
@@ -122,6 +123,14 @@ if selected "reshard"; then
             # shellcheck disable=SC2086
             run "reshard: $sname -> $lname" "$lnp" $largs --set checkpoint.resume="$ck/step-00000003" \
                 --set log.metrics="$d/second.jsonl" --dump-params "$d/run.bin" || continue
+            # bounded loading: beyond the reader's 8 MiB of chunks, rank 0 held less than 1/16 of
+            # its state at once (one parameter slice at a time)
+            if printf '%s\n' "$OUT_TEXT" | awk '/holding at most/ { for (i = 1; i <= NF; i++) { if ($i == "read") s = $(i + 1); if ($i == "most") b = $(i + 1) } }
+                END { exit !(s > 0 && b - 8 < s / 16) }'; then
+                ok "reshard $sname -> $lname: loading held one parameter slice at a time"
+            else
+                fail "reshard $sname -> $lname: loading held one parameter slice at a time"
+            fi
             cat "$d/first-$sname.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
             if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
                 ok "reshard $sname -> $lname matches world size 1; $out"

@@ -73,4 +73,5 @@ read_mbs=$(dd if="$dir/dd.bin" of=/dev/null bs=16M iflag=direct 2>&1 | dd_rate)
 rm -f "$dir/dd.bin"
 load_mbs=$(mbps "$bytes" "$loaded")
 echo "== load (every checksum verified, page cache $cache): $mib MiB in $loaded s = $load_mbs MB/s" \
-     "= $(ratio "$load_mbs" "$read_mbs")x dd's read ($read_mbs MB/s, O_DIRECT)"
+     "= $(ratio "$load_mbs" "$read_mbs")x dd's read ($read_mbs MB/s, O_DIRECT);" \
+     "host buffers at most $(grep "checkpoint: resumed" "$dir/load.log" | field "at most") MiB"

@@ -30,6 +30,7 @@
 #include "parallel/trainer.h"
 
 static const char usage_text[] =
+    "cooktrain " CT_VERSION "\n"
     "usage: cooktrain <command> [options]\n"
     "\n"
     "commands:\n"

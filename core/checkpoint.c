@@ -214,6 +214,7 @@ ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *m) {
     ct_put_le32(p + 20, (uint32_t)config_bytes);
     ct_put_le64(p + 24, (uint64_t)m->n_pieces);
     ct_put_le32(p + 32, (uint32_t)CT_CKPT_STATE_FIELDS);
+    memcpy(p + 40, CT_VERSION, strnlen(CT_VERSION, 16));
     p += MANIFEST_HEADER;
     const int64_t *state = (const int64_t *)&m->state;
     for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++, p += 8) ct_put_le64(p, (uint64_t)state[i]);
@@ -431,6 +432,8 @@ static ct_status parse_manifest(const char *path, const uint8_t *buf, size_t len
     const size_t config_bytes = ct_get_le32(buf + 20);
     m->n_pieces = (int64_t)ct_get_le64(buf + 24);
     const uint32_t n_state = ct_get_le32(buf + 32);
+    memcpy(m->version, buf + 40, 16);
+    m->version[16] = '\0';
     const size_t need = MANIFEST_HEADER + 8 * (size_t)n_state + (size_t)m->n_pieces * PIECE_RECORD +
                         config_bytes + 4;
     if (n_state != CT_CKPT_STATE_FIELDS || m->n_pieces < 0 || need != len) {
@@ -625,54 +628,35 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_
     return CT_OK;
 }
 
-ct_status ct_ckpt_find(const char *root, const char *resume, char *out, size_t n, FILE *note) {
-    out[0] = '\0';
-    if (!strcmp(resume, "never")) return CT_OK;
-    ct_ckpt_manifest m;
+int ct_ckpt_candidates(const char *root, const char *resume, char ***out) {
+    *out = NULL;
+    if (!strcmp(resume, "never")) return 0;
     if (strcmp(resume, "auto") != 0) {
-        CT_TRY(ct_ckpt_open(resume, &m));
-        ct_ckpt_manifest_release(&m);
-        snprintf(out, n, "%s", resume);
-        return CT_OK;
+        *out = ct_xcalloc(1, sizeof **out);
+        (*out)[0] = ct_xstrdup(resume);
+        return 1;
     }
-    if (!root[0]) return CT_OK;
+    if (!root[0]) return 0;
     /* Every complete checkpoint, newest first: a step-N directory exists only once its save
      * finished (the rename is the last step of a save but for `latest`, which a crash can leave
      * naming the one before). */
     int64_t *steps;
     int count = list_steps(root, &steps);
-    char path[CT_PATH_MAX + 32], bad[CT_PATH_MAX + 32] = "", why[512] = "";
-    for (int i = count - 1; i >= 0 && !out[0]; i--) {
-        ct_ckpt_step_path(path, sizeof path, root, steps[i], false);
-        if (ct_ckpt_open(path, &m) == CT_OK) {
-            ct_ckpt_manifest_release(&m);
-            snprintf(out, n, "%s", path);
-        } else if (!bad[0]) {
-            snprintf(bad, sizeof bad, "%s", path);
-            snprintf(why, sizeof why, "%s", ct_error_message());
-        }
+    *out = ct_xcalloc((size_t)CT_MAX(count, 1), sizeof **out);
+    char path[CT_PATH_MAX + 32];
+    for (int i = 0; i < count; i++) {
+        ct_ckpt_step_path(path, sizeof path, root, steps[count - 1 - i], false);
+        (*out)[i] = ct_xstrdup(path);
     }
     free(steps);
-    if (out[0] && bad[0] && note)
-        fprintf(note, "checkpoint: %s is not usable (%s); resuming from %s instead\n", bad, why,
-                out);
-    if (!out[0] && bad[0]) {
-        ct_error(CT_ERR_INPUT,
-                 "no usable checkpoint in '%s': the newest, %s, and every older "
-                 "one fail their checks (%s)",
-                 root, bad, why);
-        ct_hint("`cooktrain inspect DIR` checks one; checkpoint.resume: never starts over "
-                "(with another checkpoint.dir, to keep these)");
-        return CT_ERR_INPUT;
-    }
-    return CT_OK;
+    return count;
 }
 
 ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
     ct_ckpt_manifest m;
     CT_TRY(ct_ckpt_open(dir, &m));
-    fprintf(out, "checkpoint %s: format %u, %d rank files, %lld pieces\n", dir, CKPT_VERSION,
-            m.n_files, (long long)m.n_pieces);
+    fprintf(out, "checkpoint %s: format %u, written by cooktrain %s, %d rank files, %lld pieces\n",
+            dir, CKPT_VERSION, m.version, m.n_files, (long long)m.n_pieces);
     const int64_t *state = (const int64_t *)&m.state;
     for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++)
         fprintf(out, "  %-15s %lld\n", ct_ckpt_state_names[i], (long long)state[i]);

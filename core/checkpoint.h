@@ -22,7 +22,8 @@
  *   rank file, 32-byte header: "CTCKDATA", u32 version, u32 byte-order mark, u32 rank,
  *     u32 0, u64 0; then the pieces' values as f32, each at the offset its manifest entry gives.
  *   manifest: 64-byte header: "CTCKPTMF", u32 version, u32 byte-order mark, u32 rank files,
- *     u32 config bytes, u64 pieces, u32 state fields (S), 28 zero bytes; then S i64 state fields
+ *     u32 config bytes, u64 pieces, u32 state fields (S), 4 zero bytes, the writing cooktrain's
+ *     version (16 bytes, NUL-padded), 8 zero bytes; then S i64 state fields
  *     in the order of ct_ckpt_state; then per piece 152 bytes: name (64, NUL-padded), u32 kind,
  *     u32 rank file, i64 rows, cols, row0, row1, col0, col1, lo, hi, byte offset, u32 crc32 of
  *     its values' bytes, u32 0; then the resolved config (YAML text); then the crc32 of all of
@@ -89,6 +90,7 @@ typedef struct ct_ckpt_manifest {
     int64_t n_pieces;
     ct_ckpt_piece *pieces;
     char *config_text; /* NUL-terminated */
+    char version[17];  /* the cooktrain that wrote it (read back; writing uses CT_VERSION) */
 } ct_ckpt_manifest;
 
 void ct_ckpt_manifest_release(ct_ckpt_manifest *manifest);
@@ -148,11 +150,12 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *manifest,
                            const ct_ckpt_box *want, float *out);
 
 /*
- * Where a run resumes from: `resume` is "never" (out[0] = 0), "auto" (the newest step-N that
- * opens; when newer ones do not, saying so on `note` unless NULL; none at all: out[0] = 0; some
- * but none valid: CT_ERR_INPUT) or a checkpoint directory (it must open).
+ * The checkpoints a run may resume from, to try in order (paths malloc'd, as is the array;
+ * returns the count): `resume` "never" gives none, a PATH itself, "auto" every complete
+ * step-N of ROOT, newest first (none when ROOT has none). The caller loads the first that loads
+ * (ct_ckpt_open and the checksums pass), saying which it skipped.
  */
-ct_status ct_ckpt_find(const char *root, const char *resume, char *out, size_t n, FILE *note);
+int ct_ckpt_candidates(const char *root, const char *resume, char ***out);
 
 /* `cooktrain inspect DIR`: prints the manifest's summary and checks every piece's checksum. */
 ct_status ct_ckpt_inspect(const char *dir, FILE *out);

@@ -113,6 +113,9 @@ static inline uint64_t ct_get_le64(const uint8_t *p) {
     return (uint64_t)ct_get_le32(p) | (uint64_t)ct_get_le32(p + 4) << 32;
 }
 
+/* The program's version: `cooktrain help` prints it and checkpoints record it. */
+#define CT_VERSION "0.5.0"
+
 /* Longest path a config or a command line may give. */
 #define CT_PATH_MAX 512
 

@@ -767,24 +767,53 @@ static void print_progress(trainer *t, const step_stats *s) {
 static ct_status resume_run(trainer *t) {
     const ct_checkpoint_config *cc = &t->cfg->checkpoint;
     if (cc->dir[0]) CT_TRY(ct_ckpt_prepare(t->model, t->dp, t->pctx));
-    char path[CT_PATH_MAX + 32];
-    CT_TRY(
-        agree(t, ct_ckpt_find(cc->dir, cc->resume, path, sizeof path, t->rank0 ? stdout : NULL)));
-    if (!path[0]) return CT_OK;
+    char **paths;
+    const int n = ct_ckpt_candidates(cc->dir, cc->resume, &paths);
     ct_ckpt_state state;
-    double start = ct_now();
     ct_ckpt_load_stats stats;
-    CT_TRY(ct_ckpt_load(path, t->cfg, t->model, t->dp, t->pctx, &state, &stats));
-    t->first_step = CT_MIN(state.step, t->cfg->train.steps);
-    if (t->rank0)
-        printf("checkpoint: resumed from %s at step %lld (written by %lld ranks: tp %lld, pp "
-               "%lld, dp %lld, zero %lld), loaded in %.2f s; rank 0 read %.1f MiB of state "
-               "holding at most %.1f MiB of host buffers\n",
-               path, (long long)state.step, (long long)state.world_size, (long long)state.tp,
-               (long long)state.pp, (long long)state.dp, (long long)state.zero_stage,
-               ct_now() - start, stats.state_bytes / 1048576.0, stats.buffer_bytes / 1048576.0);
-    t->profile_start = t->run_start = t->interval_start = ct_now();
-    return CT_OK;
+    ct_status st = CT_OK;
+    int i = 0;
+    double start = ct_now();
+    char first_bad[CT_PATH_MAX + 32] = "", why[512] = "";
+    for (; i < n; i++) {
+        /* every rank tries the same candidate; a load is collective and agreed, and one that
+         * fails part-way is overwritten whole by the next */
+        st = ct_ckpt_load(paths[i], t->cfg, t->model, t->dp, t->pctx, &state, &stats);
+        if (st == CT_OK) break;
+        if (st != CT_ERR_INPUT || i + 1 == n) break;
+        if (!first_bad[0]) {
+            snprintf(first_bad, sizeof first_bad, "%s", paths[i]);
+            snprintf(why, sizeof why, "%s", ct_error_message());
+        }
+        if (t->rank0)
+            printf("checkpoint: %s is not usable (%s); trying %s\n", paths[i], ct_error_message(),
+                   paths[i + 1]);
+        ct_error_clear();
+        start = ct_now();
+    }
+    if (st != CT_OK && n > 1) {
+        ct_error(CT_ERR_INPUT,
+                 "no usable checkpoint in '%s': the newest, %s, and every older "
+                 "one fail their checks (%s)",
+                 cc->dir, first_bad, why);
+        ct_hint("`cooktrain inspect DIR` checks one; checkpoint.resume: never starts over "
+                "(with another checkpoint.dir, to keep these)");
+    }
+    if (st == CT_OK && i < n) {
+        t->first_step = CT_MIN(state.step, t->cfg->train.steps);
+        if (t->rank0)
+            printf("checkpoint: resumed from %s at step %lld (written by %lld ranks: tp %lld, "
+                   "pp %lld, dp %lld, zero %lld), loaded in %.2f s; rank 0 read %.1f MiB of "
+                   "state holding at most %.1f MiB of host buffers\n",
+                   paths[i], (long long)state.step, (long long)state.world_size,
+                   (long long)state.tp, (long long)state.pp, (long long)state.dp,
+                   (long long)state.zero_stage, ct_now() - start, stats.state_bytes / 1048576.0,
+                   stats.buffer_bytes / 1048576.0);
+        t->profile_start = t->run_start = t->interval_start = ct_now();
+    }
+    for (int k = 0; k < n; k++) free(paths[k]);
+    free(paths);
+    return st;
 }
 
 /* Ends the save in flight (waiting for its files if need be) and reports it. */

@@ -175,6 +175,7 @@ if selected "corrupt"; then
     expect_exit 0 "inspect a good checkpoint" -- "$BIN" inspect "$step4"
     expect_text "every checksum verified" "inspect verifies every checksum"
     expect_text "optimizer_step" "inspect prints the train state"
+    expect_text "written by cooktrain" "inspect names the cooktrain that wrote it"
     snapshot() { (cd "$d/ck" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
     # corrupt KIND ACTION: damage step-4 in a copy, check the refusal, restore.
     corrupt_case() {
@@ -203,9 +204,14 @@ if selected "corrupt"; then
     rm -rf "$step4" && cp -a "$d/good" "$step4"
     printf '\x01' | dd of="$step4/manifest.bin" bs=1 seek=100 conv=notrunc status=none
     corrupt_case "damaged manifest" "manifest.bin"
+    rm -rf "$step4" && cp -a "$d/good" "$step4"
+    # a manifest from another checkpoint of the same run: its pieces' checksums fail
+    cp "$d/ck/step-00000002/manifest.bin" "$step4/manifest.bin"
+    corrupt_case "another checkpoint's manifest" "rank-00000.bin"
     # auto falls back to the newest valid checkpoint and says so
     expect_exit 0 "corrupt: resume auto falls back" -- "$BIN" "${base[@]}" "${six[@]}" --set checkpoint.dir="$d/ck"
     expect_text "step-00000004 is not usable" "corrupt: the fallback is said"
+    expect_text "the checksum of tensor" "corrupt: the reason is said (a checksum, found while loading)"
     expect_text "resumed from $d/ck/step-00000002 at step 2" "corrupt: resumed from the previous checkpoint"
     # another model: refused, naming the field
     expect_exit 2 "another model's checkpoint is refused" -- "$BIN" "${base[@]}" "${six[@]}" \

@@ -47,6 +47,7 @@ const char *const ct_ckpt_state_names[] = {
     "virtual_stages",
     "precision",
     "format_version",
+    "tokenizer_crc",
 };
 _Static_assert(sizeof ct_ckpt_state_names / sizeof ct_ckpt_state_names[0] == CT_CKPT_STATE_FIELDS,
                "a name for every state field");

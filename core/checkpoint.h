@@ -78,6 +78,10 @@ typedef struct ct_ckpt_state {
     /* The layout and precision that wrote it (informational: any layout loads it). */
     int64_t world_size, tp, pp, dp, zero_stage, virtual_stages, precision;
     int64_t format_version;
+    /* crc32 of the data.tokenizer file (0: none): a checkpoint resumes with the same one. The
+     * RNG needs no state of its own: every random number is a pure function of (seed, stream,
+     * counter) — initialisation, data order, sampling — so seed and step are all of it. */
+    int64_t tokenizer_crc;
 } ct_ckpt_state;
 
 /* Names of the state fields, in order (inspect prints them; the manifest stores the count). */

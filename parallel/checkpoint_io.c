@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <zlib.h>
 #include <string.h>
 
 #include "core/optim.h"
@@ -212,6 +213,18 @@ static ct_ckpt_piece *gather_pieces(const ct_pctx *pctx, const saver_pieces *s, 
     return pieces;
 }
 
+/* crc32 of a whole file; 0 for none or an unreadable one (the run's own loading reports that). */
+static int64_t file_crc(const char *path) {
+    FILE *f = path[0] ? fopen(path, "rb") : NULL;
+    if (!f) return 0;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    unsigned char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) crc = crc32(crc, buf, (uInt)got);
+    fclose(f);
+    return (int64_t)crc;
+}
+
 static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_t step,
                                int64_t optimizer_step) {
     const ct_model_config *mc = &cfg->model;
@@ -239,6 +252,7 @@ static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_
         .virtual_stages = cfg->parallel.virtual_stages,
         .precision = cfg->derived.precision,
         .format_version = 1,
+        .tokenizer_crc = file_crc(cfg->data.tokenizer),
     };
     return s;
 }
@@ -387,6 +401,16 @@ ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx
  * sample position depend on the last two). */
 static ct_status check_compatible(const char *path, const ct_ckpt_state *s, const ct_config *cfg) {
     const ct_ckpt_state mine = run_state(cfg, &(ct_pctx){0}, 0, 0);
+    if (s->tokenizer_crc && mine.tokenizer_crc && s->tokenizer_crc != mine.tokenizer_crc) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint '%s' was trained with another tokenizer than data.tokenizer '%s' "
+                 "(file crc32 %08llx, this one %08llx)",
+                 path, cfg->data.tokenizer, (unsigned long long)s->tokenizer_crc,
+                 (unsigned long long)mine.tokenizer_crc);
+        ct_hint("resume with the tokenizer the checkpoint's data was made with (its config is in "
+                "the checkpoint: `cooktrain inspect`), or checkpoint.resume: never");
+        return CT_ERR_INPUT;
+    }
     static const struct {
         const char *key;
         size_t offset;

@@ -81,6 +81,26 @@ done <<'RUNS'
 2 --set train.precision=bf16 --set parallel.zero_stage=1
 RUNS
 
+# ---- a checkpoint resumes in the other precision ----------------------------------------------
+# (it holds fp32 weights either way: a bf16 run's master weights, of which its bf16 parameters
+# are the rounding)
+if selected "precision"; then
+    d=$tmp/precision
+    for pair in "bf16 fp32" "fp32 bf16"; do
+        read -r from to <<<"$pair"
+        run "precision: 3 steps in $from" 1 --set train.precision="$from" --set checkpoint.dir="$d/$from" \
+            --set train.stop_after=3
+        run "precision: resumed in $to" 1 --set train.precision="$to" --set checkpoint.dir="$d/$from" \
+            --set log.metrics="$d/$from-$to.jsonl"
+        expect_text "resumed from $d/$from/step-00000003 at step 3" "precision: a $from checkpoint resumes in $to"
+        if python3 -c 'import json,sys,math; r=[json.loads(l) for l in open(sys.argv[1]) if "\"loss\"" in l]; sys.exit(0 if len(r)==3 and all(math.isfinite(x["loss"]) and x["loss"] < 5 for x in r) else 1)' "$d/$from-$to.jsonl"; then
+            ok "precision: $from -> $to continues training (3 finite losses below the initial ~4.8)"
+        else
+            fail "precision: $from -> $to continues training"
+        fi
+    done
+fi
+
 # ---- asynchronous and synchronous saves write the same bytes -----------------------------------
 if selected "async"; then
     d=$tmp/async
@@ -272,6 +292,12 @@ if selected "sample"; then
         fail "top-k 1 is greedy (the same text for any seed and temperature); other seeds draw other text"
     fi
     expect_exit 2 "sample --temperature 0 is refused" -- "$BIN" sample "$ck" --temperature 0
+    # another tokenizer (same vocabulary size) is refused on resume
+    tail -c 100000 "$TEST_TEXT" >"$d/other.txt"
+    "$BIN" prepare --input "$d/other.txt" --vocab-size 280 --out "$d/other" >/dev/null
+    expect_exit 2 "resume with another tokenizer is refused" -- "$BIN" "${base[@]}" "${six[@]}" "${bpe[@]}" \
+        --set data.tokenizer="$d/other/tokenizer.bin" --set checkpoint.resume="$ck"
+    expect_text "another tokenizer" "the refusal says the tokenizer differs"
     expect_exit 2 "sample of a directory that is no checkpoint is refused" -- "$BIN" sample "$d"
 fi
 

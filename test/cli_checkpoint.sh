@@ -18,8 +18,9 @@
 #     one in ours);
 #   - `cooktrain sample DIR` draws the text the training run (one process, and tp=2) drew after its
 #     last step with the same seed; top-k 1 is greedy; bad options exit 2;
-#   - SIGTERM (one process) and SIGUSR1 (under mpirun, which forwards it) stop the run at the next
-#     step boundary with a checkpoint and exit 0; `cooktrain inspect` verifies checksums;
+#   - SIGTERM (one process, and one rank of two under mpirun) and SIGUSR1 (to mpirun, which
+#     forwards it) stop the run at the next step boundary with a checkpoint and exit 0;
+#     `cooktrain inspect` verifies checksums;
 #   - scripts/slurm/cooktrain.sbatch under stand-ins for srun and scontrol: SIGUSR1 to the batch
 #     script stops the job with a checkpoint in its per-job directory, exit 0, and a requeue.
 # MPI runs one at a time, one thread per rank, passive waiting (DESIGN §11).
@@ -304,8 +305,10 @@ fi
 # ---- stop signals ----------------------------------------------------------------------------------
 # signal_run NAME SIGNAL NP: a long run signalled after its first step line; it must stop at a
 # step boundary with a checkpoint and exit 0, and the next run resumes from it.
+# With a fourth argument "one-rank" the signal goes to one rank's process only (as a node's
+# SIGTERM would), not to mpirun: the others must learn of it at the step boundary.
 signal_run() {
-    local name=$1 sig=$2 np=$3 d=$tmp/signal-$2 launcher=()
+    local name=$1 sig=$2 np=$3 target=${4:-launcher} d=$tmp/signal-$2-$4 launcher=()
     mkdir -p "$d"
     # the signal goes to mpirun itself (not to a `timeout` in front of it), which forwards it
     [ "$np" != 1 ] && launcher=(mpirun --oversubscribe --bind-to none -np "$np")
@@ -313,7 +316,11 @@ signal_run() {
         --set log.interval=1 >"$d/out.txt" 2>&1 &
     local pid=$! waited=0
     while ! grep -q "^step " "$d/out.txt" && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
-    kill -"$sig" "$pid"
+    if [ "$target" = one-rank ]; then
+        pkill -"$sig" -n -f -- "checkpoint.dir=$d/ck" # the newest such process: a rank, not mpirun
+    else
+        kill -"$sig" "$pid"
+    fi
     # no hang: the job must be gone within 60 s of the signal
     (sleep 60 && kill -9 "$pid" 2>/dev/null) &
     local guard=$!
@@ -333,6 +340,7 @@ signal_run() {
 if selected "signal"; then
     signal_run "SIGTERM, one process" TERM 1
     signal_run "SIGUSR1 under mpirun, 2 ranks" USR1 2
+    signal_run "SIGTERM to one of 2 ranks under mpirun" TERM 2 one-rank
 fi
 
 # ---- the SLURM batch script, under stand-ins for srun and scontrol --------------------------------

@@ -199,7 +199,8 @@ static const config_key keys[] = {
     {KEY(checkpoint, keep, KEY_INT), .def = "3", AT_LEAST(1),
      .doc = "checkpoints kept (the oldest are deleted)"},
     {KEY(checkpoint, resume, KEY_STRING), .def = "auto", .nonempty = true,
-     .doc = "auto (latest in dir, if any) | never | PATH of a checkpoint"},
+     .doc = "auto (the newest checkpoint in dir that loads, if any; older ones are tried when it "
+            "does not) | never | PATH of a checkpoint"},
 
     /* log */
     {KEY(log, interval, KEY_INT), .def = "10", AT_LEAST(1),

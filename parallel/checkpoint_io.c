@@ -10,11 +10,6 @@
 
 #include "core/optim.h"
 
-/* Every rank gets the worst status (one process needs no agreement). */
-static ct_status agree(const ct_pctx *pctx, ct_status st) {
-    return pctx->world_size == 1 ? st : ct_mpi_agree(st);
-}
-
 /* The box of the global tensor that this rank's slice of p covers ((n, 1) for 1-D tensors). */
 static ct_ckpt_box param_box(const ct_param *p) {
     ct_ckpt_box b;
@@ -298,7 +293,7 @@ ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
         memset(p, 0, bytes); /* fault the pages in now, not during a save */
         staging_give_back(p);
     }
-    return agree(pctx, st);
+    return ct_pctx_agree(pctx, st);
 }
 
 ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
@@ -313,7 +308,7 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     s->optimizer_step = ct_dp_optimizer(dp)->step;
     s->begin_time = ct_now();
     ct_ckpt_step_path(s->dir, sizeof s->dir, root, step, true);
-    ct_status st = agree(pctx, pctx->world_rank == 0 ? ct_ckpt_begin(root, step) : CT_OK);
+    ct_status st = ct_pctx_agree(pctx, pctx->world_rank == 0 ? ct_ckpt_begin(root, step) : CT_OK);
     if (st != CT_OK) {
         free(s);
         return st;
@@ -327,7 +322,7 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
         ct_hint("a checkpoint stages this rank's weights and AdamW moments in host memory");
         st = CT_ERR_RUNTIME;
     }
-    st = agree(pctx, st);
+    st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) {
         ct_ckpt_save_abandon(s);
         return st;
@@ -366,7 +361,7 @@ ct_status ct_ckpt_save_end(ct_ckpt_saver *s, ct_ckpt_save_stats *stats) {
         ct_hint("%s", s->write_hint);
     }
     ct_pctx *pctx = s->pctx;
-    st = agree(pctx, st);
+    st = ct_pctx_agree(pctx, st);
     if (st == CT_OK) {
         saver_pieces sp = {.pieces = s->pieces, .n = s->n};
         int64_t n = 0;
@@ -375,7 +370,7 @@ ct_status ct_ckpt_save_end(ct_ckpt_saver *s, ct_ckpt_save_stats *stats) {
                  ? write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n)
                  : CT_OK;
         free(all);
-        st = agree(pctx, st);
+        st = ct_pctx_agree(pctx, st);
     }
     if (stats) {
         stats->blocked_s = s->staged_time - s->begin_time;
@@ -483,13 +478,13 @@ ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, 
     ct_ckpt_manifest m;
     ct_status st = ct_ckpt_open(path, &m);
     if (st == CT_OK) st = check_compatible(path, &m.state, cfg);
-    st = agree(pctx, st);
+    st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) {
         ct_ckpt_manifest_release(&m);
         return st;
     }
     loader l = {.path = path, .manifest = &m, .dp = dp};
-    st = agree(pctx, for_each_run(model, dp, pctx, false, load_run, &l));
+    st = ct_pctx_agree(pctx, for_each_run(model, dp, pctx, false, load_run, &l));
     free(l.host);
     if (stats) {
         stats->state_bytes = (double)l.loaded * sizeof(float);

@@ -206,6 +206,10 @@ static int severity(ct_status st) {
     return st == CT_ERR_RUNTIME ? 2 : st == CT_ERR_INPUT ? 1 : 0;
 }
 
+ct_status ct_pctx_agree(const ct_pctx *pctx, ct_status local) {
+    return pctx->world_size > 1 ? ct_mpi_agree(local) : local;
+}
+
 ct_status ct_mpi_agree(ct_status local) {
     int initialized = 0;
     MPI_Initialized(&initialized);

@@ -61,5 +61,7 @@ void ct_pctx_print(const ct_pctx *pctx, FILE *out);
  * works before a ct_pctx exists (it uses MPI_COMM_WORLD).
  */
 ct_status ct_mpi_agree(ct_status local);
+/* The same for the ranks of pctx; a grid of one process (no MPI) returns `local` as it is. */
+ct_status ct_pctx_agree(const ct_pctx *pctx, ct_status local);
 
 #endif /* CT_PARALLEL_CONTEXT_H */

@@ -213,7 +213,7 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
     } else if (s.sink_status != CT_OK) {
         st = s.sink_status;
     }
-    return pctx->world_size > 1 ? ct_mpi_agree(st) : st;
+    return ct_pctx_agree(pctx, st);
 }
 
 /* ---- the dump file ----------------------------------------------------------------------------
@@ -287,7 +287,7 @@ ct_status ct_param_dump_close(ct_param_dump *d) {
 ct_status ct_param_dump_write(ct_model *m, ct_dp *dp, ct_pctx *pctx, const char *path) {
     ct_param_dump *d = NULL;
     ct_status st = pctx->world_rank == 0 ? ct_param_dump_open(&d, path) : CT_OK;
-    if (pctx->world_size > 1) st = ct_mpi_agree(st);
+    st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) return st;
     int64_t checked = 0, tensors = 0;
     st = ct_param_stream(m, dp, pctx, d ? ct_param_dump_sink : NULL, d, &checked);

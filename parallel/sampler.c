@@ -129,7 +129,7 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
     ct_status st = pctx->pp > 1
                        ? ct_pipeline_new(&pipe, m, dp, pctx, CT_SCHEDULE_FORWARD_ONLY, 1, 1)
                        : ct_acts_new(&acts, m, 1);
-    if (pctx->world_size > 1) st = ct_mpi_agree(st);
+    st = ct_pctx_agree(pctx, st);
     if (pipe) ct_pipeline_set_head_fn(pipe, draw, &s);
 
     for (s.k = 0; st == CT_OK && s.k < n_new; s.k++) {

@@ -162,8 +162,7 @@ static void catch_stop_signals(void) {
 
 /* Every rank gets the worst status of all (DESIGN §9); one process needs no agreement. */
 static ct_status agree(trainer *t, ct_status st) {
-    if (t->pctx->world_size == 1) return st;
-    return ct_mpi_agree(st);
+    return ct_pctx_agree(t->pctx, st);
 }
 
 /* The same, once per step: one small allreduce on the world group (watchdog-guarded) when all

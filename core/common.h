@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h> /* memcpy in the little-endian helpers */
 
 typedef enum ct_status {
     CT_OK = 0,
@@ -118,6 +119,21 @@ static inline uint64_t ct_get_le64(const uint8_t *p) {
 
 /* Longest path a config or a command line may give. */
 #define CT_PATH_MAX 512
+
+/* n f32 values to and from their little-endian bytes (a copy on little-endian hosts). */
+static inline void ct_put_le_floats(uint8_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        ct_put_le32(dst + 4 * i, u);
+    }
+}
+static inline void ct_get_le_floats(float *dst, const uint8_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = ct_get_le32(src + 4 * i);
+        memcpy(&dst[i], &u, 4);
+    }
+}
 
 #define CT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define CT_MIN(a, b) ((a) < (b) ? (a) : (b))

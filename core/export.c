@@ -229,15 +229,13 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         for (int i = 0; i < n && ok && st == CT_OK; i++) {
             st = load_values(dir, &m, &t[i], values);
             const int64_t k = t[i].rows * t[i].cols;
-            for (int64_t j = 0; j < k && st == CT_OK; j++) {
-                uint32_t u;
-                memcpy(&u, &values[j], 4);
-                if (dtype == CT_DTYPE_BF16) {
+            if (st == CT_OK && dtype == CT_DTYPE_BF16) {
+                for (int64_t j = 0; j < k; j++) {
                     uint16_t b = ct_f32_to_bf16(values[j]);
                     bytes[2 * j] = (uint8_t)b, bytes[2 * j + 1] = (uint8_t)(b >> 8);
-                } else {
-                    ct_put_le32(bytes + 4 * j, u);
                 }
+            } else if (st == CT_OK) {
+                ct_put_le_floats(bytes, values, k);
             }
             if (st == CT_OK) ok = fwrite(bytes, ct_dtype_size(dtype), (size_t)k, f) == (size_t)k;
         }

@@ -381,8 +381,8 @@ static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
     return buf;
 }
 
-static void print_start(trainer *t, const char *peak_how, double hw_peak, double gemm_rate,
-                        double tokens_per_step) {
+/* Rank 0's start-up report, from the constants start_run fixed. */
+static void print_start(const trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_pctx *p = t->pctx;
     printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
@@ -400,13 +400,13 @@ static void print_start(trainer *t, const char *peak_how, double hw_peak, double
            cfg->train.micro_batch_auto ? " (auto: the largest that divides global_batch/dp within "
                                          "8192 tokens)"
                                        : "",
-           (long long)cfg->derived.grad_accum, t->dp_size, tokens_per_step);
+           (long long)cfg->derived.grad_accum, t->dp_size, t->tokens_per_step);
     char what[128];
     ct_backend_describe(t->be, what, sizeof what);
     printf("backend: %s per rank, %d ranks; per rank: hardware peak in %s %.1f GFLOP/s "
            "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (%s, measured)\n",
-           what, p->world_size, ct_dtype_name(ct_model_dtype(t->model)), hw_peak / 1e9, peak_how,
-           gemm_rate / 1e9, ct_dtype_name(ct_model_dtype(t->model)));
+           what, p->world_size, ct_dtype_name(ct_model_dtype(t->model)), t->hw_peak / 1e9,
+           t->peak_how, t->gemm_rate / 1e9, ct_dtype_name(ct_model_dtype(t->model)));
     const ct_state_bytes sb = ct_dp_state_bytes(t->dp);
     printf("precision: %s (%s): bytes per parameter: params %zu + grads %zu + master %zu + "
            "optimizer %zu = %zu; dp gradient reduction in %s\n",
@@ -580,7 +580,7 @@ static void start_run(trainer *t) {
         ct_backend_peak_flops(t->be, ct_model_dtype(t->model), t->peak_how, sizeof t->peak_how);
     t->gemm_rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * T, cfg->derived.d_ff,
                                       cfg->model.d_model, ct_model_dtype(t->model), 5);
-    if (t->rank0) print_start(t, t->peak_how, t->hw_peak, t->gemm_rate, t->tokens_per_step);
+    if (t->rank0) print_start(t);
     write_setup_metrics(t);
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);

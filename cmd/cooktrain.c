@@ -8,6 +8,7 @@
  *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
  *   cooktrain inspect DIR
  *   cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]
+ *   cooktrain eval DIR --data FILE|GLOB [--samples N]
  *   cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
  */
 #include <stdio.h>
@@ -303,6 +304,8 @@ int main(int argc, char **argv) {
         st = ct_prepare_run(argc - first, argv + first);
     } else if (!strcmp(command, "sample")) {
         st = ct_generate_run(argc - first, argv + first);
+    } else if (!strcmp(command, "eval")) {
+        st = ct_eval_run(argc - first, argv + first);
     } else if (!strcmp(command, "export")) {
         st = ct_export_run(argc - first, argv + first);
     } else if (!strcmp(command, "inspect")) {

@@ -374,53 +374,68 @@ int64_t ct_dataset_sample_at(ct_dataset *ds, int64_t g) {
     return ds->perm[g % ds->n_samples];
 }
 
+/* Sample `sample` (file order) into in and tg (seq_len each). */
+static ct_status read_sample(const ct_dataset *ds, int64_t sample, int32_t *in, int32_t *tg) {
+    int64_t L = ds->seq_len;
+    /* the last shard whose first sample is <= sample (shards without samples are skipped
+     * because the next shard has the same first_sample) */
+    int lo = 0, hi = ds->n_shards - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ds->shards[mid].first_sample <= sample)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const shard *s = &ds->shards[lo];
+    CT_ASSERT(sample - s->first_sample < s->n_samples);
+    int64_t start = (sample - s->first_sample) * L;
+    /* Every token is checked as it is copied (the header's vocab_size is at most the model's,
+     * checked at open): a corrupt id would otherwise index past the embedding, or silently read
+     * a zero padding row. A compare per token costs nothing next to the step. */
+    uint32_t worst = 0;
+    int64_t worst_at = 0;
+    int32_t prev = shard_token(s, start);
+    for (int64_t k = 0; k <= L; k++) {
+        int32_t tok = k == 0 ? prev : shard_token(s, start + k);
+        if ((uint32_t)tok >= s->vocab && (uint32_t)tok >= worst) {
+            worst = (uint32_t)tok;
+            worst_at = start + k;
+        }
+        if (k == 0) continue;
+        in[k - 1] = prev;
+        tg[k - 1] = tok;
+        prev = tok;
+    }
+    if (worst >= s->vocab) {
+        ct_error(CT_ERR_INPUT,
+                 "data shard %s is corrupt: token %u at position %lld (sample %lld) is not "
+                 "below its vocab_size %u",
+                 s->path, worst, (long long)worst_at, (long long)sample, s->vocab);
+        ct_hint("re-create the shard with `cooktrain prepare`; `cooktrain` checks every token "
+                "as it reads a sample");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
 ct_status ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t *inputs,
                           int32_t *targets) {
     CT_ASSERTF(first >= 0 && n_seq >= 0, "first=%lld n_seq=%lld", (long long)first,
                (long long)n_seq);
     int64_t L = ds->seq_len;
-    for (int64_t r = 0; r < n_seq; r++) {
-        int64_t sample = ct_dataset_sample_at(ds, first + r);
-        /* the last shard whose first sample is <= sample (shards without samples are skipped
-         * because the next shard has the same first_sample) */
-        int lo = 0, hi = ds->n_shards - 1;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (ds->shards[mid].first_sample <= sample)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const shard *s = &ds->shards[lo];
-        CT_ASSERT(sample - s->first_sample < s->n_samples);
-        int64_t start = (sample - s->first_sample) * L;
-        int32_t *in = inputs + r * L, *tg = targets + r * L;
-        /* Every token is checked as it is copied (the header's vocab_size is at most the
-         * model's, checked at open): a corrupt id would otherwise index past the embedding, or
-         * silently read a zero padding row. A compare per token costs nothing next to the step. */
-        uint32_t worst = 0;
-        int64_t worst_at = 0;
-        int32_t prev = shard_token(s, start);
-        for (int64_t k = 0; k <= L; k++) {
-            int32_t tok = k == 0 ? prev : shard_token(s, start + k);
-            if ((uint32_t)tok >= s->vocab && (uint32_t)tok >= worst) {
-                worst = (uint32_t)tok;
-                worst_at = start + k;
-            }
-            if (k == 0) continue;
-            in[k - 1] = prev;
-            tg[k - 1] = tok;
-            prev = tok;
-        }
-        if (worst >= s->vocab) {
-            ct_error(CT_ERR_INPUT,
-                     "data shard %s is corrupt: token %u at position %lld (sample %lld) is not "
-                     "below its vocab_size %u",
-                     s->path, worst, (long long)worst_at, (long long)sample, s->vocab);
-            ct_hint("re-create the shard with `cooktrain prepare`; `cooktrain` checks every token "
-                    "as it reads a sample");
-            return CT_ERR_INPUT;
-        }
-    }
+    for (int64_t r = 0; r < n_seq; r++)
+        CT_TRY(
+            read_sample(ds, ct_dataset_sample_at(ds, first + r), inputs + r * L, targets + r * L));
+    return CT_OK;
+}
+
+ct_status ct_dataset_fill_in_order(const ct_dataset *ds, int64_t first, int64_t n_seq,
+                                   int32_t *inputs, int32_t *targets) {
+    CT_ASSERTF(first >= 0 && n_seq >= 0 && first + n_seq <= ds->n_samples, "first=%lld n_seq=%lld",
+               (long long)first, (long long)n_seq);
+    int64_t L = ds->seq_len;
+    for (int64_t r = 0; r < n_seq; r++)
+        CT_TRY(read_sample(ds, first + r, inputs + r * L, targets + r * L));
     return CT_OK;
 }

@@ -51,6 +51,15 @@ ct_status ct_dataset_fill(ct_dataset *ds, int64_t first, int64_t n_seq, int32_t 
                           int32_t *targets);
 
 /*
+ * The same for samples [first, first + n_seq) in file order, with no shuffle: shards by name,
+ * and inside a shard its sample k is tokens [k·seq_len, k·seq_len + seq_len]. What `cooktrain
+ * eval` reads, so another program can rebuild the batch from the files alone.
+ * first + n_seq <= n_samples.
+ */
+ct_status ct_dataset_fill_in_order(const ct_dataset *ds, int64_t first, int64_t n_seq,
+                                   int32_t *inputs, int32_t *targets);
+
+/*
  * Added: the sample (in [0, n_samples), shards in name order, samples in file order) that global
  * index g >= 0 visits. The permutation of g's epoch is computed on first use and cached until g
  * moves to another epoch (one u32 per sample), so walk g forward, as training does.

@@ -8,6 +8,7 @@
 #include "core/backend.h"
 #include "core/checkpoint.h"
 #include "core/config.h"
+#include "core/data.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
 #include "parallel/checkpoint_io.h"
@@ -88,51 +89,143 @@ static ct_status config_of(const char *dir, const ct_ckpt_manifest *m, ct_config
     return ct_config_validate(cfg, 1);
 }
 
+/* A checkpoint's model on one process and the CPU backend, weights loaded. */
+typedef struct loaded_checkpoint {
+    ct_config cfg;
+    ct_backend *be;
+    ct_pctx *pctx;
+    ct_model *model;
+    ct_dp *dp;
+    ct_ckpt_state state;
+} loaded_checkpoint;
+
+static void loaded_free(loaded_checkpoint *l) {
+    ct_dp_free(l->dp);
+    ct_model_free(l->model);
+    ct_pctx_free(l->pctx);
+    ct_backend_free(l->be);
+    memset(l, 0, sizeof *l);
+}
+
+static ct_status load_checkpoint(const char *dir, loaded_checkpoint *l) {
+    memset(l, 0, sizeof *l);
+    ct_ckpt_manifest m;
+    CT_TRY(ct_ckpt_open(dir, &m));
+    ct_status st = config_of(dir, &m, &l->cfg);
+    ct_ckpt_manifest_release(&m);
+    if (st != CT_OK) return st;
+    const ct_config *cfg = &l->cfg;
+    l->pctx = ct_pctx_local_new();
+    st = ct_backend_new(&l->be, "cpu", (int)cfg->train.threads, NULL, 0);
+    if (st == CT_OK) {
+        ct_model_layout layout = ct_model_layout_single(cfg);
+        layout.tp = l->pctx->tp_comm;
+        st = ct_model_new(&l->model, cfg, l->be, &layout);
+    }
+    if (st == CT_OK)
+        st = ct_dp_new(&l->dp, l->model, l->pctx->dp_comm, 0, &cfg->train,
+                       ct_precision_dtype(cfg->parallel.grad_reduce_dtype));
+    if (st == CT_OK) st = ct_ckpt_load(dir, cfg, l->model, l->dp, l->pctx, &l->state, NULL);
+    if (st != CT_OK) loaded_free(l);
+    return st;
+}
+
 ct_status ct_generate_run(int argc, char **argv) {
     generate_args a;
     CT_TRY(parse(argc, argv, &a));
-    ct_ckpt_manifest m;
-    CT_TRY(ct_ckpt_open(a.dir, &m));
-    ct_config cfg;
-    ct_status st = config_of(a.dir, &m, &cfg);
-    ct_ckpt_manifest_release(&m);
-    if (st != CT_OK) return st;
-    const char *tok_path = a.tokenizer ? a.tokenizer : cfg.data.tokenizer;
+    loaded_checkpoint l;
+    CT_TRY(load_checkpoint(a.dir, &l));
+    const char *tok_path = a.tokenizer ? a.tokenizer : l.cfg.data.tokenizer;
+    ct_tokenizer *tok = NULL;
+    ct_status st = CT_OK;
     if (!tok_path[0]) {
         ct_error(CT_ERR_INPUT, "sample: the checkpoint's config names no tokenizer "
                                "(data.tokenizer)");
         ct_hint("pass the tokenizer the training data was made with: --tokenizer FILE");
-        return CT_ERR_INPUT;
+        st = CT_ERR_INPUT;
     }
-    ct_tokenizer *tok = NULL;
-    CT_TRY(ct_tokenizer_load(&tok, tok_path));
-    ct_backend *be = NULL;
-    ct_pctx *pctx = ct_pctx_local_new();
-    ct_model *model = NULL;
-    ct_dp *dp = NULL;
-    st = ct_backend_new(&be, "cpu", (int)cfg.train.threads, NULL, 0);
-    if (st == CT_OK) {
-        ct_model_layout layout = ct_model_layout_single(&cfg);
-        layout.tp = pctx->tp_comm;
-        st = ct_model_new(&model, &cfg, be, &layout);
-    }
-    if (st == CT_OK)
-        st = ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train,
-                       ct_precision_dtype(cfg.parallel.grad_reduce_dtype));
-    ct_ckpt_state state;
-    if (st == CT_OK) st = ct_ckpt_load(a.dir, &cfg, model, dp, pctx, &state, NULL);
+    if (st == CT_OK) st = ct_tokenizer_load(&tok, tok_path);
     if (st == CT_OK) {
         printf("checkpoint %s: step %lld, %lld layers, d_model %lld; temperature %g, top-k %lld, "
                "seed %llu\n",
-               a.dir, (long long)state.step, (long long)cfg.model.n_layer,
-               (long long)cfg.model.d_model, a.opt.temperature, (long long)a.opt.top_k,
+               a.dir, (long long)l.state.step, (long long)l.cfg.model.n_layer,
+               (long long)l.cfg.model.d_model, a.opt.temperature, (long long)a.opt.top_k,
                (unsigned long long)a.seed);
-        st = ct_sample_print(model, dp, pctx, tok, a.prompt, a.tokens, a.seed, &a.opt);
+        st = ct_sample_print(l.model, l.dp, l.pctx, tok, a.prompt, a.tokens, a.seed, &a.opt);
     }
-    ct_dp_free(dp);
-    ct_model_free(model);
-    ct_pctx_free(pctx);
-    ct_backend_free(be);
     ct_tokenizer_free(tok);
+    loaded_free(&l);
+    return st;
+}
+
+/* ---- eval ---------------------------------------------------------------------------------- */
+
+static ct_status eval_usage(const char *what, const char *value) {
+    ct_error(CT_ERR_INPUT, "eval: %s '%s'", what, value);
+    ct_hint("usage: cooktrain eval DIR --data FILE|GLOB [--samples N]");
+    return CT_ERR_INPUT;
+}
+
+ct_status ct_eval_run(int argc, char **argv) {
+    const char *dir = NULL, *data = NULL;
+    int64_t want = -1; /* all */
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (o[0] != '-' && !dir) {
+            dir = o;
+            continue;
+        }
+        if (!v) return eval_usage("unknown option or missing value", o);
+        i++;
+        if (!strcmp(o, "--data")) {
+            data = v;
+        } else if (!strcmp(o, "--samples")) {
+            double x;
+            if (number("--samples must be 1 or more, got", v, 1, 9e15, &x) != CT_OK)
+                return eval_usage("--samples must be 1 or more, got", v);
+            want = (int64_t)x;
+        } else {
+            return eval_usage("unknown option", o);
+        }
+    }
+    if (!dir) return eval_usage("needs a checkpoint directory, got", "");
+    if (!data) return eval_usage("needs the token shards to score: --data, got", "");
+
+    loaded_checkpoint l;
+    CT_TRY(load_checkpoint(dir, &l));
+    const int64_t T = l.cfg.model.seq_len;
+    ct_dataset *ds = NULL;
+    ct_acts *acts = NULL;
+    int32_t *tokens = ct_xmalloc((size_t)T * sizeof(int32_t));
+    int32_t *targets = ct_xmalloc((size_t)T * sizeof(int32_t));
+    ct_status st = ct_dataset_open(&ds, data, T, l.cfg.model.vocab_size, 0);
+    if (st == CT_OK) st = ct_acts_new(&acts, l.model, 1);
+    int64_t n = 0;
+    if (st == CT_OK) {
+        n = ct_dataset_n_samples(ds);
+        if (want > 0 && want < n) n = want;
+    }
+    /* One sample per forward, summed in double in file order: the value depends on nothing
+     * but the weights and the data. */
+    double sum = 0.0;
+    for (int64_t k = 0; st == CT_OK && k < n; k++) {
+        st = ct_dataset_fill_in_order(ds, k, 1, tokens, targets);
+        if (st != CT_OK) break;
+        ct_model_begin_losses(l.model, 1, 1);
+        ct_acts_set_batch(acts, 0, tokens, targets);
+        ct_model_forward(l.model, acts, 0.0f);
+        sum += ct_model_loss_sum(l.model);
+    }
+    if (st == CT_OK)
+        printf("eval %s (step %lld, %s): %lld samples of %lld tokens from %s in file "
+               "order: loss %.7f\n",
+               dir, (long long)l.state.step,
+               ct_dtype_name(ct_precision_dtype(l.cfg.derived.precision)), (long long)n,
+               (long long)T, data, sum / (double)(n * T));
+    free(tokens);
+    free(targets);
+    ct_acts_free(acts);
+    ct_dataset_free(ds);
+    loaded_free(&l);
     return st;
 }

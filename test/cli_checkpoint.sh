@@ -14,8 +14,8 @@
 #     the checkpoint directory changed; with checkpoint.resume: auto the newest valid one is used
 #     and the fallback said;
 #   - export: the safetensors file has GPT-2's names, shapes and dtypes and the checkpoint's values
-#     (test/check_export.py; with python3-torch, a PyTorch GPT-2 in HF's layout gives the loss of
-#     one in ours);
+#     (test/check_export.py); with python3-torch, a plain PyTorch GPT-2 on the export gives the
+#     loss `cooktrain eval` prints for the checkpoint on the same validation samples;
 #   - `cooktrain sample DIR` draws the text the training run (one process, and tp=2) drew after its
 #     last step with the same seed; top-k 1 is greedy; bad options exit 2;
 #   - SIGTERM (one process, and one rank of two under mpirun) and SIGUSR1 (to mpirun, which
@@ -245,18 +245,30 @@ fi
 # ---- export to safetensors ----------------------------------------------------------------------
 if selected "export"; then
     d=$tmp/export
-    run "export: 3 steps with a checkpoint" 1 --set train.steps=3 --set checkpoint.dir="$d/ck" --dump-params "$d/final.bin"
+    # 30 steps at a higher rate: a model far enough from uniform that attention and the norms
+    # move its loss (after 3 steps an anti-causal mask changed it by only 1e-5 relative)
+    run "export: 30 steps with a checkpoint" 1 --set train.steps=30 --set train.lr=3e-3 \
+        --set checkpoint.dir="$d/ck" --dump-params "$d/final.bin"
     # Debian's python3 has torch when python3-torch is installed (a pyenv python3 may not)
     py=python3
     /usr/bin/python3 -c 'import torch' 2>/dev/null && py=/usr/bin/python3
+    # cooktrain's own loss on the first 8 validation samples, for the PyTorch GPT-2 to match
+    expect_exit 0 "eval: the checkpoint's loss on 8 validation samples" -- \
+        "$BIN" eval "$d/ck/step-00000030" --data "$TEST_DATA/val.bin" --samples 8
+    loss=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^eval .* 8 samples of .* loss \([0-9.]*\)$/\1/p')
     for dtype in fp32 bf16; do
-        expect_exit 0 "export --dtype $dtype" -- "$BIN" export "$d/ck/step-00000003" --out "$d/$dtype/model.safetensors" --dtype $dtype
+        expect_exit 0 "export --dtype $dtype" -- "$BIN" export "$d/ck/step-00000030" --out "$d/$dtype/model.safetensors" --dtype $dtype
         flag=()
         [ $dtype = bf16 ] && flag=(--bf16)
-        $py test/check_export.py "$d/$dtype/model.safetensors" "$d/final.bin" "${flag[@]}" --tokens "$TEST_DATA/val.bin" |
+        $py test/check_export.py "$d/$dtype/model.safetensors" "$d/final.bin" "${flag[@]}" \
+            --tokens "$TEST_DATA/val.bin" --samples 8 --loss "${loss:-nan}" |
             sed "s/^\(ok\|FAIL\) /\1 export $dtype: /"
     done
-    expect_exit 2 "export without --out is refused" -- "$BIN" export "$d/ck/step-00000003"
+    expect_exit 2 "eval without --data is refused" -- "$BIN" eval "$d/ck/step-00000030"
+    expect_text "hint: usage: cooktrain eval DIR --data" "eval without --data: the usage in a hint"
+    expect_exit 2 "eval --samples 0 is refused" -- "$BIN" eval "$d/ck/step-00000030" --data "$TEST_DATA/val.bin" --samples 0
+    expect_exit 2 "eval of data that is no token shard is refused" -- "$BIN" eval "$d/ck/step-00000030" --data "$d/final.bin"
+    expect_exit 2 "export without --out is refused" -- "$BIN" export "$d/ck/step-00000030"
     expect_exit 2 "export of a directory that is no checkpoint is refused" -- "$BIN" export "$d" --out "$d/x.safetensors"
 fi
 

@@ -143,6 +143,14 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
             snprintf(chosen + used, cap - used,
                      " behind the asynchronous stream (COOKTRAIN_ASYNC=1)");
     }
+    const char *check = getenv("CT_CHECK_BACKEND");
+    if (check && !strcmp(check, "1") && strcmp(be->iface->name, "cpu") != 0) {
+        be = ct_backend_check_new(be);
+        size_t used = strlen(chosen);
+        if (used < cap)
+            snprintf(chosen + used, cap - used,
+                     ", every op checked against the CPU backend (CT_CHECK_BACKEND=1)");
+    }
     *out = be;
     return CT_OK;
 }

@@ -228,7 +228,8 @@ void ct_backend_profile(ct_backend *be, bool on);
  * built elsewhere (cuda/) registers itself with ct_backend_register before the first
  * ct_backend_new. `name` "auto" picks the first registered accelerator whose `usable` says yes,
  * else "cpu". The environment variable COOKTRAIN_ASYNC=1 puts whatever backend is made behind the
- * asynchronous stream (how the test suite proves the ordering of every caller).
+ * asynchronous stream (how the test suite proves the ordering of every caller); CT_CHECK_BACKEND=1
+ * then wraps any backend other than the plain "cpu" in check mode (ct_backend_check_new).
  * n_threads: host threads (<= 0: what OpenMP would use). On success *out is the backend and
  * `chosen` (cap bytes) says what was picked and why, e.g. "cpu (auto: this build has no CUDA
  * backend)". An unknown name, or a known one that is not built or cannot run here, is
@@ -257,6 +258,20 @@ ct_backend *ct_backend_cpu_new(int n_threads);
  * chance. Takes ownership of `inner`. Results are bit-identical to `inner`'s.
  */
 ct_backend *ct_backend_async_new(ct_backend *inner);
+/*
+ * Check mode (backend_check.c): a backend whose every op runs on `inner` (the backend under test)
+ * and then again on a private CPU backend from the same input bytes, the results compared with a
+ * per-op tolerance derived in that file (exact for copies, casts and gathers; a few ulps for
+ * elementwise ops; K·2^-24 relative to Σ|terms| for reductions of K terms; one bf16 ulp more for
+ * bf16 outputs). The first op that differs is reported on stderr — op, shape arguments, output
+ * buffer, worst element (index, got, want, tolerance), how many ops agreed before it — and the
+ * process exits with status 1; an op that changes one of its read-only operands is reported the
+ * same way. Memory, ordering, peak_flops pass through; describe says "checked: ...". Slow by
+ * design (every operand goes through the host). The environment variable CT_CHECK_BACKEND=1 makes
+ * ct_backend_new wrap every backend but the plain "cpu" in it; CT_CHECK_BACKEND_RTOL=<factor>
+ * scales every non-exact tolerance. Takes ownership of `inner`.
+ */
+ct_backend *ct_backend_check_new(ct_backend *inner);
 void ct_backend_free(ct_backend *be);
 /* The backend's name and what runs its ops (the describe slot), e.g. "cpu, 2 threads". */
 void ct_backend_describe(const ct_backend *be, char *buf, size_t cap);

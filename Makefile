@@ -56,16 +56,20 @@ PAR_SRC  := $(wildcard parallel/*.c)
 PAR_OBJ  := $(PAR_SRC:%.c=$(BUILD)/%.o)
 PAR_LIB  := $(BUILD)/libctpar.a
 # test_*.c are single-process tests; mpi_test_*.c run under mpirun (test/cli_mpi_*.sh).
-TEST_SRC := $(wildcard test/test_*.c) $(wildcard test/mpi_test_*.c)
+# (test_cuda_*.c link the emulated CUDA backend: cuda/cuda.mk builds them)
+TEST_SRC := $(filter-out test/test_cuda_%.c,$(wildcard test/test_*.c)) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 
 .PHONY: all setup run data test mutants bench clean report print-ldlibs
 .SECONDARY:
+.DEFAULT_GOAL := all
+# the CUDA backend, real (nvcc) and emulated: sets CUDA_LIB and CUDA_LDLIBS, adds its targets to all
+include cuda/cuda.mk
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
 report:
 	@echo "make: required: $(PKG_REQUIRED) $(if $(HAVE_PKGS),found,NOT FOUND); cmocka $(if $(HAVE_CMOCKA),found,NOT FOUND); oneDNN $(if $(HAVE_DNNL),found,NOT FOUND (libdnnl-dev))"
-	@echo "make: optional: nvcc $(if $(NVCC),found ($(NVCC)),not found); CUDA backend: not part of this build yet"
+	@echo "make: optional: nvcc $(if $(NVCC),found ($(NVCC)),not found); $(CUDA_REPORT)"
 
 setup:
 	@bash scripts/setup.sh
@@ -82,8 +86,8 @@ $(PAR_LIB): $(PAR_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cooktrain: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CORE_LIB)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/cooktrain: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CUDA_LIB) $(CORE_LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(PAR_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka

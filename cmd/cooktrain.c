@@ -24,11 +24,17 @@
 #include "core/gemm_bench.h"
 #include "core/model.h"
 #include "core/prepare.h"
+#include "cuda/backend_cuda.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
 #include "parallel/plan.h"
 #include "parallel/schedule.h"
 #include "parallel/trainer.h"
+
+/* Linked only into builds with the CUDA backend (cuda/cuda.mk): weak references, so this one
+ * object serves the CPU-only, the CUDA and the emulated-CUDA binaries alike. */
+#pragma weak ct_cuda_register
+#pragma weak ct_cuda_usable
 
 static const char usage_text[] =
     "cooktrain " CT_VERSION "\n"
@@ -141,6 +147,11 @@ static ct_status cmd_train(int argc, char **argv) {
     for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
     free(sets);
     const int world = ct_mpi_world_size(), rank = ct_mpi_world_rank();
+    /* train.precision: auto picks bf16 on a GPU; the backend itself is made after validation */
+    char why[160];
+    cfg.runtime_backend_cuda =
+        !strcmp(backend_name, "cuda") ||
+        (!strcmp(backend_name, "auto") && ct_cuda_register && ct_cuda_usable(why, sizeof why));
     if (st == CT_OK) st = ct_config_validate(&cfg, world);
     /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
      * config file readable on one node only. */
@@ -284,6 +295,7 @@ static ct_status cmd_plan(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (ct_cuda_register) ct_cuda_register();
     const char *command = argc > 1 ? argv[1] : "train";
     int first = 2;
     if (argc > 1 && argv[1][0] == '-') command = "train", first = 1;

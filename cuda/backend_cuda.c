@@ -1,0 +1,359 @@
+/*
+ * backend_cuda.c — the CUDA backend: struct ct_backend_i filled with the launchers of the cuda/ .cu
+ * files and cuBLASLt GEMMs (gemm.h), on one device and one compute stream (DESIGN §3, §10).
+ *
+ * Host C, identical in the real build (linked with cudart, cuBLAS(Lt)) and the emulated one
+ * (linked with the stand-ins of cuda/emu/): only the link line differs.
+ *
+ * Ordering (backend.h): every op is enqueued on the compute stream and returns; values reach the
+ * host only through copy_to_host, which waits for the stream. copy_from_host waits too, because
+ * the caller may reuse its host buffer as soon as the slot returns. event_record / event_wait map
+ * onto CUDA events recorded on the stream; sync waits for the stream. free waits for the stream
+ * (cudaFree synchronises the device).
+ *
+ * Errors: every CUDA call is checked (ct_cuda_check.h: message with file, line and call, exit 1).
+ * Out of memory in alloc is the exception: it returns NULL, and the caller reports it.
+ */
+#include "cuda/backend_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/adamw.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/ct_cuda_check.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/embedding.cuh"
+#include "cuda/gelu.cuh"
+#include "cuda/gemm.h"
+#include "cuda/layernorm.cuh"
+#include "cuda/xent.cuh"
+
+struct ct_cuda_ctx {
+    int device;
+    struct cudaDeviceProp prop;
+    cudaStream_t stream;
+    cudaEvent_t events[CT_BACKEND_EVENTS];
+    ct_cuda_gemm_ctx *gemm;
+    void *workspace[2]; /* ct_cuda_workspace */
+    size_t workspace_bytes[2];
+};
+
+cudaStream_t ct_cuda_stream(const ct_cuda_ctx *cx) {
+    return cx->stream;
+}
+
+int ct_cuda_sm_count(const ct_cuda_ctx *cx) {
+    return cx->prop.multiProcessorCount;
+}
+
+void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
+    CT_ASSERTF(slot == 0 || slot == 1, "workspace slot %d", slot);
+    if (bytes <= cx->workspace_bytes[slot]) return cx->workspace[slot];
+    /* Grow by at least half, so a run settles after a few calls. cudaFree waits for the device,
+     * so work still reading the old buffer finishes first. */
+    size_t want = bytes + bytes / 2;
+    if (cx->workspace[slot]) CT_CUDA_CHECK(cudaFree(cx->workspace[slot]));
+    CT_CUDA_CHECK(cudaMalloc(&cx->workspace[slot], want));
+    cx->workspace_bytes[slot] = want;
+    return cx->workspace[slot];
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static void *cuda_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* clear it: out of memory is reported by the caller */
+        return NULL;
+    }
+    CT_CUDA_CHECK(e);
+    return p;
+}
+
+static void cuda_free(void *ctx, void *ptr) {
+    if (ptr) CT_CUDA_CHECK(cudaFree(ptr));
+}
+
+static void cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
+    ct_cuda_fill(ctx, dst, dtype, n, value);
+}
+
+static void cuda_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
+    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+static void cuda_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+}
+
+/* ---- ops: straight to the launchers -------------------------------------------------------- */
+
+static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                      float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+    ct_cuda_ctx *cx = ctx;
+    ct_cuda_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+                 c_dtype);
+}
+
+static void cuda_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
+                          int64_t C) {
+    ct_cuda_bias_add(ctx, dt, out, bias, N, C);
+}
+
+static void cuda_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
+                           const void *residual, int64_t N, int64_t C) {
+    ct_cuda_bias_init(ctx, dt, out, bias, residual, N, C);
+}
+
+static void cuda_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
+                           int64_t C) {
+    ct_cuda_bias_grad(ctx, dt, dbias, dout, N, C);
+}
+
+static void cuda_axpy(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n) {
+    ct_cuda_axpy(ctx, dt, dst, src, alpha, n);
+}
+
+static void cuda_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
+    ct_cuda_scale(ctx, dt, x, s, n);
+}
+
+static void cuda_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
+                               const void *table, int64_t N, int64_t C, int64_t rows,
+                               int64_t row_offset) {
+    ct_cuda_embedding_fwd(ctx, dt, out, tokens, table, N, C, rows, row_offset);
+}
+
+static void cuda_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
+                               const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
+                               int64_t row_offset) {
+    ct_cuda_embedding_bwd(ctx, dt, dtable, dout, tokens, N, C, rows, row_offset);
+}
+
+static void cuda_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B,
+                            int64_t T, int64_t C, int64_t pos_offset) {
+    ct_cuda_posemb_fwd(ctx, dt, out, wpe, B, T, C, pos_offset);
+}
+
+static void cuda_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
+                            int64_t T, int64_t C, int64_t pos_offset) {
+    ct_cuda_posemb_bwd(ctx, dt, dwpe, dout, B, T, C, pos_offset);
+}
+
+static void cuda_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
+                               const void *inp, const void *w, const void *b, int64_t N,
+                               int64_t C) {
+    ct_cuda_layernorm_fwd(ctx, dt, out, mean, rstd, inp, w, b, N, C);
+}
+
+static void cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
+                               const void *dout, const void *inp, const void *w, const float *mean,
+                               const float *rstd, int64_t N, int64_t C) {
+    ct_cuda_layernorm_bwd(ctx, dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+static void cuda_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n) {
+    ct_cuda_gelu_fwd(ctx, dt, out, inp, n);
+}
+
+static void cuda_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
+                          const void *dout, int64_t N, int64_t C) {
+    ct_cuda_gelu_bwd(ctx, dt, dinp, dbias, inp, dout, N, C);
+}
+
+static void cuda_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
+                               int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                               int64_t head_dim) {
+    ct_cuda_attention_fwd(ctx, dt, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
+}
+
+static void cuda_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
+                               const void *qkv, const void *out, const float *lse, int64_t B,
+                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim) {
+    ct_cuda_attention_bwd(ctx, dt, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
+                          head_dim);
+}
+
+static void cuda_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
+                             int64_t V, int64_t n_valid) {
+    ct_cuda_xent_rowmax(ctx, dt, rowmax, logits, N, V, n_valid);
+}
+
+static void cuda_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *target_logit,
+                             void *logits, const int32_t *targets, const float *rowmax, int64_t N,
+                             int64_t V, int64_t n_valid, int64_t col_offset, bool keep_exp) {
+    ct_cuda_xent_sumexp(ctx, dt, sumexp, target_logit, logits, targets, rowmax, N, V, n_valid,
+                        col_offset, keep_exp);
+}
+
+static void cuda_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits_to_grad,
+                             const int32_t *targets, const float *rowmax, const float *sumexp,
+                             const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
+                             int64_t col_offset, float dloss, bool write_grad) {
+    ct_cuda_xent_finish(ctx, dt, losses, logits_to_grad, targets, rowmax, sumexp, target_logit, N,
+                        V, n_valid, col_offset, dloss, write_grad);
+}
+
+static void cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
+                       const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+                       void *param_copy, ct_dtype copy_dtype) {
+    ct_cuda_adamw(ctx, param, grad, m, v, segments, n_segments, hp, param_copy, copy_dtype);
+}
+
+static void cuda_sumsq(void *ctx, float *out, const float *x, int64_t n) {
+    ct_cuda_sumsq(ctx, out, x, n);
+}
+
+static void cuda_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
+                      int64_t n) {
+    ct_cuda_cast(ctx, dst, dst_dtype, src, src_dtype, n);
+}
+
+/* ---- ordering ------------------------------------------------------------------------------ */
+
+static void cuda_event_record(void *ctx, int event) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaEventRecord(cx->events[event], cx->stream));
+}
+
+static void cuda_event_wait(void *ctx, int event) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaEventSynchronize(cx->events[event]));
+}
+
+static void cuda_sync(void *ctx) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+/* ---- the device ---------------------------------------------------------------------------- */
+
+/* Dense multiply-adds per clock per SM, times 2 (FLOPs), by compute capability: tensor cores for
+ * bf16 (A100 312 TFLOP/s = 108 SMs x 1.41 GHz x 2048; H100 SXM 989 = 132 x 1.83 x 4096), the
+ * FP32 pipes for fp32 (128 lanes x 2 on both). Unknown architectures give 0: MFU not reported. */
+static double flops_per_clock_per_sm(int major, ct_dtype dt) {
+    if (dt == CT_DTYPE_F32) return major >= 8 ? 256.0 : 0.0;
+    if (major == 8) return 2048.0;
+    if (major >= 9) return 4096.0;
+    return 0.0;
+}
+
+static double cuda_peak_flops(void *ctx, ct_dtype dt, char *how, size_t how_cap) {
+    ct_cuda_ctx *cx = ctx;
+    int khz = 0;
+    CT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, cx->device));
+    double per_sm = flops_per_clock_per_sm(cx->prop.major, dt);
+    double peak = per_sm * cx->prop.multiProcessorCount * (double)khz * 1e3;
+    snprintf(how, how_cap, "from the device: %d SMs x %.2f GHz x %.0f %s FLOP/clock (sm_%d%d)",
+             cx->prop.multiProcessorCount, khz / 1e6, per_sm, ct_dtype_name(dt), cx->prop.major,
+             cx->prop.minor);
+    return peak;
+}
+
+static void cuda_describe(void *ctx, char *buf, size_t cap) {
+    ct_cuda_ctx *cx = ctx;
+    snprintf(buf, cap, "cuda:%d %s, %.1f GiB, sm_%d%d", cx->device, cx->prop.name,
+             (double)cx->prop.totalGlobalMem / (1 << 30), cx->prop.major, cx->prop.minor);
+}
+
+static void cuda_free_backend(void *ctx) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    ct_cuda_gemm_free(cx->gemm);
+    for (int s = 0; s < 2; s++)
+        if (cx->workspace[s]) CT_CUDA_CHECK(cudaFree(cx->workspace[s]));
+    for (int e = 0; e < CT_BACKEND_EVENTS; e++) CT_CUDA_CHECK(cudaEventDestroy(cx->events[e]));
+    CT_CUDA_CHECK(cudaStreamDestroy(cx->stream));
+    free(cx);
+}
+
+static const struct ct_backend_i cuda_iface = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .fill = cuda_fill,
+    .copy_from_host = cuda_copy_from_host,
+    .copy_to_host = cuda_copy_to_host,
+    .copy = cuda_copy,
+    .gemm = cuda_gemm,
+    .bias_add = cuda_bias_add,
+    .bias_init = cuda_bias_init,
+    .bias_grad = cuda_bias_grad,
+    .axpy = cuda_axpy,
+    .scale = cuda_scale,
+    .embedding_fwd = cuda_embedding_fwd,
+    .embedding_bwd = cuda_embedding_bwd,
+    .posemb_fwd = cuda_posemb_fwd,
+    .posemb_bwd = cuda_posemb_bwd,
+    .layernorm_fwd = cuda_layernorm_fwd,
+    .layernorm_bwd = cuda_layernorm_bwd,
+    .gelu_fwd = cuda_gelu_fwd,
+    .gelu_bwd = cuda_gelu_bwd,
+    .attention_fwd = cuda_attention_fwd,
+    .attention_bwd = cuda_attention_bwd,
+    .xent_rowmax = cuda_xent_rowmax,
+    .xent_sumexp = cuda_xent_sumexp,
+    .xent_finish = cuda_xent_finish,
+    .adamw = cuda_adamw,
+    .sumsq = cuda_sumsq,
+    .cast = cuda_cast,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .sync = cuda_sync,
+    .peak_flops = cuda_peak_flops,
+    .describe = cuda_describe,
+    .free_backend = cuda_free_backend,
+};
+
+bool ct_cuda_usable(char *why, size_t cap) {
+    int count = 0;
+    /* The count is valid only on success: without a driver the runtime returns
+     * cudaErrorInsufficientDriver and leaves it untouched. No driver and no device both mean
+     * "no GPU here". */
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaSuccess && count > 0) return true;
+    (void)cudaGetLastError();
+    snprintf(why, cap, "no usable CUDA device (%s)",
+             e == cudaSuccess ? "cudaErrorNoDevice" : cudaGetErrorName(e));
+    return false;
+}
+
+ct_backend *ct_cuda_backend_new(int device) {
+    ct_cuda_ctx *cx = ct_xcalloc(1, sizeof *cx);
+    cx->device = device;
+    CT_CUDA_CHECK(cudaSetDevice(device));
+    CT_CUDA_CHECK(cudaGetDeviceProperties(&cx->prop, device));
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    for (int e = 0; e < CT_BACKEND_EVENTS; e++)
+        CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->events[e], cudaEventDisableTiming));
+    cx->gemm = ct_cuda_gemm_new(cx->stream);
+    ct_backend *be = ct_xcalloc(1, sizeof *be);
+    be->iface = &cuda_iface;
+    be->ctx = cx;
+    ct_backend_apply_env(be);
+    return be;
+}
+
+static ct_backend *create_cuda(int n_threads) {
+    (void)n_threads;
+    return ct_cuda_backend_new(0);
+}
+
+void ct_cuda_register(void) {
+    static const ct_backend_desc desc = {
+        .name = "cuda", .create = create_cuda, .usable = ct_cuda_usable, .accelerator = true};
+    ct_backend_register(&desc);
+}

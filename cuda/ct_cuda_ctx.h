@@ -1,0 +1,49 @@
+/*
+ * ct_cuda_ctx.h — what an op's launcher gets from the backend (backend_cuda.c owns it): the
+ * compute stream every kernel is issued on, and a scratch workspace for partial sums.
+ *
+ * Launchers (one per op, declared in the op's .cuh) take the backend's ct_cuda_ctx first and then
+ * exactly the arguments of the matching slot of struct ct_backend_i (core/backend.h), with the
+ * same meaning: row-major tensors, `dt` the storage dtype of activations and parameters
+ * (CT_DTYPE_F32 or CT_DTYPE_BF16; bf16 values are widened to fp32 on load and rounded to nearest
+ * even on store), parameter gradients and statistics always fp32, "accumulates" meaning +=.
+ * Every pointer is device memory. A launcher only enqueues work on the stream; it never waits.
+ *
+ * Determinism: no float atomics in anything a result depends on. Reductions use a fixed tree
+ * (warp shuffles, then a fixed block order) and cross-block partials are summed by a second
+ * kernel in block order, so a rerun gives the same bits (bit-exact resume on a GPU, DESIGN §5).
+ *
+ * Includable from C and C++.
+ */
+#ifndef CT_CUDA_CTX_H
+#define CT_CUDA_CTX_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/backend.h"
+
+typedef struct ct_cuda_ctx ct_cuda_ctx;
+
+/* The compute stream. */
+cudaStream_t ct_cuda_stream(const ct_cuda_ctx *cx);
+
+/* Device scratch of at least `bytes`, valid until the next call that asks for more (it may then
+ * move: the old buffer is freed only after the stream has finished with it). One buffer per
+ * backend, so a launcher must not hold two workspaces at once; `slot` (0 or 1) gives a second
+ * independent buffer for launchers that need two. */
+void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes);
+
+/* Streaming multiprocessors of the device (grid sizing). */
+int ct_cuda_sm_count(const ct_cuda_ctx *cx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CT_CUDA_CTX_H */

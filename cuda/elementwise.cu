@@ -1,0 +1,431 @@
+/*
+ * elementwise.cu — fill, bias and residual adds, the bias gradient, axpy, scale and dtype casts
+ * (elementwise.cuh). The CPU reference is cpu_fill, cpu_bias_add, cpu_bias_init, cpu_bias_grad,
+ * cpu_axpy, cpu_scale and cpu_cast in core/backend_cpu.c with their bf16 slots; each kernel
+ * computes the same fp32 expression per element (bf16 widened on load, rounded to nearest even on
+ * store), so every result here is bit-identical to the CPU's:
+ *   bias_add   out = out + bias          bias_init  out = bias, or residual + bias
+ *   axpy       dst = fmaf(alpha, src, dst)   (the CPU build, -O3 -march=native in GNU C, contracts
+ *              its dst += alpha·src into the same single-rounding FMA)
+ *   scale      x = x·s                   cast       f32 <-> bf16, same dtype: a device copy
+ *   bias_grad  dbias(C) += Σ rows of dout, in the CPU's order: rows summed in order inside chunks
+ *              of EW_CHUNK_ROWS (= the CPU's CHUNK_ROWS) starting from the chunk's first row, the
+ *              chunk partials added in chunk order starting from chunk 0, then added to dbias.
+ *
+ * Kernels:
+ *   ew_fill_kernel        16-byte stores of a replicated pattern over the aligned part,
+ * grid-stride. ew_bias_kernel        rows x column vectors (2-D grid-stride): out = [residual +]
+ * bias [+ out]. ew_colsum_kernel      bias_grad phase 1: one thread per (chunk, column vector) sums
+ * the chunk's rows in order; with a single chunk it adds straight into dbias. ew_partials_kernel
+ * bias_grad phase 2: one thread per column adds the chunk partials in chunk order, then into dbias.
+ *   ew_axpy_kernel, ew_scale_kernel, ew_cast_kernel   flat grid-stride, 16-byte vectors (cast:
+ *                         4 elements) over the aligned part, the n % VEC tail by the grid's first
+ *                         threads.
+ * Vector paths are taken only when every pointer involved is aligned to the vector's size (and,
+ * for row kernels, C is a multiple of the vector width, so every row starts aligned); otherwise the
+ * same kernels run with VEC = 1. No atomics anywhere.
+ */
+#include "cuda/ct_cuda.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/elementwise.cuh"
+
+#define EW_THREADS 256
+#define EW_CHUNK_ROWS 64   /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
+#define EW_BLOCKS_PER_SM 8 /* 8 x 256 threads: a full SM on sm_80 / sm_90 */
+
+/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
+
+static __device__ inline float ew_f32(float x) {
+    return x;
+}
+static __device__ inline float ew_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+template <typename T> static __device__ inline T ew_store(float x);
+template <> __device__ inline float ew_store<float>(float x) {
+    return x;
+}
+template <> __device__ inline __nv_bfloat16 ew_store<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x); /* round to nearest even */
+}
+
+/* VEC elements of T as one aligned load / store. */
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) ew_pack { T v[VEC]; };
+
+template <typename T, int VEC> static __device__ inline void ew_load(const T *p, float *f) {
+    ew_pack<T, VEC> x = *reinterpret_cast<const ew_pack<T, VEC> *>(p);
+    for (int k = 0; k < VEC; k++) f[k] = ew_f32(x.v[k]);
+}
+
+template <typename T, int VEC> static __device__ inline void ew_put(T *p, const float *f) {
+    ew_pack<T, VEC> x;
+    for (int k = 0; k < VEC; k++) x.v[k] = ew_store<T>(f[k]);
+    *reinterpret_cast<ew_pack<T, VEC> *>(p) = x;
+}
+
+/* ---- fill ------------------------------------------------------------------------------------ */
+
+/* W is an unsigned word of the element's size holding its bit pattern; VEC words make 16 bytes. */
+template <typename W, int VEC> static __global__ void ew_fill_kernel(W *dst, W value, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    ew_pack<W, VEC> x;
+    for (int k = 0; k < VEC; k++) x.v[k] = value;
+    for (int64_t v = tid; v < nv; v += stride)
+        *reinterpret_cast<ew_pack<W, VEC> *>(dst + v * VEC) = x;
+    const int64_t j = nv * VEC + tid;
+    if (j < n) dst[j] = value;
+}
+
+/* ---- bias ------------------------------------------------------------------------------------ */
+
+enum { EW_BIAS_ADD = 0, EW_BIAS_INIT = 1, EW_BIAS_INIT_RESIDUAL = 2 };
+
+/* Row r, column vector cv (C / VEC of them): out = bias (+ out | + residual). Block (x, y): x over
+ * column vectors, y over rows, both grid-stride. */
+template <typename T, int VEC>
+static __global__ void ew_bias_kernel(T *out, const T *bias, const T *residual, int64_t N,
+                                      int64_t C, int mode) {
+    const int64_t cols = C / VEC;
+    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < N;
+         r += (int64_t)gridDim.y * blockDim.y) {
+        for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
+             cv += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t i = r * C + cv * VEC;
+            float b[VEC], o[VEC];
+            ew_load<T, VEC>(bias + cv * VEC, b);
+            if (mode == EW_BIAS_ADD) {
+                ew_load<T, VEC>(out + i, o);
+                for (int k = 0; k < VEC; k++) o[k] = o[k] + b[k];
+            } else if (mode == EW_BIAS_INIT_RESIDUAL) {
+                ew_load<T, VEC>(residual + i, o);
+                for (int k = 0; k < VEC; k++) o[k] = o[k] + b[k];
+            } else {
+                for (int k = 0; k < VEC; k++) o[k] = b[k];
+            }
+            ew_put<T, VEC>(out + i, o);
+        }
+    }
+}
+
+/* bias_grad phase 1. Chunk ch (y, grid-stride) = rows [ch·64, min(ch·64 + 64, N)); column vector
+ * cv (x). acc = the chunk's first row, then each further row added in order (the CPU's sum_rows).
+ * direct (one chunk): dst is dbias and gets dbias += acc; else dst is partial(n_chunks, C). */
+template <typename T, int VEC>
+static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, int64_t C,
+                                        int64_t n_chunks, int direct) {
+    const int64_t cols = C / VEC;
+    for (int64_t ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
+        const int64_t r0 = ch * EW_CHUNK_ROWS;
+        const int64_t r1 = r0 + EW_CHUNK_ROWS < N ? r0 + EW_CHUNK_ROWS : N;
+        for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
+             cv += (int64_t)gridDim.x * blockDim.x) {
+            float acc[VEC], x[VEC];
+            ew_load<T, VEC>(dout + r0 * C + cv * VEC, acc);
+            for (int64_t r = r0 + 1; r < r1; r++) {
+                ew_load<T, VEC>(dout + r * C + cv * VEC, x);
+                for (int k = 0; k < VEC; k++) acc[k] += x[k];
+            }
+            if (direct) {
+                float d[VEC];
+                ew_load<float, VEC>(dst + cv * VEC, d);
+                for (int k = 0; k < VEC; k++) d[k] += acc[k];
+                ew_put<float, VEC>(dst + cv * VEC, d);
+            } else {
+                ew_put<float, VEC>(dst + ch * C + cv * VEC, acc);
+            }
+        }
+    }
+}
+
+/* bias_grad phase 2: dbias[j] += (partial[0][j] + partial[1][j] + ...), in chunk order (the CPU's
+ * add_chunk_partials). */
+static __global__ void ew_partials_kernel(float *dbias, const float *partial, int64_t n_chunks,
+                                          int64_t C) {
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < C;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        float acc = partial[j];
+        for (int64_t ch = 1; ch < n_chunks; ch++) acc += partial[ch * C + j];
+        dbias[j] += acc;
+    }
+}
+
+/* ---- flat element-wise ----------------------------------------------------------------------- */
+
+/* dst = fmaf(alpha, src, dst): one rounding, as the CPU's contracted dst += alpha·src. */
+template <typename T, int VEC>
+static __global__ void ew_axpy_kernel(T *dst, const T *src, float alpha, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    for (int64_t v = tid; v < nv; v += stride) {
+        float d[VEC], s[VEC];
+        ew_load<T, VEC>(dst + v * VEC, d);
+        ew_load<T, VEC>(src + v * VEC, s);
+        for (int k = 0; k < VEC; k++) d[k] = fmaf(alpha, s[k], d[k]);
+        ew_put<T, VEC>(dst + v * VEC, d);
+    }
+    const int64_t j = nv * VEC + tid;
+    if (j < n) dst[j] = ew_store<T>(fmaf(alpha, ew_f32(src[j]), ew_f32(dst[j])));
+}
+
+template <typename T, int VEC> static __global__ void ew_scale_kernel(T *x, float s, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    for (int64_t v = tid; v < nv; v += stride) {
+        float f[VEC];
+        ew_load<T, VEC>(x + v * VEC, f);
+        for (int k = 0; k < VEC; k++) f[k] = f[k] * s;
+        ew_put<T, VEC>(x + v * VEC, f);
+    }
+    const int64_t j = nv * VEC + tid;
+    if (j < n) x[j] = ew_store<T>(ew_f32(x[j]) * s);
+}
+
+/* dst = src converted (bf16 -> f32 is exact; f32 -> bf16 rounds to nearest even). */
+template <typename D, typename S, int VEC>
+static __global__ void ew_cast_kernel(D *dst, const S *src, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    for (int64_t v = tid; v < nv; v += stride) {
+        float f[VEC];
+        ew_load<S, VEC>(src + v * VEC, f);
+        ew_put<D, VEC>(dst + v * VEC, f);
+    }
+    const int64_t j = nv * VEC + tid;
+    if (j < n) dst[j] = ew_store<D>(ew_f32(src[j]));
+}
+
+/* ---- launch shapes --------------------------------------------------------------------------- */
+
+static int64_t ew_cap(ct_cuda_ctx *cx) {
+    return (int64_t)ct_cuda_sm_count(cx) * EW_BLOCKS_PER_SM;
+}
+
+/* Blocks of EW_THREADS for a grid-stride loop over `work` items: enough to fill the device. */
+static unsigned ew_blocks(ct_cuda_ctx *cx, int64_t work) {
+    int64_t want = (work + EW_THREADS - 1) / EW_THREADS;
+    if (want > ew_cap(cx)) want = ew_cap(cx);
+    return (unsigned)(want > 0 ? want : 1);
+}
+
+/* A 2-D launch over `rows` x `cols` (column vectors): blocks of 256 threads, x a multiple of 32
+ * covering the columns (up to 256), y the rest over rows; grid sized to fill the device. */
+static void ew_rows_shape(ct_cuda_ctx *cx, int64_t rows, int64_t cols, dim3 *grid, dim3 *block) {
+    unsigned bx = cols >= EW_THREADS ? EW_THREADS : (unsigned)((cols + 31) / 32 * 32);
+    if (bx == 0) bx = 32;
+    unsigned by = EW_THREADS / bx;
+    int64_t gx = (cols + bx - 1) / bx;
+    if (gx > ew_cap(cx)) gx = ew_cap(cx);
+    if (gx < 1) gx = 1;
+    int64_t gy = (rows + by - 1) / by, gy_cap = ew_cap(cx) / gx;
+    if (gy > gy_cap) gy = gy_cap;
+    if (gy > 65535) gy = 65535;
+    if (gy < 1) gy = 1;
+    *grid = dim3((unsigned)gx, (unsigned)gy);
+    *block = dim3(bx, by);
+}
+
+static bool ew_aligned(const void *p, size_t bytes) {
+    return ((uintptr_t)p % bytes) == 0;
+}
+
+/* ---- launchers ------------------------------------------------------------------------------- */
+
+template <typename W> static void ew_fill(ct_cuda_ctx *cx, void *dst, W value, int64_t n) {
+    const int vec = 16 / (int)sizeof(W);
+    if (ew_aligned(dst, 16))
+        ct_launch(ew_fill_kernel<W, 16 / sizeof(W)>, dim3(ew_blocks(cx, n / vec)), dim3(EW_THREADS),
+                  0, ct_cuda_stream(cx), (W *)dst, value, n);
+    else
+        ct_launch(ew_fill_kernel<W, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+                  ct_cuda_stream(cx), (W *)dst, value, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+/* The host's f32 -> bf16 of cpu_fill: round to nearest even, NaN kept NaN with the quiet bit. */
+static uint16_t ew_bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+/* The element values are converted on the host exactly as cpu_fill converts them. */
+extern "C" void ct_cuda_fill(ct_cuda_ctx *cx, void *dst, ct_dtype dtype, int64_t n, float value) {
+    if (n <= 0) return;
+    switch (dtype) {
+    case CT_DTYPE_F32: {
+        uint32_t u;
+        memcpy(&u, &value, 4);
+        ew_fill<uint32_t>(cx, dst, u, n);
+        break;
+    }
+    case CT_DTYPE_BF16: ew_fill<uint16_t>(cx, dst, ew_bf16_bits(value), n); break;
+    case CT_DTYPE_I32: ew_fill<uint32_t>(cx, dst, (uint32_t)(int32_t)value, n); break;
+    case CT_DTYPE_I64: ew_fill<uint64_t>(cx, dst, (uint64_t)(int64_t)value, n); break;
+    case CT_DTYPE_U8: ew_fill<uint8_t>(cx, dst, (uint8_t)(int)value, n); break;
+    case CT_DTYPE_F64: {
+        double d = value;
+        uint64_t u;
+        memcpy(&u, &d, 8);
+        ew_fill<uint64_t>(cx, dst, u, n);
+        break;
+    }
+    default: CT_ASSERTF(0, "cuda fill: dtype %d", (int)dtype);
+    }
+}
+
+template <typename T>
+static void ew_bias(ct_cuda_ctx *cx, void *out, const void *bias, const void *residual, int64_t N,
+                    int64_t C, int mode) {
+    const int vec = 16 / (int)sizeof(T);
+    const bool v = C % vec == 0 && ew_aligned(out, 16) && ew_aligned(bias, 16) &&
+                   (!residual || ew_aligned(residual, 16));
+    dim3 grid, block;
+    ew_rows_shape(cx, N, v ? C / vec : C, &grid, &block);
+    if (v)
+        ct_launch(ew_bias_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
+                  (const T *)bias, (const T *)residual, N, C, mode);
+    else
+        ct_launch(ew_bias_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
+                  (const T *)bias, (const T *)residual, N, C, mode);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_bias_add(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias,
+                                 int64_t N, int64_t C) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_add dtype %d", (int)dt);
+    if (N <= 0 || C <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ew_bias<__nv_bfloat16>(cx, out, bias, NULL, N, C, EW_BIAS_ADD);
+    else
+        ew_bias<float>(cx, out, bias, NULL, N, C, EW_BIAS_ADD);
+}
+
+extern "C" void ct_cuda_bias_init(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias,
+                                  const void *residual, int64_t N, int64_t C) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_init dtype %d", (int)dt);
+    if (N <= 0 || C <= 0) return;
+    const int mode = residual ? EW_BIAS_INIT_RESIDUAL : EW_BIAS_INIT;
+    if (dt == CT_DTYPE_BF16)
+        ew_bias<__nv_bfloat16>(cx, out, bias, residual, N, C, mode);
+    else
+        ew_bias<float>(cx, out, bias, residual, N, C, mode);
+}
+
+/* VEC = 4 for both dtypes: the partials and dbias are fp32 (16 bytes), dout 16 or 8 bytes. */
+template <typename T>
+static void ew_bias_grad(ct_cuda_ctx *cx, float *dbias, const void *dout, int64_t N, int64_t C) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    const int64_t n_chunks = (N + EW_CHUNK_ROWS - 1) / EW_CHUNK_ROWS;
+    const int direct = n_chunks == 1;
+    float *partial = direct ? dbias : (float *)ct_cuda_workspace(cx, 0, (size_t)(n_chunks * C) * 4);
+    const bool v = C % 4 == 0 && ew_aligned(dbias, 16) && ew_aligned(partial, 16) &&
+                   ew_aligned(dout, 4 * sizeof(T));
+    const int64_t cols = v ? C / 4 : C;
+    dim3 block(EW_THREADS);
+    int64_t gx = (cols + EW_THREADS - 1) / EW_THREADS, gy = n_chunks;
+    if (gx > ew_cap(cx)) gx = ew_cap(cx);
+    if (gy > ew_cap(cx) / gx) gy = ew_cap(cx) / gx;
+    if (gy < 1) gy = 1;
+    dim3 grid((unsigned)gx, (unsigned)gy);
+    if (v)
+        ct_launch(ew_colsum_kernel<T, 4>, grid, block, 0, st, partial, (const T *)dout, N, C,
+                  n_chunks, direct);
+    else
+        ct_launch(ew_colsum_kernel<T, 1>, grid, block, 0, st, partial, (const T *)dout, N, C,
+                  n_chunks, direct);
+    CT_CUDA_CHECK(cudaGetLastError());
+    if (direct) return;
+    ct_launch(ew_partials_kernel, dim3(ew_blocks(cx, C)), dim3(EW_THREADS), 0, st, dbias,
+              (const float *)partial, n_chunks, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, const void *dout,
+                                  int64_t N, int64_t C) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_grad dtype %d", (int)dt);
+    if (N <= 0 || C <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ew_bias_grad<__nv_bfloat16>(cx, dbias, dout, N, C);
+    else
+        ew_bias_grad<float>(cx, dbias, dout, N, C);
+}
+
+template <typename T>
+static void ew_axpy(ct_cuda_ctx *cx, void *dst, const void *src, float alpha, int64_t n) {
+    const int vec = 16 / (int)sizeof(T);
+    if (ew_aligned(dst, 16) && ew_aligned(src, 16))
+        ct_launch(ew_axpy_kernel<T, 16 / sizeof(T)>, dim3(ew_blocks(cx, n / vec)), dim3(EW_THREADS),
+                  0, ct_cuda_stream(cx), (T *)dst, (const T *)src, alpha, n);
+    else
+        ct_launch(ew_axpy_kernel<T, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+                  ct_cuda_stream(cx), (T *)dst, (const T *)src, alpha, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void *src, float alpha,
+                             int64_t n) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "axpy dtype %d", (int)dt);
+    if (n <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ew_axpy<__nv_bfloat16>(cx, dst, src, alpha, n);
+    else
+        ew_axpy<float>(cx, dst, src, alpha, n);
+}
+
+template <typename T> static void ew_scale(ct_cuda_ctx *cx, void *x, float s, int64_t n) {
+    const int vec = 16 / (int)sizeof(T);
+    if (ew_aligned(x, 16))
+        ct_launch(ew_scale_kernel<T, 16 / sizeof(T)>, dim3(ew_blocks(cx, n / vec)),
+                  dim3(EW_THREADS), 0, ct_cuda_stream(cx), (T *)x, s, n);
+    else
+        ct_launch(ew_scale_kernel<T, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+                  ct_cuda_stream(cx), (T *)x, s, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, int64_t n) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "scale dtype %d", (int)dt);
+    if (n <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ew_scale<__nv_bfloat16>(cx, x, s, n);
+    else
+        ew_scale<float>(cx, x, s, n);
+}
+
+/* 4 elements per vector: 16 bytes of f32 and 8 of bf16. */
+template <typename D, typename S>
+static void ew_cast(ct_cuda_ctx *cx, void *dst, const void *src, int64_t n) {
+    if (ew_aligned(dst, 4 * sizeof(D)) && ew_aligned(src, 4 * sizeof(S)))
+        ct_launch(ew_cast_kernel<D, S, 4>, dim3(ew_blocks(cx, n / 4)), dim3(EW_THREADS), 0,
+                  ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
+    else
+        ct_launch(ew_cast_kernel<D, S, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+                  ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, const void *src,
+                             ct_dtype src_dtype, int64_t n) {
+    if (n <= 0) return;
+    if (dst_dtype == src_dtype) {
+        CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * ct_dtype_size(dst_dtype),
+                                      cudaMemcpyDeviceToDevice, ct_cuda_stream(cx)));
+    } else if (dst_dtype == CT_DTYPE_BF16 && src_dtype == CT_DTYPE_F32) {
+        ew_cast<__nv_bfloat16, float>(cx, dst, src, n);
+    } else if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_BF16) {
+        ew_cast<float, __nv_bfloat16>(cx, dst, src, n);
+    } else {
+        CT_ASSERTF(0, "cuda cast: %s -> %s is not supported", ct_dtype_name(src_dtype),
+                   ct_dtype_name(dst_dtype));
+    }
+}

@@ -1,0 +1,32 @@
+/*
+ * elementwise.cuh — fill, bias and residual adds, axpy, scale and dtype casts on the CUDA backend
+ * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale and cast of core/backend.h). The
+ * element-wise ops are one grid-stride kernel each; bias_grad sums rows in fixed-size row chunks
+ * whose partials a second kernel adds in chunk order (deterministic, ct_cuda_ctx.h).
+ */
+#ifndef CT_CUDA_ELEMENTWISE_CUH
+#define CT_CUDA_ELEMENTWISE_CUH
+
+#include "cuda/ct_cuda_ctx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void ct_cuda_fill(ct_cuda_ctx *cx, void *dst, ct_dtype dtype, int64_t n, float value);
+void ct_cuda_bias_add(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias, int64_t N,
+                      int64_t C);
+void ct_cuda_bias_init(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias,
+                       const void *residual, int64_t N, int64_t C);
+void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
+                       int64_t C);
+void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
+void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, int64_t n);
+void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, const void *src,
+                  ct_dtype src_dtype, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CT_CUDA_ELEMENTWISE_CUH */

@@ -1,0 +1,53 @@
+# cuda/emu/emu.mk — the CUDA emulator (included by the Makefile; DESIGN §10, cuda/emu/README.md).
+#
+#   $(BUILD)/libctcudaemu.a              the scheduler (cuemu.cc) and the cudart stand-in
+#                                        (cudart_emu.cc), linked instead of libcudart by the
+#                                        emulated build (cuda/cuda.mk)
+#   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli_cuda_emu.sh runs them)
+#   $(BUILD)/test/cuemu_selftest_asan    the same under AddressSanitizer (fibers switch with
+#                                        swapcontext there, which ASan can follow)
+#
+# Needs g++ and the CUDA headers only (no nvcc, no GPU); skipped when either is missing.
+
+ifndef CUEMU_MK_INCLUDED # the Makefile and cuda/cuda.mk both include it
+CUEMU_MK_INCLUDED := 1
+
+CXX ?= g++
+CUDA_HOME ?= /usr/local/cuda
+CUEMU_HAVE_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_runtime.h)
+CUEMU_HAVE_CXX := $(shell command -v $(CXX) 2>/dev/null)
+
+ifneq ($(and $(CUEMU_HAVE_HEADERS),$(CUEMU_HAVE_CXX)),)
+
+CUEMU_RT_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -I$(CUDA_HOME)/include -MMD -MP
+CUEMU_ASAN_CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address \
+                       -Wall -Wextra -I. -I$(CUDA_HOME)/include -MMD -MP
+CUEMU_RT_SRC := cuda/emu/cuemu.cc cuda/emu/cudart_emu.cc
+CUEMU_RUNTIME_OBJ := $(CUEMU_RT_SRC:%.cc=$(BUILD)/cuemu-rt/%.o)
+CUEMU_RUNTIME_ASAN_OBJ := $(CUEMU_RT_SRC:%.cc=$(BUILD)/cuemu-asan/%.o)
+
+$(BUILD)/cuemu-rt/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUEMU_RT_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/cuemu-asan/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUEMU_ASAN_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/libctcudaemu.a: $(CUEMU_RUNTIME_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/test/cuemu_selftest: $(BUILD)/cuemu-rt/test/cuemu_selftest.o $(BUILD)/libctcudaemu.a
+	@mkdir -p $(dir $@)
+	$(CXX) $^ -o $@
+
+$(BUILD)/test/cuemu_selftest_asan: $(BUILD)/cuemu-asan/test/cuemu_selftest.o \
+                                   $(CUEMU_RUNTIME_ASAN_OBJ)
+	@mkdir -p $(dir $@)
+	$(CXX) -fsanitize=address $^ -o $@
+
+all: $(BUILD)/libctcudaemu.a $(BUILD)/test/cuemu_selftest $(BUILD)/test/cuemu_selftest_asan
+
+endif
+endif

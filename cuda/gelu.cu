@@ -1,0 +1,224 @@
+/*
+ * gelu.cu — GELU, tanh form, forward and backward (gelu.cuh). The float formulas are those of the
+ * CPU reference (gelu_t / gelu_grad in core/backend_cpu.c): gelu(x) = x / (1 + t) with
+ * t = exp(-2u), u = k(x + a x³), the exponent clamped to [-87, 88] as exp_clamped_f32 clamps it,
+ * and gelu'(x) = s·(1 + 2x·du·t·s) with s = 1/(1 + t), du = k(1 + 3a x²). The only difference is
+ * expf (CUDA: at most 2 ulp; the CPU's exp_f32 about 1 ulp).
+ *
+ * Kernels:
+ *   gelu_fwd_kernel        elementwise, grid-stride, 16-byte vectors over the aligned part.
+ *   gelu_bwd_kernel        elementwise dinp = gelu'(inp)·dout (dinp may alias dout: each element
+ *                          is read before the same thread writes it), used when dbias is NULL.
+ *   gelu_bwd_dbias_kernel  the same values, plus the bias gradient: a block of 32 columns x
+ *                          GELU_RY row groups owns one chunk of GELU_CHUNK_ROWS rows, each thread
+ *                          sums its rows in order, the row groups are combined in order through
+ *                          shared memory, one partial row per chunk goes to the workspace;
+ *   gelu_colsum_kernel     then dbias[j] += the partials added in chunk order. As backend.h says,
+ *                          dbias sums the fp32 values before dinp is rounded to bf16.
+ * No atomics: every sum runs in an order fixed by (N, C).
+ */
+#include "cuda/ct_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/gelu.cuh"
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+#define GELU_THREADS 256
+#define GELU_CHUNK_ROWS 64 /* rows per partial sum of dbias */
+#define GELU_RY 8          /* row groups per block of gelu_bwd_dbias_kernel */
+
+/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
+
+static __device__ inline float gelu_f32(float x) {
+    return x;
+}
+static __device__ inline float gelu_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+template <typename T> static __device__ inline T gelu_store(float x);
+template <> __device__ inline float gelu_store<float>(float x) {
+    return x;
+}
+template <> __device__ inline __nv_bfloat16 gelu_store<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x); /* round to nearest even */
+}
+
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) gelu_pack { T v[VEC]; };
+
+template <typename T, int VEC> static __device__ inline void gelu_load(const T *p, float *f) {
+    gelu_pack<T, VEC> x = *reinterpret_cast<const gelu_pack<T, VEC> *>(p);
+    for (int k = 0; k < VEC; k++) f[k] = gelu_f32(x.v[k]);
+}
+
+template <typename T, int VEC> static __device__ inline void gelu_put(T *p, const float *f) {
+    gelu_pack<T, VEC> x;
+    for (int k = 0; k < VEC; k++) x.v[k] = gelu_store<T>(f[k]);
+    *reinterpret_cast<gelu_pack<T, VEC> *>(p) = x;
+}
+
+/* ---- the function and its derivative (the CPU's operation order) ----------------------------- */
+
+/* t = exp(-2u) = exp(x·(-2k - 2ka·x²)), exponent clamped to [-87, 88] (NaN -> -87, like the
+ * CPU's clamp; x itself carries the NaN through). */
+static __device__ inline float gelu_t(float x) {
+    float e = x * fmaf(-2.0f * GELU_K * GELU_A, x * x, -2.0f * GELU_K);
+    return expf(fminf(fmaxf(e, -87.0f), 88.0f));
+}
+
+static __device__ inline float gelu_val(float x) {
+    return x / (1.0f + gelu_t(x));
+}
+
+static __device__ inline float gelu_grad(float x) {
+    float t = gelu_t(x);
+    float s = 1.0f / (1.0f + t);
+    float du = fmaf(3.0f * GELU_K * GELU_A, x * x, GELU_K);
+    return s * fmaf(2.0f * x * du, t * s, 1.0f);
+}
+
+/* ---- kernels --------------------------------------------------------------------------------- */
+
+/* Vectors [0, n/VEC) grid-stride; the last n % VEC elements by the grid's first threads. */
+template <typename T, int VEC>
+static __global__ void gelu_fwd_kernel(T *out, const T *inp, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    for (int64_t v = tid; v < nv; v += stride) {
+        float f[VEC];
+        gelu_load<T, VEC>(inp + v * VEC, f);
+        for (int k = 0; k < VEC; k++) f[k] = gelu_val(f[k]);
+        gelu_put<T, VEC>(out + v * VEC, f);
+    }
+    const int64_t j = nv * VEC + tid;
+    if (j < n) out[j] = gelu_store<T>(gelu_val(gelu_f32(inp[j])));
+}
+
+template <typename T, int VEC>
+static __global__ void gelu_bwd_kernel(T *dinp, const T *inp, const T *dout, int64_t n) {
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nv = n / VEC;
+    for (int64_t v = tid; v < nv; v += stride) {
+        float fx[VEC], fd[VEC];
+        gelu_load<T, VEC>(inp + v * VEC, fx);
+        gelu_load<T, VEC>(dout + v * VEC, fd);
+        for (int k = 0; k < VEC; k++) fd[k] = gelu_grad(fx[k]) * fd[k];
+        gelu_put<T, VEC>(dinp + v * VEC, fd);
+    }
+    const int64_t j = nv * VEC + tid;
+    if (j < n) dinp[j] = gelu_store<T>(gelu_grad(gelu_f32(inp[j])) * gelu_f32(dout[j]));
+}
+
+/* Block (32, GELU_RY): column j = blockIdx.y·32 + threadIdx.x, chunk blockIdx.x. Row group y
+ * takes rows r0 + y + GELU_RY·k in order; partial[chunk·C + j] = the groups added in order. */
+template <typename T>
+static __global__ void gelu_bwd_dbias_kernel(T *dinp, float *partial, const T *inp, const T *dout,
+                                             int N, int C) {
+    CT_SHARED(float, sh, GELU_RY * 32);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int j = blockIdx.y * 32 + tx;
+    const int r0 = blockIdx.x * GELU_CHUNK_ROWS;
+    const int r1 = r0 + GELU_CHUNK_ROWS < N ? r0 + GELU_CHUNK_ROWS : N;
+    float acc = 0.0f;
+    if (j < C) {
+        for (int r = r0 + ty; r < r1; r += GELU_RY) {
+            const int64_t i = (int64_t)r * C + j;
+            float g = gelu_grad(gelu_f32(inp[i])) * gelu_f32(dout[i]);
+            dinp[i] = gelu_store<T>(g);
+            acc += g;
+        }
+    }
+    sh[ty * 32 + tx] = acc;
+    __syncthreads();
+    if (ty == 0 && j < C) {
+        for (int y = 1; y < GELU_RY; y++) acc += sh[y * 32 + tx];
+        partial[(int64_t)blockIdx.x * C + j] = acc;
+    }
+}
+
+/* dst[j] += Σ over chunks, in chunk order, of partial[chunk·C + j]. */
+static __global__ void gelu_colsum_kernel(float *dst, const float *partial, int n_chunks, int C) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= C) return;
+    float acc = partial[j];
+    for (int ch = 1; ch < n_chunks; ch++) acc += partial[(int64_t)ch * C + j];
+    dst[j] += acc;
+}
+
+/* ---- launchers ------------------------------------------------------------------------------- */
+
+/* Blocks for a grid-stride loop over `work` items: enough to fill the device, no more. */
+static unsigned gelu_blocks(ct_cuda_ctx *cx, int64_t work) {
+    int64_t want = (work + GELU_THREADS - 1) / GELU_THREADS;
+    int64_t cap = (int64_t)ct_cuda_sm_count(cx) * 16;
+    if (want > cap) want = cap;
+    return (unsigned)(want > 0 ? want : 1);
+}
+
+static bool gelu_aligned(const void *p0, const void *p1, const void *p2) {
+    return (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15u) == 0;
+}
+
+template <typename T> static void gelu_fwd(ct_cuda_ctx *cx, void *out, const void *inp, int64_t n) {
+    const int vec = 16 / (int)sizeof(T);
+    if (gelu_aligned(out, inp, NULL))
+        ct_launch(gelu_fwd_kernel<T, 16 / sizeof(T)>, dim3(gelu_blocks(cx, n / vec)),
+                  dim3(GELU_THREADS), 0, ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
+    else
+        ct_launch(gelu_fwd_kernel<T, 1>, dim3(gelu_blocks(cx, n)), dim3(GELU_THREADS), 0,
+                  ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp, const void *dout,
+                     int64_t N, int64_t C) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    const int64_t n = N * C;
+    if (!dbias) {
+        const int vec = 16 / (int)sizeof(T);
+        if (gelu_aligned(dinp, inp, dout))
+            ct_launch(gelu_bwd_kernel<T, 16 / sizeof(T)>, dim3(gelu_blocks(cx, n / vec)),
+                      dim3(GELU_THREADS), 0, st, (T *)dinp, (const T *)inp, (const T *)dout, n);
+        else
+            ct_launch(gelu_bwd_kernel<T, 1>, dim3(gelu_blocks(cx, n)), dim3(GELU_THREADS), 0, st,
+                      (T *)dinp, (const T *)inp, (const T *)dout, n);
+        CT_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    CT_ASSERTF(N < INT32_MAX && C < INT32_MAX, "gelu_bwd N=%lld C=%lld", (long long)N,
+               (long long)C);
+    const int n_chunks = (int)((N + GELU_CHUNK_ROWS - 1) / GELU_CHUNK_ROWS);
+    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * (size_t)C * 4);
+    dim3 grid((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block(32, GELU_RY);
+    ct_launch(gelu_bwd_dbias_kernel<T>, grid, block, 0, st, (T *)dinp, partial, (const T *)inp,
+              (const T *)dout, (int)N, (int)C);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(gelu_colsum_kernel, dim3((unsigned)((C + GELU_THREADS - 1) / GELU_THREADS)),
+              dim3(GELU_THREADS), 0, st, dbias, (const float *)partial, n_chunks, (int)C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_gelu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *inp,
+                                 int64_t n) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gelu_fwd dtype %d", (int)dt);
+    if (n <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        gelu_fwd<__nv_bfloat16>(cx, out, inp, n);
+    else
+        gelu_fwd<float>(cx, out, inp, n);
+}
+
+extern "C" void ct_cuda_gelu_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dbias,
+                                 const void *inp, const void *dout, int64_t N, int64_t C) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gelu_bwd dtype %d", (int)dt);
+    if (N <= 0 || C <= 0) return;
+    if (dt == CT_DTYPE_BF16)
+        gelu_bwd<__nv_bfloat16>(cx, dinp, dbias, inp, dout, N, C);
+    else
+        gelu_bwd<float>(cx, dinp, dbias, inp, dout, N, C);
+}

@@ -1,0 +1,264 @@
+/*
+ * gemm.c — the CUDA backend's GEMM through cuBLASLt, with cublasGemmEx as the fallback. See
+ * gemm.h for the semantics and invariants.
+ *
+ * Row-major to column-major. cuBLAS is column-major, and a row-major (r × c) matrix with row
+ * stride ld is, read column-major, its transpose: a (c × r) matrix with leading dimension ld. So
+ * the row-major C = op(A)·op(B) is, column-major, C^T = op(B)^T · op(A)^T: we ask cuBLAS for the
+ * (N × M) product whose first operand is B's memory and whose second is A's, with the same
+ * transpose flags (B read column-major is already B^T, so op(B)^T needs CUBLAS_OP_N exactly when
+ * op is the identity), m = N, n = M, k = K, and the leading dimensions unchanged. Nothing is
+ * copied or transposed in memory.
+ */
+#include "cuda/gemm.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "cuda/ct_cublas_check.h"
+#include "cuda/ct_cuda_check.h"
+
+/* cuBLASLt's recommended workspace on Hopper; split-K and stream-K algorithms use it. */
+#define CT_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
+/* A model has a few dozen GEMM configurations; past this many the cache starts over rather than
+ * growing without bound (a program cycling through shapes would otherwise leak descriptors). */
+#define CT_GEMM_CACHE_MAX 256
+/* cuBLASLt's default and largest alignment assumption (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*). */
+#define CT_GEMM_MAX_ALIGN 256u
+
+/* Everything the descriptors, the layouts and the heuristic's choice depend on. */
+typedef struct gemm_key {
+    bool trans_a, trans_b;
+    int64_t M, N, K, lda, ldb, ldc;
+    ct_dtype ab_dtype, c_dtype;
+    uint32_t align_a, align_b, align_c; /* bytes, powers of two up to 256 */
+} gemm_key;
+
+/* One cached configuration, in cuBLAS's column-major terms: x is B's memory (cuBLAS's "A"),
+ * y is A's memory (cuBLAS's "B"), c is C (both cuBLAS's C and D: D = C, in place). */
+typedef struct gemm_plan {
+    gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t x, y, c;
+    bool has_algo; /* false: the heuristic offered none; the GEMM goes to cublasGemmEx */
+    cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+struct ct_cuda_gemm_ctx {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas; /* the fallback, bound to `stream` */
+    cublasLtMatmulPreference_t pref;
+    void *workspace;
+    size_t workspace_bytes;
+    gemm_plan *plans;
+    int n_plans;
+    int64_t fallbacks;
+};
+
+static cudaDataType_t cuda_type(ct_dtype dt) {
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gemm dtype %s", ct_dtype_name(dt));
+    return dt == CT_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+/* The largest power of two (up to 256) that divides the address: what the heuristic may assume.
+ * NULL (an empty operand) assumes the most. */
+static uint32_t ptr_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    if (a == 0) return CT_GEMM_MAX_ALIGN;
+    uintptr_t low = a & (~a + 1);
+    return low >= CT_GEMM_MAX_ALIGN ? CT_GEMM_MAX_ALIGN : (uint32_t)low;
+}
+
+static bool key_equal(const gemm_key *a, const gemm_key *b) {
+    return a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->M == b->M && a->N == b->N &&
+           a->K == b->K && a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc &&
+           a->ab_dtype == b->ab_dtype && a->c_dtype == b->c_dtype && a->align_a == b->align_a &&
+           a->align_b == b->align_b && a->align_c == b->align_c;
+}
+
+static void plan_release(gemm_plan *p) {
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->c));
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->y));
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->x));
+    CT_CUBLASLT_CHECK(cublasLtMatmulDescDestroy(p->desc));
+}
+
+static void set_pref_u32(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                         uint32_t value) {
+    CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+}
+
+/* Builds the descriptors for `k` and asks the heuristic for one algorithm. */
+static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k) {
+    p->key = *k;
+    CT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    /* The attributes are int32_t (cublasOperation_t values); pass exactly that size. */
+    int32_t op_x = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int32_t op_y = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof op_x));
+    CT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof op_y));
+
+    /* Column-major shapes of the stored operands (see the top of the file): B's memory is
+     * (N × K), or (K × N) when trans_b; A's memory is (K × M), or (M × K) when trans_a. */
+    cudaDataType_t ab = cuda_type(k->ab_dtype), c = cuda_type(k->c_dtype);
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->x, ab, (uint64_t)(k->trans_b ? k->K : k->N),
+                                                 (uint64_t)(k->trans_b ? k->N : k->K), k->ldb));
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->y, ab, (uint64_t)(k->trans_a ? k->M : k->K),
+                                                 (uint64_t)(k->trans_a ? k->K : k->M), k->lda));
+    CT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->c, c, (uint64_t)k->N, (uint64_t)k->M, k->ldc));
+
+    /* Tell the heuristic how aligned the pointers really are (the default promise is 256
+     * bytes, which a pointer into a slab need not keep). cuBLAS's A is our B. */
+    set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k->align_b);
+    set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k->align_a);
+    set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k->align_c);
+    set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k->align_c);
+
+    cublasLtMatmulHeuristicResult_t result;
+    int n_results = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->x, p->y, p->c, p->c,
+                                                       g->pref, 1, &result, &n_results);
+    /* NOT_SUPPORTED means "no heuristic for this configuration": the same as zero results. */
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+        ct_cuda_fail("cuBLASLt", cublasGetStatusString(st), cublasGetStatusName(st),
+                     "cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, ...)", __FILE__, __LINE__);
+    p->has_algo =
+        st == CUBLAS_STATUS_SUCCESS && n_results > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (p->has_algo) p->algo = result.algo;
+}
+
+static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k) {
+    for (int i = 0; i < g->n_plans; i++)
+        if (key_equal(&g->plans[i].key, k)) return &g->plans[i];
+    if (g->n_plans == CT_GEMM_CACHE_MAX) {
+        /* Descriptors are host objects: work already queued does not use them any more. */
+        for (int i = 0; i < g->n_plans; i++) plan_release(&g->plans[i]);
+        g->n_plans = 0;
+    }
+    gemm_plan *p = &g->plans[g->n_plans++];
+    plan_init(g, p, k);
+    return p;
+}
+
+ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream) {
+    ct_cuda_gemm_ctx *g = ct_xcalloc(1, sizeof *g);
+    g->stream = stream;
+    g->plans = ct_xcalloc(CT_GEMM_CACHE_MAX, sizeof *g->plans);
+    /* The workspace first: without a usable device this is the call that fails, with CUDA's
+     * own message (cudaErrorInsufficientDriver / cudaErrorNoDevice). */
+    g->workspace_bytes = CT_GEMM_WORKSPACE_BYTES;
+    CT_CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
+    CT_CUBLASLT_CHECK(cublasLtCreate(&g->lt));
+    CT_CUBLAS_CHECK(cublasCreate(&g->blas));
+    CT_CUBLAS_CHECK(cublasSetStream(g->blas, stream));
+    /* No TF32 for fp32 inputs (the default math with CUBLAS_COMPUTE_32F), and split-K partial
+     * sums reduced in fp32 even when C is bf16. */
+    CT_CUBLAS_CHECK(cublasSetMathMode(
+        g->blas,
+        (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+
+    CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&g->pref));
+    uint64_t ws = g->workspace_bytes;
+    CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    /* The cuBLASLt side of "reduce in fp32": no algorithm that sums split-K partials in the
+     * output buffer (INPLACE) or in the output type. */
+    set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                 CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    return g;
+}
+
+void ct_cuda_gemm_free(ct_cuda_gemm_ctx *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_plans; i++) plan_release(&g->plans[i]);
+    CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(g->pref));
+    CT_CUBLAS_CHECK(cublasDestroy(g->blas));
+    CT_CUBLASLT_CHECK(cublasLtDestroy(g->lt));
+    CT_CUDA_CHECK(cudaFree(g->workspace));
+    free(g->plans);
+    free(g);
+}
+
+int64_t ct_cuda_gemm_fallbacks(const ct_cuda_gemm_ctx *g) {
+    return g->fallbacks;
+}
+
+int ct_cuda_gemm_cache_size(const ct_cuda_gemm_ctx *g) {
+    return g->n_plans;
+}
+
+static int int_dim(int64_t v) {
+    CT_ASSERTF(v <= INT_MAX, "cublasGemmEx dimension %lld exceeds INT_MAX", (long long)v);
+    return (int)v;
+}
+
+/* cublasGemmEx with the same operand mapping as the cuBLASLt path; k = 0 makes it C = beta·C
+ * without touching A or B (BLAS semantics). */
+static void gemm_ex(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                    int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+    cudaDataType_t ab = cuda_type(ab_dtype), c = cuda_type(c_dtype);
+    CT_CUBLAS_CHECK(cublasGemmEx(
+        g->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        int_dim(N), int_dim(M), int_dim(K), &alpha, B, ab, int_dim(ldb), A, ab, int_dim(lda), &beta,
+        C, c, int_dim(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+    CT_ASSERT(g != NULL);
+    CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "gemm M=%lld N=%lld K=%lld", (long long)M, (long long)N,
+               (long long)K);
+    CT_ASSERTF(
+        (ab_dtype == CT_DTYPE_F32 && c_dtype == CT_DTYPE_F32) ||
+            (ab_dtype == CT_DTYPE_BF16 && (c_dtype == CT_DTYPE_F32 || c_dtype == CT_DTYPE_BF16)),
+        "gemm dtypes %s -> %s", ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
+    CT_ASSERTF(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
+               "gemm ta=%d tb=%d M=%lld N=%lld K=%lld: lda=%lld ldb=%lld ldc=%lld too small",
+               trans_a, trans_b, (long long)M, (long long)N, (long long)K, (long long)lda,
+               (long long)ldb, (long long)ldc);
+    if (M == 0 || N == 0) return;
+
+    if (K == 0 || alpha == 0.0f) {
+        /* Nothing to multiply: C = beta·C. With k = 0, cuBLAS still wants ld >= max(1, rows)
+         * of the unread operands, whose stored rows are then 0 where they count K. */
+        int64_t lda0 = trans_a ? lda : (lda > 1 ? lda : 1);
+        int64_t ldb0 = trans_b ? (ldb > 1 ? ldb : 1) : ldb;
+        gemm_ex(g, trans_a, trans_b, M, N, 0, alpha, A, lda0, B, ldb0, beta, C, ldc, ab_dtype,
+                c_dtype);
+        return;
+    }
+
+    gemm_key key = {
+        .trans_a = trans_a,
+        .trans_b = trans_b,
+        .M = M,
+        .N = N,
+        .K = K,
+        .lda = lda,
+        .ldb = ldb,
+        .ldc = ldc,
+        .ab_dtype = ab_dtype,
+        .c_dtype = c_dtype,
+        .align_a = ptr_alignment(A),
+        .align_b = ptr_alignment(B),
+        .align_c = ptr_alignment(C),
+    };
+    gemm_plan *p = plan_get(g, &key);
+    if (!p->has_algo) {
+        g->fallbacks++;
+        gemm_ex(g, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+                c_dtype);
+        return;
+    }
+    CT_CUBLASLT_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->x, A, p->y, &beta, C, p->c, C,
+                                     p->c, &p->algo, g->workspace, g->workspace_bytes, g->stream));
+}

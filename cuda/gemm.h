@@ -1,0 +1,68 @@
+/*
+ * gemm.h — the CUDA backend's GEMM (the `gemm` slot of core/backend.h): cuBLASLt first, cuBLAS's
+ * cublasGemmEx where cuBLASLt has no algorithm. Host code, C; the same file links against the real
+ * libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of the emulated build
+ * (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented semantics.
+ *
+ * Semantics are the CPU backend's (core/cpu_gemm.h), row-major:
+ *     C(M,N) = alpha·op(A)·op(B) + beta·C,   op(X) = X^T when trans_x,
+ * lda/ldb/ldc are row strides in elements of the matrices as stored. A and B hold ab_dtype
+ * (CT_DTYPE_F32 or CT_DTYPE_BF16), C holds c_dtype: f32/f32, bf16/f32 or bf16/bf16.
+ *
+ * Invariants:
+ *   - Products accumulate in fp32 (CUBLAS_COMPUTE_32F). fp32 inputs stay fp32: TF32 is never
+ *     allowed (CUBLAS_COMPUTE_32F, not _FAST_TF32; the cuBLAS handle in CUBLAS_DEFAULT_MATH), so
+ *     fp32 training compares with the CPU backend to accumulation-order rounding. Split-K
+ *     partial sums are reduced in fp32, never in a bf16 output (reduction-scheme mask for
+ *     cuBLASLt, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for cuBLAS).
+ *   - beta == 0 never reads C (it may hold NaN). K == 0 or alpha == 0 never reads A or B: C becomes
+ *     beta·C (zero when beta == 0).
+ *   - All pointers are device memory; the work is queued on the context's stream and is ordered
+ *     like any kernel on it (the call returns before the result exists).
+ *   - cuBLASLt descriptors, layouts and the heuristic's algorithm are made once per distinct
+ *     (transposes, M, N, K, lda, ldb, ldc, dtypes, alignment of each pointer up to 256 bytes) and
+ *     cached in the context: creating them costs far more than a small GEMM. alpha and beta are
+ *     host scalars passed at each call, not part of the key.
+ *   - When the heuristic offers no algorithm (in practice: a pointer or a leading dimension in
+ *     bytes that is not a multiple of 16) the GEMM runs through cublasGemmEx, with the same
+ *     semantics; ct_cuda_gemm_fallbacks() counts those calls.
+ *   - Every CUDA, cuBLAS and cuBLASLt call is checked: a failure prints the call and the
+ *     library's error and ends the process with exit code 1 (cuda/ct_cuda_check.h). A broken
+ *     precondition (bad dtype pair, ld too small) is a bug: CT_ASSERT.
+ *   - Not thread-safe: one caller thread per context (the cache is unlocked).
+ */
+#ifndef CT_CUDA_GEMM_H
+#define CT_CUDA_GEMM_H
+
+#include <cuda_runtime_api.h>
+
+#include "core/common.h"
+
+typedef struct ct_cuda_gemm_ctx ct_cuda_gemm_ctx;
+
+/* Creates the cuBLASLt handle, a cuBLAS handle bound to `stream` for the fallback, and a 32 MiB
+ * device workspace (cuBLASLt's split-K and stream-K algorithms need one). Every GEMM of this
+ * context runs on `stream`. Exits through CT_CUDA_CHECK when there is no usable device. */
+ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream);
+
+/* Destroys the cached descriptors, the handles and the workspace. Accepts NULL. The caller makes
+ * sure no GEMM of this context is still running (the workspace is freed). */
+void ct_cuda_gemm_free(ct_cuda_gemm_ctx *g);
+
+/*
+ * C(M,N) = alpha·op(A)·op(B) + beta·C on the context's stream (see the top of this file). op(A)
+ * is (M, K): A is stored (M, K) with lda >= K, or (K, M) with lda >= M when trans_a. op(B) is
+ * (K, N): B is stored (K, N) with ldb >= N, or (N, K) with ldb >= K when trans_b. ldc >= N.
+ * M, N, K >= 0; M or N == 0 does nothing.
+ */
+void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
+
+/* How many GEMMs ran through the cublasGemmEx fallback (cuBLASLt offered no algorithm). */
+int64_t ct_cuda_gemm_fallbacks(const ct_cuda_gemm_ctx *g);
+
+/* How many distinct GEMM configurations are cached (a repeated call must not add one). */
+int ct_cuda_gemm_cache_size(const ct_cuda_gemm_ctx *g);
+
+#endif /* CT_CUDA_GEMM_H */

@@ -1,0 +1,280 @@
+/*
+ * layernorm.cu — LayerNorm forward and backward (layernorm.cuh; the CPU reference is
+ * cpu_layernorm_fwd / cpu_layernorm_bwd in core/backend_cpu.c, whose float formulas these kernels
+ * repeat: two-pass statistics, eps = 1e-5 added to the variance, rstd = 1/sqrtf).
+ *
+ * Kernels:
+ *   ln_fwd_kernel       one warp per row (LN_WARPS rows per block): sum -> mean, sum of squared
+ *                       deviations -> rstd, then out = (x - mean)·rstd·w + b. Three passes over the
+ *                       row (the second and third hit L1/L2); no shared memory, no block barrier.
+ *   ln_bwd_dinp_kernel  one warp per row: mean(g) and mean(g·n) over the row (g = dout·w,
+ *                       n = (x - mean)·rstd), then dinp += rstd·(g - mean(g) - n·mean(g·n)).
+ *   ln_bwd_dwdb_kernel  column sums for dw and db: a block of 32 columns x LN_RY row groups owns
+ * one chunk of LN_CHUNK_ROWS rows; each thread sums its rows in order, the row groups are combined
+ * in order through shared memory, and the block writes one partial row of (dw | db) per chunk into
+ * the workspace. ln_colsum_kernel    dst[j] += the chunks' partials added in chunk order. Every sum
+ * runs in an order fixed by (N, C) alone: reruns give the same bits (no atomics).
+ *
+ * Rows are read with 16-byte vector loads (VEC elements) when every row starts 16-byte aligned (C
+ * a multiple of VEC and aligned base pointers), otherwise element by element (VEC = 1): either
+ * way VEC divides C, so the row kernels have no tail loop.
+ */
+#include "cuda/ct_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/layernorm.cuh"
+
+#define LN_EPS 1e-5f     /* as the CPU reference */
+#define LN_WARPS 8       /* rows (warps) per block of the row kernels */
+#define LN_CHUNK_ROWS 64 /* rows per partial sum of dw and db */
+#define LN_RY 8          /* row groups per block of ln_bwd_dwdb_kernel */
+#define LN_COLSUM_THREADS 256
+
+/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
+
+static __device__ inline float ln_f32(float x) {
+    return x;
+}
+static __device__ inline float ln_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+template <typename T> static __device__ inline T ln_store(float x);
+template <> __device__ inline float ln_store<float>(float x) {
+    return x;
+}
+template <> __device__ inline __nv_bfloat16 ln_store<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x); /* round to nearest even */
+}
+
+/* VEC elements of T as one aligned load / store (VEC·sizeof(T) is 16 bytes, or 1 element). */
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) ln_pack { T v[VEC]; };
+
+template <typename T, int VEC> static __device__ inline void ln_load(const T *p, float *f) {
+    ln_pack<T, VEC> x = *reinterpret_cast<const ln_pack<T, VEC> *>(p);
+    for (int k = 0; k < VEC; k++) f[k] = ln_f32(x.v[k]);
+}
+
+template <typename T, int VEC> static __device__ inline void ln_put(T *p, const float *f) {
+    ln_pack<T, VEC> x;
+    for (int k = 0; k < VEC; k++) x.v[k] = ln_store<T>(f[k]);
+    *reinterpret_cast<ln_pack<T, VEC> *>(p) = x;
+}
+
+/* Butterfly sum over the 32 lanes: every lane ends with the same bits (a + b == b + a). */
+static __device__ inline float ln_warp_sum(float v) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+template <typename T, int VEC>
+static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
+                                     const T *b, int N, int C) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
+    if (row >= N) return; /* whole warps only; no block barrier below */
+    const T *x = inp + (int64_t)row * C;
+    T *o = out + (int64_t)row * C;
+    const int nv = C / VEC; /* the launcher picks VEC > 1 only when it divides C */
+
+    float acc = 0.0f;
+    for (int v = lane; v < nv; v += 32) {
+        float f[VEC];
+        ln_load<T, VEC>(x + v * VEC, f);
+        for (int k = 0; k < VEC; k++) acc += f[k];
+    }
+    const float m = ln_warp_sum(acc) / (float)C;
+
+    /* two passes: no cancellation for rows with a large common offset */
+    float acc2 = 0.0f;
+    for (int v = lane; v < nv; v += 32) {
+        float f[VEC];
+        ln_load<T, VEC>(x + v * VEC, f);
+        for (int k = 0; k < VEC; k++) acc2 += (f[k] - m) * (f[k] - m);
+    }
+    const float s = 1.0f / sqrtf(ln_warp_sum(acc2) / (float)C + LN_EPS);
+
+    for (int v = lane; v < nv; v += 32) {
+        float f[VEC], fw[VEC], fb[VEC];
+        ln_load<T, VEC>(x + v * VEC, f);
+        ln_load<T, VEC>(w + v * VEC, fw);
+        ln_load<T, VEC>(b + v * VEC, fb);
+        for (int k = 0; k < VEC; k++) f[k] = (f[k] - m) * s * fw[k] + fb[k];
+        ln_put<T, VEC>(o + v * VEC, f);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+/* ---- backward -------------------------------------------------------------------------------- */
+
+template <typename T, int VEC>
+static __global__ void ln_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
+                                          const float *mean, const float *rstd, int N, int C) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (int64_t)row * C, *d = dout + (int64_t)row * C;
+    T *di = dinp + (int64_t)row * C;
+    const float m = mean[row], s = rstd[row];
+    const int nv = C / VEC; /* the launcher picks VEC > 1 only when it divides C */
+
+    float acc_g = 0.0f, acc_gn = 0.0f;
+    for (int v = lane; v < nv; v += 32) {
+        float fx[VEC], fd[VEC], fw[VEC];
+        ln_load<T, VEC>(x + v * VEC, fx);
+        ln_load<T, VEC>(d + v * VEC, fd);
+        ln_load<T, VEC>(w + v * VEC, fw);
+        for (int k = 0; k < VEC; k++) {
+            float n = (fx[k] - m) * s, g = fd[k] * fw[k];
+            acc_g += g;
+            acc_gn += g * n;
+        }
+    }
+    const float g_mean = ln_warp_sum(acc_g) / (float)C;
+    const float gn_mean = ln_warp_sum(acc_gn) / (float)C;
+
+    for (int v = lane; v < nv; v += 32) {
+        float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
+        ln_load<T, VEC>(x + v * VEC, fx);
+        ln_load<T, VEC>(d + v * VEC, fd);
+        ln_load<T, VEC>(w + v * VEC, fw);
+        ln_load<T, VEC>(di + v * VEC, fi);
+        for (int k = 0; k < VEC; k++) {
+            float n = (fx[k] - m) * s, g = fd[k] * fw[k];
+            fi[k] += s * (g - g_mean - n * gn_mean);
+        }
+        ln_put<T, VEC>(di + v * VEC, fi);
+    }
+}
+
+/* partial[chunk] = [Σ dout·n over the chunk's rows (C) | Σ dout (C)]. Block (32, LN_RY): column
+ * j = blockIdx.y·32 + threadIdx.x, chunk blockIdx.x; row group y sums rows r0 + y + LN_RY·k in
+ * order, then the groups are added in order y = 0, 1, ... */
+template <typename T>
+static __global__ void ln_bwd_dwdb_kernel(float *partial, const T *dout, const T *inp,
+                                          const float *mean, const float *rstd, int N, int C) {
+    CT_SHARED(float, sh_dw, LN_RY * 32);
+    CT_SHARED(float, sh_db, LN_RY * 32);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int j = blockIdx.y * 32 + tx;
+    const int r0 = blockIdx.x * LN_CHUNK_ROWS;
+    const int r1 = r0 + LN_CHUNK_ROWS < N ? r0 + LN_CHUNK_ROWS : N;
+    float dw = 0.0f, db = 0.0f;
+    if (j < C) {
+        for (int r = r0 + ty; r < r1; r += LN_RY) {
+            const int64_t i = (int64_t)r * C + j;
+            float d = ln_f32(dout[i]);
+            float n = (ln_f32(inp[i]) - mean[r]) * rstd[r];
+            dw += d * n;
+            db += d;
+        }
+    }
+    sh_dw[ty * 32 + tx] = dw;
+    sh_db[ty * 32 + tx] = db;
+    __syncthreads();
+    if (ty == 0 && j < C) {
+        for (int y = 1; y < LN_RY; y++) {
+            dw += sh_dw[y * 32 + tx];
+            db += sh_db[y * 32 + tx];
+        }
+        float *p = partial + (int64_t)blockIdx.x * 2 * C;
+        p[j] = dw;
+        p[C + j] = db;
+    }
+}
+
+/* dst[j] += Σ over chunks, in chunk order, of partial[chunk·stride + j]. */
+static __global__ void ln_colsum_kernel(float *dst, const float *partial, int n_chunks, int C,
+                                        int64_t stride) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= C) return;
+    float acc = partial[j];
+    for (int ch = 1; ch < n_chunks; ch++) acc += partial[ch * stride + j];
+    dst[j] += acc;
+}
+
+/* ---- launchers ------------------------------------------------------------------------------- */
+
+/* VEC elements per 16-byte load when every row of every pointer starts 16-byte aligned. */
+template <typename T>
+static bool ln_vec_ok(int64_t C, const void *p0, const void *p1, const void *p2, const void *p3) {
+    const int vec = 16 / (int)sizeof(T);
+    const uintptr_t mis = ((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2 | (uintptr_t)p3) & 15u;
+    return C % vec == 0 && mis == 0;
+}
+
+template <typename T>
+static void ln_fwd(ct_cuda_ctx *cx, void *out, float *mean, float *rstd, const void *inp,
+                   const void *w, const void *b, int N, int C) {
+    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
+    if (ln_vec_ok<T>(C, out, inp, w, b))
+        ct_launch(ln_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
+                  mean, rstd, (const T *)inp, (const T *)w, (const T *)b, N, C);
+    else
+        ct_launch(ln_fwd_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out, mean, rstd,
+                  (const T *)inp, (const T *)w, (const T *)b, N, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+static void ln_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const void *dout,
+                   const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                   int C) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
+    if (ln_vec_ok<T>(C, dinp, dout, inp, w))
+        ct_launch(ln_bwd_dinp_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp,
+                  (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C);
+    else
+        ct_launch(ln_bwd_dinp_kernel<T, 1>, grid, block, 0, st, (T *)dinp, (const T *)dout,
+                  (const T *)inp, (const T *)w, mean, rstd, N, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+
+    const int n_chunks = (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
+    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * 2 * (size_t)C * 4);
+    dim3 grid2((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block2(32, LN_RY);
+    ct_launch(ln_bwd_dwdb_kernel<T>, grid2, block2, 0, st, partial, (const T *)dout, (const T *)inp,
+              mean, rstd, N, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+
+    dim3 grid3((unsigned)((C + LN_COLSUM_THREADS - 1) / LN_COLSUM_THREADS)),
+        block3(LN_COLSUM_THREADS);
+    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, dw, (const float *)partial, n_chunks, C,
+              (int64_t)2 * C);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, db, (const float *)(partial + C), n_chunks, C,
+              (int64_t)2 * C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *mean,
+                                      float *rstd, const void *inp, const void *w, const void *b,
+                                      int64_t N, int64_t C) {
+    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "layernorm_fwd N=%lld C=%lld",
+               (long long)N, (long long)C);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "layernorm_fwd dtype %d", (int)dt);
+    if (N == 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ln_fwd<__nv_bfloat16>(cx, out, mean, rstd, inp, w, b, (int)N, (int)C);
+    else
+        ln_fwd<float>(cx, out, mean, rstd, inp, w, b, (int)N, (int)C);
+}
+
+extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
+                                      float *db, const void *dout, const void *inp, const void *w,
+                                      const float *mean, const float *rstd, int64_t N, int64_t C) {
+    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "layernorm_bwd N=%lld C=%lld",
+               (long long)N, (long long)C);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "layernorm_bwd dtype %d", (int)dt);
+    if (N == 0) return;
+    if (dt == CT_DTYPE_BF16)
+        ln_bwd<__nv_bfloat16>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
+    else
+        ln_bwd<float>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The CUDA backend without a GPU (DESIGN §10):
+#   - the portability rules every .cu file keeps, so that one source builds under nvcc and under
+#     the emulator: ct_cuda.h included first, no raw <<<>>> launch, shared memory only through
+#     CT_SHARED / CT_DYN_SHARED, cuBLAS called only from cuda/gemm.c;
+#   - the real build (nvcc, sm_80 and sm_90): ptxas reported every kernel for both architectures
+#     with no spills and no local memory; the linked binary, without a GPU, refuses --backend cuda
+#     with exit 2 and the runtime's reason, and --backend auto falls back to the CPU and says so;
+#   - a whole training run of configs/test-tiny.yaml on the emulated CUDA backend
+#     (build/cooktrain-cuemu: the same .cu files compiled by g++, each CUDA thread a fiber) gives
+#     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
+#     bf16 stays within the distance between the CPU's bf16 and fp32 runs;
+#   - cuda/README.md's roofline and resource tables are the output of scripts/cuda_roofline.py and
+#     scripts/cuda_resources.py (the latter for this build's ptxas reports).
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# ---- portability rules ---------------------------------------------------------------------------
+if selected "portability"; then
+    bad=()
+    for f in cuda/*.cu; do
+        [ -f "$f" ] || continue
+        first=$(grep -m1 '^#include' "$f")
+        [ "$first" = '#include "cuda/ct_cuda.h"' ] || bad+=("$f: first include is '$first'")
+        grep -n '<<<' "$f" | sed "s|^|$f: raw launch: |" >>"$tmp/bad"
+        grep -nE '(^|[^_A-Z])__shared__' "$f" | sed "s|^|$f: __shared__ outside CT_SHARED: |" >>"$tmp/bad"
+        grep -nE '\bcublas[A-Z]' "$f" | sed "s|^|$f: cuBLAS outside cuda/gemm.c: |" >>"$tmp/bad"
+    done
+    grep -lE '\bcublas(Lt)?[A-Z][a-zA-Z]*\(' cuda/*.c | grep -v '^cuda/gemm.c$' | sed 's|$|: calls cuBLAS outside cuda/gemm.c|' >>"$tmp/bad"
+    [ -s "$tmp/bad" ] && mapfile -t more <"$tmp/bad" && bad+=("${more[@]}")
+    if [ ${#bad[@]} = 0 ]; then
+        ok "portability: every .cu includes cuda/ct_cuda.h first, launches through ct_launch, declares shared memory through the macros; cuBLAS only in cuda/gemm.c"
+    else
+        fail "portability: ${bad[*]}"
+    fi
+fi
+
+# ---- the real build ------------------------------------------------------------------------------
+if [ -f "$BUILD/libctcuda.a" ] && selected "real"; then
+    n_kernels=0
+    spills=0
+    missing=()
+    for f in cuda/*.cu; do
+        rep=$BUILD/cuda/$(basename "$f" .cu).o.ptxas
+        if [ ! -s "$rep" ]; then
+            missing+=("$rep")
+            continue
+        fi
+        for arch in sm_80 sm_90; do
+            grep -q "for '$arch'" "$rep" || missing+=("$rep: no $arch")
+        done
+        n_kernels=$((n_kernels + $(grep -c "^ptxas info *: Compiling entry function" "$rep")))
+        spills=$((spills + $(grep -E "[1-9][0-9]* bytes spill (stores|loads)" -c "$rep")))
+    done
+    if [ ${#missing[@]} = 0 ] && [ "$n_kernels" -gt 0 ] && [ "$spills" = 0 ]; then
+        ok "real build: ptxas compiled $n_kernels kernel entries for sm_80 and sm_90, none spills"
+    else
+        fail "real build: ptxas reports ${missing[*]:-complete}, $n_kernels kernels, $spills with spills"
+    fi
+    ensure_test_data
+    expect_exit 2 "no GPU: --backend cuda is refused" -- "$BIN" train --config configs/test-tiny.yaml \
+        --set data.train="$TEST_DATA/train.bin" --backend cuda
+    expect_text "no usable CUDA device (cudaError" "no GPU: the message names the runtime's answer"
+    expect_text "hint: use --backend cpu" "no GPU: the hint says to use the CPU backend"
+    expect_exit 0 "no GPU: --backend auto trains on the CPU" -- "$BIN" train --config configs/test-tiny.yaml \
+        --set data.train="$TEST_DATA/train.bin" --set train.steps=2 --backend auto
+    expect_text "backend: cpu (auto: no usable CUDA device" "no GPU: auto says it fell back to the CPU, and why"
+fi
+
+# ---- training on the emulated device -------------------------------------------------------------
+EMU=$BUILD/cooktrain-cuemu
+if [ -x "$EMU" ] && selected "emulated training"; then
+    equivalence_setup
+    d=$tmp/emu
+    mkdir -p "$d"
+    short=(--set train.steps=3 --set train.global_batch=4) # 4 sequences a step: emulation is slow
+    # the CPU reference in each precision (the fp32 one is also the bf16 run's twin)
+    expect_exit 0 "emulated: CPU reference run (fp32)" -- "$BIN" "${base[@]}" "${short[@]}" \
+        --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" --dump-init-params "$d/init.bin"
+    expect_exit 0 "emulated: a 3-step run of test-tiny on the emulated CUDA backend (fp32)" -- \
+        "$EMU" "${base[@]}" "${short[@]}" --backend cuda --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"
+    expect_text "cuda:0 cuemu" "emulated: the run says it is on the emulated device"
+    check_against_reference "emulated CUDA fp32" "$d"
+    b=$tmp/emu-bf16
+    mkdir -p "$b"
+    cp "$d/ref.jsonl" "$b/twin.jsonl"
+    for f in bin bin.index.json; do cp "$d/ref.$f" "$b/twin.$f" && cp "$d/init.$f" "$b/init.$f"; done
+    expect_exit 0 "emulated: CPU reference run (bf16)" -- "$BIN" "${base[@]}" "${short[@]}" \
+        --set train.precision=bf16 --set log.metrics="$b/ref.jsonl" --dump-params "$b/ref.bin"
+    expect_exit 0 "emulated: the same on the emulated CUDA backend (bf16)" -- \
+        "$EMU" "${base[@]}" "${short[@]}" --backend cuda --set train.precision=bf16 \
+        --set log.metrics="$b/run.jsonl" --dump-params "$b/run.bin"
+    check_against_reference "emulated CUDA bf16" "$b"
+fi
+
+# ---- cuda/README.md's generated tables ----------------------------------------------------------
+# readme_holds WHAT FILE: every line of FILE (a script's output) is a line of cuda/README.md.
+readme_holds() {
+    if [ -s "$2" ] && [ -z "$(grep -vxF -f <(cat cuda/README.md) "$2")" ]; then
+        ok "$1: cuda/README.md holds the script's output"
+    else
+        fail "$1: cuda/README.md differs from the script's output (regenerate it); first lines missing:"
+        grep -vxF -f <(cat cuda/README.md) "$2" | head -3 | sed 's/^/    /'
+    fi
+}
+if selected "roofline"; then
+    python3 scripts/cuda_roofline.py >"$tmp/roofline.md"
+    readme_holds "roofline (scripts/cuda_roofline.py)" "$tmp/roofline.md"
+fi
+if [ -f "$BUILD/libctcuda.a" ] && selected "resources"; then
+    python3 scripts/cuda_resources.py "$BUILD" >"$tmp/resources.md"
+    readme_holds "resource usage (scripts/cuda_resources.py $BUILD)" "$tmp/resources.md"
+fi

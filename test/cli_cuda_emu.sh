@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# cli_cuda_emu.sh — the CUDA emulator (cuda/emu/) checked through its self-test
+# (test/cuemu_selftest.cc), one case per process: correct kernels match plain loops in every warp
+# order, and each planted bug is reported the way cuda/emu/README.md promises (exit status and
+# message). Each check below names the emulator feature it guards; every one was seen to FAIL with
+# that feature switched off before it was trusted.
+. "$(dirname "$0")/lib_cli.sh"
+
+SELF=$BUILD/test/cuemu_selftest
+ASAN=$BUILD/test/cuemu_selftest_asan
+if [ ! -x "$SELF" ]; then
+    ok "CUDA emulator tests skipped: $SELF not built (needs g++ and the CUDA headers)"
+    exit 0
+fi
+
+# relay CASE [ENV=VALUE...]: runs a correct case and relays its ok/FAIL lines; a non-zero exit
+# without a FAIL line is a FAIL.
+relay() {
+    local case=$1 out rc
+    shift
+    out=$(env "$@" timeout 300 "$SELF" "$case" 2>&1 </dev/null)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
+        fail "cuemu_selftest $case exited $rc"
+        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    fi
+}
+
+# ---- correct kernels against plain loops (reduce and softmax run all three orders) -----------
+for c in reduce softmax atomics shuffles streams memory devices launch-checks bf16; do relay "$c"; done
+relay devices CUEMU_DEVICES=4 # guards CUEMU_DEVICES (several devices per node)
+relay devices CUEMU_DEVICES=0 # guards cudaErrorNoDevice when no device is configured
+
+# ---- planted bugs ----------------------------------------------------------------------------
+# A missing __syncthreads: must give a wrong result in at least one order (guards the warp orders
+# and that warps are not run in lockstep). Ascending order catches this one, descending does not.
+caught=()
+for order in ascending descending random:7; do
+    CUEMU_ORDER=$order timeout 300 "$SELF" missing-sync >/dev/null 2>&1
+    [ $? = 1 ] && caught+=("$order")
+done
+if [ ${#caught[@]} -gt 0 ]; then
+    ok "missing __syncthreads gives a wrong result in order(s): ${caught[*]}"
+else
+    fail "missing __syncthreads went unnoticed in every order"
+fi
+expect_exit 2 "CUEMU_ORDER with an unknown order is refused" -- env CUEMU_ORDER=sideways "$SELF" reduce
+expect_text "is not ascending, descending or random:SEED" "CUEMU_ORDER error names the choices"
+
+# Warp operations: a mask naming an exited lane, mismatched operations, a deadlock (guards the
+# per-lane arrival bookkeeping and the end-of-pass deadlock check).
+expect_exit 134 "shuffle whose mask names exited lanes aborts" -- "$SELF" bad-mask
+expect_text "__shfl_xor_sync mask 0xffffffff names lane 16, which exited" "bad mask: names the lane"
+expect_text "(block 0,0,0 thread 0,0,0)" "bad mask: names block and thread"
+expect_text "kernel bad_mask_kernel (launched at test/cuemu_selftest.cc:" "bad mask: names the kernel"
+expect_exit 134 "lanes at different warp operations abort" -- "$SELF" mismatch
+expect_text "warp operations do not match" "mismatch: says so"
+expect_exit 134 "a shuffle waiting for a lane at __syncthreads aborts" -- "$SELF" deadlock
+expect_text "deadlock: this thread waits at __shfl_sync" "deadlock: says which operation waits"
+
+# __syncthreads reached by part of the block (guards strict barriers, on by default)
+expect_exit 134 "__syncthreads reached by part of the block aborts" -- "$SELF" partial-barrier
+expect_text "__syncthreads reached by 32 of 128 threads" "partial barrier: counts the threads"
+expect_text "(block 0,0,0 thread 0,0,0)" "partial barrier: names block and thread"
+expect_exit 3 "CUEMU_STRICT=0 counts exited threads as arrived" -- \
+    env CUEMU_STRICT=0 "$SELF" partial-barrier
+
+# Static shared memory over 48 KB (guards the CT_SHARED arena limit ptxas enforces)
+expect_exit 134 "more than 48 KB of CT_SHARED aborts" -- "$SELF" big-static-smem
+expect_text "over the 48 KB a block may declare statically" "big static smem: says why"
+
+# Poison: shared memory read before it is written, a missing stream sync (guards the NaN fill of
+# CT_SHARED at every block start and the lazy streams)
+relay uninit-shared
+relay missing-stream-sync
+
+# Out-of-bounds writes: caught by the ASan build (guards exact-size cudaMalloc and the poisoned
+# redzones between CT_SHARED arrays); a correct kernel stays quiet under ASan.
+if [ -x "$ASAN" ]; then
+    expect_exit 1 "out-of-bounds CT_SHARED write under ASan" -- "$ASAN" oob-shared
+    expect_text "AddressSanitizer: use-after-poison" "out-of-bounds shared write: ASan reports it"
+    expect_text "oob_shared_kernel" "out-of-bounds shared write: ASan names the kernel"
+    expect_exit 1 "out-of-bounds global write under ASan" -- "$ASAN" oob-global
+    expect_text "AddressSanitizer: heap-buffer-overflow" "out-of-bounds global write: ASan reports it"
+    for c in reduce streams; do
+        expect_exit 0 "$c under ASan has no reports" -- "$ASAN" "$c"
+    done
+else
+    ok "ASan cases skipped: $ASAN not built"
+fi
+
+# ---- speed (informational, no assertion) -------------------------------------------------------
+timeout 300 "$SELF" speed 2>&1 | grep '^speed:' | sed 's/^/    /'

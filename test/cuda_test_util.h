@@ -1,0 +1,123 @@
+/*
+ * cuda_test_util.h — what the CUDA op tests (test/test_cuda_*.c) share: the CPU backend (the
+ * reference) and the CUDA backend side by side, device buffers made from host arrays, the warp
+ * orders of the emulator, and a comparator that fails on NaN/Inf.
+ *
+ * The tests are linked with the emulated CUDA build (cuda/emu/: the same .cu files compiled by
+ * g++, each CUDA thread a fiber) and run on a machine without a GPU; on a GPU machine the same
+ * source links against the real runtime. Each op runs on both backends from the same inputs
+ * (their own copies: an op that writes its input must not leak into the other run), and the
+ * outputs are compared element by element with |got − want| <= atol + rtol·|want|.
+ *
+ * Header-only, so each test stays one file.
+ */
+#ifndef CT_TEST_CUDA_TEST_UTIL_H
+#define CT_TEST_CUDA_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "cuda/backend_cuda.h"
+
+/* The warp orders every kernel test runs in (cuda/emu/README.md): a missing barrier shows in
+ * only some of them. Set through the environment the emulator reads at every launch. */
+static const char *const cuda_test_orders[] = {"ascending", "descending", "random:12345"};
+enum { CUDA_TEST_N_ORDERS = 3 };
+
+static inline void cuda_test_set_order(int i) {
+    setenv("CUEMU_ORDER", cuda_test_orders[i], 1);
+}
+
+typedef struct cuda_test_pair {
+    ct_backend *cpu, *gpu;
+} cuda_test_pair;
+
+static inline cuda_test_pair cuda_test_pair_new(void) {
+    cuda_test_pair p = {ct_backend_cpu_new(1), ct_cuda_backend_new(0)};
+    return p;
+}
+
+static inline void cuda_test_pair_free(cuda_test_pair *p) {
+    ct_backend_free(p->cpu);
+    ct_backend_free(p->gpu);
+}
+
+/* Backend memory holding a copy of `bytes` host bytes (host may be NULL: left uninitialised,
+ * which on the emulated device means NaN-poisoned). */
+static inline void *cuda_test_upload(ct_backend *be, const void *host, size_t bytes) {
+    void *d = be->iface->alloc(be->ctx, bytes);
+    if (!d) abort();
+    if (host) be->iface->copy_from_host(be->ctx, d, host, bytes);
+    return d;
+}
+
+/* A host copy (malloc'd) of `bytes` backend bytes; waits for the backend's stream. */
+static inline void *cuda_test_download(ct_backend *be, const void *dev, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    be->iface->copy_to_host(be->ctx, h, dev, bytes);
+    return h;
+}
+
+static inline void cuda_test_free(ct_backend *be, void *dev) {
+    be->iface->free(be->ctx, dev);
+}
+
+/* bf16 <-> f32 on the host (round to nearest even; NaN stays NaN). */
+static inline uint16_t cuda_test_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float cuda_test_from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Element i of a host array of dtype dt (F32 or BF16) as a float. */
+static inline float cuda_test_get(const void *p, ct_dtype dt, int64_t i) {
+    return dt == CT_DTYPE_BF16 ? cuda_test_from_bf16(((const uint16_t *)p)[i])
+                               : ((const float *)p)[i];
+}
+
+/*
+ * Compares n values of dtype dt: |got − want| <= atol + rtol·|want| for every element; any
+ * NaN or Inf in either fails. Prints the worst element (and, with CUDA_TEST_VERBOSE=1 set, the
+ * fraction of the tolerance used on success). Returns true when all are close.
+ */
+static inline bool cuda_test_close(const char *what, const void *got, const void *want, ct_dtype dt,
+                                   int64_t n, double atol, double rtol) {
+    int64_t worst = -1, bad = 0;
+    double worst_ratio = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = cuda_test_get(got, dt, i), w = cuda_test_get(want, dt, i);
+        double tol = atol + rtol * fabs(w);
+        double ratio =
+            isfinite(g) && isfinite(w) ? fabs(g - w) / (tol > 0 ? tol : 1e-300) : INFINITY;
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    if (bad) {
+        double g = cuda_test_get(got, dt, worst), w = cuda_test_get(want, dt, worst);
+        fprintf(stderr,
+                "%s: %lld of %lld elements differ; worst [%lld] got %.9g want %.9g "
+                "(|diff| %.3g, tolerance %.3g)\n",
+                what, (long long)bad, (long long)n, (long long)worst, g, w, fabs(g - w),
+                atol + rtol * fabs(w));
+        return false;
+    }
+    if (getenv("CUDA_TEST_VERBOSE"))
+        fprintf(stderr, "%s: ok, %.0f%% of the tolerance used\n", what, 100.0 * worst_ratio);
+    return true;
+}
+
+#endif /* CT_TEST_CUDA_TEST_UTIL_H */

@@ -1,0 +1,744 @@
+/*
+ * cuemu_selftest.cc — the CUDA emulator's own tests (cuda/emu/), compiled by g++ against the
+ * emulator exactly as a .cu kernel file is; test/cli_cuda_emu.sh runs one case per process:
+ *
+ *     cuemu_selftest CASE
+ *
+ * Correct kernels (reduce, softmax, atomics, shuffles, streams, memory, devices, launch-checks,
+ * bf16) are compared with plain loops and exit 0, printing "ok ..." lines. Each deliberately buggy
+ * kernel shows how the emulator reports its bug: an abort naming block and thread (bad-mask,
+ * partial-barrier, deadlock, mismatch, big-static-smem; exit 3 when the kernel runs through),
+ * a wrong result in some warp order (missing-sync exits 1 when the result is wrong in the order
+ * CUEMU_ORDER sets), NaN from shared memory read before it is written (uninit-shared), stale data
+ * after a missing stream sync (missing-stream-sync), and an AddressSanitizer report from the ASan
+ * build (oob-shared, oob-global). `speed` prints emulated threads per second.
+ */
+#include "cuda/ct_cuda.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static int failures;
+
+static void check(bool good, const char *what) {
+    printf("%s %s\n", good ? "ok" : "FAIL", what);
+    if (!good) failures++;
+}
+
+static const cuemu_order all_orders[] = {CUEMU_ORDER_ASCENDING, CUEMU_ORDER_DESCENDING,
+                                         CUEMU_ORDER_RANDOM};
+static const char *const order_names[] = {"ascending", "descending", "random:7"};
+
+template <typename T> static T *device_alloc(size_t n) {
+    T *p = nullptr;
+    CT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    return p;
+}
+
+static std::vector<float> random_floats(size_t n, unsigned seed) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        v[i] = (float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+    }
+    return v;
+}
+
+static float max_abs_diff(const std::vector<float> &a, const std::vector<double> &b) {
+    float worst = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        float d = std::fabs(a[i] - (float)b[i]);
+        if (!(d <= worst)) worst = d; /* NaN counts as worst */
+    }
+    return worst;
+}
+
+/* ---- block reduction: warp shuffles, a CT_SHARED array, a second reduction in warp 0 only ---- */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+/* The sum over the block, returned to every thread. SKIP_FIRST_SYNC plants the classic bug:
+ * warp 0 reads the partial sums before the other warps have written them. */
+template <int BLOCK, bool SKIP_FIRST_SYNC> __device__ float block_sum(float v) {
+    CT_SHARED(float, partial, 32);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    if (!SKIP_FIRST_SYNC) __syncthreads();
+    if (warp == 0) {
+        float p = lane < BLOCK / 32 ? partial[lane] : 0.0f;
+        p = warp_sum(p);
+        if (lane == 0) partial[0] = p;
+    }
+    __syncthreads();
+    float total = partial[0];
+    __syncthreads(); /* partial is reused by the next call */
+    return total;
+}
+
+template <int BLOCK, bool SKIP_FIRST_SYNC>
+__global__ void __launch_bounds__(BLOCK)
+    row_sum_kernel(float *__restrict__ out, const float *__restrict__ in, int C) {
+    const float *row = in + (size_t)blockIdx.x * C;
+    float v = 0;
+    for (int i = threadIdx.x; i < C; i += BLOCK) v += row[i];
+    float total = block_sum<BLOCK, SKIP_FIRST_SYNC>(v);
+    if (threadIdx.x == 0) out[blockIdx.x] = total;
+}
+
+/* Sums rows with the (possibly buggy) kernel; returns max |error| against a double loop. */
+template <bool SKIP_FIRST_SYNC> static float run_row_sum(int N, int C) {
+    std::vector<float> h = random_floats((size_t)N * C, 42);
+    float *in = device_alloc<float>(h.size()), *out = device_alloc<float>(N);
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    ct_launch(row_sum_kernel<256, SKIP_FIRST_SYNC>, dim3(N), dim3(256), 0, 0, out, in, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+    std::vector<float> got(N);
+    CT_CUDA_CHECK(cudaMemcpy(got.data(), out, N * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> want(N, 0.0);
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < C; i++) want[r] += h[(size_t)r * C + i];
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(out));
+    return max_abs_diff(got, want);
+}
+
+static void case_reduce() {
+    for (int o = 0; o < 3; o++) {
+        cuemu_set_order(all_orders[o], 7);
+        float err = run_row_sum<false>(16, 1000);
+        char what[160];
+        /* 1000 terms of |x| < 1 in float: 1e-4 is ~10x the rounding error of the sum */
+        snprintf(what, sizeof what, "block reduction (%s order) matches a double loop: %.2g",
+                 order_names[o], err);
+        check(err < 1e-4f, what);
+    }
+}
+
+/* missing-sync: run in the order CUEMU_ORDER sets; exits 1 with "wrong result" when the planted
+ * bug shows in that order. */
+static void case_missing_sync() {
+    const char *order = getenv("CUEMU_ORDER");
+    float err = run_row_sum<true>(16, 1000);
+    printf("missing __syncthreads, CUEMU_ORDER=%s: max error %g: %s\n", order ? order : "", err,
+           err < 1e-4f ? "result right (bug hidden)" : "wrong result");
+    if (!(err < 1e-4f)) failures++;
+}
+
+/* ---- softmax: one row per block staged in dynamic shared memory ---------------------------- */
+template <int BLOCK> __device__ float block_max(float v) {
+    CT_SHARED(float, partial, 32);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int offset = 16; offset > 0; offset /= 2)
+        v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, offset));
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float m = partial[0];
+    for (int w = 1; w < BLOCK / 32; w++) m = fmaxf(m, partial[w]);
+    __syncthreads();
+    return m;
+}
+
+template <int BLOCK> __global__ void softmax_kernel(float *out, const float *in, int C) {
+    CT_DYN_SHARED(float, row);
+    const float *x = in + (size_t)blockIdx.x * C;
+    for (int i = threadIdx.x; i < C; i += BLOCK) row[i] = x[i];
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < C; i += BLOCK) m = fmaxf(m, row[i]);
+    m = block_max<BLOCK>(m);
+    float s = 0;
+    for (int i = threadIdx.x; i < C; i += BLOCK) {
+        row[i] = __expf(row[i] - m);
+        s += row[i];
+    }
+    s = block_sum<BLOCK, false>(s);
+    for (int i = threadIdx.x; i < C; i += BLOCK) out[(size_t)blockIdx.x * C + i] = row[i] / s;
+}
+
+static void case_softmax() {
+    const int N = 8, C = 700;
+    std::vector<float> h = random_floats((size_t)N * C, 3);
+    for (float &v : h) v *= 8;
+    float *in = device_alloc<float>(h.size()), *out = device_alloc<float>(h.size());
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<double> want(h.size());
+    for (int r = 0; r < N; r++) {
+        double m = -INFINITY, s = 0;
+        for (int i = 0; i < C; i++) m = std::fmax(m, h[(size_t)r * C + i]);
+        for (int i = 0; i < C; i++) s += std::exp(h[(size_t)r * C + i] - m);
+        for (int i = 0; i < C; i++)
+            want[(size_t)r * C + i] = std::exp(h[(size_t)r * C + i] - m) / s;
+    }
+    for (int o = 0; o < 3; o++) {
+        cuemu_set_order(all_orders[o], 11);
+        ct_launch(softmax_kernel<128>, dim3(N), dim3(128), C * sizeof(float), 0, out, in, C);
+        CT_CUDA_CHECK(cudaGetLastError());
+        std::vector<float> got(h.size());
+        CT_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+        float err = max_abs_diff(got, want);
+        char what[160];
+        snprintf(what, sizeof what, "softmax in dynamic shared memory (%s order): %.2g",
+                 order_names[o], err);
+        check(err < 1e-6f, what); /* probabilities <= 1, float rounding ~1e-7 */
+    }
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
+/* ---- atomics ------------------------------------------------------------------------------- */
+struct atomic_results {
+    int count;
+    unsigned umax;
+    int imin;
+    unsigned long long total;
+    double dsum;
+    int cas_count;
+    unsigned exch;
+};
+
+__global__ void atomics_kernel(float *colsum, atomic_results *r, const float *in, int rows,
+                               int cols) {
+    int row = blockIdx.x, col = threadIdx.x;
+    if (row < rows && col < cols) atomicAdd(&colsum[col], in[row * cols + col]);
+    int id = blockIdx.x * blockDim.x + threadIdx.x;
+    atomicAdd(&r->count, 1);
+    atomicMax(&r->umax, (unsigned)id * 7u % 1000u);
+    atomicMin(&r->imin, 500 - id);
+    atomicAdd(&r->total, (unsigned long long)id);
+    atomicAdd(&r->dsum, 0.5);
+    /* a CAS loop, the way a custom atomic is built */
+    int old = r->cas_count, assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(&r->cas_count, assumed, assumed + 2);
+    } while (old != assumed);
+    atomicExch(&r->exch, 77u);
+}
+
+static void case_atomics() {
+    const int rows = 8, cols = 6, threads = 32;
+    std::vector<float> h = random_floats(rows * cols, 5);
+    float *in = device_alloc<float>(h.size()), *colsum = device_alloc<float>(cols);
+    atomic_results *r = device_alloc<atomic_results>(1);
+    atomic_results init = {0, 0, 1 << 30, 0, 0.0, 0, 0};
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemset(colsum, 0, cols * 4));
+    CT_CUDA_CHECK(cudaMemcpy(r, &init, sizeof init, cudaMemcpyHostToDevice));
+    ct_launch(atomics_kernel, dim3(rows), dim3(threads), 0, 0, colsum, r, in, rows, cols);
+    CT_CUDA_CHECK(cudaGetLastError());
+    std::vector<float> got(cols);
+    atomic_results res;
+    CT_CUDA_CHECK(cudaMemcpy(got.data(), colsum, cols * 4, cudaMemcpyDeviceToHost));
+    CT_CUDA_CHECK(cudaMemcpy(&res, r, sizeof res, cudaMemcpyDeviceToHost));
+    std::vector<double> want(cols, 0.0);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) want[j] += h[i * cols + j];
+    int n = rows * threads;
+    unsigned umax = 0;
+    for (int id = 0; id < n; id++) umax = std::max(umax, (unsigned)id * 7u % 1000u);
+    check(max_abs_diff(got, want) < 1e-5f, "float atomicAdd column sums match a double loop");
+    check(res.count == n, "int atomicAdd counts every thread");
+    check(res.umax == umax, "unsigned atomicMax");
+    check(res.imin == 500 - (n - 1), "int atomicMin");
+    check(res.total == (unsigned long long)n * (n - 1) / 2, "unsigned long long atomicAdd");
+    check(res.dsum == 0.5 * n, "double atomicAdd");
+    check(res.cas_count == 2 * n, "atomicCAS loop");
+    check(res.exch == 77u, "atomicExch");
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(colsum));
+    CT_CUDA_CHECK(cudaFree(r));
+}
+
+/* ---- shuffles and votes against CUDA's documented rules ------------------------------------ */
+__global__ void shuffles_kernel(int *out, int width) {
+    int lane = threadIdx.x % 32, v = 100 + lane;
+    int *o = out + threadIdx.x * 8;
+    o[0] = __shfl_sync(0xffffffffu, v, lane + 3, width);
+    o[1] = __shfl_up_sync(0xffffffffu, v, 3, width);
+    o[2] = __shfl_down_sync(0xffffffffu, v, 3, width);
+    o[3] = __shfl_xor_sync(0xffffffffu, v, 9, width);
+    o[4] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    o[5] = __any_sync(0xffffffffu, lane == 17);
+    o[6] = __all_sync(0xffffffffu, lane < 31);
+    if (lane < 16) /* a half-warp mask: only these lanes take part */
+        o[7] = __shfl_down_sync(0x0000ffffu, v, 1, 16);
+    else
+        o[7] = -1;
+}
+
+static void case_shuffles() {
+    int *out = device_alloc<int>(64 * 8);
+    for (int width : {32, 16, 8}) {
+        ct_launch(shuffles_kernel, dim3(1), dim3(64), 0, 0, out, width);
+        std::vector<int> got(64 * 8);
+        CT_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+        bool good = true;
+        unsigned ballot = 0;
+        for (int l = 0; l < 32; l++)
+            if (l % 3 == 0) ballot |= 1u << l;
+        for (int t = 0; t < 64; t++) {
+            int lane = t % 32, seg = lane / width * width, in_seg = lane % width;
+            int want[8];
+            want[0] = 100 + seg + (lane + 3) % width; /* srcLane taken modulo width */
+            want[1] = in_seg < 3 ? 100 + lane : 100 + lane - 3;
+            want[2] = in_seg + 3 >= width ? 100 + lane : 100 + lane + 3;
+            int x = lane ^ 9; /* at width 8: earlier segments in reach, later ones not */
+            want[3] = x >= seg + width ? 100 + lane : 100 + x;
+            want[4] = (int)ballot;
+            want[5] = 1;
+            want[6] = 0;
+            want[7] = lane < 16 ? (lane + 1 >= 16 ? 100 + lane : 101 + lane) : -1;
+            for (int k = 0; k < 8; k++) good = good && got[t * 8 + k] == want[k];
+        }
+        char what[80];
+        snprintf(what, sizeof what, "shuffles and votes at width %d follow CUDA's rules", width);
+        check(good, what);
+    }
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
+/* ---- bugs the emulator aborts on ----------------------------------------------------------- */
+__global__ void bad_mask_kernel(float *out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x % 32 >= 16) return;      /* half the warp leaves ... */
+    v += __shfl_xor_sync(0xffffffffu, v, 1); /* ... but the mask still names it */
+    out[threadIdx.x] = v;
+}
+
+__global__ void partial_barrier_kernel(float *out) {
+    if (threadIdx.x >= 32) return;
+    __syncthreads(); /* the other 96 threads have exited */
+    out[threadIdx.x] = 1;
+}
+
+__global__ void deadlock_kernel(float *out) {
+    float v = 1;
+    if (threadIdx.x == 5)
+        __syncthreads(); /* lane 5 waits at the block barrier ... */
+    else
+        v = __shfl_sync(0xffffffffu, v, 0); /* ... the rest of its warp waits for it here */
+    out[threadIdx.x] = v;
+}
+
+__global__ void mismatch_kernel(float *out) {
+    float v = 1;
+    if (threadIdx.x == 0)
+        v = __shfl_down_sync(0xffffffffu, v, 1);
+    else
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+__global__ void big_static_smem_kernel(float *out) {
+    CT_SHARED(float, a, 8192); /* 32 KB */
+    CT_SHARED(float, b, 8192); /* 32 KB more: over the 48 KB ptxas allows */
+    a[threadIdx.x] = 1;
+    b[threadIdx.x] = 2;
+    out[threadIdx.x] = a[threadIdx.x] + b[threadIdx.x];
+}
+
+/* Runs a buggy kernel the emulator should abort on (exit 134); exit 3 when it runs through. */
+static void run_and_sync(void (*launch)(float *)) {
+    float *out = device_alloc<float>(1024);
+    launch(out);
+    CT_CUDA_CHECK(cudaGetLastError());
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    printf("the kernel ran to completion: nothing was reported\n");
+    exit(3);
+}
+
+/* ---- shared memory read before it is written ----------------------------------------------- */
+__global__ void uninit_shared_kernel(float *out) {
+    CT_SHARED(float, tile, 64);
+    /* thread t reads tile[t] ... which nobody writes in this block before the read */
+    out[blockIdx.x * 64 + threadIdx.x] = tile[threadIdx.x];
+    __syncthreads();
+    tile[threadIdx.x] = 1.0f; /* the previous block's values must not leak into the next */
+}
+
+static void case_uninit_shared() {
+    float *out = device_alloc<float>(4 * 64);
+    ct_launch(uninit_shared_kernel, dim3(4), dim3(64), 0, 0, out);
+    std::vector<float> got(4 * 64);
+    CT_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+    int nans = 0;
+    for (float v : got) nans += std::isnan(v);
+    char what[120];
+    snprintf(what, sizeof what, "a read of CT_SHARED before any write gives NaN (%d of %zu)", nans,
+             got.size());
+    check(nans == (int)got.size(), what);
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
+/* ---- out-of-bounds writes (the ASan build reports them) ------------------------------------ */
+__global__ void oob_shared_kernel(float *out) {
+    CT_SHARED(float, tile, 32);
+    tile[threadIdx.x] = 1.0f; /* 64 threads, 32 elements */
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x % 32];
+}
+
+__global__ void oob_global_kernel(float *out, int n) {
+    out[threadIdx.x] = (float)n; /* 64 threads, n = 60 elements */
+}
+
+/* ---- streams and events -------------------------------------------------------------------- */
+__global__ void fill_kernel(float *out, float value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+
+__global__ void add_one_kernel(float *out, const float *in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] + 1;
+}
+
+static void case_missing_stream_sync() {
+    const int n = 256;
+    cudaStream_t s;
+    CT_CUDA_CHECK(cudaStreamCreate(&s));
+    float *d = device_alloc<float>(n);
+    std::vector<float> h(n, -1.0f);
+    ct_launch(fill_kernel, dim3(1), dim3(n), 0, s, d, 3.0f, n);
+    CT_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, n * 4, cudaMemcpyDeviceToHost, s));
+    /* the bug: the host reads h without cudaStreamSynchronize(s) */
+    check(h[0] == -1.0f && h[n - 1] == -1.0f, "without the stream sync the host sees stale data");
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    check(h[0] == 3.0f && h[n - 1] == 3.0f, "after cudaStreamSynchronize the host sees the result");
+    CT_CUDA_CHECK(cudaFree(d));
+    CT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+static void case_streams() {
+    const int n = 300;
+    cudaStream_t s1, s2;
+    cudaEvent_t e, t0, t1;
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CT_CUDA_CHECK(cudaEventCreate(&e));
+    CT_CUDA_CHECK(cudaEventCreate(&t0));
+    CT_CUDA_CHECK(cudaEventCreate(&t1));
+    float *a = device_alloc<float>(n), *b = device_alloc<float>(n);
+    std::vector<float> h(n);
+
+    /* s2 consumes what s1 produces, ordered by an event: syncing s2 alone must run s1 first */
+    CT_CUDA_CHECK(cudaEventRecord(t0, s2));
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, a, 5.0f, n);
+    CT_CUDA_CHECK(cudaEventRecord(e, s1));
+    CT_CUDA_CHECK(cudaStreamWaitEvent(s2, e, 0));
+    ct_launch(add_one_kernel, dim3(2), dim3(256), 0, s2, b, (const float *)a, n);
+    CT_CUDA_CHECK(cudaMemcpyAsync(h.data(), b, n * 4, cudaMemcpyDeviceToHost, s2));
+    CT_CUDA_CHECK(cudaEventRecord(t1, s2));
+    check(cudaEventQuery(t1) == cudaErrorNotReady, "cudaEventQuery reports pending work once");
+    CT_CUDA_CHECK(cudaStreamSynchronize(s2));
+    check(h[0] == 6.0f && h[n - 1] == 6.0f, "cudaStreamWaitEvent orders s2 after s1");
+    check(cudaEventQuery(t1) == cudaSuccess, "cudaEventQuery succeeds after the sync");
+    float ms = -1;
+    CT_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    check(ms >= 0, "cudaEventElapsedTime between two completed events");
+
+    /* without the event, s2 runs on its own and reads a's poison */
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, b, 7.0f, n);
+    CT_CUDA_CHECK(cudaFree(a)); /* synchronizes everything, like the real one */
+    a = device_alloc<float>(n);
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, a, 5.0f, n);
+    ct_launch(add_one_kernel, dim3(2), dim3(256), 0, s2, b, (const float *)a, n);
+    CT_CUDA_CHECK(cudaMemcpyAsync(h.data(), b, n * 4, cudaMemcpyDeviceToHost, s2));
+    CT_CUDA_CHECK(cudaStreamSynchronize(s2));
+    check(std::isnan(h[0]), "without cudaStreamWaitEvent s2 reads poison, not s1's result");
+
+    /* the legacy default stream waits for blocking streams and they wait for it */
+    cudaStream_t blocking;
+    CT_CUDA_CHECK(cudaStreamCreate(&blocking));
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, blocking, a, 9.0f, n);
+    ct_launch(add_one_kernel, dim3(2), dim3(256), 0, 0, b, (const float *)a, n);
+    CT_CUDA_CHECK(cudaMemcpyAsync(h.data(), b, n * 4, cudaMemcpyDeviceToHost, 0));
+    CT_CUDA_CHECK(cudaStreamSynchronize(0));
+    check(h[0] == 10.0f, "stream 0 waits for work queued on a blocking stream");
+
+    /* host work queued by a library stand-in runs in stream order */
+    float seen = 0;
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, a, 4.0f, n);
+    cuemu_stream_enqueue(s1, [&seen, a]() { seen = a[n - 1]; });
+    check(seen == 0, "cuemu_stream_enqueue work waits for a sync point");
+    CT_CUDA_CHECK(cudaStreamSynchronize(s1));
+    check(seen == 4.0f, "cuemu_stream_enqueue work runs after the kernel before it");
+
+    /* work that calls the runtime itself (a library stand-in copying or launching) stays in
+     * stream order: what it queues runs inside it, before the work queued after it */
+    ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, a, 1.0f, n);
+    cuemu_stream_enqueue(s1, [&seen, a, s1]() {
+        CT_CUDA_CHECK(cudaMemcpy(&seen, a, 4, cudaMemcpyDeviceToHost));
+        ct_launch(fill_kernel, dim3(2), dim3(256), 0, s1, a, 2.0f, 300);
+    });
+    ct_launch(add_one_kernel, dim3(2), dim3(256), 0, s1, b, (const float *)a, n);
+    CT_CUDA_CHECK(cudaMemcpyAsync(h.data(), b, n * 4, cudaMemcpyDeviceToHost, s1));
+    CT_CUDA_CHECK(cudaStreamSynchronize(s1));
+    check(seen == 1.0f && h[n - 1] == 3.0f, "runtime calls inside queued work keep stream order");
+
+    CT_CUDA_CHECK(cudaFree(a));
+    CT_CUDA_CHECK(cudaFree(b));
+    CT_CUDA_CHECK(cudaEventDestroy(e));
+    CT_CUDA_CHECK(cudaEventDestroy(t0));
+    CT_CUDA_CHECK(cudaEventDestroy(t1));
+    CT_CUDA_CHECK(cudaStreamDestroy(s1));
+    CT_CUDA_CHECK(cudaStreamDestroy(s2));
+    CT_CUDA_CHECK(cudaStreamDestroy(blocking));
+}
+
+/* ---- memory, errors, devices --------------------------------------------------------------- */
+static void case_memory() {
+    float *p = device_alloc<float>(1000);
+    uint32_t word;
+    std::memcpy(&word, p + 999, 4);
+    check(word == 0x7FC07FC0u, "cudaMalloc memory is poisoned with 0x7FC07FC0");
+    check((uintptr_t)p % 256 == 0, "cudaMalloc is 256-byte aligned");
+    check(cuemu_is_device_pointer(p + 10, 990 * 4), "cuemu_is_device_pointer inside");
+    check(!cuemu_is_device_pointer(p + 10, 991 * 4), "cuemu_is_device_pointer past the end");
+    float host[4];
+    check(!cuemu_is_device_pointer(host, 4), "cuemu_is_device_pointer on a host array");
+    check(cudaMemcpy(host, p, 4 * 1001, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
+          "cudaMemcpy past the end of an allocation is refused");
+    check(cudaGetLastError() == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+          "cudaGetLastError returns the error once");
+    check(cudaFree(host) == cudaErrorInvalidValue, "cudaFree of an unknown pointer");
+    cudaGetLastError();
+    check(!strcmp(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue") &&
+              !strcmp(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory"),
+          "cudaGetErrorName and cudaGetErrorString give the real texts");
+    void *huge = nullptr;
+    check(cudaMalloc(&huge, (size_t)100 << 30) == cudaErrorMemoryAllocation,
+          "cudaMalloc over 80 GB fails with cudaErrorMemoryAllocation");
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    CT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    check(total_b == (size_t)80 << 30 && free_b == total_b - 4000, "cudaMemGetInfo");
+    CT_CUDA_CHECK(cudaMemset(p, 0, 4000));
+    check(p[999] == 0.0f, "cudaMemset");
+    CT_CUDA_CHECK(cudaFree(p));
+}
+
+static void case_devices() {
+    int n = -1;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    const char *want = getenv("CUEMU_DEVICES");
+    if (want && atoi(want) == 0) {
+        check(e == cudaErrorNoDevice,
+              "CUEMU_DEVICES=0: cudaGetDeviceCount gives cudaErrorNoDevice");
+        return;
+    }
+    check(e == cudaSuccess && n == (want ? atoi(want) : 1), "cudaGetDeviceCount");
+    cudaDeviceProp prop;
+    CT_CUDA_CHECK(cudaGetDeviceProperties(&prop, n - 1));
+    check(prop.major == 9 && prop.multiProcessorCount == 132 &&
+              prop.sharedMemPerBlockOptin == 227 * 1024 && strstr(prop.name, "cuemu"),
+          "cudaGetDeviceProperties: an H100-like sm_90");
+    check(cudaSetDevice(n) == cudaErrorInvalidDevice, "cudaSetDevice past the last device");
+    cudaGetLastError();
+    CT_CUDA_CHECK(cudaSetDevice(n - 1));
+    int d = -1;
+    CT_CUDA_CHECK(cudaGetDevice(&d));
+    check(d == n - 1, "cudaGetDevice returns what cudaSetDevice set");
+}
+
+/* ---- launch checks ------------------------------------------------------------------------- */
+__global__ void smem_kernel(float *out, int n) {
+    CT_DYN_SHARED(float, buf);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)i;
+    __syncthreads();
+    float s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += buf[n - 1 - i];
+    s = block_sum<256, false>(s);
+    if (threadIdx.x == 0) out[0] = s;
+}
+
+static void case_launch_checks() {
+    float *out = device_alloc<float>(1024);
+    ct_launch(fill_kernel, dim3(1), dim3(1025), 0, 0, out, 1.0f, 1025);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration,
+          "1025 threads per block: cudaErrorInvalidConfiguration");
+    ct_launch(fill_kernel, dim3(1), dim3(1, 1, 65), 0, 0, out, 1.0f, 1);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "blockDim.z 65 is refused");
+    ct_launch(fill_kernel, dim3(1, 65536), dim3(32), 0, 0, out, 1.0f, 1);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "gridDim.y 65536 is refused");
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    uint32_t word;
+    std::memcpy(&word, out, 4);
+    check(word == 0x7FC07FC0u, "a refused launch does not run");
+
+    const int n = 16384; /* 64 KB of floats */
+    ct_launch(smem_kernel, dim3(1), dim3(256), n * sizeof(float), 0, out, n);
+    check(cudaGetLastError() == cudaErrorInvalidValue,
+          "64 KB dynamic shared memory without cudaFuncSetAttribute: cudaErrorInvalidValue");
+    check(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               228 * 1024) == cudaErrorInvalidValue,
+          "cudaFuncSetAttribute above 227 KB is refused");
+    cudaGetLastError();
+    CT_CUDA_CHECK(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       n * sizeof(float)));
+    ct_launch(smem_kernel, dim3(1), dim3(256), n * sizeof(float), 0, out, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+    float got = 0;
+    CT_CUDA_CHECK(cudaMemcpy(&got, out, 4, cudaMemcpyDeviceToHost));
+    check(got == (float)n * (n - 1) / 2, "64 KB dynamic shared memory after cudaFuncSetAttribute");
+    ct_launch(fill_kernel, dim3(1), dim3(32), n * sizeof(float), 0, out, 1.0f, 1);
+    check(cudaGetLastError() == cudaErrorInvalidValue,
+          "the attribute raises the limit only for the kernel it was set on");
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
+/* ---- bf16 ---------------------------------------------------------------------------------- */
+__global__ void bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = __bfloat162float(in[i]);
+    out[i] = __float2bfloat16(x * 2.0f + 1.0f);
+}
+
+static void case_bf16() {
+    const int n = 100;
+    std::vector<__nv_bfloat16> h(n);
+    for (int i = 0; i < n; i++) h[i] = __float2bfloat16(0.37f * i);
+    __nv_bfloat16 *in = device_alloc<__nv_bfloat16>(n), *out = device_alloc<__nv_bfloat16>(n);
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), n * 2, cudaMemcpyHostToDevice));
+    ct_launch(bf16_kernel, dim3(4), dim3(32), 0, 0, out, (const __nv_bfloat16 *)in, n);
+    std::vector<__nv_bfloat16> got(n);
+    CT_CUDA_CHECK(cudaMemcpy(got.data(), out, n * 2, cudaMemcpyDeviceToHost));
+    bool good = true;
+    for (int i = 0; i < n; i++) {
+        float want = __bfloat162float(__float2bfloat16(__bfloat162float(h[i]) * 2.0f + 1.0f));
+        good = good && __bfloat162float(got[i]) == want;
+    }
+    check(good, "bf16 conversions from <cuda_bf16.h> inside a kernel");
+    check(__bfloat162float(__float2bfloat16(3.14159f)) == 3.140625f, "bf16 rounds to nearest");
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
+/* ---- speed --------------------------------------------------------------------------------- */
+template <int BLOCK>
+__global__ void layernorm_kernel(float *out, const float *in, const float *w, const float *b,
+                                 int C) {
+    const float *x = in + (size_t)blockIdx.x * C;
+    float s = 0;
+    for (int i = threadIdx.x; i < C; i += BLOCK) s += x[i];
+    float mean = block_sum<BLOCK, false>(s) / C;
+    float v = 0;
+    for (int i = threadIdx.x; i < C; i += BLOCK) v += (x[i] - mean) * (x[i] - mean);
+    float rstd = rsqrtf(block_sum<BLOCK, false>(v) / C + 1e-5f);
+    for (int i = threadIdx.x; i < C; i += BLOCK)
+        out[(size_t)blockIdx.x * C + i] = (x[i] - mean) * rstd * w[i] + b[i];
+}
+
+static void case_speed() {
+    const int N = 256, C = 768;
+    std::vector<float> h = random_floats((size_t)N * C, 9), hw = random_floats(C, 1);
+    float *in = device_alloc<float>(h.size()), *out = device_alloc<float>(h.size());
+    float *w = device_alloc<float>(C), *b = device_alloc<float>(C);
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemcpy(w, hw.data(), C * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemcpy(b, hw.data(), C * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    uint64_t before = cuemu_threads_run();
+    auto t0 = std::chrono::steady_clock::now();
+    ct_launch(layernorm_kernel<256>, dim3(N), dim3(256), 0, 0, out, (const float *)in,
+              (const float *)w, (const float *)b, C);
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printf("speed: layernorm %dx%d, 256 threads/block (8 barriers, 40 shuffles a thread): "
+           "%.3g threads/s (%.3f s)\n",
+           N, C, (double)(cuemu_threads_run() - before) / secs, secs);
+    const int n = 1 << 20;
+    float *big = device_alloc<float>(n);
+    before = cuemu_threads_run();
+    t0 = std::chrono::steady_clock::now();
+    ct_launch(fill_kernel, dim3(n / 256), dim3(256), 0, 0, big, 1.0f, n);
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printf("speed: elementwise, no barriers, %d threads: %.3g threads/s (%.3f s)\n", n,
+           (double)(cuemu_threads_run() - before) / secs, secs);
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(out));
+    CT_CUDA_CHECK(cudaFree(w));
+    CT_CUDA_CHECK(cudaFree(b));
+    CT_CUDA_CHECK(cudaFree(big));
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+static void usage() {
+    fprintf(stderr, "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
+                    "streams memory launch-checks bf16 speed\n  buggy: missing-sync, "
+                    "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
+                    "uninit-shared, missing-stream-sync, oob-shared, oob-global\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) usage();
+    std::string c = argv[1];
+    if (c == "reduce")
+        case_reduce();
+    else if (c == "softmax")
+        case_softmax();
+    else if (c == "atomics")
+        case_atomics();
+    else if (c == "shuffles")
+        case_shuffles();
+    else if (c == "streams")
+        case_streams();
+    else if (c == "memory")
+        case_memory();
+    else if (c == "devices")
+        case_devices();
+    else if (c == "launch-checks")
+        case_launch_checks();
+    else if (c == "bf16")
+        case_bf16();
+    else if (c == "speed")
+        case_speed();
+    else if (c == "missing-sync")
+        case_missing_sync();
+    else if (c == "uninit-shared")
+        case_uninit_shared();
+    else if (c == "missing-stream-sync")
+        case_missing_stream_sync();
+    else if (c == "bad-mask")
+        run_and_sync([](float *o) { ct_launch(bad_mask_kernel, dim3(2), dim3(64), 0, 0, o); });
+    else if (c == "partial-barrier")
+        run_and_sync(
+            [](float *o) { ct_launch(partial_barrier_kernel, dim3(1), dim3(128), 0, 0, o); });
+    else if (c == "deadlock")
+        run_and_sync([](float *o) { ct_launch(deadlock_kernel, dim3(1), dim3(64), 0, 0, o); });
+    else if (c == "mismatch")
+        run_and_sync([](float *o) { ct_launch(mismatch_kernel, dim3(1), dim3(32), 0, 0, o); });
+    else if (c == "big-static-smem")
+        run_and_sync(
+            [](float *o) { ct_launch(big_static_smem_kernel, dim3(1), dim3(32), 0, 0, o); });
+    else if (c == "oob-shared")
+        run_and_sync([](float *o) { ct_launch(oob_shared_kernel, dim3(1), dim3(64), 0, 0, o); });
+    else if (c == "oob-global") {
+        float *o = device_alloc<float>(60);
+        ct_launch(oob_global_kernel, dim3(1), dim3(64), 0, 0, o, 60);
+        CT_CUDA_CHECK(cudaDeviceSynchronize());
+        printf("the kernel ran to completion: nothing was reported\n");
+        exit(3);
+    } else
+        usage();
+    return failures ? 1 : 0;
+}
+
+/* CT_CUDA_CHECK's reporter (cuda/check.c in the backend; the self-test links only the emulator). */
+extern "C" void ct_cuda_fail(const char *lib, const char *what, const char *name, const char *call,
+                             const char *file, int line) {
+    fprintf(stderr, "cooktrain: %s error '%s' (%s) in %s at %s:%d\n", lib, what, name, call, file,
+            line);
+    exit(1);
+}

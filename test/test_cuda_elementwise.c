@@ -1,0 +1,614 @@
+/*
+ * test_cuda_elementwise.c — the CUDA backend's element-wise, bias, embedding, AdamW and sum-of-
+ * squares kernels (cuda/elementwise.cu, embedding.cu, adamw.cu) against the CPU backend, the
+ * numerical reference, in fp32 and bf16 and in the emulator's three warp orders
+ * (test/cuda_test_util.h).
+ *
+ * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends
+ * (outputs an op accumulates into, and the bytes around an output it must not touch, start from
+ * the same nonzero values on both), runs the slot on each (be->iface->slot) and compares the whole
+ * output buffer. Shapes have tails: C = 67 and n = 13 are multiples of neither the warp nor any
+ * vector width (the scalar paths), C = 256 takes the 16-byte vector paths, N = 300 spans several
+ * 64-row chunks of bias_grad with a short last one and two 256-token tiles of embedding_bwd's
+ * chain kernel, flat ops also run one element past an aligned address (the VEC = 1 kernels).
+ *
+ * Tolerance: none. Every one of these kernels computes, per output element, the same fp32 (or,
+ * for sumsq, double) operations as the CPU reference in the same order, so the results must be
+ * bit-identical, and check() compares bytes (after cuda_test_close with a zero tolerance, which
+ * fails on NaN/Inf and reports the worst element):
+ *   - element-wise (bias_add, bias_init, posemb_fwd, scale, cast): one fp32 operation per
+ *     element, correctly rounded on both sides (IEEE add and multiply) — there is no freedom;
+ *   - axpy: dst + alpha·src with a single rounding, the kernel's explicit fmaf; the CPU build
+ *     (gnu11, -O3 -march=native: -ffp-contract=fast on an FMA machine) contracts the CPU's
+ *     dst += alpha·src into the same FMA. (Built without FMA the CPU would round the product first:
+ *     a difference of at most 2^-24·|alpha·src| + one ulp of the result; this test then fails,
+ *     and says so, rather than hiding a tolerance.)
+ *   - embedding_fwd: a copy (zeros outside the vocab slice);
+ *   - sums (bias_grad, embedding_bwd, posemb_bwd): the kernels add the same terms in the CPU's
+ *     order (rows in order inside 64-row chunks from the chunk's first row, chunk partials in
+ *     chunk order; tokens in order per table row; the batch in order per position), so every
+ *     partial sum is the same float;
+ *   - adamw: the CPU's sequence of float operations with explicit fmaf, IEEE division and sqrt,
+ *     the same host-side bias corrections; bf16 copy = the same fp32 value rounded to nearest even;
+ *   - sumsq: double sums with the CPU's chunks (4096), 16 lanes and lane tree, chunk partials in
+ *     order; squares of floats are exact in double, so FMA contraction cannot differ either.
+ * bf16 mode: inputs are bf16, widened exactly on both sides, and each stored output is the same
+ * fp32 value rounded to nearest even once, so bf16 outputs are bit-identical too; fp32 gradients
+ * (dbias, dtable, dwpe) are sums of the same widened values.
+ * Since every GPU result equals the CPU's bits in each order, the three warp orders also agree.
+ *
+ * Planted while writing this test, each seen to fail in all three orders before trusting it: a
+ * fill's last (scalar tail) element dropped; the last row of bias_add skipped; bias_init ignoring
+ * its residual; bias_grad adding each chunk's first row twice, and dropping the last chunk's
+ * partial; axpy rounding the product before the add (no FMA: a one-ulp difference in a few
+ * elements); scale's tail dropped; bf16 stores rounding toward zero; embedding_fwd's slice bound
+ * off by one (r <= rows) and its row_offset ignored; embedding_bwd not following the chain (only
+ * the first occurrence added), its chain kernel's barrier after the tile load removed, and every
+ * occurrence taken for a first one; posemb_fwd ignoring pos_offset; posemb_bwd dropping the last
+ * batch element; adamw's segment-tail index off by one, the last segment of each 32-segment
+ * batch dropped, and the halves of the bf16 copy swapped; sumsq's scalar tail short by one and
+ * its first chunk partial skipped.
+ *
+ * Run all:     ./test_cuda_elementwise
+ * Run by name: ./test_cuda_elementwise test_adamw   (a cmocka filter; wildcards allowed)
+ * CUDA_TEST_VERBOSE=1 prints each check.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test/cuda_test_util.h"
+
+#define F32 CT_DTYPE_F32
+#define BF16 CT_DTYPE_BF16
+
+static cuda_test_pair P;
+static int cur_order;
+
+/* ---- random inputs (splitmix64) ------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t a, uint64_t b, uint64_t c) {
+    rng_state = 0x243F6A8885A308D3ull ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full) ^
+                (c * 0x165667B19E3779F9ull);
+}
+
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float urand(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+}
+
+static float *fvec(int64_t n, float lo, float hi) {
+    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = urand(lo, hi);
+    return f;
+}
+
+static size_t dsize(ct_dtype dt) {
+    return ct_dtype_size(dt);
+}
+
+/* n values as dtype dt (F32 or BF16, malloc'd; bf16 rounds to nearest even). */
+static void *pack(ct_dtype dt, const float *f, int64_t n) {
+    void *p = malloc((size_t)(n ? n : 1) * dsize(dt));
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == BF16)
+            ((uint16_t *)p)[i] = cuda_test_to_bf16(f[i]);
+        else
+            ((float *)p)[i] = f[i];
+    }
+    return p;
+}
+
+/* n random values in [lo, hi) as dtype dt (malloc'd). */
+static void *rvec(ct_dtype dt, int64_t n, float lo, float hi) {
+    float *f = fvec(n, lo, hi);
+    void *p = pack(dt, f, n);
+    free(f);
+    return p;
+}
+
+/* ---- a buffer on both backends (p[0] the CPU's, p[1] the CUDA backend's) --------------------- */
+
+typedef struct pbuf {
+    void *p[2];
+    size_t bytes;
+} pbuf;
+
+static pbuf pb_new(const void *host, size_t bytes) {
+    pbuf b = {{cuda_test_upload(P.cpu, host, bytes), cuda_test_upload(P.gpu, host, bytes)}, bytes};
+    return b;
+}
+
+static void pb_free(pbuf *b) {
+    cuda_test_free(P.cpu, b->p[0]);
+    cuda_test_free(P.gpu, b->p[1]);
+}
+
+static ct_backend *side_be(int s) {
+    return s ? P.gpu : P.cpu;
+}
+
+/* Element `off` of side s of b, for elements of `es` bytes. */
+static void *at(const pbuf *b, int s, int64_t off, size_t es) {
+    return (char *)b->p[s] + (size_t)off * es;
+}
+
+/* The whole of b must be bit-identical on both sides. dt F32 or BF16 also runs cuda_test_close
+ * with a zero tolerance over the buffer (NaN/Inf fail, the worst element is printed); other
+ * dtypes are compared as bytes only. */
+static bool check(const char *what, const pbuf *b, ct_dtype dt) {
+    void *want = cuda_test_download(P.cpu, b->p[0], b->bytes);
+    void *got = cuda_test_download(P.gpu, b->p[1], b->bytes);
+    char label[256];
+    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    bool ok = true;
+    if (dt == F32 || dt == BF16)
+        ok = cuda_test_close(label, got, want, dt, (int64_t)(b->bytes / dsize(dt)), 0.0, 0.0);
+    if (memcmp(got, want, b->bytes) != 0) {
+        size_t i = 0;
+        while (((const uint8_t *)got)[i] == ((const uint8_t *)want)[i]) i++;
+        fprintf(stderr, "%s: not bit-identical to the CPU (first difference at byte %zu of %zu)\n",
+                label, i, b->bytes);
+        ok = false;
+    } else if (getenv("CUDA_TEST_VERBOSE")) {
+        fprintf(stderr, "%s: bit-identical (%zu bytes)\n", label, b->bytes);
+    }
+    free(want);
+    free(got);
+    return ok;
+}
+
+/* Each test runs its cases in every warp order; a case returns false on any mismatch. */
+#define FOR_EACH_ORDER(body)                                                                       \
+    do {                                                                                           \
+        bool all_ok = true;                                                                        \
+        for (cur_order = 0; cur_order < CUDA_TEST_N_ORDERS; cur_order++) {                         \
+            cuda_test_set_order(cur_order);                                                        \
+            body;                                                                                  \
+        }                                                                                          \
+        assert_true(all_ok);                                                                       \
+    } while (0)
+
+static const ct_dtype dtypes[2] = {F32, BF16};
+
+/* ---- fill ------------------------------------------------------------------------------------ */
+
+/* n elements from element `off` of a buffer of n + 2 (the others must keep their bytes). */
+static bool fill_case(ct_dtype dt, int64_t n, int64_t off, float value) {
+    rng_seed(1, (uint64_t)n, (uint64_t)dt);
+    const size_t es = dsize(dt), bytes = (size_t)(n + 2) * es;
+    uint8_t *h = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)(rng_next() & 0x3f); /* no NaN patterns */
+    pbuf b = pb_new(h, bytes);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->fill(side_be(s)->ctx, at(&b, s, off, es), dt, n, value);
+    char what[128];
+    snprintf(what, sizeof what, "fill %s n=%lld off=%lld value=%g", ct_dtype_name(dt), (long long)n,
+             (long long)off, value);
+    bool ok = check(what, &b, dt);
+    pb_free(&b);
+    free(h);
+    return ok;
+}
+
+static void test_fill(void **state) {
+    (void)state;
+    const ct_dtype all[] = {F32, BF16, CT_DTYPE_I32, CT_DTYPE_I64, CT_DTYPE_U8, CT_DTYPE_F64};
+    /* 3.14159 is not a bf16 value (rounding checked); -2.75 truncates to -2 (and 254 as u8) */
+    const float values[] = {3.14159f, -2.75f, 0.0f};
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 6; d++)
+            for (int v = 0; v < 3; v++) {
+                all_ok &= fill_case(all[d], 13, 0, values[v]);
+                all_ok &= fill_case(all[d], 1027, 1, values[v]);
+                all_ok &= fill_case(all[d], 1027, 0, values[v]);
+            }
+    });
+}
+
+/* ---- bias_add, bias_init --------------------------------------------------------------------- */
+
+enum { BIAS_ADD, BIAS_INIT, BIAS_INIT_RESIDUAL };
+
+static bool bias_case(ct_dtype dt, int mode, int64_t N, int64_t C) {
+    rng_seed(2, (uint64_t)(N * 1000 + C), (uint64_t)(mode * 2 + dt));
+    const size_t es = dsize(dt);
+    void *hb = rvec(dt, C, -1.0f, 1.0f), *hr = rvec(dt, N * C, -3.0f, 3.0f);
+    void *ho = rvec(dt, N * C, -3.0f, 3.0f);
+    pbuf bias = pb_new(hb, (size_t)C * es), res = pb_new(hr, (size_t)(N * C) * es),
+         out = pb_new(ho, (size_t)(N * C) * es);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        if (mode == BIAS_ADD)
+            be->iface->bias_add(be->ctx, dt, out.p[s], bias.p[s], N, C);
+        else
+            be->iface->bias_init(be->ctx, dt, out.p[s], bias.p[s],
+                                 mode == BIAS_INIT_RESIDUAL ? res.p[s] : NULL, N, C);
+    }
+    static const char *names[] = {"bias_add", "bias_init", "bias_init+residual"};
+    char what[128];
+    snprintf(what, sizeof what, "%s %s N=%lld C=%lld", names[mode], ct_dtype_name(dt), (long long)N,
+             (long long)C);
+    bool ok = check(what, &out, dt);
+    pb_free(&bias), pb_free(&res), pb_free(&out);
+    free(hb), free(hr), free(ho);
+    return ok;
+}
+
+static void test_bias(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++)
+            for (int mode = 0; mode < 3; mode++) {
+                all_ok &= bias_case(dtypes[d], mode, 13, 67);
+                all_ok &= bias_case(dtypes[d], mode, 64, 256);
+                all_ok &= bias_case(dtypes[d], mode, 5, 8); /* one vector per row in bf16 */
+            }
+    });
+}
+
+/* ---- bias_grad ------------------------------------------------------------------------------- */
+
+static bool bias_grad_case(ct_dtype dt, int64_t N, int64_t C) {
+    rng_seed(3, (uint64_t)N, (uint64_t)(C * 2 + dt));
+    void *hd = rvec(dt, N * C, -1.0f, 1.0f);
+    float *db0 = fvec(C, -2.0f, 2.0f); /* the starting value it accumulates into */
+    pbuf dout = pb_new(hd, (size_t)(N * C) * dsize(dt)), db = pb_new(db0, (size_t)C * 4);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->bias_grad(side_be(s)->ctx, dt, db.p[s], dout.p[s], N, C);
+    char what[128];
+    snprintf(what, sizeof what, "bias_grad %s N=%lld C=%lld dbias", ct_dtype_name(dt), (long long)N,
+             (long long)C);
+    bool ok = check(what, &db, F32);
+    pb_free(&dout), pb_free(&db);
+    free(hd), free(db0);
+    return ok;
+}
+
+static void test_bias_grad(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++) {
+            all_ok &= bias_grad_case(dtypes[d], 13, 67);   /* one chunk: straight into dbias */
+            all_ok &= bias_grad_case(dtypes[d], 64, 256);  /* exactly one full chunk */
+            all_ok &= bias_grad_case(dtypes[d], 300, 67);  /* 5 chunks, the last of 44 rows */
+            all_ok &= bias_grad_case(dtypes[d], 300, 256); /* the same, vector path */
+        }
+    });
+}
+
+/* ---- axpy, scale ----------------------------------------------------------------------------- */
+
+/* n elements from element `off` of buffers of n + 1. */
+static bool axpy_case(ct_dtype dt, int64_t n, int64_t off, float alpha) {
+    rng_seed(4, (uint64_t)n, (uint64_t)(off * 2 + dt));
+    const size_t es = dsize(dt);
+    void *hd = rvec(dt, n + 1, -2.0f, 2.0f), *hs = rvec(dt, n + 1, -2.0f, 2.0f);
+    pbuf dst = pb_new(hd, (size_t)(n + 1) * es), src = pb_new(hs, (size_t)(n + 1) * es);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->axpy(side_be(s)->ctx, dt, at(&dst, s, off, es), at(&src, s, off, es),
+                                alpha, n);
+    char what[128];
+    snprintf(what, sizeof what, "axpy %s n=%lld off=%lld alpha=%g", ct_dtype_name(dt), (long long)n,
+             (long long)off, alpha);
+    bool ok = check(what, &dst, dt);
+    pb_free(&dst), pb_free(&src);
+    free(hd), free(hs);
+    return ok;
+}
+
+static bool scale_case(ct_dtype dt, int64_t n, int64_t off, float sc) {
+    rng_seed(5, (uint64_t)n, (uint64_t)(off * 2 + dt));
+    const size_t es = dsize(dt);
+    void *hx = rvec(dt, n + 1, -2.0f, 2.0f);
+    pbuf x = pb_new(hx, (size_t)(n + 1) * es);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->scale(side_be(s)->ctx, dt, at(&x, s, off, es), sc, n);
+    char what[128];
+    snprintf(what, sizeof what, "scale %s n=%lld off=%lld s=%g", ct_dtype_name(dt), (long long)n,
+             (long long)off, sc);
+    bool ok = check(what, &x, dt);
+    pb_free(&x);
+    free(hx);
+    return ok;
+}
+
+static void test_axpy_scale(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++)
+            for (int off = 0; off < 2; off++) {
+                all_ok &= axpy_case(dtypes[d], 13, off, -0.37f);
+                all_ok &= axpy_case(dtypes[d], 4099, off, 1.3f);
+                all_ok &= scale_case(dtypes[d], 13, off, 0.7f);
+                all_ok &= scale_case(dtypes[d], 4099, off, -1.9f);
+            }
+    });
+}
+
+/* ---- cast ------------------------------------------------------------------------------------ */
+
+static bool cast_case(ct_dtype dst_dt, ct_dtype src_dt, int64_t n, int64_t off) {
+    rng_seed(6, (uint64_t)n, (uint64_t)(off * 16 + dst_dt * 4 + src_dt));
+    float *f = fvec(n + 1, -3.0f, 3.0f);
+    /* ties of f32 -> bf16 (round to even: down, then up) and values near them */
+    const float ties[] = {1.00390625f, 1.01171875f, -1.00390625f, 1.0039063f, 1.0039062f};
+    for (int k = 0; k < 5 && k < n; k++) f[1 + k] = ties[k];
+    void *hs = pack(src_dt, f, n + 1), *hd = rvec(dst_dt, n + 1, -1.0f, 1.0f);
+    pbuf src = pb_new(hs, (size_t)(n + 1) * dsize(src_dt)),
+         dst = pb_new(hd, (size_t)(n + 1) * dsize(dst_dt));
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->cast(side_be(s)->ctx, at(&dst, s, off, dsize(dst_dt)), dst_dt,
+                                at(&src, s, off, dsize(src_dt)), src_dt, n);
+    char what[128];
+    snprintf(what, sizeof what, "cast %s -> %s n=%lld off=%lld", ct_dtype_name(src_dt),
+             ct_dtype_name(dst_dt), (long long)n, (long long)off);
+    bool ok = check(what, &dst, dst_dt);
+    pb_free(&src), pb_free(&dst);
+    free(f), free(hs), free(hd);
+    return ok;
+}
+
+static void test_cast(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                for (int off = 0; off < 2; off++) {
+                    all_ok &= cast_case(dtypes[a], dtypes[b], 13, off);
+                    all_ok &= cast_case(dtypes[a], dtypes[b], 1027, off);
+                }
+    });
+}
+
+/* ---- embeddings ------------------------------------------------------------------------------ */
+
+/* N tokens in [0, vocab) and a few outside any table (-1, vocab + 3): with row_offset > 0 some
+ * fall below the slice, some above it. */
+static int32_t *tokens_new(int64_t N, int vocab) {
+    int32_t *t = malloc((size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) t[i] = (int32_t)(rng_next() % (uint64_t)vocab);
+    if (N > 3) t[1] = -1, t[N - 2] = vocab + 3;
+    return t;
+}
+
+static bool emb_fwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_t row_offset,
+                         int vocab) {
+    rng_seed(7, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
+    const size_t es = dsize(dt);
+    int32_t *tok = tokens_new(N, vocab);
+    void *ht = rvec(dt, rows * C, -1.0f, 1.0f), *ho = rvec(dt, N * C, -5.0f, 5.0f);
+    pbuf tokens = pb_new(tok, (size_t)N * 4), table = pb_new(ht, (size_t)(rows * C) * es),
+         out = pb_new(ho, (size_t)(N * C) * es);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->embedding_fwd(side_be(s)->ctx, dt, out.p[s], tokens.p[s], table.p[s], N,
+                                         C, rows, row_offset);
+    char what[160];
+    snprintf(what, sizeof what, "embedding_fwd %s N=%lld C=%lld rows=%lld row_offset=%lld",
+             ct_dtype_name(dt), (long long)N, (long long)C, (long long)rows, (long long)row_offset);
+    bool ok = check(what, &out, dt);
+    pb_free(&tokens), pb_free(&table), pb_free(&out);
+    free(tok), free(ht), free(ho);
+    return ok;
+}
+
+static bool emb_bwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_t row_offset,
+                         int vocab) {
+    rng_seed(8, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
+    int32_t *tok = tokens_new(N, vocab);
+    void *hd = rvec(dt, N * C, -1.0f, 1.0f);
+    float *dt0 = fvec(rows * C, -2.0f, 2.0f); /* the starting value it accumulates into */
+    pbuf tokens = pb_new(tok, (size_t)N * 4), dout = pb_new(hd, (size_t)(N * C) * dsize(dt)),
+         dtable = pb_new(dt0, (size_t)(rows * C) * 4);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->embedding_bwd(side_be(s)->ctx, dt, dtable.p[s], dout.p[s], tokens.p[s],
+                                         N, C, rows, row_offset);
+    char what[160];
+    snprintf(what, sizeof what, "embedding_bwd %s N=%lld C=%lld rows=%lld row_offset=%lld dtable",
+             ct_dtype_name(dt), (long long)N, (long long)C, (long long)rows, (long long)row_offset);
+    bool ok = check(what, &dtable, F32);
+    pb_free(&tokens), pb_free(&dout), pb_free(&dtable);
+    free(tok), free(hd), free(dt0);
+    return ok;
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++) {
+            /* a whole table, and a vocab shard [5, 21) of ids [0, 24) */
+            all_ok &= emb_fwd_case(dtypes[d], 13, 67, 24, 0, 24);
+            all_ok &= emb_fwd_case(dtypes[d], 13, 67, 16, 5, 24);
+            all_ok &= emb_fwd_case(dtypes[d], 64, 256, 16, 5, 24);
+            /* few ids, so rows repeat many times; N = 300 spans two tiles of the chain kernel */
+            all_ok &= emb_bwd_case(dtypes[d], 13, 67, 24, 0, 24);
+            all_ok &= emb_bwd_case(dtypes[d], 13, 67, 16, 5, 24);
+            all_ok &= emb_bwd_case(dtypes[d], 64, 256, 16, 5, 24);
+            all_ok &= emb_bwd_case(dtypes[d], 300, 67, 7, 3, 12);
+            all_ok &= emb_bwd_case(dtypes[d], 300, 256, 40, 2, 50);
+        }
+    });
+}
+
+static bool posemb_fwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+    rng_seed(9, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
+    const size_t es = dsize(dt);
+    const int64_t max_t = pos_offset + T + 3;
+    void *hw = rvec(dt, max_t * C, -1.0f, 1.0f), *ho = rvec(dt, B * T * C, -3.0f, 3.0f);
+    pbuf wpe = pb_new(hw, (size_t)(max_t * C) * es), out = pb_new(ho, (size_t)(B * T * C) * es);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->posemb_fwd(side_be(s)->ctx, dt, out.p[s], wpe.p[s], B, T, C, pos_offset);
+    char what[160];
+    snprintf(what, sizeof what, "posemb_fwd %s B=%lld T=%lld C=%lld pos_offset=%lld",
+             ct_dtype_name(dt), (long long)B, (long long)T, (long long)C, (long long)pos_offset);
+    bool ok = check(what, &out, dt);
+    pb_free(&wpe), pb_free(&out);
+    free(hw), free(ho);
+    return ok;
+}
+
+/* dwpe has rows outside [pos_offset, pos_offset + T), which must keep their values. */
+static bool posemb_bwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+    rng_seed(10, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
+    const int64_t max_t = pos_offset + T + 3;
+    void *hd = rvec(dt, B * T * C, -1.0f, 1.0f);
+    float *w0 = fvec(max_t * C, -2.0f, 2.0f);
+    pbuf dout = pb_new(hd, (size_t)(B * T * C) * dsize(dt)),
+         dwpe = pb_new(w0, (size_t)(max_t * C) * 4);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->posemb_bwd(side_be(s)->ctx, dt, dwpe.p[s], dout.p[s], B, T, C,
+                                      pos_offset);
+    char what[160];
+    snprintf(what, sizeof what, "posemb_bwd %s B=%lld T=%lld C=%lld pos_offset=%lld dwpe",
+             ct_dtype_name(dt), (long long)B, (long long)T, (long long)C, (long long)pos_offset);
+    bool ok = check(what, &dwpe, F32);
+    pb_free(&dout), pb_free(&dwpe);
+    free(hd), free(w0);
+    return ok;
+}
+
+static void test_posemb(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++) {
+            all_ok &= posemb_fwd_case(dtypes[d], 1, 13, 67, 0);
+            all_ok &= posemb_fwd_case(dtypes[d], 3, 13, 67, 2);
+            all_ok &= posemb_fwd_case(dtypes[d], 4, 16, 256, 5);
+            all_ok &= posemb_bwd_case(dtypes[d], 1, 13, 67, 0);
+            all_ok &= posemb_bwd_case(dtypes[d], 3, 13, 67, 2);
+            all_ok &= posemb_bwd_case(dtypes[d], 4, 16, 256, 5);
+        }
+    });
+}
+
+/* ---- adamw ----------------------------------------------------------------------------------- */
+
+/* n_seg segments of random lengths (one empty) with gaps between them, inside n elements from
+ * element `off` of buffers of n + 1; elements outside every segment must not change. copy_dt:
+ * F32, BF16, or -1 for no param_copy. */
+static bool adamw_case(int copy_dt, int64_t n, int n_seg, int64_t off) {
+    rng_seed(11, (uint64_t)(n * 100 + n_seg), (uint64_t)(off * 4 + copy_dt + 1));
+    ct_adamw_segment *seg = calloc((size_t)n_seg, sizeof *seg);
+    int64_t at_el = 0;
+    int used = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const uint64_t max_cnt = n < 200 ? 4 : 97;
+        int64_t gap = (int64_t)(rng_next() % 5);
+        int64_t cnt = s == 3 ? 0 : 1 + (int64_t)(rng_next() % max_cnt);
+        if (at_el + gap + cnt > n) break;
+        seg[used++] = (ct_adamw_segment){at_el + gap, cnt, s % 3 == 0 ? 0.0f : 0.1f};
+        at_el += gap + cnt;
+    }
+    float *p = fvec(n + 1, -1.0f, 1.0f), *g = fvec(n + 1, -0.5f, 0.5f);
+    float *m = fvec(n + 1, -0.1f, 0.1f), *v = fvec(n + 1, 0.0f, 0.01f);
+    const ct_dtype cdt = copy_dt < 0 ? F32 : (ct_dtype)copy_dt;
+    void *hc = rvec(cdt, n + 1, -1.0f, 1.0f);
+    pbuf pp = pb_new(p, (size_t)(n + 1) * 4), pg = pb_new(g, (size_t)(n + 1) * 4),
+         pm = pb_new(m, (size_t)(n + 1) * 4), pv = pb_new(v, (size_t)(n + 1) * 4),
+         pc = pb_new(hc, (size_t)(n + 1) * dsize(cdt));
+    ct_adamw_hparams hp = {
+        .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 7, .grad_scale = 0.7f};
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->adamw(side_be(s)->ctx, at(&pp, s, off, 4), at(&pg, s, off, 4),
+                                 at(&pm, s, off, 4), at(&pv, s, off, 4), seg, used, &hp,
+                                 copy_dt < 0 ? NULL : at(&pc, s, off, dsize(cdt)), cdt);
+    char what[4][160];
+    const char *names[4] = {"param", "m", "v", "param_copy"};
+    for (int k = 0; k < 4; k++)
+        snprintf(what[k], sizeof what[k], "adamw n=%lld segments=%d off=%lld copy=%s %s",
+                 (long long)n, used, (long long)off, copy_dt < 0 ? "none" : ct_dtype_name(cdt),
+                 names[k]);
+    bool ok = check(what[0], &pp, F32);
+    ok &= check(what[1], &pm, F32);
+    ok &= check(what[2], &pv, F32);
+    ok &= check(what[3], &pc, cdt);
+    pbuf *bufs[] = {&pp, &pg, &pm, &pv, &pc};
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) pb_free(bufs[k]);
+    free(seg), free(p), free(g), free(m), free(v), free(hc);
+    return ok;
+}
+
+static void test_adamw(void **state) {
+    (void)state;
+    const int copies[3] = {-1, F32, BF16};
+    FOR_EACH_ORDER({
+        for (int c = 0; c < 3; c++)
+            for (int off = 0; off < 2; off++) {
+                all_ok &= adamw_case(copies[c], 13, 2, off);
+                /* 40 segments: two launches of the kernel's 32-segment batches */
+                all_ok &= adamw_case(copies[c], 4000, 40, off);
+            }
+    });
+}
+
+/* ---- sumsq ----------------------------------------------------------------------------------- */
+
+/* out[1] = Σ x² over n elements from element `off`; out[0] and out[2] must keep their values. */
+static bool sumsq_case(int64_t n, int64_t off) {
+    rng_seed(12, (uint64_t)n, (uint64_t)off);
+    float *x = fvec(n + 1, -2.0f, 2.0f);
+    float o0[3] = {7.0f, 7.0f, 7.0f};
+    pbuf px = pb_new(x, (size_t)(n + 1) * 4), out = pb_new(o0, sizeof o0);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->sumsq(side_be(s)->ctx, at(&out, s, 1, 4), at(&px, s, off, 4), n);
+    char what[96];
+    snprintf(what, sizeof what, "sumsq n=%lld off=%lld", (long long)n, (long long)off);
+    bool ok = check(what, &out, F32);
+    pb_free(&px), pb_free(&out);
+    free(x);
+    return ok;
+}
+
+static void test_sumsq(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int off = 0; off < 2; off++) {
+            all_ok &= sumsq_case(0, off);
+            all_ok &= sumsq_case(13, off);
+            all_ok &= sumsq_case(4096, off);
+            all_ok &= sumsq_case(3 * 4096 + 123, off); /* 4 chunks, a short last one */
+        }
+    });
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+static int setup(void **state) {
+    (void)state;
+    P = cuda_test_pair_new();
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cuda_test_pair_free(&P);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fill),      cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_axpy_scale),
+        cmocka_unit_test(test_cast),      cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_posemb),    cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

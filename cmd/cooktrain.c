@@ -25,16 +25,33 @@
 #include "core/model.h"
 #include "core/prepare.h"
 #include "cuda/backend_cuda.h"
+#include "cuda/plugin.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
 #include "parallel/plan.h"
 #include "parallel/schedule.h"
 #include "parallel/trainer.h"
 
-/* Linked only into builds with the CUDA backend (cuda/cuda.mk): weak references, so this one
- * object serves the CPU-only, the CUDA and the emulated-CUDA binaries alike. */
+/* The CUDA backend is linked in (the emulated build), loaded on demand from a library beside the
+ * executable (the real build, cuda/plugin.h), or absent (CUDA=0): weak references, so this one
+ * object serves all three binaries. */
 #pragma weak ct_cuda_register
 #pragma weak ct_cuda_usable
+#pragma weak ct_cuda_plugin_register
+#pragma weak ct_cuda_plugin_usable
+
+static void register_cuda(void) {
+    if (ct_cuda_register)
+        ct_cuda_register();
+    else if (ct_cuda_plugin_register)
+        ct_cuda_plugin_register();
+}
+
+static bool cuda_usable(char *why, size_t cap) {
+    if (ct_cuda_register) return ct_cuda_usable(why, cap);
+    if (ct_cuda_plugin_register) return ct_cuda_plugin_usable(why, cap);
+    return false;
+}
 
 static const char usage_text[] =
     "cooktrain " CT_VERSION "\n"
@@ -149,9 +166,8 @@ static ct_status cmd_train(int argc, char **argv) {
     const int world = ct_mpi_world_size(), rank = ct_mpi_world_rank();
     /* train.precision: auto picks bf16 on a GPU; the backend itself is made after validation */
     char why[160];
-    cfg.runtime_backend_cuda =
-        !strcmp(backend_name, "cuda") ||
-        (!strcmp(backend_name, "auto") && ct_cuda_register && ct_cuda_usable(why, sizeof why));
+    cfg.runtime_backend_cuda = !strcmp(backend_name, "cuda") ||
+                               (!strcmp(backend_name, "auto") && cuda_usable(why, sizeof why));
     if (st == CT_OK) st = ct_config_validate(&cfg, world);
     /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
      * config file readable on one node only. */
@@ -295,7 +311,7 @@ static ct_status cmd_plan(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (ct_cuda_register) ct_cuda_register();
+    register_cuda();
     const char *command = argc > 1 ? argv[1] : "train";
     int first = 2;
     if (argc > 1 && argv[1][0] == '-') command = "train", first = 1;

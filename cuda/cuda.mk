@@ -1,21 +1,23 @@
 # cuda/cuda.mk — the CUDA backend's two builds (included by the Makefile; DESIGN §10).
 #
 #   real      the .cu files by nvcc for CUDA_ARCHS (sm_80 and sm_90 by default) with ptxas's
-#             resource report kept beside each object ($(BUILD)/cuda/*.ptxas) and its spill,
-#             local-memory and front-end warnings as errors; linked into $(BUILD)/cooktrain with
-#             cudart and cuBLAS(Lt). Needs nvcc.
+#             resource report kept beside each object ($(BUILD)/cuda/*.o.ptxas) and its spill,
+#             local-memory and front-end warnings as errors; the whole backend linked with cudart
+#             and cuBLAS(Lt) into $(BUILD)/libcooktrain-cuda.so, which $(BUILD)/cooktrain opens
+#             only when a run asks for CUDA (cuda/plugin.c says why). Needs nvcc.
 #   emulated  the same .cu files by g++ against cuda/emu/ (each CUDA thread a fiber), linked with
 #             the stand-ins of cudart and cuBLAS(Lt): $(BUILD)/cooktrain-cuemu and the CUDA op
 #             tests ($(BUILD)/test/test_cuda_*). Needs only the CUDA headers, no GPU.
 #
-# CUDA=0 skips both. The host C files (cuda/*.c) are compiled once and linked into both builds:
-# the host code is identical, only the link line differs. Sets CUDA_LIB and CUDA_LDLIBS for the
-# cooktrain link and CUDA_REPORT for `make report`.
+# CUDA=0 skips both. The host C files (cuda/*.c but the plugin loader) are compiled once, as
+# position-independent code, and linked into both builds: the host code is identical, only the
+# link line differs. Sets CUDA_LIB and CUDA_LDLIBS for the cooktrain link and CUDA_REPORT for
+# `make report`.
 
 CUDA_HOME    ?= $(if $(NVCC),$(patsubst %/bin/,%,$(dir $(realpath $(NVCC)))),/usr/local/cuda)
 CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_runtime.h)
 CUDA_KERNELS := $(wildcard cuda/*.cu)
-CUDA_HOST    := $(wildcard cuda/*.c)
+CUDA_HOST    := $(filter-out cuda/plugin.c,$(wildcard cuda/*.c))
 CUDA_HOST_OBJ := $(CUDA_HOST:%.c=$(BUILD)/%.o)
 CUDA_LIB     :=
 CUDA_LDLIBS  :=
@@ -27,20 +29,20 @@ CUDA_REPORT := CUDA backend: not built (no $(CUDA_HOME)/include/cuda_runtime.h)
 else
 
 $(CUDA_HOST_OBJ) $(BUILD)/cmd/cooktrain.o: CFLAGS += -I$(CUDA_HOME)/include
-# The CUDA backend's objects sit in archives that cmd/ reaches only through weak references.
-CUDA_FORCE_LINK := -Wl,-u,ct_cuda_register
+$(CUDA_HOST_OBJ): CFLAGS += -fPIC
 
 # ---- real: nvcc ----------------------------------------------------------------------------------
 ifneq ($(NVCC),)
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 NVCCFLAGS ?= -O3
-NVCCFLAGS += -std=c++17 -I. $(NVCC_GENCODE) -Werror all-warnings \
+NVCCFLAGS += -std=c++17 -I. $(NVCC_GENCODE) -Xcompiler -fPIC -Werror all-warnings \
              -Xptxas -v,-warn-spills,-warn-lmem-usage,-Werror -MMD -MP
 CUDA_KERNEL_OBJ := $(CUDA_KERNELS:%.cu=$(BUILD)/%.o)
-CUDA_LIB := $(BUILD)/libctcuda.a
-CUDA_LDLIBS := $(CUDA_FORCE_LINK) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
-               -lcublasLt -lcublas -lcudart -lstdc++
-CUDA_REPORT := CUDA backend: built for $(foreach a,$(CUDA_ARCHS),sm_$(a)) (nvcc; cudart, cuBLASLt) and emulated (g++, cuda/emu)
+CUDA_PLUGIN := $(BUILD)/libcooktrain-cuda.so
+# cooktrain links the loader and exports its symbols, which the plugin calls back into
+CUDA_LIB := $(BUILD)/cuda/plugin.o
+CUDA_LDLIBS := -rdynamic -ldl
+CUDA_REPORT := CUDA backend: built for $(foreach a,$(CUDA_ARCHS),sm_$(a)) (nvcc; cudart, cuBLASLt; $(notdir $(CUDA_PLUGIN))) and emulated (g++, cuda/emu)
 
 # ptxas's resource report (-v) goes to stderr: kept beside the object, shown on failure.
 $(BUILD)/cuda/%.o: cuda/%.cu
@@ -48,9 +50,11 @@ $(BUILD)/cuda/%.o: cuda/%.cu
 	@$(NVCC) $(NVCCFLAGS) -c $< -o $@ 2>$@.ptxas || { cat $@.ptxas; exit 1; }
 	@echo "nvcc $< -> $@ ($(words $(CUDA_ARCHS)) architectures; resource usage in $@.ptxas)"
 
-$(CUDA_LIB): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
+$(CUDA_PLUGIN): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
+	$(CC) -shared $^ -o $@ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas -lcudart -lstdc++ -lm
+
+all: $(CUDA_PLUGIN)
 else
 CUDA_REPORT := CUDA backend: emulated build only (g++, cuda/emu; no nvcc for the real one)
 endif
@@ -60,7 +64,8 @@ CUEMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -I. \
                   -I$(CUDA_HOME)/include -MMD -MP
 CUEMU_KERNEL_OBJ := $(CUDA_KERNELS:%.cu=$(BUILD)/cuemu/%.o)
 CUEMU_LIB := $(BUILD)/libctcuda-emu.a
-CUEMU_LDLIBS := $(CUDA_FORCE_LINK) $(LDLIBS) -lstdc++
+# the backend sits in an archive that cmd/ reaches only through a weak reference
+CUEMU_LDLIBS := -Wl,-u,ct_cuda_register $(LDLIBS) -lstdc++
 
 $(BUILD)/cuemu/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -88,7 +93,7 @@ $(BUILD)/test/test_cuda_%: $(BUILD)/test/test_cuda_%.o $(PAR_LIB) $(CUEMU_LIB) \
 $(BUILD)/test/test_cuda_%.o: CFLAGS += -I$(CUDA_HOME)/include
 
 CUDA_TEST_BIN := $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/test_cuda_*.c))
-all: $(CUDA_LIB) $(BUILD)/cooktrain-cuemu $(CUDA_TEST_BIN)
+all: $(BUILD)/cooktrain-cuemu $(CUDA_TEST_BIN)
 
 endif
 endif

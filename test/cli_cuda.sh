@@ -4,8 +4,9 @@
 #     the emulator: ct_cuda.h included first, no raw <<<>>> launch, shared memory only through
 #     CT_SHARED / CT_DYN_SHARED, cuBLAS called only from cuda/gemm.c;
 #   - the real build (nvcc, sm_80 and sm_90): ptxas reported every kernel for both architectures
-#     with no spills and no local memory; the linked binary, without a GPU, refuses --backend cuda
-#     with exit 2 and the runtime's reason, and --backend auto falls back to the CPU and says so;
+#     with no spills and no local memory; the backend is a plugin the executable loads on demand
+#     (cuBLAS stays out of CPU runs); without a GPU --backend cuda is refused with exit 2 and the
+#     runtime's reason, and --backend auto falls back to the CPU and says so;
 #   - a whole training run of configs/test-tiny.yaml on the emulated CUDA backend
 #     (build/cooktrain-cuemu: the same .cu files compiled by g++, each CUDA thread a fiber) gives
 #     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
@@ -37,7 +38,7 @@ if selected "portability"; then
 fi
 
 # ---- the real build ------------------------------------------------------------------------------
-if [ -f "$BUILD/libctcuda.a" ] && selected "real"; then
+if [ -f "$BUILD/libcooktrain-cuda.so" ] && selected "real"; then
     n_kernels=0
     spills=0
     missing=()
@@ -57,6 +58,13 @@ if [ -f "$BUILD/libctcuda.a" ] && selected "real"; then
         ok "real build: ptxas compiled $n_kernels kernel entries for sm_80 and sm_90, none spills"
     else
         fail "real build: ptxas reports ${missing[*]:-complete}, $n_kernels kernels, $spills with spills"
+    fi
+    # cuBLAS(Lt) costs every process that loads it ~0.1 s and ~220 MB (cuda/plugin.c): only the
+    # plugin links it, and a CPU run never opens the plugin
+    if ldd "$BIN" | grep -q cublas; then
+        fail "real build: $BIN links cuBLAS itself (it belongs in the plugin)"
+    else
+        ok "real build: $BIN does not link cuBLAS; libcooktrain-cuda.so does"
     fi
     ensure_test_data
     expect_exit 2 "no GPU: --backend cuda is refused" -- "$BIN" train --config configs/test-tiny.yaml \
@@ -108,7 +116,7 @@ if selected "roofline"; then
     python3 scripts/cuda_roofline.py >"$tmp/roofline.md"
     readme_holds "roofline (scripts/cuda_roofline.py)" "$tmp/roofline.md"
 fi
-if [ -f "$BUILD/libctcuda.a" ] && selected "resources"; then
+if [ -f "$BUILD/libcooktrain-cuda.so" ] && selected "resources"; then
     python3 scripts/cuda_resources.py "$BUILD" >"$tmp/resources.md"
     readme_holds "resource usage (scripts/cuda_resources.py $BUILD)" "$tmp/resources.md"
 fi

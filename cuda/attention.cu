@@ -55,6 +55,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/attention.cuh"
 
 #define ATT_BR 32                    /* query rows per tile */
@@ -80,33 +81,7 @@
 static_assert(ATT_BR == ATT_BC, "the causal tile skipping assumes square tiles");
 static_assert(ATT_BR == 32, "a lane takes one row of the other operand's tile");
 
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float att_f32(float x) {
-    return x;
-}
-static __device__ inline float att_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename S> static __device__ inline S att_store(float x);
-template <> __device__ inline float att_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 att_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
 /* ---- shared helpers -------------------------------------------------------------------------- */
-
-static __device__ inline float att_warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-static __device__ inline float att_warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
 
 /* dst[r·ld_dst + d] (r < 32, d < HD) = rows r0 + r of a head slice src (row stride ld_src) widened
  * to fp32; zero for rows at or past T and columns at or past hd, which are never read. */
@@ -116,7 +91,7 @@ static __device__ inline void att_load_tile(float *dst, int ld_dst, const S *src
     for (int e = threadIdx.x; e < 32 * HD; e += ATT_THREADS) {
         const int r = e / HD, d = e % HD;
         float x = 0.0f;
-        if (r0 + r < T && d < hd) x = att_f32(src[(int64_t)(r0 + r) * ld_src + d]);
+        if (r0 + r < T && d < hd) x = ct_to_f32(src[(int64_t)(r0 + r) * ld_src + d]);
         dst[r * ld_dst + d] = x;
     }
 }
@@ -222,7 +197,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         ATT_UNROLL
         for (int r = 0; r < ATT_RW; r++) {
             const float x = j <= row0 + r ? s[r] * scale : -INFINITY;
-            const float mn = fmaxf(m[r], att_warp_max(x));
+            const float mn = fmaxf(m[r], ct_warp_max(x));
             const float alpha = expf(m[r] - mn);
             const float p = expf(x - mn);
             l[r] = l[r] * alpha + p;
@@ -247,14 +222,14 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
     const int64_t lse_row = ((int64_t)b * n_head + h) * T;
     ATT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
-        const float sum = att_warp_sum(l[r]);
+        const float sum = ct_warp_sum(l[r]);
         const int i = row0 + r;
         if (i >= T) continue;
         const float inv = 1.0f / sum;
         S *orow = out + ((int64_t)b * T + i) * cq + (int64_t)h * hd;
         ATT_UNROLL
         for (int c = 0; c < NC; c++)
-            if (c * 32 + lane < hd) orow[c * 32 + lane] = att_store<S>(o[r][c] * inv);
+            if (c * 32 + lane < hd) orow[c * 32 + lane] = ct_from_f32<S>(o[r][c] * inv);
         if (lane == 0) lse[lse_row + i] = m[r] + logf(sum);
     }
 }
@@ -273,8 +248,8 @@ static __global__ void __launch_bounds__(32 * ATT_DOT_WARPS)
     const int64_t at = (b * T + i) * ((int64_t)n_head * hd) + h * hd;
     float acc = 0.0f;
     for (int d = lane; d < hd; d += 32)
-        acc = fmaf(att_f32(dout[at + d]), att_f32(out[at + d]), acc);
-    acc = att_warp_sum(acc);
+        acc = fmaf(ct_to_f32(dout[at + d]), ct_to_f32(out[at + d]), acc);
+    acc = ct_warp_sum(acc);
     if (lane == 0) D[row] = acc;
 }
 
@@ -368,8 +343,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
         ATT_UNROLL
         for (int c = 0; c < NC; c++)
             if (c * 32 + lane < hd) {
-                dkr[c * 32 + lane] = att_store<S>(dk[r][c]);
-                dvr[c * 32 + lane] = att_store<S>(dv[r][c]);
+                dkr[c * 32 + lane] = ct_from_f32<S>(dk[r][c]);
+                dvr[c * 32 + lane] = ct_from_f32<S>(dv[r][c]);
             }
     }
     if (partial) { /* this key tile's column sums of dK and dV (fp32, before any rounding) */
@@ -458,7 +433,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         S *dqr = dqkv + q_off + (int64_t)i * lqkv;
         ATT_UNROLL
         for (int c = 0; c < NC; c++)
-            if (c * 32 + lane < hd) dqr[c * 32 + lane] = att_store<S>(dq[r][c]);
+            if (c * 32 + lane < hd) dqr[c * 32 + lane] = ct_from_f32<S>(dq[r][c]);
     }
     if (partial) { /* this query tile's column sums of dQ (fp32, before any rounding) */
         const int n_rows = T - q0 < ATT_BR ? T - q0 : ATT_BR;

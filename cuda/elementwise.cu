@@ -30,41 +30,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/elementwise.cuh"
 
 #define EW_THREADS 256
 #define EW_CHUNK_ROWS 64   /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
 #define EW_BLOCKS_PER_SM 8 /* 8 x 256 threads: a full SM on sm_80 / sm_90 */
-
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float ew_f32(float x) {
-    return x;
-}
-static __device__ inline float ew_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T> static __device__ inline T ew_store(float x);
-template <> __device__ inline float ew_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 ew_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
-/* VEC elements of T as one aligned load / store. */
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) ew_pack { T v[VEC]; };
-
-template <typename T, int VEC> static __device__ inline void ew_load(const T *p, float *f) {
-    ew_pack<T, VEC> x = *reinterpret_cast<const ew_pack<T, VEC> *>(p);
-    for (int k = 0; k < VEC; k++) f[k] = ew_f32(x.v[k]);
-}
-
-template <typename T, int VEC> static __device__ inline void ew_put(T *p, const float *f) {
-    ew_pack<T, VEC> x;
-    for (int k = 0; k < VEC; k++) x.v[k] = ew_store<T>(f[k]);
-    *reinterpret_cast<ew_pack<T, VEC> *>(p) = x;
-}
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -73,10 +44,10 @@ template <typename W, int VEC> static __global__ void ew_fill_kernel(W *dst, W v
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t nv = n / VEC;
-    ew_pack<W, VEC> x;
+    ct_pack<W, VEC> x;
     for (int k = 0; k < VEC; k++) x.v[k] = value;
     for (int64_t v = tid; v < nv; v += stride)
-        *reinterpret_cast<ew_pack<W, VEC> *>(dst + v * VEC) = x;
+        *reinterpret_cast<ct_pack<W, VEC> *>(dst + v * VEC) = x;
     const int64_t j = nv * VEC + tid;
     if (j < n) dst[j] = value;
 }
@@ -97,17 +68,17 @@ static __global__ void ew_bias_kernel(T *out, const T *bias, const T *residual, 
              cv += (int64_t)gridDim.x * blockDim.x) {
             const int64_t i = r * C + cv * VEC;
             float b[VEC], o[VEC];
-            ew_load<T, VEC>(bias + cv * VEC, b);
+            ct_load<T, VEC>(bias + cv * VEC, b);
             if (mode == EW_BIAS_ADD) {
-                ew_load<T, VEC>(out + i, o);
+                ct_load<T, VEC>(out + i, o);
                 for (int k = 0; k < VEC; k++) o[k] = o[k] + b[k];
             } else if (mode == EW_BIAS_INIT_RESIDUAL) {
-                ew_load<T, VEC>(residual + i, o);
+                ct_load<T, VEC>(residual + i, o);
                 for (int k = 0; k < VEC; k++) o[k] = o[k] + b[k];
             } else {
                 for (int k = 0; k < VEC; k++) o[k] = b[k];
             }
-            ew_put<T, VEC>(out + i, o);
+            ct_put<T, VEC>(out + i, o);
         }
     }
 }
@@ -125,18 +96,18 @@ static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, in
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
             float acc[VEC], x[VEC];
-            ew_load<T, VEC>(dout + r0 * C + cv * VEC, acc);
+            ct_load<T, VEC>(dout + r0 * C + cv * VEC, acc);
             for (int64_t r = r0 + 1; r < r1; r++) {
-                ew_load<T, VEC>(dout + r * C + cv * VEC, x);
+                ct_load<T, VEC>(dout + r * C + cv * VEC, x);
                 for (int k = 0; k < VEC; k++) acc[k] += x[k];
             }
             if (direct) {
                 float d[VEC];
-                ew_load<float, VEC>(dst + cv * VEC, d);
+                ct_load<float, VEC>(dst + cv * VEC, d);
                 for (int k = 0; k < VEC; k++) d[k] += acc[k];
-                ew_put<float, VEC>(dst + cv * VEC, d);
+                ct_put<float, VEC>(dst + cv * VEC, d);
             } else {
-                ew_put<float, VEC>(dst + ch * C + cv * VEC, acc);
+                ct_put<float, VEC>(dst + ch * C + cv * VEC, acc);
             }
         }
     }
@@ -164,13 +135,13 @@ static __global__ void ew_axpy_kernel(T *dst, const T *src, float alpha, int64_t
     const int64_t nv = n / VEC;
     for (int64_t v = tid; v < nv; v += stride) {
         float d[VEC], s[VEC];
-        ew_load<T, VEC>(dst + v * VEC, d);
-        ew_load<T, VEC>(src + v * VEC, s);
+        ct_load<T, VEC>(dst + v * VEC, d);
+        ct_load<T, VEC>(src + v * VEC, s);
         for (int k = 0; k < VEC; k++) d[k] = fmaf(alpha, s[k], d[k]);
-        ew_put<T, VEC>(dst + v * VEC, d);
+        ct_put<T, VEC>(dst + v * VEC, d);
     }
     const int64_t j = nv * VEC + tid;
-    if (j < n) dst[j] = ew_store<T>(fmaf(alpha, ew_f32(src[j]), ew_f32(dst[j])));
+    if (j < n) dst[j] = ct_from_f32<T>(fmaf(alpha, ct_to_f32(src[j]), ct_to_f32(dst[j])));
 }
 
 template <typename T, int VEC> static __global__ void ew_scale_kernel(T *x, float s, int64_t n) {
@@ -179,12 +150,12 @@ template <typename T, int VEC> static __global__ void ew_scale_kernel(T *x, floa
     const int64_t nv = n / VEC;
     for (int64_t v = tid; v < nv; v += stride) {
         float f[VEC];
-        ew_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) f[k] = f[k] * s;
-        ew_put<T, VEC>(x + v * VEC, f);
+        ct_put<T, VEC>(x + v * VEC, f);
     }
     const int64_t j = nv * VEC + tid;
-    if (j < n) x[j] = ew_store<T>(ew_f32(x[j]) * s);
+    if (j < n) x[j] = ct_from_f32<T>(ct_to_f32(x[j]) * s);
 }
 
 /* dst = src converted (bf16 -> f32 is exact; f32 -> bf16 rounds to nearest even). */
@@ -195,11 +166,11 @@ static __global__ void ew_cast_kernel(D *dst, const S *src, int64_t n) {
     const int64_t nv = n / VEC;
     for (int64_t v = tid; v < nv; v += stride) {
         float f[VEC];
-        ew_load<S, VEC>(src + v * VEC, f);
-        ew_put<D, VEC>(dst + v * VEC, f);
+        ct_load<S, VEC>(src + v * VEC, f);
+        ct_put<D, VEC>(dst + v * VEC, f);
     }
     const int64_t j = nv * VEC + tid;
-    if (j < n) dst[j] = ew_store<D>(ew_f32(src[j]));
+    if (j < n) dst[j] = ct_from_f32<D>(ct_to_f32(src[j]));
 }
 
 /* ---- launch shapes --------------------------------------------------------------------------- */

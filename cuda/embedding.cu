@@ -28,41 +28,12 @@
 
 #include <stdint.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/embedding.cuh"
 
 #define EMB_THREADS 256
 #define EMB_TILE 256        /* tokens per shared-memory tile of emb_chain_kernel (= its block) */
 #define EMB_BLOCKS_PER_SM 8 /* 8 x 256 threads: a full SM on sm_80 / sm_90 */
-
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float emb_f32(float x) {
-    return x;
-}
-static __device__ inline float emb_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T> static __device__ inline T emb_store(float x);
-template <> __device__ inline float emb_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 emb_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
-/* VEC elements of T as one aligned load / store. */
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) emb_pack { T v[VEC]; };
-
-template <typename T, int VEC> static __device__ inline void emb_load(const T *p, float *f) {
-    emb_pack<T, VEC> x = *reinterpret_cast<const emb_pack<T, VEC> *>(p);
-    for (int k = 0; k < VEC; k++) f[k] = emb_f32(x.v[k]);
-}
-
-template <typename T, int VEC> static __device__ inline void emb_put(T *p, const float *f) {
-    emb_pack<T, VEC> x;
-    for (int k = 0; k < VEC; k++) x.v[k] = emb_store<T>(f[k]);
-    *reinterpret_cast<emb_pack<T, VEC> *>(p) = x;
-}
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -70,7 +41,7 @@ template <typename T, int VEC> static __device__ inline void emb_put(T *p, const
 template <typename T, int VEC>
 static __global__ void emb_fwd_kernel(T *out, const int32_t *tokens, const T *table, int64_t N,
                                       int64_t C, int64_t rows, int64_t row_offset) {
-    typedef emb_pack<T, VEC> pack;
+    typedef ct_pack<T, VEC> pack;
     const int64_t cols = C / VEC;
     for (int64_t i = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; i < N;
          i += (int64_t)gridDim.y * blockDim.y) {
@@ -82,7 +53,7 @@ static __global__ void emb_fwd_kernel(T *out, const int32_t *tokens, const T *ta
             if (inside) {
                 x = *reinterpret_cast<const pack *>(table + r * C + cv * VEC);
             } else {
-                for (int k = 0; k < VEC; k++) x.v[k] = emb_store<T>(0.0f);
+                for (int k = 0; k < VEC; k++) x.v[k] = ct_from_f32<T>(0.0f);
             }
             *reinterpret_cast<pack *>(out + i * C + cv * VEC) = x;
         }
@@ -100,10 +71,10 @@ static __global__ void posemb_fwd_kernel(T *out, const T *wpe, int64_t BT, int64
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
             float o[VEC], x[VEC];
-            emb_load<T, VEC>(out + bt * C + cv * VEC, o);
-            emb_load<T, VEC>(w + cv * VEC, x);
+            ct_load<T, VEC>(out + bt * C + cv * VEC, o);
+            ct_load<T, VEC>(w + cv * VEC, x);
             for (int k = 0; k < VEC; k++) o[k] = o[k] + x[k];
-            emb_put<T, VEC>(out + bt * C + cv * VEC, o);
+            ct_put<T, VEC>(out + bt * C + cv * VEC, o);
         }
     }
 }
@@ -157,12 +128,12 @@ static __global__ void emb_bwd_kernel(float *dtable, const T *dout, const int32_
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
             float acc[VEC], x[VEC];
-            emb_load<float, VEC>(dst + cv * VEC, acc);
+            ct_load<float, VEC>(dst + cv * VEC, acc);
             for (int32_t k = i; k < N; k = next[k]) {
-                emb_load<T, VEC>(dout + (int64_t)k * C + cv * VEC, x);
+                ct_load<T, VEC>(dout + (int64_t)k * C + cv * VEC, x);
                 for (int q = 0; q < VEC; q++) acc[q] += x[q];
             }
-            emb_put<float, VEC>(dst + cv * VEC, acc);
+            ct_put<float, VEC>(dst + cv * VEC, acc);
         }
     }
 }
@@ -179,14 +150,14 @@ static __global__ void posemb_bwd_kernel(float *dwpe, const T *dout, int64_t B, 
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
             float acc[VEC], x[VEC];
-            emb_load<T, VEC>(dout + t * C + cv * VEC, acc);
+            ct_load<T, VEC>(dout + t * C + cv * VEC, acc);
             for (int64_t b = 1; b < B; b++) {
-                emb_load<T, VEC>(dout + (b * T_ + t) * C + cv * VEC, x);
+                ct_load<T, VEC>(dout + (b * T_ + t) * C + cv * VEC, x);
                 for (int q = 0; q < VEC; q++) acc[q] += x[q];
             }
-            emb_load<float, VEC>(dst + cv * VEC, x);
+            ct_load<float, VEC>(dst + cv * VEC, x);
             for (int q = 0; q < VEC; q++) x[q] += acc[q];
-            emb_put<float, VEC>(dst + cv * VEC, x);
+            ct_put<float, VEC>(dst + cv * VEC, x);
         }
     }
 }

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/gelu.cuh"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -29,35 +30,6 @@
 #define GELU_THREADS 256
 #define GELU_CHUNK_ROWS 64 /* rows per partial sum of dbias */
 #define GELU_RY 8          /* row groups per block of gelu_bwd_dbias_kernel */
-
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float gelu_f32(float x) {
-    return x;
-}
-static __device__ inline float gelu_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T> static __device__ inline T gelu_store(float x);
-template <> __device__ inline float gelu_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 gelu_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) gelu_pack { T v[VEC]; };
-
-template <typename T, int VEC> static __device__ inline void gelu_load(const T *p, float *f) {
-    gelu_pack<T, VEC> x = *reinterpret_cast<const gelu_pack<T, VEC> *>(p);
-    for (int k = 0; k < VEC; k++) f[k] = gelu_f32(x.v[k]);
-}
-
-template <typename T, int VEC> static __device__ inline void gelu_put(T *p, const float *f) {
-    gelu_pack<T, VEC> x;
-    for (int k = 0; k < VEC; k++) x.v[k] = gelu_store<T>(f[k]);
-    *reinterpret_cast<gelu_pack<T, VEC> *>(p) = x;
-}
 
 /* ---- the function and its derivative (the CPU's operation order) ----------------------------- */
 
@@ -89,12 +61,12 @@ static __global__ void gelu_fwd_kernel(T *out, const T *inp, int64_t n) {
     const int64_t nv = n / VEC;
     for (int64_t v = tid; v < nv; v += stride) {
         float f[VEC];
-        gelu_load<T, VEC>(inp + v * VEC, f);
+        ct_load<T, VEC>(inp + v * VEC, f);
         for (int k = 0; k < VEC; k++) f[k] = gelu_val(f[k]);
-        gelu_put<T, VEC>(out + v * VEC, f);
+        ct_put<T, VEC>(out + v * VEC, f);
     }
     const int64_t j = nv * VEC + tid;
-    if (j < n) out[j] = gelu_store<T>(gelu_val(gelu_f32(inp[j])));
+    if (j < n) out[j] = ct_from_f32<T>(gelu_val(ct_to_f32(inp[j])));
 }
 
 template <typename T, int VEC>
@@ -104,13 +76,13 @@ static __global__ void gelu_bwd_kernel(T *dinp, const T *inp, const T *dout, int
     const int64_t nv = n / VEC;
     for (int64_t v = tid; v < nv; v += stride) {
         float fx[VEC], fd[VEC];
-        gelu_load<T, VEC>(inp + v * VEC, fx);
-        gelu_load<T, VEC>(dout + v * VEC, fd);
+        ct_load<T, VEC>(inp + v * VEC, fx);
+        ct_load<T, VEC>(dout + v * VEC, fd);
         for (int k = 0; k < VEC; k++) fd[k] = gelu_grad(fx[k]) * fd[k];
-        gelu_put<T, VEC>(dinp + v * VEC, fd);
+        ct_put<T, VEC>(dinp + v * VEC, fd);
     }
     const int64_t j = nv * VEC + tid;
-    if (j < n) dinp[j] = gelu_store<T>(gelu_grad(gelu_f32(inp[j])) * gelu_f32(dout[j]));
+    if (j < n) dinp[j] = ct_from_f32<T>(gelu_grad(ct_to_f32(inp[j])) * ct_to_f32(dout[j]));
 }
 
 /* Block (32, GELU_RY): column j = blockIdx.y·32 + threadIdx.x, chunk blockIdx.x. Row group y
@@ -127,8 +99,8 @@ static __global__ void gelu_bwd_dbias_kernel(T *dinp, float *partial, const T *i
     if (j < C) {
         for (int r = r0 + ty; r < r1; r += GELU_RY) {
             const int64_t i = (int64_t)r * C + j;
-            float g = gelu_grad(gelu_f32(inp[i])) * gelu_f32(dout[i]);
-            dinp[i] = gelu_store<T>(g);
+            float g = gelu_grad(ct_to_f32(inp[i])) * ct_to_f32(dout[i]);
+            dinp[i] = ct_from_f32<T>(g);
             acc += g;
         }
     }

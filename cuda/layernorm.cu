@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/layernorm.cuh"
 
 #define LN_EPS 1e-5f     /* as the CPU reference */
@@ -31,42 +32,6 @@
 #define LN_CHUNK_ROWS 64 /* rows per partial sum of dw and db */
 #define LN_RY 8          /* row groups per block of ln_bwd_dwdb_kernel */
 #define LN_COLSUM_THREADS 256
-
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float ln_f32(float x) {
-    return x;
-}
-static __device__ inline float ln_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T> static __device__ inline T ln_store(float x);
-template <> __device__ inline float ln_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 ln_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
-/* VEC elements of T as one aligned load / store (VEC·sizeof(T) is 16 bytes, or 1 element). */
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) ln_pack { T v[VEC]; };
-
-template <typename T, int VEC> static __device__ inline void ln_load(const T *p, float *f) {
-    ln_pack<T, VEC> x = *reinterpret_cast<const ln_pack<T, VEC> *>(p);
-    for (int k = 0; k < VEC; k++) f[k] = ln_f32(x.v[k]);
-}
-
-template <typename T, int VEC> static __device__ inline void ln_put(T *p, const float *f) {
-    ln_pack<T, VEC> x;
-    for (int k = 0; k < VEC; k++) x.v[k] = ln_store<T>(f[k]);
-    *reinterpret_cast<ln_pack<T, VEC> *>(p) = x;
-}
-
-/* Butterfly sum over the 32 lanes: every lane ends with the same bits (a + b == b + a). */
-static __device__ inline float ln_warp_sum(float v) {
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -83,27 +48,27 @@ static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *
     float acc = 0.0f;
     for (int v = lane; v < nv; v += 32) {
         float f[VEC];
-        ln_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) acc += f[k];
     }
-    const float m = ln_warp_sum(acc) / (float)C;
+    const float m = ct_warp_sum(acc) / (float)C;
 
     /* two passes: no cancellation for rows with a large common offset */
     float acc2 = 0.0f;
     for (int v = lane; v < nv; v += 32) {
         float f[VEC];
-        ln_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) acc2 += (f[k] - m) * (f[k] - m);
     }
-    const float s = 1.0f / sqrtf(ln_warp_sum(acc2) / (float)C + LN_EPS);
+    const float s = 1.0f / sqrtf(ct_warp_sum(acc2) / (float)C + LN_EPS);
 
     for (int v = lane; v < nv; v += 32) {
         float f[VEC], fw[VEC], fb[VEC];
-        ln_load<T, VEC>(x + v * VEC, f);
-        ln_load<T, VEC>(w + v * VEC, fw);
-        ln_load<T, VEC>(b + v * VEC, fb);
+        ct_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(w + v * VEC, fw);
+        ct_load<T, VEC>(b + v * VEC, fb);
         for (int k = 0; k < VEC; k++) f[k] = (f[k] - m) * s * fw[k] + fb[k];
-        ln_put<T, VEC>(o + v * VEC, f);
+        ct_put<T, VEC>(o + v * VEC, f);
     }
     if (lane == 0) {
         mean[row] = m;
@@ -127,29 +92,29 @@ static __global__ void ln_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, 
     float acc_g = 0.0f, acc_gn = 0.0f;
     for (int v = lane; v < nv; v += 32) {
         float fx[VEC], fd[VEC], fw[VEC];
-        ln_load<T, VEC>(x + v * VEC, fx);
-        ln_load<T, VEC>(d + v * VEC, fd);
-        ln_load<T, VEC>(w + v * VEC, fw);
+        ct_load<T, VEC>(x + v * VEC, fx);
+        ct_load<T, VEC>(d + v * VEC, fd);
+        ct_load<T, VEC>(w + v * VEC, fw);
         for (int k = 0; k < VEC; k++) {
             float n = (fx[k] - m) * s, g = fd[k] * fw[k];
             acc_g += g;
             acc_gn += g * n;
         }
     }
-    const float g_mean = ln_warp_sum(acc_g) / (float)C;
-    const float gn_mean = ln_warp_sum(acc_gn) / (float)C;
+    const float g_mean = ct_warp_sum(acc_g) / (float)C;
+    const float gn_mean = ct_warp_sum(acc_gn) / (float)C;
 
     for (int v = lane; v < nv; v += 32) {
         float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
-        ln_load<T, VEC>(x + v * VEC, fx);
-        ln_load<T, VEC>(d + v * VEC, fd);
-        ln_load<T, VEC>(w + v * VEC, fw);
-        ln_load<T, VEC>(di + v * VEC, fi);
+        ct_load<T, VEC>(x + v * VEC, fx);
+        ct_load<T, VEC>(d + v * VEC, fd);
+        ct_load<T, VEC>(w + v * VEC, fw);
+        ct_load<T, VEC>(di + v * VEC, fi);
         for (int k = 0; k < VEC; k++) {
             float n = (fx[k] - m) * s, g = fd[k] * fw[k];
             fi[k] += s * (g - g_mean - n * gn_mean);
         }
-        ln_put<T, VEC>(di + v * VEC, fi);
+        ct_put<T, VEC>(di + v * VEC, fi);
     }
 }
 
@@ -169,8 +134,8 @@ static __global__ void ln_bwd_dwdb_kernel(float *partial, const T *dout, const T
     if (j < C) {
         for (int r = r0 + ty; r < r1; r += LN_RY) {
             const int64_t i = (int64_t)r * C + j;
-            float d = ln_f32(dout[i]);
-            float n = (ln_f32(inp[i]) - mean[r]) * rstd[r];
+            float d = ct_to_f32(dout[i]);
+            float n = (ct_to_f32(inp[i]) - mean[r]) * rstd[r];
             dw += d * n;
             db += d;
         }

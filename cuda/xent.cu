@@ -23,64 +23,32 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/xent.cuh"
 
 #define XENT_THREADS 512
 #define XENT_WARPS (XENT_THREADS / 32)
 #define XENT_LOSS_THREADS 256
 
-/* ---- fp32 <-> storage dtype ------------------------------------------------------------------ */
-
-static __device__ inline float xent_f32(float x) {
-    return x;
-}
-static __device__ inline float xent_f32(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T> static __device__ inline T xent_store(float x);
-template <> __device__ inline float xent_store<float>(float x) {
-    return x;
-}
-template <> __device__ inline __nv_bfloat16 xent_store<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x); /* round to nearest even */
-}
-
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) xent_pack { T v[VEC]; };
-
-template <typename T, int VEC> static __device__ inline void xent_load(const T *p, float *f) {
-    xent_pack<T, VEC> x = *reinterpret_cast<const xent_pack<T, VEC> *>(p);
-    for (int k = 0; k < VEC; k++) f[k] = xent_f32(x.v[k]);
-}
-
-template <typename T, int VEC> static __device__ inline void xent_put(T *p, const float *f) {
-    xent_pack<T, VEC> x;
-    for (int k = 0; k < VEC; k++) x.v[k] = xent_store<T>(f[k]);
-    *reinterpret_cast<xent_pack<T, VEC> *>(p) = x;
-}
-
 /* ---- block reductions (every thread gets the result) ----------------------------------------- */
 
 /* fmaxf skips a NaN (as the CPU's row_max does) and is commutative, so all lanes agree. */
 static __device__ inline float xent_block_max(float v, float *sh) {
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    v = ct_warp_max(v);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = lane < XENT_WARPS ? sh[lane] : -INFINITY;
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
+    return ct_warp_max(lane < XENT_WARPS ? sh[lane] : -INFINITY);
 }
 
 /* The butterfly leaves the same bits in every lane (a + b == b + a), and every warp adds the
  * warps' sums in the same tree, so every thread holds the same total. */
 static __device__ inline float xent_block_sum(float v, float *sh) {
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    v = ct_warp_sum(v);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = lane < XENT_WARPS ? sh[lane] : 0.0f;
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
+    return ct_warp_sum(lane < XENT_WARPS ? sh[lane] : 0.0f);
 }
 
 /* ---- kernels (block = one row) --------------------------------------------------------------- */
@@ -93,11 +61,11 @@ static __global__ void xent_rowmax_kernel(float *rowmax, const T *logits, int64_
     float m = -INFINITY;
     for (int v = threadIdx.x; v < nv; v += XENT_THREADS) {
         float f[VEC];
-        xent_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) m = fmaxf(m, f[k]);
     }
     for (int j = nv * VEC + threadIdx.x; j < n_valid; j += XENT_THREADS)
-        m = fmaxf(m, xent_f32(x[j]));
+        m = fmaxf(m, ct_to_f32(x[j]));
     m = xent_block_max(m, sh);
     if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
@@ -112,23 +80,23 @@ static __global__ void xent_sumexp_kernel(float *sumexp, float *target_logit, T 
     const float mx = rowmax[row];
     if (threadIdx.x == 0) {
         const int64_t t = (int64_t)targets[row] - col_offset;
-        target_logit[row] = t >= 0 && t < n_valid ? xent_f32(x[t]) : 0.0f;
+        target_logit[row] = t >= 0 && t < n_valid ? ct_to_f32(x[t]) : 0.0f;
     }
     if (KEEP) __syncthreads(); /* x[t] is read before any thread overwrites it */
     const int nv = n_valid / VEC;
     float acc = 0.0f;
     for (int v = threadIdx.x; v < nv; v += XENT_THREADS) {
         float f[VEC];
-        xent_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) {
             f[k] = expf(f[k] - mx);
             acc += f[k];
         }
-        if (KEEP) xent_put<T, VEC>(x + v * VEC, f);
+        if (KEEP) ct_put<T, VEC>(x + v * VEC, f);
     }
     for (int j = nv * VEC + threadIdx.x; j < n_valid; j += XENT_THREADS) {
-        float e = expf(xent_f32(x[j]) - mx);
-        if (KEEP) x[j] = xent_store<T>(e);
+        float e = expf(ct_to_f32(x[j]) - mx);
+        if (KEEP) x[j] = ct_from_f32<T>(e);
         acc += e;
     }
     acc = xent_block_sum(acc, sh);
@@ -152,19 +120,19 @@ static __global__ void xent_grad_kernel(float *losses, T *logits, const int32_t 
     const int nv = n_valid / VEC;
     for (int v = threadIdx.x; v < nv; v += XENT_THREADS) {
         float f[VEC];
-        xent_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(x + v * VEC, f);
         for (int k = 0; k < VEC; k++) {
             f[k] *= g;
             if (v * VEC + k == t) f[k] -= dloss;
         }
-        xent_put<T, VEC>(x + v * VEC, f);
+        ct_put<T, VEC>(x + v * VEC, f);
     }
     for (int j = nv * VEC + threadIdx.x; j < n_valid; j += XENT_THREADS) {
-        float f = xent_f32(x[j]) * g;
+        float f = ct_to_f32(x[j]) * g;
         if (j == t) f -= dloss;
-        x[j] = xent_store<T>(f);
+        x[j] = ct_from_f32<T>(f);
     }
-    for (int64_t j = n_valid + threadIdx.x; j < V; j += XENT_THREADS) x[j] = xent_store<T>(0.0f);
+    for (int64_t j = n_valid + threadIdx.x; j < V; j += XENT_THREADS) x[j] = ct_from_f32<T>(0.0f);
 }
 
 static __global__ void xent_loss_kernel(float *losses, const float *rowmax, const float *sumexp,

@@ -373,9 +373,9 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
 
 /* GELU, tanh approximation (GPT-2). gelu_bwd: dinp = gelu'(inp)·dout (dinp may alias dout); with
  * dbias (not NULL) also dbias(C) += sum over rows of dinp(N,C) without reading dinp again (the
- * bias of the layer before GELU). In f32 it is bit-identical to a following
- * ct_bias_grad(dbias, dinp); in bf16 it sums the fp32 values before dinp's rounding, so it is
- * the more accurate of the two (and not bit-identical). */
+ * bias of the layer before GELU). On the CPU backend in f32 it is bit-identical to a following
+ * ct_bias_grad(dbias, dinp) (the CUDA backend sums the rows in another fixed order); in bf16 it
+ * sums the fp32 values before dinp's rounding, so it is the more accurate of the two. */
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp);
 void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout);
 

@@ -526,6 +526,34 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
     prof_end(C, CT_PROF_GEMM, prof_t0_);
 }
 
+void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const ct_tensor *w,
+                       const ct_tensor *b) {
+    check_float(x, "gemm_bias_gelu x");
+    check_like(w, x, "gemm_bias_gelu w");
+    check_like(b, x, "gemm_bias_gelu b");
+    check_like(pre, x, "gemm_bias_gelu pre");
+    check_like(out, x, "gemm_bias_gelu out");
+    check_same_backend(pre, x);
+    check_same_backend(pre, w);
+    check_same_backend(pre, b);
+    check_same_backend(pre, out);
+    int64_t M = ROWS(pre), N = COLS(pre), K = COLS(x);
+    CT_ASSERTF(ROWS(x) == M && ROWS(w) == N && COLS(w) == K && b->numel == N && ROWS(out) == M &&
+                   COLS(out) == N,
+               "gemm_bias_gelu shapes: pre %s, out %s = GELU(x %s · w %s^T + b %s)", SH(pre),
+               SH(out), SH(x), SH(w), SH(b));
+    if (!IFACE(pre)->gemm_bias_gelu) {
+        ct_bias_init(pre, b, NULL);
+        ct_gemm(pre, x, w, false, true, 1.0f, 1.0f);
+        ct_gelu_fwd(out, pre);
+        return;
+    }
+    double prof_t0_ = prof_begin(pre);
+    IFACE(pre)->gemm_bias_gelu(CTX(pre), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(pre), N,
+                               DATA(out), N, DT(pre));
+    prof_end(pre, CT_PROF_GEMM, prof_t0_);
+}
+
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
     check_float(out, "bias_add out");
     check_like(bias, out, "bias_add bias");

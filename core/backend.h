@@ -101,6 +101,18 @@ struct ct_backend_i {
                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 
+    /* Optional: a linear layer's forward with GELU fused into the GEMM's epilogue,
+     *     pre(M,N) = A(M,K)·B(N,K)ᵀ + bias(N),   out(M,N) = GELU(pre)   (tanh form, as gelu_fwd),
+     * row-major, lda/ldb >= K, ldpre/ldout >= N (row strides in elements); B is a weight stored
+     * (out, in) = (N, K). A, B, bias, pre and out hold dt; products accumulate in fp32 and GELU is
+     * evaluated in fp32 (in bf16 on the value of pre before or after its rounding: either is
+     * within the tolerance of the separate ops). pre is kept for GELU's backward. NULL: the
+     * wrapper (ct_gemm_bias_gelu) runs bias_init, gemm with beta = 1 and gelu_fwd instead — the
+     * reference; the CPU backend leaves it NULL. */
+    void (*gemm_bias_gelu)(void *ctx, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                           const void *B, int64_t ldb, const void *bias, void *pre, int64_t ldpre,
+                           void *out, int64_t ldout, ct_dtype dt);
+
     void (*bias_add)(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N, int64_t C);
     void (*bias_init)(void *ctx, ct_dtype dt, void *out, const void *bias, const void *residual,
                       int64_t N, int64_t C); /* residual may be NULL */
@@ -338,6 +350,12 @@ void ct_tensor_to_host_f32(float *dst, const ct_tensor *src);
  * share a dtype; C is f32, or bf16 when A and B are. */
 void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
              float alpha, float beta);
+/* The MLP up-projection and its GELU: pre(N,F) = x(N,C)·w(F,C)ᵀ + b(F), out(N,F) = GELU(pre)
+ * (pre is what ct_gelu_bwd reads later). One fused op where the backend has gemm_bias_gelu, else
+ * ct_bias_init(pre, b) + ct_gemm(pre, x, w, false, true, 1, 1) + ct_gelu_fwd(out, pre). All five
+ * tensors share a dtype. */
+void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const ct_tensor *w,
+                       const ct_tensor *b);
 /* out(N,C) += bias(C) */
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias);
 /* out(N,C) = bias(C) on every row, + residual(N,C) unless it is NULL: the starting value of a

@@ -54,6 +54,7 @@ typedef enum cmd_kind {
     CMD_COPY_FROM_HOST,
     CMD_COPY,
     CMD_GEMM,
+    CMD_GEMM_BIAS_GELU,
     CMD_BIAS_ADD,
     CMD_BIAS_INIT,
     CMD_BIAS_GRAD,
@@ -115,6 +116,19 @@ struct gemm_args {
     void *C;
     int64_t ldc;
     ct_dtype ab_dtype, c_dtype;
+};
+struct gemm_bias_gelu_args {
+    int64_t M, N, K;
+    const void *A;
+    int64_t lda;
+    const void *B;
+    int64_t ldb;
+    const void *bias;
+    void *pre;
+    int64_t ldpre;
+    void *out;
+    int64_t ldout;
+    ct_dtype dt;
 };
 struct bias_add_args {
     ct_dtype dt;
@@ -289,6 +303,7 @@ typedef struct cmd {
         struct copy_from_host_args copy_from_host;
         struct copy_args copy;
         struct gemm_args gemm;
+        struct gemm_bias_gelu_args gemm_bias_gelu;
         struct bias_add_args bias_add;
         struct bias_init_args bias_init;
         struct bias_grad_args bias_grad;
@@ -355,6 +370,12 @@ static void run_linear_op(const struct ct_backend_i *f, void *x, cmd *c) {
         struct gemm_args *a = &c->gemm;
         f->gemm(x, a->trans_a, a->trans_b, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb,
                 a->beta, a->C, a->ldc, a->ab_dtype, a->c_dtype);
+        break;
+    }
+    case CMD_GEMM_BIAS_GELU: {
+        struct gemm_bias_gelu_args *a = &c->gemm_bias_gelu;
+        f->gemm_bias_gelu(x, a->M, a->N, a->K, a->A, a->lda, a->B, a->ldb, a->bias, a->pre,
+                          a->ldpre, a->out, a->ldout, a->dt);
         break;
     }
     case CMD_BIAS_ADD: {
@@ -519,6 +540,7 @@ static void cmd_run(ct_backend *inner, cmd *c) {
     case CMD_COPY:
     case CMD_CAST: run_stream_op(f, x, c); break;
     case CMD_GEMM:
+    case CMD_GEMM_BIAS_GELU:
     case CMD_BIAS_ADD:
     case CMD_BIAS_INIT:
     case CMD_BIAS_GRAD:
@@ -735,6 +757,14 @@ static void async_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t
                                  ab_dtype, c_dtype}});
 }
 
+static void async_gemm_bias_gelu(void *ctx, int64_t M, int64_t N, int64_t K, const void *A,
+                                 int64_t lda, const void *B, int64_t ldb, const void *bias,
+                                 void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+    enqueue(ctx,
+            &(cmd){.kind = CMD_GEMM_BIAS_GELU,
+                   .gemm_bias_gelu = {M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt}});
+}
+
 static void async_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
                            int64_t C) {
     enqueue(ctx, &(cmd){.kind = CMD_BIAS_ADD, .bias_add = {dt, out, bias, N, C}});
@@ -877,6 +907,7 @@ static const struct ct_backend_i async_template = {
     .copy_to_host = async_copy_to_host,
     .copy = async_copy,
     .gemm = async_gemm,
+    .gemm_bias_gelu = async_gemm_bias_gelu,
     .bias_add = async_bias_add,
     .bias_init = async_bias_init,
     .bias_grad = async_bias_grad,
@@ -924,6 +955,7 @@ ct_backend *ct_backend_async_new(ct_backend *inner) {
 #define KEEP_IF_INNER_HAS(slot)                                                                    \
     if (!in->slot) a->iface.slot = NULL
     KEEP_IF_INNER_HAS(gemm);
+    KEEP_IF_INNER_HAS(gemm_bias_gelu);
     KEEP_IF_INNER_HAS(bias_add);
     KEEP_IF_INNER_HAS(bias_init);
     KEEP_IF_INNER_HAS(bias_grad);

@@ -1341,6 +1341,8 @@ ct_backend *ct_backend_check_new(ct_backend *inner) {
 
     k->iface = check_template;
     k->iface.name = in->name;
+    /* gemm_bias_gelu is hidden (the template leaves it NULL) whatever inner has: the wrapper then
+     * runs bias_init, gemm and gelu_fwd, and each of those is checked here on its own. */
 #define KEEP_IF_INNER_HAS(slot)                                                                    \
     if (!in->slot) k->iface.slot = NULL
     KEEP_IF_INNER_HAS(gemm);

@@ -803,13 +803,10 @@ static void tp_allreduce(ct_model *m, ct_tensor *t, ct_reduce_op op) {
     ct_comm_allreduce(m->layout.tp, t->data, t->numel, t->dtype, op);
 }
 
-/* y = x·Wᵀ (+ b): x (N, in), W (out, in), y (N, out). With a bias, y starts as b and the GEMM
- * accumulates (beta = 1): a BLAS GEMM with beta = 0 zeroes its output in a pass of its own, so
- * this saves a pass over y. */
-static void linear_fwd(ct_tensor *y, const ct_tensor *x, const ct_param *w, const ct_param *b) {
-    if (b) ct_bias_init(y, b->value, NULL);
-    ct_gemm(y, x, w->value, false, true, 1.0f, b ? 1.0f : 0.0f);
-}
+/* A linear layer's forward, y = x·Wᵀ + b: x (N, in), W (out, in), y (N, out). y starts as b and
+ * the GEMM accumulates (beta = 1): a BLAS GEMM with beta = 0 zeroes its output in a pass of its
+ * own, so this saves a pass over y (ct_bias_init; the MLP's up-projection does the same inside
+ * ct_gemm_bias_gelu, or fuses bias and GELU into the GEMM's epilogue). */
 
 /* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
 static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
@@ -913,7 +910,8 @@ static void norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, 
 
 /* The "reduce" leaving a row-parallel block and the residual connection around it:
  * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (added once, after the reduction). Without tp the
- * GEMM accumulates onto residual + bias (one pass instead of three, see linear_fwd). */
+ * GEMM accumulates onto residual + bias (one pass instead of three, as a linear layer's forward
+ * above). */
 static void row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
                              const ct_param *b, const ct_tensor *residual) {
     if (m->layout.tp_size == 1) {
@@ -945,7 +943,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
     qkv_params(m, l, false, &wqkv, &bqkv);
-    ct_bias_init(la->qkv, bqkv, NULL); /* qkv = ln1·Wqkvᵀ + bqkv, see linear_fwd */
+    ct_bias_init(la->qkv, bqkv, NULL); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
     ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 1.0f);
     ct_tensor_free(wqkv), ct_tensor_free(bqkv);
     poll(m);
@@ -954,8 +952,8 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
     norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
-    linear_fwd(la->h, la->ln2, p->w_up, p->b_up);
-    ct_gelu_fwd(la->g, la->h);
+    /* h = ln2·Wupᵀ + b_up, g = GELU(h): fused into the GEMM where the backend can */
+    ct_gemm_bias_gelu(la->h, la->g, la->ln2, p->w_up->value, p->b_up->value);
     poll(m);
     row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
 }

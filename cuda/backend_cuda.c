@@ -108,6 +108,24 @@ static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t 
                  c_dtype);
 }
 
+/* GELU fused into the GEMM's epilogue (cuBLASLt's GELU_AUX_BIAS); where cuBLASLt has no
+ * algorithm for it (ct_cuda_gemm_bias_gelu returns false), the same three steps as the model's
+ * fallback: pre = bias on every row, pre += A·Bᵀ (beta = 1), out = GELU(pre). */
+static void cuda_gemm_bias_gelu(void *ctx, int64_t M, int64_t N, int64_t K, const void *A,
+                                int64_t lda, const void *B, int64_t ldb, const void *bias,
+                                void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+    ct_cuda_ctx *cx = ctx;
+    if (ct_cuda_gemm_bias_gelu(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt))
+        return;
+    /* The kernels take packed (M, N) rows: the wrapper passes ldpre = ldout = N. */
+    CT_ASSERTF(ldpre == N && ldout == N,
+               "gemm_bias_gelu fallback with ldpre %lld, ldout %lld, N %lld", (long long)ldpre,
+               (long long)ldout, (long long)N);
+    ct_cuda_bias_init(cx, dt, pre, bias, NULL, M, N);
+    ct_cuda_gemm(cx->gemm, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
+    ct_cuda_gelu_fwd(cx, dt, out, pre, M * N);
+}
+
 static void cuda_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
                           int64_t C) {
     ct_cuda_bias_add(ctx, dt, out, bias, N, C);
@@ -289,6 +307,7 @@ static const struct ct_backend_i cuda_iface = {
     .copy_to_host = cuda_copy_to_host,
     .copy = cuda_copy,
     .gemm = cuda_gemm,
+    .gemm_bias_gelu = cuda_gemm_bias_gelu,
     .bias_add = cuda_bias_add,
     .bias_init = cuda_bias_init,
     .bias_grad = cuda_bias_grad,

@@ -9,6 +9,14 @@
  * transpose flags (B read column-major is already B^T, so op(B)^T needs CUBLAS_OP_N exactly when
  * op is the identity), m = N, n = M, k = K, and the leading dimensions unchanged. Nothing is
  * copied or transposed in memory.
+ *
+ * The bias-GELU epilogue under that swap (ct_cuda_gemm_bias_gelu). cuBLASLt's bias has one value
+ * per row of its column-major D, which is (N × M): one per column of our row-major (M, N) result,
+ * i.e. the per-output-feature bias of a linear layer, packed, N values. Its aux matrix (GELU's
+ * input) is laid out like D: (N × M) column-major with leading dimension CUBLASLT_MATMUL_DESC_
+ * EPILOGUE_AUX_LD, i.e. our row-major (M, N) pre-activation with row stride ldpre (the library
+ * wants it >= N, its row count, and a multiple of 8). Bias and aux are D's type (the defaults of
+ * _BIAS_DATA_TYPE and _EPILOGUE_AUX_DATA_TYPE for bf16 and fp32 outputs).
  */
 #include "cuda/gemm.h"
 
@@ -36,6 +44,12 @@ typedef struct gemm_key {
     int64_t M, N, K, lda, ldb, ldc;
     ct_dtype ab_dtype, c_dtype;
     uint32_t align_a, align_b, align_c; /* bytes, powers of two up to 256 */
+    /* The bias-GELU epilogue (CUBLASLT_EPILOGUE_GELU_AUX_BIAS): the aux (pre-activation) ld and
+     * the bias and aux pointers' alignments, which the heuristic reads from the descriptor's
+     * pointers. All zero for a plain GEMM. */
+    bool gelu_aux_bias;
+    int64_t ld_aux;
+    uint32_t align_bias, align_aux;
 } gemm_key;
 
 /* One cached configuration, in cuBLAS's column-major terms: x is B's memory (cuBLAS's "A"),
@@ -78,7 +92,9 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
     return a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->M == b->M && a->N == b->N &&
            a->K == b->K && a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc &&
            a->ab_dtype == b->ab_dtype && a->c_dtype == b->c_dtype && a->align_a == b->align_a &&
-           a->align_b == b->align_b && a->align_c == b->align_c;
+           a->align_b == b->align_b && a->align_c == b->align_c &&
+           a->gelu_aux_bias == b->gelu_aux_bias && a->ld_aux == b->ld_aux &&
+           a->align_bias == b->align_bias && a->align_aux == b->align_aux;
 }
 
 static void plan_release(gemm_plan *p) {
@@ -93,8 +109,19 @@ static void set_pref_u32(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferen
     CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
 }
 
-/* Builds the descriptors for `k` and asks the heuristic for one algorithm. */
-static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k) {
+/* The epilogue's pointers live in the descriptor: set at plan time (the heuristic reads their
+ * alignment) and again at every call (each layer has its own bias and pre-activation). */
+static void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const void *bias, void *aux) {
+    CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                     sizeof bias));
+    CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+}
+
+/* Builds the descriptors for `k` and asks the heuristic for one algorithm. bias and aux: the
+ * epilogue's pointers when k->gelu_aux_bias (else unused). */
+static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k, const void *bias,
+                      void *aux) {
     p->key = *k;
     CT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     /* The attributes are int32_t (cublasOperation_t values); pass exactly that size. */
@@ -104,6 +131,16 @@ static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k) {
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof op_x));
     CT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof op_y));
+    if (k->gelu_aux_bias) {
+        /* The attribute is uint32_t, the aux ld int64_t (elements). */
+        uint32_t epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        int64_t ld_aux = k->ld_aux;
+        CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &epilogue, sizeof epilogue));
+        CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+            p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux));
+        set_epilogue_pointers(p->desc, bias, aux);
+    }
 
     /* Column-major shapes of the stored operands (see the top of the file): B's memory is
      * (N × K), or (K × N) when trans_b; A's memory is (K × M), or (M × K) when trans_a. */
@@ -134,7 +171,7 @@ static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k) {
     if (p->has_algo) p->algo = result.algo;
 }
 
-static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k) {
+static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k, const void *bias, void *aux) {
     for (int i = 0; i < g->n_plans; i++)
         if (key_equal(&g->plans[i].key, k)) return &g->plans[i];
     if (g->n_plans == CT_GEMM_CACHE_MAX) {
@@ -143,7 +180,7 @@ static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k) {
         g->n_plans = 0;
     }
     gemm_plan *p = &g->plans[g->n_plans++];
-    plan_init(g, p, k);
+    plan_init(g, p, k, bias, aux);
     return p;
 }
 
@@ -252,7 +289,7 @@ void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, in
         .align_b = ptr_alignment(B),
         .align_c = ptr_alignment(C),
     };
-    gemm_plan *p = plan_get(g, &key);
+    gemm_plan *p = plan_get(g, &key, NULL, NULL);
     if (!p->has_algo) {
         g->fallbacks++;
         gemm_ex(g, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
@@ -261,4 +298,54 @@ void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, in
     }
     CT_CUBLASLT_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->x, A, p->y, &beta, C, p->c, C,
                                      p->c, &p->algo, g->workspace, g->workspace_bytes, g->stream));
+}
+
+bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                            int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
+                            int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+    CT_ASSERT(g != NULL);
+    CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "gemm_bias_gelu M=%lld N=%lld K=%lld", (long long)M,
+               (long long)N, (long long)K);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gemm_bias_gelu dtype %s",
+               ct_dtype_name(dt));
+    CT_ASSERTF(lda >= K && ldb >= K && ldpre >= N && ldout >= N,
+               "gemm_bias_gelu M=%lld N=%lld K=%lld: lda=%lld ldb=%lld ldpre=%lld ldout=%lld too "
+               "small",
+               (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
+               (long long)ldpre, (long long)ldout);
+    if (M == 0 || N == 0) return true;
+    if (K == 0) return false; /* no product: the caller's bias + GELU path (not a fallback) */
+
+    /* y = x·Wᵀ: trans_a = false, trans_b = true, as a linear layer's forward. */
+    gemm_key key = {
+        .trans_a = false,
+        .trans_b = true,
+        .M = M,
+        .N = N,
+        .K = K,
+        .lda = lda,
+        .ldb = ldb,
+        .ldc = ldout,
+        .ab_dtype = dt,
+        .c_dtype = dt,
+        .align_a = ptr_alignment(A),
+        .align_b = ptr_alignment(B),
+        .align_c = ptr_alignment(out),
+        .gelu_aux_bias = true,
+        .ld_aux = ldpre,
+        .align_bias = ptr_alignment(bias),
+        .align_aux = ptr_alignment(pre),
+    };
+    gemm_plan *p = plan_get(g, &key, bias, pre);
+    if (!p->has_algo) {
+        g->fallbacks++;
+        return false;
+    }
+    set_epilogue_pointers(p->desc, bias, pre);
+    /* beta = 0: C (out's memory, same layout as D) is not read. */
+    const float alpha = 1.0f, beta = 0.0f;
+    CT_CUBLASLT_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->x, A, p->y, &beta, out, p->c,
+                                     out, p->c, &p->algo, g->workspace, g->workspace_bytes,
+                                     g->stream));
+    return true;
 }

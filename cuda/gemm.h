@@ -59,7 +59,27 @@ void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, in
                   float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
                   void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 
-/* How many GEMMs ran through the cublasGemmEx fallback (cuBLASLt offered no algorithm). */
+/*
+ * The forward of a linear layer followed by GELU, in one cuBLASLt call with the epilogue
+ * CUBLASLT_EPILOGUE_GELU_AUX_BIAS (row-major, as everything here):
+ *     pre(M,N) = A(M,K)·B(N,K)ᵀ + bias(N)     (the pre-activation, which GELU's backward reads)
+ *     out(M,N) = GELU(pre)                     (tanh form, from pre's fp32 value before rounding)
+ * A, B, bias, pre and out all hold dt (f32 or bf16); products accumulate in fp32 (no TF32).
+ * lda, ldb >= K, ldpre, ldout >= N, row strides in elements; the library also wants ldpre a
+ * multiple of 8 and 16-byte-aligned bias and pre.
+ * Returns true when the work is queued (or M or N == 0: nothing to do). Returns false, having
+ * queued nothing, when cuBLASLt offers no algorithm for the epilogue (alignment, or a GPU or
+ * type without it) — counted in ct_cuda_gemm_fallbacks — or when K == 0 (not counted): the
+ * caller then computes the same thing with bias init, ct_cuda_gemm (beta = 1) and its GELU
+ * kernel. The plan is cached like a plain GEMM's (the key adds ldpre and the alignments of bias
+ * and pre); the bias and pre pointers are bound at each call.
+ */
+bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                            int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
+                            int64_t ldpre, void *out, int64_t ldout, ct_dtype dt);
+
+/* How many GEMMs ran through the cublasGemmEx fallback (cuBLASLt offered no algorithm), plus
+ * the ct_cuda_gemm_bias_gelu calls that returned false for that reason. */
 int64_t ct_cuda_gemm_fallbacks(const ct_cuda_gemm_ctx *g);
 
 /* How many distinct GEMM configurations are cached (a repeated call must not add one). */

@@ -3,7 +3,8 @@
  * on the same inputs: fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination,
  * odd shapes (M, N, K not multiples of 8 or 16), leading dimensions above the minimum, alpha and
  * beta (beta 0 on a NaN C), K == 0 and alpha == 0, the descriptor cache, and the cublasGemmEx
- * fallback taken for a leading dimension or a pointer that is not 16-byte aligned.
+ * fallback taken for a leading dimension or a pointer that is not 16-byte aligned; and the
+ * bias-GELU epilogue (ct_cuda_gemm_bias_gelu: pre-activation and GELU output, its refusals).
  *
  * Built twice from this one file (cuda/cublas.mk):
  *   $(BUILD)/test/test_cuda_gemm        emulated (-DCT_CUDA_EMU): cuda/gemm.c linked with the
@@ -451,6 +452,130 @@ static void test_cache(void **state) {
     assert_int_equal(ct_cuda_gemm_cache_size(gemm), 7);
 }
 
+/* ---- the bias-GELU epilogue (ct_cuda_gemm_bias_gelu) ---------------------------------------- */
+
+/* GELU, tanh form, and its derivative, in double. |gelu'(x)| <= 1.13 everywhere (max ~1.129
+ * near x = 2.4), so an error e in pre moves out by at most 1.13·e. */
+static double gelu_d(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+/* One case of pre(M,N) = A(M,K)·B(N,K)ᵀ + bias(N), out = GELU(pre), all in dt, against float64.
+ * Tolerances (u = 2^-24), from the top of the file:
+ *   pre: 2·(K + 2)·u·(Σ|a·b| + |bias|)  (+ 2^-8·|pre| for bf16: one rounding to the output type);
+ *        |bias| counts because the fallback adds it as beta·C.
+ *   out: 1.13·tol_pre (pre's error through gelu', which also covers GELU computed from the
+ *        rounded bf16 pre instead of the fp32 one) + 10·u·(|pre| + |out|) (GELU's own fp32
+ *        evaluation: a few ulps of tanh, and 1 + tanh cancels for negative pre, where the error
+ *        is relative to |pre| rather than to the small |out|) + 2^-8·|out| for bf16.
+ * expect_lt: the cuBLASLt route must be taken (true) or refused (false, counted as a fallback,
+ * nothing written). Padding of pre and out must come back unchanged; A's and B's is NaN. */
+static void run_bias_gelu(int64_t M, int64_t N, int64_t K, ct_dtype dt, int64_t pad_pre,
+                          int64_t off_bias, bool expect_lt) {
+    int64_t e16 = 16 / (int64_t)ct_dtype_size(dt);
+    int64_t lda = round_up(K + 3, e16), ldb = round_up(K + 1, e16);
+    int64_t ldpre = round_up(N, 8) + pad_pre, ldout = round_up(N + 2, e16);
+    mat A = mat_new(M, K, lda, dt, false, 0), B = mat_new(N, K, ldb, dt, false, 0);
+    mat bias = mat_new(1, N, N, dt, false, off_bias);
+    mat pre = mat_new(M, N, ldpre, dt, true, 0), out = mat_new(M, N, ldout, dt, true, 0);
+    void *pre_before = malloc(mat_bytes(&pre)), *out_before = malloc(mat_bytes(&out));
+    memcpy(pre_before, pre.data, mat_bytes(&pre));
+    memcpy(out_before, out.data, mat_bytes(&out));
+
+    int64_t fallbacks = ct_cuda_gemm_fallbacks(gemm);
+    bool queued = ct_cuda_gemm_bias_gelu(gemm, M, N, K, A.dev, lda, B.dev, ldb, bias.dev, pre.dev,
+                                         ldpre, out.dev, ldout, dt);
+    mat_download(&pre), mat_download(&out);
+    int64_t took = ct_cuda_gemm_fallbacks(gemm) - fallbacks;
+    if (CHECK_FALLBACKS && (queued != expect_lt || took != (expect_lt ? 0 : 1)))
+        fail_msg("bias_gelu M=%lld N=%lld K=%lld %s ldpre=%lld bias offset %lld: returned %d, "
+                 "fallback counter moved by %lld; expected the %s route",
+                 (long long)M, (long long)N, (long long)K, ct_dtype_name(dt), (long long)ldpre,
+                 (long long)off_bias, queued, (long long)took, expect_lt ? "cuBLASLt" : "fallback");
+    if (!queued) {
+        /* refused: nothing may have been written (the caller runs the separate ops) */
+        assert_memory_equal(pre.data, pre_before, mat_bytes(&pre));
+        assert_memory_equal(out.data, out_before, mat_bytes(&out));
+    } else {
+        const double u = ldexp(1.0, -24), u_bf16 = ldexp(1.0, -8);
+        const bool bf = dt == CT_DTYPE_BF16;
+        double worst_pre = 0.0, worst_out = 0.0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double sum = 0.0, abs_sum = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    double p = (double)A.val[i * lda + k] * (double)B.val[j * ldb + k];
+                    sum += p, abs_sum += fabs(p);
+                }
+                double b = bias.val[j], ref_pre = sum + b, ref_out = gelu_d(ref_pre);
+                double tol_pre = 2.0 * (double)(K + 2) * u * (abs_sum + fabs(b)) +
+                                 (bf ? u_bf16 * fabs(ref_pre) : 0.0);
+                double tol_out = 1.13 * tol_pre + 10.0 * u * (fabs(ref_pre) + fabs(ref_out)) +
+                                 (bf ? u_bf16 * fabs(ref_out) : 0.0);
+                double got_pre = mat_get(&pre, (size_t)(i * ldpre + j));
+                double got_out = mat_get(&out, (size_t)(i * ldout + j));
+                double e_pre = fabs(got_pre - ref_pre), e_out = fabs(got_out - ref_out);
+                if (!isfinite(got_pre) || !(e_pre <= tol_pre))
+                    fail_msg("bias_gelu M=%lld N=%lld K=%lld %s: pre[%lld][%lld] = %.9g, want "
+                             "%.9g (error %.3g, tolerance %.3g)",
+                             (long long)M, (long long)N, (long long)K, ct_dtype_name(dt),
+                             (long long)i, (long long)j, got_pre, ref_pre, e_pre, tol_pre);
+                if (!isfinite(got_out) || !(e_out <= tol_out))
+                    fail_msg("bias_gelu M=%lld N=%lld K=%lld %s: out[%lld][%lld] = %.9g, want "
+                             "%.9g (error %.3g, tolerance %.3g)",
+                             (long long)M, (long long)N, (long long)K, ct_dtype_name(dt),
+                             (long long)i, (long long)j, got_out, ref_out, e_out, tol_out);
+                if (tol_pre > 0 && e_pre / tol_pre > worst_pre) worst_pre = e_pre / tol_pre;
+                if (tol_out > 0 && e_out / tol_out > worst_out) worst_out = e_out / tol_out;
+            }
+        /* the gaps past N in each row are not the op's */
+        size_t es = ct_dtype_size(dt);
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = N; j < ldpre; j++)
+                if (memcmp((char *)pre.data + (size_t)(i * ldpre + j) * es,
+                           (char *)pre_before + (size_t)(i * ldpre + j) * es, es) != 0)
+                    fail_msg("bias_gelu wrote pre[%lld][%lld], past N = %lld", (long long)i,
+                             (long long)j, (long long)N);
+            for (int64_t j = N; j < ldout; j++)
+                if (memcmp((char *)out.data + (size_t)(i * ldout + j) * es,
+                           (char *)out_before + (size_t)(i * ldout + j) * es, es) != 0)
+                    fail_msg("bias_gelu wrote out[%lld][%lld], past N = %lld", (long long)i,
+                             (long long)j, (long long)N);
+        }
+        if (verbose)
+            printf("  bias_gelu %lldx%lldx%lld %s ldpre %lld: pre %.1f%%, out %.1f%% of "
+                   "tolerance\n",
+                   (long long)M, (long long)N, (long long)K, ct_dtype_name(dt), (long long)ldpre,
+                   100.0 * worst_pre, 100.0 * worst_out);
+    }
+    free(pre_before), free(out_before);
+    mat_free(&A), mat_free(&B), mat_free(&bias), mat_free(&pre), mat_free(&out);
+}
+
+/* The fused epilogue in fp32 and bf16: odd M, N, K (pre's ld rounded to 8 elements, as cuBLASLt
+ * wants), the model's shape, a padded pre; then the refusals that send the backend to its
+ * separate ops: pre's ld not a multiple of 8, a bias pointer not 16-byte aligned. */
+static void test_bias_gelu(void **state) {
+    (void)state;
+    const int64_t shapes[4][3] = {{7, 13, 33}, {1, 1, 1}, {31, 29, 47}, {64, 128, 32}};
+    const ct_dtype dts[2] = {CT_DTYPE_F32, CT_DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        for (int s = 0; s < 4; s++)
+            run_bias_gelu(shapes[s][0], shapes[s][1], shapes[s][2], dts[t], 0, 0, true);
+        run_bias_gelu(9, 16, 21, dts[t], 8, 0, true);  /* pre padded to 24 */
+        run_bias_gelu(9, 16, 21, dts[t], 1, 0, false); /* ldpre 17: not a multiple of 8 */
+        run_bias_gelu(9, 16, 21, dts[t], 0, 1, false); /* bias one element off 16 bytes */
+        run_bias_gelu(9, 16, 21, dts[t], 0, 16, true); /* ... 16 elements off: aligned */
+    }
+    /* K == 0: refused without counting (the caller's path writes pre = bias) */
+    int64_t before = ct_cuda_gemm_fallbacks(gemm);
+    assert_false(ct_cuda_gemm_bias_gelu(gemm, 4, 8, 0, NULL, 0, NULL, 0, NULL, NULL, 8, NULL, 8,
+                                        CT_DTYPE_F32));
+    assert_true(ct_cuda_gemm_bias_gelu(gemm, 0, 8, 4, NULL, 4, NULL, 4, NULL, NULL, 8, NULL, 8,
+                                       CT_DTYPE_F32));
+    assert_int_equal(ct_cuda_gemm_fallbacks(gemm), before);
+}
+
 #ifdef CT_CUDA_EMU
 /* ---- the stand-ins' own contract (emulated build only) -------------------------------------- */
 
@@ -677,6 +802,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_model_shapes),        cmocka_unit_test(test_alpha_beta),
         cmocka_unit_test(test_fallback_ld),         cmocka_unit_test(test_fallback_pointer),
         cmocka_unit_test(test_k_zero_alpha_zero),   cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_bias_gelu),
 #ifdef CT_CUDA_EMU
         cmocka_unit_test(test_emu_epilogues_batch), cmocka_unit_test(test_emu_contract),
 #endif

@@ -21,23 +21,31 @@
  *     handle with fp32 inputs) rounds fp32 inputs to TF32 (10-bit mantissa, nearest, ties away
  *     from zero, as cvt.rna.tf32 does), CUBLAS_COMPUTE_32F_FAST_16BF rounds them to bf16.
  *   - beta == 0 never reads C: C may hold NaN. alpha == 0 or k == 0 never reads A or B.
- *   - Epilogues (cuBLASLt): CUBLASLT_EPILOGUE_DEFAULT, _BIAS, _GELU, _GELU_BIAS. The bias
- *     (CUBLASLT_MATMUL_DESC_BIAS_POINTER, one value per row of D, D's type unless
- *     CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says CUDA_R_32F or CUDA_R_16BF; per-batch stride
- *     CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE) is added before GELU; GELU is the tanh form
- *     0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x^3))). Other epilogues: NOT_SUPPORTED.
+ *   - Epilogues (cuBLASLt): CUBLASLT_EPILOGUE_DEFAULT, _BIAS, _GELU, _GELU_BIAS, _GELU_AUX,
+ *     _GELU_AUX_BIAS. The bias (CUBLASLT_MATMUL_DESC_BIAS_POINTER, one value per row of D, D's
+ *     type unless CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says CUDA_R_32F or CUDA_R_16BF; per-batch
+ *     stride CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE) is added before GELU; GELU is the tanh form
+ *     0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x^3))). The _AUX forms also store GELU's input
+ *     (alpha·acc + beta·C + bias, in fp32, rounded once) to the aux matrix: m × n column-major
+ *     at CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, leading dimension _EPILOGUE_AUX_LD (elements,
+ *     >= m, else INVALID_VALUE), batch stride _EPILOGUE_AUX_BATCH_STRIDE, in D's type (the
+ *     library's default for GELU input; CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE may only
+ *     repeat it). D = GELU(aux value) from the fp32 value, not from the rounded aux. An aux
+ *     epilogue without an aux pointer is INVALID_VALUE. Other epilogues: NOT_SUPPORTED.
  *   - Attribute setters check sizeInBytes against the attribute's type (int32_t for the
  *     transposes, uint64_t for the workspace size, ...): a mismatch is INVALID_VALUE, as the
- *     library answers. Attributes that would change the result but are not modelled here (scale
- *     pointers, aux buffers, amax, pointer modes other than host, orders other than column-major,
- *     pointer-array batches) are refused with NOT_SUPPORTED and a message: stricter than the
- *     library, so that nothing is silently computed differently.
+ *     library answers. Attributes that would change the result but are not modelled here
+ *     (scale pointers, aux scale pointers, amax, pointer modes other than host, orders other
+ *     than column-major, pointer-array batches) are refused with NOT_SUPPORTED and a message:
+ *     stricter than the library, so that nothing is silently computed differently.
  *   - cublasLtMatmulAlgoGetHeuristic returns zero results (status SUCCESS) when any leading
  *     dimension or batch stride of A, B, C, D in bytes is not a multiple of 16, when the
  *     preference's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (default 256: the
- *     promise the caller makes about its pointers) is below 16, or when the bias pointer is not
- *     16-byte aligned — as the real heuristics do for these types. Otherwise one algorithm, which
- *     needs 16-byte aligned pointers and min(1 MiB, the preference's workspace) of workspace.
+ *     promise the caller makes about its pointers) is below 16, when the bias or the aux pointer
+ *     is not 16-byte aligned, or when the aux ld is not a multiple of 8 elements (the documented
+ *     rule for GELU's aux) and of 16 bytes — as the real heuristics do for these types.
+ *     Otherwise one algorithm, which needs 16-byte aligned pointers and min(1 MiB, the
+ *     preference's workspace) of workspace.
  *   - cublasLtMatmul checks that the algorithm came from a heuristic query for the same problem
  *     (types, transposes, epilogue, m, n, k, leading dimensions, batch): stricter than the library,
  *     which may run a mismatched algorithm slowly or wrongly. It refuses pointers less aligned
@@ -45,9 +53,9 @@
  *     workspace smaller than the algorithm's. It scribbles over the workspace it was given, so a
  *     workspace shared with live data shows up. algo == NULL runs the heuristic on the actual
  *     pointers, as the library does.
- *   - Every operand, the bias and the workspace must be device memory (cuemu_is_device_pointer,
- *     over the whole extent the call reads or writes): anything else is INVALID_VALUE with a
- *     message naming the operand — the classic host-pointer bug.
+ *   - Every operand, the bias, the aux matrix and the workspace must be device memory
+ *     (cuemu_is_device_pointer, over the whole extent the call reads or writes): anything else
+ *     is INVALID_VALUE with a message naming the operand — the classic host-pointer bug.
  *   - alpha and beta are host pointers (the default pointer mode), read during the call. The
  *     work is enqueued on the stream (cuemu_stream_enqueue) and runs when the emulator drains
  *     the stream, so a missing synchronisation shows up as a wrong result.
@@ -134,6 +142,9 @@ struct MatmulDesc {
     const void *bias = nullptr;
     int64_t bias_batch_stride = 0;
     int32_t bias_type = -1; /* -1: D's type */
+    void *aux = nullptr;
+    int64_t aux_ld = 0, aux_batch_stride = 0;
+    int32_t aux_type = -1; /* -1: D's type */
 };
 
 struct Layout {
@@ -224,6 +235,9 @@ struct Gemm {
     const void *bias_ptr = nullptr;
     uint32_t bias_type = CUDA_R_32F;
     int64_t bias_stride = 0;
+    bool aux = false; /* store GELU's input (the _AUX epilogues) */
+    void *aux_ptr = nullptr;
+    int64_t aux_ld = 0, aux_stride = 0;
     void *workspace = nullptr;
     size_t workspace_bytes = 0;
 
@@ -247,6 +261,8 @@ struct Gemm {
             const char *B = static_cast<const char *>(b) + bt * stride_b * type_size(ta_type);
             const char *C = static_cast<const char *>(c) + bt * stride_c * type_size(c_type);
             char *D = static_cast<char *>(d) + bt * stride_d * type_size(c_type);
+            char *X =
+                aux ? static_cast<char *>(aux_ptr) + bt * aux_stride * type_size(c_type) : nullptr;
             for (int64_t j = 0; j < n; j++)
                 for (int64_t i = 0; i < m; i++) {
                     float acc = 0.0f;
@@ -259,6 +275,7 @@ struct Gemm {
                     float v = alpha * acc;
                     if (beta != 0.0f) v += beta * load(c_type, C, i + j * ldc);
                     if (bias) v += load(bias_type, bias_ptr, bt * bias_stride + i);
+                    if (aux) store(c_type, X, i + j * aux_ld, v); /* GELU's input, D's type */
                     if (gelu) v = gelu_tanh(v);
                     store(c_type, D, i + j * ldd, v);
                 }
@@ -390,6 +407,8 @@ cublasStatus_t lt_validate(const char *fn, cublasLtMatmulDesc_t computeDesc,
     case CUBLASLT_EPILOGUE_BIAS: g.bias = true; break;
     case CUBLASLT_EPILOGUE_GELU: g.gelu = true; break;
     case CUBLASLT_EPILOGUE_GELU_BIAS: g.bias = g.gelu = true; break;
+    case CUBLASLT_EPILOGUE_GELU_AUX: g.gelu = g.aux = true; break;
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: g.bias = g.gelu = g.aux = true; break;
     default: return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "epilogue %u not emulated", d.epilogue);
     }
     if (g.bias) {
@@ -401,6 +420,24 @@ cublasStatus_t lt_validate(const char *fn, cublasLtMatmulDesc_t computeDesc,
                         "a bias epilogue without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
         if (g.bias_type != CUDA_R_32F && g.bias_type != CUDA_R_16BF)
             return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "bias type %u", g.bias_type);
+    }
+    if (g.aux) {
+        g.aux_ptr = d.aux;
+        g.aux_ld = d.aux_ld;
+        g.aux_stride = d.aux_batch_stride;
+        if (d.aux == nullptr)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                        "an aux epilogue without CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
+        if (d.aux_ld < std::max<int64_t>(1, g.m))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                        "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld < rows of D %lld",
+                        (long long)d.aux_ld, (long long)g.m);
+        if (D.batch > 1 && d.aux_batch_stride < 0)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "aux batch stride %lld",
+                        (long long)d.aux_batch_stride);
+        if (d.aux_type != -1 && (uint32_t)d.aux_type != D.type)
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "aux type %d (only D's type emulated)",
+                        d.aux_type);
     }
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -421,15 +458,23 @@ const char *lt_alignment_problem(const LtProblem &p, const uint32_t align[4]) {
         if (align[i] < 16) return al_msgs[i];
     }
     if (p.g.bias && (uintptr_t)p.g.bias_ptr % 16 != 0) return "the bias pointer";
+    if (p.g.aux) {
+        size_t es = type_size(p.ld->type);
+        if (p.g.aux_ld % 8 != 0 || ((size_t)p.g.aux_ld * es) % 16 != 0) return "the aux ld";
+        if (p.ld->batch > 1 && ((size_t)p.g.aux_stride * es) % 16 != 0)
+            return "the aux batch stride";
+        if ((uintptr_t)p.g.aux_ptr % 16 != 0) return "the aux pointer";
+    }
     return "";
 }
 
 uint64_t fingerprint(const LtProblem &p) {
     const Gemm &g = p.g;
-    const int64_t v[] = {g.ta,       g.tb,       g.m,        g.n,        g.k,
-                         g.lda,      g.ldb,      g.ldc,      g.ldd,      g.batch,
-                         g.ta_type,  g.c_type,   g.bias,     g.gelu,     (int64_t)g.rounding,
-                         g.stride_a, g.stride_b, g.stride_c, g.stride_d, p.desc->compute};
+    const int64_t v[] = {g.ta,       g.tb,       g.m,         g.n,        g.k,
+                         g.lda,      g.ldb,      g.ldc,       g.ldd,      g.batch,
+                         g.ta_type,  g.c_type,   g.bias,      g.gelu,     (int64_t)g.rounding,
+                         g.stride_a, g.stride_b, g.stride_c,  g.stride_d, p.desc->compute,
+                         g.aux,      g.aux_ld,   g.aux_stride};
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the values */
     for (int64_t x : v)
         for (int i = 0; i < 8; i++) {
@@ -533,6 +578,18 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
         break;
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
         st = set_value<int32_t>(&d.bias_type, buf, sizeInBytes);
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        st = set_value<void *>(&d.aux, buf, sizeInBytes);
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        st = set_value<int64_t>(&d.aux_ld, buf, sizeInBytes);
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE:
+        st = set_value<int64_t>(&d.aux_batch_stride, buf, sizeInBytes);
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+        st = set_value<int32_t>(&d.aux_type, buf, sizeInBytes);
         break;
     /* Tuning knobs that do not change the result: checked for size, otherwise ignored. */
     case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: st = accept_size(buf, sizeInBytes, 4); break;
@@ -721,9 +778,9 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(
         need_align = algo->data[2];
         need_ws = algo->data[3];
     }
-    const void *ptrs[4] = {A, B, C, D};
-    static const char *const names[4] = {"A", "B", "C", "D"};
-    for (int i = 0; i < 4; i++)
+    const void *ptrs[5] = {A, B, C, D, g.aux ? g.aux_ptr : nullptr};
+    static const char *const names[5] = {"A", "B", "C", "D", "the aux matrix"};
+    for (int i = 0; i < 5; i++)
         if (i != 2 || g.beta != 0.0f)
             if ((uintptr_t)ptrs[i] % need_align != 0)
                 return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
@@ -763,6 +820,9 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(
             return CUBLAS_STATUS_INVALID_VALUE;
         if (g.bias && !check_device(fn, "bias", g.bias_ptr, (g.batch - 1) * g.bias_stride + g.m,
                                     type_size(g.bias_type)))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if (g.aux && !check_device(fn, "aux", g.aux_ptr,
+                                   extent(g.m, g.n, g.aux_ld, g.batch, g.aux_stride), es_c))
             return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;

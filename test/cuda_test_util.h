@@ -65,6 +65,34 @@ static inline void cuda_test_free(ct_backend *be, void *dev) {
     be->iface->free(be->ctx, dev);
 }
 
+/* The tests' random inputs: splitmix64 from a state set by cuda_test_seed, so each case's data is
+ * fixed by its own seed values, whatever ran before it. */
+static uint64_t cuda_test_rng_state;
+
+static inline void cuda_test_seed(uint64_t a, uint64_t b, uint64_t c) {
+    cuda_test_rng_state = 0x6A09E667F3BCC909ull ^ (a * 0x9E3779B97F4A7C15ull) ^
+                          (b * 0xC2B2AE3D27D4EB4Full) ^ (c * 0x165667B19E3779F9ull);
+}
+
+static inline uint64_t cuda_test_rng_next(void) {
+    uint64_t z = (cuda_test_rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi), from the top 53 bits of a draw. */
+static inline float cuda_test_urand(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(cuda_test_rng_next() >> 11) / 9007199254740992.0);
+}
+
+/* n uniform values in [lo, hi) (malloc'd). */
+static inline float *cuda_test_fvec(int64_t n, float lo, float hi) {
+    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = cuda_test_urand(lo, hi);
+    return f;
+}
+
 /* bf16 <-> f32 on the host (round to nearest even; NaN stays NaN). */
 static inline uint16_t cuda_test_to_bf16(float x) {
     uint32_t u;

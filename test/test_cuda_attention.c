@@ -89,31 +89,7 @@
 
 static cuda_test_pair P;
 
-/* ---- random inputs (splitmix64) -------------------------------------------------------------- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t a, uint64_t b, uint64_t c) {
-    rng_state = 0x6A09E667F3BCC909ull ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full) ^
-                (c * 0x165667B19E3779F9ull);
-}
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
-}
-
-static float *fvec(int64_t n, float lo, float hi) {
-    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) f[i] = urand(lo, hi);
-    return f;
-}
+/* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
 static double *dzero(int64_t n) {
     double *d = calloc((size_t)(n ? n : 1), sizeof(double));
@@ -272,7 +248,8 @@ static float *make_qkv(const att_shape *s) {
     const int64_t cq = s->H * s->hd, ckv = s->KV * s->hd, lq = cq + 2 * ckv;
     float *x = malloc((size_t)(s->B * s->T * lq) * sizeof(float));
     for (int64_t r = 0; r < s->B * s->T; r++)
-        for (int64_t c = 0; c < lq; c++) x[r * lq + c] = c < cq + ckv ? urand(-2, 2) : urand(-1, 1);
+        for (int64_t c = 0; c < lq; c++)
+            x[r * lq + c] = c < cq + ckv ? cuda_test_urand(-2, 2) : cuda_test_urand(-1, 1);
     return x;
 }
 
@@ -352,7 +329,7 @@ static void fwd_bounds(const att_shape *sh, const float *qkv, double *tol_out, d
 static bool fwd_case(ct_dtype dt, const att_shape *sh) {
     const int64_t B = sh->B, T = sh->T, H = sh->H, hd = sh->hd;
     const int64_t lq = (H + 2 * sh->KV) * hd, n_out = B * T * H * hd, n_lse = B * H * T;
-    rng_seed(1, (uint64_t)(T * 131 + H * 7 + sh->KV), (uint64_t)hd);
+    cuda_test_seed(1, (uint64_t)(T * 131 + H * 7 + sh->KV), (uint64_t)hd);
     float *x = make_qkv(sh);
     void *hx = pack(dt, x, B * T * lq);
     size_t es = dsize(dt);
@@ -476,8 +453,8 @@ static bool bwd_case(ct_dtype dt, const att_shape *sh, bool with_dbias) {
     const int64_t B = sh->B, T = sh->T, H = sh->H, KV = sh->KV, hd = sh->hd;
     const int64_t cq = H * hd, ckv = KV * hd, lq = cq + 2 * ckv;
     const int64_t n_qkv = B * T * lq, n_out = B * T * cq, n_lse = B * H * T;
-    rng_seed(2, (uint64_t)(T * 131 + H * 7 + KV), (uint64_t)hd);
-    float *x = make_qkv(sh), *d = fvec(n_out, -1, 1), *db0 = fvec(lq, -1, 1);
+    cuda_test_seed(2, (uint64_t)(T * 131 + H * 7 + KV), (uint64_t)hd);
+    float *x = make_qkv(sh), *d = cuda_test_fvec(n_out, -1, 1), *db0 = cuda_test_fvec(lq, -1, 1);
     void *hx = pack(dt, x, n_qkv), *hd_ = pack(dt, d, n_out);
     size_t es = dsize(dt);
     /* the CPU forward's out and lse, the saved activations of both backwards */

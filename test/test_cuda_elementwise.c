@@ -73,31 +73,7 @@
 static cuda_test_pair P;
 static int cur_order;
 
-/* ---- random inputs (splitmix64) ------------------------------------------------------------- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t a, uint64_t b, uint64_t c) {
-    rng_state = 0x243F6A8885A308D3ull ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full) ^
-                (c * 0x165667B19E3779F9ull);
-}
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
-}
-
-static float *fvec(int64_t n, float lo, float hi) {
-    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) f[i] = urand(lo, hi);
-    return f;
-}
+/* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
 static size_t dsize(ct_dtype dt) {
     return ct_dtype_size(dt);
@@ -117,7 +93,7 @@ static void *pack(ct_dtype dt, const float *f, int64_t n) {
 
 /* n random values in [lo, hi) as dtype dt (malloc'd). */
 static void *rvec(ct_dtype dt, int64_t n, float lo, float hi) {
-    float *f = fvec(n, lo, hi);
+    float *f = cuda_test_fvec(n, lo, hi);
     void *p = pack(dt, f, n);
     free(f);
     return p;
@@ -191,10 +167,11 @@ static const ct_dtype dtypes[2] = {F32, BF16};
 
 /* n elements from element `off` of a buffer of n + 2 (the others must keep their bytes). */
 static bool fill_case(ct_dtype dt, int64_t n, int64_t off, float value) {
-    rng_seed(1, (uint64_t)n, (uint64_t)dt);
+    cuda_test_seed(1, (uint64_t)n, (uint64_t)dt);
     const size_t es = dsize(dt), bytes = (size_t)(n + 2) * es;
     uint8_t *h = malloc(bytes);
-    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)(rng_next() & 0x3f); /* no NaN patterns */
+    for (size_t i = 0; i < bytes; i++)
+        h[i] = (uint8_t)(cuda_test_rng_next() & 0x3f); /* no NaN patterns */
     pbuf b = pb_new(h, bytes);
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->fill(side_be(s)->ctx, at(&b, s, off, es), dt, n, value);
@@ -227,7 +204,7 @@ static void test_fill(void **state) {
 enum { BIAS_ADD, BIAS_INIT, BIAS_INIT_RESIDUAL };
 
 static bool bias_case(ct_dtype dt, int mode, int64_t N, int64_t C) {
-    rng_seed(2, (uint64_t)(N * 1000 + C), (uint64_t)(mode * 2 + dt));
+    cuda_test_seed(2, (uint64_t)(N * 1000 + C), (uint64_t)(mode * 2 + dt));
     const size_t es = dsize(dt);
     void *hb = rvec(dt, C, -1.0f, 1.0f), *hr = rvec(dt, N * C, -3.0f, 3.0f);
     void *ho = rvec(dt, N * C, -3.0f, 3.0f);
@@ -266,9 +243,9 @@ static void test_bias(void **state) {
 /* ---- bias_grad ------------------------------------------------------------------------------- */
 
 static bool bias_grad_case(ct_dtype dt, int64_t N, int64_t C) {
-    rng_seed(3, (uint64_t)N, (uint64_t)(C * 2 + dt));
+    cuda_test_seed(3, (uint64_t)N, (uint64_t)(C * 2 + dt));
     void *hd = rvec(dt, N * C, -1.0f, 1.0f);
-    float *db0 = fvec(C, -2.0f, 2.0f); /* the starting value it accumulates into */
+    float *db0 = cuda_test_fvec(C, -2.0f, 2.0f); /* the starting value it accumulates into */
     pbuf dout = pb_new(hd, (size_t)(N * C) * dsize(dt)), db = pb_new(db0, (size_t)C * 4);
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->bias_grad(side_be(s)->ctx, dt, db.p[s], dout.p[s], N, C);
@@ -297,7 +274,7 @@ static void test_bias_grad(void **state) {
 
 /* n elements from element `off` of buffers of n + 1. */
 static bool axpy_case(ct_dtype dt, int64_t n, int64_t off, float alpha) {
-    rng_seed(4, (uint64_t)n, (uint64_t)(off * 2 + dt));
+    cuda_test_seed(4, (uint64_t)n, (uint64_t)(off * 2 + dt));
     const size_t es = dsize(dt);
     void *hd = rvec(dt, n + 1, -2.0f, 2.0f), *hs = rvec(dt, n + 1, -2.0f, 2.0f);
     pbuf dst = pb_new(hd, (size_t)(n + 1) * es), src = pb_new(hs, (size_t)(n + 1) * es);
@@ -314,7 +291,7 @@ static bool axpy_case(ct_dtype dt, int64_t n, int64_t off, float alpha) {
 }
 
 static bool scale_case(ct_dtype dt, int64_t n, int64_t off, float sc) {
-    rng_seed(5, (uint64_t)n, (uint64_t)(off * 2 + dt));
+    cuda_test_seed(5, (uint64_t)n, (uint64_t)(off * 2 + dt));
     const size_t es = dsize(dt);
     void *hx = rvec(dt, n + 1, -2.0f, 2.0f);
     pbuf x = pb_new(hx, (size_t)(n + 1) * es);
@@ -345,8 +322,8 @@ static void test_axpy_scale(void **state) {
 /* ---- cast ------------------------------------------------------------------------------------ */
 
 static bool cast_case(ct_dtype dst_dt, ct_dtype src_dt, int64_t n, int64_t off) {
-    rng_seed(6, (uint64_t)n, (uint64_t)(off * 16 + dst_dt * 4 + src_dt));
-    float *f = fvec(n + 1, -3.0f, 3.0f);
+    cuda_test_seed(6, (uint64_t)n, (uint64_t)(off * 16 + dst_dt * 4 + src_dt));
+    float *f = cuda_test_fvec(n + 1, -3.0f, 3.0f);
     /* ties of f32 -> bf16 (round to even: down, then up) and values near them */
     const float ties[] = {1.00390625f, 1.01171875f, -1.00390625f, 1.0039063f, 1.0039062f};
     for (int k = 0; k < 5 && k < n; k++) f[1 + k] = ties[k];
@@ -383,14 +360,14 @@ static void test_cast(void **state) {
  * fall below the slice, some above it. */
 static int32_t *tokens_new(int64_t N, int vocab) {
     int32_t *t = malloc((size_t)N * sizeof(int32_t));
-    for (int64_t i = 0; i < N; i++) t[i] = (int32_t)(rng_next() % (uint64_t)vocab);
+    for (int64_t i = 0; i < N; i++) t[i] = (int32_t)(cuda_test_rng_next() % (uint64_t)vocab);
     if (N > 3) t[1] = -1, t[N - 2] = vocab + 3;
     return t;
 }
 
 static bool emb_fwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_t row_offset,
                          int vocab) {
-    rng_seed(7, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
+    cuda_test_seed(7, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
     const size_t es = dsize(dt);
     int32_t *tok = tokens_new(N, vocab);
     void *ht = rvec(dt, rows * C, -1.0f, 1.0f), *ho = rvec(dt, N * C, -5.0f, 5.0f);
@@ -410,10 +387,10 @@ static bool emb_fwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_
 
 static bool emb_bwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_t row_offset,
                          int vocab) {
-    rng_seed(8, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
+    cuda_test_seed(8, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
     int32_t *tok = tokens_new(N, vocab);
     void *hd = rvec(dt, N * C, -1.0f, 1.0f);
-    float *dt0 = fvec(rows * C, -2.0f, 2.0f); /* the starting value it accumulates into */
+    float *dt0 = cuda_test_fvec(rows * C, -2.0f, 2.0f); /* the starting value it accumulates into */
     pbuf tokens = pb_new(tok, (size_t)N * 4), dout = pb_new(hd, (size_t)(N * C) * dsize(dt)),
          dtable = pb_new(dt0, (size_t)(rows * C) * 4);
     for (int s = 0; s < 2; s++)
@@ -447,7 +424,7 @@ static void test_embedding(void **state) {
 }
 
 static bool posemb_fwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
-    rng_seed(9, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
+    cuda_test_seed(9, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
     const size_t es = dsize(dt);
     const int64_t max_t = pos_offset + T + 3;
     void *hw = rvec(dt, max_t * C, -1.0f, 1.0f), *ho = rvec(dt, B * T * C, -3.0f, 3.0f);
@@ -465,10 +442,10 @@ static bool posemb_fwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_
 
 /* dwpe has rows outside [pos_offset, pos_offset + T), which must keep their values. */
 static bool posemb_bwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
-    rng_seed(10, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
+    cuda_test_seed(10, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
     const int64_t max_t = pos_offset + T + 3;
     void *hd = rvec(dt, B * T * C, -1.0f, 1.0f);
-    float *w0 = fvec(max_t * C, -2.0f, 2.0f);
+    float *w0 = cuda_test_fvec(max_t * C, -2.0f, 2.0f);
     pbuf dout = pb_new(hd, (size_t)(B * T * C) * dsize(dt)),
          dwpe = pb_new(w0, (size_t)(max_t * C) * 4);
     for (int s = 0; s < 2; s++)
@@ -503,20 +480,20 @@ static void test_posemb(void **state) {
  * element `off` of buffers of n + 1; elements outside every segment must not change. copy_dt:
  * F32, BF16, or -1 for no param_copy. */
 static bool adamw_case(int copy_dt, int64_t n, int n_seg, int64_t off) {
-    rng_seed(11, (uint64_t)(n * 100 + n_seg), (uint64_t)(off * 4 + copy_dt + 1));
+    cuda_test_seed(11, (uint64_t)(n * 100 + n_seg), (uint64_t)(off * 4 + copy_dt + 1));
     ct_adamw_segment *seg = calloc((size_t)n_seg, sizeof *seg);
     int64_t at_el = 0;
     int used = 0;
     for (int s = 0; s < n_seg; s++) {
         const uint64_t max_cnt = n < 200 ? 4 : 97;
-        int64_t gap = (int64_t)(rng_next() % 5);
-        int64_t cnt = s == 3 ? 0 : 1 + (int64_t)(rng_next() % max_cnt);
+        int64_t gap = (int64_t)(cuda_test_rng_next() % 5);
+        int64_t cnt = s == 3 ? 0 : 1 + (int64_t)(cuda_test_rng_next() % max_cnt);
         if (at_el + gap + cnt > n) break;
         seg[used++] = (ct_adamw_segment){at_el + gap, cnt, s % 3 == 0 ? 0.0f : 0.1f};
         at_el += gap + cnt;
     }
-    float *p = fvec(n + 1, -1.0f, 1.0f), *g = fvec(n + 1, -0.5f, 0.5f);
-    float *m = fvec(n + 1, -0.1f, 0.1f), *v = fvec(n + 1, 0.0f, 0.01f);
+    float *p = cuda_test_fvec(n + 1, -1.0f, 1.0f), *g = cuda_test_fvec(n + 1, -0.5f, 0.5f);
+    float *m = cuda_test_fvec(n + 1, -0.1f, 0.1f), *v = cuda_test_fvec(n + 1, 0.0f, 0.01f);
     const ct_dtype cdt = copy_dt < 0 ? F32 : (ct_dtype)copy_dt;
     void *hc = rvec(cdt, n + 1, -1.0f, 1.0f);
     pbuf pp = pb_new(p, (size_t)(n + 1) * 4), pg = pb_new(g, (size_t)(n + 1) * 4),
@@ -561,8 +538,8 @@ static void test_adamw(void **state) {
 
 /* out[1] = Σ x² over n elements from element `off`; out[0] and out[2] must keep their values. */
 static bool sumsq_case(int64_t n, int64_t off) {
-    rng_seed(12, (uint64_t)n, (uint64_t)off);
-    float *x = fvec(n + 1, -2.0f, 2.0f);
+    cuda_test_seed(12, (uint64_t)n, (uint64_t)off);
+    float *x = cuda_test_fvec(n + 1, -2.0f, 2.0f);
     float o0[3] = {7.0f, 7.0f, 7.0f};
     pbuf px = pb_new(x, (size_t)(n + 1) * 4), out = pb_new(o0, sizeof o0);
     for (int s = 0; s < 2; s++)

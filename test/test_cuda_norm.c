@@ -69,32 +69,7 @@
 
 static cuda_test_pair P;
 
-/* ---- random inputs (splitmix64) ---------------------------------------------------------------
- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t a, uint64_t b, uint64_t c) {
-    rng_state = 0x6A09E667F3BCC909ull ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full) ^
-                (c * 0x165667B19E3779F9ull);
-}
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
-}
-
-static float *fvec(int64_t n, float lo, float hi) {
-    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) f[i] = urand(lo, hi);
-    return f;
-}
+/* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
 static size_t dsize(ct_dtype dt) {
     return dt == BF16 ? 2 : 4;
@@ -234,8 +209,8 @@ static double rows_k(int64_t N) {
 static float *ln_input(int64_t N, int64_t C) {
     float *x = malloc((size_t)(N * C) * sizeof(float));
     for (int64_t i = 0; i < N; i++) {
-        float off = urand(-4.0f, 4.0f);
-        for (int64_t j = 0; j < C; j++) x[i * C + j] = off + urand(-2.0f, 2.0f);
+        float off = cuda_test_urand(-4.0f, 4.0f);
+        for (int64_t j = 0; j < C; j++) x[i * C + j] = off + cuda_test_urand(-2.0f, 2.0f);
     }
     return x;
 }
@@ -250,8 +225,9 @@ static double ln_nmax(const float *x, const float *mean, const float *rstd, int6
 }
 
 static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
-    rng_seed(1, (uint64_t)N, (uint64_t)C);
-    float *x = ln_input(N, C), *w = fvec(C, -1.5f, 1.5f), *b = fvec(C, -1.0f, 1.0f);
+    cuda_test_seed(1, (uint64_t)N, (uint64_t)C);
+    float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f),
+          *b = cuda_test_fvec(C, -1.0f, 1.0f);
     void *hx = pack(dt, x, N * C), *hw = pack(dt, w, C), *hb = pack(dt, b, C);
     size_t es = dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es),
@@ -301,9 +277,11 @@ static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
 }
 
 static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
-    rng_seed(2, (uint64_t)N, (uint64_t)C);
-    float *x = ln_input(N, C), *w = fvec(C, -1.5f, 1.5f), *d = fvec(N * C, -1.0f, 1.0f);
-    float *di0 = fvec(N * C, -0.5f, 0.5f), *dw0 = fvec(C, -1.0f, 1.0f), *db0 = fvec(C, -1.0f, 1.0f);
+    cuda_test_seed(2, (uint64_t)N, (uint64_t)C);
+    float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f),
+          *d = cuda_test_fvec(N * C, -1.0f, 1.0f);
+    float *di0 = cuda_test_fvec(N * C, -0.5f, 0.5f), *dw0 = cuda_test_fvec(C, -1.0f, 1.0f),
+          *db0 = cuda_test_fvec(C, -1.0f, 1.0f);
     void *hx = pack(dt, x, N * C), *hw = pack(dt, w, C), *hd = pack(dt, d, N * C);
     void *hdi = pack(dt, di0, N * C);
     /* the statistics the forward would save (any consistent values will do: both get the same) */
@@ -389,7 +367,7 @@ static void test_layernorm(void **state) {
 /* U(-6, 6), with the edges planted: the clamped exponent (x < -10 and > 0 large), zero, a tiny
  * value and the derivative's zero near -0.75. */
 static float *gelu_input(int64_t n) {
-    float *x = fvec(n, -6.0f, 6.0f);
+    float *x = cuda_test_fvec(n, -6.0f, 6.0f);
     const float edge[] = {-12.0f, 12.0f, 0.0f, -1e-20f, 1e-3f, -0.7518f, -10.5f, 30.0f};
     for (int64_t i = 0; i < n && i < 8 * 7; i += 7) x[i] = edge[i / 7];
     return x;
@@ -397,7 +375,7 @@ static float *gelu_input(int64_t n) {
 
 /* offset: elements by which every pointer is shifted (1: the unaligned scalar path) */
 static bool gelu_fwd_case(ct_dtype dt, int64_t n, int64_t offset) {
-    rng_seed(3, (uint64_t)n, (uint64_t)offset);
+    cuda_test_seed(3, (uint64_t)n, (uint64_t)offset);
     float *x = gelu_input(n + offset);
     void *hx = pack(dt, x, n + offset);
     size_t es = dsize(dt);
@@ -427,8 +405,9 @@ static bool gelu_fwd_case(ct_dtype dt, int64_t n, int64_t offset) {
 
 /* alias: dinp is dout (in place); with_dbias: dbias accumulated too */
 static bool gelu_bwd_case(ct_dtype dt, int64_t N, int64_t C, bool alias, bool with_dbias) {
-    rng_seed(4, (uint64_t)(N * 4 + alias * 2 + with_dbias), (uint64_t)C);
-    float *x = gelu_input(N * C), *d = fvec(N * C, -1.0f, 1.0f), *b0 = fvec(C, -1.0f, 1.0f);
+    cuda_test_seed(4, (uint64_t)(N * 4 + alias * 2 + with_dbias), (uint64_t)C);
+    float *x = gelu_input(N * C), *d = cuda_test_fvec(N * C, -1.0f, 1.0f),
+          *b0 = cuda_test_fvec(C, -1.0f, 1.0f);
     void *hx = pack(dt, x, N * C), *hd = pack(dt, d, N * C);
     size_t es = dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), dout = pb_new(hd, (size_t)(N * C) * es);
@@ -510,12 +489,13 @@ enum { N_XENT_SHAPES = sizeof xent_shapes / sizeof *xent_shapes };
 static int32_t *xent_targets(const xent_shape *sh) {
     int32_t *t = malloc((size_t)sh->N * sizeof(int32_t));
     for (int64_t i = 0; i < sh->N; i++) {
-        int64_t r = (int64_t)(rng_next() % (uint64_t)sh->n_valid), local;
+        int64_t r = (int64_t)(cuda_test_rng_next() % (uint64_t)sh->n_valid), local;
         switch (sh->col_offset == 0 ? 0 : i % 4) {
         case 0: local = r; break;
         case 1: local = -1 - r; break;
         case 2:
-            local = sh->n_valid + (int64_t)(rng_next() % (uint64_t)(sh->V - sh->n_valid + 1));
+            local =
+                sh->n_valid + (int64_t)(cuda_test_rng_next() % (uint64_t)(sh->V - sh->n_valid + 1));
             break;
         default: local = sh->V + 1000 + r; break;
         }
@@ -527,7 +507,7 @@ static int32_t *xent_targets(const xent_shape *sh) {
 /* Logits U(-4, 4) over the valid columns, one row with an outlier at 30; padding columns hold 50,
  * above every valid logit, so a kernel that reads them shows. */
 static float *xent_logits(const xent_shape *sh) {
-    float *x = fvec(sh->N * sh->V, -4.0f, 4.0f);
+    float *x = cuda_test_fvec(sh->N * sh->V, -4.0f, 4.0f);
     for (int64_t i = 0; i < sh->N; i++)
         for (int64_t j = sh->n_valid; j < sh->V; j++) x[i * sh->V + j] = 50.0f;
     x[(sh->N / 2) * sh->V + sh->n_valid / 3] = 30.0f;
@@ -561,7 +541,7 @@ static double xent_loss_atol(const float *mx, const float *se, const float *tl, 
 
 /* Each pass alone, from identical inputs. */
 static bool xent_pass_case(ct_dtype dt, const xent_shape *sh, bool keep_exp) {
-    rng_seed(5, (uint64_t)(sh->N * 1000 + sh->V), (uint64_t)(sh->col_offset * 2 + keep_exp));
+    cuda_test_seed(5, (uint64_t)(sh->N * 1000 + sh->V), (uint64_t)(sh->col_offset * 2 + keep_exp));
     const int64_t N = sh->N, V = sh->V, nv = sh->n_valid;
     float *x = xent_logits(sh);
     int32_t *tg = xent_targets(sh);
@@ -649,7 +629,7 @@ static bool xent_pass_case(ct_dtype dt, const xent_shape *sh, bool keep_exp) {
 
 /* The three passes chained on each backend (as the model runs them, keep_exp and write_grad). */
 static bool xent_chain_case(ct_dtype dt, const xent_shape *sh) {
-    rng_seed(6, (uint64_t)(sh->N * 1000 + sh->V), (uint64_t)sh->col_offset);
+    cuda_test_seed(6, (uint64_t)(sh->N * 1000 + sh->V), (uint64_t)sh->col_offset);
     const int64_t N = sh->N, V = sh->V, nv = sh->n_valid;
     float *x = xent_logits(sh);
     int32_t *tg = xent_targets(sh);
@@ -703,7 +683,7 @@ static bool xent_chain_case(ct_dtype dt, const xent_shape *sh) {
  * comparator refuses infinities, so these are checked by value. */
 static bool xent_empty_shard_case(ct_dtype dt) {
     const int64_t N = 3, V = 16;
-    float *x = fvec(N * V, -1.0f, 1.0f);
+    float *x = cuda_test_fvec(N * V, -1.0f, 1.0f);
     int32_t tg[3] = {0, 5, 200};
     void *hx = pack(dt, x, N * V);
     pbuf logits = pb_new(hx, (size_t)(N * V) * dsize(dt)), targets = pb_new(tg, sizeof tg);

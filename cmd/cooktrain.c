@@ -25,6 +25,7 @@
 #include "core/model.h"
 #include "core/prepare.h"
 #include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
 #include "cuda/plugin.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
@@ -39,6 +40,9 @@
 #pragma weak ct_cuda_usable
 #pragma weak ct_cuda_plugin_register
 #pragma weak ct_cuda_plugin_usable
+#pragma weak ct_comm_nccl_new
+#pragma weak ct_comm_nccl_set_abort
+#pragma weak ct_cuda_plugin_nccl_new
 
 static void register_cuda(void) {
     if (ct_cuda_register)
@@ -53,6 +57,55 @@ static bool cuda_usable(char *why, size_t cap) {
     return false;
 }
 
+static void abort_job(int code) {
+    ct_mpi_abort(code);
+}
+
+/* The CUDA backend's groups: each group of the grid that carries tensors becomes an NCCL
+ * communicator of the same ranks (cuda/comm_nccl.h; the MPI group stays inside it, for host
+ * buffers). world stays MPI: it carries host flags only. Collective. */
+static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
+    ct_comm **groups[] = {&p->tp_comm, &p->dp_comm, &p->pp_comm, &p->mp_comm, &p->embed_comm};
+    ct_status st = CT_OK;
+    for (size_t i = 0; i < sizeof groups / sizeof *groups && st == CT_OK; i++) {
+        if (!*groups[i]) continue; /* embed on middle stages */
+        if (ct_comm_nccl_new) {
+            ct_comm_nccl_set_abort(abort_job);
+            *groups[i] = ct_comm_nccl_new(*groups[i], be, p->timeout_s);
+        } else {
+            *groups[i] = ct_cuda_plugin_nccl_new(*groups[i], be, p->timeout_s, abort_job);
+        }
+        if (!*groups[i]) st = CT_ERR_RUNTIME;
+    }
+    return ct_pctx_agree(p, st);
+}
+
+/*
+ * One rank per GPU (DESIGN §4): the device is the node-local rank, and more ranks on a node than
+ * devices is refused unless --share-gpus lets them share (round robin: tests, or a GPU with
+ * memory to spare). Every rank says which device it took.
+ */
+static ct_status pick_device(bool share) {
+    bool mpi = ct_mpi_world_size() > 1;
+    int local_rank = mpi ? ct_mpi_local_rank() : 0, local_size = mpi ? ct_mpi_local_size() : 1;
+    char why[256];
+    int count = ct_backend_device_count("cuda", why, sizeof why);
+    if (count == 0) return CT_OK; /* the registry refuses the backend with the reason */
+    if (local_size > count && !share) {
+        ct_error(CT_ERR_INPUT, "%d ranks on this node but %d CUDA device%s", local_size, count,
+                 count == 1 ? "" : "s");
+        ct_hint("run one rank per GPU (mpirun -np / srun --ntasks-per-node), or pass --share-gpus "
+                "to let ranks share devices");
+        return CT_ERR_INPUT;
+    }
+    int device = local_rank % count;
+    ct_backend_set_device(device);
+    printf("rank %d: cuda device %d (node-local rank %d of %d, %d device%s%s)\n",
+           ct_mpi_world_rank(), device, local_rank, local_size, count, count == 1 ? "" : "s",
+           local_size > count ? ", shared" : "");
+    return CT_OK;
+}
+
 static const char usage_text[] =
     "cooktrain " CT_VERSION "\n"
     "usage: cooktrain <command> [options]\n"
@@ -62,6 +115,7 @@ static const char usage_text[] =
     "            --config FILE          YAML config (see configs/README.md)\n"
     "            --set section.key=V    override one config field (repeatable)\n"
     "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
+    "            --share-gpus           let several ranks of a node share a CUDA device\n"
     "            --print-config         print the resolved config and derived values, then exit\n"
     "            --profile              time ops by category (same as --set log.profile=true)\n"
     "            --gemm-rate            measure GEMM FLOP/s at the model's shapes and the\n"
@@ -117,7 +171,7 @@ static ct_status cmd_train(int argc, char **argv) {
     ct_config cfg;
     ct_config_defaults(&cfg);
     const char *config_path = NULL, *backend_name = "cpu";
-    bool print_config = false, gemm_rate = false;
+    bool print_config = false, gemm_rate = false, share_gpus = false;
     ct_train_options opts = {0};
     /* The file is loaded first and --set applied after, whatever their order on the line. */
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
@@ -149,6 +203,8 @@ static ct_status cmd_train(int argc, char **argv) {
             sets[n_sets++] = "log.profile=true";
         } else if (!strcmp(a, "--gemm-rate")) {
             gemm_rate = true;
+        } else if (!strcmp(a, "--share-gpus")) {
+            share_gpus = true;
         } else if (!strcmp(a, "--dump-params") || !strcmp(a, "--dump-init-params")) {
             if (!has_value)
                 st = usage_error("%s needs a file name", a);
@@ -180,6 +236,9 @@ static ct_status cmd_train(int argc, char **argv) {
     int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
     ct_backend *be = NULL;
     char chosen[256];
+    if (cfg.runtime_backend_cuda) st = pick_device(share_gpus);
+    if (world > 1) st = ct_mpi_agree(st);
+    if (st != CT_OK) return st;
     st = ct_backend_new(&be, backend_name, threads, chosen, sizeof chosen);
     /* every rank reaches the same verdict on the same build; a node without a device differs */
     if (world > 1) st = ct_mpi_agree(st);
@@ -208,6 +267,7 @@ static ct_status cmd_train(int argc, char **argv) {
         if (world > 1) {
             st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp, (int)cfg.derived.dp,
                              cfg.parallel.timeout_s);
+            if (st == CT_OK && !strcmp(be->iface->name, "cuda")) st = use_nccl(pctx, be);
         }
         if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, &opts, NULL);
         ct_pctx_free(pctx);

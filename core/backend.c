@@ -98,6 +98,25 @@ static void registry_names(char *buf, size_t cap) {
         used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", registry[i].name);
 }
 
+static int selected_device;
+
+void ct_backend_set_device(int device) {
+    selected_device = device;
+}
+
+int ct_backend_device(void) {
+    return selected_device;
+}
+
+int ct_backend_device_count(const char *name, char *why, size_t cap) {
+    const ct_backend_desc *desc = registry_find(name);
+    if (!desc || !desc->device_count) {
+        snprintf(why, cap, "backend %s has no devices", name);
+        return 0;
+    }
+    return desc->device_count(why, cap);
+}
+
 ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
                          size_t cap) {
     *out = NULL;

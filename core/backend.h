@@ -254,10 +254,22 @@ typedef struct ct_backend_desc {
      * written into why (e.g. "no usable CUDA device (cudaErrorInsufficientDriver)"). */
     bool (*usable)(char *why, size_t cap);
     bool accelerator; /* a candidate for "auto" */
+    /* NULL: not a device backend. Else how many devices this process sees (0 with the reason in
+     * why when none is usable). */
+    int (*device_count)(char *why, size_t cap);
 } ct_backend_desc;
 void ct_backend_register(const ct_backend_desc *desc);
 ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
                          size_t cap);
+/*
+ * Device selection for accelerator backends: the device ordinal the next one made opens (0 by
+ * default). cmd/ sets it from the node-local rank (one rank per GPU, DESIGN §4).
+ * ct_backend_device_count asks the named backend how many devices it sees (0 for a backend that
+ * is not a device backend, or not registered, or has none usable: why says which).
+ */
+void ct_backend_set_device(int device);
+int ct_backend_device(void);
+int ct_backend_device_count(const char *name, char *why, size_t cap);
 /* The CPU backend (only the registry and the CPU backend's own tests call it directly);
  * n_threads <= 0 means "what OpenMP would use". */
 ct_backend *ct_backend_cpu_new(int n_threads);

@@ -168,3 +168,17 @@ double ct_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+static void (*idle_hook)(void);
+
+void ct_set_idle_hook(void (*hook)(void)) {
+    idle_hook = hook;
+}
+
+bool ct_idle_hooked(void) {
+    return idle_hook != NULL;
+}
+
+void ct_idle(void) {
+    if (idle_hook) idle_hook();
+}

@@ -56,6 +56,16 @@ void ct_error_clear(void);
 /* Prints "cooktrain: <message>" and "hint: <hint>" to stderr (if a message is set). */
 void ct_error_print(void);
 
+/*
+ * The idle hook: what a host that waits for a device should run between polls. The NCCL comm sets
+ * it (its watchdog checks its operations there, and under the CUDA emulator it lets the
+ * communication streams move on); the CUDA backend's host waits poll and call ct_idle() while it
+ * is set, and block in the CUDA runtime otherwise. NULL clears it.
+ */
+void ct_set_idle_hook(void (*hook)(void));
+bool ct_idle_hooked(void);
+void ct_idle(void);
+
 /* The rank printed by CT_ASSERT and diagnostics; set once by the parallel layer (0 by default). */
 void ct_set_log_rank(int rank);
 int ct_log_rank(void);

@@ -16,6 +16,7 @@
  */
 #include "cuda/backend_cuda.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,8 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     return cx->workspace[slot];
 }
 
+static void host_wait(cudaStream_t stream, cudaEvent_t event);
+
 /* ---- memory -------------------------------------------------------------------------------- */
 
 static void *cuda_alloc(void *ctx, size_t bytes) {
@@ -84,13 +87,13 @@ static void cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float val
 static void cuda_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
-    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    host_wait(cx->stream, NULL);
 }
 
 static void cuda_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
-    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    host_wait(cx->stream, NULL);
 }
 
 static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
@@ -247,14 +250,35 @@ static void cuda_event_record(void *ctx, int event) {
     CT_CUDA_CHECK(cudaEventRecord(cx->events[event], cx->stream));
 }
 
+/* The host waits for the stream (or an event on it). While NCCL groups exist (the idle hook is
+ * set, common.h) it polls and runs the hook between polls: their watchdog sees a collective that
+ * never finishes instead of the host blocking in the runtime for ever, and under the emulator
+ * their streams move on. */
+static void host_wait(cudaStream_t stream, cudaEvent_t event) {
+    if (!ct_idle_hooked()) {
+        if (event)
+            CT_CUDA_CHECK(cudaEventSynchronize(event));
+        else
+            CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return;
+    }
+    for (;;) {
+        cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) CT_CUDA_CHECK(e);
+        ct_idle();
+        sched_yield();
+    }
+}
+
 static void cuda_event_wait(void *ctx, int event) {
     ct_cuda_ctx *cx = ctx;
-    CT_CUDA_CHECK(cudaEventSynchronize(cx->events[event]));
+    host_wait(cx->stream, cx->events[event]);
 }
 
 static void cuda_sync(void *ctx) {
     ct_cuda_ctx *cx = ctx;
-    CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    host_wait(cx->stream, NULL);
 }
 
 /* ---- the device ---------------------------------------------------------------------------- */
@@ -337,17 +361,32 @@ static const struct ct_backend_i cuda_iface = {
     .free_backend = cuda_free_backend,
 };
 
-bool ct_cuda_usable(char *why, size_t cap) {
+int ct_cuda_device_count(char *why, size_t cap) {
     int count = 0;
     /* The count is valid only on success: without a driver the runtime returns
      * cudaErrorInsufficientDriver and leaves it untouched. No driver and no device both mean
      * "no GPU here". */
     cudaError_t e = cudaGetDeviceCount(&count);
-    if (e == cudaSuccess && count > 0) return true;
+    if (e == cudaSuccess && count > 0) return count;
     (void)cudaGetLastError();
     snprintf(why, cap, "no usable CUDA device (%s)",
              e == cudaSuccess ? "cudaErrorNoDevice" : cudaGetErrorName(e));
-    return false;
+    return 0;
+}
+
+bool ct_cuda_usable(char *why, size_t cap) {
+    return ct_cuda_device_count(why, cap) > 0;
+}
+
+cudaStream_t ct_cuda_backend_stream(const ct_backend *be) {
+    CT_ASSERTF(be->iface == &cuda_iface, "backend %s is not the CUDA backend", be->iface->name);
+    return ((const ct_cuda_ctx *)be->ctx)->stream;
+}
+
+cudaEvent_t ct_cuda_backend_event(const ct_backend *be, int event) {
+    CT_ASSERTF(be->iface == &cuda_iface, "backend %s is not the CUDA backend", be->iface->name);
+    CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
+    return ((const ct_cuda_ctx *)be->ctx)->events[event];
 }
 
 ct_backend *ct_cuda_backend_new(int device) {
@@ -368,11 +407,14 @@ ct_backend *ct_cuda_backend_new(int device) {
 
 static ct_backend *create_cuda(int n_threads) {
     (void)n_threads;
-    return ct_cuda_backend_new(0);
+    return ct_cuda_backend_new(ct_backend_device());
 }
 
 void ct_cuda_register(void) {
-    static const ct_backend_desc desc = {
-        .name = "cuda", .create = create_cuda, .usable = ct_cuda_usable, .accelerator = true};
+    static const ct_backend_desc desc = {.name = "cuda",
+                                         .create = create_cuda,
+                                         .usable = ct_cuda_usable,
+                                         .accelerator = true,
+                                         .device_count = ct_cuda_device_count};
     ct_backend_register(&desc);
 }

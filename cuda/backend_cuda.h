@@ -19,6 +19,9 @@ void ct_cuda_register(void);
  * device count without checking the call's status. */
 bool ct_cuda_usable(char *why, size_t cap);
 
+/* How many CUDA devices this process sees; 0 with the reason in why when none is usable. */
+int ct_cuda_device_count(char *why, size_t cap);
+
 /* The backend on device `device` (its own compute stream, events and cuBLASLt handle). */
 ct_backend *ct_cuda_backend_new(int device);
 

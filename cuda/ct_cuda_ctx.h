@@ -42,6 +42,12 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes);
 /* Streaming multiprocessors of the device (grid sizing). */
 int ct_cuda_sm_count(const ct_cuda_ctx *cx);
 
+/* For the NCCL comm (comm_nccl.c): the compute stream and event `event` (CT_BACKEND_EVENTS of
+ * them) of a backend made by ct_cuda_backend_new; a CT_ASSERT for any other backend (check mode
+ * and the asynchronous stream cannot carry NCCL groups). */
+cudaStream_t ct_cuda_backend_stream(const ct_backend *be);
+cudaEvent_t ct_cuda_backend_event(const ct_backend *be, int event);
+
 #ifdef __cplusplus
 }
 #endif

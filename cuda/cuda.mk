@@ -3,11 +3,11 @@
 #   real      the .cu files by nvcc for CUDA_ARCHS (sm_80 and sm_90 by default) with ptxas's
 #             resource report kept beside each object ($(BUILD)/cuda/*.o.ptxas) and its spill,
 #             local-memory and front-end warnings as errors; the whole backend linked with cudart
-#             and cuBLAS(Lt) into $(BUILD)/libcooktrain-cuda.so, which $(BUILD)/cooktrain opens
+#             cuBLAS(Lt) and NCCL into $(BUILD)/libcooktrain-cuda.so, which $(BUILD)/cooktrain opens
 #             only when a run asks for CUDA (cuda/plugin.c says why). Needs nvcc.
 #   emulated  the same .cu files by g++ against cuda/emu/ (each CUDA thread a fiber), linked with
-#             the stand-ins of cudart and cuBLAS(Lt): $(BUILD)/cooktrain-cuemu and the CUDA op
-#             tests ($(BUILD)/test/test_cuda_*). Needs only the CUDA headers, no GPU.
+#             the stand-ins of cudart, cuBLAS(Lt) and NCCL: $(BUILD)/cooktrain-cuemu and the
+#             CUDA op tests ($(BUILD)/test/test_cuda_*). Needs only the CUDA headers, no GPU.
 #
 # CUDA=0 skips both. The host C files (cuda/*.c but the plugin loader) are compiled once, as
 # position-independent code, and linked into both builds: the host code is identical, only the
@@ -42,7 +42,7 @@ CUDA_PLUGIN := $(BUILD)/libcooktrain-cuda.so
 # cooktrain links the loader and exports its symbols, which the plugin calls back into
 CUDA_LIB := $(BUILD)/cuda/plugin.o
 CUDA_LDLIBS := -rdynamic -ldl
-CUDA_REPORT := CUDA backend: built for $(foreach a,$(CUDA_ARCHS),sm_$(a)) (nvcc; cudart, cuBLASLt; $(notdir $(CUDA_PLUGIN))) and emulated (g++, cuda/emu)
+CUDA_REPORT := CUDA backend: built for $(foreach a,$(CUDA_ARCHS),sm_$(a)) (nvcc; cudart, cuBLASLt, NCCL; $(notdir $(CUDA_PLUGIN))) and emulated (g++, cuda/emu)
 
 # ptxas's resource report (-v) goes to stderr: kept beside the object, shown on failure.
 $(BUILD)/cuda/%.o: cuda/%.cu
@@ -52,7 +52,7 @@ $(BUILD)/cuda/%.o: cuda/%.cu
 
 $(CUDA_PLUGIN): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
 	$(CC) -shared $^ -o $@ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
-	    -lcublasLt -lcublas -lcudart -lstdc++ -lm
+	    -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lm
 
 all: $(CUDA_PLUGIN)
 else
@@ -65,7 +65,7 @@ CUEMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -I. \
 CUEMU_KERNEL_OBJ := $(CUDA_KERNELS:%.cu=$(BUILD)/cuemu/%.o)
 CUEMU_LIB := $(BUILD)/libctcuda-emu.a
 # the backend sits in an archive that cmd/ reaches only through a weak reference
-CUEMU_LDLIBS := -Wl,-u,ct_cuda_register $(LDLIBS) -lstdc++
+CUEMU_LDLIBS := -Wl,-u,ct_cuda_register -Wl,-u,ct_comm_nccl_new $(LDLIBS) -lstdc++
 
 $(BUILD)/cuemu/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -80,7 +80,7 @@ $(CUEMU_LIB): $(CUDA_HOST_OBJ) $(CUEMU_KERNEL_OBJ)
 # they come first on the link line) and the GEMM's own test
 include cuda/emu/emu.mk
 include cuda/cublas.mk
-CUEMU_RUNTIME_LIB := $(BUILD)/libctcublasemu.a $(BUILD)/libctcudaemu.a
+CUEMU_RUNTIME_LIB := $(BUILD)/libctcublasemu.a $(BUILD)/libctncclemu.a $(BUILD)/libctcudaemu.a
 
 $(BUILD)/cooktrain-cuemu: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CUEMU_LIB) $(CUEMU_RUNTIME_LIB) \
                           $(CORE_LIB)
@@ -92,7 +92,17 @@ $(BUILD)/test/test_cuda_%: $(BUILD)/test/test_cuda_%.o $(PAR_LIB) $(CUEMU_LIB) \
 
 $(BUILD)/test/test_cuda_%.o: CFLAGS += -I$(CUDA_HOME)/include
 
-CUDA_TEST_BIN := $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/test_cuda_*.c))
+# the comm tests again, through the NCCL comm on emulated devices (test/mpi_test_comm.c says how)
+$(BUILD)/test/mpi_test_comm_nccl.o: test/mpi_test_comm.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -DCT_TEST_NCCL -c $< -o $@
+
+$(BUILD)/test/mpi_test_comm_nccl: $(BUILD)/test/mpi_test_comm_nccl.o $(PAR_LIB) $(CUEMU_LIB) \
+                                  $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
+
+CUDA_TEST_BIN := $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/test_cuda_*.c)) \
+                 $(BUILD)/test/mpi_test_comm_nccl
 all: $(BUILD)/cooktrain-cuemu $(CUDA_TEST_BIN)
 
 endif

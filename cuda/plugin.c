@@ -23,16 +23,23 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/comm.h"
 
 #define CT_CUDA_PLUGIN_NAME "libcooktrain-cuda.so"
 
 typedef bool (*usable_fn)(char *why, size_t cap);
 typedef ct_backend *(*backend_new_fn)(int device);
+typedef int (*device_count_fn)(char *why, size_t cap);
+typedef ct_comm *(*nccl_new_fn)(ct_comm *boot, ct_backend *be, double timeout_s);
+typedef void (*nccl_set_abort_fn)(void (*abort_job)(int));
 
 static struct {
     bool tried;
     usable_fn usable;
     backend_new_fn backend_new;
+    device_count_fn device_count;
+    nccl_new_fn nccl_new;
+    nccl_set_abort_fn nccl_set_abort;
     char error[512];
 } plugin;
 
@@ -52,14 +59,19 @@ static bool plugin_load(void) {
     snprintf(path + dir, sizeof path - dir, "%s", CT_CUDA_PLUGIN_NAME);
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        snprintf(plugin.error, sizeof plugin.error, "the CUDA backend library cannot be loaded (%s)",
-                 dlerror());
+        snprintf(plugin.error, sizeof plugin.error,
+                 "the CUDA backend library cannot be loaded (%s)", dlerror());
         return false;
     }
     plugin.usable = (usable_fn)dlsym(lib, "ct_cuda_usable");
     plugin.backend_new = (backend_new_fn)dlsym(lib, "ct_cuda_backend_new");
-    if (!plugin.usable || !plugin.backend_new) {
-        snprintf(plugin.error, sizeof plugin.error, "%.400s lacks the backend's entry points", path);
+    plugin.device_count = (device_count_fn)dlsym(lib, "ct_cuda_device_count");
+    plugin.nccl_new = (nccl_new_fn)dlsym(lib, "ct_comm_nccl_new");
+    plugin.nccl_set_abort = (nccl_set_abort_fn)dlsym(lib, "ct_comm_nccl_set_abort");
+    if (!plugin.usable || !plugin.backend_new || !plugin.device_count || !plugin.nccl_new ||
+        !plugin.nccl_set_abort) {
+        snprintf(plugin.error, sizeof plugin.error, "%.400s lacks the backend's entry points",
+                 path);
         plugin.usable = NULL;
         return false;
     }
@@ -76,7 +88,22 @@ static bool plugin_usable(char *why, size_t cap) {
 
 static ct_backend *plugin_create(int n_threads) {
     (void)n_threads;
-    return plugin.backend_new(0); /* the registry asked plugin_usable first */
+    return plugin.backend_new(ct_backend_device()); /* the registry asked plugin_usable first */
+}
+
+static int plugin_device_count(char *why, size_t cap) {
+    if (!plugin_load()) {
+        snprintf(why, cap, "%s", plugin.error);
+        return 0;
+    }
+    return plugin.device_count(why, cap);
+}
+
+ct_comm *ct_cuda_plugin_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s,
+                                 void (*abort_job)(int)) {
+    CT_ASSERTF(plugin_load(), "NCCL groups without the CUDA plugin: %s", plugin.error);
+    plugin.nccl_set_abort(abort_job);
+    return plugin.nccl_new(boot, be, timeout_s);
 }
 
 bool ct_cuda_plugin_usable(char *why, size_t cap) {
@@ -84,7 +111,10 @@ bool ct_cuda_plugin_usable(char *why, size_t cap) {
 }
 
 void ct_cuda_plugin_register(void) {
-    static const ct_backend_desc desc = {
-        .name = "cuda", .create = plugin_create, .usable = plugin_usable, .accelerator = true};
+    static const ct_backend_desc desc = {.name = "cuda",
+                                         .create = plugin_create,
+                                         .usable = plugin_usable,
+                                         .accelerator = true,
+                                         .device_count = plugin_device_count};
     ct_backend_register(&desc);
 }

@@ -17,4 +17,11 @@ void ct_cuda_plugin_register(void);
  * library cannot be loaded. */
 bool ct_cuda_plugin_usable(char *why, size_t cap);
 
+/* As ct_comm_nccl_new (comm_nccl.h), through the plugin, with the job's abort for the watchdog.
+ * Only after the backend was made (the plugin is loaded). */
+struct ct_comm;
+struct ct_backend;
+struct ct_comm *ct_cuda_plugin_nccl_new(struct ct_comm *boot, struct ct_backend *be,
+                                        double timeout_s, void (*abort_job)(int));
+
 #endif /* CT_CUDA_PLUGIN_H */

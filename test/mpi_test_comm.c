@@ -20,6 +20,15 @@
  * right tolerance for every dtype. Every check is agreed over all ranks (MPI_Allreduce of the
  * verdict) before rank 0 prints it; a failing rank prints its own detail first.
  *
+ * Built twice: as mpi_test_comm, the MPI comm on host memory; and with CT_TEST_NCCL as
+ * mpi_test_comm_nccl (linked with the emulated CUDA backend and the NCCL stand-in, cuda/emu/),
+ * where every group under test is the NCCL comm (cuda/comm_nccl.h) and every buffer the tests
+ * allocate is device memory: the same checks, through NCCL. Device results are read after a
+ * cudaDeviceSynchronize (the emulator's memory is host memory). The NCCL flavour leaves out what
+ * is MPI's alone (chunked operations, MPI_TAG_UB, the grid and agreement, which stay MPI) and
+ * has watchdog modes of its own: `watchdog` (a skipped collective) and `mismatch` (rank 1 calls
+ * another collective than the others: the stand-in's asynchronous error).
+ *
  * The collectives run again with the chunk limit lowered to a few elements, so that every
  * operation goes in pieces the way one above INT_MAX elements does (comm_mpi.h). Their names end
  * in "(chunks of K)", and their expectations are the same exact ones: splitting must not change
@@ -40,6 +49,13 @@
 #include "core/common.h"
 #include "parallel/comm_mpi.h"
 #include "parallel/context.h"
+
+#ifdef CT_TEST_NCCL
+#include <cuda_runtime_api.h>
+
+#include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
+#endif
 
 static int world_rank, world_size;
 static int n_ok, n_fail;
@@ -141,12 +157,35 @@ static double get(const void *buf, ct_dtype dt, int64_t i) {
     return NAN;
 }
 
+#ifdef CT_TEST_NCCL
+/* Device memory: what the NCCL comm carries (host buffers would go through its MPI group). */
+static void *alloc_garbage(int64_t n, ct_dtype dt) {
+    size_t bytes = (size_t)n * ct_dtype_size(dt);
+    void *p = NULL;
+    CT_ASSERT(cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess);
+    memset(p, 0xa5, bytes); /* so a missing write shows (the emulator's memory is host memory) */
+    return p;
+}
+static void free_buf(void *p) {
+    CT_ASSERT(cudaFree(p) == cudaSuccess);
+}
+/* Results on the device are read once the device is done (the comm only orders the compute
+ * stream after its operations, not the host). */
+static void device_sync(void) {
+    CT_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
+}
+#else
 static void *alloc_garbage(int64_t n, ct_dtype dt) {
     size_t bytes = (size_t)n * ct_dtype_size(dt);
     void *p = ct_xmalloc(bytes);
     memset(p, 0xa5, bytes); /* so a missing write shows */
     return p;
 }
+static void free_buf(void *p) {
+    free(p);
+}
+static void device_sync(void) {}
+#endif
 
 static void fill_input(void *buf, ct_dtype dt, int r, int64_t from, int64_t n, int salt) {
     for (int64_t i = 0; i < n; i++) put(buf, dt, i, input(dt, r, from + i, salt));
@@ -156,6 +195,7 @@ static void fill_input(void *buf, ct_dtype dt, int r, int64_t from, int64_t n, i
 #define EXPECT_ALL(buf, dt, n, want_expr)                                                          \
     ({                                                                                             \
         bool ok_ = true;                                                                           \
+        device_sync();                                                                             \
         for (int64_t i = 0; i < (n) && ok_; i++) {                                                 \
             double got_ = get((buf), (dt), i), want_ = (double)(want_expr);                        \
             if (got_ != want_)                                                                     \
@@ -210,7 +250,7 @@ static void test_allreduce(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, 
     ct_comm_wait(c, left);
     check(ok, "%sallreduce %s %s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt), op_names[op],
           completion_names[how], tag);
-    free(buf);
+    free_buf(buf);
 }
 
 static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_t n, bool in_place,
@@ -230,8 +270,8 @@ static void test_reduce_scatter(ct_comm *c, ct_dtype dt, ct_reduce_op op, int64_
     ct_comm_wait(c, left);
     check(ok, "%sreduce_scatter %s %s%s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt),
           op_names[op], in_place ? " in place" : "", completion_names[how], tag);
-    if (!in_place) free(recv);
-    free(send);
+    if (!in_place) free_buf(recv);
+    free_buf(send);
 }
 
 static void test_allgather(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, completion how,
@@ -251,8 +291,8 @@ static void test_allgather(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, co
     ct_comm_wait(c, left);
     check(ok, "%sallgather %s%s%s%s", how == BLOCKING ? "" : "i", ct_dtype_name(dt),
           in_place ? " in place" : "", completion_names[how], tag);
-    if (!in_place) free(send);
-    free(recv);
+    if (!in_place) free_buf(send);
+    free_buf(recv);
 }
 
 static void test_broadcast(ct_comm *c, ct_dtype dt, int64_t n, int root, const char *tag) {
@@ -261,7 +301,7 @@ static void test_broadcast(ct_comm *c, ct_dtype dt, int64_t n, int root, const c
     ct_comm_broadcast(c, buf, n, dt, root);
     bool ok = EXPECT_ALL(buf, dt, n, input(dt, root, i, 9));
     check(ok, "broadcast %s from rank %d%s", ct_dtype_name(dt), root, tag);
-    free(buf);
+    free_buf(buf);
 }
 
 static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, const char *tag) {
@@ -274,8 +314,8 @@ static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, c
     /* Block j of my result is block r of rank j's input. */
     bool ok = EXPECT_ALL(recv, dt, n, input(dt, (int)(i / s), r * s + i % s, 21));
     check(ok, "all_to_all %s%s%s", ct_dtype_name(dt), in_place ? " in place" : "", tag);
-    if (!in_place) free(recv);
-    free(send);
+    if (!in_place) free_buf(recv);
+    free_buf(send);
 }
 
 /* Every rank sends to its right neighbour and receives from its left one, in both directions. */
@@ -296,10 +336,10 @@ static void test_ring(ct_comm *c, ct_dtype dt, int64_t n, const char *tag) {
     bool ok = EXPECT_ALL(from_left, dt, n, input(dt, left, i, 1)) &&
               EXPECT_ALL(from_right, dt, n, input(dt, right, i, 2));
     check(ok, "isend/irecv ring both ways %s%s", ct_dtype_name(dt), tag);
-    free(to_right);
-    free(to_left);
-    free(from_left);
-    free(from_right);
+    free_buf(to_right);
+    free_buf(to_left);
+    free_buf(from_left);
+    free_buf(from_right);
 }
 
 /* Several messages in flight between the same pair with the same tag, of different lengths, plus
@@ -331,8 +371,8 @@ static void test_p2p_same_tag(ct_comm *c, ct_dtype dt, int64_t n, const char *ta
     check(ok, "isend/irecv: %d messages in flight to one peer, same tag, in order %s%s", K,
           ct_dtype_name(dt), tag);
     for (int k = 0; k < K; k++) {
-        free(out[k]);
-        free(in[k]);
+        free_buf(out[k]);
+        free_buf(in[k]);
     }
 }
 
@@ -365,10 +405,10 @@ static void test_many_in_flight(ct_comm *c, int64_t shard, const char *tag) {
     ct_comm_wait(c, ra);
     ct_comm_wait(c, rb);
     check(ok, "three collectives in flight, completed by test, waited out of order%s", tag);
-    free(a);
-    free(b);
-    free(g_send);
-    free(g_recv);
+    free_buf(a);
+    free_buf(b);
+    free_buf(g_send);
+    free_buf(g_recv);
 }
 
 /* bf16 sums round to nearest even, not truncate. Only ranks 0 and 1 contribute non-zero values
@@ -523,7 +563,13 @@ static void test_collectives(ct_comm *c) {
     ct_comm_barrier(c);
     check(true, "barrier");
     test_counters(c, 1000, "");
+#ifdef CT_TEST_NCCL
+    check(ct_comm_max_tag(c) == INT_MAX, "ct_comm_max_tag is INT_MAX on an NCCL group (no tags)");
+    (void)test_max_tag;
+    return; /* chunked operations are the MPI comm's */
+#else
     test_max_tag(c);
+#endif
 
     /* Counts above the chunk limit are split into pieces (comm_mpi.h). Small limits exercise
      * the splitting of > INT_MAX counts on small buffers, with the same exact expectations: 7
@@ -939,6 +985,69 @@ static int big_mode(void) {
     return n_fail ? 1 : 0;
 }
 
+#ifdef CT_TEST_NCCL
+static ct_backend *device_backend;
+
+/* An NCCL group of the ranks of `comm` (a duplicate or split of the world). */
+static ct_comm *nccl_group(MPI_Comm comm, const char *name, double timeout_s) {
+    ct_comm *c =
+        ct_comm_nccl_new(ct_comm_mpi_new(comm, name, timeout_s), device_backend, timeout_s);
+    CT_ASSERTF(c != NULL, "ct_comm_nccl_new: %s", ct_error_message());
+    return c;
+}
+
+/* Rank 1 skips the second allreduce (or, for `mismatch`, calls an allgather in its place): the
+ * others must end within about the 2 s limit with the watchdog's report (or the asynchronous
+ * error's), not hang. The wait that notices is the backend's host wait (ct_backend_sync). */
+static int nccl_watchdog_mode(bool mismatch) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm_nccl_set_abort(ct_mpi_abort);
+    ct_comm *c = nccl_group(dup, "dp", 2.0);
+    float *x = alloc_garbage(1024, CT_DTYPE_F32);
+    ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* sequence #1: everyone */
+    ct_backend_sync(device_backend);
+    if (world_rank == 1 && !mismatch) {
+        for (int i = 0; i < 120; i++) sleep(1); /* the abort from another rank ends this */
+    } else if (world_rank == 1) {
+        ct_comm_allgather(c, x + c->rank * (1024 / c->size), x, 1024, CT_DTYPE_F32);
+        ct_backend_sync(device_backend);
+    } else {
+        ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* #2: never completes */
+        ct_backend_sync(device_backend);
+    }
+    fprintf(stderr, "rank %d: the watchdog did not fire\n", world_rank);
+    return 3;
+}
+/* The NCCL flavour's checks (the file's comment says which). */
+static int nccl_main(const char *mode) {
+    /* one emulated device per rank (CUEMU_DEVICES), as cmd/ picks them */
+    device_backend = ct_cuda_backend_new(ct_mpi_local_rank());
+    if (!strcmp(mode, "watchdog")) return nccl_watchdog_mode(false);
+    if (!strcmp(mode, "mismatch")) return nccl_watchdog_mode(true);
+    CT_ASSERTF(!mode[0], "unknown mode '%s'", mode);
+    double t0 = ct_now();
+    MPI_Comm dup, half;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *world = nccl_group(dup, "world", 120.0);
+    check(world->size == world_size && world->rank == world_rank,
+          "ct_comm_nccl_new: a group of the world's ranks");
+    test_collectives(world);
+    ct_comm_free(world);
+    /* a group of part of the world: ranks of the same parity, in reverse order */
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_size - world_rank, &half);
+    ct_comm *part = nccl_group(half, "dp", 120.0);
+    test_matrix(part, (int64_t)part->size * 37, " (group of ranks of one parity)");
+    ct_comm_free(part);
+    ct_backend_free(device_backend);
+    if (world_rank == 0)
+        printf("mpi_test_comm_nccl np%d: %d ok, %d failed, %.1f s\n", world_size, n_ok, n_fail,
+               ct_now() - t0);
+    ct_mpi_finalize();
+    return n_fail ? 1 : 0;
+}
+#endif
+
 int main(int argc, char **argv) {
     if (ct_mpi_init(&argc, &argv) != CT_OK) {
         ct_error_print();
@@ -947,6 +1056,9 @@ int main(int argc, char **argv) {
     world_rank = ct_mpi_world_rank();
     world_size = ct_mpi_world_size();
     const char *mode = argc > 1 ? argv[1] : "";
+#ifdef CT_TEST_NCCL
+    return nccl_main(mode);
+#endif
     if (!strcmp(mode, "watchdog")) return watchdog_mode(0);
     if (!strcmp(mode, "watchdog_recv")) return watchdog_recv_mode(0);
     if (!strcmp(mode, "watchdog_chunked")) return watchdog_mode(100);

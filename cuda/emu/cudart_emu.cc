@@ -14,7 +14,11 @@
  *   cudaStreamSynchronize(s)      s's queue (and, first, what s waits on through events);
  *   cudaEventSynchronize(e)       e's stream up to e;
  *   cudaStreamQuery/EventQuery    report cudaErrorNotReady once when work is pending, and run it
- *                                 (a later query reports success), so polling code terminates;
+ *                                 (a later query reports success), so polling code terminates —
+ *                                 up to the first item that has not finished: library work that
+ *                                 waits for other processes (the NCCL stand-in's collectives) is
+ *                                 a polled item, which a query never blocks on and a synchronize
+ *                                 calls until it finishes;
  *   cudaDeviceSynchronize, cudaMemcpy, cudaMemset, cudaFree: every stream.
  * So a host read without the sync it needs sees poison or stale values. Stream 0 (and
  * cudaStreamLegacy, cudaStreamPerThread) is the legacy default stream: work queued on it first
@@ -33,6 +37,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -94,12 +99,16 @@ std::map<uintptr_t, size_t>::iterator find_allocation(const void *p, size_t byte
 }
 
 /* ---- streams and events -------------------------------------------------------------------- */
+/* A queued item returns true when it has finished; false means "not yet" (a library stand-in
+ * waiting for other processes, cuemu_stream_enqueue_poll): it stays at the front of its stream
+ * and is called again. */
 struct stream_impl {
-    std::deque<std::function<void()>> queue;
+    std::deque<std::function<bool()>> queue;
     uint64_t enqueued = 0, done = 0; /* items ever queued, items run */
     bool blocking = true;            /* synchronizes with the legacy stream */
     bool destroyed = false;
     bool reported_not_ready = false;
+    bool running = false; /* its front item is running (a wait cycle must not re-enter it) */
 };
 struct event_impl {
     unsigned flags = 0;
@@ -131,15 +140,36 @@ event_impl *event_of(cudaEvent_t e) {
  * the sync points it reaches drain nothing (draining would run later items before it ends). */
 int work_depth;
 
-void run_stream_until(stream_impl *s, uint64_t seq) {
+/* Whether the sync point being served may wait for an unfinished item (cudaStreamSynchronize and
+ * the like: call it again until it finishes) or must not (cudaStreamQuery, cudaEventQuery: stop
+ * there and report not ready), so a query never blocks on another process, as on a GPU. */
+bool may_block = true;
+
+struct blocking_scope {
+    bool saved;
+    explicit blocking_scope(bool block) : saved(may_block) { may_block = block; }
+    ~blocking_scope() { may_block = saved; }
+};
+
+/* Runs s's items up to position seq; false when an unfinished item stopped it (only when
+ * may_block is false, or on a wait cycle that re-enters s). */
+bool run_stream_until(stream_impl *s, uint64_t seq) {
     while (s->done < seq && !s->queue.empty()) {
-        std::function<void()> work = std::move(s->queue.front());
-        s->queue.pop_front(); /* before running it: work may run other streams' queues */
+        if (s->running) return false;
+        s->running = true;
         work_depth++;
-        work();
+        bool finished = s->queue.front()();
         work_depth--;
+        s->running = false;
+        if (!finished) {
+            if (!may_block) return false;
+            std::this_thread::yield();
+            continue;
+        }
+        s->queue.pop_front();
         s->done++;
     }
+    return s->done >= seq;
 }
 
 /* The sync points: each a no-op inside queued work (see work_depth). */
@@ -164,18 +194,18 @@ void run_everything() {
     }
 }
 
-void push(stream_impl *s, std::function<void()> work) {
+void push(stream_impl *s, std::function<bool()> work) {
     s->queue.push_back(std::move(work));
     s->enqueued++;
 }
 
 void push_wait(stream_impl *s, stream_impl *on, uint64_t seq) {
-    push(s, [on, seq]() { run_stream_until(on, seq); });
+    push(s, [on, seq]() { return run_stream_until(on, seq); });
 }
 
-void enqueue(stream_impl *s, std::function<void()> work) {
+void enqueue_poll(stream_impl *s, std::function<bool()> work) {
     if (work_depth > 0) {
-        work();
+        while (!work()) std::this_thread::yield();
         return;
     }
     if (s == &legacy_stream) {
@@ -185,6 +215,13 @@ void enqueue(stream_impl *s, std::function<void()> work) {
         push_wait(s, &legacy_stream, legacy_stream.enqueued);
     }
     push(s, std::move(work));
+}
+
+void enqueue(stream_impl *s, std::function<void()> work) {
+    enqueue_poll(s, [work = std::move(work)]() {
+        work();
+        return true;
+    });
 }
 
 bool bad_stream(cudaStream_t s) {
@@ -208,6 +245,11 @@ cudaError_t refuse_launch(const cuemu_launch_info &info, cudaError_t e, const ch
 void cuemu_stream_enqueue(cudaStream_t stream, std::function<void()> work) {
     CUEMU_LOCKED;
     enqueue(stream_of(stream), std::move(work));
+}
+
+void cuemu_stream_enqueue_poll(cudaStream_t stream, std::function<bool()> work) {
+    CUEMU_LOCKED;
+    enqueue_poll(stream_of(stream), std::move(work));
 }
 
 bool cuemu_is_device_pointer(const void *p, size_t bytes) {
@@ -635,6 +677,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
     stream_impl *s = stream_of(stream);
     if (s->done == s->enqueued) return cudaSuccess;
+    blocking_scope scope(false);
     run_stream(s);
     return cudaErrorNotReady; /* not recorded as an error, as in the real runtime */
 }
@@ -714,6 +757,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event || event_of(event)->destroyed) return fail(cudaErrorInvalidResourceHandle);
     event_impl *e = event_of(event);
     if (!e->stream || e->complete) return cudaSuccess;
+    blocking_scope scope(false);
     run_event(e->stream, e->seq);
     return cudaErrorNotReady;
 }

@@ -76,6 +76,10 @@ void cuemu_set_order(cuemu_order order, unsigned seed);
  * call the runtime: what it queues (copies, launches) runs at once, inside it, and the sync points
  * it reaches drain nothing, so stream order holds. */
 void cuemu_stream_enqueue(cudaStream_t stream, std::function<void()> work);
+/* The same for work that waits on something outside the process (the NCCL stand-in's MPI
+ * requests): `work` is called when the stream reaches it and again until it returns true;
+ * queries stop at it while it returns false, synchronizations keep calling it. */
+void cuemu_stream_enqueue_poll(cudaStream_t stream, std::function<bool()> work);
 
 /* True when [p, p + bytes) lies inside one live cudaMalloc allocation. */
 bool cuemu_is_device_pointer(const void *p, size_t bytes);

@@ -3,6 +3,8 @@
 #   $(BUILD)/libctcudaemu.a              the scheduler (cuemu.cc) and the cudart stand-in
 #                                        (cudart_emu.cc), linked instead of libcudart by the
 #                                        emulated build (cuda/cuda.mk)
+#   $(BUILD)/libctncclemu.a              the NCCL stand-in (nccl_emu.cc, over MPI), linked
+#                                        instead of libnccl
 #   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli_cuda_emu.sh runs them)
 #   $(BUILD)/test/cuemu_selftest_asan    the same under AddressSanitizer (fibers switch with
 #                                        swapcontext there, which ASan can follow)
@@ -38,6 +40,12 @@ $(BUILD)/libctcudaemu.a: $(CUEMU_RUNTIME_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# the NCCL stand-in (over MPI): linked into the emulated cooktrain and the comm tests only
+$(BUILD)/cuemu-rt/cuda/emu/nccl_emu.o: CUEMU_RT_CXXFLAGS += $(shell pkg-config --cflags ompi-c)
+$(BUILD)/libctncclemu.a: $(BUILD)/cuemu-rt/cuda/emu/nccl_emu.o
+	@rm -f $@
+	ar rcs $@ $^
+
 $(BUILD)/test/cuemu_selftest: $(BUILD)/cuemu-rt/test/cuemu_selftest.o $(BUILD)/libctcudaemu.a
 	@mkdir -p $(dir $@)
 	$(CXX) $^ -o $@
@@ -47,7 +55,7 @@ $(BUILD)/test/cuemu_selftest_asan: $(BUILD)/cuemu-asan/test/cuemu_selftest.o \
 	@mkdir -p $(dir $@)
 	$(CXX) -fsanitize=address $^ -o $@
 
-all: $(BUILD)/libctcudaemu.a $(BUILD)/test/cuemu_selftest $(BUILD)/test/cuemu_selftest_asan
+all: $(BUILD)/libctcudaemu.a $(BUILD)/libctncclemu.a $(BUILD)/test/cuemu_selftest $(BUILD)/test/cuemu_selftest_asan
 
 endif
 endif

@@ -7,6 +7,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,7 +427,19 @@ static void mpi_wait(void *ctx, ct_comm_request *req) {
         watchdog_arm(g, req);
         for (int i = 0; i < req->n_mpi; i++) {
             if (req->mpi[i] == MPI_REQUEST_NULL) continue; /* finished before */
-            CT_MPI_CHECK(MPI_Wait(&req->mpi[i], MPI_STATUS_IGNORE));
+            if (ct_idle_hooked()) {
+                /* A device works on while the host waits; an emulated one only when the host
+                 * lets it (the idle hook): test and let it, instead of blocking in MPI. */
+                int flag = 0;
+                for (;;) {
+                    CT_MPI_CHECK(MPI_Test(&req->mpi[i], &flag, MPI_STATUS_IGNORE));
+                    if (flag) break;
+                    ct_idle();
+                    sched_yield();
+                }
+            } else {
+                CT_MPI_CHECK(MPI_Wait(&req->mpi[i], MPI_STATUS_IGNORE));
+            }
             request_piece_done(g, req, i);
         }
         watchdog_disarm();
@@ -770,7 +783,7 @@ static ct_comm_request *mpi_irecv(void *ctx, void *buf, int64_t n, ct_dtype dtyp
  * them are unfinished. */
 #define BLOCKING(g, n, dtype, start)                                                               \
     do {                                                                                           \
-        (g)->blocking = (n) <= piece_limit(dtype);                                                 \
+        (g)->blocking = (n) <= piece_limit(dtype) && !ct_idle_hooked();                            \
         ct_comm_request *req_ = (start);                                                           \
         (g)->blocking = false;                                                                     \
         mpi_wait((g), req_);                                                                       \

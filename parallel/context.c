@@ -4,6 +4,7 @@
 #include "context.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +211,25 @@ ct_status ct_pctx_agree(const ct_pctx *pctx, ct_status local) {
     return pctx->world_size > 1 ? ct_mpi_agree(local) : local;
 }
 
+/* MPI_MAX of one int over the world. While a device works on (the idle hook is set, common.h)
+ * the host tests and runs the hook instead of blocking in MPI, as comm_mpi.c's waits do: an
+ * emulated device moves only when the host lets it, and another rank may wait for its transfer. */
+static void world_max(const int *mine, int *out) {
+    if (!ct_idle_hooked()) {
+        CT_MPI_CHECK(MPI_Allreduce(mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        return;
+    }
+    MPI_Request req;
+    int flag = 0;
+    CT_MPI_CHECK(MPI_Iallreduce(mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req));
+    for (;;) {
+        CT_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+        if (flag) return;
+        ct_idle();
+        sched_yield();
+    }
+}
+
 ct_status ct_mpi_agree(ct_status local) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -217,10 +237,10 @@ ct_status ct_mpi_agree(ct_status local) {
     /* First the worst severity; then, negated so that MAX finds the lowest, the lowest rank
      * with that severity, whose message then matches the status everyone returns. */
     int sev = severity(local), worst_sev = 0, neg_root = 0;
-    CT_MPI_CHECK(MPI_Allreduce(&sev, &worst_sev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    world_max(&sev, &worst_sev);
     if (worst_sev == 0) return CT_OK;
     int neg_mine = sev == worst_sev ? -world_rank : -world_size;
-    CT_MPI_CHECK(MPI_Allreduce(&neg_mine, &neg_root, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    world_max(&neg_mine, &neg_root);
     int root = -neg_root;
     ct_status worst = worst_sev == 2 ? CT_ERR_RUNTIME : CT_ERR_INPUT;
 

@@ -33,9 +33,11 @@
  * initialised (the product bootstraps with MPI anyway).
  *
  * Execution: an operation is queued on its stream. When the stream reaches it, it copies its
- * input (the moment a kernel would read it), checks that every rank called the same operation,
- * starts the non-blocking MPI transfer, and finishes when the transfer has: then it writes its
- * output in one piece. So a caller that forgets to order the stream after the compute that
+ * input (the moment a kernel would read it) and starts, non-blocking, both the exchange of call
+ * descriptors (to check that every rank called the same operation) and the transfer, on two
+ * communicators; from then on it needs only MPI's progress, which any MPI call of the process
+ * makes, as a GPU needs no host. It finishes when both have: then it writes its output in one
+ * piece. So a caller that forgets to order the stream after the compute that
  * writes the input sends stale data, and one that reads the output without waiting for the
  * stream reads the old contents — wrong results, as on a GPU. Reductions gather every rank's
  * input and add in rank order (deterministic; bf16 widened to float, rounded once). A polled
@@ -59,7 +61,8 @@
 #include <nccl.h>
 
 struct ncclComm {
-    MPI_Comm mpi = MPI_COMM_NULL;
+    MPI_Comm mpi = MPI_COMM_NULL;  /* the descriptors every rank's call is checked against */
+    MPI_Comm data = MPI_COMM_NULL; /* the transfers: a duplicate, so a mismatch never mixes them */
     int rank = 0, nranks = 0;
     uint64_t issued = 0; /* collectives queued (their sequence numbers) */
     std::atomic<int> async_error{ncclSuccess};
@@ -137,6 +140,7 @@ struct op_state {
     ncclComm_t comm;
     cudaStream_t stream;
     int phase = 0; /* 0 not started, 1 agreeing on descriptors, 2 transferring, 3 done */
+    MPI_Request desc_req = MPI_REQUEST_NULL;
     op_desc mine{};
     std::vector<op_desc> all_desc;
     std::vector<unsigned char> input, output;
@@ -336,37 +340,53 @@ bool advance(op_state &o) {
     size_t es = dtype_size(o.dtype), b = o.count * es;
     if (o.phase == 3) return true;
     if (c->aborted.load() || c->async_error.load() != ncclSuccess) {
-        if (o.req != MPI_REQUEST_NULL) {
-            MPI_Cancel(&o.req);
-            MPI_Request_free(&o.req);
-        }
-        o.phase = 3;
+        o.phase = 3; /* its MPI requests are left behind: the job is ending */
         return true;
     }
     if (o.phase == 0) {
-        /* the stream has reached the operation: this is when a kernel would read its input */
+        /* The stream has reached the operation: this is when a kernel would read its input.
+         * Descriptors and data are both started now, so that once started, the operation needs
+         * nothing but MPI's progress (any MPI call of this process) to finish, as a GPU needs no
+         * host: a process blocked in MPI elsewhere still lets the others' operation complete. */
         size_t sb = send_bytes(o);
         o.input.assign((const unsigned char *)o.send, (const unsigned char *)o.send + sb);
-        if (o.kind == OP_SEND) {
-            MPI_Isend(o.input.data(), (int)b, MPI_BYTE, o.peer, 0, c->mpi, &o.req);
-            o.phase = 2;
-        } else if (o.kind == OP_RECV) {
-            o.output.resize(b);
-            MPI_Irecv(o.output.data(), (int)b, MPI_BYTE, o.peer, 0, c->mpi, &o.req);
-            o.phase = 2;
-        } else {
+        o.output.resize(o.kind == OP_ALLREDUCE || o.kind == OP_ALLGATHER ||
+                                o.kind == OP_REDUCE_SCATTER
+                            ? b * (size_t)n
+                            : b);
+        switch (o.kind) {
+        case OP_SEND:
+            MPI_Isend(o.input.data(), (int)b, MPI_BYTE, o.peer, 0, c->data, &o.req);
+            break;
+        case OP_RECV:
+            MPI_Irecv(o.output.data(), (int)b, MPI_BYTE, o.peer, 0, c->data, &o.req);
+            break;
+        case OP_ALLREDUCE:
+        case OP_ALLGATHER:
+            MPI_Iallgather(o.input.data(), (int)b, MPI_BYTE, o.output.data(), (int)b, MPI_BYTE,
+                           c->data, &o.req);
+            break;
+        case OP_REDUCE_SCATTER:
+            MPI_Ialltoall(o.input.data(), (int)b, MPI_BYTE, o.output.data(), (int)b, MPI_BYTE,
+                          c->data, &o.req);
+            break;
+        case OP_BROADCAST:
+            if (c->rank == o.peer) memcpy(o.output.data(), o.input.data(), b);
+            MPI_Ibcast(o.output.data(), (int)b, MPI_BYTE, o.peer, c->data, &o.req);
+            break;
+        }
+        if (o.kind != OP_SEND && o.kind != OP_RECV) {
             o.all_desc.resize((size_t)n);
             MPI_Iallgather(&o.mine, (int)sizeof o.mine, MPI_BYTE, o.all_desc.data(),
-                           (int)sizeof o.mine, MPI_BYTE, c->mpi, &o.req);
-            o.phase = 1;
+                           (int)sizeof o.mine, MPI_BYTE, c->mpi, &o.desc_req);
         }
+        o.phase = 1;
     }
     int flag = 0;
-    MPI_Status status;
-    MPI_Test(&o.req, &flag, &status);
-    if (!flag) return false;
     if (o.phase == 1) {
-        for (int r = 0; r < n; r++) {
+        MPI_Test(&o.desc_req, &flag, MPI_STATUS_IGNORE); /* a null request: done at once */
+        if (!flag) return false;
+        for (int r = 0; r < n && o.kind != OP_SEND && o.kind != OP_RECV; r++) {
             const op_desc &d = o.all_desc[(size_t)r];
             if (memcmp(&d, &o.mine, sizeof d) != 0) {
                 char a[160], x[160];
@@ -375,33 +395,15 @@ bool advance(op_state &o) {
                         "%s\n",
                         c->rank, n, describe(o.mine, a, sizeof a), r, describe(d, x, sizeof x));
                 c->async_error.store(ncclInvalidUsage);
-                o.phase = 3;
+                o.phase = 3; /* the transfer, mismatched, is abandoned with the communicator */
                 return true;
             }
         }
-        o.output.resize(o.kind == OP_ALLREDUCE || o.kind == OP_ALLGATHER ||
-                                o.kind == OP_REDUCE_SCATTER
-                            ? b * (size_t)n
-                            : b);
-        switch (o.kind) {
-        case OP_ALLREDUCE:
-        case OP_ALLGATHER:
-            MPI_Iallgather(o.input.data(), (int)b, MPI_BYTE, o.output.data(), (int)b, MPI_BYTE,
-                           c->mpi, &o.req);
-            break;
-        case OP_REDUCE_SCATTER:
-            MPI_Ialltoall(o.input.data(), (int)b, MPI_BYTE, o.output.data(), (int)b, MPI_BYTE,
-                          c->mpi, &o.req);
-            break;
-        case OP_BROADCAST:
-            if (c->rank == o.peer) memcpy(o.output.data(), o.input.data(), b);
-            MPI_Ibcast(o.output.data(), (int)b, MPI_BYTE, o.peer, c->mpi, &o.req);
-            break;
-        default: break;
-        }
         o.phase = 2;
-        return false;
     }
+    MPI_Status status;
+    MPI_Test(&o.req, &flag, &status);
+    if (!flag) return false;
     /* phase 2: the transfer is complete; write the result in one piece */
     unsigned char *out = (unsigned char *)o.recv;
     switch (o.kind) {
@@ -584,6 +586,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId comm_id
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(c->mpi, &c->data);
     c->rank = rank;
     c->nranks = nranks;
     *comm = c;
@@ -619,7 +622,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (comm->destroyed) return complain(ncclInvalidArgument, "ncclCommDestroy", "destroyed twice");
     /* NCCL waits for the communicator's queued work; its streams are the caller's to drain */
     comm->destroyed = true;
-    if (!comm->aborted.load() && comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
+    if (!comm->aborted.load() && comm->mpi != MPI_COMM_NULL) {
+        MPI_Comm_free(&comm->data);
+        MPI_Comm_free(&comm->mpi);
+    }
     /* kept, not deleted: queued items may still point at it after an abort */
     return ncclSuccess;
 }

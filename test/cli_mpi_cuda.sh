@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Multi-rank runs of the CUDA backend under emulation (DESIGN §10), with the NCCL comm
+# (cuda/comm_nccl.c) over the NCCL stand-in (cuda/emu/nccl_emu.cc), one emulated device per rank
+# (CUEMU_DEVICES):
+#   - the comm tests of the MPI comm, through NCCL on device buffers (mpi_test_comm_nccl at 1, 2
+#     and 4 ranks: every op, dtype, in-place form and completion, a part-of-the-world group,
+#     the byte counters);
+#   - the watchdog: a rank that skips a collective, and one that calls another collective than
+#     the others, end the job with the report (exit 1), not a hang;
+#   - device selection: more ranks on the node than devices is refused (exit 2, hint) unless
+#     --share-gpus;
+#   - training: dp2 with ZeRO-1 and ZeRO-3, tp2 with sequence parallelism, pp2 1F1B, pp2
+#     interleaved (x dp2) and tp2 x pp2 give the CPU backend's world-size-1 results within the
+#     fp32 tolerance of test/compare_runs.py (the emulated kernels sum in other orders than the
+#     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance;
+#   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
+# MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+
+EMU=$BUILD/cooktrain-cuemu
+COMM=$BUILD/test/mpi_test_comm_nccl
+if [ ! -x "$EMU" ] || [ ! -x "$COMM" ]; then
+    ok "emulated multi-rank CUDA tests skipped: $EMU or $COMM not built (needs the CUDA headers)"
+    exit 0
+fi
+
+# ---- the comm tests through NCCL ---------------------------------------------------------------
+for np in 1 2 4; do
+    selected "comm np=$np" || continue
+    out=$(CUEMU_DEVICES=$np "${MPIRUN[@]}" -x CUEMU_DEVICES -np "$np" "$COMM" 2>&1 </dev/null)
+    rc=$?
+    n_ok=$(printf '%s\n' "$out" | grep -c '^ok ')
+    printf '%s\n' "$out" | grep -E '^FAIL |^    rank ' | head -20
+    if [ $rc = 0 ] && [ "$n_ok" -gt 300 ]; then
+        ok "NCCL comm at $np ranks: $n_ok checks of mpi_test_comm pass through NCCL"
+    else
+        fail "NCCL comm at $np ranks: exit $rc, $n_ok checks passed"
+        printf '%s\n' "$out" | grep -v '^ok ' | tail -8 | sed 's/^/    /'
+    fi
+done
+
+# nccl_abort_run MODE WANT...: the job must end within a few times the 2 s limit, non-zero.
+nccl_abort_run() {
+    local mode=$1 t0 rc
+    shift
+    t0=$(date +%s)
+    OUT_TEXT=$(CUEMU_DEVICES=2 timeout 60 mpirun --oversubscribe --bind-to none -x CUEMU_DEVICES \
+        -np 2 "$COMM" "$mode" 2>&1 </dev/null)
+    rc=$?
+    local elapsed=$(($(date +%s) - t0))
+    if [ $rc != 0 ] && [ $rc != 124 ] && [ $elapsed -lt 30 ]; then
+        ok "NCCL $mode: the job ends (exit $rc after ${elapsed} s, limit 2 s)"
+    else
+        fail "NCCL $mode: exit $rc after ${elapsed} s (want an abort well before 30 s)"
+        printf '%s\n' "$OUT_TEXT" | tail -8 | sed 's/^/    /'
+    fi
+    for want in "$@"; do expect_text "$want" "NCCL $mode: report names '$want'"; done
+}
+if selected "watchdog"; then
+    nccl_abort_run watchdog "collective timed out on rank 0 after" "group dp (rank 0 of 2)" \
+        "op allreduce (f32 sum)" "4096 bytes" "sequence #2 (NCCL)" "hint:" "parallel.timeout_s"
+    nccl_abort_run mismatch "rank 1 called ncclAllGather(count 512, float32) #1" \
+        "NCCL reported an asynchronous error on rank 0: invalid usage (ncclInvalidUsage)"
+fi
+
+# ---- devices -------------------------------------------------------------------------------------
+ensure_test_data
+base=(train --config configs/test-tiny.yaml --set train.threads=1
+      --set data.train="$TEST_DATA/train.bin" --set train.eps=1e-6
+      --set train.steps=2 --set train.warmup_steps=1)
+if selected "devices"; then
+    expect_exit 2 "2 ranks on 1 emulated device are refused" -- env CUEMU_DEVICES=1 \
+        "${MPIRUN[@]}" -x CUEMU_DEVICES -np 2 "$EMU" "${base[@]}" --backend cuda
+    expect_text "2 ranks on this node but 1 CUDA device" "the refusal counts ranks and devices"
+    expect_text "hint: run one rank per GPU" "the refusal has a hint"
+    expect_exit 0 "--share-gpus lets them share it" -- env CUEMU_DEVICES=1 \
+        "${MPIRUN[@]}" -x CUEMU_DEVICES -np 2 "$EMU" "${base[@]}" --backend cuda --share-gpus \
+        --set train.steps=1
+    expect_text "rank 1: cuda device 0 (node-local rank 1 of 2, 1 device, shared)" \
+        "each rank says which device it took"
+fi
+
+# ---- training against the CPU backend at world size 1 --------------------------------------------
+if expect_exit 0 "CPU reference run (world size 1, fp32)" -- "$BIN" "${base[@]}" \
+    --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin" --dump-init-params "$tmp/init.bin"; then
+    while read -r np extra; do
+        name="emulated cuda np=$np $extra"
+        selected "$name" || continue
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
+            -np "$np" "$EMU" "${base[@]}" --backend cuda $extra \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            [ "$np" = 4 ] && expect_text "rank 3: cuda device 3 (node-local rank 3 of 4, 4 devices)" \
+                "$name: each rank takes the device of its node-local rank"
+            check_against_reference "$name" "$tmp"
+        fi
+    done <<'RUNS'
+2 --set parallel.zero_stage=1
+2 --set parallel.zero_stage=3
+2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+2 --set parallel.pp=2 --set parallel.schedule=1f1b
+4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
+4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=2
+RUNS
+fi
+
+# bf16: against the CPU's bf16 run, within the distance of that run from its fp32 twin
+bdir=$tmp/bf16
+mkdir -p "$bdir"
+if selected "emulated cuda bf16" &&
+    expect_exit 0 "CPU bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" \
+        --set train.precision=bf16 --set log.metrics="$bdir/ref.jsonl" --dump-params "$bdir/ref.bin" \
+        --dump-init-params "$bdir/init.bin" &&
+    cp "$tmp/ref.jsonl" "$bdir/twin.jsonl" && cp "$tmp/ref.bin" "$bdir/twin.bin" &&
+    cp "$tmp/ref.bin.index.json" "$bdir/twin.bin.index.json" &&
+    expect_exit 0 "train emulated cuda bf16 np=2 zero 1" -- env CUEMU_DEVICES=2 "${MPIRUN[@]}" \
+        -x CUEMU_DEVICES -np 2 "$EMU" "${base[@]}" --backend cuda --set train.precision=bf16 \
+        --set parallel.zero_stage=1 --set log.metrics="$bdir/run.jsonl" --dump-params "$bdir/run.bin"; then
+    check_against_reference "emulated cuda bf16 np=2 zero 1" "$bdir"
+fi
+
+# ---- overlap -------------------------------------------------------------------------------------
+# As in cli_mpi_dp.sh: in the last microbatch some unit's reduction is seen complete (through
+# ct_comm_test: the event after the NCCL operation has passed) before backward has ended.
+if selected "overlap" &&
+    expect_exit 0 "emulated cuda dp2 with a trace" -- env CUEMU_DEVICES=2 "${MPIRUN[@]}" \
+        -x CUEMU_DEVICES -np 2 "$EMU" "${base[@]}" --backend cuda --set train.steps=1 \
+        --set log.trace="$tmp/trace.json"; then
+    if out=$(python3 test/check_overlap.py "$tmp/trace.rank0.json" "$tmp/trace.rank1.json"); then
+        ok "NCCL reductions complete while backward runs (trace: $out)"
+    else
+        fail "NCCL reductions complete while backward runs (trace: $out)"
+    fi
+fi

@@ -68,12 +68,13 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
     ct_comm **groups[] = {&p->tp_comm, &p->dp_comm, &p->pp_comm, &p->mp_comm, &p->embed_comm};
     ct_status st = CT_OK;
     for (size_t i = 0; i < sizeof groups / sizeof *groups && st == CT_OK; i++) {
-        if (!*groups[i]) continue; /* embed on middle stages */
+        if (!*groups[i]) continue;                /* embed on middle stages */
+        bool channels = groups[i] == &p->pp_comm; /* the pipeline's transfers (comm_nccl.h) */
         if (ct_comm_nccl_new) {
             ct_comm_nccl_set_abort(abort_job);
-            *groups[i] = ct_comm_nccl_new(*groups[i], be, p->timeout_s);
+            *groups[i] = ct_comm_nccl_new(*groups[i], be, p->timeout_s, channels);
         } else {
-            *groups[i] = ct_cuda_plugin_nccl_new(*groups[i], be, p->timeout_s, abort_job);
+            *groups[i] = ct_cuda_plugin_nccl_new(*groups[i], be, p->timeout_s, channels, abort_job);
         }
         if (!*groups[i]) st = CT_ERR_RUNTIME;
     }

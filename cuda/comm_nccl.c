@@ -59,8 +59,21 @@ typedef struct nccl_request {
     flight *f;             /* device: the operation's completion */
 } nccl_request;
 
+/* A directed point-to-point channel to or from one peer: a communicator of two ranks (the sender
+ * is its rank 0) on a stream of its own, carrying transfers one way only (comm_nccl.h). */
+typedef struct channel {
+    int peer; /* the other end's rank in the group */
+    bool send;
+    ncclComm_t nccl;
+    cudaStream_t stream;
+} channel;
+
 typedef struct nccl_group {
     ncclComm_t nccl;
+    channel chans[4]; /* to and from the next and the previous rank */
+    int n_chans;
+    cudaEvent_t compute_event; /* wait_compute's, for the stream the next operation goes on */
+    bool compute_pending;
     ct_comm *boot;
     ct_backend *be;
     cudaStream_t stream, compute;
@@ -214,10 +227,17 @@ static void idle_all(void) {
 
 /* ---- issuing ----------------------------------------------------------------------------- */
 
-/* Records the operation's completion on the communication stream, issued now: from here the
- * watchdog tracks it (a reference of its own, dropped once the event has passed). */
-static void record(nccl_group *g, flight *f) {
-    CT_CUDA_CHECK(cudaEventRecord(f->done, g->stream));
+/* The stream an operation is issued on waits for the compute recorded by wait_compute. */
+static void after_compute(nccl_group *g, cudaStream_t stream) {
+    if (!g->compute_pending) return;
+    CT_CUDA_CHECK(cudaStreamWaitEvent(stream, g->compute_event, 0));
+    g->compute_pending = false;
+}
+
+/* Records the operation's completion on `stream`, issued now: from here the watchdog tracks it
+ * (a reference of its own, dropped once the event has passed). */
+static void record_on(nccl_group *g, flight *f, cudaStream_t stream) {
+    CT_CUDA_CHECK(cudaEventRecord(f->done, stream));
     f->since = ct_now();
     f->refs++;
     if (g->n_flights == g->cap_flights) {
@@ -226,6 +246,10 @@ static void record(nccl_group *g, flight *f) {
         CT_ASSERT(g->flights != NULL);
     }
     g->flights[g->n_flights++] = f;
+}
+
+static void record(nccl_group *g, flight *f) {
+    record_on(g, f, g->stream);
 }
 
 /* A blocking operation: later compute waits for it on the device. */
@@ -277,6 +301,7 @@ static ct_comm_request *hold_p2p(nccl_group *g, bool send, const void *buf, int6
         g->held = realloc(g->held, (size_t)g->cap_held * sizeof *g->held);
         CT_ASSERT(g->held != NULL);
     }
+    after_compute(g, g->stream); /* the group flushed later comes after this on the stream */
     flight *f = flight_new(g, CT_COMM_SEND, send ? op_label(dt, -1) : "receive",
                            n * (int64_t)ct_dtype_size(dt), true);
     f->refs++; /* the request's and the hold's */
@@ -291,10 +316,12 @@ static void nccl_wait_compute(void *ctx, ct_backend *be, int event) {
     nccl_group *g = ctx;
     CT_ASSERTF(be == g->be, "group %s: bound to another backend than the one it was made on",
                g->name);
-    CT_CUDA_CHECK(cudaStreamWaitEvent(g->stream, ct_cuda_backend_event(be, event), 0));
+    g->compute_event = ct_cuda_backend_event(be, event);
+    g->compute_pending = true;
 }
 
 static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt, ct_reduce_op op) {
+    after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
         flight_new(g, CT_COMM_ALLREDUCE, op_label(dt, op), n * (int64_t)ct_dtype_size(dt), false);
@@ -305,6 +332,7 @@ static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt,
 
 static flight *start_reduce_scatter(nccl_group *g, const void *send, void *recv, int64_t n,
                                     ct_dtype dt, ct_reduce_op op) {
+    after_compute(g, g->stream);
     flush_p2p(g);
     flight *f = flight_new(g, CT_COMM_REDUCE_SCATTER, op_label(dt, op),
                            n * (int64_t)ct_dtype_size(dt), false);
@@ -315,6 +343,7 @@ static flight *start_reduce_scatter(nccl_group *g, const void *send, void *recv,
 
 static flight *start_allgather(nccl_group *g, const void *send, void *recv, int64_t n,
                                ct_dtype dt) {
+    after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
         flight_new(g, CT_COMM_ALLGATHER, op_label(dt, -1), n * (int64_t)ct_dtype_size(dt), false);
@@ -387,6 +416,7 @@ static void nccl_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dt, int roo
         g->boot->iface->broadcast(g->boot->ctx, buf, n, dt, root);
         return;
     }
+    after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
         flight_new(g, CT_COMM_BROADCAST, op_label(dt, -1), n * (int64_t)ct_dtype_size(dt), false);
@@ -394,11 +424,32 @@ static void nccl_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dt, int roo
     finish_blocking(g, f);
 }
 
+static channel *channel_of(nccl_group *g, bool send, int peer) {
+    for (int i = 0; i < g->n_chans; i++)
+        if (g->chans[i].send == send && g->chans[i].peer == peer) return &g->chans[i];
+    return NULL;
+}
+
+/* A transfer on a directed channel: issued at once, alone, on the channel's stream. */
+static ct_comm_request *channel_p2p(nccl_group *g, channel *ch, void *buf, int64_t n, ct_dtype dt) {
+    after_compute(g, ch->stream);
+    flight *f = flight_new(g, CT_COMM_SEND, ch->send ? op_label(dt, -1) : "receive",
+                           n * (int64_t)ct_dtype_size(dt), true);
+    if (ch->send)
+        CT_NCCL_CHECK(ncclSend(buf, (size_t)n, nccl_dtype(dt), 1, ch->nccl, ch->stream));
+    else
+        CT_NCCL_CHECK(ncclRecv(buf, (size_t)n, nccl_dtype(dt), 0, ch->nccl, ch->stream));
+    record_on(g, f, ch->stream);
+    return device_request(f);
+}
+
 static ct_comm_request *nccl_isend(void *ctx, const void *buf, int64_t n, ct_dtype dt, int peer,
                                    int tag) {
     nccl_group *g = ctx;
     if (!on_device(buf))
         return host_request(g->boot->iface->isend(g->boot->ctx, buf, n, dt, peer, tag));
+    channel *ch = channel_of(g, true, peer);
+    if (ch) return channel_p2p(g, ch, (void *)buf, n, dt);
     return hold_p2p(g, true, buf, n, dt, peer);
 }
 
@@ -407,6 +458,8 @@ static ct_comm_request *nccl_irecv(void *ctx, void *buf, int64_t n, ct_dtype dt,
     nccl_group *g = ctx;
     if (!on_device(buf))
         return host_request(g->boot->iface->irecv(g->boot->ctx, buf, n, dt, peer, tag));
+    channel *ch = channel_of(g, false, peer);
+    if (ch) return channel_p2p(g, ch, buf, n, dt);
     return hold_p2p(g, false, buf, n, dt, peer);
 }
 
@@ -451,6 +504,7 @@ static void nccl_all_to_all(void *ctx, const void *send, void *recv, int64_t n, 
         g->boot->iface->all_to_all(g->boot->ctx, send, recv, n, dt);
         return;
     }
+    after_compute(g, g->stream);
     flush_p2p(g);
     size_t esz = ct_dtype_size(dt), block = (size_t)(n / g->size) * esz;
     if (send == recv) {
@@ -506,6 +560,11 @@ static void nccl_free_comm(void *ctx) {
         g->flights[i]->refs = 1;
         flight_unref(g, g->flights[i]);
     }
+    for (int i = 0; i < g->n_chans; i++) {
+        CT_CUDA_CHECK(cudaStreamSynchronize(g->chans[i].stream));
+        CT_NCCL_CHECK(ncclCommDestroy(g->chans[i].nccl));
+        CT_CUDA_CHECK(cudaStreamDestroy(g->chans[i].stream));
+    }
     CT_NCCL_CHECK(ncclCommDestroy(g->nccl));
     for (int i = 0; i < g->n_spare; i++) CT_CUDA_CHECK(cudaEventDestroy(g->spare[i]));
     if (g->scratch) CT_CUDA_CHECK(cudaFree(g->scratch));
@@ -537,7 +596,52 @@ static const struct ct_comm_i nccl_iface = {
     .free_comm = nccl_free_comm,
 };
 
-ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s) {
+/* The channels to and from the next and the previous rank (one peer when the group has two),
+ * made in one order on every rank, lowest (sender, receiver) first, so that the two ranks of a
+ * channel, each blocked in ncclCommInitRank until the other comes, never wait in a cycle. The
+ * sender makes the id and sends it over the bootstrap group. */
+static ncclResult_t make_channels(nccl_group *g) {
+    int next = (g->rank + 1) % g->size, prev = (g->rank + g->size - 1) % g->size;
+    int peers[2] = {next, prev}, n_peers = next == prev ? 1 : 2;
+    for (int i = 0; i < n_peers; i++) {
+        g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = true};
+        g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = false};
+    }
+    /* order by (sender, receiver): a channel's key is the same on both its ranks */
+    for (int i = 1; i < g->n_chans; i++)
+        for (int j = i; j > 0; j--) {
+            channel *a = &g->chans[j - 1], *b = &g->chans[j];
+            int ka = a->send ? g->rank * g->size + a->peer : a->peer * g->size + g->rank;
+            int kb = b->send ? g->rank * g->size + b->peer : b->peer * g->size + g->rank;
+            if (ka <= kb) break;
+            channel t = *a;
+            *a = *b;
+            *b = t;
+        }
+    enum { TAG_CHANNEL_ID = 7 };
+    for (int i = 0; i < g->n_chans; i++) {
+        channel *ch = &g->chans[i];
+        ncclUniqueId id;
+        memset(&id, 0, sizeof id);
+        ct_comm_request *req;
+        if (ch->send) {
+            ncclResult_t made = ncclGetUniqueId(&id);
+            if (made != ncclSuccess) return made; /* the peer then waits: the job is failing */
+            req = g->boot->iface->isend(g->boot->ctx, &id, (int64_t)sizeof id, CT_DTYPE_U8,
+                                        ch->peer, TAG_CHANNEL_ID);
+        } else {
+            req = g->boot->iface->irecv(g->boot->ctx, &id, (int64_t)sizeof id, CT_DTYPE_U8,
+                                        ch->peer, TAG_CHANNEL_ID);
+        }
+        g->boot->iface->wait(g->boot->ctx, req);
+        ncclResult_t made = ncclCommInitRank(&ch->nccl, 2, id, ch->send ? 0 : 1);
+        if (made != ncclSuccess) return made;
+        CT_CUDA_CHECK(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
+    }
+    return ncclSuccess;
+}
+
+ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s, bool p2p_channels) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     ncclResult_t made = ncclSuccess;
@@ -567,6 +671,11 @@ ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s) {
         ct_comm_free(boot);
         free(g);
         return NULL;
+    }
+    if (p2p_channels && g->size > 1 && (made = make_channels(g)) != ncclSuccess) {
+        ct_error(CT_ERR_RUNTIME, "group %s: a point-to-point channel failed on rank %d: %s (%s)",
+                 g->name, g->rank, ncclGetErrorString(made), nccl_result_name(made));
+        return NULL; /* the job ends: what was made is not worth unwinding */
     }
     /* a priority above compute's, so reductions are not queued behind a long backward */
     int least = 0, greatest = 0;

@@ -18,12 +18,18 @@
  * So data-parallel reductions started during backward overlap the rest of backward, and nothing
  * blocks the host but the backend's own host waits.
  *
- * Point-to-point (the pipeline): isend and irecv are held and started together, inside one
- * ncclGroupStart/ncclGroupEnd, at the next wait, test, collective or barrier of the group. NCCL
- * matches sends and receives between two ranks in posting order and a send may not finish until
- * its receive has started, so a send and a receive posted back to back on two ranks (1F1B's
- * "send activation, receive gradient" against "send gradient, receive activation") must be one
- * group or they wait for each other. Tags are not carried: the pipeline posts in matching order.
+ * Point-to-point (the pipeline). NCCL matches sends and receives between two ranks in posting
+ * order, a send may not finish before its receive has started, and the operations of one
+ * communicator run one after another. On one communicator a send and a receive posted in
+ * opposite orders on two ranks (1F1B's "send activation, receive gradient" against "send
+ * gradient, receive activation") wait for each other, and grouping pairs of them
+ * (ncclGroupStart/End) is not enough for the interleaved schedule, whose stages send ahead for
+ * later chunks. So a group made with p2p_channels (the pipeline's) has a directed channel for
+ * each way to and from its next and previous rank: a communicator of two ranks on a stream of its
+ * own, on which one rank only sends and the other only receives, in the same order — a queue,
+ * which cannot wait in a cycle whatever the schedule. Transfers to other ranks (or on groups
+ * without channels) are held and started together, in one ncclGroupStart/End, at the next wait,
+ * test, collective or barrier. Tags are not carried: sender and receiver post in matching order.
  *
  * Byte counters are core/comm.c's ring model, as for MPI. all_to_all is grouped sends and
  * receives. Dtypes f32, bf16, i32, i64, u8, f64; ops sum, max, min.
@@ -38,6 +44,8 @@
 #ifndef CT_CUDA_COMM_NCCL_H
 #define CT_CUDA_COMM_NCCL_H
 
+#include <stdbool.h>
+
 #include "core/backend.h"
 #include "core/comm.h"
 
@@ -47,10 +55,11 @@ extern "C" {
 
 /*
  * Wraps `boot` (an MPI group; taken over, freed with the result) with an NCCL communicator of
- * the same ranks on `be`'s device (a "cuda" backend). Collective over `boot`. NULL with the error
+ * the same ranks on `be`'s device (a "cuda" backend), and with p2p_channels the directed channels
+ * to and from the next and previous rank (above). Collective over `boot`. NULL with the error
  * set (ct_error) when NCCL cannot make the communicator; `boot` is then freed too.
  */
-ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s);
+ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s, bool p2p_channels);
 
 /* Ends the job after a watchdog report (default: exit(1)); cmd/ passes MPI_Abort's wrapper so
  * every rank ends at once. */

@@ -30,7 +30,7 @@
 typedef bool (*usable_fn)(char *why, size_t cap);
 typedef ct_backend *(*backend_new_fn)(int device);
 typedef int (*device_count_fn)(char *why, size_t cap);
-typedef ct_comm *(*nccl_new_fn)(ct_comm *boot, ct_backend *be, double timeout_s);
+typedef ct_comm *(*nccl_new_fn)(ct_comm *boot, ct_backend *be, double timeout_s, bool p2p_channels);
 typedef void (*nccl_set_abort_fn)(void (*abort_job)(int));
 
 static struct {
@@ -99,11 +99,11 @@ static int plugin_device_count(char *why, size_t cap) {
     return plugin.device_count(why, cap);
 }
 
-ct_comm *ct_cuda_plugin_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s,
+ct_comm *ct_cuda_plugin_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s, bool p2p_channels,
                                  void (*abort_job)(int)) {
     CT_ASSERTF(plugin_load(), "NCCL groups without the CUDA plugin: %s", plugin.error);
     plugin.nccl_set_abort(abort_job);
-    return plugin.nccl_new(boot, be, timeout_s);
+    return plugin.nccl_new(boot, be, timeout_s, p2p_channels);
 }
 
 bool ct_cuda_plugin_usable(char *why, size_t cap) {

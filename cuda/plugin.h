@@ -22,6 +22,7 @@ bool ct_cuda_plugin_usable(char *why, size_t cap);
 struct ct_comm;
 struct ct_backend;
 struct ct_comm *ct_cuda_plugin_nccl_new(struct ct_comm *boot, struct ct_backend *be,
-                                        double timeout_s, void (*abort_job)(int));
+                                        double timeout_s, bool p2p_channels,
+                                        void (*abort_job)(int));
 
 #endif /* CT_CUDA_PLUGIN_H */

@@ -988,10 +988,11 @@ static int big_mode(void) {
 #ifdef CT_TEST_NCCL
 static ct_backend *device_backend;
 
-/* An NCCL group of the ranks of `comm` (a duplicate or split of the world). */
-static ct_comm *nccl_group(MPI_Comm comm, const char *name, double timeout_s) {
-    ct_comm *c =
-        ct_comm_nccl_new(ct_comm_mpi_new(comm, name, timeout_s), device_backend, timeout_s);
+/* An NCCL group of the ranks of `comm` (a duplicate or split of the world); with `channels`,
+ * transfers to the neighbours go on directed channels, else as held NCCL groups. */
+static ct_comm *nccl_group(MPI_Comm comm, const char *name, double timeout_s, bool channels) {
+    ct_comm *c = ct_comm_nccl_new(ct_comm_mpi_new(comm, name, timeout_s), device_backend,
+                                  timeout_s, channels);
     CT_ASSERTF(c != NULL, "ct_comm_nccl_new: %s", ct_error_message());
     return c;
 }
@@ -1003,7 +1004,7 @@ static int nccl_watchdog_mode(bool mismatch) {
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     ct_comm_nccl_set_abort(ct_mpi_abort);
-    ct_comm *c = nccl_group(dup, "dp", 2.0);
+    ct_comm *c = nccl_group(dup, "dp", 2.0, false);
     float *x = alloc_garbage(1024, CT_DTYPE_F32);
     ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* sequence #1: everyone */
     ct_backend_sync(device_backend);
@@ -1029,14 +1030,15 @@ static int nccl_main(const char *mode) {
     double t0 = ct_now();
     MPI_Comm dup, half;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-    ct_comm *world = nccl_group(dup, "world", 120.0);
+    ct_comm *world = nccl_group(dup, "world", 120.0, true);
     check(world->size == world_size && world->rank == world_rank,
           "ct_comm_nccl_new: a group of the world's ranks");
     test_collectives(world);
     ct_comm_free(world);
-    /* a group of part of the world: ranks of the same parity, in reverse order */
+    /* a group of part of the world: ranks of the same parity, in reverse order; its transfers
+     * go as held NCCL groups (the world's on directed channels) */
     MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_size - world_rank, &half);
-    ct_comm *part = nccl_group(half, "dp", 120.0);
+    ct_comm *part = nccl_group(half, "dp", 120.0, false);
     test_matrix(part, (int64_t)part->size * 37, " (group of ranks of one parity)");
     ct_comm_free(part);
     ct_backend_free(device_backend);

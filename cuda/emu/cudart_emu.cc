@@ -151,6 +151,21 @@ struct blocking_scope {
     ~blocking_scope() { may_block = saved; }
 };
 
+bool run_stream_until(stream_impl *s, uint64_t seq);
+
+/* While a synchronization waits for an unfinished item, the other streams move on as far as
+ * they can without waiting, as a GPU runs its streams side by side: the item may wait for another
+ * process that waits for this one's transfer on another stream. */
+void progress_others(const stream_impl *waiting) {
+    bool saved = may_block;
+    may_block = false;
+    for (size_t i = 0; i < streams.size(); i++) {
+        stream_impl *t = streams[i];
+        if (t != waiting && !t->running && !t->queue.empty()) run_stream_until(t, t->enqueued);
+    }
+    may_block = saved;
+}
+
 /* Runs s's items up to position seq; false when an unfinished item stopped it (only when
  * may_block is false, or on a wait cycle that re-enters s). */
 bool run_stream_until(stream_impl *s, uint64_t seq) {
@@ -163,6 +178,7 @@ bool run_stream_until(stream_impl *s, uint64_t seq) {
         s->running = false;
         if (!finished) {
             if (!may_block) return false;
+            progress_others(s);
             std::this_thread::yield();
             continue;
         }

@@ -27,6 +27,22 @@ if [ ! -x "$EMU" ] || [ ! -x "$COMM" ]; then
     exit 0
 fi
 
+# ---- the stand-in covers the real build ----------------------------------------------------------
+# Every NCCL entry point the real plugin imports is one the stand-in defines, so the emulated
+# build runs the same calls the GPU build makes.
+PLUGIN=$BUILD/libcooktrain-cuda.so
+if selected "stand-in" && [ -f "$PLUGIN" ]; then
+    want=$(nm -D --undefined-only "$PLUGIN" | awk '$2 ~ /^nccl/ {print $2}' | sort -u)
+    have=$(nm --defined-only "$BUILD/libctncclemu.a" | awk '$2 == "T" && $3 ~ /^nccl/ {print $3}' | sort -u)
+    missing=$(comm -23 <(printf '%s\n' "$want") <(printf '%s\n' "$have") | tr '\n' ' ')
+    n_want=$(printf '%s\n' "$want" | grep -c .)
+    if [ "$n_want" -ge 10 ] && [ -z "$missing" ]; then
+        ok "the NCCL stand-in defines all $n_want NCCL functions the real plugin calls"
+    else
+        fail "NCCL functions the real plugin calls but the stand-in lacks: ${missing:-none} ($n_want imported)"
+    fi
+fi
+
 # ---- the comm tests through NCCL ---------------------------------------------------------------
 for np in 1 2 4; do
     selected "comm np=$np" || continue

@@ -10,7 +10,8 @@
 #   - device selection: more ranks on the node than devices is refused (exit 2, hint) unless
 #     --share-gpus;
 #   - training: dp2 with ZeRO-1 and ZeRO-3, tp2 with sequence parallelism, pp2 1F1B, pp2
-#     interleaved (x dp2) and tp2 x pp2 give the CPU backend's world-size-1 results within the
+#     interleaved (x dp2), tp2 x pp2, and tp2 x pp2 x dp2 (interleaved, ZeRO-3, sequence
+#     parallel) at 8 ranks give the CPU backend's world-size-1 results within the
 #     fp32 tolerance of test/compare_runs.py (the emulated kernels sum in other orders than the
 #     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance;
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
@@ -120,6 +121,7 @@ if expect_exit 0 "CPU reference run (world size 1, fp32)" -- "$BIN" "${base[@]}"
 2 --set parallel.pp=2 --set parallel.schedule=1f1b
 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=2
+8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true
 RUNS
 fi
 

@@ -35,7 +35,7 @@ static const char *nccl_result_name(ncclResult_t r) {
 typedef struct flight {
     cudaEvent_t done;
     ct_comm_op_kind kind;
-    const char *what; /* dtype and op, for the report */
+    char what[32]; /* dtype and op, for the report */
     int64_t bytes;
     uint64_t seq; /* per group: collectives and point-to-point counted apart, as for MPI */
     bool p2p;
@@ -116,15 +116,8 @@ static ncclRedOp_t nccl_op(ct_reduce_op op) {
     return op == CT_REDUCE_SUM ? ncclSum : op == CT_REDUCE_MAX ? ncclMax : ncclMin;
 }
 
-static const char *op_label(ct_dtype dt, int op) {
-    static char buf[8][32];
-    static int next;
-    char *b = buf[next++ % 8];
-    static const char *ops[] = {"sum", "max", "min"};
-    snprintf(b, sizeof buf[0], "%s%s%s", ct_dtype_name(dt), op >= 0 ? " " : "",
-             op >= 0 ? ops[op] : "");
-    return b;
-}
+/* No reduction op: a transfer or gather; a receive (for the report). */
+enum { OP_NONE = -1, OP_RECEIVE = -2 };
 
 /* Device memory goes through NCCL, host memory through the bootstrap group. */
 static bool on_device(const void *p) {
@@ -158,12 +151,17 @@ static void flight_unref(nccl_group *g, flight *f) {
 
 /* An operation; the watchdog tracks it once record() has put its event on the stream. One
  * reference for the issuer (the request, or the blocking call until it has ordered compute). */
-static flight *flight_new(nccl_group *g, ct_comm_op_kind kind, const char *what, int64_t bytes,
+static flight *flight_new(nccl_group *g, ct_comm_op_kind kind, ct_dtype dt, int op, int64_t bytes,
                           bool p2p) {
     flight *f = ct_xcalloc(1, sizeof *f);
     f->done = event_get(g);
     f->kind = kind;
-    f->what = what;
+    static const char *ops[] = {"sum", "max", "min"};
+    if (op == OP_RECEIVE)
+        snprintf(f->what, sizeof f->what, "receive %s", ct_dtype_name(dt));
+    else
+        snprintf(f->what, sizeof f->what, "%s%s%s", ct_dtype_name(dt), op >= 0 ? " " : "",
+                 op >= 0 ? ops[op] : "");
     f->bytes = bytes;
     f->p2p = p2p;
     f->seq = p2p ? ++g->seq_p2p : ++g->seq_coll;
@@ -302,7 +300,7 @@ static ct_comm_request *hold_p2p(nccl_group *g, bool send, const void *buf, int6
         CT_ASSERT(g->held != NULL);
     }
     after_compute(g, g->stream); /* the group flushed later comes after this on the stream */
-    flight *f = flight_new(g, CT_COMM_SEND, send ? op_label(dt, -1) : "receive",
+    flight *f = flight_new(g, CT_COMM_SEND, dt, send ? OP_NONE : OP_RECEIVE,
                            n * (int64_t)ct_dtype_size(dt), true);
     f->refs++; /* the request's and the hold's */
     g->held[g->n_held++] =
@@ -324,7 +322,7 @@ static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt,
     after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
-        flight_new(g, CT_COMM_ALLREDUCE, op_label(dt, op), n * (int64_t)ct_dtype_size(dt), false);
+        flight_new(g, CT_COMM_ALLREDUCE, dt, (int)op, n * (int64_t)ct_dtype_size(dt), false);
     CT_NCCL_CHECK(
         ncclAllReduce(buf, buf, (size_t)n, nccl_dtype(dt), nccl_op(op), g->nccl, g->stream));
     return f;
@@ -334,8 +332,8 @@ static flight *start_reduce_scatter(nccl_group *g, const void *send, void *recv,
                                     ct_dtype dt, ct_reduce_op op) {
     after_compute(g, g->stream);
     flush_p2p(g);
-    flight *f = flight_new(g, CT_COMM_REDUCE_SCATTER, op_label(dt, op),
-                           n * (int64_t)ct_dtype_size(dt), false);
+    flight *f =
+        flight_new(g, CT_COMM_REDUCE_SCATTER, dt, (int)op, n * (int64_t)ct_dtype_size(dt), false);
     CT_NCCL_CHECK(ncclReduceScatter(send, recv, (size_t)(n / g->size), nccl_dtype(dt), nccl_op(op),
                                     g->nccl, g->stream));
     return f;
@@ -346,7 +344,7 @@ static flight *start_allgather(nccl_group *g, const void *send, void *recv, int6
     after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
-        flight_new(g, CT_COMM_ALLGATHER, op_label(dt, -1), n * (int64_t)ct_dtype_size(dt), false);
+        flight_new(g, CT_COMM_ALLGATHER, dt, OP_NONE, n * (int64_t)ct_dtype_size(dt), false);
     CT_NCCL_CHECK(
         ncclAllGather(send, recv, (size_t)(n / g->size), nccl_dtype(dt), g->nccl, g->stream));
     return f;
@@ -419,7 +417,7 @@ static void nccl_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dt, int roo
     after_compute(g, g->stream);
     flush_p2p(g);
     flight *f =
-        flight_new(g, CT_COMM_BROADCAST, op_label(dt, -1), n * (int64_t)ct_dtype_size(dt), false);
+        flight_new(g, CT_COMM_BROADCAST, dt, OP_NONE, n * (int64_t)ct_dtype_size(dt), false);
     CT_NCCL_CHECK(ncclBroadcast(buf, buf, (size_t)n, nccl_dtype(dt), root, g->nccl, g->stream));
     finish_blocking(g, f);
 }
@@ -433,7 +431,7 @@ static channel *channel_of(nccl_group *g, bool send, int peer) {
 /* A transfer on a directed channel: issued at once, alone, on the channel's stream. */
 static ct_comm_request *channel_p2p(nccl_group *g, channel *ch, void *buf, int64_t n, ct_dtype dt) {
     after_compute(g, ch->stream);
-    flight *f = flight_new(g, CT_COMM_SEND, ch->send ? op_label(dt, -1) : "receive",
+    flight *f = flight_new(g, CT_COMM_SEND, dt, ch->send ? OP_NONE : OP_RECEIVE,
                            n * (int64_t)ct_dtype_size(dt), true);
     if (ch->send)
         CT_NCCL_CHECK(ncclSend(buf, (size_t)n, nccl_dtype(dt), 1, ch->nccl, ch->stream));
@@ -519,7 +517,7 @@ static void nccl_all_to_all(void *ctx, const void *send, void *recv, int64_t n, 
                                       g->stream));
         send = g->scratch;
     }
-    flight *f = flight_new(g, CT_COMM_ALL_TO_ALL, op_label(dt, -1), n * (int64_t)esz, false);
+    flight *f = flight_new(g, CT_COMM_ALL_TO_ALL, dt, OP_NONE, n * (int64_t)esz, false);
     CT_CUDA_CHECK(cudaMemcpyAsync((char *)recv + (size_t)g->rank * block,
                                   (const char *)send + (size_t)g->rank * block, block,
                                   cudaMemcpyDeviceToDevice, g->stream));

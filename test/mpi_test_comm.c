@@ -998,8 +998,9 @@ static ct_comm *nccl_group(MPI_Comm comm, const char *name, double timeout_s, bo
 }
 
 /* Rank 1 skips the second allreduce (or, for `mismatch`, calls an allgather in its place): the
- * others must end within about the 2 s limit with the watchdog's report (or the asynchronous
- * error's), not hang. The wait that notices is the backend's host wait (ct_backend_sync). */
+ * others, which issue nine more collectives behind it, must end within about the 2 s limit with
+ * the watchdog's report on the second (or the asynchronous error's), not hang. The wait that
+ * notices is the backend's host wait (ct_backend_sync). */
 static int nccl_watchdog_mode(bool mismatch) {
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
@@ -1015,6 +1016,9 @@ static int nccl_watchdog_mode(bool mismatch) {
         ct_backend_sync(device_backend);
     } else {
         ct_comm_allreduce(c, x, 1024, CT_DTYPE_F32, CT_REDUCE_SUM); /* #2: never completes */
+        /* the host runs on (NCCL does not block it): the report must still name #2 as it was */
+        uint16_t *y = alloc_garbage(64, CT_DTYPE_BF16);
+        for (int i = 0; i < 9; i++) ct_comm_allreduce(c, y, 64, CT_DTYPE_BF16, CT_REDUCE_MAX);
         ct_backend_sync(device_backend);
     }
     fprintf(stderr, "rank %d: the watchdog did not fire\n", world_rank);

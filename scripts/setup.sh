@@ -12,6 +12,7 @@ packages=(
     libcmocka-dev               # unit-test assertions
     zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)
     fortunes                    # default corpus for `make run` (plain-text fortune files)
+    slurm-wlm                   # the one-node test cluster of test/cli_slurm.sh (brings munge)
     python3
 )
 

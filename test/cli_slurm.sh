@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# SLURM for real (DESIGN §8, §9): a private one-node cluster (test/slurm_cluster.sh) runs the CPU
+# batch script scripts/slurm/cooktrain.sbatch on configs/test-tiny.yaml, two ranks started by
+# srun through PMIx (no mpirun):
+#   - sbatch: the job completes (exit 0), its log, metrics and checkpoints land in its per-job
+#     directories;
+#   - preemption: a running job signalled with `scancel --signal=USR1 --batch` saves at the next
+#     step boundary, exits 0 and requeues itself; the requeued run resumes (checkpoint.resume:
+#     auto) and finishes with losses and parameters bit-identical to an uninterrupted run;
+#   - time limit: a job killed at its time limit (SIGTERM, SIGKILL 2 s later) leaves only
+#     complete checkpoints, and the next submission resumes from the newest and finishes
+#     bit-identical to the uninterrupted run;
+#   - a rank killed with SIGKILL: the job ends (no hang), and the next submission resumes.
+# Skipped, with the reason, where the cluster cannot run (not root, SLURM not installed).
+. "$(dirname "$0")/lib_cli.sh"
+. "$(dirname "$0")/slurm_cluster.sh"
+tmp=$(mktemp -d)
+trap 'slurm_cluster_stop; rm -rf "$tmp"' EXIT
+
+if ! slurm_cluster_start "$tmp/cluster"; then
+    ok "SLURM tests skipped: $SLURM_CLUSTER_WHY"
+    exit 0
+fi
+ok "a private one-node SLURM cluster starts (sinfo shows the node idle)"
+
+ensure_test_data
+root=$(pwd)
+# The jobs run in a scratch directory holding the repository's build, configs and scripts, as a
+# user's checkout would; runs/ (logs, run and checkpoint directories) is the job's own.
+work=$tmp/work
+mkdir -p "$work/runs/slurm"
+ln -s "$root/$BUILD" "$work/build"
+ln -s "$root/configs" "$work/configs"
+ln -s "$root/scripts" "$work/scripts"
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_WAIT_POLICY=passive
+shape=(-N 1 --ntasks-per-node=2 --cpus-per-task=1 --chdir="$work")
+train=(configs/test-tiny.yaml --set data.train="$root/$TEST_DATA/train.bin" --set train.threads=1
+       --set train.warmup_steps=1)
+
+# job_id TEXT: the id in sbatch's "Submitted batch job N"
+job_id() { printf '%s\n' "$1" | sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' | tail -1; }
+# job_state ID: COMPLETED, RUNNING, PENDING, ... (MinJobAge keeps finished jobs listed)
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# wait_for SECONDS COMMAND...: true once COMMAND succeeds, false after SECONDS
+wait_for() {
+    local limit=$1
+    shift
+    for _ in $(seq 1 $((limit * 5))); do
+        "$@" && return 0
+        sleep 0.2
+    done
+    return 1
+}
+finished() { case $(job_state "$1") in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+requeued_and_finished() { finished "$1" && [ "$(job_field "$1" Restarts)" -ge 1 ] 2>/dev/null; }
+at_step() { [ -f "$1" ] && grep -q "\"step\": *$2[,}]" "$1"; }
+last_loss() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if "\"loss\"" in l][-1])' "$1"; }
+
+# ---- sbatch: the job completes, its outputs in its directories -----------------------------------
+if selected "sbatch"; then
+    out=$(sbatch --wait --job-name=ct-basic "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
+        "${train[@]}" --set train.steps=4 --set checkpoint.interval=2 2>&1)
+    rc=$?
+    id=$(job_id "$out")
+    run=$work/runs/ct-basic-$id
+    if [ $rc = 0 ] && [ -n "$id" ]; then ok "sbatch of the CPU script completes (job $id, exit 0)"; else
+        fail "sbatch of the CPU script: exit $rc ($out)"
+        tail -5 "$work/runs/slurm/ct-basic-$id.log" 2>/dev/null | sed 's/^/    /'
+    fi
+    n=$(grep -c '"loss"' "$run/metrics.jsonl" 2>/dev/null)
+    [ "$n" = 4 ] && ok "metrics of its 4 steps in the job's run dir" || fail "metrics in $run: $n step lines"
+    [ -d "$run/checkpoints/step-00000004" ] && [ -d "$run/checkpoints/step-00000002" ] &&
+        ok "its checkpoints (steps 2 and 4) in the job's checkpoint dir" ||
+        fail "checkpoints in $run/checkpoints: $(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')"
+    grep -q "cooktrain: job $id (restart 0) on 1 nodes, 2 ranks" "$work/runs/slurm/ct-basic-$id.log" &&
+        ok "the job's log is runs/slurm/ct-basic-$id.log" || fail "no job log runs/slurm/ct-basic-$id.log"
+fi
+
+# ---- preemption and requeue, bit-exact ----------------------------------------------------------
+steps=40
+if selected "preempt"; then
+    # the uninterrupted reference: the same two ranks, one job step
+    expect_exit 0 "uninterrupted reference ($steps steps, srun -n 2)" -- env -C "$work" srun -n 2 \
+        --mpi=pmix ./build/cooktrain train --config "${train[@]}" --set train.steps=$steps \
+        --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"
+    out=$(sbatch --job-name=ct-pre "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
+        "${train[@]}" --set train.steps=$steps --dump-params "$tmp/pre.bin" 2>&1)
+    id=$(job_id "$out")
+    run=$work/runs/ct-pre-$id
+    if [ -n "$id" ] && wait_for 60 at_step "$run/metrics.jsonl" 3; then
+        scancel --signal=USR1 --batch "$id"
+        ok "job $id signalled with USR1 after step 3"
+        if wait_for 300 requeued_and_finished "$id"; then
+            ok "job $id was requeued once and finished ($(job_state "$id"))"
+        else
+            fail "job $id: state $(job_state "$id"), restarts $(job_field "$id" Restarts)"
+        fi
+        log=$work/runs/slurm/ct-pre-$id.log
+        grep -q "stopped with a checkpoint in .*; requeueing job $id" "$log" &&
+            ok "the preempted run saved and requeued the job" || fail "no save-and-requeue line in $log"
+        grep -q "cooktrain: job $id (restart 1)" "$log" && ok "the requeued run started (restart 1)" ||
+            fail "no restart 1 in $log"
+        k=$(sed -n 's/^stopped after step \([0-9]*\) on SIGUSR1.*/\1/p' "$log" | head -1)
+        if [ -n "$k" ] && [ "$k" -lt $steps ] &&
+            grep -q "checkpoint: resumed from .*/step-$(printf %08d "$k") at step $k " "$log"; then
+            ok "the preempted run stopped after step $k on SIGUSR1; the requeued one resumed there"
+        else
+            fail "stop and resume steps not found in $log (stopped after step '${k}')"
+        fi
+        if cmp -s "$tmp/pre.bin" "$tmp/ref.bin"; then
+            ok "preempted + requeued job: final parameters bit-identical to the uninterrupted run"
+        else
+            fail "preempted + requeued job: final parameters differ from the uninterrupted run"
+        fi
+        a=$(last_loss "$tmp/ref.jsonl") b=$(last_loss "$run/metrics.jsonl")
+        [ "$a" = "$b" ] && ok "and the same last loss ($b)" || fail "last loss $b, uninterrupted $a"
+    else
+        fail "job $id did not reach step 3 (state $(job_state "$id"))"
+    fi
+fi
+
+# resume_check NAME CKPT_DIR: every checkpoint in CKPT_DIR verifies (cooktrain inspect), `latest`
+# names the newest, and a new submission with the same directory resumes from it and finishes.
+resume_check() {
+    local name=$1 ckpt=$2 latest k bad=0 d out rc id
+    for d in "$ckpt"/step-*; do
+        [ -d "$d" ] || continue
+        case $d in *.tmp) continue ;; esac
+        "$BIN" inspect "$d" >/dev/null 2>&1 || bad=1
+    done
+    latest=$(cat "$ckpt/latest" 2>/dev/null)
+    k=$(printf '%s' "$latest" | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p')
+    if [ $bad = 0 ] && [ -n "$k" ] && [ -d "$ckpt/$latest" ]; then
+        ok "$name: every checkpoint left verifies; latest is $latest"
+    else
+        fail "$name: checkpoints in $ckpt: $(ls "$ckpt" | tr '\n' ' ') (latest '$latest', bad $bad)"
+        return
+    fi
+    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/$name-next sbatch --wait --job-name="ct-$name-next" \
+        "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch "${train[@]}" \
+        --set train.steps=$((k + 2)) 2>&1)
+    rc=$?
+    id=$(job_id "$out")
+    if [ $rc = 0 ] && grep -q "checkpoint: resumed from .*/$latest at step $k " \
+        "$work/runs/slurm/ct-$name-next-$id.log"; then
+        ok "$name: the next submission resumes from $latest and finishes (exit 0)"
+    else
+        fail "$name: the next submission (job $id) exit $rc, or it did not resume from $latest"
+        tail -5 "$work/runs/slurm/ct-$name-next-$id.log" 2>/dev/null | sed 's/^/    /'
+    fi
+}
+
+# ---- time limit: SIGTERM, then SIGKILL 2 s later (KillWait) ----------------------------------------
+# --time=1 is SLURM's smallest limit (one minute); --no-requeue keeps the job from coming back,
+# and --signal=B:URG@1 replaces the script's early warning with a signal bash ignores, so what
+# ends the job is the limit itself. Periodic checkpoints every 5 steps.
+if selected "time limit"; then
+    ckpt=$tmp/tl-ckpt
+    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/tl-run sbatch --job-name=ct-tl "${shape[@]}" --time=1 \
+        --no-requeue --signal=B:URG@1 scripts/slurm/cooktrain.sbatch "${train[@]}" \
+        --set train.steps=1000000 --set checkpoint.interval=5 --set checkpoint.keep=3 2>&1)
+    id=$(job_id "$out")
+    if [ -n "$id" ] && wait_for 150 finished "$id"; then
+        ok "a job past its one-minute limit ends ($(job_state "$id"))"
+        resume_check "time-limit" "$ckpt"
+    else
+        fail "job $id did not end at its time limit (state $(job_state "$id"))"
+        scancel "$id" 2>/dev/null
+    fi
+fi
+
+# ---- a rank killed -----------------------------------------------------------------------------------
+if selected "rank killed"; then
+    ckpt=$tmp/kill-ckpt
+    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/kill-run sbatch --job-name=ct-kill "${shape[@]}" --time=10 \
+        --no-requeue scripts/slurm/cooktrain.sbatch "${train[@]}" --set train.steps=1000000 \
+        --set checkpoint.interval=2 2>&1)
+    id=$(job_id "$out")
+    if [ -n "$id" ] && wait_for 60 at_step "$tmp/kill-run/metrics.jsonl" 5; then
+        victim=$(pgrep -f "checkpoint.dir=$ckpt" | while read -r p; do
+            [ "$(cat /proc/"$p"/comm 2>/dev/null)" = cooktrain ] && echo "$p"; done | tail -1)
+        kill -9 "$victim"
+        if wait_for 60 finished "$id"; then
+            ok "a rank killed with SIGKILL ends the job ($(job_state "$id")), no hang"
+            resume_check "rank-killed" "$ckpt"
+        else
+            fail "the job with a killed rank is still $(job_state "$id") after 60 s"
+            scancel "$id" 2>/dev/null
+        fi
+    else
+        fail "job $id did not reach step 5"
+        scancel "$id" 2>/dev/null
+    fi
+fi

@@ -17,7 +17,8 @@
 # cgroups in a container), select/cons_tres with CR_Core, MpiDefault=pmix (Debian's Open MPI
 # starts under srun through PMIx: no mpirun), one partition `debug` with OverSubscribe=FORCE
 # (more ranks than cores, as the MPI tests run), KillWait=2 (a job past its time limit gets
-# SIGTERM, then SIGKILL 2 s later, instead of SLURM's 30 s), and requeue allowed.
+# SIGTERM, then SIGKILL 2 s later, instead of SLURM's 30 s), requeue allowed, finished jobs kept
+# listed for 5 minutes (scontrol show job), and a scheduling pass every second.
 #
 # When it cannot run (not root, or slurmctld, slurmd, munged, mungekey, sinfo missing: the
 # packages come from scripts/setup.sh) start returns 1 with the reason in SLURM_CLUSTER_WHY.
@@ -85,6 +86,7 @@ ReturnToService=2
 KillWait=2
 JobRequeue=1
 MinJobAge=300
+SchedulerParameters=sched_interval=1
 NodeName=$node CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 EOF

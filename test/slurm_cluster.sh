@@ -18,7 +18,8 @@
 # starts under srun through PMIx: no mpirun), one partition `debug` with OverSubscribe=FORCE
 # (more ranks than cores, as the MPI tests run), KillWait=2 (a job past its time limit gets
 # SIGTERM, then SIGKILL 2 s later, instead of SLURM's 30 s), requeue allowed, finished jobs kept
-# listed for 5 minutes (scontrol show job), and a scheduling pass every second.
+# listed for 5 minutes (scontrol show job), a scheduling pass every second, and credentials that
+# expire after 10 s instead of 120 (a requeued job waits that long before it may start again).
 #
 # When it cannot run (not root, or slurmctld, slurmd, munged, mungekey, sinfo missing: the
 # packages come from scripts/setup.sh) start returns 1 with the reason in SLURM_CLUSTER_WHY.
@@ -68,7 +69,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge.sock
+AuthInfo=socket=$dir/munge.sock,cred_expire=10
 SlurmctldPort=$base
 SlurmdPort=$((base + 1))
 StateSaveLocation=$dir/state

@@ -61,7 +61,7 @@ last_loss() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in
 
 # ---- sbatch: the job completes, its outputs in its directories -----------------------------------
 if selected "sbatch"; then
-    out=$(sbatch --wait --job-name=ct-basic "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
+    out=$(timeout 300 sbatch --wait --job-name=ct-basic "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
         "${train[@]}" --set train.steps=4 --set checkpoint.interval=2 2>&1)
     rc=$?
     id=$(job_id "$out")
@@ -147,7 +147,7 @@ resume_check() {
         fail "$name: checkpoints in $ckpt: $(ls "$ckpt" | tr '\n' ' ') (latest '$latest', bad $bad)"
         return
     fi
-    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/$name-next sbatch --wait --job-name="ct-$name-next" \
+    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/$name-next timeout 300 sbatch --wait --job-name="ct-$name-next" \
         "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch "${train[@]}" \
         --set train.steps=$((k + 2)) 2>&1)
     rc=$?

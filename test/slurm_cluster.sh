@@ -45,7 +45,13 @@ slurm_cluster_start() {
     SLURM_CLUSTER_DIR=$(cd "$dir" && pwd)
     dir=$SLURM_CLUSTER_DIR
     node=$(hostname -s)
-    cpus=$(nproc)
+    # every processor of the machine (plain nproc would follow OMP_NUM_THREADS, which the tests
+    # set to 1); the tests run two ranks
+    cpus=$(nproc --all)
+    if [ "$cpus" -lt 2 ]; then
+        SLURM_CLUSTER_WHY="one processor (the SLURM tests run two ranks)"
+        return 1
+    fi
     # ports of this test run: two consecutive ones above 20000, from the shell's pid
     base=$((20000 + ($$ % 20000) * 2))
 
@@ -108,6 +114,15 @@ EOF
 
 slurm_cluster_stop() {
     local pid
+    # jobs still running (a test that failed half-way) end first: their slurmstepd would outlive
+    # the daemons
+    if [ ${#SLURM_CLUSTER_PIDS[@]} -gt 0 ] && [ -n "${SLURM_CONF:-}" ]; then
+        squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null
+        for _ in $(seq 1 50); do
+            [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 0.1
+        done
+    fi
     for pid in "${SLURM_CLUSTER_PIDS[@]}"; do kill "$pid" 2>/dev/null; done
     for pid in "${SLURM_CLUSTER_PIDS[@]}"; do
         for _ in $(seq 1 50); do

@@ -991,8 +991,8 @@ static ct_backend *device_backend;
 /* An NCCL group of the ranks of `comm` (a duplicate or split of the world); with `channels`,
  * transfers to the neighbours go on directed channels, else as held NCCL groups. */
 static ct_comm *nccl_group(MPI_Comm comm, const char *name, double timeout_s, bool channels) {
-    ct_comm *c = ct_comm_nccl_new(ct_comm_mpi_new(comm, name, timeout_s), device_backend,
-                                  timeout_s, channels);
+    ct_comm *c = ct_comm_nccl_new(ct_comm_mpi_new(comm, name, timeout_s), device_backend, timeout_s,
+                                  channels);
     CT_ASSERTF(c != NULL, "ct_comm_nccl_new: %s", ct_error_message());
     return c;
 }

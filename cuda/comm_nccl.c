@@ -318,11 +318,18 @@ static void nccl_wait_compute(void *ctx, ct_backend *be, int event) {
     g->compute_pending = true;
 }
 
-static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt, ct_reduce_op op) {
+/* What every device collective does first, on the communication stream: wait for the compute
+ * recorded by wait_compute, start the held transfers (their order on the group), and open the
+ * operation the watchdog tracks (n elements of the full buffer). */
+static flight *start_collective(nccl_group *g, ct_comm_op_kind kind, ct_dtype dt, int op,
+                                int64_t n) {
     after_compute(g, g->stream);
     flush_p2p(g);
-    flight *f =
-        flight_new(g, CT_COMM_ALLREDUCE, dt, (int)op, n * (int64_t)ct_dtype_size(dt), false);
+    return flight_new(g, kind, dt, op, n * (int64_t)ct_dtype_size(dt), false);
+}
+
+static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt, ct_reduce_op op) {
+    flight *f = start_collective(g, CT_COMM_ALLREDUCE, dt, (int)op, n);
     CT_NCCL_CHECK(
         ncclAllReduce(buf, buf, (size_t)n, nccl_dtype(dt), nccl_op(op), g->nccl, g->stream));
     return f;
@@ -330,10 +337,7 @@ static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt,
 
 static flight *start_reduce_scatter(nccl_group *g, const void *send, void *recv, int64_t n,
                                     ct_dtype dt, ct_reduce_op op) {
-    after_compute(g, g->stream);
-    flush_p2p(g);
-    flight *f =
-        flight_new(g, CT_COMM_REDUCE_SCATTER, dt, (int)op, n * (int64_t)ct_dtype_size(dt), false);
+    flight *f = start_collective(g, CT_COMM_REDUCE_SCATTER, dt, (int)op, n);
     CT_NCCL_CHECK(ncclReduceScatter(send, recv, (size_t)(n / g->size), nccl_dtype(dt), nccl_op(op),
                                     g->nccl, g->stream));
     return f;
@@ -341,10 +345,7 @@ static flight *start_reduce_scatter(nccl_group *g, const void *send, void *recv,
 
 static flight *start_allgather(nccl_group *g, const void *send, void *recv, int64_t n,
                                ct_dtype dt) {
-    after_compute(g, g->stream);
-    flush_p2p(g);
-    flight *f =
-        flight_new(g, CT_COMM_ALLGATHER, dt, OP_NONE, n * (int64_t)ct_dtype_size(dt), false);
+    flight *f = start_collective(g, CT_COMM_ALLGATHER, dt, OP_NONE, n);
     CT_NCCL_CHECK(
         ncclAllGather(send, recv, (size_t)(n / g->size), nccl_dtype(dt), g->nccl, g->stream));
     return f;
@@ -414,10 +415,7 @@ static void nccl_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dt, int roo
         g->boot->iface->broadcast(g->boot->ctx, buf, n, dt, root);
         return;
     }
-    after_compute(g, g->stream);
-    flush_p2p(g);
-    flight *f =
-        flight_new(g, CT_COMM_BROADCAST, dt, OP_NONE, n * (int64_t)ct_dtype_size(dt), false);
+    flight *f = start_collective(g, CT_COMM_BROADCAST, dt, OP_NONE, n);
     CT_NCCL_CHECK(ncclBroadcast(buf, buf, (size_t)n, nccl_dtype(dt), root, g->nccl, g->stream));
     finish_blocking(g, f);
 }
@@ -502,8 +500,7 @@ static void nccl_all_to_all(void *ctx, const void *send, void *recv, int64_t n, 
         g->boot->iface->all_to_all(g->boot->ctx, send, recv, n, dt);
         return;
     }
-    after_compute(g, g->stream);
-    flush_p2p(g);
+    flight *f = start_collective(g, CT_COMM_ALL_TO_ALL, dt, OP_NONE, n);
     size_t esz = ct_dtype_size(dt), block = (size_t)(n / g->size) * esz;
     if (send == recv) {
         /* in place: the sends read a copy, made on the communication stream */
@@ -517,7 +514,6 @@ static void nccl_all_to_all(void *ctx, const void *send, void *recv, int64_t n, 
                                       g->stream));
         send = g->scratch;
     }
-    flight *f = flight_new(g, CT_COMM_ALL_TO_ALL, dt, OP_NONE, n * (int64_t)esz, false);
     CT_CUDA_CHECK(cudaMemcpyAsync((char *)recv + (size_t)g->rank * block,
                                   (const char *)send + (size_t)g->rank * block, block,
                                   cudaMemcpyDeviceToDevice, g->stream));

@@ -417,6 +417,22 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
     abort();
 }
 
+void ct_mpi_wait(MPI_Request *req) {
+    if (!ct_idle_hooked()) {
+        CT_MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+        return;
+    }
+    /* A device works on while the host waits; an emulated one only when the host lets it (the
+     * idle hook): test and let it, instead of blocking in MPI. */
+    int flag = 0;
+    for (;;) {
+        CT_MPI_CHECK(MPI_Test(req, &flag, MPI_STATUS_IGNORE));
+        if (flag) return;
+        ct_idle();
+        sched_yield();
+    }
+}
+
 /* ---- the interface slots ------------------------------------------------------------------ */
 
 static void mpi_wait(void *ctx, ct_comm_request *req) {
@@ -427,19 +443,7 @@ static void mpi_wait(void *ctx, ct_comm_request *req) {
         watchdog_arm(g, req);
         for (int i = 0; i < req->n_mpi; i++) {
             if (req->mpi[i] == MPI_REQUEST_NULL) continue; /* finished before */
-            if (ct_idle_hooked()) {
-                /* A device works on while the host waits; an emulated one only when the host
-                 * lets it (the idle hook): test and let it, instead of blocking in MPI. */
-                int flag = 0;
-                for (;;) {
-                    CT_MPI_CHECK(MPI_Test(&req->mpi[i], &flag, MPI_STATUS_IGNORE));
-                    if (flag) break;
-                    ct_idle();
-                    sched_yield();
-                }
-            } else {
-                CT_MPI_CHECK(MPI_Wait(&req->mpi[i], MPI_STATUS_IGNORE));
-            }
+            ct_mpi_wait(&req->mpi[i]);
             request_piece_done(g, req, i);
         }
         watchdog_disarm();

@@ -96,6 +96,11 @@ void ct_comm_mpi_set_chunk_limit(int64_t elements);
  * MPI_Finalize. */
 void ct_comm_mpi_release_ops(void);
 
+/* Completes `req` (MPI_Wait), or, while the idle hook is set (core/common.h: NCCL groups exist),
+ * tests it and runs the hook between tests instead of blocking in MPI, so an emulated device
+ * moves on while its host waits. */
+void ct_mpi_wait(MPI_Request *req);
+
 /*
  * Checks an MPI call: on failure prints the call, MPI's error string, the rank and file:line,
  * then aborts the job (an MPI error mid-run is a runtime failure nobody can recover from).

@@ -4,7 +4,6 @@
 #include "context.h"
 
 #include <mpi.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,23 +210,15 @@ ct_status ct_pctx_agree(const ct_pctx *pctx, ct_status local) {
     return pctx->world_size > 1 ? ct_mpi_agree(local) : local;
 }
 
-/* MPI_MAX of one int over the world. While a device works on (the idle hook is set, common.h)
- * the host tests and runs the hook instead of blocking in MPI, as comm_mpi.c's waits do: an
- * emulated device moves only when the host lets it, and another rank may wait for its transfer. */
+/* MPI_MAX of one int over the world; non-blocking while NCCL groups exist (ct_mpi_wait). */
 static void world_max(const int *mine, int *out) {
     if (!ct_idle_hooked()) {
         CT_MPI_CHECK(MPI_Allreduce(mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
         return;
     }
     MPI_Request req;
-    int flag = 0;
     CT_MPI_CHECK(MPI_Iallreduce(mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req));
-    for (;;) {
-        CT_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
-        if (flag) return;
-        ct_idle();
-        sched_yield();
-    }
+    ct_mpi_wait(&req);
 }
 
 ct_status ct_mpi_agree(ct_status local) {

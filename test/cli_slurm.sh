@@ -10,7 +10,11 @@
 #   - time limit: a job killed at its time limit (SIGTERM, SIGKILL 2 s later) leaves only
 #     complete checkpoints (each verifies with `cooktrain inspect`, `latest` names the newest),
 #     and the next submission given its checkpoint directory resumes from the newest;
-#   - a rank killed with SIGKILL: the job ends (no hang), and the next submission resumes.
+#   - a rank killed with SIGKILL: the job ends (no hang), and the next submission resumes;
+#   - scaling sweeps as a job array (scripts/bench_scaling.sh --slurm): one task per run, the
+#     table job after them; a cancelled task shows as missing and fails the table job;
+#   - the GPU script on emulated GPUs (the node declares 2 GPUs; build/cooktrain-cuemu): one rank
+#     per GPU, a tasks/GPUs mismatch refused, preemption and requeue bit-exact.
 # Skipped, with the reason, where the cluster cannot run (not root, SLURM not installed).
 . "$(dirname "$0")/lib_cli.sh"
 . "$(dirname "$0")/slurm_cluster.sh"
@@ -80,54 +84,63 @@ if selected "sbatch"; then
 fi
 
 # ---- preemption and requeue, bit-exact ----------------------------------------------------------
-steps=40
-if selected "preempt"; then
-    # the uninterrupted reference: the same two ranks, one job step
-    expect_exit 0 "uninterrupted reference ($steps steps, srun -n 2)" -- env -C "$work" srun -n 2 \
-        --mpi=pmix ./build/cooktrain train --config "${train[@]}" --set train.steps=$steps \
-        --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin"
-    out=$(sbatch --job-name=ct-pre "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
-        "${train[@]}" --set train.steps=$steps --dump-params "$tmp/pre.bin" 2>&1)
+# preempt_check NAME WORK SCRIPT STEPS: in WORK, an uninterrupted `srun -n 2` reference run of
+# STEPS steps (with "${ref_srun[@]}" before the executable), then SCRIPT submitted with
+# "${job_shape[@]}", signalled with USR1 after step 3: it saves, requeues itself once, resumes and
+# ends with the reference's final parameters (bit-identical) and last loss.
+preempt_check() {
+    local name=$1 work=$2 script=$3 steps=$4 out id run log k a b
+    expect_exit 0 "$name: uninterrupted reference ($steps steps, srun -n 2)" -- env -C "$work" srun -n 2 \
+        "${ref_srun[@]}" --mpi=pmix ./build/cooktrain train --config "${train[@]}" --set train.steps="$steps" \
+        --set log.metrics="$tmp/$name-ref.jsonl" --dump-params "$tmp/$name-ref.bin"
+    out=$(cd "$work" && sbatch --job-name="ct-$name" "${job_shape[@]}" --time=10 "$script" \
+        "${train[@]}" --set train.steps="$steps" --dump-params "$tmp/$name.bin" 2>&1)
     id=$(job_id "$out")
-    run=$work/runs/ct-pre-$id
-    if [ -n "$id" ] && wait_for 60 at_step "$run/metrics.jsonl" 3; then
-        scancel --signal=USR1 --batch "$id"
-        ok "job $id signalled with USR1 after step 3"
-        # a requeued job waits for its old credential to expire (10 s on the test cluster)
-        wait_for 120 requeued_or_finished "$id"
-        requeued "$id" && wait_for 120 finished "$id"
-        if requeued_and_finished "$id"; then
-            ok "job $id was requeued once and finished ($(job_state "$id"))"
-        else
-            fail "job $id: state $(job_state "$id"), restarts $(job_field "$id" Restarts)"
-        fi
-        log=$work/runs/slurm/ct-pre-$id.log
-        grep -q "stopped with a checkpoint in .*; requeueing job $id" "$log" &&
-            ok "the preempted run saved and requeued the job" || fail "no save-and-requeue line in $log"
-        if grep -q "cooktrain: job $id (restart 1)" "$log"; then
-            ok "the requeued run started (restart 1)"
-        else
-            fail "no restart 1 in $log ($(scontrol show job "$id" | grep -o 'Reason=[^ ]*\|ExitCode=[^ ]*' | tr '\n' ' '))"
-            tail -4 "$log" | sed 's/^/    /'
-            grep -i "job$id\|JobId=$id" "$SLURM_CLUSTER_DIR/log/slurmctld.log" | tail -6 | sed 's/^/    ctld: /'
-        fi
-        k=$(sed -n 's/^stopped after step \([0-9]*\) on SIGUSR1.*/\1/p' "$log" | head -1)
-        if [ -n "$k" ] && [ "$k" -lt $steps ] &&
-            grep -q "checkpoint: resumed from .*/step-$(printf %08d "$k") at step $k " "$log"; then
-            ok "the preempted run stopped after step $k on SIGUSR1; the requeued one resumed there"
-        else
-            fail "stop and resume steps not found in $log (stopped after step '${k}')"
-        fi
-        if cmp -s "$tmp/pre.bin" "$tmp/ref.bin"; then
-            ok "preempted + requeued job: final parameters bit-identical to the uninterrupted run"
-        else
-            fail "preempted + requeued job: final parameters differ from the uninterrupted run"
-        fi
-        a=$(last_loss "$tmp/ref.jsonl") b=$(last_loss "$run/metrics.jsonl")
-        [ "$a" = "$b" ] && ok "and the same last loss ($b)" || fail "last loss $b, uninterrupted $a"
-    else
-        fail "job $id did not reach step 3 (state $(job_state "$id"))"
+    run=$work/runs/ct-$name-$id
+    if [ -z "$id" ] || ! wait_for 60 at_step "$run/metrics.jsonl" 3; then
+        fail "$name: job $id did not reach step 3 (state $(job_state "$id"); $out)"
+        scancel "$id" 2>/dev/null
+        return
     fi
+    scancel --signal=USR1 --batch "$id"
+    ok "$name: job $id signalled with USR1 after step 3"
+    # a requeued job waits for its old credential to expire (10 s on the test cluster)
+    wait_for 120 requeued_or_finished "$id"
+    requeued "$id" && wait_for 120 finished "$id"
+    if requeued_and_finished "$id"; then
+        ok "$name: job $id was requeued once and finished ($(job_state "$id"))"
+    else
+        fail "$name: job $id: state $(job_state "$id"), restarts $(job_field "$id" Restarts)"
+    fi
+    log=$work/runs/slurm/ct-$name-$id.log
+    grep -q "stopped with a checkpoint in .*; requeueing job $id" "$log" &&
+        ok "$name: the preempted run saved and requeued the job" || fail "$name: no save-and-requeue line in $log"
+    if grep -q "cooktrain: job $id (restart 1)" "$log"; then
+        ok "$name: the requeued run started (restart 1)"
+    else
+        fail "$name: no restart 1 in $log ($(scontrol show job "$id" | grep -o 'Reason=[^ ]*\|ExitCode=[^ ]*' | tr '\n' ' '))"
+        tail -4 "$log" | sed 's/^/    /'
+        grep -i "job$id\|JobId=$id" "$SLURM_CLUSTER_DIR/log/slurmctld.log" | tail -6 | sed 's/^/    ctld: /'
+    fi
+    k=$(sed -n 's/^stopped after step \([0-9]*\) on SIGUSR1.*/\1/p' "$log" | head -1)
+    if [ -n "$k" ] && [ "$k" -lt "$steps" ] &&
+        grep -q "checkpoint: resumed from .*/step-$(printf %08d "$k") at step $k " "$log"; then
+        ok "$name: the preempted run stopped after step $k on SIGUSR1; the requeued one resumed there"
+    else
+        fail "$name: stop and resume steps not found in $log (stopped after step '${k}')"
+    fi
+    if cmp -s "$tmp/$name.bin" "$tmp/$name-ref.bin"; then
+        ok "$name: preempted + requeued job: final parameters bit-identical to the uninterrupted run"
+    else
+        fail "$name: preempted + requeued job: final parameters differ from the uninterrupted run"
+    fi
+    a=$(last_loss "$tmp/$name-ref.jsonl") b=$(last_loss "$run/metrics.jsonl")
+    [ "$a" = "$b" ] && ok "$name: and the same last loss ($b)" || fail "$name: last loss $b, uninterrupted $a"
+}
+if selected "preempt"; then
+    ref_srun=()
+    job_shape=("${shape[@]}")
+    preempt_check pre "$work" scripts/slurm/cooktrain.sbatch 40
 fi
 
 # resume_check NAME CKPT_DIR: every checkpoint in CKPT_DIR verifies (cooktrain inspect), `latest`
@@ -202,4 +215,97 @@ if selected "rank killed"; then
         fail "job $id did not reach step 5"
         scancel "$id" 2>/dev/null
     fi
+fi
+
+# ---- scaling sweeps as a job array ------------------------------------------------------------------
+# scripts/bench_scaling.sh --slurm: one array task per run, one at a time (--array-limit 1: the
+# test node is shared), and a table job after the array.
+scaling=(--config configs/test-tiny.yaml --set data.train="$root/$TEST_DATA/train.bin" --steps 3
+         --array-limit 1 --sbatch "--time=5")
+if selected "scaling array"; then
+    expect_exit 0 "bench_scaling.sh --slurm --wait: a 3-task array and its table job" -- \
+        scripts/bench_scaling.sh --slurm --wait --ranks "1 2" --out "$work/runs/scaling" "${scaling[@]}"
+    dir=$work/runs/scaling
+    if [ "$(grep -c '	ok	' "$dir/results.tsv" 2>/dev/null)" = 4 ] &&
+        grep -q '^strong *2 *16 ' "$dir/table.txt" && grep -q '^weak *2 *32 ' "$dir/table.txt"; then
+        ok "the table job collects strong 1, 2 and weak 1, 2 (4 rows with numbers) into table.txt"
+    else
+        fail "the sweep's table: $(cat "$dir/table.txt" 2>/dev/null | head -8)"
+    fi
+    for t in 0 1 2; do
+        grep -q "^bench_scaling: array task $t of 3: " "$dir/slurm/task-$t.log" 2>/dev/null || break
+    done
+    [ "$t" = 2 ] && ok "each array task ran its own run (task logs 0-2)" || fail "task log $t: $(head -2 "$dir/slurm/task-$t.log" 2>&1)"
+    grep -q '^grid: world 2 ' "$dir/2.weak.log" && grep -q '^grid: world 2 ' "$dir/2.strong.log" &&
+        ok "the 2-rank runs are 2-rank jobs (srun inside the task's allocation)" ||
+        fail "2-rank runs: $(grep -h '^grid' "$dir"/2.*.log)"
+    expect_exit 0 "bench_scaling.sh --collect prints the same table again" -- scripts/bench_scaling.sh --collect "$dir"
+    [ "$(printf '%s\n' "$OUT_TEXT" | grep -c '^\(strong\|weak\) ')" = 4 ] && ok "with its 4 rows" || fail "--collect: $OUT_TEXT"
+fi
+if selected "scaling missing"; then
+    # a task cancelled before it ran: the table job still runs (afterany), shows it as missing and
+    # fails
+    out=$(scripts/bench_scaling.sh --slurm --mode strong --ranks "1 2" --out "$work/runs/scaling-cancel" \
+        "${scaling[@]}" 2>&1)
+    array=$(printf '%s\n' "$out" | sed -n 's/^submitted job array \([0-9]*\):.*/\1/p')
+    table=$(printf '%s\n' "$out" | sed -n 's/^submitted the table job \([0-9]*\) .*/\1/p')
+    [ -n "$array" ] && scancel "${array}_1"
+    dir=$work/runs/scaling-cancel
+    if [ -n "$table" ] && wait_for 60 finished "$table"; then
+        [ "$(job_state "$table")" = FAILED ] && ok "with array task 1 cancelled, the table job fails (exit 1)" ||
+            fail "the table job ended $(job_state "$table")"
+        grep -q '^strong *2 *missing' "$dir/table.txt" && grep -q '^strong *1 *16 .*100.0%' "$dir/table.txt" &&
+            ok "its table shows strong 1 measured and strong 2 missing" || fail "table: $(cat "$dir/table.txt")"
+    else
+        fail "no table job finished ($out)"
+    fi
+fi
+
+# ---- the GPU script, on emulated GPUs ----------------------------------------------------------------
+# The node declares 2 GPUs (GRES); the jobs run the emulated CUDA build (build/cooktrain-cuemu, its
+# 2 devices from CUEMU_DEVICES) as ./build/cooktrain, so the script runs as written: one rank per
+# GPU, --backend cuda, NCCL (the stand-in).
+if [ -x "$root/$BUILD/cooktrain-cuemu" ]; then
+    gwork=$tmp/gpu-work
+    mkdir -p "$gwork/runs/slurm" "$gwork/build"
+    ln -s "$root/$BUILD/cooktrain-cuemu" "$gwork/build/cooktrain"
+    ln -s "$root/configs" "$gwork/configs"
+    ln -s "$root/scripts" "$gwork/scripts"
+    export CUEMU_DEVICES=2
+    gshape=(-N 1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --chdir="$gwork")
+    gtrain=("${train[@]}" --set model.n_layer=2)
+    if selected "gpu sbatch"; then
+        out=$(timeout 300 sbatch --wait --job-name=ct-gpu "${gshape[@]}" --time=10 \
+            scripts/slurm/cooktrain-gpu.sbatch "${gtrain[@]}" --set train.steps=3 --set checkpoint.interval=2 2>&1)
+        rc=$?
+        id=$(job_id "$out")
+        log=$gwork/runs/slurm/ct-gpu-$id.log
+        [ $rc = 0 ] && [ -n "$id" ] && ok "sbatch of the GPU script completes (job $id, exit 0)" ||
+            fail "sbatch of the GPU script: exit $rc ($out; $(tail -3 "$log" 2>/dev/null))"
+        grep -q "2 ranks (2 GPUs per node)" "$log" && grep -q '^rank 0: cuda device 0 ' "$log" &&
+            grep -q '^rank 1: cuda device 1 (node-local rank 1 of 2, 2 devices)' "$log" &&
+            ok "one rank per GPU: ranks 0 and 1 on devices 0 and 1" || fail "device lines in $log"
+        [ -d "$gwork/runs/ct-gpu-$id/checkpoints/step-00000003" ] && [ "$(grep -c '"loss"' "$gwork/runs/ct-gpu-$id/metrics.jsonl")" = 3 ] &&
+            ok "its metrics and checkpoints in the job's directories" || fail "outputs in $gwork/runs/ct-gpu-$id"
+    fi
+    if selected "gpu mismatch"; then
+        out=$(timeout 300 sbatch --wait --job-name=ct-gpu-mismatch -N 1 --ntasks-per-node=2 --gpus-per-node=1 \
+            --cpus-per-task=1 --chdir="$gwork" --time=10 scripts/slurm/cooktrain-gpu.sbatch "${gtrain[@]}" 2>&1)
+        rc=$?
+        id=$(job_id "$out")
+        [ $rc = 2 ] && grep -q '^hint: one rank per GPU' "$gwork/runs/slurm/ct-gpu-mismatch-$id.log" &&
+            ok "2 tasks per node with 1 GPU per node: the script exits 2 with a hint" ||
+            fail "tasks/GPUs mismatch: exit $rc ($(cat "$gwork/runs/slurm/ct-gpu-mismatch-$id.log" 2>/dev/null))"
+    fi
+    if selected "gpu preempt"; then
+        ref_srun=(--gpus-per-node=2 --cpus-per-task=1)
+        job_shape=("${gshape[@]}")
+        saved=("${train[@]}")
+        train=("${gtrain[@]}" --backend cuda)
+        preempt_check gpu-pre "$gwork" scripts/slurm/cooktrain-gpu.sbatch 12
+        train=("${saved[@]}")
+    fi
+    unset CUEMU_DEVICES
+else
+    ok "GPU script tests skipped: $BUILD/cooktrain-cuemu not built (needs the CUDA headers)"
 fi

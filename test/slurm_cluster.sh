@@ -13,9 +13,12 @@
 # and waits for them. Nothing outside DIR is written; /etc/slurm and a running system munged
 # are left alone.
 #
-# The cluster: SlurmUser root, munge authentication, proctrack/linuxproc and task/none (no
-# cgroups in a container), select/cons_tres with CR_Core, MpiDefault=pmix (Debian's Open MPI
-# starts under srun through PMIx: no mpirun), one partition `debug` with OverSubscribe=FORCE
+# The cluster: SlurmUser root, munge authentication, proctrack/linuxproc and task/affinity (no
+# cgroups in a container; affinity binds each task to its cores, so srun --cpu-bind=cores and
+# OMP_PROC_BIND in the batch scripts act as on a real node), select/cons_tres with CR_Core, a node
+# that declares SLURM_CLUSTER_GPUS GPUs (2 unless set; GRES backed by empty files, for jobs of
+# the emulated CUDA build: --gpus-per-node is checked and counted, nothing is bound),
+# MpiDefault=pmix (Debian's Open MPI starts under srun through PMIx: no mpirun), one partition `debug` with OverSubscribe=FORCE
 # (more ranks than cores, as the MPI tests run), KillWait=2 (a job past its time limit gets
 # SIGTERM, then SIGKILL 2 s later, instead of SLURM's 30 s), requeue allowed, finished jobs kept
 # listed for 5 minutes (scontrol show job), a scheduling pass every second, and credentials that
@@ -26,6 +29,7 @@
 
 SLURM_CLUSTER_DIR=
 SLURM_CLUSTER_PIDS=()
+SLURM_CLUSTER_GPUS=${SLURM_CLUSTER_GPUS:-2}
 
 slurm_cluster_start() {
     local dir=$1 node cpus base
@@ -85,7 +89,7 @@ SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmix
@@ -94,9 +98,14 @@ KillWait=2
 JobRequeue=1
 MinJobAge=300
 SchedulerParameters=sched_interval=1
-NodeName=$node CPUs=$cpus State=UNKNOWN
+GresTypes=gpu
+NodeName=$node CPUs=$cpus Gres=gpu:$SLURM_CLUSTER_GPUS State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 EOF
+    # GPUs the node declares: counted only (no device files), for jobs of the emulated CUDA build
+    local g
+    for ((g = 0; g < SLURM_CLUSTER_GPUS; g++)); do touch "$dir/gpu$g"; done
+    echo "NodeName=$node Name=gpu File=$dir/gpu[0-$((SLURM_CLUSTER_GPUS - 1))]" >"$dir/gres.conf"
     export SLURM_CONF=$dir/slurm.conf
     slurmctld -D >"$dir/log/slurmctld.out" 2>&1 &
     SLURM_CLUSTER_PIDS+=("$!")

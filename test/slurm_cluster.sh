@@ -111,8 +111,7 @@ EOF
     SLURM_CLUSTER_PIDS+=("$!")
     slurmd -D >"$dir/log/slurmd.out" 2>&1 &
     SLURM_CLUSTER_PIDS+=("$!")
-    local t
-    for t in $(seq 1 60); do
+    for _ in $(seq 1 60); do
         if [ "$(sinfo -h -o %t 2>/dev/null)" = idle ]; then return 0; fi
         sleep 0.5
     done

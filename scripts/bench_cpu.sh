@@ -15,7 +15,11 @@
 #      against the ratio of their GEMM libraries;
 #   3. data-parallel overlap: exposed communication as a share of the step at dp=2 on the 124M
 #      config (one thread per rank), from the trainer's own time split;
-#   4. where the time goes: the --profile line (ms per step by op category).
+#   4. where the time goes: the --profile line (ms per step by op category);
+#   5. learning in bf16: configs/tiny.yaml trained --learn-steps steps (default 300) in fp32 and in
+#      bf16 from the same initial weights, and the validation loss of each at the end (20
+#      batches of the held-out fortunes); the mixed-precision goal is bf16 within 1% of fp32
+#      (make test checks the same on test-tiny in 30 steps). --learn-steps 0 skips it.
 # Each model runs in each precision of --precision (default: fp32 then bf16). bf16 is cooktrain's
 # mixed precision (train.precision: bf16) against the peer under torch.autocast("cpu", bfloat16);
 # its MFU is over the bf16 peak (`--gemm-rate` in bf16: a vdpbf16ps loop, or AMX's best matmul)
@@ -24,8 +28,9 @@
 # Also the BPE training time. Medians are over the steps after the first two of each run.
 #
 #   scripts/bench_cpu.sh [--compare-torch] [--precision "fp32 bf16"] [--steps-tiny N] [--steps-124m N]
-#                        [--skip-dp] [--only tiny|gpt2-124m]
-# (--only runs one model's throughput figures and skips the dp run: for quick iterations)
+#                        [--skip-dp] [--learn-steps N] [--only tiny|gpt2-124m]
+# (--only runs one model's throughput figures and skips the dp and learning runs: for quick
+# iterations)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -35,6 +40,7 @@ steps_124m=6
 threads=2
 compare_torch=0
 skip_dp=0
+learn_steps=300
 only=
 precisions="fp32 bf16"
 while [ $# -gt 0 ]; do
@@ -44,11 +50,15 @@ while [ $# -gt 0 ]; do
         --steps-124m) steps_124m=$2; shift 2 ;;
         --skip-dp) skip_dp=1; shift ;;
         --precision) precisions=$2; shift 2 ;;
-        --only) only=$2; skip_dp=1; shift 2 ;;
+        --learn-steps) learn_steps=$2; shift 2 ;;
+        --only) only=$2; skip_dp=1; learn_steps=0; shift 2 ;;
         *) echo "bench_cpu: unknown option $1" >&2; echo "hint: see the comment at the top of $0" >&2; exit 2 ;;
     esac
 done
 
+if ! [[ $learn_steps =~ ^[0-9]+$ ]]; then
+    echo "bench_cpu: --learn-steps $learn_steps is not a whole number" >&2; echo "hint: --learn-steps 0 skips the learning runs" >&2; exit 2
+fi
 for precision in $precisions; do
     case $precision in
         fp32 | bf16) ;;
@@ -156,5 +166,23 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][2:]
 share = statistics.median(r["exposed_comm_s"] / r["step_time_s"] for r in rows)
 step = statistics.median(r["step_time_s"] for r in rows)
 print("dp=2       exposed communication %.1f%% of the step (median step %.2f s, %d steps)" % (100 * share, step, len(rows)))
+PY
+fi
+
+# ---- learning in bf16 ---------------------------------------------------------------------------
+if [ "$learn_steps" -gt 0 ]; then
+    echo "== learning: configs/tiny.yaml, $learn_steps steps in each precision, validation loss at the end"
+    for precision in fp32 bf16; do
+        "$BIN" train --config configs/tiny.yaml --set train.threads="$threads" --set train.steps="$learn_steps" \
+            --set train.eval_interval="$learn_steps" --set train.eval_steps=20 --set log.interval="$learn_steps" \
+            --set log.sample_tokens=0 --set train.precision="$precision" \
+            --set log.metrics="$tmp/learn.$precision.jsonl" >"$tmp/learn.$precision.log"
+    done
+    python3 - "$tmp/learn.fp32.jsonl" "$tmp/learn.bf16.jsonl" <<'PY'
+import json, sys
+val = lambda p: [json.loads(l)["val_loss"] for l in open(p) if '"val_loss"' in l][-1]
+a, b = val(sys.argv[1]), val(sys.argv[2])
+d = (b - a) / a
+print("learning   val loss fp32 %.4f, bf16 %.4f: bf16 %+.2f%% (%s the 1%% goal)" % (a, b, 100 * d, "within" if abs(d) <= 0.01 else "OUTSIDE"))
 PY
 fi

@@ -440,13 +440,15 @@ run_one() {
 # ---- the plan: the table's runs, and the ones to run -------------------------------------------
 # Strong and weak run side by side at each rank count, so both series see the machine in the
 # same state; their 1-rank runs are the same run (weak 1 is not run when strong 1 is).
+# shares_strong_run MODE N: true for weak 1 when strong 1 is in the sweep
+shares_strong_run() { [ "$1" = weak ] && [ "$2" = 1 ] && [ "$mode" = both ]; }
 plan=()
 runs=()
 for n in $ranks; do
     if [ "$mode" != weak ]; then plan+=("strong $n"); runs+=("strong $n"); fi
     if [ "$mode" != strong ]; then
         plan+=("weak $n")
-        [ "$n" = 1 ] && [ "$mode" = both ] || runs+=("weak $n")
+        shares_strong_run weak "$n" || runs+=("weak $n")
     fi
 done
 header() {
@@ -484,7 +486,7 @@ if [ "$slurm" = 1 ]; then
         if [ "$skip" = 1 ]; then skip=0; continue; fi
         case $a in
             --slurm | --wait) ;;
-            --sbatch | --out | --array-limit) skip=1 ;;
+            --sbatch | --out | --array-limit | --launcher) skip=1 ;; # --launcher: added below
             *) task_args+=("$a") ;;
         esac
     done
@@ -533,7 +535,7 @@ fi
 header
 for entry in "${plan[@]}"; do
     read -r m n <<<"$entry"
-    if [ "$m" = weak ] && [ "$n" = 1 ] && [ "$mode" = both ]; then
+    if shares_strong_run "$m" "$n"; then
         printf '%-6s ranks %-3s global_batch %-5s the strong run (the same batch)\n' weak 1 "$G0"
         continue
     fi

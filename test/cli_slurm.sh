@@ -59,7 +59,7 @@ wait_for() {
 finished() { case $(job_state "$1") in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 requeued() { [ "$(job_field "$1" Restarts)" -ge 1 ] 2>/dev/null; }
 requeued_or_finished() { requeued "$1" || finished "$1"; }
-requeued_and_finished() { finished "$1" && [ "$(job_field "$1" Restarts)" -ge 1 ] 2>/dev/null; }
+requeued_and_finished() { finished "$1" && requeued "$1"; }
 at_step() { [ -f "$1" ] && grep -q "\"step\": *$2[,}]" "$1"; }
 last_loss() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if "\"loss\"" in l][-1])' "$1"; }
 
@@ -86,15 +86,16 @@ fi
 # ---- preemption and requeue, bit-exact ----------------------------------------------------------
 # preempt_check NAME WORK SCRIPT STEPS: in WORK, an uninterrupted `srun -n 2` reference run of
 # STEPS steps (with "${ref_srun[@]}" before the executable), then SCRIPT submitted with
-# "${job_shape[@]}", signalled with USR1 after step 3: it saves, requeues itself once, resumes and
-# ends with the reference's final parameters (bit-identical) and last loss.
+# "${job_shape[@]}", both training with "${job_train[@]}" (the config first); the job,
+# signalled with USR1 after step 3, saves, requeues itself once, resumes and ends with the
+# reference's final parameters (bit-identical) and last loss.
 preempt_check() {
     local name=$1 work=$2 script=$3 steps=$4 out id run log k a b
     expect_exit 0 "$name: uninterrupted reference ($steps steps, srun -n 2)" -- env -C "$work" srun -n 2 \
-        "${ref_srun[@]}" --mpi=pmix ./build/cooktrain train --config "${train[@]}" --set train.steps="$steps" \
+        "${ref_srun[@]}" --mpi=pmix ./build/cooktrain train --config "${job_train[@]}" --set train.steps="$steps" \
         --set log.metrics="$tmp/$name-ref.jsonl" --dump-params "$tmp/$name-ref.bin"
     out=$(cd "$work" && sbatch --job-name="ct-$name" "${job_shape[@]}" --time=10 "$script" \
-        "${train[@]}" --set train.steps="$steps" --dump-params "$tmp/$name.bin" 2>&1)
+        "${job_train[@]}" --set train.steps="$steps" --dump-params "$tmp/$name.bin" 2>&1)
     id=$(job_id "$out")
     run=$work/runs/ct-$name-$id
     if [ -z "$id" ] || ! wait_for 60 at_step "$run/metrics.jsonl" 3; then
@@ -140,6 +141,7 @@ preempt_check() {
 if selected "preempt"; then
     ref_srun=()
     job_shape=("${shape[@]}")
+    job_train=("${train[@]}")
     preempt_check pre "$work" scripts/slurm/cooktrain.sbatch 40
 fi
 
@@ -300,10 +302,8 @@ if [ -x "$root/$BUILD/cooktrain-cuemu" ]; then
     if selected "gpu preempt"; then
         ref_srun=(--gpus-per-node=2 --cpus-per-task=1)
         job_shape=("${gshape[@]}")
-        saved=("${train[@]}")
-        train=("${gtrain[@]}" --backend cuda)
+        job_train=("${gtrain[@]}" --backend cuda)
         preempt_check gpu-pre "$gwork" scripts/slurm/cooktrain-gpu.sbatch 12
-        train=("${saved[@]}")
     fi
     unset CUEMU_DEVICES
 else

@@ -103,10 +103,23 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 
 /* ---- ops: straight to the launchers -------------------------------------------------------- */
 
+/* An accumulating GEMM into bf16 (beta != 0: a linear layer's output that starts as its bias, or
+ * as residual + bias) is rounded once, as the CPU's is: the product goes to fp32 in workspace
+ * slot 1, and one kernel stores bf16(product + beta·C). cuBLASLt's own bf16 epilogue with
+ * beta = 1 did not: on an H200 (sm_90, CUDA 13.0) check mode found results up to 27 bf16 ulps
+ * from the single rounding where the product and C nearly cancel — a second rounding, of the
+ * product, outside the documented fp32 epilogue. The extra pass costs M·N·(4 + 2 + 2) bytes. */
 static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                       float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
                       float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     ct_cuda_ctx *cx = ctx;
+    if (c_dtype == CT_DTYPE_BF16 && beta != 0.0f && M > 0 && N > 0 && K > 0 && alpha != 0.0f) {
+        float *prod = ct_cuda_workspace(cx, 1, (size_t)(M * N) * sizeof(float));
+        ct_cuda_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, prod, N,
+                     ab_dtype, CT_DTYPE_F32);
+        ct_cuda_accumulate_rounded(cx, C, ldc, prod, beta, M, N);
+        return;
+    }
     ct_cuda_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
                  c_dtype);
 }
@@ -125,7 +138,7 @@ static void cuda_gemm_bias_gelu(void *ctx, int64_t M, int64_t N, int64_t K, cons
                "gemm_bias_gelu fallback with ldpre %lld, ldout %lld, N %lld", (long long)ldpre,
                (long long)ldout, (long long)N);
     ct_cuda_bias_init(cx, dt, pre, bias, NULL, M, N);
-    ct_cuda_gemm(cx->gemm, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
+    cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
     ct_cuda_gelu_fwd(cx, dt, out, pre, M * N);
 }
 

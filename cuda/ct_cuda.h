@@ -26,6 +26,8 @@
 
 #define CT_DYN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #define CT_SHARED(type, name, count) __shared__ __align__(16) type name[count]
+/* Unrolls the next loop (nvcc); g++, the emulator, does not know the pragma. */
+#define CT_UNROLL _Pragma("unroll")
 
 /* A template, not a macro, so that template kernels with commas in their arguments launch. */
 template <typename... Params, typename... Args>
@@ -37,6 +39,7 @@ static inline void ct_launch(void (*kernel)(Params...), dim3 grid, dim3 block, s
 #else /* g++: the emulator */
 
 #include "cuda/emu/cuemu.h"
+#define CT_UNROLL
 
 #endif
 

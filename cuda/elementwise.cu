@@ -8,6 +8,8 @@
  *   axpy       dst = fmaf(alpha, src, dst)   (the CPU build, -O3 -march=native in GNU C, contracts
  *              its dst += alpha·src into the same single-rounding FMA)
  *   scale      x = x·s                   cast       f32 <-> bf16, same dtype: a device copy
+ *   accumulate_rounded   C = bf16(fmaf(beta, C, prod)): a bf16 GEMM's accumulation (no CPU slot:
+ *              the CPU's GEMM rounds once, and this is how the CUDA gemm slot does the same)
  *   bias_grad  dbias(C) += Σ rows of dout, in the CPU's order: rows summed in order inside chunks
  *              of EW_CHUNK_ROWS (= the CPU's CHUNK_ROWS) starting from the chunk's first row, the
  *              chunk partials added in chunk order starting from chunk 0, then added to dbias.
@@ -142,6 +144,17 @@ static __global__ void ew_axpy_kernel(T *dst, const T *src, float alpha, int64_t
     }
     const int64_t j = nv * VEC + tid;
     if (j < n) dst[j] = ct_from_f32<T>(fmaf(alpha, ct_to_f32(src[j]), ct_to_f32(dst[j])));
+}
+
+/* C[r·ldc + j] = bf16(fmaf(beta, C, prod[r·N + j])): flat grid-stride over the M·N elements. */
+static __global__ void ew_accumulate_rounded_kernel(__nv_bfloat16 *C, int64_t ldc,
+                                                    const float *prod, float beta, int64_t M,
+                                                    int64_t N) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * N; i += stride) {
+        __nv_bfloat16 *c = C + (i / N) * ldc + i % N;
+        *c = ct_from_f32<__nv_bfloat16>(fmaf(beta, ct_to_f32(*c), prod[i]));
+    }
 }
 
 template <typename T, int VEC> static __global__ void ew_scale_kernel(T *x, float s, int64_t n) {
@@ -351,6 +364,16 @@ extern "C" void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void
         ew_axpy<__nv_bfloat16>(cx, dst, src, alpha, n);
     else
         ew_axpy<float>(cx, dst, src, alpha, n);
+}
+
+extern "C" void ct_cuda_accumulate_rounded(ct_cuda_ctx *cx, void *C, int64_t ldc, const float *prod,
+                                           float beta, int64_t M, int64_t N) {
+    CT_ASSERTF(M >= 0 && N >= 0 && ldc >= N, "accumulate_rounded M=%lld N=%lld ldc=%lld",
+               (long long)M, (long long)N, (long long)ldc);
+    if (M == 0 || N == 0) return;
+    ct_launch(ew_accumulate_rounded_kernel, dim3(ew_blocks(cx, M * N)), dim3(EW_THREADS), 0,
+              ct_cuda_stream(cx), (__nv_bfloat16 *)C, ldc, prod, beta, M, N);
+    CT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T> static void ew_scale(ct_cuda_ctx *cx, void *x, float s, int64_t n) {

@@ -22,6 +22,10 @@ void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, const void *d
                        int64_t C);
 void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
 void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, int64_t n);
+/* C(M rows of N bf16 at row stride ldc) = bf16(prod + beta·C), prod (M, N) packed fp32: the
+ * single rounding that finishes an accumulating GEMM into bf16 (cuda_gemm in backend_cuda.c). */
+void ct_cuda_accumulate_rounded(ct_cuda_ctx *cx, void *C, int64_t ldc, const float *prod,
+                                float beta, int64_t M, int64_t N);
 void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, const void *src,
                   ct_dtype src_dtype, int64_t n);
 

@@ -560,6 +560,9 @@ static void test_sumsq(void **state) {
             all_ok &= sumsq_case(13, off);
             all_ok &= sumsq_case(4096, off);
             all_ok &= sumsq_case(3 * 4096 + 123, off); /* 4 chunks, a short last one */
+            /* 18 chunks: the unrolled loads of both kernels, and a last chunk (1000) that
+             * ends inside an unrolled round */
+            all_ok &= sumsq_case(17 * 4096 + 1000, off);
         }
     });
 }

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the first run of the CUDA backend on a real GPU, in three parts (DESIGN §10):
+#   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
+#      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
+#      core/backend_check.c), in fp32 and in bf16; the first op that disagrees is named;
+#   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
+#      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
+#      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
+#      test/cli_cuda.sh does on the emulated device;
+#   3. throughput: configs/tiny.yaml and configs/gpt2-124m.yaml in fp32 and bf16 on one GPU:
+#      median tokens/s, MFU over the device's peak in that precision (as the trainer prints it)
+#      and, from a second short run, the --profile split by op category.
+# Exits 1 when part 1 or 2 fails. Needs a GPU, the nvcc build (build/libcooktrain-cuda.so) and
+# the corpora of `make data`; 124M trains on build/bench-data/gpt2-124m (made here from the
+# fortunes corpus when missing, as configs/gpt2-124m.yaml expects).
+#
+#   scripts/gpu_check.sh [--steps-tiny N] [--steps-124m N] [--skip-throughput]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+BIN=$BUILD/cooktrain
+steps_tiny=60
+steps_124m=30
+throughput=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --steps-tiny) steps_tiny=$2; shift 2 ;;
+        --steps-124m) steps_124m=$2; shift 2 ;;
+        --skip-throughput) throughput=0; shift ;;
+        *) echo "gpu_check: unknown option $1" >&2; echo "hint: see the comment at the top of $0" >&2; exit 2 ;;
+    esac
+done
+for n in "$steps_tiny" "$steps_124m"; do
+    if ! [[ $n =~ ^[1-9][0-9]*$ ]] || [ "$n" -lt 4 ]; then
+        echo "gpu_check: a step count of $n is too few (the medians skip the first 2 steps)" >&2; echo "hint: --steps-tiny 60 --steps-124m 30" >&2; exit 2
+    fi
+done
+if [ ! -x "$BIN" ] || [ ! -f "$BUILD/libcooktrain-cuda.so" ]; then
+    echo "gpu_check: $BIN or $BUILD/libcooktrain-cuda.so is missing" >&2; echo "hint: build with nvcc on the PATH: make" >&2; exit 2
+fi
+for d in data/fortunes-bytes data/fortunes; do
+    if [ ! -f "$d/train.bin" ]; then echo "gpu_check: $d/train.bin is missing" >&2; echo "hint: make data" >&2; exit 2; fi
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+# ---- 1. check mode ------------------------------------------------------------------------------
+tiny=(train --config configs/test-tiny.yaml --set train.threads=1 --set train.eps=1e-6)
+for precision in fp32 bf16; do
+    if CT_CHECK_BACKEND=1 "$BIN" "${tiny[@]}" --backend cuda --set train.steps=2 --set train.precision=$precision \
+        >"$tmp/check.$precision.log" 2>&1; then
+        echo "check mode $precision: every op of 2 steps agrees with the CPU backend ($(grep -m1 '^backend' "$tmp/check.$precision.log" || true))"
+    else
+        failed=1
+        echo "check mode $precision: FAILED"; tail -n 12 "$tmp/check.$precision.log" | sed 's/^/    /'
+    fi
+done
+
+# ---- 2. training against the CPU ----------------------------------------------------------------
+# train DIR NAME [args]: test-tiny's 4 steps with metrics and final parameters under DIR/NAME.*
+train() {
+    local dir=$1 name=$2
+    shift 2
+    "$BIN" "${tiny[@]}" --set log.metrics="$dir/$name.jsonl" --dump-params "$dir/$name.bin" "$@" >"$dir/$name.log" 2>&1
+}
+# compare NAME DIR [--noise TWIN.jsonl TWIN.bin]
+compare() {
+    local name=$1 dir=$2 out
+    shift 2
+    if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" \
+        --init "$dir/init.bin" "$@" 2>&1); then
+        echo "training $name: the GPU run matches the CPU's; $out"
+    else
+        failed=1
+        echo "training $name: MISMATCH: $out"
+    fi
+}
+mkdir -p "$tmp/f32" "$tmp/b16"
+train "$tmp/f32" ref --dump-init-params "$tmp/f32/init.bin"
+train "$tmp/f32" run --backend cuda
+compare fp32 "$tmp/f32"
+for f in bin bin.index.json; do cp "$tmp/f32/init.$f" "$tmp/b16/init.$f"; done
+train "$tmp/b16" ref --set train.precision=bf16
+train "$tmp/b16" run --set train.precision=bf16 --backend cuda
+compare bf16 "$tmp/b16" --noise "$tmp/f32/ref.jsonl" "$tmp/f32/ref.bin"
+
+# ---- 3. throughput ------------------------------------------------------------------------------
+# speed NAME CONFIG STEPS PRECISION [--set ...]: median tokens/s and MFU after the first 2 steps,
+# then the op split from a second, 6-step run under --profile (which syncs the device after every
+# op to time it, so its own tokens/s is not the trainer's)
+speed() {
+    local name=$1 config=$2 steps=$3 precision=$4
+    shift 4
+    local sets=(train --config "$config" --backend cuda --set train.warmup_steps=1 --set log.interval=1
+                --set train.eval_interval=0 --set log.sample_tokens=0 --set train.precision="$precision" "$@")
+    if ! "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$tmp/$name.jsonl" >"$tmp/$name.log" 2>&1 ||
+        ! "$BIN" "${sets[@]}" --set train.steps=6 --profile >"$tmp/$name.profile.log" 2>&1; then
+        failed=1
+        echo "$name: the run failed:"; tail -n 8 "$tmp/$name.log" "$tmp/$name.profile.log" | sed 's/^/    /'
+        return
+    fi
+    python3 - "$tmp/$name.jsonl" "$name" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+setup = next(r for r in rows if r.get("setup"))
+steps = [r for r in rows if "tokens_per_s" in r][2:]
+tps = statistics.median(r["tokens_per_s"] for r in steps)
+mfu = statistics.median(r["mfu"] for r in steps) if all("mfu" in r for r in steps) else float("nan")
+print("%-15s %9.0f tok/s | MFU %.1f%% of %.0f TFLOP/s | %.2f GiB of device memory | medians of %d steps"
+      % (sys.argv[2], tps, 100 * mfu, setup.get("peak_flops_per_s", float("nan")) / 1e12,
+         max(r["mem_bytes"] for r in steps) / 2**30, len(steps)))
+PY
+    echo "$name $(grep '^profile' "$tmp/$name.profile.log" | tail -1)"
+}
+if [ $throughput = 1 ]; then
+    data124=$BUILD/bench-data/gpt2-124m
+    if [ ! -f "$data124/train.bin" ] && [ -d /usr/share/games/fortunes ]; then
+        "$BIN" prepare --input /usr/share/games/fortunes --vocab-size 50257 --out "$data124" >/dev/null
+    fi
+    echo "== throughput on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'the GPU')"
+    for precision in fp32 bf16; do speed "tiny.$precision" configs/tiny.yaml "$steps_tiny" $precision; done
+    if [ -f "$data124/train.bin" ]; then
+        for precision in fp32 bf16; do speed "gpt2-124m.$precision" configs/gpt2-124m.yaml "$steps_124m" $precision; done
+    else
+        echo "gpt2-124m: skipped ($data124/train.bin is missing and there is no fortunes corpus to make it)"
+    fi
+fi
+exit $failed

@@ -44,9 +44,8 @@
 #define ADAMW_BLOCKS_PER_SM 8
 #define SUMSQ_CHUNK 4096 /* the CPU's SUMSQ_CHUNK */
 #define SUMSQ_LANES 16   /* the CPU's LANES */
-#define SUMSQ_UNROLL                                                                               \
-    16 /* rows of loads in flight per thread (a chunk has 4096 / 16 = 256 rows)                    \
-        */
+/* rows of loads in flight per thread (a chunk has 4096 / 16 = 256 rows) */
+#define SUMSQ_UNROLL 16
 
 enum { ADAMW_COPY_NONE = 0, ADAMW_COPY_F32 = 1, ADAMW_COPY_BF16 = 2 };
 

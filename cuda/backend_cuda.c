@@ -107,8 +107,9 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
  * as residual + bias) is rounded once, as the CPU's is: the product goes to fp32 in workspace
  * slot 1, and one kernel stores bf16(product + beta·C). cuBLASLt's own bf16 epilogue with
  * beta = 1 did not: on an H200 (sm_90, CUDA 13.0) check mode found results up to 27 bf16 ulps
- * from the single rounding where the product and C nearly cancel — a second rounding, of the
- * product, outside the documented fp32 epilogue. The extra pass costs M·N·(4 + 2 + 2) bytes. */
+ * from the single rounding where the product and C nearly cancel, as a second rounding (of the
+ * product, before C is added) would give. The price: the fp32 product written and read again,
+ * 8 bytes an element besides C's own read and write. */
 static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                       float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
                       float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {

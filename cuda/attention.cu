@@ -67,16 +67,8 @@
 #define ATT_COLSUM_THREADS 256       /* columns per block of attn_colsum_kernel */
 #define ATT_MAX_HD 128               /* widest head */
 
-/* Loops over register arrays are unrolled by nvcc (indices must be constants to stay in
- * registers); g++ (the emulator) does not know the pragma and needs no unrolling. */
-#ifdef __CUDACC__
-#define ATT_UNROLL _Pragma("unroll")
-#define ATT_UNROLL_BY(n) _Pragma(ATT_STR(unroll n))
-#define ATT_STR(x) #x
-#else
-#define ATT_UNROLL
-#define ATT_UNROLL_BY(n)
-#endif
+/* Loops over register arrays are unrolled (CT_UNROLL, cuda/ct_cuda.h): their indices must be
+ * constants for the arrays to stay in registers. */
 
 static_assert(ATT_BR == ATT_BC, "the causal tile skipping assumes square tiles");
 static_assert(ATT_BR == 32, "a lane takes one row of the other operand's tile");
@@ -108,10 +100,10 @@ static __device__ inline void att_load_rows(float *dst, const float *src, int r0
  * the same row) and the lane's own row b (stride HD + 1). */
 template <int HD>
 static __device__ inline void att_rows_dot(float (&acc)[ATT_RW], const float *a, const float *b) {
-    ATT_UNROLL_BY(2)
+    CT_UNROLL_BY(2)
     for (int d = 0; d < HD; d += 4) {
         const float b0 = b[d], b1 = b[d + 1], b2 = b[d + 2], b3 = b[d + 3];
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++) {
             const float4 x = *reinterpret_cast<const float4 *>(a + r * HD + d);
             acc[r] = fmaf(x.x, b0, acc[r]);
@@ -129,10 +121,10 @@ template <int HD>
 static __device__ inline void
 att_colsum_store(float *dst, float *red, const float (&acc)[ATT_RW][HD / 32], int n_rows, int hd) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    ATT_UNROLL
+    CT_UNROLL
     for (int c = 0; c < HD / 32; c++) {
         float s = 0.0f;
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++)
             if (w * ATT_RW + r < n_rows) s += acc[r][c];
         red[w * HD + c * 32 + lane] = s;
@@ -175,11 +167,11 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
 
     att_load_tile<S, HD>(qs, HD, qh, lqkv, q0, T, hd);
     float o[ATT_RW][NC], m[ATT_RW], l[ATT_RW];
-    ATT_UNROLL
+    CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++) o[r][c] = 0.0f;
     }
     for (int kt = 0; kt <= qt; kt++) {
@@ -189,19 +181,19 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         att_load_tile<S, HD>(vs, HD, vh, lqkv, k0, T, hd);
         __syncthreads();
         float s[ATT_RW];
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++) s[r] = 0.0f;
         att_rows_dot<HD>(s, qw, ks + lane * KLD);
         /* Online softmax. Key k0 ≤ every row of the tile (kt ≤ qt), so the tile's max is finite
          * and exp(m_old − m_new) is 0 on the first tile (m_old = −inf), never NaN. */
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++) {
             const float x = j <= row0 + r ? s[r] * scale : -INFINITY;
             const float mn = fmaxf(m[r], ct_warp_max(x));
             const float alpha = expf(m[r] - mn);
             const float p = expf(x - mn);
             l[r] = l[r] * alpha + p;
-            ATT_UNROLL
+            CT_UNROLL
             for (int c = 0; c < NC; c++) o[r][c] *= alpha;
             m[r] = mn;
             pw[r * ATT_BC + lane] = p;
@@ -209,25 +201,25 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         __syncwarp(); /* the warp's P is written */
         for (int jj = 0; jj < ATT_BC; jj++) {
             float v[NC];
-            ATT_UNROLL
+            CT_UNROLL
             for (int c = 0; c < NC; c++) v[c] = vs[jj * HD + c * 32 + lane];
-            ATT_UNROLL
+            CT_UNROLL
             for (int r = 0; r < ATT_RW; r++) {
                 const float p = pw[r * ATT_BC + jj];
-                ATT_UNROLL
+                CT_UNROLL
                 for (int c = 0; c < NC; c++) o[r][c] = fmaf(p, v[c], o[r][c]);
             }
         }
     }
     const int64_t lse_row = ((int64_t)b * n_head + h) * T;
-    ATT_UNROLL
+    CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
         const float sum = ct_warp_sum(l[r]);
         const int i = row0 + r;
         if (i >= T) continue;
         const float inv = 1.0f / sum;
         S *orow = out + ((int64_t)b * T + i) * cq + (int64_t)h * hd;
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++)
             if (c * 32 + lane < hd) orow[c * 32 + lane] = ct_from_f32<S>(o[r][c] * inv);
         if (lane == 0) lse[lse_row + i] = m[r] + logf(sum);
@@ -284,8 +276,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
     att_load_tile<S, HD>(ks, HD, qkv + k_off, lqkv, k0, T, hd);
     att_load_tile<S, HD>(vs, HD, qkv + v_off, lqkv, k0, T, hd);
     float dk[ATT_RW][NC], dv[ATT_RW][NC];
-    ATT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) ATT_UNROLL
+    CT_UNROLL
+    for (int r = 0; r < ATT_RW; r++) CT_UNROLL
     for (int c = 0; c < NC; c++) dk[r][c] = dv[r][c] = 0.0f;
     for (int g = 0; g < group; g++) {
         const int h = kvh * group + g;
@@ -301,12 +293,12 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
             att_load_rows(Ds, D + lrow, q0, T);
             __syncthreads();
             float s[ATT_RW], dp[ATT_RW];
-            ATT_UNROLL
+            CT_UNROLL
             for (int r = 0; r < ATT_RW; r++) s[r] = dp[r] = 0.0f;
             att_rows_dot<HD>(s, kw, qs + lane * KLD);
             att_rows_dot<HD>(dp, vw, dos + lane * KLD);
             const float li = ls[lane], di = Ds[lane];
-            ATT_UNROLL
+            CT_UNROLL
             for (int r = 0; r < ATT_RW; r++) {
                 const bool live = i < T && key0 + r <= i;
                 const float p = live ? expf(s[r] * scale - li) : 0.0f;
@@ -316,15 +308,15 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
             __syncwarp(); /* the warp's Pᵀ and dSᵀ are written */
             for (int ii = 0; ii < ATT_BR; ii++) {
                 float qv[NC], dov[NC];
-                ATT_UNROLL
+                CT_UNROLL
                 for (int c = 0; c < NC; c++) {
                     qv[c] = qs[ii * KLD + c * 32 + lane];
                     dov[c] = dos[ii * KLD + c * 32 + lane];
                 }
-                ATT_UNROLL
+                CT_UNROLL
                 for (int r = 0; r < ATT_RW; r++) {
                     const float p = pw[r * ATT_BR + ii], ds = dsw[r * ATT_BR + ii];
-                    ATT_UNROLL
+                    CT_UNROLL
                     for (int c = 0; c < NC; c++) {
                         dv[r][c] = fmaf(p, dov[c], dv[r][c]);
                         dk[r][c] = fmaf(ds, qv[c], dk[r][c]);
@@ -333,14 +325,14 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
             }
         }
     }
-    ATT_UNROLL
+    CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++) dk[r][c] *= scale;
         const int j = key0 + r;
         if (j >= T) continue;
         S *dkr = dqkv + k_off + (int64_t)j * lqkv, *dvr = dqkv + v_off + (int64_t)j * lqkv;
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++)
             if (c * 32 + lane < hd) {
                 dkr[c * 32 + lane] = ct_from_f32<S>(dk[r][c]);
@@ -390,8 +382,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
     att_load_rows(ls, lse + lrow, q0, T);
     att_load_rows(Ds, D + lrow, q0, T);
     float dq[ATT_RW][NC];
-    ATT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) ATT_UNROLL
+    CT_UNROLL
+    for (int r = 0; r < ATT_RW; r++) CT_UNROLL
     for (int c = 0; c < NC; c++) dq[r][c] = 0.0f;
     for (int kt = 0; kt <= qt; kt++) {
         const int k0 = kt * ATT_BC, j = k0 + lane; /* the lane's key */
@@ -400,11 +392,11 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         att_load_tile<S, HD>(vs, KLD, vh, lqkv, k0, T, hd);
         __syncthreads();
         float s[ATT_RW], dp[ATT_RW];
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++) s[r] = dp[r] = 0.0f;
         att_rows_dot<HD>(s, qw, ks + lane * KLD);
         att_rows_dot<HD>(dp, dow, vs + lane * KLD);
-        ATT_UNROLL
+        CT_UNROLL
         for (int r = 0; r < ATT_RW; r++) {
             const int i = row0 + r;
             const bool live = i < T && j <= i;
@@ -414,24 +406,24 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
         __syncwarp(); /* the warp's dS is written */
         for (int jj = 0; jj < ATT_BC; jj++) {
             float kv[NC];
-            ATT_UNROLL
+            CT_UNROLL
             for (int c = 0; c < NC; c++) kv[c] = ks[jj * KLD + c * 32 + lane];
-            ATT_UNROLL
+            CT_UNROLL
             for (int r = 0; r < ATT_RW; r++) {
                 const float ds = dsw[r * ATT_BC + jj];
-                ATT_UNROLL
+                CT_UNROLL
                 for (int c = 0; c < NC; c++) dq[r][c] = fmaf(ds, kv[c], dq[r][c]);
             }
         }
     }
-    ATT_UNROLL
+    CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++) dq[r][c] *= scale;
         const int i = row0 + r;
         if (i >= T) continue;
         S *dqr = dqkv + q_off + (int64_t)i * lqkv;
-        ATT_UNROLL
+        CT_UNROLL
         for (int c = 0; c < NC; c++)
             if (c * 32 + lane < hd) dqr[c * 32 + lane] = ct_from_f32<S>(dq[r][c]);
     }

@@ -26,8 +26,11 @@
 
 #define CT_DYN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #define CT_SHARED(type, name, count) __shared__ __align__(16) type name[count]
-/* Unrolls the next loop (nvcc); g++, the emulator, does not know the pragma. */
+/* Unroll the next loop, fully or by n (nvcc: loops over register arrays need constant indices to
+ * stay in registers); g++, the emulator, does not know the pragma and needs no unrolling. */
 #define CT_UNROLL _Pragma("unroll")
+#define CT_UNROLL_BY(n) _Pragma(CT_STR(unroll n))
+#define CT_STR(x) #x
 
 /* A template, not a macro, so that template kernels with commas in their arguments launch. */
 template <typename... Params, typename... Args>
@@ -40,6 +43,7 @@ static inline void ct_launch(void (*kernel)(Params...), dim3 grid, dim3 block, s
 
 #include "cuda/emu/cuemu.h"
 #define CT_UNROLL
+#define CT_UNROLL_BY(n)
 
 #endif
 

@@ -1,11 +1,12 @@
 /*
  * attention.cu — causal self-attention, forward and backward (attention.cuh), FlashAttention-2
- * style in plain CUDA (no tensor cores: this is the fallback a tensor-core path would keep, and
- * what the emulator runs). The float formulas are those of the CPU reference (cpu_attention_fwd /
- * cpu_attention_bwd in core/backend_cpu.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s −
- * max) / sum, out = (Σ p̃·v)·(1/sum), lse = max + log(sum); backward dP = dO·Vᵀ, D = rowsum(dO ⊙ O),
- * dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K, dK = scale·dSᵀ·Q. What differs is the summation
- * order (online softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test tolerances.
+ * style in plain CUDA: the fp32 path (fp32 operands, no tensor cores). bf16 runs on tensor cores
+ * (attention_tc.cu), which shares this file's D = rowsum(dO ⊙ O) and dbias column-sum kernels. The
+ * float formulas are those of the CPU reference (cpu_attention_fwd / cpu_attention_bwd in
+ * core/backend_cpu.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s − max) / sum, out = (Σ
+ * p̃·v)·(1/sum), lse = max + log(sum); backward dP = dO·Vᵀ, D = rowsum(dO ⊙ O), dS = P ⊙ (dP − D),
+ * dV = Pᵀ·dO, dQ = scale·dS·K, dK = scale·dSᵀ·Q. What differs is the summation order (online
+ * softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test tolerances.
  *
  * Tiles. ATT_BR = 32 query rows × ATT_BC = 32 keys, blocks of ATT_THREADS = 128 threads (4 warps),
  * each warp owning ATT_RW = 8 rows of the block's tile (query rows in the forward and dQ kernels,
@@ -57,6 +58,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/attention.cuh"
+#include "cuda/attention_tc.cuh"
 
 #define ATT_BR 32                    /* query rows per tile */
 #define ATT_BC 32                    /* keys per tile (== ATT_BR: tile kt meets tiles qt ≥ kt) */
@@ -476,6 +478,28 @@ static void att_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
+void ct_cuda_attention_rowdot(ct_cuda_ctx *cx, ct_dtype dt, float *D, const void *dout,
+                              const void *out, int64_t B, int64_t T, int64_t n_head, int64_t hd) {
+    const int64_t n_rows = B * n_head * T;
+    const dim3 grid((unsigned)((n_rows + ATT_DOT_WARPS - 1) / ATT_DOT_WARPS));
+    if (dt == CT_DTYPE_BF16)
+        ct_launch(attn_bwd_dot_kernel<__nv_bfloat16>, grid, dim3(32 * ATT_DOT_WARPS), 0,
+                  ct_cuda_stream(cx), D, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out,
+                  (int)T, (int)n_head, (int)hd, n_rows);
+    else
+        ct_launch(attn_bwd_dot_kernel<float>, grid, dim3(32 * ATT_DOT_WARPS), 0, ct_cuda_stream(cx),
+                  D, (const float *)dout, (const float *)out, (int)T, (int)n_head, (int)hd, n_rows);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+void ct_cuda_attention_colsum(ct_cuda_ctx *cx, float *dst, const float *partial, int64_t n_rows,
+                              int64_t C) {
+    ct_launch(attn_colsum_kernel,
+              dim3((unsigned)((C + ATT_COLSUM_THREADS - 1) / ATT_COLSUM_THREADS)),
+              dim3(ATT_COLSUM_THREADS), 0, ct_cuda_stream(cx), dst, partial, (int)n_rows, (int)C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename S, int HD>
 static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, const void *qkv,
                     const void *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
@@ -488,11 +512,8 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
     float *partial =
         dbias ? (float *)ct_cuda_workspace(cx, 1, (size_t)(B * n_t * lqkv) * sizeof(float)) : NULL;
 
-    ct_launch(attn_bwd_dot_kernel<S>,
-              dim3((unsigned)((n_rows + ATT_DOT_WARPS - 1) / ATT_DOT_WARPS)),
-              dim3(32 * ATT_DOT_WARPS), 0, st, D, (const S *)dout, (const S *)out, (int)T,
-              (int)n_head, (int)hd, n_rows);
-    CT_CUDA_CHECK(cudaGetLastError());
+    ct_cuda_attention_rowdot(cx, sizeof(S) == 2 ? CT_DTYPE_BF16 : CT_DTYPE_F32, D, dout, out, B, T,
+                             n_head, hd);
 
     const size_t smem_kv = att_dkdv_smem<HD>();
     att_allow_smem(attn_bwd_dkdv_kernel<S, HD>, smem_kv);
@@ -508,13 +529,7 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
               lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head, (int)hd, scale);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    if (dbias) {
-        ct_launch(attn_colsum_kernel,
-                  dim3((unsigned)((lqkv + ATT_COLSUM_THREADS - 1) / ATT_COLSUM_THREADS)),
-                  dim3(ATT_COLSUM_THREADS), 0, st, dbias, (const float *)partial, (int)(B * n_t),
-                  (int)lqkv);
-        CT_CUDA_CHECK(cudaGetLastError());
-    }
+    if (dbias) ct_cuda_attention_colsum(cx, dbias, partial, B * n_t, lqkv);
 }
 
 /* The narrowest compiled head width that holds hd. */
@@ -548,7 +563,7 @@ extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, f
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     att_check_dims("attention_fwd", B, T, n_head, n_kv_head, head_dim);
     if (dt == CT_DTYPE_BF16)
-        att_fwd_dispatch<__nv_bfloat16>(cx, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
+        ct_cuda_attention_fwd_tc(cx, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
     else
         att_fwd_dispatch<float>(cx, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
 }
@@ -561,8 +576,8 @@ extern "C" void ct_cuda_attention_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dqkv, 
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     att_check_dims("attention_bwd", B, T, n_head, n_kv_head, head_dim);
     if (dt == CT_DTYPE_BF16)
-        att_bwd_dispatch<__nv_bfloat16>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head,
-                                        n_kv_head, head_dim);
+        ct_cuda_attention_bwd_tc(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
+                                 head_dim);
     else
         att_bwd_dispatch<float>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
                                 head_dim);

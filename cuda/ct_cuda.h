@@ -9,8 +9,10 @@
  *     static shared arrays only with CT_SHARED(type, name, count) (in the emulator `name` is a
  *     pointer into a per-block arena poisoned at every block start, so size from count, never
  *     sizeof(name));
- *   - device-only features (inline PTX, mma, cp.async, CUB, cooperative groups) have a plain CUDA
- *     fallback, which is what the emulator runs.
+ *   - device-only features (inline PTX, cp.async, CUB, cooperative groups) have a plain CUDA
+ *     fallback, which is what the emulator runs; the exception are the tensor-core instructions
+ *     of cuda/ct_mma.cuh (mma.sync, ldmatrix), which the emulator implements with the PTX ISA's
+ *     register fragments (cuda/emu/mma_emu.cc).
  *
  * Launch errors (a bad configuration, too much shared memory) are reported by the next
  * cudaGetLastError(), as on a GPU: launchers follow ct_launch with

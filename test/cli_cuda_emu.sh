@@ -28,7 +28,7 @@ relay() {
 }
 
 # ---- correct kernels against plain loops (reduce and softmax run all three orders) -----------
-for c in reduce softmax atomics shuffles streams memory devices launch-checks bf16; do relay "$c"; done
+for c in reduce softmax atomics shuffles streams memory devices launch-checks bf16 mma; do relay "$c"; done
 relay devices CUEMU_DEVICES=4 # guards CUEMU_DEVICES (several devices per node)
 relay devices CUEMU_DEVICES=0 # guards cudaErrorNoDevice when no device is configured
 
@@ -54,6 +54,9 @@ expect_exit 134 "shuffle whose mask names exited lanes aborts" -- "$SELF" bad-ma
 expect_text "__shfl_xor_sync mask 0xffffffff names lane 16, which exited" "bad mask: names the lane"
 expect_text "(block 0,0,0 thread 0,0,0)" "bad mask: names block and thread"
 expect_text "kernel bad_mask_kernel (launched at test/cuemu_selftest.cc:" "bad mask: names the kernel"
+# Tensor-core fragments (the mma case above) need 16-byte-aligned shared-memory rows for ldmatrix.
+expect_exit 134 "an ldmatrix row address off its 16-byte boundary aborts" -- "$SELF" ldmatrix-misaligned
+expect_text "lane 5's row address" "misaligned ldmatrix: names the lane"
 expect_exit 134 "lanes at different warp operations abort" -- "$SELF" mismatch
 expect_text "warp operations do not match" "mismatch: says so"
 expect_exit 134 "a shuffle waiting for a lane at __syncthreads aborts" -- "$SELF" deadlock

@@ -5,15 +5,17 @@
  *     cuemu_selftest CASE
  *
  * Correct kernels (reduce, softmax, atomics, shuffles, streams, memory, devices, launch-checks,
- * bf16) are compared with plain loops and exit 0, printing "ok ..." lines. Each deliberately buggy
- * kernel shows how the emulator reports its bug: an abort naming block and thread (bad-mask,
- * partial-barrier, deadlock, mismatch, big-static-smem; exit 3 when the kernel runs through),
+ * bf16, mma) are compared with plain loops and exit 0, printing "ok ..." lines. Each deliberately
+ * buggy kernel shows how the emulator reports its bug: an abort naming block and thread (bad-mask,
+ * partial-barrier, deadlock, mismatch, big-static-smem, ldmatrix-misaligned; exit 3 when the
+ * kernel runs through),
  * a wrong result in some warp order (missing-sync exits 1 when the result is wrong in the order
  * CUEMU_ORDER sets), NaN from shared memory read before it is written (uninit-shared), stale data
  * after a missing stream sync (missing-stream-sync), and an AddressSanitizer report from the ASan
  * build (oob-shared, oob-global). `speed` prints emulated threads per second.
  */
 #include "cuda/ct_cuda.h"
+#include "cuda/ct_mma.cuh"
 
 #include <chrono>
 #include <cmath>
@@ -623,6 +625,96 @@ static void case_bf16() {
     CT_CUDA_CHECK(cudaFree(out));
 }
 
+/* ---- tensor cores: mma.sync and ldmatrix (cuda/ct_mma.cuh, cuda/emu/mma_emu.cc) ------------- */
+/* D (16 x 16) = A (16 x 32) · B (32 x 16), one warp, twice: B's fragments once by ldmatrix from
+ * Bt (B's columns as rows) and once by ldmatrix.trans from B row-major. Both D's must equal the
+ * exact product: the fragments of ldmatrix (both forms) and of mma have to agree with the PTX ISA
+ * and with each other for that, so an index wrong in any of them shows. misaligned: one lane's
+ * ldmatrix row address is 8 bytes off (the emulator aborts; a GPU faults). */
+enum { MMA_M = 16, MMA_N = 16, MMA_K = 32, MMA_PAD = 8 };
+
+__global__ void mma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *Bt,
+                           const __nv_bfloat16 *B, int misaligned) {
+    constexpr int LA = MMA_K + MMA_PAD, LB = MMA_N + MMA_PAD;
+    CT_SHARED(__nv_bfloat16, as, MMA_M * LA);
+    CT_SHARED(__nv_bfloat16, bts, MMA_N * LA);
+    CT_SHARED(__nv_bfloat16, bs, MMA_K * LB);
+    const int lane = threadIdx.x, i = lane >> 3, j = lane & 7, g = lane >> 2, t = lane & 3;
+    for (int e = lane; e < MMA_M * MMA_K; e += 32) as[e / MMA_K * LA + e % MMA_K] = A[e];
+    for (int e = lane; e < MMA_N * MMA_K; e += 32) bts[e / MMA_K * LA + e % MMA_K] = Bt[e];
+    for (int e = lane; e < MMA_K * MMA_N; e += 32) bs[e / MMA_N * LB + e % MMA_N] = B[e];
+    __syncwarp();
+    float d[2][2][4] = {}; /* [way][n-tile][fragment] */
+    for (int kk = 0; kk < MMA_K / 16; kk++) {
+        uint32_t a[4], r[4];
+        const int off = misaligned && lane == 5 ? 4 : 0;
+        ct_ldmatrix_x4(a, as + (j + 8 * (i & 1)) * LA + 16 * kk + 8 * (i >> 1) + off);
+        ct_ldmatrix_x4(r, bts + (j + 8 * (i >> 1)) * LA + 16 * kk + 8 * (i & 1));
+        const uint32_t b00[2] = {r[0], r[1]}, b01[2] = {r[2], r[3]};
+        ct_mma_bf16(d[0][0], a, b00);
+        ct_mma_bf16(d[0][1], a, b01);
+        ct_ldmatrix_x4_trans(r, bs + (16 * kk + j + 8 * (i & 1)) * LB + 8 * (i >> 1));
+        const uint32_t b10[2] = {r[0], r[1]}, b11[2] = {r[2], r[3]};
+        ct_mma_bf16(d[1][0], a, b10);
+        ct_mma_bf16(d[1][1], a, b11);
+    }
+    for (int way = 0; way < 2; way++)
+        for (int n = 0; n < 2; n++)
+            for (int e = 0; e < 4; e++)
+                D[way * MMA_M * MMA_N + (g + 8 * (e >> 1)) * MMA_N + 8 * n + 2 * t + (e & 1)] =
+                    d[way][n][e];
+}
+
+static void mma_run(int misaligned) {
+    std::vector<float> fa = random_floats(MMA_M * MMA_K, 11), fb = random_floats(MMA_K * MMA_N, 12);
+    std::vector<__nv_bfloat16> ha(fa.size()), hb(fb.size()), hbt(fb.size());
+    for (size_t e = 0; e < fa.size(); e++) ha[e] = __float2bfloat16(fa[e]);
+    for (int k = 0; k < MMA_K; k++)
+        for (int n = 0; n < MMA_N; n++) {
+            hb[k * MMA_N + n] = __float2bfloat16(fb[k * MMA_N + n]);
+            hbt[n * MMA_K + k] = hb[k * MMA_N + n];
+        }
+    std::vector<double> want(2 * MMA_M * MMA_N), mag(want.size());
+    for (int m = 0; m < MMA_M; m++)
+        for (int n = 0; n < MMA_N; n++) {
+            double acc = 0.0, abs_acc = 0.0;
+            for (int k = 0; k < MMA_K; k++) {
+                const double x = (double)__bfloat162float(ha[m * MMA_K + k]) *
+                                 (double)__bfloat162float(hb[k * MMA_N + n]);
+                acc += x, abs_acc += std::fabs(x);
+            }
+            want[m * MMA_N + n] = want[MMA_M * MMA_N + m * MMA_N + n] = acc;
+            mag[m * MMA_N + n] = mag[MMA_M * MMA_N + m * MMA_N + n] = abs_acc;
+        }
+    __nv_bfloat16 *A = device_alloc<__nv_bfloat16>(ha.size());
+    __nv_bfloat16 *Bt = device_alloc<__nv_bfloat16>(hbt.size());
+    __nv_bfloat16 *B = device_alloc<__nv_bfloat16>(hb.size());
+    float *D = device_alloc<float>(want.size());
+    CT_CUDA_CHECK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemcpy(Bt, hbt.data(), hbt.size() * 2, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    for (int o = 0; o < 3; o++) {
+        cuemu_set_order(all_orders[o], 7);
+        ct_launch(mma_kernel, dim3(1), dim3(32), 0, 0, D, (const __nv_bfloat16 *)A,
+                  (const __nv_bfloat16 *)Bt, (const __nv_bfloat16 *)B, misaligned);
+        std::vector<float> got(want.size());
+        CT_CUDA_CHECK(cudaMemcpy(got.data(), D, got.size() * 4, cudaMemcpyDeviceToHost));
+        /* Each mma rounds the exact sum of its 16 products (exact in double) and c once: two
+         * k-steps, two roundings, each within 2^-24 of a value at most Σ|a·b|. */
+        bool good = true;
+        for (size_t e = 0; e < want.size(); e++)
+            good = good && std::fabs((double)got[e] - want[e]) <= 2.0 / 16777216.0 * mag[e];
+        std::string what = std::string("mma m16n8k16 over ldmatrix and ldmatrix.trans fragments "
+                                       "equals the exact product (") +
+                           order_names[o] + ")";
+        check(good, what.c_str());
+    }
+    CT_CUDA_CHECK(cudaFree(A));
+    CT_CUDA_CHECK(cudaFree(Bt));
+    CT_CUDA_CHECK(cudaFree(B));
+    CT_CUDA_CHECK(cudaFree(D));
+}
+
 /* ---- speed --------------------------------------------------------------------------------- */
 template <int BLOCK>
 __global__ void layernorm_kernel(float *out, const float *in, const float *w, const float *b,
@@ -675,9 +767,10 @@ static void case_speed() {
 /* ---- main ---------------------------------------------------------------------------------- */
 static void usage() {
     fprintf(stderr, "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
-                    "streams memory launch-checks bf16 speed\n  buggy: missing-sync, "
+                    "streams memory launch-checks bf16 mma speed\n  buggy: missing-sync, "
                     "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
-                    "uninit-shared, missing-stream-sync, oob-shared, oob-global\n");
+                    "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
+                    "ldmatrix-misaligned\n");
     exit(2);
 }
 
@@ -702,7 +795,13 @@ int main(int argc, char **argv) {
         case_launch_checks();
     else if (c == "bf16")
         case_bf16();
-    else if (c == "speed")
+    else if (c == "mma")
+        mma_run(0);
+    else if (c == "ldmatrix-misaligned") {
+        mma_run(1);
+        printf("the kernel ran to completion: nothing was reported\n");
+        exit(3);
+    } else if (c == "speed")
         case_speed();
     else if (c == "missing-sync")
         case_missing_sync();

@@ -6,11 +6,14 @@
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends, runs
  * the slot on each and compares every output element: |got − want| <= atol + rtol·|want|, NaN or
  * Inf anywhere failing. The backward runs on the CPU forward's out and lse on both sides, so it is
- * checked on its own. Shapes (the kernels tile 32 query rows × 32 keys and compile head widths 32,
- * 64 and 128): T = 37 is one whole tile and a 5-row tail, T = 5 less than a tile, T = 64 whole
- * tiles only, T = 70 three tiles, T = 1; head_dim 8, 16 and 24 (width 32 partly empty), 32, 64
- * (the 124M model's) and 80 (width 128); multi-head (n_kv_head = n_head) and grouped-query (2 or
- * 3 query heads per kv head). Every input sits in a device buffer followed by never-written memory,
+ * checked on its own. fp32 runs attention.cu's kernels (32 query rows × 32 keys a tile), bf16
+ * the tensor-core kernels of attention_tc.cu (64-row tiles, key steps of 64, or 32 at width 128),
+ * both compiling head widths 32, 64 and 128. Shapes: T = 37 is one whole 32-tile and a 5-row tail
+ * (a partial 64-tile), T = 5 less than a tile, T = 64 whole tiles only, T = 70 three 32-tiles or
+ * two 64-tiles, T = 150 three 64-tiles with off-diagonal ones, T = 100 at width 128 (four key
+ * steps), T = 1; head_dim 8, 16 and 24 (width 32 partly empty), 32, 64 (the 124M model's), 80
+ * (width 128) and 128; multi-head (n_kv_head = n_head) and grouped-query (2 or 3 query heads per
+ * kv head). Every input sits in a device buffer followed by never-written memory,
  * which the emulator fills with NaN: a read past row T − 1 of the last batch element shows (and
  * dqkv starts as NaN there: an element backward leaves unwritten shows). Every GPU output must be
  * bit-identical in the three warp orders (no atomics, fixed summation order; a race would show).
@@ -45,11 +48,21 @@
  * (every rounding in one direction, the row's largest term for every term) where the real errors
  * have random signs; a planted bug below moves results by 10^-2 to 10^2, or to NaN.
  * bf16: the inputs are bf16 on both sides (the reference values are those roundings), the
- * arithmetic fp32, so the fp32 bound D holds before the outputs are rounded; each side rounds
+ * arithmetic fp32 (tensor-core products of bf16 operands are exact, their sums fp32), so the fp32
+ * bound D holds before the outputs are rounded, plus what the tensor-core path rounds on the way:
+ * it feeds the weights P (forward, dV) and dS (dQ, dK) to their second product as bf16, each
+ * within U8 = 2^-8 relative, which adds U8·Σ p·|v| to out, U8·Σ p·|dO| to dV and U8·scale·Σ
+ * |dS|·|k| (|q|) to dQ (dK), and through those rows to dbias. Each side then rounds its outputs
  * once to nearest even, and two values within D can straddle a rounding boundary: D·(1 + 2^-7) +
  * 2^-7·(1 + 2^-7)·|want| (bf16_tol). lse and dbias are fp32 in both modes and keep their bounds.
+ * A wrong rounding of the bf16 outputs (toward zero) would hide inside that allowance; check_host
+ * catches it by its bias (the signs of the differences, see there).
  *
- * Planted while writing this test, each seen to fail (cuda/attention.cu): the forward's
+ * The tensor-core path's planted bugs are in test/mutants.txt (cuda-tc-*: fragment registers
+ * swapped, ldmatrix.trans halves from the wrong lanes, the causal mask, a skipped query step, the
+ * dbias row groups, truncated stores), each caught here.
+ * Planted while writing this test, each seen to fail (cuda/attention.cu, then also its bf16 path):
+ * the forward's
  * __syncthreads between loading a K/V tile and the scores removed (fails in all three orders:
  * the first tile reads the NaN poison of shared memory); backward's __syncthreads before
  * reloading the Q/dO tile removed (all orders: a warp still reading the previous tile sees the
@@ -82,12 +95,17 @@
 
 #define E32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
 #define U7 (1.0 / 128.0)       /* two bf16 roundings, 2·2^-8 */
+#define U8 (1.0 / 256.0)       /* one bf16 rounding, 2^-8 */
 #define F32 CT_DTYPE_F32
 #define BF16 CT_DTYPE_BF16
 #define TILE 32  /* the kernels' query and key tile */
 #define PAD 4096 /* never-written (NaN on the emulated device) bytes after every buffer */
 
 static cuda_test_pair P;
+
+/* True while checking bf16 outputs of the tensor-core path (cuda/attention_tc.cu), whose weights P
+ * and dS enter their second product rounded to bf16: each within U8 relative. */
+static bool tc_weights;
 
 /* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
@@ -181,8 +199,26 @@ static bool check_host(const char *what, const void *got, const void *want, ct_d
     bf16_tol(dt, &atol, &rtol);
     bool ok = cuda_test_close(label, got, want, dt, n, atol, rtol);
     /* bf16: the fp32 values agree to ~1e-6 relative and a bf16 spacing is 2^-7, so a straddle of
-     * a rounding midpoint is rare; more than 1 + n/64 differing elements mean a wrong rounding. */
-    if (dt == BF16) {
+     * a rounding midpoint is rare; more than 1 + n/64 differing elements mean a wrong rounding.
+     * The tensor-core path's outputs differ from the CPU's by up to 2^-8 relative before their
+     * rounding (the bf16 weights), so many bits differ; there a wrong rounding shows as a bias:
+     * round-to-nearest-even leaves the GPU's magnitude above the CPU's as often as below (a
+     * binomial count with p = 1/2), toward zero (truncation) almost never above. The imbalance
+     * may be at most 4 standard deviations, 4·sqrt(differ)/2·2, plus 2. */
+    if (dt == BF16 && tc_weights) {
+        int64_t above = 0, below = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float g = fabsf(cuda_test_get(got, dt, i)), w = fabsf(cuda_test_get(want, dt, i));
+            above += g > w, below += g < w;
+        }
+        if ((double)llabs(above - below) > 4.0 * sqrt((double)(above + below)) + 2) {
+            fprintf(stderr,
+                    "%s: of the bf16 elements that differ, %lld are larger in magnitude "
+                    "and %lld smaller than the CPU's: a biased rounding\n",
+                    label, (long long)above, (long long)below);
+            ok = false;
+        }
+    } else if (dt == BF16) {
         int64_t differ = 0;
         for (int64_t i = 0; i < n; i++) differ += ((uint16_t *)got)[i] != ((uint16_t *)want)[i];
         if (differ > 1 + n / 64) {
@@ -225,13 +261,15 @@ typedef struct att_shape {
 } att_shape;
 
 static const att_shape shapes[] = {
-    {2, 37, 4, 4, 16}, /* multi-head; a whole tile and a 5-row tail */
-    {2, 37, 4, 2, 16}, /* GQA, 2 query heads per kv head */
-    {1, 5, 3, 1, 24},  /* less than a tile; 3 heads per kv head; width 32 a quarter empty */
-    {1, 64, 2, 2, 32}, /* whole tiles only */
-    {1, 70, 2, 1, 64}, /* the 124M model's head; 3 tiles, a 6-row tail; GQA */
-    {1, 33, 2, 1, 80}, /* width 128 with 48 empty columns; a 1-row tail */
-    {2, 1, 2, 1, 8},   /* one token per sequence */
+    {2, 37, 4, 4, 16},   /* multi-head; a whole tile and a 5-row tail */
+    {2, 37, 4, 2, 16},   /* GQA, 2 query heads per kv head */
+    {1, 5, 3, 1, 24},    /* less than a tile; 3 heads per kv head; width 32 a quarter empty */
+    {1, 64, 2, 2, 32},   /* whole tiles only */
+    {1, 70, 2, 1, 64},   /* the 124M model's head; 3 tiles, a 6-row tail; GQA */
+    {1, 33, 2, 1, 80},   /* width 128 with 48 empty columns; a 1-row tail */
+    {2, 1, 2, 1, 8},     /* one token per sequence */
+    {1, 150, 2, 1, 64},  /* bf16: three 64-row tiles, a 22-row tail, off-diagonal tiles */
+    {1, 100, 4, 2, 128}, /* bf16: width 128 (32-key steps), GQA across two tiles */
 };
 enum { N_SHAPES = sizeof shapes / sizeof *shapes };
 
@@ -300,7 +338,8 @@ static void head_ref_free(head_ref *r) {
 /* ---- forward --------------------------------------------------------------------------------- */
 
 /* The forward bounds of the header: the largest over all outputs of out and of lse. */
-static void fwd_bounds(const att_shape *sh, const float *qkv, double *tol_out, double *tol_lse) {
+static void fwd_bounds(const att_shape *sh, const float *qkv, double pr, double *tol_out,
+                       double *tol_lse) {
     const int64_t T = sh->T, hd = sh->hd, n_t = (T + TILE - 1) / TILE;
     const double K = (double)hd + 5;
     *tol_out = *tol_lse = 0.0;
@@ -316,7 +355,7 @@ static void fwd_bounds(const att_shape *sh, const float *qkv, double *tol_out, d
                 for (int64_t d = 0; d < hd; d++) {
                     double pv = 0.0;
                     for (int64_t j = 0; j <= i; j++) pv += r.p[i * T + j] * fabs(r.v[j * r.lq + d]);
-                    *tol_out = fmax(*tol_out, (2 * eta + (4.0 * (double)T + 8) * E32) * pv);
+                    *tol_out = fmax(*tol_out, (2 * eta + (4.0 * (double)T + 8) * E32 + pr) * pv);
                 }
                 double tl = 2 * eta + (2.0 * (double)T + 4) * E32 +
                             4 * E32 * (fabs(r.lse[i]) + log((double)i + 1));
@@ -340,7 +379,7 @@ static bool fwd_case(ct_dtype dt, const att_shape *sh) {
         be->iface->attention_fwd(be->ctx, dt, out.p[s], lse.p[s], qkv.p[s], B, T, H, sh->KV, hd);
     }
     double tol_out, tol_lse;
-    fwd_bounds(sh, x, &tol_out, &tol_lse);
+    fwd_bounds(sh, x, dt == BF16 ? U8 : 0.0, &tol_out, &tol_lse);
     void *wo = cuda_test_download(P.cpu, out.p[0], (size_t)n_out * es);
     void *go = cuda_test_download(P.gpu, out.p[1], (size_t)n_out * es);
     void *wl = cuda_test_download(P.cpu, lse.p[0], (size_t)n_lse * 4);
@@ -348,7 +387,9 @@ static bool fwd_case(ct_dtype dt, const att_shape *sh) {
     char what[2][160];
     shape_name(what[0], sizeof what[0], "attention_fwd", dt, sh, "out");
     shape_name(what[1], sizeof what[1], "attention_fwd", dt, sh, "lse");
+    tc_weights = dt == BF16;
     bool ok = check_host(what[0], go, wo, dt, n_out, tol_out, 0.0);
+    tc_weights = false;
     ok &= check_host(what[1], gl, wl, F32, n_lse, tol_lse, 0.0);
     pb_free(&qkv), pb_free(&out), pb_free(&lse);
     free(x), free(hx), free(wo), free(go), free(wl), free(gl);
@@ -368,7 +409,7 @@ static void test_attention_fwd(void **state) {
 /* The backward bounds of the header, per element of dqkv (B, T, lq) and of dbias (lq), given the
  * inputs as stored (qkv, dout, the saved out) and dbias's starting values db0. */
 static void bwd_bounds(const att_shape *sh, const float *qkv, const float *dout, const float *out,
-                       const float *db0, double *e_dqkv, double *e_db) {
+                       const float *db0, double pr, double *e_dqkv, double *e_db) {
     const int64_t B = sh->B, T = sh->T, hd = sh->hd, cq = sh->H * hd, ckv = sh->KV * hd;
     const int64_t lq = cq + 2 * ckv, g = sh->H / sh->KV;
     const double K = (double)hd + 5;
@@ -407,9 +448,9 @@ static void bwd_bounds(const att_shape *sh, const float *qkv, const float *dout,
             for (int64_t i = 0; i < T; i++)
                 for (int64_t j = 0; j <= i; j++) {
                     const double ds = dS[i * T + j], p = r.p[i * T + j];
-                    const double eq = dSe[i * T + j] + cQ * fabs(ds);
-                    const double ek = dSe[i * T + j] + cKV * fabs(ds);
-                    const double ev = eta[i * T + j] * p + cKV * p;
+                    const double eq = dSe[i * T + j] + (cQ + pr) * fabs(ds);
+                    const double ek = dSe[i * T + j] + (cKV + pr) * fabs(ds);
+                    const double ev = eta[i * T + j] * p + (cKV + pr) * p;
                     for (int64_t d = 0; d < hd; d++) {
                         const double qd = r.q[i * lq + d], kd = r.k[j * lq + d];
                         const double od = dO[i * cq + d];
@@ -474,7 +515,7 @@ static bool bwd_case(ct_dtype dt, const att_shape *sh, bool with_dbias) {
     }
     float *fo = unpack(dt, ho, n_out);
     double *e_dqkv = dzero(n_qkv), *e_db = dzero(lq);
-    bwd_bounds(sh, x, d, fo, db0, e_dqkv, e_db);
+    bwd_bounds(sh, x, d, fo, db0, dt == BF16 ? U8 : 0.0, e_dqkv, e_db);
     void *want = cuda_test_download(P.cpu, dqkv.p[0], (size_t)n_qkv * es);
     void *got = cuda_test_download(P.gpu, dqkv.p[1], (size_t)n_qkv * es);
     const char *names[3] = {"dq", "dk", "dv"};
@@ -486,8 +527,10 @@ static bool bwd_case(ct_dtype dt, const att_shape *sh, bool with_dbias) {
         shape_name(what, sizeof what, "attention_bwd", dt, sh, tag);
         void *gw = gather(want, dt, B * T, lq, c0[part], w[part]);
         void *gg = gather(got, dt, B * T, lq, c0[part], w[part]);
+        tc_weights = dt == BF16;
         ok &= check_host(what, gg, gw, dt, B * T * w[part],
                          gather_max(e_dqkv, B * T, lq, c0[part], w[part]), 0.0);
+        tc_weights = false;
         free(gw), free(gg);
     }
     if (with_dbias) {

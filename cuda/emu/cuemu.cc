@@ -124,10 +124,11 @@ enum warp_op_kind : uint8_t {
     OP_BALLOT,
     OP_ANY,
     OP_ALL,
+    OP_COLLECTIVE, /* a warp-wide instruction (mma, ldmatrix): cuemu_warp_collective */
 };
 const char *const warp_op_names[] = {"__shfl_sync",     "__shfl_up_sync", "__shfl_down_sync",
                                      "__shfl_xor_sync", "__syncwarp",     "__ballot_sync",
-                                     "__any_sync",      "__all_sync"};
+                                     "__any_sync",      "__all_sync",     "a warp collective"};
 
 struct thread_slot {
     thread_state state;
@@ -135,6 +136,8 @@ struct thread_slot {
     int arg, width;
     unsigned mask;
     uint64_t value, result;
+    cuemu_collective_fn collective; /* OP_COLLECTIVE: what runs once every lane has arrived */
+    const char *collective_name;
 };
 
 struct warp_slot {
@@ -392,13 +395,24 @@ void warp_op_arrived(int t) {
                         lane, warp_op_names[me.op], mask, __builtin_ctz(m), warp_op_names[other.op],
                         other.mask);
     }
+    if (me.op == OP_COLLECTIVE) {
+        void *args[32];
+        for (int l = 0; l < 32; l++) {
+            if (lanes[l].collective != me.collective)
+                block_error(t, "warp collectives do not match: lane %d is at %s, lane %d at %s",
+                            lane, me.collective_name, l, lanes[l].collective_name);
+            args[l] = (void *)(uintptr_t)lanes[l].value;
+        }
+        me.collective(args); /* every lane's inputs read, every lane's outputs written */
+    }
     unsigned votes = 0;
     for (unsigned m = mask; m; m &= m - 1)
         if (lanes[__builtin_ctz(m)].value) votes |= 1u << __builtin_ctz(m);
     for (unsigned m = mask; m; m &= m - 1) {
         thread_slot &l = lanes[__builtin_ctz(m)];
         switch (l.op) {
-        case OP_SYNCWARP: l.result = 0; break;
+        case OP_SYNCWARP:
+        case OP_COLLECTIVE: l.result = 0; break;
         case OP_BALLOT: l.result = votes; break;
         case OP_ANY: l.result = votes != 0; break;
         case OP_ALL: l.result = votes == mask; break;
@@ -653,6 +667,26 @@ unsigned __activemask() {
     /* The lanes not exited: the emulator has no divergence to report, and this is the largest
      * mask a following warp operation may name. */
     return ~block.warps[block.current / 32].gone;
+}
+
+void cuemu_warp_collective(const char *name, cuemu_collective_fn fn, void *lane_args) {
+    if (!block.info) {
+        fprintf(stderr, "cuemu: %s called outside a kernel\n", name);
+        abort();
+    }
+    thread_slot &me = block.threads[block.current];
+    me.collective = fn;
+    me.collective_name = name;
+    warp_op(OP_COLLECTIVE, 0xffffffffu, (uint64_t)(uintptr_t)lane_args, 0, 32);
+}
+
+bool cuemu_is_shared_pointer(const void *p, size_t bytes) {
+    const unsigned char *c = static_cast<const unsigned char *>(p);
+    if (block.dynamic_shared && c >= block.dynamic_shared &&
+        c + bytes <= block.dynamic_shared + block.info->smem_bytes)
+        return true;
+    const unsigned char *arena = block.static_arena.data();
+    return c >= arena && c + bytes <= arena + block.static_used;
 }
 
 uint64_t cuemu_shuffle(cuemu_warp_op op, unsigned mask, uint64_t bits, int arg, int width) {

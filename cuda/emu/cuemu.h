@@ -133,7 +133,26 @@ static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width =
     return cuemu_shuffle_value(CUEMU_SHFL_XOR, mask, var, lane_mask, width);
 }
 
+/* A warp-wide instruction (mma.sync, ldmatrix: .aligned, so all 32 lanes take part): each lane
+ * arrives with its own argument block; when all 32 have, fn runs once with the blocks in lane
+ * order, before any lane resumes, so it reads every lane's inputs and writes every lane's
+ * outputs. Lanes at different collectives (another fn) or an exited lane abort, naming `name`.
+ * The instructions built on it: cuda/emu/mma_emu.cc. */
+typedef void (*cuemu_collective_fn)(void *const lane_args[32]);
+void cuemu_warp_collective(const char *name, cuemu_collective_fn fn, void *lane_args);
+
+/* Tensor-core and matrix-load instructions with the register fragments of the PTX ISA
+ * (cuda/emu/mma_emu.cc; cuda/ct_mma.cuh is what kernels call):
+ *   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32  d = a·b + c (a 16x16, b 16x8, c 16x8)
+ *   ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 (row addresses from lanes 0..8n-1) */
+void cuemu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
+                             const float c[4]);
+void cuemu_ldmatrix(uint32_t *r, int n_matrices, bool trans, const void *row_address);
+
 /* ---- shared memory ------------------------------------------------------------------------- */
+/* True when [p, p + bytes) lies in the running block's shared memory (dynamic or static). */
+bool cuemu_is_shared_pointer(const void *p, size_t bytes);
+
 /* This block's dynamic shared memory (the launch's smem_bytes), poisoned at every block start. */
 void *cuemu_dynamic_shared();
 /* The static shared array declared at `site` (one per declaration, whichever thread asks first

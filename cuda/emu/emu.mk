@@ -1,8 +1,9 @@
 # cuda/emu/emu.mk — the CUDA emulator (included by the Makefile; DESIGN §10, cuda/emu/README.md).
 #
-#   $(BUILD)/libctcudaemu.a              the scheduler (cuemu.cc) and the cudart stand-in
-#                                        (cudart_emu.cc), linked instead of libcudart by the
-#                                        emulated build (cuda/cuda.mk)
+#   $(BUILD)/libctcudaemu.a              the scheduler (cuemu.cc), the tensor-core instructions
+#                                        (mma_emu.cc) and the cudart stand-in (cudart_emu.cc),
+#                                        linked instead of libcudart by the emulated build
+#                                        (cuda/cuda.mk)
 #   $(BUILD)/libctncclemu.a              the NCCL stand-in (nccl_emu.cc, over MPI), linked
 #                                        instead of libnccl
 #   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli_cuda_emu.sh runs them)
@@ -24,7 +25,7 @@ ifneq ($(and $(CUEMU_HAVE_HEADERS),$(CUEMU_HAVE_CXX)),)
 CUEMU_RT_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -I$(CUDA_HOME)/include -MMD -MP
 CUEMU_ASAN_CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address \
                        -Wall -Wextra -I. -I$(CUDA_HOME)/include -MMD -MP
-CUEMU_RT_SRC := cuda/emu/cuemu.cc cuda/emu/cudart_emu.cc
+CUEMU_RT_SRC := cuda/emu/cuemu.cc cuda/emu/cudart_emu.cc cuda/emu/mma_emu.cc
 CUEMU_RUNTIME_OBJ := $(CUEMU_RT_SRC:%.cc=$(BUILD)/cuemu-rt/%.o)
 CUEMU_RUNTIME_ASAN_OBJ := $(CUEMU_RT_SRC:%.cc=$(BUILD)/cuemu-asan/%.o)
 

@@ -1,0 +1,589 @@
+/*
+ * attention_tc.cu — causal self-attention in bf16 on tensor cores (attention_tc.cuh): the bf16
+ * path of the slots attention_fwd and attention_bwd, FlashAttention-2 style, with warp-level
+ * mma.sync m16n8k16 (bf16 operands, fp32 accumulators) and ldmatrix through cuda/ct_mma.cuh, whose
+ * emulated versions implement the PTX fragment layouts (cuda/emu/mma_emu.cc). fp32 keeps the
+ * plain kernels of attention.cu.
+ *
+ * The formulas are attention.cu's (and the CPU reference's): s = scale·q·k, p = exp(s − m)/l,
+ * lse = m + log l; dP = dO·Vᵀ, D = rowsum(dO ⊙ O), dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K,
+ * dK = scale·dSᵀ·Q. Exponentials are exp2 of log2(e)-scaled arguments. What differs from the fp32
+ * path, and so from the CPU reference in bf16, beyond summation order: the weights P (forward and
+ * dV) and dS (dQ, dK) are rounded to bf16 to enter the second product, each within 2^-8 relative
+ * (test/test_cuda_attention.c states the tolerance this adds).
+ *
+ * Tiles: blocks of TC_THREADS = 128 threads (4 warps); a warp owns 16 rows of the block's
+ * TC_BM = 64 (query rows in the forward and dQ kernels, keys in dK/dV) and loops over the other
+ * operand in steps of TC_BN keys (forward: 64) or TC_STEP(HD) (backward: 64, 32 for head width
+ * 128, which keeps dK, dV and two score fragments in registers). Shared tiles are bf16 rows of
+ * HD + 8 elements (16 bytes of padding: the eight 16-byte rows an ldmatrix reads fall in distinct
+ * banks). HD, the compiled head width, is 32, 64 or 128: the smallest that holds head_dim, the
+ * columns past head_dim zero in shared memory. Rows past T load as zeros and are masked; global
+ * memory is never read past row T − 1 or column head_dim − 1.
+ *
+ * Fragments (ct_mma.cuh): a warp's scores S (16 rows x 8 keys per n-tile) are mma accumulators
+ * whose lane (g, t) holds rows g and g + 8, keys 2t and 2t + 1; rounded to bf16 in pairs they are
+ * directly the A operand of the next product (16 rows x 16 keys: n-tiles 2k and 2k + 1), as in
+ * FlashAttention-2. B operands come from shared memory by ldmatrix: K (or Q, dO, V in the
+ * backward) as "col" operands untransposed, V (or dO, Q, K) as row-major operands with .trans.
+ *
+ * Kernels (grid; dynamic shared memory bytes for HD = 32 / 64 / 128):
+ *   tc_fwd_kernel   (query tiles, n_head, B), heaviest first. Q tile to registers (A fragments);
+ *                   per key tile kt ≤ qt: K and V to shared memory, S = Q·Kᵀ (n-tiles past a
+ *                   warp's last row skipped on the diagonal), online softmax per row (running
+ *                   max shared by the 4 lanes of a row, a per-lane running sum reduced at the
+ *                   end), O += P·V. 3·64·(HD + 8)·2: 15360 / 27648 / 52224.
+ *   tc_dkdv_kernel  (key tiles, n_kv_head, B). K and V tile once; for each query head of the GQA
+ *                   group in order and each query step at or after the tile: Q, dO, lse, D;
+ *                   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ; dV += Pᵀ·dO, dK += dSᵀ·Q in registers.
+ *                   One owner per (b, kv head, key tile): no atomics, a fixed order.
+ *                   (2·64 + 2·S)·(HD + 8)·2 + 2·S·4 (S = TC_STEP): 20992 / 37376 / 52480.
+ *   tc_dq_kernel    (query tiles, n_head, B). Q and dO tile; per key step up to the diagonal:
+ *                   S, dP, dS; dQ += dS·K in registers. Same shared memory as tc_dkdv_kernel
+ *                   less the lse and D rows (kept in registers).
+ * D = rowsum(dO ⊙ O) and the dbias column sums come from attention.cu's kernels (its launchers
+ * ct_cuda_attention_rowdot and ct_cuda_attention_colsum), with per-tile partials written here from
+ * the fp32 accumulators, before bf16 rounding.
+ */
+#include "cuda/ct_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/ct_cuda_dtype.cuh"
+#include "cuda/ct_mma.cuh"
+#include "cuda/attention_tc.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define TC_WARPS 4
+#define TC_THREADS (32 * TC_WARPS)
+#define TC_BM 64 /* rows per block: 16 per warp */
+#define TC_BN 64 /* keys per forward step (== TC_BM: tile kt meets query tiles qt >= kt) */
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+/* keys (or queries) per backward step for head width HD */
+#define TC_STEP(HD) ((HD) > 64 ? 32 : 64)
+/* resident blocks per SM the launch bounds ask for (registers: 65536 / (128·MB)) */
+#define TC_MINB(HD) ((HD) > 64 ? 2 : 3)
+
+static_assert(TC_BM == 16 * TC_WARPS, "a warp owns 16 rows (one mma M)");
+static_assert(TC_BN == TC_BM, "causal tile skipping assumes square forward tiles");
+
+/* ---- shared helpers -------------------------------------------------------------------------- */
+
+/* dst[r·(HD + 8) + c] (r < rows, c < HD) = row r0 + r, column c of a head slice src (row stride
+ * ld); zero for rows at or past T and columns at or past hd. vec: 16-byte loads (hd % 8 == 0, ld
+ * % 8 == 0 and src 16-byte aligned, checked by the launcher). */
+template <int HD>
+static __device__ inline void tc_load(bf16 *dst, const bf16 *src, int64_t ld, int r0, int rows,
+                                      int T, int hd, bool vec) {
+    constexpr int LD = HD + 8;
+    if (vec) {
+        for (int e = threadIdx.x; e < rows * (HD / 8); e += TC_THREADS) {
+            const int r = e / (HD / 8), c = e % (HD / 8) * 8;
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (r0 + r < T && c < hd)
+                x = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
+            *reinterpret_cast<uint4 *>(dst + r * LD + c) = x;
+        }
+    } else {
+        for (int e = threadIdx.x; e < rows * HD; e += TC_THREADS) {
+            const int r = e / HD, c = e % HD;
+            bf16 x = __float2bfloat16_rn(0.0f);
+            if (r0 + r < T && c < hd) x = src[(int64_t)(r0 + r) * ld + c];
+            dst[r * LD + c] = x;
+        }
+    }
+}
+
+/* dst[r] = scale·src[r0 + r] for r < n, 0 past T. */
+static __device__ inline void tc_load_rows(float *dst, const float *src, int r0, int n, int T,
+                                           float scale) {
+    for (int r = threadIdx.x; r < n; r += TC_THREADS)
+        dst[r] = r0 + r < T ? src[r0 + r] * scale : 0.0f;
+}
+
+/* The A fragments of k-step kk (columns 16kk .. 16kk + 15) of rows m0 .. m0 + 15 of a shared tile
+ * (row stride LD): matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
+ * (rows 8-15, cols 8-15), lane 8i + j giving row j of matrix i. */
+template <int LD>
+static __device__ inline void tc_frag_a(uint32_t (&a)[4], const bf16 *tile, int m0, int kk) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, j = lane & 7;
+    ct_ldmatrix_x4(a, tile + (m0 + j + 8 * (i & 1)) * LD + 16 * kk + 8 * (i >> 1));
+}
+
+/* The B fragments ("col": B[k][n] = tile[n0 + n][16kk + k]) of n-tiles n0 .. n0 + 7 (r[0], r[1])
+ * and n0 + 8 .. n0 + 15 (r[2], r[3]) for k-step kk: a tile whose rows are B's columns. */
+template <int LD>
+static __device__ inline void tc_frag_bt(uint32_t (&r)[4], const bf16 *tile, int n0, int kk) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, j = lane & 7;
+    ct_ldmatrix_x4(r, tile + (n0 + j + 8 * (i >> 1)) * LD + 16 * kk + 8 * (i & 1));
+}
+
+/* The B fragments (B[k][n] = tile[k0 + k][c0 + n], k < 16) of n-tiles c0 .. c0 + 7 (r[0], r[1])
+ * and c0 + 8 .. c0 + 15 (r[2], r[3]): a row-major tile, transposed by ldmatrix. */
+template <int LD>
+static __device__ inline void tc_frag_b(uint32_t (&r)[4], const bf16 *tile, int k0, int c0) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, j = lane & 7;
+    ct_ldmatrix_x4_trans(r, tile + (k0 + j + 8 * (i & 1)) * LD + c0 + 8 * (i >> 1));
+}
+
+/* Accumulator n-tiles 2k and 2k + 1 (16 rows x 16 columns) as the A operand of a product over
+ * those 16 columns, rounded to bf16. */
+static __device__ inline void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                          const float (&hi)[4]) {
+    a[0] = ct_pack_bf16x2(lo[0], lo[1]);
+    a[1] = ct_pack_bf16x2(lo[2], lo[3]);
+    a[2] = ct_pack_bf16x2(hi[0], hi[1]);
+    a[3] = ct_pack_bf16x2(hi[2], hi[3]);
+}
+
+/* Stores the warp's 16 rows (row0 + g, row0 + g + 8) of accumulators acc[n] (columns 8n + 2t,
+ * + 1), times mul, to dst (row stride ld), rows below T and columns below hd. */
+template <int NT>
+static __device__ inline void tc_store(bf16 *dst, int64_t ld, const float (&acc)[NT][4], int row0,
+                                       int T, int hd, float mul0, float mul1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    CT_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const int row = row0 + g + 8 * h;
+        if (row >= T) continue;
+        const float mul = h ? mul1 : mul0;
+        bf16 *d = dst + (int64_t)row * ld;
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) {
+            const int c = 8 * n + 2 * t;
+            if (c + 1 < hd && !(hd & 1)) {
+                *reinterpret_cast<__nv_bfloat162 *>(d + c) =
+                    __floats2bfloat162_rn(acc[n][2 * h] * mul, acc[n][2 * h + 1] * mul);
+            } else {
+                if (c < hd) d[c] = __float2bfloat16_rn(acc[n][2 * h] * mul);
+                if (c + 1 < hd) d[c + 1] = __float2bfloat16_rn(acc[n][2 * h + 1] * mul);
+            }
+        }
+    }
+}
+
+/* Column sums (fp32) of the block's 64 rows of accumulators (each warp's acc: its 16 rows), in a
+ * fixed order (the 8 row groups of a warp by butterfly, then the warps in order), times mul,
+ * stored to dst[c] for c < hd. red: TC_WARPS·HD floats of shared memory no warp still reads.
+ * Called by the whole block. */
+template <int HD>
+static __device__ inline void tc_colsum_store(float *dst, float *red, const float (&acc)[HD / 8][4],
+                                              int hd, float mul) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
+    CT_UNROLL
+    for (int n = 0; n < HD / 8; n++) {
+        float c0 = acc[n][0] + acc[n][2], c1 = acc[n][1] + acc[n][3];
+        for (int off = 4; off < 32; off *= 2) {
+            c0 += __shfl_xor_sync(0xffffffffu, c0, off);
+            c1 += __shfl_xor_sync(0xffffffffu, c1, off);
+        }
+        if (lane < 4) {
+            red[w * HD + 8 * n + 2 * t] = c0;
+            red[w * HD + 8 * n + 2 * t + 1] = c1;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < hd; c += TC_THREADS) {
+        float s = red[c];
+        for (int k = 1; k < TC_WARPS; k++) s += red[k * HD + c];
+        dst[c] = s * mul;
+    }
+}
+
+/* The sum of a value over the 4 lanes of a fragment row (lanes 4g .. 4g + 3), on every one. */
+static __device__ inline float tc_row_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+static __device__ inline float tc_row_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+template <int HD> static constexpr size_t tc_fwd_smem() {
+    return sizeof(bf16) * (size_t)(3 * TC_BM * (HD + 8));
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
+    tc_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int n_head, int n_kv_head, int hd,
+                  float scale, bool vec) {
+    constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
+    CT_DYN_SHARED(bf16, smem);
+    bf16 *qs = smem, *ks = qs + TC_BM * LD, *vs = ks + TC_BN * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int qt = (int)(gridDim.x - 1 - blockIdx.x); /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const bf16 *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
+    const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
+    const int q0 = qt * TC_BM, row0 = q0 + 16 * w; /* the warp's first query row */
+    const float sl2 = scale * TC_LOG2E;
+
+    tc_load<HD>(qs, qh, lqkv, q0, TC_BM, T, hd, vec);
+    __syncthreads();
+    uint32_t qf[KS][4];
+    CT_UNROLL
+    for (int kk = 0; kk < KS; kk++) tc_frag_a<LD>(qf[kk], qs, 16 * w, kk);
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    CT_UNROLL
+    for (int n = 0; n < DT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    for (int kt = 0; kt <= qt; kt++) {
+        const int k0 = kt * TC_BN;
+        /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
+        const int need = kt < qt ? TC_BN : 16 * w + 16;
+        __syncthreads(); /* the previous tile's K and V are no longer read */
+        tc_load<HD>(ks, kh, lqkv, k0, TC_BN, T, hd, vec);
+        tc_load<HD>(vs, vh, lqkv, k0, TC_BN, T, hd, vec);
+        __syncthreads();
+        float s[NT][4];
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        CT_UNROLL
+        for (int np = 0; np < NT / 2; np++) {
+            if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
+            CT_UNROLL
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t r[4];
+                tc_frag_bt<LD>(r, ks, 16 * np, kk);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                ct_mma_bf16(s[2 * np], qf[kk], b0);
+                ct_mma_bf16(s[2 * np + 1], qf[kk], b1);
+            }
+        }
+        /* Online softmax in log2 units. Key k0 <= every row of the block (kt <= qt), so a row's
+         * running max is finite from the first tile on and exp2(m_old - m_new) is never NaN. */
+        float mx[2] = {-INFINITY, -INFINITY};
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + g + 8 * (e >> 1), key = k0 + 8 * n + 2 * t + (e & 1);
+            s[n][e] = key <= row && key < T ? s[n][e] * sl2 : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+        CT_UNROLL
+        for (int hh = 0; hh < 2; hh++) {
+            const float mn = fmaxf(m[hh], tc_row_max(mx[hh]));
+            const float alpha = exp2f(m[hh] - mn);
+            m[hh] = mn;
+            l[hh] *= alpha;
+            CT_UNROLL
+            for (int n = 0; n < DT; n++) o[n][2 * hh] *= alpha, o[n][2 * hh + 1] *= alpha;
+        }
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f(s[n][e] - m[e >> 1]);
+            s[n][e] = p;
+            l[e >> 1] += p;
+        }
+        CT_UNROLL
+        for (int kp = 0; kp < NT / 2; kp++) {
+            if (16 * kp >= need) continue; /* P is 0 there */
+            uint32_t a[4];
+            tc_acc_to_a(a, s[2 * kp], s[2 * kp + 1]);
+            CT_UNROLL
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t r[4];
+                tc_frag_b<LD>(r, vs, 16 * kp, 16 * dp);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                ct_mma_bf16(o[2 * dp], a, b0);
+                ct_mma_bf16(o[2 * dp + 1], a, b1);
+            }
+        }
+    }
+    const float sum0 = tc_row_sum(l[0]), sum1 = tc_row_sum(l[1]);
+    tc_store<DT>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq, o, row0, T, hd, 1.0f / sum0,
+                 1.0f / sum1);
+    if (t == 0) {
+        const int64_t lrow = ((int64_t)b * n_head + h) * T;
+        if (row0 + g < T) lse[lrow + row0 + g] = m[0] * TC_LN2 + logf(sum0);
+        if (row0 + g + 8 < T) lse[lrow + row0 + g + 8] = m[1] * TC_LN2 + logf(sum1);
+    }
+}
+
+/* ---- backward: dK and dV --------------------------------------------------------------------- */
+
+template <int HD> static constexpr size_t tc_bwd_smem() {
+    return sizeof(bf16) * (size_t)((2 * TC_BM + 2 * TC_STEP(HD)) * (HD + 8)) +
+           sizeof(float) * (size_t)(2 * TC_STEP(HD));
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    tc_dkdv_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
+                   const float *D, int T, int n_head, int n_kv_head, int hd, float scale,
+                   bool vec) {
+    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    CT_DYN_SHARED(bf16, smem);
+    bf16 *ks = smem, *vs = ks + TC_BM * LD, *qs = vs + TC_BM * LD, *dos = qs + S * LD;
+    float *ls = reinterpret_cast<float *>(dos + S * LD), *Ds = ls + S;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n_t = (int)gridDim.x, kt = (int)blockIdx.x; /* the most query steps first */
+    const int kvh = blockIdx.y, b = blockIdx.z, group = n_head / n_kv_head;
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const int64_t k_off = (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, v_off = k_off + ckv;
+    const int k0 = kt * TC_BM, key0 = k0 + 16 * w; /* the warp's first key */
+    const float sl2 = scale * TC_LOG2E;
+
+    tc_load<HD>(ks, qkv + k_off, lqkv, k0, TC_BM, T, hd, vec);
+    tc_load<HD>(vs, qkv + v_off, lqkv, k0, TC_BM, T, hd, vec);
+    float dk[DT][4], dv[DT][4];
+    CT_UNROLL
+    for (int n = 0; n < DT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+    for (int gi = 0; gi < group; gi++) {
+        const int h = kvh * group + gi;
+        const bf16 *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
+        const bf16 *doh = dout + (int64_t)b * T * cq + (int64_t)h * hd;
+        const int64_t lrow = ((int64_t)b * n_head + h) * T;
+        for (int i0 = k0; i0 < T; i0 += S) {
+            __syncthreads(); /* the previous step's Q, dO, lse and D are no longer read */
+            tc_load<HD>(qs, qh, lqkv, i0, S, T, hd, vec);
+            tc_load<HD>(dos, doh, cq, i0, S, T, hd, vec);
+            tc_load_rows(ls, lse + lrow, i0, S, T, TC_LOG2E);
+            tc_load_rows(Ds, D + lrow, i0, S, T, 1.0f);
+            __syncthreads();
+            if (i0 + S <= key0) continue; /* warp-uniform: every query before the warp's keys */
+            float s[NT][4], dp[NT][4];
+            CT_UNROLL
+            for (int n = 0; n < NT; n++) CT_UNROLL
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+            CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t ka[4], va[4];
+                tc_frag_a<LD>(ka, ks, 16 * w, kk);
+                tc_frag_a<LD>(va, vs, 16 * w, kk);
+                CT_UNROLL
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t r[4];
+                    tc_frag_bt<LD>(r, qs, 16 * np, kk);
+                    const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
+                    ct_mma_bf16(s[2 * np], ka, q0f);
+                    ct_mma_bf16(s[2 * np + 1], ka, q1f);
+                    tc_frag_bt<LD>(r, dos, 16 * np, kk);
+                    const uint32_t d0f[2] = {r[0], r[1]}, d1f[2] = {r[2], r[3]};
+                    ct_mma_bf16(dp[2 * np], va, d0f);
+                    ct_mma_bf16(dp[2 * np + 1], va, d1f);
+                }
+            }
+            /* Pᵀ into s, dSᵀ into dp: row = key, column = query */
+            CT_UNROLL
+            for (int n = 0; n < NT; n++) CT_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int key = key0 + g + 8 * (e >> 1), qi = 8 * n + 2 * t + (e & 1);
+                const bool live = i0 + qi < T && key <= i0 + qi;
+                const float p = live ? exp2f(s[n][e] * sl2 - ls[qi]) : 0.0f;
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - Ds[qi]);
+            }
+            CT_UNROLL
+            for (int kp = 0; kp < NT / 2; kp++) {
+                uint32_t pa[4], da[4];
+                tc_acc_to_a(pa, s[2 * kp], s[2 * kp + 1]);
+                tc_acc_to_a(da, dp[2 * kp], dp[2 * kp + 1]);
+                CT_UNROLL
+                for (int cp = 0; cp < DT / 2; cp++) {
+                    uint32_t r[4];
+                    tc_frag_b<LD>(r, dos, 16 * kp, 16 * cp);
+                    const uint32_t o0f[2] = {r[0], r[1]}, o1f[2] = {r[2], r[3]};
+                    ct_mma_bf16(dv[2 * cp], pa, o0f);
+                    ct_mma_bf16(dv[2 * cp + 1], pa, o1f);
+                    tc_frag_b<LD>(r, qs, 16 * kp, 16 * cp);
+                    const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
+                    ct_mma_bf16(dk[2 * cp], da, q0f);
+                    ct_mma_bf16(dk[2 * cp + 1], da, q1f);
+                }
+            }
+        }
+    }
+    tc_store<DT>(dqkv + k_off, lqkv, dk, key0, T, hd, scale, scale);
+    tc_store<DT>(dqkv + v_off, lqkv, dv, key0, T, hd, 1.0f, 1.0f);
+    if (partial) { /* this key tile's column sums of dK and dV (fp32, before any rounding) */
+        float *prow = partial + ((int64_t)b * n_t + kt) * lqkv + cq + (int64_t)kvh * hd;
+        float *red = reinterpret_cast<float *>(qs);
+        __syncthreads(); /* Q and dO, which red overlaps, are no longer read */
+        tc_colsum_store<HD>(prow, red, dk, hd, scale);
+        __syncthreads(); /* red is read before it is written again */
+        tc_colsum_store<HD>(prow + ckv, red, dv, hd, 1.0f);
+    }
+}
+
+/* ---- backward: dQ ---------------------------------------------------------------------------- */
+
+template <int HD>
+static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
+    tc_dq_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
+                 const float *D, int T, int n_head, int n_kv_head, int hd, float scale, bool vec) {
+    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    CT_DYN_SHARED(bf16, smem);
+    bf16 *qs = smem, *dos = qs + TC_BM * LD, *ks = dos + TC_BM * LD, *vs = ks + S * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n_t = (int)gridDim.x, qt = n_t - 1 - (int)blockIdx.x; /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const int64_t q_off = (int64_t)b * T * lqkv + (int64_t)h * hd;
+    const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
+    const int64_t lrow = ((int64_t)b * n_head + h) * T;
+    const int q0 = qt * TC_BM, row0 = q0 + 16 * w; /* the warp's first query row */
+    const float sl2 = scale * TC_LOG2E;
+
+    tc_load<HD>(qs, qkv + q_off, lqkv, q0, TC_BM, T, hd, vec);
+    tc_load<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, TC_BM, T, hd, vec);
+    float lr[2], dr[2]; /* log2-scaled lse and D of the lane's rows g and g + 8 */
+    CT_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const int row = row0 + g + 8 * hh;
+        lr[hh] = row < T ? lse[lrow + row] * TC_LOG2E : 0.0f;
+        dr[hh] = row < T ? D[lrow + row] : 0.0f;
+    }
+    float dq[DT][4];
+    CT_UNROLL
+    for (int n = 0; n < DT; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    const int k_end = q0 + TC_BM < T ? q0 + TC_BM : T; /* keys past the tile's last row: none */
+    for (int j0 = 0; j0 < k_end; j0 += S) {
+        __syncthreads(); /* the previous step's K and V are no longer read */
+        tc_load<HD>(ks, kh, lqkv, j0, S, T, hd, vec);
+        tc_load<HD>(vs, vh, lqkv, j0, S, T, hd, vec);
+        __syncthreads();
+        if (j0 > row0 + 15) continue; /* warp-uniform: every key after the warp's rows */
+        float s[NT][4], dp[NT][4];
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+        CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
+        for (int kk = 0; kk < KS; kk++) {
+            uint32_t qa[4], da[4];
+            tc_frag_a<LD>(qa, qs, 16 * w, kk);
+            tc_frag_a<LD>(da, dos, 16 * w, kk);
+            CT_UNROLL
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t r[4];
+                tc_frag_bt<LD>(r, ks, 16 * np, kk);
+                const uint32_t k0f[2] = {r[0], r[1]}, k1f[2] = {r[2], r[3]};
+                ct_mma_bf16(s[2 * np], qa, k0f);
+                ct_mma_bf16(s[2 * np + 1], qa, k1f);
+                tc_frag_bt<LD>(r, vs, 16 * np, kk);
+                const uint32_t v0f[2] = {r[0], r[1]}, v1f[2] = {r[2], r[3]};
+                ct_mma_bf16(dp[2 * np], da, v0f);
+                ct_mma_bf16(dp[2 * np + 1], da, v1f);
+            }
+        }
+        CT_UNROLL
+        for (int n = 0; n < NT; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
+            const bool live = row < T && key <= row;
+            const float p = live ? exp2f(s[n][e] * sl2 - lr[e >> 1]) : 0.0f;
+            dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
+        }
+        CT_UNROLL
+        for (int kp = 0; kp < NT / 2; kp++) {
+            uint32_t a[4];
+            tc_acc_to_a(a, dp[2 * kp], dp[2 * kp + 1]);
+            CT_UNROLL
+            for (int cp = 0; cp < DT / 2; cp++) {
+                uint32_t r[4];
+                tc_frag_b<LD>(r, ks, 16 * kp, 16 * cp);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                ct_mma_bf16(dq[2 * cp], a, b0);
+                ct_mma_bf16(dq[2 * cp + 1], a, b1);
+            }
+        }
+    }
+    tc_store<DT>(dqkv + q_off, lqkv, dq, row0, T, hd, scale, scale);
+    if (partial) {       /* this query tile's column sums of dQ (fp32, before any rounding) */
+        __syncthreads(); /* K and V, which red overlaps, are no longer read */
+        tc_colsum_store<HD>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd,
+                            reinterpret_cast<float *>(ks), dq, hd, scale);
+    }
+}
+
+/* ---- launchers ------------------------------------------------------------------------------- */
+
+template <typename K> static void tc_allow_smem(K *kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* 16-byte loads when every row of every slice starts on a 16-byte boundary. */
+static bool tc_vec_ok(int64_t hd, int64_t ld_a, int64_t ld_b, const void *p, const void *q) {
+    return hd % 8 == 0 && ld_a % 8 == 0 && ld_b % 8 == 0 && (uintptr_t)p % 16 == 0 &&
+           (uintptr_t)q % 16 == 0;
+}
+
+template <int HD>
+static void tc_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
+                   int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    const size_t smem = tc_fwd_smem<HD>();
+    tc_allow_smem(tc_fwd_kernel<HD>, smem);
+    const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
+    const bool vec = tc_vec_ok(hd, lqkv, lqkv, qkv, qkv);
+    dim3 grid((unsigned)((T + TC_BM - 1) / TC_BM), (unsigned)n_head, (unsigned)B);
+    ct_launch(tc_fwd_kernel<HD>, grid, dim3(TC_THREADS), smem, ct_cuda_stream(cx), (bf16 *)out, lse,
+              (const bf16 *)qkv, (int)T, (int)n_head, (int)n_kv_head, (int)hd,
+              1.0f / sqrtf((float)hd), vec);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HD>
+static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, const void *qkv,
+                   const void *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
+                   int64_t n_kv_head, int64_t hd) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    const int64_t n_rows = B * n_head * T, n_t = (T + TC_BM - 1) / TC_BM;
+    const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const bool vec = tc_vec_ok(hd, lqkv, n_head * hd, qkv, dout);
+    float *D = (float *)ct_cuda_workspace(cx, 0, (size_t)n_rows * sizeof(float));
+    float *partial =
+        dbias ? (float *)ct_cuda_workspace(cx, 1, (size_t)(B * n_t * lqkv) * sizeof(float)) : NULL;
+
+    ct_cuda_attention_rowdot(cx, CT_DTYPE_BF16, D, dout, out, B, T, n_head, hd);
+
+    const size_t smem = tc_bwd_smem<HD>();
+    tc_allow_smem(tc_dkdv_kernel<HD>, smem);
+    ct_launch(tc_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
+              dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+              (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
+              (int)hd, scale, vec);
+    CT_CUDA_CHECK(cudaGetLastError());
+
+    tc_allow_smem(tc_dq_kernel<HD>, smem);
+    ct_launch(tc_dq_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
+              dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+              (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
+              (int)hd, scale, vec);
+    CT_CUDA_CHECK(cudaGetLastError());
+
+    if (dbias) ct_cuda_attention_colsum(cx, dbias, partial, B * n_t, lqkv);
+}
+
+void ct_cuda_attention_fwd_tc(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    if (hd <= 32)
+        tc_fwd<32>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
+    else if (hd <= 64)
+        tc_fwd<64>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
+    else
+        tc_fwd<128>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
+}
+
+void ct_cuda_attention_bwd_tc(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
+                              const void *qkv, const void *out, const float *lse, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    if (hd <= 32)
+        tc_bwd<32>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
+    else if (hd <= 64)
+        tc_bwd<64>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
+    else
+        tc_bwd<128>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
+}

@@ -67,6 +67,7 @@
  */
 #define U 0x1p-24
 #define ULPS 4.0
+#define BF16_U 0x1p-8 /* one rounding to bf16 (round to nearest), relative */
 
 static inline double red_tol(int64_t K) {
     return 2.0 * (double)(K + 1) * U;
@@ -964,6 +965,9 @@ static float *column_max(const float *qkv, int64_t B, int64_t T, int64_t lqkv, i
  *   lse: δs + red_tol(t + 1) + ULPS·U·|lse|;
  *   out_d = Σ_j p_j·v_jd: (2δs + 3·red_tol(t + 1))·Vmax_d + ULPS·U·|out| (Σ p_j = 1: the weight
  *         errors, the normalisation and the sum of t+1 products are each bounded by Vmax_d).
+ * bf16: a backend may round the weights to bf16 for the product P·V (CUDA's tensor cores do, as
+ * FlashAttention does), each within BF16_U = 2^-8 relative: BF16_U·Σ_j p_j·|v_jd| ≤ BF16_U·Vmax_d
+ * more for out (lse is computed from the fp32 weights).
  */
 static void check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
                                 int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
@@ -997,13 +1001,14 @@ static void check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, c
                     double S = 0.0;
                     for (int64_t d = 0; d < hd; d++) S += fabs(q[d]) * kmax[kv + d];
                     double ds = red_tol(hd) * scale * S;
+                    const double wr = dt == CT_DTYPE_BF16 ? BF16_U : 0.0; /* bf16 weights */
                     int64_t il = (b * n_head + h) * T + t;
                     o.arg[LSE].tol[il] =
                         (float)(ds + red_tol(t + 1) + ULPS * U * fabs(o.arg[LSE].want[il]));
                     for (int64_t d = 0; d < hd; d++) {
                         int64_t io = (b * T + t) * cq + h * hd + d;
                         o.arg[OUT].tol[io] =
-                            (float)((2.0 * ds + 3.0 * red_tol(t + 1)) * vmax[kv + d] +
+                            (float)((2.0 * ds + 3.0 * red_tol(t + 1) + wr) * vmax[kv + d] +
                                     ULPS * U * fabs(o.arg[OUT].want[io]));
                     }
                 }
@@ -1020,7 +1025,10 @@ static void check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, c
  * softmax weights with dot products of hd terms (dV = Pᵀ·dO; dS = P ⊙ (dO·Vᵀ - D); dQ, dK =
  * scale·dS·K, dSᵀ·Q), so red_tol(T) + red_tol(hd) relative to the slice's magnitudes, doubled.
  * dbias += Σ_rows dqkv: red_tol(B·T) relative to |dbias| + Σ|dqkv|, plus the column's dqkv
- * tolerances.
+ * tolerances. bf16: a backend may round P and dS to bf16 for their products (dV = Pᵀ·dO; dQ, dK:
+ * CUDA's tensor cores), each term within BF16_U = 2^-8 relative; a gradient's terms add up in
+ * absolute value to at most Σ_i p_ij ≤ 1 + ln T times the slice's scale (uniform weights 1/(i+1)
+ * summed over the rows that see key j), so R grows by 2·(1 + ln T)·BF16_U, doubled as the rest.
  */
 static void check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
                                 const void *qkv, const void *out, const float *lse, int64_t B,
@@ -1048,7 +1056,8 @@ static void check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias
     op_collect(k, &o);
     const op_arg *dq = &o.arg[DQKV];
     if (dq->region >= 0 && hd > 0) {
-        const double R = 4.0 * (double)(T + hd + 8) * U;
+        const double R = 4.0 * (double)(T + hd + 8) * U +
+                         (dt == CT_DTYPE_BF16 ? 2.0 * (1.0 + log((double)T)) * BF16_U : 0.0);
         const int64_t n_slices = lqkv / hd; /* head slices per row: q heads, k heads, v heads */
         float *smax = ct_xcalloc((size_t)(B * n_slices), sizeof *smax);
         for (int64_t i = 0; i < B * T * lqkv; i++) {

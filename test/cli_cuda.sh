@@ -11,6 +11,8 @@
 #     (build/cooktrain-cuemu: the same .cu files compiled by g++, each CUDA thread a fiber) gives
 #     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
 #     bf16 stays within the distance between the CPU's bf16 and fp32 runs;
+#   - check mode (CT_CHECK_BACKEND=1) on the emulated device: every op of a step in fp32 and bf16
+#     within core/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU;
 #   - cuda/README.md's roofline and resource tables are the output of scripts/cuda_roofline.py and
 #     scripts/cuda_resources.py (the latter for this build's ptxas reports).
 . "$(dirname "$0")/lib_cli.sh"
@@ -100,6 +102,20 @@ if [ -x "$EMU" ] && selected "emulated training"; then
         "$EMU" "${base[@]}" "${short[@]}" --backend cuda --set train.precision=bf16 \
         --set log.metrics="$b/run.jsonl" --dump-params "$b/run.bin"
     check_against_reference "emulated CUDA bf16" "$b"
+fi
+
+# ---- check mode on the emulated device -----------------------------------------------------------
+# scripts/gpu_check.sh's first part, here: every op of a training step rerun on the CPU backend and
+# compared within core/backend_check.c's tolerances, bf16 included (the tensor-core attention's
+# bf16 weights are in the attention tolerances). One step of 2 sequences: emulation is slow.
+if [ -x "$EMU" ] && selected "check mode"; then
+    ensure_test_data
+    for prec in fp32 bf16; do
+        expect_exit 0 "check mode: every op of a $prec step on the emulated CUDA backend agrees with the CPU" -- \
+            env CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" train --config configs/test-tiny.yaml \
+            --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
+            --set train.global_batch=2 --set train.precision=$prec
+    done
 fi
 
 # ---- cuda/README.md's generated tables ----------------------------------------------------------

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""The PyTorch peers of cooktrain's GPU benchmark (scripts/bench_gpu.sh), on one CUDA device.
+
+The same GPT-2 as cooktrain's model and scripts/torch_gpt2.py: learned token + position
+embeddings, pre-LayerNorm blocks (eps 1e-5) with causal multi-head attention (one fused q|k|v
+projection with bias) and a tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding,
+vocabulary padded to a multiple of 128 (the padded logits set to -inf, never predicted); AdamW
+with decoupled weight decay 0.1 on >= 2-D tensors only, global-norm clipping at 1.0; one optimizer
+step per batch of B sequences. Written the way a PyTorch 2.x user writes it for a GPU:
+
+  - attention through F.scaled_dot_product_attention(is_causal=True) (flash attention in bf16),
+    the optimizer torch.optim.AdamW(fused=True);
+  - mode "eager", or "compile": the model under torch.compile(dynamic=False) (one graph per
+    batch shape, no dynamic-shape code), the optimizer as in eager;
+  - precision "bf16": torch.autocast("cuda", torch.bfloat16) around forward and loss, fp32
+    parameters, gradients and optimizer state; "fp32": fp32 everywhere with TF32 off
+    (torch.backends.cuda.matmul.allow_tf32 = False, the same for cuDNN, float32 matmul precision
+    "highest"), so that its matmuls are true fp32 as cooktrain's fp32 GEMMs are.
+
+Timed like cooktrain: the synchronized wall time of each whole step (zero_grad, forward,
+backward, clip, update) on random tokens made on the device beforehand; the rate is the median
+over the steps after --warmup (the first compiled step includes the compilation). Peak memory is
+torch.cuda.max_memory_allocated() over the run (the caching allocator's tensors, not its cached
+free blocks nor the CUDA context).
+
+Also, before the training runs: the matmul rate of an N x N x N product (--gemm N, per
+precision: TFLOP/s = 2·N³ / time, median of timed runs) and causal SDPA at the model's attention
+shape (B, heads, T, head dim) forward + backward in milliseconds per layer (--sdpa; flash
+attention in bf16, the memory-efficient kernel in fp32, where flash has none).
+
+  torch_gpt2_gpu.py --batches 16 64 --precisions bf16 fp32 --modes eager compile --steps 20 \
+      --gemm 8192 --sdpa
+
+A failure of one run (out of memory; torch.compile without a working C compiler or Triton) is
+reported on its row and the next run goes on. Besides one "step ..." line per step, it prints
+the lines scripts/bench_gpu.sh reads, space-separated:
+
+  device NAME...                         torch.cuda.get_device_name(0)
+  gemm PRECISION N TFLOPS
+  sdpa PRECISION B MS_PER_LAYER KERNEL   forward + backward of one layer's attention
+  row MODE PRECISION B TOKENS_PER_S PEAK_BYTES NOTE...   (TOKENS_PER_S and PEAK_BYTES are "-"
+                                                          when the run failed; NOTE says why)
+"""
+import argparse
+import contextlib
+import gc
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, eps=1e-5)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.o = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d, eps=1e-5)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).contiguous().view(B, T, C))
+        x = x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, seq, layers, d, heads):
+        super().__init__()
+        padded = (vocab + 127) // 128 * 128
+        self.vocab = vocab
+        self.wte = nn.Embedding(padded, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.lnf = nn.LayerNorm(d, eps=1e-5)
+        self.register_buffer("pos", torch.arange(seq), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("o.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(self.pos[:T])
+        for b in self.blocks:
+            x = b(x)
+        logits = self.lnf(x) @ self.wte.weight.t()
+        logits[..., self.vocab:] = float("-inf")  # padded rows are never predicted
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def one_line(e):
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return "%s: %s" % (type(e).__name__, text[0][:160] if text else "")
+
+
+def train_run(a, mode, precision, batch):
+    """Median tokens/s over the steps after the warmup, and the peak allocated bytes."""
+    torch.manual_seed(1337)
+    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads).cuda()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    forward = torch.compile(model, dynamic=False) if mode == "compile" else model
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    tokens = batch * a.seq
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    rates = []
+    for step in range(a.steps):
+        idx = torch.randint(0, a.vocab, (batch, a.seq), device="cuda", generator=gen)
+        tgt = torch.randint(0, a.vocab, (batch, a.seq), device="cuda", generator=gen)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = forward(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        rates.append(tokens / dt)
+        print("step %s %s B=%d %d loss %.4f %.4f s %.1f tokens/s"
+              % (mode, precision, batch, step + 1, loss.item(), dt, tokens / dt), flush=True)
+    return statistics.median(rates[a.warmup:]), torch.cuda.max_memory_allocated()
+
+
+def dtype_of(precision):
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def gemm_tflops(precision, n, reps=10):
+    """Rate of an n x n x n matmul in the precision (fp32: TF32 off), median of `reps` runs."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype_of(precision))
+    b = torch.randn(n, n, device="cuda", dtype=dtype_of(precision))
+    c = torch.empty(n, n, device="cuda", dtype=dtype_of(precision))
+    for _ in range(3):
+        torch.matmul(a, b, out=c)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2.0 * n ** 3 / statistics.median(times) / 1e12
+
+
+def sdpa_only(kernel):
+    """A context that lets SDPA use only `kernel` ("flash" or "efficient")."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3
+        return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION,
+                            "efficient": SDPBackend.EFFICIENT_ATTENTION}[kernel])
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(enable_flash=kernel == "flash",
+                                              enable_mem_efficient=kernel == "efficient",
+                                              enable_math=False)
+
+
+def sdpa_ms(precision, batch, heads, seq, hd, reps=20):
+    """Causal SDPA forward + backward at (batch, heads, seq, hd): median milliseconds, kernel."""
+    q, k, v = (torch.randn(batch, heads, seq, hd, device="cuda", dtype=dtype_of(precision),
+                           requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def once():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    kernel = "flash" if precision == "bf16" else "efficient"
+    try:
+        with sdpa_only(kernel):
+            once()
+    except RuntimeError:
+        kernel = "default"  # this build or device lacks that kernel: PyTorch's own choice
+    times = []
+    with sdpa_only(kernel) if kernel != "default" else contextlib.nullcontext():
+        for _ in range(3):
+            once()
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            once()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times), kernel
+
+
+def release():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("vocab", 50257), ("seq", 1024), ("layers", 12), ("d", 768),
+                          ("heads", 12), ("steps", 20), ("warmup", 3), ("gemm", 8192)):
+        ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--precisions", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
+    ap.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager", "compile"])
+    ap.add_argument("--sdpa", action="store_true", help="time causal SDPA at the model's shape")
+    a = ap.parse_args()
+    if a.steps <= a.warmup:
+        ap.error("--steps must exceed --warmup (%d): the median skips the warmup steps" % a.warmup)
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_gpt2_gpu: torch.cuda.is_available() is false")
+    # fp32 means fp32: no TF32 in matmuls or convolutions (bf16 runs are unaffected)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    print("device %s" % torch.cuda.get_device_name(0))
+    print("torch %s, CUDA %s" % (torch.__version__, torch.version.cuda), flush=True)
+
+    if a.gemm > 0:
+        for precision in a.precisions:
+            try:
+                print("gemm %s %d %.1f" % (precision, a.gemm, gemm_tflops(precision, a.gemm)), flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print("# gemm %s failed: %s" % (precision, one_line(e)), flush=True)
+            release()
+    if a.sdpa:
+        for precision in a.precisions:
+            for batch in a.batches:
+                try:
+                    ms, kernel = sdpa_ms(precision, batch, a.heads, a.seq, a.d // a.heads)
+                    print("sdpa %s %d %.4f %s" % (precision, batch, ms, kernel), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print("# sdpa %s B=%d failed: %s" % (precision, batch, one_line(e)), flush=True)
+                release()
+
+    for precision in a.precisions:
+        for batch in a.batches:
+            for mode in a.modes:
+                try:
+                    rate, peak = train_run(a, mode, precision, batch)
+                    row = "%.1f %d ok" % (rate, peak)
+                except torch.cuda.OutOfMemoryError as e:
+                    row = "- - out of memory (%s)" % one_line(e)[:80]
+                except Exception as e:  # noqa: BLE001 - a failed compile is a row, not the end
+                    row = "- - failed: %s" % one_line(e)
+                print("row %s %s %d %s" % (mode, precision, batch, row), flush=True)
+                if mode == "compile":
+                    torch._dynamo.reset()
+                release()
+
+
+if __name__ == "__main__":
+    main()

@@ -931,15 +931,24 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
     prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
 }
 
-void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x) {
+void ct_sumsq(ct_tensor *out, int64_t index, ct_tensor *const *xs, int count) {
     check_f32(out, "sumsq out");
-    check_f32(x, "sumsq x");
-    check_same_backend(out, x);
-    CT_ASSERTF(index >= 0 && index < out->numel, "sumsq: index %lld outside out %s",
-               (long long)index, SH(out));
-    double prof_t0_ = prof_begin(x);
-    IFACE(x)->sumsq(CTX(x), F32(out) + index, F32(x), x->numel);
-    prof_end(x, CT_PROF_OPTIMIZER, prof_t0_);
+    CT_ASSERTF(count >= 0 && index >= 0 && index + count <= out->numel,
+               "sumsq: indices [%lld, +%d) outside out %s", (long long)index, count, SH(out));
+    if (count == 0) return;
+    const float **x = ct_xmalloc((size_t)count * sizeof *x);
+    int64_t *n = ct_xmalloc((size_t)count * sizeof *n);
+    for (int i = 0; i < count; i++) {
+        check_f32(xs[i], "sumsq x");
+        check_same_backend(out, xs[i]);
+        x[i] = F32(xs[i]);
+        n[i] = xs[i]->numel;
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->sumsq(CTX(out), F32(out) + index, x, n, count);
+    prof_end(out, CT_PROF_OPTIMIZER, prof_t0_);
+    free(x);
+    free(n);
 }
 
 void ct_cast(ct_tensor *dst, const ct_tensor *src) {

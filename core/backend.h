@@ -163,7 +163,10 @@ struct ct_backend_i {
     void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v,
                   const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
                   void *param_copy, ct_dtype copy_dtype);
-    void (*sumsq)(void *ctx, float *out, const float *x, int64_t n);
+    /* out[i] = Σ_j x[i][j]² over n[i] elements, for each of count ranges at once (one launch on
+     * a GPU rather than one per tensor): in double with fixed chunking, as float. The arrays x
+     * and n are the caller's and may be reused as soon as the slot returns. */
+    void (*sumsq)(void *ctx, float *out, const float *const *x, const int64_t *n, int count);
 
     void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
                  int64_t n);
@@ -453,8 +456,9 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
               const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
               ct_tensor *param_copy);
-/* out[index] = sum of x² (computed in double, fixed chunking; out is an f32 1-D tensor). */
-void ct_sumsq(ct_tensor *out, int64_t index, const ct_tensor *x);
+/* out[index + i] = sum of xs[i]² for i < count (each in double, fixed chunking; out is an f32 1-D
+ * tensor, every xs[i] f32 on out's backend): all count tensors in one call of the slot. */
+void ct_sumsq(ct_tensor *out, int64_t index, ct_tensor *const *xs, int count);
 /* Elementwise dtype conversion (f32 <-> bf16, round to nearest even). */
 void ct_cast(ct_tensor *dst, const ct_tensor *src);
 

@@ -267,8 +267,9 @@ struct adamw_args {
 };
 struct sumsq_args {
     float *out;
-    const float *x;
-    int64_t n;
+    const float **x; /* owned copy */
+    int64_t *n;      /* owned copy */
+    int count;
 };
 struct cast_args {
     void *dst;
@@ -498,7 +499,9 @@ static void run_loss_optim_op(const struct ct_backend_i *f, void *x, cmd *c) {
     }
     case CMD_SUMSQ: {
         struct sumsq_args *a = &c->sumsq;
-        f->sumsq(x, a->out, a->x, a->n);
+        f->sumsq(x, a->out, a->x, a->n, a->count);
+        free(a->x);
+        free(a->n);
         break;
     }
     default: CT_ASSERTF(false, "command kind %d sent to run_loss_optim_op", (int)c->kind);
@@ -888,8 +891,12 @@ static void async_adamw(void *ctx, float *param, const float *grad, float *m, fl
                    .adamw = {param, grad, m, v, owned, n_segments, *hp, param_copy, copy_dtype}});
 }
 
-static void async_sumsq(void *ctx, float *out, const float *x, int64_t n) {
-    enqueue(ctx, &(cmd){.kind = CMD_SUMSQ, .sumsq = {out, x, n}});
+static void async_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count) {
+    const float **ox = ct_xmalloc((size_t)CT_MAX(count, 1) * sizeof *ox);
+    int64_t *on = ct_xmalloc((size_t)CT_MAX(count, 1) * sizeof *on);
+    memcpy(ox, x, (size_t)count * sizeof *ox);
+    memcpy(on, n, (size_t)count * sizeof *on);
+    enqueue(ctx, &(cmd){.kind = CMD_SUMSQ, .sumsq = {out, ox, on, count}});
 }
 
 static void async_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src,

@@ -1249,22 +1249,31 @@ static void check_adamw(void *ctx, float *param, const float *grad, float *m, fl
     op_end(k, &o);
 }
 
-/* out = Σ x² (in double on the CPU): a reduction of n non-negative terms, held to the fp32 rule
- * red_tol(n)·out (Σ|terms| = out), so a backend may sum in fp32. */
-static void check_sumsq(void *ctx, float *out, const float *x, int64_t n) {
+/* out[i] = Σ x_i² (in double on the CPU): a reduction of n_i non-negative terms, held to the fp32
+ * rule red_tol(n_i)·out[i] (Σ|terms| = out[i]), so a backend may sum in fp32. The backend under
+ * test runs all count ranges in one call, as the model makes it; the check is one per range
+ * (an op_check holds a bounded number of arguments), every snapshot taken before that call. */
+static void check_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count) {
     check_ctx *k = ctx;
     enum { OUT, X };
-    op_check o = {
-        .op = "sumsq",
-        .n_args = 2,
-        .arg = {{"out", out, 1, CT_DTYPE_F32, ARG_OUT}, {"x", x, n, CT_DTYPE_F32, ARG_IN}}};
-    SHAPE(&o, "n=%lld", LL(n));
-    op_begin(k, &o);
-    INNER(k)->sumsq(INNER_CTX(k), out, x, n);
-    CPU(k)->sumsq(CPU_CTX(k), o.arg[OUT].cpu, o.arg[X].cpu, n);
-    op_collect(k, &o);
-    tol_add_rel(o.arg[OUT].tol, o.arg[OUT].want, red_tol(n), 1);
-    op_end(k, &o);
+    op_check *o = ct_xcalloc((size_t)CT_MAX(count, 1), sizeof *o);
+    for (int i = 0; i < count; i++) {
+        o[i] = (op_check){.op = "sumsq",
+                          .n_args = 2,
+                          .arg = {{"out", out + i, 1, CT_DTYPE_F32, ARG_OUT},
+                                  {"x", x[i], n[i], CT_DTYPE_F32, ARG_IN}}};
+        SHAPE(&o[i], "range %d of %d, n=%lld", i, count, LL(n[i]));
+        op_begin(k, &o[i]);
+    }
+    INNER(k)->sumsq(INNER_CTX(k), out, x, n, count);
+    for (int i = 0; i < count; i++) {
+        const float *cx = o[i].arg[X].cpu;
+        CPU(k)->sumsq(CPU_CTX(k), o[i].arg[OUT].cpu, &cx, &n[i], 1);
+        op_collect(k, &o[i]);
+        tol_add_rel(o[i].arg[OUT].tol, o[i].arg[OUT].want, red_tol(n[i]), 1);
+        op_end(k, &o[i]);
+    }
+    free(o);
 }
 
 /* f32 <-> bf16 round to nearest even, or a copy: exact. */

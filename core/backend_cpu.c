@@ -1081,8 +1081,7 @@ static void cpu_adamw(void *ctx, float *param, const float *grad, float *m, floa
 
 /* out = sum x² in double: chunks of SUMSQ_CHUNK elements (16 double lanes each), chunk partials
  * added in chunk order. */
-static void cpu_sumsq(void *ctx, float *out, const float *x, int64_t n) {
-    cpu_ctx *c = ctx;
+static void cpu_sumsq_one(cpu_ctx *c, float *out, const float *x, int64_t n) {
     int64_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double *partial = ws_get(c, (size_t)(n_chunks ? n_chunks : 1) * sizeof(double));
     PARALLEL_FOR(threads_for(c, n))
@@ -1102,6 +1101,10 @@ static void cpu_sumsq(void *ctx, float *out, const float *x, int64_t n) {
     double total = 0.0;
     for (int64_t ch = 0; ch < n_chunks; ch++) total += partial[ch];
     *out = (float)total;
+}
+
+static void cpu_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count) {
+    for (int i = 0; i < count; i++) cpu_sumsq_one(ctx, out + i, x[i], n[i]);
 }
 
 static void cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,

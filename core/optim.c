@@ -105,11 +105,15 @@ double ct_optim_lr(const ct_train_config *tc, int64_t step) {
 double ct_optim_grad_sumsq(ct_optimizer *opt, ct_tensor *const *grads) {
     ct_model *m = opt->model;
     bool first_tp_rank = m->layout.tp_rank == 0;
-    bool *counted = ct_xcalloc((size_t)m->n_params, sizeof(bool));
+    /* every counted range, in parameter order, then one multi-tensor sumsq over them all */
+    ct_tensor **parts = ct_xcalloc((size_t)CT_MAX(m->n_params, 1), sizeof *parts);
+    ct_tensor **ranges = ct_xcalloc((size_t)CT_MAX(m->n_units, 1), sizeof *ranges);
+    int n_parts = 0;
     for (int u = 0; u < m->n_units; u++) {
         const ct_unit *unit = &m->units[u];
         const ct_optim_unit *ou = &opt->units[u];
         ct_tensor *range = grads ? grads[u] : ct_tensor_view_1d(unit->grads, ou->lo, ou->n);
+        if (!grads) ranges[u] = range;
         for (int i = 0; i < unit->n_params; i++) {
             int k = unit->first_param + i;
             const ct_param *p = &m->params[k];
@@ -118,21 +122,24 @@ double ct_optim_grad_sumsq(ct_optimizer *opt, ct_tensor *const *grads) {
             int64_t start = CT_MAX(p->offset, ou->lo);
             int64_t end = CT_MIN(p->offset + p->valid_rows * p->local_shape[1], ou->lo + ou->n);
             if (end <= start) continue;
-            ct_tensor *part = ct_tensor_view_1d(range, start - ou->lo, end - start);
-            ct_sumsq(opt->norm_partials, k, part);
-            ct_tensor_free(part);
-            counted[k] = true;
+            parts[n_parts++] = ct_tensor_view_1d(range, start - ou->lo, end - start);
         }
-        if (!grads) ct_tensor_free(range);
     }
+    ct_sumsq(opt->norm_partials, 0, parts, n_parts);
     /* The partials are a handful of floats: sum them on the host in double, in order. */
-    float *partials = ct_xmalloc((size_t)m->n_params * sizeof(float));
-    ct_tensor_to_host(partials, opt->norm_partials);
+    float *partials = ct_xmalloc((size_t)CT_MAX(n_parts, 1) * sizeof(float));
+    if (n_parts) {
+        ct_tensor *head = ct_tensor_view_1d(opt->norm_partials, 0, n_parts);
+        ct_tensor_to_host(partials, head);
+        ct_tensor_free(head);
+    }
     double sum = 0.0;
-    for (int k = 0; k < m->n_params; k++)
-        if (counted[k]) sum += partials[k];
+    for (int i = 0; i < n_parts; i++) sum += partials[i];
+    for (int i = 0; i < n_parts; i++) ct_tensor_free(parts[i]);
+    for (int u = 0; u < m->n_units; u++) ct_tensor_free(ranges[u]);
     free(partials);
-    free(counted);
+    free(parts);
+    free(ranges);
     return sum;
 }
 

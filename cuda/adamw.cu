@@ -23,13 +23,16 @@
  *                       first 4-aligned index (one unit each), 4-element 16-byte vectors, then the
  *                       elements after the last vector (one unit each). Aligned base pointers make
  *                       a 4-aligned index a 16-byte-aligned address; otherwise VEC = 1.
- *   sumsq_chunk_kernel  16 / VEC threads per chunk, each owning VEC consecutive lanes (VEC = 4:
- *                       16-byte loads when x is aligned); the lanes are gathered to the chunk's
- * first thread by shuffles and combined by the CPU's tree into partial[chunk]. sumsq_total_kernel
- * one thread adds the chunk partials in order (a chain of n/4096 double adds: the price of the
- * CPU's exact order). Both issue SUMSQ_UNROLL loads before the adds that use them, in the same
- * order: each lane's sum is a serial chain, and with one load per add the chain waited a memory
- * latency per element — on an H200 the gradient norm took 13 ms of a 124M step (ncu).
+ *   sumsq_chunk_kernel  the chunks of up to 64 ranges (one call's tensors: the model's whole
+ *                       gradient norm is one call, so two launches per 64 tensors instead of two
+ *                       per tensor), 16 / VEC threads per chunk, each owning VEC consecutive lanes
+ *                       (VEC = 4: 16-byte loads when every range is aligned); the lanes are
+ *                       gathered to the chunk's first thread by shuffles and combined by the CPU's
+ * tree into partial[chunk]. sumsq_total_kernel: thread i adds range i's chunk partials in order (a
+ * chain of n/4096 double adds: the price of the CPU's exact order). Both issue SUMSQ_UNROLL loads
+ * before the adds that use them, in the same order: each lane's sum is a serial chain, and with one
+ * load per add the chain waited a memory latency per element — on an H200 the gradient norm took 13
+ * ms of a 124M step (ncu).
  */
 #include "cuda/ct_cuda.h"
 
@@ -47,7 +50,18 @@
 /* rows of loads in flight per thread (a chunk has 4096 / 16 = 256 rows) */
 #define SUMSQ_UNROLL 16
 
+#define SUMSQ_BATCH 64 /* ranges per launch (the argument struct stays under 2 KB) */
+
 enum { ADAMW_COPY_NONE = 0, ADAMW_COPY_F32 = 1, ADAMW_COPY_BF16 = 2 };
+
+/* Up to SUMSQ_BATCH ranges of one sumsq call, by value; chunk_start[i] = chunks before range i
+ * (chunk_start[n] = the batch's total). */
+struct sumsq_batch {
+    const float *x[SUMSQ_BATCH];
+    int64_t count[SUMSQ_BATCH];
+    int64_t chunk_start[SUMSQ_BATCH + 1];
+    int n;
+};
 
 /* The scalars of the update, converted on the host exactly as cpu_adamw converts them. */
 struct adamw_scalars {
@@ -141,20 +155,28 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
     }
 }
 
-/* Chunk g / TPC, thread q = g % TPC of it owning lanes q·VEC .. q·VEC + VEC - 1. Every thread of
- * the block reaches the shuffles (threads past the last chunk with zeros), as full masks need. */
-template <int VEC>
-static __global__ void sumsq_chunk_kernel(double *partial, const float *x, int64_t n,
-                                          int64_t n_chunks) {
+/* Chunk g / TPC of the batch (tensor i: chunks chunk_start[i] .. chunk_start[i + 1] - 1), thread
+ * q = g % TPC of it owning lanes q·VEC .. q·VEC + VEC - 1. Every thread of the block reaches the
+ * shuffles (threads past the last chunk with zeros), as full masks need. */
+template <int VEC> static __global__ void sumsq_chunk_kernel(double *partial, const sumsq_batch b) {
     constexpr int TPC = SUMSQ_LANES / VEC;
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t ch = g / TPC;
     const int q = (int)(g % TPC);
     double acc[VEC];
     for (int k = 0; k < VEC; k++) acc[k] = 0.0;
-    if (ch < n_chunks) {
-        const float *xc = x + ch * SUMSQ_CHUNK;
-        const int64_t rest = n - ch * SUMSQ_CHUNK;
+    if (ch < b.chunk_start[b.n]) {
+        int i = 0; /* the tensor of chunk ch: the last one starting at or before it */
+        for (int lo = 0, hi = b.n - 1; lo <= hi;) {
+            const int mid = (lo + hi) / 2;
+            if (b.chunk_start[mid] <= ch)
+                i = mid, lo = mid + 1;
+            else
+                hi = mid - 1;
+        }
+        const int64_t lc = ch - b.chunk_start[i];
+        const float *xc = b.x[i] + lc * SUMSQ_CHUNK;
+        const int64_t rest = b.count[i] - lc * SUMSQ_CHUNK;
         const int len = rest < SUMSQ_CHUNK ? (int)rest : SUMSQ_CHUNK;
         int j = q * VEC;
         if constexpr (VEC == 4) {
@@ -195,14 +217,20 @@ static __global__ void sumsq_chunk_kernel(double *partial, const float *x, int64
     double a[SUMSQ_LANES];
     for (int l = 0; l < SUMSQ_LANES; l++)
         a[l] = __shfl_sync(0xffffffffu, acc[l % VEC], l / VEC, TPC);
-    if (q == 0 && ch < n_chunks) {
+    if (q == 0 && ch < b.chunk_start[b.n]) {
         for (int l = 0; l < 8; l++) a[l] = a[l] + a[l + 8];
         for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
         partial[ch] = (a[0] + a[2]) + (a[1] + a[3]);
     }
 }
 
-static __global__ void sumsq_total_kernel(float *out, const double *partial, int64_t n_chunks) {
+/* Thread i of the batch: out[i] = its tensor's chunk partials added in order. */
+static __global__ void sumsq_total_kernel(float *out, const double *all_partials,
+                                          const sumsq_batch b) {
+    const int i = (int)threadIdx.x;
+    if (i >= b.n) return;
+    const double *partial = all_partials + b.chunk_start[i];
+    const int64_t n_chunks = b.chunk_start[i + 1] - b.chunk_start[i];
     double total = 0.0;
     int64_t ch = 0;
     for (; ch + SUMSQ_UNROLL <= n_chunks; ch += SUMSQ_UNROLL) { /* loads first, adds in order */
@@ -213,7 +241,7 @@ static __global__ void sumsq_total_kernel(float *out, const double *partial, int
         for (int u = 0; u < SUMSQ_UNROLL; u++) total += p[u];
     }
     for (; ch < n_chunks; ch++) total += partial[ch];
-    *out = (float)total;
+    out[i] = (float)total;
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -290,25 +318,43 @@ extern "C" void ct_cuda_adamw(ct_cuda_ctx *cx, float *param, const float *grad, 
                                       h);
 }
 
-extern "C" void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *x, int64_t n) {
+/* Batches of up to SUMSQ_BATCH consecutive ranges, each two launches (chunks, then totals); the
+ * chunk partials of all batches side by side in one workspace (asked for once: it may move when a
+ * larger one is asked for). A batch takes 16-byte loads when every one of its ranges is aligned. */
+extern "C" void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x, const int64_t *n,
+                              int count) {
     cudaStream_t st = ct_cuda_stream(cx);
-    const int64_t n_chunks = n > 0 ? (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0;
-    double *partial = NULL;
-    if (n_chunks > 0) {
-        partial = (double *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * sizeof(double));
-        if (adamw_aligned(x, 16)) {
-            const int64_t threads = n_chunks * (SUMSQ_LANES / 4);
-            ct_launch(sumsq_chunk_kernel<4>,
-                      dim3((unsigned)((threads + ADAMW_THREADS - 1) / ADAMW_THREADS)),
-                      dim3(ADAMW_THREADS), 0, st, partial, x, n, n_chunks);
-        } else {
-            const int64_t threads = n_chunks * SUMSQ_LANES;
-            ct_launch(sumsq_chunk_kernel<1>,
-                      dim3((unsigned)((threads + ADAMW_THREADS - 1) / ADAMW_THREADS)),
-                      dim3(ADAMW_THREADS), 0, st, partial, x, n, n_chunks);
+    int64_t all_chunks = 0;
+    for (int i = 0; i < count; i++)
+        all_chunks += n[i] > 0 ? (n[i] + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0;
+    double *partial = (double *)ct_cuda_workspace(
+        cx, 0, (size_t)(all_chunks > 0 ? all_chunks : 1) * sizeof(double));
+    for (int first = 0; first < count; first += SUMSQ_BATCH) {
+        sumsq_batch b;
+        memset(&b, 0, sizeof b);
+        b.n = count - first < SUMSQ_BATCH ? count - first : SUMSQ_BATCH;
+        bool aligned = true;
+        for (int i = 0; i < b.n; i++) {
+            b.x[i] = x[first + i];
+            b.count[i] = n[first + i];
+            b.chunk_start[i + 1] =
+                b.chunk_start[i] +
+                (b.count[i] > 0 ? (b.count[i] + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0);
+            aligned = aligned && adamw_aligned(b.x[i], 16);
         }
+        const int64_t n_chunks = b.chunk_start[b.n];
+        if (n_chunks > 0) {
+            const int64_t threads = n_chunks * (SUMSQ_LANES / (aligned ? 4 : 1));
+            const dim3 grid((unsigned)((threads + ADAMW_THREADS - 1) / ADAMW_THREADS));
+            if (aligned)
+                ct_launch(sumsq_chunk_kernel<4>, grid, dim3(ADAMW_THREADS), 0, st, partial, b);
+            else
+                ct_launch(sumsq_chunk_kernel<1>, grid, dim3(ADAMW_THREADS), 0, st, partial, b);
+            CT_CUDA_CHECK(cudaGetLastError());
+        }
+        ct_launch(sumsq_total_kernel, dim3(1), dim3(SUMSQ_BATCH), 0, st, out + first,
+                  (const double *)partial, b);
         CT_CUDA_CHECK(cudaGetLastError());
+        partial += n_chunks;
     }
-    ct_launch(sumsq_total_kernel, dim3(1), dim3(1), 0, st, out, (const double *)partial, n_chunks);
-    CT_CUDA_CHECK(cudaGetLastError());
 }

@@ -248,8 +248,8 @@ static void cuda_adamw(void *ctx, float *param, const float *grad, float *m, flo
     ct_cuda_adamw(ctx, param, grad, m, v, segments, n_segments, hp, param_copy, copy_dtype);
 }
 
-static void cuda_sumsq(void *ctx, float *out, const float *x, int64_t n) {
-    ct_cuda_sumsq(ctx, out, x, n);
+static void cuda_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count) {
+    ct_cuda_sumsq(ctx, out, x, n, count);
 }
 
 static void cuda_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,

@@ -237,8 +237,8 @@ static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     }
     ct_tensor *sq = NEW1(CT_DTYPE_F32, 3, NULL);
     ct_tensor_zero(sq);
-    ct_sumsq(sq, 0, dwout_flat);
-    ct_sumsq(sq, 2, dtable);
+    ct_tensor *sq_of[2] = {dwout_flat, dtable}; /* one call, two ranges: out[1], out[2] */
+    ct_sumsq(sq, 1, sq_of, 2);
 
     /* casts both ways, axpy, scale, fills, a copy */
     ct_tensor *cast = NEW2(other, N, C, NULL), *cast_back = NEW2(dt, N, C, NULL);

@@ -542,11 +542,40 @@ static bool sumsq_case(int64_t n, int64_t off) {
     float *x = cuda_test_fvec(n + 1, -2.0f, 2.0f);
     float o0[3] = {7.0f, 7.0f, 7.0f};
     pbuf px = pb_new(x, (size_t)(n + 1) * 4), out = pb_new(o0, sizeof o0);
-    for (int s = 0; s < 2; s++)
-        side_be(s)->iface->sumsq(side_be(s)->ctx, at(&out, s, 1, 4), at(&px, s, off, 4), n);
+    for (int s = 0; s < 2; s++) {
+        const float *xs = at(&px, s, off, 4);
+        side_be(s)->iface->sumsq(side_be(s)->ctx, at(&out, s, 1, 4), &xs, &n, 1);
+    }
     char what[96];
     snprintf(what, sizeof what, "sumsq n=%lld off=%lld", (long long)n, (long long)off);
     bool ok = check(what, &out, F32);
+    pb_free(&px), pb_free(&out);
+    free(x);
+    return ok;
+}
+
+/* Many ranges in one call: out[1 + i] = Σ x_i² for N_RANGES ranges of one buffer (lengths from 0
+ * to a few chunks, starts aligned and not), more than one launch batch (64) of the kernel;
+ * out[0] and out[N_RANGES + 1] must keep their values. */
+static bool sumsq_multi_case(void) {
+    enum { N_RANGES = 70 };
+    int64_t start[N_RANGES], len[N_RANGES], total = 0;
+    for (int i = 0; i < N_RANGES; i++) {
+        start[i] = total + i % 3; /* every third range 16-byte aligned at most */
+        len[i] = i % 7 == 0 ? 0 : i % 5 == 0 ? 2 * 4096 + 17 * i : 13 * i + 5;
+        total = start[i] + len[i];
+    }
+    cuda_test_seed(13, (uint64_t)total, N_RANGES);
+    float *x = cuda_test_fvec(total + 1, -2.0f, 2.0f);
+    float o0[N_RANGES + 2];
+    for (int i = 0; i < N_RANGES + 2; i++) o0[i] = 7.0f;
+    pbuf px = pb_new(x, (size_t)(total + 1) * 4), out = pb_new(o0, sizeof o0);
+    for (int s = 0; s < 2; s++) {
+        const float *xs[N_RANGES];
+        for (int i = 0; i < N_RANGES; i++) xs[i] = at(&px, s, start[i], 4);
+        side_be(s)->iface->sumsq(side_be(s)->ctx, at(&out, s, 1, 4), xs, len, N_RANGES);
+    }
+    bool ok = check("sumsq of 70 ranges in one call", &out, F32);
     pb_free(&px), pb_free(&out);
     free(x);
     return ok;
@@ -564,6 +593,7 @@ static void test_sumsq(void **state) {
              * ends inside an unrolled round */
             all_ok &= sumsq_case(17 * 4096 + 1000, off);
         }
+        all_ok &= sumsq_multi_case();
     });
 }
 

@@ -1033,7 +1033,7 @@ static void test_sumsq(void **state) {
     float *hx = rand_floats(n, -3, 3);
     ct_tensor *x = t1(be, n, hx), *out = t1(be, 4, NULL);
     ct_tensor_fill(out, -1.0f);
-    ct_sumsq(out, 2, x);
+    ct_sumsq(out, 2, &x, 1);
     float *got = host_of(out);
     double want[4] = {-1, -1, 0, -1};
     for (int64_t i = 0; i < n; i++) want[2] += (double)hx[i] * hx[i];
@@ -1042,7 +1042,7 @@ static void test_sumsq(void **state) {
      * thousands of additions rounds the same way), which only double accumulation avoids. */
     for (int64_t i = 0; i < n; i++) hx[i] = 0.3f;
     ct_tensor_from_host(x, hx);
-    ct_sumsq(out, 0, x);
+    ct_sumsq(out, 0, &x, 1);
     free(got);
     got = host_of(out);
     want[0] = (double)n * (double)0.3f * (double)0.3f;
@@ -1271,7 +1271,7 @@ static void test_determinism_threads(void **state) {
         res[k][r] = host_of(dtab), res_bytes[r++] = (size_t)(50 * C) * 4;
         /* sumsq */
         ct_tensor *tsq = t1(b, sq_n, sq), *out = t1(b, 1, NULL);
-        ct_sumsq(out, 0, tsq);
+        ct_sumsq(out, 0, &tsq, 1);
         res[k][r] = host_of(out), res_bytes[r++] = 4;
         /* cross-entropy, three steps */
         xent_out xo;

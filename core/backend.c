@@ -573,6 +573,28 @@ void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const
     prof_end(pre, CT_PROF_GEMM, prof_t0_);
 }
 
+void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const ct_tensor *b) {
+    check_float(x, "gemm_bias x");
+    check_like(w, x, "gemm_bias w");
+    check_like(b, x, "gemm_bias b");
+    check_like(out, x, "gemm_bias out");
+    check_same_backend(out, x);
+    check_same_backend(out, w);
+    check_same_backend(out, b);
+    int64_t M = ROWS(out), N = COLS(out), K = COLS(x);
+    CT_ASSERTF(ROWS(x) == M && ROWS(w) == N && COLS(w) == K && b->numel == N,
+               "gemm_bias shapes: out %s = x %s · w %s^T + b %s", SH(out), SH(x), SH(w), SH(b));
+    if (!IFACE(out)->gemm_bias_gelu) {
+        ct_bias_init(out, b, NULL);
+        ct_gemm(out, x, w, false, true, 1.0f, 1.0f);
+        return;
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->gemm_bias_gelu(CTX(out), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(out), N,
+                               NULL, N, DT(out));
+    prof_end(out, CT_PROF_GEMM, prof_t0_);
+}
+
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
     check_float(out, "bias_add out");
     check_like(bias, out, "bias_add bias");

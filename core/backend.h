@@ -108,7 +108,9 @@ struct ct_backend_i {
      * evaluated in fp32 (in bf16 on the value of pre before or after its rounding: either is
      * within the tolerance of the separate ops). pre is kept for GELU's backward. NULL: the
      * wrapper (ct_gemm_bias_gelu) runs bias_init, gemm with beta = 1 and gelu_fwd instead — the
-     * reference; the CPU backend leaves it NULL. */
+     * reference; the CPU backend leaves it NULL. out NULL (ct_gemm_bias): no GELU, pre is the
+     * layer's output, the bias added in fp32 before pre's one rounding (without it: bias_init
+     * and gemm with beta = 1). */
     void (*gemm_bias_gelu)(void *ctx, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                            const void *B, int64_t ldb, const void *bias, void *pre, int64_t ldpre,
                            void *out, int64_t ldout, ct_dtype dt);
@@ -369,6 +371,10 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
  * (pre is what ct_gelu_bwd reads later). One fused op where the backend has gemm_bias_gelu, else
  * ct_bias_init(pre, b) + ct_gemm(pre, x, w, false, true, 1, 1) + ct_gelu_fwd(out, pre). All five
  * tensors share a dtype. */
+/* out = x·wᵀ + b (a linear layer's forward, out (M, N), w (N, K), b (N)): the bias in the GEMM's
+ * epilogue where the backend fuses it (gemm_bias_gelu with out NULL), else bias_init and gemm with
+ * beta = 1 — the same single rounding of bias + product either way. */
+void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const ct_tensor *b);
 void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const ct_tensor *w,
                        const ct_tensor *b);
 /* out(N,C) += bias(C) */

@@ -20,6 +20,7 @@ enum {
     DATA_HEADER = 32,
     MANIFEST_HEADER = 64,
     PIECE_RECORD = 152,
+    MAX_FILES = 1 << 20,    /* rank files a manifest may name (a million ranks) */
     CHUNK_FLOATS = 1 << 20, /* values read or converted at a time: 4 MiB (CT_CKPT_READ_BUFFER_BYTES
                                counts its two buffers) */
 };
@@ -356,27 +357,16 @@ ct_status ct_ckpt_prune(const char *root, int64_t keep) {
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
+/* The largest manifest read: its size is the cap of everything allocated from it, and a real one
+ * (152 bytes a piece) stays far below. */
+#define MANIFEST_MAX_BYTES ((int64_t)256 << 20)
+
 static ct_status read_file(const char *path, uint8_t **out, size_t *len) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ct_error(CT_ERR_INPUT, "checkpoint: cannot open '%s': %s", path, strerror(errno));
-        ct_hint("a checkpoint directory holds manifest.bin and rank-*.bin files; is it complete?");
-        return CT_ERR_INPUT;
-    }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = ct_xmalloc((size_t)CT_MAX(size, 1));
-    bool ok = size >= 0 && fread(buf, 1, (size_t)size, f) == (size_t)size;
-    fclose(f);
-    if (!ok) {
-        free(buf);
-        return corrupt(path, "short read");
-    }
-    *out = buf;
-    *len = (size_t)size;
-    return CT_OK;
+    ct_status st = ct_read_regular(path, "checkpoint manifest", MANIFEST_MAX_BYTES, out, len);
+    if (st != CT_OK)
+        ct_hint("a checkpoint directory holds manifest.bin and rank-*.bin files; is it complete? "
+                "(`cooktrain inspect DIR` checks one)");
+    return st;
 }
 
 /* Magic, version and byte-order mark of a header. */
@@ -413,17 +403,27 @@ static ct_status parse_manifest(const char *path, const uint8_t *buf, size_t len
     uint32_t stored = ct_get_le32(buf + len - 4);
     if ((uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)(len - 4)) != stored)
         return corrupt(path, "checksum mismatch (the file was changed or cut short)");
-    m->n_files = (int)ct_get_le32(buf + 16);
-    const size_t config_bytes = ct_get_le32(buf + 20);
+    const uint32_t n_files = ct_get_le32(buf + 16);
+    const int64_t config_bytes = ct_get_le32(buf + 20);
     m->n_pieces = (int64_t)ct_get_le64(buf + 24);
     const uint32_t n_state = ct_get_le32(buf + 32);
     memcpy(m->version, buf + 40, 16);
     m->version[16] = '\0';
-    const size_t need = MANIFEST_HEADER + 8 * (size_t)n_state + (size_t)m->n_pieces * PIECE_RECORD +
-                        config_bytes + 4;
-    if (n_state != CT_CKPT_STATE_FIELDS || m->n_pieces < 0 || need != len) {
-        snprintf(what, sizeof what, "%u state fields and %lld pieces do not fit its %zu bytes",
-                 n_state, (long long)m->n_pieces, len);
+    if (n_files < 1 || n_files > MAX_FILES) {
+        snprintf(what, sizeof what, "field n_files is %u (1 to %d rank files)", n_files, MAX_FILES);
+        return corrupt(path, what);
+    }
+    m->n_files = (int)n_files;
+    /* need = header + 8·n_state + n_pieces·PIECE_RECORD + config + crc, every step checked: a
+     * piece count chosen to wrap the product around 2^64 must not pass. */
+    int64_t need = 0, records = 0;
+    bool fits =
+        m->n_pieces >= 0 && ct_mul_i64(m->n_pieces, PIECE_RECORD, &records) &&
+        ct_add_i64(MANIFEST_HEADER + 8 * (int64_t)n_state + config_bytes + 4, records, &need);
+    if (n_state != CT_CKPT_STATE_FIELDS || !fits || need != (int64_t)len) {
+        snprintf(what, sizeof what,
+                 "fields n_state %u, n_pieces %lld and config_bytes %lld do not fit its %zu bytes",
+                 n_state, (long long)m->n_pieces, (long long)config_bytes, len);
         return corrupt(path, what);
     }
     const uint8_t *p = buf + MANIFEST_HEADER;
@@ -437,11 +437,13 @@ static ct_status parse_manifest(const char *path, const uint8_t *buf, size_t len
         pc->offset = (int64_t)ct_get_le64(p + 136);
         pc->crc = ct_get_le32(p + 144);
         const ct_ckpt_box *b = &pc->box;
+        int64_t cells = 0, end = 0;
         bool ok = b->kind >= 0 && b->kind < CT_CKPT_KIND_COUNT && pc->file >= 0 &&
                   pc->file < m->n_files && 0 <= b->row0 && b->row0 < b->row1 &&
                   b->row1 <= b->rows && 0 <= b->col0 && b->col0 < b->col1 && b->col1 <= b->cols &&
-                  0 <= b->lo && b->lo < b->hi && b->hi <= (b->row1 - b->row0) * box_width(b) &&
-                  pc->offset >= DATA_HEADER;
+                  ct_mul_i64(b->row1 - b->row0, box_width(b), &cells) && 0 <= b->lo &&
+                  b->lo < b->hi && b->hi <= cells && pc->offset >= DATA_HEADER &&
+                  ct_mul_i64(b->hi - b->lo, 4, &end) && ct_add_i64(pc->offset, end, &end);
         if (!ok) {
             snprintf(what, sizeof what, "piece %lld (%s) has an impossible box or file",
                      (long long)i, b->name);
@@ -458,23 +460,49 @@ static ct_status parse_manifest(const char *path, const uint8_t *buf, size_t len
 static ct_status open_rank_file(const char *dir, int file, int *fd, int64_t *len) {
     char path[CT_PATH_MAX + 32];
     rank_file(path, sizeof path, dir, file);
-    *fd = open(path, O_RDONLY);
-    if (*fd < 0) {
-        ct_error(CT_ERR_INPUT, "checkpoint '%s': rank file '%s' is missing: %s", dir, path,
-                 strerror(errno));
-        ct_hint("a checkpoint needs every rank's file; use another checkpoint "
-                "(checkpoint.resume: PATH) or checkpoint.resume: never");
+    if (ct_open_regular(path, "checkpoint rank file", fd, len) != CT_OK) {
+        ct_hint("a checkpoint needs every rank's file, each a regular file; use another "
+                "checkpoint (checkpoint.resume: PATH) or checkpoint.resume: never");
         return CT_ERR_INPUT;
     }
-    struct stat st;
     uint8_t h[DATA_HEADER];
     ssize_t got = pread(*fd, h, sizeof h, 0);
-    *len = fstat(*fd, &st) == 0 ? (int64_t)st.st_size : 0;
     ct_status s = check_header(path, h, got < 0 ? 0 : (size_t)got, DATA_MAGIC, DATA_HEADER);
     if (s == CT_OK && ct_get_le32(h + 16) != (uint32_t)file)
         s = corrupt(path, "header names another rank");
     if (s != CT_OK) close(*fd);
     return s;
+}
+
+static const ct_ckpt_piece *sort_pieces; /* qsort's context (one thread opens at a time) */
+
+static int by_file_offset(const void *a, const void *b) {
+    const ct_ckpt_piece *x = &sort_pieces[*(const int64_t *)a],
+                        *y = &sort_pieces[*(const int64_t *)b];
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* No two pieces may share bytes of a rank file: each piece's bytes are its own values. */
+static ct_status check_no_shared_bytes(const char *dir, const ct_ckpt_manifest *m) {
+    int64_t *order = ct_xmalloc((size_t)CT_MAX(m->n_pieces, 1) * sizeof *order);
+    for (int64_t i = 0; i < m->n_pieces; i++) order[i] = i;
+    sort_pieces = m->pieces;
+    qsort(order, (size_t)m->n_pieces, sizeof *order, by_file_offset);
+    ct_status st = CT_OK;
+    for (int64_t i = 1; i < m->n_pieces && st == CT_OK; i++) {
+        const ct_ckpt_piece *a = &m->pieces[order[i - 1]], *b = &m->pieces[order[i]];
+        if (a->file == b->file && a->offset + 4 * (a->box.hi - a->box.lo) > b->offset) {
+            char path[CT_PATH_MAX + 32], what[200];
+            snprintf(path, sizeof path, "%s/manifest.bin", dir);
+            snprintf(
+                what, sizeof what, "pieces %lld (%s) and %lld (%s) share bytes of rank file %d",
+                (long long)order[i - 1], a->box.name, (long long)order[i], b->box.name, a->file);
+            st = corrupt(path, what);
+        }
+    }
+    free(order);
+    return st;
 }
 
 ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
@@ -507,6 +535,7 @@ ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
         }
     }
     free(need);
+    if (st == CT_OK) st = check_no_shared_bytes(dir, m);
     if (st != CT_OK) ct_ckpt_manifest_release(m);
     return st;
 }
@@ -516,10 +545,12 @@ static bool same_tensor(const ct_ckpt_box *a, const ct_ckpt_box *b) {
 }
 
 /* Copies the values of a piece's flat range [f0, f0 + n) (in `vals`) that `want` needs into
- * out; returns how many it copied. Walks the piece's rows: each row's run of columns, clipped to
- * want's box, is one contiguous run of want's row-major order, clipped again to [lo, hi). */
+ * out, marking them in seen (one byte per element of want); returns how many it copied, or -1
+ * when one was already there (two pieces cover the same element). Walks the piece's rows: each
+ * row's run of columns, clipped to want's box, is one contiguous run of want's row-major order,
+ * clipped again to [lo, hi). */
 static int64_t scatter(const ct_ckpt_box *have, int64_t f0, const float *vals, int64_t n,
-                       const ct_ckpt_box *want, float *out) {
+                       const ct_ckpt_box *want, float *out, uint8_t *seen) {
     const int64_t hw = box_width(have), ww = box_width(want);
     int64_t copied = 0;
     for (int64_t f = f0; f < f0 + n;) {
@@ -530,6 +561,10 @@ static int64_t scatter(const ct_ckpt_box *have, int64_t f0, const float *vals, i
             int64_t w0 = (row - want->row0) * ww + (c0 - want->col0);
             int64_t a = CT_MAX(w0, want->lo), b = CT_MIN(w0 + (c1 - c0), want->hi);
             if (b > a) {
+                for (int64_t e = a - want->lo; e < b - want->lo; e++) {
+                    if (seen[e]) return -1;
+                    seen[e] = 1;
+                }
                 memcpy(out + (a - want->lo), vals + (f - f0) + (c0 - col) + (a - w0),
                        (size_t)(b - a) * sizeof(float));
                 copied += b - a;
@@ -547,7 +582,8 @@ static bool boxes_meet(const ct_ckpt_box *a, const ct_ckpt_box *b) {
 
 /* Reads one piece whole, in chunks, checking its checksum; scatters what `want` needs. */
 static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_ckpt_box *want,
-                            float *out, int64_t *copied, uint8_t *bytes, float *vals) {
+                            float *out, uint8_t *seen, int64_t *copied, uint8_t *bytes,
+                            float *vals) {
     char path[CT_PATH_MAX + 32];
     rank_file(path, sizeof path, dir, pc->file);
     int fd;
@@ -566,7 +602,12 @@ static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_c
         crc = crc32(crc, bytes, (uInt)(4 * c));
         if (want) {
             ct_get_le_floats(vals, bytes, c);
-            *copied += scatter(&pc->box, pc->box.lo + done, vals, c, want, out);
+            int64_t k = scatter(&pc->box, pc->box.lo + done, vals, c, want, out, seen);
+            if (k < 0) {
+                st = corrupt(path, "two pieces of its manifest cover the same elements");
+                break;
+            }
+            *copied += k;
         }
         done += c;
     }
@@ -589,6 +630,7 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_
     int64_t copied = 0;
     bool shape_ok = true;
     ct_status st = CT_OK;
+    uint8_t *seen = ct_xcalloc((size_t)CT_MAX(want->hi - want->lo, 1), 1);
     for (int64_t i = 0; i < m->n_pieces && st == CT_OK; i++) {
         const ct_ckpt_piece *pc = &m->pieces[i];
         if (!same_tensor(&pc->box, want)) continue;
@@ -596,8 +638,10 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_
             shape_ok = false;
             break;
         }
-        if (boxes_meet(&pc->box, want)) st = read_piece(dir, pc, want, out, &copied, bytes, vals);
+        if (boxes_meet(&pc->box, want))
+            st = read_piece(dir, pc, want, out, seen, &copied, bytes, vals);
     }
+    free(seen);
     free(bytes);
     free(vals);
     if (st != CT_OK) return st;
@@ -662,7 +706,7 @@ ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
     ct_status st = CT_OK;
     int64_t copied = 0;
     for (int64_t i = 0; i < m.n_pieces && st == CT_OK; i++)
-        st = read_piece(dir, &m.pieces[i], NULL, NULL, &copied, bytes, NULL);
+        st = read_piece(dir, &m.pieces[i], NULL, NULL, NULL, &copied, bytes, NULL);
     free(bytes);
     if (st == CT_OK)
         fprintf(out, "  every checksum verified (%lld pieces)\n", (long long)m.n_pieces);

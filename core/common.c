@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -181,4 +182,73 @@ bool ct_idle_hooked(void) {
 
 void ct_idle(void) {
     if (idle_hook) idle_hook();
+}
+
+const char *ct_file_kind(unsigned mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a pipe";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+ct_status ct_open_regular(const char *path, const char *what, int *fd, int64_t *size) {
+    *fd = -1;
+    *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) {
+        ct_error(CT_ERR_INPUT, "cannot open %s '%s': %s", what, path, strerror(errno));
+        ct_hint("check the path and that the file is readable");
+        return CT_ERR_INPUT;
+    }
+    struct stat st;
+    if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
+        const char *kind = fstat(f, &st) == 0 ? ct_file_kind(st.st_mode) : strerror(errno);
+        close(f);
+        ct_error(CT_ERR_INPUT, "%s '%s' is %s, not a regular file", what, path, kind);
+        ct_hint("point it at the file itself (a FIFO, directory or device is refused)");
+        return CT_ERR_INPUT;
+    }
+    int flags = fcntl(f, F_GETFL);
+    if (flags >= 0) fcntl(f, F_SETFL, flags & ~O_NONBLOCK);
+    *fd = f;
+    *size = (int64_t)st.st_size;
+    return CT_OK;
+}
+
+ct_status ct_read_regular(const char *path, const char *what, int64_t max_bytes, uint8_t **out,
+                          size_t *len) {
+    *out = NULL;
+    *len = 0;
+    int fd;
+    int64_t size;
+    CT_TRY(ct_open_regular(path, what, &fd, &size));
+    if (size > max_bytes) {
+        close(fd);
+        ct_error(CT_ERR_INPUT, "%s '%s' is %lld bytes, larger than the %lld this reader accepts",
+                 what, path, (long long)size, (long long)max_bytes);
+        ct_hint("is it the right file? a damaged or foreign file is refused before it is read");
+        return CT_ERR_INPUT;
+    }
+    uint8_t *buf = ct_xmalloc((size_t)size + 1);
+    int64_t done = 0;
+    while (done < size) {
+        ssize_t got = read(fd, buf + done, (size_t)(size - done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        done += got;
+    }
+    close(fd);
+    if (done != size) {
+        free(buf);
+        ct_error(CT_ERR_INPUT, "%s '%s': short read (%lld of %lld bytes; changed while read?)",
+                 what, path, (long long)done, (long long)size);
+        ct_hint("check the file system, and that nothing writes the file while cooktrain reads it");
+        return CT_ERR_INPUT;
+    }
+    buf[size] = 0;
+    *out = buf;
+    *len = (size_t)size;
+    return CT_OK;
 }

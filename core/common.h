@@ -106,6 +106,31 @@ ct_status ct_file_publish(const char *tmp, const char *path, bool write_ok, cons
  * message naming the directory when one cannot be made. */
 ct_status ct_mkdir_parents(const char *path);
 
+/*
+ * Reading files that come from outside (checkpoints, shards, tokenizers, configs): every one may
+ * be damaged or crafted. ct_open_regular opens `path` without blocking (O_NONBLOCK: a FIFO in
+ * place of a file does not hang the open) and refuses anything that is not a regular file (a
+ * FIFO, a directory, a device such as /dev/zero) with CT_ERR_INPUT naming `what` and the path;
+ * *size is the file's real length (fstat), which callers use as the cap of what they allocate.
+ * O_NONBLOCK is cleared once the file is known to be regular. ct_read_regular reads a whole
+ * regular file of at most max_bytes (else CT_ERR_INPUT: "larger than ..."), never allocating
+ * more than the file holds; *out is malloc'd (one spare byte, zeroed, so text can be terminated).
+ */
+ct_status ct_open_regular(const char *path, const char *what, int *fd, int64_t *size);
+/* What a non-regular file is, for messages ("a directory", "a pipe", ...), from its st_mode. */
+const char *ct_file_kind(unsigned mode);
+ct_status ct_read_regular(const char *path, const char *what, int64_t max_bytes, uint8_t **out,
+                          size_t *len);
+
+/* Overflow-checked arithmetic on counts read from files: false when the exact result does not
+ * fit (then *out is unspecified). */
+static inline bool ct_mul_i64(int64_t a, int64_t b, int64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool ct_add_i64(int64_t a, int64_t b, int64_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
 /* Monotonic wall time in seconds. */
 double ct_now(void);
 

@@ -1017,15 +1017,6 @@ ct_status ct_config_load_string(ct_config *cfg, const char *yaml, const char *or
 }
 
 /* What a config file is not: named in the message when --config gets something else. */
-static const char *file_kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISFIFO(mode)) return "a pipe";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "not a regular file";
-}
-
 ct_status ct_config_load_file(ct_config *cfg, const char *path) {
     /* O_NONBLOCK: opening a pipe for reading would otherwise wait for a writer forever. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -1045,7 +1036,7 @@ ct_status ct_config_load_file(ct_config *cfg, const char *path) {
         close(fd);
         /* A device such as /dev/zero never ends, a pipe may never be written: refuse both. */
         return with_hint(
-            ct_error(CT_ERR_INPUT, "config file '%s' is %s%s", path, file_kind(st_file.st_mode),
+            ct_error(CT_ERR_INPUT, "config file '%s' is %s%s", path, ct_file_kind(st_file.st_mode),
                      S_ISDIR(st_file.st_mode) ? " (Is a directory)" : ""),
             "--config takes a regular YAML file of at most %d KiB", CT_CONFIG_MAX_BYTES / 1024);
     }

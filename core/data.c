@@ -135,20 +135,14 @@ static ct_status shard_corrupt(const char *path, const char *what) {
 static ct_status shard_open(shard *s, const char *path, int64_t model_vocab) {
     memset(s, 0, sizeof *s);
     s->path = ct_xstrdup(path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        ct_error(CT_ERR_INPUT, "cannot open data shard %s: %s", path, strerror(errno));
-        ct_hint("check the path and its permissions, or run `cooktrain prepare`");
+    int fd;
+    int64_t file_size;
+    if (ct_open_regular(path, "data shard", &fd, &file_size) != CT_OK) {
+        ct_hint("data.train and data.val name token shard files (or globs matching them); "
+                "`cooktrain prepare` makes them");
         return CT_ERR_INPUT;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        ct_error(CT_ERR_INPUT, "data shard %s is not a regular file", path);
-        ct_hint("data.train and data.val name token shard files (or globs matching them)");
-        return CT_ERR_INPUT;
-    }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)file_size;
     char what[320];
     if (size < CT_SHARD_HEADER_BYTES) {
         close(fd);

@@ -943,8 +943,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
     qkv_params(m, l, false, &wqkv, &bqkv);
-    ct_bias_init(la->qkv, bqkv, NULL); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
-    ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 1.0f);
+    ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
     ct_tensor_free(wqkv), ct_tensor_free(bqkv);
     poll(m);
     ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);

@@ -730,20 +730,19 @@ static ct_status corrupt(const char *path, const char *what) {
 
 ct_status ct_tokenizer_load(ct_tokenizer **out, const char *path) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ct_error(CT_ERR_INPUT, "cannot open tokenizer file %s: %s", path, strerror(errno));
-        ct_hint("run `cooktrain prepare` to create it, or fix data.tokenizer");
-        return CT_ERR_INPUT;
-    }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        ct_error(CT_ERR_INPUT, "tokenizer path %s is not a regular file", path);
+    int fd;
+    int64_t file_size;
+    if (ct_open_regular(path, "tokenizer file", &fd, &file_size) != CT_OK) {
         ct_hint("point data.tokenizer at the tokenizer.bin written by `cooktrain prepare`");
         return CT_ERR_INPUT;
     }
-    size_t size = (size_t)sb.st_size;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        ct_error(CT_ERR_RUNTIME, "cannot read tokenizer file %s: %s", path, strerror(errno));
+        return CT_ERR_RUNTIME;
+    }
+    size_t size = (size_t)file_size;
     uint8_t header[TOK_HEADER_BYTES];
     if (size < TOK_HEADER_BYTES || fread(header, 1, TOK_HEADER_BYTES, f) != TOK_HEADER_BYTES) {
         fclose(f);

@@ -132,6 +132,14 @@ static void cuda_gemm_bias_gelu(void *ctx, int64_t M, int64_t N, int64_t K, cons
                                 int64_t lda, const void *B, int64_t ldb, const void *bias,
                                 void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
     ct_cuda_ctx *cx = ctx;
+    if (!out) { /* the bias alone (cuBLASLt's BIAS epilogue): pre = A·Bᵀ + bias */
+        if (ct_cuda_gemm_bias(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, dt)) return;
+        CT_ASSERTF(ldpre == N, "gemm_bias fallback with ldpre %lld, N %lld", (long long)ldpre,
+                   (long long)N);
+        ct_cuda_bias_init(cx, dt, pre, bias, NULL, M, N);
+        cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
+        return;
+    }
     if (ct_cuda_gemm_bias_gelu(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt))
         return;
     /* The kernels take packed (M, N) rows: the wrapper passes ldpre = ldout = N. */

@@ -44,10 +44,10 @@ typedef struct gemm_key {
     int64_t M, N, K, lda, ldb, ldc;
     ct_dtype ab_dtype, c_dtype;
     uint32_t align_a, align_b, align_c; /* bytes, powers of two up to 256 */
-    /* The bias-GELU epilogue (CUBLASLT_EPILOGUE_GELU_AUX_BIAS): the aux (pre-activation) ld and
-     * the bias and aux pointers' alignments, which the heuristic reads from the descriptor's
-     * pointers. All zero for a plain GEMM. */
-    bool gelu_aux_bias;
+    /* The epilogue: 0 none, CUBLASLT_EPILOGUE_BIAS or _GELU_AUX_BIAS; the aux (pre-activation)
+     * ld and the bias and aux pointers' alignments, which the heuristic reads from the
+     * descriptor's pointers. All zero for a plain GEMM. */
+    uint32_t epilogue;
     int64_t ld_aux;
     uint32_t align_bias, align_aux;
 } gemm_key;
@@ -92,9 +92,8 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
     return a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->M == b->M && a->N == b->N &&
            a->K == b->K && a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc &&
            a->ab_dtype == b->ab_dtype && a->c_dtype == b->c_dtype && a->align_a == b->align_a &&
-           a->align_b == b->align_b && a->align_c == b->align_c &&
-           a->gelu_aux_bias == b->gelu_aux_bias && a->ld_aux == b->ld_aux &&
-           a->align_bias == b->align_bias && a->align_aux == b->align_aux;
+           a->align_b == b->align_b && a->align_c == b->align_c && a->epilogue == b->epilogue &&
+           a->ld_aux == b->ld_aux && a->align_bias == b->align_bias && a->align_aux == b->align_aux;
 }
 
 static void plan_release(gemm_plan *p) {
@@ -119,7 +118,7 @@ static void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const void *bias, v
 }
 
 /* Builds the descriptors for `k` and asks the heuristic for one algorithm. bias and aux: the
- * epilogue's pointers when k->gelu_aux_bias (else unused). */
+ * epilogue's pointers when k->epilogue has them (else unused). */
 static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k, const void *bias,
                       void *aux) {
     p->key = *k;
@@ -131,14 +130,16 @@ static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k, cons
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof op_x));
     CT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof op_y));
-    if (k->gelu_aux_bias) {
+    if (k->epilogue) {
         /* The attribute is uint32_t, the aux ld int64_t (elements). */
-        uint32_t epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-        int64_t ld_aux = k->ld_aux;
+        uint32_t epilogue = k->epilogue;
         CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                          &epilogue, sizeof epilogue));
-        CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
-            p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux));
+        if (k->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            int64_t ld_aux = k->ld_aux;
+            CT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux));
+        }
         set_epilogue_pointers(p->desc, bias, aux);
     }
 
@@ -300,21 +301,23 @@ void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, in
                                      p->c, &p->algo, g->workspace, g->workspace_bytes, g->stream));
 }
 
-bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
-                            int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
-                            int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+/* A linear layer's forward with the bias (and with gelu: GELU) in the epilogue: out = [GELU]
+ * (A·Bᵀ + bias), pre the pre-activation (gelu only). false: no algorithm (counted) or K == 0 (not
+ * counted). */
+static bool gemm_epilogue(ct_cuda_gemm_ctx *g, bool gelu, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
+                          void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+    const char *op = gelu ? "gemm_bias_gelu" : "gemm_bias";
     CT_ASSERT(g != NULL);
-    CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "gemm_bias_gelu M=%lld N=%lld K=%lld", (long long)M,
+    CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "%s M=%lld N=%lld K=%lld", op, (long long)M,
                (long long)N, (long long)K);
-    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gemm_bias_gelu dtype %s",
-               ct_dtype_name(dt));
-    CT_ASSERTF(lda >= K && ldb >= K && ldpre >= N && ldout >= N,
-               "gemm_bias_gelu M=%lld N=%lld K=%lld: lda=%lld ldb=%lld ldpre=%lld ldout=%lld too "
-               "small",
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "%s dtype %s", op, ct_dtype_name(dt));
+    CT_ASSERTF(lda >= K && ldb >= K && (!gelu || ldpre >= N) && ldout >= N,
+               "%s M=%lld N=%lld K=%lld: lda=%lld ldb=%lld ldpre=%lld ldout=%lld too small", op,
                (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
                (long long)ldpre, (long long)ldout);
     if (M == 0 || N == 0) return true;
-    if (K == 0) return false; /* no product: the caller's bias + GELU path (not a fallback) */
+    if (K == 0) return false; /* no product: the caller's bias [+ GELU] path (not a fallback) */
 
     /* y = x·Wᵀ: trans_a = false, trans_b = true, as a linear layer's forward. */
     gemm_key key = {
@@ -331,10 +334,10 @@ bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K
         .align_a = ptr_alignment(A),
         .align_b = ptr_alignment(B),
         .align_c = ptr_alignment(out),
-        .gelu_aux_bias = true,
-        .ld_aux = ldpre,
+        .epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS,
+        .ld_aux = gelu ? ldpre : 0,
         .align_bias = ptr_alignment(bias),
-        .align_aux = ptr_alignment(pre),
+        .align_aux = gelu ? ptr_alignment(pre) : 0,
     };
     gemm_plan *p = plan_get(g, &key, bias, pre);
     if (!p->has_algo) {
@@ -348,4 +351,16 @@ bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K
                                      out, p->c, &p->algo, g->workspace, g->workspace_bytes,
                                      g->stream));
     return true;
+}
+
+bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                            int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
+                            int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+    return gemm_epilogue(g, true, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt);
+}
+
+bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                       int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
+                       int64_t ldout, ct_dtype dt) {
+    return gemm_epilogue(g, false, M, N, K, A, lda, B, ldb, bias, NULL, 0, out, ldout, dt);
 }

@@ -78,8 +78,16 @@ bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K
                             int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
                             int64_t ldpre, void *out, int64_t ldout, ct_dtype dt);
 
+/* The same without GELU (the epilogue CUBLASLT_EPILOGUE_BIAS): out(M,N) = A(M,K)·B(N,K)ᵀ + bias(N),
+ * the bias added to the fp32 product before the one rounding to dt: a linear layer's forward
+ * without the second pass an accumulating (beta = 1) bf16 GEMM costs (backend_cuda.c). Same
+ * return values; the caller's fallback is bias init and ct_cuda_gemm with beta = 1. */
+bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                       int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
+                       int64_t ldout, ct_dtype dt);
+
 /* How many GEMMs ran through the cublasGemmEx fallback (cuBLASLt offered no algorithm), plus
- * the ct_cuda_gemm_bias_gelu calls that returned false for that reason. */
+ * the ct_cuda_gemm_bias_gelu and ct_cuda_gemm_bias calls that returned false for that reason. */
 int64_t ct_cuda_gemm_fallbacks(const ct_cuda_gemm_ctx *g);
 
 /* How many distinct GEMM configurations are cached (a repeated call must not add one). */

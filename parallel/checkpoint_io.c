@@ -2,6 +2,7 @@
 #include "checkpoint_io.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -208,10 +209,21 @@ static ct_ckpt_piece *gather_pieces(const ct_pctx *pctx, const saver_pieces *s, 
     return pieces;
 }
 
-/* crc32 of a whole file; 0 for none or an unreadable one (the run's own loading reports that). */
+/* crc32 of a whole file; 0 for none, an unreadable one or one that is not a regular file (a FIFO
+ * would block the read; the run's own loading reports such a file). */
 static int64_t file_crc(const char *path) {
-    FILE *f = path[0] ? fopen(path, "rb") : NULL;
-    if (!f) return 0;
+    int fd;
+    int64_t size;
+    if (!path[0]) return 0;
+    if (ct_open_regular(path, "tokenizer file", &fd, &size) != CT_OK) {
+        ct_error_clear();
+        return 0;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return 0;
+    }
     uLong crc = crc32(0L, Z_NULL, 0);
     unsigned char buf[65536];
     size_t got;
@@ -394,7 +406,58 @@ ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx
 
 /* The checkpoint must come from the same model, seed and global batch (the data order and the
  * sample position depend on the last two). */
+static ct_status bad_state(const char *path, const char *field, int64_t value, const char *want) {
+    ct_error(CT_ERR_INPUT, "checkpoint '%s' is corrupt: train-state field %s is %lld, %s", path,
+             field, (long long)value, want);
+    ct_hint("use another checkpoint (checkpoint.resume: PATH) or start over with "
+            "checkpoint.resume: never");
+    return CT_ERR_INPUT;
+}
+
+/* The train state's own consistency, and its step against this run, before anything uses it as
+ * a count or an index (a checksum only proves the bytes are the writer's, not that the writer
+ * was honest). */
+static ct_status check_state(const char *path, const ct_ckpt_state *s, const ct_config *cfg) {
+    char want[160];
+    int64_t samples = 0, tokens = 0, world = 0;
+    if (s->format_version != 1)
+        return bad_state(path, "format_version", s->format_version, "not 1");
+    if (s->step < 0) return bad_state(path, "step", s->step, "negative");
+    if (s->step > cfg->train.steps) {
+        ct_error(CT_ERR_INPUT, "checkpoint '%s' is at step %lld, past this run's train.steps=%lld",
+                 path, (long long)s->step, (long long)cfg->train.steps);
+        ct_hint("raise train.steps to continue it (--set train.steps=N), or start over with "
+                "checkpoint.resume: never");
+        return CT_ERR_INPUT;
+    }
+    if (s->optimizer_step < 0 || s->optimizer_step > s->step) {
+        snprintf(want, sizeof want, "outside [0, step %lld]", (long long)s->step);
+        return bad_state(path, "optimizer_step", s->optimizer_step, want);
+    }
+    if (!ct_mul_i64(s->step, s->global_batch, &samples) || s->samples_seen != samples) {
+        snprintf(want, sizeof want, "not step %lld x global_batch %lld", (long long)s->step,
+                 (long long)s->global_batch);
+        return bad_state(path, "samples_seen", s->samples_seen, want);
+    }
+    if (!ct_mul_i64(samples, s->seq_len, &tokens) || s->tokens_seen != tokens) {
+        snprintf(want, sizeof want, "not samples_seen %lld x seq_len %lld", (long long)samples,
+                 (long long)s->seq_len);
+        return bad_state(path, "tokens_seen", s->tokens_seen, want);
+    }
+    if (s->tp < 1 || s->pp < 1 || s->dp < 1 || !ct_mul_i64(s->tp, s->pp, &world) ||
+        !ct_mul_i64(world, s->dp, &world) || s->world_size != world)
+        return bad_state(path, "world_size", s->world_size, "not tp x pp x dp of the writer");
+    if (s->zero_stage < 0 || s->zero_stage > 3)
+        return bad_state(path, "zero_stage", s->zero_stage, "not 0 to 3");
+    if (s->virtual_stages < 1)
+        return bad_state(path, "virtual_stages", s->virtual_stages, "below 1");
+    if (s->precision < CT_PRECISION_FP32 || s->precision > CT_PRECISION_BF16)
+        return bad_state(path, "precision", s->precision, "not fp32 (0) or bf16 (1)");
+    return CT_OK;
+}
+
 static ct_status check_compatible(const char *path, const ct_ckpt_state *s, const ct_config *cfg) {
+    CT_TRY(check_state(path, s, cfg));
     const ct_ckpt_state mine = run_state(cfg, &(ct_pctx){0}, 0, 0);
     if (s->tokenizer_crc && mine.tokenizer_crc && s->tokenizer_crc != mine.tokenizer_crc) {
         ct_error(CT_ERR_INPUT,

@@ -15,8 +15,7 @@ extern "C" {
 void ct_cuda_adamw(ct_cuda_ctx *cx, float *param, const float *grad, float *m, float *v,
                    const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
                    void *param_copy, ct_dtype copy_dtype);
-void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x, const int64_t *n,
-                   int count);
+void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x, const int64_t *n, int count);
 
 #ifdef __cplusplus
 }

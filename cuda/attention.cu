@@ -448,13 +448,6 @@ static __global__ void attn_colsum_kernel(float *dst, const float *partial, int 
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-/* Dynamic shared memory above the default 48 KB needs the kernel's opt-in (per device). */
-template <typename K> static void att_allow_smem(K *kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 static void att_check_dims(const char *op, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
                            int64_t hd) {
     CT_ASSERTF(n_kv_head > 0 && n_head % n_kv_head == 0, "%s: n_head=%lld n_kv_head=%lld", op,

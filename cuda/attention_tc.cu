@@ -508,12 +508,6 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-template <typename K> static void tc_allow_smem(K *kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 /* 16-byte loads when every row of every slice starts on a 16-byte boundary. */
 static bool tc_vec_ok(int64_t hd, int64_t ld_a, int64_t ld_b, const void *p, const void *q) {
     return hd % 8 == 0 && ld_a % 8 == 0 && ld_b % 8 == 0 && (uintptr_t)p % 16 == 0 &&
@@ -524,7 +518,7 @@ template <int HD>
 static void tc_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
                    int64_t n_head, int64_t n_kv_head, int64_t hd) {
     const size_t smem = tc_fwd_smem<HD>();
-    tc_allow_smem(tc_fwd_kernel<HD>, smem);
+    att_allow_smem(tc_fwd_kernel<HD>, smem);
     const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
     const bool vec = tc_vec_ok(hd, lqkv, lqkv, qkv, qkv);
     dim3 grid((unsigned)((T + TC_BM - 1) / TC_BM), (unsigned)n_head, (unsigned)B);
@@ -550,14 +544,14 @@ static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, 
     ct_cuda_attention_rowdot(cx, CT_DTYPE_BF16, D, dout, out, B, T, n_head, hd);
 
     const size_t smem = tc_bwd_smem<HD>();
-    tc_allow_smem(tc_dkdv_kernel<HD>, smem);
+    att_allow_smem(tc_dkdv_kernel<HD>, smem);
     ct_launch(tc_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
               dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
               (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    tc_allow_smem(tc_dq_kernel<HD>, smem);
+    att_allow_smem(tc_dq_kernel<HD>, smem);
     ct_launch(tc_dq_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
               dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,

@@ -15,6 +15,14 @@ void ct_cuda_attention_bwd_tc(ct_cuda_ctx *cx, void *dqkv, float *dbias, const v
                               const void *qkv, const void *out, const float *lse, int64_t B,
                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd);
 
+/* Dynamic shared memory above the default 48 KB needs the kernel's opt-in (per device). Needs
+ * cuda/ct_cuda.h included first, as every .cu does. */
+template <typename K> static inline void att_allow_smem(K *kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
 /* D[(b·n_head + h)·T + i] = dO_i · O_i (fp32) for every row of dout and out (B, T, n_head·hd). */
 void ct_cuda_attention_rowdot(ct_cuda_ctx *cx, ct_dtype dt, float *D, const void *dout,
                               const void *out, int64_t B, int64_t T, int64_t n_head, int64_t hd);

@@ -2,7 +2,8 @@
 # gpu_check.sh — the first run of the CUDA backend on a real GPU, in three parts (DESIGN §10):
 #   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
 #      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
-#      core/backend_check.c), in fp32 and in bf16; the first op that disagrees is named;
+#      core/backend_check.c), in fp32 and in bf16; the first op that disagrees is named; then
+#      the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256;
 #   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
 #      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
@@ -55,6 +56,22 @@ for precision in fp32 bf16; do
         failed=1
         echo "check mode $precision: FAILED"; tail -n 12 "$tmp/check.$precision.log" | sed 's/^/    /'
     fi
+done
+# the attention kernels at the head widths they compile (test-tiny's 8 runs in the 32-wide one)
+# and at sequence lengths with partial tiles: d_model heads seq_len batch
+for shape in "256 4 150 4" "256 2 100 2" "512 8 256 2"; do
+    read -r d heads t b <<<"$shape"
+    for precision in fp32 bf16; do
+        log="$tmp/check.$d.$t.$precision.log"
+        if CT_CHECK_BACKEND=1 "$BIN" "${tiny[@]}" --backend cuda --set train.steps=2 --set train.precision=$precision \
+            --set model.n_layer=2 --set model.d_model="$d" --set model.n_head="$heads" --set model.seq_len="$t" \
+            --set train.global_batch="$b" --set train.micro_batch="$b" >"$log" 2>&1; then
+            echo "check mode $precision, head width $((d / heads)), T $t: every op agrees"
+        else
+            failed=1
+            echo "check mode $precision, head width $((d / heads)), T $t: FAILED"; tail -n 12 "$log" | sed 's/^/    /'
+        fi
+    done
 done
 
 # ---- 2. training against the CPU ----------------------------------------------------------------

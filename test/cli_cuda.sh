@@ -116,6 +116,12 @@ if [ -x "$EMU" ] && selected "check mode"; then
             --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
             --set train.global_batch=2 --set train.precision=$prec
     done
+    # the tensor-core attention at the 124M model's head width 64, with a partial 64-row tile
+    expect_exit 0 "check mode: a bf16 step at head width 64 and T 70 agrees with the CPU" -- \
+        env CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" train --config configs/test-tiny.yaml \
+        --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
+        --set train.global_batch=2 --set train.precision=bf16 --set model.n_layer=1 --set model.d_model=128 \
+        --set model.n_head=2 --set model.seq_len=70
 fi
 
 # ---- cuda/README.md's generated tables ----------------------------------------------------------

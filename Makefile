@@ -5,13 +5,25 @@
 #   make data       prepare both corpora: data/fortunes (BPE, tiny.yaml) and data/fortunes-bytes
 #                   (byte-level, test-tiny.yaml)
 #   make test       set up, build, run the whole suite (ends with "tests: N passed, N failed")
+#   make test SAN=1 the readers of outside bytes (config, data, tokenizer, checkpoints, export)
+#                   built with ASan + UBSan in build-san and tested there (CI runs it)
 #   make mutants    plant each bug of test/mutants.txt in a scratch copy and check a test
 #                   catches it (test/mutants.py; CI runs it after make test)
 #   make bench      scripts/bench_cpu.sh
+#   make fuzz       every libFuzzer target of test/fuzz/ for FUZZ_SECONDS (300) each
 #
-# Knobs: BUILD=dir  OPT="-O3"  ARCH_FLAGS="-march=native"  CUDA=0|1  CUDA_ARCHS="80 90"
+# Knobs: SAN=1  BUILD=dir  OPT="-O3"  ARCH_FLAGS="-march=native"  CUDA=0|1  CUDA_ARCHS="80 90"
 #        TEST_JOBS=2 (single-process tests run in parallel)
 
+# SAN=1: the suite's readers of outside bytes under ASan + UBSan, in a build folder of its own
+# (build-san), without CUDA: `make test SAN=1` runs SAN_TESTS there.
+ifeq ($(SAN),1)
+  BUILD ?= build-san
+  OPT   ?= -O1
+  CUDA  := 0
+  SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+  SAN_TESTS ?= test_config test_data test_tokenizer test_units cli_errors cli_hostile cli_checkpoint
+endif
 BUILD      ?= build
 OPT        ?= -O3
 ARCH_FLAGS ?= -march=native
@@ -21,7 +33,7 @@ TEST_JOBS  ?= 2
 CC      ?= cc
 CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) $(ARCH_FLAGS) -g -Wall -Wextra -Wno-unused-parameter -fopenmp \
-           -fno-math-errno -I. -MMD -MP
+           -fno-math-errno -I. -MMD -MP $(SAN_FLAGS)
 LDLIBS  += -lm -lpthread
 
 # ---- required libraries (checked, with an install hint) ----------------------------------------
@@ -65,6 +77,8 @@ TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
 .DEFAULT_GOAL := all
 # the CUDA backend, real (nvcc) and emulated: sets CUDA_LIB and CUDA_LDLIBS, adds its targets to all
 include cuda/cuda.mk
+# the libFuzzer targets (clang): adds them to all, and `make fuzz`
+include test/fuzz/fuzz.mk
 all: report $(BUILD)/cooktrain $(TEST_BIN)
 
 report:
@@ -106,7 +120,7 @@ data: setup
 
 test: setup
 	@$(MAKE) --no-print-directory all
-	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) bash test/run_tests.sh
+	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) CT_TESTS="$(SAN_TESTS)" bash test/run_tests.sh
 
 mutants: setup
 	@$(MAKE) --no-print-directory all

@@ -200,7 +200,8 @@ ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *m) {
     ct_put_le32(p + 20, (uint32_t)config_bytes);
     ct_put_le64(p + 24, (uint64_t)m->n_pieces);
     ct_put_le32(p + 32, (uint32_t)CT_CKPT_STATE_FIELDS);
-    memcpy(p + 40, CT_VERSION, strnlen(CT_VERSION, 16));
+    _Static_assert(sizeof CT_VERSION - 1 <= 16, "the manifest holds 16 bytes of version");
+    memcpy(p + 40, CT_VERSION, sizeof CT_VERSION - 1);
     p += MANIFEST_HEADER;
     const int64_t *state = (const int64_t *)&m->state;
     for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++, p += 8) ct_put_le64(p, (uint64_t)state[i]);
@@ -544,6 +545,13 @@ static bool same_tensor(const ct_ckpt_box *a, const ct_ckpt_box *b) {
     return a->kind == b->kind && !strncmp(a->name, b->name, CT_CKPT_NAME);
 }
 
+/* qsort order of box pointers: by name, then kind (same_tensor's pieces end up adjacent). */
+static int by_tensor(const void *pa, const void *pb) {
+    const ct_ckpt_box *a = *(const ct_ckpt_box *const *)pa, *b = *(const ct_ckpt_box *const *)pb;
+    int c = strncmp(a->name, b->name, CT_CKPT_NAME);
+    return c ? c : (a->kind > b->kind) - (a->kind < b->kind);
+}
+
 /* Copies the values of a piece's flat range [f0, f0 + n) (in `vals`) that `want` needs into
  * out, marking them in seen (one byte per element of want); returns how many it copied, or -1
  * when one was already there (two pieces cover the same element). Walks the piece's rows: each
@@ -581,9 +589,11 @@ static bool boxes_meet(const ct_ckpt_box *a, const ct_ckpt_box *b) {
 }
 
 /* Reads one piece whole, in chunks, checking its checksum; scatters what `want` needs. */
+/* Reads piece pc whole, `chunk` values at a time through bytes (and vals, when want is given),
+ * checking its checksum; with want, scatters what falls inside it into out. */
 static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_ckpt_box *want,
-                            float *out, uint8_t *seen, int64_t *copied, uint8_t *bytes,
-                            float *vals) {
+                            float *out, uint8_t *seen, int64_t *copied, int64_t chunk,
+                            uint8_t *bytes, float *vals) {
     char path[CT_PATH_MAX + 32];
     rank_file(path, sizeof path, dir, pc->file);
     int fd;
@@ -593,7 +603,7 @@ static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_c
     uLong crc = crc32(0L, Z_NULL, 0);
     ct_status st = CT_OK;
     for (int64_t done = 0; done < n;) {
-        int64_t c = CT_MIN(n - done, (int64_t)CHUNK_FLOATS);
+        int64_t c = CT_MIN(n - done, chunk);
         ssize_t got = pread(fd, bytes, (size_t)(4 * c), (off_t)(pc->offset + 4 * done));
         if (got != (ssize_t)(4 * c)) {
             st = corrupt(path, "short read (truncated?)");
@@ -623,10 +633,18 @@ static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_c
     return st;
 }
 
+/* The chunk for reading pieces of at most n values: CHUNK_FLOATS, or less for small pieces. */
+static int64_t chunk_for(int64_t n) { return CT_MAX(CT_MIN(n, (int64_t)CHUNK_FLOATS), 1); }
+
 ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_ckpt_box *want,
                            float *out) {
-    uint8_t *bytes = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
-    float *vals = ct_xmalloc((size_t)CHUNK_FLOATS * sizeof(float));
+    int64_t largest = 0; /* the buffers fit the largest piece read, up to CHUNK_FLOATS */
+    for (int64_t i = 0; i < m->n_pieces; i++)
+        if (same_tensor(&m->pieces[i].box, want) && boxes_meet(&m->pieces[i].box, want))
+            largest = CT_MAX(largest, m->pieces[i].box.hi - m->pieces[i].box.lo);
+    const int64_t chunk = chunk_for(largest);
+    uint8_t *bytes = ct_xmalloc((size_t)chunk * 4);
+    float *vals = ct_xmalloc((size_t)chunk * sizeof(float));
     int64_t copied = 0;
     bool shape_ok = true;
     ct_status st = CT_OK;
@@ -639,7 +657,7 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_
             break;
         }
         if (boxes_meet(&pc->box, want))
-            st = read_piece(dir, pc, want, out, seen, &copied, bytes, vals);
+            st = read_piece(dir, pc, want, out, seen, &copied, chunk, bytes, vals);
     }
     free(seen);
     free(bytes);
@@ -689,24 +707,30 @@ ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
     const int64_t *state = (const int64_t *)&m.state;
     for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++)
         fprintf(out, "  %-15s %lld\n", ct_ckpt_state_names[i], (long long)state[i]);
-    /* Tensors: distinct (name, kind) with their elements over all pieces. */
+    /* Tensors: distinct (name, kind) with their elements over all pieces; counted after a
+     * sort (n log n: a hostile manifest may name millions of pieces). */
     int64_t elems[CT_CKPT_KIND_COUNT] = {0}, tensors = 0;
+    const ct_ckpt_box **boxes = ct_xmalloc(sizeof *boxes * (size_t)CT_MAX(m.n_pieces, 1));
     for (int64_t i = 0; i < m.n_pieces; i++) {
-        const ct_ckpt_box *b = &m.pieces[i].box;
-        elems[b->kind] += b->hi - b->lo;
-        bool first = true;
-        for (int64_t j = 0; j < i && first; j++) first = !same_tensor(&m.pieces[j].box, b);
-        tensors += first;
+        boxes[i] = &m.pieces[i].box;
+        elems[boxes[i]->kind] += boxes[i]->hi - boxes[i]->lo;
     }
+    qsort(boxes, (size_t)m.n_pieces, sizeof *boxes, by_tensor);
+    for (int64_t i = 0; i < m.n_pieces; i++) tensors += i == 0 || !same_tensor(boxes[i - 1], boxes[i]);
+    free(boxes);
     fprintf(out, "  %lld tensors;", (long long)tensors);
     for (int k = 0; k < CT_CKPT_KIND_COUNT; k++)
         fprintf(out, " %s %lld values%s", ct_ckpt_kind_name((ct_ckpt_kind)k), (long long)elems[k],
                 k + 1 < CT_CKPT_KIND_COUNT ? "," : "\n");
-    uint8_t *bytes = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
+    int64_t largest = 0;
+    for (int64_t i = 0; i < m.n_pieces; i++)
+        largest = CT_MAX(largest, m.pieces[i].box.hi - m.pieces[i].box.lo);
+    const int64_t chunk = chunk_for(largest);
+    uint8_t *bytes = ct_xmalloc((size_t)chunk * 4);
     ct_status st = CT_OK;
     int64_t copied = 0;
     for (int64_t i = 0; i < m.n_pieces && st == CT_OK; i++)
-        st = read_piece(dir, &m.pieces[i], NULL, NULL, NULL, &copied, bytes, NULL);
+        st = read_piece(dir, &m.pieces[i], NULL, NULL, NULL, &copied, chunk, bytes, NULL);
     free(bytes);
     if (st == CT_OK)
         fprintf(out, "  every checksum verified (%lld pieces)\n", (long long)m.n_pieces);

@@ -260,7 +260,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->be = be;
     m->dtype = ct_precision_dtype(cfg->train.precision);
     m->layout = *layout;
-    if (!m->layout.tp) m->layout.tp = ct_comm_local_new("tp");
+    if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
@@ -364,6 +364,7 @@ void ct_model_bind_unit_grads(ct_model *m, int u, const ct_tensor *buf, int64_t 
 void ct_model_free(ct_model *m) {
     if (!m) return;
     ct_comm_unset_stream(m->layout.tp, m->be);
+    ct_comm_free(m->own_tp);
     for (int i = 0; i < m->n_params; i++) {
         ct_tensor_free(m->params[i].value);
         ct_tensor_free(m->params[i].grad);

@@ -145,6 +145,7 @@ typedef struct ct_model {
      * gradients stay f32 and the optimizer keeps fp32 master weights; backend.h). */
     ct_dtype dtype;
     ct_model_layout layout;
+    ct_comm *own_tp; /* the one-rank tp group made when layout.tp was NULL (freed with the model) */
 
     ct_param *params; /* the registry, in unit order */
     int n_params;

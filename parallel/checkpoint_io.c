@@ -195,7 +195,8 @@ static ct_ckpt_piece *gather_pieces(const ct_pctx *pctx, const saver_pieces *s, 
     for (int r = 0; r < N; r++) most = CT_MAX(most, counts[r]), *total += counts[r];
     const size_t each = (size_t)CT_MAX(most, 1) * sizeof(ct_ckpt_piece);
     uint8_t *all = ct_xcalloc((size_t)N, each);
-    memcpy(all + (size_t)pctx->world_rank * each, s->pieces, (size_t)s->n * sizeof *s->pieces);
+    if (s->n > 0) /* a rank with nothing to save has no array (memcpy from NULL is undefined) */
+        memcpy(all + (size_t)pctx->world_rank * each, s->pieces, (size_t)s->n * sizeof *s->pieces);
     ct_comm_allgather(pctx->world, all + (size_t)pctx->world_rank * each, all, (int64_t)each * N,
                       CT_DTYPE_U8);
     ct_ckpt_piece *pieces = ct_xcalloc((size_t)CT_MAX(*total, 1), sizeof *pieces);

@@ -13,6 +13,7 @@ packages=(
     zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)
     fortunes                    # default corpus for `make run` (plain-text fortune files)
     slurm-wlm                   # the one-node test cluster of test/cli_slurm.sh (brings munge)
+    clang libclang-rt-14-dev    # the fuzz targets of test/fuzz/ (libFuzzer, ASan, UBSan)
     python3
 )
 

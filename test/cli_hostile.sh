@@ -2,7 +2,8 @@
 # Untrusted input, as an attacker would craft it: checkpoints whose manifest is re-signed after a
 # field was changed (test/craft_ckpt.py recomputes the checksum, so the checks behind it are what
 # is tested), files replaced by FIFOs, directories, symlink loops, /dev/zero and sparse giants,
-# manifests cut at every header boundary, shards and tokenizers replaced the same way. Every case
+# manifests cut at every header boundary, rank files and manifests swapped between ranks, steps
+# and runs, shards and tokenizers replaced the same way. Every case
 # must exit 2 with a message naming the file and the field, within the timeout (no hang), and
 # leave the checkpoint directory byte for byte as it was; two cases run under mpirun, where every
 # rank must agree. A resume before the checks indexed a per-step array with a negative step,
@@ -104,6 +105,29 @@ resume_case "manifest is a sparse 64 GiB file" "larger than the" 'truncate -s 64
 resume_case "rank file is a FIFO" "is a pipe, not a regular file" 'rm "$c/rank-00000.bin" && mkfifo "$c/rank-00000.bin"'
 resume_case "rank file is a directory" "is a directory, not a regular file" 'rm "$c/rank-00000.bin" && mkdir "$c/rank-00000.bin"'
 resume_case "rank file is a FIFO under mpirun" "is a pipe, not a regular file" 'rm "$c/rank-00000.bin" && mkfifo "$c/rank-00000.bin"' 2
+
+# ---- files swapped between ranks, steps and runs ---------------------------------------------
+# Two runs of 2 ranks with sharded optimizer state (every rank writes a file), each saving at
+# steps 2 and 4, from different seeds: every file below is a genuine one, only not this
+# checkpoint's. A rank file's header names its rank, each piece's checksum its values, and the
+# manifest the seed.
+mpi_setup
+for run in a b; do
+    seed=1234
+    [ $run = b ] && seed=99
+    expect_exit 0 "hostile: run $run (seed $seed) saves at steps 2 and 4 on 2 ranks" -- \
+        "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set train.steps=4 --set train.warmup_steps=1 \
+        --set parallel.zero_stage=1 --set train.seed=$seed --set checkpoint.dir="$tmp/$run" \
+        --set checkpoint.interval=2
+done
+good=$tmp/a/step-00000004
+swap01='mv "$c/rank-00000.bin" "$c/x" && mv "$c/rank-00001.bin" "$c/rank-00000.bin" && mv "$c/x" "$c/rank-00001.bin"'
+resume_case "rank files swapped between ranks" "header names another rank" "$swap01"
+resume_case "rank files swapped between ranks, under mpirun" "header names another rank" "$swap01" 2
+resume_case "a rank file from an earlier step" "does not match" 'cp "$tmp/a/step-00000002/rank-00001.bin" "$c/"'
+resume_case "a rank file from another run" "does not match" 'cp "$tmp/b/step-00000004/rank-00000.bin" "$c/"'
+resume_case "the manifest from an earlier step" "does not match" 'cp "$tmp/a/step-00000002/manifest.bin" "$c/"'
+resume_case "the manifest from another run" "was written with train.seed=99" 'cp "$tmp/b/step-00000004/manifest.bin" "$c/"'
 
 # ---- shards and tokenizers -------------------------------------------------------------------
 mkfifo "$tmp/fifo"

@@ -41,6 +41,9 @@ mpi_setup() {
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
     MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+    # Under `make test SAN=1`, ranks keep ASan's memory checks but not its leak report: Open MPI
+    # leaves allocations at exit in plugins it has unloaded, which no suppression can name.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 }
 
 # run_mpi_program NP PROGRAM — relays its ok/FAIL lines; a crash without FAIL lines is a FAIL.

@@ -6,6 +6,7 @@
 #   bash test/run_tests.sh                 everything
 #   bash test/run_tests.sh test_ops        one binary (or shell test) by name
 #   bash test/run_tests.sh test_ops gemm   one case of a binary (cmocka filter, wildcards ok)
+#   CT_TESTS="test_data cli_hostile" bash test/run_tests.sh   the named ones (`make test SAN=1`)
 set -u
 BUILD=${BUILD:-build}
 TEST_JOBS=${TEST_JOBS:-2}
@@ -14,6 +15,9 @@ logdir=$BUILD/test-logs
 mkdir -p "$logdir"
 only=${1:-}
 filter=${2:-}
+# selected_test NAME: in CT_TESTS (a space-separated list), or CT_TESTS empty.
+selected_test() { [ -z "${CT_TESTS// /}" ] || [[ " $CT_TESTS " == *" $1 "* ]]; }
+CT_TESTS=${CT_TESTS:-}
 
 # Unit tests share the machine's cores when they run in parallel: one thread each keeps them
 # from oversubscribing, and the thread-determinism tests set their own counts.
@@ -25,6 +29,7 @@ for b in "$BUILD"/test/test_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
     [ -n "$only" ] && [ "$name" != "$only" ] && continue
+    selected_test "$name" || continue
     binaries+=("$b")
 done
 
@@ -74,6 +79,7 @@ for s in test/cli_*.sh; do
     [ -f "$s" ] || continue
     name=$(basename "$s" .sh)
     [ -n "$only" ] && [ "$name" != "$only" ] && continue
+    selected_test "$name" || continue
     out=$(bash "$s" 2>&1)
     rc=$?
     p=$(printf '%s\n' "$out" | grep -c '^ok ')

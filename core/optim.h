@@ -19,7 +19,7 @@
 /*
  * Bytes per parameter element of each piece of training state, by precision — written down here
  * once; memory accounting, the ZeRO formulas (data_parallel.h), `cooktrain plan` and the README
- * all follow it (DESIGN §7):
+ * all follow it (core/README.md, Precision):
  *
  *   train.precision   params   grads   master   optim (m + v)   total
  *   fp32                 4        4       0          8            16

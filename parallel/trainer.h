@@ -5,8 +5,8 @@
  * order (data.h); data-parallel rank r takes its G/dp contiguous share, split in order into
  * grad_accum microbatches of micro_batch sequences. Backward starts from
  * dloss = 1 / (tokens in the global batch), so the summed gradients are those of the mean loss
- * whatever the layout (DESIGN §5). A step whose loss or gradient norm is not finite is skipped
- * and logged; train.max_bad_steps consecutive ones abort the run.
+ * whatever the layout (core/README.md, Determinism). A step whose loss or gradient norm is not
+ * finite is skipped and logged; train.max_bad_steps consecutive ones abort the run.
  */
 #ifndef CT_PARALLEL_TRAINER_H
 #define CT_PARALLEL_TRAINER_H

@@ -1,7 +1,8 @@
 /*
  * cooktrain — command-line entry: argument parsing, subcommand dispatch and the exit-code policy
- * (DESIGN §9): 0 success, 2 bad input (usage, config, data, tokenizer, checkpoint), 1 runtime
- * failure. Every module below returns a ct_status; only this file decides how the process ends.
+ * (core/README.md, Errors): 0 success, 2 bad input (usage, config, data, tokenizer, checkpoint), 1
+ * runtime failure. Every module below returns a ct_status; only this file decides how the process
+ * ends.
  *
  *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
  *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
@@ -82,9 +83,9 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
 }
 
 /*
- * One rank per GPU (DESIGN §4): the device is the node-local rank, and more ranks on a node than
- * devices is refused unless --share-gpus lets them share (round robin: tests, or a GPU with
- * memory to spare). Every rank says which device it took.
+ * One rank per GPU (parallel/README.md, The grid): the device is the node-local rank, and more
+ * ranks on a node than devices is refused unless --share-gpus lets them share (round robin: tests,
+ * or a GPU with memory to spare). Every rank says which device it took.
  */
 static ct_status pick_device(bool share) {
     bool mpi = ct_mpi_world_size() > 1;

@@ -1,5 +1,6 @@
 /*
- * backend.h — tensors and the ops the model needs, behind one interface (DESIGN §3).
+ * backend.h — tensors and the ops the model needs, behind one interface (core/README.md, The
+ * backend interface).
  *
  * A backend is a table of function pointers (struct ct_backend_i) plus a context. The CPU backend
  * (backend_cpu.c) is always built and is the numerical reference; the CUDA backend (cuda/) fills
@@ -268,7 +269,7 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
                          size_t cap);
 /*
  * Device selection for accelerator backends: the device ordinal the next one made opens (0 by
- * default). cmd/ sets it from the node-local rank (one rank per GPU, DESIGN §4).
+ * default). cmd/ sets it from the node-local rank (one rank per GPU, parallel/README.md, The grid).
  * ct_backend_device_count asks the named backend how many devices it sees (0 for a backend that
  * is not a device backend, or not registered, or has none usable: why says which).
  */

@@ -1,7 +1,7 @@
 /*
- * checkpoint.h — the checkpoint format and its directory (DESIGN §8), without MPI: what one
- * process writes and reads. parallel/checkpoint_io.h decides which pieces each rank of a layout
- * saves and which it needs on load.
+ * checkpoint.h — the checkpoint format and its directory (core/README.md, Checkpoints), without
+ * MPI: what one process writes and reads. parallel/checkpoint_io.h decides which pieces each rank
+ * of a layout saves and which it needs on load.
  *
  * A checkpoint is a set of named global tensors — for every parameter its fp32 weights (the
  * master weights in bf16 training, of which the bf16 parameters are the rounding), and AdamW's

@@ -1,5 +1,5 @@
 /*
- * comm.h — collectives on one group of ranks (DESIGN §3).
+ * comm.h — collectives on one group of ranks (core/README.md, The comm interface).
  *
  * A communicator (ct_comm) is a group: a table of function pointers plus a context, reached
  * through the wrappers below. Implementations: the local one here (a group of one rank: every
@@ -90,10 +90,10 @@ typedef struct ct_comm {
 /* A group of one rank (world size 1, or tp = 1 inside a bigger job). */
 ct_comm *ct_comm_local_new(const char *name);
 /*
- * Ordering against compute (DESIGN §3). After ct_comm_set_stream(comm, be), every operation the
- * group starts on buffers of `be`'s memory is ordered after the ops issued on `be` before it:
- * they may still be running (an asynchronous backend), and a collective must neither read a
- * buffer before the op that writes it has run nor overwrite one an earlier op still reads. A
+ * Ordering against compute (core/README.md, Ordering). After ct_comm_set_stream(comm, be), every
+ * operation the group starts on buffers of `be`'s memory is ordered after the ops issued on `be`
+ * before it: they may still be running (an asynchronous backend), and a collective must neither
+ * read a buffer before the op that writes it has run nor overwrite one an earlier op still reads. A
  * completed operation (a blocking one on return, a non-blocking one when ct_comm_wait returns)
  * is seen by every op issued on `be` after that. The one-rank group copies through `be` instead
  * of the host, so its copies need no wait at all. Whoever puts tensors on a group binds it and

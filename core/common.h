@@ -2,7 +2,7 @@
  * common.h — the few things every cooktrain module needs: status codes, the error channel,
  * invariant checks, and dtypes.
  *
- * Two kinds of failure (STYLE §5):
+ * Two kinds of failure (core/README.md, Errors):
  *   - A broken invariant is a bug: CT_ASSERT prints file:line and rank and aborts. It is never
  *     compiled out.
  *   - A failure caused by the outside world (bad config, missing file, out of memory) returns a
@@ -10,8 +10,8 @@
  *     calls exit(). The message is recorded with ct_error() and an optional ct_hint(), and printed
  *     once by ct_error_print().
  *
- * Exit-code policy (DESIGN §9): CT_OK → 0, CT_ERR_INPUT → 2 (usage, config, data, checkpoint),
- * CT_ERR_RUNTIME → 1 (out of memory, device error, collective timeout).
+ * Exit-code policy (core/README.md, Errors): CT_OK → 0, CT_ERR_INPUT → 2 (usage, config, data,
+ * checkpoint), CT_ERR_RUNTIME → 1 (out of memory, device error, collective timeout).
  */
 #ifndef CT_COMMON_H
 #define CT_COMMON_H

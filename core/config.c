@@ -1304,7 +1304,7 @@ static ct_status resolve_precision(const ct_config *cfg, ct_derived_config *d) {
                  cfg->runtime_backend_cuda ? "GPU" : what);
     }
     /* Reducing fp32 gradients in bf16 would only lose precision and break the equality of
-     * layouts (DESIGN §5); bf16 reduction is an option of bf16 training. */
+     * layouts (core/README.md, Determinism); bf16 reduction is an option of bf16 training. */
     if (p->grad_reduce_dtype == CT_PRECISION_BF16 && precision != CT_PRECISION_BF16)
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "parallel.grad_reduce_dtype=bf16 needs bf16 training, but "

@@ -1,6 +1,6 @@
 /*
  * config.h — the run configuration: YAML file (libyaml) + `--set section.key=value` overrides,
- * validated as a whole, with the derived values computed once (DESIGN §12).
+ * validated as a whole, with the derived values computed once (configs/README.md).
  *
  * Every field has a default (ct_config_defaults) and is documented in the key table of config.c,
  * which is also what --print-config, unknown-key suggestions and configs/README.md follow.

@@ -1,5 +1,6 @@
 /*
- * data.h — token shards on disk and the layout-independent sample order (DESIGN §5).
+ * data.h — token shards on disk and the layout-independent sample order (core/README.md,
+ * Determinism).
  *
  * Shard file (little-endian): 64-byte header — magic "CTSHARD1" (8 bytes), u32 version,
  * u32 byte-order mark 0x01020304, u32 token width in bytes (2 or 4), u32 vocab_size,

@@ -1,5 +1,6 @@
 /*
- * metrics.h — the JSON-lines metrics file (log.metrics; DESIGN §9, §12), written by world rank 0.
+ * metrics.h — the JSON-lines metrics file (log.metrics; core/README.md, Logging), written by world
+ * rank 0.
  *
  * One JSON object per line: a setup line first ("setup": true: the run's shape, measured rates,
  * memory by category next to the formulas), then one line per training step (at least step,

@@ -1,7 +1,7 @@
 /*
  * model.h — the GPT-2 model: parameter registry, flat per-unit buffers, layout-independent
  * initialisation, and forward/backward per chunk on a per-microbatch activation context
- * (DESIGN §6).
+ * (core/README.md, The model).
  *
  * Parameters. Every tensor is registered with its global name and shape, its tensor-parallel
  * split, tie, pipeline chunk, FSDP unit, weight-decay flag and init rule. A unit (the embeddings;
@@ -19,7 +19,7 @@
  * units are never merged with layers (the tied embedding's padding rules, ct_model_new). Merging
  * moves storage only: every parameter keeps its name, its initial values and the arithmetic of
  * its gradient, so on one rank the policy changes no bit (across ranks only the collectives'
- * summation order may change, DESIGN §5).
+ * summation order may change, core/README.md, Determinism).
  *
  * Chunks. A chunk is a contiguous range of layers, plus the embeddings if it is the first chunk
  * and the final norm, tied LM head and loss if it is the last. Forward and backward run per chunk
@@ -119,9 +119,9 @@ typedef struct ct_layer_params {
 typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
 
 /*
- * How the data-parallel layer follows the model (DESIGN §2: the parameter access hook). The
- * model brackets every use of a unit in a pass with unit_begin / unit_end: in a forward pass
- * its parameters are read between them; in a backward pass its parameters are read and its
+ * How the data-parallel layer follows the model (core/README.md, Layers: the parameter access
+ * hook). The model brackets every use of a unit in a pass with unit_begin / unit_end: in a forward
+ * pass its parameters are read between them; in a backward pass its parameters are read and its
  * gradients written, and unit_end means the unit's gradients for this microbatch are complete.
  * A unit of several layers is bracketed once per pass around all of them: opened before its
  * first layer in forward order (its last in backward) and closed after the last one it runs.
@@ -319,9 +319,9 @@ ct_tensor *ct_acts_logits(const ct_acts *acts);
 ct_tensor *ct_grad_scratch_dres(const ct_grad_scratch *scratch);
 
 /*
- * The loss of a step reaches the host once, at its end (DESIGN §3: values leave the backend
- * only through an explicit copy, and a copy waits for the stream). ct_model_begin_losses makes
- * room for n_microbatches slots of B·T floats and zeroes them; the forward of the last chunk
+ * The loss of a step reaches the host once, at its end (core/README.md, Ordering: values leave the
+ * backend only through an explicit copy, and a copy waits for the stream). ct_model_begin_losses
+ * makes room for n_microbatches slots of B·T floats and zeroes them; the forward of the last chunk
  * copies microbatch acts->mb's per-token losses into its slot, on the backend; ct_model_loss_sum
  * copies all slots to the host at once and returns their sum in double, microbatch by
  * microbatch in order, so the value depends neither on threads nor on layout. A rank without the

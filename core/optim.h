@@ -18,8 +18,8 @@
 
 /*
  * Bytes per parameter element of each piece of training state, by precision — written down here
- * once; memory accounting, the ZeRO formulas (data_parallel.h), `cooktrain plan` and the README
- * all follow it (DESIGN §7):
+ * once; memory accounting, the ZeRO formulas (data_parallel.h), `cooktrain plan` and
+ * core/README.md (Precision) all follow it:
  *
  *   train.precision   params   grads   master   optim (m + v)   total
  *   fp32                 4        4       0          8            16

@@ -1,8 +1,8 @@
 /*
  * rng.h — counter-based random numbers: every value is a pure function of (seed, stream,
  * index), with no state to carry. This is what makes initialisation layout-independent
- * (DESIGN §5): a TP or ZeRO shard asks for the values of its own global element indices and gets
- * exactly the bytes the single-process run has.
+ * (core/README.md, Determinism): a TP or ZeRO shard asks for the values of its own global element
+ * indices and gets exactly the bytes the single-process run has.
  *
  * The mixer is splitmix64's finaliser applied to a key built from seed and stream; quality is
  * ample for weight initialisation and data shuffling (it passes BigCrush as a counter-mode

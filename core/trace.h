@@ -1,8 +1,8 @@
 /*
- * trace.h — Chrome/Perfetto trace files (log.trace; DESIGN §9): {"traceEvents": [...]} with one
- * process per rank (pid = world rank), named threads (tid) and complete spans ("ph": "X",
- * microseconds of ct_now). With several ranks each writes PATH.rank<R>.json (PATH without its
- * extension), which Perfetto opens side by side; one process writes PATH itself.
+ * trace.h — Chrome/Perfetto trace files (log.trace; core/README.md, Logging): {"traceEvents":
+ * [...]} with one process per rank (pid = world rank), named threads (tid) and complete spans
+ * ("ph": "X", microseconds of ct_now). With several ranks each writes PATH.rank<R>.json (PATH
+ * without its extension), which Perfetto opens side by side; one process writes PATH itself.
  *
  * The writer knows nothing of what it traces: data_parallel.c turns its events into spans
  * (ct_dp_trace), and other modules can add threads of their own.

@@ -1,6 +1,7 @@
 /*
  * backend_cuda.c — the CUDA backend: struct ct_backend_i filled with the launchers of the cuda/ .cu
- * files and cuBLASLt GEMMs (gemm.h), on one device and one compute stream (DESIGN §3, §10).
+ * files and cuBLASLt GEMMs (gemm.h), on one device and one compute stream (core/README.md, The
+ * backend interface).
  *
  * Host C, identical in the real build (linked with cudart, cuBLAS(Lt)) and the emulated one
  * (linked with the stand-ins of cuda/emu/): only the link line differs.

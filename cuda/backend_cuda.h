@@ -1,6 +1,7 @@
 /*
- * backend_cuda.h — the CUDA backend (DESIGN §3, §10): the slots of struct ct_backend_i on one
- * device, as kernels (the .cu files here, one op per .cu/.cuh pair) and cuBLASLt GEMMs (gemm.h).
+ * backend_cuda.h — the CUDA backend (core/README.md, The backend interface): the slots of struct
+ * ct_backend_i on one device, as kernels (the .cu files here, one op per .cu/.cuh pair) and
+ * cuBLASLt GEMMs (gemm.h).
  *
  * cmd/ calls ct_cuda_register() once at start in a build with CUDA; "--backend cuda" then makes
  * it, and "--backend auto" picks it where ct_cuda_usable() says a device is usable. Without a

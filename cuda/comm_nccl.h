@@ -1,6 +1,6 @@
 /*
  * comm_nccl.h — the NCCL implementation of the comm interface (core/comm.h) for the CUDA backend
- * (DESIGN §3, §4, §10).
+ * (core/README.md, The comm interface; parallel/README.md, The grid).
  *
  * One ct_comm wraps one NCCL communicator of the ranks of an MPI group (its "bootstrap" group,
  * taken over): group rank 0 makes the unique id, the bootstrap group broadcasts it, every rank
@@ -34,10 +34,10 @@
  * Byte counters are core/comm.c's ring model, as for MPI. all_to_all is grouped sends and
  * receives. Dtypes f32, bf16, i32, i64, u8, f64; ops sum, max, min.
  *
- * Watchdog (DESIGN §9). Every device operation is tracked from the moment it is issued until its
- * event has passed. While the host waits for the device (the CUDA backend's host waits poll the
- * stream and call ct_idle(), common.h, between polls), every group checks its operations: one
- * older than `timeout_s`, or an asynchronous error from ncclCommGetAsyncError, prints rank,
+ * Watchdog (core/README.md, Errors). Every device operation is tracked from the moment it is issued
+ * until its event has passed. While the host waits for the device (the CUDA backend's host waits
+ * poll the stream and call ct_idle(), common.h, between polls), every group checks its operations:
+ * one older than `timeout_s`, or an asynchronous error from ncclCommGetAsyncError, prints rank,
  * group, op, bytes and sequence number, calls ncclCommAbort and ends the job (exit status 1).
  * Destroying the group destroys the communicator; ncclCommAbort is used when the job is failing.
  */

@@ -1,6 +1,6 @@
 /*
  * ct_cublas_check.h — every cuBLAS and cuBLASLt call is checked, like CUDA calls (ct_cuda_check.h,
- * DESIGN §9): a failing call prints
+ * core/README.md, Errors): a failing call prints
  *
  *     cooktrain: cuBLASLt error 'the requested functionality is not supported'
  *     (CUBLAS_STATUS_NOT_SUPPORTED) in cublasLtMatmul(...) at cuda/gemm.c:310

@@ -1,7 +1,7 @@
 /*
- * ct_cuda.h — the one header every .cu file includes first (DESIGN §10): CUDA under nvcc, the CPU
- * emulator (cuda/emu/cuemu.h) under g++. A kernel file written against it compiles unchanged in
- * both builds, provided it keeps three rules:
+ * ct_cuda.h — the one header every .cu file includes first (cuda/README.md, Kernel files): CUDA
+ * under nvcc, the CPU emulator (cuda/emu/cuemu.h) under g++. A kernel file written against it
+ * compiles unchanged in both builds, provided it keeps three rules:
  *
  *   - kernels are launched only through ct_launch(kernel, grid, block, smem_bytes, stream,
  *     args...), never with a raw <<<>>> (g++ cannot parse it);

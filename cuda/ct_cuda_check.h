@@ -1,5 +1,6 @@
 /*
- * ct_cuda_check.h — every CUDA runtime call is checked (DESIGN §9, §10). A failing call prints
+ * ct_cuda_check.h — every CUDA runtime call is checked (core/README.md, Errors). A failing call
+ * prints
  *
  *     cooktrain: CUDA error 'out of memory' (cudaErrorMemoryAllocation) in cudaMalloc(&p, bytes)
  *     at cuda/backend_cuda.c:120

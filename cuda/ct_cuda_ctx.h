@@ -11,7 +11,8 @@
  *
  * Determinism: no float atomics in anything a result depends on. Reductions use a fixed tree
  * (warp shuffles, then a fixed block order) and cross-block partials are summed by a second
- * kernel in block order, so a rerun gives the same bits (bit-exact resume on a GPU, DESIGN §5).
+ * kernel in block order, so a rerun gives the same bits (bit-exact resume on a GPU, core/README.md,
+ * Determinism).
  *
  * Includable from C and C++.
  */

@@ -1,7 +1,8 @@
 /*
  * ct_cuda_dtype.cuh — what every kernel file shares: the storage dtypes (fp32, bf16) widened to
- * fp32 on load and rounded to nearest even on store (DESIGN §7), 16-byte vector loads and stores
- * of either, and the warp butterfly reductions. Included after cuda/ct_cuda.h; device code only.
+ * fp32 on load and rounded to nearest even on store (core/README.md, Precision), 16-byte vector
+ * loads and stores of either, and the warp butterfly reductions. Included after cuda/ct_cuda.h;
+ * device code only.
  */
 #ifndef CT_CUDA_DTYPE_CUH
 #define CT_CUDA_DTYPE_CUH

@@ -1,4 +1,4 @@
-# cuda/cuda.mk — the CUDA backend's two builds (included by the Makefile; DESIGN §10).
+# cuda/cuda.mk — the CUDA backend's two builds (included by the Makefile; cuda/README.md).
 #
 #   real      the .cu files by nvcc for CUDA_ARCHS (sm_80 and sm_90 by default) with ptxas's
 #             resource report kept beside each object ($(BUILD)/cuda/*.o.ptxas) and its spill,

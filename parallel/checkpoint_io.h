@@ -1,6 +1,6 @@
 /*
- * checkpoint_io.h — saving and loading a training run's state in any layout (DESIGN §8); the
- * format and the directory are core/checkpoint.h.
+ * checkpoint_io.h — saving and loading a training run's state in any layout (core/README.md,
+ * Checkpoints); the format and the directory are core/checkpoint.h.
  *
  * What a rank saves: for every parameter that meets the range [lo, lo + n) of its unit that this
  * rank's optimizer updates (the whole unit without ZeRO, the rank's shard with it), the box of

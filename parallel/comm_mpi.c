@@ -194,7 +194,7 @@ static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_byte
  * the armed operation's deadline and, if it is still armed then, reports it and ends the job
  * (watchdog_fire). The watchdog calls no MPI function but MPI_Abort, which may be called from
  * any thread to end the job. Oversubscribed ranks should let MPI yield while it waits
- * (OMPI_MCA_mpi_yield_when_idle=1, as the tests set; DESIGN §11).
+ * (OMPI_MCA_mpi_yield_when_idle=1, as the tests set; test/README.md, MPI tests).
  */
 __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_request *req,
                                                     double waited);

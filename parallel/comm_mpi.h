@@ -3,9 +3,9 @@
  *
  * One ct_comm wraps one MPI communicator. Every operation, blocking or not, is started as a
  * non-blocking MPI call; the blocking forms are that call plus ct_comm_wait. The wait is the
- * collective watchdog (DESIGN §9): it tests the request, yielding the CPU while it is pending
- * (oversubscribed ranks must let the others run), and when `timeout_s` passes it prints rank,
- * group, op, byte count and sequence number to stderr and ends the job with MPI_Abort.
+ * collective watchdog (core/README.md, Errors): it tests the request, yielding the CPU while it is
+ * pending (oversubscribed ranks must let the others run), and when `timeout_s` passes it prints
+ * rank, group, op, byte count and sequence number to stderr and ends the job with MPI_Abort.
  *
  * Open MPI has no progress thread on the CPU: a started operation advances only inside MPI
  * calls. ct_comm_poll tests every outstanding request of the group, and callers that overlap

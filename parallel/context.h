@@ -1,5 +1,6 @@
 /*
- * context.h — MPI bootstrap and the ParallelContext: the rank grid and its groups (DESIGN §4).
+ * context.h — MPI bootstrap and the ParallelContext: the rank grid and its groups
+ * (parallel/README.md, The grid).
  *
  * World = tp × pp × dp ranks laid out with tp fastest, then dp, then pp:
  *     rank = tp_rank + tp·(dp_rank + dp·pp_rank)
@@ -10,7 +11,7 @@
  *
  * Failures that only some ranks see (a file missing on one node) are agreed on with
  * ct_mpi_agree before anyone exits, so every rank returns the same status and rank 0 can print
- * the message of the lowest failing rank (DESIGN §9).
+ * the message of the lowest failing rank (core/README.md, Errors).
  */
 #ifndef CT_PARALLEL_CONTEXT_H
 #define CT_PARALLEL_CONTEXT_H

@@ -1,6 +1,6 @@
 /*
  * data_parallel.h — gradient reduction and ZeRO 1/2/3 over the data-parallel group
- * (DESIGN §6, "Data parallel + ZeRO").
+ * (parallel/README.md, Data parallel and ZeRO).
  *
  * The unit of everything is the model's FSDP unit (one flat range per transformer layer, one
  * for the embeddings, one for the final norm), padded to a multiple of 16·dp, so every shard

@@ -2,11 +2,11 @@
  * param_stream.h — the model's parameters as global tensors, streamed to world rank 0 one tensor
  * at a time, with a check that every replica holds the same bytes.
  *
- * Order and shapes are those of a world-size-1 run (DESIGN §5: every layout trains the same
- * model): the embeddings, then layer 0 .. L−1, then the final norm, each group's tensors in
- * registry order; tensor-parallel slices are assembled into the global tensor, ZeRO-3 units are
- * gathered, pipeline stages send their tensors to rank 0, and the tied embedding appears once.
- * Memory: a stage holds one unit on the host plus one tensor; rank 0 one tensor.
+ * Order and shapes are those of a world-size-1 run (core/README.md, Determinism: every layout
+ * trains the same model): the embeddings, then layer 0 .. L−1, then the final norm, each group's
+ * tensors in registry order; tensor-parallel slices are assembled into the global tensor, ZeRO-3
+ * units are gathered, pipeline stages send their tensors to rank 0, and the tied embedding appears
+ * once. Memory: a stage holds one unit on the host plus one tensor; rank 0 one tensor.
  *
  * Replicas: every copy of a tensor must be the same bytes — its data-parallel replicas (every
  * rank of the dp group), its tensor-parallel replicas when it is not split over tp (norms,

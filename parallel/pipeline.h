@@ -1,6 +1,6 @@
 /*
  * pipeline.h — the executor that runs a schedule's action list on this pipeline rank
- * (DESIGN §6, "Pipeline parallel"; the lists come from schedule.h).
+ * (parallel/README.md, Pipeline parallel; the lists come from schedule.h).
  *
  * Each microbatch in flight has its own activation context (ct_acts), taken from a pool on its
  * first forward here and given back once its last backward here is done, so memory follows the

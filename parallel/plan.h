@@ -1,5 +1,5 @@
 /*
- * plan.h — `cooktrain plan`: what a config will cost before it runs (DESIGN §1).
+ * plan.h — `cooktrain plan`: what a config will cost before it runs (parallel/README.md, Plan).
  *
  * For a validated config on tp × pp × dp ranks it prints, per pipeline stage (one tp rank;
  * every dp rank of a stage is alike): the parameters this rank holds (Φ), memory by category

@@ -9,8 +9,8 @@
  * reaches u_k times the total. With the vocabulary split over tp each rank reduces over its own
  * rows only — the max and the per-rank sums travel, never the logits — and the rank whose rows
  * hold the crossing point names the token. The running sum is the same sequence of additions as
- * on one rank, so every layout draws the tokens a world-size-1 run draws (DESIGN §5), up to the
- * float rounding of the logits themselves.
+ * on one rank, so every layout draws the tokens a world-size-1 run draws (core/README.md,
+ * Determinism), up to the float rounding of the logits themselves.
  */
 #ifndef CT_PARALLEL_SAMPLER_H
 #define CT_PARALLEL_SAMPLER_H

@@ -1,5 +1,5 @@
 /*
- * schedule.h — pipeline schedules as data, and a simulator (DESIGN §6, "Pipeline parallel").
+ * schedule.h — pipeline schedules as data, and a simulator (parallel/README.md, Pipeline parallel).
  *
  * The model's layers are split into pp·v chunks (v = virtual stages per rank). Chunk c lives on
  * pipeline rank c % pp (interleaved assignment: rank r holds chunks r, r+pp, r+2pp, ...); chunk 0

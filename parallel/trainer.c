@@ -160,7 +160,8 @@ static void catch_stop_signals(void) {
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-/* Every rank gets the worst status of all (DESIGN §9); one process needs no agreement. */
+/* Every rank gets the worst status of all (core/README.md, Errors); one process needs no
+ * agreement. */
 static ct_status agree(trainer *t, ct_status st) {
     return ct_pctx_agree(t->pctx, st);
 }

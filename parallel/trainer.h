@@ -5,8 +5,8 @@
  * order (data.h); data-parallel rank r takes its G/dp contiguous share, split in order into
  * grad_accum microbatches of micro_batch sequences. Backward starts from
  * dloss = 1 / (tokens in the global batch), so the summed gradients are those of the mean loss
- * whatever the layout (DESIGN §5). A step whose loss or gradient norm is not finite is skipped
- * and logged; train.max_bad_steps consecutive ones abort the run.
+ * whatever the layout (core/README.md, Determinism). A step whose loss or gradient norm is not
+ * finite is skipped and logged; train.max_bad_steps consecutive ones abort the run.
  */
 #ifndef CT_PARALLEL_TRAINER_H
 #define CT_PARALLEL_TRAINER_H
@@ -55,7 +55,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                        const ct_train_options *opts, ct_train_result *result);
 
 /* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
- * written out above its definition in trainer.c and in the README). */
+ * written out above its definition in trainer.c and in parallel/README.md). */
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 
 #endif /* CT_PARALLEL_TRAINER_H */

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpu_check.sh — the first run of the CUDA backend on a real GPU, in three parts (DESIGN §10):
+# gpu_check.sh — the first run of the CUDA backend on a real GPU (cuda/README.md, On a real GPU),
+# in three parts:
 #   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
 #      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
 #      core/backend_check.c), in fp32 and in bf16; the first op that disagrees is named; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checkpoints through the real binary (DESIGN §8), on configs/test-tiny.yaml, 6 steps:
+# Checkpoints through the real binary (core/README.md, Checkpoints), on configs/test-tiny.yaml, 6
+# steps:
 #   - bit-exact resume: 6 steps straight against 3 steps, stop (train.stop_after), resume, 3 more
 #     — identical losses, gradient norms and final parameter bytes — at world size 1, ZeRO-3 over
 #     dp=2, interleaved pp=2 (2 chunks per rank), and bf16 with ZeRO-1 (asynchronous saves, the
@@ -23,7 +24,7 @@
 #     `cooktrain inspect` verifies checksums;
 #   - scripts/slurm/cooktrain.sbatch under stand-ins for srun and scontrol: SIGUSR1 to the batch
 #     script stops the job with a checkpoint in its per-job directory, exit 0, and a requeue.
-# MPI runs one at a time, one thread per rank, passive waiting (DESIGN §11).
+# MPI runs one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend without a GPU (DESIGN §10):
+# The CUDA backend without a GPU (cuda/README.md, Kernel files):
 #   - the portability rules every .cu file keeps, so that one source builds under nvcc and under
 #     the emulator: ct_cuda.h included first, no raw <<<>>> launch, shared memory only through
 #     CT_SHARED / CT_DYN_SHARED, cuBLAS called only from cuda/gemm.c;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bad input and runtime faults in the middle of a run (DESIGN §9): each ends every rank with the
-# right exit code (2 bad input, 1 runtime) and one message naming the problem — never an
+# Bad input and runtime faults in the middle of a run (core/README.md, Errors): each ends every rank
+# with the right exit code (2 bad input, 1 runtime) and one message naming the problem — never an
 # assertion, never a hang until the watchdog.
 #   - a token id out of range in a shard read by one rank only (checked as samples are read);
 #   - the metrics file on a full disk (/dev/full), and log.run_dir's config.yaml on one;

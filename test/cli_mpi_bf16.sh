@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bf16 mixed precision through the real binary (DESIGN §7), on configs/test-tiny.yaml:
+# bf16 mixed precision through the real binary (core/README.md, Precision), on
+# configs/test-tiny.yaml:
 #   - learning: a bf16 run's validation loss after the same steps is within 1% of the fp32 run's
 #     (both start from the same fp32 initial values: the master weights);
 #   - the comparator in bf16: compare_runs.py --self-test --noise catches planted differences;
@@ -9,7 +10,7 @@
 #     fp32 twin (compare_runs.py states the allowance and why); every dp replica bit-identical;
 #     memory per category (fp32 master weights included) and dp/tp bytes equal to the bf16
 #     formulas, exactly.
-# MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
+# MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -8,8 +8,9 @@
 # outside [0, MPI_TAG_UB] must end the job in its CT_ASSERT.
 #
 # Ranks outnumber the cores here, so nobody may spin: Open MPI yields when idle, OpenMP threads
-# sleep, one thread per rank; and limits are generous (DESIGN §11). No check depends on timing
-# except "did not hang", whose bound is an order of magnitude above the 2 s watchdog limit.
+# sleep, one thread per rank; and limits are generous (test/README.md, MPI tests). No check depends
+# on timing except "did not hang", whose bound is an order of magnitude above the 2 s watchdog
+# limit.
 . "$(dirname "$0")/lib_cli.sh"
 exe=$BUILD/test/mpi_test_comm
 export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Multi-rank runs of the CUDA backend under emulation (DESIGN §10), with the NCCL comm
-# (cuda/comm_nccl.c) over the NCCL stand-in (cuda/emu/nccl_emu.cc), one emulated device per rank
-# (CUEMU_DEVICES):
+# Multi-rank runs of the CUDA backend under emulation (cuda/README.md, Tests without a GPU), with
+# the NCCL comm (cuda/comm_nccl.c) over the NCCL stand-in (cuda/emu/nccl_emu.cc), one emulated
+# device per rank (CUEMU_DEVICES):
 #   - the comm tests of the MPI comm, through NCCL on device buffers (mpi_test_comm_nccl at 1, 2
 #     and 4 ranks: every op, dtype, in-place form and completion, a part-of-the-world group,
 #     the byte counters);
@@ -15,7 +15,7 @@
 #     fp32 tolerance of test/compare_runs.py (the emulated kernels sum in other orders than the
 #     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance;
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
-# MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
+# MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

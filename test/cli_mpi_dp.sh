@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Data parallelism through the real binary under mpirun (DESIGN §5, §6, §9):
+# Data parallelism through the real binary under mpirun (core/README.md, Determinism;
+# parallel/README.md):
 #   - the comparator itself: test/compare_runs.py --self-test must catch planted differences;
 #   - equivalence: dp x ZeRO stage x micro_batch against world size 1 on configs/test-tiny.yaml
 #     (every step's loss and gradient norm, every parameter tensor: test/compare_runs.py states
@@ -9,7 +10,7 @@
 #   - overlap: the trace shows reductions completing while the backward pass still runs;
 #   - bad layouts and a data file present on one rank only: exit 2 on every rank, one message,
 #     no hang.
-# MPI tests run one at a time, one thread per rank, passive waiting (DESIGN §11).
+# MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pipeline parallelism and full 3D layouts (DESIGN §6, §11) under mpirun:
+# Pipeline parallelism and full 3D layouts (parallel/README.md, Pipeline parallel; test/README.md)
+# under mpirun:
 #   - every schedule's gradients against one process running the same microbatches (bit for bit
 #     where the order of the microbatch sums is the same, within the rounding of that sum
 #     otherwise; a reversed-backward schedule at pp 2 x dp 2), and activations freed as the

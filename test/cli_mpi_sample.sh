@@ -3,8 +3,8 @@
 # vocabulary split over tp: each rank draws over its own rows, sampler.h), sequence parallel,
 # pipelines (the window goes through the stages on a forward-only schedule), ZeRO-3 (units
 # gathered during the sampler's forwards) and 3D — each must print exactly the text a
-# world-size-1 run with the same seed prints (DESIGN §5). The vocabulary (500, padded to 512)
-# leaves padding rows on the last tp rank, which the draw must skip.
+# world-size-1 run with the same seed prints (core/README.md, Determinism). The vocabulary (500,
+# padded to 512) leaves padding rows on the last tp rank, which the draw must skip.
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

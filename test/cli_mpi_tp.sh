@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism (DESIGN §6) under mpirun:
+# Tensor parallelism (parallel/README.md, Tensor parallel) under mpirun:
 #   - every TP layer type and the vocab-parallel loss against the unsplit model, tp 2 and 4
 #     (test/mpi_test_tp.c);
 #   - training equivalence against world size 1 on configs/test-tiny.yaml: tp 2, 4, 8 with and

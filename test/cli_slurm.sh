@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# SLURM for real (DESIGN §8, §9): a private one-node cluster (test/slurm_cluster.sh) runs the CPU
-# batch script scripts/slurm/cooktrain.sbatch on configs/test-tiny.yaml, two ranks started by
-# srun through PMIx (no mpirun):
+# SLURM for real (core/README.md, Checkpoints): a private one-node cluster (test/slurm_cluster.sh)
+# runs the CPU batch script scripts/slurm/cooktrain.sbatch on configs/test-tiny.yaml, two ranks
+# started by srun through PMIx (no mpirun):
 #   - sbatch: the job completes (exit 0), its log, metrics and checkpoints land in its per-job
 #     directories;
 #   - preemption: a running job signalled with `scancel --signal=USR1 --batch` saves at the next

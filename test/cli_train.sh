@@ -97,8 +97,8 @@ sys.exit(0 if ok else 1)
 PY
 then ok "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; else fail "metrics: mfu and gemm_efficiency are the same throughput over the two measured rates"; fi
 
-# The loss reaches the host once per step, not once per microbatch (DESIGN §3: a copy to the
-# host waits for the stream): the step's copies to the host are the same with 1 and with 8
+# The loss reaches the host once per step, not once per microbatch (core/README.md, Ordering: a copy
+# to the host waits for the stream): the step's copies to the host are the same with 1 and with 8
 # microbatches per step.
 for mb in 16 2; do
     expect_exit 0 "train with micro_batch $mb (host copies counted)" -- "$BIN" train --config configs/test-tiny.yaml \

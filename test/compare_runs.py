@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compares a training run with the world-size-1 reference of the same config (DESIGN §5: every
-layout trains the same model, up to float summation order).
+"""Compares a training run with the world-size-1 reference of the same config (core/README.md,
+Determinism: every layout trains the same model, up to float summation order).
 
   compare_runs.py REF.jsonl REF.bin RUN.jsonl RUN.bin --init INIT.bin [--accounting]
   compare_runs.py --self-test REF.jsonl REF.bin --init INIT.bin [--noise TWIN.jsonl TWIN.bin]
@@ -39,10 +39,10 @@ What must agree:
 The equivalence tests run with train.eps = 1e-6 (test/lib_cli.sh says why): elements whose
 gradient is only rounding noise then do not move by a sign-flipped lr.
 
-With --accounting it also checks the run's own accounting (DESIGN §6), exactly: memory per
-category after setup equals the ZeRO formula (parameters, gradients, optimizer state), and each
-step's data-parallel and tensor-parallel bytes equal the formulas (the dp formula includes the
-per-step scalars: the loss sum, and at ZeRO >= 1 the gradient norm's partial sum).
+With --accounting it also checks the run's own accounting (core/README.md, Memory and traffic),
+exactly: memory per category after setup equals the ZeRO formula (parameters, gradients, optimizer
+state), and each step's data-parallel and tensor-parallel bytes equal the formulas (the dp formula
+includes the per-step scalars: the loss sum, and at ZeRO >= 1 the gradient norm's partial sum).
 
 bf16 runs (--noise NOISE.jsonl NOISE.bin, the same config trained in the other precision).
 Layouts in bf16 differ in where values are rounded to bf16, not only in the order of fp32 sums:

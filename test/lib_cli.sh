@@ -81,10 +81,10 @@ ensure_test_data() {
         fail "prepare the byte-level test corpus"
 }
 
-# The equivalence runs (DESIGN §5): configs/test-tiny.yaml on the test corpus, one thread per
-# rank; sets `base`. train.eps is 1e-6 instead of 1e-8: AdamW divides by sqrt(v) + eps, so an
-# element whose gradient is pure rounding noise (~1e-9: the key bias, whose exact gradient is 0)
-# would move by up to lr in a direction set by the order of a float sum; at 1e-6 — three orders
+# The equivalence runs (core/README.md, Determinism): configs/test-tiny.yaml on the test corpus, one
+# thread per rank; sets `base`. train.eps is 1e-6 instead of 1e-8: AdamW divides by sqrt(v) + eps,
+# so an element whose gradient is pure rounding noise (~1e-9: the key bias, whose exact gradient is
+# 0) would move by up to lr in a direction set by the order of a float sum; at 1e-6 — three orders
 # below real gradients (~1e-3) — such elements stay put and every real update is unchanged.
 equivalence_setup() {
     ensure_test_data

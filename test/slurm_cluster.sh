@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# slurm_cluster.sh — a private one-node SLURM cluster for tests (sourced; DESIGN §9, §11).
+# slurm_cluster.sh — a private one-node SLURM cluster for tests (sourced; test/README.md, Skips).
 #
 #   . test/slurm_cluster.sh
 #   slurm_cluster_start DIR || { echo "skipped: $SLURM_CLUSTER_WHY"; exit 0; }

@@ -309,7 +309,7 @@ static void defaults_validate_world1(void **state) {
     assert_int_equal(d->tokens_per_step, 8 * 256);
     /* wte 4096·256 + wpe 256·256 + 4 · 789,760 per layer + final LN 512 */
     assert_int_equal(d->n_params, 1048576 + 65536 + 4 * 789760 + 512);
-    /* The defaults the brief and DESIGN §12 fix. */
+    /* The defaults configs/README.md documents. */
     assert_int_equal(cfg.model.arch, CT_ARCH_GPT2);
     assert_int_equal(cfg.parallel.schedule, CT_SCHEDULE_1F1B);
     assert_int_equal(cfg.parallel.dp, 0);

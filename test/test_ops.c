@@ -1,6 +1,6 @@
 /*
- * test_ops.c — op tests for the CPU backend (DESIGN §11): every op of backend.h against a naive,
- * single-threaded float64 reference written here, every backward against central finite
+ * test_ops.c — op tests for the CPU backend (test/README.md): every op of backend.h against a
+ * naive, single-threaded float64 reference written here, every backward against central finite
  * differences of L = sum(out ⊙ R) taken in float64 on that reference, and a thread-count
  * determinism test (1 vs 3 threads must give bit-identical results for every reducing op).
  *
@@ -1205,8 +1205,8 @@ static void test_tensors_and_accounting(void **state) {
 /* ---- determinism across thread counts -------------------------------------------------------- */
 
 /* Every reducing op, on shapes large enough to take the multithreaded paths, on a 1-thread and a
- * 3-thread backend: results must be bit-identical (DESIGN §5: bit-exact resume survives a change
- * of threads per rank). */
+ * 3-thread backend: results must be bit-identical (core/README.md, Determinism: bit-exact resume
+ * survives a change of threads per rank). */
 static void test_determinism_threads(void **state) {
     (void)state;
     ct_backend *bes[2] = {be1, be3};

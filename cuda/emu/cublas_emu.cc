@@ -1,9 +1,10 @@
 /*
  * cublas_emu.cc — CPU stand-ins for the cuBLAS and cuBLASLt entry points the backend calls
- * (cuda/gemm.c), linked instead of libcublas / libcublasLt in the emulated build (DESIGN §10).
- * Same signatures as <cublasLt.h> and <cublas_v2.h> (cublasCreate and friends are macros for the
- * _v2 symbols, which is what is defined here). Faithful to the documented semantics, so that a
- * call-site mistake fails here as it would on a GPU, and in a few places stricter (each says so):
+ * (cuda/gemm.c), linked instead of libcublas / libcublasLt in the emulated build (cuda/README.md,
+ * Kernel files). Same signatures as <cublasLt.h> and <cublas_v2.h> (cublasCreate and friends are
+ * macros for the _v2 symbols, which is what is defined here). Faithful to the documented semantics,
+ * so that a call-site mistake fails here as it would on a GPU, and in a few places stricter (each
+ * says so):
  *
  *   - GEMMs are column-major: D(m,n) = alpha·op(A)(m,k)·op(B)(k,n) + beta·C, with leading
  *     dimensions, CUBLAS_OP_N/T, strided batches (cuBLASLt layouts), and C == D in place or not.

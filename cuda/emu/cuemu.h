@@ -1,7 +1,7 @@
 /*
- * cuemu.h — the CPU emulator of CUDA kernels (DESIGN §10). ct_cuda.h includes it when the
- * compiler is not nvcc, so a .cu file compiles unchanged with g++ and its kernels run on the CPU,
- * with the checks a GPU test would need and a CPU cannot give for free:
+ * cuemu.h — the CPU emulator of CUDA kernels (cuda/README.md, Kernel files). ct_cuda.h includes it
+ * when the compiler is not nvcc, so a .cu file compiles unchanged with g++ and its kernels run on
+ * the CPU, with the checks a GPU test would need and a CPU cannot give for free:
  *
  *   - every CUDA thread of a block is a fiber; __syncthreads is a real block barrier, and warp
  *     shuffles, votes and __syncwarp are computed when every lane named in the mask has arrived

@@ -1,4 +1,4 @@
-# cuda/emu/emu.mk — the CUDA emulator (included by the Makefile; DESIGN §10, cuda/emu/README.md).
+# cuda/emu/emu.mk — the CUDA emulator (included by the Makefile; cuda/emu/README.md).
 #
 #   $(BUILD)/libctcudaemu.a              the scheduler (cuemu.cc), the tensor-core instructions
 #                                        (mma_emu.cc) and the cudart stand-in (cudart_emu.cc),

@@ -1300,32 +1300,18 @@ static const struct ct_backend_i check_template = {
     .name = NULL, /* inner's: the backend is the same one, watched */
     .alloc = check_alloc,
     .free = check_free,
-    .fill = check_fill,
     .copy_from_host = check_copy_from_host,
     .copy_to_host = check_copy_to_host,
-    .copy = check_copy,
-    .gemm = check_gemm,
-    .bias_add = check_bias_add,
-    .bias_init = check_bias_init,
-    .bias_grad = check_bias_grad,
-    .axpy = check_axpy,
-    .scale = check_scale,
-    .embedding_fwd = check_embedding_fwd,
-    .embedding_bwd = check_embedding_bwd,
-    .posemb_fwd = check_posemb_fwd,
-    .posemb_bwd = check_posemb_bwd,
-    .layernorm_fwd = check_layernorm_fwd,
-    .layernorm_bwd = check_layernorm_bwd,
-    .gelu_fwd = check_gelu_fwd,
-    .gelu_bwd = check_gelu_bwd,
-    .attention_fwd = check_attention_fwd,
-    .attention_bwd = check_attention_bwd,
-    .xent_rowmax = check_xent_rowmax,
-    .xent_sumexp = check_xent_sumexp,
-    .xent_finish = check_xent_finish,
-    .adamw = check_adamw,
-    .sumsq = check_sumsq,
-    .cast = check_cast,
+    /* every required op of backend_ops.h: an op without its check_<op> above does not compile.
+     * Optional ops stay NULL, so that ct_ wrappers run their reference composition instead and
+     * each op of it is checked on its own (gemm_bias_gelu: bias_init, gemm, gelu_fwd). */
+#define CHECK_SLOT_CT_OP_REQUIRED(name) .name = check_##name,
+#define CHECK_SLOT_CT_OP_OPTIONAL(name)
+#define OP_SLOT_(name, need, queue, ...) CHECK_SLOT_##need(name)
+    CT_BACKEND_OPS(OP_SLOT_)
+#undef OP_SLOT_
+#undef CHECK_SLOT_CT_OP_REQUIRED
+#undef CHECK_SLOT_CT_OP_OPTIONAL
     .event_record = check_event_record,
     .event_wait = check_event_wait,
     .sync = check_sync,
@@ -1359,32 +1345,13 @@ ct_backend *ct_backend_check_new(ct_backend *inner) {
 
     k->iface = check_template;
     k->iface.name = in->name;
-    /* gemm_bias_gelu is hidden (the template leaves it NULL) whatever inner has: the wrapper then
-     * runs bias_init, gemm and gelu_fwd, and each of those is checked here on its own. */
+    /* optional ops are hidden (the template leaves them NULL) whatever inner has: for
+     * gemm_bias_gelu the wrapper then runs bias_init, gemm and gelu_fwd, each checked here. */
 #define KEEP_IF_INNER_HAS(slot)                                                                    \
     if (!in->slot) k->iface.slot = NULL
-    KEEP_IF_INNER_HAS(gemm);
-    KEEP_IF_INNER_HAS(bias_add);
-    KEEP_IF_INNER_HAS(bias_init);
-    KEEP_IF_INNER_HAS(bias_grad);
-    KEEP_IF_INNER_HAS(axpy);
-    KEEP_IF_INNER_HAS(scale);
-    KEEP_IF_INNER_HAS(embedding_fwd);
-    KEEP_IF_INNER_HAS(embedding_bwd);
-    KEEP_IF_INNER_HAS(posemb_fwd);
-    KEEP_IF_INNER_HAS(posemb_bwd);
-    KEEP_IF_INNER_HAS(layernorm_fwd);
-    KEEP_IF_INNER_HAS(layernorm_bwd);
-    KEEP_IF_INNER_HAS(gelu_fwd);
-    KEEP_IF_INNER_HAS(gelu_bwd);
-    KEEP_IF_INNER_HAS(attention_fwd);
-    KEEP_IF_INNER_HAS(attention_bwd);
-    KEEP_IF_INNER_HAS(xent_rowmax);
-    KEEP_IF_INNER_HAS(xent_sumexp);
-    KEEP_IF_INNER_HAS(xent_finish);
-    KEEP_IF_INNER_HAS(adamw);
-    KEEP_IF_INNER_HAS(sumsq);
-    KEEP_IF_INNER_HAS(cast);
+#define KEEP_OP_(name, need, queue, ...) KEEP_IF_INNER_HAS(name);
+    CT_BACKEND_OPS(KEEP_OP_)
+#undef KEEP_OP_
     KEEP_IF_INNER_HAS(event_record);
     KEEP_IF_INNER_HAS(event_wait);
     KEEP_IF_INNER_HAS(sync);

@@ -297,7 +297,6 @@ static void async_free(void *ctx, void *ptr) {
     host_wait_all(ctx, &(cmd){.kind = CMD_FREE, .free = {ptr}});
 }
 
-
 static void async_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
     void *staged = malloc(bytes ? bytes : 1);
     if (!staged) { /* no room to stage the bytes: copy them now, as a call (same result) */
@@ -313,7 +312,6 @@ static void async_copy_from_host(void *ctx, void *dst, const void *src, size_t b
 static void async_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
     host_wait_all(ctx, &(cmd){.kind = CMD_COPY_TO_HOST, .copy_to_host = {dst, src, bytes}});
 }
-
 
 static void async_event_record(void *ctx, int event) {
     CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d outside [0, %d)", event,
@@ -373,7 +371,7 @@ static void async_free_backend(void *ctx) {
 
 #define QUEUE_OP_(name, need, queue, ...)                                                          \
     static void async_##name(void *ctx, CT_OP_PARAMS(__VA_ARGS__)) {                               \
-        cmd c = {.kind = CMD_##name, .name = {CT_OP_NAMES(__VA_ARGS__)}};                         \
+        cmd c = {.kind = CMD_##name, .name = {CT_OP_NAMES(__VA_ARGS__)}};                          \
         OWN_##queue(name, &c.name);                                                                \
         enqueue(ctx, &c);                                                                          \
     }
@@ -381,15 +379,13 @@ CT_BACKEND_OPS(QUEUE_OP_)
 #undef QUEUE_OP_
 
 /* Every slot; ct_backend_async_new clears those whose inner slot is NULL. */
+#define OP_SLOT_(name, need, queue, ...) .name = async_##name,
 static const struct ct_backend_i async_template = {
     .name = NULL, /* per object: "<inner>-async" */
     .alloc = async_alloc,
     .free = async_free,
     .copy_from_host = async_copy_from_host,
     .copy_to_host = async_copy_to_host,
-#define OP_SLOT_(name, need, queue, ...) .name = async_##name,
-    CT_BACKEND_OPS(OP_SLOT_)
-#undef OP_SLOT_
     /* always present, whatever inner has: they are this stream's ordering (inner's own, if any,
      * is called from them) */
     .event_record = async_event_record,
@@ -398,7 +394,9 @@ static const struct ct_backend_i async_template = {
     .peak_flops = async_peak_flops,
     .describe = async_describe,
     .free_backend = async_free_backend,
-};
+    /* the ops, from the list */
+    CT_BACKEND_OPS(OP_SLOT_)};
+#undef OP_SLOT_
 
 ct_backend *ct_backend_async_new(ct_backend *inner) {
     CT_ASSERT(inner != NULL);

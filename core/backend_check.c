@@ -520,7 +520,6 @@ static void check_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float va
 
 static void check_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     check_ctx *k = ctx;
-    enum { DST, SRC };
     op_check o = {.op = "copy",
                   .exact = true,
                   .n_args = 2,
@@ -668,7 +667,6 @@ static void check_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t
                                 const void *table, int64_t N, int64_t C, int64_t rows,
                                 int64_t row_offset) {
     check_ctx *k = ctx;
-    enum { OUT, TOKENS, TABLE };
     op_check o = {.op = "embedding_fwd",
                   .exact = true,
                   .n_args = 3,
@@ -1069,7 +1067,6 @@ static void check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias
 static void check_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
                               int64_t V, int64_t n_valid) {
     check_ctx *k = ctx;
-    enum { ROWMAX, LOGITS };
     op_check o = {.op = "xent_rowmax",
                   .exact = true,
                   .n_args = 2,
@@ -1243,7 +1240,6 @@ static void check_sumsq(void *ctx, float *out, const float *const *x, const int6
 static void check_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src,
                        ct_dtype src_dtype, int64_t n) {
     check_ctx *k = ctx;
-    enum { DST, SRC };
     op_check o = {.op = "cast",
                   .exact = true,
                   .n_args = 2,

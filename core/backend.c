@@ -6,6 +6,11 @@
  * the message quotes the shapes involved), then hands raw pointers and sizes to the backend's
  * slot. Ops that are 2-D treat an N-D tensor as (rows = product of leading dims, cols = last dim).
  * Nothing here touches tensor memory: that is the slot's job.
+ *
+ * These are also the helpers every backend uses (ct_backend_apply_env, ct_backend_free, ...):
+ * this file calls no backend by name. The registry, which makes backends (the CPU backend, the
+ * asynchronous stream, check mode, the registered ones), is backend_registry.c, so the arrows
+ * run one way: registry -> backends -> this file.
  */
 #include "backend.h"
 
@@ -54,124 +59,6 @@ void ct_backend_describe(const ct_backend *be, char *buf, size_t cap) {
     char what[96] = "";
     if (be->iface->describe) be->iface->describe(be->ctx, what, sizeof what);
     snprintf(buf, cap, "%s%s%s", be->iface->name, what[0] ? ", " : "", what);
-}
-
-/* ---- the registry -----------------------------------------------------------------------------
- */
-
-static ct_backend *create_cpu(int n_threads) {
-    return ct_backend_cpu_new(n_threads);
-}
-
-static ct_backend *create_cpu_async(int n_threads) {
-    return ct_backend_async_new(ct_backend_cpu_new(n_threads));
-}
-
-enum { MAX_BACKENDS = 8 };
-static ct_backend_desc registry[MAX_BACKENDS] = {
-    {.name = "cpu", .create = create_cpu},
-    {.name = "cpu-async", .create = create_cpu_async},
-};
-static int n_registered = 2;
-
-void ct_backend_register(const ct_backend_desc *desc) {
-    for (int i = 0; i < n_registered; i++)
-        if (!strcmp(registry[i].name, desc->name)) {
-            registry[i] = *desc;
-            return;
-        }
-    CT_ASSERTF(n_registered < MAX_BACKENDS, "more than %d backends registered", MAX_BACKENDS);
-    registry[n_registered++] = *desc;
-}
-
-static const ct_backend_desc *registry_find(const char *name) {
-    for (int i = 0; i < n_registered; i++)
-        if (!strcmp(registry[i].name, name)) return &registry[i];
-    return NULL;
-}
-
-/* The registered names, "a, b, c", for hints. */
-static void registry_names(char *buf, size_t cap) {
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n_registered && used < cap; i++)
-        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", registry[i].name);
-}
-
-static int selected_device;
-
-void ct_backend_set_device(int device) {
-    selected_device = device;
-}
-
-int ct_backend_device(void) {
-    return selected_device;
-}
-
-int ct_backend_device_count(const char *name, char *why, size_t cap) {
-    const ct_backend_desc *desc = registry_find(name);
-    if (!desc || !desc->device_count) {
-        snprintf(why, cap, "backend %s has no devices", name);
-        return 0;
-    }
-    return desc->device_count(why, cap);
-}
-
-ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
-                         size_t cap) {
-    *out = NULL;
-    char why[160] = "", names[160];
-    registry_names(names, sizeof names);
-    const ct_backend_desc *desc = NULL;
-    if (!strcmp(name, "auto")) {
-        for (int i = 0; i < n_registered && !desc; i++)
-            if (registry[i].accelerator &&
-                (!registry[i].usable || registry[i].usable(why, sizeof why)))
-                desc = &registry[i];
-        if (desc)
-            snprintf(chosen, cap, "%s (auto)", desc->name);
-        else
-            snprintf(chosen, cap, "cpu (auto: %s)", why[0] ? why : "this build has no GPU backend");
-        if (!desc) desc = registry_find("cpu");
-    } else {
-        desc = registry_find(name);
-        if (!desc && !strcmp(name, "cuda")) {
-            ct_error(CT_ERR_INPUT, "--backend cuda: the CUDA backend is not part of this build");
-            ct_hint("use --backend cpu (or auto, which picks cuda where it is built and a GPU is "
-                    "usable)");
-            return CT_ERR_INPUT;
-        }
-        if (!desc) {
-            ct_error(CT_ERR_INPUT, "--backend '%s' is not a backend", name);
-            ct_hint("valid backends: %s, auto", names);
-            return CT_ERR_INPUT;
-        }
-        if (desc->usable && !desc->usable(why, sizeof why)) {
-            ct_error(CT_ERR_INPUT, "--backend %s: %s", name, why);
-            ct_hint("use --backend cpu, or --backend auto to fall back to it");
-            return CT_ERR_INPUT;
-        }
-        snprintf(chosen, cap, "%s", desc->name);
-    }
-    ct_backend *be = desc->create(n_threads);
-    const char *async = getenv("COOKTRAIN_ASYNC");
-    if (async && !strcmp(async, "1") && strstr(be->iface->name, "-async") == NULL) {
-        be = ct_backend_async_new(be);
-        size_t used = strlen(chosen);
-        if (used < cap)
-            snprintf(chosen + used, cap - used,
-                     " behind the asynchronous stream (COOKTRAIN_ASYNC=1)");
-    }
-    const char *check = getenv("CT_CHECK_BACKEND");
-    if (check && !strcmp(check, "1") && strcmp(be->iface->name, "cpu") != 0) {
-        be = ct_backend_check_new(be);
-        size_t used = strlen(chosen);
-        if (used < cap)
-            snprintf(chosen + used, cap - used,
-                     ", every op checked against the CPU backend (CT_CHECK_BACKEND=1)");
-    }
-    *out = be;
-    return CT_OK;
 }
 
 void ct_backend_apply_env(ct_backend *be) {
@@ -226,6 +113,24 @@ size_t ct_backend_mem_total(const ct_backend *be) {
     size_t total = 0;
     for (int c = 0; c < CT_MEM_COUNT; c++) total += be->bytes_in_use[c];
     return total;
+}
+
+/* ---- completeness ------------------------------------------------------------------------- */
+
+const char *ct_backend_missing_op(const struct ct_backend_i *iface) {
+    if (!iface->alloc) return "alloc";
+    if (!iface->free) return "free";
+    if (!iface->copy_from_host) return "copy_from_host";
+    if (!iface->copy_to_host) return "copy_to_host";
+#define IS_OPTIONAL_CT_OP_REQUIRED false
+#define IS_OPTIONAL_CT_OP_OPTIONAL true
+#define MISSING_OP(name, need, queue, ...)                                                         \
+    if (!IS_OPTIONAL_##need && !iface->name) return #name;
+    CT_BACKEND_OPS(MISSING_OP)
+#undef MISSING_OP
+#undef IS_OPTIONAL_CT_OP_REQUIRED
+#undef IS_OPTIONAL_CT_OP_OPTIONAL
+    return NULL;
 }
 
 /* ---- shape strings for assertion messages ---------------------------------------------------- */

@@ -24,6 +24,7 @@
 #ifndef CT_BACKEND_H
 #define CT_BACKEND_H
 
+#include "backend_ops.h"
 #include "common.h"
 
 #define CT_MAX_DIMS 4
@@ -90,19 +91,21 @@ struct ct_backend_i {
     /* memory */
     void *(*alloc)(void *ctx, size_t bytes); /* NULL on out-of-memory */
     void (*free)(void *ctx, void *ptr);
-    void (*fill)(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value);
     void (*copy_from_host)(void *ctx, void *dst, const void *src, size_t bytes);
     void (*copy_to_host)(void *ctx, void *dst, const void *src, size_t bytes);
-    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
 
-    /* C(M,N) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_*; lda/ldb/ldc
-     * are row strides in elements. A and B hold ab_dtype elements, C c_dtype (f32/f32, bf16/f32
-     * or bf16/bf16); products accumulate in fp32. beta = 0 never reads C. */
-    void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
-                 void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
-
-    /* Optional: a linear layer's forward with GELU fused into the GEMM's epilogue,
+    /*
+     * The ops: one slot per entry of CT_BACKEND_OPS (backend_ops.h), in its order,
+     *     void (*name)(void *ctx, <its parameters>);
+     * fill and copy (device to device) are memory ops; the others are the ct_ wrappers' below,
+     * whose comments give each op's formula. What the wrappers do not say:
+     *
+     * gemm: C(M,N) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_*;
+     * lda/ldb/ldc are row strides in elements. A and B hold ab_dtype elements, C c_dtype (f32/f32,
+     * bf16/f32 or bf16/bf16); products accumulate in fp32. beta = 0 never reads C.
+     *
+     * gemm_bias_gelu (optional): a linear layer's forward with GELU fused into the GEMM's
+     * epilogue,
      *     pre(M,N) = A(M,K)·B(N,K)ᵀ + bias(N),   out(M,N) = GELU(pre)   (tanh form, as gelu_fwd),
      * row-major, lda/ldb >= K, ldpre/ldout >= N (row strides in elements); B is a weight stored
      * (out, in) = (N, K). A, B, bias, pre and out hold dt; products accumulate in fp32 and GELU is
@@ -111,68 +114,19 @@ struct ct_backend_i {
      * wrapper (ct_gemm_bias_gelu) runs bias_init, gemm with beta = 1 and gelu_fwd instead — the
      * reference; the CPU backend leaves it NULL. out NULL (ct_gemm_bias): no GELU, pre is the
      * layer's output, the bias added in fp32 before pre's one rounding (without it: bias_init
-     * and gemm with beta = 1). */
-    void (*gemm_bias_gelu)(void *ctx, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                           const void *B, int64_t ldb, const void *bias, void *pre, int64_t ldpre,
-                           void *out, int64_t ldout, ct_dtype dt);
-
-    void (*bias_add)(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N, int64_t C);
-    void (*bias_init)(void *ctx, ct_dtype dt, void *out, const void *bias, const void *residual,
-                      int64_t N, int64_t C); /* residual may be NULL */
-    void (*bias_grad)(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N, int64_t C);
-    void (*axpy)(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
-    void (*scale)(void *ctx, ct_dtype dt, void *x, float s, int64_t n);
-
-    void (*embedding_fwd)(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
-                          const void *table, int64_t N, int64_t C, int64_t rows,
-                          int64_t row_offset);
-    void (*embedding_bwd)(void *ctx, ct_dtype dt, float *dtable, const void *dout,
-                          const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
-                          int64_t row_offset);
-    void (*posemb_fwd)(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B, int64_t T,
-                       int64_t C, int64_t pos_offset);
-    void (*posemb_bwd)(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B, int64_t T,
-                       int64_t C, int64_t pos_offset);
-
-    void (*layernorm_fwd)(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                          const void *inp, const void *w, const void *b, int64_t N, int64_t C);
-    void (*layernorm_bwd)(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
-                          const void *dout, const void *inp, const void *w, const float *mean,
-                          const float *rstd, int64_t N, int64_t C);
-
-    void (*gelu_fwd)(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n);
-    void (*gelu_bwd)(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
-                     const void *dout, int64_t N, int64_t C); /* dbias may be NULL */
-
-    void (*attention_fwd)(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv, int64_t B,
-                          int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim);
-    void (*attention_bwd)(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
-                          const void *qkv, const void *out, const float *lse, int64_t B, int64_t T,
-                          int64_t n_head, int64_t n_kv_head, int64_t head_dim);
-
-    void (*xent_rowmax)(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
-                        int64_t V, int64_t n_valid);
-    void (*xent_sumexp)(void *ctx, ct_dtype dt, float *sumexp, float *target_logit, void *logits,
-                        const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
-                        int64_t n_valid, int64_t col_offset, bool keep_exp);
-    void (*xent_finish)(void *ctx, ct_dtype dt, float *losses, void *logits_to_grad,
-                        const int32_t *targets, const float *rowmax, const float *sumexp,
-                        const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
-                        int64_t col_offset, float dloss, bool write_grad);
-
-    /* AdamW on fp32 weights (the parameters in fp32 mode, the master weights in bf16 mode);
-     * when param_copy is not NULL every updated element is also stored there as copy_dtype
-     * (the bf16 parameters the model computes with). */
-    void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v,
-                  const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
-                  void *param_copy, ct_dtype copy_dtype);
-    /* out[i] = Σ_j x[i][j]² over n[i] elements, for each of count ranges at once (one launch on
-     * a GPU rather than one per tensor): in double with fixed chunking, as float. The arrays x
-     * and n are the caller's and may be reused as soon as the slot returns. */
-    void (*sumsq)(void *ctx, float *out, const float *const *x, const int64_t *n, int count);
-
-    void (*cast)(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
-                 int64_t n);
+     * and gemm with beta = 1).
+     *
+     * adamw: AdamW on fp32 weights (the parameters in fp32 mode, the master weights in bf16
+     * mode); when param_copy is not NULL every updated element is also stored there as
+     * copy_dtype (the bf16 parameters the model computes with).
+     *
+     * sumsq: out[i] = Σ_j x[i][j]² over n[i] elements, for each of count ranges at once (one
+     * launch on a GPU rather than one per tensor): in double with fixed chunking, as float. The
+     * arrays x and n are the caller's and may be reused as soon as the slot returns.
+     */
+#define CT_OP_SLOT_(name, need, queue, ...) void (*name)(void *ctx, CT_OP_PARAMS(__VA_ARGS__));
+    CT_BACKEND_OPS(CT_OP_SLOT_)
+#undef CT_OP_SLOT_
 
     /* Ordering (NULL: no-op, for a backend whose ops complete before their slot returns, as the
      * plain CPU backend's do). Ops run in the order they are issued, on the backend's stream,
@@ -303,6 +257,10 @@ ct_backend *ct_backend_async_new(ct_backend *inner);
  */
 ct_backend *ct_backend_check_new(ct_backend *inner);
 void ct_backend_free(ct_backend *be);
+/* The first slot a complete backend must fill that `iface` leaves NULL — a memory slot or an op
+ * of CT_BACKEND_OPS that is not optional — as its name; NULL when there is none. ct_backend_new
+ * asserts it on every backend it makes. */
+const char *ct_backend_missing_op(const struct ct_backend_i *iface);
 /* The backend's name and what runs its ops (the describe slot), e.g. "cpu, 2 threads". */
 void ct_backend_describe(const ct_backend *be, char *buf, size_t cap);
 /* Ordering (the slots' rules above): the host waits for everything issued so far; records event

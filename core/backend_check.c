@@ -19,7 +19,9 @@
  *      equal — and uploads the snapshots into CPU buffers. Buffers that overlap in inner's memory
  *      (gelu_bwd's dinp == dout) are one region with one CPU buffer, so the rerun sees the same
  *      aliasing;
- *   3. the op runs on inner, then on the CPU backend with the CPU buffers;
+ *   3. the op runs on inner, then on the CPU backend with the CPU buffers (steps 2 to 4 are
+ *      run_<slot>, generated from the op list of backend_ops.h: the checker's own code is its
+ *      buffer list, its shape string and its tolerances);
  *   4. op_collect downloads inner's outputs ("got") and the CPU's ("want"), in fp32 for f32 and
  *      bf16 buffers, and zeroes a per-element tolerance array for each output;
  *   5. the slot fills the tolerances (see "Tolerances" below);
@@ -368,6 +370,50 @@ static void op_end(check_ctx *k, op_check *o) {
     }
 }
 
+/* ---- the forwarding, generated ------------------------------------------------------------------
+ *
+ * run_<op> for every op of backend_ops.h: steps 2-4 at the top — snapshots (op_begin), the op on
+ * inner with the slot's own arguments, the op on the CPU backend with every buffer argument
+ * replaced by its CPU copy, the results downloaded (op_collect). Buffer arguments are the
+ * pointers to void, float and int32_t (backend memory, by the convention of the slots); each must
+ * be one of the buffers the checker listed, found by address. Other pointers (adamw's segments
+ * and hyperparameters: host memory) pass as they are. sumsq's checker, which runs one call's
+ * ranges one by one on the CPU, calls the slots itself.
+ */
+
+/* The CPU copy of inner's buffer `dev`: that of the listed buffer at the same address (one with
+ * bytes, if several start there); NULL stays NULL. */
+static void *cpu_buffer(const op_check *o, const void *dev) {
+    if (!dev) return NULL;
+    const op_arg *first = NULL;
+    for (int i = 0; i < o->n_args; i++) {
+        if (o->arg[i].dev != dev) continue;
+        if (o->arg[i].region >= 0) return o->arg[i].cpu;
+        if (!first) first = &o->arg[i];
+    }
+    CT_ASSERTF(first != NULL, "check backend: a buffer argument of '%s' is not in its list", o->op);
+    return first->cpu;
+}
+
+#define CPU_ARG_(type, name)                                                                       \
+    _Generic((name),                                                                               \
+        void *: cpu_buffer(o, (const void *)(uintptr_t)(name)),                                    \
+        const void *: (const void *)cpu_buffer(o, (const void *)(uintptr_t)(name)),                \
+        float *: (float *)cpu_buffer(o, (const void *)(uintptr_t)(name)),                          \
+        const float *: (const float *)cpu_buffer(o, (const void *)(uintptr_t)(name)),              \
+        const int32_t *: (const int32_t *)cpu_buffer(o, (const void *)(uintptr_t)(name)),          \
+        default: (name))
+#define RUN_OP_(name, need, queue, ...)                                                            \
+    static inline void run_##name(check_ctx *k, op_check *o, CT_OP_PARAMS(__VA_ARGS__)) {          \
+        op_begin(k, o);                                                                            \
+        INNER(k)->name(INNER_CTX(k), CT_OP_NAMES(__VA_ARGS__));                                    \
+        CPU(k)->name(CPU_CTX(k), CT_PP_LIST(CPU_ARG_, __VA_ARGS__));                               \
+        op_collect(k, o);                                                                          \
+    }
+CT_BACKEND_OPS(RUN_OP_)
+#undef RUN_OP_
+#undef CPU_ARG_
+
 /* ---- tolerance helpers -------------------------------------------------------------------------
  */
 
@@ -468,26 +514,19 @@ static void check_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float va
     op_check o = {
         .op = "fill", .exact = true, .n_args = 1, .arg = {{"dst", dst, n, dtype, ARG_OUT}}};
     SHAPE(&o, "dtype=%s n=%lld value=%.9g", ct_dtype_name(dtype), LL(n), value);
-    op_begin(k, &o);
-    INNER(k)->fill(INNER_CTX(k), dst, dtype, n, value);
-    CPU(k)->fill(CPU_CTX(k), o.arg[0].cpu, dtype, n, value);
-    op_collect(k, &o);
+    run_fill(k, &o, dst, dtype, n, value);
     op_end(k, &o);
 }
 
 static void check_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     check_ctx *k = ctx;
-    enum { DST, SRC };
     op_check o = {.op = "copy",
                   .exact = true,
                   .n_args = 2,
                   .arg = {{"dst", dst, (int64_t)bytes, CT_DTYPE_U8, ARG_OUT},
                           {"src", src, (int64_t)bytes, CT_DTYPE_U8, ARG_IN}}};
     SHAPE(&o, "bytes=%zu", bytes);
-    op_begin(k, &o);
-    INNER(k)->copy(INNER_CTX(k), dst, src, bytes);
-    CPU(k)->copy(CPU_CTX(k), o.arg[DST].cpu, o.arg[SRC].cpu, bytes);
-    op_collect(k, &o);
+    run_copy(k, &o, dst, src, bytes);
     op_end(k, &o);
 }
 
@@ -520,12 +559,8 @@ static void check_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t
           "ldc=%lld ab_dtype=%s c_dtype=%s",
           trans_a, trans_b, LL(M), LL(N), LL(K), alpha, LL(lda), LL(ldb), beta, LL(ldc),
           ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
-    op_begin(k, &o);
-    INNER(k)->gemm(INNER_CTX(k), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                   ab_dtype, c_dtype);
-    CPU(k)->gemm(CPU_CTX(k), trans_a, trans_b, M, N, K, alpha, o.arg[MAT_A].cpu, lda,
-                 o.arg[MAT_B].cpu, ldb, beta, o.arg[MAT_C].cpu, ldc, ab_dtype, c_dtype);
-    op_collect(k, &o);
+    run_gemm(k, &o, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+             c_dtype);
     op_arg *c = &o.arg[MAT_C];
     if (c->region >= 0) {
         void *a_abs = cpu_abs_copy(k, &o.arg[MAT_A]), *b_abs = cpu_abs_copy(k, &o.arg[MAT_B]);
@@ -554,10 +589,7 @@ static void check_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, 
                   .n_args = 2,
                   .arg = {{"out", out, N * C, dt, ARG_INOUT}, {"bias", bias, C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
-    op_begin(k, &o);
-    INNER(k)->bias_add(INNER_CTX(k), dt, out, bias, N, C);
-    CPU(k)->bias_add(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[BIAS].cpu, N, C);
-    op_collect(k, &o);
+    run_bias_add(k, &o, dt, out, bias, N, C);
     const op_arg *a = &o.arg[OUT], *b = &o.arg[BIAS];
     for (int64_t i = 0; i < N * C; i++)
         a->tol[i] = (float)(ULPS * U * (fabs(a->x[i]) + fabs(b->x[i % C])));
@@ -576,10 +608,7 @@ static void check_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
                           {"residual", residual, N * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld residual=%s", ct_dtype_name(dt), LL(N), LL(C),
           residual ? "yes" : "NULL");
-    op_begin(k, &o);
-    INNER(k)->bias_init(INNER_CTX(k), dt, out, bias, residual, N, C);
-    CPU(k)->bias_init(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[BIAS].cpu, o.arg[RESIDUAL].cpu, N, C);
-    op_collect(k, &o);
+    run_bias_init(k, &o, dt, out, bias, residual, N, C);
     const op_arg *a = &o.arg[OUT], *b = &o.arg[BIAS], *r = &o.arg[RESIDUAL];
     for (int64_t i = 0; i < N * C; i++)
         a->tol[i] = (float)(ULPS * U * (fabs(b->x[i % C]) + (r->x ? fabs(r->x[i]) : 0.0)));
@@ -596,10 +625,7 @@ static void check_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *do
         .n_args = 2,
         .arg = {{"dbias", dbias, C, CT_DTYPE_F32, ARG_INOUT}, {"dout", dout, N * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
-    op_begin(k, &o);
-    INNER(k)->bias_grad(INNER_CTX(k), dt, dbias, dout, N, C);
-    CPU(k)->bias_grad(CPU_CTX(k), dt, o.arg[DBIAS].cpu, o.arg[DOUT].cpu, N, C);
-    op_collect(k, &o);
+    run_bias_grad(k, &o, dt, dbias, dout, N, C);
     if (C > 0) {
         double *mag = ct_xcalloc((size_t)C, sizeof *mag);
         const op_arg *d = &o.arg[DBIAS];
@@ -618,10 +644,7 @@ static void check_axpy(void *ctx, ct_dtype dt, void *dst, const void *src, float
                   .n_args = 2,
                   .arg = {{"dst", dst, n, dt, ARG_INOUT}, {"src", src, n, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s alpha=%.9g n=%lld", ct_dtype_name(dt), alpha, LL(n));
-    op_begin(k, &o);
-    INNER(k)->axpy(INNER_CTX(k), dt, dst, src, alpha, n);
-    CPU(k)->axpy(CPU_CTX(k), dt, o.arg[DST].cpu, o.arg[SRC].cpu, alpha, n);
-    op_collect(k, &o);
+    run_axpy(k, &o, dt, dst, src, alpha, n);
     const op_arg *d = &o.arg[DST], *s = &o.arg[SRC];
     for (int64_t i = 0; i < n; i++)
         d->tol[i] = (float)(ULPS * U * (fabs(d->x[i]) + fabs((double)alpha * s->x[i])));
@@ -632,10 +655,7 @@ static void check_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
     check_ctx *k = ctx;
     op_check o = {.op = "scale", .n_args = 1, .arg = {{"x", x, n, dt, ARG_INOUT}}};
     SHAPE(&o, "dt=%s s=%.9g n=%lld", ct_dtype_name(dt), s, LL(n));
-    op_begin(k, &o);
-    INNER(k)->scale(INNER_CTX(k), dt, x, s, n);
-    CPU(k)->scale(CPU_CTX(k), dt, o.arg[0].cpu, s, n);
-    op_collect(k, &o);
+    run_scale(k, &o, dt, x, s, n);
     tol_add_rel(o.arg[0].tol, o.arg[0].want, ULPS * U, n);
     op_end(k, &o);
 }
@@ -647,7 +667,6 @@ static void check_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t
                                 const void *table, int64_t N, int64_t C, int64_t rows,
                                 int64_t row_offset) {
     check_ctx *k = ctx;
-    enum { OUT, TOKENS, TABLE };
     op_check o = {.op = "embedding_fwd",
                   .exact = true,
                   .n_args = 3,
@@ -656,11 +675,7 @@ static void check_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t
                           {"table", table, rows * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld rows=%lld row_offset=%lld", ct_dtype_name(dt), LL(N), LL(C),
           LL(rows), LL(row_offset));
-    op_begin(k, &o);
-    INNER(k)->embedding_fwd(INNER_CTX(k), dt, out, tokens, table, N, C, rows, row_offset);
-    CPU(k)->embedding_fwd(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[TOKENS].cpu, o.arg[TABLE].cpu, N, C,
-                          rows, row_offset);
-    op_collect(k, &o);
+    run_embedding_fwd(k, &o, dt, out, tokens, table, N, C, rows, row_offset);
     op_end(k, &o);
 }
 
@@ -677,11 +692,7 @@ static void check_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const voi
                           {"tokens", tokens, N, CT_DTYPE_I32, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld rows=%lld row_offset=%lld", ct_dtype_name(dt), LL(N), LL(C),
           LL(rows), LL(row_offset));
-    op_begin(k, &o);
-    INNER(k)->embedding_bwd(INNER_CTX(k), dt, dtable, dout, tokens, N, C, rows, row_offset);
-    CPU(k)->embedding_bwd(CPU_CTX(k), dt, o.arg[DTABLE].cpu, o.arg[DOUT].cpu, o.arg[TOKENS].cpu, N,
-                          C, rows, row_offset);
-    op_collect(k, &o);
+    run_embedding_bwd(k, &o, dt, dtable, dout, tokens, N, C, rows, row_offset);
     const op_arg *d = &o.arg[DTABLE];
     if (d->region >= 0) {
         double *mag = ct_xcalloc((size_t)(rows * C), sizeof *mag);
@@ -711,10 +722,7 @@ static void check_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe,
                           {"wpe", wpe, (pos_offset + T) * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s B=%lld T=%lld C=%lld pos_offset=%lld", ct_dtype_name(dt), LL(B), LL(T), LL(C),
           LL(pos_offset));
-    op_begin(k, &o);
-    INNER(k)->posemb_fwd(INNER_CTX(k), dt, out, wpe, B, T, C, pos_offset);
-    CPU(k)->posemb_fwd(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[WPE].cpu, B, T, C, pos_offset);
-    op_collect(k, &o);
+    run_posemb_fwd(k, &o, dt, out, wpe, B, T, C, pos_offset);
     const op_arg *a = &o.arg[OUT], *w = &o.arg[WPE];
     for (int64_t i = 0; i < B * T * C; i++) {
         int64_t t = i / C % T, j = i % C;
@@ -734,10 +742,7 @@ static void check_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *do
                           {"dout", dout, B * T * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s B=%lld T=%lld C=%lld pos_offset=%lld", ct_dtype_name(dt), LL(B), LL(T), LL(C),
           LL(pos_offset));
-    op_begin(k, &o);
-    INNER(k)->posemb_bwd(INNER_CTX(k), dt, dwpe, dout, B, T, C, pos_offset);
-    CPU(k)->posemb_bwd(CPU_CTX(k), dt, o.arg[DWPE].cpu, o.arg[DOUT].cpu, B, T, C, pos_offset);
-    op_collect(k, &o);
+    run_posemb_bwd(k, &o, dt, dwpe, dout, B, T, C, pos_offset);
     const op_arg *d = &o.arg[DWPE];
     if (d->region >= 0) {
         int64_t n = (pos_offset + T) * C;
@@ -774,11 +779,7 @@ static void check_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, 
                           {"w", w, C, dt, ARG_IN},
                           {"b", b, C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
-    op_begin(k, &o);
-    INNER(k)->layernorm_fwd(INNER_CTX(k), dt, out, mean, rstd, inp, w, b, N, C);
-    CPU(k)->layernorm_fwd(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[MEAN].cpu, o.arg[RSTD].cpu,
-                          o.arg[INP].cpu, o.arg[W].cpu, o.arg[B].cpu, N, C);
-    op_collect(k, &o);
+    run_layernorm_fwd(k, &o, dt, out, mean, rstd, inp, w, b, N, C);
     const float *x = o.arg[INP].x, *wf = o.arg[W].x, *bf = o.arg[B].x;
     const float *m = o.arg[MEAN].want, *s = o.arg[RSTD].want;
     for (int64_t i = 0; i < N && C > 0; i++) {
@@ -820,12 +821,7 @@ static void check_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, f
                           {"mean", mean, N, CT_DTYPE_F32, ARG_IN},
                           {"rstd", rstd, N, CT_DTYPE_F32, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
-    op_begin(k, &o);
-    INNER(k)->layernorm_bwd(INNER_CTX(k), dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-    CPU(k)->layernorm_bwd(CPU_CTX(k), dt, o.arg[DINP].cpu, o.arg[DW].cpu, o.arg[DB].cpu,
-                          o.arg[DOUT].cpu, o.arg[INP].cpu, o.arg[W].cpu, o.arg[MEAN].cpu,
-                          o.arg[RSTD].cpu, N, C);
-    op_collect(k, &o);
+    run_layernorm_bwd(k, &o, dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     if (N > 0 && C > 0) {
         const float *d = o.arg[DOUT].x, *x = o.arg[INP].x, *wf = o.arg[W].x;
         const float *m = o.arg[MEAN].x, *s = o.arg[RSTD].x;
@@ -889,10 +885,7 @@ static void check_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, i
                   .n_args = 2,
                   .arg = {{"out", out, n, dt, ARG_OUT}, {"inp", inp, n, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s n=%lld", ct_dtype_name(dt), LL(n));
-    op_begin(k, &o);
-    INNER(k)->gelu_fwd(INNER_CTX(k), dt, out, inp, n);
-    CPU(k)->gelu_fwd(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[INP].cpu, n);
-    op_collect(k, &o);
+    run_gelu_fwd(k, &o, dt, out, inp, n);
     for (int64_t i = 0; i < n; i++) {
         double x = o.arg[INP].x[i], a = gelu_arg(x);
         o.arg[OUT].tol[i] = (float)(8.0 * U *
@@ -914,11 +907,7 @@ static void check_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, con
                           {"dout", dout, N * C, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld C=%lld dbias=%s dinp%sdout", ct_dtype_name(dt), LL(N), LL(C),
           dbias ? "yes" : "NULL", dinp == dout ? "==" : "!=");
-    op_begin(k, &o);
-    INNER(k)->gelu_bwd(INNER_CTX(k), dt, dinp, dbias, inp, dout, N, C);
-    CPU(k)->gelu_bwd(CPU_CTX(k), dt, o.arg[DINP].cpu, o.arg[DBIAS].cpu, o.arg[INP].cpu,
-                     o.arg[DOUT].cpu, N, C);
-    op_collect(k, &o);
+    run_gelu_bwd(k, &o, dt, dinp, dbias, inp, dout, N, C);
     const op_arg *di = &o.arg[DINP];
     for (int64_t i = 0; i < N * C; i++) {
         double x = o.arg[INP].x[i], a = gelu_arg(x), sl = sigmoid_slope(a);
@@ -982,11 +971,7 @@ static void check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, c
                           {"qkv", qkv, B * T * lqkv, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld", ct_dtype_name(dt),
           LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd));
-    op_begin(k, &o);
-    INNER(k)->attention_fwd(INNER_CTX(k), dt, out, lse, qkv, B, T, n_head, n_kv_head, hd);
-    CPU(k)->attention_fwd(CPU_CTX(k), dt, o.arg[OUT].cpu, o.arg[LSE].cpu, o.arg[QKV].cpu, B, T,
-                          n_head, n_kv_head, hd);
-    op_collect(k, &o);
+    run_attention_fwd(k, &o, dt, out, lse, qkv, B, T, n_head, n_kv_head, hd);
     if (o.arg[OUT].region >= 0) {
         const float *x = o.arg[QKV].x;
         float *kmax = column_max(x, B, T, lqkv, cq, ckv),
@@ -1047,13 +1032,7 @@ static void check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias
     SHAPE(&o, "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld dbias=%s",
           ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
           dbias ? "yes" : "NULL");
-    op_begin(k, &o);
-    INNER(k)->attention_bwd(INNER_CTX(k), dt, dqkv, dbias, dout, qkv, out, lse, B, T, n_head,
-                            n_kv_head, hd);
-    CPU(k)->attention_bwd(CPU_CTX(k), dt, o.arg[DQKV].cpu, o.arg[DBIAS].cpu, o.arg[DOUT].cpu,
-                          o.arg[QKV].cpu, o.arg[OUT].cpu, o.arg[LSE].cpu, B, T, n_head, n_kv_head,
-                          hd);
-    op_collect(k, &o);
+    run_attention_bwd(k, &o, dt, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
     const op_arg *dq = &o.arg[DQKV];
     if (dq->region >= 0 && hd > 0) {
         const double R = 4.0 * (double)(T + hd + 8) * U +
@@ -1088,17 +1067,13 @@ static void check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias
 static void check_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
                               int64_t V, int64_t n_valid) {
     check_ctx *k = ctx;
-    enum { ROWMAX, LOGITS };
     op_check o = {.op = "xent_rowmax",
                   .exact = true,
                   .n_args = 2,
                   .arg = {{"rowmax", rowmax, N, CT_DTYPE_F32, ARG_OUT},
                           {"logits", logits, N * V, dt, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld V=%lld n_valid=%lld", ct_dtype_name(dt), LL(N), LL(V), LL(n_valid));
-    op_begin(k, &o);
-    INNER(k)->xent_rowmax(INNER_CTX(k), dt, rowmax, logits, N, V, n_valid);
-    CPU(k)->xent_rowmax(CPU_CTX(k), dt, o.arg[ROWMAX].cpu, o.arg[LOGITS].cpu, N, V, n_valid);
-    op_collect(k, &o);
+    run_xent_rowmax(k, &o, dt, rowmax, logits, N, V, n_valid);
     op_end(k, &o);
 }
 
@@ -1123,13 +1098,8 @@ static void check_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *targ
                           {"rowmax", rowmax, N, CT_DTYPE_F32, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld V=%lld n_valid=%lld col_offset=%lld keep_exp=%d", ct_dtype_name(dt),
           LL(N), LL(V), LL(n_valid), LL(col_offset), keep_exp);
-    op_begin(k, &o);
-    INNER(k)->xent_sumexp(INNER_CTX(k), dt, sumexp, target_logit, logits, targets, rowmax, N, V,
-                          n_valid, col_offset, keep_exp);
-    CPU(k)->xent_sumexp(CPU_CTX(k), dt, o.arg[SUMEXP].cpu, o.arg[TARGET_LOGIT].cpu,
-                        o.arg[LOGITS].cpu, o.arg[TARGETS].cpu, o.arg[ROWMAX].cpu, N, V, n_valid,
-                        col_offset, keep_exp);
-    op_collect(k, &o);
+    run_xent_sumexp(k, &o, dt, sumexp, target_logit, logits, targets, rowmax, N, V, n_valid,
+                    col_offset, keep_exp);
     const float *x = o.arg[LOGITS].x, *m = o.arg[ROWMAX].x;
     for (int64_t i = 0; i < N && o.arg[SUMEXP].region >= 0; i++) {
         double sum = 0.0, err = 0.0;
@@ -1166,13 +1136,8 @@ static void check_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logit
                           {"target_logit", target_logit, N, CT_DTYPE_F32, ARG_IN}}};
     SHAPE(&o, "dt=%s N=%lld V=%lld n_valid=%lld col_offset=%lld dloss=%.9g write_grad=%d",
           ct_dtype_name(dt), LL(N), LL(V), LL(n_valid), LL(col_offset), dloss, write_grad);
-    op_begin(k, &o);
-    INNER(k)->xent_finish(INNER_CTX(k), dt, losses, logits_to_grad, targets, rowmax, sumexp,
-                          target_logit, N, V, n_valid, col_offset, dloss, write_grad);
-    CPU(k)->xent_finish(CPU_CTX(k), dt, o.arg[LOSSES].cpu, o.arg[LOGITS].cpu, o.arg[TARGETS].cpu,
-                        o.arg[ROWMAX].cpu, o.arg[SUMEXP].cpu, o.arg[TARGET_LOGIT].cpu, N, V,
-                        n_valid, col_offset, dloss, write_grad);
-    op_collect(k, &o);
+    run_xent_finish(k, &o, dt, losses, logits_to_grad, targets, rowmax, sumexp, target_logit, N, V,
+                    n_valid, col_offset, dloss, write_grad);
     const float *m = o.arg[ROWMAX].x, *se = o.arg[SUMEXP].x, *tl = o.arg[TARGET_LOGIT].x;
     const int32_t *tgt = o.arg[TARGETS].before;
     for (int64_t i = 0; i < N && o.arg[LOSSES].region >= 0; i++) {
@@ -1222,12 +1187,7 @@ static void check_adamw(void *ctx, float *param, const float *grad, float *m, fl
           "grad_scale=%.9g param_copy=%s",
           n_segments, LL(n), hp->lr, hp->beta1, hp->beta2, hp->eps, LL(hp->step), hp->grad_scale,
           param_copy ? ct_dtype_name(copy_dtype) : "NULL");
-    op_begin(k, &o);
-    INNER(k)->adamw(INNER_CTX(k), param, grad, m, v, segments, n_segments, hp, param_copy,
-                    copy_dtype);
-    CPU(k)->adamw(CPU_CTX(k), o.arg[PARAM].cpu, o.arg[GRAD].cpu, o.arg[M].cpu, o.arg[V].cpu,
-                  segments, n_segments, hp, o.arg[PARAM_COPY].cpu, copy_dtype);
-    op_collect(k, &o);
+    run_adamw(k, &o, param, grad, m, v, segments, n_segments, hp, param_copy, copy_dtype);
     const double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, eps = hp->eps;
     const double bc1 = 1.0 - pow(b1, (double)hp->step), bc2 = 1.0 - pow(b2, (double)hp->step);
     for (int s = 0; s < n_segments && n > 0; s++) {
@@ -1280,59 +1240,40 @@ static void check_sumsq(void *ctx, float *out, const float *const *x, const int6
 static void check_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src,
                        ct_dtype src_dtype, int64_t n) {
     check_ctx *k = ctx;
-    enum { DST, SRC };
     op_check o = {.op = "cast",
                   .exact = true,
                   .n_args = 2,
                   .arg = {{"dst", dst, n, dst_dtype, ARG_OUT}, {"src", src, n, src_dtype, ARG_IN}}};
     SHAPE(&o, "%s -> %s n=%lld", ct_dtype_name(src_dtype), ct_dtype_name(dst_dtype), LL(n));
-    op_begin(k, &o);
-    INNER(k)->cast(INNER_CTX(k), dst, dst_dtype, src, src_dtype, n);
-    CPU(k)->cast(CPU_CTX(k), o.arg[DST].cpu, dst_dtype, o.arg[SRC].cpu, src_dtype, n);
-    op_collect(k, &o);
+    run_cast(k, &o, dst, dst_dtype, src, src_dtype, n);
     op_end(k, &o);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
-/* Every slot; ct_backend_check_new clears those whose inner slot is NULL. */
+/* Every slot; ct_backend_check_new clears those whose inner slot is NULL. The ops come from the
+ * list: every required op of backend_ops.h gets its check_<op> above (an op without one does not
+ * compile); optional ops stay NULL, so that their ct_ wrappers run the reference composition
+ * instead and each op of it is checked on its own (gemm_bias_gelu: bias_init, gemm, gelu_fwd). */
+#define CHECK_SLOT_CT_OP_REQUIRED(name) .name = check_##name,
+#define CHECK_SLOT_CT_OP_OPTIONAL(name)
+#define OP_SLOT_(name, need, queue, ...) CHECK_SLOT_##need(name)
 static const struct ct_backend_i check_template = {
     .name = NULL, /* inner's: the backend is the same one, watched */
     .alloc = check_alloc,
     .free = check_free,
-    .fill = check_fill,
     .copy_from_host = check_copy_from_host,
     .copy_to_host = check_copy_to_host,
-    .copy = check_copy,
-    .gemm = check_gemm,
-    .bias_add = check_bias_add,
-    .bias_init = check_bias_init,
-    .bias_grad = check_bias_grad,
-    .axpy = check_axpy,
-    .scale = check_scale,
-    .embedding_fwd = check_embedding_fwd,
-    .embedding_bwd = check_embedding_bwd,
-    .posemb_fwd = check_posemb_fwd,
-    .posemb_bwd = check_posemb_bwd,
-    .layernorm_fwd = check_layernorm_fwd,
-    .layernorm_bwd = check_layernorm_bwd,
-    .gelu_fwd = check_gelu_fwd,
-    .gelu_bwd = check_gelu_bwd,
-    .attention_fwd = check_attention_fwd,
-    .attention_bwd = check_attention_bwd,
-    .xent_rowmax = check_xent_rowmax,
-    .xent_sumexp = check_xent_sumexp,
-    .xent_finish = check_xent_finish,
-    .adamw = check_adamw,
-    .sumsq = check_sumsq,
-    .cast = check_cast,
     .event_record = check_event_record,
     .event_wait = check_event_wait,
     .sync = check_sync,
     .peak_flops = check_peak_flops,
     .describe = check_describe,
     .free_backend = check_free_backend,
-};
+    CT_BACKEND_OPS(OP_SLOT_)};
+#undef OP_SLOT_
+#undef CHECK_SLOT_CT_OP_REQUIRED
+#undef CHECK_SLOT_CT_OP_OPTIONAL
 
 ct_backend *ct_backend_check_new(ct_backend *inner) {
     CT_ASSERT(inner != NULL);
@@ -1359,32 +1300,13 @@ ct_backend *ct_backend_check_new(ct_backend *inner) {
 
     k->iface = check_template;
     k->iface.name = in->name;
-    /* gemm_bias_gelu is hidden (the template leaves it NULL) whatever inner has: the wrapper then
-     * runs bias_init, gemm and gelu_fwd, and each of those is checked here on its own. */
+    /* optional ops are hidden (the template leaves them NULL) whatever inner has: for
+     * gemm_bias_gelu the wrapper then runs bias_init, gemm and gelu_fwd, each checked here. */
 #define KEEP_IF_INNER_HAS(slot)                                                                    \
     if (!in->slot) k->iface.slot = NULL
-    KEEP_IF_INNER_HAS(gemm);
-    KEEP_IF_INNER_HAS(bias_add);
-    KEEP_IF_INNER_HAS(bias_init);
-    KEEP_IF_INNER_HAS(bias_grad);
-    KEEP_IF_INNER_HAS(axpy);
-    KEEP_IF_INNER_HAS(scale);
-    KEEP_IF_INNER_HAS(embedding_fwd);
-    KEEP_IF_INNER_HAS(embedding_bwd);
-    KEEP_IF_INNER_HAS(posemb_fwd);
-    KEEP_IF_INNER_HAS(posemb_bwd);
-    KEEP_IF_INNER_HAS(layernorm_fwd);
-    KEEP_IF_INNER_HAS(layernorm_bwd);
-    KEEP_IF_INNER_HAS(gelu_fwd);
-    KEEP_IF_INNER_HAS(gelu_bwd);
-    KEEP_IF_INNER_HAS(attention_fwd);
-    KEEP_IF_INNER_HAS(attention_bwd);
-    KEEP_IF_INNER_HAS(xent_rowmax);
-    KEEP_IF_INNER_HAS(xent_sumexp);
-    KEEP_IF_INNER_HAS(xent_finish);
-    KEEP_IF_INNER_HAS(adamw);
-    KEEP_IF_INNER_HAS(sumsq);
-    KEEP_IF_INNER_HAS(cast);
+#define KEEP_OP_(name, need, queue, ...) KEEP_IF_INNER_HAS(name);
+    CT_BACKEND_OPS(KEEP_OP_)
+#undef KEEP_OP_
     KEEP_IF_INNER_HAS(event_record);
     KEEP_IF_INNER_HAS(event_wait);
     KEEP_IF_INNER_HAS(sync);

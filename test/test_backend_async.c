@@ -13,6 +13,10 @@
  *  3. Host structures (AdamW's hp and segments, copy_from_host's source) are copied when the
  *     slot is called: changing them afterwards changes nothing.
  *  4. A queue longer than the stream's capacity runs completely and in order.
+ *  5. Every table is complete: the CPU backend's, the stream's and check mode's fill every
+ *     required op of core/backend_ops.h (ct_backend_missing_op, walked over the list itself, so
+ *     a new op is covered by its line there), a table lacking one is named, and the registry
+ *     refuses to hand out such a backend.
  *
  * Run all:     ./test_backend_async
  * Run by name: ./test_backend_async test_laziness     (a cmocka filter; wildcards allowed)
@@ -25,9 +29,12 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 
@@ -409,13 +416,113 @@ static void test_long_queue(void **state) {
     ct_backend_free(be);
 }
 
+/* ---- 5. complete tables -----------------------------------------------------------------------
+ */
+
+/* The required ops of backend_ops.h, from the list itself: name and slot offset. */
+typedef struct op_slot {
+    const char *name;
+    size_t offset;
+    bool optional;
+} op_slot;
+#define IS_OPTIONAL_CT_OP_REQUIRED false
+#define IS_OPTIONAL_CT_OP_OPTIONAL true
+#define OP_SLOT_(name, need, queue, ...)                                                           \
+    {#name, offsetof(struct ct_backend_i, name), IS_OPTIONAL_##need},
+static const op_slot op_slots[] = {CT_BACKEND_OPS(OP_SLOT_)};
+#undef OP_SLOT_
+
+static void test_tables_complete(void **state) {
+    char chosen[256];
+    const char *names[] = {"cpu", "cpu-async"};
+    for (int i = 0; i < 2; i++) {
+        ct_backend *be = NULL;
+        assert_int_equal(ct_backend_new(&be, names[i], 1, chosen, sizeof chosen), CT_OK);
+        assert_null(ct_backend_missing_op(be->iface));
+        ct_backend_free(be);
+    }
+    ct_backend *checked = ct_backend_check_new(ct_backend_cpu_new(1));
+    assert_null(ct_backend_missing_op(checked->iface));
+    ct_backend_free(checked);
+
+    /* each required op, taken out of the CPU backend's table, is the one named; an optional one
+     * (the CPU backend has no gemm_bias_gelu) is not missing */
+    ct_backend *cpu = ct_backend_cpu_new(1);
+    int n_required = 0;
+    for (size_t i = 0; i < sizeof op_slots / sizeof op_slots[0]; i++) {
+        struct ct_backend_i table = *cpu->iface;
+        memset((char *)&table + op_slots[i].offset, 0, sizeof(void (*)(void)));
+        const char *missing = ct_backend_missing_op(&table);
+        if (op_slots[i].optional) {
+            assert_null(missing);
+            continue;
+        }
+        assert_non_null(missing);
+        assert_string_equal(missing, op_slots[i].name);
+        n_required++;
+    }
+    assert_true(n_required >= 24); /* GPT-2's ops at least: the list was walked */
+    struct ct_backend_i no_free = *cpu->iface;
+    no_free.free = NULL;
+    assert_string_equal(ct_backend_missing_op(&no_free), "free");
+    ct_backend_free(cpu);
+}
+
+/* A registered backend whose table lacks gemm: ct_backend_new must stop (a bug in the backend)
+ * and name the slot. Runs in a child process, which aborts. */
+static struct ct_backend_i gemmless;
+
+static ct_backend *create_gemmless(int n_threads) {
+    ct_backend *be = ct_backend_cpu_new(n_threads);
+    gemmless = *be->iface;
+    gemmless.name = "gemmless";
+    gemmless.gemm = NULL;
+    be->iface = &gemmless;
+    return be;
+}
+
+static void test_registry_refuses_incomplete(void **state) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]), close(fds[1]);
+        ct_backend_register(&(ct_backend_desc){.name = "gemmless", .create = create_gemmless});
+        char chosen[256];
+        ct_backend *be = NULL;
+        ct_backend_new(&be, "gemmless", 1, chosen, sizeof chosen);
+        _exit(0); /* not reached when the registry checks */
+    }
+    close(fds[1]);
+    char err[4096];
+    size_t used = 0;
+    ssize_t got;
+    while (used + 1 < sizeof err && (got = read(fds[0], err + used, sizeof err - 1 - used)) > 0)
+        used += (size_t)got;
+    err[used] = '\0';
+    close(fds[0]);
+    int status = 0;
+    assert_true(waitpid(pid, &status, 0) == pid);
+    if (!(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0)))
+        fail_msg("the registry made a backend without gemm; stderr:\n%s", err);
+    if (!strstr(err, "gemmless") || !strstr(err, "'gemm'"))
+        fail_msg("the report does not name the backend and the slot:\n%s", err);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bit_exact_f32), cmocka_unit_test(test_bit_exact_bf16),
-        cmocka_unit_test(test_laziness),      cmocka_unit_test(test_host_structs_copied),
+        cmocka_unit_test(test_bit_exact_f32),
+        cmocka_unit_test(test_bit_exact_bf16),
+        cmocka_unit_test(test_laziness),
+        cmocka_unit_test(test_host_structs_copied),
         cmocka_unit_test(test_long_queue),
+        cmocka_unit_test(test_tables_complete),
+        cmocka_unit_test(test_registry_refuses_incomplete),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -597,6 +597,17 @@ static void test_sumsq(void **state) {
     });
 }
 
+/* ---- the table ------------------------------------------------------------------------------ */
+
+/* Every required op of core/backend_ops.h has its slot (the registry asserts it too, but these
+ * tests make the backend directly); the CUDA backend also fuses gemm_bias_gelu. */
+static void test_table_complete(void **state) {
+    (void)state;
+    const char *missing = ct_backend_missing_op(P.gpu->iface);
+    if (missing) fail_msg("the CUDA backend's table lacks '%s'", missing);
+    assert_non_null(P.gpu->iface->gemm_bias_gelu);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int setup(void **state) {
@@ -613,11 +624,11 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fill),      cmocka_unit_test(test_bias),
-        cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_axpy_scale),
-        cmocka_unit_test(test_cast),      cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_posemb),    cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_table_complete), cmocka_unit_test(test_fill),
+        cmocka_unit_test(test_bias),           cmocka_unit_test(test_bias_grad),
+        cmocka_unit_test(test_axpy_scale),     cmocka_unit_test(test_cast),
+        cmocka_unit_test(test_embedding),      cmocka_unit_test(test_posemb),
+        cmocka_unit_test(test_adamw),          cmocka_unit_test(test_sumsq),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

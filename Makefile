@@ -4,7 +4,8 @@
 #   make run        set up, build, prepare the default corpus, train configs/tiny.yaml
 #   make data       prepare both corpora: data/fortunes (BPE, tiny.yaml) and data/fortunes-bytes
 #                   (byte-level, test-tiny.yaml)
-#   make test       set up, build, run the whole suite (ends with "tests: N passed, N failed")
+#   make test       set up, build, run the whole suite (ends with the checks skipped here, each
+#                   with its reason, and "tests: N passed, N failed, N skipped")
 #   make mutants    plant each bug of test/mutants.txt in a scratch copy and check a test
 #                   catches it (test/mutants.py; CI runs it after make test)
 #   make bench      scripts/bench_cpu.sh

@@ -4,7 +4,8 @@
 #   make run        set up, build, prepare the default corpus, train configs/tiny.yaml
 #   make data       prepare both corpora: data/fortunes (BPE, tiny.yaml) and data/fortunes-bytes
 #                   (byte-level, test-tiny.yaml)
-#   make test       set up, build, run the whole suite (ends with "tests: N passed, N failed")
+#   make test       set up, build, run the whole suite (ends with the checks skipped here, each
+#                   with its reason, and "tests: N passed, N failed, N skipped")
 #   make test SAN=1 the readers of outside bytes (config, data, tokenizer, checkpoints, export)
 #                   built with ASan + UBSan in build-san and tested there (CI runs it)
 #   make mutants    plant each bug of test/mutants.txt in a scratch copy and check a test
@@ -71,8 +72,10 @@ PAR_LIB  := $(BUILD)/libctpar.a
 # (test_cuda_*.c link the emulated CUDA backend: cuda/cuda.mk builds them)
 TEST_SRC := $(filter-out test/test_cuda_%.c,$(wildcard test/test_*.c)) $(wildcard test/mpi_test_*.c)
 TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
+# cmd/: the entry point and its argument parser (one set of objects for every binary)
+CMD_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/*.c))
 
-.PHONY: all setup run data test mutants bench clean report print-ldlibs
+.PHONY: all setup run data test mutants bench clean report print-ldlibs FORCE
 .SECONDARY:
 .DEFAULT_GOAL := all
 # the CUDA backend, real (nvcc) and emulated: sets CUDA_LIB and CUDA_LDLIBS, adds its targets to all
@@ -100,7 +103,16 @@ $(PAR_LIB): $(PAR_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cooktrain: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CUDA_LIB) $(CORE_LIB)
+# `cooktrain --version` names the commit: `git describe --always --dirty`, "unknown" outside a
+# git checkout. The stamp file changes only when the description does, and cmd/cooktrain.o with it.
+GIT_COMMIT := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(BUILD)/cmd/cooktrain.o: CFLAGS += -DCT_GIT_COMMIT='"$(GIT_COMMIT)"'
+$(BUILD)/cmd/cooktrain.o: $(BUILD)/cmd/git-commit
+$(BUILD)/cmd/git-commit: FORCE
+	@mkdir -p $(dir $@)
+	@[ "$$(cat $@ 2>/dev/null)" = "$(GIT_COMMIT)" ] || echo "$(GIT_COMMIT)" >$@
+
+$(BUILD)/cooktrain: $(CMD_OBJ) $(PAR_LIB) $(CUDA_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(PAR_LIB) $(CORE_LIB)

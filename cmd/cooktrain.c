@@ -1,16 +1,16 @@
 /*
- * cooktrain — command-line entry: argument parsing, subcommand dispatch and the exit-code policy
- * (core/README.md, Errors): 0 success, 2 bad input (usage, config, data, tokenizer, checkpoint), 1
- * runtime failure. Every module below returns a ct_status; only this file decides how the process
- * ends.
+ * cooktrain — command-line entry: the subcommand table, each subcommand's argument parsing (with
+ * cmd/args.h, the one parser), dispatch and the exit-code policy (core/README.md, Errors): 0
+ * success, 2 bad input (usage, config, data, tokenizer, checkpoint), 1 runtime failure. Every
+ * module below returns a ct_status; only this file decides how the process ends.
  *
  *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
  *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
- *   cooktrain prepare --input FILE|DIR... --vocab-size N --out DIR
- *   cooktrain inspect DIR
- *   cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]
- *   cooktrain eval DIR --data FILE|GLOB [--samples N]
- *   cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
+ *   cooktrain plan | prepare | inspect | sample | eval | export ...
+ *   cooktrain --help, cooktrain COMMAND --help, cooktrain --version
+ *
+ * The commands, their one-line summaries and their --help texts are the table `commands` below:
+ * `cooktrain --help` and the dispatch are made from it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +18,11 @@
 
 #include <omp.h>
 
+#include "cmd/args.h"
 #include "core/backend.h"
 #include "core/checkpoint.h"
-#include "core/export.h"
 #include "core/config.h"
+#include "core/export.h"
 #include "core/gemm_bench.h"
 #include "core/model.h"
 #include "core/prepare.h"
@@ -108,39 +109,78 @@ static ct_status pick_device(bool share) {
     return CT_OK;
 }
 
-static const char usage_text[] =
-    "cooktrain " CT_VERSION "\n"
-    "usage: cooktrain <command> [options]\n"
+/* ---- the subcommands' help texts (the first line of each is its usage line) ---------------- */
+
+static const char train_help[] =
+    "usage: cooktrain train --config FILE [--set section.key=V]... [options]\n"
+    "train a model; under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size.\n"
+    "train is the default command: `cooktrain --config FILE` trains.\n"
     "\n"
-    "commands:\n"
-    "  train     train a model (the default command)\n"
-    "            --config FILE          YAML config (see configs/README.md)\n"
-    "            --set section.key=V    override one config field (repeatable)\n"
-    "            --backend cpu          compute backend (cpu; cuda when built with CUDA)\n"
-    "            --share-gpus           let several ranks of a node share a CUDA device\n"
-    "            --print-config         print the resolved config and derived values, then exit\n"
-    "            --profile              time ops by category (same as --set log.profile=true)\n"
-    "            --gemm-rate            measure GEMM FLOP/s at the model's shapes and the\n"
-    "                                   hardware's FMA peak (benchmarks)\n"
-    "            --dump-params FILE     write the final parameters as global tensors (raw f32 in\n"
-    "                                   FILE, names and shapes in FILE.index.json) after checking\n"
-    "                                   that every replica holds the same bytes (tests)\n"
-    "            --dump-init-params FILE  the same for the parameters before the first step\n"
-    "            under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size\n"
-    "  plan      memory, communication and pipeline bubble of a config, without training\n"
-    "            --config FILE [--set section.key=V]...   (parallel.dp sets the dp degree)\n"
-    "            or a schedule alone: --schedule gpipe|1f1b|interleaved --pp N --microbatches M\n"
-    "            [--virtual-stages V]; both take [--backward-ratio R] (default 2);\n"
-    "            --json prints a config's per-stage bytes as JSON lines\n"
-    "  prepare   train a BPE tokenizer and write token shards\n"
-    "            --input FILE|DIR...  --vocab-size N  --out DIR  [--val-fraction F]\n"
-    "  inspect   print a checkpoint's train state and tensors and verify every checksum\n"
-    "            DIR (a checkpoint.dir/step-N directory)\n"
-    "  sample    text from a checkpoint, on one process: DIR [--prompt TEXT] [--tokens N]\n"
-    "            [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
-    "  export    a checkpoint as one safetensors file with Hugging Face GPT-2 names, and its\n"
-    "            config.json: DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
-    "  help      this text\n";
+    "  --config FILE          YAML config (see configs/README.md)\n"
+    "  --set section.key=V    override one config field (repeatable)\n"
+    "  --backend NAME         compute backend: cpu, cpu-async, cuda (when built with CUDA), auto\n"
+    "  --share-gpus           let several ranks of a node share a CUDA device\n"
+    "  --print-config         print the resolved config and derived values, then exit\n"
+    "  --profile              time ops by category (same as --set log.profile=true)\n"
+    "  --gemm-rate            measure GEMM FLOP/s at the model's shapes and the hardware's FMA\n"
+    "                         peak (benchmarks)\n"
+    "  --dump-params FILE     write the final parameters as global tensors (raw f32 in FILE,\n"
+    "                         names and shapes in FILE.index.json) after checking that every\n"
+    "                         replica holds the same bytes (tests)\n"
+    "  --dump-init-params FILE  the same for the parameters before the first step\n";
+
+static const char plan_help[] =
+    "usage: cooktrain plan --config FILE [--set section.key=V]... [--json] [--backward-ratio R]\n"
+    "   or: cooktrain plan --schedule gpipe|1f1b|interleaved --pp N --microbatches M\n"
+    "                      [--virtual-stages V] [--backward-ratio R]\n"
+    "memory, communication and pipeline bubble of a config, without training (parallel.dp sets\n"
+    "the dp degree), or a schedule alone through the simulator.\n"
+    "\n"
+    "  --json                 a config's per-stage bytes as JSON lines\n"
+    "  --backward-ratio R     the cost of a backward relative to a forward (default 2)\n";
+
+static const char prepare_help[] =
+    "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] [--val-fraction F]"
+    " [--byte-level]\n"
+    "train a BPE tokenizer and write token shards: DIR/tokenizer.bin, train.bin, val.bin.\n"
+    "\n"
+    "  --input FILE|DIR...    text files, or directories of them (repeatable)\n"
+    "  --out DIR              the output directory (created)\n"
+    "  --vocab-size N         tokenizer vocabulary, >= 256 (default 4096)\n"
+    "  --val-fraction F       the last fraction of the text for val.bin, in [0, 1) (default 0.05)\n"
+    "  --byte-level           no BPE: every byte a token (vocabulary 256)\n";
+
+static const char inspect_help[] =
+    "usage: cooktrain inspect DIR\n"
+    "print a checkpoint's train state and tensors and verify every checksum; DIR is a\n"
+    "checkpoint.dir/step-N directory.\n";
+
+static const char sample_help[] =
+    "usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]"
+    " [--seed S] [--tokenizer FILE]\n"
+    "text from a checkpoint, on one process.\n"
+    "\n"
+    "  --prompt TEXT          the text to continue (default: none)\n"
+    "  --tokens N             tokens to draw, 0..1000000 (default 64)\n"
+    "  --temperature T        in (0, 100] (default 1)\n"
+    "  --top-k K              draw from the K likeliest tokens; 0: all (default)\n"
+    "  --seed S               the draw's seed (default 1234)\n"
+    "  --tokenizer FILE       default: the one the checkpoint's config names (data.tokenizer)\n";
+
+static const char eval_help[] =
+    "usage: cooktrain eval DIR --data FILE|GLOB [--samples N]\n"
+    "a checkpoint's mean per-token loss on token shards, read in file order, on one process.\n"
+    "\n"
+    "  --data FILE|GLOB       the token shards to score\n"
+    "  --samples N            score the first N samples (default: all)\n";
+
+static const char export_help[] =
+    "usage: cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
+    "a checkpoint as one safetensors file with Hugging Face GPT-2 names, and its config.json\n"
+    "beside it.\n"
+    "\n"
+    "  --out FILE             the safetensors file to write\n"
+    "  --dtype fp32|bf16      the stored dtype (default fp32)\n";
 
 /* Every rank ends with the same code; only rank 0 prints the (agreed) message. */
 static int exit_code(ct_status st) {
@@ -149,10 +189,10 @@ static int exit_code(ct_status st) {
     return st == CT_ERR_INPUT ? 2 : 1;
 }
 
-static ct_status usage_error(const char *fmt, const char *arg) {
-    ct_error(CT_ERR_INPUT, fmt, arg);
-    ct_hint("run `cooktrain help` for the list of commands and options");
-    return CT_ERR_INPUT;
+/* Prints a subcommand's --help (rank 0 only, under mpirun) and succeeds. */
+static ct_status print_help(const char *help_text) {
+    if (ct_mpi_world_rank() == 0) fputs(help_text, stdout);
+    return CT_OK;
 }
 
 /* Threads per rank: the node's cores shared by the ranks on this node, at least one. */
@@ -179,44 +219,33 @@ static ct_status cmd_train(int argc, char **argv) {
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     ct_status st = CT_OK;
-    for (int i = 0; i < argc && st == CT_OK; i++) {
-        const char *a = argv[i];
-        bool has_value = i + 1 < argc;
-        if (!strcmp(a, "--config")) {
-            if (!has_value)
-                st = usage_error("%s needs a file name", a);
-            else
-                config_path = argv[++i];
-        } else if (!strcmp(a, "--set")) {
-            if (!has_value)
-                st = usage_error("%s needs section.key=value", a);
-            else
-                sets[n_sets++] = argv[++i];
-        } else if (!strncmp(a, "--set=", 6)) {
-            sets[n_sets++] = a + 6;
-        } else if (!strcmp(a, "--backend")) {
-            if (!has_value)
-                st = usage_error("%s needs cpu, cuda, auto or cpu-async", a);
-            else
-                backend_name = argv[++i];
-        } else if (!strcmp(a, "--print-config")) {
-            print_config = true;
-        } else if (!strcmp(a, "--profile")) {
-            sets[n_sets++] = "log.profile=true";
-        } else if (!strcmp(a, "--gemm-rate")) {
-            gemm_rate = true;
-        } else if (!strcmp(a, "--share-gpus")) {
-            share_gpus = true;
-        } else if (!strcmp(a, "--dump-params") || !strcmp(a, "--dump-init-params")) {
-            if (!has_value)
-                st = usage_error("%s needs a file name", a);
-            else if (!strcmp(a, "--dump-params"))
-                opts.dump_params = argv[++i];
-            else
-                opts.dump_init_params = argv[++i];
-        } else {
-            st = usage_error("train: unknown option '%s'", a);
-        }
+    ct_args a;
+    ct_args_init(&a, "train", train_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (ct_args_is(&a, "--config"))
+            st = ct_args_string(&a, &config_path);
+        else if (ct_args_is(&a, "--set"))
+            st = ct_args_string(&a, &sets[n_sets++]);
+        else if (ct_args_is(&a, "--backend"))
+            st = ct_args_string(&a, &backend_name);
+        else if (ct_args_is(&a, "--print-config"))
+            st = ct_args_flag(&a), print_config = true;
+        else if (ct_args_is(&a, "--profile"))
+            st = ct_args_flag(&a), sets[n_sets++] = "log.profile=true";
+        else if (ct_args_is(&a, "--gemm-rate"))
+            st = ct_args_flag(&a), gemm_rate = true;
+        else if (ct_args_is(&a, "--share-gpus"))
+            st = ct_args_flag(&a), share_gpus = true;
+        else if (ct_args_is(&a, "--dump-params"))
+            st = ct_args_string(&a, &opts.dump_params);
+        else if (ct_args_is(&a, "--dump-init-params"))
+            st = ct_args_string(&a, &opts.dump_init_params);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st == CT_OK && a.help) {
+        free(sets);
+        return print_help(train_help);
     }
     if (st == CT_OK && config_path) st = ct_config_load_file(&cfg, config_path);
     for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
@@ -278,18 +307,6 @@ static ct_status cmd_train(int argc, char **argv) {
     return st;
 }
 
-static ct_status parse_int(const char *opt, const char *value, int *out) {
-    char *end = NULL;
-    long v = value ? strtol(value, &end, 10) : 0;
-    if (!value || end == value || *end || v < 1 || v > 1 << 20) {
-        ct_error(CT_ERR_INPUT, "%s needs a positive integer, got '%s'", opt, value ? value : "");
-        ct_hint("e.g. cooktrain plan --schedule 1f1b --pp 4 --microbatches 8");
-        return CT_ERR_INPUT;
-    }
-    *out = (int)v;
-    return CT_OK;
-}
-
 /*
  * `cooktrain plan`: the schedule of a config (its pp, virtual_stages, schedule and the derived
  * grad_accum), or one given on the command line, through the simulator.
@@ -298,39 +315,39 @@ static ct_status cmd_plan(int argc, char **argv) {
     ct_config cfg;
     ct_config_defaults(&cfg);
     const char *config_path = NULL, *schedule = NULL;
-    int pp = 0, m = 0, v = 1;
+    int64_t pp = 0, m = 0, v = 1;
     double ratio = 2.0;
     bool json = false;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     ct_status st = CT_OK;
-    for (int i = 0; i < argc && st == CT_OK; i++) {
-        const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config") && value)
-            config_path = argv[++i];
-        else if (!strcmp(a, "--set") && value)
-            sets[n_sets++] = argv[++i];
-        else if (!strcmp(a, "--schedule") && value)
-            schedule = argv[++i];
-        else if (!strcmp(a, "--json"))
-            json = true;
-        else if (!strcmp(a, "--pp"))
-            st = parse_int(a, value, &pp), i++;
-        else if (!strcmp(a, "--microbatches"))
-            st = parse_int(a, value, &m), i++;
-        else if (!strcmp(a, "--virtual-stages"))
-            st = parse_int(a, value, &v), i++;
-        else if (!strcmp(a, "--backward-ratio") && value) {
-            char *end = NULL;
-            ratio = strtod(argv[++i], &end);
-            if (*end || !(ratio > 0.0 && ratio <= 100.0)) {
-                ct_error(CT_ERR_INPUT, "--backward-ratio needs a number in (0, 100], got '%s'",
-                         value);
-                ct_hint("the cost of a backward relative to a forward; 2 is typical");
-                st = CT_ERR_INPUT;
-            }
+    ct_args a;
+    ct_args_init(&a, "plan", plan_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (ct_args_is(&a, "--config"))
+            st = ct_args_string(&a, &config_path);
+        else if (ct_args_is(&a, "--set"))
+            st = ct_args_string(&a, &sets[n_sets++]);
+        else if (ct_args_is(&a, "--schedule"))
+            st = ct_args_string(&a, &schedule);
+        else if (ct_args_is(&a, "--json"))
+            st = ct_args_flag(&a), json = true;
+        else if (ct_args_is(&a, "--pp"))
+            st = ct_args_int(&a, 1, 1 << 20, &pp);
+        else if (ct_args_is(&a, "--microbatches"))
+            st = ct_args_int(&a, 1, 1 << 20, &m);
+        else if (ct_args_is(&a, "--virtual-stages"))
+            st = ct_args_int(&a, 1, 1 << 20, &v);
+        else if (ct_args_is(&a, "--backward-ratio")) {
+            st = ct_args_double(&a, 0.0, 100.0, &ratio);
+            if (st == CT_OK && ratio <= 0.0)
+                st = ct_args_error(&a, "--backward-ratio needs a number in (0, 100], got 0");
         } else
-            st = usage_error("plan: unknown option or missing value '%s'", a);
+            st = ct_args_unknown(&a);
+    }
+    if (st == CT_OK && a.help) {
+        free(sets);
+        return print_help(plan_help);
     }
     ct_schedule_kind kind = CT_SCHEDULE_1F1B;
     if (st == CT_OK && (config_path || n_sets > 0)) {
@@ -360,7 +377,7 @@ static ct_status cmd_plan(int argc, char **argv) {
         st = CT_ERR_INPUT;
     }
     if (st != CT_OK) return st;
-    ct_schedule *s = ct_schedule_new(kind, pp, v, m);
+    ct_schedule *s = ct_schedule_new(kind, (int)pp, (int)v, (int)m);
     if (!s) return CT_ERR_INPUT;
     ct_schedule_print(s, ratio, stdout);
     ct_sim_result r = ct_schedule_simulate(s, ratio);
@@ -371,41 +388,251 @@ static ct_status cmd_plan(int argc, char **argv) {
     return st;
 }
 
+/* `cooktrain prepare`: the options of core/prepare.h. */
+static ct_status cmd_prepare(int argc, char **argv) {
+    ct_prepare_options o = CT_PREPARE_DEFAULTS;
+    const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
+    int64_t vocab = o.vocab_size;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "prepare", prepare_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (ct_args_is(&a, "--input")) {
+            st = ct_args_list(&a, inputs, &o.n_inputs);
+        } else if (ct_args_is(&a, "--out")) {
+            st = ct_args_string(&a, &o.out_dir);
+        } else if (ct_args_is(&a, "--vocab-size")) {
+            st = ct_args_int(&a, 2, 1 << 24, &vocab);
+        } else if (ct_args_is(&a, "--val-fraction")) {
+            st = ct_args_double(&a, 0.0, 1.0, &o.val_fraction);
+        } else if (ct_args_is(&a, "--byte-level")) {
+            st = ct_args_flag(&a), o.byte_level = true;
+        } else {
+            st = ct_args_unknown(&a);
+        }
+    }
+    o.inputs = inputs;
+    o.vocab_size = (int)vocab;
+    if (st == CT_OK) st = a.help ? print_help(prepare_help) : ct_prepare_run(&o);
+    free(inputs);
+    return st;
+}
+
+/* `cooktrain inspect DIR`. */
+static ct_status cmd_inspect(int argc, char **argv) {
+    const char *dir = NULL;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "inspect", inspect_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a))
+        st = a.positional && !dir ? (dir = a.arg, CT_OK) : ct_args_unknown(&a);
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(inspect_help);
+    if (!dir) return ct_args_error(&a, "needs a checkpoint directory");
+    return ct_ckpt_inspect(dir, stdout);
+}
+
+/* `cooktrain sample DIR`: the options of parallel/generate.h. */
+static ct_status cmd_sample(int argc, char **argv) {
+    ct_generate_options o = CT_GENERATE_DEFAULTS;
+    int64_t tokens = o.tokens, top_k = 0, seed = (int64_t)o.seed;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "sample", sample_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (a.positional && !o.dir)
+            o.dir = a.arg;
+        else if (ct_args_is(&a, "--prompt"))
+            st = ct_args_string(&a, &o.prompt);
+        else if (ct_args_is(&a, "--tokenizer"))
+            st = ct_args_string(&a, &o.tokenizer);
+        else if (ct_args_is(&a, "--tokens"))
+            st = ct_args_int(&a, 0, 1000000, &tokens);
+        else if (ct_args_is(&a, "--temperature"))
+            st = ct_args_double(&a, 1e-6, 100.0, &o.sample.temperature);
+        else if (ct_args_is(&a, "--top-k"))
+            st = ct_args_int(&a, 0, INT64_MAX, &top_k);
+        else if (ct_args_is(&a, "--seed"))
+            st = ct_args_int(&a, 0, INT64_MAX, &seed);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(sample_help);
+    if (!o.dir) return ct_args_error(&a, "needs a checkpoint directory");
+    o.tokens = tokens, o.sample.top_k = top_k, o.seed = (uint64_t)seed;
+    return ct_generate_run(&o);
+}
+
+/* `cooktrain eval DIR --data FILE|GLOB [--samples N]` (parallel/generate.h). */
+static ct_status cmd_eval(int argc, char **argv) {
+    const char *dir = NULL, *data = NULL;
+    int64_t samples = 0; /* all */
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "eval", eval_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (a.positional && !dir)
+            dir = a.arg;
+        else if (ct_args_is(&a, "--data"))
+            st = ct_args_string(&a, &data);
+        else if (ct_args_is(&a, "--samples"))
+            st = ct_args_int(&a, 1, INT64_MAX, &samples);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(eval_help);
+    if (!dir) return ct_args_error(&a, "needs a checkpoint directory");
+    if (!data) return ct_args_error(&a, "needs the token shards to score: --data FILE|GLOB");
+    return ct_eval_run(dir, data, samples);
+}
+
+/* `cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]` (core/export.h). */
+static ct_status cmd_export(int argc, char **argv) {
+    const char *dir = NULL, *out = NULL, *dtype_name = "fp32";
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "export", export_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (a.positional && !dir)
+            dir = a.arg;
+        else if (ct_args_is(&a, "--out"))
+            st = ct_args_string(&a, &out);
+        else if (ct_args_is(&a, "--dtype"))
+            st = ct_args_string(&a, &dtype_name);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(export_help);
+    ct_dtype dtype = !strcmp(dtype_name, "bf16") ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+    if (strcmp(dtype_name, "fp32") && strcmp(dtype_name, "bf16"))
+        return ct_args_error(&a, "--dtype '%s' is not fp32 or bf16", dtype_name);
+    if (!dir || !out) return ct_args_error(&a, "needs a checkpoint directory and --out FILE");
+    CT_TRY(ct_export_safetensors(dir, out, dtype));
+    printf("exported %s to %s (%s) and config.json beside it\n", dir, out, dtype_name);
+    return CT_OK;
+}
+
+/* ---- the command table, --help and --version ------------------------------------------------- */
+
+typedef struct command {
+    const char *name;
+    const char *summary;                     /* one line of `cooktrain --help` */
+    const char *help;                        /* `cooktrain NAME --help` */
+    ct_status (*run)(int argc, char **argv); /* the arguments after the command's name */
+    bool mpi; /* runs on every rank: MPI initialised first when a launcher started us */
+} command;
+
+static const command commands[] = {
+    {.name = "train",
+     .summary = "train a model (the default command)",
+     .help = train_help,
+     .run = cmd_train,
+     .mpi = true},
+    {.name = "plan",
+     .summary = "memory, communication and pipeline bubble of a config, without training",
+     .help = plan_help,
+     .run = cmd_plan},
+    {.name = "prepare",
+     .summary = "train a BPE tokenizer and write token shards",
+     .help = prepare_help,
+     .run = cmd_prepare},
+    {.name = "inspect",
+     .summary = "a checkpoint's train state and tensors, every checksum verified",
+     .help = inspect_help,
+     .run = cmd_inspect},
+    {.name = "sample", .summary = "text from a checkpoint", .help = sample_help, .run = cmd_sample},
+    {.name = "eval",
+     .summary = "a checkpoint's loss on token shards",
+     .help = eval_help,
+     .run = cmd_eval},
+    {.name = "export",
+     .summary = "a checkpoint as safetensors with Hugging Face GPT-2 names",
+     .help = export_help,
+     .run = cmd_export},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static void print_usage(FILE *f) {
+    fprintf(f,
+            "cooktrain %s — a distributed GPT trainer (CPU, CUDA; MPI, NCCL)\n"
+            "usage: cooktrain <command> [options]\n"
+            "       cooktrain <command> --help    that command's options\n"
+            "       cooktrain --version           version, commit and build options\n"
+            "\n"
+            "commands:\n",
+            CT_VERSION);
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+}
+
+#ifndef CT_GIT_COMMIT
+#define CT_GIT_COMMIT "unknown" /* the Makefile passes `git describe --always --dirty` */
+#endif
+
+#ifdef __clang__
+#define COMPILER "" /* clang's __VERSION__ names it */
+#else
+#define COMPILER "gcc "
+#endif
+
+/* The CUDA backend of this binary: linked in, a plugin beside the executable, or none. */
+static const char *cuda_build(void) {
+    if (ct_cuda_register) return "cuda (emulated on the CPU: cuda/emu)";
+    if (ct_cuda_plugin_register) return "cuda (libcooktrain-cuda.so, loaded when used)";
+    return NULL;
+}
+
+static void print_version(void) {
+    const char *cuda = cuda_build();
+    printf("cooktrain %s\n"
+           "commit: %s\n"
+           "backends: cpu, cpu-async%s%s\n"
+           "precisions: fp32, bf16 (train.precision: auto, fp32, bf16)\n"
+           "compiler: %s%s\n",
+           CT_VERSION, CT_GIT_COMMIT, cuda ? ", " : " (no CUDA: built with CUDA=0)",
+           cuda ? cuda : "", COMPILER, __VERSION__);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     register_cuda();
-    const char *command = argc > 1 ? argv[1] : "train";
-    int first = 2;
-    if (argc > 1 && argv[1][0] == '-') command = "train", first = 1;
     if (argc == 1) {
-        fputs(usage_text, stderr);
+        print_usage(stderr);
         return 2;
     }
-    ct_status st;
-    if (!strcmp(command, "train")) {
-        st = launched_by_mpi() ? ct_mpi_init(&argc, &argv) : CT_OK;
-        if (st == CT_OK) st = cmd_train(argc - first, argv + first);
-        int code = exit_code(st);
-        ct_mpi_finalize();
-        return code;
-    } else if (!strcmp(command, "plan")) {
-        st = cmd_plan(argc - first, argv + first);
-    } else if (!strcmp(command, "prepare")) {
-        st = ct_prepare_run(argc - first, argv + first);
-    } else if (!strcmp(command, "sample")) {
-        st = ct_generate_run(argc - first, argv + first);
-    } else if (!strcmp(command, "eval")) {
-        st = ct_eval_run(argc - first, argv + first);
-    } else if (!strcmp(command, "export")) {
-        st = ct_export_run(argc - first, argv + first);
-    } else if (!strcmp(command, "inspect")) {
-        st = argc - first == 1 ? ct_ckpt_inspect(argv[first], stdout)
-                               : usage_error("inspect takes one checkpoint directory%s", "");
-    } else if (!strcmp(command, "help") || !strcmp(command, "--help") || !strcmp(command, "-h")) {
-        fputs(usage_text, stdout);
-        st = CT_OK;
-    } else {
-        st = usage_error("'%s' is not a cooktrain command", command);
+    const char *name = argv[1];
+    if (!strcmp(name, "--help") || !strcmp(name, "-h") || !strcmp(name, "help")) {
+        /* `cooktrain help COMMAND` is `cooktrain COMMAND --help` */
+        for (int i = 0; argc > 2 && i < N_COMMANDS; i++)
+            if (!strcmp(argv[2], commands[i].name)) return fputs(commands[i].help, stdout), 0;
+        print_usage(stdout);
+        return 0;
     }
-    return exit_code(st);
+    if (!strcmp(name, "--version") || !strcmp(name, "-V") || !strcmp(name, "version")) {
+        print_version();
+        return 0;
+    }
+    int first = 2;
+    if (name[0] == '-') name = "train", first = 1; /* `cooktrain --config FILE` trains */
+    const command *c = NULL;
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name)) c = &commands[i];
+    ct_status st = CT_OK;
+    if (c) {
+        if (c->mpi && launched_by_mpi()) st = ct_mpi_init(&argc, &argv);
+        if (st == CT_OK) st = c->run(argc - first, argv + first);
+    } else {
+        char names[256] = "";
+        for (int i = 0; i < N_COMMANDS; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                     commands[i].name);
+        st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command", name);
+        ct_hint("the commands are %s; `cooktrain --help` says what each does", names);
+    }
+    int code = exit_code(st);
+    ct_mpi_finalize();
+    return code;
 }

@@ -240,19 +240,6 @@ static inline float exp_f32(float x) {
     return y;
 }
 
-/* f32 -> bf16, round to nearest even; NaN stays NaN (quiet bit set so truncation cannot make it
- * an infinity). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u = f32_to_bits(f);
-    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x0040u;
-    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    return bits_to_f32((uint32_t)h << 16);
-}
-
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
@@ -275,7 +262,7 @@ static void cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float valu
         break;
     }
     case CT_DTYPE_BF16: {
-        uint16_t *d = dst, h = f32_to_bf16(value);
+        uint16_t *d = dst, h = ct_f32_to_bf16(value);
         PARALLEL_FOR(nt)
         for (int64_t i = 0; i < n; i++) d[i] = h;
         break;
@@ -1070,7 +1057,7 @@ static void cpu_adamw(void *ctx, float *param, const float *grad, float *m, floa
         if (param_copy && copy_dtype == CT_DTYPE_BF16) {
             uint16_t *pc = (uint16_t *)param_copy + off;
             CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
-            for (int64_t i = 0; i < n; i++) pc[i] = f32_to_bf16(p[i]);
+            for (int64_t i = 0; i < n; i++) pc[i] = ct_f32_to_bf16(p[i]);
         } else if (param_copy) {
             CT_ASSERTF(copy_dtype == CT_DTYPE_F32, "adamw: param copy of dtype %s",
                        ct_dtype_name(copy_dtype));
@@ -1117,12 +1104,12 @@ static void cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, 
         uint16_t *d = dst;
         const float *s = src;
         CT_PRAGMA(omp parallel for simd schedule(static) num_threads(nt))
-        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(s[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = ct_f32_to_bf16(s[i]);
     } else if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_BF16) {
         float *d = dst;
         const uint16_t *s = src;
         CT_PRAGMA(omp parallel for simd schedule(static) num_threads(nt))
-        for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = ct_bf16_to_f32(s[i]);
     } else {
         CT_ASSERTF(0, "cpu cast: %s -> %s is not supported", ct_dtype_name(src_dtype),
                    ct_dtype_name(dst_dtype));
@@ -1155,12 +1142,12 @@ static float *stage_buf(cpu_ctx *c, int k, int64_t n) {
 
 static void widen(cpu_ctx *c, float *dst, const uint16_t *src, int64_t n) {
     CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
-    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = ct_bf16_to_f32(src[i]);
 }
 
 static void narrow(cpu_ctx *c, uint16_t *dst, const float *src, int64_t n) {
     CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
-    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = ct_f32_to_bf16(src[i]);
 }
 
 /* An input operand as fp32: the pointer itself for f32, else widened into staging buffer k. */

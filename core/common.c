@@ -39,20 +39,6 @@ const char *ct_dtype_name(ct_dtype dtype) {
     return "?";
 }
 
-uint16_t ct_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float ct_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 ct_status ct_error(ct_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -39,9 +39,28 @@ typedef enum ct_dtype {
 
 size_t ct_dtype_size(ct_dtype dtype);
 const char *ct_dtype_name(ct_dtype dtype);
-/* bf16 <-> f32 on the host: round to nearest even; a NaN stays a (quiet) NaN. */
-uint16_t ct_f32_to_bf16(float f);
-float ct_bf16_to_f32(uint16_t h);
+/*
+ * bf16 <-> f32 on the host: round to nearest even; a NaN stays a NaN (its quiet bit set, so that
+ * truncating its mantissa cannot make it an infinity). The one host rounding: the CPU backend's
+ * bf16 ops, the MPI bf16 reductions, the CUDA fill value, checkpoints and exports all round here,
+ * which is what makes them bit-identical to each other. Inline and branch-free so that the CPU
+ * backend's conversion loops vectorize; device code rounds with __float2bfloat16_rn, the same
+ * rounding (cuda/ct_cuda_dtype.cuh).
+ */
+static inline uint16_t ct_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static inline float ct_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /*
  * The error channel. ct_error() records the message (printf-style) and returns `status`, so a

@@ -30,7 +30,4 @@
  * Memory: the largest tensor (c_attn: three of them) at a time. */
 ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype);
 
-/* `cooktrain export` argument parsing and the call. */
-ct_status ct_export_run(int argc, char **argv);
-
 #endif /* CT_CORE_EXPORT_H */

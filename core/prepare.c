@@ -17,105 +17,30 @@
 #include "data.h"
 #include "tokenizer.h"
 
-#define PREPARE_USAGE                                                                              \
-    "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] "                     \
-    "[--val-fraction F] [--byte-level]"
-
-typedef struct prepare_args {
-    char **inputs;
-    int n_inputs;
-    const char *out_dir;
-    int vocab_size;
-    double val_fraction;
-    bool byte_level; /* no BPE: every byte is a token (tests with tiny vocabularies) */
-} prepare_args;
-
-static ct_status usage_error(const char *fmt, const char *arg) {
-    ct_error(CT_ERR_INPUT, fmt, arg);
-    ct_hint(PREPARE_USAGE);
-    return CT_ERR_INPUT;
-}
-
-/* Splits "--name=value" into name and value; otherwise value is NULL. */
-static const char *split_option(const char *arg, char *name, size_t name_cap) {
-    const char *eq = strchr(arg, '=');
-    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-    if (len >= name_cap) len = name_cap - 1;
-    memcpy(name, arg, len);
-    name[len] = '\0';
-    return eq ? eq + 1 : NULL;
-}
-
-static ct_status parse_args(prepare_args *a, int argc, char **argv, bool *help) {
-    a->inputs = ct_xcalloc((size_t)argc + 1, sizeof *a->inputs);
-    a->n_inputs = 0;
-    a->out_dir = NULL;
-    a->vocab_size = 4096;
-    a->val_fraction = 0.05;
-    a->byte_level = false;
-    *help = false;
-    for (int i = 0; i < argc; i++) {
-        char name[64];
-        const char *value = split_option(argv[i], name, sizeof name);
-        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
-            *help = true;
-            return CT_OK;
-        }
-        if (!strcmp(name, "--byte-level")) {
-            a->byte_level = true;
-            continue;
-        }
-        if (!strcmp(name, "--input")) {
-            if (value) {
-                a->inputs[a->n_inputs++] = (char *)value;
-                continue;
-            }
-            int before = a->n_inputs;
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
-                a->inputs[a->n_inputs++] = argv[++i];
-            if (a->n_inputs == before) return usage_error("%s needs at least one file", name);
-            continue;
-        }
-        bool known = !strcmp(name, "--out") || !strcmp(name, "--vocab-size") ||
-                     !strcmp(name, "--val-fraction");
-        if (!known) return usage_error("prepare: unknown option '%s'", argv[i]);
-        if (!value) {
-            if (i + 1 >= argc) return usage_error("%s needs a value", name);
-            value = argv[++i];
-        }
-        char *end = NULL;
-        errno = 0;
-        if (!strcmp(name, "--out")) {
-            if (!*value) return usage_error("%s needs a directory", name);
-            a->out_dir = value;
-        } else if (!strcmp(name, "--vocab-size")) {
-            long v = strtol(value, &end, 10);
-            if (errno || end == value || *end || v < 2 || v > (1 << 24)) {
-                ct_error(CT_ERR_INPUT, "--vocab-size '%s' is not an integer in [256, %d]", value,
-                         1 << 24);
-                ct_hint("the first 256 tokens are the bytes; typical sizes are 4096 to 65536");
-                return CT_ERR_INPUT;
-            }
-            a->vocab_size = (int)v;
-        } else {
-            double v = strtod(value, &end);
-            if (errno || end == value || *end || !(v >= 0.0 && v < 1.0)) {
-                ct_error(CT_ERR_INPUT, "--val-fraction '%s' is not a number in [0, 1)", value);
-                ct_hint("e.g. --val-fraction 0.05 keeps the last 5%% of the text for validation");
-                return CT_ERR_INPUT;
-            }
-            a->val_fraction = v;
-        }
+/* The options, checked: byte-level caps the vocabulary at the 256 bytes. */
+static ct_status check_options(ct_prepare_options *a) {
+    if (a->n_inputs == 0) {
+        ct_error(CT_ERR_INPUT, "prepare: no --input given");
+        ct_hint("give the text to read: --input FILE|DIR...");
+        return CT_ERR_INPUT;
     }
-    if (a->n_inputs == 0) return usage_error("prepare: %s is required", "--input");
+    if (!a->out_dir || !a->out_dir[0]) {
+        ct_error(CT_ERR_INPUT, "prepare: no --out directory given");
+        ct_hint("give the directory to write tokenizer.bin, train.bin and val.bin into: --out DIR");
+        return CT_ERR_INPUT;
+    }
     if (!a->byte_level && a->vocab_size < 256) {
         ct_error(CT_ERR_INPUT, "--vocab-size '%d' is below 256, the number of byte tokens",
                  a->vocab_size);
         ct_hint("use --vocab-size >= 256, or --byte-level for a byte vocabulary without merges");
         return CT_ERR_INPUT;
     }
+    if (!(a->val_fraction >= 0.0 && a->val_fraction < 1.0)) {
+        ct_error(CT_ERR_INPUT, "--val-fraction '%g' is not a number in [0, 1)", a->val_fraction);
+        ct_hint("e.g. --val-fraction 0.05 keeps the last 5%% of the text for validation");
+        return CT_ERR_INPUT;
+    }
     if (a->byte_level && a->vocab_size > 256) a->vocab_size = 256;
-    if (!a->out_dir) return usage_error("prepare: %s is required", "--out");
     return CT_OK;
 }
 
@@ -274,7 +199,7 @@ static size_t split_point(const uint8_t *text, size_t n, double val_fraction) {
 
 /* --byte-level: shards whose tokens are the bytes themselves; vocab_size must exceed every
  * byte of the text. No tokenizer file is written. */
-static ct_status prepare_bytes(const prepare_args *a, const text_buf *text, size_t n_train) {
+static ct_status prepare_bytes(const ct_prepare_options *a, const text_buf *text, size_t n_train) {
     int max_byte = 0;
     for (size_t i = 0; i < text->n; i++) max_byte = CT_MAX(max_byte, (int)text->data[i]);
     if (max_byte >= a->vocab_size) {
@@ -299,15 +224,10 @@ static ct_status prepare_bytes(const prepare_args *a, const text_buf *text, size
     return st;
 }
 
-ct_status ct_prepare_run(int argc, char **argv) {
-    prepare_args a;
-    bool help;
-    ct_status st = parse_args(&a, argc, argv, &help);
-    if (st != CT_OK || help) {
-        free(a.inputs);
-        if (help) printf("%s\n", PREPARE_USAGE);
-        return st;
-    }
+ct_status ct_prepare_run(const ct_prepare_options *options) {
+    ct_prepare_options a = *options;
+    ct_status st = check_options(&a);
+    if (st != CT_OK) return st;
 
     double t_read = ct_now();
     text_buf text = {0};
@@ -323,7 +243,6 @@ ct_status ct_prepare_run(int argc, char **argv) {
             st = read_file(&text, a.inputs[i]);
         }
     }
-    free(a.inputs);
     if (st == CT_OK && text.n == 0) {
         ct_error(CT_ERR_INPUT, "the inputs hold no text (0 bytes in %d file%s)", text.n_files,
                  text.n_files == 1 ? "" : "s");

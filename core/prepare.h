@@ -3,6 +3,7 @@
  * and write it with the tokenized text as a train shard and a validation shard.
  *
  *   cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] [--val-fraction F]
+ *                     [--byte-level]
  *
  *   --input        one or more files or directories (the option may also repeat). A directory
  *                  contributes every regular file directly inside it whose name has no '.', in
@@ -16,19 +17,32 @@
  *                  [0, 1)); the cut is moved forward to just after a newline (or back, if no
  *                  newline follows) so no line is split. The tokenizer trains on the train part
  *                  only, so validation text stays unseen.
+ *   --byte-level   no BPE: every byte is a token, the vocabulary 256 (tests with tiny
+ *                  vocabularies); no tokenizer.bin is written.
  *
- * Options also take the --name=value form. A summary goes to stdout.
+ * The command line is parsed in cmd/ (cmd/args.h), as every subcommand's. A summary goes to
+ * stdout.
  */
 #ifndef CT_PREPARE_H
 #define CT_PREPARE_H
 
 #include "common.h"
 
+/* The options above (cmd/ parses them); CT_PREPARE_DEFAULTS fills the defaults. */
+typedef struct ct_prepare_options {
+    const char *const *inputs; /* files or directories, n_inputs of them */
+    int n_inputs;
+    const char *out_dir;
+    int vocab_size;
+    double val_fraction;
+    bool byte_level; /* no BPE: every byte is a token (tests with tiny vocabularies) */
+} ct_prepare_options;
+#define CT_PREPARE_DEFAULTS ((ct_prepare_options){.vocab_size = 4096, .val_fraction = 0.05})
+
 /*
- * Runs `prepare` with the options that follow the subcommand name (argv[0] is the first option,
- * not "prepare"). Bad arguments, unreadable inputs → CT_ERR_INPUT with a usage hint; nothing
- * exits. `--help` prints the usage to stdout and returns CT_OK.
+ * Runs `prepare`. Options out of range (no input, no output directory, a vocabulary below 256
+ * without byte_level), unreadable inputs → CT_ERR_INPUT with a hint; nothing exits.
  */
-ct_status ct_prepare_run(int argc, char **argv);
+ct_status ct_prepare_run(const ct_prepare_options *options);
 
 #endif /* CT_PREPARE_H */

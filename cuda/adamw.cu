@@ -41,10 +41,9 @@
 #include <string.h>
 
 #include "cuda/adamw.cuh"
+#include "cuda/launch.cuh"
 
-#define ADAMW_THREADS 256
-#define ADAMW_BATCH 32 /* segments per launch (the argument struct stays under 1 KB) */
-#define ADAMW_BLOCKS_PER_SM 8
+#define ADAMW_BATCH 32   /* segments per launch (the argument struct stays under 1 KB) */
 #define SUMSQ_CHUNK 4096 /* the CPU's SUMSQ_CHUNK */
 #define SUMSQ_LANES 16   /* the CPU's LANES */
 /* rows of loads in flight per thread (a chunk has 4096 / 16 = 256 rows) */
@@ -246,19 +245,11 @@ static __global__ void sumsq_total_kernel(float *out, const double *all_partials
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-static bool adamw_aligned(const void *p, size_t bytes) {
-    return ((uintptr_t)p % bytes) == 0;
-}
-
 template <int VEC, int COPY>
 static void adamw_launch(ct_cuda_ctx *cx, float *param, const float *grad, float *m, float *v,
                          void *copy, const adamw_scalars &h, const adamw_batch &b) {
-    int64_t blocks = (b.unit_start[b.n] + ADAMW_THREADS - 1) / ADAMW_THREADS;
-    const int64_t cap = (int64_t)ct_cuda_sm_count(cx) * ADAMW_BLOCKS_PER_SM;
-    if (blocks > cap) blocks = cap;
-    if (blocks < 1) blocks = 1;
-    ct_launch(adamw_kernel<VEC, COPY>, dim3((unsigned)blocks), dim3(ADAMW_THREADS), 0,
-              ct_cuda_stream(cx), param, grad, m, v, copy, h, b);
+    ct_launch(adamw_kernel<VEC, COPY>, dim3(ct_launch_blocks(cx, b.unit_start[b.n])),
+              dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), param, grad, m, v, copy, h, b);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -266,9 +257,9 @@ template <int COPY>
 static void adamw_batches(ct_cuda_ctx *cx, float *param, const float *grad, float *m, float *v,
                           void *copy, size_t copy_size, const ct_adamw_segment *segments,
                           int n_segments, const adamw_scalars &h) {
-    const bool vec = adamw_aligned(param, 16) && adamw_aligned(grad, 16) && adamw_aligned(m, 16) &&
-                     adamw_aligned(v, 16) &&
-                     (COPY == ADAMW_COPY_NONE || adamw_aligned(copy, 4 * copy_size));
+    const bool vec = ct_launch_aligned(param, 16) && ct_launch_aligned(grad, 16) &&
+                     ct_launch_aligned(m, 16) && ct_launch_aligned(v, 16) &&
+                     (COPY == ADAMW_COPY_NONE || ct_launch_aligned(copy, 4 * copy_size));
     for (int s0 = 0; s0 < n_segments; s0 += ADAMW_BATCH) {
         adamw_batch b;
         memset(&b, 0, sizeof b);
@@ -340,16 +331,16 @@ extern "C" void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x
             b.chunk_start[i + 1] =
                 b.chunk_start[i] +
                 (b.count[i] > 0 ? (b.count[i] + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0);
-            aligned = aligned && adamw_aligned(b.x[i], 16);
+            aligned = aligned && ct_launch_aligned(b.x[i], 16);
         }
         const int64_t n_chunks = b.chunk_start[b.n];
         if (n_chunks > 0) {
             const int64_t threads = n_chunks * (SUMSQ_LANES / (aligned ? 4 : 1));
-            const dim3 grid((unsigned)((threads + ADAMW_THREADS - 1) / ADAMW_THREADS));
+            const dim3 grid((unsigned)((threads + CT_LAUNCH_THREADS - 1) / CT_LAUNCH_THREADS));
             if (aligned)
-                ct_launch(sumsq_chunk_kernel<4>, grid, dim3(ADAMW_THREADS), 0, st, partial, b);
+                ct_launch(sumsq_chunk_kernel<4>, grid, dim3(CT_LAUNCH_THREADS), 0, st, partial, b);
             else
-                ct_launch(sumsq_chunk_kernel<1>, grid, dim3(ADAMW_THREADS), 0, st, partial, b);
+                ct_launch(sumsq_chunk_kernel<1>, grid, dim3(CT_LAUNCH_THREADS), 0, st, partial, b);
             CT_CUDA_CHECK(cudaGetLastError());
         }
         ct_launch(sumsq_total_kernel, dim3(1), dim3(SUMSQ_BATCH), 0, st, out + first,

@@ -82,7 +82,7 @@ include cuda/emu/emu.mk
 include cuda/cublas.mk
 CUEMU_RUNTIME_LIB := $(BUILD)/libctcublasemu.a $(BUILD)/libctncclemu.a $(BUILD)/libctcudaemu.a
 
-$(BUILD)/cooktrain-cuemu: $(BUILD)/cmd/cooktrain.o $(PAR_LIB) $(CUEMU_LIB) $(CUEMU_RUNTIME_LIB) \
+$(BUILD)/cooktrain-cuemu: $(CMD_OBJ) $(PAR_LIB) $(CUEMU_LIB) $(CUEMU_RUNTIME_LIB) \
                           $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 

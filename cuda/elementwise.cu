@@ -34,10 +34,9 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/launch.cuh"
 
-#define EW_THREADS 256
-#define EW_CHUNK_ROWS 64   /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
-#define EW_BLOCKS_PER_SM 8 /* 8 x 256 threads: a full SM on sm_80 / sm_90 */
+#define EW_CHUNK_ROWS 64 /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -186,60 +185,17 @@ static __global__ void ew_cast_kernel(D *dst, const S *src, int64_t n) {
     if (j < n) dst[j] = ct_from_f32<D>(ct_to_f32(src[j]));
 }
 
-/* ---- launch shapes --------------------------------------------------------------------------- */
-
-static int64_t ew_cap(ct_cuda_ctx *cx) {
-    return (int64_t)ct_cuda_sm_count(cx) * EW_BLOCKS_PER_SM;
-}
-
-/* Blocks of EW_THREADS for a grid-stride loop over `work` items: enough to fill the device. */
-static unsigned ew_blocks(ct_cuda_ctx *cx, int64_t work) {
-    int64_t want = (work + EW_THREADS - 1) / EW_THREADS;
-    if (want > ew_cap(cx)) want = ew_cap(cx);
-    return (unsigned)(want > 0 ? want : 1);
-}
-
-/* A 2-D launch over `rows` x `cols` (column vectors): blocks of 256 threads, x a multiple of 32
- * covering the columns (up to 256), y the rest over rows; grid sized to fill the device. */
-static void ew_rows_shape(ct_cuda_ctx *cx, int64_t rows, int64_t cols, dim3 *grid, dim3 *block) {
-    unsigned bx = cols >= EW_THREADS ? EW_THREADS : (unsigned)((cols + 31) / 32 * 32);
-    if (bx == 0) bx = 32;
-    unsigned by = EW_THREADS / bx;
-    int64_t gx = (cols + bx - 1) / bx;
-    if (gx > ew_cap(cx)) gx = ew_cap(cx);
-    if (gx < 1) gx = 1;
-    int64_t gy = (rows + by - 1) / by, gy_cap = ew_cap(cx) / gx;
-    if (gy > gy_cap) gy = gy_cap;
-    if (gy > 65535) gy = 65535;
-    if (gy < 1) gy = 1;
-    *grid = dim3((unsigned)gx, (unsigned)gy);
-    *block = dim3(bx, by);
-}
-
-static bool ew_aligned(const void *p, size_t bytes) {
-    return ((uintptr_t)p % bytes) == 0;
-}
-
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 template <typename W> static void ew_fill(ct_cuda_ctx *cx, void *dst, W value, int64_t n) {
     const int vec = 16 / (int)sizeof(W);
-    if (ew_aligned(dst, 16))
-        ct_launch(ew_fill_kernel<W, 16 / sizeof(W)>, dim3(ew_blocks(cx, n / vec)), dim3(EW_THREADS),
-                  0, ct_cuda_stream(cx), (W *)dst, value, n);
+    if (ct_launch_aligned(dst, 16))
+        ct_launch(ew_fill_kernel<W, 16 / sizeof(W)>, dim3(ct_launch_blocks(cx, n / vec)),
+                  dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (W *)dst, value, n);
     else
-        ct_launch(ew_fill_kernel<W, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+        ct_launch(ew_fill_kernel<W, 1>, dim3(ct_launch_blocks(cx, n)), dim3(CT_LAUNCH_THREADS), 0,
                   ct_cuda_stream(cx), (W *)dst, value, n);
     CT_CUDA_CHECK(cudaGetLastError());
-}
-
-/* The host's f32 -> bf16 of cpu_fill: round to nearest even, NaN kept NaN with the quiet bit. */
-static uint16_t ew_bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x0040u;
-    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
 /* The element values are converted on the host exactly as cpu_fill converts them. */
@@ -252,7 +208,7 @@ extern "C" void ct_cuda_fill(ct_cuda_ctx *cx, void *dst, ct_dtype dtype, int64_t
         ew_fill<uint32_t>(cx, dst, u, n);
         break;
     }
-    case CT_DTYPE_BF16: ew_fill<uint16_t>(cx, dst, ew_bf16_bits(value), n); break;
+    case CT_DTYPE_BF16: ew_fill<uint16_t>(cx, dst, ct_f32_to_bf16(value), n); break;
     case CT_DTYPE_I32: ew_fill<uint32_t>(cx, dst, (uint32_t)(int32_t)value, n); break;
     case CT_DTYPE_I64: ew_fill<uint64_t>(cx, dst, (uint64_t)(int64_t)value, n); break;
     case CT_DTYPE_U8: ew_fill<uint8_t>(cx, dst, (uint8_t)(int)value, n); break;
@@ -271,10 +227,10 @@ template <typename T>
 static void ew_bias(ct_cuda_ctx *cx, void *out, const void *bias, const void *residual, int64_t N,
                     int64_t C, int mode) {
     const int vec = 16 / (int)sizeof(T);
-    const bool v = C % vec == 0 && ew_aligned(out, 16) && ew_aligned(bias, 16) &&
-                   (!residual || ew_aligned(residual, 16));
+    const bool v = C % vec == 0 && ct_launch_aligned(out, 16) && ct_launch_aligned(bias, 16) &&
+                   (!residual || ct_launch_aligned(residual, 16));
     dim3 grid, block;
-    ew_rows_shape(cx, N, v ? C / vec : C, &grid, &block);
+    ct_launch_rows(cx, N, v ? C / vec : C, &grid, &block);
     if (v)
         ct_launch(ew_bias_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
                   (const T *)bias, (const T *)residual, N, C, mode);
@@ -312,13 +268,13 @@ static void ew_bias_grad(ct_cuda_ctx *cx, float *dbias, const void *dout, int64_
     const int64_t n_chunks = (N + EW_CHUNK_ROWS - 1) / EW_CHUNK_ROWS;
     const int direct = n_chunks == 1;
     float *partial = direct ? dbias : (float *)ct_cuda_workspace(cx, 0, (size_t)(n_chunks * C) * 4);
-    const bool v = C % 4 == 0 && ew_aligned(dbias, 16) && ew_aligned(partial, 16) &&
-                   ew_aligned(dout, 4 * sizeof(T));
+    const bool v = C % 4 == 0 && ct_launch_aligned(dbias, 16) && ct_launch_aligned(partial, 16) &&
+                   ct_launch_aligned(dout, 4 * sizeof(T));
     const int64_t cols = v ? C / 4 : C;
-    dim3 block(EW_THREADS);
-    int64_t gx = (cols + EW_THREADS - 1) / EW_THREADS, gy = n_chunks;
-    if (gx > ew_cap(cx)) gx = ew_cap(cx);
-    if (gy > ew_cap(cx) / gx) gy = ew_cap(cx) / gx;
+    dim3 block(CT_LAUNCH_THREADS);
+    int64_t gx = (cols + CT_LAUNCH_THREADS - 1) / CT_LAUNCH_THREADS, gy = n_chunks;
+    if (gx > ct_launch_cap(cx)) gx = ct_launch_cap(cx);
+    if (gy > ct_launch_cap(cx) / gx) gy = ct_launch_cap(cx) / gx;
     if (gy < 1) gy = 1;
     dim3 grid((unsigned)gx, (unsigned)gy);
     if (v)
@@ -329,8 +285,8 @@ static void ew_bias_grad(ct_cuda_ctx *cx, float *dbias, const void *dout, int64_
                   n_chunks, direct);
     CT_CUDA_CHECK(cudaGetLastError());
     if (direct) return;
-    ct_launch(ew_partials_kernel, dim3(ew_blocks(cx, C)), dim3(EW_THREADS), 0, st, dbias,
-              (const float *)partial, n_chunks, C);
+    ct_launch(ew_partials_kernel, dim3(ct_launch_blocks(cx, C)), dim3(CT_LAUNCH_THREADS), 0, st,
+              dbias, (const float *)partial, n_chunks, C);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -347,11 +303,12 @@ extern "C" void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, co
 template <typename T>
 static void ew_axpy(ct_cuda_ctx *cx, void *dst, const void *src, float alpha, int64_t n) {
     const int vec = 16 / (int)sizeof(T);
-    if (ew_aligned(dst, 16) && ew_aligned(src, 16))
-        ct_launch(ew_axpy_kernel<T, 16 / sizeof(T)>, dim3(ew_blocks(cx, n / vec)), dim3(EW_THREADS),
-                  0, ct_cuda_stream(cx), (T *)dst, (const T *)src, alpha, n);
+    if (ct_launch_aligned(dst, 16) && ct_launch_aligned(src, 16))
+        ct_launch(ew_axpy_kernel<T, 16 / sizeof(T)>, dim3(ct_launch_blocks(cx, n / vec)),
+                  dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (T *)dst, (const T *)src, alpha,
+                  n);
     else
-        ct_launch(ew_axpy_kernel<T, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+        ct_launch(ew_axpy_kernel<T, 1>, dim3(ct_launch_blocks(cx, n)), dim3(CT_LAUNCH_THREADS), 0,
                   ct_cuda_stream(cx), (T *)dst, (const T *)src, alpha, n);
     CT_CUDA_CHECK(cudaGetLastError());
 }
@@ -371,18 +328,19 @@ extern "C" void ct_cuda_accumulate_rounded(ct_cuda_ctx *cx, void *C, int64_t ldc
     CT_ASSERTF(M >= 0 && N >= 0 && ldc >= N, "accumulate_rounded M=%lld N=%lld ldc=%lld",
                (long long)M, (long long)N, (long long)ldc);
     if (M == 0 || N == 0) return;
-    ct_launch(ew_accumulate_rounded_kernel, dim3(ew_blocks(cx, M * N)), dim3(EW_THREADS), 0,
-              ct_cuda_stream(cx), (__nv_bfloat16 *)C, ldc, prod, beta, M, N);
+    ct_launch(ew_accumulate_rounded_kernel, dim3(ct_launch_blocks(cx, M * N)),
+              dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (__nv_bfloat16 *)C, ldc, prod, beta,
+              M, N);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T> static void ew_scale(ct_cuda_ctx *cx, void *x, float s, int64_t n) {
     const int vec = 16 / (int)sizeof(T);
-    if (ew_aligned(x, 16))
-        ct_launch(ew_scale_kernel<T, 16 / sizeof(T)>, dim3(ew_blocks(cx, n / vec)),
-                  dim3(EW_THREADS), 0, ct_cuda_stream(cx), (T *)x, s, n);
+    if (ct_launch_aligned(x, 16))
+        ct_launch(ew_scale_kernel<T, 16 / sizeof(T)>, dim3(ct_launch_blocks(cx, n / vec)),
+                  dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (T *)x, s, n);
     else
-        ct_launch(ew_scale_kernel<T, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
+        ct_launch(ew_scale_kernel<T, 1>, dim3(ct_launch_blocks(cx, n)), dim3(CT_LAUNCH_THREADS), 0,
                   ct_cuda_stream(cx), (T *)x, s, n);
     CT_CUDA_CHECK(cudaGetLastError());
 }
@@ -399,12 +357,12 @@ extern "C" void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, in
 /* 4 elements per vector: 16 bytes of f32 and 8 of bf16. */
 template <typename D, typename S>
 static void ew_cast(ct_cuda_ctx *cx, void *dst, const void *src, int64_t n) {
-    if (ew_aligned(dst, 4 * sizeof(D)) && ew_aligned(src, 4 * sizeof(S)))
-        ct_launch(ew_cast_kernel<D, S, 4>, dim3(ew_blocks(cx, n / 4)), dim3(EW_THREADS), 0,
-                  ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
+    if (ct_launch_aligned(dst, 4 * sizeof(D)) && ct_launch_aligned(src, 4 * sizeof(S)))
+        ct_launch(ew_cast_kernel<D, S, 4>, dim3(ct_launch_blocks(cx, n / 4)),
+                  dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
     else
-        ct_launch(ew_cast_kernel<D, S, 1>, dim3(ew_blocks(cx, n)), dim3(EW_THREADS), 0,
-                  ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
+        ct_launch(ew_cast_kernel<D, S, 1>, dim3(ct_launch_blocks(cx, n)), dim3(CT_LAUNCH_THREADS),
+                  0, ct_cuda_stream(cx), (D *)dst, (const S *)src, n);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 

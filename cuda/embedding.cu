@@ -30,10 +30,9 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/embedding.cuh"
+#include "cuda/launch.cuh"
 
-#define EMB_THREADS 256
-#define EMB_TILE 256        /* tokens per shared-memory tile of emb_chain_kernel (= its block) */
-#define EMB_BLOCKS_PER_SM 8 /* 8 x 256 threads: a full SM on sm_80 / sm_90 */
+#define EMB_TILE 256 /* tokens per shared-memory tile of emb_chain_kernel (= its block) */
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -162,42 +161,15 @@ static __global__ void posemb_bwd_kernel(float *dwpe, const T *dout, int64_t B, 
     }
 }
 
-/* ---- launch shapes --------------------------------------------------------------------------- */
-
-static int64_t emb_cap(ct_cuda_ctx *cx) {
-    return (int64_t)ct_cuda_sm_count(cx) * EMB_BLOCKS_PER_SM;
-}
-
-/* A 2-D launch over `rows` x `cols` (column vectors): blocks of 256 threads, x a multiple of 32
- * covering the columns (up to 256), y the rest over rows; grid sized to fill the device. */
-static void emb_rows_shape(ct_cuda_ctx *cx, int64_t rows, int64_t cols, dim3 *grid, dim3 *block) {
-    unsigned bx = cols >= EMB_THREADS ? EMB_THREADS : (unsigned)((cols + 31) / 32 * 32);
-    if (bx == 0) bx = 32;
-    unsigned by = EMB_THREADS / bx;
-    int64_t gx = (cols + bx - 1) / bx;
-    if (gx > emb_cap(cx)) gx = emb_cap(cx);
-    if (gx < 1) gx = 1;
-    int64_t gy = (rows + by - 1) / by, gy_cap = emb_cap(cx) / gx;
-    if (gy > gy_cap) gy = gy_cap;
-    if (gy > 65535) gy = 65535;
-    if (gy < 1) gy = 1;
-    *grid = dim3((unsigned)gx, (unsigned)gy);
-    *block = dim3(bx, by);
-}
-
-static bool emb_aligned(const void *p, size_t bytes) {
-    return ((uintptr_t)p % bytes) == 0;
-}
-
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 template <typename T>
 static void emb_fwd(ct_cuda_ctx *cx, void *out, const int32_t *tokens, const void *table, int64_t N,
                     int64_t C, int64_t rows, int64_t row_offset) {
     const int vec = 16 / (int)sizeof(T);
-    const bool v = C % vec == 0 && emb_aligned(out, 16) && emb_aligned(table, 16);
+    const bool v = C % vec == 0 && ct_launch_aligned(out, 16) && ct_launch_aligned(table, 16);
     dim3 grid, block;
-    emb_rows_shape(cx, N, v ? C / vec : C, &grid, &block);
+    ct_launch_rows(cx, N, v ? C / vec : C, &grid, &block);
     if (v)
         ct_launch(emb_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
                   tokens, (const T *)table, N, C, rows, row_offset);
@@ -231,9 +203,10 @@ static void emb_bwd(ct_cuda_ctx *cx, float *dtable, const void *dout, const int3
     ct_launch(emb_chain_kernel, dim3((unsigned)((N + EMB_TILE - 1) / EMB_TILE)), dim3(EMB_TILE), 0,
               st, next, head, tokens, n, rows, row_offset);
     CT_CUDA_CHECK(cudaGetLastError());
-    const bool v = C % 4 == 0 && emb_aligned(dtable, 16) && emb_aligned(dout, 4 * sizeof(T));
+    const bool v =
+        C % 4 == 0 && ct_launch_aligned(dtable, 16) && ct_launch_aligned(dout, 4 * sizeof(T));
     dim3 grid, block;
-    emb_rows_shape(cx, N, v ? C / 4 : C, &grid, &block);
+    ct_launch_rows(cx, N, v ? C / 4 : C, &grid, &block);
     if (v)
         ct_launch(emb_bwd_kernel<T, 4>, grid, block, 0, st, dtable, (const T *)dout, tokens,
                   (const int32_t *)next, (const uint8_t *)head, n, C, row_offset);
@@ -259,9 +232,9 @@ template <typename T>
 static void posemb_fwd(ct_cuda_ctx *cx, void *out, const void *wpe, int64_t B, int64_t T_,
                        int64_t C, int64_t pos_offset) {
     const int vec = 16 / (int)sizeof(T);
-    const bool v = C % vec == 0 && emb_aligned(out, 16) && emb_aligned(wpe, 16);
+    const bool v = C % vec == 0 && ct_launch_aligned(out, 16) && ct_launch_aligned(wpe, 16);
     dim3 grid, block;
-    emb_rows_shape(cx, B * T_, v ? C / vec : C, &grid, &block);
+    ct_launch_rows(cx, B * T_, v ? C / vec : C, &grid, &block);
     if (v)
         ct_launch(posemb_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx),
                   (T *)out, (const T *)wpe, B * T_, T_, C, pos_offset);
@@ -285,9 +258,10 @@ extern "C" void ct_cuda_posemb_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, cons
 template <typename T>
 static void posemb_bwd(ct_cuda_ctx *cx, float *dwpe, const void *dout, int64_t B, int64_t T_,
                        int64_t C, int64_t pos_offset) {
-    const bool v = C % 4 == 0 && emb_aligned(dwpe, 16) && emb_aligned(dout, 4 * sizeof(T));
+    const bool v =
+        C % 4 == 0 && ct_launch_aligned(dwpe, 16) && ct_launch_aligned(dout, 4 * sizeof(T));
     dim3 grid, block;
-    emb_rows_shape(cx, T_, v ? C / 4 : C, &grid, &block);
+    ct_launch_rows(cx, T_, v ? C / 4 : C, &grid, &block);
     if (v)
         ct_launch(posemb_bwd_kernel<T, 4>, grid, block, 0, ct_cuda_stream(cx), dwpe,
                   (const T *)dout, B, T_, C, pos_offset);

@@ -24,12 +24,13 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/gelu.cuh"
+#include "cuda/launch.cuh"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
-#define GELU_THREADS 256
-#define GELU_CHUNK_ROWS 64 /* rows per partial sum of dbias */
-#define GELU_RY 8          /* row groups per block of gelu_bwd_dbias_kernel */
+#define GELU_BLOCKS_PER_SM 16 /* grid cap, blocks per SM (launch.cuh's default is 8) */
+#define GELU_CHUNK_ROWS 64    /* rows per partial sum of dbias */
+#define GELU_RY 8             /* row groups per block of gelu_bwd_dbias_kernel */
 
 /* ---- the function and its derivative (the CPU's operation order) ----------------------------- */
 
@@ -123,14 +124,6 @@ static __global__ void gelu_colsum_kernel(float *dst, const float *partial, int 
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-/* Blocks for a grid-stride loop over `work` items: enough to fill the device, no more. */
-static unsigned gelu_blocks(ct_cuda_ctx *cx, int64_t work) {
-    int64_t want = (work + GELU_THREADS - 1) / GELU_THREADS;
-    int64_t cap = (int64_t)ct_cuda_sm_count(cx) * 16;
-    if (want > cap) want = cap;
-    return (unsigned)(want > 0 ? want : 1);
-}
-
 static bool gelu_aligned(const void *p0, const void *p1, const void *p2) {
     return (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15u) == 0;
 }
@@ -138,11 +131,12 @@ static bool gelu_aligned(const void *p0, const void *p1, const void *p2) {
 template <typename T> static void gelu_fwd(ct_cuda_ctx *cx, void *out, const void *inp, int64_t n) {
     const int vec = 16 / (int)sizeof(T);
     if (gelu_aligned(out, inp, NULL))
-        ct_launch(gelu_fwd_kernel<T, 16 / sizeof(T)>, dim3(gelu_blocks(cx, n / vec)),
-                  dim3(GELU_THREADS), 0, ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
+        ct_launch(gelu_fwd_kernel<T, 16 / sizeof(T)>,
+                  dim3(ct_launch_blocks(cx, n / vec, GELU_BLOCKS_PER_SM)), dim3(CT_LAUNCH_THREADS),
+                  0, ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
     else
-        ct_launch(gelu_fwd_kernel<T, 1>, dim3(gelu_blocks(cx, n)), dim3(GELU_THREADS), 0,
-                  ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
+        ct_launch(gelu_fwd_kernel<T, 1>, dim3(ct_launch_blocks(cx, n, GELU_BLOCKS_PER_SM)),
+                  dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -154,11 +148,14 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
     if (!dbias) {
         const int vec = 16 / (int)sizeof(T);
         if (gelu_aligned(dinp, inp, dout))
-            ct_launch(gelu_bwd_kernel<T, 16 / sizeof(T)>, dim3(gelu_blocks(cx, n / vec)),
-                      dim3(GELU_THREADS), 0, st, (T *)dinp, (const T *)inp, (const T *)dout, n);
+            ct_launch(gelu_bwd_kernel<T, 16 / sizeof(T)>,
+                      dim3(ct_launch_blocks(cx, n / vec, GELU_BLOCKS_PER_SM)),
+                      dim3(CT_LAUNCH_THREADS), 0, st, (T *)dinp, (const T *)inp, (const T *)dout,
+                      n);
         else
-            ct_launch(gelu_bwd_kernel<T, 1>, dim3(gelu_blocks(cx, n)), dim3(GELU_THREADS), 0, st,
-                      (T *)dinp, (const T *)inp, (const T *)dout, n);
+            ct_launch(gelu_bwd_kernel<T, 1>, dim3(ct_launch_blocks(cx, n, GELU_BLOCKS_PER_SM)),
+                      dim3(CT_LAUNCH_THREADS), 0, st, (T *)dinp, (const T *)inp, (const T *)dout,
+                      n);
         CT_CUDA_CHECK(cudaGetLastError());
         return;
     }
@@ -170,8 +167,8 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
     ct_launch(gelu_bwd_dbias_kernel<T>, grid, block, 0, st, (T *)dinp, partial, (const T *)inp,
               (const T *)dout, (int)N, (int)C);
     CT_CUDA_CHECK(cudaGetLastError());
-    ct_launch(gelu_colsum_kernel, dim3((unsigned)((C + GELU_THREADS - 1) / GELU_THREADS)),
-              dim3(GELU_THREADS), 0, st, dbias, (const float *)partial, n_chunks, (int)C);
+    ct_launch(gelu_colsum_kernel, dim3((unsigned)((C + CT_LAUNCH_THREADS - 1) / CT_LAUNCH_THREADS)),
+              dim3(CT_LAUNCH_THREADS), 0, st, dbias, (const float *)partial, n_chunks, (int)C);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 

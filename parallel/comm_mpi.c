@@ -81,41 +81,26 @@ void ct_mpi_check_fail(const char *call, int rc, const char *file, int line) {
 
 /* ---- dtypes and ops ---------------------------------------------------------------------- */
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even; NaN stays a (quiet) NaN instead of rounding into infinity. */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* MPI user ops: inout[i] = in[i] ∘ inout[i], computed in float and rounded once. */
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const uint16_t *a = in;
     uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+    for (int i = 0; i < *len; i++)
+        b[i] = ct_f32_to_bf16(ct_bf16_to_f32(a[i]) + ct_bf16_to_f32(b[i]));
 }
 
 static void bf16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const uint16_t *a = in;
     uint16_t *b = inout;
     for (int i = 0; i < *len; i++)
-        if (bf16_to_f32(a[i]) > bf16_to_f32(b[i])) b[i] = a[i];
+        if (ct_bf16_to_f32(a[i]) > ct_bf16_to_f32(b[i])) b[i] = a[i];
 }
 
 static void bf16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const uint16_t *a = in;
     uint16_t *b = inout;
     for (int i = 0; i < *len; i++)
-        if (bf16_to_f32(a[i]) < bf16_to_f32(b[i])) b[i] = a[i];
+        if (ct_bf16_to_f32(a[i]) < ct_bf16_to_f32(b[i])) b[i] = a[i];
 }
 
 /* u8 sums wrap modulo 256 (C and the MPI standard). Open MPI 4.1's AVX op component adds 8-bit

@@ -16,64 +16,6 @@
 #include "parallel/data_parallel.h"
 #include "parallel/sampler.h"
 
-typedef struct generate_args {
-    const char *dir, *prompt, *tokenizer;
-    int64_t tokens;
-    uint64_t seed;
-    ct_sample_options opt;
-} generate_args;
-
-static ct_status usage(const char *what, const char *value) {
-    ct_error(CT_ERR_INPUT, "sample: %s '%s'", what, value);
-    ct_hint("usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] "
-            "[--top-k K] [--seed S] [--tokenizer FILE]");
-    return CT_ERR_INPUT;
-}
-
-/* A number option's value, range-checked. */
-static ct_status number(const char *opt, const char *text, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(text, &end);
-    if (end == text || *end || !(v >= lo && v <= hi)) return usage(opt, text);
-    *out = v;
-    return CT_OK;
-}
-
-static ct_status parse(int argc, char **argv, generate_args *a) {
-    *a = (generate_args){.prompt = "", .tokens = 64, .seed = 1234, .opt = {1.0, 0}};
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x;
-        if (o[0] != '-' && !a->dir) {
-            a->dir = o;
-            continue;
-        }
-        if (!v) return usage("unknown option or missing value", o);
-        i++;
-        if (!strcmp(o, "--prompt")) {
-            a->prompt = v;
-        } else if (!strcmp(o, "--tokenizer")) {
-            a->tokenizer = v;
-        } else if (!strcmp(o, "--tokens")) {
-            CT_TRY(number("--tokens must be 0..1000000, got", v, 0, 1e6, &x));
-            a->tokens = (int64_t)x;
-        } else if (!strcmp(o, "--temperature")) {
-            CT_TRY(number("--temperature must be in (0, 100], got", v, 1e-6, 100, &x));
-            a->opt.temperature = x;
-        } else if (!strcmp(o, "--top-k")) {
-            CT_TRY(number("--top-k must be 0 (off) or more, got", v, 0, 1e9, &x));
-            a->opt.top_k = (int64_t)x;
-        } else if (!strcmp(o, "--seed")) {
-            CT_TRY(number("--seed must be a non-negative integer, got", v, 0, 9e15, &x));
-            a->seed = (uint64_t)x;
-        } else {
-            return usage("unknown option", o);
-        }
-    }
-    if (!a->dir) return usage("needs a checkpoint directory, got", "");
-    return CT_OK;
-}
-
 /* The checkpoint's config on one process: the same model, no parallelism. */
 static ct_status config_of(const char *dir, const ct_ckpt_manifest *m, ct_config *cfg) {
     CT_TRY(ct_config_load_string(cfg, m->config_text, dir));
@@ -130,9 +72,8 @@ static ct_status load_checkpoint(const char *dir, loaded_checkpoint *l) {
     return st;
 }
 
-ct_status ct_generate_run(int argc, char **argv) {
-    generate_args a;
-    CT_TRY(parse(argc, argv, &a));
+ct_status ct_generate_run(const ct_generate_options *o) {
+    const ct_generate_options a = *o;
     loaded_checkpoint l;
     CT_TRY(load_checkpoint(a.dir, &l));
     const char *tok_path = a.tokenizer ? a.tokenizer : l.cfg.data.tokenizer;
@@ -149,9 +90,9 @@ ct_status ct_generate_run(int argc, char **argv) {
         printf("checkpoint %s: step %lld, %lld layers, d_model %lld; temperature %g, top-k %lld, "
                "seed %llu\n",
                a.dir, (long long)l.state.step, (long long)l.cfg.model.n_layer,
-               (long long)l.cfg.model.d_model, a.opt.temperature, (long long)a.opt.top_k,
+               (long long)l.cfg.model.d_model, a.sample.temperature, (long long)a.sample.top_k,
                (unsigned long long)a.seed);
-        st = ct_sample_print(l.model, l.dp, l.pctx, tok, a.prompt, a.tokens, a.seed, &a.opt);
+        st = ct_sample_print(l.model, l.dp, l.pctx, tok, a.prompt, a.tokens, a.seed, &a.sample);
     }
     ct_tokenizer_free(tok);
     loaded_free(&l);
@@ -160,37 +101,7 @@ ct_status ct_generate_run(int argc, char **argv) {
 
 /* ---- eval ---------------------------------------------------------------------------------- */
 
-static ct_status eval_usage(const char *what, const char *value) {
-    ct_error(CT_ERR_INPUT, "eval: %s '%s'", what, value);
-    ct_hint("usage: cooktrain eval DIR --data FILE|GLOB [--samples N]");
-    return CT_ERR_INPUT;
-}
-
-ct_status ct_eval_run(int argc, char **argv) {
-    const char *dir = NULL, *data = NULL;
-    int64_t want = -1; /* all */
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (o[0] != '-' && !dir) {
-            dir = o;
-            continue;
-        }
-        if (!v) return eval_usage("unknown option or missing value", o);
-        i++;
-        if (!strcmp(o, "--data")) {
-            data = v;
-        } else if (!strcmp(o, "--samples")) {
-            double x;
-            if (number("--samples must be 1 or more, got", v, 1, 9e15, &x) != CT_OK)
-                return eval_usage("--samples must be 1 or more, got", v);
-            want = (int64_t)x;
-        } else {
-            return eval_usage("unknown option", o);
-        }
-    }
-    if (!dir) return eval_usage("needs a checkpoint directory, got", "");
-    if (!data) return eval_usage("needs the token shards to score: --data, got", "");
-
+ct_status ct_eval_run(const char *dir, const char *data, int64_t samples) {
     loaded_checkpoint l;
     CT_TRY(load_checkpoint(dir, &l));
     const int64_t T = l.cfg.model.seq_len;
@@ -203,7 +114,7 @@ ct_status ct_eval_run(int argc, char **argv) {
     int64_t n = 0;
     if (st == CT_OK) {
         n = ct_dataset_n_samples(ds);
-        if (want > 0 && want < n) n = want;
+        if (samples > 0 && samples < n) n = samples;
     }
     /* One sample per forward, summed in double in file order: the value depends on nothing
      * but the weights and the data. */

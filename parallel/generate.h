@@ -14,16 +14,29 @@
 #define CT_PARALLEL_GENERATE_H
 
 #include "core/common.h"
+#include "parallel/sampler.h"
 
-ct_status ct_generate_run(int argc, char **argv);
+/* `cooktrain sample`'s options (cmd/ parses them); CT_GENERATE_DEFAULTS fills the defaults. */
+typedef struct ct_generate_options {
+    const char *dir;       /* the checkpoint (a checkpoint.dir/step-N directory) */
+    const char *prompt;    /* the text the sample continues ("" : from nothing) */
+    const char *tokenizer; /* NULL: the one the checkpoint's config names (data.tokenizer) */
+    int64_t tokens;        /* tokens to draw */
+    uint64_t seed;
+    ct_sample_options sample; /* temperature, top-k (0: off) */
+} ct_generate_options;
+#define CT_GENERATE_DEFAULTS                                                                       \
+    ((ct_generate_options){.prompt = "", .tokens = 64, .seed = 1234, .sample = {1.0, 0}})
+
+ct_status ct_generate_run(const ct_generate_options *options);
 
 /*
  * `cooktrain eval DIR --data FILE|GLOB [--samples N]`: the mean per-token loss of the
  * checkpoint's model on the first N samples (default all) of token shards, read in file order
  * (data.h, ct_dataset_fill_in_order) and scored one per forward, summed in double in that order.
  * Prints one line ending "loss X"; another program can rebuild the same batch from the files
- * (test/check_export.py scores the export with PyTorch against it).
+ * (test/check_export.py scores the export with PyTorch against it). samples <= 0: all.
  */
-ct_status ct_eval_run(int argc, char **argv);
+ct_status ct_eval_run(const char *dir, const char *data, int64_t samples);
 
 #endif /* CT_PARALLEL_GENERATE_H */

@@ -4,7 +4,8 @@
   check_export.py MODEL.safetensors DUMP.bin [--bf16] [--tokens VAL.bin --samples N --loss X]
 
 DUMP.bin is the --dump-params of the run whose last checkpoint was exported (the same
-parameters, as cooktrain's global tensors). Checks, printing "ok ..." / "FAIL ..." lines:
+parameters, as cooktrain's global tensors). Checks, printing "ok ..." / "FAIL ..." lines
+("skip ..." for one that cannot run here):
   - the safetensors header: an 8-byte little-endian length, JSON, every tensor's dtype, shape
     and data_offsets tiling the data exactly, config.json beside it;
   - every value: HF's GPT-2 layout of ours (wte without the padding rows; c_attn = [wq; wk; wv]
@@ -92,7 +93,7 @@ def torch_check(header, data, cfg, tokens_path, n_samples, cooktrain_loss, out):
         import torch
         import torch.nn.functional as F
     except ImportError:
-        out.append("ok torch loss check skipped: python3-torch is not installed")
+        out.append("skip torch loss check: python3-torch is not installed")
         return True
     torch.set_num_threads(1)
 

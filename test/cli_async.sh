@@ -29,5 +29,5 @@ done
 
 # The equivalence suites: their own ok/FAIL lines, prefixed.
 for s in cli_mpi_dp cli_mpi_tp cli_mpi_pp; do
-    bash "test/$s.sh" 2>&1 | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /'
+    bash "test/$s.sh" 2>&1 | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'
 done

@@ -27,12 +27,14 @@ expect_exit 0 "bench_gpu: no CUDA build: skips" -- env NVIDIA_SMI="$tmp/smi-h100
 expect_text "bench_gpu: skipped: $tmp/no-build/libcooktrain-cuda.so is missing" "bench_gpu: no CUDA build: the skip names the plugin"
 
 if nvidia-smi -L >/dev/null 2>&1; then
-    echo "# bench_gpu: this machine has a GPU: the skips of a machine without one are not checked here"
+    skip "bench_gpu: the skips of a machine without a GPU (this machine has one)"
 else
     if [ -f "$BUILD/libcooktrain-cuda.so" ]; then
         # nvidia-smi answers (faked), but the trainer's CUDA runtime finds no device
         expect_exit 0 "bench_gpu: no usable CUDA device: skips" -- env NVIDIA_SMI="$tmp/smi-h100" BUILD="$BUILD" bash "$script"
         expect_text "bench_gpu: skipped: cooktrain finds no usable CUDA device (cudaError" "bench_gpu: no usable CUDA device: the skip gives the runtime's answer"
+    else
+        skip "bench_gpu: no usable CUDA device: $BUILD/libcooktrain-cuda.so not built (needs nvcc)"
     fi
     expect_exit 0 "bench_gpu: as run on this machine without a GPU: skips" -- env BUILD="$BUILD" bash "$script"
     expect_text "bench_gpu: skipped: " "bench_gpu: as run here: the skip says why"

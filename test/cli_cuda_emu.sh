@@ -9,7 +9,7 @@
 SELF=$BUILD/test/cuemu_selftest
 ASAN=$BUILD/test/cuemu_selftest_asan
 if [ ! -x "$SELF" ]; then
-    ok "CUDA emulator tests skipped: $SELF not built (needs g++ and the CUDA headers)"
+    skip "CUDA emulator tests: $SELF not built (needs g++ and the CUDA headers)"
     exit 0
 fi
 
@@ -20,7 +20,7 @@ relay() {
     shift
     out=$(env "$@" timeout 300 "$SELF" "$case" 2>&1 </dev/null)
     rc=$?
-    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL|skip) '
     if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
         fail "cuemu_selftest $case exited $rc"
         printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
@@ -90,7 +90,7 @@ if [ -x "$ASAN" ]; then
         expect_exit 0 "$c under ASan has no reports" -- "$ASAN" "$c"
     done
 else
-    ok "ASan cases skipped: $ASAN not built"
+    skip "ASan cases: $ASAN not built"
 fi
 
 # ---- speed (informational, no assertion) -------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad input through the real binary: every malformed config in test/bad_configs (its first line
 # says "# expect: <text>"), bad command lines, missing and corrupt data files. Each must end
-# with exit code 2, a message that names the problem, and a hint line.
+# with exit code 2, a message that names the problem, and a hint line. And the command line's
+# own help: `cooktrain --help`, `cooktrain COMMAND --help` and `--version` (exit 0, on stdout).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -94,3 +95,56 @@ if expect_exit 0 "prepare a small corpus" -- "$BIN" prepare --input "$tmp/text.t
 fi
 expect_exit 2 "prepare without --input" -- "$BIN" prepare --out "$tmp/q"
 expect_exit 2 "prepare with a missing input" -- "$BIN" prepare --input "$tmp/missing.txt" --out "$tmp/q"
+# the command line's own errors for prepare (cmd/args.h): each names the argument, with the usage
+expect_exit 2 "prepare --vocab-size that is no integer" -- "$BIN" prepare --input "$TEST_TEXT" --out "$tmp/q" --vocab-size 12ab
+expect_text "'12ab'" "prepare --vocab-size 12ab: the value is quoted"
+expect_exit 2 "prepare --input with no file" -- "$BIN" prepare --input --out "$tmp/q"
+expect_text "--input needs at least one value" "prepare --input with no file: says so"
+expect_exit 2 "prepare with an option missing its value" -- "$BIN" prepare --input "$TEST_TEXT" --out "$tmp/q" --vocab-size
+expect_text "--vocab-size needs a value" "prepare --vocab-size at the end: says it needs a value"
+[ -e "$tmp/q" ] && fail "a refused prepare wrote $tmp/q" || ok "a refused prepare writes nothing"
+
+# ---- --help, --version, unknown options ----------------------------------------------------------
+commands=(train plan prepare inspect sample eval export)
+if expect_exit 0 "cooktrain --help" -- "$BIN" --help; then
+    for c in "${commands[@]}"; do expect_text "  $c " "cooktrain --help lists $c"; done
+    expect_text "cooktrain --version" "cooktrain --help mentions --version"
+fi
+expect_exit 0 "cooktrain -h" -- "$BIN" -h
+expect_exit 2 "cooktrain with no command prints the usage and fails" -- "$BIN"
+expect_text "usage: cooktrain <command>" "cooktrain alone: the usage"
+for c in "${commands[@]}"; do
+    if expect_exit 0 "cooktrain $c --help" -- "$BIN" "$c" --help; then
+        expect_text "usage: cooktrain $c" "cooktrain $c --help: its usage line"
+    fi
+done
+expect_exit 0 "cooktrain help export" -- "$BIN" help export
+expect_text "--dtype fp32|bf16" "cooktrain help export: export's options"
+# --help anywhere on the line wins over the rest (nothing runs)
+expect_exit 0 "--help after other options" -- "$BIN" train --config "$tmp/nope.yaml" --help
+expect_text "--print-config" "--help after other options: train's help"
+if expect_exit 0 "cooktrain --version" -- "$BIN" --version; then
+    expect_text "cooktrain 0." "--version: the version"
+    commit=$(git describe --always --dirty 2>/dev/null || echo unknown)
+    # the build's commit (git describe: a hash or tag, maybe -dirty; "unknown" outside git), this
+    # tree's or an earlier one's when the binary was built before an edit
+    if printf '%s\n' "$OUT_TEXT" | grep -qE '^commit: [A-Za-z0-9._-]+$'; then
+        ok "--version: the commit (this tree: $commit)"
+    else
+        fail "--version: no commit line"
+        printf '%s\n' "$OUT_TEXT" | sed 's/^/    /'
+    fi
+    expect_text "backends: cpu, cpu-async" "--version: the backends"
+    expect_text "precisions: fp32, bf16" "--version: the precisions"
+fi
+for c in "${commands[@]}"; do
+    expect_exit 2 "cooktrain $c with an unknown option" -- "$BIN" "$c" --no-such-option
+    expect_text "$c: unknown option '--no-such-option'" "cooktrain $c --no-such-option: names it"
+    expect_text "hint: usage: cooktrain $c" "cooktrain $c --no-such-option: the usage in the hint"
+    expect_text "cooktrain $c --help" "cooktrain $c --no-such-option: the hint points to --help"
+done
+expect_exit 2 "a flag given a value" -- "$BIN" plan --json=yes
+expect_text "--json takes no value" "a flag given a value: says so"
+expect_exit 2 "unknown command" -- "$BIN" frobnicate
+expect_text "'frobnicate' is not a cooktrain command" "unknown command: named"
+expect_text "train, plan, prepare, inspect, sample, eval, export" "unknown command: the hint lists the commands"

@@ -22,7 +22,7 @@ tmp=$(mktemp -d)
 trap 'slurm_cluster_stop; rm -rf "$tmp"' EXIT
 
 if ! slurm_cluster_start "$tmp/cluster"; then
-    ok "SLURM tests skipped: $SLURM_CLUSTER_WHY"
+    skip "SLURM tests: $SLURM_CLUSTER_WHY"
     exit 0
 fi
 ok "a private one-node SLURM cluster starts (sinfo shows the node idle)"
@@ -307,5 +307,5 @@ if [ -x "$root/$BUILD/cooktrain-cuemu" ]; then
     fi
     unset CUEMU_DEVICES
 else
-    ok "GPU script tests skipped: $BUILD/cooktrain-cuemu not built (needs the CUDA headers)"
+    skip "GPU script tests: $BUILD/cooktrain-cuemu not built (needs the CUDA headers)"
 fi

@@ -93,25 +93,32 @@ static inline float *cuda_test_fvec(int64_t n, float lo, float hi) {
     return f;
 }
 
-/* bf16 <-> f32 on the host (round to nearest even; NaN stays NaN). */
-static inline uint16_t cuda_test_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+/* The bytes of one element of dtype dt. */
+static inline size_t cuda_test_dsize(ct_dtype dt) {
+    return ct_dtype_size(dt);
 }
 
-static inline float cuda_test_from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
+/* n values as dtype dt (F32 or BF16; malloc'd); f is rounded in place to what is stored (bf16:
+ * core/common.h's round to nearest even), so that a reference computed from f sees the inputs
+ * the op sees. */
+static inline void *cuda_test_pack(ct_dtype dt, float *f, int64_t n) {
+    void *p = malloc((size_t)(n ? n : 1) * cuda_test_dsize(dt));
+    if (!p) abort();
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == CT_DTYPE_BF16) {
+            uint16_t h = ct_f32_to_bf16(f[i]);
+            f[i] = ct_bf16_to_f32(h);
+            ((uint16_t *)p)[i] = h;
+        } else {
+            ((float *)p)[i] = f[i];
+        }
+    }
+    return p;
 }
 
 /* Element i of a host array of dtype dt (F32 or BF16) as a float. */
 static inline float cuda_test_get(const void *p, ct_dtype dt, int64_t i) {
-    return dt == CT_DTYPE_BF16 ? cuda_test_from_bf16(((const uint16_t *)p)[i])
-                               : ((const float *)p)[i];
+    return dt == CT_DTYPE_BF16 ? ct_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 /*

@@ -1,10 +1,14 @@
-# lib_cli.sh — helpers for the shell tests (sourced). Each check prints "ok <what>" or
-# "FAIL <what>" plus context; run_tests.sh counts those lines.
+# lib_cli.sh — helpers for the shell tests (sourced). Each check prints "ok <what>",
+# "FAIL <what>" plus context, or "skip <reason>" for checks this machine cannot run (a tool or
+# build missing); run_tests.sh counts those lines and lists the skips with their reasons.
 BUILD=${CT_BUILD:-build}
 BIN=$BUILD/cooktrain
 
 ok() { echo "ok $*"; }
 fail() { echo "FAIL $*"; }
+# skip REASON: what was not run and why ("GPU script tests: cooktrain-cuemu not built"). Never an
+# ok: a machine without a tool must not look all green.
+skip() { echo "skip $*"; }
 
 # selected NAME: true unless CT_FILTER (an extended regex) is set and NAME does not match it. The
 # equivalence loops use it so that one layout can be run alone (`make mutants` does).
@@ -46,12 +50,12 @@ mpi_setup() {
     export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 }
 
-# run_mpi_program NP PROGRAM — relays its ok/FAIL lines; a crash without FAIL lines is a FAIL.
+# run_mpi_program NP PROGRAM — relays its ok/FAIL/skip lines; a crash without FAIL lines is a FAIL.
 run_mpi_program() {
     local np=$1 prog=$2 out rc
     out=$("${MPIRUN[@]}" -np "$np" "$prog" 2>&1 </dev/null)
     rc=$?
-    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL|skip) '
     if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
         fail "$(basename "$prog") at $np ranks exited $rc"
         printf '%s\n' "$out" | tail -5 | sed 's/^/    /'

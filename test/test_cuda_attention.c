@@ -115,25 +115,6 @@ static double *dzero(int64_t n) {
     return d;
 }
 
-static size_t dsize(ct_dtype dt) {
-    return dt == BF16 ? 2 : 4;
-}
-
-/* n values as dtype dt (malloc'd); f is rounded in place to what is stored. */
-static void *pack(ct_dtype dt, float *f, int64_t n) {
-    void *p = malloc((size_t)(n ? n : 1) * dsize(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == BF16) {
-            uint16_t h = cuda_test_to_bf16(f[i]);
-            f[i] = cuda_test_from_bf16(h);
-            ((uint16_t *)p)[i] = h;
-        } else {
-            ((float *)p)[i] = f[i];
-        }
-    }
-    return p;
-}
-
 /* n values of dtype dt as floats (malloc'd) */
 static float *unpack(ct_dtype dt, const void *p, int64_t n) {
     float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
@@ -227,7 +208,7 @@ static bool check_host(const char *what, const void *got, const void *want, ct_d
             ok = false;
         }
     }
-    uint64_t h = fnv(got, (size_t)n * dsize(dt));
+    uint64_t h = fnv(got, (size_t)n * cuda_test_dsize(dt));
     assert_true(n_checks < MAX_CHECKS);
     if (cur_order == 0) {
         order_hash[n_checks] = h;
@@ -370,8 +351,8 @@ static bool fwd_case(ct_dtype dt, const att_shape *sh) {
     const int64_t lq = (H + 2 * sh->KV) * hd, n_out = B * T * H * hd, n_lse = B * H * T;
     cuda_test_seed(1, (uint64_t)(T * 131 + H * 7 + sh->KV), (uint64_t)hd);
     float *x = make_qkv(sh);
-    void *hx = pack(dt, x, B * T * lq);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, B * T * lq);
+    size_t es = cuda_test_dsize(dt);
     pbuf qkv = pb_new(hx, (size_t)(B * T * lq) * es);
     pbuf out = pb_new(NULL, (size_t)n_out * es), lse = pb_new(NULL, (size_t)n_lse * 4);
     for (int s = 0; s < 2; s++) {
@@ -475,7 +456,7 @@ static void bwd_bounds(const att_shape *sh, const float *qkv, const float *dout,
 
 /* Columns [c0, c0 + w) of the (rows, lq) array x of dtype dt, gathered (malloc'd). */
 static void *gather(const void *x, ct_dtype dt, int64_t rows, int64_t lq, int64_t c0, int64_t w) {
-    size_t es = dsize(dt);
+    size_t es = cuda_test_dsize(dt);
     char *g = malloc((size_t)(rows * w) * es + 1);
     for (int64_t r = 0; r < rows; r++)
         memcpy(g + (size_t)(r * w) * es, (const char *)x + (size_t)(r * lq + c0) * es,
@@ -496,8 +477,8 @@ static bool bwd_case(ct_dtype dt, const att_shape *sh, bool with_dbias) {
     const int64_t n_qkv = B * T * lq, n_out = B * T * cq, n_lse = B * H * T;
     cuda_test_seed(2, (uint64_t)(T * 131 + H * 7 + KV), (uint64_t)hd);
     float *x = make_qkv(sh), *d = cuda_test_fvec(n_out, -1, 1), *db0 = cuda_test_fvec(lq, -1, 1);
-    void *hx = pack(dt, x, n_qkv), *hd_ = pack(dt, d, n_out);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, n_qkv), *hd_ = cuda_test_pack(dt, d, n_out);
+    size_t es = cuda_test_dsize(dt);
     /* the CPU forward's out and lse, the saved activations of both backwards */
     pbuf qkv = pb_new(hx, (size_t)n_qkv * es);
     pbuf out = pb_new(NULL, (size_t)n_out * es), lse = pb_new(NULL, (size_t)n_lse * 4);

@@ -75,26 +75,10 @@ static int cur_order;
 
 /* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
-static size_t dsize(ct_dtype dt) {
-    return ct_dtype_size(dt);
-}
-
-/* n values as dtype dt (F32 or BF16, malloc'd; bf16 rounds to nearest even). */
-static void *pack(ct_dtype dt, const float *f, int64_t n) {
-    void *p = malloc((size_t)(n ? n : 1) * dsize(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == BF16)
-            ((uint16_t *)p)[i] = cuda_test_to_bf16(f[i]);
-        else
-            ((float *)p)[i] = f[i];
-    }
-    return p;
-}
-
 /* n random values in [lo, hi) as dtype dt (malloc'd). */
 static void *rvec(ct_dtype dt, int64_t n, float lo, float hi) {
     float *f = cuda_test_fvec(n, lo, hi);
-    void *p = pack(dt, f, n);
+    void *p = cuda_test_pack(dt, f, n);
     free(f);
     return p;
 }
@@ -135,7 +119,8 @@ static bool check(const char *what, const pbuf *b, ct_dtype dt) {
     snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
     bool ok = true;
     if (dt == F32 || dt == BF16)
-        ok = cuda_test_close(label, got, want, dt, (int64_t)(b->bytes / dsize(dt)), 0.0, 0.0);
+        ok = cuda_test_close(label, got, want, dt, (int64_t)(b->bytes / cuda_test_dsize(dt)), 0.0,
+                             0.0);
     if (memcmp(got, want, b->bytes) != 0) {
         size_t i = 0;
         while (((const uint8_t *)got)[i] == ((const uint8_t *)want)[i]) i++;
@@ -168,7 +153,7 @@ static const ct_dtype dtypes[2] = {F32, BF16};
 /* n elements from element `off` of a buffer of n + 2 (the others must keep their bytes). */
 static bool fill_case(ct_dtype dt, int64_t n, int64_t off, float value) {
     cuda_test_seed(1, (uint64_t)n, (uint64_t)dt);
-    const size_t es = dsize(dt), bytes = (size_t)(n + 2) * es;
+    const size_t es = cuda_test_dsize(dt), bytes = (size_t)(n + 2) * es;
     uint8_t *h = malloc(bytes);
     for (size_t i = 0; i < bytes; i++)
         h[i] = (uint8_t)(cuda_test_rng_next() & 0x3f); /* no NaN patterns */
@@ -205,7 +190,7 @@ enum { BIAS_ADD, BIAS_INIT, BIAS_INIT_RESIDUAL };
 
 static bool bias_case(ct_dtype dt, int mode, int64_t N, int64_t C) {
     cuda_test_seed(2, (uint64_t)(N * 1000 + C), (uint64_t)(mode * 2 + dt));
-    const size_t es = dsize(dt);
+    const size_t es = cuda_test_dsize(dt);
     void *hb = rvec(dt, C, -1.0f, 1.0f), *hr = rvec(dt, N * C, -3.0f, 3.0f);
     void *ho = rvec(dt, N * C, -3.0f, 3.0f);
     pbuf bias = pb_new(hb, (size_t)C * es), res = pb_new(hr, (size_t)(N * C) * es),
@@ -246,7 +231,7 @@ static bool bias_grad_case(ct_dtype dt, int64_t N, int64_t C) {
     cuda_test_seed(3, (uint64_t)N, (uint64_t)(C * 2 + dt));
     void *hd = rvec(dt, N * C, -1.0f, 1.0f);
     float *db0 = cuda_test_fvec(C, -2.0f, 2.0f); /* the starting value it accumulates into */
-    pbuf dout = pb_new(hd, (size_t)(N * C) * dsize(dt)), db = pb_new(db0, (size_t)C * 4);
+    pbuf dout = pb_new(hd, (size_t)(N * C) * cuda_test_dsize(dt)), db = pb_new(db0, (size_t)C * 4);
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->bias_grad(side_be(s)->ctx, dt, db.p[s], dout.p[s], N, C);
     char what[128];
@@ -275,7 +260,7 @@ static void test_bias_grad(void **state) {
 /* n elements from element `off` of buffers of n + 1. */
 static bool axpy_case(ct_dtype dt, int64_t n, int64_t off, float alpha) {
     cuda_test_seed(4, (uint64_t)n, (uint64_t)(off * 2 + dt));
-    const size_t es = dsize(dt);
+    const size_t es = cuda_test_dsize(dt);
     void *hd = rvec(dt, n + 1, -2.0f, 2.0f), *hs = rvec(dt, n + 1, -2.0f, 2.0f);
     pbuf dst = pb_new(hd, (size_t)(n + 1) * es), src = pb_new(hs, (size_t)(n + 1) * es);
     for (int s = 0; s < 2; s++)
@@ -292,7 +277,7 @@ static bool axpy_case(ct_dtype dt, int64_t n, int64_t off, float alpha) {
 
 static bool scale_case(ct_dtype dt, int64_t n, int64_t off, float sc) {
     cuda_test_seed(5, (uint64_t)n, (uint64_t)(off * 2 + dt));
-    const size_t es = dsize(dt);
+    const size_t es = cuda_test_dsize(dt);
     void *hx = rvec(dt, n + 1, -2.0f, 2.0f);
     pbuf x = pb_new(hx, (size_t)(n + 1) * es);
     for (int s = 0; s < 2; s++)
@@ -327,12 +312,12 @@ static bool cast_case(ct_dtype dst_dt, ct_dtype src_dt, int64_t n, int64_t off) 
     /* ties of f32 -> bf16 (round to even: down, then up) and values near them */
     const float ties[] = {1.00390625f, 1.01171875f, -1.00390625f, 1.0039063f, 1.0039062f};
     for (int k = 0; k < 5 && k < n; k++) f[1 + k] = ties[k];
-    void *hs = pack(src_dt, f, n + 1), *hd = rvec(dst_dt, n + 1, -1.0f, 1.0f);
-    pbuf src = pb_new(hs, (size_t)(n + 1) * dsize(src_dt)),
-         dst = pb_new(hd, (size_t)(n + 1) * dsize(dst_dt));
+    void *hs = cuda_test_pack(src_dt, f, n + 1), *hd = rvec(dst_dt, n + 1, -1.0f, 1.0f);
+    pbuf src = pb_new(hs, (size_t)(n + 1) * cuda_test_dsize(src_dt)),
+         dst = pb_new(hd, (size_t)(n + 1) * cuda_test_dsize(dst_dt));
     for (int s = 0; s < 2; s++)
-        side_be(s)->iface->cast(side_be(s)->ctx, at(&dst, s, off, dsize(dst_dt)), dst_dt,
-                                at(&src, s, off, dsize(src_dt)), src_dt, n);
+        side_be(s)->iface->cast(side_be(s)->ctx, at(&dst, s, off, cuda_test_dsize(dst_dt)), dst_dt,
+                                at(&src, s, off, cuda_test_dsize(src_dt)), src_dt, n);
     char what[128];
     snprintf(what, sizeof what, "cast %s -> %s n=%lld off=%lld", ct_dtype_name(src_dt),
              ct_dtype_name(dst_dt), (long long)n, (long long)off);
@@ -368,7 +353,7 @@ static int32_t *tokens_new(int64_t N, int vocab) {
 static bool emb_fwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_t row_offset,
                          int vocab) {
     cuda_test_seed(7, (uint64_t)(N * 1000 + C), (uint64_t)(row_offset * 2 + dt));
-    const size_t es = dsize(dt);
+    const size_t es = cuda_test_dsize(dt);
     int32_t *tok = tokens_new(N, vocab);
     void *ht = rvec(dt, rows * C, -1.0f, 1.0f), *ho = rvec(dt, N * C, -5.0f, 5.0f);
     pbuf tokens = pb_new(tok, (size_t)N * 4), table = pb_new(ht, (size_t)(rows * C) * es),
@@ -391,7 +376,8 @@ static bool emb_bwd_case(ct_dtype dt, int64_t N, int64_t C, int64_t rows, int64_
     int32_t *tok = tokens_new(N, vocab);
     void *hd = rvec(dt, N * C, -1.0f, 1.0f);
     float *dt0 = cuda_test_fvec(rows * C, -2.0f, 2.0f); /* the starting value it accumulates into */
-    pbuf tokens = pb_new(tok, (size_t)N * 4), dout = pb_new(hd, (size_t)(N * C) * dsize(dt)),
+    pbuf tokens = pb_new(tok, (size_t)N * 4),
+         dout = pb_new(hd, (size_t)(N * C) * cuda_test_dsize(dt)),
          dtable = pb_new(dt0, (size_t)(rows * C) * 4);
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->embedding_bwd(side_be(s)->ctx, dt, dtable.p[s], dout.p[s], tokens.p[s],
@@ -425,7 +411,7 @@ static void test_embedding(void **state) {
 
 static bool posemb_fwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
     cuda_test_seed(9, (uint64_t)(B * 100 + T), (uint64_t)(C * 2 + dt));
-    const size_t es = dsize(dt);
+    const size_t es = cuda_test_dsize(dt);
     const int64_t max_t = pos_offset + T + 3;
     void *hw = rvec(dt, max_t * C, -1.0f, 1.0f), *ho = rvec(dt, B * T * C, -3.0f, 3.0f);
     pbuf wpe = pb_new(hw, (size_t)(max_t * C) * es), out = pb_new(ho, (size_t)(B * T * C) * es);
@@ -446,7 +432,7 @@ static bool posemb_bwd_case(ct_dtype dt, int64_t B, int64_t T, int64_t C, int64_
     const int64_t max_t = pos_offset + T + 3;
     void *hd = rvec(dt, B * T * C, -1.0f, 1.0f);
     float *w0 = cuda_test_fvec(max_t * C, -2.0f, 2.0f);
-    pbuf dout = pb_new(hd, (size_t)(B * T * C) * dsize(dt)),
+    pbuf dout = pb_new(hd, (size_t)(B * T * C) * cuda_test_dsize(dt)),
          dwpe = pb_new(w0, (size_t)(max_t * C) * 4);
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->posemb_bwd(side_be(s)->ctx, dt, dwpe.p[s], dout.p[s], B, T, C,
@@ -498,13 +484,13 @@ static bool adamw_case(int copy_dt, int64_t n, int n_seg, int64_t off) {
     void *hc = rvec(cdt, n + 1, -1.0f, 1.0f);
     pbuf pp = pb_new(p, (size_t)(n + 1) * 4), pg = pb_new(g, (size_t)(n + 1) * 4),
          pm = pb_new(m, (size_t)(n + 1) * 4), pv = pb_new(v, (size_t)(n + 1) * 4),
-         pc = pb_new(hc, (size_t)(n + 1) * dsize(cdt));
+         pc = pb_new(hc, (size_t)(n + 1) * cuda_test_dsize(cdt));
     ct_adamw_hparams hp = {
         .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 7, .grad_scale = 0.7f};
     for (int s = 0; s < 2; s++)
         side_be(s)->iface->adamw(side_be(s)->ctx, at(&pp, s, off, 4), at(&pg, s, off, 4),
                                  at(&pm, s, off, 4), at(&pv, s, off, 4), seg, used, &hp,
-                                 copy_dt < 0 ? NULL : at(&pc, s, off, dsize(cdt)), cdt);
+                                 copy_dt < 0 ? NULL : at(&pc, s, off, cuda_test_dsize(cdt)), cdt);
     char what[4][160];
     const char *names[4] = {"param", "m", "v", "param_copy"};
     for (int k = 0; k < 4; k++)

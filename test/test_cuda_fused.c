@@ -37,7 +37,7 @@ static float urand(void) { /* [-1, 1), xorshift64 */
 /* The values a tensor of dtype dt holds for these floats (bf16 rounds). */
 static void quantize(float *v, int64_t n, ct_dtype dt) {
     if (dt == CT_DTYPE_BF16)
-        for (int64_t i = 0; i < n; i++) v[i] = cuda_test_from_bf16(cuda_test_to_bf16(v[i]));
+        for (int64_t i = 0; i < n; i++) v[i] = ct_bf16_to_f32(ct_f32_to_bf16(v[i]));
 }
 
 /* Runs ct_gemm_bias_gelu (gelu) or ct_gemm_bias (pre only) on `be` from host x (M,K), w (N,K),

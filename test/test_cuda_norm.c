@@ -71,25 +71,6 @@ static cuda_test_pair P;
 
 /* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
-static size_t dsize(ct_dtype dt) {
-    return dt == BF16 ? 2 : 4;
-}
-
-/* n values as dtype dt (malloc'd); f is rounded in place to what is stored. */
-static void *pack(ct_dtype dt, float *f, int64_t n) {
-    void *p = malloc((size_t)(n ? n : 1) * dsize(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == BF16) {
-            uint16_t h = cuda_test_to_bf16(f[i]);
-            f[i] = cuda_test_from_bf16(h);
-            ((uint16_t *)p)[i] = h;
-        } else {
-            ((float *)p)[i] = f[i];
-        }
-    }
-    return p;
-}
-
 static double amax(const float *f, int64_t n) {
     double m = 0.0;
     for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(f[i]));
@@ -140,7 +121,7 @@ static uint64_t fnv(const void *p, size_t n) {
 /* Compares n elements of dtype dt of a pbuf; returns true when close. */
 static bool check(const char *what, const pbuf *b, ct_dtype dt, int64_t n, double atol,
                   double rtol) {
-    size_t bytes = (size_t)n * dsize(dt);
+    size_t bytes = (size_t)n * cuda_test_dsize(dt);
     void *want = cuda_test_download(P.cpu, b->p[0], bytes);
     void *got = cuda_test_download(P.gpu, b->p[1], bytes);
     char label[200];
@@ -228,8 +209,9 @@ static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
     cuda_test_seed(1, (uint64_t)N, (uint64_t)C);
     float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f),
           *b = cuda_test_fvec(C, -1.0f, 1.0f);
-    void *hx = pack(dt, x, N * C), *hw = pack(dt, w, C), *hb = pack(dt, b, C);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, N * C), *hw = cuda_test_pack(dt, w, C),
+         *hb = cuda_test_pack(dt, b, C);
+    size_t es = cuda_test_dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es),
          pbb = pb_new(hb, (size_t)C * es);
     pbuf out = pb_new(NULL, (size_t)(N * C) * es), mean = pb_new(NULL, (size_t)N * 4),
@@ -282,8 +264,9 @@ static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
           *d = cuda_test_fvec(N * C, -1.0f, 1.0f);
     float *di0 = cuda_test_fvec(N * C, -0.5f, 0.5f), *dw0 = cuda_test_fvec(C, -1.0f, 1.0f),
           *db0 = cuda_test_fvec(C, -1.0f, 1.0f);
-    void *hx = pack(dt, x, N * C), *hw = pack(dt, w, C), *hd = pack(dt, d, N * C);
-    void *hdi = pack(dt, di0, N * C);
+    void *hx = cuda_test_pack(dt, x, N * C), *hw = cuda_test_pack(dt, w, C),
+         *hd = cuda_test_pack(dt, d, N * C);
+    void *hdi = cuda_test_pack(dt, di0, N * C);
     /* the statistics the forward would save (any consistent values will do: both get the same) */
     float *m = malloc((size_t)N * sizeof(float)), *r = malloc((size_t)N * sizeof(float));
     for (int64_t i = 0; i < N; i++) {
@@ -294,7 +277,7 @@ static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
         m[i] = (float)s1;
         r[i] = (float)(1.0 / sqrt(s2 / (double)C + 1e-5));
     }
-    size_t es = dsize(dt);
+    size_t es = cuda_test_dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es),
          dout = pb_new(hd, (size_t)(N * C) * es), dinp = pb_new(hdi, (size_t)(N * C) * es),
          dw = pb_new(dw0, (size_t)C * 4), db = pb_new(db0, (size_t)C * 4),
@@ -377,8 +360,8 @@ static float *gelu_input(int64_t n) {
 static bool gelu_fwd_case(ct_dtype dt, int64_t n, int64_t offset) {
     cuda_test_seed(3, (uint64_t)n, (uint64_t)offset);
     float *x = gelu_input(n + offset);
-    void *hx = pack(dt, x, n + offset);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, n + offset);
+    size_t es = cuda_test_dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(n + offset) * es), out = pb_new(NULL, (size_t)(n + offset) * es);
     for (int s = 0; s < 2; s++) {
         ct_backend *be = side_be(s);
@@ -408,8 +391,8 @@ static bool gelu_bwd_case(ct_dtype dt, int64_t N, int64_t C, bool alias, bool wi
     cuda_test_seed(4, (uint64_t)(N * 4 + alias * 2 + with_dbias), (uint64_t)C);
     float *x = gelu_input(N * C), *d = cuda_test_fvec(N * C, -1.0f, 1.0f),
           *b0 = cuda_test_fvec(C, -1.0f, 1.0f);
-    void *hx = pack(dt, x, N * C), *hd = pack(dt, d, N * C);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, N * C), *hd = cuda_test_pack(dt, d, N * C);
+    size_t es = cuda_test_dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), dout = pb_new(hd, (size_t)(N * C) * es);
     pbuf dinp = alias ? dout : pb_new(NULL, (size_t)(N * C) * es);
     pbuf dbias = pb_new(b0, (size_t)C * 4);
@@ -545,8 +528,8 @@ static bool xent_pass_case(ct_dtype dt, const xent_shape *sh, bool keep_exp) {
     const int64_t N = sh->N, V = sh->V, nv = sh->n_valid;
     float *x = xent_logits(sh);
     int32_t *tg = xent_targets(sh);
-    void *hx = pack(dt, x, N * V);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, N * V);
+    size_t es = cuda_test_dsize(dt);
     char what[200];
     bool ok = true;
 
@@ -599,7 +582,7 @@ static bool xent_pass_case(ct_dtype dt, const xent_shape *sh, bool keep_exp) {
         int64_t t = (int64_t)tg[i] - sh->col_offset;
         tl[i] = t >= 0 && t < nv ? x[i * V + t] : 0.0f;
     }
-    void *he = pack(dt, e, N * V);
+    void *he = cuda_test_pack(dt, e, N * V);
     const float dloss = 0.37f;
     for (int wg = 0; wg < 2; wg++) {
         pbuf grad = pb_new(he, (size_t)(N * V) * es), pse = pb_new(se, (size_t)N * 4),
@@ -633,8 +616,8 @@ static bool xent_chain_case(ct_dtype dt, const xent_shape *sh) {
     const int64_t N = sh->N, V = sh->V, nv = sh->n_valid;
     float *x = xent_logits(sh);
     int32_t *tg = xent_targets(sh);
-    void *hx = pack(dt, x, N * V);
-    size_t es = dsize(dt);
+    void *hx = cuda_test_pack(dt, x, N * V);
+    size_t es = cuda_test_dsize(dt);
     pbuf logits = pb_new(hx, (size_t)(N * V) * es), targets = pb_new(tg, (size_t)N * 4);
     pbuf rowmax = pb_new(NULL, (size_t)N * 4), sumexp = pb_new(NULL, (size_t)N * 4),
          tlogit = pb_new(NULL, (size_t)N * 4), losses = pb_new(NULL, (size_t)N * 4);
@@ -685,8 +668,9 @@ static bool xent_empty_shard_case(ct_dtype dt) {
     const int64_t N = 3, V = 16;
     float *x = cuda_test_fvec(N * V, -1.0f, 1.0f);
     int32_t tg[3] = {0, 5, 200};
-    void *hx = pack(dt, x, N * V);
-    pbuf logits = pb_new(hx, (size_t)(N * V) * dsize(dt)), targets = pb_new(tg, sizeof tg);
+    void *hx = cuda_test_pack(dt, x, N * V);
+    pbuf logits = pb_new(hx, (size_t)(N * V) * cuda_test_dsize(dt)),
+         targets = pb_new(tg, sizeof tg);
     pbuf rowmax = pb_new(NULL, (size_t)N * 4), sumexp = pb_new(NULL, (size_t)N * 4),
          tlogit = pb_new(NULL, (size_t)N * 4);
     ct_backend *be = P.gpu;

@@ -493,9 +493,13 @@ static void test_prepare_end_to_end(void **state) {
 
     char out_dir[256];
     snprintf(out_dir, sizeof out_dir, "%s/out/nested", fx->dir);
-    char *argv[] = {"--input",          in_dir,           extra,  "--out", out_dir,
-                    "--vocab-size=300", "--val-fraction", "0.25", NULL};
-    assert_int_equal(ct_prepare_run(8, argv), CT_OK);
+    const char *inputs[] = {in_dir, extra};
+    ct_prepare_options o = {.inputs = inputs,
+                            .n_inputs = 2,
+                            .out_dir = out_dir,
+                            .vocab_size = 300,
+                            .val_fraction = 0.25};
+    assert_int_equal(ct_prepare_run(&o), CT_OK);
 
     snprintf(buf, sizeof buf, "%s/tokenizer.bin", out_dir);
     ct_tokenizer *tok;
@@ -540,9 +544,16 @@ static void test_prepare_end_to_end(void **state) {
     ct_tokenizer_free(tok);
 }
 
-static void assert_prepare_rejected(int argc, char **argv, const char *phrase) {
+/* The options are refused with a message containing `phrase` and a hint. (The command line's
+ * own errors, an unknown option or a value that is not a number, are cmd/'s: cli_errors.sh.) */
+static void assert_prepare_rejected(const char *input, const char *out, int vocab, double val,
+                                    const char *phrase) {
     ct_error_clear();
-    assert_int_equal(ct_prepare_run(argc, argv), CT_ERR_INPUT);
+    ct_prepare_options o = CT_PREPARE_DEFAULTS;
+    o.inputs = &input, o.n_inputs = input ? 1 : 0, o.out_dir = out;
+    if (vocab) o.vocab_size = vocab;
+    if (val >= 0) o.val_fraction = val;
+    assert_int_equal(ct_prepare_run(&o), CT_ERR_INPUT);
     if (!strstr(ct_error_message(), phrase))
         fail_msg("message lacks '%s': %s", phrase, ct_error_message());
     assert_true(ct_error_hint()[0] != '\0');
@@ -554,47 +565,13 @@ static void test_prepare_bad_arguments(void **state) {
     write_text(text, "some text\n");
     char *out = path_in(fx, "o");
     char *missing = path_in(fx, "missing.txt");
-    {
-        char *argv[] = {"--out", out};
-        assert_prepare_rejected(2, argv, "--input");
-    }
-    {
-        char *argv[] = {"--input", text};
-        assert_prepare_rejected(2, argv, "--out");
-    }
-    {
-        char *argv[] = {"--input", "--out", out};
-        assert_prepare_rejected(3, argv, "--input");
-    }
-    {
-        char *argv[] = {"--input", text, "--out", out, "--vocab-size", "100"};
-        assert_prepare_rejected(6, argv, "'100'");
-    }
-    {
-        char *argv[] = {"--input", text, "--out", out, "--vocab-size", "12ab"};
-        assert_prepare_rejected(6, argv, "'12ab'");
-    }
-    {
-        char *argv[] = {"--input", text, "--out", out, "--val-fraction", "1"};
-        assert_prepare_rejected(6, argv, "--val-fraction");
-    }
-    {
-        char *argv[] = {"--input", text, "--out", out, "--frobnicate"};
-        assert_prepare_rejected(5, argv, "--frobnicate");
-    }
-    {
-        char *argv[] = {"--input", text, "--out", out, "--vocab-size"};
-        assert_prepare_rejected(5, argv, "needs a value");
-    }
-    {
-        char *argv[] = {"--input", missing, "--out", out};
-        assert_prepare_rejected(4, argv, missing);
-    }
-    {
-        char *argv[] = {"--input", text, "--out", text}; /* --out names a file */
-        assert_prepare_rejected(4, argv, text);
-    }
-    assert_int_not_equal(access(out, F_OK), 0); /* nothing written on failure */
+    assert_prepare_rejected(NULL, out, 0, -1, "--input");
+    assert_prepare_rejected(text, NULL, 0, -1, "--out");
+    assert_prepare_rejected(text, out, 100, -1, "'100'");
+    assert_prepare_rejected(text, out, 0, 1.0, "--val-fraction");
+    assert_prepare_rejected(missing, out, 0, -1, missing);
+    assert_prepare_rejected(text, text, 0, -1, text); /* --out names a file */
+    assert_int_not_equal(access(out, F_OK), 0);       /* nothing written on failure */
 }
 
 int main(int argc, char **argv) {

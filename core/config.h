@@ -2,7 +2,8 @@
  * config.h — the run configuration: YAML file (libyaml) + `--set section.key=value` overrides,
  * validated as a whole, with the derived values computed once (DESIGN §12).
  *
- * Every field has a default (ct_config_defaults) and is documented in the key table of config.c,
+ * Every field has a default (ct_config_defaults) and is documented in the key table of
+ * config_keys.c,
  * which is also what --print-config, unknown-key suggestions and configs/README.md follow.
  * Loading never exits: it returns CT_ERR_INPUT with a message naming the field and the value and
  * a hint (common.h). Validation that needs the world size (the grid) happens in

@@ -21,6 +21,17 @@
 
 /* ---- layout --------------------------------------------------------------------------------- */
 
+ct_zero_layout ct_zero_layout_of(int64_t zero_stage) {
+    CT_ASSERTF(zero_stage >= 0 && zero_stage <= 3, "zero stage %lld", (long long)zero_stage);
+    ct_zero_layout z = {
+        .stage = (int)zero_stage,
+        .shard_optim = zero_stage >= 1,
+        .shard_grads = zero_stage >= 2,
+        .shard_params = zero_stage == 3,
+    };
+    return z;
+}
+
 ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     ct_model_layout layout;
     memset(&layout, 0, sizeof layout);
@@ -28,8 +39,7 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.tp_size = 1;
     layout.tp = NULL;
     layout.dp_size = 1;
-    layout.shard_params = false;
-    layout.shard_grads = false;
+    layout.zero = ct_zero_layout_of(0);
     layout.sequence_parallel = false;
     layout.recompute = false;
     layout.n_chunks = 1;
@@ -297,11 +307,11 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         slab += unit->padded_numel;
     }
     m->slab_numel = slab;
-    if (!layout->shard_params) {
+    if (!layout->zero.shard_params) {
         m->param_slab = ct_tensor_new_1d(be, m->dtype, slab, CT_MEM_PARAMS);
         if (!m->param_slab) goto oom;
     }
-    if (!layout->shard_grads) {
+    if (!layout->zero.shard_grads) {
         m->grad_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_GRADS);
         if (!m->grad_slab) goto oom;
     }

@@ -93,7 +93,7 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         layout.dp_size = dp;
         layout.sequence_parallel = cfg->parallel.sequence_parallel;
         layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
-        layout.shard_params = layout.shard_grads = true; /* nothing is allocated */
+        layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
         layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
         ct_model *model = NULL;
         st = ct_model_new(&model, cfg, be, &layout);

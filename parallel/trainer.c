@@ -144,7 +144,6 @@ static ct_status open_inputs(trainer *t) {
 /* Model, data-parallel state and activations: out of memory is the only way these fail. */
 static ct_status build_model(trainer *t) {
     const ct_config *cfg = t->cfg;
-    int stage = (int)cfg->parallel.zero_stage;
     ct_model_layout layout = ct_model_layout_pipeline(cfg, t->pctx->pp_rank);
     layout.tp = t->pctx->tp_comm;
     layout.tp_rank = t->pctx->tp_rank;
@@ -152,11 +151,10 @@ static ct_status build_model(trainer *t) {
     layout.sequence_parallel = cfg->parallel.sequence_parallel;
     layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
     layout.dp_size = t->dp_size;
-    layout.shard_grads = stage >= 2;
-    layout.shard_params = stage == 3;
+    layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
-    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train,
+    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, &cfg->train,
                      ct_precision_dtype(cfg->parallel.grad_reduce_dtype)));
     if (t->pctx->pp > 1) {
         return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx, cfg->parallel.schedule,

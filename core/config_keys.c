@@ -53,8 +53,23 @@ const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
                                                  "data",  "checkpoint", "log"};
 
 /*
- * Upper bounds exist so that ct_config_validate's products (parameter count, tp·pp·dp,
- * tokens per step) cannot overflow int64; they are far beyond any real model.
+ * Bounds. Every key that a value could make meaningless, or crash later, has its range here and
+ * is refused at load (exit 2, naming the key). Upper bounds on the model, grid and batch exist so
+ * that ct_config_validate's products (parameter count, tp·pp·dp, tokens per step) cannot
+ * overflow int64; they are far beyond any real model. The others:
+ *   parallel.timeout_s <= 1e9 s: the watchdog turns it into a time_t deadline (a larger double
+ *     overflows the conversion); 1e9 s is 31 years, i.e. no timeout.
+ *   train.steps <= 1e8: the run keeps two doubles per step (losses, gradient norms) and reads
+ *     sample step·global_batch, which stays below 2^62.
+ *   train.eval_steps <= 1e6: evaluation batches of global_batch sequences each.
+ *   train.weight_decay <= 1 and train.eps <= 1: AdamW's decoupled decay scales a weight by
+ *     1 - lr·weight_decay per step, and an epsilon of 1 outweighs sqrt(v) for any gradient below
+ *     1: beyond these, training stalls or destroys the weights.
+ * Left open above, on purpose: train.lr (a rate that blows up training is caught at run time by
+ * train.max_bad_steps, which test/cli_train.sh reaches with lr 1e30), train.grad_clip (large =
+ * no clipping), and the counts whose large values only mean "never" (eval_interval,
+ * max_bad_steps, stop_after, checkpoint.interval and keep, log.interval). Consistency between
+ * keys (min_lr <= lr, warmup_steps <= steps, n_kv_head | n_head, ...) is ct_config_validate's.
  */
 const config_key config_keys[] = {
     /* model */
@@ -101,14 +116,15 @@ const config_key config_keys[] = {
      .doc = "merge consecutive layers of a pipeline chunk into one FSDP unit (the grain of "
             "gradient reduction, ZeRO sharding and ZeRO-3 gathering) of at least this many MiB "
             "of a rank's parameters; 0 = one unit per layer"},
-    {KEY(parallel, timeout_s, KEY_FLOAT), .def = "300", ABOVE(0),
+    {KEY(parallel, timeout_s, KEY_FLOAT), .def = "300", ABOVE(0), AT_MOST(1e9),
      .doc = "a collective unfinished after this many seconds aborts the job with a report"},
     {KEY(parallel, grad_reduce_dtype, KEY_ENUM), .choices = reduce_dtype_names, .def = "fp32",
      .doc = "dtype of the data-parallel gradient reduction: bf16 halves its traffic (needs "
             "train.precision bf16)"},
 
     /* train */
-    {KEY(train, steps, KEY_INT), .def = "100", AT_LEAST(1), .doc = "optimizer steps to run"},
+    {KEY(train, steps, KEY_INT), .def = "100", AT_LEAST(1), AT_MOST(100000000),
+     .doc = "optimizer steps to run"},
     {KEY(train, global_batch, KEY_INT), .def = "8", AT_LEAST(1), AT_MOST(2147483647),
      .doc = "sequences per optimizer step, whatever the layout"},
     {KEY(train, micro_batch, KEY_INT), .def = "auto", AT_LEAST(1), AT_MOST(2147483647),
@@ -122,7 +138,7 @@ const config_key config_keys[] = {
      .doc = "learning rate at the end of the decay; <= lr"},
     {KEY(train, warmup_steps, KEY_INT), .def = "10", AT_LEAST(0),
      .doc = "steps of linear warmup; <= steps"},
-    {KEY(train, weight_decay, KEY_FLOAT), .def = "0.1", AT_LEAST(0),
+    {KEY(train, weight_decay, KEY_FLOAT), .def = "0.1", AT_LEAST(0), AT_MOST(1),
      .doc = "AdamW decoupled weight decay (matrices and embeddings; not biases or norms)"},
     {KEY(train, grad_clip, KEY_FLOAT), .def = "1.0", AT_LEAST(0),
      .doc = "clip the global gradient norm to this; 0 disables clipping"},
@@ -130,7 +146,7 @@ const config_key config_keys[] = {
      .doc = "AdamW first-moment decay"},
     {KEY(train, beta2, KEY_FLOAT), .def = "0.95", AT_LEAST(0), BELOW(1),
      .doc = "AdamW second-moment decay"},
-    {KEY(train, eps, KEY_FLOAT), .def = "1e-8", ABOVE(0), .doc = "AdamW epsilon"},
+    {KEY(train, eps, KEY_FLOAT), .def = "1e-8", ABOVE(0), AT_MOST(1), .doc = "AdamW epsilon"},
     {KEY(train, seed, KEY_UINT64), .def = "1337",
      .doc = "seed of parameter initialisation and data order"},
     {KEY(train, precision, KEY_ENUM), .choices = precision_names, .def = "fp32",
@@ -141,7 +157,7 @@ const config_key config_keys[] = {
      .doc = "activation recompute: full keeps only each layer's input and recomputes the rest"},
     {KEY(train, eval_interval, KEY_INT), .def = "0", AT_LEAST(0),
      .doc = "evaluate on data.val every this many steps; 0 disables evaluation"},
-    {KEY(train, eval_steps, KEY_INT), .def = "4", AT_LEAST(1),
+    {KEY(train, eval_steps, KEY_INT), .def = "4", AT_LEAST(1), AT_MOST(1000000),
      .doc = "global batches per evaluation"},
     {KEY(train, max_bad_steps, KEY_INT), .def = "5", AT_LEAST(1),
      .doc = "consecutive steps with a NaN/Inf loss or gradient norm before the job aborts"},

@@ -2,8 +2,11 @@
  * config.h — the run configuration: YAML file (libyaml) + `--set section.key=value` overrides,
  * validated as a whole, with the derived values computed once (configs/README.md).
  *
- * Every field has a default (ct_config_defaults) and is documented in the key table of config.c,
- * which is also what --print-config, unknown-key suggestions and configs/README.md follow.
+ * Every field has a default (ct_config_defaults) and is documented in the key table of
+ * config_keys.c, which is also what --print-config, unknown-key suggestions and
+ * configs/README.md follow. The implementation is in four rooms: config_keys.c (the table, one
+ * key's conversion and range), config_load.c (YAML, --set), config_validate.c (between keys,
+ * derived values) and config_print.c.
  * Loading never exits: it returns CT_ERR_INPUT with a message naming the field and the value and
  * a hint (common.h). Validation that needs the world size (the grid) happens in
  * ct_config_validate, which every rank runs on the same input and so reaches the same verdict.
@@ -29,8 +32,8 @@ typedef enum ct_schedule_kind {
     CT_SCHEDULE_INTERLEAVED,
     CT_SCHEDULE_FORWARD_ONLY,
 } ct_schedule_kind;
-/* train.precision (AUTO is resolved by ct_config_validate into derived.precision) and
- * parallel.grad_reduce_dtype (FP32 or BF16 only). */
+/* train.precision (AUTO is resolved into derived.precision by ct_config_validate, which asks the
+ * backend: backend_precision.h) and parallel.grad_reduce_dtype (FP32 or BF16 only). */
 typedef enum ct_precision {
     CT_PRECISION_FP32 = 0,
     CT_PRECISION_BF16,
@@ -132,7 +135,8 @@ typedef struct ct_config {
     ct_log_config log;
     ct_derived_config derived;
     /* Not a YAML key: cmd sets it from `--backend cuda` before ct_config_validate, whose
-     * train.precision=auto then picks bf16 (a GPU multiplies bf16 natively). Default false. */
+     * train.precision=auto then asks the backend that will run (ct_backend_auto_precision: a GPU
+     * multiplies bf16 natively). Default false. */
     bool runtime_backend_cuda;
 } ct_config;
 

@@ -8,6 +8,8 @@
  *     residual[l+1] = mid + (g·Wdownᵀ [allreduce tp]) + bdown
  * Backward mirrors it; the tensor-parallel "copy" operators turn into allreduces of the norm
  * output gradients. With tp = 1 every tp collective is on a group of one and costs nothing.
+ * The collectives themselves (tp sums, sequence parallelism's gathers and reduce-scatters, the
+ * block boundaries) are in model_collectives.c, the activation memory in model_acts.c.
  */
 #include "model.h"
 
@@ -17,9 +19,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_collectives.h"
 #include "rng.h"
 
 /* ---- layout --------------------------------------------------------------------------------- */
+
+ct_zero_layout ct_zero_layout_of(int64_t zero_stage) {
+    CT_ASSERTF(zero_stage >= 0 && zero_stage <= 3, "zero stage %lld", (long long)zero_stage);
+    ct_zero_layout z = {
+        .stage = (int)zero_stage,
+        .shard_optim = zero_stage >= 1,
+        .shard_grads = zero_stage >= 2,
+        .shard_params = zero_stage == 3,
+    };
+    return z;
+}
 
 ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     ct_model_layout layout;
@@ -28,8 +42,7 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.tp_size = 1;
     layout.tp = NULL;
     layout.dp_size = 1;
-    layout.shard_params = false;
-    layout.shard_grads = false;
+    layout.zero = ct_zero_layout_of(0);
     layout.sequence_parallel = false;
     layout.recompute = false;
     layout.n_chunks = 1;
@@ -297,11 +310,11 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         slab += unit->padded_numel;
     }
     m->slab_numel = slab;
-    if (!layout->shard_params) {
+    if (!layout->zero.shard_params) {
         m->param_slab = ct_tensor_new_1d(be, m->dtype, slab, CT_MEM_PARAMS);
         if (!m->param_slab) goto oom;
     }
-    if (!layout->shard_grads) {
+    if (!layout->zero.shard_grads) {
         m->grad_slab = ct_tensor_new_1d(be, CT_DTYPE_F32, slab, CT_MEM_GRADS);
         if (!m->grad_slab) goto oom;
     }
@@ -551,238 +564,6 @@ double ct_model_flops_per_token(const ct_model *m) {
     return 6.0 * n_matmul + 6.0 * (double)m->L * m->T * m->C;
 }
 
-/* ---- activations ------------------------------------------------------------------------------
- */
-
-/* Carves views out of one byte slab (activations in the model's dtype, statistics in f32); with
- * slab == NULL it only counts. Every view starts on a 64-byte boundary. */
-typedef struct carver {
-    ct_tensor *slab;
-    size_t used; /* bytes */
-} carver;
-
-static ct_tensor *carve_as(carver *cv, ct_dtype dtype, int ndim, int64_t d0, int64_t d1,
-                           int64_t d2) {
-    int64_t shape[3] = {d0, d1, d2};
-    int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    ct_tensor *t = cv->slab ? ct_tensor_view_as(cv->slab, dtype, cv->used, ndim, shape) : NULL;
-    cv->used += ((size_t)n * ct_dtype_size(dtype) + 63) / 64 * 64;
-    return t;
-}
-
-/* An activation (model dtype) and a statistic (f32: norms' mean and rstd, attention's lse, the
- * loss's row values). */
-#define carve(cv, ndim, d0, d1, d2) carve_as(cv, m->dtype, ndim, d0, d1, d2)
-#define carve_stat(cv, ndim, d0, d1, d2) carve_as(cv, CT_DTYPE_F32, ndim, d0, d1, d2)
-
-/* A layer's internal activations (everything but its input and output residuals). */
-static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
-    int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
-    int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
-    la->ln1 = carve(cv, 3, B, T, C);
-    la->ln1_mean = carve_stat(cv, 1, Nl, 0, 0);
-    la->ln1_rstd = carve_stat(cv, 1, Nl, 0, 0);
-    la->qkv = carve(cv, 3, B, T, qdim + 2 * kvdim);
-    la->att = carve(cv, 3, B, T, qdim);
-    la->lse = carve_stat(cv, 3, B, m->NH / tp, T);
-    la->mid = carve(cv, 3, B, m->Tl, C);
-    la->ln2 = carve(cv, 3, B, T, C);
-    la->ln2_mean = carve_stat(cv, 1, Nl, 0, 0);
-    la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
-    la->h = carve(cv, 3, B, T, F);
-    la->g = carve(cv, 3, B, T, F);
-}
-
-/* Bytes of one layer's internal activations for a micro-batch of B. */
-static size_t layer_internals_bytes(ct_model *m, int64_t B) {
-    ct_layer_acts la;
-    carver cv = {0};
-    carve_layer(m, &la, &cv, B);
-    return cv.used;
-}
-
-/*
- * Every activation of a microbatch: the residual stream at each layer boundary, the layers'
- * internals, and the head's. With train.recompute = full the internals are not kept: every
- * layer's views point into the one shared workspace m->recompute_ws, which forward overwrites
- * layer after layer and backward refills by running the layer's forward again.
- */
-static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
-    int64_t B = a->B, C = m->C, N = B * m->T, Tl = m->Tl, Nl = B * Tl;
-    int64_t vloc = m->Vp / m->layout.tp_size;
-    for (int c = 0; c < m->layout.n_chunks; c++) {
-        int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
-        a->residual[first] = carve(cv, 3, B, Tl, C); /* the chunk's input (received under pp) */
-        for (int l = first; l < first + n; l++) {
-            if (m->layout.recompute) {
-                carver shared = {.slab = cv->slab ? m->recompute_ws : NULL};
-                carve_layer(m, &a->layers[l], &shared, B);
-            } else {
-                carve_layer(m, &a->layers[l], cv, B);
-            }
-            a->residual[l + 1] = carve(cv, 3, B, Tl, C);
-        }
-        if (m->layout.chunks[c].has_head) {
-            a->lnf = carve(cv, 3, B, m->T, C);
-            a->lnf_mean = carve_stat(cv, 1, Nl, 0, 0);
-            a->lnf_rstd = carve_stat(cv, 1, Nl, 0, 0);
-            a->logits = carve(cv, 2, N, vloc, 0);
-            a->rowmax = carve_stat(cv, 1, N, 0, 0);
-            a->sumexp = carve_stat(cv, 1, N, 0, 0);
-            a->target_logit = carve_stat(cv, 1, N, 0, 0);
-            a->losses = carve_stat(cv, 1, N, 0, 0);
-        }
-    }
-}
-
-size_t ct_acts_bytes(const ct_model *m, int64_t B) {
-    ct_acts a = {.B = B};
-    a.residual = ct_xcalloc((size_t)m->L + 1, sizeof *a.residual);
-    a.layers = ct_xcalloc((size_t)m->L, sizeof *a.layers);
-    carver cv = {0};
-    carve_acts((ct_model *)m, &a, &cv);
-    free(a.residual);
-    free(a.layers);
-    return cv.used + 2 * (size_t)(B * m->T) * sizeof(int32_t);
-}
-
-ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
-    ct_acts *a = ct_xcalloc(1, sizeof *a);
-    a->B = B;
-    a->n_layers = (int)m->L;
-    a->residual = ct_xcalloc((size_t)m->L + 1, sizeof *a->residual);
-    a->layers = ct_xcalloc((size_t)m->L, sizeof *a->layers);
-    carver cv = {0};
-    carve_acts(m, a, &cv);
-    if (m->layout.recompute && B > m->recompute_B) {
-        /* Views of live activation contexts point into the workspace: it may only grow
-         * before the first one exists. */
-        CT_ASSERTF(m->live_acts == 0,
-                   "recompute workspace must grow from B=%lld to %lld with "
-                   "activations alive",
-                   (long long)m->recompute_B, (long long)B);
-        ct_tensor_free(m->recompute_ws);
-        ct_tensor_free(m->recompute_out);
-        m->recompute_ws =
-            ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)layer_internals_bytes(m, B), CT_MEM_ACTS);
-        int64_t shape[3] = {B, m->Tl, m->C};
-        m->recompute_out = ct_tensor_new(m->be, m->dtype, 3, shape, CT_MEM_ACTS);
-        m->recompute_B = B;
-        if (!m->recompute_ws || !m->recompute_out) {
-            ct_acts_free(a);
-            return CT_ERR_RUNTIME;
-        }
-    }
-    a->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_ACTS);
-    a->tokens = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
-    a->targets = ct_tensor_new_1d(m->be, CT_DTYPE_I32, B * m->T, CT_MEM_ACTS);
-    if (!a->slab || !a->tokens || !a->targets) {
-        ct_acts_free(a);
-        return CT_ERR_RUNTIME;
-    }
-    cv = (carver){.slab = a->slab};
-    carve_acts(m, a, &cv);
-    m->live_acts++;
-    a->model = m;
-    if (m->layout.sequence_parallel && B > m->sp_capacity_B) {
-        ct_tensor_free(m->sp_local), ct_tensor_free(m->sp_full), ct_tensor_free(m->sp_perm);
-        m->sp_local = ct_tensor_new_1d(m->be, m->dtype, B * m->Tl * m->C, CT_MEM_WORKSPACE);
-        m->sp_full = ct_tensor_new_1d(m->be, m->dtype, B * m->T * m->C, CT_MEM_WORKSPACE);
-        m->sp_perm = ct_tensor_new_1d(m->be, m->dtype, B * m->T * m->C, CT_MEM_WORKSPACE);
-        m->sp_capacity_B = B;
-        if (!m->sp_local || !m->sp_full || !m->sp_perm) {
-            ct_acts_free(a);
-            return CT_ERR_RUNTIME;
-        }
-    }
-    *out = a;
-    return CT_OK;
-}
-
-void ct_acts_free(ct_acts *a) {
-    if (!a) return;
-    if (a->model) a->model->live_acts--;
-    ct_tensor *singles[] = {a->lnf,    a->lnf_mean, a->lnf_rstd,     a->logits,
-                            a->rowmax, a->sumexp,   a->target_logit, a->losses};
-    for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);
-    for (int l = 0; l < a->n_layers; l++) {
-        ct_layer_acts *la = &a->layers[l];
-        ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->qkv,      la->att, la->lse,
-                              la->mid, la->ln2,      la->ln2_mean, la->ln2_rstd, la->h,   la->g};
-        for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
-    }
-    for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
-    free(a->layers);
-    free(a->residual);
-    ct_tensor_free(a->slab);
-    ct_tensor_free(a->tokens);
-    ct_tensor_free(a->targets);
-    free(a);
-}
-
-ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
-    int64_t T = m->T, C = m->C, tp = m->layout.tp_size;
-    int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
-    ct_grad_scratch *s = ct_xcalloc(1, sizeof *s);
-    s->B = B;
-    carver cv = {0};
-    const int64_t Tl = m->Tl;
-    const bool sp = m->layout.sequence_parallel;
-    for (int pass = 0; pass < 2; pass++) {
-        s->dres = carve(&cv, 3, B, Tl, C);
-        s->dln = carve(&cv, 3, B, T, C);
-        s->dln_local = sp ? carve(&cv, 3, B, Tl, C) : NULL;
-        s->dfull = sp ? carve(&cv, 3, B, T, C) : NULL;
-        s->datt = carve(&cv, 3, B, T, qdim);
-        s->dqkv = carve(&cv, 3, B, T, qdim + 2 * kvdim);
-        s->dh = carve(&cv, 3, B, T, F);
-        if (pass == 0) {
-            s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_WORKSPACE);
-            if (!s->slab) {
-                free(s);
-                return CT_ERR_RUNTIME;
-            }
-            cv = (carver){.slab = s->slab};
-        }
-    }
-    *out = s;
-    return CT_OK;
-}
-
-void ct_grad_scratch_free(ct_grad_scratch *s) {
-    if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dqkv, s->dh, s->dln_local, s->dfull};
-    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
-    ct_tensor_free(s->slab);
-    free(s);
-}
-
-void ct_acts_set_batch(ct_acts *a, int mb, const int32_t *tokens, const int32_t *targets) {
-    a->mb = mb;
-    ct_tensor_from_host(a->tokens, tokens);
-    if (targets) ct_tensor_from_host(a->targets, targets);
-}
-
-ct_tensor *ct_acts_chunk_input(const ct_acts *a, int c) {
-    const ct_model_layout *l = &a->model->layout;
-    CT_ASSERTF(c >= 0 && c < l->n_chunks, "chunk %d of %d", c, l->n_chunks);
-    return a->residual[l->chunks[c].first_layer];
-}
-
-ct_tensor *ct_acts_chunk_output(const ct_acts *a, int c) {
-    const ct_model_layout *l = &a->model->layout;
-    CT_ASSERTF(c >= 0 && c < l->n_chunks, "chunk %d of %d", c, l->n_chunks);
-    return a->residual[l->chunks[c].first_layer + l->chunks[c].n_layers];
-}
-
-ct_tensor *ct_acts_logits(const ct_acts *a) {
-    return a->logits;
-}
-
-ct_tensor *ct_grad_scratch_dres(const ct_grad_scratch *scratch) {
-    return scratch->dres;
-}
-
 /* ---- forward ----------------------------------------------------------------------------------
  */
 
@@ -797,11 +578,6 @@ static void unit_end(ct_model *m, int unit, ct_pass pass) {
 /* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
 static void poll(ct_model *m) {
     if (m->hooks.poll) m->hooks.poll(m->hooks.ctx);
-}
-
-/* Sum over the tensor-parallel group (no-op for tp = 1). */
-static void tp_allreduce(ct_model *m, ct_tensor *t, ct_reduce_op op) {
-    ct_comm_allreduce(m->layout.tp, t->data, t->numel, t->dtype, op);
 }
 
 /* A linear layer's forward, y = x·Wᵀ + b: x (N, in), W (out, in), y (N, out). y starts as b and
@@ -834,105 +610,6 @@ static void qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor 
     *b = ct_tensor_view_1d(range, p->bq->offset, rows);
 }
 
-/* ---- sequence parallelism: moving between (B, T/tp, C) slices and the full sequence ------- */
-
-/* A (B, T, C) or (B, T/tp, C) view of one of the sequence-parallel workspaces. */
-static ct_tensor *sp_view(ct_tensor *slab, int64_t B, int64_t T, int64_t C) {
-    int64_t shape[3] = {B, T, C};
-    return ct_tensor_view(slab, 0, 3, shape);
-}
-
-/* Copies a block of n elements between two tensors at element offsets. */
-static void copy_block(ct_tensor *dst, int64_t dst_off, const ct_tensor *src, int64_t src_off,
-                       int64_t n) {
-    ct_tensor *d = ct_tensor_view_1d(dst, dst_off, n);
-    ct_tensor *s = ct_tensor_view_1d(src, src_off, n);
-    ct_tensor_copy(d, s);
-    ct_tensor_free(d);
-    ct_tensor_free(s);
-}
-
-/* Collectives produce and consume rank-major buffers (tp, B, T/tp, C); the model's layout is
- * (B, T, C) with rank r holding positions [r·T/tp, (r+1)·T/tp) of every sequence. With B = 1
- * the two orders coincide. */
-static void seq_permute(ct_model *m, ct_tensor *dst, const ct_tensor *src, int64_t B,
-                        bool to_rank_major) {
-    int64_t tp = m->layout.tp_size, Tl = m->Tl, C = m->C, block = Tl * C;
-    for (int64_t r = 0; r < tp; r++)
-        for (int64_t b = 0; b < B; b++) {
-            int64_t rank_major = (r * B + b) * block, seq_major = (b * m->T + r * Tl) * C;
-            if (to_rank_major)
-                copy_block(dst, rank_major, src, seq_major, block);
-            else
-                copy_block(dst, seq_major, src, rank_major, block);
-        }
-}
-
-/* full (B,T,C) = every tp rank's slice (B,T/tp,C) gathered along the sequence. */
-static void seq_gather(ct_model *m, ct_tensor *full, const ct_tensor *slice) {
-    int64_t B = slice->shape[0], n = full->numel;
-    if (B == 1) {
-        ct_comm_allgather(m->layout.tp, slice->data, full->data, n, slice->dtype);
-        return;
-    }
-    ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
-    ct_comm_allgather(m->layout.tp, slice->data, perm->data, n, slice->dtype);
-    seq_permute(m, full, perm, B, false);
-    ct_tensor_free(perm);
-}
-
-/* slice (B,T/tp,C) = this rank's positions of the tp-group sum of full (B,T,C). */
-static void seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor *full) {
-    int64_t B = slice->shape[0], n = full->numel;
-    if (B == 1) {
-        ct_comm_reduce_scatter(m->layout.tp, full->data, slice->data, n, slice->dtype,
-                               CT_REDUCE_SUM);
-        return;
-    }
-    ct_tensor *perm = ct_tensor_view_1d(m->sp_perm, 0, n);
-    seq_permute(m, perm, full, B, true);
-    ct_comm_reduce_scatter(m->layout.tp, perm->data, slice->data, n, slice->dtype, CT_REDUCE_SUM);
-    ct_tensor_free(perm);
-}
-
-/* The "copy" entering a column-parallel block: the norm of the residual slice, gathered to
- * the full sequence under sequence parallelism (else the norm output is already full). */
-static void norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
-                             const ct_tensor *x, const ct_param *w, const ct_param *b) {
-    if (!m->layout.sequence_parallel) {
-        ct_layernorm_fwd(out_full, mean, rstd, x, w->value, b->value);
-        return;
-    }
-    ct_tensor *local = sp_view(m->sp_local, x->shape[0], m->Tl, m->C);
-    ct_layernorm_fwd(local, mean, rstd, x, w->value, b->value);
-    seq_gather(m, out_full, local);
-    ct_tensor_free(local);
-}
-
-/* The "reduce" leaving a row-parallel block and the residual connection around it:
- * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (added once, after the reduction). Without tp the
- * GEMM accumulates onto residual + bias (one pass instead of three, as a linear layer's forward
- * above). */
-static void row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
-                             const ct_param *b, const ct_tensor *residual) {
-    if (m->layout.tp_size == 1) {
-        ct_bias_init(out, b->value, residual);
-        ct_gemm(out, x, w->value, false, true, 1.0f, 1.0f);
-        return;
-    }
-    if (!m->layout.sequence_parallel) {
-        ct_gemm(out, x, w->value, false, true, 1.0f, 0.0f);
-        tp_allreduce(m, out, CT_REDUCE_SUM);
-    } else {
-        ct_tensor *full = sp_view(m->sp_full, out->shape[0], m->T, m->C);
-        ct_gemm(full, x, w->value, false, true, 1.0f, 0.0f);
-        seq_reduce_scatter(m, out, full);
-        ct_tensor_free(full);
-    }
-    ct_bias_add(out, b->value);
-    ct_axpy(out, residual, 1.0f);
-}
-
 /* Runs layer l on residual[l], writing its internals into a->layers[l] and its output to
  * `out` (residual[l+1], or a scratch when backward recomputes the internals). */
 static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
@@ -941,7 +618,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_tensor *x = a->residual[l];
     int64_t tp = m->layout.tp_size;
 
-    norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
+    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
     qkv_params(m, l, false, &wqkv, &bqkv);
     ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
@@ -949,42 +626,29 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     poll(m);
     ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
     poll(m);
-    row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
+    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
-    norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
+    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
     /* h = ln2·Wupᵀ + b_up, g = GELU(h): fused into the GEMM where the backend can */
     ct_gemm_bias_gelu(la->h, la->g, la->ln2, p->w_up->value, p->b_up->value);
     poll(m);
-    row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
+    ct_model_row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
 }
 
 static void embed_forward(ct_model *m, ct_acts *a) {
     ct_tensor *x = a->residual[0];
     if (!m->layout.sequence_parallel) {
         ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
-        tp_allreduce(m, x, CT_REDUCE_SUM); /* vocab-parallel: each rank contributed its rows */
+        /* vocab-parallel: each rank contributed its rows */
+        ct_model_tp_allreduce(m, x, CT_REDUCE_SUM);
         ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
         return;
     }
-    ct_tensor *full = sp_view(m->sp_full, a->B, m->T, m->C);
+    ct_tensor *full = ct_model_sp_view(m->sp_full, a->B, m->T, m->C);
     ct_embedding_fwd(full, a->tokens, m->wte->value, m->wte->tp_offset);
-    seq_reduce_scatter(m, x, full);
+    ct_model_seq_reduce_scatter(m, x, full);
     ct_tensor_free(full);
     ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
-}
-
-void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
-                            const ct_tensor *targets, ct_tensor *rowmax, ct_tensor *sumexp,
-                            ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
-                            float dloss) {
-    ct_xent_rowmax(rowmax, logits, n_valid);
-    ct_comm_allreduce(tp, rowmax->data, rowmax->numel, CT_DTYPE_F32, CT_REDUCE_MAX);
-    ct_xent_sumexp(sumexp, target_logit, logits, targets, rowmax, n_valid, col_offset,
-                   dloss != 0.0f);
-    ct_comm_allreduce(tp, sumexp->data, sumexp->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
-    ct_comm_allreduce(tp, target_logit->data, target_logit->numel, CT_DTYPE_F32, CT_REDUCE_SUM);
-    ct_xent_finish(losses, logits, targets, rowmax, sumexp, target_logit, n_valid, col_offset,
-                   dloss, dloss != 0.0f);
 }
 
 void ct_model_begin_losses(ct_model *m, int n_microbatches, int64_t B) {
@@ -1022,7 +686,7 @@ double ct_model_loss_sum(ct_model *m) {
 static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
-    norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
+    ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
     ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
     ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
                            a->target_logit, m->wte->valid_rows, m->wte->tp_offset, dloss);
@@ -1063,25 +727,6 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
 /* ---- backward ---------------------------------------------------------------------------------
  */
 
-/* ∂L/∂(residual) over the full sequence: s->dres itself, or gathered under sequence
- * parallelism (the conjugate of the forward reduce-scatter). */
-static ct_tensor *dres_full(ct_model *m, ct_grad_scratch *s) {
-    if (!m->layout.sequence_parallel) return s->dres;
-    seq_gather(m, s->dfull, s->dres);
-    return s->dfull;
-}
-
-/* The conjugate of the column-parallel "copy": s->dln (full, partial over tp) summed over the
- * group — in place, or reduce-scattered to this rank's positions. Returns the norm's dout. */
-static ct_tensor *dln_reduced(ct_model *m, ct_grad_scratch *s) {
-    if (!m->layout.sequence_parallel) {
-        tp_allreduce(m, s->dln, CT_REDUCE_SUM);
-        return s->dln;
-    }
-    seq_reduce_scatter(m, s->dln_local, s->dln);
-    return s->dln_local;
-}
-
 /* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. Row-parallel biases take
  * their gradient from this rank's positions: with sequence parallelism that is a partial sum,
  * completed over the tp group by the data-parallel layer. */
@@ -1092,21 +737,21 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-    ct_tensor *dout = dres_full(m, s);
+    ct_tensor *dout = ct_model_dres_full(m, s);
     ct_gemm(s->dh, dout, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F/tp) */
     ct_gemm(p->w_down->grad, dout, la->g, true, false, 1.0f, 1.0f);
     ct_bias_grad(p->b_down->grad, s->dres);
     poll(m);
     ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
-    ct_tensor *dln2 = dln_reduced(m, s);
+    ct_tensor *dln2 = ct_model_dln_reduced(m, s);
     linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
     poll(m);
 
     /* Attention: mid = x + att·Woᵀ + bo */
-    ct_tensor *dmid = dres_full(m, s);
+    ct_tensor *dmid = ct_model_dres_full(m, s);
     ct_gemm(s->datt, dmid, p->wo->value, false, false, 1.0f, 0.0f);
     ct_gemm(p->wo->grad, dmid, la->att, true, false, 1.0f, 1.0f);
     ct_bias_grad(p->bo->grad, s->dres);
@@ -1117,7 +762,7 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
                      m->NKV / tp); /* and the qkv bias gradient */
     poll(m);
     ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
-    ct_tensor *dln1 = dln_reduced(m, s);
+    ct_tensor *dln1 = ct_model_dln_reduced(m, s);
     linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
     ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
     ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
@@ -1127,7 +772,7 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
 static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     /* a->logits holds dloss·(softmax − onehot) from head_forward. */
     ct_gemm(s->dln, a->logits, m->wte->value, false, false, 1.0f, 0.0f); /* (N,C) */
-    ct_tensor *dlnf = dln_reduced(m, s);
+    ct_tensor *dlnf = ct_model_dln_reduced(m, s);
     ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
     ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, dlnf, a->residual[m->L],
@@ -1135,7 +780,7 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
 }
 
 static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
-    ct_embedding_bwd(m->wte->grad, dres_full(m, s), a->tokens, m->wte->tp_offset);
+    ct_embedding_bwd(m->wte->grad, ct_model_dres_full(m, s), a->tokens, m->wte->tp_offset);
     int64_t pos0 = m->layout.sequence_parallel ? m->layout.tp_rank * m->Tl : 0;
     ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->Tl, pos0);
 }

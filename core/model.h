@@ -79,15 +79,29 @@ typedef struct ct_unit {
     ct_tensor *grads;          /* (padded_numel) */
 } ct_unit;
 
+/* parallel.zero_stage decoded once (ct_zero_layout_of): what each data-parallel rank keeps only
+ * its 1/dp shard of. The model reads the storage flags; the data-parallel layer
+ * (parallel/data_parallel.h) reads all of it from the model's layout. */
+typedef struct ct_zero_layout {
+    int stage;        /* 0 replicated, 1 optimizer state sharded, 2 also gradients, 3 also params */
+    bool shard_optim; /* stage >= 1: AdamW moments and master weights */
+    bool shard_grads; /* stage >= 2 */
+    bool shard_params; /* stage == 3 */
+} ct_zero_layout;
+
+/* The layout of ZeRO stage `zero_stage` (0-3; the config has checked the range). */
+ct_zero_layout ct_zero_layout_of(int64_t zero_stage);
+
 /* Where this rank sits: its tensor-parallel slice and the chunks it holds. */
 typedef struct ct_model_layout {
     int tp_rank, tp_size;
     ct_comm *tp; /* tensor-parallel group (size 1 when tp = 1) */
     int dp_size; /* units are padded to a multiple of it */
-    /* ZeRO storage: when set, the model allocates no full parameter (ZeRO-3) or gradient
-     * (ZeRO-2/3) slab; unit buffers are bound by the data-parallel layer while in use
-     * (ct_model_bind_unit_params / _grads). */
-    bool shard_params, shard_grads;
+    /* ZeRO storage (ct_zero_layout_of): with zero.shard_params / zero.shard_grads set, the model
+     * allocates no full parameter (ZeRO-3) or gradient (ZeRO-2/3) slab; unit buffers are bound
+     * by the data-parallel layer while in use (ct_model_bind_unit_params / _grads), which reads
+     * its stage from here too. */
+    ct_zero_layout zero;
     /* Sequence parallelism inside the tp group: the residual stream, norms and dropout-free
      * elementwise regions hold T/tp positions of every sequence; each tp allreduce becomes an
      * allgather before a column-parallel layer and a reduce-scatter after a row-parallel one. */

@@ -334,20 +334,18 @@ static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_dtype dtype, 
     return s->buf && (low == dtype || s->low) ? CT_OK : CT_ERR_RUNTIME;
 }
 
-ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
-                    const ct_train_config *tc, ct_dtype reduce_dtype) {
-    CT_ASSERT(zero_stage >= 0 && zero_stage <= 3);
+ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_config *tc,
+                    ct_dtype reduce_dtype) {
     const ct_model_layout *layout = ct_model_layout_of(model);
     CT_ASSERTF(layout->dp_size == comm->size, "model padded for dp=%d, group has %d",
                layout->dp_size, comm->size);
-    CT_ASSERT(layout->shard_grads == (zero_stage >= 2));
-    CT_ASSERT(layout->shard_params == (zero_stage == 3));
+    const ct_zero_layout *zero = &layout->zero; /* the stage, decoded once (model.h) */
     ct_dp *dp = ct_xcalloc(1, sizeof *dp);
     dp->model = model;
     ct_comm_set_stream(comm,
                        ct_model_backend(model)); /* gradients and parameters: the model's memory */
     dp->comm = comm;
-    dp->stage = zero_stage;
+    dp->stage = zero->stage;
     dp->reduce_dtype = reduce_dtype;
     CT_ASSERT(reduce_dtype == CT_DTYPE_F32 || reduce_dtype == CT_DTYPE_BF16);
     dp->N = comm->size;
@@ -376,18 +374,18 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
             dedicated_n = du->n;
         else
             pool_n = CT_MAX(pool_n, du->n);
-        lo[u] = zero_stage == 0 ? 0 : du->shard_lo;
-        len[u] = zero_stage == 0 ? du->n : du->shard_n;
-        if (zero_stage >= 2 && st == CT_OK) {
+        lo[u] = !zero->shard_optim ? 0 : du->shard_lo;
+        len[u] = !zero->shard_optim ? du->n : du->shard_n;
+        if (zero->shard_grads && st == CT_OK) {
             du->grad_shard = ct_tensor_new_1d(be, CT_DTYPE_F32, du->shard_n, CT_MEM_GRADS);
             if (!du->grad_shard) st = CT_ERR_RUNTIME;
         }
-        if (zero_stage == 3 && st == CT_OK) {
+        if (zero->shard_params && st == CT_OK) {
             du->param_shard =
                 ct_tensor_new_1d(be, ct_model_dtype(model), du->shard_n, CT_MEM_PARAMS);
             if (!du->param_shard) st = CT_ERR_RUNTIME;
         }
-        if (zero_stage <= 1 && reduce_dtype != CT_DTYPE_F32 && dp->N > 1 && st == CT_OK) {
+        if (!zero->shard_grads && reduce_dtype != CT_DTYPE_F32 && dp->N > 1 && st == CT_OK) {
             du->reduce_buf = ct_tensor_new_1d(be, reduce_dtype, du->n, CT_MEM_COMM);
             if (!du->reduce_buf) st = CT_ERR_RUNTIME;
         }
@@ -398,7 +396,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
     for (int i = 0; i < STAGING_POOL; i++) dp->staging_pool[i].owner = -1;
     for (int i = 0; i < GATHER_POOL; i++) dp->gather_pool[i].owner = -1;
     dp->staging_dedicated.owner = dp->gather_dedicated.owner = -1;
-    if (zero_stage >= 2) {
+    if (zero->shard_grads) {
         ct_dtype low = dp->N > 1 ? reduce_dtype : CT_DTYPE_F32;
         for (int i = 0; i < STAGING_POOL && st == CT_OK; i++)
             st = alloc_slot(&dp->staging_pool[i], be, pool_n, CT_DTYPE_F32, low, CT_MEM_COMM);
@@ -406,7 +404,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
             st =
                 alloc_slot(&dp->staging_dedicated, be, dedicated_n, CT_DTYPE_F32, low, CT_MEM_COMM);
     }
-    if (zero_stage == 3) {
+    if (zero->shard_params) {
         const ct_dtype pd = ct_model_dtype(model);
         for (int i = 0; i < GATHER_POOL && st == CT_OK; i++)
             st = alloc_slot(&dp->gather_pool[i], be, pool_n, pd, pd, CT_MEM_GATHERED);

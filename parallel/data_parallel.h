@@ -55,15 +55,15 @@ typedef struct ct_dp_event {
 } ct_dp_event;
 
 /*
- * Sets up stage `zero_stage` for `model` (created with layout.dp_size = comm->size and, for
- * stage 2/3, layout.shard_grads, for stage 3 layout.shard_params) over the dp group `comm`:
+ * Sets up the ZeRO stage of `model`'s layout (layout.zero, model.h: the stage decoded once; the
+ * model was created with layout.dp_size = comm->size) over the dp group `comm`:
  * allocates the optimizer state (ct_optimizer over this rank's ranges), gradient shards,
  * staging and gather buffers, initialises ZeRO-3 parameter shards, and installs the model's
  * hooks. Gradients accumulate in f32 and are reduced in reduce_dtype (f32, or bf16 to halve the
  * traffic: rounded into a bf16 buffer, reduced, widened back).
  */
-ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, int zero_stage,
-                    const ct_train_config *tc, ct_dtype reduce_dtype);
+ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_config *tc,
+                    ct_dtype reduce_dtype);
 void ct_dp_free(ct_dp *dp);
 
 /* Starts a step of n_microbatches: zeroes gradients (full buffers or shards) and the

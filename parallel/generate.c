@@ -65,7 +65,7 @@ static ct_status load_checkpoint(const char *dir, loaded_checkpoint *l) {
         st = ct_model_new(&l->model, cfg, l->be, &layout);
     }
     if (st == CT_OK)
-        st = ct_dp_new(&l->dp, l->model, l->pctx->dp_comm, 0, &cfg->train,
+        st = ct_dp_new(&l->dp, l->model, l->pctx->dp_comm, &cfg->train,
                        ct_precision_dtype(cfg->parallel.grad_reduce_dtype));
     if (st == CT_OK) st = ct_ckpt_load(dir, cfg, l->model, l->dp, l->pctx, &l->state, NULL);
     if (st != CT_OK) loaded_free(l);

@@ -7,14 +7,43 @@
 #include "core/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/schedule.h"
-#include "parallel/trainer.h"
+#include "parallel/report.h"
 
-static const char *mib(char *buf, size_t n, double bytes) {
-    if (bytes >= 1024.0 * 1024 * 1024)
-        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else
-        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
-    return buf;
+/*
+ * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
+ * B sequences, N = tp, activations of B·T·C floats, L_r layers on this rank:
+ *   per microbatch, forward: two reductions per layer (attention and MLP outputs), plus the
+ *   embedding's on the first stage and the loss's three B·T ones (row max, sum of exponentials,
+ *   target logit) on the last; backward: two per layer (the norm-output gradients) and the LM
+ *   head's one on the last stage; with recompute the forward's two per layer run again. Each is
+ *   2·bytes·(N−1)/N as an allreduce; with sequence parallelism each becomes an allgather + a
+ *   reduce-scatter of the same total. Sequence parallelism also sums the partial gradients of
+ *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
+ *   the final norm 2C on the last): once per step at ZeRO 0-1, once per microbatch at ZeRO 2-3.
+ */
+double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
+    double N = (double)cfg->parallel.tp;
+    if (N <= 1) return 0.0;
+    double L = 0, embed = 0, head = 0;
+    for (int c = 0; c < lay->n_chunks; c++) {
+        L += lay->chunks[c].n_layers;
+        embed += lay->chunks[c].has_embed;
+        head += lay->chunks[c].has_head;
+    }
+    double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
+    double C = (double)cfg->model.d_model, BTC = B * T * C;
+    /* Activations travel in the model's dtype (bf16 in bf16 mode); the cross-entropy's row
+     * statistics and the replicated tensors' gradients are fp32 in every mode. */
+    double ring = 2.0 * (N - 1.0) / N;
+    double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
+    double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
+    double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
+    double total = ring * per_mb * (double)m;
+    if (cfg->parallel.sequence_parallel) {
+        double replicated = 6.0 * L * C + embed * T * C + head * 2.0 * C;
+        total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
+    }
+    return total;
 }
 
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
@@ -64,7 +93,7 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         layout.dp_size = dp;
         layout.sequence_parallel = cfg->parallel.sequence_parallel;
         layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
-        layout.shard_params = layout.shard_grads = true; /* nothing is allocated */
+        layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
         layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
         ct_model *model = NULL;
         st = ct_model_new(&model, cfg, be, &layout);
@@ -105,10 +134,13 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         char a[6][32], b[3][32];
         fprintf(out,
                 "  %5d | %11s | %11s | %11s | %11s | %11s | %11s (%3d)     | %13s | %13s | %13s\n",
-                r, mib(a[0], 32, (double)phi), mib(a[1], 32, (double)mem[CT_MEM_PARAMS]),
-                mib(a[2], 32, (double)mem[CT_MEM_GRADS]), mib(a[3], 32, (double)mem[CT_MEM_OPTIM]),
-                mib(a[4], 32, (double)mem[CT_MEM_MASTER]), mib(a[5], 32, acts), inflight,
-                mib(b[0], 32, dp_bytes), mib(b[1], 32, tp_bytes), mib(b[2], 32, pp_bytes));
+                r, ct_format_bytes(a[0], 32, (double)phi),
+                ct_format_bytes(a[1], 32, (double)mem[CT_MEM_PARAMS]),
+                ct_format_bytes(a[2], 32, (double)mem[CT_MEM_GRADS]),
+                ct_format_bytes(a[3], 32, (double)mem[CT_MEM_OPTIM]),
+                ct_format_bytes(a[4], 32, (double)mem[CT_MEM_MASTER]),
+                ct_format_bytes(a[5], 32, acts), inflight, ct_format_bytes(b[0], 32, dp_bytes),
+                ct_format_bytes(b[1], 32, tp_bytes), ct_format_bytes(b[2], 32, pp_bytes));
         ct_model_free(model);
     }
     ct_backend_free(be);

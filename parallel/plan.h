@@ -14,8 +14,14 @@
 #include <stdio.h>
 
 #include "core/config.h"
+#include "core/model.h"
 
 /* json: one JSON object per stage with exact byte counts instead of the table and timeline. */
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out);
+
+/* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
+ * written out above its definition in plan.c and in parallel/README.md); the trainer checks its tp
+ * group's counters against it. */
+double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 
 #endif /* CT_PARALLEL_PLAN_H */

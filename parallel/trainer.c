@@ -1,5 +1,5 @@
 /* trainer.c — the training loop over the data-parallel group. See trainer.h. */
-#include "trainer.h"
+#include "trainer_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,111 +20,9 @@
 #include "parallel/data_parallel.h"
 #include "parallel/param_stream.h"
 #include "parallel/pipeline.h"
+#include "parallel/plan.h"
+#include "parallel/report.h"
 #include "parallel/sampler.h"
-
-static void format_bytes(char *buf, size_t n, double bytes) {
-    if (bytes >= 1024.0 * 1024 * 1024)
-        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else
-        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
-}
-
-static void format_duration(char *buf, size_t n, double s) {
-    if (!(s >= 0) || s > 1e7)
-        snprintf(buf, n, "?");
-    else if (s < 60)
-        snprintf(buf, n, "%.0fs", s);
-    else if (s < 3600)
-        snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
-    else
-        snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
-}
-
-static void print_memory(ct_backend *be) {
-    char total[32];
-    format_bytes(total, sizeof total, (double)ct_backend_mem_total(be));
-    printf("memory (rank 0): %s =", total);
-    for (int c = 0; c < CT_MEM_COUNT; c++) {
-        size_t b = ct_backend_mem(be, (ct_mem_category)c);
-        if (!b) continue;
-        char s[32];
-        format_bytes(s, sizeof s, (double)b);
-        printf(" %s %s", ct_mem_category_name((ct_mem_category)c), s);
-    }
-    printf("\n");
-}
-
-/* One line: milliseconds per step in each op category, in communication, and the rest. */
-static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_groups,
-                          double elapsed, double steps) {
-    double total = 0.0;
-    printf("profile (rank 0, ms/step):");
-    for (int c = 0; c < CT_PROF_COUNT; c++) {
-        double x = be->prof_seconds[c];
-        total += x;
-        printf(" %s %.1f (%.0f%%) |", ct_prof_category_name((ct_prof_category)c), 1e3 * x / steps,
-               100.0 * x / elapsed);
-    }
-    double comm = 0.0;
-    for (int g = 0; g < n_groups; g++)
-        if (groups[g] && groups[g]->size > 1) comm += groups[g]->seconds;
-    printf(" communication %.1f (%.0f%%) | other %.1f (%.0f%%)\n", 1e3 * comm / steps,
-           100.0 * comm / elapsed, 1e3 * (elapsed - total - comm) / steps,
-           100.0 * (elapsed - total - comm) / elapsed);
-}
-
-/* Everything one training run holds. */
-typedef struct trainer {
-    const ct_config *cfg;
-    ct_backend *be;
-    ct_pctx *pctx;
-    bool own_pctx, rank0;
-    ct_model *model;
-    ct_dp *dp;
-    ct_pipeline *pipeline; /* pp > 1: runs the schedule; else microbatches run in a loop */
-    ct_acts *acts;
-    ct_grad_scratch *scratch;
-    ct_dataset *train_data, *val_data;
-    /* This rank's sequences of the step (or evaluation batch), read and checked before the step
-     * starts: grad_accum microbatches of (micro_batch·T) tokens and targets. */
-    int32_t *step_inputs, *step_targets;
-    ct_metrics *metrics;     /* world rank 0 only; a failed write is agreed at the next step */
-    ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
-    int dp_rank, dp_size;
-
-    /* The run's constants, fixed by start_run. */
-    int64_t accum;             /* microbatches per step on this rank */
-    double tokens_per_step;    /* G·T */
-    float dloss;               /* 1 / tokens_per_step: where backward starts */
-    double flops_per_token;    /* this rank's share (1/world) of the model's */
-    double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
-    char peak_how[128];        /* how hw_peak was found */
-    double dp_bytes_expected, tp_bytes_expected; /* per step, by the formulas */
-    ct_comm *groups[6]; /* every group, for the profile's communication time */
-
-    /* Progress since the last log line (rank 0 prints it). */
-    double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
-    double profile_start;
-    int64_t bad_in_a_row;   /* consecutive non-finite steps */
-    int32_t stop_signal;    /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
-    int64_t first_step;     /* 0, or the step a checkpoint resumed from */
-    ct_ckpt_saver *pending; /* a checkpoint save begun and not yet ended */
-    bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
-    int64_t pending_step;
-    bool stopped; /* ended early (signal or train.stop_after) */
-    ct_train_result res;
-} trainer;
-
-/* What one optimizer step did, as the metrics and the log line report it. */
-typedef struct step_stats {
-    int64_t step; /* 0-based */
-    double loss, grad_norm, lr;
-    bool finite; /* false: the step was skipped */
-    bool stop;   /* not run: a stop was agreed on at its start */
-    double seconds, exposed, bubble;
-    uint64_t dp_bytes, tp_bytes; /* sent by this rank, ring model */
-    int64_t host_copies;         /* copies from the backend to the host during the step */
-} step_stats;
 
 static void trainer_free(trainer *t) {
     ct_ckpt_save_abandon(t->pending); /* only after a failure: a save ends before the run does */
@@ -247,7 +145,6 @@ static ct_status open_inputs(trainer *t) {
 /* Model, data-parallel state and activations: out of memory is the only way these fail. */
 static ct_status build_model(trainer *t) {
     const ct_config *cfg = t->cfg;
-    int stage = (int)cfg->parallel.zero_stage;
     ct_model_layout layout = ct_model_layout_pipeline(cfg, t->pctx->pp_rank);
     layout.tp = t->pctx->tp_comm;
     layout.tp_rank = t->pctx->tp_rank;
@@ -255,11 +152,10 @@ static ct_status build_model(trainer *t) {
     layout.sequence_parallel = cfg->parallel.sequence_parallel;
     layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
     layout.dp_size = t->dp_size;
-    layout.shard_grads = stage >= 2;
-    layout.shard_params = stage == 3;
+    layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
-    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, stage, &cfg->train,
+    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, &cfg->train,
                      ct_precision_dtype(cfg->parallel.grad_reduce_dtype)));
     if (t->pctx->pp > 1) {
         return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx, cfg->parallel.schedule,
@@ -371,112 +267,12 @@ static ct_status print_sample(trainer *t) {
                            cfg->log.sample_tokens, cfg->train.seed, NULL);
 }
 
-/* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */
-static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
-    int best = 0;
-    for (int u = 1; u < ct_model_n_units(m); u++)
-        if (ct_model_unit(m, u)->padded_numel > ct_model_unit(m, best)->padded_numel) best = u;
-    char size[32];
-    format_bytes(size, sizeof size, (double)ct_model_unit(m, best)->padded_numel * sizeof(float));
-    snprintf(buf, n, "%s, %s", ct_model_unit(m, best)->name, size);
-    return buf;
-}
-
-/* Rank 0's start-up report, from the constants start_run fixed. */
-static void print_start(const trainer *t) {
-    const ct_config *cfg = t->cfg;
-    ct_pctx *p = t->pctx;
-    printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
-           "(padded %lld), %.2fM parameters\n",
-           (long long)cfg->model.n_layer, (long long)cfg->model.d_model,
-           (long long)cfg->model.n_head, (long long)cfg->model.seq_len,
-           (long long)cfg->model.vocab_size, (long long)cfg->derived.vocab_padded,
-           (double)cfg->derived.n_params / 1e6);
-    if (p->world_size > 1) ct_pctx_print(p, stdout);
-    printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld%s x "
-           "grad_accum %lld x dp %d; %.0f tokens/step\n",
-           (long long)ct_dataset_n_samples(t->train_data),
-           (long long)ct_dataset_n_tokens(t->train_data), (long long)cfg->train.global_batch,
-           (long long)cfg->train.micro_batch,
-           cfg->train.micro_batch_auto ? " (auto: the largest that divides global_batch/dp within "
-                                         "8192 tokens)"
-                                       : "",
-           (long long)cfg->derived.grad_accum, t->dp_size, t->tokens_per_step);
-    char what[128];
-    ct_backend_describe(t->be, what, sizeof what);
-    printf("backend: %s per rank, %d ranks; per rank: hardware peak in %s %.1f GFLOP/s "
-           "(%s), GEMM rate at the model's MLP shape %.1f GFLOP/s (%s, measured)\n",
-           what, p->world_size, ct_dtype_name(ct_model_dtype(t->model)), t->hw_peak / 1e9,
-           t->peak_how, t->gemm_rate / 1e9, ct_dtype_name(ct_model_dtype(t->model)));
-    const ct_state_bytes sb = ct_dp_state_bytes(t->dp);
-    printf("precision: %s (%s): bytes per parameter: params %zu + grads %zu + master %zu + "
-           "optimizer %zu = %zu; dp gradient reduction in %s\n",
-           cfg->derived.precision == CT_PRECISION_BF16 ? "bf16 mixed" : "fp32",
-           cfg->derived.precision_why, sb.params, sb.grads, sb.master, sb.optim,
-           sb.params + sb.grads + sb.master + sb.optim, sb.reduce == 2 ? "bf16" : "fp32");
-    print_memory(t->be);
-    size_t expected[CT_MEM_COUNT];
-    ct_dp_expected_memory(t->dp, expected);
-    char a[32], b[32], c[32], d[32], unit[96];
-    format_bytes(a, sizeof a, (double)expected[CT_MEM_PARAMS]);
-    format_bytes(b, sizeof b, (double)expected[CT_MEM_GRADS]);
-    format_bytes(c, sizeof c, (double)expected[CT_MEM_OPTIM]);
-    format_bytes(d, sizeof d, (double)expected[CT_MEM_MASTER]);
-    printf("zero stage %lld over dp %d: expected params %s, grads %s, optim %s, master %s per "
-           "rank; %d units on rank 0 (largest %s)\n",
-           (long long)cfg->parallel.zero_stage, t->dp_size, a, b, c, d, ct_model_n_units(t->model),
-           largest_unit(t->model, unit, sizeof unit));
-    if (t->dp_size > 1) {
-        format_bytes(a, sizeof a, ct_dp_expected_step_bytes(t->dp, (int)cfg->derived.grad_accum));
-        format_bytes(b, sizeof b, (double)ct_dp_param_bytes(t->dp));
-        printf("dp traffic per step per rank (ring model): %s expected (phi = %s)\n", a, b);
-    }
-    fflush(stdout);
-}
-
 /* log.trace: this rank's data-parallel events as a Chrome/Perfetto trace (core/trace.h). */
 static ct_status write_trace(trainer *t, const char *path) {
     ct_trace *trace;
     CT_TRY(ct_trace_open(&trace, path, t->pctx->world_rank, t->pctx->world_size));
     ct_dp_trace(t->dp, trace);
     return ct_trace_close(trace);
-}
-
-/*
- * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
- * B sequences, N = tp, activations of B·T·C floats, L_r layers on this rank:
- *   per microbatch, forward: two reductions per layer (attention and MLP outputs), plus the
- *   embedding's on the first stage and the loss's three B·T ones (row max, sum of exponentials,
- *   target logit) on the last; backward: two per layer (the norm-output gradients) and the LM
- *   head's one on the last stage; with recompute the forward's two per layer run again. Each is
- *   2·bytes·(N−1)/N as an allreduce; with sequence parallelism each becomes an allgather + a
- *   reduce-scatter of the same total. Sequence parallelism also sums the partial gradients of
- *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
- *   the final norm 2C on the last): once per step at ZeRO 0-1, once per microbatch at ZeRO 2-3.
- */
-double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
-    double N = (double)cfg->parallel.tp;
-    if (N <= 1) return 0.0;
-    double L = 0, embed = 0, head = 0;
-    for (int c = 0; c < lay->n_chunks; c++) {
-        L += lay->chunks[c].n_layers;
-        embed += lay->chunks[c].has_embed;
-        head += lay->chunks[c].has_head;
-    }
-    double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
-    double C = (double)cfg->model.d_model, BTC = B * T * C;
-    /* Activations travel in the model's dtype (bf16 in bf16 mode); the cross-entropy's row
-     * statistics and the replicated tensors' gradients are fp32 in every mode. */
-    double ring = 2.0 * (N - 1.0) / N;
-    double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
-    double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
-    double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
-    double total = ring * per_mb * (double)m;
-    if (cfg->parallel.sequence_parallel) {
-        double replicated = 6.0 * L * C + embed * T * C + head * 2.0 * C;
-        total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
-    }
-    return total;
 }
 
 /* ---- parameters kept in memory (ct_train_options.keep_params) ---------------------------------
@@ -523,41 +319,6 @@ static ct_status export_params(trainer *t, const char *dump_path, bool keep, par
 /* ---- the run ----------------------------------------------------------------------------------
  */
 
-/* The first metrics line: the run's shape, the measured rates, memory by category after setup
- * next to the ZeRO formula (tests compare them). */
-static void write_setup_metrics(trainer *t) {
-    const ct_config *cfg = t->cfg;
-    ct_metrics *m = t->metrics;
-    size_t mem[CT_MEM_COUNT], expected[CT_MEM_COUNT];
-    ct_backend_mem_snapshot(t->be, mem);
-    ct_dp_expected_memory(t->dp, expected);
-    ct_metrics_begin(m);
-    ct_metrics_bool(m, "setup", true);
-    ct_metrics_int(m, "world", t->pctx->world_size);
-    ct_metrics_int(m, "dp", t->dp_size);
-    ct_metrics_int(m, "zero_stage", cfg->parallel.zero_stage);
-    ct_metrics_int(m, "steps", cfg->train.steps);
-    ct_metrics_num(m, "lr", "%.9g", cfg->train.lr);
-    ct_metrics_int(m, "n_layer", cfg->model.n_layer);
-    ct_metrics_int(m, "tokens_per_step", cfg->derived.tokens_per_step);
-    ct_metrics_int(m, "micro_batch", cfg->train.micro_batch);
-    ct_metrics_bool(m, "micro_batch_auto", cfg->train.micro_batch_auto);
-    ct_metrics_int(m, "units", ct_model_n_units(t->model));
-    ct_metrics_num(m, "peak_flops_per_s", "%.6e", t->hw_peak);
-    ct_metrics_num(m, "gemm_flops_per_s", "%.6e", t->gemm_rate);
-    for (int c = 0; c < CT_MEM_COUNT; c++) {
-        char key[48];
-        snprintf(key, sizeof key, "mem_%s", ct_mem_category_name((ct_mem_category)c));
-        ct_metrics_uint(m, key, mem[c]);
-    }
-    ct_metrics_uint(m, "mem_expected_params", expected[CT_MEM_PARAMS]);
-    ct_metrics_uint(m, "mem_expected_grads", expected[CT_MEM_GRADS]);
-    ct_metrics_uint(m, "mem_expected_optim", expected[CT_MEM_OPTIM]);
-    ct_metrics_uint(m, "mem_expected_master", expected[CT_MEM_MASTER]);
-    ct_metrics_str(m, "precision", ct_dtype_name(ct_model_dtype(t->model)));
-    ct_metrics_end(m);
-}
-
 /* The run's constants, the measured rates, the start-up report; then tracing, profiling and
  * the progress clocks start. */
 static void start_run(trainer *t) {
@@ -566,8 +327,8 @@ static void start_run(trainer *t) {
     t->accum = cfg->derived.grad_accum;
     t->tokens_per_step = (double)cfg->train.global_batch * (double)T;
     t->dloss = (float)(1.0 / t->tokens_per_step);
-    /* Per-step traffic the formulas predict (data_parallel.h; ct_expected_tp_bytes), exact: the
-     * dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
+    /* Per-step traffic the formulas predict (data_parallel.h; plan.h: ct_expected_tp_bytes), exact:
+     * the dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
     if (t->dp_size > 1)
         t->dp_bytes_expected = ct_dp_expected_step_bytes(t->dp, (int)t->accum) +
                                (double)ct_zero_scalar_allreduce_bytes(t->dp_size);
@@ -581,8 +342,8 @@ static void start_run(trainer *t) {
         ct_backend_peak_flops(t->be, ct_model_dtype(t->model), t->peak_how, sizeof t->peak_how);
     t->gemm_rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * T, cfg->derived.d_ff,
                                       cfg->model.d_model, ct_model_dtype(t->model), 5);
-    if (t->rank0) print_start(t);
-    write_setup_metrics(t);
+    if (t->rank0) ct_report_start(t);
+    ct_report_setup_metrics(t);
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
@@ -636,31 +397,6 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dp_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->tp_bytes += t->pctx->tp_comm->bytes[k];
     return CT_OK;
-}
-
-static void write_step_metrics(trainer *t, const step_stats *s) {
-    ct_metrics *m = t->metrics;
-    double tok_per_s = t->tokens_per_step / s->seconds;
-    double achieved = t->flops_per_token * tok_per_s; /* this rank's FLOP/s */
-    ct_metrics_begin(m);
-    ct_metrics_int(m, "step", s->step + 1);
-    ct_metrics_num(m, "loss", "%.9g", s->loss);
-    ct_metrics_num(m, "lr", "%.6e", s->lr);
-    ct_metrics_num(m, "grad_norm", "%.6f", s->grad_norm);
-    ct_metrics_num(m, "tokens_per_s", "%.1f", tok_per_s);
-    ct_metrics_num(m, "step_time_s", "%.4f", s->seconds);
-    ct_metrics_num(m, "exposed_comm_s", "%.4f", s->exposed);
-    ct_metrics_num(m, "bubble_s", "%.4f", s->bubble);
-    ct_metrics_num(m, "mfu", "%.6g", t->hw_peak > 0 ? achieved / t->hw_peak : 0.0);
-    ct_metrics_num(m, "gemm_efficiency", "%.6g", t->gemm_rate > 0 ? achieved / t->gemm_rate : 0.0);
-    ct_metrics_bool(m, "skipped", !s->finite);
-    ct_metrics_uint(m, "dp_bytes", s->dp_bytes);
-    ct_metrics_num(m, "dp_bytes_expected", "%.0f", t->dp_bytes_expected);
-    ct_metrics_uint(m, "tp_bytes", s->tp_bytes);
-    ct_metrics_num(m, "tp_bytes_expected", "%.0f", t->tp_bytes_expected);
-    ct_metrics_uint(m, "mem_bytes", ct_backend_mem_total(t->be));
-    ct_metrics_int(m, "host_copies", s->host_copies);
-    ct_metrics_end(m);
 }
 
 /* The step's numbers into the result, the traffic check of step 1, the skip count. */
@@ -723,43 +459,6 @@ static ct_status maybe_evaluate(trainer *t, int64_t step) {
     ct_metrics_end(t->metrics);
     t->interval_start += ct_now() - start;
     return CT_OK;
-}
-
-/* Rank 0's progress line every log.interval steps (and the first and last), with the profile
- * when log.profile asks for it. */
-static void print_progress(trainer *t, const step_stats *s) {
-    const ct_config *cfg = t->cfg;
-    const int64_t step = s->step;
-    if (!t->rank0 || ((step + 1) % cfg->log.interval != 0 && step + 1 != cfg->train.steps &&
-                      step != t->first_step))
-        return;
-    double elapsed = ct_now() - t->interval_start;
-    double steps = t->interval_tokens / t->tokens_per_step;
-    double tok_s = t->interval_tokens / elapsed, rate = t->flops_per_token * tok_s;
-    char mem[32], eta[32];
-    format_bytes(mem, sizeof mem, (double)ct_backend_mem_total(t->be));
-    format_duration(eta, sizeof eta,
-                    (double)(cfg->train.steps - step - 1) * (ct_now() - t->run_start) /
-                        (double)(step + 1 - t->first_step));
-    printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-           "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
-           "| mem %s | ETA %s\n",
-           (long long)step + 1, (long long)cfg->train.steps, s->loss, s->lr, s->grad_norm, tok_s,
-           t->hw_peak > 0 ? 100.0 * rate / t->hw_peak : 0.0,
-           t->gemm_rate > 0 ? 100.0 * rate / t->gemm_rate : 0.0,
-           1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
-           1e3 * t->interval_exposed / steps, 1e3 * t->interval_bubble / steps, mem, eta);
-    if (cfg->log.profile) {
-        const int n_groups = (int)CT_ARRAY_LEN(t->groups);
-        print_profile(t->be, t->groups, n_groups, ct_now() - t->profile_start, steps);
-        ct_backend_profile(t->be, true);
-        for (int g = 0; g < n_groups; g++)
-            if (t->groups[g]) t->groups[g]->seconds = 0.0;
-        t->profile_start = ct_now();
-    }
-    fflush(stdout);
-    t->interval_start = ct_now();
-    t->interval_tokens = t->interval_exposed = t->interval_bubble = 0;
 }
 
 /* checkpoint.resume: loads the checkpoint to continue from, if any (after start_run, so the
@@ -913,9 +612,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         if (st == CT_OK) st = record_step(&t, &s);
         if (st == CT_OK) st = maybe_evaluate(&t, step);
         if (st != CT_OK) break;
-        write_step_metrics(&t, &s);
+        ct_report_step_metrics(&t, &s);
         st = check_bad_steps(&t, step);
-        if (st == CT_OK) print_progress(&t, &s);
+        if (st == CT_OK) ct_report_progress(&t, &s);
         if (st == CT_OK && step + 1 == cfg->train.stop_after) {
             st = stop_run(&t, step + 1);
             break;

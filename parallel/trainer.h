@@ -54,8 +54,4 @@ typedef struct ct_train_options {
 ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
                        const ct_train_options *opts, ct_train_result *result);
 
-/* Tensor-parallel bytes a rank with `layout` sends per step of m microbatches (the formula is
- * written out above its definition in trainer.c and in parallel/README.md). */
-double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
-
 #endif /* CT_PARALLEL_TRAINER_H */

@@ -175,7 +175,7 @@ static double run_schedule(ct_pctx *pctx, const char *name, ct_schedule_kind cho
     ct_dp *dp;
     ct_pipeline *pipe;
     bool built = ct_model_new(&model, &cfg, be, &layout) == CT_OK &&
-                 ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train, CT_DTYPE_F32) == CT_OK;
+                 ct_dp_new(&dp, model, pctx->dp_comm, &cfg.train, CT_DTYPE_F32) == CT_OK;
     if (built && reversed)
         built = ct_pipeline_new_from_schedule(&pipe, model, dp, pctx, gpipe_reversed(pctx->pp, m),
                                               1) == CT_OK;
@@ -298,7 +298,7 @@ int main(int argc, char **argv) {
         ct_dp *dp;
         ct_pipeline *pipe = NULL;
         CT_ASSERT(ct_model_new(&model, &cfg, be, &layout) == CT_OK &&
-                  ct_dp_new(&dp, model, pctx->dp_comm, 0, &cfg.train, CT_DTYPE_F32) == CT_OK);
+                  ct_dp_new(&dp, model, pctx->dp_comm, &cfg.train, CT_DTYPE_F32) == CT_OK);
         ct_status st = ct_pipeline_new(&pipe, model, dp, pctx, CT_SCHEDULE_1F1B,
                                        (int)cfg.derived.grad_accum, 1);
         snprintf(what, sizeof what, "pp=%d: too small a tag bound is refused (exit 2, tags named)",

@@ -1,0 +1,80 @@
+/*
+ * trainer_internal.h — the training run's state, shared by the loop (trainer.c) and its report
+ * (report.c); not for use elsewhere. The public interface is trainer.h.
+ */
+#ifndef CT_PARALLEL_TRAINER_INTERNAL_H
+#define CT_PARALLEL_TRAINER_INTERNAL_H
+
+#include "parallel/trainer.h"
+
+#include "core/data.h"
+#include "core/metrics.h"
+#include "core/tokenizer.h"
+#include "parallel/checkpoint_io.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+
+/* Everything one training run holds. */
+typedef struct trainer {
+    const ct_config *cfg;
+    ct_backend *be;
+    ct_pctx *pctx;
+    bool own_pctx, rank0;
+    ct_model *model;
+    ct_dp *dp;
+    ct_pipeline *pipeline; /* pp > 1: runs the schedule; else microbatches run in a loop */
+    ct_acts *acts;
+    ct_grad_scratch *scratch;
+    ct_dataset *train_data, *val_data;
+    /* This rank's sequences of the step (or evaluation batch), read and checked before the step
+     * starts: grad_accum microbatches of (micro_batch·T) tokens and targets. */
+    int32_t *step_inputs, *step_targets;
+    ct_metrics *metrics;     /* world rank 0 only; a failed write is agreed at the next step */
+    ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
+    int dp_rank, dp_size;
+
+    /* The run's constants, fixed by start_run. */
+    int64_t accum;             /* microbatches per step on this rank */
+    double tokens_per_step;    /* G·T */
+    float dloss;               /* 1 / tokens_per_step: where backward starts */
+    double flops_per_token;    /* this rank's share (1/world) of the model's */
+    double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
+    char peak_how[128];        /* how hw_peak was found */
+    double dp_bytes_expected, tp_bytes_expected; /* per step, by the formulas */
+    ct_comm *groups[6]; /* every group, for the profile's communication time */
+
+    /* Progress since the last log line (rank 0 prints it). */
+    double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
+    double profile_start;
+    int64_t bad_in_a_row;   /* consecutive non-finite steps */
+    int32_t stop_signal;    /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
+    int64_t first_step;     /* 0, or the step a checkpoint resumed from */
+    ct_ckpt_saver *pending; /* a checkpoint save begun and not yet ended */
+    bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
+    int64_t pending_step;
+    bool stopped; /* ended early (signal or train.stop_after) */
+    ct_train_result res;
+} trainer;
+
+/* What one optimizer step did, as the metrics and the log line report it. */
+typedef struct step_stats {
+    int64_t step; /* 0-based */
+    double loss, grad_norm, lr;
+    bool finite; /* false: the step was skipped */
+    bool stop;   /* not run: a stop was agreed on at its start */
+    double seconds, exposed, bubble;
+    uint64_t dp_bytes, tp_bytes; /* sent by this rank, ring model */
+    int64_t host_copies;         /* copies from the backend to the host during the step */
+} step_stats;
+
+/* report.c: rank 0's start-up report, from the constants start_run fixed. */
+void ct_report_start(const trainer *t);
+/* report.c: the first metrics line (the run's shape, rates, memory next to the ZeRO formula). */
+void ct_report_setup_metrics(trainer *t);
+/* report.c: one step's metrics line. */
+void ct_report_step_metrics(trainer *t, const step_stats *s);
+/* report.c: rank 0's progress line every log.interval steps (and the first and last), with the
+ * profile when log.profile asks for it; restarts the interval's clocks. */
+void ct_report_progress(trainer *t, const step_stats *s);
+
+#endif /* CT_PARALLEL_TRAINER_INTERNAL_H */

@@ -19,13 +19,13 @@
 #include <omp.h>
 
 #include "cmd/args.h"
-#include "core/backend.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/export.h"
-#include "core/gemm_bench.h"
-#include "core/model.h"
-#include "core/prepare.h"
+#include "core/backend/backend.h"
+#include "core/io/checkpoint.h"
+#include "core/config/config.h"
+#include "core/io/export.h"
+#include "core/model/gemm_bench.h"
+#include "core/model/model.h"
+#include "core/data/prepare.h"
 #include "cuda/backend_cuda.h"
 #include "cuda/comm_nccl.h"
 #include "cuda/plugin.h"
@@ -388,7 +388,7 @@ static ct_status cmd_plan(int argc, char **argv) {
     return st;
 }
 
-/* `cooktrain prepare`: the options of core/prepare.h. */
+/* `cooktrain prepare`: the options of core/data/prepare.h. */
 static ct_status cmd_prepare(int argc, char **argv) {
     ct_prepare_options o = CT_PREPARE_DEFAULTS;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
@@ -488,7 +488,7 @@ static ct_status cmd_eval(int argc, char **argv) {
     return ct_eval_run(dir, data, samples);
 }
 
-/* `cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]` (core/export.h). */
+/* `cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]` (core/io/export.h). */
 static ct_status cmd_export(int argc, char **argv) {
     const char *dir = NULL, *out = NULL, *dtype_name = "fp32";
     ct_status st = CT_OK;

@@ -1,7 +1,7 @@
 /*
  * adamw.cu — the fused AdamW update over weight-decay segments and the sum of squares of the
- * gradient norm (adamw.cuh). The CPU reference is cpu_adamw and cpu_sumsq in core/backend_cpu.c;
- * both results here are bit-identical to it:
+ * gradient norm (adamw.cuh). The CPU reference is cpu_adamw and cpu_sumsq in
+ * core/backend/backend_cpu.c; both results here are bit-identical to it:
  *
  *   adamw  the CPU's float operations in the CPU's order, every multiply-add an explicit fmaf
  *          (backend_cpu.c spells the sequence out); the bias corrections bc1, bc2 are computed on

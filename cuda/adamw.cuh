@@ -1,7 +1,7 @@
 /*
  * adamw.cuh — the fused AdamW update over a flat range with weight-decay segments, and the
  * squared-norm partial sum of the gradient-norm computation, on the CUDA backend (the slots
- * adamw and sumsq of core/backend.h).
+ * adamw and sumsq of core/backend/backend.h).
  */
 #ifndef CT_CUDA_ADAMW_CUH
 #define CT_CUDA_ADAMW_CUH

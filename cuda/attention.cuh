@@ -1,6 +1,6 @@
 /*
  * attention.cuh — causal self-attention forward and backward on the CUDA backend (the slots
- * attention_fwd and attention_bwd of core/backend.h) as tiled online-softmax kernels in the
+ * attention_fwd and attention_bwd of core/backend/backend.h) as tiled online-softmax kernels in the
  * FlashAttention-2 manner: the T×T scores are never materialised, fully masked tiles are skipped,
  * the backward recomputes the probabilities from q, k and the saved log-sum-exp, and query heads
  * share key/value heads in groups (GQA).

@@ -11,7 +11,7 @@
 #ifndef CT_CUDA_BACKEND_CUDA_H
 #define CT_CUDA_BACKEND_CUDA_H
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 /* Adds "cuda" to the backend registry. */
 void ct_cuda_register(void);

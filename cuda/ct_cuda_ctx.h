@@ -3,8 +3,8 @@
  * compute stream every kernel is issued on, and a scratch workspace for partial sums.
  *
  * Launchers (one per op, declared in the op's .cuh) take the backend's ct_cuda_ctx first and then
- * exactly the arguments of the matching slot of struct ct_backend_i (core/backend.h), with the
- * same meaning: row-major tensors, `dt` the storage dtype of activations and parameters
+ * exactly the arguments of the matching slot of struct ct_backend_i (core/backend/backend.h), with
+ * the same meaning: row-major tensors, `dt` the storage dtype of activations and parameters
  * (CT_DTYPE_F32 or CT_DTYPE_BF16; bf16 values are widened to fp32 on load and rounded to nearest
  * even on store), parameter gradients and statistics always fp32, "accumulates" meaning +=.
  * Every pointer is device memory. A launcher only enqueues work on the stream; it never waits.
@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 typedef struct ct_cuda_ctx ct_cuda_ctx;
 

@@ -1,7 +1,7 @@
 /*
  * elementwise.cu — fill, bias and residual adds, the bias gradient, axpy, scale and dtype casts
  * (elementwise.cuh). The CPU reference is cpu_fill, cpu_bias_add, cpu_bias_init, cpu_bias_grad,
- * cpu_axpy, cpu_scale and cpu_cast in core/backend_cpu.c with their bf16 slots; each kernel
+ * cpu_axpy, cpu_scale and cpu_cast in core/backend/backend_cpu.c with their bf16 slots; each kernel
  * computes the same fp32 expression per element (bf16 widened on load, rounded to nearest even on
  * store), so every result here is bit-identical to the CPU's:
  *   bias_add   out = out + bias          bias_init  out = bias, or residual + bias

@@ -1,8 +1,8 @@
 /*
  * elementwise.cuh — fill, bias and residual adds, axpy, scale and dtype casts on the CUDA backend
- * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale and cast of core/backend.h). The
- * element-wise ops are one grid-stride kernel each; bias_grad sums rows in fixed-size row chunks
- * whose partials a second kernel adds in chunk order (deterministic, ct_cuda_ctx.h).
+ * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale and cast of core/backend/backend.h).
+ * The element-wise ops are one grid-stride kernel each; bias_grad sums rows in fixed-size row
+ * chunks whose partials a second kernel adds in chunk order (deterministic, ct_cuda_ctx.h).
  */
 #ifndef CT_CUDA_ELEMENTWISE_CUH
 #define CT_CUDA_ELEMENTWISE_CUH

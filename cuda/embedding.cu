@@ -1,7 +1,7 @@
 /*
  * embedding.cu — token and position embeddings, forward and backward (embedding.cuh). The CPU
  * reference is cpu_embedding_fwd / cpu_embedding_bwd / cpu_posemb_fwd / cpu_posemb_bwd in
- * core/backend_cpu.c with their bf16 slots; every result here is bit-identical to it:
+ * core/backend/backend_cpu.c with their bf16 slots; every result here is bit-identical to it:
  *   embedding_fwd  out[i] = table[tokens[i] - row_offset], or zeros for a token outside
  *                  [row_offset, row_offset + rows) (another vocab shard's): a copy, no arithmetic.
  *   posemb_fwd     out[b, t] = out[b, t] + wpe[pos_offset + t]  (fp32, rounded once for bf16).

@@ -1,6 +1,6 @@
 /*
  * embedding.cuh — token and position embeddings on the CUDA backend (the slots embedding_fwd,
- * embedding_bwd, posemb_fwd, posemb_bwd of core/backend.h). The backward adds rows in token
+ * embedding_bwd, posemb_fwd, posemb_bwd of core/backend/backend.h). The backward adds rows in token
  * order without atomics (deterministic, ct_cuda_ctx.h).
  */
 #ifndef CT_CUDA_EMBEDDING_CUH

@@ -1,7 +1,7 @@
 /*
  * gelu.cuh — GELU (tanh form) forward and backward on the CUDA backend (the slots gelu_fwd and
- * gelu_bwd of core/backend.h); the backward also sums the bias gradient of the layer before it
- * when dbias is not NULL.
+ * gelu_bwd of core/backend/backend.h); the backward also sums the bias gradient of the layer before
+ * it when dbias is not NULL.
  */
 #ifndef CT_CUDA_GELU_CUH
 #define CT_CUDA_GELU_CUH

@@ -1,10 +1,10 @@
 /*
- * gemm.h — the CUDA backend's GEMM (the `gemm` slot of core/backend.h): cuBLASLt first, cuBLAS's
- * cublasGemmEx where cuBLASLt has no algorithm. Host code, C; the same file links against the real
- * libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of the emulated build
- * (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented semantics.
+ * gemm.h — the CUDA backend's GEMM (the `gemm` slot of core/backend/backend.h): cuBLASLt first,
+ * cuBLAS's cublasGemmEx where cuBLASLt has no algorithm. Host code, C; the same file links against
+ * the real libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of the emulated
+ * build (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented semantics.
  *
- * Semantics are the CPU backend's (core/cpu_gemm.h), row-major:
+ * Semantics are the CPU backend's (core/backend/cpu_gemm.h), row-major:
  *     C(M,N) = alpha·op(A)·op(B) + beta·C,   op(X) = X^T when trans_x,
  * lda/ldb/ldc are row strides in elements of the matrices as stored. A and B hold ab_dtype
  * (CT_DTYPE_F32 or CT_DTYPE_BF16), C holds c_dtype: f32/f32, bf16/f32 or bf16/bf16.

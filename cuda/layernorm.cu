@@ -1,7 +1,7 @@
 /*
  * layernorm.cu — LayerNorm forward and backward (layernorm.cuh; the CPU reference is
- * cpu_layernorm_fwd / cpu_layernorm_bwd in core/backend_cpu.c, whose float formulas these kernels
- * repeat: two-pass statistics, eps = 1e-5 added to the variance, rstd = 1/sqrtf).
+ * cpu_layernorm_fwd / cpu_layernorm_bwd in core/backend/backend_cpu.c, whose float formulas these
+ * kernels repeat: two-pass statistics, eps = 1e-5 added to the variance, rstd = 1/sqrtf).
  *
  * Kernels:
  *   ln_fwd_kernel       one warp per row (LN_WARPS rows per block): sum -> mean, sum of squared

@@ -1,7 +1,7 @@
 /*
  * layernorm.cuh — LayerNorm forward and backward on the CUDA backend (the slots layernorm_fwd and
- * layernorm_bwd of core/backend.h): one warp or block per row, statistics in fp32; dw and db
- * (accumulated) from per-block partials summed in block order.
+ * layernorm_bwd of core/backend/backend.h): one warp or block per row, statistics in fp32; dw and
+ * db (accumulated) from per-block partials summed in block order.
  */
 #ifndef CT_CUDA_LAYERNORM_CUH
 #define CT_CUDA_LAYERNORM_CUH

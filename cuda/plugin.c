@@ -22,8 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/backend.h"
-#include "core/comm.h"
+#include "core/backend/backend.h"
+#include "core/backend/comm.h"
 
 #define CT_CUDA_PLUGIN_NAME "libcooktrain-cuda.so"
 

@@ -1,7 +1,8 @@
 /*
  * xent.cuh — softmax cross-entropy on the CUDA backend, in the three passes the model runs so
  * that the vocabulary-parallel form needs only two small all-reduces between them (the slots
- * xent_rowmax, xent_sumexp and xent_finish of core/backend.h): the logits are never gathered.
+ * xent_rowmax, xent_sumexp and xent_finish of core/backend/backend.h): the logits are never
+ * gathered.
  */
 #ifndef CT_CUDA_XENT_CUH
 #define CT_CUDA_XENT_CUH

@@ -9,7 +9,7 @@
 #include <zlib.h>
 #include <string.h>
 
-#include "core/optim.h"
+#include "core/model/optim.h"
 
 /* The box of the global tensor that this rank's slice of p covers ((n, 1) for 1-D tensors). */
 static ct_ckpt_box param_box(const ct_param *p) {

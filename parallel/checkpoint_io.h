@@ -1,6 +1,6 @@
 /*
  * checkpoint_io.h — saving and loading a training run's state in any layout (core/README.md,
- * Checkpoints); the format and the directory are core/checkpoint.h.
+ * Checkpoints); the format and the directory are core/io/checkpoint.h.
  *
  * What a rank saves: for every parameter that meets the range [lo, lo + n) of its unit that this
  * rank's optimizer updates (the whole unit without ZeRO, the rank's shard with it), the box of
@@ -19,9 +19,9 @@
 #ifndef CT_PARALLEL_CHECKPOINT_IO_H
 #define CT_PARALLEL_CHECKPOINT_IO_H
 
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/model.h"
+#include "core/io/checkpoint.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 

@@ -1,5 +1,5 @@
 /*
- * comm_mpi.h — the MPI implementation of the comm interface (core/comm.h) on host memory.
+ * comm_mpi.h — the MPI implementation of the comm interface (core/backend/comm.h) on host memory.
  *
  * One ct_comm wraps one MPI communicator. Every operation, blocking or not, is started as a
  * non-blocking MPI call; the blocking forms are that call plus ct_comm_wait. The wait is the
@@ -30,9 +30,9 @@
  * Counts of any size. MPI's count type is int, so an operation on more elements than one call
  * may carry is split into pieces, each one MPI call on contiguous memory, all behind the one
  * ct_comm_request: wait, test, poll and the watchdog handle them together, and the byte counters
- * (core/comm.c) count the whole operation once, in the ring model as ever. One call carries at
- * most the chunk limit (INT_MAX elements; tests lower it with ct_comm_mpi_set_chunk_limit) and at
- * most INT_MAX bytes (Open MPI's non-blocking collectives compute some byte counts in int). The
+ * (core/backend/comm.c) count the whole operation once, in the ring model as ever. One call carries
+ * at most the chunk limit (INT_MAX elements; tests lower it with ct_comm_mpi_set_chunk_limit) and
+ * at most INT_MAX bytes (Open MPI's non-blocking collectives compute some byte counts in int). The
  * pieces:
  *   allreduce, broadcast   contiguous chunks of the buffer.
  *   reduce_scatter         an allreduce of the whole buffer in contiguous chunks, of which this
@@ -72,7 +72,7 @@
 
 #include <mpi.h>
 
-#include "core/comm.h"
+#include "core/backend/comm.h"
 #include "core/common.h"
 
 /*

@@ -16,7 +16,7 @@
 #ifndef CT_PARALLEL_CONTEXT_H
 #define CT_PARALLEL_CONTEXT_H
 
-#include "core/comm.h"
+#include "core/backend/comm.h"
 #include "core/common.h"
 
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * dp group per step is (ring model, comm.h; written for fp32, where gradients and parameters
  * travel at 4 bytes per element — in general each reduction pass moves Ψ gradient elements at
  * parallel.grad_reduce_dtype's size and each gather pass Ψ parameters at the parameter dtype's
- * size, Ψ = elements of this rank's slice; see ct_state_bytes in core/optim.h):
+ * size, Ψ = elements of this rank's slice; see ct_state_bytes in core/model/optim.h):
  *   stage 0: gradients accumulate locally; each unit is allreduced when its last-microbatch
  *            gradients are complete                                          → 2Φ(N−1)/N
  *   stage 1: AdamW moments sharded; reduce-scatter at the last microbatch, update the own
@@ -30,10 +30,10 @@
 #ifndef CT_DATA_PARALLEL_H
 #define CT_DATA_PARALLEL_H
 
-#include "core/comm.h"
-#include "core/model.h"
+#include "core/backend/comm.h"
+#include "core/model/model.h"
 #include "core/trace.h"
-#include "core/optim.h"
+#include "core/model/optim.h"
 
 typedef struct ct_dp ct_dp;
 

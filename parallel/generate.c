@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/data.h"
-#include "core/model.h"
-#include "core/tokenizer.h"
+#include "core/backend/backend.h"
+#include "core/io/checkpoint.h"
+#include "core/config/config.h"
+#include "core/data/data.h"
+#include "core/model/model.h"
+#include "core/data/tokenizer.h"
 #include "parallel/checkpoint_io.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"

@@ -18,7 +18,7 @@
 #ifndef CT_PARALLEL_PARAM_STREAM_H
 #define CT_PARALLEL_PARAM_STREAM_H
 
-#include "core/model.h"
+#include "core/model/model.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 

@@ -16,7 +16,7 @@
 #ifndef CT_PARALLEL_PIPELINE_H
 #define CT_PARALLEL_PIPELINE_H
 
-#include "core/model.h"
+#include "core/model/model.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 #include "parallel/schedule.h"

@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 
-#include "core/backend.h"
-#include "core/model.h"
+#include "core/backend/backend.h"
+#include "core/model/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/schedule.h"
 #include "parallel/report.h"

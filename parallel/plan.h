@@ -13,8 +13,8 @@
 
 #include <stdio.h>
 
-#include "core/config.h"
-#include "core/model.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 
 /* json: one JSON object per stage with exact byte counts instead of the table and timeline. */
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out);

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/gemm_bench.h"
+#include "core/model/gemm_bench.h"
 #include "parallel/trainer_internal.h"
 
 const char *ct_format_bytes(char *buf, size_t n, double bytes) {

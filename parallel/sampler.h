@@ -15,8 +15,8 @@
 #ifndef CT_PARALLEL_SAMPLER_H
 #define CT_PARALLEL_SAMPLER_H
 
-#include "core/model.h"
-#include "core/tokenizer.h"
+#include "core/model/model.h"
+#include "core/data/tokenizer.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 

@@ -25,7 +25,7 @@
 #include <stdio.h>
 
 #include "core/common.h"
-#include "core/config.h" /* ct_schedule_kind */
+#include "core/config/config.h" /* ct_schedule_kind */
 
 typedef enum ct_action_kind {
     CT_ACTION_FORWARD = 0,

@@ -9,13 +9,13 @@
 #include <signal.h>
 #include <sys/stat.h>
 
-#include "core/data.h"
-#include "core/gemm_bench.h"
+#include "core/data/data.h"
+#include "core/model/gemm_bench.h"
 #include "core/metrics.h"
-#include "core/model.h"
-#include "core/optim.h"
+#include "core/model/model.h"
+#include "core/model/optim.h"
 #include "core/rng.h"
-#include "core/tokenizer.h"
+#include "core/data/tokenizer.h"
 #include "parallel/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/param_stream.h"

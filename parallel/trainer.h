@@ -11,9 +11,9 @@
 #ifndef CT_PARALLEL_TRAINER_H
 #define CT_PARALLEL_TRAINER_H
 
-#include "core/backend.h"
-#include "core/config.h"
-#include "core/model.h"
+#include "core/backend/backend.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 #include "parallel/context.h"
 
 /* Where one parameter tensor lies in ct_train_result's flat copies. */

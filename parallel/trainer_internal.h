@@ -7,9 +7,9 @@
 
 #include "parallel/trainer.h"
 
-#include "core/data.h"
+#include "core/data/data.h"
 #include "core/metrics.h"
-#include "core/tokenizer.h"
+#include "core/data/tokenizer.h"
 #include "parallel/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/comm.h"
+#include "core/backend/comm.h"
 #include "core/common.h"
 #include "parallel/comm_mpi.h"
 #include "parallel/context.h"

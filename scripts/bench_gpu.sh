@@ -147,7 +147,8 @@ if [ ! -f "$data" ]; then
     if [ ! -f "$data" ]; then
         gen=$PY
         command -v "$gen" >/dev/null 2>&1 || gen=python3
-        # a cooktrain token shard (core/data.c): 64-byte header, then 2-byte little-endian tokens
+        # a cooktrain token shard (core/data/data.c): 64-byte header, then 2-byte little-endian
+        # tokens
         "$gen" - "$(dirname "$data")" "$VOCAB" <<'PY'
 import array, os, random, struct, sys
 out, vocab, n = sys.argv[1], int(sys.argv[2]), 1 << 22

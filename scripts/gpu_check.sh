@@ -3,8 +3,8 @@
 # in three parts:
 #   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
 #      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
-#      core/backend_check.c), in fp32 and in bf16; the first op that disagrees is named; then
-#      the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256;
+#      core/backend/backend_check.c), in fp32 and in bf16; the first op that disagrees is named;
+# then the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256;
 #   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
 #      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as

@@ -106,7 +106,7 @@ def torch_check(header, data, cfg, tokens_path, n_samples, cooktrain_loss, out):
     raw = open(tokens_path, "rb").read()
     width = struct.unpack("<I", raw[16:20])[0]
     toks = struct.unpack("<%d%s" % ((len(raw) - 64) // width, "H" if width == 2 else "I"), raw[64:])
-    # cooktrain's samples (core/data.h): sample k is tokens [k·T, k·T + T], inputs and shifted
+    # cooktrain's samples (core/data/data.h): sample k is tokens [k·T, k·T + T], inputs and shifted
     # targets; `cooktrain eval` reads them in file order
     T, B = cfg["n_positions"], n_samples
     seq = torch.tensor([toks[k * T:k * T + T + 1] for k in range(B)], dtype=torch.long)

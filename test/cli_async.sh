@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The ordering proof (core/backend.h, core/comm.h; core/BACKENDS.md): the op, model and optimizer
-# tests and the multi-rank equivalence suites again, with every backend the registry makes put
-# behind the asynchronous stream (COOKTRAIN_ASYNC=1). That stream runs queued ops on its worker
-# thread only when the host waits for them, so a collective, a host copy or a test that reaches
-# tensor memory without the wait the ordering rules require reads stale values and fails here,
-# every time. (`make mutants` deletes the comm layer's wait and checks this script catches it.)
-# Everything is expected to pass exactly as in the synchronous run: the stream computes
+# The ordering proof (core/backend/backend.h, core/backend/comm.h; core/backend/BACKENDS.md): the
+# op, model and optimizer tests and the multi-rank equivalence suites again, with every backend the
+# registry makes put behind the asynchronous stream (COOKTRAIN_ASYNC=1). That stream runs queued ops
+# on its worker thread only when the host waits for them, so a collective, a host copy or a test
+# that reaches tensor memory without the wait the ordering rules require reads stale values and
+# fails here, every time. (`make mutants` deletes the comm layer's wait and checks this script
+# catches it.) Everything is expected to pass exactly as in the synchronous run: the stream computes
 # bit-identical results.
 . "$(dirname "$0")/lib_cli.sh"
 export COOKTRAIN_ASYNC=1

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Check mode through the registry and the CLI (core/backend_check.c; core/BACKENDS.md): with
-# CT_CHECK_BACKEND=1 every backend but the plain CPU one is wrapped, every op is rerun on the CPU
-# backend and compared, and a run exits 1 at the first op that disagrees. Here the backend under
-# test is the CPU backend behind the asynchronous stream, which computes the CPU's bits: a short
-# training run must agree op for op in fp32 and bf16, on one rank and on two (tensor parallel:
-# the vocab-parallel embedding and cross-entropy), and the start-up lines must say the mode is on.
-# test/test_backend_check.c shows that broken kernels are caught.
+# Check mode through the registry and the CLI (core/backend/backend_check.c;
+# core/backend/BACKENDS.md): with CT_CHECK_BACKEND=1 every backend but the plain CPU one is wrapped,
+# every op is rerun on the CPU backend and compared, and a run exits 1 at the first op that
+# disagrees. Here the backend under test is the CPU backend behind the asynchronous stream, which
+# computes the CPU's bits: a short training run must agree op for op in fp32 and bf16, on one rank
+# and on two (tensor parallel: the vocab-parallel embedding and cross-entropy), and the start-up
+# lines must say the mode is on. test/test_backend_check.c shows that broken kernels are caught.
 . "$(dirname "$0")/lib_cli.sh"
 export CT_CHECK_BACKEND=1
 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive # two OpenMP pools here: the stream's and the checker's

@@ -12,7 +12,7 @@
 #     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
 #     bf16 stays within the distance between the CPU's bf16 and fp32 runs;
 #   - check mode (CT_CHECK_BACKEND=1) on the emulated device: every op of a step in fp32 and bf16
-#     within core/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU;
+#     within core/backend/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU;
 #   - cuda/README.md's roofline and resource tables are the output of scripts/cuda_roofline.py and
 #     scripts/cuda_resources.py (the latter for this build's ptxas reports).
 . "$(dirname "$0")/lib_cli.sh"
@@ -110,8 +110,9 @@ fi
 
 # ---- check mode on the emulated device -----------------------------------------------------------
 # scripts/gpu_check.sh's first part, here: every op of a training step rerun on the CPU backend and
-# compared within core/backend_check.c's tolerances, bf16 included (the tensor-core attention's
-# bf16 weights are in the attention tolerances). One step of 2 sequences: emulation is slow.
+# compared within core/backend/backend_check.c's tolerances, bf16 included (the tensor-core
+# attention's bf16 weights are in the attention tolerances). One step of 2 sequences: emulation is
+# slow.
 if [ -x "$EMU" ] && selected "check mode"; then
     ensure_test_data
     for prec in fp32 bf16; do

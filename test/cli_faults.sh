@@ -7,7 +7,7 @@
 #   - out of memory: at start (agreed on), in a pipeline's gradient send buffer mid-step (the
 #     job ends with the rank and the allocation named), in the sampler on one rank (agreed on).
 # COOKTRAIN_MEM_LIMIT_MB caps a rank's backend memory and COOKTRAIN_FAIL_ALLOC=<category> fails
-# every allocation of one category (core/backend.h).
+# every allocation of one category (core/backend/backend.h).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

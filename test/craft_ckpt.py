@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Crafts hostile checkpoint manifests for test/cli_hostile.sh: changes one field of
 DIR/manifest.bin and re-signs it (recomputes the trailing crc32), so that the reader's checks
-behind the checksum are what is tested, as an attacker who read core/checkpoint.c would do.
+behind the checksum are what is tested, as an attacker who read core/io/checkpoint.c would do.
 
   craft_ckpt.py DIR header FIELD VALUE      FIELD: n_files, config_bytes, n_pieces, n_state
   craft_ckpt.py DIR state FIELD VALUE       FIELD: a train-state field (step, optimizer_step, ...)
@@ -11,7 +11,7 @@ behind the checksum are what is tested, as an attacker who read core/checkpoint.
   craft_ckpt.py DIR truncate N              keeps the first N bytes (no re-signing)
 
 VALUE is an integer (any base Python's int() reads, e.g. 0x7fffffff, -1, 2**61 written out) and is
-stored in the field's width, two's complement. The layout (core/checkpoint.c): a 64-byte header
+stored in the field's width, two's complement. The layout (core/io/checkpoint.c): a 64-byte header
 (magic, version, byte-order mark, n_files u32 at 16, config_bytes u32 at 20, n_pieces i64 at 24,
 n_state u32 at 32), n_state i64 state fields, n_pieces 152-byte piece records (name 64, kind i32
 at 64, file i32 at 68, rows .. hi i64 at 72..128, offset i64 at 136, crc u32 at 144), the config

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 #include "cuda/backend_cuda.h"
 
 /* The warp orders every kernel test runs in (cuda/emu/README.md): a missing barrier shows in

@@ -1,15 +1,15 @@
 /*
  * gen_config_docs.c — prints the Markdown table of every config key (ct_config_write_docs), the
  * part of configs/README.md that is generated. test_config's readme_matches_key_table fails
- * when the README falls behind the key table in core/config_keys.c. Regenerate with:
+ * when the README falls behind the key table in core/config/config_keys.c. Regenerate with:
  *
- *     gcc -std=gnu11 -I. core/common.c core/config_*.c core/backend_precision.c core/cpu_gemm.c \
- *         test/gen_config_docs.c \
+ *     gcc -std=gnu11 -I. core/common.c core/config/config_*.c core/config/backend_precision.c \
+ *         core/backend/cpu_gemm.c test/gen_config_docs.c \
  *         -fopenmp -o /tmp/gen_docs -lyaml -ldnnl -lm && /tmp/gen_docs > /tmp/keys.md
  *
  * and replace the table in configs/README.md with /tmp/keys.md.
  */
-#include "core/config.h"
+#include "core/config/config.h"
 
 int main(void) {
     ct_config_write_docs(stdout);

@@ -45,7 +45,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/comm.h"
+#include "core/backend/comm.h"
 #include "core/common.h"
 #include "parallel/comm_mpi.h"
 #include "parallel/context.h"

@@ -32,8 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h"
-#include "core/model.h"
+#include "core/backend/backend.h"
+#include "core/model/model.h"
 #include "core/rng.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"

@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h"
-#include "core/model.h"
+#include "core/backend/backend.h"
+#include "core/model/model.h"
 #include "core/rng.h"
 #include "parallel/context.h"
 #include "test_util.h"
@@ -209,7 +209,7 @@ static void compare_xent(ct_pctx *pctx) {
     ct_comm *self = ct_comm_local_new("self");
     ct_vocab_parallel_xent(self, v[0], lf, tg, v[1], v[2], v[3], V, 0, 0.5f);
     uint64_t before = pctx->tp_comm->calls[CT_COMM_ALLREDUCE];
-    ct_comm_set_stream(pctx->tp_comm, be); /* it carries be's tensors (core/comm.h) */
+    ct_comm_set_stream(pctx->tp_comm, be); /* it carries be's tensors (core/backend/comm.h) */
     ct_vocab_parallel_xent(pctx->tp_comm, v[4], ls, tg, v[5], v[6], v[7], n_valid, off, 0.5f);
     ct_comm_unset_stream(pctx->tp_comm, be);
     uint64_t calls = pctx->tp_comm->calls[CT_COMM_ALLREDUCE] - before;

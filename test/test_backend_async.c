@@ -1,6 +1,6 @@
 /*
- * test_backend_async.c — the asynchronous stream (core/backend_async.c) against the backend it
- * wraps. Four properties:
+ * test_backend_async.c — the asynchronous stream (core/backend/backend_async.c) against the backend
+ * it wraps. Four properties:
  *
  *  1. Bit-exactness. A forward-and-backward sequence of every kind of op, in f32 and in bf16,
  *     runs once on the CPU backend and once on the CPU backend behind the stream; every result
@@ -14,8 +14,8 @@
  *     slot is called: changing them afterwards changes nothing.
  *  4. A queue longer than the stream's capacity runs completely and in order.
  *  5. Every table is complete: the CPU backend's, the stream's and check mode's fill every
- *     required op of core/backend_ops.h (ct_backend_missing_op, walked over the list itself, so
- *     a new op is covered by its line there), a table lacking one is named, and the registry
+ *     required op of core/backend/backend_ops.h (ct_backend_missing_op, walked over the list
+ * itself, so a new op is covered by its line there), a table lacking one is named, and the registry
  *     refuses to hand out such a backend.
  *
  * Run all:     ./test_backend_async
@@ -36,7 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 /*
- * test_backend_check.c — check mode (core/backend_check.c): a backend that reruns every op on the
- * CPU backend and stops the process at the first op whose result differs. Four properties:
+ * test_backend_check.c — check mode (core/backend/backend_check.c): a backend that reruns every op
+ * on the CPU backend and stops the process at the first op whose result differs. Four properties:
  *
  *  1. No false alarms, no interference. A sequence that calls every op slot (every variant the
  *     model uses: transposed and accumulating GEMMs, GQA attention, vocab-parallel embedding and
@@ -36,7 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 #include "test_util.h"
 

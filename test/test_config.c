@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "core/config/config.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -834,8 +834,8 @@ static void readme_matches_key_table(void **state) {
     snprintf(path, sizeof path, "%s/configs/README.md", source_dir());
     char *readme = read_text(path), *docs = docs_to_string();
     if (!strstr(readme, docs))
-        fail_msg("configs/README.md is out of date with the key table in core/config_keys.c; "
-                 "regenerate it with test/gen_config_docs.c");
+        fail_msg("configs/README.md is out of date with the key table in "
+                 "core/config/config_keys.c; regenerate it with test/gen_config_docs.c");
     free(readme);
     free(docs);
 }

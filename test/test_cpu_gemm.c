@@ -1,8 +1,8 @@
 /*
- * test_cpu_gemm.c — the oneDNN GEMM (core/cpu_gemm.h) against a naive float64 GEMM on the same
- * inputs, for fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination, odd and
- * model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache and the
- * native-bf16 detection with its environment override.
+ * test_cpu_gemm.c — the oneDNN GEMM (core/backend/cpu_gemm.h) against a naive float64 GEMM on the
+ * same inputs, for fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination, odd
+ * and model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache and
+ * the native-bf16 detection with its environment override.
  *
  * Run all:      ./test_cpu_gemm
  * Run by name:  ./test_cpu_gemm test_cache      (a cmocka filter; wildcards allowed: "*bf16*")
@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cpu_gemm.h"
+#include "core/backend/cpu_gemm.h"
 
 #include "test_util.h"
 

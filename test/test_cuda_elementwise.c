@@ -585,8 +585,8 @@ static void test_sumsq(void **state) {
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
-/* Every required op of core/backend_ops.h has its slot (the registry asserts it too, but these
- * tests make the backend directly); the CUDA backend also fuses gemm_bias_gelu. */
+/* Every required op of core/backend/backend_ops.h has its slot (the registry asserts it too, but
+ * these tests make the backend directly); the CUDA backend also fuses gemm_bias_gelu. */
 static void test_table_complete(void **state) {
     (void)state;
     const char *missing = ct_backend_missing_op(P.gpu->iface);

@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "core/data.h"
-#include "core/prepare.h"
-#include "core/tokenizer.h"
+#include "core/data/data.h"
+#include "core/data/prepare.h"
+#include "core/data/tokenizer.h"
 
 /* ---- fixtures ------------------------------------------------------------------------------- */
 

@@ -10,9 +10,9 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
-#include "core/model.h"
-#include "core/optim.h"
+#include "core/backend/backend.h"
+#include "core/model/model.h"
+#include "core/model/optim.h"
 #include "core/rng.h"
 #include "parallel/trainer.h"
 #include "test_util.h"

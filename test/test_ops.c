@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 #include "test_util.h"
 

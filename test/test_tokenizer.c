@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "core/tokenizer.h"
+#include "core/data/tokenizer.h"
 
 #include "test_util.h"
 

@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
-#include "core/model.h"
+#include "core/backend/backend.h"
+#include "core/model/model.h"
 #include "core/rng.h"
 #include "test_util.h"
 

@@ -11,14 +11,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/backend/backend.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
+#include "core/config/config.h"
+#include "core/data/data.h"
 #include "parallel/trainer.h"
 
 /* A CPU backend through the registry, so that COOKTRAIN_ASYNC=1 runs the test on the
- * asynchronous stream (core/backend.h). */
+ * asynchronous stream (core/backend/backend.h). */
 static inline ct_backend *test_backend_new(int n_threads) {
     ct_backend *be = NULL;
     char chosen[160];

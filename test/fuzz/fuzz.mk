@@ -21,7 +21,8 @@ ifeq ($(HAVE_FUZZ)$(SAN),yes)
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -I. -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                $(shell pkg-config --cflags $(PKG_REQUIRED) 2>/dev/null) $(FUZZ_SAN) -MMD -MP
-FUZZ_PARSERS := $(patsubst %,$(BUILD)/fuzz/core/%.o,common config data tokenizer checkpoint rng)
+FUZZ_PARSERS := $(patsubst %.c,$(BUILD)/fuzz/%.o,core/common.c $(wildcard core/config/config_*.c) \
+                  core/data/data.c core/data/tokenizer.c core/io/checkpoint.c core/rng.c)
 FUZZ_HARNESS := $(BUILD)/fuzz/test/fuzz/fuzz.o
 
 $(BUILD)/fuzz/%.o: %.c

@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt.c — a checkpoint directory (core/checkpoint.c), built as two targets:
+ * fuzz_ckpt.c — a checkpoint directory (core/io/checkpoint.c), built as two targets:
  *   fuzz_manifest   the input is manifest.bin, re-signed (its last 4 bytes replaced by the crc32
  *                   of the rest, as an attacker who knows the format does), so the fields behind
  *                   the checksum are reached; the rank files are a real checkpoint's;
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "test/fuzz/fuzz.h"
 
 static ct_ckpt_piece piece(const char *name, int kind, int64_t rows, int64_t cols, int64_t row0,

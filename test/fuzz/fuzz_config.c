@@ -1,5 +1,5 @@
 /*
- * fuzz_config.c — the YAML config and `--set` (core/config.c): load, override, validate, print.
+ * fuzz_config.c — the YAML config and `--set` (core/config/): load, override, validate, print.
  * Input: YAML text, then optionally a NUL byte and NUL-separated `--set` assignments; the
  * input's last byte picks the world size (1 to 8) for validation. Seeds: the repository's
  * YAML configs (configs/NAME.yaml, from the repository root), with and without overrides.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "test/fuzz/fuzz.h"
 
 void fuzz_setup(void) {}

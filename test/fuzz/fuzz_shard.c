@@ -1,5 +1,5 @@
 /*
- * fuzz_shard.c — a token shard (core/data.c): the header checks of ct_dataset_open, then every
+ * fuzz_shard.c — a token shard (core/data/data.c): the header checks of ct_dataset_open, then every
  * token checked and a few samples read, shuffled and in file order, as training and eval do.
  * The input is the shard file, written as it is; its bytes 8 and 9 (inside the header: read
  * here, not changed) also pick the model's sequence length (1 to 16) and vocabulary (100, below
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/data.h"
+#include "core/data/data.h"
 #include "test/fuzz/fuzz.h"
 
 void fuzz_setup(void) {}

@@ -1,6 +1,6 @@
 /*
- * fuzz_tokenizer.c — a tokenizer file (core/tokenizer.c): ct_tokenizer_load, then every token's
- * bytes and every merge read, and a short text encoded and decoded (also ids outside the
+ * fuzz_tokenizer.c — a tokenizer file (core/data/tokenizer.c): ct_tokenizer_load, then every
+ * token's bytes and every merge read, and a short text encoded and decoded (also ids outside the
  * vocabulary), as prepare, generate and export do. Input: the file. Seeds: tokenizers that
  * ct_tokenizer_train + ct_tokenizer_save make from a few sentences at vocabularies 256 to 400.
  */
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/tokenizer.h"
+#include "core/data/tokenizer.h"
 #include "test/fuzz/fuzz.h"
 
 static const char text[] =

@@ -25,7 +25,7 @@
 #define CT_BACKEND_H
 
 #include "backend_ops.h"
-#include "common.h"
+#include "core/common.h"
 
 #define CT_MAX_DIMS 4
 #define CT_BACKEND_EVENTS 16 /* event ids per backend (event_record / event_wait) */

@@ -14,7 +14,7 @@
 #ifndef CT_CONFIG_H
 #define CT_CONFIG_H
 
-#include "common.h"
+#include "core/common.h"
 
 #include <stdio.h>
 

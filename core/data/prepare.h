@@ -26,7 +26,7 @@
 #ifndef CT_PREPARE_H
 #define CT_PREPARE_H
 
-#include "common.h"
+#include "core/common.h"
 
 /* The options above (cmd/ parses them); CT_PREPARE_DEFAULTS fills the defaults. */
 typedef struct ct_prepare_options {

@@ -1,7 +1,7 @@
 /*
  * config_internal.h — what the config room's files share (config_keys.c, config_load.c,
- * config_validate.c, config_print.c); not for use outside core/config_*.c. The public interface
- * is config.h.
+ * config_validate.c, config_print.c); not for use outside core/config/config_*.c. The public
+ * interface is config.h.
  *
  * The key table (config_keys[]) describes every key: section, name, type, where it is stored in
  * ct_config, default, allowed range and one line of documentation.

@@ -14,7 +14,7 @@
  *     (a backend whose table lacks a required op is a bug, reported with the op's name).
  * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend.c), its CPU kernel and
  * table entry (backend_cpu.c), its checker (backend_check.c), its CUDA launcher and table entry
- * (cuda/), its test. core/BACKENDS.md walks through it.
+ * (cuda/), its test. core/backend/BACKENDS.md walks through it.
  *
  * Columns:
  *   name   the slot's name (the member of struct ct_backend_i);

@@ -32,9 +32,9 @@
 #ifndef CT_MODEL_H
 #define CT_MODEL_H
 
-#include "backend.h"
-#include "comm.h"
-#include "config.h"
+#include "core/backend/backend.h"
+#include "core/backend/comm.h"
+#include "core/config/config.h"
 
 #define CT_MAX_CHUNKS CT_MAX_VIRTUAL_STAGES /* chunks one rank holds (config.h) */
 

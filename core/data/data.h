@@ -20,7 +20,7 @@
 #ifndef CT_DATA_H
 #define CT_DATA_H
 
-#include "common.h"
+#include "core/common.h"
 
 #define CT_SHARD_HEADER_BYTES 64
 

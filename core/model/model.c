@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "model_collectives.h"
-#include "rng.h"
+#include "core/rng.h"
 
 /* ---- layout --------------------------------------------------------------------------------- */
 

@@ -19,7 +19,7 @@
 #ifndef CT_TOKENIZER_H
 #define CT_TOKENIZER_H
 
-#include "common.h"
+#include "core/common.h"
 
 typedef struct ct_tokenizer ct_tokenizer;
 

@@ -112,7 +112,8 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
     }
     ct_backend *be = desc->create(n_threads);
     const char *missing = ct_backend_missing_op(be->iface);
-    CT_ASSERTF(missing == NULL, "backend %s leaves its slot '%s' NULL (see core/backend_ops.h)",
+    CT_ASSERTF(missing == NULL,
+               "backend %s leaves its slot '%s' NULL (see core/backend/backend_ops.h)",
                be->iface->name, missing);
     const char *async = getenv("COOKTRAIN_ASYNC");
     if (async && !strcmp(async, "1") && strstr(be->iface->name, "-async") == NULL) {

@@ -7,8 +7,8 @@
 #ifndef CT_CORE_GEMM_BENCH_H
 #define CT_CORE_GEMM_BENCH_H
 
-#include "core/backend.h"
-#include "core/config.h"
+#include "core/backend/backend.h"
+#include "core/config/config.h"
 
 /* Measures the backend's GEMM rate (FLOP/s) at shape M×N×K with operands of `dtype` (f32, or
  * bf16 into bf16): the median of a few runs. */

@@ -26,7 +26,7 @@
 #ifndef CT_CPU_GEMM_H
 #define CT_CPU_GEMM_H
 
-#include "common.h"
+#include "core/common.h"
 
 /* Creates the oneDNN CPU engine and stream unless they exist. Returns false (and records a
  * ct_error with a hint) when oneDNN cannot create them. The other functions call it lazily;

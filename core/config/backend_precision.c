@@ -3,7 +3,7 @@
  */
 #include "backend_precision.h"
 
-#include "cpu_gemm.h"
+#include "core/backend/cpu_gemm.h"
 
 #include <stdio.h>
 

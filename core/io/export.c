@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 
 /* One exported tensor: up to three checkpoint tensors stacked by rows, the first `rows` rows
  * kept (vocabulary padding dropped), transposed or not. */

@@ -18,7 +18,7 @@
 #ifndef CT_COMM_H
 #define CT_COMM_H
 
-#include "common.h"
+#include "core/common.h"
 
 typedef enum ct_reduce_op { CT_REDUCE_SUM = 0, CT_REDUCE_MAX, CT_REDUCE_MIN } ct_reduce_op;
 

@@ -63,6 +63,22 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
     printf(" communication %.1f (%.0f%%) | other %.1f (%.0f%%)\n", 1e3 * comm / steps,
            100.0 * comm / elapsed, 1e3 * (elapsed - total - comm) / steps,
            100.0 * (elapsed - total - comm) / elapsed);
+    /* then the same time by op, the slowest first: which op of a category takes it */
+    int order[CT_PROF_OPS_MAX];
+    for (int i = 0; i < be->n_prof_ops; i++) order[i] = i;
+    for (int i = 1; i < be->n_prof_ops; i++)
+        for (int j = i; j > 0 && be->prof_ops[order[j]].seconds > be->prof_ops[order[j - 1]].seconds;
+             j--) {
+            int x = order[j];
+            order[j] = order[j - 1], order[j - 1] = x;
+        }
+    printf("profile by op (rank 0, ms/step, calls/step):");
+    for (int i = 0; i < be->n_prof_ops; i++) {
+        const struct ct_prof_op *op = &be->prof_ops[order[i]];
+        printf("%s %s %.2f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
+               (double)op->calls / steps);
+    }
+    printf("\n");
 }
 
 /* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */

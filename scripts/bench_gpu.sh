@@ -16,7 +16,8 @@
 #   3. one table: system, precision, B, tok/s, cooktrain's tok/s over the row's, peak memory,
 #      MFU (the FLOPs per token cooktrain's trainer counts, formula printed, over the device's
 #      dense datasheet peak for the precision) beside the measured 8192³ matmul rate; then the
-#      --profile split and cooktrain's attention ms per step against SDPA's.
+#      --profile split (by op category, then by op) and cooktrain's attention ms per step against
+#      SDPA's.
 # Skips cleanly — prints "bench_gpu: skipped: REASON" and exits 0 — when there is no GPU
 # (nvidia-smi missing or failing, or cooktrain finding no usable CUDA device) or no nvcc build
 # (build/libcooktrain-cuda.so); when --python cannot import torch or torch sees no GPU, only
@@ -188,7 +189,8 @@ cooktrain_row() {
     echo "cooktrain $p $b ${tps:--} ${mem:--} ok" >>"$tmp/rows"
     echo "cooktrain $p B=$b: ${tps:-?} tok/s"
     if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --profile >"$tmp/$name.profile.log" 2>&1 </dev/null; then
-        grep '^profile' "$tmp/$name.profile.log" | tail -n 1 >"$tmp/$name.profile" || true
+        grep '^profile (rank' "$tmp/$name.profile.log" | tail -n 1 >"$tmp/$name.profile" || true
+        grep '^profile by op' "$tmp/$name.profile.log" | tail -n 1 >"$tmp/$name.profile_ops" || true
     else
         failed=1
         echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$tmp/$name.profile.log" | sed 's/^/    /'
@@ -283,6 +285,7 @@ for p in $precisions; do
     for b in $batches; do
         f=$tmp/cooktrain.$p.$b.profile
         if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no profile (the run failed)"; fi
+        [ -s "${f}_ops" ] && echo "$p B=$b: $(cat "${f}_ops")"
     done
 done
 

@@ -71,6 +71,9 @@ if expect_exit 0 "train with --profile" -- "$BIN" train --config configs/test-ti
     expect_text "profile (rank 0, ms/step): gemm" "the profile line starts with gemm"
     expect_text "attention" "the profile names attention"
     expect_text "communication" "the profile names communication"
+    expect_text "profile by op (rank 0, ms/step, calls/step):" "a second profile line splits the time by op"
+    expect_text " attention_bwd " "the by-op line names attention's backward"
+    expect_text " layernorm_fwd " "the by-op line names LayerNorm's forward"
 fi
 
 # log.run_dir: the resolved config and the metrics land there.

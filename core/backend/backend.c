@@ -103,6 +103,7 @@ const char *ct_prof_category_name(ct_prof_category category) {
 void ct_backend_profile(ct_backend *be, bool on) {
     be->profiling = on;
     for (int c = 0; c < CT_PROF_COUNT; c++) be->prof_seconds[c] = 0.0;
+    be->n_prof_ops = 0;
 }
 
 void ct_backend_mem_snapshot(const ct_backend *be, size_t *bytes) {
@@ -391,12 +392,25 @@ static double prof_begin(const ct_tensor *t) {
     return t->backend->profiling ? ct_now() : 0.0;
 }
 
-static void prof_end(const ct_tensor *t, ct_prof_category category, double t0) {
+static void prof_record(const ct_tensor *t, ct_prof_category category, double t0,
+                        const char *fn) {
     ct_backend *be = t->backend;
     if (!be->profiling) return;
     if (be->iface->sync) be->iface->sync(be->ctx);
-    be->prof_seconds[category] += ct_now() - t0;
+    const double dt = ct_now() - t0;
+    be->prof_seconds[category] += dt;
+    /* by op: __func__ of the wrapper, one static string per function, found by its address */
+    const char *name = strncmp(fn, "ct_", 3) == 0 ? fn + 3 : fn;
+    int i = 0;
+    while (i < be->n_prof_ops && be->prof_ops[i].name != name) i++;
+    if (i == be->n_prof_ops) {
+        if (i == CT_PROF_OPS_MAX) return;
+        be->prof_ops[be->n_prof_ops++] = (struct ct_prof_op){.name = name};
+    }
+    be->prof_ops[i].seconds += dt;
+    be->prof_ops[i].calls++;
 }
+#define prof_end(t, category, t0) prof_record((t), (category), (t0), __func__)
 #define CTX(t) ((t)->backend->ctx)
 
 static void check_f32(const ct_tensor *t, const char *what) {

@@ -166,6 +166,8 @@ typedef enum ct_prof_category {
     CT_PROF_OPTIMIZER, /* AdamW and the gradient norm */
     CT_PROF_COUNT
 } ct_prof_category;
+/* Ops --profile times one by one (there are fewer wrappers than this). */
+enum { CT_PROF_OPS_MAX = 64 };
 
 const char *ct_prof_category_name(ct_prof_category category);
 
@@ -183,6 +185,13 @@ typedef struct ct_backend {
     size_t peak_bytes[CT_MEM_COUNT];
     bool profiling;
     double prof_seconds[CT_PROF_COUNT]; /* wall time inside each category's ops */
+    /* The same time by op (the ct_ wrapper that ran it, "ct_" dropped), in first-call order. */
+    struct ct_prof_op {
+        const char *name;
+        double seconds;
+        int64_t calls;
+    } prof_ops[CT_PROF_OPS_MAX];
+    int n_prof_ops;
     /* Copies to the host so far (ct_tensor_to_host and the _f32 form). Each one waits for the
      * stream, so the training loop makes a fixed few per step whatever the microbatch count
      * (loss, gradient norm); its metrics report them and tests compare. */

@@ -74,6 +74,20 @@ if expect_exit 0 "train with --profile" -- "$BIN" train --config configs/test-ti
     expect_text "profile by op (rank 0, ms/step, calls/step):" "a second profile line splits the time by op"
     expect_text " attention_bwd " "the by-op line names attention's backward"
     expect_text " layernorm_fwd " "the by-op line names LayerNorm's forward"
+    # the ops' times add up to the categories' (each printed rounded: 0.05 ms a category, 0.005 an op)
+    if printf '%s\n' "$OUT_TEXT" | python3 -c '
+import re, sys
+lines = sys.stdin.read().splitlines()
+cats = [l for l in lines if l.startswith("profile (rank 0")][-1]
+ops = [l for l in lines if l.startswith("profile by op")][-1]
+c = [float(x) for x in re.findall(r"([a-z]+) ([0-9.]+) \(", cats.split("communication")[0].split(":", 1)[1]) for x in [x[1]]]
+o = [float(x) for x in re.findall(r" [a-z_]+ ([0-9.]+) \(", ops.split(":", 1)[1])]
+assert o and abs(sum(c) - sum(o)) <= 0.05 * len(c) + 0.005 * len(o), (sum(c), sum(o))
+'; then
+        ok "the by-op times add up to the category times"
+    else
+        fail "the by-op times add up to the category times"
+    fi
 fi
 
 # log.run_dir: the resolved config and the metrics land there.

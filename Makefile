@@ -149,4 +149,5 @@ print-ldlibs:
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+# -H: a build folder that is a symlink (test/cli_readme.sh's scratch tree) is searched too
+-include $(shell find -H $(BUILD) -name '*.d' 2>/dev/null)

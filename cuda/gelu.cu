@@ -9,9 +9,10 @@
  *   gelu_fwd_kernel        elementwise, grid-stride, 16-byte vectors over the aligned part.
  *   gelu_bwd_kernel        elementwise dinp = gelu'(inp)·dout (dinp may alias dout: each element
  *                          is read before the same thread writes it), used when dbias is NULL.
- *   gelu_bwd_dbias_kernel  the same values, plus the bias gradient: a block of 32 columns x
- *                          GELU_RY row groups owns one chunk of GELU_CHUNK_ROWS rows, each thread
- *                          sums its rows in order, the row groups are combined in order through
+ *   gelu_bwd_dbias_kernel  the same values, plus the bias gradient: a block of 32 threads x
+ *                          GELU_RY row groups owns one chunk of GELU_CHUNK_ROWS rows and 32·VEC
+ *                          columns (VEC a 16-byte vector where C allows), each thread sums its
+ *                          rows in order, the row groups are combined in order through
  *                          shared memory, one partial row per chunk goes to the workspace;
  *   gelu_colsum_kernel     then dbias[j] += the partials added in chunk order. As backend.h says,
  *                          dbias sums the fp32 values before dinp is rounded to bf16.
@@ -86,30 +87,42 @@ static __global__ void gelu_bwd_kernel(T *dinp, const T *inp, const T *dout, int
     if (j < n) dinp[j] = ct_from_f32<T>(gelu_grad(ct_to_f32(inp[j])) * ct_to_f32(dout[j]));
 }
 
-/* Block (32, GELU_RY): column j = blockIdx.y·32 + threadIdx.x, chunk blockIdx.x. Row group y
- * takes rows r0 + y + GELU_RY·k in order; partial[chunk·C + j] = the groups added in order. */
-template <typename T>
+/* Block (32, GELU_RY): thread x owns the VEC adjacent columns from j0 = (blockIdx.y·32 + x)·VEC
+ * (one vector load a row: a warp reads 32·VEC contiguous elements), chunk blockIdx.x. Row group
+ * y takes rows r0 + y + GELU_RY·k in order; partial[chunk·C + j] = the groups added in order.
+ * Every column's sums are the same whatever VEC: VEC only changes which thread adds them. With
+ * VEC > 1, C % VEC == 0 and the rows are 16-byte aligned (the launcher checks). */
+template <typename T, int VEC>
 static __global__ void gelu_bwd_dbias_kernel(T *dinp, float *partial, const T *inp, const T *dout,
                                              int N, int C) {
-    CT_SHARED(float, sh, GELU_RY * 32);
+    CT_SHARED(float, sh, GELU_RY * 32 * VEC);
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int j = blockIdx.y * 32 + tx;
+    const int j0 = (blockIdx.y * 32 + tx) * VEC;
     const int r0 = blockIdx.x * GELU_CHUNK_ROWS;
     const int r1 = r0 + GELU_CHUNK_ROWS < N ? r0 + GELU_CHUNK_ROWS : N;
-    float acc = 0.0f;
-    if (j < C) {
+    float acc[VEC];
+    for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
+    if (j0 < C) {
         for (int r = r0 + ty; r < r1; r += GELU_RY) {
-            const int64_t i = (int64_t)r * C + j;
-            float g = gelu_grad(ct_to_f32(inp[i])) * ct_to_f32(dout[i]);
-            dinp[i] = ct_from_f32<T>(g);
-            acc += g;
+            const int64_t i = (int64_t)r * C + j0;
+            float fx[VEC], fd[VEC];
+            ct_load<T, VEC>(inp + i, fx);
+            ct_load<T, VEC>(dout + i, fd);
+            for (int k = 0; k < VEC; k++) {
+                fd[k] = gelu_grad(fx[k]) * fd[k];
+                acc[k] += fd[k];
+            }
+            ct_put<T, VEC>(dinp + i, fd);
         }
     }
-    sh[ty * 32 + tx] = acc;
+    for (int k = 0; k < VEC; k++) sh[(ty * 32 + tx) * VEC + k] = acc[k];
     __syncthreads();
-    if (ty == 0 && j < C) {
-        for (int y = 1; y < GELU_RY; y++) acc += sh[y * 32 + tx];
-        partial[(int64_t)blockIdx.x * C + j] = acc;
+    if (ty == 0 && j0 < C) {
+        for (int k = 0; k < VEC; k++) {
+            float a = acc[k];
+            for (int y = 1; y < GELU_RY; y++) a += sh[(y * 32 + tx) * VEC + k];
+            partial[(int64_t)blockIdx.x * C + j0 + k] = a;
+        }
     }
 }
 
@@ -163,9 +176,17 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
                (long long)C);
     const int n_chunks = (int)((N + GELU_CHUNK_ROWS - 1) / GELU_CHUNK_ROWS);
     float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * (size_t)C * 4);
-    dim3 grid((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block(32, GELU_RY);
-    ct_launch(gelu_bwd_dbias_kernel<T>, grid, block, 0, st, (T *)dinp, partial, (const T *)inp,
-              (const T *)dout, (int)N, (int)C);
+    const int vec = 16 / (int)sizeof(T);
+    dim3 block(32, GELU_RY);
+    if (C % vec == 0 && gelu_aligned(dinp, inp, dout)) {
+        dim3 grid((unsigned)n_chunks, (unsigned)((C / vec + 31) / 32));
+        ct_launch(gelu_bwd_dbias_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp, partial,
+                  (const T *)inp, (const T *)dout, (int)N, (int)C);
+    } else {
+        dim3 grid((unsigned)n_chunks, (unsigned)((C + 31) / 32));
+        ct_launch(gelu_bwd_dbias_kernel<T, 1>, grid, block, 0, st, (T *)dinp, partial,
+                  (const T *)inp, (const T *)dout, (int)N, (int)C);
+    }
     CT_CUDA_CHECK(cudaGetLastError());
     ct_launch(gelu_colsum_kernel, dim3((unsigned)((C + CT_LAUNCH_THREADS - 1) / CT_LAUNCH_THREADS)),
               dim3(CT_LAUNCH_THREADS), 0, st, dbias, (const float *)partial, n_chunks, (int)C);

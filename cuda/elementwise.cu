@@ -37,7 +37,6 @@
 #include "cuda/launch.cuh"
 
 #define EW_CHUNK_ROWS 64 /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
-#define EW_ROWS_AHEAD 8  /* rows of bias_grad's column sums loaded ahead of their adds */
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -99,19 +98,7 @@ static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, in
              cv += (int64_t)gridDim.x * blockDim.x) {
             float acc[VEC], x[VEC];
             ct_load<T, VEC>(dout + r0 * C + cv * VEC, acc);
-            int64_t r = r0 + 1;
-            /* EW_ROWS_AHEAD rows loaded before they are added, in row order: the loads overlap
-             * instead of each add waiting one memory latency (the same sum, bit for bit) */
-            for (; r + EW_ROWS_AHEAD <= r1; r += EW_ROWS_AHEAD) {
-                float xs[EW_ROWS_AHEAD][VEC];
-                CT_UNROLL
-                for (int u = 0; u < EW_ROWS_AHEAD; u++)
-                    ct_load<T, VEC>(dout + (r + u) * C + cv * VEC, xs[u]);
-                CT_UNROLL
-                for (int u = 0; u < EW_ROWS_AHEAD; u++)
-                    for (int k = 0; k < VEC; k++) acc[k] += xs[u][k];
-            }
-            for (; r < r1; r++) {
+            for (int64_t r = r0 + 1; r < r1; r++) {
                 ct_load<T, VEC>(dout + r * C + cv * VEC, x);
                 for (int k = 0; k < VEC; k++) acc[k] += x[k];
             }

@@ -67,8 +67,8 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
     int order[CT_PROF_OPS_MAX];
     for (int i = 0; i < be->n_prof_ops; i++) order[i] = i;
     for (int i = 1; i < be->n_prof_ops; i++)
-        for (int j = i; j > 0 && be->prof_ops[order[j]].seconds > be->prof_ops[order[j - 1]].seconds;
-             j--) {
+        for (int j = i;
+             j > 0 && be->prof_ops[order[j]].seconds > be->prof_ops[order[j - 1]].seconds; j--) {
             int x = order[j];
             order[j] = order[j - 1], order[j - 1] = x;
         }

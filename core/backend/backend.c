@@ -392,8 +392,7 @@ static double prof_begin(const ct_tensor *t) {
     return t->backend->profiling ? ct_now() : 0.0;
 }
 
-static void prof_record(const ct_tensor *t, ct_prof_category category, double t0,
-                        const char *fn) {
+static void prof_record(const ct_tensor *t, ct_prof_category category, double t0, const char *fn) {
     ct_backend *be = t->backend;
     if (!be->profiling) return;
     if (be->iface->sync) be->iface->sync(be->ctx);

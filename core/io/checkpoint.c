@@ -634,7 +634,9 @@ static ct_status read_piece(const char *dir, const ct_ckpt_piece *pc, const ct_c
 }
 
 /* The chunk for reading pieces of at most n values: CHUNK_FLOATS, or less for small pieces. */
-static int64_t chunk_for(int64_t n) { return CT_MAX(CT_MIN(n, (int64_t)CHUNK_FLOATS), 1); }
+static int64_t chunk_for(int64_t n) {
+    return CT_MAX(CT_MIN(n, (int64_t)CHUNK_FLOATS), 1);
+}
 
 ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *m, const ct_ckpt_box *want,
                            float *out) {
@@ -716,7 +718,8 @@ ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
         elems[boxes[i]->kind] += boxes[i]->hi - boxes[i]->lo;
     }
     qsort(boxes, (size_t)m.n_pieces, sizeof *boxes, by_tensor);
-    for (int64_t i = 0; i < m.n_pieces; i++) tensors += i == 0 || !same_tensor(boxes[i - 1], boxes[i]);
+    for (int64_t i = 0; i < m.n_pieces; i++)
+        tensors += i == 0 || !same_tensor(boxes[i - 1], boxes[i]);
     free(boxes);
     fprintf(out, "  %lld tensors;", (long long)tensors);
     for (int k = 0; k < CT_CKPT_KIND_COUNT; k++)

@@ -48,7 +48,8 @@ static void write_checkpoint(const char *dir) {
     }
     ct_ckpt_manifest m;
     memset(&m, 0, sizeof m);
-    m.state.step = 2, m.state.samples_seen = 8, m.state.tokens_seen = 64, m.state.optimizer_step = 2;
+    m.state.step = 2, m.state.samples_seen = 8, m.state.tokens_seen = 64,
+    m.state.optimizer_step = 2;
     m.state.global_batch = 4, m.state.seq_len = 8, m.state.world_size = 2, m.state.tp = 1;
     m.state.pp = 1, m.state.dp = 2, m.state.virtual_stages = 1, m.state.format_version = 1;
     m.n_files = 2;
@@ -97,7 +98,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
 #else
     uint8_t *signed_copy = malloc(n ? n : 1);
     memcpy(signed_copy, data, n);
-    if (n >= 4) ct_put_le32(signed_copy + n - 4, (uint32_t)crc32(crc32(0L, Z_NULL, 0), data, (uInt)(n - 4)));
+    if (n >= 4)
+        ct_put_le32(signed_copy + n - 4,
+                    (uint32_t)crc32(crc32(0L, Z_NULL, 0), data, (uInt)(n - 4)));
     fuzz_write(fuzz_path("manifest.bin"), signed_copy, n);
     free(signed_copy);
 #endif

@@ -20,7 +20,8 @@ void fuzz_seeds(const char *dir) {
         fprintf(stderr, "fuzz_config: no configs/*.yaml here (run from the repository root)\n");
         exit(1);
     }
-    static const char sets[] = "\0train.steps=3\0parallel.tp=2\0model.n_layer=2\0train.precision=bf16";
+    static const char sets[] =
+        "\0train.steps=3\0parallel.tp=2\0model.n_layer=2\0train.precision=bf16";
     for (size_t i = 0; i < g.gl_pathc; i++) {
         size_t n;
         uint8_t *text = fuzz_read(g.gl_pathv[i], &n);

@@ -15,12 +15,20 @@
 void fuzz_setup(void) {}
 
 void fuzz_seeds(const char *dir) {
-    static const struct { const char *name; int vocab; size_t n; } seeds[] = {
-        {"w2-small", 123, 40}, {"w2-one", 50257, 17}, {"w4", 70000, 33}, {"empty", 300, 0},
+    static const struct {
+        const char *name;
+        int vocab;
+        size_t n;
+    } seeds[] = {
+        {"w2-small", 123, 40},
+        {"w2-one", 50257, 17},
+        {"w4", 70000, 33},
+        {"empty", 300, 0},
     };
     for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {
         int32_t tok[64];
-        for (size_t i = 0; i < seeds[s].n; i++) tok[i] = (int32_t)((i * 7919u + 3) % (unsigned)seeds[s].vocab);
+        for (size_t i = 0; i < seeds[s].n; i++)
+            tok[i] = (int32_t)((i * 7919u + 3) % (unsigned)seeds[s].vocab);
         char path[512];
         snprintf(path, sizeof path, "%s/%s.bin", dir, seeds[s].name);
         if (ct_shard_write(path, tok, seeds[s].n, seeds[s].vocab) != CT_OK) {
@@ -48,7 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
         if (ct_dataset_fill(ds, g, 1, in, tg) != CT_OK) ct_error_clear();
         (void)ct_dataset_sample_at(ds, g);
     }
-    if (samples >= 2 && ct_dataset_fill_in_order(ds, samples - 2, 2, in, tg) != CT_OK) ct_error_clear();
+    if (samples >= 2 && ct_dataset_fill_in_order(ds, samples - 2, 2, in, tg) != CT_OK)
+        ct_error_clear();
     free(in);
     free(tg);
     ct_dataset_free(ds);

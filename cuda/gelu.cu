@@ -137,13 +137,9 @@ static __global__ void gelu_colsum_kernel(float *dst, const float *partial, int 
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-static bool gelu_aligned(const void *p0, const void *p1, const void *p2) {
-    return (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15u) == 0;
-}
-
 template <typename T> static void gelu_fwd(ct_cuda_ctx *cx, void *out, const void *inp, int64_t n) {
     const int vec = 16 / (int)sizeof(T);
-    if (gelu_aligned(out, inp, NULL))
+    if (ct_launch_aligned(out, 16) && ct_launch_aligned(inp, 16))
         ct_launch(gelu_fwd_kernel<T, 16 / sizeof(T)>,
                   dim3(ct_launch_blocks(cx, n / vec, GELU_BLOCKS_PER_SM)), dim3(CT_LAUNCH_THREADS),
                   0, ct_cuda_stream(cx), (T *)out, (const T *)inp, n);
@@ -158,9 +154,11 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
                      int64_t N, int64_t C) {
     cudaStream_t st = ct_cuda_stream(cx);
     const int64_t n = N * C;
+    const int vec = 16 / (int)sizeof(T);
+    const bool aligned =
+        ct_launch_aligned(dinp, 16) && ct_launch_aligned(inp, 16) && ct_launch_aligned(dout, 16);
     if (!dbias) {
-        const int vec = 16 / (int)sizeof(T);
-        if (gelu_aligned(dinp, inp, dout))
+        if (aligned)
             ct_launch(gelu_bwd_kernel<T, 16 / sizeof(T)>,
                       dim3(ct_launch_blocks(cx, n / vec, GELU_BLOCKS_PER_SM)),
                       dim3(CT_LAUNCH_THREADS), 0, st, (T *)dinp, (const T *)inp, (const T *)dout,
@@ -176,9 +174,8 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
                (long long)C);
     const int n_chunks = (int)((N + GELU_CHUNK_ROWS - 1) / GELU_CHUNK_ROWS);
     float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * (size_t)C * 4);
-    const int vec = 16 / (int)sizeof(T);
     dim3 block(32, GELU_RY);
-    if (C % vec == 0 && gelu_aligned(dinp, inp, dout)) {
+    if (C % vec == 0 && aligned) {
         dim3 grid((unsigned)n_chunks, (unsigned)((C / vec + 31) / 32));
         ct_launch(gelu_bwd_dbias_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp, partial,
                   (const T *)inp, (const T *)dout, (int)N, (int)C);

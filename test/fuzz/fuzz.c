@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "test/fuzz/fuzz.h"
 
+#include "core/common.h"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,18 +58,11 @@ void fuzz_write(const char *path, const uint8_t *data, size_t n) {
 }
 
 uint8_t *fuzz_read(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
+    uint8_t *buf;
+    if (ct_read_regular(path, "fuzz seed", INT64_MAX, &buf, n) != CT_OK) {
+        ct_error_print();
         abort();
     }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc(len > 0 ? (size_t)len : 1);
-    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) abort();
-    fclose(f);
-    *n = (size_t)len;
     return buf;
 }
 

@@ -8,7 +8,6 @@
 # where it was; `build/fuzz/fuzz_NAME FILE` replays it. CT_FUZZ_ONLY=REGEX runs the targets whose
 # name matches.
 . "$(dirname "$0")/lib_cli.sh"
-type skip >/dev/null 2>&1 || skip() { echo "ok (skipped) $*"; }
 secs=${CT_FUZZ_SECONDS:-10}
 crashes=${CT_FUZZ_CRASHES:-}
 tmp=$(mktemp -d)

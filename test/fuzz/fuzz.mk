@@ -17,7 +17,13 @@ HAVE_FUZZ := $(if $(wildcard $(FUZZ_RT)),yes)
 FUZZ_NAMES := config shard tokenizer manifest rankfile
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 
-ifeq ($(HAVE_FUZZ)$(SAN),yes)
+ifeq ($(SAN),1)
+  FUZZ_WHY := not in a SAN=1 build (the targets carry their own sanitizers): run it without SAN=1
+else ifneq ($(HAVE_FUZZ),yes)
+  FUZZ_WHY := no clang with a fuzzer runtime ($(FUZZ_CC)); hint: bash scripts/setup.sh
+endif
+
+ifeq ($(FUZZ_WHY),)
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -I. -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                $(shell pkg-config --cflags $(PKG_REQUIRED) 2>/dev/null) $(FUZZ_SAN) -MMD -MP
@@ -46,6 +52,6 @@ fuzz: $(FUZZ_BINS)
 	    bash test/cli_fuzz.sh
 else
 fuzz:
-	@echo "make fuzz: no clang with a fuzzer runtime ($(FUZZ_CC)); hint: bash scripts/setup.sh"; exit 2
+	@echo "make fuzz: $(FUZZ_WHY)"; exit 2
 endif
 .PHONY: fuzz

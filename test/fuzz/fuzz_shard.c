@@ -4,6 +4,9 @@
  * The input is the shard file, written as it is; its bytes 8 and 9 (inside the header: read
  * here, not changed) also pick the model's sequence length (1 to 16) and vocabulary (100, below
  * most shards' own, or 70000).
+ * An opened shard must account for every byte of the file: header plus tokens x width. The
+ * shard is mapped, and ASan does not watch mapped pages, so a read past a short file's end but
+ * inside its last page goes unseen; this oracle catches the missing size check on any length.
  * Seeds: shards that ct_shard_write makes at widths 2 and 4, empty and with a few samples.
  */
 #include <stdio.h>
@@ -47,6 +50,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (ct_dataset_open(&ds, path, seq_len, vocab, 1234) != CT_OK) {
         ct_error_clear();
         return 0;
+    }
+    uint32_t width = (uint32_t)data[16] | (uint32_t)data[17] << 8;
+    if ((size_t)ct_dataset_n_tokens(ds) * width + CT_SHARD_HEADER_BYTES != n) {
+        fprintf(stderr, "fuzz_shard: opened a %zu-byte shard that holds %lld tokens of %u bytes\n",
+                n, (long long)ct_dataset_n_tokens(ds), width);
+        abort();
     }
     int64_t samples = ct_dataset_n_samples(ds);
     if (ct_dataset_check_tokens(ds) != CT_OK) ct_error_clear();

@@ -39,9 +39,7 @@
  * executable (the real build, cuda/plugin.h), or absent (CUDA=0): weak references, so this one
  * object serves all three binaries. */
 #pragma weak ct_cuda_register
-#pragma weak ct_cuda_usable
 #pragma weak ct_cuda_plugin_register
-#pragma weak ct_cuda_plugin_usable
 #pragma weak ct_comm_nccl_new
 #pragma weak ct_comm_nccl_set_abort
 #pragma weak ct_cuda_plugin_nccl_new
@@ -51,12 +49,6 @@ static void register_cuda(void) {
         ct_cuda_register();
     else if (ct_cuda_plugin_register)
         ct_cuda_plugin_register();
-}
-
-static bool cuda_usable(char *why, size_t cap) {
-    if (ct_cuda_register) return ct_cuda_usable(why, cap);
-    if (ct_cuda_plugin_register) return ct_cuda_plugin_usable(why, cap);
-    return false;
 }
 
 static void abort_job(int code) {
@@ -251,10 +243,9 @@ static ct_status cmd_train(int argc, char **argv) {
     for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
     free(sets);
     const int world = ct_mpi_world_size(), rank = ct_mpi_world_rank();
-    /* train.precision: auto picks bf16 on a GPU; the backend itself is made after validation */
-    char why[160];
-    cfg.runtime_backend_cuda = !strcmp(backend_name, "cuda") ||
-                               (!strcmp(backend_name, "auto") && cuda_usable(why, sizeof why));
+    /* train.precision: auto asks the backend that will run; it is made after validation */
+    const char *resolved = ct_backend_resolve(backend_name);
+    snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "%s", resolved ? resolved : "cpu");
     if (st == CT_OK) st = ct_config_validate(&cfg, world);
     /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
      * config file readable on one node only. */
@@ -267,7 +258,7 @@ static ct_status cmd_train(int argc, char **argv) {
     int threads = cfg.train.threads > 0 ? (int)cfg.train.threads : default_threads();
     ct_backend *be = NULL;
     char chosen[256];
-    if (cfg.runtime_backend_cuda) st = pick_device(share_gpus);
+    if (!strcmp(cfg.runtime_backend, "cuda")) st = pick_device(share_gpus);
     if (world > 1) st = ct_mpi_agree(st);
     if (st != CT_OK) return st;
     st = ct_backend_new(&be, backend_name, threads, chosen, sizeof chosen);

@@ -106,8 +106,10 @@ ct_comm *ct_cuda_plugin_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s
     return plugin.nccl_new(boot, be, timeout_s, p2p_channels);
 }
 
-bool ct_cuda_plugin_usable(char *why, size_t cap) {
-    return plugin_usable(why, cap);
+/* Tensor cores multiply bf16 on every device this backend runs on (sm_80 and later). */
+static bool cuda_native_bf16(char *how, size_t cap) {
+    snprintf(how, cap, "a CUDA device");
+    return true;
 }
 
 void ct_cuda_plugin_register(void) {
@@ -115,6 +117,7 @@ void ct_cuda_plugin_register(void) {
                                          .create = plugin_create,
                                          .usable = plugin_usable,
                                          .accelerator = true,
-                                         .device_count = plugin_device_count};
+                                         .device_count = plugin_device_count,
+                                         .native_bf16 = cuda_native_bf16};
     ct_backend_register(&desc);
 }

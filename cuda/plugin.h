@@ -13,10 +13,6 @@
  * whether the backend is usable (--backend cuda or auto), never for a CPU run. */
 void ct_cuda_plugin_register(void);
 
-/* As ct_cuda_usable (backend_cuda.h), through the plugin; false with the reason when the
- * library cannot be loaded. */
-bool ct_cuda_plugin_usable(char *why, size_t cap);
-
 /* As ct_comm_nccl_new (comm_nccl.h), through the plugin, with the job's abort for the watchdog.
  * Only after the backend was made (the plugin is loaded). */
 struct ct_comm;

@@ -3,9 +3,8 @@
  * part of configs/README.md that is generated. test_config's readme_matches_key_table fails
  * when the README falls behind the key table in core/config/config_keys.c. Regenerate with:
  *
- *     gcc -std=gnu11 -I. core/common.c core/config/config_*.c core/config/backend_precision.c \
- *         core/backend/cpu_gemm.c test/gen_config_docs.c \
- *         -fopenmp -o /tmp/gen_docs -lyaml -ldnnl -lm && /tmp/gen_docs > /tmp/keys.md
+ *     make && gcc -std=gnu11 -I. test/gen_config_docs.c build/libctcore.a -fopenmp \
+ *         -o /tmp/gen_docs -lopenblas -lyaml -ldnnl -lm && /tmp/gen_docs > /tmp/keys.md
  *
  * and replace the table in configs/README.md with /tmp/keys.md.
  */

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/backend/backend.h"
 #include "core/config/config.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
@@ -320,7 +321,7 @@ static void defaults_validate_world1(void **state) {
     assert_string_equal(cfg.checkpoint.resume, "auto");
     assert_int_equal(cfg.checkpoint.keep, 3);
     assert_int_equal(cfg.log.interval, 10);
-    assert_false(cfg.runtime_backend_cuda);
+    assert_string_equal(cfg.runtime_backend, "cpu");
 }
 
 static void empty_inputs_are_defaults(void **state) {
@@ -553,9 +554,20 @@ static void auto_micro_batch(void **state) {
     assert_int_equal(ct_config_set(&cfg, "train.micro_batch=0"), CT_ERR_INPUT); /* only "auto" */
 }
 
-/* train.precision: bf16 and fp32 are taken as given; auto asks the hardware: bf16 on a GPU and
- * on a CPU with native bf16 matmul, fp32 on a CPU without (detection forced off and on with
- * COOKTRAIN_CPU_BF16). A bf16 gradient reduction needs bf16 training, however it was chosen. */
+static ct_backend *no_backend(int n_threads) {
+    (void)n_threads;
+    return NULL;
+}
+
+static bool says_native(char *how, size_t cap) {
+    snprintf(how, cap, "says so");
+    return true;
+}
+
+/* train.precision: bf16 and fp32 are taken as given; auto asks the backend that will run
+ * (cfg.runtime_backend): the CPU backend says bf16 on a CPU with native bf16 matmul, fp32 on one
+ * without (detection forced off and on with COOKTRAIN_CPU_BF16); a registered backend's own
+ * answer wins over the CPU's. A bf16 gradient reduction needs bf16 training, however chosen. */
 static void precision_auto(void **state) {
     (void)state;
     ct_config cfg;
@@ -574,10 +586,23 @@ static void precision_auto(void **state) {
     assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
     assert_int_equal(cfg.derived.precision, CT_PRECISION_FP32);
     assert_non_null(strstr(cfg.derived.precision_why, "COOKTRAIN_CPU_BF16=0"));
-    cfg.runtime_backend_cuda = true; /* a GPU multiplies bf16 natively */
+    /* the backend that will run decides, whatever the CPU: one that says it multiplies bf16
+     * natively gets bf16, one that leaves native_bf16 NULL gets fp32 */
+    static const ct_backend_desc native = {
+        .name = "test-native", .create = no_backend, .native_bf16 = says_native};
+    static const ct_backend_desc widening = {.name = "test-widening", .create = no_backend};
+    ct_backend_register(&native);
+    ct_backend_register(&widening);
+    snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "test-native");
     assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
     assert_int_equal(cfg.derived.precision, CT_PRECISION_BF16);
-    cfg.runtime_backend_cuda = false;
+    assert_string_equal(cfg.derived.precision_why, "auto: says so");
+    setenv("COOKTRAIN_CPU_BF16", "1", 1);
+    snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "test-widening");
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_int_equal(cfg.derived.precision, CT_PRECISION_FP32);
+    assert_non_null(strstr(cfg.derived.precision_why, "test-widening widens bf16"));
+    snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "cpu");
     setenv("COOKTRAIN_CPU_BF16", "1", 1);
     assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
     assert_int_equal(cfg.derived.precision, CT_PRECISION_BF16);

@@ -226,10 +226,23 @@ typedef struct ct_backend_desc {
     /* NULL: not a device backend. Else how many devices this process sees (0 with the reason in
      * why when none is usable). */
     int (*device_count)(char *why, size_t cap);
+    /* NULL: bf16 is computed by widening to fp32 (train.precision=auto picks fp32). Else true
+     * when the backend multiplies bf16 natively here, so auto picks bf16; how says why either way
+     * ("avx512_bf16", "a CUDA device", "no native bf16 (...)"). */
+    bool (*native_bf16)(char *how, size_t cap);
 } ct_backend_desc;
 void ct_backend_register(const ct_backend_desc *desc);
 ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char *chosen,
                          size_t cap);
+/* The registered backend that ct_backend_new(name) would make: name itself, or for "auto" the
+ * first usable accelerator, else "cpu". NULL when name is not registered (ct_backend_new then
+ * says why). */
+const char *ct_backend_resolve(const char *name);
+/* train.precision=auto, decided by the backend that will run (ct_backend_resolve(name)): true when
+ * it multiplies bf16 natively here (ct_backend_desc.native_bf16), so bf16 is the faster choice;
+ * false for fp32. how (cap bytes) gets the reason the run prints: "avx512_bf16", "a CUDA
+ * device", "forced off by COOKTRAIN_CPU_BF16=0". */
+bool ct_backend_native_bf16(const char *name, char *how, size_t cap);
 /*
  * Device selection for accelerator backends: the device ordinal the next one made opens (0 by
  * default). cmd/ sets it from the node-local rank (one rank per GPU, parallel/README.md, The grid).

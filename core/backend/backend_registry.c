@@ -11,6 +11,7 @@
  * which call only the helpers of backend.c, which calls none of them.
  */
 #include "backend.h"
+#include "cpu_gemm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +27,8 @@ static ct_backend *create_cpu_async(int n_threads) {
 
 enum { MAX_BACKENDS = 8 };
 static ct_backend_desc registry[MAX_BACKENDS] = {
-    {.name = "cpu", .create = create_cpu},
-    {.name = "cpu-async", .create = create_cpu_async},
+    {.name = "cpu", .create = create_cpu, .native_bf16 = ct_cpu_has_native_bf16},
+    {.name = "cpu-async", .create = create_cpu_async, .native_bf16 = ct_cpu_has_native_bf16},
 };
 static int n_registered = 2;
 
@@ -55,6 +56,36 @@ static void registry_names(char *buf, size_t cap) {
         used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", registry[i].name);
 }
 
+/* What ct_backend_new(name) makes: name's entry, or for "auto" the first usable accelerator
+ * (why gets the reason none is) else cpu's. */
+static const ct_backend_desc *registry_pick(const char *name, char *why, size_t cap) {
+    if (strcmp(name, "auto") != 0) return registry_find(name);
+    for (int i = 0; i < n_registered; i++)
+        if (registry[i].accelerator && (!registry[i].usable || registry[i].usable(why, cap)))
+            return &registry[i];
+    return registry_find("cpu");
+}
+
+const char *ct_backend_resolve(const char *name) {
+    char why[160];
+    const ct_backend_desc *desc = registry_pick(name, why, sizeof why);
+    return desc ? desc->name : NULL;
+}
+
+bool ct_backend_native_bf16(const char *name, char *how, size_t cap) {
+    char why[160];
+    const ct_backend_desc *desc = registry_pick(name, why, sizeof why);
+    if (!desc) {
+        snprintf(how, cap, "backend %s is not registered", name);
+        return false;
+    }
+    if (!desc->native_bf16) {
+        snprintf(how, cap, "backend %s widens bf16 to fp32", desc->name);
+        return false;
+    }
+    return desc->native_bf16(how, cap);
+}
+
 static int selected_device;
 
 void ct_backend_set_device(int device) {
@@ -79,19 +110,13 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
     *out = NULL;
     char why[160] = "", names[160];
     registry_names(names, sizeof names);
-    const ct_backend_desc *desc = NULL;
+    const ct_backend_desc *desc = registry_pick(name, why, sizeof why);
     if (!strcmp(name, "auto")) {
-        for (int i = 0; i < n_registered && !desc; i++)
-            if (registry[i].accelerator &&
-                (!registry[i].usable || registry[i].usable(why, sizeof why)))
-                desc = &registry[i];
-        if (desc)
+        if (desc->accelerator)
             snprintf(chosen, cap, "%s (auto)", desc->name);
         else
             snprintf(chosen, cap, "cpu (auto: %s)", why[0] ? why : "this build has no GPU backend");
-        if (!desc) desc = registry_find("cpu");
     } else {
-        desc = registry_find(name);
         if (!desc && !strcmp(name, "cuda")) {
             ct_error(CT_ERR_INPUT, "--backend cuda: the CUDA backend is not part of this build");
             ct_hint("use --backend cpu (or auto, which picks cuda where it is built and a GPU is "

@@ -33,7 +33,8 @@ typedef enum ct_schedule_kind {
     CT_SCHEDULE_FORWARD_ONLY,
 } ct_schedule_kind;
 /* train.precision (AUTO is resolved into derived.precision by ct_config_validate, which asks the
- * backend: backend_precision.h) and parallel.grad_reduce_dtype (FP32 or BF16 only). */
+ * backend that will run: ct_backend_native_bf16) and parallel.grad_reduce_dtype (FP32 or BF16
+ * only). */
 typedef enum ct_precision {
     CT_PRECISION_FP32 = 0,
     CT_PRECISION_BF16,
@@ -134,10 +135,10 @@ typedef struct ct_config {
     ct_checkpoint_config checkpoint;
     ct_log_config log;
     ct_derived_config derived;
-    /* Not a YAML key: cmd sets it from `--backend cuda` before ct_config_validate, whose
-     * train.precision=auto then asks the backend that will run (ct_backend_auto_precision: a GPU
-     * multiplies bf16 natively). Default false. */
-    bool runtime_backend_cuda;
+    /* Not a YAML key: the registered backend that will run (ct_backend_resolve of --backend),
+     * set by cmd before ct_config_validate, whose train.precision=auto asks that backend whether
+     * it multiplies bf16 natively (ct_backend_native_bf16). Default "cpu". */
+    char runtime_backend[32];
 } ct_config;
 
 /* Fills every field with its default. */

@@ -690,5 +690,5 @@ void ct_config_defaults(ct_config *cfg) {
         ct_status st = key_assign(cfg, k, k->def, strlen(k->def), false, "default of ");
         CT_ASSERTF(st == CT_OK, "bad default in the config table: %s", ct_error_message());
     }
-    cfg->runtime_backend_cuda = false;
+    snprintf(cfg->runtime_backend, sizeof cfg->runtime_backend, "cpu");
 }

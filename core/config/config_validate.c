@@ -5,7 +5,7 @@
  */
 #include "config_internal.h"
 
-#include "backend_precision.h"
+#include "core/backend/backend.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -216,8 +216,8 @@ static ct_status check_arch(const ct_model_config *m) {
     return CT_OK;
 }
 
-/* Resolves train.precision (auto: by the backend, backend_precision.h) and checks
- * grad_reduce_dtype against it. */
+/* Resolves train.precision (auto: bf16 where the backend that will run multiplies bf16
+ * natively, ct_backend_native_bf16) and checks grad_reduce_dtype against it. */
 static ct_status resolve_precision(const ct_config *cfg, ct_derived_config *d) {
     const ct_parallel_config *p = &cfg->parallel;
     const ct_train_config *t = &cfg->train;
@@ -225,9 +225,12 @@ static ct_status resolve_precision(const ct_config *cfg, ct_derived_config *d) {
     char precision_why[96];
     snprintf(precision_why, sizeof precision_why, "train.precision: %s",
              precision_names[t->precision]);
-    if (precision == CT_PRECISION_AUTO)
-        precision = ct_backend_auto_precision(cfg->runtime_backend_cuda, precision_why,
-                                              sizeof precision_why);
+    if (precision == CT_PRECISION_AUTO) {
+        char how[80];
+        bool native = ct_backend_native_bf16(cfg->runtime_backend, how, sizeof how);
+        precision = native ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+        snprintf(precision_why, sizeof precision_why, "auto: %s", how);
+    }
     /* Reducing fp32 gradients in bf16 would only lose precision and break the equality of
      * layouts (core/README.md, Determinism); bf16 reduction is an option of bf16 training. */
     if (p->grad_reduce_dtype == CT_PRECISION_BF16 && precision != CT_PRECISION_BF16)

@@ -1,10 +1,10 @@
 /*
  * adamw.cu — the fused AdamW update over weight-decay segments and the sum of squares of the
- * gradient norm (adamw.cuh). The CPU reference is cpu_adamw and cpu_sumsq in
- * core/backend/backend_cpu.c; both results here are bit-identical to it:
+ * gradient norm (adamw.cuh). The CPU reference is ct_cpu_adamw and ct_cpu_sumsq in
+ * core/backend/cpu_kernels.c; both results here are bit-identical to it:
  *
  *   adamw  the CPU's float operations in the CPU's order, every multiply-add an explicit fmaf
- *          (backend_cpu.c spells the sequence out); the bias corrections bc1, bc2 are computed on
+ *          (cpu_kernels.c spells the sequence out); the bias corrections bc1, bc2 are computed on
  *          the host in double, 1 - pow(beta, step), then cast to float, by the same expression;
  *          IEEE division and sqrtf (nvcc's defaults, -prec-div / -prec-sqrt). The bf16 copy is the
  *          updated fp32 value rounded to nearest even.

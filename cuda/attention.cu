@@ -2,8 +2,8 @@
  * attention.cu — causal self-attention, forward and backward (attention.cuh), FlashAttention-2
  * style in plain CUDA: the fp32 path (fp32 operands, no tensor cores). bf16 runs on tensor cores
  * (attention_tc.cu), which shares this file's D = rowsum(dO ⊙ O) and dbias column-sum kernels. The
- * float formulas are those of the CPU reference (cpu_attention_fwd / cpu_attention_bwd in
- * core/backend/backend_cpu.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s − max) / sum,
+ * float formulas are those of the CPU reference (ct_cpu_attention_fwd / _bwd in
+ * core/backend/cpu_attention.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s − max) / sum,
  * out = (Σ p̃·v)·(1/sum), lse = max + log(sum); backward dP = dO·Vᵀ, D = rowsum(dO ⊙ O),
  * dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K, dK = scale·dSᵀ·Q. What differs is the
  * summation order (online softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test

@@ -30,6 +30,8 @@
 #include "cuda/gelu.cuh"
 #include "cuda/gemm.h"
 #include "cuda/layernorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/swiglu.cuh"
 #include "cuda/xent.cuh"
 
 struct ct_cuda_ctx {
@@ -209,6 +211,33 @@ static void cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, fl
     ct_cuda_layernorm_bwd(ctx, dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
+static void cuda_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
+                             const void *w, int64_t N, int64_t C, float eps) {
+    ct_cuda_rmsnorm_fwd(ctx, dt, out, rstd, inp, w, N, C, eps);
+}
+
+static void cuda_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                             const void *inp, const void *w, const float *rstd, int64_t N,
+                             int64_t C) {
+    ct_cuda_rmsnorm_bwd(ctx, dt, dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+static void cuda_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B, int64_t T,
+                      int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
+                      bool inverse) {
+    ct_cuda_rope(ctx, dt, x, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, inverse);
+}
+
+static void cuda_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
+                            int64_t N, int64_t H, int64_t ld) {
+    ct_cuda_swiglu_fwd(ctx, dt, out, gate, up, N, H, ld);
+}
+
+static void cuda_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
+                            const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
+    ct_cuda_swiglu_bwd(ctx, dt, dgate, dup, gate, up, dout, N, H, ld);
+}
+
 static void cuda_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n) {
     ct_cuda_gelu_fwd(ctx, dt, out, inp, n);
 }
@@ -366,6 +395,11 @@ static const struct ct_backend_i cuda_iface = {
     .posemb_bwd = cuda_posemb_bwd,
     .layernorm_fwd = cuda_layernorm_fwd,
     .layernorm_bwd = cuda_layernorm_bwd,
+    .rmsnorm_fwd = cuda_rmsnorm_fwd,
+    .rmsnorm_bwd = cuda_rmsnorm_bwd,
+    .rope = cuda_rope,
+    .swiglu_fwd = cuda_swiglu_fwd,
+    .swiglu_bwd = cuda_swiglu_bwd,
     .gelu_fwd = cuda_gelu_fwd,
     .gelu_bwd = cuda_gelu_bwd,
     .attention_fwd = cuda_attention_fwd,

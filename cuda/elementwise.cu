@@ -1,13 +1,12 @@
 /*
  * elementwise.cu — fill, bias and residual adds, the bias gradient, axpy, scale and dtype casts
- * (elementwise.cuh). The CPU reference is cpu_fill, cpu_bias_add, cpu_bias_init, cpu_bias_grad,
- * cpu_axpy, cpu_scale and cpu_cast in core/backend/backend_cpu.c with their bf16 slots; each kernel
- * computes the same fp32 expression per element (bf16 widened on load, rounded to nearest even on
- * store), so every result here is bit-identical to the CPU's:
- *   bias_add   out = out + bias          bias_init  out = bias, or residual + bias
- *   axpy       dst = fmaf(alpha, src, dst)   (the CPU build, -O3 -march=native in GNU C, contracts
- *              its dst += alpha·src into the same single-rounding FMA)
- *   scale      x = x·s                   cast       f32 <-> bf16, same dtype: a device copy
+ * (elementwise.cuh). The CPU reference is ct_cpu_fill, _bias_add, _bias_init, _bias_grad,
+ * _axpy, _scale and _cast in core/backend/cpu_kernels.c with their bf16 slots (backend_cpu.c); each
+ * kernel computes the same fp32 expression per element (bf16 widened on load, rounded to nearest
+ * even on store), so every result here is bit-identical to the CPU's: bias_add   out = out + bias
+ * bias_init  out = bias, or residual + bias axpy       dst = fmaf(alpha, src, dst)   (the CPU
+ * build, -O3 -march=native in GNU C, contracts its dst += alpha·src into the same single-rounding
+ * FMA) scale      x = x·s                   cast       f32 <-> bf16, same dtype: a device copy
  *   accumulate_rounded   C = bf16(fmaf(beta, C, prod)): a bf16 GEMM's accumulation (no CPU slot:
  *              the CPU's GEMM rounds once, and this is how the CUDA gemm slot does the same)
  *   bias_grad  dbias(C) += Σ rows of dout, in the CPU's order: rows summed in order inside chunks

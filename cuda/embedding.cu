@@ -1,9 +1,9 @@
 /*
  * embedding.cu — token and position embeddings, forward and backward (embedding.cuh). The CPU
- * reference is cpu_embedding_fwd / cpu_embedding_bwd / cpu_posemb_fwd / cpu_posemb_bwd in
- * core/backend/backend_cpu.c with their bf16 slots; every result here is bit-identical to it:
- *   embedding_fwd  out[i] = table[tokens[i] - row_offset], or zeros for a token outside
- *                  [row_offset, row_offset + rows) (another vocab shard's): a copy, no arithmetic.
+ * reference is ct_cpu_embedding_fwd / _bwd and ct_cpu_posemb_fwd / _bwd in
+ * core/backend/cpu_kernels.c with their bf16 slots (backend_cpu.c); every result here is
+ * bit-identical to it: embedding_fwd  out[i] = table[tokens[i] - row_offset], or zeros for a token
+ * outside [row_offset, row_offset + rows) (another vocab shard's): a copy, no arithmetic.
  *   posemb_fwd     out[b, t] = out[b, t] + wpe[pos_offset + t]  (fp32, rounded once for bf16).
  *   embedding_bwd  dtable[r] += dout[i] for each token i with row r = tokens[i] - row_offset inside
  *                  the slice, in token order (tokens outside are skipped), as the CPU adds them.

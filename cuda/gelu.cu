@@ -1,6 +1,6 @@
 /*
  * gelu.cu — GELU, tanh form, forward and backward (gelu.cuh). The float formulas are those of the
- * CPU reference (gelu_t / gelu_grad in core/backend/backend_cpu.c): gelu(x) = x / (1 + t) with
+ * CPU reference (gelu_t / gelu_grad in core/backend/cpu_kernels.c): gelu(x) = x / (1 + t) with
  * t = exp(-2u), u = k(x + a x³), the exponent clamped to [-87, 88] as exp_clamped_f32 clamps it,
  * and gelu'(x) = s·(1 + 2x·du·t·s) with s = 1/(1 + t), du = k(1 + 3a x²). The only difference is
  * expf (CUDA: at most 2 ulp; the CPU's exp_f32 about 1 ulp).

@@ -1,7 +1,11 @@
 /*
- * layernorm.cu — LayerNorm forward and backward (layernorm.cuh; the CPU reference is
- * cpu_layernorm_fwd / cpu_layernorm_bwd in core/backend/backend_cpu.c, whose float formulas these
- * kernels repeat: two-pass statistics, eps = 1e-5 added to the variance, rstd = 1/sqrtf).
+ * layernorm.cu — LayerNorm and RMSNorm, forward and backward (layernorm.cuh; the CPU references
+ * are ct_cpu_layernorm_fwd / _bwd in core/backend/cpu_kernels.c and ct_cpu_rmsnorm_fwd / _bwd in
+ * core/backend/cpu_llama.c, whose float formulas these kernels repeat: LayerNorm's two-pass
+ * statistics with eps = 1e-5 added to the variance, RMSNorm's mean square plus the caller's eps,
+ * rstd = 1/sqrtf). RMSNorm's kernels (rms_*) have LayerNorm's shapes without the mean and the
+ * bias: rms_fwd_kernel and rms_bwd_dinp_kernel one warp per row, rms_bwd_dw_kernel the column
+ * sums of dout·x·rstd per chunk, added by ln_colsum_kernel.
  *
  * Kernels:
  *   ln_fwd_kernel       one warp per row (LN_WARPS rows per block): sum -> mean, sum of squared
@@ -164,6 +168,89 @@ static __global__ void ln_colsum_kernel(float *dst, const float *partial, int n_
     dst[j] += acc;
 }
 
+/* ---- RMSNorm --------------------------------------------------------------------------------- */
+
+template <typename T, int VEC>
+static __global__ void rms_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C,
+                                      float eps) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
+    if (row >= N) return; /* whole warps only; no block barrier below */
+    const T *x = inp + (int64_t)row * C;
+    T *o = out + (int64_t)row * C;
+    const int nv = C / VEC;
+    float acc = 0.0f;
+    for (int v = lane; v < nv; v += 32) {
+        float f[VEC];
+        ct_load<T, VEC>(x + v * VEC, f);
+        for (int k = 0; k < VEC; k++) acc += f[k] * f[k];
+    }
+    const float s = 1.0f / sqrtf(ct_warp_sum(acc) / (float)C + eps);
+    for (int v = lane; v < nv; v += 32) {
+        float f[VEC], fw[VEC];
+        ct_load<T, VEC>(x + v * VEC, f);
+        ct_load<T, VEC>(w + v * VEC, fw);
+        for (int k = 0; k < VEC; k++) f[k] = f[k] * s * fw[k];
+        ct_put<T, VEC>(o + v * VEC, f);
+    }
+    if (lane == 0) rstd[row] = s;
+}
+
+/* dinp += s·g - x·s³·Σ(g·x)/C with g = dout·w, s = rstd. */
+template <typename T, int VEC>
+static __global__ void rms_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
+                                           const float *rstd, int N, int C) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (int64_t)row * C, *d = dout + (int64_t)row * C;
+    T *di = dinp + (int64_t)row * C;
+    const float s = rstd[row];
+    const int nv = C / VEC;
+    float acc = 0.0f;
+    for (int v = lane; v < nv; v += 32) {
+        float fx[VEC], fd[VEC], fw[VEC];
+        ct_load<T, VEC>(x + v * VEC, fx);
+        ct_load<T, VEC>(d + v * VEC, fd);
+        ct_load<T, VEC>(w + v * VEC, fw);
+        for (int k = 0; k < VEC; k++) acc += fd[k] * fw[k] * fx[k];
+    }
+    const float kk = s * s * s * ct_warp_sum(acc) / (float)C;
+    for (int v = lane; v < nv; v += 32) {
+        float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
+        ct_load<T, VEC>(x + v * VEC, fx);
+        ct_load<T, VEC>(d + v * VEC, fd);
+        ct_load<T, VEC>(w + v * VEC, fw);
+        ct_load<T, VEC>(di + v * VEC, fi);
+        for (int k = 0; k < VEC; k++) fi[k] += s * fd[k] * fw[k] - fx[k] * kk;
+        ct_put<T, VEC>(di + v * VEC, fi);
+    }
+}
+
+/* partial[chunk] = Σ dout·x·rstd over the chunk's rows (C); the block shape of
+ * ln_bwd_dwdb_kernel. */
+template <typename T>
+static __global__ void rms_bwd_dw_kernel(float *partial, const T *dout, const T *inp,
+                                         const float *rstd, int N, int C) {
+    CT_SHARED(float, sh_dw, LN_RY * 32);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int j = blockIdx.y * 32 + tx;
+    const int r0 = blockIdx.x * LN_CHUNK_ROWS;
+    const int r1 = r0 + LN_CHUNK_ROWS < N ? r0 + LN_CHUNK_ROWS : N;
+    float dw = 0.0f;
+    if (j < C)
+        for (int r = r0 + ty; r < r1; r += LN_RY) {
+            const int64_t i = (int64_t)r * C + j;
+            dw += ct_to_f32(dout[i]) * ct_to_f32(inp[i]) * rstd[r];
+        }
+    sh_dw[ty * 32 + tx] = dw;
+    __syncthreads();
+    if (ty == 0 && j < C) {
+        for (int y = 1; y < LN_RY; y++) dw += sh_dw[y * 32 + tx];
+        partial[(int64_t)blockIdx.x * C + j] = dw;
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 /* VEC elements per 16-byte load when every row of every pointer starts 16-byte aligned. */
@@ -242,4 +329,69 @@ extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, 
         ln_bwd<__nv_bfloat16>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
     else
         ln_bwd<float>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
+}
+
+template <typename T>
+static void rms_fwd(ct_cuda_ctx *cx, void *out, float *rstd, const void *inp, const void *w, int N,
+                    int C, float eps) {
+    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
+    if (ln_vec_ok<T>(C, out, inp, w, NULL))
+        ct_launch(rms_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
+                  rstd, (const T *)inp, (const T *)w, N, C, eps);
+    else
+        ct_launch(rms_fwd_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out, rstd,
+                  (const T *)inp, (const T *)w, N, C, eps);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+static void rms_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, const void *dout, const void *inp,
+                    const void *w, const float *rstd, int N, int C) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
+    if (ln_vec_ok<T>(C, dinp, dout, inp, w))
+        ct_launch(rms_bwd_dinp_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp,
+                  (const T *)dout, (const T *)inp, (const T *)w, rstd, N, C);
+    else
+        ct_launch(rms_bwd_dinp_kernel<T, 1>, grid, block, 0, st, (T *)dinp, (const T *)dout,
+                  (const T *)inp, (const T *)w, rstd, N, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+
+    const int n_chunks = (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
+    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * (size_t)C * 4);
+    dim3 grid2((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block2(32, LN_RY);
+    ct_launch(rms_bwd_dw_kernel<T>, grid2, block2, 0, st, partial, (const T *)dout, (const T *)inp,
+              rstd, N, C);
+    CT_CUDA_CHECK(cudaGetLastError());
+    dim3 grid3((unsigned)((C + LN_COLSUM_THREADS - 1) / LN_COLSUM_THREADS)),
+        block3(LN_COLSUM_THREADS);
+    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, dw, (const float *)partial, n_chunks, C,
+              (int64_t)C);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd,
+                                    const void *inp, const void *w, int64_t N, int64_t C,
+                                    float eps) {
+    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "rmsnorm_fwd N=%lld C=%lld",
+               (long long)N, (long long)C);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "rmsnorm_fwd dtype %d", (int)dt);
+    if (N == 0) return;
+    if (dt == CT_DTYPE_BF16)
+        rms_fwd<__nv_bfloat16>(cx, out, rstd, inp, w, (int)N, (int)C, eps);
+    else
+        rms_fwd<float>(cx, out, rstd, inp, w, (int)N, (int)C, eps);
+}
+
+extern "C" void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
+                                    const void *dout, const void *inp, const void *w,
+                                    const float *rstd, int64_t N, int64_t C) {
+    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "rmsnorm_bwd N=%lld C=%lld",
+               (long long)N, (long long)C);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "rmsnorm_bwd dtype %d", (int)dt);
+    if (N == 0) return;
+    if (dt == CT_DTYPE_BF16)
+        rms_bwd<__nv_bfloat16>(cx, dinp, dw, dout, inp, w, rstd, (int)N, (int)C);
+    else
+        rms_bwd<float>(cx, dinp, dw, dout, inp, w, rstd, (int)N, (int)C);
 }

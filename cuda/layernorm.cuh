@@ -1,7 +1,8 @@
 /*
- * layernorm.cuh — LayerNorm forward and backward on the CUDA backend (the slots layernorm_fwd and
- * layernorm_bwd of core/backend/backend.h): one warp or block per row, statistics in fp32; dw and
- * db (accumulated) from per-block partials summed in block order.
+ * layernorm.cuh — the norms on the CUDA backend: LayerNorm (the slots layernorm_fwd and
+ * layernorm_bwd of core/backend/backend.h) and RMSNorm (rmsnorm_fwd, rmsnorm_bwd), which share
+ * their kernels' shape: one warp per row, statistics in fp32; the weight gradients (accumulated)
+ * from per-chunk partials summed in chunk order.
  */
 #ifndef CT_CUDA_LAYERNORM_CUH
 #define CT_CUDA_LAYERNORM_CUH
@@ -17,6 +18,10 @@ void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *mean,
 void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw, float *db,
                            const void *dout, const void *inp, const void *w, const float *mean,
                            const float *rstd, int64_t N, int64_t C);
+void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd, const void *inp,
+                         const void *w, int64_t N, int64_t C, float eps);
+void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                         const void *inp, const void *w, const float *rstd, int64_t N, int64_t C);
 
 #ifdef __cplusplus
 }

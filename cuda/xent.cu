@@ -1,7 +1,7 @@
 /*
  * xent.cu — softmax cross-entropy in three passes, plain and vocabulary-parallel (xent.cuh; the
- * slots' semantics are in core/backend/backend.h, the CPU reference is cpu_xent_* in
- * core/backend/backend_cpu.c).
+ * slots' semantics are in core/backend/backend.h, the CPU reference is ct_cpu_xent_* in
+ * core/backend/cpu_kernels.c).
  *
  * One block of XENT_THREADS threads per row for every pass that walks the row; statistics in
  * fp32. A row's sum is each thread's columns added in order, then a butterfly over the warp, then

@@ -88,7 +88,7 @@ static int64_t first_difference(const void *a, const void *b, size_t bytes) {
 /* ---- 1. bit-exactness -------------------------------------------------------------------------
  */
 
-enum { MAX_RESULTS = 48 };
+enum { MAX_RESULTS = 64 };
 
 /* What one run of the sequence leaves on the host: each kept tensor's bytes, by name. */
 typedef struct run_results {
@@ -125,7 +125,8 @@ static void results_release(run_results *r) {
  * embedding and position, layernorm, QKV projection (bias_init + accumulating GEMM), attention,
  * GELU, the vocab projection and the three-step cross-entropy with its gradient, then the whole
  * backward, AdamW with segments and a parameter copy, the squared norms, a cast, and the memory
- * ops. Nothing is read back until the end, so on the stream everything is queued first.
+ * ops, then the ops of a Llama block (test_llama_ops). Nothing is read back until the end of the
+ * GPT-2 part, so on the stream everything is queued first.
  */
 static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     enum { B = 2, T = 12, N = B * T, C = 32, NH = 4, C3 = 3 * C, V = 40, V_VALID = 37 };
@@ -249,6 +250,11 @@ static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     keep(r, "adamw master", master), keep(r, "adamw m", m), keep(r, "adamw v", v);
     keep(r, "adamw param copy", wout), keep(r, "sumsq", sq), keep(r, "cast", cast);
     keep(r, "fill", filled), keep(r, "copy", copied), keep(r, "copy_from_host", staged);
+
+    ct_tensor *llama[TEST_LLAMA_OUTS]; /* RMSNorm, RoPE and SwiGLU (test_util.h) */
+    test_llama_ops(be, dt, llama);
+    for (int i = 0; i < TEST_LLAMA_OUTS; i++)
+        keep(r, test_llama_out_names[i], llama[i]), ct_tensor_free(llama[i]);
 
     /* sanity of the sequence itself, so that the comparison is not between two empty runs */
     const float *loss = kept(r, "xent losses");

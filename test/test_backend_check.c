@@ -121,7 +121,8 @@ static void pool_release(pool *p) {
  * cross-entropy with its gradient), the whole backward, a vocab-parallel shard (embedding rows and
  * logit columns at an offset, sumexp without keep_exp, finish without the gradient), GELU backward
  * in place, attention backward without dbias, AdamW with and without a parameter copy, squared
- * norms, casts both ways, axpy, scale, fills of three dtypes and a copy.
+ * norms, casts both ways, axpy, scale, fills of three dtypes and a copy; then the ops of a Llama
+ * block (test_llama_ops: RMSNorm, RoPE and its inverse, SwiGLU, forward and backward).
  */
 static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     enum { B = 2, T = 12, N = B * T, C = 32, NH = 4, NKV = 2, HD = C / NH };
@@ -268,6 +269,11 @@ static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     keep(r, "adamw param copy", wout), keep(r, "sumsq", sq), keep(r, "cast", cast);
     keep(r, "cast back", cast_back), keep(r, "fill", filled), keep(r, "fill i32", filled_i);
     keep(r, "fill other dtype", filled_o), keep(r, "copy", copied);
+
+    ct_tensor *llama[TEST_LLAMA_OUTS]; /* RMSNorm, RoPE and SwiGLU (test_util.h) */
+    test_llama_ops(be, dt, llama);
+    for (int i = 0; i < TEST_LLAMA_OUTS; i++)
+        keep(r, test_llama_out_names[i], llama[i]), ct_tensor_free(llama[i]);
 
     /* sanity of the sequence itself, so that the comparison is not between two empty runs */
     float loss_h[N];
@@ -424,6 +430,27 @@ static void xent_sumexp_short(void *ctx, ct_dtype dt, float *sumexp, float *targ
                       col_offset, keep_exp);
 }
 
+/* Llama's ops: RMSNorm's dw overwritten instead of accumulated, RoPE rotating the wrong way,
+ * SwiGLU's up gradient element 3 off by 1e-2 */
+static void rmsnorm_bwd_overwrites(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                                   const void *inp, const void *w, const float *rstd, int64_t N,
+                                   int64_t C) {
+    memset(dw, 0, (size_t)C * sizeof *dw);
+    real->rmsnorm_bwd(ctx, dt, dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+static void rope_wrong_way(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B,
+                           int64_t T, int64_t n_rot_head, int64_t head_dim, int64_t ld,
+                           int64_t pos_offset, bool inverse) {
+    real->rope(ctx, dt, x, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, !inverse);
+}
+
+static void swiglu_bwd_off(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
+                           const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
+    real->swiglu_bwd(ctx, dt, dgate, dup, gate, up, dout, N, H, ld);
+    nudge(dup, dt, 3, 1e-2f);
+}
+
 /* The breakages, by name: which slot each replaces. */
 typedef struct breakage {
     const char *name;
@@ -444,6 +471,9 @@ static const breakage breakages[] = {
     BREAK(bias_add, bias_add_nan),
     BREAK(gelu_fwd, gelu_fwd_scribbles),
     BREAK(xent_sumexp, xent_sumexp_short),
+    BREAK(rmsnorm_bwd, rmsnorm_bwd_overwrites),
+    BREAK(rope, rope_wrong_way),
+    BREAK(swiglu_bwd, swiglu_bwd_off),
 };
 
 /* The child: the sequence on check mode over the CPU backend with breakage `name`; exits 0 when
@@ -550,6 +580,18 @@ static void test_broken_attention_bf16(void **state) {
                                         "n_head=4 n_kv_head=2 head_dim=8", NULL});
 }
 
+/* The checkers of Llama's ops (check_ops.c) see what they are for. */
+static void test_broken_llama_ops(void **state) {
+    expect_report(
+        "rmsnorm_bwd_overwrites", CT_DTYPE_F32, "rmsnorm_bwd",
+        (const char *const[]){"output 'dw' (f32, 24 elements)", "dt=f32 N=12 C=24", NULL});
+    expect_report("rope_wrong_way", CT_DTYPE_BF16, "rope",
+                  (const char *const[]){"output 'x' (bf16,", "n_rot_head=6 head_dim=6",
+                                        "pos_offset=3 forward", NULL});
+    expect_report("swiglu_bwd_off", CT_DTYPE_F32, "swiglu_bwd",
+                  (const char *const[]){"N=12 H=40 ld=80", "1 of", NULL});
+}
+
 static void test_broken_nan(void **state) {
     expect_report(
         "bias_add_nan", CT_DTYPE_BF16, "bias_add",
@@ -625,6 +667,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_broken_gemm_ignores_beta),
         cmocka_unit_test(test_broken_adamw),
         cmocka_unit_test(test_broken_attention_bf16),
+        cmocka_unit_test(test_broken_llama_ops),
         cmocka_unit_test(test_broken_nan),
         cmocka_unit_test(test_broken_writes_input),
         cmocka_unit_test(test_broken_xent_short_row),

@@ -1375,6 +1375,77 @@ static void test_adamw(void **state) {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
+/* ---- Llama's ops: RMSNorm, RoPE, SwiGLU (the contract) ----------------------------------------
+ */
+
+typedef struct {
+    float *out, *rstd, *dinp, *dw, *rope, *rope_inv, *sw, *dgu;
+} llama_res;
+
+/* RMSNorm forward and backward (on the f32 run's rstd, so both backwards see the same input),
+ * RoPE forward and inverse on a packed (N, 40) qkv whose first 24 columns (4 heads of 6) rotate,
+ * SwiGLU forward and backward on a (N, 2H) gate_up, all in dtype dt. */
+static void run_llama(ct_dtype dt, int64_t N, int64_t C, int64_t H, const float *x, const float *w,
+                      const float *dout, const float *dx0, const float *dw0, const float *rstd_in,
+                      const float *qkv, const float *table, const float *gu, const float *dsw,
+                      llama_res *r) {
+    ct_tensor *in = mat(dt, N, C, x), *tw = vec(dt, C, w), *o = mat(dt, N, C, NULL);
+    ct_tensor *s = vec(F32, N, NULL), *d = mat(dt, N, C, dout), *dx = mat(dt, N, C, dx0);
+    ct_tensor *dw = vec(F32, C, dw0), *s_in = vec(F32, N, rstd_in);
+    ct_rmsnorm_fwd(o, s, in, tw, 1e-5f);
+    if (!rstd_in) ct_tensor_copy(s_in, s);
+    ct_rmsnorm_bwd(dx, dw, d, in, tw, s_in);
+    r->out = take(o), r->rstd = take(s), r->dinp = take(dx), r->dw = take(dw);
+    ct_tensor_free(in), ct_tensor_free(tw), ct_tensor_free(d), ct_tensor_free(s_in);
+
+    ct_tensor *q = mat(dt, N, 40, qkv), *q2 = mat(dt, N, 40, qkv), *cs = vec(F32, 8 * 6, table);
+    ct_rope(q, cs, 2, N / 2, 4, 6, 2, false);
+    ct_rope(q2, cs, 2, N / 2, 4, 6, 2, true);
+    r->rope = take(q), r->rope_inv = take(q2);
+    ct_tensor_free(cs);
+
+    ct_tensor *g = mat(dt, N, 2 * H, gu), *sw = mat(dt, N, H, NULL), *ds = mat(dt, N, H, dsw);
+    ct_tensor *dg = mat(dt, N, 2 * H, NULL);
+    ct_swiglu_fwd(sw, g);
+    ct_swiglu_bwd(dg, g, ds);
+    r->sw = take(sw), r->dgu = take(dg);
+    ct_tensor_free(g), ct_tensor_free(ds);
+}
+
+static void llama_res_free(llama_res *r) {
+    free(r->out), free(r->rstd), free(r->dinp), free(r->dw), free(r->rope), free(r->rope_inv);
+    free(r->sw), free(r->dgu);
+}
+
+/* The contract on bf16-representable inputs: every bf16 output the f32 run's rounded to nearest
+ * even, rstd and dw (fp32) bit-identical; RoPE's unrotated columns (the v heads) keep their bytes,
+ * and SwiGLU's interleaved dgate and dup (one (N, 2H) buffer, staged apart) are both stored. */
+static void test_llama_contract(void **state) {
+    (void)state;
+    const int64_t N = 8, C = 40, H = 36;
+    float *x = rand_bf16(N * C, -2, 2), *w = rand_bf16(C, 0.5f, 1.5f);
+    float *dout = rand_bf16(N * C, -1, 1), *dx0 = rand_bf16(N * C, -1, 1);
+    float *dw0 = rand_f32(C, -1, 1), *qkv = rand_bf16(N * 40, -2, 2);
+    float *gu = rand_bf16(N * 2 * H, -6, 6), *dsw = rand_bf16(N * H, -1, 1);
+    float table[8 * 6];
+    ct_rope_table(table, 8, 6, 10000.0, NULL);
+    llama_res r32, r16;
+    run_llama(F32, N, C, H, x, w, dout, dx0, dw0, NULL, qkv, table, gu, dsw, &r32);
+    run_llama(BF16, N, C, H, x, w, dout, dx0, dw0, r32.rstd, qkv, table, gu, dsw, &r16);
+    check_rounded("rmsnorm_fwd out: contract", r16.out, r32.out, N * C);
+    check_identical("rmsnorm_fwd rstd: contract", r16.rstd, r32.rstd, N);
+    check_rounded("rmsnorm_bwd dinp: contract", r16.dinp, r32.dinp, N * C);
+    check_identical("rmsnorm_bwd dw: contract", r16.dw, r32.dw, C);
+    check_rounded("rope: contract", r16.rope, r32.rope, N * 40);
+    check_rounded("rope inverse: contract", r16.rope_inv, r32.rope_inv, N * 40);
+    for (int64_t i = 0; i < N; i++)
+        check_identical("rope leaves the v heads", r16.rope + i * 40 + 24, qkv + i * 40 + 24, 16);
+    check_rounded("swiglu_fwd: contract", r16.sw, r32.sw, N * H);
+    check_rounded("swiglu_bwd dgate_up: contract", r16.dgu, r32.dgu, N * 2 * H);
+    llama_res_free(&r32), llama_res_free(&r16);
+    free(x), free(w), free(dout), free(dx0), free(dw0), free(qkv), free(gu), free(dsw);
+}
+
 static int setup(void **state) {
     (void)state;
     verbose = getenv("TEST_BF16_VERBOSE") != NULL;
@@ -1395,7 +1466,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_posemb),        cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_gelu),          cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_mha), cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_adamw),         cmocka_unit_test(test_llama_contract),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,7 +1,8 @@
 /*
  * test_cuda_norm.c — the CUDA backend's LayerNorm, GELU and cross-entropy kernels (cuda/
- * layernorm.cu, gelu.cu, xent.cu) against the CPU backend, the numerical reference, in fp32 and
- * bf16 and in the emulator's three warp orders (test/cuda_test_util.h).
+ * layernorm.cu, gelu.cu, xent.cu) and those of Llama's blocks (RMSNorm in layernorm.cu, rope.cu,
+ * swiglu.cu) against the CPU backend, the numerical reference, in fp32 and bf16 and in the
+ * emulator's three warp orders (test/cuda_test_util.h).
  *
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends
  * (outputs an op accumulates into start from the same nonzero values on both), runs the slot on
@@ -60,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/model/rope.h"
 #include "test/cuda_test_util.h"
 
 #define E32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
@@ -708,6 +710,216 @@ static void test_xent(void **state) {
     });
 }
 
+/* ---- RMSNorm ----------------------------------------------------------------------------------
+ */
+
+static bool rms_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
+    cuda_test_seed(7, (uint64_t)N, (uint64_t)C);
+    float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f);
+    void *hx = cuda_test_pack(dt, x, N * C), *hw = cuda_test_pack(dt, w, C);
+    size_t es = cuda_test_dsize(dt);
+    pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es);
+    pbuf out = pb_new(NULL, (size_t)(N * C) * es), rstd = pb_new(NULL, (size_t)N * 4);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        be->iface->rmsnorm_fwd(be->ctx, dt, out.p[s], rstd.p[s], inp.p[s], pw.p[s], N, C, 1e-5f);
+    }
+    /*
+     * rstd = 1/sqrt(Σx²/C + eps): the squares are nonnegative, so the sums differ by (K + 2)·E
+     * relative (K = ln_k; the square adds E a term per side); the square root halves that, the
+     * division, the eps add, the sqrt and the reciprocal add 4 roundings per side:
+     * R = ((K + 2)/2 + 8)·E relative. out = x·s·w: R plus two products per side, relative to
+     * |out| (no sum, no cancellation).
+     */
+    double R = ((ln_k(C) + 2) / 2 + 8) * E32;
+    double atol_out = 0.0, rtol_out = R + 4 * E32;
+    bf16_tol(dt, &atol_out, &rtol_out);
+    char what[2][96];
+    const char *dn = ct_dtype_name(dt);
+    snprintf(what[0], sizeof what[0], "rmsnorm_fwd %s N=%lld C=%lld out", dn, (long long)N,
+             (long long)C);
+    snprintf(what[1], sizeof what[1], "rmsnorm_fwd %s N=%lld C=%lld rstd", dn, (long long)N,
+             (long long)C);
+    bool ok = check(what[0], &out, dt, N * C, atol_out, rtol_out);
+    ok &= check(what[1], &rstd, F32, N, 0.0, R);
+    pbuf *bufs[] = {&inp, &pw, &out, &rstd};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    free(x), free(w), free(hx), free(hw);
+    return ok;
+}
+
+static bool rms_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
+    cuda_test_seed(8, (uint64_t)N, (uint64_t)C);
+    float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f),
+          *d = cuda_test_fvec(N * C, -1.0f, 1.0f);
+    float *di0 = cuda_test_fvec(N * C, -0.5f, 0.5f), *dw0 = cuda_test_fvec(C, -1.0f, 1.0f);
+    void *hx = cuda_test_pack(dt, x, N * C), *hw = cuda_test_pack(dt, w, C),
+         *hd = cuda_test_pack(dt, d, N * C), *hdi = cuda_test_pack(dt, di0, N * C);
+    float *r = malloc((size_t)N * sizeof(float)); /* the rstd forward would save */
+    for (int64_t i = 0; i < N; i++) {
+        double ms = 0.0;
+        for (int64_t j = 0; j < C; j++) ms += (double)x[i * C + j] * x[i * C + j];
+        r[i] = (float)(1.0 / sqrt(ms / (double)C + 1e-5));
+    }
+    size_t es = cuda_test_dsize(dt);
+    pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es),
+         dout = pb_new(hd, (size_t)(N * C) * es), dinp = pb_new(hdi, (size_t)(N * C) * es),
+         dw = pb_new(dw0, (size_t)C * 4), rstd = pb_new(r, (size_t)N * 4);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        be->iface->rmsnorm_bwd(be->ctx, dt, dinp.p[s], dw.p[s], dout.p[s], inp.p[s], pw.p[s],
+                               rstd.p[s], N, C);
+    }
+    /*
+     * With g = d·w (|g| <= G) and s = rstd (the same input on both sides): Σ(g·x)/C differs by
+     * (K + 3)·E·A with A = max over rows of Σ|g·x|/C (two products fused or not); dinp += s·g -
+     * x·s³·Σ(g·x)/C carries |x|·s³ times that, and about 6 roundings per side on terms bounded by
+     * s·G, xmax·s³·A and |dinp|. dw = Σ_rows d·x·s: K_rows·E·Σ_rows|term| per column (rows_k),
+     * plus the add into the starting value.
+     */
+    double K = ln_k(C), Kr = rows_k(N), smax = amax(r, N), xmax = amax(x, N * C);
+    double G = amax(d, N * C) * amax(w, C), A = 0.0, sdx = 0.0;
+    for (int64_t i = 0; i < N; i++) {
+        double a = 0.0;
+        for (int64_t j = 0; j < C; j++) a += fabs((double)d[i * C + j] * w[j] * x[i * C + j]);
+        A = fmax(A, a / (double)C);
+    }
+    for (int64_t j = 0; j < C; j++) {
+        double a = 0.0;
+        for (int64_t i = 0; i < N; i++) a += fabs((double)d[i * C + j] * x[i * C + j] * r[i]);
+        sdx = fmax(sdx, a);
+    }
+    double s3 = smax * smax * smax;
+    double atol_di =
+        xmax * s3 * A * (K + 3) * E32 + 12 * E32 * (smax * G + xmax * s3 * A + amax(di0, N * C));
+    double rtol_di = 0.0;
+    bf16_tol(dt, &atol_di, &rtol_di);
+    double atol_dw = Kr * E32 * sdx + 2 * E32 * (amax(dw0, C) + sdx);
+    char what[2][96];
+    const char *dn = ct_dtype_name(dt);
+    snprintf(what[0], sizeof what[0], "rmsnorm_bwd %s N=%lld C=%lld dinp", dn, (long long)N,
+             (long long)C);
+    snprintf(what[1], sizeof what[1], "rmsnorm_bwd %s N=%lld C=%lld dw", dn, (long long)N,
+             (long long)C);
+    bool ok = check(what[0], &dinp, dt, N * C, atol_di, rtol_di);
+    ok &= check(what[1], &dw, F32, C, atol_dw, 0.0);
+    pbuf *bufs[] = {&inp, &pw, &dout, &dinp, &dw, &rstd};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    free(x), free(w), free(d), free(di0), free(dw0), free(hx), free(hw), free(hd), free(hdi);
+    free(r);
+    return ok;
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int t = 0; t < 2; t++)
+            for (int k = 0; k < 3; k++) {
+                all_ok &= rms_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
+                all_ok &= rms_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
+            }
+    });
+}
+
+/* ---- rotary position embedding -----------------------------------------------------------------
+ */
+
+/* A packed qkv (B, T, (H + 2·KV)·hd) rotated in place in its q and k heads, positions from pos,
+ * forward and inverse, from the table ct_rope_table builds (the same bytes on both sides). Each
+ * element is a·cos ∓ b·sin: two products and a sum, fused or not, 2 roundings a side on
+ * |a| + |b| <= 2·xmax. The v heads must come back as they were (compared like the rest). */
+static bool rope_case(ct_dtype dt, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                      int64_t pos, bool inverse) {
+    cuda_test_seed(9, (uint64_t)(T * hd), (uint64_t)inverse);
+    const int64_t ld = (H + 2 * KV) * hd, n = B * T * ld, max_pos = pos + T;
+    float *x = cuda_test_fvec(n, -2.0f, 2.0f);
+    float *table = malloc((size_t)(max_pos * hd) * sizeof(float));
+    ct_rope_table(table, max_pos, hd, 10000.0, NULL);
+    void *hx = cuda_test_pack(dt, x, n);
+    size_t es = cuda_test_dsize(dt);
+    pbuf px = pb_new(hx, (size_t)n * es), cs = pb_new(table, (size_t)(max_pos * hd) * 4);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        be->iface->rope(be->ctx, dt, px.p[s], cs.p[s], B, T, H + KV, hd, ld, pos, inverse);
+    }
+    double atol = 4 * E32 * 2 * amax(x, n), rtol = 0.0;
+    bf16_tol(dt, &atol, &rtol);
+    char what[96];
+    snprintf(what, sizeof what, "rope %s T=%lld hd=%lld pos=%lld%s", ct_dtype_name(dt),
+             (long long)T, (long long)hd, (long long)pos, inverse ? " inverse" : "");
+    bool ok = check(what, &px, dt, n, atol, rtol);
+    pb_free(&px), pb_free(&cs);
+    free(x), free(table), free(hx);
+    return ok;
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int t = 0; t < 2; t++)
+            for (int inv = 0; inv < 2; inv++) {
+                all_ok &= rope_case(dtypes[t], 2, 7, 3, 1, 8, 5, inv);
+                all_ok &= rope_case(dtypes[t], 1, 33, 2, 1, 64, 0, inv);
+            }
+    });
+}
+
+/* ---- SwiGLU -----------------------------------------------------------------------------------
+ */
+
+/*
+ * gate_up (N, 2H): gates in [-12, 12] (σ saturates both ways), ups in [-2, 2]; dgate_up written
+ * whole by backward (the GPU's starts as the emulator's NaN poison). The exponentials differ by
+ * 3 ulp = 6E (header); σ = 1/(1 + e^-a) adds 2 roundings a side and moves by at most (1 - σ)
+ * times the exp's error, so out = a·σ·u and dup = dout·a·σ, products without sums, are within
+ * 6E + 2·(2 + 2)·E = 14E relative: 16E. dgate = dout·u·σ·(1 + a(1 - σ)) may cancel inside the
+ * bracket (near a = -1.28): absolute |d·u|·(σ(1 + |a|(1 - σ))·16E + |1 + a - 2aσ|·σ(1 - σ)·6E),
+ * where σ(1 + |a|(1 - σ)) <= 1.3 and |1 + a - 2aσ|·σ(1 - σ) <= (1 + 12)/4 for |a| <= 12:
+ * 40E·|d|·|u| at most, plus 16E relative.
+ */
+static bool swiglu_case(ct_dtype dt, int64_t N, int64_t H) {
+    cuda_test_seed(10, (uint64_t)N, (uint64_t)H);
+    float *gu = cuda_test_fvec(N * 2 * H, -2.0f, 2.0f), *d = cuda_test_fvec(N * H, -1.0f, 1.0f);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++) gu[i * 2 * H + j] *= 6.0f;
+    void *hgu = cuda_test_pack(dt, gu, N * 2 * H), *hd = cuda_test_pack(dt, d, N * H);
+    size_t es = cuda_test_dsize(dt);
+    pbuf pgu = pb_new(hgu, (size_t)(N * 2 * H) * es), pd = pb_new(hd, (size_t)(N * H) * es);
+    pbuf out = pb_new(NULL, (size_t)(N * H) * es), dgu = pb_new(NULL, (size_t)(N * 2 * H) * es);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        char *g = pgu.p[s], *dg = dgu.p[s];
+        be->iface->swiglu_fwd(be->ctx, dt, out.p[s], g, g + H * es, N, H, 2 * H);
+        be->iface->swiglu_bwd(be->ctx, dt, dg, dg + H * es, g, g + H * es, pd.p[s], N, H, 2 * H);
+    }
+    double atol_out = 0.0, rtol_out = 16 * E32;
+    double atol_dgu = 40 * E32 * amax(d, N * H) * 2.0, rtol_dgu = 16 * E32;
+    bf16_tol(dt, &atol_out, &rtol_out);
+    bf16_tol(dt, &atol_dgu, &rtol_dgu);
+    char what[2][96];
+    const char *dn = ct_dtype_name(dt);
+    snprintf(what[0], sizeof what[0], "swiglu_fwd %s N=%lld H=%lld", dn, (long long)N,
+             (long long)H);
+    snprintf(what[1], sizeof what[1], "swiglu_bwd %s N=%lld H=%lld dgate_up", dn, (long long)N,
+             (long long)H);
+    bool ok = check(what[0], &out, dt, N * H, atol_out, rtol_out);
+    ok &= check(what[1], &dgu, dt, N * 2 * H, atol_dgu, rtol_dgu);
+    pbuf *bufs[] = {&pgu, &pd, &out, &dgu};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    free(gu), free(d), free(hgu), free(hd);
+    return ok;
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int t = 0; t < 2; t++) {
+            all_ok &= swiglu_case(dtypes[t], 33, 67);
+            all_ok &= swiglu_case(dtypes[t], 8, 256);
+        }
+    });
+}
+
 /* ---- main -------------------------------------------------------------------------------------
  */
 
@@ -725,9 +937,9 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_layernorm), cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_xent),      cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

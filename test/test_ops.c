@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/backend/backend.h"
+#include "core/model/rope.h"
 
 #include "test_util.h"
 
@@ -508,6 +509,289 @@ static void test_layernorm(void **state) {
     ct_tensor_free(inp), ct_tensor_free(w), ct_tensor_free(b), ct_tensor_free(out);
     ct_tensor_free(mean), ct_tensor_free(rstd), ct_tensor_free(R), ct_tensor_free(dx);
     ct_tensor_free(dw), ct_tensor_free(db);
+}
+
+/* ---- RMSNorm --------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t N, C;
+    double eps;
+    double *inp, *w, *R;
+} rms_case;
+
+static void rms_ref(const rms_case *c, double *out, double *rstd) {
+    for (int64_t i = 0; i < c->N; i++) {
+        const double *x = c->inp + i * c->C;
+        double ms = 0.0;
+        for (int64_t j = 0; j < c->C; j++) ms += x[j] * x[j];
+        double s = 1.0 / sqrt(ms / (double)c->C + c->eps);
+        for (int64_t j = 0; j < c->C; j++) out[i * c->C + j] = x[j] * s * c->w[j];
+        if (rstd) rstd[i] = s;
+    }
+}
+
+static double rms_loss(void *ctx) {
+    rms_case *c = ctx;
+    double *out = malloc((size_t)(c->N * c->C) * sizeof *out);
+    rms_ref(c, out, NULL);
+    double L = dot(out, c->R, c->N * c->C);
+    free(out);
+    return L;
+}
+
+/*
+ * N = 70 rows (two 64-row chunks, the second ragged) of C = 67 channels (not a multiple of 16
+ * lanes); row 5 is scaled to mean square ~3e-7, where eps = 1e-5 dominates rstd (a wrong or
+ * missing eps shows there), row 9 by 100 (rstd ~ 0.017). Forward: a sum of 67 squares, a square
+ * root and three products: relative 1e-5 with 1e-6 absolute for the small values. Backward
+ * against finite differences of the float64 reference, accumulating into non-zero dinp and dw:
+ * gradients up to O(50) (rstd up to ~170 on row 5 times |w|·|R|), sums of <= 70 terms: 5e-5
+ * absolute + 2e-4 relative. dw must also be bit-identical at 1 and 3 threads (chunked sums).
+ */
+static void test_rmsnorm(void **state) {
+    (void)state;
+    const int64_t N = 70, C = 67;
+    const float eps = 1e-5f;
+    float *hx = rand_floats(N * C, -1, 1), *hw = rand_floats(C, 0.5f, 1.5f);
+    float *hr = rand_floats(N * C, -1, 1);
+    for (int64_t j = 0; j < C; j++) hx[5 * C + j] *= 1e-3f, hx[9 * C + j] *= 100.0f;
+    float *hdx0 = rand_floats(N * C, -1, 1), *hdw0 = rand_floats(C, -1, 1);
+    ct_tensor *inp = t2(be, N, C, hx), *w = t1(be, C, hw), *out = t2(be, N, C, NULL);
+    ct_tensor *rstd = t1(be, N, NULL), *R = t2(be, N, C, hr), *dx = t2(be, N, C, hdx0);
+    ct_tensor *dw = t1(be, C, hdw0);
+    ct_rmsnorm_fwd(out, rstd, inp, w, eps);
+
+    rms_case rc = {N, C, eps, to_double(hx, N * C), to_double(hw, C), to_double(hr, N * C)};
+    double *want = malloc((size_t)(N * C) * sizeof *want), wr[70];
+    rms_ref(&rc, want, wr);
+    float *got = host_of(out), *gr = host_of(rstd);
+    check_close("rmsnorm_fwd out", got, want, N * C, 1e-6, 1e-5);
+    check_close("rmsnorm_fwd rstd", gr, wr, N, 0, 1e-5);
+
+    ct_rmsnorm_bwd(dx, dw, R, inp, w, rstd);
+    float *gdx = host_of(dx), *gdw = host_of(dw);
+    double *fdx = malloc((size_t)(N * C) * sizeof *fdx), fdw[67];
+    fd_grad(rms_loss, &rc, rc.inp, N * C, fdx);
+    fd_grad(rms_loss, &rc, rc.w, C, fdw);
+    for (int64_t i = 0; i < N * C; i++) fdx[i] += hdx0[i];
+    for (int64_t j = 0; j < C; j++) fdw[j] += hdw0[j];
+    check_close("rmsnorm_bwd dinp vs finite differences", gdx, fdx, N * C, 5e-5, 2e-4);
+    check_close("rmsnorm_bwd dw vs finite differences", gdw, fdw, C, 5e-5, 2e-4);
+
+    ct_backend *bs[2] = {be1, be3};
+    float *dws[2];
+    for (int k = 0; k < 2; k++) {
+        ct_tensor *i2 = t2(bs[k], N, C, hx), *w2 = t1(bs[k], C, hw), *r2 = t2(bs[k], N, C, hr);
+        ct_tensor *o2 = t2(bs[k], N, C, NULL), *s2 = t1(bs[k], N, NULL);
+        ct_tensor *dx2 = t2(bs[k], N, C, hdx0), *dw2 = t1(bs[k], C, hdw0);
+        ct_rmsnorm_fwd(o2, s2, i2, w2, eps);
+        ct_rmsnorm_bwd(dx2, dw2, r2, i2, w2, s2);
+        dws[k] = host_of(dw2);
+        ct_tensor_free(i2), ct_tensor_free(w2), ct_tensor_free(r2), ct_tensor_free(o2);
+        ct_tensor_free(s2), ct_tensor_free(dx2), ct_tensor_free(dw2);
+    }
+    check_bits_equal("rmsnorm_bwd dw", dws[0], dws[1], (size_t)C * sizeof(float));
+
+    free(hx), free(hw), free(hr), free(hdx0), free(hdw0), free(want), free(got), free(gr);
+    free(gdx), free(gdw), free(fdx), free(rc.inp), free(rc.w), free(rc.R), free(dws[0]);
+    free(dws[1]);
+    ct_tensor_free(inp), ct_tensor_free(w), ct_tensor_free(out), ct_tensor_free(rstd);
+    ct_tensor_free(R), ct_tensor_free(dx), ct_tensor_free(dw);
+}
+
+/* ---- rotary position embedding ----------------------------------------------------------------
+ */
+
+/* RoPE on row r of a (B·T, ld) buffer, in float64 from the angles themselves (not the table):
+ * dims (2i, 2i+1) of each of the first n_rot heads rotate by (pos_offset + r % T)·theta^(-2i/hd),
+ * by minus that when inverse. */
+static void rope_ref(double *x, int64_t rows, int64_t T, int64_t n_rot, int64_t hd, int64_t ld,
+                     int64_t pos_offset, double theta, bool inverse) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < n_rot; h++)
+            for (int64_t i = 0; i < hd / 2; i++) {
+                double ang = (double)(pos_offset + r % T) * pow(theta, -2.0 * (double)i / hd);
+                double c = cos(ang), s = inverse ? -sin(ang) : sin(ang);
+                double *v = x + r * ld + h * hd + 2 * i;
+                double a = v[0], b = v[1];
+                v[0] = a * c - b * s, v[1] = a * s + b * c;
+            }
+}
+
+typedef struct {
+    int64_t rows, T, n_rot, hd, ld, pos;
+    double *x, *R;
+} rope_case;
+
+static double rope_loss(void *ctx) {
+    rope_case *c = ctx;
+    int64_t n = c->rows * c->ld;
+    double *y = malloc((size_t)n * sizeof *y);
+    memcpy(y, c->x, (size_t)n * sizeof *y);
+    rope_ref(y, c->rows, c->T, c->n_rot, c->hd, c->ld, c->pos, 10000.0, false);
+    double L = dot(y, c->R, n);
+    free(y);
+    return L;
+}
+
+/*
+ * A packed qkv of B = 2, T = 5, 3 query heads and 1 kv head of hd = 8 (ld = 40; q and k rotate,
+ * v does not), positions from 3, theta 10000. Forward against the float64 angles: the table's
+ * fp32 cos and sin (relative 6e-8) and two products and a sum on values in [-1, 1]: 1e-6. The v
+ * columns must come back bit for bit. Backward is the inverse rotation of the gradient: it must
+ * match finite differences of sum(rope(x)⊙R) (1e-6), and rope then inverse must give x back
+ * (rotations are orthogonal: 1e-6). The relative-position property: <R_m q, R_n k> depends only
+ * on m - n, so scores at offsets 3 and 9 agree (64-term dot products of O(1) values: 1e-5).
+ */
+static void test_rope(void **state) {
+    (void)state;
+    const int64_t B = 2, T = 5, H = 3, KV = 1, hd = 8, ld = (H + 2 * KV) * hd, rows = B * T;
+    const int64_t n_rot = H + KV, pos = 3, max_pos = 16;
+    float *table = malloc((size_t)(max_pos * hd) * sizeof *table);
+    ct_rope_table(table, max_pos, hd, 10000.0, NULL);
+    ct_tensor *cs = t1(be, max_pos * hd, table);
+    float *hx = rand_floats(rows * ld, -1, 1), *hr = rand_floats(rows * ld, -1, 1);
+    ct_tensor *x = t2(be, rows, ld, hx);
+    ct_rope(x, cs, B, T, n_rot, hd, pos, false);
+    float *got = host_of(x);
+    double *want = to_double(hx, rows * ld);
+    rope_ref(want, rows, T, n_rot, hd, ld, pos, 10000.0, false);
+    check_close("rope forward", got, want, rows * ld, 1e-6, 0);
+    for (int64_t r = 0; r < rows; r++)
+        check_bits_equal("rope leaves v alone", got + r * ld + n_rot * hd, hx + r * ld + n_rot * hd,
+                         (size_t)(ld - n_rot * hd) * sizeof(float));
+    ct_rope(x, cs, B, T, n_rot, hd, pos, true);
+    float *back = host_of(x);
+    double *orig = to_double(hx, rows * ld);
+    check_close("rope then inverse", back, orig, rows * ld, 1e-6, 0);
+
+    ct_tensor *g = t2(be, rows, ld, hr);
+    ct_rope(g, cs, B, T, n_rot, hd, pos, true);
+    float *gg = host_of(g);
+    rope_case rc = {
+        rows, T, n_rot, hd, ld, pos, to_double(hx, rows * ld), to_double(hr, rows * ld)};
+    double *fd = malloc((size_t)(rows * ld) * sizeof *fd);
+    fd_grad(rope_loss, &rc, rc.x, rows * ld, fd);
+    check_close("rope inverse = backward, vs finite differences", gg, fd, rows * ld, 1e-6, 0);
+
+    /* relative position: q at row 0 (position p), k at row 3 (p + 3), for p = 3 and 9 */
+    double score[2];
+    for (int k = 0; k < 2; k++) {
+        ct_tensor *y = t2(be, rows, ld, hx);
+        ct_rope(y, cs, B, T, n_rot, hd, k == 0 ? 3 : 9, false);
+        float *hy = host_of(y);
+        score[k] = 0.0;
+        for (int64_t j = 0; j < hd; j++) score[k] += (double)hy[j] * hy[3 * ld + H * hd + j];
+        free(hy), ct_tensor_free(y);
+    }
+    double want_score = score[0];
+    check_close("rope scores depend on relative position only", (float[]){(float)score[1]},
+                &want_score, 1, 1e-5, 0);
+
+    free(table), free(hx), free(hr), free(got), free(want), free(back), free(orig), free(gg);
+    free(rc.x), free(rc.R), free(fd);
+    ct_tensor_free(cs), ct_tensor_free(x), ct_tensor_free(g);
+}
+
+/* Llama's arithmetic on the host (core/model/rope.h): the MLP width rule on the published shapes,
+ * the table against double angles, and Llama 3.1's frequency scaling at its three regimes. */
+static void test_llama_host_arithmetic(void **state) {
+    (void)state;
+    assert_int_equal(ct_llama_ffn_dim(4096, 0.0, 256), 11008);   /* Llama 2 7B */
+    assert_int_equal(ct_llama_ffn_dim(4096, 1.3, 1024), 14336);  /* Llama 3 8B */
+    assert_int_equal(ct_llama_ffn_dim(8192, 1.3, 4096), 28672);  /* Llama 2/3 70B */
+    assert_int_equal(ct_llama_ffn_dim(16384, 1.2, 4096), 53248); /* Llama 3 405B */
+    assert_int_equal(ct_llama_ffn_dim(256, 0.0, 256), 768);
+
+    /* the table: cos and sin of pos·theta^(-2i/hd), rounded once to fp32 */
+    float table[20 * 16];
+    ct_rope_table(table, 20, 16, 10000.0, NULL);
+    for (int64_t p = 0; p < 20; p++)
+        for (int64_t i = 0; i < 8; i++) {
+            double a = (double)p * pow(10000.0, -2.0 * (double)i / 16.0);
+            assert_true(table[(p * 8 + i) * 2] == (float)cos(a));
+            assert_true(table[(p * 8 + i) * 2 + 1] == (float)sin(a));
+        }
+
+    /* Llama 3.1 scaling (theta 500000, hd 128, factor 8, low 1, high 4, original 8192):
+     * wavelengths under 8192/4 keep their frequency, over 8192/1 are slowed 8x, and those between
+     * are blended strictly between the two, continuous at both ends */
+    const ct_rope_scaling sc = {8.0, 1.0, 4.0, 8192};
+    double plain[64], scaled[64];
+    ct_rope_inv_freq(plain, 128, 500000.0, NULL);
+    ct_rope_inv_freq(scaled, 128, 500000.0, &sc);
+    int kept = 0, slowed = 0, blended = 0;
+    for (int i = 0; i < 64; i++) {
+        double wavelen = 2.0 * M_PI / plain[i];
+        if (wavelen < 2048.0) {
+            assert_true(scaled[i] == plain[i]), kept++;
+        } else if (wavelen > 8192.0) {
+            assert_true(fabs(scaled[i] - plain[i] / 8.0) <= 1e-15 * plain[i]), slowed++;
+        } else {
+            assert_true(scaled[i] > plain[i] / 8.0 && scaled[i] < plain[i]), blended++;
+            double smooth = (8192.0 / wavelen - 1.0) / 3.0;
+            assert_true(fabs(scaled[i] - ((1 - smooth) * plain[i] / 8 + smooth * plain[i])) <=
+                        1e-15 * plain[i]);
+        }
+    }
+    assert_true(kept > 0 && slowed > 0 && blended > 0);
+}
+
+/* ---- SwiGLU ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t N, H;
+    double *gu, *R; /* gate_up (N, 2H), R (N, H) */
+} swiglu_case;
+
+static double silu_ref(double a) {
+    return a / (1.0 + exp(-a));
+}
+
+static double swiglu_loss(void *ctx) {
+    swiglu_case *c = ctx;
+    double L = 0.0;
+    for (int64_t i = 0; i < c->N; i++)
+        for (int64_t j = 0; j < c->H; j++)
+            L += silu_ref(c->gu[i * 2 * c->H + j]) * c->gu[i * 2 * c->H + c->H + j] *
+                 c->R[i * c->H + j];
+    return L;
+}
+
+/*
+ * N = 9 rows of H = 21 (not a multiple of 16), gate in [-12, 12] (σ saturates at both ends, where
+ * e^-a overflows or vanishes), up in [-2, 2]. Forward against float64: a few roundings and exp's
+ * ~1 ulp on values up to ~24: 1e-6 absolute + 1e-6 relative. Backward overwrites dgate_up (filled
+ * with NaN first) and must match finite differences of sum(out⊙R): 1e-6 + 1e-5 relative.
+ */
+static void test_swiglu(void **state) {
+    (void)state;
+    const int64_t N = 9, H = 21;
+    float *hgu = rand_floats(N * 2 * H, -2, 2), *hr = rand_floats(N * H, -1, 1);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++) hgu[i * 2 * H + j] *= 6.0f; /* the gates */
+    float *nan = malloc((size_t)(N * 2 * H) * sizeof *nan);
+    for (int64_t i = 0; i < N * 2 * H; i++) nan[i] = NAN;
+    ct_tensor *gu = t2(be, N, 2 * H, hgu), *out = t2(be, N, H, NULL);
+    ct_tensor *R = t2(be, N, H, hr), *dgu = t2(be, N, 2 * H, nan);
+    ct_swiglu_fwd(out, gu);
+    swiglu_case sc = {N, H, to_double(hgu, N * 2 * H), to_double(hr, N * H)};
+    double *want = malloc((size_t)(N * H) * sizeof *want);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++)
+            want[i * H + j] = silu_ref(sc.gu[i * 2 * H + j]) * sc.gu[i * 2 * H + H + j];
+    float *got = host_of(out);
+    check_close("swiglu_fwd", got, want, N * H, 1e-6, 1e-6);
+
+    ct_swiglu_bwd(dgu, gu, R);
+    float *gd = host_of(dgu);
+    double *fd = malloc((size_t)(N * 2 * H) * sizeof *fd);
+    fd_grad(swiglu_loss, &sc, sc.gu, N * 2 * H, fd);
+    check_close("swiglu_bwd vs finite differences", gd, fd, N * 2 * H, 1e-6, 1e-5);
+
+    free(hgu), free(hr), free(nan), free(want), free(got), free(gd), free(fd), free(sc.gu);
+    free(sc.R);
+    ct_tensor_free(gu), ct_tensor_free(out), ct_tensor_free(R), ct_tensor_free(dgu);
 }
 
 /* ---- GELU ------------------------------------------------------------------------------------ */
@@ -1362,6 +1646,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_posemb),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_llama_host_arithmetic),
+        cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_long),

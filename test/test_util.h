@@ -15,6 +15,7 @@
 #include "core/common.h"
 #include "core/config/config.h"
 #include "core/data/data.h"
+#include "core/model/rope.h"
 #include "parallel/trainer.h"
 
 /* A CPU backend through the registry, so that COOKTRAIN_ASYNC=1 runs the test on the
@@ -38,6 +39,61 @@ static inline uint64_t test_rng_next(uint64_t *state) {
 /* Uniform in [lo, hi), from the top 53 bits of a draw. */
 static inline float test_urand(uint64_t *state, float lo, float hi) {
     return lo + (hi - lo) * (float)((double)(test_rng_next(state) >> 11) / 9007199254740992.0);
+}
+
+/* The ops of a Llama block on backend `be` in precision dt, from inputs of a fixed seed: RMSNorm
+ * forward and backward (accumulating into nonzero dinp and dw), RoPE on a packed GQA qkv's q and
+ * k heads at a position offset and its inverse on a gradient, SwiGLU forward and backward on a
+ * (N, 2H) gate_up. The results go to out[] (TEST_LLAMA_OUTS tensors, the caller frees them, named
+ * by test_llama_out_names) — test_backend_async and test_backend_check compare them between two
+ * backends. */
+enum { TEST_LLAMA_OUTS = 8 };
+static const char *const test_llama_out_names[TEST_LLAMA_OUTS] = {
+    "rmsnorm out", "rmsnorm rstd", "rmsnorm dinp", "rmsnorm dw",
+    "rope qkv",    "rope inverse", "swiglu out",   "swiglu dgate_up"};
+
+static inline ct_tensor *test_llama_tensor(ct_backend *be, ct_dtype dt, int64_t rows, int64_t cols,
+                                           uint64_t *rng, float lo, float hi) {
+    int64_t shape[2] = {rows, cols};
+    ct_tensor *t = ct_tensor_new(be, dt, 2, shape, CT_MEM_ACTS);
+    float *h = malloc((size_t)(rows * cols) * sizeof *h);
+    for (int64_t i = 0; i < rows * cols; i++) h[i] = rng ? test_urand(rng, lo, hi) : 0.0f;
+    ct_tensor_from_host_f32(t, h); /* rounded to dt */
+    free(h);
+    return t;
+}
+
+static inline void test_llama_ops(ct_backend *be, ct_dtype dt, ct_tensor *out[TEST_LLAMA_OUTS]) {
+    enum { B = 2, T = 6, N = B * T, C = 24, NH = 4, NKV = 2, HD = C / NH, POS = 3, H = 40 };
+    const ct_dtype f32 = CT_DTYPE_F32;
+    uint64_t rng = 0x11A3Aull + (uint64_t)dt;
+    ct_tensor *x = test_llama_tensor(be, dt, N, C, &rng, -2, 2);
+    ct_tensor *w = test_llama_tensor(be, dt, 1, C, &rng, 0.5f, 1.5f);
+    ct_tensor *dy = test_llama_tensor(be, dt, N, C, &rng, -1, 1);
+    out[0] = test_llama_tensor(be, dt, N, C, NULL, 0, 0);
+    out[1] = test_llama_tensor(be, f32, 1, N, NULL, 0, 0);
+    out[2] = test_llama_tensor(be, dt, N, C, &rng, -1, 1);
+    out[3] = test_llama_tensor(be, f32, 1, C, &rng, -1, 1);
+    ct_rmsnorm_fwd(out[0], out[1], x, w, 1e-5f);
+    ct_rmsnorm_bwd(out[2], out[3], dy, x, w, out[1]);
+
+    float table_h[(POS + T) * HD];
+    ct_rope_table(table_h, POS + T, HD, 10000.0, NULL);
+    ct_tensor *table = test_llama_tensor(be, f32, 1, (POS + T) * HD, NULL, 0, 0);
+    ct_tensor_from_host_f32(table, table_h);
+    out[4] = test_llama_tensor(be, dt, N, (NH + 2 * NKV) * HD, &rng, -1, 1);
+    out[5] = test_llama_tensor(be, dt, N, (NH + 2 * NKV) * HD, &rng, -1, 1);
+    ct_rope(out[4], table, B, T, NH + NKV, HD, POS, false);
+    ct_rope(out[5], table, B, T, NH + NKV, HD, POS, true);
+
+    ct_tensor *gate_up = test_llama_tensor(be, dt, N, 2 * H, &rng, -6, 6);
+    ct_tensor *dsw = test_llama_tensor(be, dt, N, H, &rng, -1, 1);
+    out[6] = test_llama_tensor(be, dt, N, H, NULL, 0, 0);
+    out[7] = test_llama_tensor(be, dt, N, 2 * H, NULL, 0, 0);
+    ct_swiglu_fwd(out[6], gate_up);
+    ct_swiglu_bwd(out[7], gate_up, dsw);
+    ct_tensor_free(x), ct_tensor_free(w), ct_tensor_free(dy), ct_tensor_free(table);
+    ct_tensor_free(gate_up), ct_tensor_free(dsw);
 }
 
 /* The test corpus: the fortunes text made byte-level by scripts/prepare_corpus.sh --byte-level,

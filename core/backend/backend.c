@@ -712,6 +712,95 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
+void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
+                    float eps) {
+    check_float(inp, "rmsnorm_fwd inp");
+    check_like(out, inp, "rmsnorm_fwd out");
+    check_f32(rstd, "rmsnorm_fwd rstd");
+    check_like(w, inp, "rmsnorm_fwd w");
+    check_same_backend(out, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(out) == N && COLS(out) == C && rstd->numel == N && w->numel == C && eps >= 0.0f,
+               "rmsnorm_fwd: out %s, rstd %s, inp %s, w %s, eps %g", SH(out), SH(rstd), SH(inp),
+               SH(w), (double)eps);
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->rmsnorm_fwd(CTX(inp), DT(inp), DATA(out), F32(rstd), DATA(inp), DATA(w), N, C, eps);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const ct_tensor *inp,
+                    const ct_tensor *w, const ct_tensor *rstd) {
+    check_float(inp, "rmsnorm_bwd inp");
+    check_like(dinp, inp, "rmsnorm_bwd dinp");
+    check_f32(dw, "rmsnorm_bwd dw");
+    check_like(dout, inp, "rmsnorm_bwd dout");
+    check_like(w, inp, "rmsnorm_bwd w");
+    check_f32(rstd, "rmsnorm_bwd rstd");
+    check_same_backend(dinp, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(dinp) == N && COLS(dinp) == C && ROWS(dout) == N && COLS(dout) == C &&
+                   dw->numel == C && w->numel == C && rstd->numel == N,
+               "rmsnorm_bwd: dinp %s, dw %s, dout %s, inp %s, w %s, rstd %s", SH(dinp), SH(dw),
+               SH(dout), SH(inp), SH(w), SH(rstd));
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->rmsnorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), DATA(dout), DATA(inp), DATA(w),
+                            F32(rstd), N, C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_rope(ct_tensor *x, const ct_tensor *cos_sin, int64_t B, int64_t T, int64_t n_rot_head,
+             int64_t head_dim, int64_t pos_offset, bool inverse) {
+    check_float(x, "rope x");
+    check_f32(cos_sin, "rope cos_sin");
+    check_same_backend(x, cos_sin);
+    CT_ASSERTF(B >= 0 && T >= 0 && ROWS(x) == B * T && n_rot_head >= 0 && head_dim > 0 &&
+                   head_dim % 2 == 0 && n_rot_head * head_dim <= COLS(x),
+               "rope: x %s is not (B=%lld x T=%lld, >= %lld heads x even head_dim %lld)", SH(x),
+               (long long)B, (long long)T, (long long)n_rot_head, (long long)head_dim);
+    CT_ASSERTF(pos_offset >= 0 && (pos_offset + T) * head_dim <= cos_sin->numel,
+               "rope: positions [%lld, %lld) outside the table %s of head_dim %lld",
+               (long long)pos_offset, (long long)(pos_offset + T), SH(cos_sin),
+               (long long)head_dim);
+    double prof_t0_ = prof_begin(x);
+    IFACE(x)->rope(CTX(x), DT(x), DATA(x), F32(cos_sin), B, T, n_rot_head, head_dim, COLS(x),
+                   pos_offset, inverse);
+    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+/* The up half of a (N, 2H) gate_up tensor: H elements into each row. */
+static void *up_half(const ct_tensor *gate_up) {
+    return (char *)DATA(gate_up) + COLS(gate_up) / 2 * (int64_t)ct_dtype_size(DT(gate_up));
+}
+
+void ct_swiglu_fwd(ct_tensor *out, const ct_tensor *gate_up) {
+    check_float(gate_up, "swiglu_fwd gate_up");
+    check_like(out, gate_up, "swiglu_fwd out");
+    check_same_backend(out, gate_up);
+    int64_t N = ROWS(gate_up), H = COLS(gate_up) / 2;
+    CT_ASSERTF(COLS(gate_up) == 2 * H && ROWS(out) == N && COLS(out) == H,
+               "swiglu_fwd: out %s is not (N, H) of gate_up %s (N, 2H)", SH(out), SH(gate_up));
+    double prof_t0_ = prof_begin(gate_up);
+    IFACE(gate_up)->swiglu_fwd(CTX(gate_up), DT(gate_up), DATA(out), DATA(gate_up),
+                               up_half(gate_up), N, H, 2 * H);
+    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_swiglu_bwd(ct_tensor *dgate_up, const ct_tensor *gate_up, const ct_tensor *dout) {
+    check_float(gate_up, "swiglu_bwd gate_up");
+    check_like(dgate_up, gate_up, "swiglu_bwd dgate_up");
+    check_like(dout, gate_up, "swiglu_bwd dout");
+    check_same_backend(dgate_up, gate_up);
+    int64_t N = ROWS(gate_up), H = COLS(gate_up) / 2;
+    CT_ASSERTF(COLS(gate_up) == 2 * H && ROWS(dgate_up) == N && COLS(dgate_up) == 2 * H &&
+                   ROWS(dout) == N && COLS(dout) == H,
+               "swiglu_bwd: dgate_up %s, gate_up %s (N, 2H), dout %s (N, H)", SH(dgate_up),
+               SH(gate_up), SH(dout));
+    double prof_t0_ = prof_begin(gate_up);
+    IFACE(gate_up)->swiglu_bwd(CTX(gate_up), DT(gate_up), DATA(dgate_up), up_half(dgate_up),
+                               DATA(gate_up), up_half(gate_up), DATA(dout), N, H, 2 * H);
+    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
 /* Checks attention's shapes — qkv (B, T, (n_head + 2·n_kv_head)·hd), out (B, T, n_head·hd),
  * lse (B, n_head, T) — and returns head_dim. */
 static int64_t attention_head_dim(const char *op, const ct_tensor *qkv, const ct_tensor *out,

@@ -399,6 +399,33 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp);
 void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout);
 
+/* RMSNorm (Llama): out(N,C) = inp·rstd·w with rstd = 1/sqrt(mean_j inp_j² + eps), in fp32 (bf16
+ * storage rounds out once); saves rstd(N). No mean, no bias. rmsnorm_bwd accumulates: with
+ * g = dout·w, dinp(N,C) += rstd·g - inp·rstd³·mean_j(g_j·inp_j), dw(C) += sum over rows of
+ * dout·inp·rstd. */
+void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
+                    float eps);
+void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const ct_tensor *inp,
+                    const ct_tensor *w, const ct_tensor *rstd);
+
+/*
+ * Rotary position embedding, in place, on the first n_rot_head heads of each row of x (B·T rows;
+ * a packed qkv rotates its query and key heads: n_rot_head = n_head + n_kv_head). Pairs are
+ * adjacent: dims (2i, 2i+1) of a head rotate by the angle of (position, i), position =
+ * pos_offset + t, read from cos_sin (max_pos, head_dim/2, 2) = {cos, sin} in fp32 — the one table
+ * ct_rope_table (core/model/rope.h) builds on the host, every backend reading the same bytes.
+ * inverse rotates by minus the angle: the backward of the rotation (its transpose), so
+ * ct_rope(dx, ..., true) turns the gradient of rotated q and k into that of q and k.
+ */
+void ct_rope(ct_tensor *x, const ct_tensor *cos_sin, int64_t B, int64_t T, int64_t n_rot_head,
+             int64_t head_dim, int64_t pos_offset, bool inverse);
+
+/* SwiGLU (Llama's MLP): gate_up (N, 2H) holds the gate projection in columns [0, H) and the up
+ * projection in [H, 2H); out(N,H) = silu(gate)·up with silu(a) = a·σ(a). swiglu_bwd overwrites
+ * dgate_up (N, 2H): dgate = dout·up·σ(a)(1 + a(1 - σ(a))), dup = dout·silu(a). */
+void ct_swiglu_fwd(ct_tensor *out, const ct_tensor *gate_up);
+void ct_swiglu_bwd(ct_tensor *dgate_up, const ct_tensor *gate_up, const ct_tensor *dout);
+
 /*
  * Causal self-attention on a packed qkv (B, T, (n_head + 2·n_kv_head)·hd): each row holds the
  * query heads, then the key heads, then the value heads — the output of one fused QKV projection.

@@ -212,6 +212,70 @@ static void slot_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, cons
     out_done(c, dt, dinp, di, N * C);
 }
 
+static void slot_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
+                             const void *w, int64_t N, int64_t C, float eps) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, N * C, false);
+    ct_cpu_rmsnorm_fwd(c, o, rstd, in_f32(c, 1, dt, inp, N * C), in_f32(c, 2, dt, w, C), N, C, eps);
+    out_done(c, dt, out, o, N * C);
+}
+
+static void slot_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                             const void *inp, const void *w, const float *rstd, int64_t N,
+                             int64_t C) {
+    cpu_ctx *c = ctx;
+    float *di = out_f32(c, 0, dt, dinp, N * C, true); /* accumulates */
+    ct_cpu_rmsnorm_bwd(c, di, dw, in_f32(c, 1, dt, dout, N * C), in_f32(c, 2, dt, inp, N * C),
+                       in_f32(c, 3, dt, w, C), rstd, N, C);
+    out_done(c, dt, dinp, di, N * C);
+}
+
+/* Elements spanned by `rows` rows of `cols` at row stride ld. */
+static int64_t strided(int64_t rows, int64_t cols, int64_t ld) {
+    return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
+}
+
+/* out_done for `rows` rows of `cols` at row stride ld: only those elements are stored, so the
+ * columns between (another operand's, or untouched) keep their bytes. */
+static void out_done_rows(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t rows,
+                          int64_t cols, int64_t ld) {
+    if (dt == CT_DTYPE_F32) return;
+    PARALLEL_FOR(threads_for(c, rows * cols))
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++)
+            ((uint16_t *)p)[r * ld + j] = ct_f32_to_bf16(f[r * ld + j]);
+}
+
+static void slot_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B, int64_t T,
+                      int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
+                      bool inverse) {
+    cpu_ctx *c = ctx;
+    int64_t cols = n_rot_head * head_dim;
+    float *xf = out_f32(c, 0, dt, x, strided(B * T, cols, ld), true); /* in place */
+    ct_cpu_rope(c, xf, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, inverse);
+    out_done_rows(c, dt, x, xf, B * T, cols, ld);
+}
+
+static void slot_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
+                            int64_t N, int64_t H, int64_t ld) {
+    cpu_ctx *c = ctx;
+    int64_t n = strided(N, H, ld);
+    float *o = out_f32(c, 0, dt, out, N * H, false);
+    ct_cpu_swiglu_fwd(c, o, in_f32(c, 1, dt, gate, n), in_f32(c, 2, dt, up, n), N, H, ld);
+    out_done(c, dt, out, o, N * H);
+}
+
+static void slot_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
+                            const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
+    cpu_ctx *c = ctx;
+    int64_t n = strided(N, H, ld);
+    float *dg = out_f32(c, 3, dt, dgate, n, false), *du = out_f32(c, 4, dt, dup, n, false);
+    ct_cpu_swiglu_bwd(c, dg, du, in_f32(c, 0, dt, gate, n), in_f32(c, 1, dt, up, n),
+                      in_f32(c, 2, dt, dout, N * H), N, H, ld);
+    out_done_rows(c, dt, dgate, dg, N, H, ld);
+    out_done_rows(c, dt, dup, du, N, H, ld);
+}
+
 static void slot_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
                                int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
                                int64_t hd) {
@@ -419,6 +483,11 @@ static const struct ct_backend_i cpu_iface = {
     .layernorm_bwd = slot_layernorm_bwd,
     .gelu_fwd = slot_gelu_fwd,
     .gelu_bwd = slot_gelu_bwd,
+    .rmsnorm_fwd = slot_rmsnorm_fwd,
+    .rmsnorm_bwd = slot_rmsnorm_bwd,
+    .rope = slot_rope,
+    .swiglu_fwd = slot_swiglu_fwd,
+    .swiglu_bwd = slot_swiglu_bwd,
     .attention_fwd = slot_attention_fwd,
     .attention_bwd = slot_attention_bwd,
     .xent_rowmax = slot_xent_rowmax,

@@ -8,14 +8,14 @@
  *   - the asynchronous stream's command kinds, argument structs, queueing slots, dispatch and
  *     table (backend_async.c);
  *   - check mode (backend_check.c, check_ops.h): its table, which names ct_check_<op> for every
- *     required op, so an op without its checker (check_ops.c) does not compile, and run_<op>, the
- * forwarding every checker calls (the op on the backend under test, then on the CPU with the
- * buffers' CPU copies);
+ *     required op, so an op without its checker (check_ops.c) does not compile, and run_<op>,
+ *     the forwarding every checker calls (the op on the backend under test, then on the CPU with
+ *     the buffers' CPU copies);
  *   - ct_backend_missing_op (backend.c), which the registry asserts on every backend it makes
  *     (a backend whose table lacks a required op is a bug, reported with the op's name).
  * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend.c), its CPU kernel and
- * table entry (backend_cpu.c), its checker (backend_check.c), its CUDA launcher and table entry
- * (cuda/), its test. core/backend/BACKENDS.md walks through it.
+ * table entry (cpu_kernels.c, backend_cpu.c), its checker (check_ops.c), its CUDA launcher and
+ * table entry (cuda/), its test. core/backend/BACKENDS.md walks through it.
  *
  * Columns:
  *   name   the slot's name (the member of struct ct_backend_i);
@@ -89,6 +89,24 @@
     X(gelu_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                        \
       (ct_dtype, dt), (void *, dinp), (float *, dbias), (const void *, inp), (const void *, dout), \
       (int64_t, N), (int64_t, C))                                                                  \
+    X(rmsnorm_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
+      (ct_dtype, dt), (void *, out), (float *, rstd), (const void *, inp), (const void *, w),      \
+      (int64_t, N), (int64_t, C), (float, eps))                                                    \
+    X(rmsnorm_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
+      (ct_dtype, dt), (void *, dinp), (float *, dw), (const void *, dout), (const void *, inp),    \
+      (const void *, w), (const float *, rstd), (int64_t, N), (int64_t, C))                        \
+    /* x: B·T rows of stride ld, rotated in place in columns [0, n_rot_head·head_dim) */           \
+    X(rope, CT_OP_REQUIRED, CT_OP_ARGS,                                                            \
+      (ct_dtype, dt), (void *, x), (const float *, cos_sin), (int64_t, B), (int64_t, T),           \
+      (int64_t, n_rot_head), (int64_t, head_dim), (int64_t, ld), (int64_t, pos_offset),            \
+      (bool, inverse))                                                                             \
+    /* gate and up (and dgate and dup): N rows of H at row stride ld; out (and dout): (N, H) */    \
+    X(swiglu_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                      \
+      (ct_dtype, dt), (void *, out), (const void *, gate), (const void *, up), (int64_t, N),       \
+      (int64_t, H), (int64_t, ld))                                                                 \
+    X(swiglu_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                      \
+      (ct_dtype, dt), (void *, dgate), (void *, dup), (const void *, gate), (const void *, up),    \
+      (const void *, dout), (int64_t, N), (int64_t, H), (int64_t, ld))                             \
     X(attention_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                   \
       (ct_dtype, dt), (void *, out), (float *, lse), (const void *, qkv), (int64_t, B),            \
       (int64_t, T), (int64_t, n_head), (int64_t, n_kv_head), (int64_t, head_dim))                  \

@@ -428,6 +428,195 @@ void ct_check_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const v
     ct_check_op_end(k, &o);
 }
 
+/* ---- RMSNorm -------------------------------------------------------------------------------- */
+
+/*
+ * rstd = 1/sqrt(Σx²/C + eps): a sum of C non-negative terms (relative red_tol(C)), a divide, an
+ *   add, a square root and a reciprocal (or one reciprocal square root, 2 ulps on a GPU):
+ *   relative rel_s = red_tol(C) + 2·ULPS·U.
+ * out = x·rstd·w: rstd's error plus two roundings, relative to |x·rstd·w|.
+ */
+void ct_check_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
+                          const void *w, int64_t N, int64_t C, float eps) {
+    check_ctx *k = ctx;
+    enum { OUT, RSTD, INP, W };
+    op_check o = {.op = "rmsnorm_fwd",
+                  .n_args = 4,
+                  .arg = {{"out", out, N * C, dt, ARG_OUT},
+                          {"rstd", rstd, N, CT_DTYPE_F32, ARG_OUT},
+                          {"inp", inp, N * C, dt, ARG_IN},
+                          {"w", w, C, dt, ARG_IN}}};
+    SHAPE(&o, "dt=%s N=%lld C=%lld eps=%.9g", ct_dtype_name(dt), LL(N), LL(C), (double)eps);
+    run_rmsnorm_fwd(k, &o, dt, out, rstd, inp, w, N, C, eps);
+    const float *x = o.arg[INP].x, *wf = o.arg[W].x, *s = o.arg[RSTD].want;
+    double rel_s = red_tol(C) + 2.0 * ULPS * U;
+    for (int64_t i = 0; i < N; i++) {
+        o.arg[RSTD].tol[i] = (float)(rel_s * fabs(s[i]));
+        for (int64_t j = 0; j < C; j++)
+            o.arg[OUT].tol[i * C + j] =
+                (float)((rel_s + ULPS * U) * fabs((double)x[i * C + j] * s[i] * wf[j]));
+    }
+    ct_check_op_end(k, &o);
+}
+
+/*
+ * With g = dout·w and s = rstd (an input here, the same on both sides):
+ *   dinp += s·g - x·s³·Σ(g·x)/C: one reduction of C terms and a few roundings, red_tol(C + 3)
+ *           relative to |dinp| + s·|g| + |x|·s³·Σ|g·x|/C;
+ *   dw   += Σ_rows dout·x·s: red_tol(N + 3) relative to |dw| + Σ|dout·x·s|.
+ */
+void ct_check_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                          const void *inp, const void *w, const float *rstd, int64_t N, int64_t C) {
+    check_ctx *k = ctx;
+    enum { DINP, DW, DOUT, INP, W, RSTD };
+    op_check o = {.op = "rmsnorm_bwd",
+                  .n_args = 6,
+                  .arg = {{"dinp", dinp, N * C, dt, ARG_INOUT},
+                          {"dw", dw, C, CT_DTYPE_F32, ARG_INOUT},
+                          {"dout", dout, N * C, dt, ARG_IN},
+                          {"inp", inp, N * C, dt, ARG_IN},
+                          {"w", w, C, dt, ARG_IN},
+                          {"rstd", rstd, N, CT_DTYPE_F32, ARG_IN}}};
+    SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
+    run_rmsnorm_bwd(k, &o, dt, dinp, dw, dout, inp, w, rstd, N, C);
+    if (N > 0 && C > 0) {
+        const float *d = o.arg[DOUT].x, *x = o.arg[INP].x, *wf = o.arg[W].x, *s = o.arg[RSTD].x;
+        double *mag_dw = ct_xcalloc((size_t)C, sizeof *mag_dw);
+        for (int64_t i = 0; i < N; i++) {
+            double G = 0.0, s3 = (double)s[i] * s[i] * s[i]; /* Σ|g·x|/C */
+            for (int64_t j = 0; j < C; j++) {
+                G += fabs((double)d[i * C + j] * wf[j] * x[i * C + j]);
+                mag_dw[j] += fabs((double)d[i * C + j] * x[i * C + j] * s[i]);
+            }
+            G /= (double)C;
+            for (int64_t j = 0; j < C; j++) {
+                double mag = fabs(o.arg[DINP].x[i * C + j]) +
+                             fabs(s[i] * (double)d[i * C + j] * wf[j]) +
+                             fabs(x[i * C + j]) * s3 * G;
+                o.arg[DINP].tol[i * C + j] = (float)(red_tol(C + 3) * mag);
+            }
+        }
+        for (int64_t j = 0; j < C; j++)
+            o.arg[DW].tol[j] = (float)(red_tol(N + 3) * (mag_dw[j] + fabs(o.arg[DW].x[j])));
+        free(mag_dw);
+    }
+    ct_check_op_end(k, &o);
+}
+
+/* ---- rotary position embedding -------------------------------------------------------------- */
+
+/*
+ * Each rotated element is a·cos ∓ b·sin of two inputs and two table entries (the same bytes on
+ * both sides): two products and a sum, fused or not: ULPS·U·(|a| + |b|) (|cos|, |sin| ≤ 1). The
+ * columns past the rotated heads must come back unchanged (exact: both sides leave them).
+ */
+void ct_check_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B, int64_t T,
+                   int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
+                   bool inverse) {
+    check_ctx *k = ctx;
+    enum { X, TABLE };
+    int64_t rows = B * T, cols = n_rot_head * head_dim;
+    op_check o = {.op = "rope",
+                  .n_args = 2,
+                  .arg = {{"x", x, strided_extent(rows, cols, ld), dt, ARG_INOUT},
+                          {"cos_sin", cos_sin, (pos_offset + T) * head_dim, CT_DTYPE_F32, ARG_IN}}};
+    SHAPE(&o, "dt=%s B=%lld T=%lld n_rot_head=%lld head_dim=%lld ld=%lld pos_offset=%lld %s",
+          ct_dtype_name(dt), LL(B), LL(T), LL(n_rot_head), LL(head_dim), LL(ld), LL(pos_offset),
+          inverse ? "inverse" : "forward");
+    run_rope(k, &o, dt, x, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, inverse);
+    const float *v = o.arg[X].x;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j + 1 < cols; j += 2) {
+            int64_t e = r * ld + j;
+            float tol = (float)(ULPS * U * (fabs(v[e]) + fabs(v[e + 1])));
+            o.arg[X].tol[e] = o.arg[X].tol[e + 1] = tol;
+        }
+    ct_check_op_end(k, &o);
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------- */
+
+/*
+ * σ(a) = 1/(1 + e^-a) from an exact a: the exp's relative error (a GPU's fast exp is within
+ * 2 + 1.2|a| ulps) moves σ by σ(1-σ) times it; EXP_REL(a) = 4U·(2 + |a|) bounds it (1 ulp ≤ 2U).
+ *   out  = a·σ·u:                 8U·|out| + |a·u|·δσ, δσ = σ(1-σ)·EXP_REL(a);
+ *   dup  = dout·a·σ:              8U·|dup| + |dout·a|·δσ;
+ *   dgate = dout·u·σ(1 + a(1-σ)):  the factor's slope in σ is 1 + a - 2aσ, and its roundings
+ *                                  are bounded by 4U·σ(1 + |a|(1-σ)) without assuming it does not
+ *                                  cancel (it crosses 0 near a = -1.28): 8U·|dgate| +
+ *                                  |dout·u|·(|1 + a - 2aσ|·δσ + 4U·σ(1 + |a|(1-σ))).
+ * dgate and dup may interleave in one buffer (ct_swiglu_bwd's (N, 2H)), so each element's
+ * tolerance goes to every output whose extent holds its address.
+ */
+#define EXP_REL(a) (4.0 * U * (2.0 + fabs(a)))
+
+static double sigmoid_d(double a) {
+    return 1.0 / (1.0 + exp(-a));
+}
+
+/* Sets the tolerance of the element at inner's address p in every output holding it. */
+static void tol_at(op_check *o, const void *p, double tol) {
+    for (int i = 0; i < o->n_args; i++) {
+        op_arg *a = &o->arg[i];
+        if (!(a->role & ARG_OUT) || a->region < 0) continue;
+        size_t es = ct_dtype_size(a->dtype);
+        uintptr_t lo = (uintptr_t)a->dev, q = (uintptr_t)p;
+        if (q >= lo && q < lo + (size_t)a->n * es) a->tol[(q - lo) / es] = (float)tol;
+    }
+}
+
+void ct_check_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
+                         int64_t N, int64_t H, int64_t ld) {
+    check_ctx *k = ctx;
+    enum { OUT, GATE, UP };
+    int64_t n = strided_extent(N, H, ld);
+    op_check o = {.op = "swiglu_fwd",
+                  .n_args = 3,
+                  .arg = {{"out", out, N * H, dt, ARG_OUT},
+                          {"gate", gate, n, dt, ARG_IN},
+                          {"up", up, n, dt, ARG_IN}}};
+    SHAPE(&o, "dt=%s N=%lld H=%lld ld=%lld", ct_dtype_name(dt), LL(N), LL(H), LL(ld));
+    run_swiglu_fwd(k, &o, dt, out, gate, up, N, H, ld);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++) {
+            double a = o.arg[GATE].x[i * ld + j], u = o.arg[UP].x[i * ld + j], s = sigmoid_d(a);
+            o.arg[OUT].tol[i * H + j] = (float)(8.0 * U * fabs(o.arg[OUT].want[i * H + j]) +
+                                                fabs(a * u) * s * (1.0 - s) * EXP_REL(a));
+        }
+    ct_check_op_end(k, &o);
+}
+
+void ct_check_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
+                         const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
+    check_ctx *k = ctx;
+    enum { DGATE, DUP, GATE, UP, DOUT };
+    int64_t n = strided_extent(N, H, ld);
+    op_check o = {.op = "swiglu_bwd",
+                  .n_args = 5,
+                  .arg = {{"dgate", dgate, n, dt, ARG_OUT},
+                          {"dup", dup, n, dt, ARG_OUT},
+                          {"gate", gate, n, dt, ARG_IN},
+                          {"up", up, n, dt, ARG_IN},
+                          {"dout", dout, N * H, dt, ARG_IN}}};
+    SHAPE(&o, "dt=%s N=%lld H=%lld ld=%lld", ct_dtype_name(dt), LL(N), LL(H), LL(ld));
+    run_swiglu_bwd(k, &o, dt, dgate, dup, gate, up, dout, N, H, ld);
+    size_t es = ct_dtype_size(dt);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++) {
+            int64_t e = i * ld + j;
+            double a = o.arg[GATE].x[e], u = o.arg[UP].x[e], d = o.arg[DOUT].x[i * H + j];
+            double s = sigmoid_d(a), ds = s * (1.0 - s) * EXP_REL(a);
+            double f = s * (1.0 + a * (1.0 - s));
+            double tol_up = 8.0 * U * fabs(d * a * s) + fabs(d * a) * ds;
+            double tol_gate = 8.0 * U * fabs(d * u * f) +
+                              fabs(d * u) * (fabs(1.0 + a - 2.0 * a * s) * ds +
+                                             4.0 * U * s * (1.0 + fabs(a) * (1.0 - s)));
+            tol_at(&o, (const char *)dgate + e * es, tol_gate);
+            tol_at(&o, (const char *)dup + e * es, tol_up);
+        }
+    ct_check_op_end(k, &o);
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 
 /* Per (batch, kv column) the largest |value| of the K or V part of a packed qkv, over t:
@@ -657,7 +846,7 @@ void ct_check_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits_to
 /* ---- optimizer, norms, casts ---------------------------------------------------------------- */
 
 /*
- * Per element (backend_cpu.c gives the exact operation order), with g = grad·grad_scale:
+ * Per element (cpu_kernels.c gives the exact operation order), with g = grad·grad_scale:
  *   m' = β1·m + (1-β1)·g:        ULPS·U·(|β1·m| + |(1-β1)·g|)
  *   v' = β2·v + (1-β2)·g²:       ULPS·U·v' (all terms non-negative)
  *   upd = m̂/(sqrt(v̂) + eps) + wd·p, m̂ = m'/bc1, v̂ = v'/bc2: the error of m' divided by the

@@ -325,8 +325,8 @@ void ct_cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const
 
 /*
  * With n = (x - mean)·rstd and g = dout·w:
- *   dinp += rstd·(g - mean(g) - n·mean(g·n)),  dw += ct_cpu_sum_rows dout·n,  db += ct_cpu_sum_rows
- * dout. dw/db go through per-chunk partials (partial[chunk] = [dw (C) | db (C)]) like bias_grad.
+ *   dinp += rstd·(g - mean(g) - n·mean(g·n)),  dw += sum_rows dout·n,  db += sum_rows dout.
+ * dw/db go through per-chunk partials (partial[chunk] = [dw (C) | db (C)]) like bias_grad.
  */
 void ct_cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean, const float *rstd,

@@ -259,5 +259,17 @@ void ct_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, i
 void ct_cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
                           const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
                           int64_t n_kv_head, int64_t hd);
+/* cpu_llama.c */
+void ct_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *inp, const float *w,
+                        int64_t N, int64_t C, float eps);
+void ct_cpu_rmsnorm_bwd(void *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int64_t N, int64_t C);
+void ct_cpu_rope(void *ctx, float *x, const float *cos_sin, int64_t B, int64_t T,
+                 int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
+                 bool inverse);
+void ct_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int64_t N,
+                       int64_t H, int64_t ld);
+void ct_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *gate, const float *up,
+                       const float *dout, int64_t N, int64_t H, int64_t ld);
 
 #endif /* CT_CPU_KERNELS_H */

@@ -1,0 +1,54 @@
+/*
+ * rope.c — RoPE's frequencies and table, and Llama's MLP width (rope.h).
+ */
+#include "rope.h"
+
+#include "core/common.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+void ct_rope_inv_freq(double *inv_freq, int64_t head_dim, double theta,
+                      const ct_rope_scaling *scaling) {
+    CT_ASSERTF(head_dim > 0 && head_dim % 2 == 0 && theta > 1.0,
+               "rope: head_dim %lld must be even and theta %g above 1", (long long)head_dim, theta);
+    const double two_pi = 6.283185307179586;
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        double f = pow(theta, -2.0 * (double)i / (double)head_dim);
+        if (scaling && scaling->factor > 0) {
+            double old = (double)scaling->original_max_pos, wavelen = two_pi / f;
+            double low_wavelen = old / scaling->low_freq_factor;
+            double high_wavelen = old / scaling->high_freq_factor;
+            if (wavelen > low_wavelen) {
+                f /= scaling->factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (old / wavelen - scaling->low_freq_factor) /
+                                (scaling->high_freq_factor - scaling->low_freq_factor);
+                f = (1.0 - smooth) * f / scaling->factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+void ct_rope_table(float *cos_sin, int64_t max_pos, int64_t head_dim, double theta,
+                   const ct_rope_scaling *scaling) {
+    int64_t half = head_dim / 2;
+    double *inv_freq = ct_xmalloc((size_t)CT_MAX(half, 1) * sizeof *inv_freq);
+    ct_rope_inv_freq(inv_freq, head_dim, theta, scaling);
+    for (int64_t p = 0; p < max_pos; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = (double)p * inv_freq[i];
+            cos_sin[(p * half + i) * 2] = (float)cos(angle);
+            cos_sin[(p * half + i) * 2 + 1] = (float)sin(angle);
+        }
+    free(inv_freq);
+}
+
+int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of) {
+    CT_ASSERTF(d_model > 0 && multiple_of > 0, "llama ffn: d_model %lld, multiple_of %lld",
+               (long long)d_model, (long long)multiple_of);
+    int64_t h = 2 * 4 * d_model / 3;
+    if (ffn_dim_multiplier > 0) h = (int64_t)(ffn_dim_multiplier * (double)h);
+    return (h + multiple_of - 1) / multiple_of * multiple_of;
+}

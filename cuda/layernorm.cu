@@ -305,13 +305,18 @@ static void ln_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const void
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
+/* The launchers' argument checks; false when there are no rows (nothing to launch). */
+static bool norm_args(const char *op, ct_dtype dt, int64_t N, int64_t C) {
+    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "%s N=%lld C=%lld", op,
+               (long long)N, (long long)C);
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "%s dtype %d", op, (int)dt);
+    return N > 0;
+}
+
 extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *mean,
                                       float *rstd, const void *inp, const void *w, const void *b,
                                       int64_t N, int64_t C) {
-    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "layernorm_fwd N=%lld C=%lld",
-               (long long)N, (long long)C);
-    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "layernorm_fwd dtype %d", (int)dt);
-    if (N == 0) return;
+    if (!norm_args("layernorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         ln_fwd<__nv_bfloat16>(cx, out, mean, rstd, inp, w, b, (int)N, (int)C);
     else
@@ -321,10 +326,7 @@ extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, f
 extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
                                       float *db, const void *dout, const void *inp, const void *w,
                                       const float *mean, const float *rstd, int64_t N, int64_t C) {
-    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "layernorm_bwd N=%lld C=%lld",
-               (long long)N, (long long)C);
-    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "layernorm_bwd dtype %d", (int)dt);
-    if (N == 0) return;
+    if (!norm_args("layernorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         ln_bwd<__nv_bfloat16>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
     else
@@ -373,10 +375,7 @@ static void rms_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, const void *dout, co
 extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd,
                                     const void *inp, const void *w, int64_t N, int64_t C,
                                     float eps) {
-    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "rmsnorm_fwd N=%lld C=%lld",
-               (long long)N, (long long)C);
-    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "rmsnorm_fwd dtype %d", (int)dt);
-    if (N == 0) return;
+    if (!norm_args("rmsnorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         rms_fwd<__nv_bfloat16>(cx, out, rstd, inp, w, (int)N, (int)C, eps);
     else
@@ -386,10 +385,7 @@ extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, flo
 extern "C" void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
                                     const void *dout, const void *inp, const void *w,
                                     const float *rstd, int64_t N, int64_t C) {
-    CT_ASSERTF(N >= 0 && C > 0 && N < INT32_MAX && C < INT32_MAX, "rmsnorm_bwd N=%lld C=%lld",
-               (long long)N, (long long)C);
-    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "rmsnorm_bwd dtype %d", (int)dt);
-    if (N == 0) return;
+    if (!norm_args("rmsnorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         rms_bwd<__nv_bfloat16>(cx, dinp, dw, dout, inp, w, rstd, (int)N, (int)C);
     else

@@ -19,7 +19,9 @@
  *   2·bytes·(N−1)/N as an allreduce; with sequence parallelism each becomes an allgather + a
  *   reduce-scatter of the same total. Sequence parallelism also sums the partial gradients of
  *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
- *   the final norm 2C on the last): once per step at ZeRO 0-1, once per microbatch at ZeRO 2-3.
+ *   the final norm 2C on the last; Llama: its two RMSNorm weights 2C per layer and the final
+ *   norm's C, no biases, no position table): once per step at ZeRO 0-1, once per microbatch at
+ *   ZeRO 2-3.
  */
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     double N = (double)cfg->parallel.tp;
@@ -40,7 +42,9 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
     double total = ring * per_mb * (double)m;
     if (cfg->parallel.sequence_parallel) {
-        double replicated = 6.0 * L * C + embed * T * C + head * 2.0 * C;
+        const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
+        double replicated =
+            llama ? 2.0 * L * C + head * C : 6.0 * L * C + embed * T * C + head * 2.0 * C;
         total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;

@@ -15,6 +15,7 @@ packages=(
     slurm-wlm                   # the one-node test cluster of test/cli_slurm.sh (brings munge)
     clang libclang-rt-14-dev    # the fuzz targets of test/fuzz/ (libFuzzer, ASan, UBSan)
     python3
+    python3-numpy               # scripts/reference_forward.py, the independent forward the tests check against
 )
 
 missing=()

@@ -11,10 +11,10 @@ parameters, as cooktrain's global tensors). Checks, printing "ok ..." / "FAIL ..
   - every value: HF's GPT-2 layout of ours (wte without the padding rows; c_attn = [wq; wk; wv]
     transposed, c_proj, c_fc, c_proj transposed); exact in fp32, and in bf16 each value is,
     bit for bit, the round-to-nearest-even of the fp32 one (computed here from its bits);
-  - in fp32, with python3-torch installed (skipped with a reason otherwise) and --tokens: a plain
-    PyTorch GPT-2 written for HF's layout (Conv1D: x @ W + b), on the export's tensors, gives
-    on the first N samples of VAL.bin (in file order) the loss X `cooktrain eval` printed for
-    the checkpoint, to 1e-6 relative (torch_check says why).
+  - in fp32, with --tokens: scripts/reference_forward.py, an independent numpy GPT-2 in float64
+    for HF's layout (Conv1D: x @ W + b), on the export's tensors, gives on the first N samples
+    of VAL.bin (in file order) the loss X `cooktrain eval` printed for the checkpoint, to 1e-6
+    relative (reference_check says why). It needs python3-numpy (scripts/setup.sh).
 """
 import json
 import math
@@ -86,67 +86,28 @@ def expected(name, dump, vocab):
     return transpose(*get(L + mats[key]))
 
 
-def torch_check(header, data, cfg, tokens_path, n_samples, cooktrain_loss, out):
-    """The loss of a plain PyTorch GPT-2, built on the exported tensors in HF's layout, on the
-    first n_samples samples of tokens_path in file order, against `cooktrain eval`'s."""
+def reference_check(path, tokens_path, n_samples, cooktrain_loss, out):
+    """The loss of scripts/reference_forward.py (an independent numpy forward in float64, on the
+    exported tensors in HF's layout) on the first n_samples samples of tokens_path in file order,
+    against `cooktrain eval`'s."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
     try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        out.append("skip torch loss check: python3-torch is not installed")
-        return True
-    torch.set_num_threads(1)
-
-    def st(name):
-        h = header[name]
-        a, b = h["data_offsets"]
-        return torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).view(*h["shape"])
-
-    C, H, L, V = cfg["n_embd"], cfg["n_head"], cfg["n_layer"], cfg["vocab_size"]
-    raw = open(tokens_path, "rb").read()
-    width = struct.unpack("<I", raw[16:20])[0]
-    toks = struct.unpack("<%d%s" % ((len(raw) - 64) // width, "H" if width == 2 else "I"), raw[64:])
-    # cooktrain's samples (core/data/data.h): sample k is tokens [k·T, k·T + T], inputs and shifted
-    # targets; `cooktrain eval` reads them in file order
-    T, B = cfg["n_positions"], n_samples
-    seq = torch.tensor([toks[k * T:k * T + T + 1] for k in range(B)], dtype=torch.long)
-    idx, tgt = seq[:, :T], seq[:, 1:]
-    mask = torch.tril(torch.ones(T, T))
-
-    def attention(q, k, v):
-        q, k, v = (x.view(B, T, H, C // H).transpose(1, 2) for x in (q, k, v))
-        a = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-        a = F.softmax(a.masked_fill(mask == 0, float("-inf")), dim=-1)
-        return (a @ v).transpose(1, 2).reshape(B, T, C)
-
-    def conv1d(x, name):  # HF's Conv1D: y = x @ W + b
-        return x @ st(name + ".weight") + st(name + ".bias")
-
-    def norm(x, name):
-        return F.layer_norm(x, (C,), st(name + ".weight"), st(name + ".bias"), 1e-5)
-
-    with torch.no_grad():
-        x = st("wte.weight")[idx] + st("wpe.weight")[:T]
-        for l in range(L):
-            p = "h.%d." % l
-            q, k, v = conv1d(norm(x, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
-            x = x + conv1d(attention(q, k, v), p + "attn.c_proj")
-            h = F.gelu(conv1d(norm(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")
-            x = x + conv1d(h, p + "mlp.c_proj")
-        logits = norm(x, "ln_f") @ st("wte.weight").t()
-        loss = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1), reduction="sum").double()
-        loss = loss.item() / (B * T)
-    # Both are fp32 forwards of the same weights that differ only in summation order (GEMMs,
-    # softmax, norm statistics, the loss sum), so they agree to float32 rounding: each op adds a
-    # few epsilons (2^-24 ≈ 6e-8) of relative error, and the mean over B·T token losses averages
-    # them out — measured 1e-7 relative on the suite's model (at the 7 printed decimals). 1e-6
+        import reference_forward
+    except ImportError as e:
+        out.append("FAIL the numpy reference cannot run (%s): run scripts/setup.sh (python3-numpy)" % e)
+        return False
+    loss = reference_forward.mean_loss(path, tokens_path, n_samples)
+    # cooktrain computes in fp32, the reference in float64 on the same weights: they differ by
+    # cooktrain's float32 rounding, a few epsilons (2^-24 ~ 6e-8) of relative error per op,
+    # averaged over B*T token losses — measured ~1e-7 relative on the suite's model. 1e-6
     # relative (16 epsilons) leaves that margin and still fails a LayerNorm epsilon of 1e-6 for
     # 1e-5 (1e-5 relative) or an anti-causal mask (2e-3).
     if math.isfinite(loss) and abs(loss - cooktrain_loss) <= 1e-6 * abs(cooktrain_loss):
-        out.append("ok a plain PyTorch GPT-2 on the export gives cooktrain eval's loss on %d samples "
-                   "(%.7f vs %.7f)" % (B, loss, cooktrain_loss))
+        out.append("ok the numpy reference GPT-2 on the export gives cooktrain eval's loss on %d "
+                   "samples (%.9f vs %.7f)" % (n_samples, loss, cooktrain_loss))
         return True
-    out.append("FAIL PyTorch loss %.7f on the export differs from cooktrain eval's %.7f" % (loss, cooktrain_loss))
+    out.append("FAIL numpy reference loss %.9f on the export differs from cooktrain eval's %.7f"
+               % (loss, cooktrain_loss))
     return False
 
 
@@ -195,7 +156,7 @@ def main(argv):
                "ok every value is the checkpoint's (%s)" % ("bf16 rounding" if bf16 else "bit-exact"))
     if "--tokens" in argv and not bf16:
         arg = lambda flag: argv[argv.index(flag) + 1]
-        torch_check(header, data, cfg, arg("--tokens"), int(arg("--samples")), float(arg("--loss")), out)
+        reference_check(path, arg("--tokens"), int(arg("--samples")), float(arg("--loss")), out)
     print("\n".join(out))
     return 0 if not any(l.startswith("FAIL") for l in out) else 1
 

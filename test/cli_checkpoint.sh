@@ -15,7 +15,7 @@
 #     the checkpoint directory changed; with checkpoint.resume: auto the newest valid one is used
 #     and the fallback said;
 #   - export: the safetensors file has GPT-2's names, shapes and dtypes and the checkpoint's values
-#     (test/check_export.py); with python3-torch, a plain PyTorch GPT-2 on the export gives the
+#     (test/check_export.py); scripts/reference_forward.py, a numpy GPT-2, on the export gives the
 #     loss `cooktrain eval` prints for the checkpoint on the same validation samples;
 #   - `cooktrain sample DIR` draws the text the training run (one process, and tp=2) drew after its
 #     last step with the same seed; top-k 1 is greedy; bad options exit 2;
@@ -250,10 +250,11 @@ if selected "export"; then
     # move its loss (after 3 steps an anti-causal mask changed it by only 1e-5 relative)
     run "export: 30 steps with a checkpoint" 1 --set train.steps=30 --set train.lr=3e-3 \
         --set checkpoint.dir="$d/ck" --dump-params "$d/final.bin"
-    # Debian's python3 has torch when python3-torch is installed (a pyenv python3 may not)
+    # Debian's python3 has numpy when python3-numpy is installed (scripts/setup.sh; a pyenv
+    # python3 may not)
     py=python3
-    /usr/bin/python3 -c 'import torch' 2>/dev/null && py=/usr/bin/python3
-    # cooktrain's own loss on the first 8 validation samples, for the PyTorch GPT-2 to match
+    /usr/bin/python3 -c 'import numpy' 2>/dev/null && py=/usr/bin/python3
+    # cooktrain's own loss on the first 8 validation samples, for the numpy reference to match
     expect_exit 0 "eval: the checkpoint's loss on 8 validation samples" -- \
         "$BIN" eval "$d/ck/step-00000030" --data "$TEST_DATA/val.bin" --samples 8
     loss=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^eval .* 8 samples of .* loss \([0-9.]*\)$/\1/p')

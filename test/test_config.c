@@ -254,8 +254,8 @@ static const bad_case bad_cases[] = {
      "parallel.grad_reduce_dtype"},
     {"grad_reduce_auto", "parallel:\n  grad_reduce_dtype: auto\n", NULL, 1,
      "parallel.grad_reduce_dtype", "unknown value 'auto'", "fp32, bf16"},
-    {"llama_not_yet", "model:\n  arch: llama\n", NULL, 1, "model.arch",
-     "model.arch=llama is not implemented yet", NULL},
+    {"llama_odd_head_dim", "model:\n  arch: llama\n  d_model: 72\n  n_head: 8\n", NULL, 1,
+     "model.arch=llama", "needs an even head_dim (rotary pairs)", "d_model / n_head is even"},
     /* --set */
     {"set_no_equals", "", "train.lr", 0, "train.lr", "expected section.key=value",
      "--set section.key=value"},
@@ -631,7 +631,7 @@ static void set_overrides(void **state) {
     assert_int_equal(ct_config_set(&cfg, "data.val=\"a b=c\""), CT_OK);
     assert_int_equal(ct_config_set(&cfg, "log.metrics=''"), CT_OK);
     assert_int_equal(ct_config_set(&cfg, "checkpoint.resume=never"), CT_OK);
-    assert_int_equal(ct_config_set(&cfg, "model.arch=llama"), CT_OK); /* parses; validate says no */
+    assert_int_equal(ct_config_set(&cfg, "model.arch=llama"), CT_OK);
     assert_true(cfg.train.lr == 3e-4);
     assert_int_equal(cfg.train.steps, 7); /* untouched by the overrides */
     assert_int_equal(cfg.parallel.tp, 2);

@@ -143,12 +143,14 @@ static double model_loss(ct_model *m, ct_acts *a) {
  * Directions and the symmetry-breaking noise are keyed by parameter name, so they do not change
  * when the registry's order does. Tolerance: 3e-4 absolute + 2% relative.
  */
-static void test_gradcheck(void **state) {
+static void gradcheck(ct_arch arch) {
     ct_config cfg;
     test_tiny_config(&cfg, NULL);
+    cfg.model.arch = arch;
     cfg.model.seq_len = 8;
     cfg.model.d_model = 16;
     cfg.model.n_head = 2;
+    if (arch == CT_ARCH_LLAMA) cfg.model.n_kv_head = 1, cfg.model.multiple_of = 16;
     cfg.train.micro_batch = 2;
     cfg.train.global_batch = 2;
     validated_config(&cfg);
@@ -217,6 +219,16 @@ static void test_gradcheck(void **state) {
     ct_acts_free(a);
     ct_model_free(m);
     ct_backend_free(be);
+}
+
+static void test_gradcheck(void **state) {
+    gradcheck(CT_ARCH_GPT2);
+}
+
+/* Llama (RMSNorm, RoPE, SwiGLU, GQA with one key/value head for two query heads, no biases):
+ * the same check, the same tolerance. */
+static void test_gradcheck_llama(void **state) {
+    gradcheck(CT_ARCH_LLAMA);
 }
 
 /* ---- overfitting one batch ------------------------------------------------------------------ */
@@ -417,6 +429,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_init_layout_independent),
         cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_gradcheck_llama),
         cmocka_unit_test(test_overfit_one_batch),
         cmocka_unit_test(test_microbatch_equivalence),
         cmocka_unit_test(test_params_kept_only_when_asked),

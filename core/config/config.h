@@ -51,8 +51,19 @@ typedef struct ct_model_config {
     int64_t d_model;
     int64_t n_head;
     int64_t n_kv_head; /* 0 in the file means = n_head */
-    int64_t d_ff;      /* 0 in the file means 4·d_model */
+    int64_t d_ff;      /* 0 in the file means 4·d_model (gpt2), Llama's rule (llama) */
+    /* Llama (arch llama; gpt2 ignores them): RMSNorm's eps, RoPE's base, and the MLP width rule
+     * when d_ff is 0 (ct_llama_ffn_dim) */
+    double norm_eps;
+    double rope_theta;
+    double ffn_dim_multiplier; /* 0: none */
+    int64_t multiple_of;
 } ct_model_config;
+
+/* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is
+ * positive, then rounded up to a multiple of multiple_of. Llama 2 7B: (4096, 0, 256) -> 11008;
+ * Llama 3 8B: (4096, 1.3, 1024) -> 14336. */
+int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of);
 
 typedef struct ct_parallel_config {
     int64_t tp, pp, dp; /* dp 0 means world / (tp·pp) */

@@ -74,7 +74,8 @@ const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
 const config_key config_keys[] = {
     /* model */
     {KEY(model, arch, KEY_ENUM), .choices = arch_names, .def = "gpt2",
-     .doc = "model family (llama is recognised but not implemented yet)"},
+     .doc = "model family: gpt2 (LayerNorm, GELU, learned positions, biases) or llama (RMSNorm, "
+            "SwiGLU, rotary positions, no biases); both tie the LM head to the embedding"},
     {KEY(model, vocab_size, KEY_INT), .def = "4096", AT_LEAST(1), AT_MOST(2147483647),
      .doc = "tokens the tokenizer can emit (the real vocabulary)"},
     {KEY(model, vocab_pad, KEY_INT), .def = "128", AT_LEAST(1), AT_MOST(1048576),
@@ -90,7 +91,16 @@ const config_key config_keys[] = {
     {KEY(model, n_kv_head, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(65536),
      .doc = "key/value heads (grouped-query attention), must divide n_head; 0 = n_head"},
     {KEY(model, d_ff, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(16777216),
-     .doc = "MLP hidden size; 0 = 4 * d_model"},
+     .doc = "MLP hidden size; 0 = 4 * d_model (gpt2) or Llama's rule from ffn_dim_multiplier and "
+            "multiple_of (llama)"},
+    {KEY(model, norm_eps, KEY_FLOAT), .def = "1e-5", ABOVE(0), AT_MOST(1),
+     .doc = "llama: RMSNorm's epsilon, added to the mean square (gpt2's LayerNorm uses 1e-5)"},
+    {KEY(model, rope_theta, KEY_FLOAT), .def = "10000", ABOVE(1), AT_MOST(1e12),
+     .doc = "llama: the base of the rotary frequencies (10000 in Llama 2, 500000 in Llama 3)"},
+    {KEY(model, ffn_dim_multiplier, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(16),
+     .doc = "llama with d_ff 0: scales the MLP width 8·d_model/3 before rounding; 0 = none"},
+    {KEY(model, multiple_of, KEY_INT), .def = "256", AT_LEAST(1), AT_MOST(1048576),
+     .doc = "llama with d_ff 0: the MLP width is rounded up to a multiple of this"},
 
     /* parallel */
     {KEY(parallel, tp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1048576),

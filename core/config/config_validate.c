@@ -177,19 +177,34 @@ static int64_t auto_micro_batch(int64_t per_rank, int64_t seq_len, int64_t pp, b
     return best ? best : best_any ? best_any : 1;
 }
 
-/* Parameters of the GPT-2 shape with a tied embedding (see config.h: n_params). The table's
- * upper bounds keep every product below 2^62. */
-static int64_t gpt2_params(const ct_model_config *m, const ct_derived_config *d) {
+int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of) {
+    CT_ASSERTF(d_model > 0 && multiple_of > 0, "llama ffn: d_model %lld, multiple_of %lld",
+               (long long)d_model, (long long)multiple_of);
+    int64_t h = 2 * 4 * d_model / 3;
+    if (ffn_dim_multiplier > 0) h = (int64_t)(ffn_dim_multiplier * (double)h);
+    return (h + multiple_of - 1) / multiple_of * multiple_of;
+}
+
+/* Parameters of the model with a tied embedding (see config.h: n_params). The table's upper
+ * bounds keep every product below 2^62. */
+static int64_t model_params(const ct_model_config *m, const ct_derived_config *d) {
     int64_t C = m->d_model, kv = d->n_kv_head * d->head_dim, F = d->d_ff;
-    int64_t layer = 2 * C               /* ln1 weight + bias */
-                    + (C * C + C)       /* q */
-                    + 2 * (kv * C + kv) /* k, v (n_kv_head heads) */
-                    + (C * C + C)       /* attention out */
-                    + 2 * C             /* ln2 */
-                    + (F * C + F)       /* MLP up */
-                    + (C * F + C);      /* MLP down */
-    return d->vocab_padded * C          /* wte, tied with the LM head */
-           + m->seq_len * C             /* wpe */
+    if (m->arch == CT_ARCH_LLAMA)
+        return d->vocab_padded * C +
+               m->n_layer * (2 * C                /* two RMSNorm weights */
+                             + C * C + 2 * kv * C /* q, k, v */
+                             + C * C              /* attention out */
+                             + 3 * F * C)         /* gate, up, down */
+               + C;                               /* final norm */
+    int64_t layer = 2 * C                         /* ln1 weight + bias */
+                    + (C * C + C)                 /* q */
+                    + 2 * (kv * C + kv)           /* k, v (n_kv_head heads) */
+                    + (C * C + C)                 /* attention out */
+                    + 2 * C                       /* ln2 */
+                    + (F * C + F)                 /* MLP up */
+                    + (C * F + C);                /* MLP down */
+    return d->vocab_padded * C                    /* wte, tied with the LM head */
+           + m->seq_len * C                       /* wpe */
            + m->n_layer * layer + 2 * C /* final LN */;
 }
 
@@ -205,14 +220,6 @@ static ct_status check_keys(const ct_config *cfg) {
         key_value v = key_load(cfg, k);
         CT_TRY(key_check(k, &v, ""));
     }
-    return CT_OK;
-}
-
-/* Checks that the model architecture is one this trainer implements. */
-static ct_status check_arch(const ct_model_config *m) {
-    if (m->arch == CT_ARCH_LLAMA)
-        return with_hint(ct_error(CT_ERR_INPUT, "model.arch=llama is not implemented yet"),
-                         "use model.arch: gpt2 for now (Llama-style blocks are planned)");
     return CT_OK;
 }
 
@@ -251,7 +258,10 @@ static ct_status check_model(const ct_model_config *m, ct_derived_config *d) {
     char list[256];
     d->vocab_padded = (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad;
     d->n_kv_head = m->n_kv_head ? m->n_kv_head : m->n_head;
-    d->d_ff = m->d_ff ? m->d_ff : 4 * m->d_model;
+    d->d_ff = m->d_ff ? m->d_ff
+              : m->arch == CT_ARCH_LLAMA
+                  ? ct_llama_ffn_dim(m->d_model, m->ffn_dim_multiplier, m->multiple_of)
+                  : 4 * m->d_model;
 
     /* The model on its own. */
     if (m->d_model % m->n_head) {
@@ -264,6 +274,13 @@ static ct_status check_model(const ct_model_config *m, ct_derived_config *d) {
                          (long long)m->d_model, list);
     }
     d->head_dim = m->d_model / m->n_head;
+    if (m->arch == CT_ARCH_LLAMA && d->head_dim % 2)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "model.arch=llama needs an even head_dim (rotary pairs), but "
+                                  "d_model=%lld / n_head=%lld = %lld",
+                                  (long long)m->d_model, (long long)m->n_head,
+                                  (long long)d->head_dim),
+                         "choose d_model and n_head so that d_model / n_head is even");
     if (d->n_kv_head > m->n_head || m->n_head % d->n_kv_head) {
         list_divisors(m->n_head, NULL, NULL, list, sizeof list);
         return with_hint(ct_error(CT_ERR_INPUT,
@@ -494,7 +511,6 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
     memset(&cfg->derived, 0, sizeof cfg->derived);
     CT_TRY(check_keys(cfg));
-    CT_TRY(check_arch(&cfg->model));
 
     ct_derived_config d;
     memset(&d, 0, sizeof d);
@@ -509,7 +525,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_checkpoint(cfg));
 
     d.tokens_per_step = cfg->train.global_batch * cfg->model.seq_len;
-    d.n_params = gpt2_params(&cfg->model, &d);
+    d.n_params = model_params(&cfg->model, &d);
     cfg->derived = d;
     return CT_OK;
 }

@@ -1,4 +1,4 @@
-/* export.c — a checkpoint as a Hugging Face GPT-2 safetensors file. See export.h. */
+/* export.c — a checkpoint as a Hugging Face GPT-2 or Llama safetensors file. See export.h. */
 #include "export.h"
 
 #include <errno.h>
@@ -17,6 +17,8 @@ typedef struct hf_tensor {
     bool transpose;
     int64_t rows, cols; /* the stacked source's kept shape (before transposing) */
     bool vector;        /* 1-D in HF's layout */
+    int64_t rope_hd;    /* > 0: a q or k projection of heads of this size, whose rows go from our
+                           adjacent RoPE pairs to HF's half-split ones (export.h) */
 } hf_tensor;
 
 static const ct_ckpt_box *find_tensor(const ct_ckpt_manifest *m, const char *name) {
@@ -63,6 +65,19 @@ static ct_status load_values(const char *dir, const ct_ckpt_manifest *m, const h
         want.hi = want.row1 * b->cols;
         st = ct_ckpt_read_box(dir, m, &want, stacked + row * t->cols);
         row += want.row1;
+    }
+    if (st == CT_OK && t->rope_hd > 0) {
+        /* within each head, HF row j·hd/2 + i is our row 2i + j (j = 0, 1; i < hd/2) */
+        const int64_t hd = t->rope_hd, half = hd / 2;
+        float *head = ct_xmalloc((size_t)(hd * t->cols) * sizeof(float));
+        for (int64_t h0 = 0; h0 + hd <= t->rows; h0 += hd) {
+            memcpy(head, stacked + h0 * t->cols, (size_t)(hd * t->cols) * sizeof(float));
+            for (int64_t i = 0; i < half; i++)
+                for (int64_t j = 0; j < 2; j++)
+                    memcpy(stacked + (h0 + j * half + i) * t->cols, head + (2 * i + j) * t->cols,
+                           (size_t)t->cols * sizeof(float));
+        }
+        free(head);
     }
     if (st == CT_OK) {
         if (t->transpose)
@@ -131,8 +146,82 @@ static hf_tensor *hf_tensors(int64_t L, int *count) {
     return t;
 }
 
-/* config.json beside the safetensors file, for transformers' GPT2Config. */
-static ct_status write_hf_config(const char *out, const ct_ckpt_state *s) {
+/* Llama's tensors in Hugging Face's LlamaForCausalLM names (nn.Linear: (out, in), as ours), for a
+ * checkpoint of L layers of head_dim hd; the LM head is tied (no lm_head.weight). */
+static hf_tensor *hf_llama_tensors(int64_t L, int64_t hd, int *count) {
+    static const struct {
+        const char *hf, *src;
+        bool rope;
+    } map[] = {
+        {"input_layernorm.weight", "ln1.weight", false},
+        {"self_attn.q_proj.weight", "attn.wq", true},
+        {"self_attn.k_proj.weight", "attn.wk", true},
+        {"self_attn.v_proj.weight", "attn.wv", false},
+        {"self_attn.o_proj.weight", "attn.wo", false},
+        {"post_attention_layernorm.weight", "ln2.weight", false},
+        {"mlp.gate_proj.weight", "mlp.w_gate", false},
+        {"mlp.up_proj.weight", "mlp.w_up", false},
+        {"mlp.down_proj.weight", "mlp.w_down", false},
+    };
+    const int per_layer = (int)CT_ARRAY_LEN(map);
+    hf_tensor *t = ct_xcalloc((size_t)(2 + per_layer * L), sizeof *t);
+    int n = 0;
+    add(&t[n++], "model.embed_tokens.weight", false, (const char *[]){"wte"}, 1);
+    for (int64_t l = 0; l < L; l++)
+        for (int k = 0; k < per_layer; k++) {
+            char hf[96], src[CT_CKPT_NAME];
+            snprintf(hf, sizeof hf, "model.layers.%lld.%s", (long long)l, map[k].hf);
+            snprintf(src, sizeof src, "layers.%lld.%s", (long long)l, map[k].src);
+            add(&t[n], hf, false, (const char *[]){src}, 1);
+            t[n++].rope_hd = map[k].rope ? hd : 0;
+        }
+    add(&t[n++], "model.norm.weight", false, (const char *[]){"lnf.weight"}, 1);
+    *count = n;
+    return t;
+}
+
+/* A model key's value from the checkpoint's resolved config (the "  key: value" lines
+ * ct_config_print writes in the model section). */
+static ct_status config_value(const char *dir, const ct_ckpt_manifest *m, const char *key,
+                              double *value) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "\n  %s: ", key);
+    const char *at = m->config_text ? strstr(m->config_text, needle) : NULL;
+    char *end = NULL;
+    if (at) *value = strtod(at + strlen(needle), &end);
+    if (!at || end == at + strlen(needle)) {
+        ct_error(CT_ERR_INPUT, "checkpoint '%s' has no model.%s in its config", dir, key);
+        ct_hint("export reads checkpoints this cooktrain wrote (`cooktrain inspect` shows the "
+                "config)");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+/* config.json beside the safetensors file, for transformers' LlamaConfig. */
+static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_manifest *m) {
+    const ct_ckpt_state *s = &m->state;
+    double eps, theta;
+    CT_TRY(config_value(dir, m, "norm_eps", &eps));
+    CT_TRY(config_value(dir, m, "rope_theta", &theta));
+    fprintf(f,
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
+            "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+            "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
+            "  \"num_key_value_heads\": %lld,\n  \"hidden_act\": \"silu\",\n"
+            "  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n  \"attention_bias\": false,\n"
+            "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": true,\n"
+            "  \"torch_dtype\": \"float32\"\n}\n",
+            (long long)s->vocab_size, (long long)s->seq_len, (long long)s->d_model,
+            (long long)s->d_ff, (long long)s->n_layer, (long long)s->n_head,
+            (long long)s->n_kv_head, eps, theta);
+    return CT_OK;
+}
+
+/* config.json beside the safetensors file, for transformers' GPT2Config or LlamaConfig. */
+static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt_manifest *m) {
+    const ct_ckpt_state *s = &m->state;
     char path[CT_PATH_MAX + 32], tmp[CT_PATH_MAX + 48];
     const char *slash = strrchr(out, '/');
     snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - out + 1) : 0, out);
@@ -143,7 +232,12 @@ static ct_status write_hf_config(const char *out, const ct_ckpt_state *s) {
         ct_hint("check that the directory of --out exists and is writable");
         return CT_ERR_INPUT;
     }
-    fprintf(f,
+    ct_status st = CT_OK;
+    if (s->arch != 0) /* llama (the train state's model.arch: gpt2 is 0) */
+        st = write_llama_config(f, dir, m);
+    else
+        fprintf(
+            f,
             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
             "  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n  \"n_ctx\": %lld,\n"
             "  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": %lld,\n"
@@ -153,6 +247,10 @@ static ct_status write_hf_config(const char *out, const ct_ckpt_state *s) {
             (long long)s->d_model, (long long)s->n_layer, (long long)s->n_head, (long long)s->d_ff);
     bool ok = fflush(f) == 0 && !ferror(f);
     ok = fclose(f) == 0 && ok;
+    if (st != CT_OK) {
+        remove(tmp);
+        return st;
+    }
     return ct_file_publish(tmp, path, ok, "config.json");
 }
 
@@ -193,7 +291,8 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
     ct_ckpt_manifest m;
     CT_TRY(ct_ckpt_open(dir, &m));
     ct_status st = CT_OK;
-    if (m.state.n_kv_head != m.state.n_head) {
+    const bool llama = m.state.arch != 0; /* model.arch gpt2 is 0 in the train state */
+    if (!llama && m.state.n_kv_head != m.state.n_head) {
         ct_error(CT_ERR_INPUT,
                  "checkpoint '%s' has n_kv_head=%lld < n_head=%lld (GQA), which "
                  "GPT-2's safetensors layout cannot hold",
@@ -202,7 +301,8 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         st = CT_ERR_INPUT;
     }
     int n = 0;
-    hf_tensor *t = hf_tensors(m.state.n_layer, &n);
+    hf_tensor *t = llama ? hf_llama_tensors(m.state.n_layer, m.state.d_model / m.state.n_head, &n)
+                         : hf_tensors(m.state.n_layer, &n);
     int64_t largest = 0;
     for (int i = 0; i < n && st == CT_OK; i++) {
         st = shape_of(dir, &m, &t[i], i == 0 ? m.state.vocab_size : 0);
@@ -248,7 +348,7 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         else
             remove(tmp);
     }
-    if (st == CT_OK) st = write_hf_config(out, &m.state);
+    if (st == CT_OK) st = write_hf_config(out, dir, &m);
     free(t);
     ct_ckpt_manifest_release(&m);
     return st;

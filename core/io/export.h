@@ -1,7 +1,19 @@
 /*
- * export.h — a checkpoint as one unsharded safetensors file with Hugging Face GPT-2 names
- * (`cooktrain export DIR --out FILE [--dtype fp32|bf16]`), plus FILE's directory's config.json
- * that transformers' GPT2Config reads.
+ * export.h — a checkpoint as one unsharded safetensors file with Hugging Face GPT-2 or Llama
+ * names (`cooktrain export DIR --out FILE [--dtype fp32|bf16]`), plus FILE's directory's
+ * config.json that transformers' GPT2Config or LlamaConfig reads.
+ *
+ * Llama (LlamaForCausalLM's state dict; nn.Linear weights (out, in), as ours, not transposed):
+ *   model.embed_tokens.weight (V, C)                           wte without the padding rows
+ *   model.layers.L.input_layernorm.weight, post_attention_layernorm.weight   ln1, ln2
+ *   model.layers.L.self_attn.{q,k,v,o}_proj.weight             wq, wk, wv, wo; q and k permuted
+ *   model.layers.L.mlp.{gate,up,down}_proj.weight              w_gate, w_up, w_down
+ *   model.norm.weight                                          lnf
+ * with tie_word_embeddings (no lm_head.weight). The permutation: our RoPE rotates adjacent pairs
+ * (2i, 2i+1) of a head, Hugging Face's pairs (i, i + hd/2), so within each head HF's row
+ * j·hd/2 + i is our row 2i + j — applied here to q and k and nowhere else.
+ *
+ * The format, and GPT-2's names:
  *
  * safetensors: an 8-byte little-endian header length, a JSON header mapping each name to its
  * dtype ("F32" or "BF16"), shape and [begin, end) byte offsets into the data that follows, then

@@ -1,5 +1,6 @@
 /*
- * model.c — GPT-2: registry, initialisation, forward and backward per chunk. See model.h.
+ * model.c — the model (GPT-2 or Llama): registry, initialisation, forward and backward per chunk.
+ * See model.h; Llama's block is llama_layer_forward / _backward.
  *
  * Forward of one layer (pre-LayerNorm block), x = residual[l] (B,T,C):
  *     ln1 = LN(x)                          q|k|v = ln1·Wqkvᵀ + b   (column-parallel, one GEMM)
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "model_collectives.h"
+#include "rope.h"
 #include "core/rng.h"
 
 /* ---- layout --------------------------------------------------------------------------------- */
@@ -167,8 +169,9 @@ static void build_registry(ct_model *m) {
             m->embed_unit = m->n_units - 1;
             add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
                 offsetof(ct_model, wte);
-            add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk)->field =
-                offsetof(ct_model, wpe);
+            if (!m->llama) /* Llama's positions are rotary: no table to learn */
+                add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk)->field =
+                    offsetof(ct_model, wpe);
         }
         for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
             int l = m->layout.chunks[c].first_layer + i;
@@ -194,6 +197,20 @@ static void build_registry(ct_model *m) {
         p_->layer = l;                                                                             \
         p_->field = offsetof(ct_layer_params, field_name);                                         \
     } while (0)
+            if (m->llama) {
+                /* No biases; wq, wk, wv back to back (one (q + 2 kv, C) matrix, qkv_params), and
+                 * w_gate, w_up back to back (one (2F, C) matrix, gate_up_weight). */
+                P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
+                P(wq, "attn.wq", 2, qdim, C, 0, CT_INIT_NORMAL, std);
+                P(wk, "attn.wk", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
+                P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
+                P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
+                P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
+                P(w_gate, "mlp.w_gate", 2, F, C, 0, CT_INIT_NORMAL, std);
+                P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
+                P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
+                continue;
+            }
             P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
             /* wq, wk, wv back to back, then bq, bk, bv: in the unit's flat range (and in each tp
@@ -231,8 +248,9 @@ static void build_registry(ct_model *m) {
             }
             add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk)->field =
                 offsetof(ct_model, lnf_w);
-            add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk)->field =
-                offsetof(ct_model, lnf_b);
+            if (!m->llama)
+                add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk)->field =
+                    offsetof(ct_model, lnf_b);
         }
     }
     for (int u = 0; u < m->n_units; u++) {
@@ -272,6 +290,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->seed = cfg->train.seed;
     m->be = be;
     m->dtype = ct_precision_dtype(cfg->train.precision);
+    m->llama = cfg->model.arch == CT_ARCH_LLAMA;
     m->layout = *layout;
     if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
@@ -287,7 +306,9 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     /* With the embedding and the head on different pipeline ranks, both tied units get the
      * padded size of the larger one (see the twin in build_registry). */
     const int64_t vocab_slice = m->Vp / layout->tp_size * m->C;
-    const int64_t tied_numel = CT_MAX(vocab_slice + m->T * m->C, vocab_slice + 2 * m->C);
+    const int64_t embed_numel = vocab_slice + (m->llama ? 0 : m->T * m->C); /* wte (+ wpe) */
+    const int64_t head_numel = vocab_slice + (m->llama ? 1 : 2) * m->C;     /* twin + lnf */
+    const int64_t tied_numel = CT_MAX(embed_numel, head_numel);
     const ct_tied_place tied = ct_model_tied_place(m, NULL);
     const bool tie_across_ranks = tied == CT_TIED_FIRST || tied == CT_TIED_LAST;
     int64_t slab = 0;
@@ -347,6 +368,16 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     ct_model_tied_place(m, &tied_unit);
     CT_ASSERT((m->wte != NULL) == (tied_unit >= 0));
     CT_ASSERT(!m->wte || (m->wte->unit == tied_unit && m->wte->offset == 0));
+    if (m->llama) {
+        /* RoPE's angles, once, in double on the host: every backend reads these bytes */
+        int64_t n = m->T * m->hd;
+        m->rope_table = ct_tensor_new_1d(be, CT_DTYPE_F32, n, CT_MEM_WORKSPACE);
+        if (!m->rope_table) goto oom;
+        float *host = ct_xmalloc((size_t)n * sizeof *host);
+        ct_rope_table(host, m->T, m->hd, cfg->model.rope_theta, NULL);
+        ct_tensor_from_host(m->rope_table, host);
+        free(host);
+    }
     if (m->param_slab) ct_model_init_params(m);
     ct_model_zero_grads(m);
     *out = m;
@@ -398,6 +429,7 @@ void ct_model_free(ct_model *m) {
     ct_tensor_free(m->recompute_ws);
     ct_tensor_free(m->recompute_out);
     ct_tensor_free(m->step_losses);
+    ct_tensor_free(m->rope_table);
     free(m);
 }
 
@@ -558,7 +590,7 @@ double ct_model_flops_per_token(const ct_model *m) {
     double n_matmul = 0;
     for (int l = 0; l < m->L; l++) {
         n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
-        n_matmul += 2.0 * (double)m->C * m->F;
+        n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
     }
     n_matmul += (double)m->Vp * m->C; /* the tied LM head */
     return 6.0 * n_matmul + 6.0 * (double)m->L * m->T * m->C;
@@ -602,17 +634,70 @@ static void qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor 
     const ct_tensor *range = grads ? unit->grads : unit->params;
     int64_t rows = p->wq->local_shape[0] + p->wk->local_shape[0] + p->wv->local_shape[0];
     CT_ASSERT(p->wk->offset == p->wq->offset + p->wq->numel &&
-              p->wv->offset == p->wk->offset + p->wk->numel &&
-              p->bq->offset == p->wv->offset + p->wv->numel &&
+              p->wv->offset == p->wk->offset + p->wk->numel);
+    *w = ct_tensor_view_2d(range, p->wq->offset, rows, m->C);
+    *b = NULL; /* Llama: no biases */
+    if (!p->bq) return;
+    CT_ASSERT(p->bq->offset == p->wv->offset + p->wv->numel &&
               p->bk->offset == p->bq->offset + p->bq->numel &&
               p->bv->offset == p->bk->offset + p->bk->numel);
-    *w = ct_tensor_view_2d(range, p->wq->offset, rows, m->C);
     *b = ct_tensor_view_1d(range, p->bq->offset, rows);
+}
+
+/* Llama's gate and up projections as one (2F/tp, C) matrix (they are adjacent in the unit's
+ * range, build_registry): one GEMM gives gate|up per row, the layout ct_swiglu_fwd reads. The
+ * values, or with `grads` the gradients; free with ct_tensor_free. */
+static ct_tensor *gate_up_weight(ct_model *m, int l, bool grads) {
+    const ct_layer_params *p = &m->layers[l];
+    const ct_unit *unit = &m->units[p->w_gate->unit];
+    CT_ASSERT(p->w_up->offset == p->w_gate->offset + p->w_gate->numel);
+    return ct_tensor_view_2d(grads ? unit->grads : unit->params, p->w_gate->offset,
+                             2 * p->w_gate->local_shape[0], m->C);
+}
+
+/* Heads RoPE rotates in a packed qkv on this rank: its query and key heads. */
+static int64_t rotated_heads(const ct_model *m) {
+    return (m->NH + m->NKV) / m->layout.tp_size;
 }
 
 /* Runs layer l on residual[l], writing its internals into a->layers[l] and its output to
  * `out` (residual[l+1], or a scratch when backward recomputes the internals). */
+/* Llama's block (pre-norm):
+ *     ln1 = RMSNorm(x)        q|k|v = ln1·Wqkvᵀ, q and k rotated (RoPE)
+ *     att = causal_attention(q, k, v)      mid = x + att·Woᵀ [reduce tp]
+ *     ln2 = RMSNorm(mid)      gate|up = ln2·Wguᵀ,  g = silu(gate)·up
+ *     out = mid + g·Wdownᵀ [reduce tp] */
+static void llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
+    ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    ct_tensor *x = a->residual[l];
+    int64_t tp = m->layout.tp_size;
+
+    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, NULL);
+    ct_tensor *wqkv, *bqkv;
+    qkv_params(m, l, false, &wqkv, &bqkv);
+    ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 0.0f);
+    ct_tensor_free(wqkv);
+    ct_rope(la->qkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, false);
+    poll(m);
+    ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
+    poll(m);
+    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, x);
+
+    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, NULL);
+    ct_tensor *wgu = gate_up_weight(m, l, false);
+    ct_gemm(la->h, la->ln2, wgu, false, true, 1.0f, 0.0f);
+    ct_tensor_free(wgu);
+    ct_swiglu_fwd(la->g, la->h);
+    poll(m);
+    ct_model_row_parallel_out(m, out, la->g, p->w_down, NULL, la->mid);
+}
+
 static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
+    if (m->llama) {
+        llama_layer_forward(m, l, a, out);
+        return;
+    }
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
@@ -641,14 +726,14 @@ static void embed_forward(ct_model *m, ct_acts *a) {
         ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
         /* vocab-parallel: each rank contributed its rows */
         ct_model_tp_allreduce(m, x, CT_REDUCE_SUM);
-        ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
+        if (m->wpe) ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
         return;
     }
     ct_tensor *full = ct_model_sp_view(m->sp_full, a->B, m->T, m->C);
     ct_embedding_fwd(full, a->tokens, m->wte->value, m->wte->tp_offset);
     ct_model_seq_reduce_scatter(m, x, full);
     ct_tensor_free(full);
-    ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
+    if (m->wpe) ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
 }
 
 void ct_model_begin_losses(ct_model *m, int n_microbatches, int64_t B) {
@@ -687,6 +772,7 @@ static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
     ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
+    /* (lnf_b is NULL for llama: an RMSNorm) */
     ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
     ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
                            a->target_logit, m->wte->valid_rows, m->wte->tp_offset, dloss);
@@ -730,16 +816,75 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
 /* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. Row-parallel biases take
  * their gradient from this rank's positions: with sequence parallelism that is a partial sum,
  * completed over the tp group by the data-parallel layer. */
+/* Backward of a row-parallel projection into the residual stream, y = x·Wᵀ: dx = dy·W and
+ * dW += dyᵀ·x, with dy = ∂L/∂residual over the full sequence (gathered under sequence
+ * parallelism). */
+static void row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_param *w,
+                                  const ct_tensor *x, ct_tensor *dx) {
+    const ct_tensor *dy = ct_model_dres_full(m, s);
+    ct_gemm(dx, dy, w->value, false, false, 1.0f, 0.0f);
+    ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
+}
+
+/* A norm's backward into s->dres (accumulating): LayerNorm with its bias, or Llama's RMSNorm
+ * (b NULL). */
+static void norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const ct_param *b,
+                          const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
+                          const ct_tensor *rstd) {
+    (void)m;
+    if (b)
+        ct_layernorm_bwd(dres, w->grad, b->grad, dln, x, w->value, mean, rstd);
+    else
+        ct_rmsnorm_bwd(dres, w->grad, dln, x, w->value, rstd);
+}
+
+static void llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
+    ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    ct_tensor *x = a->residual[l];
+    int64_t tp = m->layout.tp_size;
+
+    /* MLP: out = mid + g·Wdownᵀ, g = silu(gate)·up, gate|up = ln2·Wguᵀ */
+    row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
+    poll(m);
+    ct_swiglu_bwd(s->dgu, la->h, s->dh);
+    ct_tensor *wgu = gate_up_weight(m, l, false), *dwgu = gate_up_weight(m, l, true);
+    ct_gemm(s->dln, s->dgu, wgu, false, false, 1.0f, 0.0f);
+    ct_tensor *dln2 = ct_model_dln_reduced(m, s);
+    linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
+    ct_tensor_free(wgu), ct_tensor_free(dwgu);
+    norm_backward(m, s->dres, p->ln2_w, NULL, dln2, la->mid, NULL, la->ln2_rstd); /* ∂L/∂mid */
+    poll(m);
+
+    /* Attention: mid = x + att·Woᵀ */
+    row_parallel_backward(m, s, p->wo, la->att, s->datt);
+    ct_attention_bwd(s->dqkv, NULL, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
+                     m->NKV / tp);
+    /* the gradient of the rotated q and k, turned back: the rotation's transpose */
+    ct_rope(s->dqkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, true);
+    poll(m);
+    ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
+    qkv_params(m, l, false, &wqkv, &bqkv);
+    qkv_params(m, l, true, &dwqkv, &dbqkv);
+    ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
+    ct_tensor *dln1 = ct_model_dln_reduced(m, s);
+    linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
+    ct_tensor_free(wqkv), ct_tensor_free(dwqkv);
+    norm_backward(m, s->dres, p->ln1_w, NULL, dln1, x, NULL, la->ln1_rstd); /* ∂L/∂x */
+}
+
 static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
+    if (m->llama) {
+        llama_layer_backward(m, l, a, s);
+        return;
+    }
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
     int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-    ct_tensor *dout = ct_model_dres_full(m, s);
-    ct_gemm(s->dh, dout, p->w_down->value, false, false, 1.0f, 0.0f); /* dg (B,T,F/tp) */
-    ct_gemm(p->w_down->grad, dout, la->g, true, false, 1.0f, 1.0f);
+    row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
     ct_bias_grad(p->b_down->grad, s->dres);
     poll(m);
     ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
@@ -751,9 +896,7 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     poll(m);
 
     /* Attention: mid = x + att·Woᵀ + bo */
-    ct_tensor *dmid = ct_model_dres_full(m, s);
-    ct_gemm(s->datt, dmid, p->wo->value, false, false, 1.0f, 0.0f);
-    ct_gemm(p->wo->grad, dmid, la->att, true, false, 1.0f, 1.0f);
+    row_parallel_backward(m, s, p->wo, la->att, s->datt);
     ct_bias_grad(p->bo->grad, s->dres);
     ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
     qkv_params(m, l, false, &wqkv, &bqkv);
@@ -775,14 +918,14 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     ct_tensor *dlnf = ct_model_dln_reduced(m, s);
     ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
-    ct_layernorm_bwd(s->dres, m->lnf_w->grad, m->lnf_b->grad, dlnf, a->residual[m->L],
-                     m->lnf_w->value, a->lnf_mean, a->lnf_rstd);
+    norm_backward(m, s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
+                  a->lnf_rstd);
 }
 
 static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     ct_embedding_bwd(m->wte->grad, ct_model_dres_full(m, s), a->tokens, m->wte->tp_offset);
     int64_t pos0 = m->layout.sequence_parallel ? m->layout.tp_rank * m->Tl : 0;
-    ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->Tl, pos0);
+    if (m->wpe) ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->Tl, pos0);
 }
 
 void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {

@@ -1,7 +1,7 @@
 /*
- * model.h — the GPT-2 model: parameter registry, flat per-unit buffers, layout-independent
- * initialisation, and forward/backward per chunk on a per-microbatch activation context
- * (core/README.md, The model).
+ * model.h — the model (GPT-2 or Llama, model.arch): parameter registry, flat per-unit buffers,
+ * layout-independent initialisation, and forward/backward per chunk on a per-microbatch activation
+ * context (core/README.md, The model).
  *
  * Parameters. Every tensor is registered with its global name and shape, its tensor-parallel
  * split, tie, pipeline chunk, FSDP unit, weight-decay flag and init rule. A unit (the embeddings;
@@ -120,12 +120,16 @@ typedef struct ct_model_layout {
     } chunks[CT_MAX_CHUNKS];
 } ct_model_layout;
 
+/* A layer's tensors. Llama has no biases (their pointers stay NULL; ln1_w and ln2_w are its
+ * RMSNorm weights) and a gated MLP: w_gate and w_up, adjacent in the unit's range, form one
+ * (2F, C) column-parallel matrix per tp rank (gate_up_weight). */
 typedef struct ct_layer_params {
     ct_param *ln1_w, *ln1_b;     /* (C) */
     ct_param *wq, *bq;           /* (NH·hd, C), (NH·hd) column-parallel */
     ct_param *wk, *bk, *wv, *bv; /* (NKV·hd, C), (NKV·hd) column-parallel */
     ct_param *wo, *bo;           /* (C, NH·hd) row-parallel, (C) */
     ct_param *ln2_w, *ln2_b;     /* (C) */
+    ct_param *w_gate;            /* llama: (F, C) column-parallel */
     ct_param *w_up, *b_up;       /* (F, C) column-parallel, (F) */
     ct_param *w_down, *b_down;   /* (C, F) row-parallel, (C) */
 } ct_layer_params;
@@ -190,8 +194,10 @@ typedef struct ct_model {
     int loss_slots;
     int64_t loss_slot_len;
 
-    ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) */
-    ct_param *lnf_w, *lnf_b; /* (C) */
+    ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) (gpt2 only) */
+    ct_param *lnf_w, *lnf_b; /* (C) (lnf_b gpt2 only) */
+    bool llama;              /* model.arch llama: RMSNorm, RoPE, SwiGLU, no biases, no wpe */
+    ct_tensor *rope_table;   /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
     ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
 } ct_model;
 
@@ -203,7 +209,7 @@ typedef struct ct_layer_acts {
     ct_tensor *att, *lse;                 /* (B,T,NH·hd), (B,NH,T) */
     ct_tensor *mid;                       /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
-    ct_tensor *h, *g; /* (B,T,F) before / after GELU */
+    ct_tensor *h, *g; /* (B,T,F) before / after GELU; llama: (B,T,2F) gate|up, (B,T,F) SwiGLU */
 } ct_layer_acts;
 
 typedef struct ct_acts {
@@ -231,6 +237,7 @@ typedef struct ct_grad_scratch {
     ct_tensor *datt;      /* (B,T,NH·hd) */
     ct_tensor *dqkv;      /* (B,T,(NH + 2·NKV)·hd) */
     ct_tensor *dh;        /* (B,T,F) */
+    ct_tensor *dgu;       /* llama: (B,T,2F) the gradient of gate|up; NULL for gpt2 */
 } ct_grad_scratch;
 
 /* Everything on one rank: one chunk with all layers, the embeddings and the head. */

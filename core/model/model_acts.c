@@ -49,7 +49,7 @@ static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
     la->ln2 = carve(cv, 3, B, T, C);
     la->ln2_mean = carve_stat(cv, 1, Nl, 0, 0);
     la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
-    la->h = carve(cv, 3, B, T, F);
+    la->h = carve(cv, 3, B, T, m->llama ? 2 * F : F); /* llama: gate|up */
     la->g = carve(cv, 3, B, T, F);
 }
 
@@ -189,6 +189,7 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
         s->datt = carve(&cv, 3, B, T, qdim);
         s->dqkv = carve(&cv, 3, B, T, qdim + 2 * kvdim);
         s->dh = carve(&cv, 3, B, T, F);
+        s->dgu = m->llama ? carve(&cv, 3, B, T, 2 * F) : NULL;
         if (pass == 0) {
             s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_WORKSPACE);
             if (!s->slab) {
@@ -204,7 +205,7 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
 
 void ct_grad_scratch_free(ct_grad_scratch *s) {
     if (!s) return;
-    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dqkv, s->dh, s->dln_local, s->dfull};
+    ct_tensor *views[] = {s->dres, s->dln, s->datt, s->dqkv, s->dh, s->dln_local, s->dfull, s->dgu};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
     ct_tensor_free(s->slab);
     free(s);

@@ -104,14 +104,23 @@ ct_status ct_model_sp_reserve(ct_model *m, int64_t B) {
 
 /* The "copy" entering a column-parallel block: the norm of the residual slice, gathered to
  * the full sequence under sequence parallelism (else the norm output is already full). */
+/* LayerNorm with bias b, or Llama's RMSNorm (b NULL; mean unused). */
+static void norm_fwd(ct_model *m, ct_tensor *out, ct_tensor *mean, ct_tensor *rstd,
+                     const ct_tensor *x, const ct_param *w, const ct_param *b) {
+    if (b)
+        ct_layernorm_fwd(out, mean, rstd, x, w->value, b->value);
+    else
+        ct_rmsnorm_fwd(out, rstd, x, w->value, (float)m->mc.norm_eps);
+}
+
 void ct_model_norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
                                const ct_tensor *x, const ct_param *w, const ct_param *b) {
     if (!m->layout.sequence_parallel) {
-        ct_layernorm_fwd(out_full, mean, rstd, x, w->value, b->value);
+        norm_fwd(m, out_full, mean, rstd, x, w, b);
         return;
     }
     ct_tensor *local = ct_model_sp_view(m->sp_local, x->shape[0], m->Tl, m->C);
-    ct_layernorm_fwd(local, mean, rstd, x, w->value, b->value);
+    norm_fwd(m, local, mean, rstd, x, w, b);
     seq_gather(m, out_full, local);
     ct_tensor_free(local);
 }
@@ -123,7 +132,10 @@ void ct_model_norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean
 void ct_model_row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
                                const ct_param *b, const ct_tensor *residual) {
     if (m->layout.tp_size == 1) {
-        ct_bias_init(out, b->value, residual);
+        if (b)
+            ct_bias_init(out, b->value, residual);
+        else
+            ct_tensor_copy(out, residual);
         ct_gemm(out, x, w->value, false, true, 1.0f, 1.0f);
         return;
     }
@@ -136,7 +148,7 @@ void ct_model_row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, 
         ct_model_seq_reduce_scatter(m, out, full);
         ct_tensor_free(full);
     }
-    ct_bias_add(out, b->value);
+    if (b) ct_bias_add(out, b->value);
     ct_axpy(out, residual, 1.0f);
 }
 

@@ -20,12 +20,13 @@ void ct_model_seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor 
  * without sequence parallelism). CT_ERR_RUNTIME when out of memory. */
 ct_status ct_model_sp_reserve(ct_model *m, int64_t B);
 
-/* The "copy" entering a column-parallel block: out_full = LN(x), gathered to the full sequence
- * under sequence parallelism (x is then this rank's slice). */
+/* The "copy" entering a column-parallel block: out_full = LN(x) (RMSNorm when b is NULL: Llama),
+ * gathered to the full sequence under sequence parallelism (x is then this rank's slice). */
 void ct_model_norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
                                const ct_tensor *x, const ct_param *w, const ct_param *b);
 /* The "reduce" leaving a row-parallel block and the residual connection around it:
- * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (the bias added once, after the reduction). */
+ * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (the bias added once, after the reduction; b NULL:
+ * none). */
 void ct_model_row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
                                const ct_param *b, const ct_tensor *residual);
 /* Backward: ∂L/∂(residual) over the full sequence (s->dres, or gathered into s->dfull). */

@@ -1,5 +1,5 @@
 /*
- * rope.c — RoPE's frequencies and table, and Llama's MLP width (rope.h).
+ * rope.c — RoPE's frequencies and table (rope.h).
  */
 #include "rope.h"
 
@@ -43,12 +43,4 @@ void ct_rope_table(float *cos_sin, int64_t max_pos, int64_t head_dim, double the
             cos_sin[(p * half + i) * 2 + 1] = (float)sin(angle);
         }
     free(inv_freq);
-}
-
-int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of) {
-    CT_ASSERTF(d_model > 0 && multiple_of > 0, "llama ffn: d_model %lld, multiple_of %lld",
-               (long long)d_model, (long long)multiple_of);
-    int64_t h = 2 * 4 * d_model / 3;
-    if (ffn_dim_multiplier > 0) h = (int64_t)(ffn_dim_multiplier * (double)h);
-    return (h + multiple_of - 1) / multiple_of * multiple_of;
 }

@@ -1,6 +1,6 @@
 /*
- * rope.h — the rotary position embedding's table and Llama's MLP width, the host-side arithmetic
- * of Llama-style blocks (the ops themselves are ct_rope and ct_swiglu_*, backend.h).
+ * rope.h — the rotary position embedding's frequencies and table, computed on the host (the op
+ * itself is ct_rope, backend.h; Llama's MLP width rule is ct_llama_ffn_dim, config.h).
  *
  * RoPE convention, the one cooktrain uses everywhere: pairs are adjacent — dims (2i, 2i+1) of a
  * head rotate together by the angle pos·inv_freq_i, inv_freq_i = theta^(-2i/head_dim), i < hd/2.
@@ -33,10 +33,5 @@ void ct_rope_inv_freq(double *inv_freq, int64_t head_dim, double theta,
  * head_dim must be even. */
 void ct_rope_table(float *cos_sin, int64_t max_pos, int64_t head_dim, double theta,
                    const ct_rope_scaling *scaling);
-
-/* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is
- * positive, then rounded up to a multiple of multiple_of. Llama 2 7B: (4096, 0, 256) -> 11008;
- * Llama 3 8B: (4096, 1.3, 1024) -> 14336. */
-int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of);
 
 #endif /* CT_ROPE_H */

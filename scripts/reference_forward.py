@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""An independent forward pass of a Hugging Face-layout model, in numpy (float64).
+
+  reference_forward.py MODEL.safetensors --tokens SHARD.bin [--samples N]
+
+Reads MODEL.safetensors and the config.json beside it (what `cooktrain export` writes, or a
+Hugging Face checkpoint of the same architecture), takes the first N samples (default 8) of the
+token shard in file order as `cooktrain eval` does (sample k: tokens [k*T, k*T + T] as inputs and
+shifted targets, T = the config's context length), and prints
+
+  loss X
+
+the mean cross-entropy per token, computed in float64 from the file's values (bf16 tensors
+widened exactly). It shares no code with cooktrain: it follows the architecture as Hugging Face
+defines it, so agreement with `cooktrain eval` checks the export's layout and every op of the
+forward pass at once. Architectures:
+  - GPT-2 (model_type "gpt2"): learned positions, LayerNorm, tanh GELU, tied head; Conv1D
+    weights stored (in, out);
+  - Llama (model_type "llama"): RMSNorm, rotary positions in Hugging Face's half-split form
+    (rotate_half: dims i and i + hd/2 pair up, cos/sin tables cat(freqs, freqs)), grouped-query
+    attention (query head j reads key/value head j // (n_head / n_kv_head)), SwiGLU MLP
+    down(silu(gate(x)) * up(x)), nn.Linear weights stored (out, in), the LM head tied to the
+    embedding unless config.json says otherwise (then lm_head.weight).
+
+Needs python3-numpy (scripts/setup.sh installs it). Exit status 2 with a message on input it
+cannot read.
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def fail(msg, hint):
+    sys.stderr.write("reference_forward: %s\nhint: %s\n" % (msg, hint))
+    sys.exit(2)
+
+
+def load_safetensors(path):
+    """{name: float64 array} of every tensor of a safetensors file (F32 or BF16)."""
+    raw = open(path, "rb").read()
+    if len(raw) < 8:
+        fail("%s is too short for a safetensors file" % path, "pass a file cooktrain export wrote")
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    out = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        if h["dtype"] == "F32":
+            v = np.frombuffer(data[a:b], dtype="<f4").astype(np.float64)
+        elif h["dtype"] == "BF16":  # the top 16 bits of a float32: widening is exact
+            v = (np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            v = v.astype(np.float64)
+        else:
+            fail("%s: tensor %s has dtype %s" % (path, name, h["dtype"]), "F32 and BF16 are read")
+        out[name] = v.reshape(h["shape"])
+    return out
+
+
+def load_samples(path, T, n):
+    """n samples of T + 1 tokens from a cooktrain token shard (core/data/data.h)."""
+    raw = open(path, "rb").read()
+    if raw[:8] != b"CTSHARD1":
+        fail("%s is not a cooktrain token shard" % path, "pass a .bin that cooktrain prepare wrote")
+    width = struct.unpack("<I", raw[16:20])[0]
+    toks = np.frombuffer(raw[64:], dtype="<u2" if width == 2 else "<u4").astype(np.int64)
+    if len(toks) < n * T + 1:
+        fail("%s holds %d tokens, fewer than %d samples of %d" % (path, len(toks), n, T),
+             "use fewer --samples")
+    return np.stack([toks[k * T:k * T + T + 1] for k in range(n)])
+
+
+def layer_norm(x, w, b, eps):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * w + b
+
+
+def causal_attention(q, k, v, n_head):
+    """q, k, v (B, T, C) -> (B, T, C), heads of C / n_head, scale 1/sqrt(head_dim)."""
+    B, T, C = q.shape
+    hd = C // n_head
+    q, k, v = (x.reshape(B, T, n_head, hd).transpose(0, 2, 1, 3) for x in (q, k, v))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_logits(w, cfg, idx):
+    C, H, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    T = idx.shape[1]
+    x = w["wte.weight"][idx] + w["wpe.weight"][:T]
+    for l in range(L):
+        p = "h.%d." % l
+        a = layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+        qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]  # Conv1D: x @ W + b
+        q, k, v = qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+        x = x + causal_attention(q, k, v, H) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        m = layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+        h = gelu_tanh(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
+        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], eps)
+    return x @ w["wte.weight"].T
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def llama_logits(w, cfg, idx):
+    C, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    KV = cfg.get("num_key_value_heads", H)
+    hd, eps = C // H, cfg["rms_norm_eps"]
+    B, T = idx.shape
+    inv_freq = 1.0 / cfg.get("rope_theta", 10000.0) ** (np.arange(0, hd, 2) / hd)
+    freqs = np.arange(T)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos, sin = np.cos(emb), np.sin(emb)  # (T, hd)
+    mask = np.tril(np.ones((T, T), dtype=bool))
+
+    def heads(x, n):
+        return x.reshape(B, T, n, hd).transpose(0, 2, 1, 3)  # (B, n, T, hd)
+
+    x = w["model.embed_tokens.weight"][idx]
+    for l in range(L):
+        p = "model.layers.%d." % l
+        a = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = heads(a @ w[p + "self_attn.q_proj.weight"].T, H)
+        k = heads(a @ w[p + "self_attn.k_proj.weight"].T, KV)
+        v = heads(a @ w[p + "self_attn.v_proj.weight"].T, KV)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
+        s = np.where(mask, q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd), -np.inf)
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        att = (pr @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        x = x + att @ w[p + "self_attn.o_proj.weight"].T
+        m = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = m @ w[p + "mlp.gate_proj.weight"].T
+        u = m @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else w["lm_head.weight"]
+    return x @ head.T
+
+
+def mean_loss(model_path, tokens_path, n_samples):
+    cfg_path = os.path.join(os.path.dirname(model_path) or ".", "config.json")
+    if not os.path.exists(cfg_path):
+        fail("no config.json beside %s" % model_path, "cooktrain export writes one next to the model")
+    cfg = json.load(open(cfg_path))
+    kind = cfg.get("model_type")
+    if kind not in ("gpt2", "llama"):
+        fail("%s: model_type %r" % (cfg_path, kind), "this reference knows gpt2 and llama")
+    w = load_safetensors(model_path)
+    T = cfg["n_positions"] if kind == "gpt2" else cfg["max_position_embeddings"]
+    seq = load_samples(tokens_path, T, n_samples)
+    idx, tgt = seq[:, :-1], seq[:, 1:]
+    logits = (gpt2_logits if kind == "gpt2" else llama_logits)(w, cfg, idx)
+    mx = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - mx).sum(-1)) + mx[..., 0]
+    picked = np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
+    return float((lse - picked).mean())
+
+
+def main(argv):
+    if len(argv) < 2 or "--tokens" not in argv:
+        fail("usage: reference_forward.py MODEL.safetensors --tokens SHARD.bin [--samples N]",
+             "see the top of scripts/reference_forward.py")
+    arg = lambda flag, default: argv[argv.index(flag) + 1] if flag in argv else default
+    print("loss %.9f" % mean_loss(argv[1], arg("--tokens", None), int(arg("--samples", "8"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# model.arch: llama through the real binary (core/README.md, The model):
+#   - the forward pass against an independent one: a checkpoint exported in Hugging Face's Llama
+#     layout (RoPE's q/k row permutation applied by export) gives, in scripts/reference_forward.py
+#     (numpy, float64, HF's half-split rotary convention), the loss `cooktrain eval` prints, to
+#     1e-6 relative — trained at world size 1 and at tp=2 (q, k and v heads and gate/up rows split
+#     over ranks, gathered back by the checkpoint);
+#   - equivalence against world size 1 on configs/test-tiny.yaml made a Llama (grouped-query
+#     attention with 4 key/value heads for 8 query heads, SwiGLU width 192): tp 2 and 4 with and
+#     without sequence parallelism, pp 2 (1F1B and interleaved), dp with ZeRO 1-3, recompute,
+#     combined; memory and traffic against their formulas (test/compare_runs.py --accounting);
+#   - on the emulated CUDA backend: 3 steps against the CPU, and check mode over every op of a step
+#     in fp32 and bf16;
+#   - configs/llama-tiny.yaml trains (its loss falls) and bf16 trains;
+#   - invalid shapes: an odd head_dim, n_kv_head not divisible by tp: exit 2 naming the numbers.
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+base+=(--set model.arch=llama --set model.n_kv_head=4 --set model.multiple_of=32)
+
+# ---- the forward pass against the numpy reference, through export ------------------------------
+# Debian's python3 has numpy (scripts/setup.sh installs python3-numpy); a pyenv python3 may not
+py=python3
+/usr/bin/python3 -c 'import numpy' 2>/dev/null && py=/usr/bin/python3
+for layout in "1|" "2|--set parallel.tp=2"; do
+    IFS='|' read -r np extra <<<"$layout"
+    selected "export np=$np" || continue
+    d=$tmp/export$np
+    # 30 steps at a higher rate and rope_theta 500: attention far enough from uniform, and angles
+    # that turn within the 32 positions, for a wrong rotation or pairing to move the loss
+    launch=("$BIN")
+    [ "$np" != 1 ] && launch=("${MPIRUN[@]}" -np "$np" "$BIN")
+    # shellcheck disable=SC2086
+    expect_exit 0 "llama np=$np $extra: 30 steps with a checkpoint" -- "${launch[@]}" "${base[@]}" $extra \
+        --set model.n_layer=4 --set model.rope_theta=500 --set train.steps=30 --set train.lr=3e-3 \
+        --set checkpoint.dir="$d/ck" || continue
+    expect_exit 0 "llama np=$np: eval on 8 validation samples" -- \
+        "$BIN" eval "$d/ck/step-00000030" --data "$TEST_DATA/val.bin" --samples 8
+    loss=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^eval .* 8 samples of .* loss \([0-9.]*\)$/\1/p')
+    expect_exit 0 "llama np=$np: export" -- "$BIN" export "$d/ck/step-00000030" --out "$d/hf/model.safetensors"
+    expect_text "(fp32) and config.json" "llama np=$np: export says what it wrote"
+    if ref=$($py scripts/reference_forward.py "$d/hf/model.safetensors" --tokens "$TEST_DATA/val.bin" \
+        --samples 8 2>&1) && $py - "${ref#loss }" "${loss:-nan}" <<'PY'; then
+import math, sys
+# cooktrain computes in fp32, the reference in float64: float32 rounding, a few 2^-24 per op
+# averaged over the 256 token losses (~1e-7 relative measured); 1e-6 leaves the margin and fails
+# a wrong rotation, pairing or eps (1e-4 and more)
+ref, ours = float(sys.argv[1]), float(sys.argv[2])
+sys.exit(0 if math.isfinite(ref) and abs(ref - ours) <= 1e-6 * abs(ours) else 1)
+PY
+        ok "llama np=$np: the numpy Llama on the export gives cooktrain eval's loss ($ref vs $loss)"
+    else
+        fail "llama np=$np: the numpy Llama on the export gives $ref, cooktrain eval $loss"
+    fi
+    grep -q '"model_type": "llama"' "$d/hf/config.json" &&
+        grep -q '"num_key_value_heads": 4' "$d/hf/config.json" &&
+        grep -q '"intermediate_size": 192' "$d/hf/config.json" &&
+        ok "llama np=$np: config.json says llama, 4 key/value heads, intermediate_size 192" ||
+        fail "llama np=$np: config.json lacks model_type llama, the kv heads or the MLP width"
+done
+
+# ---- every layout family against world size 1 ---------------------------------------------------
+if reference_run "$tmp"; then
+    # tp pp dp schedule v zero sp recompute micro_batch
+    while read -r tp pp dp sched v zero sp rc micro; do
+        name="llama tp=$tp pp=$pp dp=$dp $sched v=$v zero=$zero sp=$sp recompute=$rc micro_batch=$micro"
+        selected "$name" || continue
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
+            --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.schedule="$sched" \
+            --set parallel.virtual_stages="$v" --set parallel.zero_stage="$zero" \
+            --set parallel.sequence_parallel="$sp" --set train.recompute="$rc" \
+            --set train.micro_batch="$micro" --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            check_against_reference "$name" "$tmp"
+        fi
+    done <<'RUNS'
+2 1 1 1f1b 1 0 false none 2
+2 1 1 1f1b 1 0 true none 4
+4 1 1 1f1b 1 0 true none 2
+1 2 1 1f1b 1 0 false none 2
+1 2 1 interleaved 2 0 false none 2
+1 1 2 1f1b 1 1 false none 2
+1 1 4 1f1b 1 3 false full 2
+2 2 2 1f1b 1 2 true full 2
+RUNS
+fi
+
+# ---- on the emulated CUDA backend -----------------------------------------------------------------
+# 3 steps of a 4-layer Llama against the CPU (compare_runs.py's fp32 tolerance), and check mode: every
+# op of one step, Llama's included, rerun on the CPU and compared (check_ops.c's tolerances).
+EMU=$BUILD/cooktrain-cuemu
+if [ -x "$EMU" ] && selected "emulated"; then
+    d=$tmp/emu
+    mkdir -p "$d"
+    short=(--set train.steps=3 --set train.global_batch=4 --set model.n_layer=4)
+    expect_exit 0 "llama emulated: CPU reference run" -- "$BIN" "${base[@]}" "${short[@]}" \
+        --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" --dump-init-params "$d/init.bin"
+    expect_exit 0 "llama emulated: 3 steps on the emulated CUDA backend" -- "$EMU" "${base[@]}" "${short[@]}" \
+        --backend cuda --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"
+    check_against_reference "llama on the emulated CUDA backend (fp32)" "$d"
+    for prec in fp32 bf16; do
+        expect_exit 0 "llama check mode: every op of a $prec step on the emulated CUDA backend agrees with the CPU" -- \
+            env CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" "${base[@]}" --backend cuda --set train.steps=1 \
+            --set train.warmup_steps=0 --set train.global_batch=2 --set model.n_layer=2 --set train.precision=$prec
+    done
+elif selected "emulated"; then
+    skip "Llama on the emulated device: $EMU not built (needs the CUDA headers)"
+fi
+
+# ---- the tiny config learns; bf16 ---------------------------------------------------------------
+if selected "llama-tiny"; then
+    expect_exit 0 "configs/llama-tiny.yaml: 40 steps" -- "$BIN" train --config configs/llama-tiny.yaml \
+        --set train.threads=2 --set train.steps=40 --set train.warmup_steps=5 --set train.eval_interval=0 \
+        --set log.sample_tokens=0 --set log.interval=40 --set log.metrics="$tmp/tiny.jsonl"
+    if $py - "$tmp/tiny.jsonl" <<'PY'; then
+import json, sys
+loss = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+# from ln(4096) = 8.3 at the start to below the corpus' unigram entropy (6.65 nats) in 40 steps
+sys.exit(0 if loss and loss[-1] < 6.6 else 1)
+PY
+        ok "configs/llama-tiny.yaml: the loss falls below the unigram entropy in 40 steps"
+    else
+        fail "configs/llama-tiny.yaml: the loss did not fall below 6.6 in 40 steps"
+    fi
+    expect_exit 0 "llama in bf16: 4 steps" -- "$BIN" "${base[@]}" --set train.precision=bf16
+    expect_text "precision: bf16" "llama in bf16: the run says so"
+fi
+
+# ---- invalid shapes -------------------------------------------------------------------------------
+expect_exit 2 "llama with an odd head_dim" -- "$BIN" "${base[@]}" --set model.d_model=72 --set model.n_head=8 \
+    --set model.n_kv_head=8
+expect_text "even head_dim" "odd head_dim: the message says why"
+expect_text "d_model=72 / n_head=8 = 9" "odd head_dim: the message quotes the numbers"
+expect_exit 2 "llama with n_kv_head not divisible by tp" -- "$BIN" "${base[@]}" --set model.n_kv_head=2 \
+    --set parallel.tp=4 --print-config
+expect_text "model.n_kv_head=2" "n_kv_head over tp: the message names n_kv_head"
+expect_text "parallel.tp=4" "n_kv_head over tp: the message names tp"

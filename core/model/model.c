@@ -1,6 +1,6 @@
 /*
  * model.c — the model (GPT-2 or Llama): registry, initialisation, forward and backward per chunk.
- * See model.h; Llama's block is llama_layer_forward / _backward.
+ * See model.h; Llama's block is in model_llama.c.
  *
  * Forward of one layer (pre-LayerNorm block), x = residual[l] (B,T,C):
  *     ln1 = LN(x)                          q|k|v = ln1·Wqkvᵀ + b   (column-parallel, one GEMM)
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "model_collectives.h"
+#include "model_layer.h"
 #include "rope.h"
 #include "core/rng.h"
 
@@ -608,7 +609,7 @@ static void unit_end(ct_model *m, int unit, ct_pass pass) {
 }
 
 /* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
-static void poll(ct_model *m) {
+void ct_model_poll(ct_model *m) {
     if (m->hooks.poll) m->hooks.poll(m->hooks.ctx);
 }
 
@@ -618,8 +619,8 @@ static void poll(ct_model *m) {
  * ct_gemm_bias_gelu, or fuses bias and GELU into the GEMM's epilogue). */
 
 /* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
-static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
-                              ct_tensor *db) {
+void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
+                                ct_tensor *db) {
     ct_gemm(dw, dy, x, true, false, 1.0f, 1.0f);
     if (db) ct_bias_grad(db, dy);
 }
@@ -628,7 +629,7 @@ static void linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor
  * that wq, wk, wv and bq, bk, bv form in the unit's range (see build_registry) — the values, or
  * with `grads` the gradients. One GEMM instead of three reads ln1 once and runs at the rate of
  * the larger shape. Free with ct_tensor_free. */
-static void qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor **b) {
+void ct_model_qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor **b) {
     const ct_layer_params *p = &m->layers[l];
     const ct_unit *unit = &m->units[p->wq->unit];
     const ct_tensor *range = grads ? unit->grads : unit->params;
@@ -644,58 +645,11 @@ static void qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor 
     *b = ct_tensor_view_1d(range, p->bq->offset, rows);
 }
 
-/* Llama's gate and up projections as one (2F/tp, C) matrix (they are adjacent in the unit's
- * range, build_registry): one GEMM gives gate|up per row, the layout ct_swiglu_fwd reads. The
- * values, or with `grads` the gradients; free with ct_tensor_free. */
-static ct_tensor *gate_up_weight(ct_model *m, int l, bool grads) {
-    const ct_layer_params *p = &m->layers[l];
-    const ct_unit *unit = &m->units[p->w_gate->unit];
-    CT_ASSERT(p->w_up->offset == p->w_gate->offset + p->w_gate->numel);
-    return ct_tensor_view_2d(grads ? unit->grads : unit->params, p->w_gate->offset,
-                             2 * p->w_gate->local_shape[0], m->C);
-}
-
-/* Heads RoPE rotates in a packed qkv on this rank: its query and key heads. */
-static int64_t rotated_heads(const ct_model *m) {
-    return (m->NH + m->NKV) / m->layout.tp_size;
-}
-
 /* Runs layer l on residual[l], writing its internals into a->layers[l] and its output to
  * `out` (residual[l+1], or a scratch when backward recomputes the internals). */
-/* Llama's block (pre-norm):
- *     ln1 = RMSNorm(x)        q|k|v = ln1·Wqkvᵀ, q and k rotated (RoPE)
- *     att = causal_attention(q, k, v)      mid = x + att·Woᵀ [reduce tp]
- *     ln2 = RMSNorm(mid)      gate|up = ln2·Wguᵀ,  g = silu(gate)·up
- *     out = mid + g·Wdownᵀ [reduce tp] */
-static void llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
-    ct_layer_params *p = &m->layers[l];
-    ct_layer_acts *la = &a->layers[l];
-    ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
-
-    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, NULL);
-    ct_tensor *wqkv, *bqkv;
-    qkv_params(m, l, false, &wqkv, &bqkv);
-    ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 0.0f);
-    ct_tensor_free(wqkv);
-    ct_rope(la->qkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, false);
-    poll(m);
-    ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
-    poll(m);
-    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, x);
-
-    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, NULL);
-    ct_tensor *wgu = gate_up_weight(m, l, false);
-    ct_gemm(la->h, la->ln2, wgu, false, true, 1.0f, 0.0f);
-    ct_tensor_free(wgu);
-    ct_swiglu_fwd(la->g, la->h);
-    poll(m);
-    ct_model_row_parallel_out(m, out, la->g, p->w_down, NULL, la->mid);
-}
-
 static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     if (m->llama) {
-        llama_layer_forward(m, l, a, out);
+        ct_model_llama_layer_forward(m, l, a, out);
         return;
     }
     ct_layer_params *p = &m->layers[l];
@@ -705,18 +659,18 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
 
     ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
-    qkv_params(m, l, false, &wqkv, &bqkv);
+    ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
     ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
     ct_tensor_free(wqkv), ct_tensor_free(bqkv);
-    poll(m);
+    ct_model_poll(m);
     ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
-    poll(m);
+    ct_model_poll(m);
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
     ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
     /* h = ln2·Wupᵀ + b_up, g = GELU(h): fused into the GEMM where the backend can */
     ct_gemm_bias_gelu(la->h, la->g, la->ln2, p->w_up->value, p->b_up->value);
-    poll(m);
+    ct_model_poll(m);
     ct_model_row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
 }
 
@@ -819,8 +773,8 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
 /* Backward of a row-parallel projection into the residual stream, y = x·Wᵀ: dx = dy·W and
  * dW += dyᵀ·x, with dy = ∂L/∂residual over the full sequence (gathered under sequence
  * parallelism). */
-static void row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_param *w,
-                                  const ct_tensor *x, ct_tensor *dx) {
+void ct_model_row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_param *w,
+                                    const ct_tensor *x, ct_tensor *dx) {
     const ct_tensor *dy = ct_model_dres_full(m, s);
     ct_gemm(dx, dy, w->value, false, false, 1.0f, 0.0f);
     ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
@@ -828,9 +782,9 @@ static void row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_para
 
 /* A norm's backward into s->dres (accumulating): LayerNorm with its bias, or Llama's RMSNorm
  * (b NULL). */
-static void norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const ct_param *b,
-                          const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
-                          const ct_tensor *rstd) {
+void ct_model_norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const ct_param *b,
+                            const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
+                            const ct_tensor *rstd) {
     (void)m;
     if (b)
         ct_layernorm_bwd(dres, w->grad, b->grad, dln, x, w->value, mean, rstd);
@@ -838,44 +792,9 @@ static void norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const
         ct_rmsnorm_bwd(dres, w->grad, dln, x, w->value, rstd);
 }
 
-static void llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
-    ct_layer_params *p = &m->layers[l];
-    ct_layer_acts *la = &a->layers[l];
-    ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
-
-    /* MLP: out = mid + g·Wdownᵀ, g = silu(gate)·up, gate|up = ln2·Wguᵀ */
-    row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
-    poll(m);
-    ct_swiglu_bwd(s->dgu, la->h, s->dh);
-    ct_tensor *wgu = gate_up_weight(m, l, false), *dwgu = gate_up_weight(m, l, true);
-    ct_gemm(s->dln, s->dgu, wgu, false, false, 1.0f, 0.0f);
-    ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
-    ct_tensor_free(wgu), ct_tensor_free(dwgu);
-    norm_backward(m, s->dres, p->ln2_w, NULL, dln2, la->mid, NULL, la->ln2_rstd); /* ∂L/∂mid */
-    poll(m);
-
-    /* Attention: mid = x + att·Woᵀ */
-    row_parallel_backward(m, s, p->wo, la->att, s->datt);
-    ct_attention_bwd(s->dqkv, NULL, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
-                     m->NKV / tp);
-    /* the gradient of the rotated q and k, turned back: the rotation's transpose */
-    ct_rope(s->dqkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, true);
-    poll(m);
-    ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
-    qkv_params(m, l, false, &wqkv, &bqkv);
-    qkv_params(m, l, true, &dwqkv, &dbqkv);
-    ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
-    ct_tensor *dln1 = ct_model_dln_reduced(m, s);
-    linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
-    ct_tensor_free(wqkv), ct_tensor_free(dwqkv);
-    norm_backward(m, s->dres, p->ln1_w, NULL, dln1, x, NULL, la->ln1_rstd); /* ∂L/∂x */
-}
-
 static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     if (m->llama) {
-        llama_layer_backward(m, l, a, s);
+        ct_model_llama_layer_backward(m, l, a, s);
         return;
     }
     ct_layer_params *p = &m->layers[l];
@@ -884,29 +803,29 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-    row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
+    ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
     ct_bias_grad(p->b_down->grad, s->dres);
-    poll(m);
+    ct_model_poll(m);
     ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
     ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
+    ct_model_linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
-    poll(m);
+    ct_model_poll(m);
 
     /* Attention: mid = x + att·Woᵀ + bo */
-    row_parallel_backward(m, s, p->wo, la->att, s->datt);
+    ct_model_row_parallel_backward(m, s, p->wo, la->att, s->datt);
     ct_bias_grad(p->bo->grad, s->dres);
     ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
-    qkv_params(m, l, false, &wqkv, &bqkv);
-    qkv_params(m, l, true, &dwqkv, &dbqkv);
+    ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
+    ct_model_qkv_params(m, l, true, &dwqkv, &dbqkv);
     ct_attention_bwd(s->dqkv, dbqkv, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
                      m->NKV / tp); /* and the qkv bias gradient */
-    poll(m);
+    ct_model_poll(m);
     ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
     ct_tensor *dln1 = ct_model_dln_reduced(m, s);
-    linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
+    ct_model_linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
     ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
     ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
                      la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */
@@ -918,8 +837,8 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     ct_tensor *dlnf = ct_model_dln_reduced(m, s);
     ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
-    norm_backward(m, s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
-                  a->lnf_rstd);
+    ct_model_norm_backward(m, s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
+                           a->lnf_rstd);
 }
 
 static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {

@@ -327,6 +327,9 @@ void ct_tensor_rebind(ct_tensor *view, const ct_tensor *parent, int64_t offset);
 void ct_tensor_free(ct_tensor *t);
 
 size_t ct_tensor_bytes(const ct_tensor *t);
+/* "f32[4,256,768]" for assertion messages: a few rotating thread-local buffers, so one message
+ * can quote several tensors (NULL gives "(null)"). */
+const char *ct_tensor_shape_str(const ct_tensor *t);
 int64_t ct_tensor_rows(const ct_tensor *t); /* product of all but the last dim */
 int64_t ct_tensor_cols(const ct_tensor *t); /* last dim */
 

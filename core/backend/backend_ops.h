@@ -13,7 +13,7 @@
  *     the buffers' CPU copies);
  *   - ct_backend_missing_op (backend.c), which the registry asserts on every backend it makes
  *     (a backend whose table lacks a required op is a bug, reported with the op's name).
- * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend.c), its CPU kernel and
+ * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend_ops.c), its CPU kernel and
  * table entry (cpu_kernels.c, backend_cpu.c), its checker (check_ops.c), its CUDA launcher and
  * table entry (cuda/), its test. core/backend/BACKENDS.md walks through it.
  *

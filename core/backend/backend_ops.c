@@ -1,0 +1,631 @@
+/*
+ * backend_ops.c — the ct_* op wrappers of backend.h, one per op of backend_ops.h, and --profile's
+ * timing around them. Every wrapper checks dtypes and shapes with CT_ASSERTF (a mismatch is a bug
+ * in the caller, and the message quotes the shapes involved), then hands raw pointers and sizes
+ * to the backend's slot. Ops that are 2-D treat an N-D tensor as (rows = product of leading dims,
+ * cols = last dim). Nothing here touches tensor memory: that is the slot's job.
+ */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SH(t) ct_tensor_shape_str(t)
+
+/* ---- op wrappers -------------------------------------------------------------------------- */
+
+#define ROWS(t) ct_tensor_rows(t)
+#define COLS(t) ct_tensor_cols(t)
+#define F32(t) ((float *)(t)->data)
+#define DATA(t) ((t)->data)
+#define DT(t) ((t)->dtype)
+#define I32(t) ((const int32_t *)(t)->data)
+#define IFACE(t) ((t)->backend->iface)
+
+/* Op timing for --profile: wall time around the slot. Exact on the CPU backend, whose ops are
+ * synchronous; an asynchronous backend is synced first while profiling. */
+static double prof_begin(const ct_tensor *t) {
+    return t->backend->profiling ? ct_now() : 0.0;
+}
+
+static void prof_record(const ct_tensor *t, ct_prof_category category, double t0, const char *fn) {
+    ct_backend *be = t->backend;
+    if (!be->profiling) return;
+    if (be->iface->sync) be->iface->sync(be->ctx);
+    const double dt = ct_now() - t0;
+    be->prof_seconds[category] += dt;
+    /* by op: __func__ of the wrapper, one static string per function, found by its address */
+    const char *name = strncmp(fn, "ct_", 3) == 0 ? fn + 3 : fn;
+    int i = 0;
+    while (i < be->n_prof_ops && be->prof_ops[i].name != name) i++;
+    if (i == be->n_prof_ops) {
+        if (i == CT_PROF_OPS_MAX) return;
+        be->prof_ops[be->n_prof_ops++] = (struct ct_prof_op){.name = name};
+    }
+    be->prof_ops[i].seconds += dt;
+    be->prof_ops[i].calls++;
+}
+#define prof_end(t, category, t0) prof_record((t), (category), (t0), __func__)
+#define CTX(t) ((t)->backend->ctx)
+
+static void check_f32(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_F32, "%s must be f32, got %s", what, SH(t));
+}
+
+/* An activation or parameter operand: f32 or bf16. */
+static void check_float(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_F32 || t->dtype == CT_DTYPE_BF16,
+               "%s must be f32 or bf16, got %s", what, SH(t));
+}
+
+/* Another activation or parameter operand of the same op: same dtype as `ref`. */
+static void check_like(const ct_tensor *t, const ct_tensor *ref, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == ref->dtype, "%s must be %s like the op's other operands, got %s", what,
+               ct_dtype_name(ref->dtype), SH(t));
+}
+
+static void check_i32(const ct_tensor *t, const char *what) {
+    CT_ASSERTF(t != NULL, "%s is NULL", what);
+    CT_ASSERTF(t->dtype == CT_DTYPE_I32, "%s must be i32, got %s", what, SH(t));
+}
+
+static void check_same_backend(const ct_tensor *a, const ct_tensor *b) {
+    CT_ASSERTF(a->backend == b->backend, "tensors %s and %s live on different backends", SH(a),
+               SH(b));
+}
+
+void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
+             float alpha, float beta) {
+    check_float(A, "gemm A");
+    check_like(B, A, "gemm B");
+    check_float(C, "gemm C");
+    CT_ASSERTF(C->dtype == CT_DTYPE_F32 || A->dtype == CT_DTYPE_BF16,
+               "gemm: a bf16 C needs bf16 A and B, got A %s, C %s", SH(A), SH(C));
+    check_same_backend(C, A);
+    check_same_backend(C, B);
+    int64_t M = ROWS(C), N = COLS(C);
+    int64_t a_rows = ROWS(A), a_cols = COLS(A), b_rows = ROWS(B), b_cols = COLS(B);
+    int64_t K = trans_a ? a_rows : a_cols;
+    CT_ASSERTF((trans_a ? a_cols : a_rows) == M && (trans_b ? b_cols : b_rows) == K &&
+                   (trans_b ? b_rows : b_cols) == N,
+               "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
+               SH(B), trans_b ? "^T" : "");
+    double prof_t0_ = prof_begin(C);
+    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols, beta,
+                   DATA(C), N, DT(A), DT(C));
+    prof_end(C, CT_PROF_GEMM, prof_t0_);
+}
+
+void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const ct_tensor *w,
+                       const ct_tensor *b) {
+    check_float(x, "gemm_bias_gelu x");
+    check_like(w, x, "gemm_bias_gelu w");
+    check_like(b, x, "gemm_bias_gelu b");
+    check_like(pre, x, "gemm_bias_gelu pre");
+    check_like(out, x, "gemm_bias_gelu out");
+    check_same_backend(pre, x);
+    check_same_backend(pre, w);
+    check_same_backend(pre, b);
+    check_same_backend(pre, out);
+    int64_t M = ROWS(pre), N = COLS(pre), K = COLS(x);
+    CT_ASSERTF(ROWS(x) == M && ROWS(w) == N && COLS(w) == K && b->numel == N && ROWS(out) == M &&
+                   COLS(out) == N,
+               "gemm_bias_gelu shapes: pre %s, out %s = GELU(x %s · w %s^T + b %s)", SH(pre),
+               SH(out), SH(x), SH(w), SH(b));
+    if (!IFACE(pre)->gemm_bias_gelu) {
+        ct_bias_init(pre, b, NULL);
+        ct_gemm(pre, x, w, false, true, 1.0f, 1.0f);
+        ct_gelu_fwd(out, pre);
+        return;
+    }
+    double prof_t0_ = prof_begin(pre);
+    IFACE(pre)->gemm_bias_gelu(CTX(pre), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(pre), N,
+                               DATA(out), N, DT(pre));
+    prof_end(pre, CT_PROF_GEMM, prof_t0_);
+}
+
+void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const ct_tensor *b) {
+    check_float(x, "gemm_bias x");
+    check_like(w, x, "gemm_bias w");
+    check_like(b, x, "gemm_bias b");
+    check_like(out, x, "gemm_bias out");
+    check_same_backend(out, x);
+    check_same_backend(out, w);
+    check_same_backend(out, b);
+    int64_t M = ROWS(out), N = COLS(out), K = COLS(x);
+    CT_ASSERTF(ROWS(x) == M && ROWS(w) == N && COLS(w) == K && b->numel == N,
+               "gemm_bias shapes: out %s = x %s · w %s^T + b %s", SH(out), SH(x), SH(w), SH(b));
+    if (!IFACE(out)->gemm_bias_gelu) {
+        ct_bias_init(out, b, NULL);
+        ct_gemm(out, x, w, false, true, 1.0f, 1.0f);
+        return;
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->gemm_bias_gelu(CTX(out), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(out), N,
+                               NULL, N, DT(out));
+    prof_end(out, CT_PROF_GEMM, prof_t0_);
+}
+
+void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
+    check_float(out, "bias_add out");
+    check_like(bias, out, "bias_add bias");
+    check_same_backend(out, bias);
+    CT_ASSERTF(bias->numel == COLS(out), "bias_add: bias %s does not match out %s", SH(bias),
+               SH(out));
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->bias_add(CTX(out), DT(out), DATA(out), DATA(bias), ROWS(out), COLS(out));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residual) {
+    check_float(out, "bias_init out");
+    check_like(bias, out, "bias_init bias");
+    check_same_backend(out, bias);
+    CT_ASSERTF(bias->numel == COLS(out), "bias_init: bias %s does not match out %s", SH(bias),
+               SH(out));
+    if (residual) {
+        check_like(residual, out, "bias_init residual");
+        check_same_backend(out, residual);
+        CT_ASSERTF(residual->numel == out->numel, "bias_init: residual %s does not match out %s",
+                   SH(residual), SH(out));
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->bias_init(CTX(out), DT(out), DATA(out), DATA(bias),
+                          residual ? DATA(residual) : NULL, ROWS(out), COLS(out));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
+    check_f32(dbias, "bias_grad dbias");
+    check_float(dout, "bias_grad dout");
+    check_same_backend(dbias, dout);
+    CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s", SH(dbias),
+               SH(dout));
+    double prof_t0_ = prof_begin(dout);
+    IFACE(dout)->bias_grad(CTX(dout), DT(dout), F32(dbias), DATA(dout), ROWS(dout), COLS(dout));
+    prof_end(dout, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
+    check_float(dst, "axpy dst");
+    check_like(src, dst, "axpy src");
+    check_same_backend(dst, src);
+    CT_ASSERTF(dst->numel == src->numel, "axpy: dst %s and src %s differ in size", SH(dst),
+               SH(src));
+    double prof_t0_ = prof_begin(dst);
+    IFACE(dst)->axpy(CTX(dst), DT(dst), DATA(dst), DATA(src), alpha, dst->numel);
+    prof_end(dst, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_scale(ct_tensor *x, float s) {
+    check_float(x, "scale x");
+    double prof_t0_ = prof_begin(x);
+    IFACE(x)->scale(CTX(x), DT(x), DATA(x), s, x->numel);
+    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
+                      int64_t row_offset) {
+    check_float(out, "embedding_fwd out");
+    check_i32(tokens, "embedding_fwd tokens");
+    check_like(table, out, "embedding_fwd table");
+    check_same_backend(out, tokens);
+    check_same_backend(out, table);
+    CT_ASSERTF(ROWS(out) == tokens->numel && COLS(out) == COLS(table),
+               "embedding_fwd: out %s, tokens %s, table %s (out must be (tokens, table cols))",
+               SH(out), SH(tokens), SH(table));
+    CT_ASSERTF(row_offset >= 0, "embedding_fwd: row_offset %lld < 0", (long long)row_offset);
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->embedding_fwd(CTX(out), DT(out), DATA(out), I32(tokens), DATA(table), ROWS(out),
+                              COLS(out), ROWS(table), row_offset);
+    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
+}
+
+void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
+                      int64_t row_offset) {
+    check_f32(dtable, "embedding_bwd dtable");
+    check_float(dout, "embedding_bwd dout");
+    check_i32(tokens, "embedding_bwd tokens");
+    check_same_backend(dtable, dout);
+    check_same_backend(dtable, tokens);
+    CT_ASSERTF(ROWS(dout) == tokens->numel && COLS(dout) == COLS(dtable),
+               "embedding_bwd: dout %s, tokens %s, dtable %s", SH(dout), SH(tokens), SH(dtable));
+    CT_ASSERTF(row_offset >= 0, "embedding_bwd: row_offset %lld < 0", (long long)row_offset);
+    double prof_t0_ = prof_begin(dout);
+    IFACE(dout)->embedding_bwd(CTX(dout), DT(dout), F32(dtable), DATA(dout), I32(tokens),
+                               ROWS(dout), COLS(dout), ROWS(dtable), row_offset);
+    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
+}
+
+void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset) {
+    check_float(out, "posemb_fwd out");
+    check_like(wpe, out, "posemb_fwd wpe");
+    check_same_backend(out, wpe);
+    int64_t C = COLS(out);
+    CT_ASSERTF(B >= 0 && T >= 0 && out->numel == B * T * C && COLS(wpe) == C,
+               "posemb_fwd: out %s is not (B=%lld, T=%lld, C) or wpe %s has another C", SH(out),
+               (long long)B, (long long)T, SH(wpe));
+    CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(wpe),
+               "posemb_fwd: positions [%lld, %lld) outside wpe %s", (long long)pos_offset,
+               (long long)(pos_offset + T), SH(wpe));
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->posemb_fwd(CTX(out), DT(out), DATA(out), DATA(wpe), B, T, C, pos_offset);
+    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
+}
+
+void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
+                   int64_t pos_offset) {
+    check_f32(dwpe, "posemb_bwd dwpe");
+    check_float(dout, "posemb_bwd dout");
+    check_same_backend(dwpe, dout);
+    int64_t C = COLS(dout);
+    CT_ASSERTF(B >= 0 && T >= 0 && dout->numel == B * T * C && COLS(dwpe) == C,
+               "posemb_bwd: dout %s is not (B=%lld, T=%lld, C) or dwpe %s has another C", SH(dout),
+               (long long)B, (long long)T, SH(dwpe));
+    CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(dwpe),
+               "posemb_bwd: positions [%lld, %lld) outside dwpe %s", (long long)pos_offset,
+               (long long)(pos_offset + T), SH(dwpe));
+    double prof_t0_ = prof_begin(dout);
+    IFACE(dout)->posemb_bwd(CTX(dout), DT(dout), F32(dwpe), DATA(dout), B, T, C, pos_offset);
+    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
+}
+
+void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
+                      const ct_tensor *w, const ct_tensor *b) {
+    check_float(inp, "layernorm_fwd inp");
+    check_like(out, inp, "layernorm_fwd out");
+    check_f32(mean, "layernorm_fwd mean");
+    check_f32(rstd, "layernorm_fwd rstd");
+    check_like(w, inp, "layernorm_fwd w");
+    check_like(b, inp, "layernorm_fwd b");
+    check_same_backend(out, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(out) == N && COLS(out) == C && mean->numel == N && rstd->numel == N &&
+                   w->numel == C && b->numel == C,
+               "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
+               SH(rstd), SH(inp), SH(w), SH(b));
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->layernorm_fwd(CTX(inp), DT(inp), DATA(out), F32(mean), F32(rstd), DATA(inp),
+                              DATA(w), DATA(b), N, C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
+                      const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
+                      const ct_tensor *rstd) {
+    check_float(inp, "layernorm_bwd inp");
+    check_like(dinp, inp, "layernorm_bwd dinp");
+    check_f32(dw, "layernorm_bwd dw");
+    check_f32(db, "layernorm_bwd db");
+    check_like(dout, inp, "layernorm_bwd dout");
+    check_like(w, inp, "layernorm_bwd w");
+    check_f32(mean, "layernorm_bwd mean");
+    check_f32(rstd, "layernorm_bwd rstd");
+    check_same_backend(dinp, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(dinp) == N && COLS(dinp) == C && ROWS(dout) == N && COLS(dout) == C &&
+                   dw->numel == C && db->numel == C && w->numel == C && mean->numel == N &&
+                   rstd->numel == N,
+               "layernorm_bwd: dinp %s, dw %s, db %s, dout %s, inp %s, w %s, mean %s, rstd %s",
+               SH(dinp), SH(dw), SH(db), SH(dout), SH(inp), SH(w), SH(mean), SH(rstd));
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->layernorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), F32(db), DATA(dout),
+                              DATA(inp), DATA(w), F32(mean), F32(rstd), N, C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
+    check_float(inp, "gelu_fwd inp");
+    check_like(out, inp, "gelu_fwd out");
+    check_same_backend(out, inp);
+    CT_ASSERTF(out->numel == inp->numel, "gelu_fwd: out %s, inp %s", SH(out), SH(inp));
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->gelu_fwd(CTX(inp), DT(inp), DATA(out), DATA(inp), inp->numel);
+    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout) {
+    check_float(inp, "gelu_bwd inp");
+    check_like(dinp, inp, "gelu_bwd dinp");
+    check_like(dout, inp, "gelu_bwd dout");
+    check_same_backend(dinp, inp);
+    CT_ASSERTF(dinp->numel == inp->numel && dout->numel == inp->numel,
+               "gelu_bwd: dinp %s, inp %s, dout %s", SH(dinp), SH(inp), SH(dout));
+    int64_t N = inp->numel, C = 1;
+    if (dbias) {
+        check_f32(dbias, "gelu_bwd dbias");
+        check_same_backend(dbias, inp);
+        CT_ASSERTF(dbias->numel == COLS(inp), "gelu_bwd: dbias %s does not match inp %s", SH(dbias),
+                   SH(inp));
+        N = ROWS(inp), C = COLS(inp);
+    }
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->gelu_bwd(CTX(inp), DT(inp), DATA(dinp), dbias ? F32(dbias) : NULL, DATA(inp),
+                         DATA(dout), N, C);
+    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
+                    float eps) {
+    check_float(inp, "rmsnorm_fwd inp");
+    check_like(out, inp, "rmsnorm_fwd out");
+    check_f32(rstd, "rmsnorm_fwd rstd");
+    check_like(w, inp, "rmsnorm_fwd w");
+    check_same_backend(out, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(out) == N && COLS(out) == C && rstd->numel == N && w->numel == C && eps >= 0.0f,
+               "rmsnorm_fwd: out %s, rstd %s, inp %s, w %s, eps %g", SH(out), SH(rstd), SH(inp),
+               SH(w), (double)eps);
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->rmsnorm_fwd(CTX(inp), DT(inp), DATA(out), F32(rstd), DATA(inp), DATA(w), N, C, eps);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const ct_tensor *inp,
+                    const ct_tensor *w, const ct_tensor *rstd) {
+    check_float(inp, "rmsnorm_bwd inp");
+    check_like(dinp, inp, "rmsnorm_bwd dinp");
+    check_f32(dw, "rmsnorm_bwd dw");
+    check_like(dout, inp, "rmsnorm_bwd dout");
+    check_like(w, inp, "rmsnorm_bwd w");
+    check_f32(rstd, "rmsnorm_bwd rstd");
+    check_same_backend(dinp, inp);
+    int64_t N = ROWS(inp), C = COLS(inp);
+    CT_ASSERTF(ROWS(dinp) == N && COLS(dinp) == C && ROWS(dout) == N && COLS(dout) == C &&
+                   dw->numel == C && w->numel == C && rstd->numel == N,
+               "rmsnorm_bwd: dinp %s, dw %s, dout %s, inp %s, w %s, rstd %s", SH(dinp), SH(dw),
+               SH(dout), SH(inp), SH(w), SH(rstd));
+    double prof_t0_ = prof_begin(inp);
+    IFACE(inp)->rmsnorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), DATA(dout), DATA(inp), DATA(w),
+                            F32(rstd), N, C);
+    prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_rope(ct_tensor *x, const ct_tensor *cos_sin, int64_t B, int64_t T, int64_t n_rot_head,
+             int64_t head_dim, int64_t pos_offset, bool inverse) {
+    check_float(x, "rope x");
+    check_f32(cos_sin, "rope cos_sin");
+    check_same_backend(x, cos_sin);
+    CT_ASSERTF(B >= 0 && T >= 0 && ROWS(x) == B * T && n_rot_head >= 0 && head_dim > 0 &&
+                   head_dim % 2 == 0 && n_rot_head * head_dim <= COLS(x),
+               "rope: x %s is not (B=%lld x T=%lld, >= %lld heads x even head_dim %lld)", SH(x),
+               (long long)B, (long long)T, (long long)n_rot_head, (long long)head_dim);
+    CT_ASSERTF(pos_offset >= 0 && (pos_offset + T) * head_dim <= cos_sin->numel,
+               "rope: positions [%lld, %lld) outside the table %s of head_dim %lld",
+               (long long)pos_offset, (long long)(pos_offset + T), SH(cos_sin),
+               (long long)head_dim);
+    double prof_t0_ = prof_begin(x);
+    IFACE(x)->rope(CTX(x), DT(x), DATA(x), F32(cos_sin), B, T, n_rot_head, head_dim, COLS(x),
+                   pos_offset, inverse);
+    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+/* The up half of a (N, 2H) gate_up tensor: H elements into each row. */
+static void *up_half(const ct_tensor *gate_up) {
+    return (char *)DATA(gate_up) + COLS(gate_up) / 2 * (int64_t)ct_dtype_size(DT(gate_up));
+}
+
+void ct_swiglu_fwd(ct_tensor *out, const ct_tensor *gate_up) {
+    check_float(gate_up, "swiglu_fwd gate_up");
+    check_like(out, gate_up, "swiglu_fwd out");
+    check_same_backend(out, gate_up);
+    int64_t N = ROWS(gate_up), H = COLS(gate_up) / 2;
+    CT_ASSERTF(COLS(gate_up) == 2 * H && ROWS(out) == N && COLS(out) == H,
+               "swiglu_fwd: out %s is not (N, H) of gate_up %s (N, 2H)", SH(out), SH(gate_up));
+    double prof_t0_ = prof_begin(gate_up);
+    IFACE(gate_up)->swiglu_fwd(CTX(gate_up), DT(gate_up), DATA(out), DATA(gate_up),
+                               up_half(gate_up), N, H, 2 * H);
+    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_swiglu_bwd(ct_tensor *dgate_up, const ct_tensor *gate_up, const ct_tensor *dout) {
+    check_float(gate_up, "swiglu_bwd gate_up");
+    check_like(dgate_up, gate_up, "swiglu_bwd dgate_up");
+    check_like(dout, gate_up, "swiglu_bwd dout");
+    check_same_backend(dgate_up, gate_up);
+    int64_t N = ROWS(gate_up), H = COLS(gate_up) / 2;
+    CT_ASSERTF(COLS(gate_up) == 2 * H && ROWS(dgate_up) == N && COLS(dgate_up) == 2 * H &&
+                   ROWS(dout) == N && COLS(dout) == H,
+               "swiglu_bwd: dgate_up %s, gate_up %s (N, 2H), dout %s (N, H)", SH(dgate_up),
+               SH(gate_up), SH(dout));
+    double prof_t0_ = prof_begin(gate_up);
+    IFACE(gate_up)->swiglu_bwd(CTX(gate_up), DT(gate_up), DATA(dgate_up), up_half(dgate_up),
+                               DATA(gate_up), up_half(gate_up), DATA(dout), N, H, 2 * H);
+    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+/* Checks attention's shapes — qkv (B, T, (n_head + 2·n_kv_head)·hd), out (B, T, n_head·hd),
+ * lse (B, n_head, T) — and returns head_dim. */
+static int64_t attention_head_dim(const char *op, const ct_tensor *qkv, const ct_tensor *out,
+                                  const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
+                                  int64_t n_kv_head) {
+    CT_ASSERTF(B > 0 && T > 0 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
+               "%s: B=%lld T=%lld n_head=%lld n_kv_head=%lld (n_kv_head must divide n_head)", op,
+               (long long)B, (long long)T, (long long)n_head, (long long)n_kv_head);
+    int64_t cq = COLS(out);
+    CT_ASSERTF(cq > 0 && cq % n_head == 0 && ROWS(out) == B * T,
+               "%s: out %s is not (B=%lld, T=%lld, n_head=%lld x head_dim)", op, SH(out),
+               (long long)B, (long long)T, (long long)n_head);
+    int64_t hd = cq / n_head;
+    CT_ASSERTF(ROWS(qkv) == B * T && COLS(qkv) == (n_head + 2 * n_kv_head) * hd,
+               "%s: qkv %s must be (B=%lld, T=%lld, (n_head + 2 n_kv_head)=%lld x head_dim=%lld)",
+               op, SH(qkv), (long long)B, (long long)T, (long long)(n_head + 2 * n_kv_head),
+               (long long)hd);
+    CT_ASSERTF(lse->numel == B * n_head * T, "%s: lse %s must be (B, n_head, T)", op, SH(lse));
+    return hd;
+}
+
+void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int64_t B, int64_t T,
+                      int64_t n_head, int64_t n_kv_head) {
+    check_float(qkv, "attention_fwd qkv");
+    check_like(out, qkv, "attention_fwd out");
+    check_f32(lse, "attention_fwd lse");
+    check_same_backend(out, qkv);
+    int64_t hd = attention_head_dim("attention_fwd", qkv, out, lse, B, T, n_head, n_kv_head);
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_fwd(CTX(qkv), DT(qkv), DATA(out), F32(lse), DATA(qkv), B, T, n_head,
+                              n_kv_head, hd);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+}
+
+void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
+                      const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse, int64_t B,
+                      int64_t T, int64_t n_head, int64_t n_kv_head) {
+    check_float(qkv, "attention_bwd qkv");
+    check_like(dqkv, qkv, "attention_bwd dqkv");
+    check_like(dout, qkv, "attention_bwd dout");
+    check_like(out, qkv, "attention_bwd out");
+    check_f32(lse, "attention_bwd lse");
+    check_same_backend(dqkv, qkv);
+    int64_t hd = attention_head_dim("attention_bwd", qkv, out, lse, B, T, n_head, n_kv_head);
+    CT_ASSERTF(dqkv->numel == qkv->numel && dout->numel == out->numel,
+               "attention_bwd: dqkv %s must match qkv %s, dout %s must match out %s", SH(dqkv),
+               SH(qkv), SH(dout), SH(out));
+    if (dbias) {
+        check_f32(dbias, "attention_bwd dbias");
+        check_same_backend(dbias, qkv);
+        CT_ASSERTF(dbias->numel == COLS(qkv), "attention_bwd: dbias %s does not match qkv %s",
+                   SH(dbias), SH(qkv));
+    }
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_bwd(CTX(qkv), DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL, DATA(dout),
+                              DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head, hd);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+}
+
+static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_valid) {
+    CT_ASSERTF(n_valid >= 0 && n_valid <= COLS(logits),
+               "%s: n_valid %lld outside [0, %lld] of logits %s", op, (long long)n_valid,
+               (long long)COLS(logits), SH(logits));
+}
+
+void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid) {
+    check_f32(rowmax, "xent_rowmax rowmax");
+    check_float(logits, "xent_rowmax logits");
+    check_same_backend(rowmax, logits);
+    check_xent_cols("xent_rowmax", logits, n_valid);
+    CT_ASSERTF(rowmax->numel == ROWS(logits), "xent_rowmax: rowmax %s vs logits %s", SH(rowmax),
+               SH(logits));
+    double prof_t0_ = prof_begin(logits);
+    IFACE(logits)->xent_rowmax(CTX(logits), DT(logits), F32(rowmax), DATA(logits), ROWS(logits),
+                               COLS(logits), n_valid);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+}
+
+void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logits,
+                    const ct_tensor *targets, const ct_tensor *rowmax, int64_t n_valid,
+                    int64_t col_offset, bool keep_exp) {
+    check_f32(sumexp, "xent_sumexp sumexp");
+    check_f32(target_logit, "xent_sumexp target_logit");
+    check_float(logits, "xent_sumexp logits");
+    check_i32(targets, "xent_sumexp targets");
+    check_f32(rowmax, "xent_sumexp rowmax");
+    check_same_backend(sumexp, logits);
+    check_xent_cols("xent_sumexp", logits, n_valid);
+    int64_t N = ROWS(logits);
+    CT_ASSERTF(sumexp->numel == N && target_logit->numel == N && targets->numel == N &&
+                   rowmax->numel == N,
+               "xent_sumexp: sumexp %s, target_logit %s, targets %s, rowmax %s vs logits %s",
+               SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
+    double prof_t0_ = prof_begin(logits);
+    IFACE(logits)->xent_sumexp(CTX(logits), DT(logits), F32(sumexp), F32(target_logit),
+                               DATA(logits), I32(targets), F32(rowmax), N, COLS(logits), n_valid,
+                               col_offset, keep_exp);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+}
+
+void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
+                    const ct_tensor *rowmax, const ct_tensor *sumexp, const ct_tensor *target_logit,
+                    int64_t n_valid, int64_t col_offset, float dloss, bool write_grad) {
+    check_f32(losses, "xent_finish losses");
+    check_float(logits, "xent_finish logits");
+    check_i32(targets, "xent_finish targets");
+    check_f32(rowmax, "xent_finish rowmax");
+    check_f32(sumexp, "xent_finish sumexp");
+    check_f32(target_logit, "xent_finish target_logit");
+    check_same_backend(losses, logits);
+    check_xent_cols("xent_finish", logits, n_valid);
+    int64_t N = ROWS(logits);
+    CT_ASSERTF(losses->numel == N && targets->numel == N && rowmax->numel == N &&
+                   sumexp->numel == N && target_logit->numel == N,
+               "xent_finish: losses %s, targets %s, rowmax %s, sumexp %s, target_logit %s vs "
+               "logits %s",
+               SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
+    double prof_t0_ = prof_begin(logits);
+    IFACE(logits)->xent_finish(CTX(logits), DT(logits), F32(losses), DATA(logits), I32(targets),
+                               F32(rowmax), F32(sumexp), F32(target_logit), N, COLS(logits),
+                               n_valid, col_offset, dloss, write_grad);
+    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+}
+
+void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
+              const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
+              ct_tensor *param_copy) {
+    check_f32(param, "adamw param");
+    check_f32(grad, "adamw grad");
+    check_f32(m, "adamw m");
+    check_f32(v, "adamw v");
+    check_same_backend(param, grad);
+    check_same_backend(param, m);
+    check_same_backend(param, v);
+    int64_t n = param->numel;
+    CT_ASSERTF(grad->numel == n && m->numel == n && v->numel == n,
+               "adamw: param %s, grad %s, m %s, v %s must have equal length", SH(param), SH(grad),
+               SH(m), SH(v));
+    if (param_copy) {
+        check_float(param_copy, "adamw param_copy");
+        check_same_backend(param, param_copy);
+        CT_ASSERTF(param_copy->numel == n, "adamw: param_copy %s vs param %s", SH(param_copy),
+                   SH(param));
+    }
+    CT_ASSERTF(hp != NULL && hp->step >= 1, "adamw: step must be >= 1 (1-based)");
+    CT_ASSERTF(n_segments >= 0 && (n_segments == 0 || segments != NULL), "adamw: %d segments",
+               n_segments);
+    for (int s = 0; s < n_segments; s++)
+        CT_ASSERTF(segments[s].offset >= 0 && segments[s].count >= 0 &&
+                       segments[s].offset + segments[s].count <= n,
+                   "adamw: segment %d [%lld, +%lld) outside the %lld-element range", s,
+                   (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
+    double prof_t0_ = prof_begin(param);
+    IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments, hp,
+                        param_copy ? DATA(param_copy) : NULL,
+                        param_copy ? DT(param_copy) : CT_DTYPE_F32);
+    prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
+}
+
+void ct_sumsq(ct_tensor *out, int64_t index, ct_tensor *const *xs, int count) {
+    check_f32(out, "sumsq out");
+    CT_ASSERTF(count >= 0 && index >= 0 && index + count <= out->numel,
+               "sumsq: indices [%lld, +%d) outside out %s", (long long)index, count, SH(out));
+    if (count == 0) return;
+    const float **x = ct_xmalloc((size_t)count * sizeof *x);
+    int64_t *n = ct_xmalloc((size_t)count * sizeof *n);
+    for (int i = 0; i < count; i++) {
+        check_f32(xs[i], "sumsq x");
+        check_same_backend(out, xs[i]);
+        x[i] = F32(xs[i]);
+        n[i] = xs[i]->numel;
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->sumsq(CTX(out), F32(out) + index, x, n, count);
+    prof_end(out, CT_PROF_OPTIMIZER, prof_t0_);
+    free(x);
+    free(n);
+}
+
+void ct_cast(ct_tensor *dst, const ct_tensor *src) {
+    CT_ASSERT(dst != NULL && src != NULL);
+    check_same_backend(dst, src);
+    CT_ASSERTF(dst->numel == src->numel, "cast: dst %s and src %s differ in size", SH(dst),
+               SH(src));
+    CT_ASSERTF((dst->dtype == CT_DTYPE_F32 || dst->dtype == CT_DTYPE_BF16) &&
+                   (src->dtype == CT_DTYPE_F32 || src->dtype == CT_DTYPE_BF16),
+               "cast: only f32 <-> bf16, got %s -> %s", SH(src), SH(dst));
+    double prof_t0_ = prof_begin(src);
+    IFACE(src)->cast(CTX(src), dst->data, dst->dtype, src->data, src->dtype, src->numel);
+    prof_end(src, CT_PROF_ELEMENTWISE, prof_t0_);
+}

@@ -502,29 +502,15 @@ static int child_main(const char *name, const char *dtype) {
 
 /* Runs the child with breakage `name` in precision `dt`; returns its exit status (-1: killed by a
  * signal) and its stderr in `err`. */
+static void exec_child(void *arg) {
+    execv("/proc/self/exe", (char **)arg);
+    _exit(127);
+}
+
 static int run_child(const char *name, ct_dtype dt, char *err, size_t cap) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(stdout), fflush(stderr);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        close(fds[0]), close(fds[1]);
-        char *argv[] = {"test_backend_check", "--child", (char *)name,
-                        dt == CT_DTYPE_BF16 ? "bf16" : "f32", NULL};
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t used = 0;
-    ssize_t got;
-    while (used + 1 < cap && (got = read(fds[0], err + used, cap - 1 - used)) > 0)
-        used += (size_t)got;
-    err[used] = '\0';
-    close(fds[0]);
-    int status = 0;
-    assert_true(waitpid(pid, &status, 0) == pid);
+    char *argv[] = {"test_backend_check", "--child", (char *)name,
+                    dt == CT_DTYPE_BF16 ? "bf16" : "f32", NULL};
+    int status = test_run_captured(exec_child, argv, err, cap);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

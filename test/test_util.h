@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/backend/backend.h"
@@ -39,6 +40,33 @@ static inline uint64_t test_rng_next(uint64_t *state) {
 /* Uniform in [lo, hi), from the top 53 bits of a draw. */
 static inline float test_urand(uint64_t *state, float lo, float hi) {
     return lo + (hi - lo) * (float)((double)(test_rng_next(state) >> 11) / 9007199254740992.0);
+}
+
+/* Runs child(arg) in a forked process whose stderr goes into err (cap bytes, NUL-terminated);
+ * returns the child's wait status (waitpid's). child should end the process (_exit or exec);
+ * returning from it exits 0. For tests of what a process prints as it dies. */
+static inline int test_run_captured(void (*child)(void *arg), void *arg, char *err, size_t cap) {
+    int fds[2];
+    if (pipe(fds) != 0) abort();
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) abort();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]), close(fds[1]);
+        child(arg);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t used = 0;
+    ssize_t got;
+    while (used + 1 < cap && (got = read(fds[0], err + used, cap - 1 - used)) > 0)
+        used += (size_t)got;
+    err[used] = '\0';
+    close(fds[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) abort();
+    return status;
 }
 
 /* The ops of a Llama block on backend `be` in precision dt, from inputs of a fixed seed: RMSNorm

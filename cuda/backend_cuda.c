@@ -467,18 +467,12 @@ static ct_backend *create_cuda(int n_threads) {
     return ct_cuda_backend_new(ct_backend_device());
 }
 
-/* Tensor cores multiply bf16 on every device this backend runs on (sm_80 and later). */
-static bool cuda_native_bf16(char *how, size_t cap) {
-    snprintf(how, cap, "a CUDA device");
-    return true;
-}
-
 void ct_cuda_register(void) {
     static const ct_backend_desc desc = {.name = "cuda",
                                          .create = create_cuda,
                                          .usable = ct_cuda_usable,
                                          .accelerator = true,
                                          .device_count = ct_cuda_device_count,
-                                         .native_bf16 = cuda_native_bf16};
+                                         .native_bf16 = ct_cuda_native_bf16};
     ct_backend_register(&desc);
 }

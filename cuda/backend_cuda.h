@@ -11,6 +11,8 @@
 #ifndef CT_CUDA_BACKEND_CUDA_H
 #define CT_CUDA_BACKEND_CUDA_H
 
+#include <stdio.h>
+
 #include "core/backend/backend.h"
 
 /* Adds "cuda" to the backend registry. */
@@ -22,6 +24,14 @@ bool ct_cuda_usable(char *why, size_t cap);
 
 /* How many CUDA devices this process sees; 0 with the reason in why when none is usable. */
 int ct_cuda_device_count(char *why, size_t cap);
+
+/* train.precision=auto (ct_backend_desc.native_bf16): tensor cores multiply bf16 on every
+ * device this backend runs on (sm_80 and later). Inline: the registry entry of the plugin
+ * loader (plugin.c) answers it without loading the library. */
+static inline bool ct_cuda_native_bf16(char *how, size_t cap) {
+    snprintf(how, cap, "a CUDA device");
+    return true;
+}
 
 /* The backend on device `device` (its own compute stream, events and cuBLASLt handle). */
 ct_backend *ct_cuda_backend_new(int device);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/backend/backend.h"
+#include "cuda/backend_cuda.h"
 #include "core/backend/comm.h"
 
 #define CT_CUDA_PLUGIN_NAME "libcooktrain-cuda.so"
@@ -106,18 +107,12 @@ ct_comm *ct_cuda_plugin_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s
     return plugin.nccl_new(boot, be, timeout_s, p2p_channels);
 }
 
-/* Tensor cores multiply bf16 on every device this backend runs on (sm_80 and later). */
-static bool cuda_native_bf16(char *how, size_t cap) {
-    snprintf(how, cap, "a CUDA device");
-    return true;
-}
-
 void ct_cuda_plugin_register(void) {
     static const ct_backend_desc desc = {.name = "cuda",
                                          .create = plugin_create,
                                          .usable = plugin_usable,
                                          .accelerator = true,
                                          .device_count = plugin_device_count,
-                                         .native_bf16 = cuda_native_bf16};
+                                         .native_bf16 = ct_cuda_native_bf16};
     ct_backend_register(&desc);
 }

@@ -332,6 +332,11 @@ size_t ct_tensor_bytes(const ct_tensor *t);
 const char *ct_tensor_shape_str(const ct_tensor *t);
 int64_t ct_tensor_rows(const ct_tensor *t); /* product of all but the last dim */
 int64_t ct_tensor_cols(const ct_tensor *t); /* last dim */
+/* Elements a row-major operand of `rows` rows of `cols`, at row stride ld, spans (0 when empty):
+ * what a slot with a leading dimension may touch. */
+static inline int64_t ct_strided_extent(int64_t rows, int64_t cols, int64_t ld) {
+    return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
+}
 
 void ct_tensor_fill(ct_tensor *t, float value);
 void ct_tensor_zero(ct_tensor *t);

@@ -230,11 +230,6 @@ static void slot_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, cons
     out_done(c, dt, dinp, di, N * C);
 }
 
-/* Elements spanned by `rows` rows of `cols` at row stride ld. */
-static int64_t strided(int64_t rows, int64_t cols, int64_t ld) {
-    return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
-}
-
 /* out_done for `rows` rows of `cols` at row stride ld: only those elements are stored, so the
  * columns between (another operand's, or untouched) keep their bytes. */
 static void out_done_rows(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t rows,
@@ -251,7 +246,7 @@ static void slot_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int
                       bool inverse) {
     cpu_ctx *c = ctx;
     int64_t cols = n_rot_head * head_dim;
-    float *xf = out_f32(c, 0, dt, x, strided(B * T, cols, ld), true); /* in place */
+    float *xf = out_f32(c, 0, dt, x, ct_strided_extent(B * T, cols, ld), true); /* in place */
     ct_cpu_rope(c, xf, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, inverse);
     out_done_rows(c, dt, x, xf, B * T, cols, ld);
 }
@@ -259,7 +254,7 @@ static void slot_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int
 static void slot_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
                             int64_t N, int64_t H, int64_t ld) {
     cpu_ctx *c = ctx;
-    int64_t n = strided(N, H, ld);
+    int64_t n = ct_strided_extent(N, H, ld);
     float *o = out_f32(c, 0, dt, out, N * H, false);
     ct_cpu_swiglu_fwd(c, o, in_f32(c, 1, dt, gate, n), in_f32(c, 2, dt, up, n), N, H, ld);
     out_done(c, dt, out, o, N * H);
@@ -268,7 +263,7 @@ static void slot_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate,
 static void slot_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
                             const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
     cpu_ctx *c = ctx;
-    int64_t n = strided(N, H, ld);
+    int64_t n = ct_strided_extent(N, H, ld);
     float *dg = out_f32(c, 3, dt, dgate, n, false), *du = out_f32(c, 4, dt, dup, n, false);
     ct_cpu_swiglu_bwd(c, dg, du, in_f32(c, 0, dt, gate, n), in_f32(c, 1, dt, up, n),
                       in_f32(c, 2, dt, dout, N * H), N, H, ld);

@@ -33,11 +33,6 @@ void ct_check_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 /* ---- GEMM, bias and vector ops ------------------------------------------------------------------
  */
 
-/* Elements a row-major operand of `rows` rows, row stride ld, spans (cols per row). */
-static int64_t strided_extent(int64_t rows, int64_t cols, int64_t ld) {
-    return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
-}
-
 /* C = alpha·op(A)·op(B) + beta·C, a reduction of K products per element: red_tol(K) relative to
  * |alpha|·Σ|a||b| + |beta||c| (the CPU run on absolute values), plus two roundings (alpha, the
  * beta·C add) per side: ULPS·U. bf16 A and B: products of bf16 values are exact in fp32. */
@@ -46,14 +41,14 @@ void ct_check_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                    void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     check_ctx *k = ctx;
     enum { MAT_A, MAT_B, MAT_C };
-    int64_t nA = trans_a ? strided_extent(K, M, lda) : strided_extent(M, K, lda);
-    int64_t nB = trans_b ? strided_extent(N, K, ldb) : strided_extent(K, N, ldb);
-    op_check o = {
-        .op = "gemm",
-        .n_args = 3,
-        .arg = {{"A", A, nA, ab_dtype, ARG_IN},
-                {"B", B, nB, ab_dtype, ARG_IN},
-                {"C", C, strided_extent(M, N, ldc), c_dtype, beta == 0.0f ? ARG_OUT : ARG_INOUT}}};
+    int64_t nA = trans_a ? ct_strided_extent(K, M, lda) : ct_strided_extent(M, K, lda);
+    int64_t nB = trans_b ? ct_strided_extent(N, K, ldb) : ct_strided_extent(K, N, ldb);
+    op_check o = {.op = "gemm",
+                  .n_args = 3,
+                  .arg = {{"A", A, nA, ab_dtype, ARG_IN},
+                          {"B", B, nB, ab_dtype, ARG_IN},
+                          {"C", C, ct_strided_extent(M, N, ldc), c_dtype,
+                           beta == 0.0f ? ARG_OUT : ARG_INOUT}}};
     SHAPE(&o,
           "trans_a=%d trans_b=%d M=%lld N=%lld K=%lld alpha=%.9g lda=%lld ldb=%lld beta=%.9g "
           "ldc=%lld ab_dtype=%s c_dtype=%s",
@@ -518,7 +513,7 @@ void ct_check_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_
     int64_t rows = B * T, cols = n_rot_head * head_dim;
     op_check o = {.op = "rope",
                   .n_args = 2,
-                  .arg = {{"x", x, strided_extent(rows, cols, ld), dt, ARG_INOUT},
+                  .arg = {{"x", x, ct_strided_extent(rows, cols, ld), dt, ARG_INOUT},
                           {"cos_sin", cos_sin, (pos_offset + T) * head_dim, CT_DTYPE_F32, ARG_IN}}};
     SHAPE(&o, "dt=%s B=%lld T=%lld n_rot_head=%lld head_dim=%lld ld=%lld pos_offset=%lld %s",
           ct_dtype_name(dt), LL(B), LL(T), LL(n_rot_head), LL(head_dim), LL(ld), LL(pos_offset),
@@ -569,7 +564,7 @@ void ct_check_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, co
                          int64_t N, int64_t H, int64_t ld) {
     check_ctx *k = ctx;
     enum { OUT, GATE, UP };
-    int64_t n = strided_extent(N, H, ld);
+    int64_t n = ct_strided_extent(N, H, ld);
     op_check o = {.op = "swiglu_fwd",
                   .n_args = 3,
                   .arg = {{"out", out, N * H, dt, ARG_OUT},
@@ -579,9 +574,9 @@ void ct_check_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, co
     run_swiglu_fwd(k, &o, dt, out, gate, up, N, H, ld);
     for (int64_t i = 0; i < N; i++)
         for (int64_t j = 0; j < H; j++) {
-            double a = o.arg[GATE].x[i * ld + j], u = o.arg[UP].x[i * ld + j], s = sigmoid_d(a);
+            double a = o.arg[GATE].x[i * ld + j], u = o.arg[UP].x[i * ld + j];
             o.arg[OUT].tol[i * H + j] = (float)(8.0 * U * fabs(o.arg[OUT].want[i * H + j]) +
-                                                fabs(a * u) * s * (1.0 - s) * EXP_REL(a));
+                                                fabs(a * u) * sigmoid_slope(a) * EXP_REL(a));
         }
     ct_check_op_end(k, &o);
 }
@@ -590,7 +585,7 @@ void ct_check_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const v
                          const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
     check_ctx *k = ctx;
     enum { DGATE, DUP, GATE, UP, DOUT };
-    int64_t n = strided_extent(N, H, ld);
+    int64_t n = ct_strided_extent(N, H, ld);
     op_check o = {.op = "swiglu_bwd",
                   .n_args = 5,
                   .arg = {{"dgate", dgate, n, dt, ARG_OUT},
@@ -605,7 +600,7 @@ void ct_check_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const v
         for (int64_t j = 0; j < H; j++) {
             int64_t e = i * ld + j;
             double a = o.arg[GATE].x[e], u = o.arg[UP].x[e], d = o.arg[DOUT].x[i * H + j];
-            double s = sigmoid_d(a), ds = s * (1.0 - s) * EXP_REL(a);
+            double s = sigmoid_d(a), ds = sigmoid_slope(a) * EXP_REL(a);
             double f = s * (1.0 + a * (1.0 - s));
             double tol_up = 8.0 * U * fabs(d * a * s) + fabs(d * a) * ds;
             double tol_gate = 8.0 * U * fabs(d * u * f) +

@@ -782,10 +782,9 @@ void ct_model_row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_pa
 
 /* A norm's backward into s->dres (accumulating): LayerNorm with its bias, or Llama's RMSNorm
  * (b NULL). */
-void ct_model_norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const ct_param *b,
+void ct_model_norm_backward(ct_tensor *dres, const ct_param *w, const ct_param *b,
                             const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
                             const ct_tensor *rstd) {
-    (void)m;
     if (b)
         ct_layernorm_bwd(dres, w->grad, b->grad, dln, x, w->value, mean, rstd);
     else
@@ -837,7 +836,7 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     ct_tensor *dlnf = ct_model_dln_reduced(m, s);
     ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
-    ct_model_norm_backward(m, s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
+    ct_model_norm_backward(s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
                            a->lnf_rstd);
 }
 

@@ -203,6 +203,7 @@ typedef struct ct_model {
 
 /* Activations of one microbatch on this rank's chunks. */
 typedef struct ct_layer_acts {
+    /* llama (RMSNorm): the *_mean statistics are NULL */
     ct_tensor *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B·Tl), (B·Tl): with sequence
                                              parallelism ln1 is the gathered full sequence */
     ct_tensor *qkv;                       /* (B,T,(NH + 2·NKV)·hd): q | k | v heads per row */

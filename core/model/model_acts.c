@@ -40,14 +40,14 @@ static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
     int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
     la->ln1 = carve(cv, 3, B, T, C);
-    la->ln1_mean = carve_stat(cv, 1, Nl, 0, 0);
+    la->ln1_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0); /* RMSNorm keeps no mean */
     la->ln1_rstd = carve_stat(cv, 1, Nl, 0, 0);
     la->qkv = carve(cv, 3, B, T, qdim + 2 * kvdim);
     la->att = carve(cv, 3, B, T, qdim);
     la->lse = carve_stat(cv, 3, B, m->NH / tp, T);
     la->mid = carve(cv, 3, B, m->Tl, C);
     la->ln2 = carve(cv, 3, B, T, C);
-    la->ln2_mean = carve_stat(cv, 1, Nl, 0, 0);
+    la->ln2_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0);
     la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
     la->h = carve(cv, 3, B, T, m->llama ? 2 * F : F); /* llama: gate|up */
     la->g = carve(cv, 3, B, T, F);
@@ -84,7 +84,7 @@ static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
         }
         if (m->layout.chunks[c].has_head) {
             a->lnf = carve(cv, 3, B, m->T, C);
-            a->lnf_mean = carve_stat(cv, 1, Nl, 0, 0);
+            a->lnf_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0);
             a->lnf_rstd = carve_stat(cv, 1, Nl, 0, 0);
             a->logits = carve(cv, 2, N, vloc, 0);
             a->rowmax = carve_stat(cv, 1, N, 0, 0);

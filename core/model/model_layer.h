@@ -22,7 +22,7 @@ void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tens
 void ct_model_row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_param *w,
                                     const ct_tensor *x, ct_tensor *dx);
 /* A norm's backward into dres (accumulating): LayerNorm with its bias b, or RMSNorm (b NULL). */
-void ct_model_norm_backward(ct_model *m, ct_tensor *dres, const ct_param *w, const ct_param *b,
+void ct_model_norm_backward(ct_tensor *dres, const ct_param *w, const ct_param *b,
                             const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
                             const ct_tensor *rstd);
 

@@ -69,7 +69,7 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
     ct_tensor *dln2 = ct_model_dln_reduced(m, s);
     ct_model_linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
     ct_tensor_free(wgu), ct_tensor_free(dwgu);
-    ct_model_norm_backward(m, s->dres, p->ln2_w, NULL, dln2, la->mid, NULL,
+    ct_model_norm_backward(s->dres, p->ln2_w, NULL, dln2, la->mid, NULL,
                            la->ln2_rstd); /* ∂L/∂mid */
     ct_model_poll(m);
 
@@ -87,5 +87,5 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
     ct_tensor *dln1 = ct_model_dln_reduced(m, s);
     ct_model_linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
     ct_tensor_free(wqkv), ct_tensor_free(dwqkv);
-    ct_model_norm_backward(m, s->dres, p->ln1_w, NULL, dln1, x, NULL, la->ln1_rstd); /* ∂L/∂x */
+    ct_model_norm_backward(s->dres, p->ln1_w, NULL, dln1, x, NULL, la->ln1_rstd); /* ∂L/∂x */
 }

@@ -6,7 +6,7 @@
  *
  *   cooktrain train --config FILE [--set section.key=value]... [--backend cpu] [--print-config]
  *   mpirun -np N cooktrain train ...     (data parallel over N ranks)
- *   cooktrain plan | prepare | inspect | sample | eval | export ...
+ *   cooktrain plan | prepare | inspect | sample | eval | export | import ...
  *   cooktrain --help, cooktrain COMMAND --help, cooktrain --version
  *
  * The commands, their one-line summaries and their --help texts are the table `commands` below:
@@ -23,6 +23,7 @@
 #include "core/io/checkpoint.h"
 #include "core/config/config.h"
 #include "core/io/export.h"
+#include "core/io/hf.h"
 #include "core/model/gemm_bench.h"
 #include "core/model/model.h"
 #include "core/data/prepare.h"
@@ -168,11 +169,21 @@ static const char eval_help[] =
 
 static const char export_help[] =
     "usage: cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
-    "a checkpoint as one safetensors file with Hugging Face GPT-2 names, and its config.json\n"
-    "beside it.\n"
+    "a checkpoint as one safetensors file with Hugging Face GPT-2 or Llama names, and its\n"
+    "config.json beside it.\n"
     "\n"
     "  --out FILE             the safetensors file to write\n"
     "  --dtype fp32|bf16      the stored dtype (default fp32)\n";
+
+static const char import_help[] =
+    "usage: cooktrain import SRC --out ROOT [--seq-len N]\n"
+    "a Hugging Face GPT-2 or Llama model (a directory with config.json and model.safetensors or\n"
+    "model.safetensors.index.json, or a .safetensors file with config.json beside it) as a\n"
+    "cooktrain checkpoint, ROOT/step-00000000, that any layout loads (model.init_from: ROOT,\n"
+    "eval, sample, export); prints the model keys a run of it needs.\n"
+    "\n"
+    "  --out ROOT             the checkpoint directory to make (must hold no checkpoint yet)\n"
+    "  --seq-len N            the checkpoint's model.seq_len (default: config.json's positions)\n";
 
 /* Every rank ends with the same code; only rank 0 prints the (agreed) message. */
 static int exit_code(ct_status st) {
@@ -420,7 +431,9 @@ static ct_status cmd_inspect(int argc, char **argv) {
     if (st != CT_OK) return st;
     if (a.help) return print_help(inspect_help);
     if (!dir) return ct_args_error(&a, "needs a checkpoint directory");
-    return ct_ckpt_inspect(dir, stdout);
+    char step_dir[CT_PATH_MAX + 32];
+    ct_ckpt_resolve(dir, step_dir, sizeof step_dir);
+    return ct_ckpt_inspect(step_dir, stdout);
 }
 
 /* `cooktrain sample DIR`: the options of parallel/generate.h. */
@@ -452,6 +465,9 @@ static ct_status cmd_sample(int argc, char **argv) {
     if (a.help) return print_help(sample_help);
     if (!o.dir) return ct_args_error(&a, "needs a checkpoint directory");
     o.tokens = tokens, o.sample.top_k = top_k, o.seed = (uint64_t)seed;
+    char step_dir[CT_PATH_MAX + 32];
+    ct_ckpt_resolve(o.dir, step_dir, sizeof step_dir);
+    o.dir = step_dir;
     return ct_generate_run(&o);
 }
 
@@ -476,7 +492,9 @@ static ct_status cmd_eval(int argc, char **argv) {
     if (a.help) return print_help(eval_help);
     if (!dir) return ct_args_error(&a, "needs a checkpoint directory");
     if (!data) return ct_args_error(&a, "needs the token shards to score: --data FILE|GLOB");
-    return ct_eval_run(dir, data, samples);
+    char step_dir[CT_PATH_MAX + 32];
+    ct_ckpt_resolve(dir, step_dir, sizeof step_dir);
+    return ct_eval_run(step_dir, data, samples);
 }
 
 /* `cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]` (core/io/export.h). */
@@ -501,9 +519,34 @@ static ct_status cmd_export(int argc, char **argv) {
     if (strcmp(dtype_name, "fp32") && strcmp(dtype_name, "bf16"))
         return ct_args_error(&a, "--dtype '%s' is not fp32 or bf16", dtype_name);
     if (!dir || !out) return ct_args_error(&a, "needs a checkpoint directory and --out FILE");
-    CT_TRY(ct_export_safetensors(dir, out, dtype));
+    char step_dir[CT_PATH_MAX + 32];
+    ct_ckpt_resolve(dir, step_dir, sizeof step_dir);
+    CT_TRY(ct_export_safetensors(step_dir, out, dtype));
     printf("exported %s to %s (%s) and config.json beside it\n", dir, out, dtype_name);
     return CT_OK;
+}
+
+/* `cooktrain import SRC --out ROOT [--seq-len N]` (core/io/hf.h). */
+static ct_status cmd_import(int argc, char **argv) {
+    const char *src = NULL, *out = NULL;
+    int64_t seq_len = 0;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "import", import_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (a.positional && !src)
+            src = a.arg;
+        else if (ct_args_is(&a, "--out"))
+            st = ct_args_string(&a, &out);
+        else if (ct_args_is(&a, "--seq-len"))
+            st = ct_args_int(&a, 1, 1048576, &seq_len);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(import_help);
+    if (!src || !out) return ct_args_error(&a, "needs a Hugging Face model and --out ROOT");
+    return ct_hf_import(src, out, seq_len, stdout);
 }
 
 /* ---- the command table, --help and --version ------------------------------------------------- */
@@ -540,9 +583,13 @@ static const command commands[] = {
      .help = eval_help,
      .run = cmd_eval},
     {.name = "export",
-     .summary = "a checkpoint as safetensors with Hugging Face GPT-2 names",
+     .summary = "a checkpoint as safetensors with Hugging Face GPT-2 or Llama names",
      .help = export_help,
      .run = cmd_export},
+    {.name = "import",
+     .summary = "a Hugging Face GPT-2 or Llama model as a checkpoint",
+     .help = import_help,
+     .run = cmd_import},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -9,6 +9,7 @@
 #include <zlib.h>
 #include <string.h>
 
+#include "core/io/hf.h"
 #include "core/model/optim.h"
 
 /* The box of the global tensor that this rank's slice of p covers ((n, 1) for 1-D tensors). */
@@ -418,13 +419,14 @@ static ct_status bad_state(const char *path, const char *field, int64_t value, c
 /* The train state's own consistency, and its step against this run, before anything uses it as
  * a count or an index (a checksum only proves the bytes are the writer's, not that the writer
  * was honest). */
-static ct_status check_state(const char *path, const ct_ckpt_state *s, const ct_config *cfg) {
+static ct_status check_state(const char *path, const ct_ckpt_state *s, const ct_config *cfg,
+                             bool resume) {
     char want[160];
     int64_t samples = 0, tokens = 0, world = 0;
     if (s->format_version != 1)
         return bad_state(path, "format_version", s->format_version, "not 1");
     if (s->step < 0) return bad_state(path, "step", s->step, "negative");
-    if (s->step > cfg->train.steps) {
+    if (resume && s->step > cfg->train.steps) {
         ct_error(CT_ERR_INPUT, "checkpoint '%s' is at step %lld, past this run's train.steps=%lld",
                  path, (long long)s->step, (long long)cfg->train.steps);
         ct_hint("raise train.steps to continue it (--set train.steps=N), or start over with "
@@ -457,8 +459,11 @@ static ct_status check_state(const char *path, const ct_ckpt_state *s, const ct_
     return CT_OK;
 }
 
-static ct_status check_compatible(const char *path, const ct_ckpt_state *s, const ct_config *cfg) {
-    CT_TRY(check_state(path, s, cfg));
+/* resume: also the seed and global batch (the data order), and step <= train.steps; otherwise
+ * (model.init_from) the model and the tokenizer only. */
+static ct_status check_compatible(const char *path, const ct_ckpt_state *s, const ct_config *cfg,
+                                  bool resume) {
+    CT_TRY(check_state(path, s, cfg, resume));
     const ct_ckpt_state mine = run_state(cfg, &(ct_pctx){0}, 0, 0);
     if (s->tokenizer_crc && mine.tokenizer_crc && s->tokenizer_crc != mine.tokenizer_crc) {
         ct_error(CT_ERR_INPUT,
@@ -486,28 +491,77 @@ static ct_status check_compatible(const char *path, const ct_ckpt_state *s, cons
         {"train.seed", offsetof(ct_ckpt_state, seed)},
         {"train.global_batch", offsetof(ct_ckpt_state, global_batch)},
     };
-    for (size_t i = 0; i < CT_ARRAY_LEN(fields); i++) {
+    const size_t n_fields = CT_ARRAY_LEN(fields) - (resume ? 0 : 2); /* the last two: the data */
+    for (size_t i = 0; i < n_fields; i++) {
         int64_t theirs = *(const int64_t *)((const char *)s + fields[i].offset);
         int64_t ours = *(const int64_t *)((const char *)&mine + fields[i].offset);
         if (theirs == ours) continue;
         ct_error(CT_ERR_INPUT, "checkpoint '%s' was written with %s=%lld, this run has %lld", path,
                  fields[i].key, (long long)theirs, (long long)ours);
-        ct_hint("a checkpoint resumes the same model, seed and global batch (the layout may "
-                "change); set %s: %lld, or checkpoint.resume: never",
-                fields[i].key, (long long)theirs);
+        if (resume)
+            ct_hint("a checkpoint resumes the same model, seed and global batch (the layout may "
+                    "change); set %s: %lld, or checkpoint.resume: never",
+                    fields[i].key, (long long)theirs);
+        else
+            ct_hint("model.init_from loads weights into the same model (the layout may change); "
+                    "set %s: %lld",
+                    fields[i].key, (long long)theirs);
         return CT_ERR_INPUT;
     }
     return CT_OK;
 }
 
+/* Where a load reads: a checkpoint (every kind), or, for model.init_from, a checkpoint's or a
+ * Hugging Face model's weights with AdamW's moments zero. */
 typedef struct loader {
     const char *path;
-    const ct_ckpt_manifest *manifest;
+    const ct_ckpt_manifest *manifest; /* a checkpoint, or NULL */
+    const ct_hf_model *hf;            /* a Hugging Face model, or NULL */
+    bool weights_only;
     ct_dp *dp;
     float *host;
     int64_t host_cap;
+    float *global; /* hf: the global tensor last read, named global_name */
+    char global_name[CT_CKPT_NAME];
+    int64_t global_cap;
     int64_t loaded; /* values read into this rank's state */
 } loader;
+
+/* A checkpoint at optimizer step 0 may leave out AdamW's moments (`cooktrain import` does):
+ * they are zero. */
+static bool has_kind(const ct_ckpt_manifest *m, const char *name, int kind) {
+    for (int64_t i = 0; i < m->n_pieces; i++)
+        if (m->pieces[i].box.kind == kind && !strcmp(m->pieces[i].box.name, name)) return true;
+    return false;
+}
+
+static ct_status read_box(loader *l, const ct_ckpt_box *want, float *out) {
+    const int64_t n = want->hi - want->lo;
+    if ((l->weights_only && want->kind != CT_CKPT_WEIGHT) ||
+        (l->manifest && want->kind != CT_CKPT_WEIGHT && l->manifest->state.optimizer_step == 0 &&
+         !has_kind(l->manifest, want->name, want->kind))) {
+        memset(out, 0, (size_t)n * sizeof(float));
+        return CT_OK;
+    }
+    if (l->manifest) return ct_ckpt_read_box(l->path, l->manifest, want, out);
+    /* a Hugging Face model: the whole global tensor, then the box's range of it */
+    if (strcmp(l->global_name, want->name)) {
+        int64_t numel = want->rows * want->cols;
+        if (numel > l->global_cap) {
+            free(l->global);
+            l->global = ct_xmalloc((size_t)numel * sizeof(float));
+            l->global_cap = numel;
+        }
+        l->global_name[0] = '\0';
+        CT_TRY(ct_hf_read(l->hf, want->name, want->rows, want->cols, l->global));
+        snprintf(l->global_name, sizeof l->global_name, "%s", want->name);
+    }
+    const int64_t width = want->col1 - want->col0;
+    for (int64_t e = want->lo; e < want->hi; e++)
+        out[e - want->lo] =
+            l->global[(want->row0 + e / width) * want->cols + want->col0 + e % width];
+    return CT_OK;
+}
 
 static ct_status load_run(void *ctx, const state_run *run) {
     loader *l = ctx;
@@ -527,7 +581,7 @@ static ct_status load_run(void *ctx, const state_run *run) {
         want.kind = k;
         want.lo = run->a;
         want.hi = run->b;
-        st = ct_ckpt_read_box(l->path, l->manifest, &want, l->host);
+        st = read_box(l, &want, l->host);
         if (st != CT_OK) break;
         ct_tensor *v = ct_tensor_view_1d(state[k], run->at, len);
         ct_tensor_from_host(v, l->host); /* the optimizer state is fp32 */
@@ -537,27 +591,74 @@ static ct_status load_run(void *ctx, const state_run *run) {
     return st;
 }
 
+/* Every run of this rank's state through l; agreed over the world. */
+static ct_status load_all(loader *l, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                          ct_ckpt_load_stats *stats) {
+    l->dp = dp;
+    ct_status st = ct_pctx_agree(pctx, for_each_run(model, dp, pctx, false, load_run, l));
+    free(l->host);
+    free(l->global);
+    if (stats) {
+        stats->state_bytes = (double)l->loaded * sizeof(float);
+        stats->buffer_bytes = (double)(l->host_cap + l->global_cap) * sizeof(float) +
+                              (l->manifest ? CT_CKPT_READ_BUFFER_BYTES : 0);
+    }
+    return st;
+}
+
 ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
                        ct_pctx *pctx, ct_ckpt_state *state, ct_ckpt_load_stats *stats) {
     ct_ckpt_manifest m;
     ct_status st = ct_ckpt_open(path, &m);
-    if (st == CT_OK) st = check_compatible(path, &m.state, cfg);
+    if (st == CT_OK) st = check_compatible(path, &m.state, cfg, true);
     st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) {
         ct_ckpt_manifest_release(&m);
         return st;
     }
-    loader l = {.path = path, .manifest = &m, .dp = dp};
-    st = ct_pctx_agree(pctx, for_each_run(model, dp, pctx, false, load_run, &l));
-    free(l.host);
-    if (stats) {
-        stats->state_bytes = (double)l.loaded * sizeof(float);
-        stats->buffer_bytes = (double)l.host_cap * sizeof(float) + CT_CKPT_READ_BUFFER_BYTES;
-    }
+    loader l = {.path = path, .manifest = &m};
+    st = load_all(&l, model, dp, pctx, stats);
     if (st == CT_OK) {
         *state = m.state;
         ct_dp_load_done(dp, m.state.optimizer_step);
     }
     ct_ckpt_manifest_release(&m);
+    return st;
+}
+
+ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                            ct_pctx *pctx, ct_ckpt_init_info *info, ct_ckpt_load_stats *stats) {
+    char dir[CT_PATH_MAX + 32];
+    ct_ckpt_resolve(path, dir, sizeof dir);
+    const bool hf = ct_hf_is_model(dir);
+    ct_ckpt_manifest m;
+    ct_hf_model h;
+    memset(&m, 0, sizeof m);
+    memset(&h, 0, sizeof h);
+    ct_status st;
+    if (hf) {
+        st = ct_hf_open(dir, &h);
+        if (st == CT_OK) st = ct_hf_check_config(&h, cfg);
+    } else {
+        st = ct_ckpt_open(dir, &m);
+        if (st == CT_OK) st = check_compatible(dir, &m.state, cfg, false);
+    }
+    st = ct_pctx_agree(pctx, st);
+    if (st == CT_OK) {
+        loader l = {
+            .path = dir, .manifest = hf ? NULL : &m, .hf = hf ? &h : NULL, .weights_only = true};
+        st = load_all(&l, model, dp, pctx, stats);
+    }
+    if (st == CT_OK) {
+        ct_dp_load_done(dp, 0);
+        info->hf = hf;
+        info->arch = hf ? h.config.arch : (ct_arch)m.state.arch;
+        info->step = hf ? 0 : m.state.step;
+        snprintf(info->dir, sizeof info->dir, "%s", dir);
+    }
+    if (hf)
+        ct_hf_close(&h);
+    else
+        ct_ckpt_manifest_release(&m);
     return st;
 }

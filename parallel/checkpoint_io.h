@@ -76,4 +76,22 @@ typedef struct ct_ckpt_load_stats {
 ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
                        ct_pctx *pctx, ct_ckpt_state *state, ct_ckpt_load_stats *stats);
 
+/*
+ * model.init_from: this layout's weights from `path` — a checkpoint directory of any layout (or
+ * a checkpoint.dir root: its latest), or a Hugging Face model (core/io/hf.h) — with AdamW's
+ * moments zero and its step 0, as a fresh run. A checkpoint must hold the same model and
+ * tokenizer (not the same seed or batch); a Hugging Face model's config.json must describe the
+ * run's model keys (ct_hf_check_config). Each rank reads what its slice needs; from a Hugging
+ * Face model a whole tensor at a time (stats->buffer_bytes says how much). Collective; every
+ * rank returns the same status.
+ */
+typedef struct ct_ckpt_init_info {
+    bool hf;                    /* a Hugging Face model (else a checkpoint) */
+    ct_arch arch;               /* its model family */
+    int64_t step;               /* the checkpoint's step (0 for a Hugging Face model) */
+    char dir[CT_PATH_MAX + 32]; /* what was read (a root resolved to its latest) */
+} ct_ckpt_init_info;
+ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                            ct_pctx *pctx, ct_ckpt_init_info *info, ct_ckpt_load_stats *stats);
+
 #endif /* CT_PARALLEL_CHECKPOINT_IO_H */

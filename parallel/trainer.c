@@ -461,6 +461,27 @@ static ct_status maybe_evaluate(trainer *t, int64_t step) {
     return CT_OK;
 }
 
+/* model.init_from, when no checkpoint was resumed: the weights to start from. */
+static ct_status init_from(trainer *t) {
+    ct_ckpt_init_info info;
+    ct_ckpt_load_stats stats;
+    double start = ct_now();
+    CT_TRY(ct_ckpt_init_from(t->cfg->model.init_from, t->cfg, t->model, t->dp, t->pctx, &info,
+                             &stats));
+    if (t->rank0) {
+        if (info.hf)
+            printf("init: weights from the Hugging Face %s model %s",
+                   info.arch == CT_ARCH_LLAMA ? "llama" : "gpt2", info.dir);
+        else
+            printf("init: weights from checkpoint %s (step %lld)", info.dir, (long long)info.step);
+        printf(", optimizer fresh at step 0; loaded in %.2f s; rank 0 read %.1f MiB of weights "
+               "holding at most %.1f MiB of host buffers\n",
+               ct_now() - start, stats.state_bytes / 3 / 1048576.0, stats.buffer_bytes / 1048576.0);
+    }
+    t->profile_start = t->run_start = t->interval_start = ct_now();
+    return CT_OK;
+}
+
 /* checkpoint.resume: loads the checkpoint to continue from, if any (after start_run, so the
  * start-up report describes the run; before the first step). */
 static ct_status resume_run(trainer *t) {
@@ -512,6 +533,7 @@ static ct_status resume_run(trainer *t) {
     }
     for (int k = 0; k < n; k++) free(paths[k]);
     free(paths);
+    if (st == CT_OK && i >= n && t->cfg->model.init_from[0]) st = init_from(t);
     return st;
 }
 
@@ -589,10 +611,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     trainer t;
     ct_status st = trainer_init(&t, cfg, be, pctx);
     param_copy init_copy = {0}, final_copy = {0};
-    if (st == CT_OK) st = export_params(&t, opts->dump_init_params, keep, &init_copy);
     if (st != CT_OK) {
-        free(init_copy.data);
-        free(init_copy.spans);
         trainer_free(&t);
         return st;
     }
@@ -601,6 +620,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     catch_stop_signals();
     start_run(&t);
     st = resume_run(&t);
+    /* the parameters the first step starts from: resumed, from model.init_from, or initialised */
+    if (st == CT_OK) st = export_params(&t, opts->dump_init_params, keep, &init_copy);
     for (int64_t step = t.first_step; step < cfg->train.steps && st == CT_OK; step++) {
         step_stats s;
         st = train_step(&t, step, &s);

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """An independent forward pass of a Hugging Face-layout model, in numpy (float64).
 
-  reference_forward.py MODEL.safetensors --tokens SHARD.bin [--samples N]
+  reference_forward.py MODEL --tokens SHARD.bin [--samples N]
+  reference_forward.py make DIR --arch gpt2|llama [--dtype F32|BF16|F16] [--shards N]
+                       [--seed S] [--vocab V] [--positions T] [--layers L] [--d-model C]
+                       [--heads H] [--kv-heads K] [--d-ff F]
 
-Reads MODEL.safetensors and the config.json beside it (what `cooktrain export` writes, or a
+Reads MODEL (a .safetensors file, or a directory holding model.safetensors or a sharded model's
+model.safetensors.index.json) and the config.json beside it (what `cooktrain export` writes, or a
 Hugging Face checkpoint of the same architecture), takes the first N samples (default 8) of the
 token shard in file order as `cooktrain eval` does (sample k: tokens [k*T, k*T + T] as inputs and
 shifted targets, T = the config's context length), and prints
@@ -21,6 +25,10 @@ forward pass at once. Architectures:
     attention (query head j reads key/value head j // (n_head / n_kv_head)), SwiGLU MLP
     down(silu(gate(x)) * up(x)), nn.Linear weights stored (out, in), the LM head tied to the
     embedding unless config.json says otherwise (then lm_head.weight).
+
+`make` writes a random model of that shape in Hugging Face's layout the way the safetensors
+library does (keys sorted, no padding; split over N files with an index when --shards N > 1), so
+that `cooktrain import` is checked on files cooktrain did not write.
 
 Needs python3-numpy (scripts/setup.sh installs it). Exit status 2 with a message on input it
 cannot read.
@@ -55,8 +63,10 @@ def load_safetensors(path):
         elif h["dtype"] == "BF16":  # the top 16 bits of a float32: widening is exact
             v = (np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
             v = v.astype(np.float64)
+        elif h["dtype"] == "F16":
+            v = np.frombuffer(data[a:b], dtype="<f2").astype(np.float64)
         else:
-            fail("%s: tensor %s has dtype %s" % (path, name, h["dtype"]), "F32 and BF16 are read")
+            fail("%s: tensor %s has dtype %s" % (path, name, h["dtype"]), "F32, BF16, F16 are read")
         out[name] = v.reshape(h["shape"])
     return out
 
@@ -160,15 +170,110 @@ def llama_logits(w, cfg, idx):
     return x @ head.T
 
 
+def load_model(path):
+    """Every tensor of a .safetensors file or a model directory (sharded or not)."""
+    if not os.path.isdir(path):
+        return load_safetensors(path)
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return load_safetensors(os.path.join(path, "model.safetensors"))
+    index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
+    w = {}
+    for f in sorted(set(index["weight_map"].values())):
+        w.update(load_safetensors(os.path.join(path, f)))
+    return w
+
+
+def save_safetensors(path, tensors, dtype):
+    """tensors {name: float array} as the safetensors library writes them (sorted keys)."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        v = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        if dtype == "BF16":  # round to nearest even
+            u = v.view(np.uint32).astype(np.uint64)
+            raw = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()
+        elif dtype == "F16":
+            raw = v.astype("<f2").tobytes()
+        else:
+            raw = v.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(v.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def make_model(argv):
+    arg = lambda flag, default: argv[argv.index(flag) + 1] if flag in argv else default
+    out, kind, dtype = argv[2], arg("--arch", "llama"), arg("--dtype", "F32")
+    rng = np.random.default_rng(int(arg("--seed", "1")))
+    V, T, L = int(arg("--vocab", "256")), int(arg("--positions", "64")), int(arg("--layers", "2"))
+    C, H = int(arg("--d-model", "64")), int(arg("--heads", "4"))
+    K, F = int(arg("--kv-heads", str(H))), int(arg("--d-ff", str(4 * C)))
+    hd = C // H
+    normal = lambda *shape: rng.normal(0.0, 0.05, shape)
+    near1 = lambda n: 1.0 + rng.normal(0.0, 0.1, n)
+    w = {}
+    if kind == "gpt2":
+        cfg = {"model_type": "gpt2", "vocab_size": V, "n_positions": T, "n_embd": C,
+               "n_layer": L, "n_head": H, "n_inner": F, "activation_function": "gelu_new",
+               "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+        w["wte.weight"], w["wpe.weight"] = normal(V, C), normal(T, C)
+        for l in range(L):
+            p = "h.%d." % l
+            w[p + "ln_1.weight"], w[p + "ln_1.bias"] = near1(C), normal(C)
+            w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"] = normal(C, 3 * C), normal(3 * C)
+            w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"] = normal(C, C), normal(C)
+            w[p + "ln_2.weight"], w[p + "ln_2.bias"] = near1(C), normal(C)
+            w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = normal(C, F), normal(F)
+            w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = normal(F, C), normal(C)
+        w["ln_f.weight"], w["ln_f.bias"] = near1(C), normal(C)
+    else:
+        cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": V,
+               "max_position_embeddings": T, "hidden_size": C, "intermediate_size": F,
+               "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
+               "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+               "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": True}
+        w["model.embed_tokens.weight"] = normal(V, C)
+        for l in range(L):
+            p = "model.layers.%d." % l
+            w[p + "input_layernorm.weight"] = near1(C)
+            w[p + "self_attn.q_proj.weight"] = normal(H * hd, C)
+            w[p + "self_attn.k_proj.weight"] = normal(K * hd, C)
+            w[p + "self_attn.v_proj.weight"] = normal(K * hd, C)
+            w[p + "self_attn.o_proj.weight"] = normal(C, H * hd)
+            w[p + "post_attention_layernorm.weight"] = near1(C)
+            w[p + "mlp.gate_proj.weight"] = normal(F, C)
+            w[p + "mlp.up_proj.weight"] = normal(F, C)
+            w[p + "mlp.down_proj.weight"] = normal(C, F)
+        w["model.norm.weight"] = near1(C)
+    os.makedirs(out, exist_ok=True)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    shards = int(arg("--shards", "1"))
+    if shards == 1:
+        save_safetensors(os.path.join(out, "model.safetensors"), w, dtype)
+        return 0
+    names, weight_map = sorted(w), {}
+    for i in range(shards):
+        f = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+        part = names[i::shards]
+        save_safetensors(os.path.join(out, f), {n: w[n] for n in part}, dtype)
+        weight_map.update({n: f for n in part})
+    json.dump({"metadata": {}, "weight_map": weight_map},
+              open(os.path.join(out, "model.safetensors.index.json"), "w"), indent=2)
+    return 0
+
+
 def mean_loss(model_path, tokens_path, n_samples):
-    cfg_path = os.path.join(os.path.dirname(model_path) or ".", "config.json")
+    base = model_path if os.path.isdir(model_path) else os.path.dirname(model_path) or "."
+    cfg_path = os.path.join(base, "config.json")
     if not os.path.exists(cfg_path):
         fail("no config.json beside %s" % model_path, "cooktrain export writes one next to the model")
     cfg = json.load(open(cfg_path))
     kind = cfg.get("model_type")
     if kind not in ("gpt2", "llama"):
         fail("%s: model_type %r" % (cfg_path, kind), "this reference knows gpt2 and llama")
-    w = load_safetensors(model_path)
+    w = load_model(model_path)
     T = cfg["n_positions"] if kind == "gpt2" else cfg["max_position_embeddings"]
     seq = load_samples(tokens_path, T, n_samples)
     idx, tgt = seq[:, :-1], seq[:, 1:]
@@ -180,6 +285,8 @@ def mean_loss(model_path, tokens_path, n_samples):
 
 
 def main(argv):
+    if len(argv) > 2 and argv[1] == "make":
+        return make_model(argv)
     if len(argv) < 2 or "--tokens" not in argv:
         fail("usage: reference_forward.py MODEL.safetensors --tokens SHARD.bin [--samples N]",
              "see the top of scripts/reference_forward.py")

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
     build-essential pkg-config
     libyaml-dev                 # config files
+    libjansson-dev              # JSON: Hugging Face config.json and safetensors headers
     libopenblas-openmp-dev      # CPU GEMMs; the OpenMP build shares our thread pool
     libdnnl-dev                 # bf16 GEMMs (oneDNN matmul; AMX / AVX512-BF16)
     openmpi-bin libopenmpi-dev  # multi-process launch and the CPU comm layer

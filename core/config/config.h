@@ -58,6 +58,9 @@ typedef struct ct_model_config {
     double rope_theta;
     double ffn_dim_multiplier; /* 0: none */
     int64_t multiple_of;
+    /* weights to start from when no checkpoint is resumed: a cooktrain checkpoint (any layout) or
+     * a Hugging Face model (core/io/hf.h); "" = initialise from train.seed */
+    char init_from[CT_PATH_MAX];
 } ct_model_config;
 
 /* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is

@@ -101,6 +101,10 @@ const config_key config_keys[] = {
      .doc = "llama with d_ff 0: scales the MLP width 8·d_model/3 before rounding; 0 = none"},
     {KEY(model, multiple_of, KEY_INT), .def = "256", AT_LEAST(1), AT_MOST(1048576),
      .doc = "llama with d_ff 0: the MLP width is rounded up to a multiple of this"},
+    {KEY(model, init_from, KEY_STRING), .def = "",
+     .doc = "start from these weights when no checkpoint is resumed: a cooktrain checkpoint "
+            "directory (any layout) or a Hugging Face model (a directory with config.json and "
+            "safetensors); the model keys must match it; the optimizer starts fresh at step 0"},
 
     /* parallel */
     {KEY(parallel, tp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1048576),

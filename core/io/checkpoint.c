@@ -272,6 +272,13 @@ ct_status ct_ckpt_begin(const char *root, int64_t step) {
     return CT_OK;
 }
 
+void ct_ckpt_discard(const char *root, int64_t step) {
+    char tmp[CT_PATH_MAX + 32];
+    ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
+    if (remove_dir(tmp) != CT_OK) ct_error_clear();
+    rmdir(root); /* only when empty: a root that held nothing before */
+}
+
 ct_status ct_ckpt_publish(const char *root, int64_t step) {
     char tmp[CT_PATH_MAX + 32], final[CT_PATH_MAX + 32], latest[CT_PATH_MAX + 32];
     char latest_tmp[CT_PATH_MAX + 32];
@@ -339,6 +346,25 @@ static int64_t latest_step(const char *root) {
     if (fscanf(f, "step-%lld", &s) != 1) s = -1;
     fclose(f);
     return s;
+}
+
+void ct_ckpt_resolve(const char *path, char *out, size_t n) {
+    char file[CT_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(out, n, "%s", path);
+    snprintf(file, sizeof file, "%s/manifest.bin", path);
+    if (stat(file, &sb) == 0) return;
+    snprintf(file, sizeof file, "%s/latest", path);
+    uint8_t *text;
+    size_t len;
+    long long step = -1;
+    if (stat(file, &sb) != 0 || ct_read_regular(file, "latest", 64, &text, &len) != CT_OK) {
+        ct_error_clear();
+        return;
+    }
+    if (sscanf((const char *)text, "step-%lld", &step) == 1 && step >= 0)
+        ct_ckpt_step_path(out, n, path, step, false);
+    free(text);
 }
 
 ct_status ct_ckpt_prune(const char *root, int64_t keep) {

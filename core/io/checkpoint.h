@@ -119,8 +119,14 @@ ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *manife
 void ct_ckpt_step_path(char *buf, size_t n, const char *root, int64_t step, bool tmp);
 /* Makes ROOT (mkdir -p) and an empty step-N.tmp, removing a stale one from a crashed save. */
 ct_status ct_ckpt_begin(const char *root, int64_t step);
+/* Removes step-N.tmp of a save that failed, and ROOT if that leaves it empty. */
+void ct_ckpt_discard(const char *root, int64_t step);
 /* step-N.tmp → step-N (after fsyncing it), then `latest` → step-N, each fsynced. */
 ct_status ct_ckpt_publish(const char *root, int64_t step);
+/* A checkpoint directory from what a user names: PATH itself when it holds manifest.bin, else
+ * the step its `latest` names when PATH is a checkpoint.dir root (else PATH unchanged, for the
+ * reader to report). Into out (n bytes). */
+void ct_ckpt_resolve(const char *path, char *out, size_t n);
 /* Deletes the oldest complete checkpoints beyond `keep` (never the one `latest` names) and any
  * step-*.tmp left by a crashed save older than the newest complete one. */
 ct_status ct_ckpt_prune(const char *root, int64_t keep);

@@ -7,19 +7,9 @@
 #include <string.h>
 
 #include "core/io/checkpoint.h"
+#include "core/io/hf.h"
 
-/* One exported tensor: up to three checkpoint tensors stacked by rows, the first `rows` rows
- * kept (vocabulary padding dropped), transposed or not. */
-typedef struct hf_tensor {
-    char name[96];
-    char src[3][CT_CKPT_NAME];
-    int n_src;
-    bool transpose;
-    int64_t rows, cols; /* the stacked source's kept shape (before transposing) */
-    bool vector;        /* 1-D in HF's layout */
-    int64_t rope_hd;    /* > 0: a q or k projection of heads of this size, whose rows go from our
-                           adjacent RoPE pairs to HF's half-split ones (export.h) */
-} hf_tensor;
+typedef ct_hf_tensor hf_tensor;
 
 static const ct_ckpt_box *find_tensor(const ct_ckpt_manifest *m, const char *name) {
     for (int64_t i = 0; i < m->n_pieces; i++)
@@ -89,95 +79,6 @@ static ct_status load_values(const char *dir, const ct_ckpt_manifest *m, const h
     }
     free(stacked);
     return st;
-}
-
-/* One HF tensor of every layer, from up to three of ours (suffixes after "h.L." and
- * "layers.L."). */
-static const struct {
-    const char *hf;
-    bool transpose;
-    const char *src[3];
-} layer_map[] = {
-    {"ln_1.weight", false, {"ln1.weight"}},
-    {"ln_1.bias", false, {"ln1.bias"}},
-    {"attn.c_attn.weight", true, {"attn.wq", "attn.wk", "attn.wv"}},
-    {"attn.c_attn.bias", false, {"attn.bq", "attn.bk", "attn.bv"}},
-    {"attn.c_proj.weight", true, {"attn.wo"}},
-    {"attn.c_proj.bias", false, {"attn.bo"}},
-    {"ln_2.weight", false, {"ln2.weight"}},
-    {"ln_2.bias", false, {"ln2.bias"}},
-    {"mlp.c_fc.weight", true, {"mlp.w_up"}},
-    {"mlp.c_fc.bias", false, {"mlp.b_up"}},
-    {"mlp.c_proj.weight", true, {"mlp.w_down"}},
-    {"mlp.c_proj.bias", false, {"mlp.b_down"}},
-};
-
-static void add(hf_tensor *t, const char *hf, bool transpose, const char *const *src, int n_src) {
-    snprintf(t->name, sizeof t->name, "%s", hf);
-    t->transpose = transpose;
-    t->n_src = n_src;
-    for (int s = 0; s < n_src; s++) snprintf(t->src[s], sizeof t->src[s], "%s", src[s]);
-}
-
-/* The HF GPT-2 tensor list for a checkpoint of L layers, in the order of the file. */
-static hf_tensor *hf_tensors(int64_t L, int *count) {
-    const int per_layer = (int)CT_ARRAY_LEN(layer_map);
-    hf_tensor *t = ct_xcalloc((size_t)(4 + per_layer * L), sizeof *t);
-    int n = 0;
-    add(&t[n++], "wte.weight", false, (const char *[]){"wte"}, 1);
-    add(&t[n++], "wpe.weight", false, (const char *[]){"wpe"}, 1);
-    for (int64_t l = 0; l < L; l++) {
-        for (int k = 0; k < per_layer; k++) {
-            char hf[96], src[3][CT_CKPT_NAME];
-            const char *srcs[3];
-            int n_src = 0;
-            snprintf(hf, sizeof hf, "h.%lld.%s", (long long)l, layer_map[k].hf);
-            for (; n_src < 3 && layer_map[k].src[n_src]; n_src++) {
-                snprintf(src[n_src], sizeof src[n_src], "layers.%lld.%s", (long long)l,
-                         layer_map[k].src[n_src]);
-                srcs[n_src] = src[n_src];
-            }
-            add(&t[n++], hf, layer_map[k].transpose, srcs, n_src);
-        }
-    }
-    add(&t[n++], "ln_f.weight", false, (const char *[]){"lnf.weight"}, 1);
-    add(&t[n++], "ln_f.bias", false, (const char *[]){"lnf.bias"}, 1);
-    *count = n;
-    return t;
-}
-
-/* Llama's tensors in Hugging Face's LlamaForCausalLM names (nn.Linear: (out, in), as ours), for a
- * checkpoint of L layers of head_dim hd; the LM head is tied (no lm_head.weight). */
-static hf_tensor *hf_llama_tensors(int64_t L, int64_t hd, int *count) {
-    static const struct {
-        const char *hf, *src;
-        bool rope;
-    } map[] = {
-        {"input_layernorm.weight", "ln1.weight", false},
-        {"self_attn.q_proj.weight", "attn.wq", true},
-        {"self_attn.k_proj.weight", "attn.wk", true},
-        {"self_attn.v_proj.weight", "attn.wv", false},
-        {"self_attn.o_proj.weight", "attn.wo", false},
-        {"post_attention_layernorm.weight", "ln2.weight", false},
-        {"mlp.gate_proj.weight", "mlp.w_gate", false},
-        {"mlp.up_proj.weight", "mlp.w_up", false},
-        {"mlp.down_proj.weight", "mlp.w_down", false},
-    };
-    const int per_layer = (int)CT_ARRAY_LEN(map);
-    hf_tensor *t = ct_xcalloc((size_t)(2 + per_layer * L), sizeof *t);
-    int n = 0;
-    add(&t[n++], "model.embed_tokens.weight", false, (const char *[]){"wte"}, 1);
-    for (int64_t l = 0; l < L; l++)
-        for (int k = 0; k < per_layer; k++) {
-            char hf[96], src[CT_CKPT_NAME];
-            snprintf(hf, sizeof hf, "model.layers.%lld.%s", (long long)l, map[k].hf);
-            snprintf(src, sizeof src, "layers.%lld.%s", (long long)l, map[k].src);
-            add(&t[n], hf, false, (const char *[]){src}, 1);
-            t[n++].rope_hd = map[k].rope ? hd : 0;
-        }
-    add(&t[n++], "model.norm.weight", false, (const char *[]){"lnf.weight"}, 1);
-    *count = n;
-    return t;
 }
 
 /* A model key's value from the checkpoint's resolved config (the "  key: value" lines
@@ -301,8 +202,8 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         st = CT_ERR_INPUT;
     }
     int n = 0;
-    hf_tensor *t = llama ? hf_llama_tensors(m.state.n_layer, m.state.d_model / m.state.n_head, &n)
-                         : hf_tensors(m.state.n_layer, &n);
+    hf_tensor *t = ct_hf_tensors(llama ? CT_ARCH_LLAMA : CT_ARCH_GPT2, m.state.n_layer,
+                                 m.state.d_model / m.state.n_head, &n);
     int64_t largest = 0;
     for (int i = 0; i < n && st == CT_OK; i++) {
         st = shape_of(dir, &m, &t[i], i == 0 ? m.state.vocab_size : 0);

@@ -275,6 +275,28 @@ static void bind_params(ct_model *m) {
 /* ---- construction -----------------------------------------------------------------------------
  */
 
+ct_param *ct_model_registry(const ct_config *cfg, int *count) {
+    ct_model m;
+    memset(&m, 0, sizeof m);
+    m.mc = cfg->model;
+    m.T = cfg->model.seq_len;
+    m.C = cfg->model.d_model;
+    m.L = (int)cfg->model.n_layer;
+    m.NH = cfg->model.n_head;
+    m.NKV = cfg->derived.n_kv_head;
+    m.hd = cfg->derived.head_dim;
+    m.F = cfg->derived.d_ff;
+    m.V = cfg->model.vocab_size;
+    m.Vp = cfg->derived.vocab_padded;
+    m.llama = cfg->model.arch == CT_ARCH_LLAMA;
+    m.layout = ct_model_layout_single(cfg);
+    build_registry(&m);
+    free(m.units);
+    free(m.layer_unit);
+    *count = m.n_params;
+    return m.params;
+}
+
 ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
                        const ct_model_layout *layout) {
     ct_model *m = ct_xcalloc(1, sizeof *m);

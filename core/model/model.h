@@ -247,6 +247,9 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg);
  * (parallel.pp_layers or an even split); tp and dp fields as in ct_model_layout_single. */
 ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank);
 
+/* The parameters of the model on one rank (names, global shapes, init rules), without
+ * allocating them: what `cooktrain import` writes. malloc'd, *count entries. */
+ct_param *ct_model_registry(const ct_config *cfg, int *count);
 /* Builds the registry and allocates parameters and gradients (params initialised, grads zero). */
 ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
                        const ct_model_layout *layout);

@@ -1,0 +1,501 @@
+/* hf.c — Hugging Face names, config.json, and reading a model into our tensors. See hf.h. */
+#include "hf.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- names ---------------------------------------------------------------------------------- */
+
+static void add(ct_hf_tensor *t, const char *hf, bool transpose, const char *const *src,
+                int n_src) {
+    snprintf(t->name, sizeof t->name, "%s", hf);
+    t->transpose = transpose;
+    t->n_src = n_src;
+    for (int s = 0; s < n_src; s++) snprintf(t->src[s], sizeof t->src[s], "%s", src[s]);
+}
+
+/* GPT-2: one Hugging Face tensor of every layer from up to three of ours (suffixes after "h.L."
+ * and "layers.L."). */
+static const struct {
+    const char *hf;
+    bool transpose;
+    const char *src[3];
+} gpt2_layer[] = {
+    {"ln_1.weight", false, {"ln1.weight"}},
+    {"ln_1.bias", false, {"ln1.bias"}},
+    {"attn.c_attn.weight", true, {"attn.wq", "attn.wk", "attn.wv"}},
+    {"attn.c_attn.bias", false, {"attn.bq", "attn.bk", "attn.bv"}},
+    {"attn.c_proj.weight", true, {"attn.wo"}},
+    {"attn.c_proj.bias", false, {"attn.bo"}},
+    {"ln_2.weight", false, {"ln2.weight"}},
+    {"ln_2.bias", false, {"ln2.bias"}},
+    {"mlp.c_fc.weight", true, {"mlp.w_up"}},
+    {"mlp.c_fc.bias", false, {"mlp.b_up"}},
+    {"mlp.c_proj.weight", true, {"mlp.w_down"}},
+    {"mlp.c_proj.bias", false, {"mlp.b_down"}},
+};
+
+/* Llama (nn.Linear: (out, in), as ours: nothing transposed). */
+static const struct {
+    const char *hf, *src;
+    bool rope;
+} llama_layer[] = {
+    {"input_layernorm.weight", "ln1.weight", false},
+    {"self_attn.q_proj.weight", "attn.wq", true},
+    {"self_attn.k_proj.weight", "attn.wk", true},
+    {"self_attn.v_proj.weight", "attn.wv", false},
+    {"self_attn.o_proj.weight", "attn.wo", false},
+    {"post_attention_layernorm.weight", "ln2.weight", false},
+    {"mlp.gate_proj.weight", "mlp.w_gate", false},
+    {"mlp.up_proj.weight", "mlp.w_up", false},
+    {"mlp.down_proj.weight", "mlp.w_down", false},
+};
+
+ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, int *count) {
+    const bool llama = arch == CT_ARCH_LLAMA;
+    const int per_layer = llama ? (int)CT_ARRAY_LEN(llama_layer) : (int)CT_ARRAY_LEN(gpt2_layer);
+    ct_hf_tensor *t = ct_xcalloc((size_t)(4 + per_layer * L), sizeof *t);
+    int n = 0;
+    add(&t[n++], llama ? "model.embed_tokens.weight" : "wte.weight", false, (const char *[]){"wte"},
+        1);
+    if (!llama) add(&t[n++], "wpe.weight", false, (const char *[]){"wpe"}, 1);
+    for (int64_t l = 0; l < L; l++)
+        for (int k = 0; k < per_layer; k++) {
+            char hf[96], src[3][CT_CKPT_NAME];
+            const char *srcs[3];
+            int n_src = 0;
+            if (llama) {
+                snprintf(hf, sizeof hf, "model.layers.%lld.%s", (long long)l, llama_layer[k].hf);
+                snprintf(src[0], sizeof src[0], "layers.%lld.%s", (long long)l, llama_layer[k].src);
+                srcs[n_src++] = src[0];
+            } else {
+                snprintf(hf, sizeof hf, "h.%lld.%s", (long long)l, gpt2_layer[k].hf);
+                for (; n_src < 3 && gpt2_layer[k].src[n_src]; n_src++) {
+                    snprintf(src[n_src], sizeof src[n_src], "layers.%lld.%s", (long long)l,
+                             gpt2_layer[k].src[n_src]);
+                    srcs[n_src] = src[n_src];
+                }
+            }
+            add(&t[n], hf, !llama && gpt2_layer[k].transpose, srcs, n_src);
+            t[n++].rope_hd = llama && llama_layer[k].rope ? hd : 0;
+        }
+    if (llama) {
+        add(&t[n++], "model.norm.weight", false, (const char *[]){"lnf.weight"}, 1);
+    } else {
+        add(&t[n++], "ln_f.weight", false, (const char *[]){"lnf.weight"}, 1);
+        add(&t[n++], "ln_f.bias", false, (const char *[]){"lnf.bias"}, 1);
+    }
+    *count = n;
+    return t;
+}
+
+/* ---- config.json ---------------------------------------------------------------------------- */
+
+typedef struct jconfig {
+    const char *path;
+    json_t *root;
+} jconfig;
+
+static ct_status bad_key(const jconfig *j, const char *key, const char *want) {
+    ct_error(CT_ERR_INPUT, "config.json '%s': %s %s", j->path, key, want);
+    ct_hint("cooktrain reads the config.json of Hugging Face GPT-2 and Llama models "
+            "(transformers' GPT2Config, LlamaConfig)");
+    return CT_ERR_INPUT;
+}
+
+/* An integer in [lo, hi]; absent or null gives def (required: an error). */
+static ct_status get_int(const jconfig *j, const char *key, bool required, int64_t def, int64_t lo,
+                         int64_t hi, int64_t *out) {
+    json_t *v = json_object_get(j->root, key);
+    char want[96];
+    if (!v || json_is_null(v)) {
+        if (required) return bad_key(j, key, "is missing");
+        *out = def;
+        return CT_OK;
+    }
+    snprintf(want, sizeof want, "is not an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return bad_key(j, key, want);
+    *out = (int64_t)json_integer_value(v);
+    return CT_OK;
+}
+
+/* A number in (lo, hi]; absent or null gives def. */
+static ct_status get_num(const jconfig *j, const char *key, double def, double lo, double hi,
+                         double *out) {
+    json_t *v = json_object_get(j->root, key);
+    char want[96];
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return CT_OK;
+    }
+    snprintf(want, sizeof want, "is not a number in (%g, %g]", lo, hi);
+    if (!json_is_number(v) || !(json_number_value(v) > lo && json_number_value(v) <= hi))
+        return bad_key(j, key, want);
+    *out = json_number_value(v);
+    return CT_OK;
+}
+
+/* Absent, or one of the strings in `ok` (NULL-terminated; ok[0] is the default). */
+static ct_status expect_str(const jconfig *j, const char *key, const char *const *ok) {
+    json_t *v = json_object_get(j->root, key);
+    if (!v || json_is_null(v)) return CT_OK;
+    for (int i = 0; ok[i] && json_is_string(v); i++)
+        if (!strcmp(json_string_value(v), ok[i])) return CT_OK;
+    char want[128];
+    snprintf(want, sizeof want, "is not \"%s\", the only value cooktrain supports", ok[0]);
+    return bad_key(j, key, want);
+}
+
+/* Absent (meaning def), or the boolean `want`. */
+static ct_status expect_bool(const jconfig *j, const char *key, bool def, bool want,
+                             const char *why) {
+    json_t *v = json_object_get(j->root, key);
+    if (!v || json_is_null(v) ? def == want : json_is_boolean(v) && json_is_true(v) == want)
+        return CT_OK;
+    return bad_key(j, key, why);
+}
+
+static ct_status parse_gpt2(const jconfig *j, ct_hf_config *c) {
+    CT_TRY(get_int(j, "vocab_size", true, 0, 1, 2147483647, &c->vocab_size));
+    CT_TRY(get_int(j, "n_positions", true, 0, 1, 1048576, &c->max_positions));
+    CT_TRY(get_int(j, "n_embd", true, 0, 1, 1048576, &c->d_model));
+    CT_TRY(get_int(j, "n_layer", true, 0, 1, 65536, &c->n_layer));
+    CT_TRY(get_int(j, "n_head", true, 0, 1, 65536, &c->n_head));
+    CT_TRY(get_int(j, "n_inner", false, 4 * c->d_model, 1, 16777216, &c->d_ff));
+    c->n_kv_head = c->n_head;
+    double eps;
+    CT_TRY(get_num(j, "layer_norm_epsilon", 1e-5, 0, 1, &eps));
+    if (eps != 1e-5) return bad_key(j, "layer_norm_epsilon", "is not 1e-5, GPT-2's (and ours)");
+    CT_TRY(expect_str(j, "activation_function",
+                      (const char *const[]){"gelu_new", "gelu_pytorch_tanh", NULL}));
+    return expect_bool(j, "tie_word_embeddings", true, true,
+                       "is false: cooktrain's GPT-2 ties its LM head to the embedding");
+}
+
+static ct_status parse_llama(const jconfig *j, ct_hf_config *c) {
+    c->arch = CT_ARCH_LLAMA;
+    CT_TRY(get_int(j, "vocab_size", true, 0, 1, 2147483647, &c->vocab_size));
+    CT_TRY(get_int(j, "max_position_embeddings", true, 0, 1, 1048576, &c->max_positions));
+    CT_TRY(get_int(j, "hidden_size", true, 0, 1, 1048576, &c->d_model));
+    CT_TRY(get_int(j, "intermediate_size", true, 0, 1, 16777216, &c->d_ff));
+    CT_TRY(get_int(j, "num_hidden_layers", true, 0, 1, 65536, &c->n_layer));
+    CT_TRY(get_int(j, "num_attention_heads", true, 0, 1, 65536, &c->n_head));
+    CT_TRY(get_int(j, "num_key_value_heads", false, c->n_head, 1, 65536, &c->n_kv_head));
+    CT_TRY(get_num(j, "rms_norm_eps", 1e-6, 0, 1, &c->norm_eps));
+    CT_TRY(get_num(j, "rope_theta", 10000, 1, 1e12, &c->rope_theta));
+    CT_TRY(expect_str(j, "hidden_act", (const char *const[]){"silu", NULL}));
+    int64_t head_dim;
+    CT_TRY(get_int(j, "head_dim", false, c->d_model / c->n_head, 1, 1048576, &head_dim));
+    if (head_dim * c->n_head != c->d_model)
+        return bad_key(j, "head_dim", "is not hidden_size / num_attention_heads");
+    json_t *scaling = json_object_get(j->root, "rope_scaling");
+    if (scaling && !json_is_null(scaling))
+        return bad_key(j, "rope_scaling", "is set: cooktrain does not read scaled RoPE yet");
+    CT_TRY(expect_bool(j, "attention_bias", false, false, "is true: Llama has no biases"));
+    CT_TRY(expect_bool(j, "mlp_bias", false, false, "is true: Llama has no biases"));
+    return expect_bool(j, "tie_word_embeddings", false, true,
+                       "is not true: cooktrain ties its LM head to the embedding, an untied "
+                       "lm_head.weight cannot be read yet");
+}
+
+ct_status ct_hf_config_parse(const char *path, const char *json, size_t len, ct_hf_config *out) {
+    memset(out, 0, sizeof *out);
+    json_error_t err;
+    jconfig j = {.path = path, .root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err)};
+    ct_status st = CT_OK;
+    if (!j.root || !json_is_object(j.root)) {
+        ct_error(CT_ERR_INPUT, "config.json '%s' is not a JSON object (%s)", path,
+                 j.root ? "another JSON value" : err.text);
+        ct_hint("a Hugging Face model's config.json, as transformers writes it");
+        st = CT_ERR_INPUT;
+    }
+    json_t *type = st == CT_OK ? json_object_get(j.root, "model_type") : NULL;
+    if (st == CT_OK && json_is_string(type) && !strcmp(json_string_value(type), "gpt2"))
+        st = parse_gpt2(&j, out);
+    else if (st == CT_OK && json_is_string(type) && !strcmp(json_string_value(type), "llama"))
+        st = parse_llama(&j, out);
+    else if (st == CT_OK)
+        st = bad_key(&j, "model_type", "is not \"gpt2\" or \"llama\"");
+    json_decref(j.root);
+    return st;
+}
+
+/* ---- a model -------------------------------------------------------------------------------- */
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static bool exists(const char *dir, const char *name) {
+    char path[CT_PATH_MAX + 64];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &sb) == 0;
+}
+
+bool ct_hf_is_model(const char *path) {
+    return ends_with(path, ".safetensors") ||
+           (exists(path, "config.json") && !exists(path, "manifest.bin"));
+}
+
+/* The files a sharded model's model.safetensors.index.json names (weight_map's values), each
+ * a plain file name in dir; *names malloc'd, each entry CT_PATH_MAX bytes. */
+static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *n) {
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    uint8_t *text;
+    size_t len;
+    CT_TRY(ct_read_regular(path, "safetensors index", 64 << 20, &text, &len));
+    json_error_t err;
+    json_t *root = json_loadb((const char *)text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    *names = NULL;
+    *n = 0;
+    ct_status st = CT_OK;
+    if (!json_is_object(map)) {
+        ct_error(CT_ERR_INPUT, "safetensors index '%s' has no weight_map object", path);
+        st = CT_ERR_INPUT;
+    }
+    const char *key;
+    json_t *v;
+    if (st == CT_OK) {
+        *names = ct_xcalloc(json_object_size(map) + 1, sizeof **names);
+        json_object_foreach(map, key, v) {
+            const char *f = json_string_value(v);
+            if (!f || !f[0] || strchr(f, '/') || !strcmp(f, "..") || strlen(f) >= CT_PATH_MAX ||
+                !ends_with(f, ".safetensors")) {
+                ct_error(CT_ERR_INPUT,
+                         "safetensors index '%s': tensor %.96s maps to a file that is not a "
+                         ".safetensors file beside the index",
+                         path, key);
+                st = CT_ERR_INPUT;
+                break;
+            }
+            int i = 0;
+            while (i < *n && strcmp((*names)[i], f)) i++;
+            if (i == *n) snprintf((*names)[(*n)++], CT_PATH_MAX, "%s", f);
+        }
+    }
+    if (st != CT_OK) ct_hint("the index must be as transformers writes it, beside its files");
+    json_decref(root);
+    return st;
+}
+
+/* A tensor by its Hugging Face name, in whichever file holds it; GPT-2's names also with the
+ * "transformer." prefix GPT2LMHeadModel's state dict has. */
+static const ct_st_tensor *find(const ct_hf_model *m, const char *name, int *file) {
+    char prefixed[160];
+    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
+    for (int f = 0; f < m->n_files; f++) {
+        const ct_st_tensor *t = ct_safetensors_find(&m->files[f], name);
+        if (!t && m->config.arch == CT_ARCH_GPT2) t = ct_safetensors_find(&m->files[f], prefixed);
+        if (t) {
+            *file = f;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+ct_status ct_hf_open(const char *path, ct_hf_model *m) {
+    memset(m, 0, sizeof *m);
+    char(*names)[CT_PATH_MAX] = NULL;
+    int n = 0;
+    ct_status st = CT_OK;
+    if (ends_with(path, ".safetensors")) {
+        const char *slash = strrchr(path, '/');
+        snprintf(m->dir, sizeof m->dir, "%.*s", slash ? (int)(slash - path) : 1,
+                 slash ? path : ".");
+        names = ct_xcalloc(1, sizeof *names);
+        snprintf(names[0], CT_PATH_MAX, "%s", slash ? slash + 1 : path);
+        n = 1;
+    } else {
+        snprintf(m->dir, sizeof m->dir, "%s", path);
+        if (exists(path, "model.safetensors")) {
+            names = ct_xcalloc(1, sizeof *names);
+            snprintf(names[0], CT_PATH_MAX, "model.safetensors");
+            n = 1;
+        } else if (exists(path, "model.safetensors.index.json")) {
+            st = index_files(path, &names, &n);
+        } else {
+            ct_error(CT_ERR_INPUT,
+                     "'%s' holds neither model.safetensors nor model.safetensors.index.json", path);
+            ct_hint("name a Hugging Face model directory (config.json and safetensors) or its "
+                    ".safetensors file");
+            st = CT_ERR_INPUT;
+        }
+    }
+    char file[CT_PATH_MAX * 2 + 8];
+    if (st == CT_OK) {
+        snprintf(file, sizeof file, "%s/config.json", m->dir);
+        uint8_t *text;
+        size_t len;
+        st = ct_read_regular(file, "config.json", 1 << 20, &text, &len);
+        if (st == CT_OK) {
+            st = ct_hf_config_parse(file, (const char *)text, len, &m->config);
+            free(text);
+        }
+    }
+    if (st == CT_OK) m->files = ct_xcalloc((size_t)CT_MAX(n, 1), sizeof *m->files);
+    for (int i = 0; i < n && st == CT_OK; i++) {
+        snprintf(file, sizeof file, "%s/%s", m->dir, names[i]);
+        st = ct_safetensors_open(file, &m->files[i]);
+        if (st == CT_OK) m->n_files++;
+        for (int k = 0; k < m->files[i].n && st == CT_OK; k++) {
+            int other = i;
+            const ct_st_tensor *t = find(m, m->files[i].tensors[k].name, &other);
+            if (other != i) {
+                ct_error(CT_ERR_INPUT, "tensor %s is in both '%s' and '%s'", t->name,
+                         m->files[other].path, file);
+                ct_hint("a sharded model holds each tensor in one file");
+                st = CT_ERR_INPUT;
+            }
+        }
+    }
+    free(names);
+    if (st == CT_OK)
+        m->names = ct_hf_tensors(m->config.arch, m->config.n_layer,
+                                 m->config.d_model / m->config.n_head, &m->n_names);
+    if (st != CT_OK) ct_hf_close(m);
+    return st;
+}
+
+void ct_hf_close(ct_hf_model *m) {
+    for (int i = 0; i < m->n_files; i++) ct_safetensors_close(&m->files[i]);
+    free(m->files);
+    free(m->names);
+    memset(m, 0, sizeof *m);
+}
+
+void ct_hf_model_config(const ct_hf_config *hf, ct_model_config *mc) {
+    mc->arch = hf->arch;
+    mc->vocab_size = hf->vocab_size;
+    mc->seq_len = hf->max_positions;
+    mc->n_layer = hf->n_layer;
+    mc->d_model = hf->d_model;
+    mc->n_head = hf->n_head;
+    mc->n_kv_head = hf->n_kv_head;
+    mc->d_ff = hf->d_ff;
+    if (hf->arch == CT_ARCH_LLAMA) {
+        mc->norm_eps = hf->norm_eps;
+        mc->rope_theta = hf->rope_theta;
+    }
+}
+
+ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
+    const ct_hf_config *h = &m->config;
+    const ct_model_config *mc = &cfg->model;
+    const bool llama = h->arch == CT_ARCH_LLAMA;
+    const struct {
+        const char *key, *theirs;
+        double hf, ours;
+        bool differ;
+    } keys[] = {
+        {"arch", "model_type", h->arch, mc->arch, h->arch != mc->arch},
+        {"vocab_size", "vocab_size", h->vocab_size, mc->vocab_size,
+         h->vocab_size != mc->vocab_size},
+        {"n_layer", llama ? "num_hidden_layers" : "n_layer", h->n_layer, mc->n_layer,
+         h->n_layer != mc->n_layer},
+        {"d_model", llama ? "hidden_size" : "n_embd", h->d_model, mc->d_model,
+         h->d_model != mc->d_model},
+        {"n_head", llama ? "num_attention_heads" : "n_head", h->n_head, mc->n_head,
+         h->n_head != mc->n_head},
+        {"n_kv_head", "num_key_value_heads", h->n_kv_head, cfg->derived.n_kv_head,
+         h->n_kv_head != cfg->derived.n_kv_head},
+        {"d_ff", llama ? "intermediate_size" : "n_inner", h->d_ff, cfg->derived.d_ff,
+         h->d_ff != cfg->derived.d_ff},
+        {"norm_eps", "rms_norm_eps", h->norm_eps, mc->norm_eps,
+         llama && h->norm_eps != mc->norm_eps},
+        {"rope_theta", "rope_theta", h->rope_theta, mc->rope_theta,
+         llama && h->rope_theta != mc->rope_theta},
+        {"seq_len", "n_positions", h->max_positions, mc->seq_len,
+         !llama && mc->seq_len > h->max_positions},
+    };
+    for (size_t i = 0; i < CT_ARRAY_LEN(keys); i++) {
+        const bool differ = keys[i].differ;
+        if (!differ) continue;
+        if (i == 0)
+            ct_error(CT_ERR_INPUT,
+                     "model.init_from '%s' is a %s model, this run's model.arch is %s", m->dir,
+                     llama ? "llama" : "gpt2", llama ? "gpt2" : "llama");
+        else if (i + 1 == CT_ARRAY_LEN(keys))
+            ct_error(CT_ERR_INPUT,
+                     "model.init_from '%s' has %.17g learned positions (n_positions), this run's "
+                     "model.seq_len is %.17g",
+                     m->dir, keys[i].hf, keys[i].ours);
+        else
+            ct_error(CT_ERR_INPUT,
+                     "model.init_from '%s' has %s %.17g in its config.json, this run's "
+                     "model.%s is %.17g",
+                     m->dir, keys[i].theirs, keys[i].hf, keys[i].key, keys[i].ours);
+        ct_hint("the run's model keys must describe the model it starts from: set model.%s "
+                "(`cooktrain import` prints the keys of a model)",
+                keys[i].key);
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64_t cols,
+                     float *out) {
+    const ct_hf_tensor *e = NULL;
+    int s = 0;
+    for (int i = 0; i < m->n_names && !e; i++)
+        for (s = 0; s < m->names[i].n_src; s++)
+            if (!strcmp(m->names[i].src[s], name)) {
+                e = &m->names[i];
+                break;
+            }
+    CT_ASSERTF(e != NULL, "%s has no Hugging Face tensor", name);
+    int file = 0;
+    const ct_st_tensor *t = find(m, e->name, &file);
+    if (!t) {
+        ct_error(CT_ERR_INPUT, "Hugging Face model '%s' has no tensor %s", m->dir, e->name);
+        ct_hint("the safetensors files must hold every tensor of the model config.json "
+                "describes");
+        return CT_ERR_INPUT;
+    }
+    /* The stacked tensor's shape in our orientation: rows_hf x cols. */
+    const bool wte = !strcmp(name, "wte"), wpe = !strcmp(name, "wpe");
+    const int64_t rows_hf = wte   ? m->config.vocab_size
+                            : wpe ? m->config.max_positions
+                                  : e->n_src * rows;
+    const int64_t keep = wte ? m->config.vocab_size : rows; /* rows of ours from the file */
+    const bool vector = cols == 1;
+    const int ndim = vector ? 1 : 2;
+    const int64_t want0 = e->transpose ? cols : rows_hf, want1 = e->transpose ? rows_hf : cols;
+    if (t->ndim != ndim || t->shape[0] != want0 || (ndim == 2 && t->shape[1] != want1) ||
+        keep > rows || s * rows + keep > rows_hf) {
+        ct_error(CT_ERR_INPUT,
+                 "safetensors '%s': tensor %s has shape [%lld, %lld] (%d dims), the model its "
+                 "config.json describes needs [%lld, %lld] (%d dims)",
+                 m->files[file].path, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                 t->ndim, (long long)want0, (long long)(ndim == 2 ? want1 : 1), ndim);
+        ct_hint("config.json and the safetensors files must belong to the same model");
+        return CT_ERR_INPUT;
+    }
+    float *hf = ct_xmalloc((size_t)t->numel * sizeof(float));
+    ct_status st = ct_safetensors_read(&m->files[file], t, hf);
+    if (st != CT_OK) {
+        free(hf);
+        return st;
+    }
+    /* Row r of ours (stack row s·rows + r) in Hugging Face's tensor, as element (row, col). */
+    const int64_t hd = e->rope_hd, half = hd / 2;
+    for (int64_t r = 0; r < keep; r++) {
+        int64_t row = (int64_t)s * rows + r;
+        if (hd > 0) /* our row 2i + j of a head is Hugging Face's row j·hd/2 + i (export.h) */
+            row = row / hd * hd + (row % hd % 2) * half + row % hd / 2;
+        for (int64_t c = 0; c < cols; c++)
+            out[r * cols + c] = e->transpose ? hf[c * rows_hf + row] : hf[row * cols + c];
+    }
+    memset(out + keep * cols, 0, (size_t)((rows - keep) * cols) * sizeof(float));
+    free(hf);
+    return CT_OK;
+}

@@ -1,0 +1,133 @@
+/* hf_import.c — `cooktrain import`: a Hugging Face model as a cooktrain checkpoint. See hf.h. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/io/checkpoint.h"
+#include "core/io/hf.h"
+#include "core/model/model.h"
+
+/* The config of a run of this model: defaults, the model's keys, fp32, one process. */
+static ct_status import_config(const ct_hf_model *h, int64_t seq_len, ct_config *cfg) {
+    ct_config_defaults(cfg);
+    ct_hf_model_config(&h->config, &cfg->model);
+    if (seq_len > 0 && h->config.arch == CT_ARCH_GPT2 && seq_len > h->config.max_positions) {
+        ct_error(CT_ERR_INPUT, "--seq-len %lld is above the model's %lld learned positions",
+                 (long long)seq_len, (long long)h->config.max_positions);
+        ct_hint("a GPT-2 model reads positions up to n_positions (config.json)");
+        return CT_ERR_INPUT;
+    }
+    if (seq_len > 0) cfg->model.seq_len = seq_len;
+    cfg->train.precision = CT_PRECISION_FP32;
+    return ct_config_validate(cfg, 1);
+}
+
+static ct_status write_pieces(const ct_hf_model *h, const ct_config *cfg, const char *dir,
+                              ct_ckpt_manifest *m) {
+    int n = 0;
+    ct_param *params = ct_model_registry(cfg, &n);
+    m->pieces = ct_xcalloc((size_t)n, sizeof *m->pieces);
+    ct_ckpt_writer *w = NULL;
+    ct_status st = ct_ckpt_writer_open(&w, dir, 0);
+    float *values = NULL;
+    int64_t cap = 0;
+    for (int i = 0; i < n && st == CT_OK; i++) {
+        const ct_param *p = &params[i];
+        ct_ckpt_piece *piece = &m->pieces[m->n_pieces];
+        ct_ckpt_box *b = &piece->box;
+        snprintf(b->name, sizeof b->name, "%s", p->name);
+        b->kind = CT_CKPT_WEIGHT;
+        b->rows = b->row1 = p->global_shape[0];
+        b->cols = b->col1 = p->global_shape[1];
+        b->hi = b->rows * b->cols;
+        if (b->hi > cap) {
+            free(values);
+            values = ct_xmalloc((size_t)b->hi * sizeof(float));
+            cap = b->hi;
+        }
+        st = ct_hf_read(h, p->name, b->rows, b->cols, values);
+        if (st == CT_OK) st = ct_ckpt_writer_add(w, piece, values);
+        if (st == CT_OK) m->n_pieces++;
+    }
+    if (w) {
+        ct_status closed = ct_ckpt_writer_close(w);
+        if (st == CT_OK) st = closed;
+    }
+    free(values);
+    free(params);
+    return st;
+}
+
+ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE *report) {
+    char latest[CT_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(latest, sizeof latest, "%s/latest", root);
+    if (stat(latest, &sb) == 0) {
+        ct_error(CT_ERR_INPUT, "'%s' already holds checkpoints (it has a `latest`)", root);
+        ct_hint("import into a new directory");
+        return CT_ERR_INPUT;
+    }
+    ct_hf_model h;
+    CT_TRY(ct_hf_open(src, &h));
+    ct_config cfg;
+    ct_status st = import_config(&h, seq_len, &cfg);
+    ct_ckpt_manifest m;
+    memset(&m, 0, sizeof m);
+    char dir[CT_PATH_MAX + 32];
+    ct_ckpt_step_path(dir, sizeof dir, root, 0, true);
+    if (st == CT_OK) st = ct_ckpt_begin(root, 0);
+    const bool began = st == CT_OK;
+    if (st == CT_OK) st = write_pieces(&h, &cfg, dir, &m);
+    if (st == CT_OK) {
+        const ct_model_config *mc = &cfg.model;
+        m.n_files = 1;
+        m.state = (ct_ckpt_state){
+            .seed = (int64_t)cfg.train.seed,
+            .global_batch = cfg.train.global_batch,
+            .arch = mc->arch,
+            .vocab_size = mc->vocab_size,
+            .vocab_pad = mc->vocab_pad,
+            .seq_len = mc->seq_len,
+            .n_layer = mc->n_layer,
+            .d_model = mc->d_model,
+            .n_head = mc->n_head,
+            .n_kv_head = cfg.derived.n_kv_head,
+            .d_ff = cfg.derived.d_ff,
+            .world_size = 1,
+            .tp = 1,
+            .pp = 1,
+            .dp = 1,
+            .virtual_stages = 1,
+            .precision = CT_PRECISION_FP32,
+            .format_version = 1,
+        };
+        size_t len = 0;
+        FILE *mem = open_memstream(&m.config_text, &len);
+        CT_ASSERT(mem != NULL);
+        ct_config_print(&cfg, mem);
+        fclose(mem);
+        st = ct_ckpt_manifest_write(dir, &m);
+    }
+    if (st == CT_OK) st = ct_ckpt_publish(root, 0);
+    if (st != CT_OK && began) ct_ckpt_discard(root, 0); /* nothing left behind */
+    if (st == CT_OK && report) {
+        const ct_model_config *mc = &cfg.model;
+        fprintf(report,
+                "imported %s (%s, %lld tensors) into %s/step-00000000\n"
+                "its model keys, for a run's config (model.init_from: %s):\n"
+                "model:\n  arch: %s\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n"
+                "  d_model: %lld\n  n_head: %lld\n  n_kv_head: %lld\n  d_ff: %lld\n",
+                src, mc->arch == CT_ARCH_LLAMA ? "llama" : "gpt2", (long long)m.n_pieces, root,
+                root, mc->arch == CT_ARCH_LLAMA ? "llama" : "gpt2", (long long)mc->vocab_size,
+                (long long)mc->seq_len, (long long)mc->n_layer, (long long)mc->d_model,
+                (long long)mc->n_head, (long long)cfg.derived.n_kv_head,
+                (long long)cfg.derived.d_ff);
+        if (mc->arch == CT_ARCH_LLAMA)
+            fprintf(report, "  norm_eps: %.17g\n  rope_theta: %.17g\n", mc->norm_eps,
+                    mc->rope_theta);
+    }
+    free(m.pieces);
+    free(m.config_text);
+    ct_hf_close(&h);
+    return st;
+}

@@ -14,7 +14,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 [ -n "$crashes" ] && mkdir -p "$crashes"
 
-for name in config shard tokenizer manifest rankfile; do
+for name in config shard tokenizer manifest rankfile safetensors hfconfig; do
     [[ $name =~ ${CT_FUZZ_ONLY:-.} ]] || continue
     bin=$BUILD/fuzz/fuzz_$name
     if [ ! -x "$bin" ]; then

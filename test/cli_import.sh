@@ -167,6 +167,7 @@ PY
     case_ "end offset past the data" "data_offsets" "st 'h[\"$e\"][\"data_offsets\"][1] += 10**15'"
     case_ "negative offset" "data_offsets" "st 'h[\"$e\"][\"data_offsets\"] = [-4, 0]'"
     case_ "offsets not its size" "data_offsets do not span" "st 'h[\"$e\"][\"shape\"] = [2**31 - 1, 2**31 - 1]'"
+    case_ "offsets wider than its shape" "data_offsets do not span" "st 'h[\"model.norm.weight\"][\"shape\"] = [63]'"
     case_ "dimension 2^31" "dimension" "st 'h[\"$e\"][\"shape\"] = [2**31, 1]'"
     case_ "three dimensions" "at most two dimensions" "st 'h[\"$e\"][\"shape\"] = [1, 1, 1]'"
     case_ "dtype I64" "dtype I64" "st 'h[\"$e\"][\"dtype\"] = \"I64\"'"

@@ -2,7 +2,8 @@
 # Makefile. They need clang with its fuzzer runtime (scripts/setup.sh installs clang and
 # libclang-rt-14-dev); where it is missing they are not built and test/cli_fuzz.sh skips.
 #
-#   $(BUILD)/fuzz/fuzz_NAME   one target per parser: config, shard, tokenizer, manifest, rankfile
+#   $(BUILD)/fuzz/fuzz_NAME   one target per parser: config, shard, tokenizer, manifest, rankfile,
+#                             safetensors, hfconfig (Hugging Face's config.json)
 #   make fuzz                 every target for FUZZ_SECONDS (300) each; crashes land in
 #                             $(BUILD)/fuzz/crashes/ (move each into test/fuzz/regressions/NAME/)
 #
@@ -14,7 +15,7 @@ FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 300
 FUZZ_RT := $(shell $(FUZZ_CC) -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)
 HAVE_FUZZ := $(if $(wildcard $(FUZZ_RT)),yes)
-FUZZ_NAMES := config shard tokenizer manifest rankfile
+FUZZ_NAMES := config shard tokenizer manifest rankfile safetensors hfconfig
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 
 ifeq ($(SAN),1)
@@ -28,7 +29,8 @@ FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -I. -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                $(shell pkg-config --cflags $(PKG_REQUIRED) 2>/dev/null) $(FUZZ_SAN) -MMD -MP
 FUZZ_PARSERS := $(patsubst %.c,$(BUILD)/fuzz/%.o,core/common.c $(wildcard core/config/config_*.c) \
-                  core/data/data.c core/data/tokenizer.c core/io/checkpoint.c core/rng.c)
+                  core/data/data.c core/data/tokenizer.c core/io/checkpoint.c core/rng.c \
+                  core/io/safetensors.c core/io/hf.c)
 FUZZ_HARNESS := $(BUILD)/fuzz/test/fuzz/fuzz.o
 
 $(BUILD)/fuzz/%.o: %.c

@@ -236,33 +236,12 @@ static int64_t file_crc(const char *path) {
 
 static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_t step,
                                int64_t optimizer_step) {
-    const ct_model_config *mc = &cfg->model;
-    ct_ckpt_state s = {
-        .step = step,
-        .samples_seen = step * cfg->train.global_batch,
-        .tokens_seen = step * cfg->train.global_batch * mc->seq_len,
-        .optimizer_step = optimizer_step,
-        .seed = (int64_t)cfg->train.seed,
-        .global_batch = cfg->train.global_batch,
-        .arch = mc->arch,
-        .vocab_size = mc->vocab_size,
-        .vocab_pad = mc->vocab_pad,
-        .seq_len = mc->seq_len,
-        .n_layer = mc->n_layer,
-        .d_model = mc->d_model,
-        .n_head = mc->n_head,
-        .n_kv_head = cfg->derived.n_kv_head,
-        .d_ff = cfg->derived.d_ff,
-        .world_size = pctx->world_size,
-        .tp = pctx->tp,
-        .pp = pctx->pp,
-        .dp = pctx->dp,
-        .zero_stage = cfg->parallel.zero_stage,
-        .virtual_stages = cfg->parallel.virtual_stages,
-        .precision = cfg->derived.precision,
-        .format_version = 1,
-        .tokenizer_crc = file_crc(cfg->data.tokenizer),
-    };
+    ct_ckpt_state s = ct_ckpt_state_of(cfg, step, optimizer_step);
+    s.world_size = pctx->world_size;
+    s.tp = pctx->tp;
+    s.pp = pctx->pp;
+    s.dp = pctx->dp;
+    s.tokenizer_crc = file_crc(cfg->data.tokenizer);
     return s;
 }
 

@@ -348,6 +348,35 @@ static int64_t latest_step(const char *root) {
     return s;
 }
 
+ct_ckpt_state ct_ckpt_state_of(const ct_config *cfg, int64_t step, int64_t optimizer_step) {
+    const ct_model_config *mc = &cfg->model;
+    return (ct_ckpt_state){
+        .step = step,
+        .samples_seen = step * cfg->train.global_batch,
+        .tokens_seen = step * cfg->train.global_batch * mc->seq_len,
+        .optimizer_step = optimizer_step,
+        .seed = (int64_t)cfg->train.seed,
+        .global_batch = cfg->train.global_batch,
+        .arch = mc->arch,
+        .vocab_size = mc->vocab_size,
+        .vocab_pad = mc->vocab_pad,
+        .seq_len = mc->seq_len,
+        .n_layer = mc->n_layer,
+        .d_model = mc->d_model,
+        .n_head = mc->n_head,
+        .n_kv_head = cfg->derived.n_kv_head,
+        .d_ff = cfg->derived.d_ff,
+        .world_size = 1,
+        .tp = 1,
+        .pp = 1,
+        .dp = 1,
+        .zero_stage = cfg->parallel.zero_stage,
+        .virtual_stages = cfg->parallel.virtual_stages,
+        .precision = cfg->derived.precision,
+        .format_version = 1,
+    };
+}
+
 void ct_ckpt_resolve(const char *path, char *out, size_t n) {
     char file[CT_PATH_MAX + 32];
     struct stat sb;

@@ -37,6 +37,7 @@
 #include <stdio.h>
 
 #include "core/common.h"
+#include "core/config/config.h"
 
 enum { CT_CKPT_NAME = 64 };
 
@@ -83,6 +84,10 @@ typedef struct ct_ckpt_state {
      * counter) — initialisation, data order, sampling — so seed and step are all of it. */
     int64_t tokenizer_crc;
 } ct_ckpt_state;
+
+/* The train state of a run of `cfg` after `step` steps, as one process (world_size, tp, pp, dp
+ * 1; tokenizer_crc 0): callers that know the layout and the tokenizer fill those in. */
+ct_ckpt_state ct_ckpt_state_of(const ct_config *cfg, int64_t step, int64_t optimizer_step);
 
 /* Names of the state fields, in order (inspect prints them; the manifest stores the count). */
 extern const char *const ct_ckpt_state_names[];

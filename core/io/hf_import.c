@@ -58,6 +58,17 @@ static ct_status write_pieces(const ct_hf_model *h, const ct_config *cfg, const 
     return st;
 }
 
+/* The fewest significant digits that print x so that it reads back as x. */
+static int shortest(double x) {
+    char buf[40];
+    int digits = 1;
+    for (; digits < 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return digits;
+}
+
 ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE *report) {
     char latest[CT_PATH_MAX + 32];
     struct stat sb;
@@ -79,28 +90,8 @@ ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE 
     const bool began = st == CT_OK;
     if (st == CT_OK) st = write_pieces(&h, &cfg, dir, &m);
     if (st == CT_OK) {
-        const ct_model_config *mc = &cfg.model;
         m.n_files = 1;
-        m.state = (ct_ckpt_state){
-            .seed = (int64_t)cfg.train.seed,
-            .global_batch = cfg.train.global_batch,
-            .arch = mc->arch,
-            .vocab_size = mc->vocab_size,
-            .vocab_pad = mc->vocab_pad,
-            .seq_len = mc->seq_len,
-            .n_layer = mc->n_layer,
-            .d_model = mc->d_model,
-            .n_head = mc->n_head,
-            .n_kv_head = cfg.derived.n_kv_head,
-            .d_ff = cfg.derived.d_ff,
-            .world_size = 1,
-            .tp = 1,
-            .pp = 1,
-            .dp = 1,
-            .virtual_stages = 1,
-            .precision = CT_PRECISION_FP32,
-            .format_version = 1,
-        };
+        m.state = ct_ckpt_state_of(&cfg, 0, 0); /* one process, fp32, no tokenizer */
         size_t len = 0;
         FILE *mem = open_memstream(&m.config_text, &len);
         CT_ASSERT(mem != NULL);
@@ -123,8 +114,8 @@ ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE 
                 (long long)mc->n_head, (long long)cfg.derived.n_kv_head,
                 (long long)cfg.derived.d_ff);
         if (mc->arch == CT_ARCH_LLAMA)
-            fprintf(report, "  norm_eps: %.17g\n  rope_theta: %.17g\n", mc->norm_eps,
-                    mc->rope_theta);
+            fprintf(report, "  norm_eps: %.*g\n  rope_theta: %.*g\n", shortest(mc->norm_eps),
+                    mc->norm_eps, shortest(mc->rope_theta), mc->rope_theta);
     }
     free(m.pieces);
     free(m.config_text);

@@ -492,6 +492,21 @@ static ct_status check_compatible(const char *path, const ct_ckpt_state *s, cons
 
 /* Where a load reads: a checkpoint (every kind), or, for model.init_from, a checkpoint's or a
  * Hugging Face model's weights with AdamW's moments zero. */
+/* A checkpoint holds an lm_head exactly when its model was untied (model.tie_embeddings). */
+static ct_status check_tie(const char *path, const ct_ckpt_manifest *m, const ct_config *cfg) {
+    bool untied = false;
+    for (int64_t i = 0; i < m->n_pieces && !untied; i++)
+        untied =
+            m->pieces[i].box.kind == CT_CKPT_WEIGHT && !strcmp(m->pieces[i].box.name, "lm_head");
+    if (untied == !cfg->model.tie_embeddings) return CT_OK;
+    ct_error(CT_ERR_INPUT,
+             "checkpoint '%s' %s an LM head of its own (lm_head), this run has "
+             "model.tie_embeddings=%s",
+             path, untied ? "has" : "has no", cfg->model.tie_embeddings ? "true" : "false");
+    ct_hint("set model.tie_embeddings: %s, as the model that wrote it", untied ? "false" : "true");
+    return CT_ERR_INPUT;
+}
+
 typedef struct loader {
     const char *path;
     const ct_ckpt_manifest *manifest; /* a checkpoint, or NULL */
@@ -590,6 +605,7 @@ ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, 
     ct_ckpt_manifest m;
     ct_status st = ct_ckpt_open(path, &m);
     if (st == CT_OK) st = check_compatible(path, &m.state, cfg, true);
+    if (st == CT_OK) st = check_tie(path, &m, cfg);
     st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) {
         ct_ckpt_manifest_release(&m);
@@ -621,6 +637,7 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
     } else {
         st = ct_ckpt_open(dir, &m);
         if (st == CT_OK) st = check_compatible(dir, &m.state, cfg, false);
+        if (st == CT_OK) st = check_tie(dir, &m, cfg);
     }
     st = ct_pctx_agree(pctx, st);
     if (st == CT_OK) {

@@ -97,11 +97,14 @@ static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
 void ct_report_start(const trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_pctx *p = t->pctx;
-    printf("model: gpt2, %lld layers, d_model %lld, %lld heads, seq_len %lld, vocab %lld "
-           "(padded %lld), %.2fM parameters\n",
-           (long long)cfg->model.n_layer, (long long)cfg->model.d_model,
-           (long long)cfg->model.n_head, (long long)cfg->model.seq_len,
-           (long long)cfg->model.vocab_size, (long long)cfg->derived.vocab_padded,
+    printf("model: %s, %lld layers, d_model %lld, %lld heads (%lld key/value), d_ff %lld, seq_len "
+           "%lld, vocab %lld (padded %lld), LM head %s, %.2fM parameters\n",
+           cfg->model.arch == CT_ARCH_LLAMA ? "llama" : "gpt2", (long long)cfg->model.n_layer,
+           (long long)cfg->model.d_model, (long long)cfg->model.n_head,
+           (long long)cfg->derived.n_kv_head, (long long)cfg->derived.d_ff,
+           (long long)cfg->model.seq_len, (long long)cfg->model.vocab_size,
+           (long long)cfg->derived.vocab_padded,
+           cfg->model.tie_embeddings ? "tied to the embedding" : "untied",
            (double)cfg->derived.n_params / 1e6);
     if (p->world_size > 1) ct_pctx_print(p, stdout);
     printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld%s x "

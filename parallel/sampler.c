@@ -98,7 +98,7 @@ static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
 static void draw(void *ctx, int mb, ct_acts *a) {
     sampler *s = ctx;
     const ct_model *m = s->model;
-    const ct_param *wte = ct_model_wte(m); /* the LM head: this rank's rows of the vocabulary */
+    const ct_param *wte = ct_model_head_weight(m); /* this rank's rows of the vocabulary */
     int64_t Vl = wte->local_shape[0];
     ct_tensor *row = ct_tensor_view_1d(ct_acts_logits(a), (s->len - 1) * Vl, Vl);
     ct_tensor_to_host(s->row, row);
@@ -118,8 +118,8 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
     s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
     s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
-    /* the last stage's slice of the vocabulary (a middle stage holds no wte and draws nothing) */
-    const ct_param *wte = ct_model_wte(m);
+    /* the last stage's slice of the vocabulary (a middle stage holds no head and draws nothing) */
+    const ct_param *wte = ct_model_head_weight(m);
     s.row = ct_xmalloc((size_t)(wte ? wte->local_shape[0] : 1) * sizeof(float));
 
     /* One sequence at a time: through every stage on a forward-only schedule, or the one chunk

@@ -4,7 +4,7 @@
   reference_forward.py MODEL --tokens SHARD.bin [--samples N]
   reference_forward.py make DIR --arch gpt2|llama [--dtype F32|BF16|F16] [--shards N]
                        [--seed S] [--vocab V] [--positions T] [--layers L] [--d-model C]
-                       [--heads H] [--kv-heads K] [--d-ff F]
+                       [--heads H] [--kv-heads K] [--d-ff F] [--untied]
 
 Reads MODEL (a .safetensors file, or a directory holding model.safetensors or a sharded model's
 model.safetensors.index.json) and the config.json beside it (what `cooktrain export` writes, or a
@@ -18,8 +18,9 @@ the mean cross-entropy per token, computed in float64 from the file's values (bf
 widened exactly). It shares no code with cooktrain: it follows the architecture as Hugging Face
 defines it, so agreement with `cooktrain eval` checks the export's layout and every op of the
 forward pass at once. Architectures:
-  - GPT-2 (model_type "gpt2"): learned positions, LayerNorm, tanh GELU, tied head; Conv1D
-    weights stored (in, out);
+  - GPT-2 (model_type "gpt2"): learned positions, LayerNorm, tanh GELU, the head tied to the
+    embedding unless config.json says otherwise (then lm_head.weight); Conv1D weights stored
+    (in, out);
   - Llama (model_type "llama"): RMSNorm, rotary positions in Hugging Face's half-split form
     (rotate_half: dims i and i + hd/2 pair up, cos/sin tables cat(freqs, freqs)), grouped-query
     attention (query head j reads key/value head j // (n_head / n_kv_head)), SwiGLU MLP
@@ -121,7 +122,8 @@ def gpt2_logits(w, cfg, idx):
         h = gelu_tanh(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
         x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
     x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], eps)
-    return x @ w["wte.weight"].T
+    tied = cfg.get("tie_word_embeddings", True)
+    return x @ (w["wte.weight"] if tied else w["lm_head.weight"]).T
 
 
 def rms_norm(x, w, eps):
@@ -211,13 +213,14 @@ def make_model(argv):
     C, H = int(arg("--d-model", "64")), int(arg("--heads", "4"))
     K, F = int(arg("--kv-heads", str(H))), int(arg("--d-ff", str(4 * C)))
     hd = C // H
+    untied = "--untied" in argv
     normal = lambda *shape: rng.normal(0.0, 0.05, shape)
     near1 = lambda n: 1.0 + rng.normal(0.0, 0.1, n)
     w = {}
     if kind == "gpt2":
         cfg = {"model_type": "gpt2", "vocab_size": V, "n_positions": T, "n_embd": C,
                "n_layer": L, "n_head": H, "n_inner": F, "activation_function": "gelu_new",
-               "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+               "layer_norm_epsilon": 1e-5, "tie_word_embeddings": not untied}
         w["wte.weight"], w["wpe.weight"] = normal(V, C), normal(T, C)
         for l in range(L):
             p = "h.%d." % l
@@ -233,7 +236,7 @@ def make_model(argv):
                "max_position_embeddings": T, "hidden_size": C, "intermediate_size": F,
                "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-               "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": True}
+               "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": not untied}
         w["model.embed_tokens.weight"] = normal(V, C)
         for l in range(L):
             p = "model.layers.%d." % l
@@ -247,6 +250,8 @@ def make_model(argv):
             w[p + "mlp.up_proj.weight"] = normal(F, C)
             w[p + "mlp.down_proj.weight"] = normal(C, F)
         w["model.norm.weight"] = near1(C)
+    if untied:
+        w["lm_head.weight"] = normal(V, C)
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
     shards = int(arg("--shards", "1"))

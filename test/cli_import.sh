@@ -52,10 +52,10 @@ PY
 }
 
 # ---- import, then eval against the numpy reference ---------------------------------------------
-for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --d-ff 160" \
-    "gpt2|F16|1|" "gpt2|F32|2|--d-ff 96"; do
+for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --d-ff 160 --untied" \
+    "gpt2|F16|1|" "gpt2|F32|2|--d-ff 96 --untied"; do
     IFS='|' read -r arch dtype shards extra <<<"$model"
-    name="$arch $dtype shards=$shards"
+    name="$arch $dtype shards=$shards${extra:+ $extra}"
     selected "import $name" || continue
     d=$tmp/$arch-$dtype-$shards
     # shellcheck disable=SC2086
@@ -116,6 +116,25 @@ if selected "init_from"; then
         cmp -s "$d/one.bin" "$d/$lname.bin" && ok "init_from $lname: the same weights as one process" ||
             fail "init_from $lname: weights differ from one process"
     done
+    # an untied model: lm_head on the last stage, the embedding on the first
+    $py $ref make "$d/hfu" --arch llama --seed 4 "${shape[@]}" --kv-heads 4 --d-ff 192 --untied
+    untied=("${llama[@]}" --set model.tie_embeddings=false --set model.init_from="$d/hfu")
+    expect_exit 0 "init_from an untied model, one process" -- "$BIN" "${untied[@]}" --dump-init-params "$d/u1.bin"
+    grep -q lm_head "$d/u1.bin.index.json" && ok "init_from an untied model: the run has an lm_head" ||
+        fail "init_from an untied model: no lm_head"
+    for layout in "tp2|--set parallel.tp=2" "pp2|--set parallel.pp=2"; do
+        IFS='|' read -r lname extra <<<"$layout"
+        # shellcheck disable=SC2086
+        expect_exit 0 "init_from an untied model, $lname" -- "${MPIRUN[@]}" -np 2 "$BIN" "${untied[@]}" $extra \
+            --dump-init-params "$d/u-$lname.bin"
+        cmp -s "$d/u1.bin" "$d/u-$lname.bin" && ok "init_from an untied model, $lname: the same weights as one process" ||
+            fail "init_from an untied model, $lname: weights differ from one process"
+    done
+    expect_exit 2 "init_from an untied model into a tied run" -- "$BIN" "${llama[@]}" --set model.init_from="$d/hfu"
+    expect_text "tie_word_embeddings 0 in its config.json, this run's model.tie_embeddings is 1" "the tie mismatch names both keys"
+    "$BIN" import "$d/hfu" --out "$d/cku" >/dev/null
+    expect_exit 2 "init_from an untied checkpoint into a tied run" -- "$BIN" "${llama[@]}" --set model.init_from="$d/cku"
+    expect_text "has an LM head of its own (lm_head), this run has model.tie_embeddings=true" "the checkpoint's tie mismatch is named"
     expect_exit 0 "a run with a checkpoint and init_from" -- "$BIN" "${llama[@]}" \
         --set model.init_from="$d/hf" --set checkpoint.dir="$d/run"
     expect_exit 0 "the run again: resumes" -- "$BIN" "${llama[@]}" --set train.steps=2 \
@@ -185,7 +204,8 @@ PY
     case_ "config.json vocab_size a string" "vocab_size" 'cfgset vocab_size "\"123\""'
     case_ "config.json heads not dividing" "n_head" 'cfgset num_attention_heads 7'
     case_ "config.json rope_scaling" "rope_scaling" 'cfgset rope_scaling "{\"rope_type\": \"llama3\"}"'
-    case_ "config.json untied head" "tie_word_embeddings" 'cfgset tie_word_embeddings false'
+    case_ "config.json untied, no lm_head.weight" "has no tensor lm_head.weight" 'cfgset tie_word_embeddings false'
+    case_ "config.json tie_word_embeddings a number" "tie_word_embeddings" 'cfgset tie_word_embeddings 1'
     case_ "config.json duplicate key" "duplicate" "$py -c 't=open(\"config.json\").read(); open(\"config.json\",\"w\").write(t.replace(\"{\", \"{\\\"hidden_size\\\": 64, \", 1))'"
     case_ "index naming a file outside" "not a .safetensors file beside the index" \
         "mv model.safetensors x.safetensors && echo '{\"weight_map\": {\"a\": \"../x.safetensors\"}}' >model.safetensors.index.json"

@@ -12,6 +12,8 @@
 #   - on the emulated CUDA backend: 3 steps against the CPU, and check mode over every op of a step
 #     in fp32 and bf16;
 #   - configs/llama-tiny.yaml trains (its loss falls) and bf16 trains;
+#   - an untied LM head (model.tie_embeddings: false) against world size 1 at tp 2 + SP, pp 2,
+#     pp 2 x dp 2 with ZeRO-2, dp 2 with ZeRO-3 and tp 2 x pp 2;
 #   - invalid shapes: an odd head_dim, n_kv_head not divisible by tp: exit 2 naming the numbers.
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -84,6 +86,35 @@ if reference_run "$tmp"; then
 1 1 4 1f1b 1 3 false full 2
 2 2 2 1f1b 1 2 true full 2
 RUNS
+fi
+
+# ---- an LM head of its own (model.tie_embeddings: false) in every layout family -------------------
+if selected "untied"; then
+    u=$tmp/untied
+    mkdir -p "$u"
+    tied_base=("${base[@]}")
+    base+=(--set model.tie_embeddings=false)
+    if reference_run "$u"; then
+        grep -q lm_head "$u/ref.bin.index.json" && ok "untied: the model has an lm_head tensor" ||
+            fail "untied: no lm_head in the parameters"
+        # tp pp dp zero sp micro_batch
+        while read -r tp pp dp zero sp micro; do
+            name="llama untied tp=$tp pp=$pp dp=$dp zero=$zero sp=$sp"
+            if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
+                --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.zero_stage="$zero" \
+                --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
+                --set log.metrics="$u/run.jsonl" --dump-params "$u/run.bin"; then
+                check_against_reference "$name" "$u"
+            fi
+        done <<'RUNS'
+2 1 1 0 true 2
+1 2 1 0 false 2
+1 2 2 2 false 2
+1 1 2 3 false 2
+2 2 1 1 false 2
+RUNS
+    fi
+    base=("${tied_base[@]}")
 fi
 
 # ---- on the emulated CUDA backend -----------------------------------------------------------------

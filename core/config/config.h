@@ -61,6 +61,7 @@ typedef struct ct_model_config {
     /* weights to start from when no checkpoint is resumed: a cooktrain checkpoint (any layout) or
      * a Hugging Face model (core/io/hf.h); "" = initialise from train.seed */
     char init_from[CT_PATH_MAX];
+    bool tie_embeddings; /* the LM head reads the embedding (else its own lm_head (Vp, C)) */
 } ct_model_config;
 
 /* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is

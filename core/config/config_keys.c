@@ -75,7 +75,7 @@ const config_key config_keys[] = {
     /* model */
     {KEY(model, arch, KEY_ENUM), .choices = arch_names, .def = "gpt2",
      .doc = "model family: gpt2 (LayerNorm, GELU, learned positions, biases) or llama (RMSNorm, "
-            "SwiGLU, rotary positions, no biases); both tie the LM head to the embedding"},
+            "SwiGLU, rotary positions, no biases)"},
     {KEY(model, vocab_size, KEY_INT), .def = "4096", AT_LEAST(1), AT_MOST(2147483647),
      .doc = "tokens the tokenizer can emit (the real vocabulary)"},
     {KEY(model, vocab_pad, KEY_INT), .def = "128", AT_LEAST(1), AT_MOST(1048576),
@@ -101,6 +101,9 @@ const config_key config_keys[] = {
      .doc = "llama with d_ff 0: scales the MLP width 8·d_model/3 before rounding; 0 = none"},
     {KEY(model, multiple_of, KEY_INT), .def = "256", AT_LEAST(1), AT_MOST(1048576),
      .doc = "llama with d_ff 0: the MLP width is rounded up to a multiple of this"},
+    {KEY(model, tie_embeddings, KEY_BOOL), .def = "true",
+     .doc = "the LM head is the token embedding (GPT-2, small Llamas); false: an lm_head of its "
+            "own, vocab-parallel like the embedding (Llama 2, Llama 3 8B)"},
     {KEY(model, init_from, KEY_STRING), .def = "",
      .doc = "start from these weights when no checkpoint is resumed: a cooktrain checkpoint "
             "directory (any layout) or a Hugging Face model (a directory with config.json and "

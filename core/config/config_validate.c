@@ -185,12 +185,13 @@ int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t mul
     return (h + multiple_of - 1) / multiple_of * multiple_of;
 }
 
-/* Parameters of the model with a tied embedding (see config.h: n_params). The table's upper
- * bounds keep every product below 2^62. */
+/* Parameters of the model (see config.h: n_params). The table's upper bounds keep every product
+ * below 2^62. */
 static int64_t model_params(const ct_model_config *m, const ct_derived_config *d) {
     int64_t C = m->d_model, kv = d->n_kv_head * d->head_dim, F = d->d_ff;
+    const int64_t head = m->tie_embeddings ? 0 : d->vocab_padded * C; /* an untied lm_head */
     if (m->arch == CT_ARCH_LLAMA)
-        return d->vocab_padded * C +
+        return head + d->vocab_padded * C +
                m->n_layer * (2 * C                /* two RMSNorm weights */
                              + C * C + 2 * kv * C /* q, k, v */
                              + C * C              /* attention out */
@@ -203,7 +204,7 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
                     + 2 * C                       /* ln2 */
                     + (F * C + F)                 /* MLP up */
                     + (C * F + C);                /* MLP down */
-    return d->vocab_padded * C                    /* wte, tied with the LM head */
+    return head + d->vocab_padded * C             /* wte (the LM head when tied) */
            + m->seq_len * C                       /* wpe */
            + m->n_layer * layer + 2 * C /* final LN */;
 }

@@ -100,7 +100,8 @@ static ct_status config_value(const char *dir, const ct_ckpt_manifest *m, const 
 }
 
 /* config.json beside the safetensors file, for transformers' LlamaConfig. */
-static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_manifest *m) {
+static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_manifest *m,
+                                    bool tied) {
     const ct_ckpt_state *s = &m->state;
     double eps, theta;
     CT_TRY(config_value(dir, m, "norm_eps", &eps));
@@ -112,16 +113,17 @@ static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_mani
             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
             "  \"num_key_value_heads\": %lld,\n  \"hidden_act\": \"silu\",\n"
             "  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n  \"attention_bias\": false,\n"
-            "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": true,\n"
+            "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
             "  \"torch_dtype\": \"float32\"\n}\n",
             (long long)s->vocab_size, (long long)s->seq_len, (long long)s->d_model,
             (long long)s->d_ff, (long long)s->n_layer, (long long)s->n_head,
-            (long long)s->n_kv_head, eps, theta);
+            (long long)s->n_kv_head, eps, theta, tied ? "true" : "false");
     return CT_OK;
 }
 
 /* config.json beside the safetensors file, for transformers' GPT2Config or LlamaConfig. */
-static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt_manifest *m) {
+static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt_manifest *m,
+                                 bool tied) {
     const ct_ckpt_state *s = &m->state;
     char path[CT_PATH_MAX + 32], tmp[CT_PATH_MAX + 48];
     const char *slash = strrchr(out, '/');
@@ -135,7 +137,7 @@ static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt
     }
     ct_status st = CT_OK;
     if (s->arch != 0) /* llama (the train state's model.arch: gpt2 is 0) */
-        st = write_llama_config(f, dir, m);
+        st = write_llama_config(f, dir, m, tied);
     else
         fprintf(
             f,
@@ -143,9 +145,10 @@ static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt
             "  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n  \"n_ctx\": %lld,\n"
             "  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": %lld,\n"
             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
-            "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
             (long long)s->vocab_size, (long long)s->seq_len, (long long)s->seq_len,
-            (long long)s->d_model, (long long)s->n_layer, (long long)s->n_head, (long long)s->d_ff);
+            (long long)s->d_model, (long long)s->n_layer, (long long)s->n_head, (long long)s->d_ff,
+            tied ? "true" : "false");
     bool ok = fflush(f) == 0 && !ferror(f);
     ok = fclose(f) == 0 && ok;
     if (st != CT_OK) {
@@ -202,11 +205,13 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         st = CT_ERR_INPUT;
     }
     int n = 0;
+    const bool untied = find_tensor(&m, "lm_head") != NULL;
     hf_tensor *t = ct_hf_tensors(llama ? CT_ARCH_LLAMA : CT_ARCH_GPT2, m.state.n_layer,
-                                 m.state.d_model / m.state.n_head, &n);
+                                 m.state.d_model / m.state.n_head, untied, &n);
     int64_t largest = 0;
     for (int i = 0; i < n && st == CT_OK; i++) {
-        st = shape_of(dir, &m, &t[i], i == 0 ? m.state.vocab_size : 0);
+        const bool vocab = !strcmp(t[i].src[0], "wte") || !strcmp(t[i].src[0], "lm_head");
+        st = shape_of(dir, &m, &t[i], vocab ? m.state.vocab_size : 0);
         largest = CT_MAX(largest, t[i].rows * t[i].cols);
     }
     char tmp[CT_PATH_MAX + 32];
@@ -249,7 +254,7 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         else
             remove(tmp);
     }
-    if (st == CT_OK) st = write_hf_config(out, dir, &m);
+    if (st == CT_OK) st = write_hf_config(out, dir, &m, !untied);
     free(t);
     ct_ckpt_manifest_release(&m);
     return st;

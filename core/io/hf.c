@@ -54,10 +54,10 @@ static const struct {
     {"mlp.down_proj.weight", "mlp.w_down", false},
 };
 
-ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, int *count) {
+ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, int *count) {
     const bool llama = arch == CT_ARCH_LLAMA;
     const int per_layer = llama ? (int)CT_ARRAY_LEN(llama_layer) : (int)CT_ARRAY_LEN(gpt2_layer);
-    ct_hf_tensor *t = ct_xcalloc((size_t)(4 + per_layer * L), sizeof *t);
+    ct_hf_tensor *t = ct_xcalloc((size_t)(5 + per_layer * L), sizeof *t);
     int n = 0;
     add(&t[n++], llama ? "model.embed_tokens.weight" : "wte.weight", false, (const char *[]){"wte"},
         1);
@@ -88,6 +88,7 @@ ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, int *count) {
         add(&t[n++], "ln_f.weight", false, (const char *[]){"lnf.weight"}, 1);
         add(&t[n++], "ln_f.bias", false, (const char *[]){"lnf.bias"}, 1);
     }
+    if (untied) add(&t[n++], "lm_head.weight", false, (const char *[]){"lm_head"}, 1);
     *count = n;
     return t;
 }
@@ -159,6 +160,18 @@ static ct_status expect_bool(const jconfig *j, const char *key, bool def, bool w
     return bad_key(j, key, why);
 }
 
+/* A boolean; absent or null gives def. */
+static ct_status get_bool(const jconfig *j, const char *key, bool def, bool *out) {
+    json_t *v = json_object_get(j->root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return CT_OK;
+    }
+    if (!json_is_boolean(v)) return bad_key(j, key, "is not true or false");
+    *out = json_is_true(v);
+    return CT_OK;
+}
+
 static ct_status parse_gpt2(const jconfig *j, ct_hf_config *c) {
     CT_TRY(get_int(j, "vocab_size", true, 0, 1, 2147483647, &c->vocab_size));
     CT_TRY(get_int(j, "n_positions", true, 0, 1, 1048576, &c->max_positions));
@@ -172,8 +185,7 @@ static ct_status parse_gpt2(const jconfig *j, ct_hf_config *c) {
     if (eps != 1e-5) return bad_key(j, "layer_norm_epsilon", "is not 1e-5, GPT-2's (and ours)");
     CT_TRY(expect_str(j, "activation_function",
                       (const char *const[]){"gelu_new", "gelu_pytorch_tanh", NULL}));
-    return expect_bool(j, "tie_word_embeddings", true, true,
-                       "is false: cooktrain's GPT-2 ties its LM head to the embedding");
+    return get_bool(j, "tie_word_embeddings", true, &c->tied);
 }
 
 static ct_status parse_llama(const jconfig *j, ct_hf_config *c) {
@@ -197,9 +209,7 @@ static ct_status parse_llama(const jconfig *j, ct_hf_config *c) {
         return bad_key(j, "rope_scaling", "is set: cooktrain does not read scaled RoPE yet");
     CT_TRY(expect_bool(j, "attention_bias", false, false, "is true: Llama has no biases"));
     CT_TRY(expect_bool(j, "mlp_bias", false, false, "is true: Llama has no biases"));
-    return expect_bool(j, "tie_word_embeddings", false, true,
-                       "is not true: cooktrain ties its LM head to the embedding, an untied "
-                       "lm_head.weight cannot be read yet");
+    return get_bool(j, "tie_word_embeddings", false, &c->tied);
 }
 
 ct_status ct_hf_config_parse(const char *path, const char *json, size_t len, ct_hf_config *out) {
@@ -360,8 +370,9 @@ ct_status ct_hf_open(const char *path, ct_hf_model *m) {
     }
     free(names);
     if (st == CT_OK)
-        m->names = ct_hf_tensors(m->config.arch, m->config.n_layer,
-                                 m->config.d_model / m->config.n_head, &m->n_names);
+        m->names =
+            ct_hf_tensors(m->config.arch, m->config.n_layer, m->config.d_model / m->config.n_head,
+                          !m->config.tied, &m->n_names);
     if (st != CT_OK) ct_hf_close(m);
     return st;
 }
@@ -382,6 +393,7 @@ void ct_hf_model_config(const ct_hf_config *hf, ct_model_config *mc) {
     mc->n_head = hf->n_head;
     mc->n_kv_head = hf->n_kv_head;
     mc->d_ff = hf->d_ff;
+    mc->tie_embeddings = hf->tied;
     if (hf->arch == CT_ARCH_LLAMA) {
         mc->norm_eps = hf->norm_eps;
         mc->rope_theta = hf->rope_theta;
@@ -414,6 +426,8 @@ ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
          llama && h->norm_eps != mc->norm_eps},
         {"rope_theta", "rope_theta", h->rope_theta, mc->rope_theta,
          llama && h->rope_theta != mc->rope_theta},
+        {"tie_embeddings", "tie_word_embeddings", h->tied, mc->tie_embeddings,
+         h->tied != mc->tie_embeddings},
         {"seq_len", "n_positions", h->max_positions, mc->seq_len,
          !llama && mc->seq_len > h->max_positions},
     };
@@ -462,7 +476,7 @@ ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64
         return CT_ERR_INPUT;
     }
     /* The stacked tensor's shape in our orientation: rows_hf x cols. */
-    const bool wte = !strcmp(name, "wte"), wpe = !strcmp(name, "wpe");
+    const bool wte = !strcmp(name, "wte") || !strcmp(name, "lm_head"), wpe = !strcmp(name, "wpe");
     const int64_t rows_hf = wte   ? m->config.vocab_size
                             : wpe ? m->config.max_positions
                                   : e->n_src * rows;

@@ -11,11 +11,11 @@
  *
  * config.json, checked: model_type gpt2 or llama. GPT-2: vocab_size, n_positions, n_embd,
  * n_layer, n_head, n_inner (null: 4·n_embd), layer_norm_epsilon 1e-5, activation_function
- * gelu_new, tie_word_embeddings true. Llama: vocab_size, max_position_embeddings, hidden_size,
- * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (absent: the
- * heads), rms_norm_eps, rope_theta, hidden_act silu, head_dim (if present) hidden_size / heads,
- * no attention or MLP biases, no rope_scaling, tie_word_embeddings true (cooktrain ties its LM
- * head to the embedding). Sizes must lie within the config keys' bounds.
+ * gelu_new, tie_word_embeddings (default true). Llama: vocab_size, max_position_embeddings,
+ * hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads
+ * (absent: the heads), rms_norm_eps, rope_theta, hidden_act silu, head_dim (if present) hidden_size
+ * / heads, no attention or MLP biases, no rope_scaling, tie_word_embeddings (default false: then
+ * the file holds lm_head.weight). Sizes must lie within the config keys' bounds.
  */
 #ifndef CT_CORE_HF_H
 #define CT_CORE_HF_H
@@ -39,14 +39,16 @@ typedef struct ct_hf_tensor {
 } ct_hf_tensor;
 
 /* The tensors of a GPT-2 or Llama model of n_layer layers, in the order export writes them
- * (malloc'd; *count entries). */
-ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t n_layer, int64_t head_dim, int *count);
+ * (malloc'd; *count entries); untied: with lm_head.weight (our lm_head). */
+ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t n_layer, int64_t head_dim, bool untied,
+                            int *count);
 
 /* What config.json says, in our terms. */
 typedef struct ct_hf_config {
     ct_arch arch;
     int64_t vocab_size, max_positions, n_layer, d_model, n_head, n_kv_head, d_ff;
     double norm_eps, rope_theta; /* llama */
+    bool tied;                   /* tie_word_embeddings */
 } ct_hf_config;
 
 /* Parses config.json's text (len bytes; `path` names it in messages). */

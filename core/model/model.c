@@ -236,7 +236,11 @@ static void build_registry(ct_model *m) {
         if (m->layout.chunks[c].has_head) {
             begin_unit(m, "head", &unit_cap);
             m->head_unit = m->n_units - 1;
-            if (!have_embed) {
+            if (!m->tied) {
+                /* An LM head of its own: vocab-parallel like wte, first in its unit. */
+                add_param(&rb, "lm_head", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
+                    offsetof(ct_model, lm_head);
+            } else if (!have_embed) {
                 /* The last stage's twin of the tied embedding (pipeline parallel). It comes
                  * first, at offset 0 like wte in the embedding unit, and both units are padded
                  * to the same size (ct_model_new): then every data-parallel shard covers the
@@ -289,6 +293,7 @@ ct_param *ct_model_registry(const ct_config *cfg, int *count) {
     m.V = cfg->model.vocab_size;
     m.Vp = cfg->derived.vocab_padded;
     m.llama = cfg->model.arch == CT_ARCH_LLAMA;
+    m.tied = cfg->model.tie_embeddings;
     m.layout = ct_model_layout_single(cfg);
     build_registry(&m);
     free(m.units);
@@ -314,6 +319,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->be = be;
     m->dtype = ct_precision_dtype(cfg->train.precision);
     m->llama = cfg->model.arch == CT_ARCH_LLAMA;
+    m->tied = cfg->model.tie_embeddings;
     m->layout = *layout;
     if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
@@ -379,7 +385,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     /* Vocabulary padding: rows at or past vocab_size are never real tokens. */
     for (int i = 0; i < m->n_params; i++) {
         ct_param *p = &m->params[i];
-        if (!strcmp(p->name, "wte") || !strcmp(p->name, "head.wte")) {
+        if (!strcmp(p->name, "wte") || !strcmp(p->name, "head.wte") ||
+            !strcmp(p->name, "lm_head")) {
             int64_t valid = m->V - p->tp_offset;
             p->valid_rows = CT_MAX(0, CT_MIN(valid, p->local_shape[0]));
         }
@@ -530,6 +537,10 @@ const ct_param *ct_model_wte(const ct_model *m) {
     return m->wte;
 }
 
+const ct_param *ct_model_head_weight(const ct_model *m) {
+    return m->tied ? m->wte : m->lm_head;
+}
+
 const ct_model_hooks *ct_model_hooks_of(const ct_model *m) {
     return &m->hooks;
 }
@@ -540,8 +551,9 @@ void ct_model_set_hooks(ct_model *m, ct_model_hooks hooks) {
 
 ct_tied_place ct_model_tied_place(const ct_model *m, int *unit) {
     const bool embed = m->embed_unit >= 0, head = m->head_unit >= 0;
-    if (unit) *unit = embed ? m->embed_unit : head ? m->head_unit : -1;
+    if (unit) *unit = embed ? m->embed_unit : head && m->tied ? m->head_unit : -1;
     if (embed && head) return CT_TIED_LOCAL;
+    if (!m->tied) return CT_TIED_ABSENT; /* no twin: the head has its own lm_head */
     if (embed) return CT_TIED_FIRST;
     return head ? CT_TIED_LAST : CT_TIED_ABSENT;
 }
@@ -749,9 +761,10 @@ static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     ct_tensor *x = a->residual[m->L];
     ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
     /* (lnf_b is NULL for llama: an RMSNorm) */
-    ct_gemm(a->logits, a->lnf, m->wte->value, false, true, 1.0f, 0.0f);
+    const ct_param *w = ct_model_head_weight(m);
+    ct_gemm(a->logits, a->lnf, w->value, false, true, 1.0f, 0.0f);
     ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
-                           a->target_logit, m->wte->valid_rows, m->wte->tp_offset, dloss);
+                           a->target_logit, w->valid_rows, w->tp_offset, dloss);
     if (a->mb >= 0 && a->mb < m->loss_slots) {
         CT_ASSERTF(N == m->loss_slot_len, "microbatch of %lld tokens, loss slots of %lld",
                    (long long)N, (long long)m->loss_slot_len);
@@ -854,9 +867,10 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
 
 static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     /* a->logits holds dloss·(softmax − onehot) from head_forward. */
-    ct_gemm(s->dln, a->logits, m->wte->value, false, false, 1.0f, 0.0f); /* (N,C) */
+    const ct_param *w = ct_model_head_weight(m);
+    ct_gemm(s->dln, a->logits, w->value, false, false, 1.0f, 0.0f); /* (N,C) */
     ct_tensor *dlnf = ct_model_dln_reduced(m, s);
-    ct_gemm(m->wte->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
+    ct_gemm(w->grad, a->logits, a->lnf, true, false, 1.0f, 1.0f); /* (Vp/tp, C) */
     ct_tensor_zero(s->dres);
     ct_model_norm_backward(s->dres, m->lnf_w, m->lnf_b, dlnf, a->residual[m->L], a->lnf_mean,
                            a->lnf_rstd);

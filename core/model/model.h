@@ -195,8 +195,10 @@ typedef struct ct_model {
     int64_t loss_slot_len;
 
     ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) (gpt2 only) */
+    ct_param *lm_head;       /* model.tie_embeddings false: (Vp, C) vocab-parallel; else NULL */
     ct_param *lnf_w, *lnf_b; /* (C) (lnf_b gpt2 only) */
     bool llama;              /* model.arch llama: RMSNorm, RoPE, SwiGLU, no biases, no wpe */
+    bool tied;               /* model.tie_embeddings */
     ct_tensor *rope_table;   /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
     ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
 } ct_model;
@@ -294,6 +296,8 @@ int ct_model_head_unit(const ct_model *model);  /* final norm (+ twin) unit, -1 
 /* The tied embedding as this rank's LM head or embedding reads it: wte, or its twin head.wte on
  * a last stage without the embedding; NULL on a rank with neither. */
 const ct_param *ct_model_wte(const ct_model *model);
+/* The LM head's weight on this rank (the last stage): ct_model_wte when tied, else lm_head. */
+const ct_param *ct_model_head_weight(const ct_model *model);
 /* The data-parallel layer's hooks: the ones installed, and installing new ones ({0}: none). */
 const ct_model_hooks *ct_model_hooks_of(const ct_model *model);
 void ct_model_set_hooks(ct_model *model, ct_model_hooks hooks);

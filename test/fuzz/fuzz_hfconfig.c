@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     /* the tensor names of a model of at most 4 layers (larger ones cost time, not coverage) */
     int count;
     ct_hf_tensor *t =
-        ct_hf_tensors(c.arch, c.n_layer < 4 ? c.n_layer : 4, c.d_model / c.n_head, &count);
+        ct_hf_tensors(c.arch, c.n_layer < 4 ? c.n_layer : 4, c.d_model / c.n_head, !c.tied, &count);
     free(t);
     return 0;
 }

@@ -5,6 +5,7 @@
   reference_forward.py make DIR --arch gpt2|llama [--dtype F32|BF16|F16] [--shards N]
                        [--seed S] [--vocab V] [--positions T] [--layers L] [--d-model C]
                        [--heads H] [--kv-heads K] [--d-ff F] [--untied]
+                       [--rope-scaling FACTOR --rope-original N]
 
 Reads MODEL (a .safetensors file, or a directory holding model.safetensors or a sharded model's
 model.safetensors.index.json) and the config.json beside it (what `cooktrain export` writes, or a
@@ -141,6 +142,16 @@ def llama_logits(w, cfg, idx):
     hd, eps = C // H, cfg["rms_norm_eps"]
     B, T = idx.shape
     inv_freq = 1.0 / cfg.get("rope_theta", 10000.0) ** (np.arange(0, hd, 2) / hd)
+    sc = cfg.get("rope_scaling")
+    if sc:  # Llama 3.1 ("llama3"): long wavelengths stretched by factor, short kept, blended between
+        if sc.get("rope_type", sc.get("type")) != "llama3":
+            fail("rope_scaling of type %r" % sc, "this reference knows rope_type llama3")
+        old, lo, hi = sc["original_max_position_embeddings"], sc["low_freq_factor"], sc["high_freq_factor"]
+        wavelen = 2 * np.pi / inv_freq
+        smooth = (old / wavelen - lo) / (hi - lo)
+        blended = (1 - smooth) * inv_freq / sc["factor"] + smooth * inv_freq
+        inv_freq = np.where(wavelen > old / lo, inv_freq / sc["factor"],
+                            np.where(wavelen < old / hi, inv_freq, blended))
     freqs = np.arange(T)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb), np.sin(emb)  # (T, hd)
@@ -237,6 +248,10 @@ def make_model(argv):
                "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": not untied}
+        if "--rope-scaling" in argv:
+            cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(arg("--rope-scaling", "8")),
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": int(arg("--rope-original", "16"))}
         w["model.embed_tokens.weight"] = normal(V, C)
         for l in range(L):
             p = "model.layers.%d." % l

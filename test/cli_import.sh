@@ -53,6 +53,7 @@ PY
 
 # ---- import, then eval against the numpy reference ---------------------------------------------
 for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --d-ff 160 --untied" \
+    "llama|F32|1|--kv-heads 4 --d-ff 192 --rope-scaling 8 --rope-original 16" \
     "gpt2|F16|1|" "gpt2|F32|2|--d-ff 96 --untied"; do
     IFS='|' read -r arch dtype shards extra <<<"$model"
     name="$arch $dtype shards=$shards${extra:+ $extra}"
@@ -71,6 +72,11 @@ for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --
     [ "$dtype" = BF16 ] && edtype=bf16
     expect_exit 0 "export of the imported $name" -- "$BIN" export "$d/ck" --out "$d/back/model.safetensors" --dtype $edtype
     [ "$dtype" = F16 ] || same_tensors "$d/hf" "$d/back/model.safetensors" "import ∘ export $name: every tensor back bit for bit"
+    if [[ $extra == *rope-scaling* ]]; then
+        $py -c 'import json,sys; a=json.load(open(sys.argv[1]))["rope_scaling"]; b=json.load(open(sys.argv[2]))["rope_scaling"]; sys.exit(0 if a == b else 1)' \
+            "$d/hf/config.json" "$d/back/config.json" && ok "$name: export writes the same rope_scaling" ||
+            fail "$name: the exported rope_scaling differs"
+    fi
 done
 
 # ---- export → import → export is byte-identical -------------------------------------------------
@@ -203,7 +209,9 @@ PY
     case_ "config.json hidden_size 2^63" "hidden_size" 'cfgset hidden_size 9223372036854775807'
     case_ "config.json vocab_size a string" "vocab_size" 'cfgset vocab_size "\"123\""'
     case_ "config.json heads not dividing" "n_head" 'cfgset num_attention_heads 7'
-    case_ "config.json rope_scaling" "rope_scaling" 'cfgset rope_scaling "{\"rope_type\": \"llama3\"}"'
+    case_ "config.json rope_scaling without factor" "rope_scaling" 'cfgset rope_scaling "{\"rope_type\": \"llama3\"}"'
+    case_ "config.json rope_scaling yarn" "rope_type" 'cfgset rope_scaling "{\"rope_type\": \"yarn\", \"factor\": 4}"'
+    case_ "config.json rope_scaling high below low" "high_freq_factor" 'cfgset rope_scaling "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1, \"original_max_position_embeddings\": 16}"'
     case_ "config.json untied, no lm_head.weight" "has no tensor lm_head.weight" 'cfgset tie_word_embeddings false'
     case_ "config.json tie_word_embeddings a number" "tie_word_embeddings" 'cfgset tie_word_embeddings 1'
     case_ "config.json duplicate key" "duplicate" "$py -c 't=open(\"config.json\").read(); open(\"config.json\",\"w\").write(t.replace(\"{\", \"{\\\"hidden_size\\\": 64, \", 1))'"

@@ -58,6 +58,9 @@ typedef struct ct_model_config {
     double rope_theta;
     double ffn_dim_multiplier; /* 0: none */
     int64_t multiple_of;
+    /* Llama 3.1's RoPE frequency scaling (core/model/rope.h, ct_rope_scaling): factor 0 = none */
+    double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_pos;
     /* weights to start from when no checkpoint is resumed: a cooktrain checkpoint (any layout) or
      * a Hugging Face model (core/io/hf.h); "" = initialise from train.seed */
     char init_from[CT_PATH_MAX];

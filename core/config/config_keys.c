@@ -101,6 +101,18 @@ const config_key config_keys[] = {
      .doc = "llama with d_ff 0: scales the MLP width 8·d_model/3 before rounding; 0 = none"},
     {KEY(model, multiple_of, KEY_INT), .def = "256", AT_LEAST(1), AT_MOST(1048576),
      .doc = "llama with d_ff 0: the MLP width is rounded up to a multiple of this"},
+    {KEY(model, rope_scaling_factor, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(1024),
+     .doc = "llama: Llama 3.1's RoPE frequency scaling (8 in Llama 3.1, 32 in Llama 3.2): "
+            "wavelengths past rope_original_max_pos / rope_low_freq_factor are stretched by it, "
+            "those below rope_original_max_pos / rope_high_freq_factor kept, those between "
+            "blended; 0 = none"},
+    {KEY(model, rope_low_freq_factor, KEY_FLOAT), .def = "1", ABOVE(0), AT_MOST(1e6),
+     .doc = "llama with rope_scaling_factor: see there (1 in Llama 3.1)"},
+    {KEY(model, rope_high_freq_factor, KEY_FLOAT), .def = "4", ABOVE(0), AT_MOST(1e6),
+     .doc = "llama with rope_scaling_factor: see there (4 in Llama 3.1); above "
+            "rope_low_freq_factor"},
+    {KEY(model, rope_original_max_pos, KEY_INT), .def = "8192", AT_LEAST(1), AT_MOST(1048576),
+     .doc = "llama with rope_scaling_factor: the context the model was pretrained at (8192)"},
     {KEY(model, tie_embeddings, KEY_BOOL), .def = "true",
      .doc = "the LM head is the token embedding (GPT-2, small Llamas); false: an lm_head of its "
             "own, vocab-parallel like the embedding (Llama 2, Llama 3 8B)"},

@@ -282,6 +282,13 @@ static ct_status check_model(const ct_model_config *m, ct_derived_config *d) {
                                   (long long)m->d_model, (long long)m->n_head,
                                   (long long)d->head_dim),
                          "choose d_model and n_head so that d_model / n_head is even");
+    if (m->rope_scaling_factor > 0 && m->rope_high_freq_factor <= m->rope_low_freq_factor)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "model.rope_high_freq_factor=%g is not above "
+                                  "model.rope_low_freq_factor=%g",
+                                  m->rope_high_freq_factor, m->rope_low_freq_factor),
+                         "RoPE scaling blends the wavelengths between original_max_pos / high "
+                         "and original_max_pos / low (Llama 3.1: high 4, low 1)");
     if (d->n_kv_head > m->n_head || m->n_head % d->n_kv_head) {
         list_divisors(m->n_head, NULL, NULL, list, sizeof list);
         return with_hint(ct_error(CT_ERR_INPUT,

@@ -103,21 +103,34 @@ static ct_status config_value(const char *dir, const ct_ckpt_manifest *m, const 
 static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_manifest *m,
                                     bool tied) {
     const ct_ckpt_state *s = &m->state;
-    double eps, theta;
+    double eps, theta, factor = 0, low = 0, high = 0, original = 0;
     CT_TRY(config_value(dir, m, "norm_eps", &eps));
     CT_TRY(config_value(dir, m, "rope_theta", &theta));
+    char scaling[320] = "null";
+    if (m->config_text && strstr(m->config_text, "\n  rope_scaling_factor: ")) {
+        CT_TRY(config_value(dir, m, "rope_scaling_factor", &factor));
+        CT_TRY(config_value(dir, m, "rope_low_freq_factor", &low));
+        CT_TRY(config_value(dir, m, "rope_high_freq_factor", &high));
+        CT_TRY(config_value(dir, m, "rope_original_max_pos", &original));
+    }
+    if (factor > 0)
+        snprintf(scaling, sizeof scaling,
+                 "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %.0f}",
+                 factor, low, high, original);
     fprintf(f,
             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
             "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
             "  \"num_key_value_heads\": %lld,\n  \"hidden_act\": \"silu\",\n"
-            "  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n  \"attention_bias\": false,\n"
+            "  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n  \"rope_scaling\": %s,\n"
+            "  \"attention_bias\": false,\n"
             "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
             "  \"torch_dtype\": \"float32\"\n}\n",
             (long long)s->vocab_size, (long long)s->seq_len, (long long)s->d_model,
             (long long)s->d_ff, (long long)s->n_layer, (long long)s->n_head,
-            (long long)s->n_kv_head, eps, theta, tied ? "true" : "false");
+            (long long)s->n_kv_head, eps, theta, scaling, tied ? "true" : "false");
     return CT_OK;
 }
 

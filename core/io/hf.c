@@ -98,10 +98,12 @@ ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, in
 typedef struct jconfig {
     const char *path;
     json_t *root;
+    const char *prefix; /* of the keys in messages: "" or "rope_scaling." */
 } jconfig;
 
 static ct_status bad_key(const jconfig *j, const char *key, const char *want) {
-    ct_error(CT_ERR_INPUT, "config.json '%s': %s %s", j->path, key, want);
+    ct_error(CT_ERR_INPUT, "config.json '%s': %s%s %s", j->path, j->prefix ? j->prefix : "", key,
+             want);
     ct_hint("cooktrain reads the config.json of Hugging Face GPT-2 and Llama models "
             "(transformers' GPT2Config, LlamaConfig)");
     return CT_ERR_INPUT;
@@ -205,8 +207,23 @@ static ct_status parse_llama(const jconfig *j, ct_hf_config *c) {
     if (head_dim * c->n_head != c->d_model)
         return bad_key(j, "head_dim", "is not hidden_size / num_attention_heads");
     json_t *scaling = json_object_get(j->root, "rope_scaling");
-    if (scaling && !json_is_null(scaling))
-        return bad_key(j, "rope_scaling", "is set: cooktrain does not read scaled RoPE yet");
+    if (scaling && !json_is_null(scaling)) {
+        /* Llama 3.1's scaling; its keys read as the top level's are (get_* take j->root) */
+        jconfig r = {.path = j->path, .root = scaling, .prefix = "rope_scaling."};
+        json_t *type = json_object_get(scaling, "rope_type");
+        if (!type) type = json_object_get(scaling, "type"); /* older transformers */
+        if (!json_is_object(scaling) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "llama3"))
+            return bad_key(j, "rope_scaling",
+                           "is not of rope_type \"llama3\", the only scaling cooktrain reads");
+        CT_TRY(get_num(&r, "factor", 0, 0, 1024, &c->rope_factor));
+        CT_TRY(get_num(&r, "low_freq_factor", 0, 0, 1e6, &c->rope_low));
+        CT_TRY(get_num(&r, "high_freq_factor", 0, c->rope_low, 1e6, &c->rope_high));
+        CT_TRY(get_int(&r, "original_max_position_embeddings", true, 0, 1, 1048576,
+                       &c->rope_original));
+        if (c->rope_factor == 0 || c->rope_low == 0)
+            return bad_key(j, "rope_scaling", "lacks factor or low_freq_factor");
+    }
     CT_TRY(expect_bool(j, "attention_bias", false, false, "is true: Llama has no biases"));
     CT_TRY(expect_bool(j, "mlp_bias", false, false, "is true: Llama has no biases"));
     return get_bool(j, "tie_word_embeddings", false, &c->tied);
@@ -397,6 +414,12 @@ void ct_hf_model_config(const ct_hf_config *hf, ct_model_config *mc) {
     if (hf->arch == CT_ARCH_LLAMA) {
         mc->norm_eps = hf->norm_eps;
         mc->rope_theta = hf->rope_theta;
+        mc->rope_scaling_factor = hf->rope_factor;
+        if (hf->rope_factor > 0) {
+            mc->rope_low_freq_factor = hf->rope_low;
+            mc->rope_high_freq_factor = hf->rope_high;
+            mc->rope_original_max_pos = hf->rope_original;
+        }
     }
 }
 
@@ -426,6 +449,17 @@ ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
          llama && h->norm_eps != mc->norm_eps},
         {"rope_theta", "rope_theta", h->rope_theta, mc->rope_theta,
          llama && h->rope_theta != mc->rope_theta},
+        {"rope_scaling_factor", "rope_scaling.factor", h->rope_factor, mc->rope_scaling_factor,
+         llama && h->rope_factor != mc->rope_scaling_factor},
+        {"rope_low_freq_factor", "rope_scaling.low_freq_factor", h->rope_low,
+         mc->rope_low_freq_factor,
+         llama && h->rope_factor > 0 && h->rope_low != mc->rope_low_freq_factor},
+        {"rope_high_freq_factor", "rope_scaling.high_freq_factor", h->rope_high,
+         mc->rope_high_freq_factor,
+         llama && h->rope_factor > 0 && h->rope_high != mc->rope_high_freq_factor},
+        {"rope_original_max_pos", "rope_scaling.original_max_position_embeddings",
+         (double)h->rope_original, (double)mc->rope_original_max_pos,
+         llama && h->rope_factor > 0 && h->rope_original != mc->rope_original_max_pos},
         {"tie_embeddings", "tie_word_embeddings", h->tied, mc->tie_embeddings,
          h->tied != mc->tie_embeddings},
         {"seq_len", "n_positions", h->max_positions, mc->seq_len,

@@ -14,8 +14,10 @@
  * gelu_new, tie_word_embeddings (default true). Llama: vocab_size, max_position_embeddings,
  * hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads
  * (absent: the heads), rms_norm_eps, rope_theta, hidden_act silu, head_dim (if present) hidden_size
- * / heads, no attention or MLP biases, no rope_scaling, tie_word_embeddings (default false: then
- * the file holds lm_head.weight). Sizes must lie within the config keys' bounds.
+ * / heads, no attention or MLP biases, rope_scaling null or of rope_type llama3 (factor,
+ * low_freq_factor, high_freq_factor, original_max_position_embeddings), tie_word_embeddings
+ * (default false: then the file holds lm_head.weight). Sizes must lie within the config keys'
+ * bounds.
  */
 #ifndef CT_CORE_HF_H
 #define CT_CORE_HF_H
@@ -48,7 +50,10 @@ typedef struct ct_hf_config {
     ct_arch arch;
     int64_t vocab_size, max_positions, n_layer, d_model, n_head, n_kv_head, d_ff;
     double norm_eps, rope_theta; /* llama */
-    bool tied;                   /* tie_word_embeddings */
+    /* llama: rope_scaling of rope_type llama3 (factor 0: none) */
+    double rope_factor, rope_low, rope_high;
+    int64_t rope_original;
+    bool tied; /* tie_word_embeddings */
 } ct_hf_config;
 
 /* Parses config.json's text (len bytes; `path` names it in messages). */

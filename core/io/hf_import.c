@@ -116,6 +116,15 @@ ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE 
         if (mc->arch == CT_ARCH_LLAMA)
             fprintf(report, "  norm_eps: %.*g\n  rope_theta: %.*g\n", shortest(mc->norm_eps),
                     mc->norm_eps, shortest(mc->rope_theta), mc->rope_theta);
+        if (mc->arch == CT_ARCH_LLAMA && mc->rope_scaling_factor > 0)
+            fprintf(report,
+                    "  rope_scaling_factor: %.*g\n  rope_low_freq_factor: %.*g\n"
+                    "  rope_high_freq_factor: %.*g\n  rope_original_max_pos: %lld\n",
+                    shortest(mc->rope_scaling_factor), mc->rope_scaling_factor,
+                    shortest(mc->rope_low_freq_factor), mc->rope_low_freq_factor,
+                    shortest(mc->rope_high_freq_factor), mc->rope_high_freq_factor,
+                    (long long)mc->rope_original_max_pos);
+        if (!mc->tie_embeddings) fprintf(report, "  tie_embeddings: false\n");
     }
     free(m.pieces);
     free(m.config_text);

@@ -404,7 +404,10 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         m->rope_table = ct_tensor_new_1d(be, CT_DTYPE_F32, n, CT_MEM_WORKSPACE);
         if (!m->rope_table) goto oom;
         float *host = ct_xmalloc((size_t)n * sizeof *host);
-        ct_rope_table(host, m->T, m->hd, cfg->model.rope_theta, NULL);
+        const ct_model_config *mc = &cfg->model;
+        const ct_rope_scaling scaling = {mc->rope_scaling_factor, mc->rope_low_freq_factor,
+                                         mc->rope_high_freq_factor, mc->rope_original_max_pos};
+        ct_rope_table(host, m->T, m->hd, mc->rope_theta, &scaling); /* factor 0: unscaled */
         ct_tensor_from_host(m->rope_table, host);
         free(host);
     }

@@ -438,10 +438,50 @@ static ct_status check_state(const char *path, const ct_ckpt_state *s, const ct_
     return CT_OK;
 }
 
+/* Llama's float model keys, which the state's i64 fields cannot hold: from the config the
+ * checkpoint saved. */
+static ct_status check_float_keys(const char *path, const ct_ckpt_manifest *m,
+                                  const ct_config *cfg) {
+    const ct_ckpt_state *s = &m->state;
+    if (s->arch == CT_ARCH_LLAMA && cfg->model.arch == CT_ARCH_LLAMA) {
+        ct_model_config theirs;
+        CT_TRY(ct_ckpt_model_config(path, m, &theirs));
+        const ct_model_config *ours = &cfg->model;
+        const bool scaled = theirs.rope_scaling_factor > 0 || ours->rope_scaling_factor > 0;
+        const struct {
+            const char *key;
+            double theirs, ours;
+            bool checked;
+        } keys[] = {
+            {"model.norm_eps", theirs.norm_eps, ours->norm_eps, true},
+            {"model.rope_theta", theirs.rope_theta, ours->rope_theta, true},
+            {"model.rope_scaling_factor", theirs.rope_scaling_factor, ours->rope_scaling_factor,
+             true},
+            {"model.rope_low_freq_factor", theirs.rope_low_freq_factor, ours->rope_low_freq_factor,
+             scaled},
+            {"model.rope_high_freq_factor", theirs.rope_high_freq_factor,
+             ours->rope_high_freq_factor, scaled},
+            {"model.rope_original_max_pos", (double)theirs.rope_original_max_pos,
+             (double)ours->rope_original_max_pos, scaled},
+        };
+        for (size_t i = 0; i < CT_ARRAY_LEN(keys); i++) {
+            if (!keys[i].checked || keys[i].theirs == keys[i].ours) continue;
+            ct_error(CT_ERR_INPUT, "checkpoint '%s' was written with %s=%.17g, this run has %.17g",
+                     path, keys[i].key, keys[i].theirs, keys[i].ours);
+            ct_hint("the model's norm and rotary settings must stay those it was trained with: "
+                    "set %s: %.17g",
+                    keys[i].key, keys[i].theirs);
+            return CT_ERR_INPUT;
+        }
+    }
+    return CT_OK;
+}
+
 /* resume: also the seed and global batch (the data order), and step <= train.steps; otherwise
  * (model.init_from) the model and the tokenizer only. */
-static ct_status check_compatible(const char *path, const ct_ckpt_state *s, const ct_config *cfg,
+static ct_status check_compatible(const char *path, const ct_ckpt_manifest *m, const ct_config *cfg,
                                   bool resume) {
+    const ct_ckpt_state *s = &m->state;
     CT_TRY(check_state(path, s, cfg, resume));
     const ct_ckpt_state mine = run_state(cfg, &(ct_pctx){0}, 0, 0);
     if (s->tokenizer_crc && mine.tokenizer_crc && s->tokenizer_crc != mine.tokenizer_crc) {
@@ -487,11 +527,9 @@ static ct_status check_compatible(const char *path, const ct_ckpt_state *s, cons
                     fields[i].key, (long long)theirs);
         return CT_ERR_INPUT;
     }
-    return CT_OK;
+    return check_float_keys(path, m, cfg);
 }
 
-/* Where a load reads: a checkpoint (every kind), or, for model.init_from, a checkpoint's or a
- * Hugging Face model's weights with AdamW's moments zero. */
 /* A checkpoint holds an lm_head exactly when its model was untied (model.tie_embeddings). */
 static ct_status check_tie(const char *path, const ct_ckpt_manifest *m, const ct_config *cfg) {
     bool untied = false;
@@ -507,6 +545,8 @@ static ct_status check_tie(const char *path, const ct_ckpt_manifest *m, const ct
     return CT_ERR_INPUT;
 }
 
+/* Where a load reads: a checkpoint (every kind), or, for model.init_from, a checkpoint's or a
+ * Hugging Face model's weights with AdamW's moments zero. */
 typedef struct loader {
     const char *path;
     const ct_ckpt_manifest *manifest; /* a checkpoint, or NULL */
@@ -604,7 +644,7 @@ ct_status ct_ckpt_load(const char *path, const ct_config *cfg, ct_model *model, 
                        ct_pctx *pctx, ct_ckpt_state *state, ct_ckpt_load_stats *stats) {
     ct_ckpt_manifest m;
     ct_status st = ct_ckpt_open(path, &m);
-    if (st == CT_OK) st = check_compatible(path, &m.state, cfg, true);
+    if (st == CT_OK) st = check_compatible(path, &m, cfg, true);
     if (st == CT_OK) st = check_tie(path, &m, cfg);
     st = ct_pctx_agree(pctx, st);
     if (st != CT_OK) {
@@ -636,7 +676,7 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
         if (st == CT_OK) st = ct_hf_check_config(&h, cfg);
     } else {
         st = ct_ckpt_open(dir, &m);
-        if (st == CT_OK) st = check_compatible(dir, &m.state, cfg, false);
+        if (st == CT_OK) st = check_compatible(dir, &m, cfg, false);
         if (st == CT_OK) st = check_tie(dir, &m, cfg);
     }
     st = ct_pctx_agree(pctx, st);

@@ -147,6 +147,12 @@ if selected "init_from"; then
         --set model.init_from="$d/hf" --set checkpoint.dir="$d/run"
     printf '%s' "$OUT_TEXT" | grep -q "resumed from" && ! printf '%s' "$OUT_TEXT" | grep -q "^init:" &&
         ok "a resumed checkpoint wins over model.init_from" || fail "init_from overrode a resume"
+    expect_exit 2 "resume with another rope_theta" -- "$BIN" "${llama[@]}" --set train.steps=3 \
+        --set model.rope_theta=500 --set checkpoint.dir="$d/run"
+    expect_text "was written with model.rope_theta=10000, this run has 500" "a resume names the changed rope_theta"
+    expect_exit 2 "init_from the checkpoint with another norm_eps" -- "$BIN" "${llama[@]}" \
+        --set model.norm_eps=1e-6 --set model.init_from="$d/ck"
+    expect_text "model.norm_eps=1.0000000000000001e-05, this run has 9.9999999999999995e-07" "init_from names the changed norm_eps"
     expect_exit 2 "init_from into another d_ff" -- "$BIN" "${llama[@]}" --set model.d_ff=256 \
         --set model.init_from="$d/hf"
     expect_text "intermediate_size 192 in its config.json, this run's model.d_ff is 256" "the mismatch names both keys"

@@ -377,6 +377,22 @@ ct_ckpt_state ct_ckpt_state_of(const ct_config *cfg, int64_t step, int64_t optim
     };
 }
 
+ct_status ct_ckpt_model_config(const char *dir, const ct_ckpt_manifest *m, ct_model_config *out) {
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    if (!m->config_text || ct_config_load_string(&cfg, m->config_text, dir) != CT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", m->config_text ? ct_error_message() : "none");
+        ct_error_clear();
+        ct_error(CT_ERR_INPUT, "checkpoint '%s': its config does not parse (%s)", dir, why);
+        ct_hint("`cooktrain inspect DIR` shows a checkpoint's config; use one this cooktrain "
+                "wrote");
+        return CT_ERR_INPUT;
+    }
+    *out = cfg.model;
+    return CT_OK;
+}
+
 void ct_ckpt_resolve(const char *path, char *out, size_t n) {
     char file[CT_PATH_MAX + 32];
     struct stat sb;

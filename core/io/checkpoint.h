@@ -172,6 +172,13 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *manifest,
  */
 int ct_ckpt_candidates(const char *root, const char *resume, char ***out);
 
+/* The model keys of the config the checkpoint was written with (its manifest's config text,
+ * parsed as a config file is, over the defaults): norm_eps, rope_theta, the RoPE scaling, which
+ * the train state does not hold. CT_ERR_INPUT naming the checkpoint when it has none or it does
+ * not parse. */
+ct_status ct_ckpt_model_config(const char *dir, const ct_ckpt_manifest *manifest,
+                               ct_model_config *out);
+
 /* `cooktrain inspect DIR`: prints the manifest's summary and checks every piece's checksum. */
 ct_status ct_ckpt_inspect(const char *dir, FILE *out);
 

@@ -81,43 +81,19 @@ static ct_status load_values(const char *dir, const ct_ckpt_manifest *m, const h
     return st;
 }
 
-/* A model key's value from the checkpoint's resolved config (the "  key: value" lines
- * ct_config_print writes in the model section). */
-static ct_status config_value(const char *dir, const ct_ckpt_manifest *m, const char *key,
-                              double *value) {
-    char needle[64];
-    snprintf(needle, sizeof needle, "\n  %s: ", key);
-    const char *at = m->config_text ? strstr(m->config_text, needle) : NULL;
-    char *end = NULL;
-    if (at) *value = strtod(at + strlen(needle), &end);
-    if (!at || end == at + strlen(needle)) {
-        ct_error(CT_ERR_INPUT, "checkpoint '%s' has no model.%s in its config", dir, key);
-        ct_hint("export reads checkpoints this cooktrain wrote (`cooktrain inspect` shows the "
-                "config)");
-        return CT_ERR_INPUT;
-    }
-    return CT_OK;
-}
-
 /* config.json beside the safetensors file, for transformers' LlamaConfig. */
 static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_manifest *m,
                                     bool tied) {
     const ct_ckpt_state *s = &m->state;
-    double eps, theta, factor = 0, low = 0, high = 0, original = 0;
-    CT_TRY(config_value(dir, m, "norm_eps", &eps));
-    CT_TRY(config_value(dir, m, "rope_theta", &theta));
+    ct_model_config mc;
+    CT_TRY(ct_ckpt_model_config(dir, m, &mc));
     char scaling[320] = "null";
-    if (m->config_text && strstr(m->config_text, "\n  rope_scaling_factor: ")) {
-        CT_TRY(config_value(dir, m, "rope_scaling_factor", &factor));
-        CT_TRY(config_value(dir, m, "rope_low_freq_factor", &low));
-        CT_TRY(config_value(dir, m, "rope_high_freq_factor", &high));
-        CT_TRY(config_value(dir, m, "rope_original_max_pos", &original));
-    }
-    if (factor > 0)
+    if (mc.rope_scaling_factor > 0)
         snprintf(scaling, sizeof scaling,
                  "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
-                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %.0f}",
-                 factor, low, high, original);
+                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %lld}",
+                 mc.rope_scaling_factor, mc.rope_low_freq_factor, mc.rope_high_freq_factor,
+                 (long long)mc.rope_original_max_pos);
     fprintf(f,
             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
@@ -130,7 +106,7 @@ static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_mani
             "  \"torch_dtype\": \"float32\"\n}\n",
             (long long)s->vocab_size, (long long)s->seq_len, (long long)s->d_model,
             (long long)s->d_ff, (long long)s->n_layer, (long long)s->n_head,
-            (long long)s->n_kv_head, eps, theta, scaling, tied ? "true" : "false");
+            (long long)s->n_kv_head, mc.norm_eps, mc.rope_theta, scaling, tied ? "true" : "false");
     return CT_OK;
 }
 

@@ -14,6 +14,10 @@
 #   - configs/llama-tiny.yaml trains (its loss falls) and bf16 trains;
 #   - an untied LM head (model.tie_embeddings: false) against world size 1 at tp 2 + SP, pp 2,
 #     pp 2 x dp 2 with ZeRO-2, dp 2 with ZeRO-3 and tp 2 x pp 2;
+#   - bf16 against world size 1 in bf16 (within its distance from the fp32 twin) at tp 2 + SP, dp 2
+#     ZeRO-3 with bf16 reduction, pp 2 interleaved ZeRO-1 and tp 2 x pp 2 x dp 2;
+#   - a checkpoint saved at tp 2 and loaded (model.init_from) at tp 1 and tp 4: the same weights,
+#     and the tp 4 run trains as the one-process run does;
 #   - invalid shapes: an odd head_dim, n_kv_head not divisible by tp: exit 2 naming the numbers.
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -115,6 +119,50 @@ if selected "untied"; then
 RUNS
     fi
     base=("${tied_base[@]}")
+fi
+
+# ---- bf16: against world size 1 in bf16, within its distance from the fp32 twin -----------------
+if selected "llama bf16"; then
+    b=$tmp/bf16
+    mkdir -p "$b"
+    if expect_exit 0 "llama bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" --set train.precision=bf16 \
+        --set log.metrics="$b/ref.jsonl" --dump-params "$b/ref.bin" --dump-init-params "$b/init.bin" &&
+        expect_exit 0 "its fp32 twin" -- "$BIN" "${base[@]}" --set log.metrics="$b/twin.jsonl" --dump-params "$b/twin.bin"; then
+        while read -r np extra; do
+            name="llama bf16 np=$np $extra"
+            # shellcheck disable=SC2086
+            if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" --set train.precision=bf16 \
+                $extra --set log.metrics="$b/run.jsonl" --dump-params "$b/run.bin"; then
+                check_against_reference "$name" "$b"
+            fi
+        done <<'RUNS'
+2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+2 --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16
+4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
+8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=2 --set parallel.sequence_parallel=true
+RUNS
+    fi
+fi
+
+# ---- saved at tp 2, loaded at tp 1 and tp 4: the same training -------------------------------------
+# q/k/v heads and gate/up rows are grouped per tp rank inside the fused matrices: a checkpoint of
+# tp 2 read into tp 4 (or one process) must put every row where that layout's kernels look for it,
+# so runs started from it (model.init_from) train as one process does.
+if selected "reshard"; then
+    r=$tmp/reshard
+    mkdir -p "$r"
+    expect_exit 0 "llama: 3 steps at tp 2 with a checkpoint" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
+        --set parallel.tp=2 --set train.steps=3 --set checkpoint.dir="$r/ck"
+    from=(--set model.init_from="$r/ck" --set train.steps=2 --set train.warmup_steps=0)
+    if expect_exit 0 "llama: from the tp 2 checkpoint in one process" -- "$BIN" "${base[@]}" "${from[@]}" \
+        --set log.metrics="$r/ref.jsonl" --dump-params "$r/ref.bin" --dump-init-params "$r/init.bin"; then
+        expect_exit 0 "llama: from the tp 2 checkpoint at tp 4" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${from[@]}" \
+            --set parallel.tp=4 --set log.metrics="$r/run.jsonl" --dump-params "$r/run.bin" \
+            --dump-init-params "$r/init4.bin" &&
+            check_against_reference "llama: saved at tp 2, loaded at tp 4" "$r"
+        cmp -s "$r/init.bin" "$r/init4.bin" && ok "llama: tp 1 and tp 4 load the same weights from tp 2" ||
+            fail "llama: tp 1 and tp 4 load different weights from tp 2"
+    fi
 fi
 
 # ---- on the emulated CUDA backend -----------------------------------------------------------------

@@ -13,7 +13,8 @@
 #     interleaved (x dp2), tp2 x pp2, and tp2 x pp2 x dp2 (interleaved, ZeRO-3, sequence
 #     parallel) at 8 ranks give the CPU backend's world-size-1 results within the
 #     fp32 tolerance of test/compare_runs.py (the emulated kernels sum in other orders than the
-#     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance;
+#     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance; a Llama,
+#     tied and untied, at tp2 with sequence parallelism and pp2 with ZeRO-1 the same;
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
@@ -139,6 +140,30 @@ if selected "emulated cuda bf16" &&
         --set parallel.zero_stage=1 --set log.metrics="$bdir/run.jsonl" --dump-params "$bdir/run.bin"; then
     check_against_reference "emulated cuda bf16 np=2 zero 1" "$bdir"
 fi
+
+# Llama (grouped-query attention, SwiGLU, RoPE; one run with its own LM head) on the emulated GPUs
+# through the NCCL stand-in, against the CPU at world size 1
+ldir=$tmp/llama
+mkdir -p "$ldir"
+llama=(--set model.arch=llama --set model.n_layer=4 --set model.n_kv_head=4 --set model.multiple_of=32)
+for tie in true false; do
+    selected "emulated cuda llama tie=$tie" || continue
+    expect_exit 0 "CPU llama reference run (tie_embeddings=$tie)" -- "$BIN" "${base[@]}" "${llama[@]}" \
+        --set model.tie_embeddings=$tie --set log.metrics="$ldir/ref.jsonl" --dump-params "$ldir/ref.bin" \
+        --dump-init-params "$ldir/init.bin" || continue
+    while read -r np extra; do
+        name="emulated cuda llama tie=$tie np=$np $extra"
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
+            -np "$np" "$EMU" "${base[@]}" "${llama[@]}" --set model.tie_embeddings=$tie --backend cuda $extra \
+            --set log.metrics="$ldir/run.jsonl" --dump-params "$ldir/run.bin"; then
+            check_against_reference "$name" "$ldir"
+        fi
+    done <<'RUNS'
+2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+2 --set parallel.pp=2 --set parallel.zero_stage=1
+RUNS
+done
 
 # ---- overlap -------------------------------------------------------------------------------------
 # As in cli_mpi_dp.sh: some unit's reduction is seen complete (through ct_comm_test: the event

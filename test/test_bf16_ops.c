@@ -38,6 +38,8 @@
  * check catches on its own an unwidened input, a dropped accumulation or store, and truncation
  * where the output rounding dominates its bound. NaN or Inf anywhere fails.
  *
+ * Llama's ops (RMSNorm, RoPE, SwiGLU) have both checks too (test_llama_contract, test_llama_vs_fp32).
+ *
  * Run all:     ./test_bf16_ops
  * Run by name: ./test_bf16_ops test_layernorm     (a cmocka filter; wildcards allowed: "*xent*")
  * TEST_BF16_VERBOSE=1 prints how much of each tolerance a check uses.
@@ -1398,7 +1400,8 @@ static void run_llama(ct_dtype dt, int64_t N, int64_t C, int64_t H, const float 
     r->out = take(o), r->rstd = take(s), r->dinp = take(dx), r->dw = take(dw);
     ct_tensor_free(in), ct_tensor_free(tw), ct_tensor_free(d), ct_tensor_free(s_in);
 
-    ct_tensor *q = mat(dt, N, 40, qkv), *q2 = mat(dt, N, 40, qkv), *cs = vec(F32, 8 * 6, table);
+    ct_tensor *q = mat(dt, N, 40, qkv), *q2 = mat(dt, N, 40, qkv);
+    ct_tensor *cs = vec(F32, (N / 2 + 2) * 6, table); /* positions 2 .. N/2 + 1 */
     ct_rope(q, cs, 2, N / 2, 4, 6, 2, false);
     ct_rope(q2, cs, 2, N / 2, 4, 6, 2, true);
     r->rope = take(q), r->rope_inv = take(q2);
@@ -1446,6 +1449,125 @@ static void test_llama_contract(void **state) {
     free(x), free(w), free(dout), free(dx0), free(dw0), free(qkv), free(gu), free(dsw);
 }
 
+/* silu(t) = t·σ(t) and its derivatives: |silu'| <= 1.1, |silu''| <= 0.5 (at 0), |silu'''| <= 0.31
+ * (0.30818 by a scan of [-40, 40] in steps of 1e-5; beyond, every derivative decays). */
+#define SILU_D2_MAX 0.5
+#define SILU_D3_MAX 0.31
+static void silu_derivs(double t, double *f, double *f1, double *f2) {
+    double sg = 1.0 / (1.0 + exp(-t)), sp = sg * (1.0 - sg);
+    *f = t * sg;
+    *f1 = sg * (1.0 + t * (1.0 - sg));
+    *f2 = sp * (2.0 + t * (1.0 - 2.0 * sg));
+}
+
+/* Check 2 for Llama's ops: random fp32 inputs against the bf16 ops on their rounding. Bounds,
+ * per element, with u = 2^-8 (each input moves by at most u of itself) and the stored output's
+ * rounding added by out_tol:
+ *   RMSNorm y = x·w·r, r = 1/sqrt(mean x² + eps): x and w move by u, mean x² by at most
+ *     (1 ± u)² of itself, so r by a factor in [1/(1+u), 1/(1-u)]: |Δy| <= |y|((1+u)²/(1-u) - 1);
+ *     r (fp32) by r(1/(1-u) - 1).
+ *   RMSNorm backward on one rstd (the f32 run's): dx = dx0 + r·w·dy - x·r³·S/C with
+ *     S = Σ w·dy·x; the second term moves by (1+u)² - 1 of itself, S by ΔS = Σ|w dy x|((1+u)³ - 1),
+ *     the last term by r³/C·|x|(u(|S| + ΔS) + ΔS), dx0 by u|dx0|; dw += Σ_rows dy·x·r moves by
+ *     Σ|dy x r|((1+u)² - 1).
+ *   RoPE y0 = x0 c ∓ x1 s, y1 = ±x0 s + x1 c (one table for both runs): |Δy| <= u(|x0 c| + |x1 s|)
+ *     (c and s swapped for y1); the unrotated heads are copies: only their rounding.
+ *   SwiGLU out = silu(g)·v: silu moves by Δs = |silu'(g)|·u|g| + (SILU_D2_MAX/2)(u g)², so
+ *     |Δout| <= Δs·|v|(1+u) + |silu(g)|·u|v|; dup = dy·silu(g) by Δs|dy|(1+u) + |silu(g)|u|dy|;
+ *     dgate = dy·v·silu'(g) by |dy v|(((1+u)² - 1)(|silu'(g)| + Δs') + Δs'), with
+ *     Δs' = |silu''(g)|·u|g| + (SILU_D3_MAX/2)(u g)².
+ * fp32 slack: each run's sums and products perturb by k·e of the absolute terms, k the longest
+ * sum plus a few steps (top of the file), counted twice. */
+static void test_llama_vs_fp32(void **state) {
+    (void)state;
+    const int64_t N = 64, C = 40, H = 36, T = N / 2;
+    float *x = rand_f32(N * C, -2, 2), *w = rand_f32(C, 0.5f, 1.5f);
+    float *dout = rand_f32(N * C, -1, 1), *dx0 = rand_f32(N * C, -1, 1);
+    float *dw0 = rand_f32(C, -1, 1), *qkv = rand_f32(N * 40, -2, 2);
+    float *gu = rand_f32(N * 2 * H, -6, 6), *dsw = rand_f32(N * H, -1, 1);
+    float *table = malloc((size_t)(T + 2) * 6 * sizeof(float));
+    ct_rope_table(table, T + 2, 6, 10000.0, NULL);
+    llama_res r32, r16;
+    run_llama(F32, N, C, H, x, w, dout, dx0, dw0, NULL, qkv, table, gu, dsw, &r32);
+    run_llama(BF16, N, C, H, x, w, dout, dx0, dw0, r32.rstd, qkv, table, gu, dsw, &r16);
+    const double u = U16, e = U32;
+    double *tol = dalloc(N * 2 * H), *rtol = dalloc(N), *dwtol = dalloc(C);
+    for (int64_t i = 0; i < N; i++) {
+        double r = r32.rstd[i];
+        rtol[i] = r * (1.0 / (1.0 - u) - 1.0) + 2.0 * (C + 8) * e * r;
+        for (int64_t j = 0; j < C; j++) {
+            double y = (double)x[i * C + j] * w[j] * r;
+            double pre = fabs(y) * ((1 + u) * (1 + u) / (1 - u) - 1) + 2.0 * (C + 8) * e * fabs(y);
+            tol[i * C + j] = out_tol(r32.out[i * C + j], pre);
+        }
+    }
+    check_within("rmsnorm_fwd out: vs fp32, unrounded", r16.out, r32.out, tol, N * C);
+    check_within("rmsnorm_fwd rstd: vs fp32, unrounded", r16.rstd, r32.rstd, rtol, N);
+    for (int64_t i = 0; i < N; i++) {
+        const float *xi = x + i * C, *di = dout + i * C;
+        double r = r32.rstd[i], S = 0, Sabs = 0;
+        for (int64_t j = 0; j < C; j++) {
+            double t = (double)w[j] * di[j] * xi[j];
+            S += t, Sabs += fabs(t);
+        }
+        double dS = Sabs * (pow(1 + u, 3) - 1), r3 = r * r * r / (double)C;
+        for (int64_t j = 0; j < C; j++) {
+            double a = fabs(r * w[j] * di[j]), b = r3 * fabs(xi[j]), d0 = fabs(dx0[i * C + j]);
+            double pre = a * ((1 + u) * (1 + u) - 1) + b * (u * (fabs(S) + dS) + dS) + u * d0 +
+                         2.0 * (C + 10) * e * (a + b * Sabs + d0);
+            tol[i * C + j] = out_tol(r32.dinp[i * C + j], pre);
+            double t = fabs((double)di[j] * xi[j] * r);
+            dwtol[j] += t * ((1 + u) * (1 + u) - 1) + 2.0 * (N + 3) * e * t;
+        }
+    }
+    for (int64_t j = 0; j < C; j++) dwtol[j] += 2.0 * (N + 3) * e * fabs(dw0[j]);
+    check_within("rmsnorm_bwd dinp: vs fp32, unrounded", r16.dinp, r32.dinp, tol, N * C);
+    check_within("rmsnorm_bwd dw: vs fp32, unrounded", r16.dw, r32.dw, dwtol, C);
+    for (int pass = 0; pass < 2; pass++) { /* forward, then the inverse */
+        const float *got = pass ? r16.rope_inv : r16.rope, *want = pass ? r32.rope_inv : r32.rope;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t k = 0; k < 40; k++) {
+                const float *q = qkv + i * 40;
+                double pre = 0;
+                if (k < 24) { /* 4 rotated heads of 6: pair p of head k / 6 */
+                    int64_t pos = i % T + 2, p = k % 6 / 2, k0 = k - k % 2;
+                    double c = table[(pos * 3 + p) * 2], sn = table[(pos * 3 + p) * 2 + 1];
+                    double a = fabs(q[k0] * (k % 2 ? sn : c));
+                    double b = fabs(q[k0 + 1] * (k % 2 ? c : sn));
+                    pre = u * (a + b) + 2.0 * 3 * e * (a + b);
+                }
+                tol[i * 40 + k] = out_tol(want[i * 40 + k], pre);
+            }
+        check_within(pass ? "rope inverse: vs fp32, unrounded" : "rope: vs fp32, unrounded", got,
+                     want, tol, N * 40);
+    }
+    double *tol_g = dalloc(N * 2 * H);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < H; j++) {
+            double g = gu[i * 2 * H + j], v = gu[i * 2 * H + H + j], dy = dsw[i * H + j];
+            double f, f1, f2;
+            silu_derivs(g, &f, &f1, &f2);
+            double dg = u * fabs(g), ds = fabs(f1) * dg + 0.5 * SILU_D2_MAX * dg * dg;
+            double ds1 = fabs(f2) * dg + 0.5 * SILU_D3_MAX * dg * dg;
+            double slack = 2.0 * 16 * e * (fabs(g) + 1.0);
+            tol[i * H + j] =
+                out_tol(r32.sw[i * H + j],
+                        ds * fabs(v) * (1 + u) + fabs(f) * u * fabs(v) + slack * fabs(v));
+            tol_g[i * 2 * H + j] =
+                out_tol(r32.dgu[i * 2 * H + j],
+                        fabs(dy * v) * (((1 + u) * (1 + u) - 1) * (fabs(f1) + ds1) + ds1) +
+                            slack * fabs(dy * v));
+            tol_g[i * 2 * H + H + j] =
+                out_tol(r32.dgu[i * 2 * H + H + j],
+                        ds * fabs(dy) * (1 + u) + fabs(f) * u * fabs(dy) + slack * fabs(dy));
+        }
+    check_within("swiglu_fwd: vs fp32, unrounded", r16.sw, r32.sw, tol, N * H);
+    check_within("swiglu_bwd dgate_up: vs fp32, unrounded", r16.dgu, r32.dgu, tol_g, N * 2 * H);
+    llama_res_free(&r32), llama_res_free(&r16);
+    free(tol), free(rtol), free(dwtol), free(tol_g), free(table);
+    free(x), free(w), free(dout), free(dx0), free(dw0), free(qkv), free(gu), free(dsw);
+}
+
 static int setup(void **state) {
     (void)state;
     verbose = getenv("TEST_BF16_VERBOSE") != NULL;
@@ -1467,6 +1589,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gelu),          cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_mha), cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),         cmocka_unit_test(test_llama_contract),
+        cmocka_unit_test(test_llama_vs_fp32),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

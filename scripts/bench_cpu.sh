@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU benchmark (issue: CPU backend speed). Prints, from one run:
 #   1. tokens/s of cooktrain and, with --compare-torch, of the PyTorch peer
-#      (scripts/torch_gpt2.py, Debian's python3-torch, 2 threads) on configs/tiny.yaml and
+#      (scripts/torch_gpt2.py, Debian's python3-torch, 2 threads) on configs/tiny.yaml,
+#      configs/llama-tiny.yaml (the same size as a Llama; the peer is its Llama) and
 #      configs/gpt2-124m.yaml, run alternately A/B/A/B in the same time window, and the ratio
 #      of their median tokens/s;
 #   2. two efficiencies, each named for what it is: MFU, tokens/s x FLOP/token over the
@@ -33,8 +34,9 @@
 # Also the BPE training time. Medians are over the steps after the first two of each run.
 #
 #   scripts/bench_cpu.sh [--compare-torch] [--precision "fp32 bf16"] [--steps-tiny N] [--steps-124m N]
-#                        [--skip-dp] [--learn-steps N] [--learn-seeds K] [--only tiny|gpt2-124m|learn]
-# (--only tiny|gpt2-124m runs one model's throughput figures and skips the dp and learning runs:
+#                        [--skip-dp] [--learn-steps N] [--learn-seeds K]
+#                        [--only tiny|llama-tiny|gpt2-124m|learn]
+# (--only tiny|llama-tiny|gpt2-124m runs one model's throughput figures and skips the dp and learning runs:
 # for quick iterations)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -164,6 +166,11 @@ for precision in $precisions; do
     bench tiny configs/tiny.yaml "$steps_tiny" "--vocab 4096 --seq 128 --layers 6 --d 256 --heads 4 --batch 16" "$precision"
 done
 precision_ratio tiny
+for precision in $precisions; do
+    bench llama-tiny configs/llama-tiny.yaml "$steps_tiny" \
+        "--arch llama --vocab 4096 --seq 128 --layers 6 --d 256 --heads 4 --kv-heads 2 --ffn 768 --batch 16" "$precision"
+done
+precision_ratio llama-tiny
 for precision in $precisions; do
     bench gpt2-124m configs/gpt2-124m.yaml "$steps_124m" "--vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4" \
         "$precision" --set data.train="$tmp/f50k/train.bin"

@@ -14,6 +14,13 @@ backward, clip, update); prints one line per step and the median.
 
   torch_gpt2.py --vocab 50257 --seq 256 --layers 12 --d 768 --heads 12 --batch 4 --steps 6
 
+With --arch llama it is the same Llama as cooktrain's model.arch: llama: RMSNorm (eps 1e-5; 1.13
+has no nn.RMSNorm, so x·rsqrt(mean x² + eps)·w, as Hugging Face's LlamaRMSNorm computes it),
+rotary positions (theta 10000, cos/sin tables built once), grouped-query attention (--kv-heads
+key/value heads, each repeated for its query heads), one fused q|k|v projection and one fused
+gate|up projection without biases (as cooktrain's), SwiGLU down(silu(gate)·up) of width --ffn,
+no position table, the LM head tied to the token embedding.
+
 It first prints the BLAS and CPU lines of torch.__config__.show(), so a ratio against cooktrain
 can be explained by the library underneath. With --gemm-rate it instead measures PyTorch's own
 GEMM rate at this model's shapes (fp32, or bf16 with --autocast) the way `cooktrain train --gemm-rate` measures cooktrain's:
@@ -57,15 +64,65 @@ class Block(nn.Module):
         return x
 
 
+class LlamaBlock(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd, self.ffn = heads, kv_heads, d // heads, ffn
+        self.n1 = nn.Parameter(torch.ones(d))
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.n2 = nn.Parameter(torch.ones(d))
+        self.gate_up = nn.Linear(d, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, d, bias=False)
+
+    @staticmethod
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    def forward(self, x, mask, cos, sin):
+        B, T, C = x.shape
+        h = self.rms(x, self.n1)
+        q, k, v = self.qkv(h).split([self.heads * self.hd, self.kv_heads * self.hd,
+                                     self.kv_heads * self.hd], dim=2)
+        q = q.view(B, T, self.heads, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+
+        def rotate(t):  # half-split pairs (i, i + hd/2), Hugging Face's form
+            t1, t2 = t[..., : self.hd // 2], t[..., self.hd // 2:]
+            return t * cos[:T] + torch.cat((-t2, t1), dim=-1) * sin[:T]
+
+        q, k = rotate(q), rotate(k)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+        att = att.masked_fill(mask[:T, :T] == 0, float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.o(y)
+        g, u = self.gate_up(self.rms(x, self.n2)).split(self.ffn, dim=2)
+        return x + self.down(F.silu(g) * u)
+
+
 class GPT(nn.Module):
-    def __init__(self, vocab, seq, layers, d, heads):
+    def __init__(self, vocab, seq, layers, d, heads, llama=False, kv_heads=0, ffn=0):
         super().__init__()
         padded = (vocab + 127) // 128 * 128
-        self.vocab = vocab
+        self.vocab, self.llama = vocab, llama
         self.wte = nn.Embedding(padded, d)
-        self.wpe = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
-        self.lnf = nn.LayerNorm(d, eps=1e-5)
+        if llama:
+            self.blocks = nn.ModuleList([LlamaBlock(d, heads, kv_heads, ffn)
+                                         for _ in range(layers)])
+            self.nf = nn.Parameter(torch.ones(d))
+            hd = d // heads
+            inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+            ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+            ang = torch.cat((ang, ang), dim=-1)
+            self.register_buffer("cos", ang.cos().float())
+            self.register_buffer("sin", ang.sin().float())
+        else:
+            self.wpe = nn.Embedding(seq, d)
+            self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+            self.lnf = nn.LayerNorm(d, eps=1e-5)
         self.register_buffer("mask", torch.tril(torch.ones(seq, seq)))
         for name, p in self.named_parameters():
             if p.dim() >= 2:
@@ -76,10 +133,17 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
-        for b in self.blocks:
-            x = b(x, self.mask)
-        logits = self.lnf(x) @ self.wte.weight.t()
+        if self.llama:
+            x = self.wte(idx)
+            for b in self.blocks:
+                x = b(x, self.mask, self.cos, self.sin)
+            x = LlamaBlock.rms(x, self.nf)
+        else:
+            x = self.wte(idx) + self.wpe(torch.arange(T))
+            for b in self.blocks:
+                x = b(x, self.mask)
+            x = self.lnf(x)
+        logits = x @ self.wte.weight.t()
         logits[..., self.vocab:] = float("-inf")  # padded rows are never predicted
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
@@ -114,11 +178,18 @@ def gemm_rate(a):
     """FLOP/s of matmul (fp32, or bf16 with --autocast) at the model's linear shapes, weighted
     like cooktrain's."""
     dtype = torch.bfloat16 if a.autocast else torch.float32
-    n, c, f = a.batch * a.seq, a.d, 4 * a.d
+    n, c = a.batch * a.seq, a.d
     vp = (a.vocab + 127) // 128 * 128
-    # (out, in, times per step): fused q|k|v, attention out, MLP up, MLP down, the LM head
-    linears = [(3 * c, c, a.layers), (c, c, a.layers), (f, c, a.layers), (c, f, a.layers),
-               (vp, c, 1)]
+    if a.arch == "llama":
+        f, kv = a.ffn, a.kv_heads * (a.d // a.heads)
+        # fused q|k|v, attention out, fused gate|up, down, the LM head
+        linears = [(c + 2 * kv, c, a.layers), (c, c, a.layers), (2 * f, c, a.layers),
+                   (c, f, a.layers), (vp, c, 1)]
+    else:
+        f = 4 * a.d
+        # (out, in, times per step): fused q|k|v, attention out, MLP up, MLP down, the LM head
+        linears = [(3 * c, c, a.layers), (c, c, a.layers), (f, c, a.layers), (c, f, a.layers),
+                   (vp, c, 1)]
 
     def median_seconds(fn, reps=5):
         fn()
@@ -139,7 +210,7 @@ def gemm_rate(a):
                  median_seconds(lambda: dy.t() @ x))
             flops += 3 * 2.0 * n * out * inp * count
             seconds += t * count
-    n_matmul = a.layers * (4 * c * c + 2 * c * f) + vp * c
+    n_matmul = sum(o * i * k for o, i, k in linears)
     print("gemm_flops_per_s %.6e" % (flops / seconds))
     print("flops_per_token %.6e" % (6.0 * n_matmul + 6.0 * a.layers * a.seq * c))
 
@@ -149,16 +220,20 @@ def main():
     for name, default in (("vocab", 50257), ("seq", 256), ("layers", 12), ("d", 768),
                           ("heads", 12), ("batch", 4), ("steps", 6), ("threads", 2)):
         ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: --heads)")
+    ap.add_argument("--ffn", type=int, default=0, help="llama: the SwiGLU width")
     ap.add_argument("--gemm-rate", action="store_true")
     ap.add_argument("--autocast", action="store_true", help="bf16 autocast (mixed precision)")
     a = ap.parse_args()
+    a.kv_heads = a.kv_heads or a.heads
     torch.manual_seed(1337)
     torch.set_num_threads(a.threads)
     print_backend()
     if a.gemm_rate:
         gemm_rate(a)
         return
-    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads)
+    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads, a.arch == "llama", a.kv_heads, a.ffn)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

@@ -73,8 +73,8 @@ if ! [[ $learn_seeds =~ ^[1-9][0-9]*$ ]]; then
 fi
 case $only in
     "" | learn) ;;
-    tiny | gpt2-124m) learn_steps=0 ;;
-    *) echo "bench_cpu: --only $only is not tiny, gpt2-124m or learn" >&2; echo "hint: --only learn runs the learning comparison alone" >&2; exit 2 ;;
+    tiny | llama-tiny | gpt2-124m) learn_steps=0 ;;
+    *) echo "bench_cpu: --only $only is not tiny, llama-tiny, gpt2-124m or learn" >&2; echo "hint: --only learn runs the learning comparison alone" >&2; exit 2 ;;
 esac
 for precision in $precisions; do
     case $precision in

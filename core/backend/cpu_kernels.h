@@ -269,6 +269,11 @@ void ct_cpu_rope(void *ctx, float *x, const float *cos_sin, int64_t B, int64_t T
                  bool inverse);
 void ct_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int64_t N,
                        int64_t H, int64_t ld);
+void ct_cpu_swiglu_fwd_bf16(void *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                            int64_t N, int64_t H, int64_t ld);
+void ct_cpu_swiglu_bwd_bf16(void *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *gate,
+                            const uint16_t *up, const uint16_t *dout, int64_t N, int64_t H,
+                            int64_t ld);
 void ct_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *gate, const float *up,
                        const float *dout, int64_t N, int64_t H, int64_t ld);
 

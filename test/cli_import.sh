@@ -200,8 +200,10 @@ PY
     case_ "offsets not its size" "data_offsets do not span" "st 'h[\"$e\"][\"shape\"] = [2**31 - 1, 2**31 - 1]'"
     case_ "offsets wider than its shape" "data_offsets do not span" "st 'h[\"model.norm.weight\"][\"shape\"] = [63]'"
     case_ "dimension 2^31" "dimension" "st 'h[\"$e\"][\"shape\"] = [2**31, 1]'"
-    case_ "three dimensions" "at most two dimensions" "st 'h[\"$e\"][\"shape\"] = [1, 1, 1]'"
-    case_ "dtype I64" "dtype I64" "st 'h[\"$e\"][\"dtype\"] = \"I64\"'"
+    case_ "nine dimensions" "at most eight dimensions" "st 'h[\"$e\"][\"shape\"] = [1] * 9'"
+    case_ "a weight of three dimensions" "(3 dims)" "st 'h[\"$e\"][\"shape\"] = [64, 64, 1]'"
+    case_ "dtype I32" "is I32 of 2 dimensions" "st 'h[\"$e\"][\"dtype\"] = \"I32\"'"
+    case_ "dtype X99" "dtype X99 is not a safetensors dtype" "st 'h[\"$e\"][\"dtype\"] = \"X99\"'"
     case_ "two tensors on the same bytes" "overlap" "st 'k = \"model.norm.weight\"; h[\"x\"] = dict(h[k])'"
     case_ "a tensor missing" "has no tensor $e" "st 'del h[\"$e\"]'"
     g=model.layers.1.mlp.gate_proj.weight
@@ -224,4 +226,8 @@ PY
     case_ "index naming a file outside" "not a .safetensors file beside the index" \
         "mv model.safetensors x.safetensors && echo '{\"weight_map\": {\"a\": \"../x.safetensors\"}}' >model.safetensors.index.json"
     case_ "no safetensors" "neither model.safetensors" 'rm model.safetensors'
+    m=$d/extra
+    rm -rf "$m" && cp -r "$d/good" "$m"
+    (cd "$m" && st 'n = len(data); data += bytes(1024); h["model.layers.0.self_attn.mask"] = {"dtype": "BOOL", "shape": [1, 1, 32, 32], "data_offsets": [n, n + 1024]}') &&
+        expect_exit 0 "an extra 4-D BOOL buffer (a stored causal mask) is left alone" -- "$BIN" import "$m" --out "$d/extra-out"
 fi

@@ -23,19 +23,32 @@ static int by_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static ct_status parse_dtype(const char *path, const char *name, json_t *v, ct_st_tensor *t) {
+/* Every dtype of the format, with its element size: a tensor of one this reader does not convert
+ * (a causal-mask buffer of bool, an int64 position table) is still checked, but refused only if
+ * it is read. */
+static ct_status parse_dtype(const char *path, const char *name, json_t *v, ct_st_tensor *t,
+                             int64_t *esize) {
     static const struct {
         const char *name;
         ct_st_dtype dtype;
-    } dtypes[] = {{"F32", CT_ST_F32}, {"BF16", CT_ST_BF16}, {"F16", CT_ST_F16}};
+        int size;
+    } dtypes[] = {
+        {"F32", CT_ST_F32, 4},    {"BF16", CT_ST_BF16, 2},     {"F16", CT_ST_F16, 2},
+        {"F64", CT_ST_OTHER, 8},  {"I64", CT_ST_OTHER, 8},     {"U64", CT_ST_OTHER, 8},
+        {"I32", CT_ST_OTHER, 4},  {"U32", CT_ST_OTHER, 4},     {"I16", CT_ST_OTHER, 2},
+        {"U16", CT_ST_OTHER, 2},  {"I8", CT_ST_OTHER, 1},      {"U8", CT_ST_OTHER, 1},
+        {"BOOL", CT_ST_OTHER, 1}, {"F8_E4M3", CT_ST_OTHER, 1}, {"F8_E5M2", CT_ST_OTHER, 1}};
     const char *s = json_string_value(v);
     for (size_t i = 0; s && i < CT_ARRAY_LEN(dtypes); i++)
         if (!strcmp(s, dtypes[i].name)) {
             t->dtype = dtypes[i].dtype;
+            snprintf(t->dtype_name, sizeof t->dtype_name, "%s", s);
+            *esize = dtypes[i].size;
             return CT_OK;
         }
     char what[96];
-    snprintf(what, sizeof what, ": dtype %.32s is not F32, BF16 or F16", s ? s : "(not a string)");
+    snprintf(what, sizeof what, ": dtype %.32s is not a safetensors dtype",
+             s ? s : "(not a string)");
     return bad(path, what, name);
 }
 
@@ -54,22 +67,29 @@ static ct_status parse_tensor(const char *path, const char *name, json_t *v, int
     if (strlen(name) >= CT_ST_NAME) return bad(path, ": name longer than 127 bytes", NULL);
     snprintf(t->name, sizeof t->name, "%s", name);
     if (!json_is_object(v)) return bad(path, " is not a JSON object", name);
-    CT_TRY(parse_dtype(path, name, json_object_get(v, "dtype"), t));
+    int64_t esize;
+    CT_TRY(parse_dtype(path, name, json_object_get(v, "dtype"), t, &esize));
     json_t *shape = json_object_get(v, "shape"), *offsets = json_object_get(v, "data_offsets");
-    if (!json_is_array(shape) || json_array_size(shape) > 2)
-        return bad(path, ": shape is not an array of at most two dimensions", name);
+    if (!json_is_array(shape) || json_array_size(shape) > 8)
+        return bad(path, ": shape is not an array of at most eight dimensions", name);
     t->ndim = (int)json_array_size(shape);
     t->shape[0] = t->shape[1] = 1;
-    for (int d = 0; d < t->ndim; d++)
-        if (!int_in(json_array_get(shape, (size_t)d), 0, DIM_MAX - 1, &t->shape[d]))
-            return bad(path, ": a dimension is not an integer in [0, 2^31)", name);
-    t->numel = t->shape[0] * t->shape[1]; /* < 2^62 */
+    t->numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t n;
+        if (!int_in(json_array_get(shape, (size_t)d), 0, DIM_MAX - 1, &n) ||
+            !ct_mul_i64(t->numel, n, &t->numel))
+            return bad(path,
+                       ": a dimension is not an integer in [0, 2^31), or their product "
+                       "overflows",
+                       name);
+        if (d < 2) t->shape[d] = n;
+    }
     if (!json_is_array(offsets) || json_array_size(offsets) != 2 ||
         !int_in(json_array_get(offsets, 0), 0, data_size, &t->begin) ||
         !int_in(json_array_get(offsets, 1), t->begin, data_size, &t->end))
         return bad(path, ": data_offsets is not [begin, end] with begin <= end inside the data",
                    name);
-    const int64_t esize = t->dtype == CT_ST_F32 ? 4 : 2;
     int64_t bytes;
     if (!ct_mul_i64(t->numel, esize, &bytes) || bytes != t->end - t->begin)
         return bad(path, ": data_offsets do not span its shape times its element size", name);
@@ -173,6 +193,15 @@ float ct_f16_to_f32(uint16_t h) {
 }
 
 ct_status ct_safetensors_read(const ct_safetensors *st, const ct_st_tensor *t, float *out) {
+    if (t->dtype == CT_ST_OTHER || t->ndim > 2) {
+        ct_error(CT_ERR_INPUT,
+                 "safetensors '%s': tensor %s is %s of %d dimensions; cooktrain reads "
+                 "F32, BF16 and F16 tensors of at most two",
+                 st->path, t->name, t->dtype_name, t->ndim);
+        ct_hint("the model's weights must be floating point (convert the file, e.g. with "
+                "transformers' save_pretrained)");
+        return CT_ERR_INPUT;
+    }
     const int64_t bytes = t->end - t->begin;
     uint8_t *buf = t->dtype == CT_ST_F32 ? (uint8_t *)out : ct_xmalloc((size_t)bytes + 1);
     int64_t done = 0;

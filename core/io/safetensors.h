@@ -9,9 +9,11 @@
  *
  * Checked at open, each a CT_ERR_INPUT naming the file and the tensor or field: the file is
  * regular; 2 <= N <= 100 MiB and 8 + N <= its size; the header is one JSON object (no duplicate
- * keys); each tensor has a dtype this reader converts (F32, BF16, F16), at most two dimensions
- * (every one in [0, 2^31)), end - begin = elements x element size (overflow-checked), end inside
- * the data; no two tensors share a byte; names are shorter than CT_ST_NAME. Nothing is
+ * keys); each tensor has a dtype of the format, at most eight dimensions (every one in
+ * [0, 2^31)), end - begin = elements x element size (overflow-checked), end inside the data; no
+ * two tensors share a byte; names are shorter than CT_ST_NAME. Reading converts F32, BF16 and F16
+ * tensors of at most two dimensions (others, such as a stored causal mask, may be present and
+ * are left alone). Nothing is
  * allocated beyond what the file holds.
  */
 #ifndef CT_CORE_SAFETENSORS_H
@@ -23,14 +25,17 @@
 
 enum { CT_ST_NAME = 128 };
 
-typedef enum ct_st_dtype { CT_ST_F32 = 0, CT_ST_BF16, CT_ST_F16 } ct_st_dtype;
+/* The dtypes this reader converts; CT_ST_OTHER: one of the format's others (element size known,
+ * so its bytes are checked, but ct_safetensors_read refuses it). */
+typedef enum ct_st_dtype { CT_ST_F32 = 0, CT_ST_BF16, CT_ST_F16, CT_ST_OTHER } ct_st_dtype;
 
 typedef struct ct_st_tensor {
     char name[CT_ST_NAME];
     ct_st_dtype dtype;
-    int ndim;           /* 0 (a scalar), 1 or 2 */
-    int64_t shape[2];   /* unused dimensions 1 */
-    int64_t numel;      /* shape[0] · shape[1] */
+    char dtype_name[12];
+    int ndim;           /* 0 (a scalar) to 8; read only when at most 2 */
+    int64_t shape[2];   /* the first two dimensions; unused ones 1 */
+    int64_t numel;      /* the product of every dimension */
     int64_t begin, end; /* bytes of the data section */
 } ct_st_tensor;
 

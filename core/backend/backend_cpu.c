@@ -303,17 +303,23 @@ static void slot_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias,
 static void slot_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
                              int64_t V, int64_t n_valid) {
     cpu_ctx *c = ctx;
-    ct_cpu_xent_rowmax(c, rowmax, in_f32(c, 0, dt, logits, N * V), N, V, n_valid);
+    if (dt == CT_DTYPE_BF16) {
+        ct_cpu_xent_rowmax_bf16(c, rowmax, logits, N, V, n_valid);
+        return;
+    }
+    ct_cpu_xent_rowmax(c, rowmax, logits, N, V, n_valid);
 }
 
 static void slot_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *target_logit,
                              void *logits, const int32_t *targets, const float *rowmax, int64_t N,
                              int64_t V, int64_t n_valid, int64_t col_offset, bool keep_exp) {
     cpu_ctx *c = ctx;
-    float *l = out_f32(c, 0, dt, logits, N * V, true);
-    ct_cpu_xent_sumexp(c, sumexp, target_logit, l, targets, rowmax, N, V, n_valid, col_offset,
-                       keep_exp);
-    if (keep_exp) out_done(c, dt, logits, l, N * V);
+    if (dt == CT_DTYPE_BF16)
+        ct_cpu_xent_sumexp_bf16(c, sumexp, target_logit, logits, targets, rowmax, N, V, n_valid,
+                                col_offset, keep_exp);
+    else
+        ct_cpu_xent_sumexp(c, sumexp, target_logit, logits, targets, rowmax, N, V, n_valid,
+                           col_offset, keep_exp);
 }
 
 static void slot_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits,
@@ -321,10 +327,12 @@ static void slot_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits
                              const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
                              int64_t col_offset, float dloss, bool write_grad) {
     cpu_ctx *c = ctx;
-    float *l = out_f32(c, 0, dt, logits, N * V, write_grad);
-    ct_cpu_xent_finish(c, losses, l, targets, rowmax, sumexp, target_logit, N, V, n_valid,
-                       col_offset, dloss, write_grad);
-    if (write_grad) out_done(c, dt, logits, l, N * V);
+    if (dt == CT_DTYPE_BF16)
+        ct_cpu_xent_finish_bf16(c, losses, logits, targets, rowmax, sumexp, target_logit, N, V,
+                                n_valid, col_offset, dloss, write_grad);
+    else
+        ct_cpu_xent_finish(c, losses, logits, targets, rowmax, sumexp, target_logit, N, V, n_valid,
+                           col_offset, dloss, write_grad);
 }
 
 /* ---- the backend ---------------------------------------------------------------------------- */

@@ -248,6 +248,17 @@ void ct_cpu_xent_finish(void *ctx, float *losses, float *logits, const int32_t *
                         const float *rowmax, const float *sumexp, const float *target_logit,
                         int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
                         bool write_grad);
+/* The same on bf16 logits (in place, a row at a time; values as the fp32 kernels compute them on
+ * the widened row, rounded once where stored). */
+void ct_cpu_xent_rowmax_bf16(void *ctx, float *rowmax, const uint16_t *logits, int64_t N, int64_t V,
+                             int64_t n_valid);
+void ct_cpu_xent_sumexp_bf16(void *ctx, float *sumexp, float *target_logit, uint16_t *logits,
+                             const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
+                             int64_t n_valid, int64_t col_offset, bool keep_exp);
+void ct_cpu_xent_finish_bf16(void *ctx, float *losses, uint16_t *logits, const int32_t *targets,
+                             const float *rowmax, const float *sumexp, const float *target_logit,
+                             int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
+                             bool write_grad);
 void ct_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
                   const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
                   void *param_copy, ct_dtype copy_dtype);

@@ -225,6 +225,8 @@ PY
     case_ "config.json duplicate key" "duplicate" "$py -c 't=open(\"config.json\").read(); open(\"config.json\",\"w\").write(t.replace(\"{\", \"{\\\"hidden_size\\\": 64, \", 1))'"
     case_ "index naming a file outside" "not a .safetensors file beside the index" \
         "mv model.safetensors x.safetensors && echo '{\"weight_map\": {\"a\": \"../x.safetensors\"}}' >model.safetensors.index.json"
+    case_ "an index naming 5000 files" "names more than 4096 files" \
+        "mv model.safetensors x.safetensors && $py -c 'import json; json.dump({\"weight_map\": {\"t%d\" % i: \"f%d.safetensors\" % i for i in range(5000)}}, open(\"model.safetensors.index.json\", \"w\"))'"
     case_ "no safetensors" "neither model.safetensors" 'rm model.safetensors'
     m=$d/extra
     rm -rf "$m" && cp -r "$d/good" "$m"

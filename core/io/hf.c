@@ -271,7 +271,9 @@ bool ct_hf_is_model(const char *path) {
 }
 
 /* The files a sharded model's model.safetensors.index.json names (weight_map's values), each
- * a plain file name in dir; *names malloc'd, each entry CT_PATH_MAX bytes. */
+ * a plain file name in dir, at most MAX_FILES of them; *names malloc'd, each entry CT_PATH_MAX
+ * bytes. */
+enum { MAX_FILES = 4096 };
 static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *n) {
     char path[CT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -291,8 +293,8 @@ static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *
     }
     const char *key;
     json_t *v;
+    int cap = 0;
     if (st == CT_OK) {
-        *names = ct_xcalloc(json_object_size(map) + 1, sizeof **names);
         json_object_foreach(map, key, v) {
             const char *f = json_string_value(v);
             if (!f || !f[0] || strchr(f, '/') || !strcmp(f, "..") || strlen(f) >= CT_PATH_MAX ||
@@ -306,7 +308,19 @@ static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *
             }
             int i = 0;
             while (i < *n && strcmp((*names)[i], f)) i++;
-            if (i == *n) snprintf((*names)[(*n)++], CT_PATH_MAX, "%s", f);
+            if (i < *n) continue;
+            if (*n == MAX_FILES) { /* the names grow with distinct files, not with entries */
+                ct_error(CT_ERR_INPUT, "safetensors index '%s' names more than %d files", path,
+                         MAX_FILES);
+                st = CT_ERR_INPUT;
+                break;
+            }
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 8;
+                *names = realloc(*names, (size_t)cap * sizeof **names);
+                CT_ASSERT(*names != NULL);
+            }
+            snprintf((*names)[(*n)++], CT_PATH_MAX, "%s", f);
         }
     }
     if (st != CT_OK) ct_hint("the index must be as transformers writes it, beside its files");

@@ -251,32 +251,21 @@ static void slot_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int
     out_done_rows(c, dt, x, xf, B * T, cols, ld);
 }
 
+/* SwiGLU is elementwise: bf16 is read and written in place (cpu_llama.c), no staging. */
 static void slot_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
                             int64_t N, int64_t H, int64_t ld) {
-    cpu_ctx *c = ctx;
-    if (dt == CT_DTYPE_BF16) {
-        ct_cpu_swiglu_fwd_bf16(c, out, gate, up, N, H, ld);
-        return;
-    }
-    int64_t n = ct_strided_extent(N, H, ld);
-    float *o = out_f32(c, 0, dt, out, N * H, false);
-    ct_cpu_swiglu_fwd(c, o, in_f32(c, 1, dt, gate, n), in_f32(c, 2, dt, up, n), N, H, ld);
-    out_done(c, dt, out, o, N * H);
+    if (dt == CT_DTYPE_BF16)
+        ct_cpu_swiglu_fwd_bf16(ctx, out, gate, up, N, H, ld);
+    else
+        ct_cpu_swiglu_fwd(ctx, out, gate, up, N, H, ld);
 }
 
 static void slot_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
                             const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
-    cpu_ctx *c = ctx;
-    if (dt == CT_DTYPE_BF16) {
-        ct_cpu_swiglu_bwd_bf16(c, dgate, dup, gate, up, dout, N, H, ld);
-        return;
-    }
-    int64_t n = ct_strided_extent(N, H, ld);
-    float *dg = out_f32(c, 3, dt, dgate, n, false), *du = out_f32(c, 4, dt, dup, n, false);
-    ct_cpu_swiglu_bwd(c, dg, du, in_f32(c, 0, dt, gate, n), in_f32(c, 1, dt, up, n),
-                      in_f32(c, 2, dt, dout, N * H), N, H, ld);
-    out_done_rows(c, dt, dgate, dg, N, H, ld);
-    out_done_rows(c, dt, dup, du, N, H, ld);
+    if (dt == CT_DTYPE_BF16)
+        ct_cpu_swiglu_bwd_bf16(ctx, dgate, dup, gate, up, dout, N, H, ld);
+    else
+        ct_cpu_swiglu_bwd(ctx, dgate, dup, gate, up, dout, N, H, ld);
 }
 
 static void slot_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,

@@ -433,6 +433,7 @@ typedef struct op_slot {
 } op_slot;
 #define IS_OPTIONAL_CT_OP_REQUIRED false
 #define IS_OPTIONAL_CT_OP_OPTIONAL true
+#define IS_OPTIONAL_CT_OP_FEATURE true
 #define OP_SLOT_(name, need, queue, ...)                                                           \
     {#name, offsetof(struct ct_backend_i, name), IS_OPTIONAL_##need},
 static const op_slot op_slots[] = {CT_BACKEND_OPS(OP_SLOT_)};

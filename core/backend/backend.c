@@ -120,12 +120,14 @@ const char *ct_backend_missing_op(const struct ct_backend_i *iface) {
     if (!iface->copy_to_host) return "copy_to_host";
 #define IS_OPTIONAL_CT_OP_REQUIRED false
 #define IS_OPTIONAL_CT_OP_OPTIONAL true
+#define IS_OPTIONAL_CT_OP_FEATURE true
 #define MISSING_OP(name, need, queue, ...)                                                         \
     if (!IS_OPTIONAL_##need && !iface->name) return #name;
     CT_BACKEND_OPS(MISSING_OP)
 #undef MISSING_OP
 #undef IS_OPTIONAL_CT_OP_REQUIRED
 #undef IS_OPTIONAL_CT_OP_OPTIONAL
+#undef IS_OPTIONAL_CT_OP_FEATURE
     return NULL;
 }
 

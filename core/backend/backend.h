@@ -451,6 +451,46 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                       int64_t T, int64_t n_head, int64_t n_kv_head);
 
 /*
+ * Context parallelism (ring attention, parallel/README.md): a rank holds T local rows of each
+ * sequence as two chunks of T/2 rows, at global chunk indices q0 and q1 (zigzag: r and 2cp−1−r;
+ * contiguous: 2r and 2r+1; chunk k covers positions [k·T/2, (k+1)·T/2)), and attends to key/value
+ * blocks that arrive from the other ranks of its cp group. A block kv (B, T, 2·n_kv_head·hd)
+ * holds the key heads then the value heads of its owner's rows (chunks k0, k1); CT_ATT_CHUNKS
+ * packs the four indices, each below 2^15.
+ *
+ * attention_part_fwd merges the attention of the local queries (qkv, packed as for
+ * ct_attention_fwd) against the block's keys into running fp32 accumulators: o_acc (B, T,
+ * n_head·hd), the output normalised so far, and lse_acc (B, n_head, T), its log-sum-exp (start
+ * them at 0 and -inf). Query chunk qc attends to key chunk kc fully when kc < qc, causally when
+ * kc == qc, and not at all when kc > qc; each attended pair is merged as one block (O, L) ←
+ * (e^(L−L')·O + e^(Lb−L')·Ob, L' = max(L, Lb) + log1p(e^(−|L−Lb|))), pairs in the order (query
+ * chunk, key chunk).
+ *
+ * attention_part_bwd adds the gradients of that part: given the final out (B, T, n_head·hd, in
+ * the model's dtype) and lse of the local rows and the upstream dout, it adds dQ into dq_acc
+ * (B, T, n_head·hd) and dK, dV into dkv_acc (B, T, 2·n_kv_head·hd, the block's layout), both
+ * fp32, with P recomputed from the final lse (never a block-local one).
+ */
+#define CT_ATT_CHUNKS(q0, q1, k0, k1)                                                              \
+    ((int64_t)(q0) | (int64_t)(q1) << 16 | (int64_t)(k0) << 32 | (int64_t)(k1) << 48)
+/* Index i of a packed CT_ATT_CHUNKS: 0 and 1 the query chunks, 2 and 3 the key chunks. */
+#define CT_ATT_CHUNK(chunks, i) (((chunks) >> (16 * (i))) & 0x7fff)
+void ct_attention_part_fwd(ct_tensor *o_acc, ct_tensor *lse_acc, const ct_tensor *qkv,
+                           const ct_tensor *kv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head, int64_t chunks);
+void ct_attention_part_bwd(ct_tensor *dq_acc, ct_tensor *dkv_acc, const ct_tensor *dout,
+                           const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse,
+                           const ct_tensor *kv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head, int64_t chunks);
+/* Columns [dst_col, dst_col + cols) of every row of dst (rows, ·) = columns [src_col, src_col +
+ * cols) of src (same rows), converted as by ct_cast (f32 <-> bf16 or a copy): how the ring packs
+ * a block's keys and values and unpacks the gradients. */
+void ct_cast_cols(ct_tensor *dst, int64_t dst_col, const ct_tensor *src, int64_t src_col,
+                  int64_t cols);
+/* True when the backend has the ops of context parallelism (the CT_OP_FEATURE slots above). */
+bool ct_backend_has_context_parallel(const ct_backend *be);
+
+/*
  * Softmax cross-entropy in three steps so that the vocab-parallel form (logits split by columns
  * over tp ranks) needs only allreduces of N-vectors between them:
  *   xent_rowmax:  rowmax(N) = max over the first n_valid columns of logits(N, V)

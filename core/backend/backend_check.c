@@ -378,9 +378,11 @@ static void check_free_backend(void *ctx) {
  * list: every required op of backend_ops.h has its ct_check_<op> in check_ops.c (an op without
  * one does not compile); optional ops stay NULL, so that their ct_ wrappers run the reference
  * composition instead and each op of it is checked on its own (gemm_bias_gelu: bias_init, gemm,
- * gelu_fwd). */
+ * gelu_fwd); feature ops (attention_part_*) stay NULL too, so a run that needs them is refused
+ * in check mode until they have checkers. */
 #define CHECK_SLOT_CT_OP_REQUIRED(name) .name = ct_check_##name,
 #define CHECK_SLOT_CT_OP_OPTIONAL(name)
+#define CHECK_SLOT_CT_OP_FEATURE(name)
 #define OP_SLOT_(name, need, queue, ...) CHECK_SLOT_##need(name)
 static const struct ct_backend_i check_template = {
     .name = NULL, /* inner's: the backend is the same one, watched */
@@ -398,6 +400,7 @@ static const struct ct_backend_i check_template = {
 #undef OP_SLOT_
 #undef CHECK_SLOT_CT_OP_REQUIRED
 #undef CHECK_SLOT_CT_OP_OPTIONAL
+#undef CHECK_SLOT_CT_OP_FEATURE
 
 ct_backend *ct_backend_check_new(ct_backend *inner) {
     CT_ASSERT(inner != NULL);

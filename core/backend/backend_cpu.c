@@ -289,6 +289,27 @@ static void slot_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias,
     out_done(c, dt, dqkv, dq, n_qkv);
 }
 
+static void slot_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                                    const void *qkv, const void *kv, int64_t B, int64_t T,
+                                    int64_t n_head, int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    int64_t n_qkv = B * T * (n_head + 2 * n_kv_head) * hd, n_kv = B * T * 2 * n_kv_head * hd;
+    ct_cpu_attention_part_fwd(c, o_acc, lse_acc, in_f32(c, 0, dt, qkv, n_qkv),
+                              in_f32(c, 1, dt, kv, n_kv), B, T, n_head, n_kv_head, hd, chunks);
+}
+
+static void slot_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                                    const void *dout, const void *qkv, const void *out,
+                                    const float *lse, const void *kv, int64_t B, int64_t T,
+                                    int64_t n_head, int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd,
+            n_kv = B * T * 2 * n_kv_head * hd;
+    ct_cpu_attention_part_bwd(c, dq_acc, dkv_acc, in_f32(c, 0, dt, dout, n_out),
+                              in_f32(c, 1, dt, qkv, n_qkv), in_f32(c, 2, dt, out, n_out), lse,
+                              in_f32(c, 3, dt, kv, n_kv), B, T, n_head, n_kv_head, hd, chunks);
+}
+
 static void slot_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
                              int64_t V, int64_t n_valid) {
     cpu_ctx *c = ctx;
@@ -490,6 +511,9 @@ static const struct ct_backend_i cpu_iface = {
     .swiglu_bwd = slot_swiglu_bwd,
     .attention_fwd = slot_attention_fwd,
     .attention_bwd = slot_attention_bwd,
+    .cast_cols = ct_cpu_cast_cols,
+    .attention_part_fwd = slot_attention_part_fwd,
+    .attention_part_bwd = slot_attention_part_bwd,
     .xent_rowmax = slot_xent_rowmax,
     .xent_sumexp = slot_xent_sumexp,
     .xent_finish = slot_xent_finish,

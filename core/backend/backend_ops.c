@@ -497,6 +497,98 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
     prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
 }
 
+/* The shapes of a context-parallel part: qkv (B, T, (n_head + 2·n_kv_head)·hd) with T even, kv
+ * (B, T, 2·n_kv_head·hd), lse (B, n_head, T); chunk indices in [0, 2^15). Returns head_dim. */
+static int64_t part_head_dim(const char *op, const ct_tensor *qkv, const ct_tensor *kv,
+                             const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
+                             int64_t n_kv_head, int64_t chunks) {
+    CT_ASSERTF(B > 0 && T > 0 && T % 2 == 0 && n_head > 0 && n_kv_head > 0 &&
+                   n_head % n_kv_head == 0 && chunks >= 0,
+               "%s: B=%lld T=%lld (even: two chunks) n_head=%lld n_kv_head=%lld chunks=%llx", op,
+               (long long)B, (long long)T, (long long)n_head, (long long)n_kv_head,
+               (long long)chunks);
+    int64_t lqkv = COLS(qkv), heads = n_head + 2 * n_kv_head;
+    CT_ASSERTF(ROWS(qkv) == B * T && lqkv % heads == 0,
+               "%s: qkv %s is not (B=%lld, T=%lld, (n_head + 2 n_kv_head)=%lld x head_dim)", op,
+               SH(qkv), (long long)B, (long long)T, (long long)heads);
+    int64_t hd = lqkv / heads;
+    CT_ASSERTF(ROWS(kv) == B * T && COLS(kv) == 2 * n_kv_head * hd,
+               "%s: kv %s must be (B, T, 2 n_kv_head x head_dim=%lld)", op, SH(kv), (long long)hd);
+    CT_ASSERTF(lse->numel == B * n_head * T, "%s: lse %s must be (B, n_head, T)", op, SH(lse));
+    return hd;
+}
+
+void ct_attention_part_fwd(ct_tensor *o_acc, ct_tensor *lse_acc, const ct_tensor *qkv,
+                           const ct_tensor *kv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head, int64_t chunks) {
+    check_float(qkv, "attention_part_fwd qkv");
+    check_like(kv, qkv, "attention_part_fwd kv");
+    check_f32(o_acc, "attention_part_fwd o_acc");
+    check_f32(lse_acc, "attention_part_fwd lse_acc");
+    check_same_backend(o_acc, qkv);
+    int64_t hd =
+        part_head_dim("attention_part_fwd", qkv, kv, lse_acc, B, T, n_head, n_kv_head, chunks);
+    CT_ASSERTF(o_acc->numel == B * T * n_head * hd, "attention_part_fwd: o_acc %s", SH(o_acc));
+    CT_ASSERTF(IFACE(qkv)->attention_part_fwd, "backend %s has no context parallelism",
+               IFACE(qkv)->name);
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_part_fwd(CTX(qkv), DT(qkv), F32(o_acc), F32(lse_acc), DATA(qkv), DATA(kv),
+                                   B, T, n_head, n_kv_head, hd, chunks);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+}
+
+void ct_attention_part_bwd(ct_tensor *dq_acc, ct_tensor *dkv_acc, const ct_tensor *dout,
+                           const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse,
+                           const ct_tensor *kv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head, int64_t chunks) {
+    check_float(qkv, "attention_part_bwd qkv");
+    check_like(kv, qkv, "attention_part_bwd kv");
+    check_like(out, qkv, "attention_part_bwd out");
+    check_like(dout, qkv, "attention_part_bwd dout");
+    check_f32(dq_acc, "attention_part_bwd dq_acc");
+    check_f32(dkv_acc, "attention_part_bwd dkv_acc");
+    check_f32(lse, "attention_part_bwd lse");
+    check_same_backend(dq_acc, qkv);
+    int64_t hd = part_head_dim("attention_part_bwd", qkv, kv, lse, B, T, n_head, n_kv_head, chunks);
+    CT_ASSERTF(dq_acc->numel == B * T * n_head * hd && out->numel == dq_acc->numel &&
+                   dout->numel == dq_acc->numel && dkv_acc->numel == kv->numel,
+               "attention_part_bwd: dq_acc %s, out %s, dout %s (B, T, n_head x hd), dkv_acc %s "
+               "(like kv %s)",
+               SH(dq_acc), SH(out), SH(dout), SH(dkv_acc), SH(kv));
+    CT_ASSERTF(IFACE(qkv)->attention_part_bwd, "backend %s has no context parallelism",
+               IFACE(qkv)->name);
+    double prof_t0_ = prof_begin(qkv);
+    IFACE(qkv)->attention_part_bwd(CTX(qkv), DT(qkv), F32(dq_acc), F32(dkv_acc), DATA(dout),
+                                   DATA(qkv), DATA(out), F32(lse), DATA(kv), B, T, n_head,
+                                   n_kv_head, hd, chunks);
+    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+}
+
+void ct_cast_cols(ct_tensor *dst, int64_t dst_col, const ct_tensor *src, int64_t src_col,
+                  int64_t cols) {
+    CT_ASSERT(dst != NULL && src != NULL);
+    check_same_backend(dst, src);
+    CT_ASSERTF((dst->dtype == CT_DTYPE_F32 || dst->dtype == CT_DTYPE_BF16) &&
+                   (src->dtype == CT_DTYPE_F32 || src->dtype == CT_DTYPE_BF16),
+               "cast_cols: only f32 <-> bf16, got %s -> %s", SH(src), SH(dst));
+    CT_ASSERTF(ROWS(dst) == ROWS(src) && dst_col >= 0 && src_col >= 0 && cols >= 0 &&
+                   dst_col + cols <= COLS(dst) && src_col + cols <= COLS(src),
+               "cast_cols: columns [%lld, +%lld) of %s from [%lld, +%lld) of %s",
+               (long long)dst_col, (long long)cols, SH(dst), (long long)src_col, (long long)cols,
+               SH(src));
+    CT_ASSERTF(IFACE(src)->cast_cols, "backend %s has no cast_cols", IFACE(src)->name);
+    const size_t dsz = ct_dtype_size(dst->dtype), ssz = ct_dtype_size(src->dtype);
+    double prof_t0_ = prof_begin(src);
+    IFACE(src)->cast_cols(CTX(src), (char *)dst->data + (size_t)dst_col * dsz, dst->dtype,
+                          COLS(dst), (const char *)src->data + (size_t)src_col * ssz, src->dtype,
+                          COLS(src), ROWS(src), cols);
+    prof_end(src, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+bool ct_backend_has_context_parallel(const ct_backend *be) {
+    return be->iface->cast_cols && be->iface->attention_part_fwd && be->iface->attention_part_bwd;
+}
+
 static void check_xent_cols(const char *op, const ct_tensor *logits, int64_t n_valid) {
     CT_ASSERTF(n_valid >= 0 && n_valid <= COLS(logits),
                "%s: n_valid %lld outside [0, %lld] of logits %s", op, (long long)n_valid,

@@ -21,7 +21,10 @@
  *   name   the slot's name (the member of struct ct_backend_i);
  *   need   CT_OP_REQUIRED: every backend fills it; CT_OP_OPTIONAL: may be NULL, its ct_ wrapper
  *          then runs the reference composition of other ops (check mode hides an optional slot,
- *          so that the composition is checked op by op);
+ *          so that the composition is checked op by op); CT_OP_FEATURE: may be NULL, and then
+ *          the backend lacks a feature (ct_backend_has_feature_ops), which configuration
+ *          validation refuses with exit 2 before a run starts (check mode hides it too: it has
+ *          no checker yet);
  *   queue  CT_OP_ARGS: every argument is a value or backend memory, which the asynchronous
  *          stream copies into its command as given; CT_OP_HOST: the op also reads host memory the
  *          caller may reuse as soon as the slot returns (AdamW's segments and hyperparameters,
@@ -115,6 +118,20 @@
       (ct_dtype, dt), (void *, dqkv), (float *, dbias), (const void *, dout), (const void *, qkv), \
       (const void *, out), (const float *, lse), (int64_t, B), (int64_t, T), (int64_t, n_head),    \
       (int64_t, n_kv_head), (int64_t, head_dim))                                                   \
+    /* context parallelism (backend.h, ct_attention_part_fwd): chunks packed by CT_ATT_CHUNKS */ \
+    /* rows of cols elements at row strides ld_dst and ld_src, each converted as by cast */       \
+    X(cast_cols, CT_OP_FEATURE, CT_OP_ARGS,                                                        \
+      (void *, dst), (ct_dtype, dst_dtype), (int64_t, ld_dst), (const void *, src),                \
+      (ct_dtype, src_dtype), (int64_t, ld_src), (int64_t, rows), (int64_t, cols))                  \
+    X(attention_part_fwd, CT_OP_FEATURE, CT_OP_ARGS,                                               \
+      (ct_dtype, dt), (float *, o_acc), (float *, lse_acc), (const void *, qkv),                   \
+      (const void *, kv), (int64_t, B), (int64_t, T), (int64_t, n_head), (int64_t, n_kv_head),     \
+      (int64_t, head_dim), (int64_t, chunks))                                                      \
+    X(attention_part_bwd, CT_OP_FEATURE, CT_OP_ARGS,                                               \
+      (ct_dtype, dt), (float *, dq_acc), (float *, dkv_acc), (const void *, dout),                 \
+      (const void *, qkv), (const void *, out), (const float *, lse), (const void *, kv),          \
+      (int64_t, B), (int64_t, T), (int64_t, n_head), (int64_t, n_kv_head), (int64_t, head_dim),    \
+      (int64_t, chunks))                                                                           \
     X(xent_rowmax, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
       (ct_dtype, dt), (float *, rowmax), (const void *, logits), (int64_t, N), (int64_t, V),       \
       (int64_t, n_valid))                                                                          \

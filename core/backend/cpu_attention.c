@@ -279,3 +279,169 @@ void ct_cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dou
     /* the bias gradient: the batch elements' column sums added in batch order */
     if (dbias) ct_cpu_add_chunk_partials(c, dbias, colsums, B, lqkv, lqkv);
 }
+
+/* ---- attention of a context-parallel part -------------------------------------------------- */
+
+/*
+ * The two ops of ring attention (backend.h, ct_attention_part_fwd): the local query rows against
+ * one key/value block, each side two chunks of c = T/2 rows at global chunk indices packed in
+ * `chunks` (CT_ATT_CHUNK). A (query chunk, key chunk) pair is skipped when the key chunk comes
+ * later in the sequence, causal when it is the same chunk, full when it comes earlier; pairs run
+ * in a fixed order (query chunk, then key chunk 0 then 1), each merged into the accumulators as
+ * one block. Parallel over (batch, head) forward and (batch, kv head) backward, as above. Head
+ * slices are strided views; scratch per thread is a block of ATT_BLOCK query rows by c keys.
+ */
+
+/* -1: the pair is skipped; 0: full; 1: causal (the same chunk). */
+static int part_kind(int64_t qc, int64_t kc) {
+    return kc > qc ? -1 : kc == qc;
+}
+
+/* Row i of the block (0 ≤ i < m, query row r0 + i of its chunk) sees keys [0, n): all c keys of
+ * an earlier chunk, keys 0 .. r0 + i of its own. */
+static inline int64_t part_visible(int kind, int64_t c, int64_t r0, int64_t i) {
+    return kind ? r0 + i + 1 : c;
+}
+
+void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
+                               const float *kv, int64_t B, int64_t T, int64_t n_head,
+                               int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t ld = (int64_t)round_up((size_t)ch, LANES);
+    /* per thread: scores (ATT_BLOCK, ld), the block's output (ATT_BLOCK, hd), 1/sum */
+    const size_t s_bytes = round_up((size_t)ATT_BLOCK * (size_t)ld * sizeof(float), 64);
+    const size_t o_bytes = round_up((size_t)ATT_BLOCK * (size_t)hd * sizeof(float), 64);
+    const size_t per_thread = s_bytes + o_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    char *ws = ct_cpu_ws_get(c, per_thread * (size_t)c->n_threads);
+    PARALLEL_FOR(c->n_threads)
+    for (int64_t bh = 0; bh < B * n_head; bh++) {
+        float *S = (float *)(ws + per_thread * (size_t)omp_get_thread_num());
+        float *Ob = (float *)((char *)S + s_bytes);
+        float *inv = (float *)((char *)Ob + o_bytes);
+        const int64_t b = bh / n_head, h = bh % n_head, kvh = h / group;
+        for (int qa = 0; qa < 2; qa++)
+            for (int ka = 0; ka < 2; ka++) {
+                const int kind = part_kind(CT_ATT_CHUNK(chunks, qa), CT_ATT_CHUNK(chunks, 2 + ka));
+                if (kind < 0) continue;
+                const float *qh = qkv + (b * T + qa * ch) * lqkv + h * hd;
+                const float *kh = kv + (b * T + ka * ch) * lkv + kvh * hd;
+                const float *vh = kh + ckv;
+                float *oh = o_acc + (b * T + qa * ch) * cq + h * hd;
+                float *lh = lse_acc + bh * T + qa * ch;
+                for (int64_t r0 = 0; r0 < ch; r0 += ATT_BLOCK) {
+                    const int64_t m = CT_MIN(ATT_BLOCK, ch - r0);
+                    const int64_t nk = part_visible(kind, ch, r0, m - 1); /* the widest row */
+                    /* S(m, nk) = scale · Q[r0:r0+m] · K[0:nk]ᵀ */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk, (int)hd,
+                                scale, qh + r0 * lqkv, (int)lqkv, kh, (int)lkv, 0.0f, S, (int)ld);
+                    float lb[ATT_BLOCK];
+                    for (int64_t i = 0; i < m; i++) {
+                        float *s = S + i * ld;
+                        const int64_t n = part_visible(kind, ch, r0, i);
+                        float mx = -INFINITY, sum = 0.0f;
+                        for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, s[j]);
+                        for (int64_t j = 0; j < n; j++) {
+                            s[j] = exp_f32(s[j] - mx);
+                            sum += s[j];
+                        }
+                        for (int64_t j = n; j < nk; j++) s[j] = 0.0f;
+                        inv[i] = 1.0f / sum;
+                        lb[i] = mx + logf(sum);
+                    }
+                    /* Ob(m, hd) = exp(S - max) · V[0:nk] */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd, (int)nk,
+                                1.0f, S, (int)ld, vh, (int)lkv, 0.0f, Ob, (int)hd);
+                    /* merge (O, L) with the block's (Ob / sum, lb) by their log-sum-exps */
+                    for (int64_t i = 0; i < m; i++) {
+                        float *o = oh + (r0 + i) * cq;
+                        const float *ob = Ob + i * hd;
+                        const float la = lh[r0 + i], l = lb[i];
+                        if (la == -INFINITY) {
+                            for (int64_t d = 0; d < hd; d++) o[d] = ob[d] * inv[i];
+                            lh[r0 + i] = l;
+                            continue;
+                        }
+                        const float mx = fmaxf(la, l), lnew = mx + log1pf(expf(fminf(la, l) - mx));
+                        const float wa = expf(la - lnew), wb = expf(l - lnew) * inv[i];
+                        for (int64_t d = 0; d < hd; d++) o[d] = wa * o[d] + wb * ob[d];
+                        lh[r0 + i] = lnew;
+                    }
+                }
+            }
+    }
+}
+
+void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const float *dout,
+                               const float *qkv, const float *out, const float *lse,
+                               const float *kv, int64_t B, int64_t T, int64_t n_head,
+                               int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
+    const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t ld = (int64_t)round_up((size_t)ch, LANES);
+    /* per thread: P and dP/dS (ATT_BLOCK, ld) each, D (ATT_BLOCK) */
+    const size_t blk_bytes = round_up((size_t)ATT_BLOCK * (size_t)ld * sizeof(float), 64);
+    const size_t per_thread = 2 * blk_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    char *ws = ct_cpu_ws_get(c, per_thread * (size_t)c->n_threads);
+    PARALLEL_FOR(c->n_threads)
+    for (int64_t bkv = 0; bkv < B * n_kv_head; bkv++) {
+        char *mine = ws + per_thread * (size_t)omp_get_thread_num();
+        float *P = (float *)mine, *dS = (float *)(mine + blk_bytes);
+        float *D = (float *)(mine + 2 * blk_bytes);
+        const int64_t b = bkv / n_kv_head, kvh = bkv % n_kv_head;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
+            for (int qa = 0; qa < 2; qa++)
+                for (int ka = 0; ka < 2; ka++) {
+                    const int kind =
+                        part_kind(CT_ATT_CHUNK(chunks, qa), CT_ATT_CHUNK(chunks, 2 + ka));
+                    if (kind < 0) continue;
+                    const int64_t q_row = b * T + qa * ch, k_row = b * T + ka * ch;
+                    const float *qh = qkv + q_row * lqkv + h * hd;
+                    const float *oh = out + q_row * cq + h * hd, *doh = dout + q_row * cq + h * hd;
+                    const float *lh = lse + (b * n_head + h) * T + qa * ch;
+                    float *dqh = dq_acc + q_row * cq + h * hd;
+                    const float *kh = kv + k_row * lkv + kvh * hd, *vh = kh + ckv;
+                    float *dkh = dkv_acc + k_row * lkv + kvh * hd, *dvh = dkh + ckv;
+                    for (int64_t r0 = 0; r0 < ch; r0 += ATT_BLOCK) {
+                        const int64_t m = CT_MIN(ATT_BLOCK, ch - r0);
+                        const int64_t nk = part_visible(kind, ch, r0, m - 1);
+                        /* P(m, nk) = exp(scale·Q·Kᵀ - lse), 0 where masked; D = rowsum(dO ⊙ O) */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk,
+                                    (int)hd, scale, qh + r0 * lqkv, (int)lqkv, kh, (int)lkv, 0.0f,
+                                    P, (int)ld);
+                        for (int64_t i = 0; i < m; i++) {
+                            float *p = P + i * ld;
+                            const int64_t n = part_visible(kind, ch, r0, i);
+                            const float l = lh[r0 + i];
+                            for (int64_t j = 0; j < n; j++) p[j] = exp_f32(p[j] - l);
+                            for (int64_t j = n; j < nk; j++) p[j] = 0.0f;
+                            const float *o = oh + (r0 + i) * cq, *d = doh + (r0 + i) * cq;
+                            float di = 0.0f;
+                            for (int64_t e = 0; e < hd; e++) di += o[e] * d[e];
+                            D[i] = di;
+                        }
+                        /* dP(m, nk) = dO · V[0:nk]ᵀ, then dS = P ⊙ (dP - D) */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk,
+                                    (int)hd, 1.0f, doh + r0 * cq, (int)cq, vh, (int)lkv, 0.0f, dS,
+                                    (int)ld);
+                        for (int64_t i = 0; i < m; i++)
+                            for (int64_t j = 0; j < nk; j++)
+                                dS[i * ld + j] = P[i * ld + j] * (dS[i * ld + j] - D[i]);
+                        /* dV[0:nk] += Pᵀ·dO; dK[0:nk] += scale·dSᵀ·Q; dQ += scale·dS·K[0:nk] */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)hd,
+                                    (int)m, 1.0f, P, (int)ld, doh + r0 * cq, (int)cq, 1.0f, dvh,
+                                    (int)lkv);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)hd,
+                                    (int)m, scale, dS, (int)ld, qh + r0 * lqkv, (int)lqkv, 1.0f,
+                                    dkh, (int)lkv);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)hd,
+                                    (int)nk, scale, dS, (int)ld, kh, (int)lkv, 1.0f, dqh + r0 * cq,
+                                    (int)cq);
+                    }
+                }
+    }
+}

@@ -692,3 +692,25 @@ void ct_cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_d
                    ct_dtype_name(dst_dtype));
     }
 }
+
+void ct_cpu_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst, const void *src,
+                      ct_dtype src_dtype, int64_t ld_src, int64_t rows, int64_t cols) {
+    cpu_ctx *c = ctx;
+    const size_t dsz = ct_dtype_size(dst_dtype), ssz = ct_dtype_size(src_dtype);
+    CT_ASSERTF(dst_dtype == src_dtype || (dsz == 2 && ssz == 4) || (dsz == 4 && ssz == 2),
+               "cpu cast_cols: %s -> %s is not supported", ct_dtype_name(src_dtype),
+               ct_dtype_name(dst_dtype));
+    PARALLEL_FOR(threads_for(c, rows * cols))
+    for (int64_t r = 0; r < rows; r++) {
+        char *d = (char *)dst + (size_t)(r * ld_dst) * dsz;
+        const char *s = (const char *)src + (size_t)(r * ld_src) * ssz;
+        if (dst_dtype == src_dtype)
+            memcpy(d, s, (size_t)cols * dsz);
+        else if (dsz == 2)
+            for (int64_t j = 0; j < cols; j++)
+                ((uint16_t *)d)[j] = ct_f32_to_bf16(((const float *)s)[j]);
+        else
+            for (int64_t j = 0; j < cols; j++)
+                ((float *)d)[j] = ct_bf16_to_f32(((const uint16_t *)s)[j]);
+    }
+}

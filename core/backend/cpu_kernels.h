@@ -265,11 +265,20 @@ void ct_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v
 void ct_cpu_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count);
 void ct_cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
                  int64_t n);
+void ct_cpu_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst, const void *src,
+                      ct_dtype src_dtype, int64_t ld_src, int64_t rows, int64_t cols);
 void ct_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                           int64_t n_head, int64_t n_kv_head, int64_t hd);
 void ct_cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
                           const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
                           int64_t n_kv_head, int64_t hd);
+void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
+                               const float *kv, int64_t B, int64_t T, int64_t n_head,
+                               int64_t n_kv_head, int64_t hd, int64_t chunks);
+void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const float *dout,
+                               const float *qkv, const float *out, const float *lse,
+                               const float *kv, int64_t B, int64_t T, int64_t n_head,
+                               int64_t n_kv_head, int64_t hd, int64_t chunks);
 /* cpu_llama.c */
 void ct_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *inp, const float *w,
                         int64_t N, int64_t C, float eps);

@@ -1,0 +1,150 @@
+/*
+ * ring_attention.c — ring attention from the part ops and the cp group's sends
+ * (ring_attention.h).
+ */
+#include "ring_attention.h"
+
+#include <math.h>
+
+void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1) {
+    CT_ASSERTF(cp >= 1 && r >= 0 && r < cp, "cp chunks: rank %d of %d", r, cp);
+    *c0 = zigzag ? r : 2 * r;
+    *c1 = zigzag ? 2 * cp - 1 - r : 2 * r + 1;
+}
+
+int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t) {
+    int64_t c0, c1, half = T_local / 2;
+    ct_cp_chunks(cp, r, zigzag, &c0, &c1);
+    return (t < half ? c0 : c1) * half + t % half;
+}
+
+int64_t ct_cp_score_elements(int cp, int r, bool zigzag, int64_t T) {
+    const int64_t c = T / (2 * cp);
+    int64_t q[2], total = 0;
+    ct_cp_chunks(cp, r, zigzag, &q[0], &q[1]);
+    for (int src = 0; src < cp; src++) {
+        int64_t k[2];
+        ct_cp_chunks(cp, src, zigzag, &k[0], &k[1]);
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                total += k[b] < q[a] ? c * c : k[b] == q[a] ? c * (c + 1) / 2 : 0;
+    }
+    return total;
+}
+
+/* The buffers of one call: kv blocks in the model's dtype, fp32 accumulators. */
+static ct_tensor *scratch(const ct_tensor *like, ct_dtype dt, int64_t rows, int64_t cols) {
+    ct_tensor *t = ct_tensor_new_2d(like->backend, dt, rows, cols, CT_MEM_ACTS);
+    CT_ASSERTF(t != NULL, "ring attention: out of memory for a (%lld, %lld) %s buffer",
+               (long long)rows, (long long)cols, ct_dtype_name(dt));
+    return t;
+}
+
+static int64_t head_dim(const ct_tensor *qkv, int64_t n_head, int64_t n_kv_head) {
+    return ct_tensor_cols(qkv) / (n_head + 2 * n_kv_head);
+}
+
+static int64_t chunks_of(ct_comm *cp, bool zigzag, int src) {
+    int64_t q0, q1, k0, k1;
+    ct_cp_chunks(cp->size, cp->rank, zigzag, &q0, &q1);
+    ct_cp_chunks(cp->size, src, zigzag, &k0, &k1);
+    return CT_ATT_CHUNKS(q0, q1, k0, k1);
+}
+
+/* One ring hop of `t` to rank + 1 and of `into` from rank − 1, started. */
+static void hop(ct_comm *cp, const ct_tensor *t, ct_tensor *into, int tag, ct_comm_request **req) {
+    int next = (cp->rank + 1) % cp->size, prev = (cp->rank + cp->size - 1) % cp->size;
+    req[0] = ct_comm_isend(cp, t->data, t->numel, t->dtype, next, tag);
+    req[1] = ct_comm_irecv(cp, into->data, into->numel, into->dtype, prev, tag);
+}
+
+static void hop_wait(ct_comm *cp, ct_comm_request **req) {
+    ct_comm_wait(cp, req[0]);
+    ct_comm_wait(cp, req[1]);
+}
+
+void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *lse,
+                           const ct_tensor *qkv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head) {
+    const int n = cp->size;
+    const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
+    const ct_dtype dt = qkv->dtype;
+    ct_tensor *kv[2] = {scratch(qkv, dt, B * T, ckv), scratch(qkv, dt, B * T, ckv)};
+    /* fp32 output accumulates in place; bf16 in an fp32 buffer, rounded once at the end */
+    ct_tensor *o_acc = dt == CT_DTYPE_F32 ? out : scratch(qkv, CT_DTYPE_F32, B * T, cq);
+    ct_cast_cols(kv[0], 0, qkv, cq, ckv);
+    ct_tensor_zero(o_acc);
+    ct_tensor_fill(lse, -INFINITY);
+    for (int s = 0; s < n; s++) {
+        ct_comm_request *req[2] = {NULL, NULL};
+        if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
+        ct_attention_part_fwd(o_acc, lse, qkv, kv[s & 1], B, T, n_head, n_kv_head,
+                              chunks_of(cp, zigzag, (cp->rank - s + n) % n));
+        if (s + 1 < n) hop_wait(cp, req);
+    }
+    if (o_acc != out) {
+        ct_cast(out, o_acc);
+        ct_tensor_free(o_acc);
+    }
+    ct_tensor_free(kv[0]);
+    ct_tensor_free(kv[1]);
+}
+
+void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor *dbias,
+                           const ct_tensor *dout, const ct_tensor *qkv, const ct_tensor *out,
+                           const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head) {
+    const int n = cp->size;
+    const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
+    const ct_dtype dt = qkv->dtype;
+    ct_tensor *kv[2] = {scratch(qkv, dt, B * T, ckv), scratch(qkv, dt, B * T, ckv)};
+    /* mine[s & 1]: the partial dK/dV of the block held at step s, sent on after the step (two, so
+     * one can be in flight while the next is computed); got: the partial arriving from r − 1 */
+    ct_tensor *mine[2] = {scratch(qkv, CT_DTYPE_F32, B * T, ckv),
+                          scratch(qkv, CT_DTYPE_F32, B * T, ckv)};
+    ct_tensor *got = scratch(qkv, CT_DTYPE_F32, B * T, ckv);
+    ct_tensor *dq = scratch(qkv, CT_DTYPE_F32, B * T, cq);
+    ct_cast_cols(kv[0], 0, qkv, cq, ckv);
+    ct_tensor_zero(dq);
+    ct_comm_request *sent[2] = {NULL, NULL}, *arriving = NULL;
+    const int next = (cp->rank + 1) % n, prev = (cp->rank + n - 1) % n;
+    for (int s = 0; s < n; s++) {
+        ct_comm_request *req[2] = {NULL, NULL};
+        if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
+        ct_tensor *acc = mine[s & 1];
+        ct_comm_wait(cp, sent[s & 1]); /* the send of two steps ago read this buffer */
+        sent[s & 1] = NULL;
+        ct_tensor_zero(acc);
+        ct_attention_part_bwd(dq, acc, dout, qkv, out, lse, kv[s & 1], B, T, n_head, n_kv_head,
+                              chunks_of(cp, zigzag, (cp->rank - s + n) % n));
+        if (arriving) { /* the partial of this block from the ranks before it, added to ours */
+            ct_comm_wait(cp, arriving);
+            ct_axpy(acc, got, 1.0f);
+        }
+        if (n > 1) { /* on to the next holder; after the last step, back to the owner */
+            sent[s & 1] = ct_comm_isend(cp, acc->data, acc->numel, CT_DTYPE_F32, next, n + s);
+            arriving = ct_comm_irecv(cp, got->data, got->numel, CT_DTYPE_F32, prev, n + s);
+        }
+        if (s + 1 < n) hop_wait(cp, req);
+    }
+    /* the last hop brought this rank's own block back, complete (one rank: it never left) */
+    ct_tensor *dkv = n > 1 ? got : mine[0];
+    ct_comm_wait(cp, arriving);
+    ct_comm_wait(cp, sent[0]);
+    ct_comm_wait(cp, sent[1]);
+    ct_cast_cols(dqkv, 0, dq, 0, cq);
+    ct_cast_cols(dqkv, cq, dkv, 0, ckv);
+    if (dbias) {
+        ct_tensor *dbq = ct_tensor_view_1d(dbias, 0, cq), *dbkv = ct_tensor_view_1d(dbias, cq, ckv);
+        ct_bias_grad(dbq, dq);
+        ct_bias_grad(dbkv, dkv);
+        ct_tensor_free(dbq);
+        ct_tensor_free(dbkv);
+    }
+    for (int i = 0; i < 2; i++) {
+        ct_tensor_free(kv[i]);
+        ct_tensor_free(mine[i]);
+    }
+    ct_tensor_free(got);
+    ct_tensor_free(dq);
+}

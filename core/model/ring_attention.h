@@ -1,0 +1,43 @@
+/*
+ * ring_attention.h — causal attention over a sequence sharded across the ranks of a
+ * context-parallel group (parallel/README.md, Context parallelism), from the backend's part ops
+ * (backend.h, ct_attention_part_fwd) and the group's point-to-point sends.
+ *
+ * Each of the cp ranks holds T local rows of every sequence as two chunks of T/2 (the sequence
+ * is cut into 2·cp chunks): zigzag gives rank r chunks r and 2cp−1−r, so every rank has the same
+ * causal work; contiguous gives it 2r and 2r+1. Forward runs cp steps: at step s the rank attends
+ * to the key/value block of rank (r − s) mod cp while it sends the block it holds to r + 1 and
+ * receives the next from r − 1 (one message of the kv heads only, B·T·2·n_kv_head·hd elements),
+ * merging partial outputs by their log-sum-exps in fp32. Backward circulates the blocks again and,
+ * with each, the fp32 partial dK/dV its visitors added (rank r adds its own part to the partial
+ * it receives, then passes it on), so after cp hops every block's gradient is back with its
+ * owner; dQ stays local. Every sum runs in ring order whatever the timing: reruns give the same
+ * bits. Bytes sent per call: forward (cp−1)·B·T·2·n_kv·hd·dtype size; backward that again plus
+ * cp·B·T·2·n_kv·hd·4.
+ */
+#ifndef CT_RING_ATTENTION_H
+#define CT_RING_ATTENTION_H
+
+#include "core/backend/backend.h"
+#include "core/backend/comm.h"
+
+/* The chunk indices (of 2·cp) that rank r of cp holds. */
+void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1);
+/* The global position of local row t (0 ≤ t < T_local) of rank r. */
+int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t);
+
+/* The unmasked score elements rank r computes for one (batch, head) of a sequence of T
+ * positions: the causal work it gets (zigzag: the same on every rank). */
+int64_t ct_cp_score_elements(int cp, int r, bool zigzag, int64_t T);
+
+/* Like ct_attention_fwd, on this rank's T local rows; cp the group, bound to qkv's backend. */
+void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *lse,
+                           const ct_tensor *qkv, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head);
+/* Like ct_attention_bwd (dqkv overwritten; dbias, if not NULL, accumulated). */
+void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor *dbias,
+                           const ct_tensor *dout, const ct_tensor *qkv, const ct_tensor *out,
+                           const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
+                           int64_t n_kv_head);
+
+#endif /* CT_RING_ATTENTION_H */

@@ -61,6 +61,7 @@ static void abort_job(int code) {
  * buffers). world stays MPI: it carries host flags only. Collective. */
 static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
     ct_comm **groups[] = {&p->tp_comm, &p->dp_comm, &p->pp_comm, &p->mp_comm, &p->embed_comm};
+    CT_ASSERTF(p->cp == 1, "context parallelism has no NCCL ops yet (checked before)");
     ct_status st = CT_OK;
     for (size_t i = 0; i < sizeof groups / sizeof *groups && st == CT_OK; i++) {
         if (!*groups[i]) continue;                /* embed on middle stages */
@@ -73,6 +74,7 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
         }
         if (!*groups[i]) st = CT_ERR_RUNTIME;
     }
+    p->dpcp_comm = p->dp_comm; /* cp = 1: the same group */
     return ct_pctx_agree(p, st);
 }
 
@@ -297,9 +299,15 @@ static ct_status cmd_train(int argc, char **argv) {
         }
     } else {
         ct_pctx *pctx = NULL;
-        if (world > 1) {
-            st = ct_pctx_new(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.pp, (int)cfg.derived.dp,
-                             cfg.parallel.timeout_s);
+        if (cfg.parallel.cp > 1 && !ct_backend_has_context_parallel(be)) {
+            ct_error(CT_ERR_INPUT, "parallel.cp=%lld: backend %s has no ring attention yet",
+                     (long long)cfg.parallel.cp, be->iface->name);
+            ct_hint("context parallelism runs on --backend cpu (or cpu-async) for now");
+            st = ct_mpi_agree(CT_ERR_INPUT);
+        }
+        if (st == CT_OK && world > 1) {
+            st = ct_pctx_new_cp(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.cp,
+                                (int)cfg.parallel.pp, (int)cfg.derived.dp, cfg.parallel.timeout_s);
             if (st == CT_OK && !strcmp(be->iface->name, "cuda")) st = use_nccl(pctx, be);
         }
         if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, &opts, NULL);
@@ -356,7 +364,8 @@ static ct_status cmd_plan(int argc, char **argv) {
         /* A config: its whole cost per stage, on tp x pp x dp ranks (parallel.dp, default 1). */
         if (config_path) st = ct_config_load_file(&cfg, config_path);
         for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
-        int64_t world = cfg.parallel.tp * cfg.parallel.pp * CT_MAX(1, cfg.parallel.dp);
+        int64_t world =
+            cfg.parallel.tp * cfg.parallel.cp * cfg.parallel.pp * CT_MAX(1, cfg.parallel.dp);
         if (st == CT_OK) st = ct_config_validate(&cfg, world);
         free(sets);
         return st == CT_OK ? ct_plan_print(&cfg, ratio, json, stdout) : st;

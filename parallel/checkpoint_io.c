@@ -46,7 +46,7 @@ typedef struct state_run {
 static ct_status for_each_run(ct_model *model, ct_dp *dp, const ct_pctx *pctx, bool saving,
                               ct_status (*fn)(void *ctx, const state_run *run), void *ctx) {
     const bool zero = ct_dp_stage(dp) >= 1;
-    if (saving && !zero && pctx->dp_rank != 0) return CT_OK;
+    if (saving && !zero && pctx->dpcp_comm->rank != 0) return CT_OK;
     for (int i = 0; i < ct_model_n_params(model); i++) {
         const ct_param *p = ct_model_param(model, i);
         if (saving && (p->tied_to || (p->tp_split_dim < 0 && pctx->tp_rank != 0))) continue;
@@ -240,7 +240,7 @@ static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_
     s.world_size = pctx->world_size;
     s.tp = pctx->tp;
     s.pp = pctx->pp;
-    s.dp = pctx->dp;
+    s.dp = pctx->dp * pctx->cp; /* the replicas: world = tp · pp · dp holds with cp folded in */
     s.tokenizer_crc = file_crc(cfg->data.tokenizer);
     return s;
 }

@@ -84,38 +84,52 @@ void ct_mpi_abort(int exit_code) {
 
 typedef enum group_kind {
     GROUP_TP,
+    GROUP_CP,
     GROUP_DP,
+    GROUP_DPCP,
     GROUP_PP,
     GROUP_MP,
     GROUP_EMBED,
     GROUP_COUNT
 } group_kind;
 
-static const char *group_names[GROUP_COUNT] = {"tp", "dp", "pp", "mp", "embed"};
+static const char *group_names[GROUP_COUNT] = {"tp", "cp", "dp", "dpcp", "pp", "mp", "embed"};
+
+typedef struct grid {
+    int tp, cp, dp, pp;
+} grid;
 
 /*
  * The MPI_Comm_split color of world rank r's group of `kind` (-1: not a member, only for embed).
  * Within every group the key is the varying coordinate, and because of the rank order (tp
- * fastest, then dp, then pp) that orders members by world rank too.
+ * fastest, then cp, then dp, then pp) that orders members by world rank too.
  */
-static int group_color(group_kind kind, int r, int tp, int pp, int dp, int *key) {
-    int tp_rank = r % tp, dp_rank = (r / tp) % dp, pp_rank = r / (tp * dp);
+static int group_color(group_kind kind, int r, grid g, int *key) {
+    int tp_rank = r % g.tp, cp_rank = (r / g.tp) % g.cp, dp_rank = (r / (g.tp * g.cp)) % g.dp,
+        pp_rank = r / (g.tp * g.cp * g.dp);
     switch (kind) {
-    case GROUP_TP: *key = tp_rank; return dp_rank + dp * pp_rank;
-    case GROUP_DP: *key = dp_rank; return tp_rank + tp * pp_rank;
-    case GROUP_PP: *key = pp_rank; return tp_rank + tp * dp_rank;
-    case GROUP_MP: *key = tp_rank + tp * pp_rank; return dp_rank;
+    case GROUP_TP: *key = tp_rank; return cp_rank + g.cp * (dp_rank + g.dp * pp_rank);
+    case GROUP_CP: *key = cp_rank; return tp_rank + g.tp * (dp_rank + g.dp * pp_rank);
+    case GROUP_DP: *key = dp_rank; return tp_rank + g.tp * (cp_rank + g.cp * pp_rank);
+    case GROUP_DPCP: *key = cp_rank + g.cp * dp_rank; return tp_rank + g.tp * pp_rank;
+    case GROUP_PP: *key = pp_rank; return tp_rank + g.tp * (cp_rank + g.cp * dp_rank);
+    case GROUP_MP: *key = tp_rank + g.tp * pp_rank; return cp_rank + g.cp * dp_rank;
     case GROUP_EMBED:
         *key = pp_rank;
-        return pp_rank == 0 || pp_rank == pp - 1 ? tp_rank + tp * dp_rank : -1;
+        return pp_rank == 0 || pp_rank == g.pp - 1 ? tp_rank + g.tp * (cp_rank + g.cp * dp_rank)
+                                                   : -1;
     default: break;
     }
     CT_ASSERTF(0, "unknown group kind %d", (int)kind);
 }
 
+static grid grid_of(const ct_pctx *p) {
+    return (grid){p->tp, p->cp, p->dp, p->pp};
+}
+
 static ct_comm *split_group(group_kind kind, const ct_pctx *p, double timeout_s) {
     int key = 0;
-    int color = group_color(kind, p->world_rank, p->tp, p->pp, p->dp, &key);
+    int color = group_color(kind, p->world_rank, grid_of(p), &key);
     MPI_Comm comm;
     CT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &comm));
     if (comm == MPI_COMM_NULL) return NULL;
@@ -123,21 +137,28 @@ static ct_comm *split_group(group_kind kind, const ct_pctx *p, double timeout_s)
 }
 
 ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s) {
+    return ct_pctx_new_cp(out, tp, 1, pp, dp, timeout_s);
+}
+
+ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     CT_ASSERTF(initialized, "ct_pctx_new before ct_mpi_init");
-    CT_ASSERTF(tp >= 1 && pp >= 1 && dp >= 1 && tp * pp * dp == world_size,
-               "grid tp %d x pp %d x dp %d does not match world size %d (callers validate it)", tp,
-               pp, dp, world_size);
+    CT_ASSERTF(tp >= 1 && cp >= 1 && pp >= 1 && dp >= 1 && tp * cp * pp * dp == world_size,
+               "grid tp %d x cp %d x pp %d x dp %d does not match world size %d (callers "
+               "validate it)",
+               tp, cp, pp, dp, world_size);
     ct_pctx *p = ct_xcalloc(1, sizeof *p);
     p->world_rank = world_rank;
     p->world_size = world_size;
     p->tp = tp;
+    p->cp = cp;
     p->pp = pp;
     p->dp = dp;
     p->tp_rank = world_rank % tp;
-    p->dp_rank = (world_rank / tp) % dp;
-    p->pp_rank = world_rank / (tp * dp);
+    p->cp_rank = (world_rank / tp) % cp;
+    p->dp_rank = (world_rank / (tp * cp)) % dp;
+    p->pp_rank = world_rank / (tp * cp * dp);
     p->timeout_s = timeout_s;
 
     MPI_Comm world;
@@ -145,12 +166,16 @@ ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s) {
     p->world = ct_comm_mpi_new(world, "world", timeout_s);
     /* Every rank makes the same sequence of splits: MPI_Comm_split is collective on world. */
     p->tp_comm = split_group(GROUP_TP, p, timeout_s);
+    p->cp_comm = split_group(GROUP_CP, p, timeout_s);
     p->dp_comm = split_group(GROUP_DP, p, timeout_s);
+    p->dpcp_comm = cp > 1 ? split_group(GROUP_DPCP, p, timeout_s) : p->dp_comm;
     p->pp_comm = split_group(GROUP_PP, p, timeout_s);
     p->mp_comm = split_group(GROUP_MP, p, timeout_s);
     p->embed_comm = split_group(GROUP_EMBED, p, timeout_s);
     CT_ASSERT(p->tp_comm->size == tp && p->tp_comm->rank == p->tp_rank);
+    CT_ASSERT(p->cp_comm->size == cp && p->cp_comm->rank == p->cp_rank);
     CT_ASSERT(p->dp_comm->size == dp && p->dp_comm->rank == p->dp_rank);
+    CT_ASSERT(p->dpcp_comm->size == dp * cp && p->dpcp_comm->rank == p->cp_rank + cp * p->dp_rank);
     CT_ASSERT(p->pp_comm->size == pp && p->pp_comm->rank == p->pp_rank);
     *out = p;
     return CT_OK;
@@ -161,7 +186,9 @@ void ct_pctx_free(ct_pctx *p) {
     ct_comm_free(p->embed_comm);
     ct_comm_free(p->mp_comm);
     ct_comm_free(p->pp_comm);
+    if (p->dpcp_comm != p->dp_comm) ct_comm_free(p->dpcp_comm);
     ct_comm_free(p->dp_comm);
+    ct_comm_free(p->cp_comm);
     ct_comm_free(p->tp_comm);
     ct_comm_free(p->world);
     free(p);
@@ -170,18 +197,19 @@ void ct_pctx_free(ct_pctx *p) {
 /* "tp groups: [0 1] [2 3]": every group of one kind, each listed once by its lowest rank. */
 static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
     int n = p->world_size, key;
+    grid g = grid_of(p);
     fprintf(out, "%s groups:", group_names[kind]);
     for (int r = 0; r < n; r++) {
-        int color = group_color(kind, r, p->tp, p->pp, p->dp, &key);
+        int color = group_color(kind, r, g, &key);
         if (color < 0) continue;
         bool first = true;
         for (int s = 0; s < r && first; s++)
-            if (group_color(kind, s, p->tp, p->pp, p->dp, &key) == color) first = false;
+            if (group_color(kind, s, g, &key) == color) first = false;
         if (!first) continue;
         fputs(" [", out);
         bool lead = true;
         for (int s = r; s < n; s++) {
-            if (group_color(kind, s, p->tp, p->pp, p->dp, &key) != color) continue;
+            if (group_color(kind, s, g, &key) != color) continue;
             fprintf(out, lead ? "%d" : " %d", s);
             lead = false;
         }
@@ -192,11 +220,21 @@ static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
 
 void ct_pctx_print(const ct_pctx *p, FILE *out) {
     if (p->world_rank != 0) return;
-    fprintf(out,
-            "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
-            "dp*pp_rank))\n",
-            p->world_size, p->tp, p->pp, p->dp);
-    for (int k = 0; k < GROUP_COUNT; k++) print_groups(p, (group_kind)k, out);
+    if (p->cp > 1)
+        fprintf(out,
+                "grid: world %d = tp %d x cp %d x pp %d x dp %d (rank = tp_rank + tp*(cp_rank + "
+                "cp*(dp_rank + dp*pp_rank)))\n",
+                p->world_size, p->tp, p->cp, p->pp, p->dp);
+    else
+        fprintf(out,
+                "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
+                "dp*pp_rank))\n",
+                p->world_size, p->tp, p->pp, p->dp);
+    for (int k = 0; k < GROUP_COUNT; k++) {
+        /* without context parallelism the cp groups are single ranks and dpcp is dp */
+        if (p->cp == 1 && (k == GROUP_CP || k == GROUP_DPCP)) continue;
+        print_groups(p, (group_kind)k, out);
+    }
     fflush(out);
 }
 

@@ -2,12 +2,16 @@
  * context.h — MPI bootstrap and the ParallelContext: the rank grid and its groups
  * (parallel/README.md, The grid).
  *
- * World = tp × pp × dp ranks laid out with tp fastest, then dp, then pp:
- *     rank = tp_rank + tp·(dp_rank + dp·pp_rank)
- * so a TP group is consecutive ranks (one node's fast links) and pipeline stages span nodes.
- * Groups (each a ct_comm, comm.h): tp, dp, pp, model-parallel (tp×pp: same dp rank), and the
- * embedding group (first and last pipeline stage, same tp and dp rank; NULL on other stages,
- * and the same one-rank group as "first == last" when pp = 1).
+ * World = tp × cp × dp × pp ranks laid out with tp fastest, then cp, then dp, then pp:
+ *     rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·pp_rank))
+ * so a TP group is consecutive ranks (one node's fast links), a context-parallel ring stays close
+ * after it, and pipeline stages span nodes (Megatron's order).
+ * Groups (each a ct_comm, comm.h): tp, cp (the ring of ring attention), dp (same position of the
+ * sequence: the data order), dpcp (dp × cp: the ranks holding the same parameters, over which
+ * gradients are reduced and ZeRO shards — the dp group itself when cp = 1), pp, model-parallel
+ * (tp×pp: same dp and cp rank), and the embedding group (first and last pipeline stage, same tp,
+ * cp and dp rank; NULL on other stages, and the same one-rank group as "first == last" when
+ * pp = 1).
  *
  * Failures that only some ranks see (a file missing on one node) are agreed on with
  * ct_mpi_agree before anyone exits, so every rank returns the same status and rank 0 can print
@@ -35,10 +39,11 @@ __attribute__((noreturn)) void ct_mpi_abort(int exit_code);
 
 typedef struct ct_pctx {
     int world_rank, world_size;
-    int tp, pp, dp;                /* group sizes */
-    int tp_rank, pp_rank, dp_rank; /* coordinates */
+    int tp, pp, dp, cp;                     /* group sizes */
+    int tp_rank, pp_rank, dp_rank, cp_rank; /* coordinates */
     ct_comm *world;
-    ct_comm *tp_comm, *dp_comm, *pp_comm, *mp_comm;
+    ct_comm *tp_comm, *dp_comm, *pp_comm, *mp_comm, *cp_comm;
+    ct_comm *dpcp_comm;  /* dp × cp; == dp_comm when cp = 1 (not a group of its own) */
     ct_comm *embed_comm; /* first + last stage; NULL on middle stages */
     double timeout_s;    /* collective watchdog (parallel.timeout_s) */
 } ct_pctx;
@@ -47,8 +52,10 @@ typedef struct ct_pctx {
  * size 1 (tests, `cooktrain train` outside mpirun) — nothing here touches MPI. */
 ct_pctx *ct_pctx_local_new(void);
 
-/* Builds the grid for tp·pp·dp == world size (the caller validated that). Collective. */
+/* Builds the grid for tp·pp·dp == world size (the caller validated that), cp = 1. Collective. */
 ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s);
+/* The same with context parallelism: tp·cp·pp·dp == world size. */
+ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double timeout_s);
 void ct_pctx_free(ct_pctx *pctx); /* accepts NULL; collective (frees communicators) */
 
 /* Rank 0 prints the grid: which world ranks form each tp, dp, pp and embedding group. */

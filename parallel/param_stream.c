@@ -96,12 +96,12 @@ static void stream_param(stream *s, const ct_param *p, int owner_stage) {
     const float *local = unit_on_host(s, p->unit) + p->offset;
     uint32_t crc = crc_of(local, p->numel);
     s->checked++;
-    if (!replicas_agree(pc->dp_comm, crc)) note_mismatch(s, p->name, "data-parallel");
+    if (!replicas_agree(pc->dpcp_comm, crc)) note_mismatch(s, p->name, "data-parallel");
     if (p->tp_split_dim < 0) {
         s->checked++;
         if (!replicas_agree(pc->tp_comm, crc)) note_mismatch(s, p->name, "tensor-parallel");
     }
-    if (pc->dp_rank != 0) return; /* one replica goes to rank 0 */
+    if (pc->dpcp_comm->rank != 0) return; /* one replica goes to rank 0 */
     int64_t rows = p->global_shape[0], cols = p->global_shape[1], numel = rows * cols;
     const float *global = local;
     if (p->tp_split_dim >= 0 && pc->tp > 1) {

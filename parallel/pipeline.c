@@ -195,7 +195,7 @@ static int tag_of(const ct_pipeline *p, int mb, int lower, bool grad) {
 
 static void poll_all(ct_pipeline *p) {
     ct_comm_poll(p->pctx->pp_comm);
-    ct_comm_poll(p->pctx->dp_comm);
+    ct_comm_poll(p->pctx->dpcp_comm);
 }
 
 /* Waits for a request, counting the time as pipeline waiting (bubble and transfer). */

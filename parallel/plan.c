@@ -21,7 +21,8 @@
  *   the tp-replicated tensors here (6C per layer, the position embedding T·C on the first stage,
  *   the final norm 2C on the last; Llama: its two RMSNorm weights 2C per layer and the final
  *   norm's C, no biases, no position table): once per step at ZeRO 0-1, once per microbatch at
- *   ZeRO 2-3.
+ *   ZeRO 2-3. With context parallelism T is this rank's seq_len / cp positions (the position
+ *   table's gradient stays T_seq·C).
  */
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     double N = (double)cfg->parallel.tp;
@@ -32,7 +33,8 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
         embed += lay->chunks[c].has_embed;
         head += lay->chunks[c].has_head;
     }
-    double B = (double)cfg->train.micro_batch, T = (double)cfg->model.seq_len;
+    double B = (double)cfg->train.micro_batch, T_seq = (double)cfg->model.seq_len;
+    double T = T_seq / (double)cfg->parallel.cp;
     double C = (double)cfg->model.d_model, BTC = B * T * C;
     /* Activations travel in the model's dtype (bf16 in bf16 mode); the cross-entropy's row
      * statistics and the replicated tensors' gradients are fp32 in every mode. */
@@ -44,22 +46,47 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     if (cfg->parallel.sequence_parallel) {
         const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
         double replicated =
-            llama ? 2.0 * L * C + head * C : 6.0 * L * C + embed * T * C + head * 2.0 * C;
+            llama ? 2.0 * L * C + head * C : 6.0 * L * C + embed * T_seq * C + head * 2.0 * C;
         total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;
 }
 
+/*
+ * Context-parallel bytes this rank sends per step (core/model/ring_attention.h), for m
+ * microbatches of B sequences of T = seq_len / cp local positions, n_kv/tp kv heads of width hd
+ * on the rank, L_r layers: per layer and microbatch the forward ring sends cp−1 blocks of
+ * B·T·2·(n_kv/tp)·hd elements in the model's dtype, the backward ring as many again plus cp fp32
+ * dK/dV partials of the same size; recompute runs the forward ring again.
+ */
+double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
+    const double cp = (double)cfg->parallel.cp;
+    if (cp <= 1) return 0.0;
+    double L = 0;
+    for (int c = 0; c < lay->n_chunks; c++) L += lay->chunks[c].n_layers;
+    const double block = (double)cfg->train.micro_batch * ((double)cfg->model.seq_len / cp) * 2.0 *
+                         (double)(cfg->derived.n_kv_head / cfg->parallel.tp) *
+                         (double)cfg->derived.head_dim;
+    const double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
+    const double rings = cfg->train.recompute == CT_RECOMPUTE_FULL ? 3.0 : 2.0;
+    return L * (double)m * block * (rings * (cp - 1.0) * act + cp * 4.0);
+}
+
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
     const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
+    const int cp = (int)cfg->parallel.cp, replicas = dp * cp; /* ZeRO shards over dp × cp */
+    char cp_part[32] = "";
+    if (cp > 1)
+        snprintf(cp_part, sizeof cp_part, "cp %d (%s) x ", cp,
+                 cfg->parallel.cp_sharding == CT_CP_ZIGZAG ? "zigzag" : "contiguous");
     const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
     const int64_t B = cfg->train.micro_batch;
     if (!json)
         fprintf(out,
-                "plan: %.2fM parameters on %lld ranks = tp %d x pp %d x dp %d; ZeRO %d; "
+                "plan: %.2fM parameters on %lld ranks = tp %d x %spp %d x dp %d; ZeRO %d; "
                 "%d microbatches of %lld x %lld tokens per dp rank per step%s%s\n",
-                (double)cfg->derived.n_params / 1e6, (long long)cfg->derived.world_size, tp, pp, dp,
-                stage, m, (long long)B, (long long)cfg->model.seq_len,
+                (double)cfg->derived.n_params / 1e6, (long long)cfg->derived.world_size, tp,
+                cp_part, pp, dp, stage, m, (long long)B, (long long)cfg->model.seq_len,
                 cfg->parallel.sequence_parallel ? "; sequence parallel" : "",
                 cfg->train.recompute == CT_RECOMPUTE_FULL ? "; recompute" : "");
 
@@ -94,7 +121,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
         layout.tp_size = tp;
         layout.tp_rank = 0;
-        layout.dp_size = dp;
+        layout.dp_size = replicas;
+        layout.cp_size = cp;
         layout.sequence_parallel = cfg->parallel.sequence_parallel;
         layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
         layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
@@ -106,14 +134,16 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         for (int u = 0; u < ct_model_n_units(model); u++)
             elems += ct_model_unit(model, u)->padded_numel;
         size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
-        ct_zero_expected_memory(elems, sb, dp, stage, mem);
+        ct_zero_expected_memory(elems, sb, replicas, stage, mem);
         int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
         double acts = (double)ct_acts_bytes(model, B) * inflight;
         /* The formula plus the loss sum the trainer allreduces over dp every step. */
-        double dp_bytes = dp > 1 ? ct_zero_expected_step_bytes(elems, sb, dp, stage, m) +
-                                       (double)ct_zero_scalar_allreduce_bytes(dp)
-                                 : 0.0;
+        double dp_bytes = replicas > 1
+                              ? ct_zero_expected_step_bytes(elems, sb, replicas, stage, m) +
+                                    (double)ct_zero_scalar_allreduce_bytes(replicas)
+                              : 0.0;
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
+        double cp_bytes = ct_expected_cp_bytes(cfg, &layout, m);
         /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
          * microbatch each way */
         double boundary = (double)B * (double)ct_model_local_seq_len(model) *
@@ -129,9 +159,9 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                     "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
                     "\"optim_bytes\": %zu, \"master_bytes\": %zu, \"acts_bytes\": %.0f, "
                     "\"inflight\": %d, \"dp_bytes\": %.0f, \"tp_bytes\": %.0f, "
-                    "\"pp_bytes\": %.0f, \"precision\": \"%s\"}\n",
+                    "\"pp_bytes\": %.0f, \"cp_bytes\": %.0f, \"precision\": \"%s\"}\n",
                     r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], mem[CT_MEM_MASTER],
-                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, ct_dtype_name(pdt));
+                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, cp_bytes, ct_dtype_name(pdt));
             ct_model_free(model);
             continue;
         }
@@ -145,6 +175,10 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                 ct_format_bytes(a[4], 32, (double)mem[CT_MEM_MASTER]),
                 ct_format_bytes(a[5], 32, acts), inflight, ct_format_bytes(b[0], 32, dp_bytes),
                 ct_format_bytes(b[1], 32, tp_bytes), ct_format_bytes(b[2], 32, pp_bytes));
+        if (cp > 1)
+            fprintf(out,
+                    "        cp ring bytes/step: %s (parallel/README.md, Context parallelism)\n",
+                    ct_format_bytes(b[0], 32, cp_bytes));
         ct_model_free(model);
     }
     ct_backend_free(be);

@@ -14,6 +14,7 @@
 #include "core/metrics.h"
 #include "core/model/model.h"
 #include "core/model/optim.h"
+#include "core/model/ring_attention.h"
 #include "core/rng.h"
 #include "core/data/tokenizer.h"
 #include "parallel/checkpoint_io.h"
@@ -36,6 +37,7 @@ static void trainer_free(trainer *t) {
     ct_dataset_free(t->val_data);
     free(t->step_inputs);
     free(t->step_targets);
+    free(t->cp_scratch);
     ct_tokenizer_free(t->tokenizer);
     ct_metrics_free(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
@@ -151,11 +153,15 @@ static ct_status build_model(trainer *t) {
     layout.tp_size = t->pctx->tp;
     layout.sequence_parallel = cfg->parallel.sequence_parallel;
     layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
-    layout.dp_size = t->dp_size;
+    layout.dp_size = t->replicas;
+    layout.cp = t->pctx->cp_comm;
+    layout.cp_rank = t->pctx->cp_rank;
+    layout.cp_size = t->pctx->cp;
+    layout.cp_zigzag = cfg->parallel.cp_sharding == CT_CP_ZIGZAG;
     layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
-    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dp_comm, &cfg->train,
+    CT_TRY(ct_dp_new(&t->dp, t->model, t->pctx->dpcp_comm, &cfg->train,
                      ct_precision_dtype(cfg->parallel.grad_reduce_dtype)));
     if (t->pctx->pp > 1) {
         return ct_pipeline_new(&t->pipeline, t->model, t->dp, t->pctx, cfg->parallel.schedule,
@@ -170,16 +176,34 @@ static ct_status build_model(trainer *t) {
  * token checked — into the step buffers, then agrees with every rank before any collective of
  * the step runs: a corrupt sample on one rank ends all of them (exit 2), nobody hangs. Rank 0
  * also brings in a failed metrics write from the step before. */
+/* Context parallelism: each of the n sequences of buf (seq_len tokens each) cut to this rank's
+ * T_local positions (ring_attention.h: two chunks, zigzag or contiguous), in place. Inputs and
+ * targets are cut alike, so every target stays the token after its input's global position. */
+static void cut_to_cp_rank(trainer *t, int32_t *buf, int64_t n) {
+    const ct_pctx *p = t->pctx;
+    const int64_t T = t->cfg->model.seq_len, Tl = t->T_local;
+    const bool zigzag = t->cfg->parallel.cp_sharding == CT_CP_ZIGZAG;
+    memcpy(t->cp_scratch, buf, (size_t)(n * T) * sizeof(int32_t));
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < Tl; i++)
+            buf[s * Tl + i] =
+                t->cp_scratch[s * T + ct_cp_position(p->cp, p->cp_rank, zigzag, Tl, i)];
+}
+
 static ct_status read_batch(trainer *t, ct_dataset *ds, int64_t first) {
     const int64_t per_rank = t->cfg->train.global_batch / t->dp_size;
     ct_status st = ct_dataset_fill(ds, first, per_rank, t->step_inputs, t->step_targets);
+    if (st == CT_OK && t->pctx->cp > 1) {
+        cut_to_cp_rank(t, t->step_inputs, per_rank);
+        cut_to_cp_rank(t, t->step_targets, per_rank);
+    }
     if (st == CT_OK) st = ct_metrics_status(t->metrics);
     return step_agree(t, st);
 }
 
-/* Microbatch mb of the step buffers (host, B·T each). */
+/* Microbatch mb of the step buffers (host, B·T_local each). */
 static void microbatch_tokens(trainer *t, int mb, const int32_t **tokens, const int32_t **targets) {
-    int64_t n = t->cfg->train.micro_batch * t->cfg->model.seq_len;
+    int64_t n = t->cfg->train.micro_batch * t->T_local;
     *tokens = t->step_inputs + mb * n;
     *targets = t->step_targets + mb * n;
 }
@@ -189,7 +213,7 @@ static void fill_batch(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     trainer *t = ctx;
     const int32_t *in, *tg;
     microbatch_tokens(t, mb, &in, &tg);
-    size_t bytes = (size_t)(t->cfg->train.micro_batch * t->cfg->model.seq_len) * sizeof(int32_t);
+    size_t bytes = (size_t)(t->cfg->train.micro_batch * t->T_local) * sizeof(int32_t);
     memcpy(tokens, in, bytes);
     memcpy(targets, tg, bytes);
 }
@@ -227,17 +251,20 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     t->rank0 = t->pctx->world_rank == 0;
     t->dp_rank = t->pctx->dp_rank;
     t->dp_size = t->pctx->dp;
+    t->replicas = t->pctx->dp * t->pctx->cp;
+    t->T_local = cfg->model.seq_len / t->pctx->cp;
     size_t n = (size_t)(cfg->train.global_batch / t->dp_size * cfg->model.seq_len);
     t->step_inputs = ct_xmalloc(n * sizeof(int32_t));
     t->step_targets = ct_xmalloc(n * sizeof(int32_t));
+    if (t->pctx->cp > 1) t->cp_scratch = ct_xmalloc(n * sizeof(int32_t));
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
     return CT_OK;
 }
 
-/* Sum over the data-parallel group of a host double. */
+/* Sum over the replicas (dp × cp: every token of the batch once) of a host double. */
 static double dp_sum(trainer *t, double x) {
-    ct_comm_allreduce(t->pctx->dp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    ct_comm_allreduce(t->pctx->dpcp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
     return x;
 }
 
@@ -329,10 +356,11 @@ static void start_run(trainer *t) {
     t->dloss = (float)(1.0 / t->tokens_per_step);
     /* Per-step traffic the formulas predict (data_parallel.h; plan.h: ct_expected_tp_bytes), exact:
      * the dp group also carries the loss sum (one f64 allreduce per step, dp_sum). */
-    if (t->dp_size > 1)
+    if (t->replicas > 1)
         t->dp_bytes_expected = ct_dp_expected_step_bytes(t->dp, (int)t->accum) +
-                               (double)ct_zero_scalar_allreduce_bytes(t->dp_size);
+                               (double)ct_zero_scalar_allreduce_bytes(t->replicas);
     t->tp_bytes_expected = ct_expected_tp_bytes(cfg, ct_model_layout_of(t->model), t->accum);
+    t->cp_bytes_expected = ct_expected_cp_bytes(cfg, ct_model_layout_of(t->model), t->accum);
     /* FLOPs per token for the whole model; every rank does 1/world of them. */
     t->flops_per_token = ct_model_flops_per_token(t->model) / t->pctx->world_size;
     /* Two denominators, each named for what it is: MFU against the hardware's peak (the
@@ -347,7 +375,7 @@ static void start_run(trainer *t) {
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
-    ct_comm *groups[] = {p->tp_comm, p->dp_comm, p->pp_comm, p->mp_comm, p->embed_comm, p->world};
+    ct_comm *groups[] = {p->tp_comm, p->dpcp_comm, p->pp_comm, p->mp_comm, p->embed_comm, p->world};
     memcpy(t->groups, groups, sizeof groups);
     for (int g = 0; g < (int)CT_ARRAY_LEN(t->groups); g++)
         if (t->groups[g]) t->groups[g]->seconds = 0.0;
@@ -372,8 +400,9 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
         s->stop = true;
         return CT_OK;
     }
-    ct_comm_reset_counters(t->pctx->dp_comm);
+    ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
+    ct_comm_reset_counters(t->pctx->cp_comm);
     ct_dp_begin_step(t->dp, (int)t->accum);
     double loss_sum = run_microbatches(t, true, t->dloss);
     s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
@@ -394,8 +423,9 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     s->seconds = ct_now() - start;
     s->exposed = ct_dp_exposed_seconds(t->dp);
     s->host_copies = t->be->host_copies - copies;
-    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dp_comm->bytes[k];
+    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dpcp_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->tp_bytes += t->pctx->tp_comm->bytes[k];
+    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->cp_bytes += t->pctx->cp_comm->bytes[k];
     return CT_OK;
 }
 
@@ -411,9 +441,12 @@ static ct_status record_step(trainer *t, const step_stats *s) {
     t->interval_exposed += s->exposed;
     t->interval_bubble += s->bubble;
     if (s->step == 0 && t->rank0) {
-        if (t->dp_size > 1)
+        if (t->replicas > 1)
             printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                    (double)s->dp_bytes / 1048576.0, t->dp_bytes_expected / 1048576.0);
+        if (t->pctx->cp > 1)
+            printf("cp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                   (double)s->cp_bytes / 1048576.0, t->cp_bytes_expected / 1048576.0);
         if (t->pctx->tp > 1)
             printf("tp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                    (double)s->tp_bytes / 1048576.0, t->tp_bytes_expected / 1048576.0);

@@ -32,6 +32,9 @@ typedef struct trainer {
     ct_metrics *metrics;     /* world rank 0 only; a failed write is agreed at the next step */
     ct_tokenizer *tokenizer; /* loaded at start when a sample is asked for */
     int dp_rank, dp_size;
+    int replicas;        /* ranks holding the same parameters: dp · cp (the dpcp group) */
+    int64_t T_local;     /* positions of a sequence on this rank: seq_len / cp */
+    int32_t *cp_scratch; /* cp > 1: one step's tokens while they are cut to this rank's chunks */
 
     /* The run's constants, fixed by start_run. */
     int64_t accum;             /* microbatches per step on this rank */
@@ -40,7 +43,7 @@ typedef struct trainer {
     double flops_per_token;    /* this rank's share (1/world) of the model's */
     double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
     char peak_how[128];        /* how hw_peak was found */
-    double dp_bytes_expected, tp_bytes_expected; /* per step, by the formulas */
+    double dp_bytes_expected, tp_bytes_expected, cp_bytes_expected; /* per step, by formula */
     ct_comm *groups[6]; /* every group, for the profile's communication time */
 
     /* Progress since the last log line (rank 0 prints it). */
@@ -63,8 +66,8 @@ typedef struct step_stats {
     bool finite; /* false: the step was skipped */
     bool stop;   /* not run: a stop was agreed on at its start */
     double seconds, exposed, bubble;
-    uint64_t dp_bytes, tp_bytes; /* sent by this rank, ring model */
-    int64_t host_copies;         /* copies from the backend to the host during the step */
+    uint64_t dp_bytes, tp_bytes, cp_bytes; /* sent by this rank, ring model */
+    int64_t host_copies;                   /* copies from the backend to the host during the step */
 } step_stats;
 
 /* report.c: rank 0's start-up report, from the constants start_run fixed. */

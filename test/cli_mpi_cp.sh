@@ -8,3 +8,96 @@
 mpi_setup
 
 for np in 1 2 4 8; do run_mpi_program "$np" "$BUILD/test/mpi_test_cp"; done
+
+# Training with context parallelism against world size 1 (test/compare_runs.py's tolerances and
+# accounting): cp 2 and 4, zigzag and contiguous, with tp (and sequence parallelism), dp with
+# ZeRO, pp and recompute; GPT-2's learned positions, then Llama's rotary ones.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+equivalence_setup
+base+=(--set log.sample_tokens=0)
+for arch in gpt2 llama; do
+    [ $arch = llama ] && base+=(--set model.arch=llama --set model.n_kv_head=4 --set model.d_ff=128)
+    reference_run "$tmp" || continue
+    # cp  tp  dp  zero  sp  extra
+    while read -r cp tp dp zero sp extra; do
+        name="$arch cp=$cp tp=$tp dp=$dp zero=$zero sp=$sp $extra"
+        selected "$name" || continue
+        pp=1
+        [[ $extra == *parallel.pp=2* ]] && pp=2
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((cp * tp * dp * pp)) "$BIN" "${base[@]}" \
+            --set parallel.cp="$cp" --set parallel.tp="$tp" --set parallel.zero_stage="$zero" \
+            --set parallel.sequence_parallel="$sp" $extra \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            expect_text "all bit-identical" "$name: every replica holds the same bytes"
+            check_against_reference "$name" "$tmp"
+        fi
+    done <<'RUNS'
+2 1 1 0 false
+4 1 1 0 false
+2 1 1 0 false --set parallel.cp_sharding=contiguous
+2 2 1 0 false
+2 2 1 0 true
+4 2 1 0 true
+2 1 2 1 false
+2 1 2 3 false
+2 1 1 0 false --set parallel.pp=2
+2 1 1 0 false --set train.recompute=full
+RUNS
+done
+
+# A checkpoint saved at cp 2 resumes at cp 1 (with dp 2) and at cp 4; one saved at world size 1
+# resumes at cp 2 with tp 2: the losses and final parameters equal world size 1's.
+if selected "reshard"; then
+    base=("${base[@]:0:${#base[@]}-6}") # GPT-2 again (the Llama settings were appended last)
+    d=$tmp/reshard
+    mkdir -p "$d"
+    if reference_run "$d"; then
+        # save: name np settings | resume: name np settings
+        while IFS='|' read -r sname snp sargs lname lnp largs; do
+            ck=$d/ck-$sname-$lname
+            # shellcheck disable=SC2086
+            expect_exit 0 "reshard: save at $sname" -- "${MPIRUN[@]}" -np "$snp" "$BIN" "${base[@]}" $sargs \
+                --set checkpoint.dir="$ck" --set train.stop_after=2 --set log.metrics="$d/first.jsonl" || continue
+            rm -f "$d/run.bin"
+            # shellcheck disable=SC2086
+            expect_exit 0 "reshard: $sname -> $lname" -- "${MPIRUN[@]}" -np "$lnp" "$BIN" "${base[@]}" $largs \
+                --set checkpoint.resume="$ck/step-00000002" --set log.metrics="$d/second.jsonl" \
+                --dump-params "$d/run.bin" || continue
+            cat "$d/first.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
+            if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
+                ok "reshard $sname -> $lname matches world size 1; $out"
+            else
+                fail "reshard $sname -> $lname: $out"
+            fi
+        done <<'RESHARD'
+cp2-zero1|2|--set parallel.cp=2 --set parallel.zero_stage=1|dp2-zero1|2|--set parallel.zero_stage=1
+cp2|2|--set parallel.cp=2|cp4-zero3|4|--set parallel.cp=4 --set parallel.zero_stage=3
+w1|1||cp2-tp2-sp|4|--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+RESHARD
+    fi
+fi
+
+# Settings context parallelism cannot run: exit 2 on every rank with the numbers and a hint.
+if selected "invalid"; then
+    expect_exit 2 "cp whose 2 x cp does not divide seq_len" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
+        --set parallel.cp=2 --set model.seq_len=30
+    expect_text "parallel.cp=2 needs model.seq_len=30 divisible by 2 x cp = 4" "the message names seq_len and 2 x cp"
+    expect_text "hint: use model.seq_len=28 or 32" "the hint offers the neighbours"
+    expect_exit 2 "cp with sequence parallelism: seq_len not divisible by 2 x cp x tp" -- \
+        "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.cp=2 --set parallel.tp=2 \
+        --set parallel.sequence_parallel=true --set model.seq_len=36
+    expect_text "divisible by 2 x cp x parallel.tp = 8" "with sequence parallelism tp joins the divisor"
+    expect_exit 2 "a sample after training under cp" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
+        --set parallel.cp=2 --set log.sample_tokens=8
+    expect_text "log.sample_tokens=8" "the sample is refused by name"
+    expect_exit 2 "a world size that tp x cp x pp does not divide" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" \
+        --set parallel.cp=2
+    expect_text "parallel.tp=1 x parallel.cp=2 x parallel.pp=1 = 2 ranks per model replica" "the grid names cp"
+    if [ -x "$BUILD/cooktrain-cuemu" ]; then
+        expect_exit 2 "cp on the (emulated) CUDA backend" -- env CUEMU_DEVICES=2 \
+            "${MPIRUN[@]}" -np 2 "$BUILD/cooktrain-cuemu" "${base[@]}" --backend cuda --set parallel.cp=2
+        expect_text "backend cuda has no ring attention yet" "the CUDA backend refuses cp by name"
+    fi
+fi

@@ -41,6 +41,9 @@ typedef enum ct_precision {
     CT_PRECISION_AUTO
 } ct_precision;
 typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recompute;
+/* parallel.cp_sharding: which two of the 2·cp chunks of a sequence a context-parallel rank holds
+ * (core/model/ring_attention.h). */
+typedef enum ct_cp_sharding { CT_CP_ZIGZAG = 0, CT_CP_CONTIGUOUS } ct_cp_sharding;
 
 typedef struct ct_model_config {
     ct_arch arch;
@@ -73,7 +76,9 @@ typedef struct ct_model_config {
 int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t multiple_of);
 
 typedef struct ct_parallel_config {
-    int64_t tp, pp, dp; /* dp 0 means world / (tp·pp) */
+    int64_t tp, pp, dp; /* dp 0 means world / (tp·cp·pp) */
+    int64_t cp;         /* context-parallel degree */
+    ct_cp_sharding cp_sharding;
     int64_t zero_stage;
     ct_schedule_kind schedule;
     int64_t virtual_stages;

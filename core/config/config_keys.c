@@ -48,6 +48,7 @@ const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", NULL};
 const char *const precision_names[] = {"fp32", "bf16", "auto", NULL};
 static const char *const reduce_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
+static const char *const cp_sharding_names[] = {"zigzag", "contiguous", NULL};
 
 const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
                                                  "data",  "checkpoint", "log"};
@@ -127,7 +128,13 @@ const config_key config_keys[] = {
     {KEY(parallel, pp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1048576),
      .doc = "pipeline-parallel stages"},
     {KEY(parallel, dp, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(1048576),
-     .doc = "data-parallel degree; 0 = world_size / (tp * pp)"},
+     .doc = "data-parallel degree; 0 = world_size / (tp * cp * pp)"},
+    {KEY(parallel, cp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(16384),
+     .doc = "context-parallel degree: each sequence's positions split over cp ranks, attention "
+            "by ring (needs seq_len divisible by 2 * cp, times tp with sequence_parallel)"},
+    {KEY(parallel, cp_sharding, KEY_ENUM), .choices = cp_sharding_names, .def = "zigzag",
+     .doc = "which 2 of a sequence's 2 * cp chunks a cp rank holds: zigzag (r and 2cp-1-r, equal "
+            "causal work) or contiguous (2r and 2r+1)"},
     {KEY(parallel, zero_stage, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(3),
      .doc = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also "
             "parameters (FSDP)"},

@@ -400,30 +400,58 @@ static ct_status check_pipeline(const ct_config *cfg) {
     return CT_OK;
 }
 
-/* Checks that the tp x pp x dp grid fits the world size, and derives dp. */
+/* Checks that the tp x cp x pp x dp grid fits the world size, and derives dp. */
 static ct_status check_grid(const ct_parallel_config *p, int64_t world_size, ct_derived_config *d) {
-    /* The grid against the world: rank = tp_rank + tp·(dp_rank + dp·pp_rank). */
-    long long tp = (long long)p->tp;
-    int64_t mp = p->tp * p->pp;
+    /* The grid against the world: rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·pp_rank)). */
+    long long tp = (long long)p->tp, cp = (long long)p->cp;
+    int64_t mp = p->tp * p->pp * p->cp;
+    char cp_part[48] = "";
+    if (p->cp > 1) snprintf(cp_part, sizeof cp_part, " x parallel.cp=%lld", cp);
     if (p->dp && mp * p->dp != world_size)
         return with_hint(
             ct_error(CT_ERR_INPUT,
-                     "parallel.tp=%lld x parallel.pp=%lld x parallel.dp=%lld = %lld "
+                     "parallel.tp=%lld%s x parallel.pp=%lld x parallel.dp=%lld = %lld "
                      "ranks, but the world size is %lld",
-                     tp, (long long)p->pp, (long long)p->dp, (long long)(mp * p->dp),
+                     tp, cp_part, (long long)p->pp, (long long)p->dp, (long long)(mp * p->dp),
                      (long long)world_size),
-            "launch %lld ranks, or set parallel.dp: 0 so that dp = world_size / (tp * pp)",
+            "launch %lld ranks, or set parallel.dp: 0 so that dp = world_size / (tp * cp * pp)",
             (long long)(mp * p->dp));
     if (world_size % mp)
         return with_hint(
             ct_error(CT_ERR_INPUT,
-                     "parallel.tp=%lld x parallel.pp=%lld = %lld ranks per model "
+                     "parallel.tp=%lld%s x parallel.pp=%lld = %lld ranks per model "
                      "replica does not divide the world size %lld",
-                     tp, (long long)p->pp, (long long)mp, (long long)world_size),
-            "launch a multiple of %lld ranks (mpirun -np N), or choose tp and pp whose product "
-            "divides %lld",
+                     tp, cp_part, (long long)p->pp, (long long)mp, (long long)world_size),
+            "launch a multiple of %lld ranks (mpirun -np N), or choose tp, cp and pp whose "
+            "product divides %lld",
             (long long)mp, (long long)world_size);
     d->dp = world_size / mp;
+    return CT_OK;
+}
+
+/* Context parallelism: every rank holds two whole chunks of each sequence (with sequence
+ * parallelism, whole tp slices of them), and the sampler after training needs the whole window
+ * on one rank. */
+static ct_status check_cp(const ct_config *cfg) {
+    const ct_parallel_config *p = &cfg->parallel;
+    if (p->cp == 1) return CT_OK;
+    const int64_t T = cfg->model.seq_len, unit = 2 * p->cp * (p->sequence_parallel ? p->tp : 1);
+    if (T % unit)
+        return with_hint(
+            ct_error(CT_ERR_INPUT,
+                     "parallel.cp=%lld needs model.seq_len=%lld divisible by 2 x cp%s = %lld "
+                     "(each rank holds 2 of the sequence's 2 x cp chunks%s)",
+                     (long long)p->cp, (long long)T, p->sequence_parallel ? " x parallel.tp" : "",
+                     (long long)unit, p->sequence_parallel ? ", each split over the tp group" : ""),
+            "use model.seq_len=%lld or %lld, or another parallel.cp", (long long)(T / unit * unit),
+            (long long)((T / unit + 1) * unit));
+    if (cfg->log.sample_tokens > 0)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "log.sample_tokens=%lld: the sample after training needs "
+                                  "parallel.cp=1 (cp is %lld)",
+                                  (long long)cfg->log.sample_tokens, (long long)p->cp),
+                         "set log.sample_tokens: 0, and sample from the checkpoint in any layout "
+                         "with `cooktrain sample`");
     return CT_OK;
 }
 
@@ -528,6 +556,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_tp(cfg, &d));
     CT_TRY(check_pipeline(cfg));
     CT_TRY(check_grid(&cfg->parallel, world_size, &d));
+    CT_TRY(check_cp(cfg));
     CT_TRY(check_batch(cfg, &d));
     CT_TRY(check_lr_schedule(&cfg->train));
     CT_TRY(check_checkpoint(cfg));

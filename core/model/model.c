@@ -22,6 +22,7 @@
 
 #include "model_collectives.h"
 #include "model_layer.h"
+#include "ring_attention.h"
 #include "rope.h"
 #include "core/rng.h"
 
@@ -47,6 +48,7 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.dp_size = 1;
     layout.zero = ct_zero_layout_of(0);
     layout.sequence_parallel = false;
+    layout.cp_size = 1;
     layout.recompute = false;
     layout.n_chunks = 1;
     layout.chunks[0].index = 0;
@@ -171,7 +173,7 @@ static void build_registry(ct_model *m) {
             add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
                 offsetof(ct_model, wte);
             if (!m->llama) /* Llama's positions are rotary: no table to learn */
-                add_param(&rb, "wpe", 2, m->T, C, -1, CT_INIT_NORMAL, std, chunk)->field =
+                add_param(&rb, "wpe", 2, m->T_seq, C, -1, CT_INIT_NORMAL, std, chunk)->field =
                     offsetof(ct_model, wpe);
         }
         for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
@@ -283,7 +285,7 @@ ct_param *ct_model_registry(const ct_config *cfg, int *count) {
     ct_model m;
     memset(&m, 0, sizeof m);
     m.mc = cfg->model;
-    m.T = cfg->model.seq_len;
+    m.T = m.T_seq = cfg->model.seq_len;
     m.C = cfg->model.d_model;
     m.L = (int)cfg->model.n_layer;
     m.NH = cfg->model.n_head;
@@ -306,7 +308,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
                        const ct_model_layout *layout) {
     ct_model *m = ct_xcalloc(1, sizeof *m);
     m->mc = cfg->model;
-    m->T = cfg->model.seq_len;
+    m->T_seq = cfg->model.seq_len;
+    m->T = m->T_seq / CT_MAX(layout->cp_size, 1);
     m->C = cfg->model.d_model;
     m->L = cfg->model.n_layer;
     m->NH = cfg->model.n_head;
@@ -323,6 +326,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->layout = *layout;
     if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
+    if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
     CT_ASSERT(layout->unit_min_bytes >= 0);
@@ -335,8 +339,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     /* With the embedding and the head on different pipeline ranks, both tied units get the
      * padded size of the larger one (see the twin in build_registry). */
     const int64_t vocab_slice = m->Vp / layout->tp_size * m->C;
-    const int64_t embed_numel = vocab_slice + (m->llama ? 0 : m->T * m->C); /* wte (+ wpe) */
-    const int64_t head_numel = vocab_slice + (m->llama ? 1 : 2) * m->C;     /* twin + lnf */
+    const int64_t embed_numel = vocab_slice + (m->llama ? 0 : m->T_seq * m->C); /* wte (+ wpe) */
+    const int64_t head_numel = vocab_slice + (m->llama ? 1 : 2) * m->C;         /* twin + lnf */
     const int64_t tied_numel = CT_MAX(embed_numel, head_numel);
     const ct_tied_place tied = ct_model_tied_place(m, NULL);
     const bool tie_across_ranks = tied == CT_TIED_FIRST || tied == CT_TIED_LAST;
@@ -400,14 +404,14 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     CT_ASSERT(!m->wte || (m->wte->unit == tied_unit && m->wte->offset == 0));
     if (m->llama) {
         /* RoPE's angles, once, in double on the host: every backend reads these bytes */
-        int64_t n = m->T * m->hd;
+        int64_t n = m->T_seq * m->hd;
         m->rope_table = ct_tensor_new_1d(be, CT_DTYPE_F32, n, CT_MEM_WORKSPACE);
         if (!m->rope_table) goto oom;
         float *host = ct_xmalloc((size_t)n * sizeof *host);
         const ct_model_config *mc = &cfg->model;
         const ct_rope_scaling scaling = {mc->rope_scaling_factor, mc->rope_low_freq_factor,
                                          mc->rope_high_freq_factor, mc->rope_original_max_pos};
-        ct_rope_table(host, m->T, m->hd, mc->rope_theta, &scaling); /* factor 0: unscaled */
+        ct_rope_table(host, m->T_seq, m->hd, mc->rope_theta, &scaling); /* factor 0: unscaled */
         ct_tensor_from_host(m->rope_table, host);
         free(host);
     }
@@ -441,6 +445,7 @@ void ct_model_bind_unit_grads(ct_model *m, int u, const ct_tensor *buf, int64_t 
 void ct_model_free(ct_model *m) {
     if (!m) return;
     ct_comm_unset_stream(m->layout.tp, m->be);
+    if (m->layout.cp) ct_comm_unset_stream(m->layout.cp, m->be);
     ct_comm_free(m->own_tp);
     for (int i = 0; i < m->n_params; i++) {
         ct_tensor_free(m->params[i].value);
@@ -631,7 +636,7 @@ double ct_model_flops_per_token(const ct_model *m) {
         n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
     }
     n_matmul += (double)m->Vp * m->C; /* the tied LM head */
-    return 6.0 * n_matmul + 6.0 * (double)m->L * m->T * m->C;
+    return 6.0 * n_matmul + 6.0 * (double)m->L * m->T_seq * m->C;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------
@@ -692,7 +697,6 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
 
     ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
@@ -700,7 +704,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
     ct_tensor_free(wqkv), ct_tensor_free(bqkv);
     ct_model_poll(m);
-    ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
+    ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
     ct_model_poll(m);
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
@@ -711,20 +715,81 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_model_row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
 }
 
+void ct_model_attention_fwd(ct_model *m, ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv,
+                            int64_t B) {
+    const ct_model_layout *l = &m->layout;
+    const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
+    if (l->cp_size > 1)
+        ct_ring_attention_fwd(l->cp, l->cp_zigzag, out, lse, qkv, B, m->T, nh, nkv);
+    else
+        ct_attention_fwd(out, lse, qkv, B, m->T, nh, nkv);
+}
+
+void ct_model_attention_bwd(ct_model *m, ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
+                            const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse,
+                            int64_t B) {
+    const ct_model_layout *l = &m->layout;
+    const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
+    if (l->cp_size > 1)
+        ct_ring_attention_bwd(l->cp, l->cp_zigzag, dqkv, dbias, dout, qkv, out, lse, B, m->T, nh,
+                              nkv);
+    else
+        ct_attention_bwd(dqkv, dbias, dout, qkv, out, lse, B, m->T, nh, nkv);
+}
+
+int64_t ct_model_position(const ct_model *m, int64_t row) {
+    const ct_model_layout *l = &m->layout;
+    return l->cp_size > 1 ? ct_cp_position(l->cp_size, l->cp_rank, l->cp_zigzag, m->T, row) : row;
+}
+
+void ct_model_for_position_runs(ct_model *m, ct_tensor *x, int64_t B, int64_t rows, int64_t row0,
+                                void (*fn)(ct_model *m, ct_tensor *rows, int64_t B, int64_t n,
+                                           int64_t pos, void *ctx),
+                                void *ctx) {
+    if (m->layout.cp_size == 1) { /* one run: every sequence's rows at once */
+        fn(m, x, B, rows, row0, ctx);
+        return;
+    }
+    const int64_t cols = ct_tensor_cols(x), half = m->T / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < rows;) {
+            /* rows up to the end of the chunk holding local row row0 + i */
+            int64_t n = CT_MIN(rows - i, half - (row0 + i) % half);
+            ct_tensor *v = ct_tensor_view_2d(x, (b * rows + i) * cols, n, cols);
+            fn(m, v, 1, n, ct_model_position(m, row0 + i), ctx);
+            ct_tensor_free(v);
+            i += n;
+        }
+}
+
+static void posemb_fwd_run(ct_model *m, ct_tensor *x, int64_t B, int64_t n, int64_t pos,
+                           void *ctx) {
+    (void)ctx;
+    ct_posemb_fwd(x, m->wpe->value, B, n, pos);
+}
+
+static void posemb_bwd_run(ct_model *m, ct_tensor *dx, int64_t B, int64_t n, int64_t pos,
+                           void *ctx) {
+    (void)ctx;
+    ct_posemb_bwd(m->wpe->grad, dx, B, n, pos);
+}
+
 static void embed_forward(ct_model *m, ct_acts *a) {
     ct_tensor *x = a->residual[0];
     if (!m->layout.sequence_parallel) {
         ct_embedding_fwd(x, a->tokens, m->wte->value, m->wte->tp_offset);
         /* vocab-parallel: each rank contributed its rows */
         ct_model_tp_allreduce(m, x, CT_REDUCE_SUM);
-        if (m->wpe) ct_posemb_fwd(x, m->wpe->value, a->B, m->T, 0);
+        if (m->wpe) ct_model_for_position_runs(m, x, a->B, m->T, 0, posemb_fwd_run, NULL);
         return;
     }
     ct_tensor *full = ct_model_sp_view(m->sp_full, a->B, m->T, m->C);
     ct_embedding_fwd(full, a->tokens, m->wte->value, m->wte->tp_offset);
     ct_model_seq_reduce_scatter(m, x, full);
     ct_tensor_free(full);
-    if (m->wpe) ct_posemb_fwd(x, m->wpe->value, a->B, m->Tl, m->layout.tp_rank * m->Tl);
+    if (m->wpe)
+        ct_model_for_position_runs(m, x, a->B, m->Tl, m->layout.tp_rank * m->Tl, posemb_fwd_run,
+                                   NULL);
 }
 
 void ct_model_begin_losses(ct_model *m, int n_microbatches, int64_t B) {
@@ -837,7 +902,6 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
     ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
@@ -857,8 +921,8 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
     ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
     ct_model_qkv_params(m, l, true, &dwqkv, &dbqkv);
-    ct_attention_bwd(s->dqkv, dbqkv, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
-                     m->NKV / tp); /* and the qkv bias gradient */
+    ct_model_attention_bwd(m, s->dqkv, dbqkv, s->datt, la->qkv, la->att, la->lse,
+                           a->B); /* and the qkv bias gradient */
     ct_model_poll(m);
     ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
     ct_tensor *dln1 = ct_model_dln_reduced(m, s);
@@ -881,8 +945,8 @@ static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
 
 static void embed_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     ct_embedding_bwd(m->wte->grad, ct_model_dres_full(m, s), a->tokens, m->wte->tp_offset);
-    int64_t pos0 = m->layout.sequence_parallel ? m->layout.tp_rank * m->Tl : 0;
-    if (m->wpe) ct_posemb_bwd(m->wpe->grad, s->dres, a->B, m->Tl, pos0);
+    int64_t row0 = m->layout.sequence_parallel ? m->layout.tp_rank * m->Tl : 0;
+    if (m->wpe) ct_model_for_position_runs(m, s->dres, a->B, m->Tl, row0, posemb_bwd_run, NULL);
 }
 
 void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {

@@ -106,6 +106,12 @@ typedef struct ct_model_layout {
      * elementwise regions hold T/tp positions of every sequence; each tp allreduce becomes an
      * allgather before a column-parallel layer and a reduce-scatter after a row-parallel one. */
     bool sequence_parallel;
+    /* Context parallelism (ring_attention.h): every sequence's positions are spread over the cp
+     * group, this rank holding seq_len / cp of them as two chunks (zigzag or contiguous);
+     * attention runs as a ring over cp, positions stay global. cp_size 1: none. */
+    ct_comm *cp;
+    int cp_rank, cp_size;
+    bool cp_zigzag;
     /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
     bool recompute;
     /* The FSDP wrapping policy (parallel.bucket_mb): merge consecutive layers of a chunk into one
@@ -156,7 +162,9 @@ typedef struct ct_model_hooks {
 
 typedef struct ct_model {
     ct_model_config mc; /* a copy of the model section */
-    int64_t T, C, L, NH, NKV, hd, F, V, Vp;
+    /* T: the positions of a sequence on this rank (seq_len / cp); T_seq: the whole sequence
+     * (position table, RoPE table, attention FLOPs) */
+    int64_t T, T_seq, C, L, NH, NKV, hd, F, V, Vp;
     uint64_t seed;
     ct_backend *be;
     /* Storage dtype of parameters and activations: f32, or bf16 for train.precision bf16 (then

@@ -26,6 +26,27 @@ void ct_model_norm_backward(ct_tensor *dres, const ct_param *w, const ct_param *
                             const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
                             const ct_tensor *rstd);
 
+/* Causal attention of a layer: the backend's op, or under context parallelism the ring over
+ * the cp group (ring_attention.h); the same contract as ct_attention_fwd / _bwd on this rank's
+ * m->T rows of each of B sequences. */
+void ct_model_attention_fwd(ct_model *m, ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv,
+                            int64_t B);
+void ct_model_attention_bwd(ct_model *m, ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
+                            const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse,
+                            int64_t B);
+/* The global position of this rank's local row `row` (0 ≤ row < m->T). */
+int64_t ct_model_position(const ct_model *m, int64_t row);
+/* Calls fn on the runs of rows [row0, row0 + rows) of every one of B sequences in x (B·rows rows)
+ * whose global positions are consecutive, with the run's first position: one call for all of x
+ * without context parallelism, else one per sequence and chunk (views of x). */
+void ct_model_for_position_runs(ct_model *m, ct_tensor *x, int64_t B, int64_t rows, int64_t row0,
+                                void (*fn)(ct_model *m, ct_tensor *rows, int64_t B, int64_t n,
+                                           int64_t pos, void *ctx),
+                                void *ctx);
+/* RoPE on the rotated heads of x (B sequences of this rank's m->T rows, packed qkv) at their
+ * global positions (inverse: the backward). */
+void ct_model_rope(ct_model *m, ct_tensor *x, int64_t B, bool inverse);
+
 /* Llama's layer l (model_llama.c): forward on residual[l] into `out`, and backward from
  * s->dres = ∂L/∂residual[l+1] to ∂L/∂residual[l]. */
 void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);

@@ -23,6 +23,14 @@ static int64_t rotated_heads(const ct_model *m) {
     return (m->NH + m->NKV) / m->layout.tp_size;
 }
 
+static void rope_run(ct_model *m, ct_tensor *x, int64_t B, int64_t n, int64_t pos, void *ctx) {
+    ct_rope(x, m->rope_table, B, n, rotated_heads(m), m->hd, pos, *(const bool *)ctx);
+}
+
+void ct_model_rope(ct_model *m, ct_tensor *x, int64_t B, bool inverse) {
+    ct_model_for_position_runs(m, x, B, m->T, 0, rope_run, &inverse);
+}
+
 /* Llama's block (pre-norm):
  *     ln1 = RMSNorm(x)        q|k|v = ln1·Wqkvᵀ, q and k rotated (RoPE)
  *     att = causal_attention(q, k, v)      mid = x + att·Woᵀ [reduce tp]
@@ -32,16 +40,15 @@ void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
 
     ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, NULL);
     ct_tensor *wqkv, *bqkv;
     ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
     ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 0.0f);
     ct_tensor_free(wqkv);
-    ct_rope(la->qkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, false);
+    ct_model_rope(m, la->qkv, a->B, false);
     ct_model_poll(m);
-    ct_attention_fwd(la->att, la->lse, la->qkv, a->B, m->T, m->NH / tp, m->NKV / tp);
+    ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
     ct_model_poll(m);
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, x);
 
@@ -58,7 +65,6 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
     ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
-    int64_t tp = m->layout.tp_size;
 
     /* MLP: out = mid + g·Wdownᵀ, g = silu(gate)·up, gate|up = ln2·Wguᵀ */
     ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
@@ -75,10 +81,9 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
 
     /* Attention: mid = x + att·Woᵀ */
     ct_model_row_parallel_backward(m, s, p->wo, la->att, s->datt);
-    ct_attention_bwd(s->dqkv, NULL, s->datt, la->qkv, la->att, la->lse, a->B, m->T, m->NH / tp,
-                     m->NKV / tp);
+    ct_model_attention_bwd(m, s->dqkv, NULL, s->datt, la->qkv, la->att, la->lse, a->B);
     /* the gradient of the rotated q and k, turned back: the rotation's transpose */
-    ct_rope(s->dqkv, m->rope_table, a->B, m->T, rotated_heads(m), m->hd, 0, true);
+    ct_model_rope(m, s->dqkv, a->B, true);
     ct_model_poll(m);
     ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
     ct_model_qkv_params(m, l, false, &wqkv, &bqkv);

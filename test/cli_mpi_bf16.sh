@@ -5,7 +5,8 @@
 #     (both start from the same fp32 initial values: the master weights);
 #   - the comparator in bf16: compare_runs.py --self-test --noise catches planted differences;
 #   - equivalence: every layout family — dp with ZeRO 0-3 (fp32 and bf16 gradient reduction),
-#     tp with and without sequence parallelism, every pipeline schedule, recompute, 3D — trained
+#     tp with and without sequence parallelism, every pipeline schedule, recompute, 3D, context
+#     parallelism (cp 2 alone, with tp + SP, cp 4 with ZeRO-2 and a bf16 reduction) — trained
 #     in bf16 against bf16 at world size 1, within the distance of the bf16 reference from its
 #     fp32 twin (compare_runs.py states the allowance and why); every dp replica bit-identical;
 #     memory per category (fp32 master weights included) and dp/tp bytes equal to the bf16
@@ -64,5 +65,8 @@ if expect_exit 0 "bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" "${b
 4 --set parallel.tp=2 --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16
 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set train.micro_batch=2 --set parallel.zero_stage=2 --set parallel.sequence_parallel=true
 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16 --set train.recompute=full
+2 --set parallel.cp=2 --set log.sample_tokens=0
+4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=1 --set log.sample_tokens=0
+4 --set parallel.cp=4 --set parallel.zero_stage=2 --set parallel.grad_reduce_dtype=bf16 --set log.sample_tokens=0
 RUNS
 fi

@@ -102,3 +102,19 @@ if selected "invalid"; then
         expect_text "has no ring attention yet" "and says what it lacks"
     fi
 fi
+
+# configs/long-context.yaml, shortened to 2048 positions and one step: under a memory cap that
+# one rank's activations exceed (cp 1 needs about 27 MiB, cp 4 about 8 per rank) cp 1 stops at
+# start for lack of memory and cp 4 trains.
+if selected "long"; then
+    long=(train --config configs/long-context.yaml --set data.train="$TEST_DATA/train.bin"
+          --set data.val="$TEST_DATA/val.bin" --set model.seq_len=2048 --set train.steps=1
+          --set train.threads=1)
+    expect_exit 1 "long context at cp 1 under a 16 MiB cap" -- env COOKTRAIN_MEM_LIMIT_MB=16 "$BIN" \
+        "${long[@]}" --set parallel.cp=1
+    expect_text "out of cpu memory" "cp 1 runs out of memory"
+    expect_exit 0 "long context at cp 4 under the same cap" -- env COOKTRAIN_MEM_LIMIT_MB=16 \
+        "${MPIRUN[@]}" -np 4 "$BIN" "${long[@]}"
+    expect_text "cp traffic step 1 (rank 0): 5.000 MiB measured, 5.000 MiB expected" \
+        "cp 4: the ring's bytes are the formula's"
+fi

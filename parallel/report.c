@@ -206,6 +206,7 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_num(m, "tp_bytes_expected", "%.0f", t->tp_bytes_expected);
     ct_metrics_uint(m, "cp_bytes", s->cp_bytes);
     ct_metrics_num(m, "cp_bytes_expected", "%.0f", t->cp_bytes_expected);
+    ct_metrics_num(m, "cp_wait_s", "%.4f", s->cp_wait);
     ct_metrics_uint(m, "mem_bytes", ct_backend_mem_total(t->be));
     ct_metrics_int(m, "host_copies", s->host_copies);
     ct_metrics_end(m);

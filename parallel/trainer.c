@@ -375,7 +375,8 @@ static void start_run(trainer *t) {
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
-    ct_comm *groups[] = {p->tp_comm, p->dpcp_comm, p->pp_comm, p->mp_comm, p->embed_comm, p->world};
+    ct_comm *groups[] = {p->tp_comm,    p->dpcp_comm, p->pp_comm, p->mp_comm,
+                         p->embed_comm, p->world,     p->cp_comm};
     memcpy(t->groups, groups, sizeof groups);
     for (int g = 0; g < (int)CT_ARRAY_LEN(t->groups); g++)
         if (t->groups[g]) t->groups[g]->seconds = 0.0;
@@ -403,6 +404,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
+    const double cp_wait0 = t->pctx->cp_comm->seconds;
     ct_dp_begin_step(t->dp, (int)t->accum);
     double loss_sum = run_microbatches(t, true, t->dloss);
     s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
@@ -426,6 +428,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dpcp_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->tp_bytes += t->pctx->tp_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->cp_bytes += t->pctx->cp_comm->bytes[k];
+    s->cp_wait = t->pctx->cp_comm->seconds - cp_wait0;
     return CT_OK;
 }
 

@@ -118,3 +118,16 @@ if selected "long"; then
     expect_text "cp traffic step 1 (rank 0): 5.000 MiB measured, 5.000 MiB expected" \
         "cp 4: the ring's bytes are the formula's"
 fi
+
+# scripts/bench_cp.sh runs (its figures are not checked here: they are a machine's, see
+# scripts/README.md) and prints a row per run, none failed.
+if selected "bench"; then
+    if out=$(BUILD=$BUILD bash scripts/bench_cp.sh --seqs 256 --cps "1 2" --steps 2 --data "$TEST_DATA" 2>&1); then
+        rows=$(printf '%s\n' "$out" | awk '$1 == 256 && ($2 == 1 || $2 == 2) && $0 !~ /failed/' | wc -l)
+        if [ "$rows" = 2 ]; then ok "bench_cp.sh: a row for cp 1 and cp 2"; else fail "bench_cp.sh rows: $out"; fi
+    else
+        fail "bench_cp.sh exited non-zero: $(printf '%s\n' "$out" | tail -3)"
+    fi
+    expect_exit 2 "bench_cp.sh with a bad option" -- bash scripts/bench_cp.sh --steps 1
+    expect_text "hint:" "bench_cp.sh says how to call it"
+fi

@@ -303,6 +303,25 @@ static inline int64_t part_visible(int kind, int64_t c, int64_t r0, int64_t i) {
     return kind ? r0 + i + 1 : c;
 }
 
+/* Row i of a part's score block s (nk columns computed, row stride ≥ round_up(nk, LANES)) as
+ * exp(s - mx) over its n visible keys and 0 past them up to nk, in whole lane groups (the masked
+ * tail set to -inf first, as softmax_block does); returns the sum of the exponentials. mx: the
+ * row's max when *mx is NAN on entry (the forward), else the value to subtract (backward's lse). */
+static float part_exp_row(float *s, int64_t n, int64_t nk, float *mx) {
+    int64_t n16 = mask_past_diagonal(s, n);
+    if (isnan(*mx)) *mx = row_max(s, n16);
+    const float m = *mx;
+    float acc[LANES] = {0};
+    for (int64_t j = 0; j < n16; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float e = exp_f32(s[j + l] - m);
+            s[j + l] = e;
+            acc[l] += e;
+        }
+    if (nk > n16) memset(s + n16, 0, (size_t)(nk - n16) * sizeof(float));
+    return lane_sum(acc);
+}
+
 void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
                                const float *kv, int64_t B, int64_t T, int64_t n_head,
                                int64_t n_kv_head, int64_t hd, int64_t chunks) {
@@ -311,43 +330,44 @@ void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const fl
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t ld = (int64_t)round_up((size_t)ch, LANES);
-    /* per thread: scores (ATT_BLOCK, ld), the block's output (ATT_BLOCK, hd), 1/sum */
+    /* per thread: scores (ATT_BLOCK, ld), Kᵀ of both key chunks (2, hd, ld), the block's output
+     * (ATT_BLOCK, hd), 1/sum */
     const size_t s_bytes = round_up((size_t)ATT_BLOCK * (size_t)ld * sizeof(float), 64);
+    const size_t kt_bytes = round_up((size_t)hd * (size_t)ld * sizeof(float), 64);
     const size_t o_bytes = round_up((size_t)ATT_BLOCK * (size_t)hd * sizeof(float), 64);
-    const size_t per_thread = s_bytes + o_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    const size_t per_thread =
+        s_bytes + 2 * kt_bytes + o_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
     char *ws = ct_cpu_ws_get(c, per_thread * (size_t)c->n_threads);
     PARALLEL_FOR(c->n_threads)
     for (int64_t bh = 0; bh < B * n_head; bh++) {
-        float *S = (float *)(ws + per_thread * (size_t)omp_get_thread_num());
-        float *Ob = (float *)((char *)S + s_bytes);
+        char *mine = ws + per_thread * (size_t)omp_get_thread_num();
+        float *S = (float *)mine,
+              *Kt[2] = {(float *)(mine + s_bytes), (float *)(mine + s_bytes + kt_bytes)};
+        float *Ob = (float *)(mine + s_bytes + 2 * kt_bytes);
         float *inv = (float *)((char *)Ob + o_bytes);
         const int64_t b = bh / n_head, h = bh % n_head, kvh = h / group;
+        for (int ka = 0; ka < 2; ka++)
+            transpose_head(Kt[ka], ld, kv + (b * T + ka * ch) * lkv + kvh * hd, lkv, ch, hd);
         for (int qa = 0; qa < 2; qa++)
             for (int ka = 0; ka < 2; ka++) {
                 const int kind = part_kind(CT_ATT_CHUNK(chunks, qa), CT_ATT_CHUNK(chunks, 2 + ka));
                 if (kind < 0) continue;
                 const float *qh = qkv + (b * T + qa * ch) * lqkv + h * hd;
-                const float *kh = kv + (b * T + ka * ch) * lkv + kvh * hd;
-                const float *vh = kh + ckv;
+                const float *vh = kv + (b * T + ka * ch) * lkv + ckv + kvh * hd;
                 float *oh = o_acc + (b * T + qa * ch) * cq + h * hd;
                 float *lh = lse_acc + bh * T + qa * ch;
                 for (int64_t r0 = 0; r0 < ch; r0 += ATT_BLOCK) {
                     const int64_t m = CT_MIN(ATT_BLOCK, ch - r0);
                     const int64_t nk = part_visible(kind, ch, r0, m - 1); /* the widest row */
-                    /* S(m, nk) = scale · Q[r0:r0+m] · K[0:nk]ᵀ */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk, (int)hd,
-                                scale, qh + r0 * lqkv, (int)lqkv, kh, (int)lkv, 0.0f, S, (int)ld);
+                    /* S(m, nk) = scale · Q[r0:r0+m] · Kᵀ[:, 0:nk] */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)nk, (int)hd,
+                                scale, qh + r0 * lqkv, (int)lqkv, Kt[ka], (int)ld, 0.0f, S,
+                                (int)ld);
                     float lb[ATT_BLOCK];
                     for (int64_t i = 0; i < m; i++) {
-                        float *s = S + i * ld;
-                        const int64_t n = part_visible(kind, ch, r0, i);
-                        float mx = -INFINITY, sum = 0.0f;
-                        for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, s[j]);
-                        for (int64_t j = 0; j < n; j++) {
-                            s[j] = exp_f32(s[j] - mx);
-                            sum += s[j];
-                        }
-                        for (int64_t j = n; j < nk; j++) s[j] = 0.0f;
+                        float mx = NAN;
+                        float sum =
+                            part_exp_row(S + i * ld, part_visible(kind, ch, r0, i), nk, &mx);
                         inv[i] = 1.0f / sum;
                         lb[i] = mx + logf(sum);
                     }
@@ -383,16 +403,29 @@ void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const f
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t ld = (int64_t)round_up((size_t)ch, LANES);
-    /* per thread: P and dP/dS (ATT_BLOCK, ld) each, D (ATT_BLOCK) */
+    /* per thread: P and dP/dS (ATT_BLOCK, ld) each, Kᵀ and Vᵀ of both key chunks (hd, ld) each,
+     * D (ATT_BLOCK) */
     const size_t blk_bytes = round_up((size_t)ATT_BLOCK * (size_t)ld * sizeof(float), 64);
-    const size_t per_thread = 2 * blk_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
+    const size_t kt_bytes = round_up((size_t)hd * (size_t)ld * sizeof(float), 64);
+    const size_t per_thread =
+        2 * blk_bytes + 4 * kt_bytes + round_up(ATT_BLOCK * sizeof(float), 64);
     char *ws = ct_cpu_ws_get(c, per_thread * (size_t)c->n_threads);
     PARALLEL_FOR(c->n_threads)
     for (int64_t bkv = 0; bkv < B * n_kv_head; bkv++) {
         char *mine = ws + per_thread * (size_t)omp_get_thread_num();
         float *P = (float *)mine, *dS = (float *)(mine + blk_bytes);
-        float *D = (float *)(mine + 2 * blk_bytes);
+        float *Kt[2], *Vt[2];
+        for (int ka = 0; ka < 2; ka++) {
+            Kt[ka] = (float *)(mine + 2 * blk_bytes + (size_t)(2 * ka) * kt_bytes);
+            Vt[ka] = (float *)(mine + 2 * blk_bytes + (size_t)(2 * ka + 1) * kt_bytes);
+        }
+        float *D = (float *)(mine + 2 * blk_bytes + 4 * kt_bytes);
         const int64_t b = bkv / n_kv_head, kvh = bkv % n_kv_head;
+        for (int ka = 0; ka < 2; ka++) {
+            const float *kh = kv + (b * T + ka * ch) * lkv + kvh * hd;
+            transpose_head(Kt[ka], ld, kh, lkv, ch, hd);
+            transpose_head(Vt[ka], ld, kh + ckv, lkv, ch, hd);
+        }
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
             for (int qa = 0; qa < 2; qa++)
                 for (int ka = 0; ka < 2; ka++) {
@@ -404,33 +437,34 @@ void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const f
                     const float *oh = out + q_row * cq + h * hd, *doh = dout + q_row * cq + h * hd;
                     const float *lh = lse + (b * n_head + h) * T + qa * ch;
                     float *dqh = dq_acc + q_row * cq + h * hd;
-                    const float *kh = kv + k_row * lkv + kvh * hd, *vh = kh + ckv;
+                    const float *kh = kv + k_row * lkv + kvh * hd;
                     float *dkh = dkv_acc + k_row * lkv + kvh * hd, *dvh = dkh + ckv;
                     for (int64_t r0 = 0; r0 < ch; r0 += ATT_BLOCK) {
                         const int64_t m = CT_MIN(ATT_BLOCK, ch - r0);
                         const int64_t nk = part_visible(kind, ch, r0, m - 1);
                         /* P(m, nk) = exp(scale·Q·Kᵀ - lse), 0 where masked; D = rowsum(dO ⊙ O) */
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk,
-                                    (int)hd, scale, qh + r0 * lqkv, (int)lqkv, kh, (int)lkv, 0.0f,
-                                    P, (int)ld);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)nk,
+                                    (int)hd, scale, qh + r0 * lqkv, (int)lqkv, Kt[ka], (int)ld,
+                                    0.0f, P, (int)ld);
                         for (int64_t i = 0; i < m; i++) {
-                            float *p = P + i * ld;
-                            const int64_t n = part_visible(kind, ch, r0, i);
-                            const float l = lh[r0 + i];
-                            for (int64_t j = 0; j < n; j++) p[j] = exp_f32(p[j] - l);
-                            for (int64_t j = n; j < nk; j++) p[j] = 0.0f;
+                            float l = lh[r0 + i];
+                            part_exp_row(P + i * ld, part_visible(kind, ch, r0, i), nk, &l);
                             const float *o = oh + (r0 + i) * cq, *d = doh + (r0 + i) * cq;
                             float di = 0.0f;
                             for (int64_t e = 0; e < hd; e++) di += o[e] * d[e];
                             D[i] = di;
                         }
-                        /* dP(m, nk) = dO · V[0:nk]ᵀ, then dS = P ⊙ (dP - D) */
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk,
-                                    (int)hd, 1.0f, doh + r0 * cq, (int)cq, vh, (int)lkv, 0.0f, dS,
-                                    (int)ld);
-                        for (int64_t i = 0; i < m; i++)
-                            for (int64_t j = 0; j < nk; j++)
-                                dS[i * ld + j] = P[i * ld + j] * (dS[i * ld + j] - D[i]);
+                        /* dP(m, nk) = dO · Vᵀ[:, 0:nk], then dS = P ⊙ (dP - D) */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)nk,
+                                    (int)hd, 1.0f, doh + r0 * cq, (int)cq, Vt[ka], (int)ld, 0.0f,
+                                    dS, (int)ld);
+                        for (int64_t i = 0; i < m; i++) {
+                            float *ds = dS + i * ld;
+                            const float *p = P + i * ld;
+                            const float di = D[i];
+#pragma omp simd
+                            for (int64_t j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - di);
+                        }
                         /* dV[0:nk] += Pᵀ·dO; dK[0:nk] += scale·dSᵀ·Q; dQ += scale·dS·K[0:nk] */
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)hd,
                                     (int)m, 1.0f, P, (int)ld, doh + r0 * cq, (int)cq, 1.0f, dvh,

@@ -76,6 +76,9 @@ cp2-zero1|2|--set parallel.cp=2 --set parallel.zero_stage=1|dp2-zero1|2|--set pa
 cp2|2|--set parallel.cp=2|cp4-zero3|4|--set parallel.cp=4 --set parallel.zero_stage=3
 w1|1||cp2-tp2-sp|4|--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 RESHARD
+        # the one-process commands read a checkpoint saved at cp 2 as any other
+        expect_exit 0 "eval of a checkpoint saved at cp 2" -- "$BIN" eval "$d/ck-cp2-cp4-zero3/step-00000002" \
+            --data "$TEST_DATA/val.bin" --samples 4
     fi
 fi
 

@@ -143,7 +143,7 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
     const char *async = getenv("COOKTRAIN_ASYNC");
     if (async && !strcmp(async, "1") && strstr(be->iface->name, "-async") == NULL) {
         be = ct_backend_async_new(be);
-        size_t used = strlen(chosen);
+        size_t used = chosen ? strlen(chosen) : cap; /* chosen may be NULL (cap 0) */
         if (used < cap)
             snprintf(chosen + used, cap - used,
                      " behind the asynchronous stream (COOKTRAIN_ASYNC=1)");
@@ -151,7 +151,7 @@ ct_status ct_backend_new(ct_backend **out, const char *name, int n_threads, char
     const char *check = getenv("CT_CHECK_BACKEND");
     if (check && !strcmp(check, "1") && strcmp(be->iface->name, "cpu") != 0) {
         be = ct_backend_check_new(be);
-        size_t used = strlen(chosen);
+        size_t used = chosen ? strlen(chosen) : cap;
         if (used < cap)
             snprintf(chosen + used, cap - used,
                      ", every op checked against the CPU backend (CT_CHECK_BACKEND=1)");

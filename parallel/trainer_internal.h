@@ -67,8 +67,8 @@ typedef struct step_stats {
     bool stop;   /* not run: a stop was agreed on at its start */
     double seconds, exposed, bubble;
     uint64_t dp_bytes, tp_bytes, cp_bytes; /* sent by this rank, ring model */
-    double cp_wait; /* seconds this rank waited in the ring's sends and receives (cp group) */
-    int64_t host_copies;                   /* copies from the backend to the host during the step */
+    double cp_wait;      /* seconds this rank waited in the ring's sends and receives (cp group) */
+    int64_t host_copies; /* copies from the backend to the host during the step */
 } step_stats;
 
 /* report.c: rank 0's start-up report, from the constants start_run fixed. */

@@ -44,11 +44,20 @@ static int64_t head_dim(const ct_tensor *qkv, int64_t n_head, int64_t n_kv_head)
     return ct_tensor_cols(qkv) / (n_head + 2 * n_kv_head);
 }
 
-static int64_t chunks_of(ct_comm *cp, bool zigzag, int src) {
+/* The chunks of step s: this rank's queries against the block of rank (rank − s) mod cp. */
+static int64_t chunks_at(ct_comm *cp, bool zigzag, int s) {
     int64_t q0, q1, k0, k1;
     ct_cp_chunks(cp->size, cp->rank, zigzag, &q0, &q1);
-    ct_cp_chunks(cp->size, src, zigzag, &k0, &k1);
+    ct_cp_chunks(cp->size, (cp->rank - s + cp->size) % cp->size, zigzag, &k0, &k1);
     return CT_ATT_CHUNKS(q0, q1, k0, k1);
+}
+
+/* The two kv blocks of a ring (rows of ckv elements in qkv's dtype), the first holding this
+ * rank's own key and value heads, columns [cq, cq + ckv) of qkv. */
+static void kv_blocks(const ct_tensor *qkv, int64_t rows, int64_t cq, int64_t ckv,
+                      ct_tensor *kv[2]) {
+    for (int i = 0; i < 2; i++) kv[i] = scratch(qkv, qkv->dtype, rows, ckv);
+    ct_cast_cols(kv[0], 0, qkv, cq, ckv);
 }
 
 /* One ring hop of `t` to rank + 1 and of `into` from rank − 1, started. */
@@ -68,18 +77,17 @@ void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *
                            int64_t n_kv_head) {
     const int n = cp->size;
     const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
-    const ct_dtype dt = qkv->dtype;
-    ct_tensor *kv[2] = {scratch(qkv, dt, B * T, ckv), scratch(qkv, dt, B * T, ckv)};
+    ct_tensor *kv[2];
+    kv_blocks(qkv, B * T, cq, ckv, kv);
     /* fp32 output accumulates in place; bf16 in an fp32 buffer, rounded once at the end */
-    ct_tensor *o_acc = dt == CT_DTYPE_F32 ? out : scratch(qkv, CT_DTYPE_F32, B * T, cq);
-    ct_cast_cols(kv[0], 0, qkv, cq, ckv);
+    ct_tensor *o_acc = qkv->dtype == CT_DTYPE_F32 ? out : scratch(qkv, CT_DTYPE_F32, B * T, cq);
     ct_tensor_zero(o_acc);
     ct_tensor_fill(lse, -INFINITY);
     for (int s = 0; s < n; s++) {
         ct_comm_request *req[2] = {NULL, NULL};
         if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
         ct_attention_part_fwd(o_acc, lse, qkv, kv[s & 1], B, T, n_head, n_kv_head,
-                              chunks_of(cp, zigzag, (cp->rank - s + n) % n));
+                              chunks_at(cp, zigzag, s));
         if (s + 1 < n) hop_wait(cp, req);
     }
     if (o_acc != out) {
@@ -96,18 +104,16 @@ void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor 
                            int64_t n_kv_head) {
     const int n = cp->size;
     const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
-    const ct_dtype dt = qkv->dtype;
-    ct_tensor *kv[2] = {scratch(qkv, dt, B * T, ckv), scratch(qkv, dt, B * T, ckv)};
+    ct_tensor *kv[2];
+    kv_blocks(qkv, B * T, cq, ckv, kv);
     /* mine[s & 1]: the partial dK/dV of the block held at step s, sent on after the step (two, so
      * one can be in flight while the next is computed); got: the partial arriving from r − 1 */
     ct_tensor *mine[2] = {scratch(qkv, CT_DTYPE_F32, B * T, ckv),
                           scratch(qkv, CT_DTYPE_F32, B * T, ckv)};
     ct_tensor *got = scratch(qkv, CT_DTYPE_F32, B * T, ckv);
     ct_tensor *dq = scratch(qkv, CT_DTYPE_F32, B * T, cq);
-    ct_cast_cols(kv[0], 0, qkv, cq, ckv);
     ct_tensor_zero(dq);
     ct_comm_request *sent[2] = {NULL, NULL}, *arriving = NULL;
-    const int next = (cp->rank + 1) % n, prev = (cp->rank + n - 1) % n;
     for (int s = 0; s < n; s++) {
         ct_comm_request *req[2] = {NULL, NULL};
         if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
@@ -116,14 +122,15 @@ void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor 
         sent[s & 1] = NULL;
         ct_tensor_zero(acc);
         ct_attention_part_bwd(dq, acc, dout, qkv, out, lse, kv[s & 1], B, T, n_head, n_kv_head,
-                              chunks_of(cp, zigzag, (cp->rank - s + n) % n));
+                              chunks_at(cp, zigzag, s));
         if (arriving) { /* the partial of this block from the ranks before it, added to ours */
             ct_comm_wait(cp, arriving);
             ct_axpy(acc, got, 1.0f);
         }
         if (n > 1) { /* on to the next holder; after the last step, back to the owner */
-            sent[s & 1] = ct_comm_isend(cp, acc->data, acc->numel, CT_DTYPE_F32, next, n + s);
-            arriving = ct_comm_irecv(cp, got->data, got->numel, CT_DTYPE_F32, prev, n + s);
+            ct_comm_request *partial[2];
+            hop(cp, acc, got, n + s, partial);
+            sent[s & 1] = partial[0], arriving = partial[1];
         }
         if (s + 1 < n) hop_wait(cp, req);
     }

@@ -60,11 +60,17 @@ static void abort_job(int code) {
  * communicator of the same ranks (cuda/comm_nccl.h; the MPI group stays inside it, for host
  * buffers). world stays MPI: it carries host flags only. Collective. */
 static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
-    ct_comm **groups[] = {&p->tp_comm, &p->dp_comm, &p->pp_comm, &p->mp_comm, &p->embed_comm};
-    CT_ASSERTF(p->cp == 1, "context parallelism has no NCCL ops yet (checked before)");
+    /* dpcp is the dp group itself when cp = 1 (NULL here: converted once, as dp) */
+    ct_comm **groups[] = {&p->tp_comm,
+                          &p->cp_comm,
+                          &p->dp_comm,
+                          &p->pp_comm,
+                          &p->mp_comm,
+                          &p->embed_comm,
+                          p->cp > 1 ? &p->dpcp_comm : NULL};
     ct_status st = CT_OK;
     for (size_t i = 0; i < sizeof groups / sizeof *groups && st == CT_OK; i++) {
-        if (!*groups[i]) continue;                /* embed on middle stages */
+        if (!groups[i] || !*groups[i]) continue;  /* embed on middle stages */
         bool channels = groups[i] == &p->pp_comm; /* the pipeline's transfers (comm_nccl.h) */
         if (ct_comm_nccl_new) {
             ct_comm_nccl_set_abort(abort_job);
@@ -74,7 +80,7 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
         }
         if (!*groups[i]) st = CT_ERR_RUNTIME;
     }
-    p->dpcp_comm = p->dp_comm; /* cp = 1: the same group */
+    if (p->cp == 1) p->dpcp_comm = p->dp_comm;
     return ct_pctx_agree(p, st);
 }
 

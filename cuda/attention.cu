@@ -61,61 +61,12 @@
 #include "cuda/attention.cuh"
 #include "cuda/attention_tc.cuh"
 
-#define ATT_BR 32                    /* query rows per tile */
-#define ATT_BC 32                    /* keys per tile (== ATT_BR: tile kt meets tiles qt ≥ kt) */
-#define ATT_WARPS 4                  /* warps per block */
-#define ATT_THREADS (32 * ATT_WARPS) /* threads per block */
-#define ATT_RW (ATT_BR / ATT_WARPS)  /* rows (or keys) per warp */
-#define ATT_DOT_WARPS 8              /* rows per block of attn_bwd_dot_kernel */
-#define ATT_COLSUM_THREADS 256       /* columns per block of attn_colsum_kernel */
-#define ATT_MAX_HD 128               /* widest head */
+#include "cuda/attention_tile.cuh"
 
-/* Loops over register arrays are unrolled (CT_UNROLL, cuda/ct_cuda.h): their indices must be
- * constants for the arrays to stay in registers. */
-
-static_assert(ATT_BR == ATT_BC, "the causal tile skipping assumes square tiles");
-static_assert(ATT_BR == 32, "a lane takes one row of the other operand's tile");
+#define ATT_DOT_WARPS 8        /* rows per block of attn_bwd_dot_kernel */
+#define ATT_COLSUM_THREADS 256 /* columns per block of attn_colsum_kernel */
 
 /* ---- shared helpers -------------------------------------------------------------------------- */
-
-/* dst[r·ld_dst + d] (r < 32, d < HD) = rows r0 + r of a head slice src (row stride ld_src) widened
- * to fp32; zero for rows at or past T and columns at or past hd, which are never read. */
-template <typename S, int HD>
-static __device__ inline void att_load_tile(float *dst, int ld_dst, const S *src, int64_t ld_src,
-                                            int r0, int T, int hd) {
-    for (int e = threadIdx.x; e < 32 * HD; e += ATT_THREADS) {
-        const int r = e / HD, d = e % HD;
-        float x = 0.0f;
-        if (r0 + r < T && d < hd) x = ct_to_f32(src[(int64_t)(r0 + r) * ld_src + d]);
-        dst[r * ld_dst + d] = x;
-    }
-}
-
-/* dst[r] = src[r0 + r] for the 32 rows of a tile, 0 past T. */
-static __device__ inline void att_load_rows(float *dst, const float *src, int r0, int T) {
-    if (threadIdx.x < 32) {
-        const int r = (int)threadIdx.x;
-        dst[r] = r0 + r < T ? src[r0 + r] : 0.0f;
-    }
-}
-
-/* acc[r] += Σ_d a[r·HD + d]·b[d] for the warp's ATT_RW rows of a (a broadcast: every lane reads
- * the same row) and the lane's own row b (stride HD + 1). */
-template <int HD>
-static __device__ inline void att_rows_dot(float (&acc)[ATT_RW], const float *a, const float *b) {
-    CT_UNROLL_BY(2)
-    for (int d = 0; d < HD; d += 4) {
-        const float b0 = b[d], b1 = b[d + 1], b2 = b[d + 2], b3 = b[d + 3];
-        CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) {
-            const float4 x = *reinterpret_cast<const float4 *>(a + r * HD + d);
-            acc[r] = fmaf(x.x, b0, acc[r]);
-            acc[r] = fmaf(x.y, b1, acc[r]);
-            acc[r] = fmaf(x.z, b2, acc[r]);
-            acc[r] = fmaf(x.w, b3, acc[r]);
-        }
-    }
-}
 
 /* Column sums of the warp's rows (acc[r][c]: row r, column c·32 + lane; rows at or past n_rows
  * left out), then of the warps in order, stored to dst[d] for d < hd. red: ATT_WARPS·HD floats of
@@ -142,90 +93,37 @@ att_colsum_store(float *dst, float *red, const float (&acc)[ATT_RW][HD / 32], in
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-template <int HD> static constexpr size_t att_fwd_smem() {
-    return sizeof(float) *
-           (size_t)(ATT_BR * HD + ATT_BC * (HD + 1) + ATT_BC * HD + ATT_WARPS * ATT_RW * ATT_BC);
-}
-
 template <typename S, int HD>
 static __global__ void __launch_bounds__(ATT_THREADS, 3)
     attn_fwd_kernel(S *out, float *lse, const S *qkv, int T, int n_head, int n_kv_head, int hd,
                     float scale) {
-    constexpr int NC = HD / 32, KLD = HD + 1;
-    CT_DYN_SHARED(float, smem);
-    float *qs = smem;              /* (BR, HD)    the query tile */
-    float *ks = qs + ATT_BR * HD;  /* (BC, HD+1)  keys, a lane's own row */
-    float *vs = ks + ATT_BC * KLD; /* (BC, HD)    values */
-    float *ps = vs + ATT_BC * HD;  /* (WARPS, RW, BC) probabilities */
+    constexpr int NC = HD / 32;
+    CT_DYN_SHARED(float, smem); /* att_fwd_smem: the query tile first */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int qt = (int)(gridDim.x - 1 - blockIdx.x); /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
     const S *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
     const S *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd;
-    const S *vh = kh + ckv;
     const int q0 = qt * ATT_BR, row0 = q0 + w * ATT_RW; /* the warp's first query row */
-    const float *qw = qs + w * ATT_RW * HD;
-    float *pw = ps + w * ATT_RW * ATT_BC;
 
-    att_load_tile<S, HD>(qs, HD, qh, lqkv, q0, T, hd);
-    float o[ATT_RW][NC], m[ATT_RW], l[ATT_RW];
-    CT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        CT_UNROLL
-        for (int c = 0; c < NC; c++) o[r][c] = 0.0f;
-    }
-    for (int kt = 0; kt <= qt; kt++) {
-        const int k0 = kt * ATT_BC, j = k0 + lane; /* the lane's key */
-        __syncthreads(); /* the previous tile's K, V and P are no longer read */
-        att_load_tile<S, HD>(ks, KLD, kh, lqkv, k0, T, hd);
-        att_load_tile<S, HD>(vs, HD, vh, lqkv, k0, T, hd);
-        __syncthreads();
-        float s[ATT_RW];
-        CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) s[r] = 0.0f;
-        att_rows_dot<HD>(s, qw, ks + lane * KLD);
-        /* Online softmax. Key k0 ≤ every row of the tile (kt ≤ qt), so the tile's max is finite
-         * and exp(m_old − m_new) is 0 on the first tile (m_old = −inf), never NaN. */
-        CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) {
-            const float x = j <= row0 + r ? s[r] * scale : -INFINITY;
-            const float mn = fmaxf(m[r], ct_warp_max(x));
-            const float alpha = expf(m[r] - mn);
-            const float p = expf(x - mn);
-            l[r] = l[r] * alpha + p;
-            CT_UNROLL
-            for (int c = 0; c < NC; c++) o[r][c] *= alpha;
-            m[r] = mn;
-            pw[r * ATT_BC + lane] = p;
-        }
-        __syncwarp(); /* the warp's P is written */
-        for (int jj = 0; jj < ATT_BC; jj++) {
-            float v[NC];
-            CT_UNROLL
-            for (int c = 0; c < NC; c++) v[c] = vs[jj * HD + c * 32 + lane];
-            CT_UNROLL
-            for (int r = 0; r < ATT_RW; r++) {
-                const float p = pw[r * ATT_BC + jj];
-                CT_UNROLL
-                for (int c = 0; c < NC; c++) o[r][c] = fmaf(p, v[c], o[r][c]);
-            }
-        }
-    }
+    att_load_tile<S, HD>(smem, HD, qh, lqkv, q0, T, hd);
+    att_fwd_rows<HD> st;
+    st.start();
+    for (int kt = 0; kt <= qt; kt++) /* tiles past the diagonal are fully masked */
+        att_fwd_tile<S, HD>(st, smem, kh, kh + ckv, lqkv, kt * ATT_BC, T, row0, true, hd, scale);
     const int64_t lse_row = ((int64_t)b * n_head + h) * T;
     CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
-        const float sum = ct_warp_sum(l[r]);
+        const float sum = ct_warp_sum(st.l[r]);
         const int i = row0 + r;
         if (i >= T) continue;
         const float inv = 1.0f / sum;
         S *orow = out + ((int64_t)b * T + i) * cq + (int64_t)h * hd;
         CT_UNROLL
         for (int c = 0; c < NC; c++)
-            if (c * 32 + lane < hd) orow[c * 32 + lane] = ct_from_f32<S>(o[r][c] * inv);
-        if (lane == 0) lse[lse_row + i] = m[r] + logf(sum);
+            if (c * 32 + lane < hd) orow[c * 32 + lane] = ct_from_f32<S>(st.o[r][c] * inv);
+        if (lane == 0) lse[lse_row + i] = st.m[r] + logf(sum);
     }
 }
 
@@ -248,85 +146,32 @@ static __global__ void __launch_bounds__(32 * ATT_DOT_WARPS)
     if (lane == 0) D[row] = acc;
 }
 
-template <int HD> static constexpr size_t att_dkdv_smem() {
-    return sizeof(float) * (size_t)(2 * ATT_BC * HD + 2 * ATT_BR * (HD + 1) +
-                                    2 * ATT_WARPS * ATT_RW * ATT_BR + 2 * ATT_BR);
-}
-
 template <typename S, int HD>
 static __global__ void __launch_bounds__(ATT_THREADS, 2)
     attn_bwd_dkdv_kernel(S *dqkv, float *partial, const S *dout, const S *qkv, const float *lse,
                          const float *D, int T, int n_head, int n_kv_head, int hd, float scale) {
-    constexpr int NC = HD / 32, KLD = HD + 1;
-    CT_DYN_SHARED(float, smem);
-    float *ks = smem;               /* (BC, HD)    keys (the warp's rows, broadcast) */
-    float *vs = ks + ATT_BC * HD;   /* (BC, HD)    values */
-    float *qs = vs + ATT_BC * HD;   /* (BR, HD+1)  queries, a lane's own row */
-    float *dos = qs + ATT_BR * KLD; /* (BR, HD+1)  dO */
-    float *ps = dos + ATT_BR * KLD; /* (WARPS, RW, BR) Pᵀ */
-    float *dss = ps + ATT_WARPS * ATT_RW * ATT_BR; /* (WARPS, RW, BR) dSᵀ */
-    float *ls = dss + ATT_WARPS * ATT_RW * ATT_BR; /* (BR) lse */
-    float *Ds = ls + ATT_BR;                       /* (BR) D */
+    constexpr int NC = HD / 32;
+    CT_DYN_SHARED(float, smem); /* att_dkdv_smem: K and V first */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int n_t = (int)gridDim.x, kt = blockIdx.x; /* key tile 0 meets the most query tiles */
     const int kvh = blockIdx.y, b = blockIdx.z, group = n_head / n_kv_head;
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
     const int64_t k_off = (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, v_off = k_off + ckv;
     const int k0 = kt * ATT_BC, key0 = k0 + w * ATT_RW; /* the warp's first key */
-    const float *kw = ks + w * ATT_RW * HD, *vw = vs + w * ATT_RW * HD;
-    float *pw = ps + w * ATT_RW * ATT_BR, *dsw = dss + w * ATT_RW * ATT_BR;
 
-    att_load_tile<S, HD>(ks, HD, qkv + k_off, lqkv, k0, T, hd);
-    att_load_tile<S, HD>(vs, HD, qkv + v_off, lqkv, k0, T, hd);
+    att_load_tile<S, HD>(smem, HD, qkv + k_off, lqkv, k0, T, hd);
+    att_load_tile<S, HD>(smem + ATT_BC * HD, HD, qkv + v_off, lqkv, k0, T, hd);
     float dk[ATT_RW][NC], dv[ATT_RW][NC];
     CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) CT_UNROLL
     for (int c = 0; c < NC; c++) dk[r][c] = dv[r][c] = 0.0f;
     for (int g = 0; g < group; g++) {
         const int h = kvh * group + g;
-        const S *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
-        const S *doh = dout + (int64_t)b * T * cq + (int64_t)h * hd;
         const int64_t lrow = ((int64_t)b * n_head + h) * T;
-        for (int qt = kt; qt < n_t; qt++) {
-            const int q0 = qt * ATT_BR, i = q0 + lane; /* the lane's query row */
-            __syncthreads(); /* the previous tile's Q, dO, Pᵀ, dSᵀ are no longer read */
-            att_load_tile<S, HD>(qs, KLD, qh, lqkv, q0, T, hd);
-            att_load_tile<S, HD>(dos, KLD, doh, cq, q0, T, hd);
-            att_load_rows(ls, lse + lrow, q0, T);
-            att_load_rows(Ds, D + lrow, q0, T);
-            __syncthreads();
-            float s[ATT_RW], dp[ATT_RW];
-            CT_UNROLL
-            for (int r = 0; r < ATT_RW; r++) s[r] = dp[r] = 0.0f;
-            att_rows_dot<HD>(s, kw, qs + lane * KLD);
-            att_rows_dot<HD>(dp, vw, dos + lane * KLD);
-            const float li = ls[lane], di = Ds[lane];
-            CT_UNROLL
-            for (int r = 0; r < ATT_RW; r++) {
-                const bool live = i < T && key0 + r <= i;
-                const float p = live ? expf(s[r] * scale - li) : 0.0f;
-                pw[r * ATT_BR + lane] = p;
-                dsw[r * ATT_BR + lane] = p * (dp[r] - di);
-            }
-            __syncwarp(); /* the warp's Pᵀ and dSᵀ are written */
-            for (int ii = 0; ii < ATT_BR; ii++) {
-                float qv[NC], dov[NC];
-                CT_UNROLL
-                for (int c = 0; c < NC; c++) {
-                    qv[c] = qs[ii * KLD + c * 32 + lane];
-                    dov[c] = dos[ii * KLD + c * 32 + lane];
-                }
-                CT_UNROLL
-                for (int r = 0; r < ATT_RW; r++) {
-                    const float p = pw[r * ATT_BR + ii], ds = dsw[r * ATT_BR + ii];
-                    CT_UNROLL
-                    for (int c = 0; c < NC; c++) {
-                        dv[r][c] = fmaf(p, dov[c], dv[r][c]);
-                        dk[r][c] = fmaf(ds, qv[c], dk[r][c]);
-                    }
-                }
-            }
-        }
+        for (int qt = kt; qt < n_t; qt++)
+            att_dkdv_tile<S, HD>(dk, dv, smem, qkv + (int64_t)b * T * lqkv + (int64_t)h * hd, lqkv,
+                                 dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, lse + lrow,
+                                 D + lrow, qt * ATT_BR, T, k0, T, true, hd, scale);
     }
     CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
@@ -345,15 +190,11 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
     if (partial) { /* this key tile's column sums of dK and dV (fp32, before any rounding) */
         float *prow = partial + ((int64_t)b * n_t + kt) * lqkv + cq + (int64_t)kvh * hd;
         const int n_rows = T - k0 < ATT_BC ? T - k0 : ATT_BC;
+        float *red = smem + 2 * ATT_BC * HD + 2 * ATT_BR * (HD + 1); /* Pᵀ and dSᵀ */
         __syncthreads(); /* Pᵀ and dSᵀ, which red overlaps, are no longer read */
-        att_colsum_store<HD>(prow, ps, dk, n_rows, hd);
-        att_colsum_store<HD>(prow + ckv, ps + ATT_WARPS * HD, dv, n_rows, hd);
+        att_colsum_store<HD>(prow, red, dk, n_rows, hd);
+        att_colsum_store<HD>(prow + ckv, red + ATT_WARPS * HD, dv, n_rows, hd);
     }
-}
-
-template <int HD> static constexpr size_t att_dq_smem() {
-    return sizeof(float) * (size_t)(2 * ATT_BR * HD + 2 * ATT_BC * (HD + 1) +
-                                    ATT_WARPS * ATT_RW * ATT_BC + 2 * ATT_BR);
 }
 
 template <typename S, int HD>
@@ -361,64 +202,28 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
     attn_bwd_dq_kernel(S *dqkv, float *partial, const S *dout, const S *qkv, const float *lse,
                        const float *D, int T, int n_head, int n_kv_head, int hd, float scale) {
     constexpr int NC = HD / 32, KLD = HD + 1;
-    CT_DYN_SHARED(float, smem);
-    float *qs = smem;               /* (BR, HD)    queries (the warp's rows, broadcast) */
-    float *dos = qs + ATT_BR * HD;  /* (BR, HD)    dO */
-    float *ks = dos + ATT_BR * HD;  /* (BC, HD+1)  keys, a lane's own row */
-    float *vs = ks + ATT_BC * KLD;  /* (BC, HD+1)  values, a lane's own row */
-    float *dss = vs + ATT_BC * KLD; /* (WARPS, RW, BC) dS */
-    float *ls = dss + ATT_WARPS * ATT_RW * ATT_BC; /* (BR) lse */
-    float *Ds = ls + ATT_BR;                       /* (BR) D */
+    CT_DYN_SHARED(float, smem); /* att_dq_smem: Q, dO, K, V, dS, lse, D */
+    float *ls = smem + 2 * ATT_BR * HD + 2 * ATT_BC * KLD + ATT_WARPS * ATT_RW * ATT_BC;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int n_t = (int)gridDim.x, qt = n_t - 1 - (int)blockIdx.x; /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
     const int64_t q_off = (int64_t)b * T * lqkv + (int64_t)h * hd;
-    const S *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
+    const S *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd;
     const int64_t lrow = ((int64_t)b * n_head + h) * T;
     const int q0 = qt * ATT_BR, row0 = q0 + w * ATT_RW; /* the warp's first query row */
-    const float *qw = qs + w * ATT_RW * HD, *dow = dos + w * ATT_RW * HD;
-    float *dsw = dss + w * ATT_RW * ATT_BC;
 
-    att_load_tile<S, HD>(qs, HD, qkv + q_off, lqkv, q0, T, hd);
-    att_load_tile<S, HD>(dos, HD, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, T, hd);
+    att_load_tile<S, HD>(smem, HD, qkv + q_off, lqkv, q0, T, hd);
+    att_load_tile<S, HD>(smem + ATT_BR * HD, HD, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq,
+                         q0, T, hd);
     att_load_rows(ls, lse + lrow, q0, T);
-    att_load_rows(Ds, D + lrow, q0, T);
+    att_load_rows(ls + ATT_BR, D + lrow, q0, T);
     float dq[ATT_RW][NC];
     CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) CT_UNROLL
     for (int c = 0; c < NC; c++) dq[r][c] = 0.0f;
-    for (int kt = 0; kt <= qt; kt++) {
-        const int k0 = kt * ATT_BC, j = k0 + lane; /* the lane's key */
-        __syncthreads(); /* the previous tile's K, V and dS are no longer read */
-        att_load_tile<S, HD>(ks, KLD, kh, lqkv, k0, T, hd);
-        att_load_tile<S, HD>(vs, KLD, vh, lqkv, k0, T, hd);
-        __syncthreads();
-        float s[ATT_RW], dp[ATT_RW];
-        CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) s[r] = dp[r] = 0.0f;
-        att_rows_dot<HD>(s, qw, ks + lane * KLD);
-        att_rows_dot<HD>(dp, dow, vs + lane * KLD);
-        CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) {
-            const int i = row0 + r;
-            const bool live = i < T && j <= i;
-            const float p = live ? expf(s[r] * scale - ls[w * ATT_RW + r]) : 0.0f;
-            dsw[r * ATT_BC + lane] = p * (dp[r] - Ds[w * ATT_RW + r]);
-        }
-        __syncwarp(); /* the warp's dS is written */
-        for (int jj = 0; jj < ATT_BC; jj++) {
-            float kv[NC];
-            CT_UNROLL
-            for (int c = 0; c < NC; c++) kv[c] = ks[jj * KLD + c * 32 + lane];
-            CT_UNROLL
-            for (int r = 0; r < ATT_RW; r++) {
-                const float ds = dsw[r * ATT_BC + jj];
-                CT_UNROLL
-                for (int c = 0; c < NC; c++) dq[r][c] = fmaf(ds, kv[c], dq[r][c]);
-            }
-        }
-    }
+    for (int kt = 0; kt <= qt; kt++)
+        att_dq_tile<S, HD>(dq, smem, kh, kh + ckv, lqkv, q0, T, kt * ATT_BC, T, true, hd, scale);
     CT_UNROLL
     for (int r = 0; r < ATT_RW; r++) {
         CT_UNROLL
@@ -433,8 +238,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
     if (partial) { /* this query tile's column sums of dQ (fp32, before any rounding) */
         const int n_rows = T - q0 < ATT_BR ? T - q0 : ATT_BR;
         __syncthreads(); /* dS, which red overlaps, is no longer read */
-        att_colsum_store<HD>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd, dss, dq,
-                             n_rows, hd);
+        att_colsum_store<HD>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd,
+                             smem + 2 * ATT_BR * HD + 2 * ATT_BC * KLD, dq, n_rows, hd);
     }
 }
 

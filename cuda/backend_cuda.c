@@ -24,6 +24,7 @@
 
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
+#include "cuda/attention_part.cuh"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
@@ -260,6 +261,29 @@ static void cuda_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias,
                           head_dim);
 }
 
+static void cuda_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
+                           const void *src, ct_dtype src_dtype, int64_t ld_src, int64_t rows,
+                           int64_t cols) {
+    ct_cuda_cast_cols(ctx, dst, dst_dtype, ld_dst, src, src_dtype, ld_src, rows, cols);
+}
+
+static void cuda_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                                    const void *qkv, const void *kv, int64_t B, int64_t T,
+                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                    int64_t chunks) {
+    ct_cuda_attention_part_fwd(ctx, dt, o_acc, lse_acc, qkv, kv, B, T, n_head, n_kv_head, head_dim,
+                               chunks);
+}
+
+static void cuda_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                                    const void *dout, const void *qkv, const void *out,
+                                    const float *lse, const void *kv, int64_t B, int64_t T,
+                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                    int64_t chunks) {
+    ct_cuda_attention_part_bwd(ctx, dt, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T, n_head,
+                               n_kv_head, head_dim, chunks);
+}
+
 static void cuda_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
                              int64_t V, int64_t n_valid) {
     ct_cuda_xent_rowmax(ctx, dt, rowmax, logits, N, V, n_valid);
@@ -404,6 +428,9 @@ static const struct ct_backend_i cuda_iface = {
     .gelu_bwd = cuda_gelu_bwd,
     .attention_fwd = cuda_attention_fwd,
     .attention_bwd = cuda_attention_bwd,
+    .cast_cols = cuda_cast_cols,
+    .attention_part_fwd = cuda_attention_part_fwd,
+    .attention_part_bwd = cuda_attention_part_bwd,
     .xent_rowmax = cuda_xent_rowmax,
     .xent_sumexp = cuda_xent_sumexp,
     .xent_finish = cuda_xent_finish,

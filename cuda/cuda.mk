@@ -101,8 +101,17 @@ $(BUILD)/test/mpi_test_comm_nccl: $(BUILD)/test/mpi_test_comm_nccl.o $(PAR_LIB) 
                                   $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
+# ring attention again, on the CUDA backend's part ops over an NCCL cp group (test/mpi_test_cp.c)
+$(BUILD)/test/mpi_test_cp_nccl.o: test/mpi_test_cp.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -DCT_TEST_NCCL -c $< -o $@
+
+$(BUILD)/test/mpi_test_cp_nccl: $(BUILD)/test/mpi_test_cp_nccl.o $(PAR_LIB) $(CUEMU_LIB) \
+                                $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
+
 CUDA_TEST_BIN := $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/test_cuda_*.c)) \
-                 $(BUILD)/test/mpi_test_comm_nccl
+                 $(BUILD)/test/mpi_test_comm_nccl $(BUILD)/test/mpi_test_cp_nccl
 all: $(BUILD)/cooktrain-cuemu $(CUDA_TEST_BIN)
 
 endif

@@ -22,6 +22,8 @@
  *   ew_axpy_kernel, ew_scale_kernel, ew_cast_kernel   flat grid-stride, 16-byte vectors (cast:
  *                         4 elements) over the aligned part, the n % VEC tail by the grid's first
  *                         threads.
+ *   ew_cast_cols_kernel   cast_cols: one grid-stride walk over the rows × cols elements of the
+ *                         column range, each converted as by cast (same dtype: the same bits).
  * Vector paths are taken only when every pointer involved is aligned to the vector's size (and,
  * for row kernels, C is a multiple of the vector width, so every row starts aligned); otherwise the
  * same kernels run with VEC = 1. No atomics anywhere.
@@ -182,6 +184,18 @@ static __global__ void ew_cast_kernel(D *dst, const S *src, int64_t n) {
     }
     const int64_t j = nv * VEC + tid;
     if (j < n) dst[j] = ct_from_f32<D>(ct_to_f32(src[j]));
+}
+
+/* Rows of a column range: dst[r·ld_dst + c] = src[r·ld_src + c] converted, r < rows, c < cols
+ * (one grid-stride walk over the rows·cols elements). */
+template <typename D, typename S>
+static __global__ void ew_cast_cols_kernel(D *dst, int64_t ld_dst, const S *src, int64_t ld_src,
+                                           int64_t rows, int64_t cols) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * cols; e += stride) {
+        const int64_t r = e / cols, c = e % cols;
+        dst[r * ld_dst + c] = ct_from_f32<D>(ct_to_f32(src[r * ld_src + c]));
+    }
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -377,6 +391,34 @@ extern "C" void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, con
         ew_cast<float, __nv_bfloat16>(cx, dst, src, n);
     } else {
         CT_ASSERTF(0, "cuda cast: %s -> %s is not supported", ct_dtype_name(src_dtype),
+                   ct_dtype_name(dst_dtype));
+    }
+}
+
+template <typename D, typename S>
+static void ew_cast_cols(ct_cuda_ctx *cx, void *dst, int64_t ld_dst, const void *src,
+                         int64_t ld_src, int64_t rows, int64_t cols) {
+    ct_launch(ew_cast_cols_kernel<D, S>, dim3(ct_launch_blocks(cx, rows * cols)),
+              dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), (D *)dst, ld_dst, (const S *)src,
+              ld_src, rows, cols);
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_cast_cols(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
+                                  const void *src, ct_dtype src_dtype, int64_t ld_src, int64_t rows,
+                                  int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    /* same dtype: widening and rounding back give the same bits */
+    if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_F32) {
+        ew_cast_cols<float, float>(cx, dst, ld_dst, src, ld_src, rows, cols);
+    } else if (dst_dtype == CT_DTYPE_BF16 && src_dtype == CT_DTYPE_BF16) {
+        ew_cast_cols<__nv_bfloat16, __nv_bfloat16>(cx, dst, ld_dst, src, ld_src, rows, cols);
+    } else if (dst_dtype == CT_DTYPE_BF16 && src_dtype == CT_DTYPE_F32) {
+        ew_cast_cols<__nv_bfloat16, float>(cx, dst, ld_dst, src, ld_src, rows, cols);
+    } else if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_BF16) {
+        ew_cast_cols<float, __nv_bfloat16>(cx, dst, ld_dst, src, ld_src, rows, cols);
+    } else {
+        CT_ASSERTF(0, "cuda cast_cols: %s -> %s is not supported", ct_dtype_name(src_dtype),
                    ct_dtype_name(dst_dtype));
     }
 }

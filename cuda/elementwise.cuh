@@ -1,6 +1,7 @@
 /*
  * elementwise.cuh — fill, bias and residual adds, axpy, scale and dtype casts on the CUDA backend
- * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale and cast of core/backend/backend.h).
+ * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale, cast and cast_cols of
+ * core/backend/backend.h).
  * The element-wise ops are one grid-stride kernel each; bias_grad sums rows in fixed-size row
  * chunks whose partials a second kernel adds in chunk order (deterministic, ct_cuda_ctx.h).
  */
@@ -28,6 +29,11 @@ void ct_cuda_accumulate_rounded(ct_cuda_ctx *cx, void *C, int64_t ldc, const flo
                                 float beta, int64_t M, int64_t N);
 void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, const void *src,
                   ct_dtype src_dtype, int64_t n);
+/* Columns of rows: dst (rows, ·; row stride ld_dst) = src (row stride ld_src), cols elements a
+ * row, converted as by ct_cuda_cast (the slot cast_cols). */
+void ct_cuda_cast_cols(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
+                       const void *src, ct_dtype src_dtype, int64_t ld_src, int64_t rows,
+                       int64_t cols);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,9 @@
 #     fp32 tolerance of test/compare_runs.py (the emulated kernels sum in other orders than the
 #     CPU ops, as another layout does), and a bf16 run stays within the bf16 allowance; a Llama,
 #     tied and untied, at tp2 with sequence parallelism and pp2 with ZeRO-1 the same;
+#   - context parallelism: ring attention's op test (mpi_test_cp_nccl: the CUDA backend's part ops,
+#     NCCL sends) at 2 and 4 ranks, and cp2, cp2 x tp2 with sequence parallelism and ZeRO-1, and a
+#     Llama at cp4 with contiguous chunks, against the CPU at world size 1;
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
@@ -83,6 +86,21 @@ if selected "watchdog"; then
     nccl_abort_run mismatch "rank 1 called ncclAllGather(count 512, float32) #1" \
         "NCCL reported an asynchronous error on rank 0: invalid usage (ncclInvalidUsage)"
 fi
+
+# ---- ring attention through NCCL ----------------------------------------------------------------
+# test/mpi_test_cp.c again (its CT_TEST_NCCL build): the ring on the CUDA backend's part ops over
+# an NCCL cp group of emulated devices, against the CPU backend's attention on the whole sequence
+CPTEST=$BUILD/test/mpi_test_cp_nccl
+for np in 2 4; do
+    selected "ring np=$np" || continue
+    out=$(CUEMU_DEVICES=$np "${MPIRUN[@]}" -x CUEMU_DEVICES -np "$np" "$CPTEST" 2>&1 </dev/null)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
+    if [ $rc != 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
+        fail "mpi_test_cp_nccl at $np ranks exited $rc"
+        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    fi
+done
 
 # ---- devices -------------------------------------------------------------------------------------
 ensure_test_data
@@ -162,6 +180,34 @@ for tie in true false; do
     done <<'RUNS'
 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 2 --set parallel.pp=2 --set parallel.zero_stage=1
+RUNS
+done
+
+# Context parallelism (4 layers): the ring's part ops (cuda/attention_part.cu) on the emulated
+# GPUs, its kv blocks and dK/dV partials through the NCCL stand-in's sends, against the CPU at
+# world size 1 — GPT-2 (learned positions) and Llama (RoPE angles at global positions, GQA)
+cdir=$tmp/cp
+mkdir -p "$cdir"
+for arch in gpt2 llama; do
+    selected "emulated cuda cp $arch" || continue
+    arch_args=(--set model.n_layer=4 --set log.sample_tokens=0)
+    [ $arch = llama ] && arch_args+=("${llama[@]}" --set model.tie_embeddings=false)
+    expect_exit 0 "CPU $arch reference run (4 layers)" -- "$BIN" "${base[@]}" "${arch_args[@]}" \
+        --set log.metrics="$cdir/ref.jsonl" --dump-params "$cdir/ref.bin" \
+        --dump-init-params "$cdir/init.bin" || continue
+    while read -r a np extra; do
+        [ "$a" = $arch ] || continue
+        name="emulated cuda $arch np=$np $extra"
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
+            -np "$np" "$EMU" "${base[@]}" "${arch_args[@]}" --backend cuda $extra \
+            --set log.metrics="$cdir/run.jsonl" --dump-params "$cdir/run.bin"; then
+            check_against_reference "$name" "$cdir"
+        fi
+    done <<'RUNS'
+gpt2 2 --set parallel.cp=2
+gpt2 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=1
+llama 4 --set parallel.cp=4 --set parallel.cp_sharding=contiguous
 RUNS
 done
 

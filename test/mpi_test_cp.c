@@ -27,6 +27,16 @@
  * lse, so it is checked alone). bf16 stages the same bf16 inputs through fp32 on both sides and
  * rounds once at the end: two fp32 values that close may round to neighbouring bf16 numbers, so
  * one bf16 spacing (2^-7·|want|) on top.
+ *
+ * Built twice: as mpi_test_cp, everything on the CPU backend over the MPI comm; and with
+ * CT_TEST_NCCL as mpi_test_cp_nccl (linked with the emulated CUDA backend and the NCCL stand-in,
+ * cuda/emu/; test/cli_mpi_cuda.sh runs it with one emulated device per rank), where the ring runs
+ * on the CUDA backend's part ops (cuda/attention_part.cu) over an NCCL cp group and the
+ * reference stays the CPU backend's attention. Across backends the exponentials differ too
+ * (CUDA's expf within 2 ulp, the CPU's within 1) and the CUDA forward rescales its running sums
+ * once per key tile (exp of m_old − m_new: 6u plus the rounding of an argument of at most the
+ * score range 2·scale·hd·max|q||k| = 8 here, one tile per chunk at these shapes): e_x = 20u more
+ * relative on every weight, so 2·e_x more on out (|v| < 1) and lse, and 4·e_x more in R.
  * Prints "ok <what>" / "FAIL <what>" lines; exits 1 on any failure.
  */
 #include <math.h>
@@ -39,6 +49,15 @@
 #include "core/model/ring_attention.h"
 #include "parallel/context.h"
 #include "test_util.h"
+
+#ifdef CT_TEST_NCCL
+#include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
+#include "parallel/comm_mpi.h"
+static const double e_x = 20.0 / 16777216.0; /* the header's cross-backend term, 20u */
+#else
+static const double e_x = 0.0;
+#endif
 
 static int failures, rank, world;
 
@@ -86,7 +105,9 @@ static float *floats(int64_t n) {
 
 enum { B = 2, T = 64, NH = 4, HD = 16 };
 
-static void ring_case(ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag, int nkv) {
+/* The reference on `ref` (the CPU backend), the ring on `be` over cp. */
+static void ring_case(ct_backend *ref, ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag,
+                      int nkv) {
     char what[160], label[200];
     const int n = cp->size, r = cp->rank;
     const int64_t Tl = T / n, cq = NH * HD, ckv = nkv * HD, lqkv = cq + 2 * ckv;
@@ -105,11 +126,12 @@ static void ring_case(ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag, int
     }
 
     /* the reference: one rank, the whole sequence */
-    ct_tensor *f_qkv = upload(be, dt, qkv, B * T, lqkv), *f_dout = upload(be, dt, dout, B * T, cq);
-    ct_tensor *f_out = ct_tensor_new_2d(be, dt, B * T, cq, CT_MEM_ACTS);
-    ct_tensor *f_lse = ct_tensor_new_1d(be, CT_DTYPE_F32, B * NH * T, CT_MEM_ACTS);
-    ct_tensor *f_dqkv = ct_tensor_new_2d(be, dt, B * T, lqkv, CT_MEM_ACTS);
-    ct_tensor *f_dbias = ct_tensor_new_1d(be, CT_DTYPE_F32, lqkv, CT_MEM_ACTS);
+    ct_tensor *f_qkv = upload(ref, dt, qkv, B * T, lqkv);
+    ct_tensor *f_dout = upload(ref, dt, dout, B * T, cq);
+    ct_tensor *f_out = ct_tensor_new_2d(ref, dt, B * T, cq, CT_MEM_ACTS);
+    ct_tensor *f_lse = ct_tensor_new_1d(ref, CT_DTYPE_F32, B * NH * T, CT_MEM_ACTS);
+    ct_tensor *f_dqkv = ct_tensor_new_2d(ref, dt, B * T, lqkv, CT_MEM_ACTS);
+    ct_tensor *f_dbias = ct_tensor_new_1d(ref, CT_DTYPE_F32, lqkv, CT_MEM_ACTS);
     ct_tensor_zero(f_dbias);
     ct_attention_fwd(f_out, f_lse, f_qkv, B, T, NH, nkv);
     ct_attention_bwd(f_dqkv, f_dbias, f_dout, f_qkv, f_out, f_lse, B, T, NH, nkv);
@@ -167,7 +189,7 @@ static void ring_case(ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag, int
             for (int64_t t = 0; t < Tl; t++) {
                 int64_t i = (b * NH + h) * Tl + t;
                 want[i] = w_lse[(b * NH + h) * T + pos[t]];
-                tol[i] = (float)(2 * e_s + (T + 4 * n) * u * (1 + fabs(want[i])));
+                tol[i] = (float)(2 * e_s + 2 * e_x + (T + 4 * n) * u * (1 + fabs(want[i])));
             }
     check_close(what, "lse", got[0][1], want, tol, B * NH * Tl);
     for (int64_t b = 0; b < B; b++)
@@ -175,12 +197,13 @@ static void ring_case(ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag, int
             for (int64_t c = 0; c < cq; c++) {
                 int64_t i = (b * Tl + t) * cq + c;
                 want[i] = w_out[(b * T + pos[t]) * cq + c];
-                tol[i] = (float)(4 * e_s + 2 * (T + 4 * n) * u + (4 * u + bf) * fabs(want[i]));
+                tol[i] =
+                    (float)(4 * e_s + 2 * e_x + 2 * (T + 4 * n) * u + (4 * u + bf) * fabs(want[i]));
             }
     check_close(what, "out", got[0][0], want, tol, B * Tl * cq);
 
     /* dqkv: each part (q, k, v) against its largest reference value */
-    const double R = 4.0 * (T + HD + 8 + 2 * n) * u;
+    const double R = 4.0 * (T + HD + 8 + 2 * n) * u + 4 * e_x;
     double M[3] = {0, 0, 0};
     for (int64_t i = 0; i < B * T * lqkv; i++) {
         int64_t c = i % lqkv, part = c < cq ? 0 : c < cq + ckv ? 1 : 2;
@@ -234,7 +257,7 @@ static void ring_case(ct_backend *be, ct_comm *cp, ct_dtype dt, bool zigzag, int
 }
 
 /* Unmasked score elements per rank at T = 32 (of 32·33/2 = 528 in all). */
-static void balance(void) {
+static __attribute__((unused)) void balance(void) {
     static const int64_t contiguous4[4] = {36, 100, 164, 228}, contiguous2[2] = {136, 392};
     bool good = true;
     char detail[200] = "";
@@ -261,6 +284,13 @@ static void balance(void) {
            detail);
 }
 
+static void all_cases(ct_backend *ref, ct_backend *be, ct_comm *cp) {
+    for (int dt = 0; dt < 2; dt++)
+        for (int z = 1; z >= 0; z--)
+            for (int nkv = NH; nkv >= NH / 2; nkv /= 2)
+                ring_case(ref, be, cp, dt ? CT_DTYPE_BF16 : CT_DTYPE_F32, z, nkv);
+}
+
 int main(int argc, char **argv) {
     if (ct_mpi_init(&argc, &argv) != CT_OK) {
         ct_error_print();
@@ -268,21 +298,31 @@ int main(int argc, char **argv) {
     }
     rank = ct_mpi_world_rank();
     world = ct_mpi_world_size();
+    ct_backend *cpu = test_backend_new(1);
+#ifdef CT_TEST_NCCL
+    /* one emulated device per rank (CUEMU_DEVICES), as cmd/ picks them; a cp group through NCCL */
+    ct_comm_nccl_set_abort(ct_mpi_abort);
+    ct_backend *gpu = ct_cuda_backend_new(ct_mpi_local_rank());
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    ct_comm *cp = ct_comm_nccl_new(ct_comm_mpi_new(dup, "cp", 120.0), gpu, 120.0, false);
+    CT_ASSERTF(cp != NULL, "ct_comm_nccl_new: %s", ct_error_message());
+    all_cases(cpu, gpu, cp);
+    ct_comm_free(cp);
+    ct_backend_free(gpu);
+#else
     ct_pctx *pctx;
     if (ct_pctx_new(&pctx, world, 1, 1, 120.0) != CT_OK) {
         ct_error_print();
         return 1;
     }
-    ct_backend *be = test_backend_new(1);
-    ct_comm_set_stream(pctx->world, be);
-    for (int dt = 0; dt < 2; dt++)
-        for (int z = 1; z >= 0; z--)
-            for (int nkv = NH; nkv >= NH / 2; nkv /= 2)
-                ring_case(be, pctx->world, dt ? CT_DTYPE_BF16 : CT_DTYPE_F32, z, nkv);
+    ct_comm_set_stream(pctx->world, cpu);
+    all_cases(cpu, cpu, pctx->world);
     if (world == 2) balance();
-    ct_comm_unset_stream(pctx->world, be);
-    ct_backend_free(be);
+    ct_comm_unset_stream(pctx->world, cpu);
     ct_pctx_free(pctx);
+#endif
+    ct_backend_free(cpu);
     ct_mpi_finalize();
     return failures ? 1 : 0;
 }

@@ -306,9 +306,12 @@ static ct_status cmd_train(int argc, char **argv) {
     } else {
         ct_pctx *pctx = NULL;
         if (cfg.parallel.cp > 1 && !ct_backend_has_context_parallel(be)) {
-            ct_error(CT_ERR_INPUT, "parallel.cp=%lld: backend %s has no ring attention yet",
-                     (long long)cfg.parallel.cp, be->iface->name);
-            ct_hint("context parallelism runs on --backend cpu (or cpu-async) for now");
+            char what[160];
+            ct_backend_describe(be, what, sizeof what);
+            ct_error(CT_ERR_INPUT, "parallel.cp=%lld: backend %s has no ring attention ops",
+                     (long long)cfg.parallel.cp, what);
+            ct_hint("the cpu, cpu-async and cuda backends have it; check mode (CT_CHECK_BACKEND) "
+                    "has no checkers for its ops yet");
             st = ct_mpi_agree(CT_ERR_INPUT);
         }
         if (st == CT_OK && world > 1) {

@@ -9,18 +9,18 @@
  * summation order (online softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test
  * tolerances.
  *
- * Tiles. ATT_BR = 32 query rows × ATT_BC = 32 keys, blocks of ATT_THREADS = 128 threads (4 warps),
- * each warp owning ATT_RW = 8 rows of the block's tile (query rows in the forward and dQ kernels,
- * key rows in the dK/dV kernel). In a score phase lane l takes the l-th column of the other
- * operand (a key, or in dK/dV a query), so each lane computes 8 scores; the other operand's rows
- * are then read from shared memory by every lane at once (a broadcast) and the lane's own row
- * from a copy padded to a stride of HD + 1 floats (conflict-free). In an accumulation phase lane l
- * owns the head columns l, l + 32, ... (HD/32 of them) of the warp's 8 rows, reading the
- * probabilities the warp just wrote to its own shared slice (ordered by __syncwarp). HD, the
- * compiled head width, is 32, 64 or 128: the smallest that holds head_dim, the columns past
- * head_dim zero in shared memory (they add nothing to a dot product and are never stored).
- * Rows past T (the last tile's tail) are loaded as zeros and masked: global memory is never read
- * past row T − 1 or column head_dim − 1.
+ * Tiles (cuda/attention_tile.cuh, shared with ring attention's attention_part.cu). ATT_BR = 32
+ * query rows × ATT_BC = 32 keys, blocks of ATT_THREADS = 128 threads (4 warps), each warp owning
+ * ATT_RW = 8 rows of the block's tile (query rows in the forward and dQ kernels, key rows in the
+ * dK/dV kernel). In a score phase lane l takes the l-th column of the other operand (a key, or in
+ * dK/dV a query), so each lane computes 8 scores; the other operand's rows are then read from
+ * shared memory by every lane at once (a broadcast) and the lane's own row from a copy padded to a
+ * stride of HD + 1 floats (conflict-free). In an accumulation phase lane l owns the head columns l,
+ * l + 32, ... (HD/32 of them) of the warp's 8 rows, reading the probabilities the warp just wrote
+ * to its own shared slice (ordered by __syncwarp). HD, the compiled head width, is 32, 64 or 128:
+ * the smallest that holds head_dim, the columns past head_dim zero in shared memory (they add
+ * nothing to a dot product and are never stored). Rows past T (the last tile's tail) are loaded as
+ * zeros and masked: global memory is never read past row T − 1 or column head_dim − 1.
  *
  * Kernels (grid; dynamic shared memory for HD = 32 / 64 / 128, those above 48 KiB after
  * cudaFuncSetAttribute; no static shared memory):
@@ -48,7 +48,7 @@
  *
  * Registers: a thread keeps 8 rows × HD/32 accumulators (two sets in dK/dV) and 8 scores. The
  * launch bounds ask for 3 resident blocks per SM for the forward and dQ (at most 168 registers;
- * ptxas for sm_90 takes 152-164 and 156-162) and 2 for dK/dV (162-196: HD = 128 spills under
+ * ptxas for sm_90 takes 154-168 and 158-164) and 2 for dK/dV (154-196: HD = 128 spills under
  * 168); with no minimum ptxas capped the forward at 128 registers and spilled. Shared memory
  * allows 3 blocks of the widest kernels per SM on sm_90 (227 KiB), 2 on sm_80 (163 KiB).
  */

@@ -98,12 +98,11 @@ if selected "invalid"; then
     expect_exit 2 "a world size that tp x cp x pp does not divide" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" \
         --set parallel.cp=2
     expect_text "parallel.tp=1 x parallel.cp=2 x parallel.pp=1 = 2 ranks per model replica" "the grid names cp"
-    if [ -x "$BUILD/cooktrain-cuemu" ]; then
-        expect_exit 2 "cp on the (emulated) CUDA backend" -- env CUEMU_DEVICES=2 \
-            "${MPIRUN[@]}" -np 2 "$BUILD/cooktrain-cuemu" "${base[@]}" --backend cuda --set parallel.cp=2
-        expect_text "backend cuda" "the CUDA backend refuses cp by name"
-        expect_text "has no ring attention yet" "and says what it lacks"
-    fi
+    expect_exit 2 "cp in check mode (no checkers for the ring's ops)" -- env CT_CHECK_BACKEND=1 \
+        "${MPIRUN[@]}" -x CT_CHECK_BACKEND -np 2 "$BIN" "${base[@]}" --backend cpu-async \
+        --set parallel.cp=2
+    expect_text "backend cpu-async, checked" "check mode refuses cp naming the backend"
+    expect_text "has no ring attention ops" "and says what it lacks"
 fi
 
 # configs/long-context.yaml, shortened to 2048 positions and one step: under a memory cap that

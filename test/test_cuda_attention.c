@@ -1,7 +1,9 @@
 /*
  * test_cuda_attention.c — the CUDA backend's causal self-attention (cuda/attention.cu, the slots
- * attention_fwd and attention_bwd) against the CPU backend, the numerical reference, in fp32 and
- * bf16 and in the emulator's three warp orders (test/cuda_test_util.h).
+ * attention_fwd and attention_bwd) and ring attention's step (cuda/attention_part.cu, the slots
+ * attention_part_fwd and attention_part_bwd; its own tolerances above test_attention_part) against
+ * the CPU backend, the numerical reference, in fp32 and bf16 and in the emulator's three warp
+ * orders (test/cuda_test_util.h).
  *
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends, runs
  * the slot on each and compares every output element: |got − want| <= atol + rtol·|want|, NaN or
@@ -540,6 +542,196 @@ static void test_attention_bwd(void **state) {
     });
 }
 
+/* ---- one step of ring attention (cuda/attention_part.cu) ------------------------------------ */
+
+/*
+ * attention_part_fwd and _bwd against the CPU's part ops. The local rows (T = 2·ch) are two chunks
+ * at global chunk indices (q0, q1), the block two chunks at (k0, k1); the three chunk sets below
+ * meet every pair kind: full (an earlier key chunk), causal (the same chunk) and skipped (a later
+ * one), and a query chunk that sees nothing at all (its accumulators must stay as they were).
+ * Inputs q, k, v, dO in [-1, 1); the accumulators start from random values (o_acc, dq_acc,
+ * dkv_acc in [-1, 1); lse_acc in [0, 3), or −inf on every third row: the first merge), so the
+ * merge and the accumulation are checked, not just the block. Backward gets the CPU forward's
+ * lse and out (out in the model's dtype) of a run from empty accumulators, so its P rows sum to 1.
+ * Outputs are fp32 on both sides in both dtypes (bf16 inputs are widened, the arithmetic fp32):
+ * no bf16 rounding allowance.
+ *
+ * Tolerances (E = 2^-24), from maxima over the case, in the header's terms: a score's error on
+ * each side K_hd·E·scale·hd (|q_d k_d| ≤ 1), scores within R = 2·scale·hd of each other, n_t key
+ * tiles of a chunk:
+ *   forward  a block as the full forward: η = 2·K_hd·E·scale·hd + 2E·R + 6E + n_t·(6E + E·R),
+ *            δO = (2η + (4ch + 8)E) (|v| < 1), δL = 2η + (2ch + 4)E + 4E·(Lmax + log ch). Each
+ *            merge computes L' = max + log1p(exp(−|L − Lb|)) (the exp and log1p 2 ulp on the GPU,
+ *            1 on the CPU, the adds): δL' = δL + 8E·(1 + Lmax); its weights exp(L − L') and
+ *            exp(Lb − L') move by δw = δL + δL' + 6E relative, so O' by δO + 2δw + 8E (|O|,
+ *            |Ob| ≤ 1). Two merges a row: twice each.
+ *   backward p = exp(s − lse) within η_p = 2·K_hd·E·scale·hd + 2E·R + 6E relative; with |dO|,
+ *            |O|, |v| < 1, dP and D are dot products below hd: dS within p·(η_p·2hd + 2·K_hd·E·2hd
+ *            + 8E·hd). dQ sums 2·ch keys: within scale·rs·(η_p·2hd + 4·K_hd·E·hd + 8E·hd +
+ *            2(2ch + 3)E·2hd), rs the largest row sum of P (1 here); dK and dV sum g·2·ch rows:
+ *            within scale·cs·(the same with g·2ch) and cs·(η_p + 2(2g·ch + 3)E), cs the largest
+ *            column sum of P over the group's heads (computed in double). Adding to the prior
+ *            accumulator: 2E·(1 + |result|).
+ * These are worst cases (every rounding one way); random data use well under 1%, and a planted
+ * bug (a mask off by one, a lost merge weight, the dK scale) moves results by 10^-2 or more.
+ */
+typedef struct part_shape {
+    int64_t B, ch, H, KV, hd;
+} part_shape;
+
+static const part_shape part_shapes[] = {
+    {2, 37, 4, 2, 16}, /* a whole tile and a 5-row tail per chunk; GQA */
+    {1, 5, 3, 1, 24},  /* chunks shorter than a tile; 3 heads per kv head */
+    {1, 70, 2, 2, 64}, /* 3 tiles a chunk, a 6-row tail; width 64 */
+    {1, 33, 2, 1, 80}, /* width 128 with 48 empty columns; a 1-row tail */
+};
+enum { N_PART_SHAPES = sizeof part_shapes / sizeof *part_shapes };
+
+/* (q0, q1, k0, k1): rank 1 of 2 under zigzag meeting rank 0 (full + skipped pairs), itself
+ * (causal, skipped and full), and rank 0 of 2 meeting rank 1 (chunk 0 sees nothing). */
+static const int part_chunks[3][4] = {{1, 2, 0, 3}, {1, 2, 1, 2}, {0, 3, 1, 2}};
+
+/* The largest row and column sums of P = exp(scale·q·k − lse) over the pairs a chunk set
+ * attends (columns summed over the GQA group's heads), in double. */
+static void part_psums(const part_shape *sh, const int *chunks, const float *qkv, const float *kv,
+                       const float *lse, double *rs_max, double *cs_max) {
+    const int64_t ch = sh->ch, T = 2 * ch, hd = sh->hd, cq = sh->H * hd, ckv = sh->KV * hd;
+    const int64_t lq = cq + 2 * ckv, lkv = 2 * ckv, g = sh->H / sh->KV;
+    const double scale = 1.0 / sqrt((double)hd);
+    double *cs = dzero(sh->B * sh->KV * T);
+    *rs_max = *cs_max = 0.0;
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int64_t h = 0; h < sh->H; h++)
+            for (int qa = 0; qa < 2; qa++)
+                for (int64_t i = 0; i < ch; i++) {
+                    double rs = 0.0;
+                    for (int ka = 0; ka < 2; ka++) {
+                        const int qc = chunks[qa], kc = chunks[2 + ka];
+                        if (kc > qc) continue;
+                        for (int64_t j = 0; j < (kc == qc ? i + 1 : ch); j++) {
+                            double s = 0.0;
+                            for (int64_t d = 0; d < hd; d++)
+                                s += (double)qkv[(b * T + qa * ch + i) * lq + h * hd + d] *
+                                     kv[(b * T + ka * ch + j) * lkv + h / g * hd + d];
+                            double p = exp(s * scale - lse[(b * sh->H + h) * T + qa * ch + i]);
+                            rs += p;
+                            cs[(b * sh->KV + h / g) * T + ka * ch + j] += p;
+                        }
+                    }
+                    *rs_max = fmax(*rs_max, rs);
+                }
+    *cs_max = dmax(cs, sh->B * sh->KV * T);
+    free(cs);
+}
+
+static bool part_case(ct_dtype dt, const part_shape *sh, const int *chunks) {
+    const int64_t B = sh->B, ch = sh->ch, T = 2 * ch, H = sh->H, KV = sh->KV, hd = sh->hd;
+    const int64_t cq = H * hd, ckv = KV * hd, lq = cq + 2 * ckv, lkv = 2 * ckv, g = H / KV;
+    const int64_t n_qkv = B * T * lq, n_kv = B * T * lkv, n_o = B * T * cq, n_l = B * H * T;
+    const int64_t packed = CT_ATT_CHUNKS(chunks[0], chunks[1], chunks[2], chunks[3]);
+    const size_t es = cuda_test_dsize(dt);
+    cuda_test_seed(3, (uint64_t)(ch * 131 + H * 7 + KV),
+                   (uint64_t)(hd * 16 + chunks[0] * 4 + chunks[2]));
+    float *x = cuda_test_fvec(n_qkv, -1, 1), *k = cuda_test_fvec(n_kv, -1, 1);
+    float *o0 = cuda_test_fvec(n_o, -1, 1), *l0 = cuda_test_fvec(n_l, 0, 3);
+    for (int64_t r = 0; r < n_l; r += 3) l0[r] = -INFINITY;
+    float *dout = cuda_test_fvec(n_o, -1, 1), *dq0 = cuda_test_fvec(n_o, -1, 1);
+    float *dkv0 = cuda_test_fvec(n_kv, -1, 1);
+    void *hx = cuda_test_pack(dt, x, n_qkv), *hk = cuda_test_pack(dt, k, n_kv);
+    void *hdo = cuda_test_pack(dt, dout, n_o);
+    pbuf qkv = pb_new(hx, (size_t)n_qkv * es), kv = pb_new(hk, (size_t)n_kv * es);
+    pbuf o = pb_new(o0, (size_t)n_o * 4), l = pb_new(l0, (size_t)n_l * 4);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = s ? P.gpu : P.cpu;
+        be->iface->attention_part_fwd(be->ctx, dt, o.p[s], l.p[s], qkv.p[s], kv.p[s], B, T, H, KV,
+                                      hd, packed);
+    }
+    /* the backward's saved activations: the CPU's part forward from empty accumulators */
+    float *fresh_l = malloc((size_t)n_l * sizeof(float));
+    for (int64_t r = 0; r < n_l; r++) fresh_l[r] = -INFINITY;
+    float *zeros = calloc((size_t)n_o, sizeof(float));
+    pbuf fo = pb_new(zeros, (size_t)n_o * 4), fl = pb_new(fresh_l, (size_t)n_l * 4);
+    P.cpu->iface->attention_part_fwd(P.cpu->ctx, dt, fo.p[0], fl.p[0], qkv.p[0], kv.p[0], B, T, H,
+                                     KV, hd, packed);
+    float *out_f = cuda_test_download(P.cpu, fo.p[0], (size_t)n_o * 4);
+    float *lse_f = cuda_test_download(P.cpu, fl.p[0], (size_t)n_l * 4);
+    /* rows that attend nothing keep lse −inf and out 0: P is 0 there on both sides */
+    void *hout = cuda_test_pack(dt, out_f, n_o);
+    pbuf out = pb_new(hout, (size_t)n_o * es), lse = pb_new(lse_f, (size_t)n_l * 4);
+    pbuf dq = pb_new(dq0, (size_t)n_o * 4), dkv = pb_new(dkv0, (size_t)n_kv * 4);
+    pbuf d = pb_new(hdo, (size_t)n_o * es);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = s ? P.gpu : P.cpu;
+        be->iface->attention_part_bwd(be->ctx, dt, dq.p[s], dkv.p[s], d.p[s], qkv.p[s], out.p[s],
+                                      lse.p[s], kv.p[s], B, T, H, KV, hd, packed);
+    }
+
+    /* the bounds of the comment above */
+    const double scale = 1.0 / sqrt((double)hd), K = (double)hd + 5, R = 2 * scale * (double)hd;
+    const double n_t = (double)((ch + TILE - 1) / TILE), Lmax = 3 + log((double)(2 * ch)) + R;
+    const double eta =
+        2 * K * E32 * scale * (double)hd + 2 * E32 * R + 6 * E32 + n_t * (6 * E32 + E32 * R);
+    const double dO = 2 * eta + (4.0 * (double)ch + 8) * E32;
+    const double dL = 2 * eta + (2.0 * (double)ch + 4) * E32 + 4 * E32 * (Lmax + log((double)ch));
+    const double dL2 = dL + 8 * E32 * (1 + Lmax), dw = dL + dL2 + 6 * E32;
+    const double tol_o = 2 * (dO + 2 * dw + 8 * E32), tol_l = 2 * dL2;
+    double rs, cs;
+    part_psums(sh, chunks, x, k, lse_f, &rs, &cs);
+    const double eta_p = 2 * K * E32 * scale * (double)hd + 2 * E32 * R + 6 * E32;
+    const double hd_ = (double)hd, nq = 2.0 * (double)ch, nk = 2.0 * (double)(g * ch);
+    const double ds = eta_p * 2 * hd_ + 4 * K * E32 * hd_ + 8 * E32 * hd_;
+    const double tol_dq = scale * rs * (ds + 2 * (nq + 3) * E32 * 2 * hd_) + 2 * E32 * (2 + hd_);
+    const double tol_dk = scale * cs * (ds + 2 * (nk + 3) * E32 * 2 * hd_) + 2 * E32 * (2 + hd_);
+    const double tol_dv = cs * (eta_p + 2 * (nk + 3) * E32) + 2 * E32 * (2 + cs);
+
+    char what[160], tag[64];
+    bool ok = true;
+    const struct {
+        const char *name;
+        pbuf *b;
+        int64_t n, c0, w, ld;
+        double tol;
+    } outs[] = {
+        {"o_acc", &o, n_o, 0, cq, cq, tol_o},          {"lse_acc", &l, n_l, 0, n_l, n_l, tol_l},
+        {"dq_acc", &dq, n_o, 0, cq, cq, tol_dq},       {"dk_acc", &dkv, n_kv, 0, ckv, lkv, tol_dk},
+        {"dv_acc", &dkv, n_kv, ckv, ckv, lkv, tol_dv},
+    };
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) {
+        void *want = cuda_test_download(P.cpu, outs[i].b->p[0], (size_t)outs[i].n * 4);
+        void *got = cuda_test_download(P.gpu, outs[i].b->p[1], (size_t)outs[i].n * 4);
+        const int64_t rows = outs[i].n / outs[i].ld;
+        void *gw = gather(want, F32, rows, outs[i].ld, outs[i].c0, outs[i].w);
+        void *gg = gather(got, F32, rows, outs[i].ld, outs[i].c0, outs[i].w);
+        /* an lse still −inf (a row that has seen no key yet) must be exactly that on both sides;
+         * the comparator then sees 0 there (it fails on any infinity) */
+        for (int64_t e = 0; e < rows * outs[i].w; e++) {
+            float *fw = (float *)gw + e, *fg = (float *)gg + e;
+            if (*fw == -INFINITY && *fg == -INFINITY) *fw = *fg = 0.0f;
+        }
+        snprintf(tag, sizeof tag, "%s chunks %d,%d|%d,%d", outs[i].name, chunks[0], chunks[1],
+                 chunks[2], chunks[3]);
+        att_shape as = {B, T, H, KV, hd};
+        shape_name(what, sizeof what, "attention_part", dt, &as, tag);
+        ok &= check_host(what, gg, gw, F32, rows * outs[i].w, outs[i].tol, 0.0);
+        free(want), free(got), free(gw), free(gg);
+    }
+    pbuf *bufs[] = {&qkv, &kv, &o, &l, &fo, &fl, &out, &lse, &dq, &dkv, &d};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    free(x), free(k), free(o0), free(l0), free(dout), free(dq0), free(dkv0), free(hx), free(hk);
+    free(hdo), free(fresh_l), free(zeros), free(out_f), free(lse_f), free(hout);
+    return ok;
+}
+
+static void test_attention_part(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int t = 0; t < 2; t++)
+            for (int k = 0; k < N_PART_SHAPES; k++)
+                for (int c = 0; c < 3; c++)
+                    all_ok &= part_case(dtypes[t], &part_shapes[k], part_chunks[c]);
+    });
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int setup(void **state) {
@@ -558,6 +750,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_fwd),
         cmocka_unit_test(test_attention_bwd),
+        cmocka_unit_test(test_attention_part),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

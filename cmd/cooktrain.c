@@ -69,8 +69,11 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
                           &p->embed_comm,
                           p->cp > 1 ? &p->dpcp_comm : NULL};
     ct_status st = CT_OK;
+    char names[96] = "";
     for (size_t i = 0; i < sizeof groups / sizeof *groups && st == CT_OK; i++) {
-        if (!groups[i] || !*groups[i]) continue;  /* embed on middle stages */
+        if (!groups[i] || !*groups[i]) continue; /* embed on middle stages */
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, " %s", (*groups[i])->name);
         bool channels = groups[i] == &p->pp_comm; /* the pipeline's transfers (comm_nccl.h) */
         if (ct_comm_nccl_new) {
             ct_comm_nccl_set_abort(abort_job);
@@ -81,7 +84,10 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
         if (!*groups[i]) st = CT_ERR_RUNTIME;
     }
     if (p->cp == 1) p->dpcp_comm = p->dp_comm;
-    return ct_pctx_agree(p, st);
+    st = ct_pctx_agree(p, st);
+    if (st == CT_OK && ct_mpi_world_rank() == 0)
+        printf("collectives: NCCL on the groups%s (rank 0's); world on MPI\n", names);
+    return st;
 }
 
 /*
@@ -310,8 +316,7 @@ static ct_status cmd_train(int argc, char **argv) {
             ct_backend_describe(be, what, sizeof what);
             ct_error(CT_ERR_INPUT, "parallel.cp=%lld: backend %s has no ring attention ops",
                      (long long)cfg.parallel.cp, what);
-            ct_hint("the cpu, cpu-async and cuda backends have it; check mode (CT_CHECK_BACKEND) "
-                    "has no checkers for its ops yet");
+            ct_hint("the cpu, cpu-async and cuda backends have them: use one of those");
             st = ct_mpi_agree(CT_ERR_INPUT);
         }
         if (st == CT_OK && world > 1) {

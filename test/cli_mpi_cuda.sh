@@ -202,6 +202,10 @@ for arch in gpt2 llama; do
         if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
             -np "$np" "$EMU" "${base[@]}" "${arch_args[@]}" --backend cuda $extra \
             --set log.metrics="$cdir/run.jsonl" --dump-params "$cdir/run.bin"; then
+            # the emulator's device memory is host memory, so MPI on it would pass: the line
+            # says which groups are NCCL (on a GPU a group left on MPI reads device pointers)
+            expect_text "collectives: NCCL on the groups tp cp dp pp mp embed dpcp" \
+                "$name: the cp and dp x cp groups are NCCL groups"
             check_against_reference "$name" "$cdir"
         fi
     done <<'RUNS'

@@ -4,7 +4,8 @@
  *
  *  1. No false alarms, no interference. A sequence that calls every op slot (every variant the
  *     model uses: transposed and accumulating GEMMs, GQA attention, vocab-parallel embedding and
- *     cross-entropy, GELU backward in place, AdamW with and without a parameter copy, ...) runs
+ *     cross-entropy, GELU backward in place, AdamW with and without a parameter copy, two steps
+ *     of ring attention with the strided casts that pack its blocks, ...) runs
  *     on the CPU backend and on the CPU backend in check mode, in f32 and bf16: check mode must
  *     not report, and every result must be the same bytes (it runs inner's slots on inner's
  *     memory and only reads it).
@@ -67,7 +68,7 @@ static float *rand_floats(uint64_t *rng, int64_t n, float lo, float hi) {
     return x;
 }
 
-enum { MAX_RESULTS = 64, MAX_TENSORS = 96 };
+enum { MAX_RESULTS = 80, MAX_TENSORS = 128 };
 
 /* What one run of the sequence leaves on the host: each kept tensor's bytes, by name. */
 typedef struct run_results {
@@ -270,6 +271,32 @@ static void run_sequence(ct_backend *be, ct_dtype dt, run_results *r) {
     keep(r, "cast back", cast_back), keep(r, "fill", filled), keep(r, "fill i32", filled_i);
     keep(r, "fill other dtype", filled_o), keep(r, "copy", copied);
 
+    /* two steps of ring attention (context parallelism) on qkv's rows as two chunks of T/2: its
+     * own key/value block (causal, skipped and full pairs), then an earlier rank's (full and
+     * skipped), forward from empty accumulators, backward from the result */
+    const int64_t steps[2] = {CT_ATT_CHUNKS(1, 2, 1, 2), CT_ATT_CHUNKS(1, 2, 0, 3)};
+    ct_tensor *kvb = NEW2(dt, N, 2 * NKV * HD, NULL);
+    ct_cast_cols(kvb, 0, qkv, C, 2 * NKV * HD);
+    ct_tensor *o_acc = NEW2(CT_DTYPE_F32, N, C, NULL),
+              *lse_acc = NEW1(CT_DTYPE_F32, B * NH * T, NULL);
+    ct_tensor_zero(o_acc), ct_tensor_fill(lse_acc, -INFINITY);
+    for (int s = 0; s < 2; s++)
+        ct_attention_part_fwd(o_acc, lse_acc, qkv, kvb, B, T, NH, NKV, steps[s]);
+    ct_tensor *o_part = NEW2(dt, N, C, NULL);
+    ct_cast(o_part, o_acc);
+    ct_tensor *dq_acc = NEW2(CT_DTYPE_F32, N, C, NULL);
+    ct_tensor *dkv_acc = NEW2(CT_DTYPE_F32, N, 2 * NKV * HD, NULL);
+    ct_tensor_zero(dq_acc), ct_tensor_zero(dkv_acc);
+    for (int s = 0; s < 2; s++)
+        ct_attention_part_bwd(dq_acc, dkv_acc, datt, qkv, o_part, lse_acc, kvb, B, T, NH, NKV,
+                              steps[s]);
+    ct_tensor *dqkv_part = NEW2(dt, N, CQKV, NULL);
+    ct_cast_cols(dqkv_part, 0, dq_acc, 0, C);
+    ct_cast_cols(dqkv_part, C, dkv_acc, 0, 2 * NKV * HD);
+    keep(r, "ring kv block", kvb), keep(r, "ring o_acc", o_acc), keep(r, "ring lse_acc", lse_acc);
+    keep(r, "ring dq_acc", dq_acc), keep(r, "ring dkv_acc", dkv_acc),
+        keep(r, "ring dqkv", dqkv_part);
+
     ct_tensor *llama[TEST_LLAMA_OUTS]; /* RMSNorm, RoPE and SwiGLU (test_util.h) */
     test_llama_ops(be, dt, llama);
     for (int i = 0; i < TEST_LLAMA_OUTS; i++)
@@ -451,6 +478,36 @@ static void swiglu_bwd_off(void *ctx, ct_dtype dt, void *dgate, void *dup, const
     nudge(dup, dt, 3, 1e-2f);
 }
 
+/* ring attention: a step's merged lse of row 7 off by 1e-3; a backward step that overwrites its
+ * dK/dV accumulator; a strided cast one ulp off (an exact op) */
+static void attention_part_fwd_off(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                                   const void *qkv, const void *kv, int64_t B, int64_t T,
+                                   int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                   int64_t chunks) {
+    real->attention_part_fwd(ctx, dt, o_acc, lse_acc, qkv, kv, B, T, n_head, n_kv_head, head_dim,
+                             chunks);
+    lse_acc[7] += 1e-3f;
+}
+
+static void attention_part_bwd_overwrites(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                                          const void *dout, const void *qkv, const void *out,
+                                          const float *lse, const void *kv, int64_t B, int64_t T,
+                                          int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                          int64_t chunks) {
+    memset(dkv_acc, 0, (size_t)(B * T * 2 * n_kv_head * head_dim) * sizeof *dkv_acc);
+    real->attention_part_bwd(ctx, dt, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T, n_head,
+                             n_kv_head, head_dim, chunks);
+}
+
+static void cast_cols_ulp(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst, const void *src,
+                          ct_dtype src_dtype, int64_t ld_src, int64_t rows, int64_t cols) {
+    real->cast_cols(ctx, dst, dst_dtype, ld_dst, src, src_dtype, ld_src, rows, cols);
+    if (dst_dtype == CT_DTYPE_F32)
+        ((float *)dst)[1] = nextafterf(((float *)dst)[1], INFINITY);
+    else
+        ((uint16_t *)dst)[1] += 1;
+}
+
 /* The breakages, by name: which slot each replaces. */
 typedef struct breakage {
     const char *name;
@@ -474,6 +531,9 @@ static const breakage breakages[] = {
     BREAK(rmsnorm_bwd, rmsnorm_bwd_overwrites),
     BREAK(rope, rope_wrong_way),
     BREAK(swiglu_bwd, swiglu_bwd_off),
+    BREAK(attention_part_fwd, attention_part_fwd_off),
+    BREAK(attention_part_bwd, attention_part_bwd_overwrites),
+    BREAK(cast_cols, cast_cols_ulp),
 };
 
 /* The child: the sequence on check mode over the CPU backend with breakage `name`; exits 0 when
@@ -578,6 +638,18 @@ static void test_broken_llama_ops(void **state) {
                   (const char *const[]){"N=12 H=40 ld=80", "1 of", NULL});
 }
 
+/* The checkers of ring attention's ops (check_ops.c) see what they are for. */
+static void test_broken_ring_ops(void **state) {
+    expect_report("attention_part_fwd_off", CT_DTYPE_F32, "attention_part_fwd",
+                  (const char *const[]){"output 'lse_acc' (f32, 96 elements): worst element 7:",
+                                        "chunks=1,2|1,2", NULL});
+    expect_report(
+        "attention_part_bwd_overwrites", CT_DTYPE_BF16, "attention_part_bwd",
+        (const char *const[]){"output 'dkv_acc' (f32, 768 elements)", "chunks=1,2|0,3", NULL});
+    expect_report("cast_cols_ulp", CT_DTYPE_BF16, "cast_cols",
+                  (const char *const[]){"output 'dst' (bf16,", "rows=24 cols=32", NULL});
+}
+
 static void test_broken_nan(void **state) {
     expect_report(
         "bias_add_nan", CT_DTYPE_BF16, "bias_add",
@@ -654,6 +726,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_broken_adamw),
         cmocka_unit_test(test_broken_attention_bf16),
         cmocka_unit_test(test_broken_llama_ops),
+        cmocka_unit_test(test_broken_ring_ops),
         cmocka_unit_test(test_broken_nan),
         cmocka_unit_test(test_broken_writes_input),
         cmocka_unit_test(test_broken_xent_short_row),

@@ -378,11 +378,11 @@ static void check_free_backend(void *ctx) {
  * list: every required op of backend_ops.h has its ct_check_<op> in check_ops.c (an op without
  * one does not compile); optional ops stay NULL, so that their ct_ wrappers run the reference
  * composition instead and each op of it is checked on its own (gemm_bias_gelu: bias_init, gemm,
- * gelu_fwd); feature ops (attention_part_*) stay NULL too, so a run that needs them is refused
- * in check mode until they have checkers. */
+ * gelu_fwd); feature ops (cast_cols, attention_part_*) are checked, and stay NULL when inner
+ * lacks them (below), so that the feature is refused as it would be without check mode. */
 #define CHECK_SLOT_CT_OP_REQUIRED(name) .name = ct_check_##name,
 #define CHECK_SLOT_CT_OP_OPTIONAL(name)
-#define CHECK_SLOT_CT_OP_FEATURE(name)
+#define CHECK_SLOT_CT_OP_FEATURE(name) .name = ct_check_##name,
 #define OP_SLOT_(name, need, queue, ...) CHECK_SLOT_##need(name)
 static const struct ct_backend_i check_template = {
     .name = NULL, /* inner's: the backend is the same one, watched */

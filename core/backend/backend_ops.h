@@ -8,7 +8,7 @@
  *   - the asynchronous stream's command kinds, argument structs, queueing slots, dispatch and
  *     table (backend_async.c);
  *   - check mode (backend_check.c, check_ops.h): its table, which names ct_check_<op> for every
- *     required op, so an op without its checker (check_ops.c) does not compile, and run_<op>,
+ *     required and feature op, so an op without its checker (check_ops.c) does not compile, and run_<op>,
  *     the forwarding every checker calls (the op on the backend under test, then on the CPU with
  *     the buffers' CPU copies);
  *   - ct_backend_missing_op (backend.c), which the registry asserts on every backend it makes
@@ -23,8 +23,8 @@
  *          then runs the reference composition of other ops (check mode hides an optional slot,
  *          so that the composition is checked op by op); CT_OP_FEATURE: may be NULL, and then
  *          the backend lacks a feature (ct_backend_has_feature_ops), which configuration
- *          validation refuses with exit 2 before a run starts (check mode hides it too: it has
- *          no checker yet);
+ *          validation refuses with exit 2 before a run starts (check mode checks it, and
+ *          hides it when the backend under test lacks it);
  *   queue  CT_OP_ARGS: every argument is a value or backend memory, which the asynchronous
  *          stream copies into its command as given; CT_OP_HOST: the op also reads host memory the
  *          caller may reuse as soon as the slot returns (AdamW's segments and hyperparameters,

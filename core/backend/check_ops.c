@@ -744,6 +744,147 @@ void ct_check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, co
     ct_check_op_end(k, &o);
 }
 
+/* ---- ring attention (context parallelism) ---------------------------------------------------- */
+
+/* A strided copy or conversion: exact (bf16 rounds to nearest even on both sides). */
+void ct_check_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst, const void *src,
+                        ct_dtype src_dtype, int64_t ld_src, int64_t rows, int64_t cols) {
+    check_ctx *k = ctx;
+    op_check o = {.op = "cast_cols",
+                  .exact = true,
+                  .n_args = 2,
+                  .arg = {{"dst", dst, ct_strided_extent(rows, cols, ld_dst), dst_dtype, ARG_OUT},
+                          {"src", src, ct_strided_extent(rows, cols, ld_src), src_dtype, ARG_IN}}};
+    SHAPE(&o, "%s -> %s rows=%lld cols=%lld ld_dst=%lld ld_src=%lld", ct_dtype_name(src_dtype),
+          ct_dtype_name(dst_dtype), LL(rows), LL(cols), LL(ld_dst), LL(ld_src));
+    run_cast_cols(k, &o, dst, dst_dtype, ld_dst, src, src_dtype, ld_src, rows, cols);
+    ct_check_op_end(k, &o);
+}
+
+/* The keys a local row attends in one ring step: query chunk qa's row r (of ch) sees all ch keys
+ * of each earlier key chunk and r + 1 of its own. */
+static int64_t part_keys(int64_t chunks, int qa, int64_t r, int64_t ch) {
+    int64_t n = 0;
+    for (int ka = 0; ka < 2; ka++) {
+        int64_t qc = CT_ATT_CHUNK(chunks, qa), kc = CT_ATT_CHUNK(chunks, 2 + ka);
+        n += kc < qc ? ch : kc == qc ? r + 1 : 0;
+    }
+    return n;
+}
+
+/*
+ * One ring step merges at most two blocks (the pairs of its query chunk) into the running (O, L).
+ * A block of n keys is the forward's case (attention_fwd above): scores within δs, its
+ * log-sum-exp Lb within e_b = δs + red_tol(n + 1), its normalised output within (2δs + 3·red_tol(
+ * n + 1))·Vmax_d. A merge L' = max(L, Lb) + log1p(e^(−|L − Lb|)) adds a few roundings of |L'|
+ * (ULPS·U·(1 + |L'|)), and its weights e^(L − L') and e^(Lb − L') move by e_L = e_b + ULPS·U·(1 +
+ * |L'|) relative each, so O' = w·O + wb·Ob by e_L·(|O| + Vmax_d) each plus Ob's own error. Two
+ * merges: twice each. Kmax and Vmax are over the block's rows of the batch element.
+ */
+void ct_check_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                                 const void *qkv, const void *kv, int64_t B, int64_t T,
+                                 int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                 int64_t chunks) {
+    check_ctx *k = ctx;
+    enum { O, LSE, QKV, KV };
+    const int64_t hd = head_dim, cq = n_head * hd, ckv = n_kv_head * hd, lqkv = cq + 2 * ckv;
+    op_check o = {.op = "attention_part_fwd",
+                  .n_args = 4,
+                  .arg = {{"o_acc", o_acc, B * T * cq, CT_DTYPE_F32, ARG_INOUT},
+                          {"lse_acc", lse_acc, B * n_head * T, CT_DTYPE_F32, ARG_INOUT},
+                          {"qkv", qkv, B * T * lqkv, dt, ARG_IN},
+                          {"kv", kv, B * T * 2 * ckv, dt, ARG_IN}}};
+    SHAPE(&o,
+          "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld chunks=%lld,%lld|%lld,%lld",
+          ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
+          LL(CT_ATT_CHUNK(chunks, 0)), LL(CT_ATT_CHUNK(chunks, 1)), LL(CT_ATT_CHUNK(chunks, 2)),
+          LL(CT_ATT_CHUNK(chunks, 3)));
+    run_attention_part_fwd(k, &o, dt, o_acc, lse_acc, qkv, kv, B, T, n_head, n_kv_head, hd, chunks);
+    if (o.arg[O].region >= 0 && hd > 0) {
+        const float *x = o.arg[QKV].x;
+        float *kmax = column_max(o.arg[KV].x, B, T, 2 * ckv, 0, ckv),
+              *vmax = column_max(o.arg[KV].x, B, T, 2 * ckv, ckv, ckv);
+        const double scale = 1.0 / sqrt((double)hd);
+        const int64_t group = n_head / n_kv_head, ch = T / 2;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < n_head; h++)
+                for (int64_t t = 0; t < T; t++) {
+                    const float *q = x + (b * T + t) * lqkv + h * hd;
+                    const int64_t kvc = b * ckv + (h / group) * hd;
+                    double S = 0.0;
+                    for (int64_t d = 0; d < hd; d++) S += fabs(q[d]) * kmax[kvc + d];
+                    const double ds = red_tol(hd) * scale * S;
+                    const int64_t n = part_keys(chunks, (int)(t / ch), t % ch, ch);
+                    const int64_t il = (b * n_head + h) * T + t;
+                    const double e_l =
+                        ds + red_tol(n + 1) + ULPS * U * (1.0 + fabs(o.arg[LSE].want[il]));
+                    o.arg[LSE].tol[il] = (float)(2.0 * e_l);
+                    for (int64_t d = 0; d < hd; d++) {
+                        const int64_t io = (b * T + t) * cq + h * hd + d;
+                        const double vm = vmax[kvc + d];
+                        o.arg[O].tol[io] = (float)(2.0 * ((2.0 * ds + 3.0 * red_tol(n + 1)) * vm +
+                                                          e_l * (fabs(o.arg[O].x[io]) + vm)) +
+                                                   ULPS * U * fabs(o.arg[O].want[io]));
+                    }
+                }
+        free(kmax), free(vmax);
+    }
+    ct_check_op_end(k, &o);
+}
+
+/* R·(|want| + M) for every element of acc (B·T rows of C columns), M the largest |want| of its
+ * head slice (batch element, hd columns). */
+static void part_grad_tol(op_arg *a, int64_t B, int64_t T, int64_t C, int64_t hd, double R) {
+    const int64_t n_slices = C / hd;
+    float *smax = ct_xcalloc((size_t)CT_MAX(B * n_slices, 1), sizeof *smax);
+    for (int64_t i = 0; i < B * T * C; i++) {
+        int64_t s = i / (T * C) * n_slices + i % C / hd;
+        smax[s] = fmaxf(smax[s], fabsf(a->want[i]));
+    }
+    for (int64_t i = 0; i < B * T * C; i++)
+        a->tol[i] = (float)(R * (fabs(a->want[i]) + smax[i / (T * C) * n_slices + i % C / hd]));
+    free(smax);
+}
+
+/*
+ * attention_bwd's rtol/atol pair, for the sums of one ring step: dQ adds over at most T keys of
+ * the block, dK and dV over the T local rows of each of the group's g query heads, each term a
+ * softmax weight times dot products of hd terms, then added to the accumulator: R = 4·(g·T + hd +
+ * 8)·U relative to |want| plus its head slice's largest |want|. Both backends keep P and dS in
+ * fp32 here (bf16 inputs are widened), so no bf16 allowance.
+ */
+void ct_check_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                                 const void *dout, const void *qkv, const void *out,
+                                 const float *lse, const void *kv, int64_t B, int64_t T,
+                                 int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                 int64_t chunks) {
+    check_ctx *k = ctx;
+    enum { DQ, DKV, DOUT, QKV, OUT, LSE, KV };
+    const int64_t hd = head_dim, cq = n_head * hd, ckv = n_kv_head * hd, lqkv = cq + 2 * ckv;
+    op_check o = {.op = "attention_part_bwd",
+                  .n_args = 7,
+                  .arg = {{"dq_acc", dq_acc, B * T * cq, CT_DTYPE_F32, ARG_INOUT},
+                          {"dkv_acc", dkv_acc, B * T * 2 * ckv, CT_DTYPE_F32, ARG_INOUT},
+                          {"dout", dout, B * T * cq, dt, ARG_IN},
+                          {"qkv", qkv, B * T * lqkv, dt, ARG_IN},
+                          {"out", out, B * T * cq, dt, ARG_IN},
+                          {"lse", lse, B * n_head * T, CT_DTYPE_F32, ARG_IN},
+                          {"kv", kv, B * T * 2 * ckv, dt, ARG_IN}}};
+    SHAPE(&o,
+          "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld chunks=%lld,%lld|%lld,%lld",
+          ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
+          LL(CT_ATT_CHUNK(chunks, 0)), LL(CT_ATT_CHUNK(chunks, 1)), LL(CT_ATT_CHUNK(chunks, 2)),
+          LL(CT_ATT_CHUNK(chunks, 3)));
+    run_attention_part_bwd(k, &o, dt, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T, n_head,
+                           n_kv_head, hd, chunks);
+    if (o.arg[DQ].region >= 0 && o.arg[DKV].region >= 0 && hd > 0) {
+        const double R = 4.0 * (double)(n_head / n_kv_head * T + hd + 8) * U;
+        part_grad_tol(&o.arg[DQ], B, T, cq, hd, R);
+        part_grad_tol(&o.arg[DKV], B, T, 2 * ckv, hd, R);
+    }
+    ct_check_op_end(k, &o);
+}
+
 /* ---- cross-entropy -------------------------------------------------------------------------- */
 
 /* A maximum: exact. */

@@ -294,11 +294,13 @@ static ct_status print_sample(trainer *t) {
                            cfg->log.sample_tokens, cfg->train.seed, NULL);
 }
 
-/* log.trace: this rank's data-parallel events as a Chrome/Perfetto trace (core/trace.h). */
+/* log.trace: this rank's data-parallel events and ring attention's spans as a Chrome/Perfetto
+ * trace (core/trace.h). */
 static ct_status write_trace(trainer *t, const char *path) {
     ct_trace *trace;
     CT_TRY(ct_trace_open(&trace, path, t->pctx->world_rank, t->pctx->world_size));
     ct_dp_trace(t->dp, trace);
+    if (t->pctx->cp > 1) ct_ring_trace(trace);
     return ct_trace_close(trace);
 }
 
@@ -373,6 +375,7 @@ static void start_run(trainer *t) {
     if (t->rank0) ct_report_start(t);
     ct_report_setup_metrics(t);
     if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
+    if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
     ct_comm *groups[] = {p->tp_comm,    p->dpcp_comm, p->pp_comm, p->mp_comm,

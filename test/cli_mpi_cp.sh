@@ -82,6 +82,19 @@ RESHARD
     fi
 fi
 
+# The trace (log.trace): every kv hop in flight across the block computed while it travels, every
+# dK/dV partial across the next backward block (test/check_overlap.py --ring), at cp 4
+if selected "trace" &&
+    expect_exit 0 "cp 4 with a trace" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+        --set parallel.cp=4 --set model.n_layer=2 --set train.steps=1 --set train.warmup_steps=1 \
+        --set log.trace="$tmp/trace/cp.json"; then
+    if out=$(python3 test/check_overlap.py --ring "$tmp"/trace/cp.rank*.json); then
+        ok "cp 4 trace: $out"
+    else
+        fail "cp 4 trace: $out"
+    fi
+fi
+
 # Settings context parallelism cannot run: exit 2 on every rank with the numbers and a hint.
 if selected "invalid"; then
     expect_exit 2 "cp whose 2 x cp does not divide seq_len" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \

@@ -5,6 +5,8 @@
 #include "ring_attention.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1) {
     CT_ASSERTF(cp >= 1 && r >= 0 && r < cp, "cp chunks: rank %d of %d", r, cp);
@@ -60,6 +62,57 @@ static void kv_blocks(const ct_tensor *qkv, int64_t rows, int64_t cq, int64_t ck
     ct_cast_cols(kv[0], 0, qkv, cq, ckv);
 }
 
+/* ---- the trace's spans ---------------------------------------------------------------------- */
+
+typedef struct ring_span {
+    char name[40];
+    int tid; /* 2: a block's computation, 3: a hop */
+    double start, end;
+} ring_span;
+
+static struct {
+    bool on;
+    ring_span *spans;
+    int n, cap;
+    int calls[2]; /* forward and backward calls since the last ct_ring_trace */
+} rec;
+
+void ct_ring_log_events(bool on) {
+    rec.on = on;
+}
+
+static void record(int tid, double start, double end, const char *fmt, int call, int step) {
+    if (!rec.on) return;
+    if (rec.n == rec.cap) {
+        rec.cap = rec.cap ? 2 * rec.cap : 256;
+        rec.spans = realloc(rec.spans, (size_t)rec.cap * sizeof *rec.spans);
+        CT_ASSERTF(rec.spans != NULL, "ring trace: out of memory for %d spans", rec.cap);
+    }
+    ring_span *sp = &rec.spans[rec.n++];
+    snprintf(sp->name, sizeof sp->name, fmt, call, step);
+    sp->tid = tid, sp->start = start, sp->end = end;
+}
+
+void ct_ring_trace(ct_trace *trace) {
+    ct_trace_thread(trace, 2, "cp attention");
+    ct_trace_thread(trace, 3, "cp ring");
+    for (int i = 0; i < rec.n; i++)
+        ct_trace_span(trace, rec.spans[i].tid, rec.spans[i].name, rec.spans[i].start,
+                      rec.spans[i].end, -1);
+    free(rec.spans);
+    rec.spans = NULL;
+    rec.n = rec.cap = rec.calls[0] = rec.calls[1] = 0;
+}
+
+/* A hop whose requests req[0..1] may have completed during a block: now if a test says so, else 0
+ * (its wait's return then ends its span). */
+static double hop_seen(ct_comm *cp, ct_comm_request **req) {
+    if (!rec.on || !req[0]) return 0.0;
+    return ct_comm_test(cp, req[0]) && ct_comm_test(cp, req[1]) ? ct_now() : 0.0;
+}
+
+/* ---- the ring ------------------------------------------------------------------------------- */
+
 /* One ring hop of `t` to rank + 1 and of `into` from rank − 1, started. */
 static void hop(ct_comm *cp, const ct_tensor *t, ct_tensor *into, int tag, ct_comm_request **req) {
     int next = (cp->rank + 1) % cp->size, prev = (cp->rank + cp->size - 1) % cp->size;
@@ -67,9 +120,11 @@ static void hop(ct_comm *cp, const ct_tensor *t, ct_tensor *into, int tag, ct_co
     req[1] = ct_comm_irecv(cp, into->data, into->numel, into->dtype, prev, tag);
 }
 
-static void hop_wait(ct_comm *cp, ct_comm_request **req) {
+/* Completes a hop; returns when (ct_now, for the trace). */
+static double hop_wait(ct_comm *cp, ct_comm_request **req) {
     ct_comm_wait(cp, req[0]);
     ct_comm_wait(cp, req[1]);
+    return rec.on ? ct_now() : 0.0;
 }
 
 void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *lse,
@@ -83,12 +138,20 @@ void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *
     ct_tensor *o_acc = qkv->dtype == CT_DTYPE_F32 ? out : scratch(qkv, CT_DTYPE_F32, B * T, cq);
     ct_tensor_zero(o_acc);
     ct_tensor_fill(lse, -INFINITY);
+    const int call = rec.calls[0]++;
     for (int s = 0; s < n; s++) {
         ct_comm_request *req[2] = {NULL, NULL};
         if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
+        const double th = rec.on ? ct_now() : 0.0; /* the hop is on its way */
+        const double t0 = rec.on ? ct_now() : 0.0;
         ct_attention_part_fwd(o_acc, lse, qkv, kv[s & 1], B, T, n_head, n_kv_head,
                               chunks_at(cp, zigzag, s));
-        if (s + 1 < n) hop_wait(cp, req);
+        const double t1 = rec.on ? ct_now() : 0.0, seen = hop_seen(cp, req);
+        record(2, t0, t1, "fwd %d block %d", call, s);
+        if (s + 1 < n) {
+            const double waited = hop_wait(cp, req);
+            record(3, th, seen > 0.0 ? seen : waited, "fwd %d kv hop %d", call, s);
+        }
     }
     if (o_acc != out) {
         ct_cast(out, o_acc);
@@ -114,29 +177,41 @@ void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor 
     ct_tensor *dq = scratch(qkv, CT_DTYPE_F32, B * T, cq);
     ct_tensor_zero(dq);
     ct_comm_request *sent[2] = {NULL, NULL}, *arriving = NULL;
+    const int call = rec.calls[1]++;
+    double tp = 0.0; /* when the partial now arriving was sent on */
     for (int s = 0; s < n; s++) {
         ct_comm_request *req[2] = {NULL, NULL};
         if (s + 1 < n) hop(cp, kv[s & 1], kv[(s + 1) & 1], s, req);
+        const double th = rec.on ? ct_now() : 0.0; /* the hop is on its way */
         ct_tensor *acc = mine[s & 1];
         ct_comm_wait(cp, sent[s & 1]); /* the send of two steps ago read this buffer */
         sent[s & 1] = NULL;
         ct_tensor_zero(acc);
+        const double t0 = rec.on ? ct_now() : 0.0;
         ct_attention_part_bwd(dq, acc, dout, qkv, out, lse, kv[s & 1], B, T, n_head, n_kv_head,
                               chunks_at(cp, zigzag, s));
+        const double t1 = rec.on ? ct_now() : 0.0, seen = hop_seen(cp, req);
+        record(2, t0, t1, "bwd %d block %d", call, s);
         if (arriving) { /* the partial of this block from the ranks before it, added to ours */
             ct_comm_wait(cp, arriving);
+            record(3, tp, rec.on ? ct_now() : 0.0, "bwd %d dkv hop %d", call, s - 1);
             ct_axpy(acc, got, 1.0f);
         }
         if (n > 1) { /* on to the next holder; after the last step, back to the owner */
             ct_comm_request *partial[2];
             hop(cp, acc, got, n + s, partial);
             sent[s & 1] = partial[0], arriving = partial[1];
+            tp = rec.on ? ct_now() : 0.0;
         }
-        if (s + 1 < n) hop_wait(cp, req);
+        if (s + 1 < n) {
+            const double waited = hop_wait(cp, req);
+            record(3, th, seen > 0.0 ? seen : waited, "bwd %d kv hop %d", call, s);
+        }
     }
     /* the last hop brought this rank's own block back, complete (one rank: it never left) */
     ct_tensor *dkv = n > 1 ? got : mine[0];
     ct_comm_wait(cp, arriving);
+    if (n > 1) record(3, tp, rec.on ? ct_now() : 0.0, "bwd %d dkv hop %d", call, n - 1);
     ct_comm_wait(cp, sent[0]);
     ct_comm_wait(cp, sent[1]);
     ct_cast_cols(dqkv, 0, dq, 0, cq);

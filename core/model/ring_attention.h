@@ -20,6 +20,7 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/comm.h"
+#include "core/trace.h"
 
 /* The chunk indices (of 2·cp) that rank r of cp holds. */
 void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1);
@@ -39,5 +40,18 @@ void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor 
                            const ct_tensor *dout, const ct_tensor *qkv, const ct_tensor *out,
                            const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
                            int64_t n_kv_head);
+
+/*
+ * log.trace's view of the ring (off by default; one recorder per process): with events on, every
+ * call records each step's block computation ("fwd 3 block 1": the third forward call since the
+ * last ct_ring_trace, step 1) and each hop from its start to the first moment it is seen complete
+ * — tested right after the block it overlaps, else when its wait returns — so a hop drawn across
+ * its block was in flight while the block computed. Times are the host's (ct_now): on an
+ * asynchronous backend they are when work was issued, not when it ran.
+ */
+void ct_ring_log_events(bool on);
+/* Writes the recorded spans as threads 2 ("cp attention") and 3 ("cp ring") of this rank's
+ * trace, and forgets them. */
+void ct_ring_trace(ct_trace *trace);
 
 #endif /* CT_RING_ATTENTION_H */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/model/ring_attention.h"
 #include "core/rng.h"
 #include "parallel/pipeline.h"
 
@@ -79,10 +80,15 @@ typedef struct sampler {
     uint64_t seed;
     int32_t *ids;
     int64_t n;       /* tokens so far */
-    int32_t *window; /* (T): the last T tokens, zero-padded */
+    int32_t *window; /* (T_seq): the last T_seq tokens, zero-padded */
     int64_t len;     /* real tokens in the window */
-    float *row;      /* (Vp/tp): this rank's logits at the window's last position */
-    int64_t k;       /* which new token is being drawn */
+    /* context parallelism: this rank's positions of the window (T local), which cp rank holds
+     * the window's last real position (it draws; the others receive) and at which local row */
+    int32_t *local;
+    int owner;
+    int64_t last_row;
+    float *row; /* (Vp/tp): this rank's logits at the window's last position */
+    int64_t k;  /* which new token is being drawn */
     int32_t drawn;
     const ct_sample_options *opt;
 } sampler;
@@ -90,17 +96,34 @@ typedef struct sampler {
 static void fill_window(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     sampler *s = ctx;
     size_t bytes = (size_t)ct_model_seq_len(s->model) * sizeof(int32_t);
-    memcpy(tokens, s->window, bytes);
-    memcpy(targets, s->window, bytes); /* the loss is computed and ignored */
+    memcpy(tokens, s->local, bytes);
+    memcpy(targets, s->local, bytes); /* the loss is computed and ignored */
 }
 
-/* On the ranks holding the LM head: draw from the logits at the window's last real position. */
+/* This rank's positions of the window (all of them without context parallelism), and where the
+ * window's last real position is: the cp rank that holds it and its row there. */
+static void place_window(sampler *s) {
+    const ct_model_layout *l = ct_model_layout_of(s->model);
+    const int64_t Tl = ct_model_seq_len(s->model);
+    const int cp = CT_MAX(l->cp_size, 1);
+    for (int r = 0; r < cp; r++)
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t p = cp > 1 ? ct_cp_position(cp, r, l->cp_zigzag, Tl, i) : i;
+            if (r == (cp > 1 ? l->cp_rank : 0)) s->local[i] = s->window[p];
+            if (p == s->len - 1) s->owner = r, s->last_row = i;
+        }
+}
+
+/* On the ranks holding the LM head (and, under context parallelism, the window's last real
+ * position): draw from the logits there. */
 static void draw(void *ctx, int mb, ct_acts *a) {
     sampler *s = ctx;
     const ct_model *m = s->model;
-    const ct_param *wte = ct_model_head_weight(m); /* this rank's rows of the vocabulary */
+    const ct_model_layout *l = ct_model_layout_of(m);
+    if (l->cp_size > 1 && l->cp_rank != s->owner) return; /* the owner's draw arrives later */
+    const ct_param *wte = ct_model_head_weight(m);        /* this rank's rows of the vocabulary */
     int64_t Vl = wte->local_shape[0];
-    ct_tensor *row = ct_tensor_view_1d(ct_acts_logits(a), (s->len - 1) * Vl, Vl);
+    ct_tensor *row = ct_tensor_view_1d(ct_acts_logits(a), s->last_row * Vl, Vl);
     ct_tensor_to_host(s->row, row);
     ct_tensor_free(row);
     double u = ct_rng_uniform(s->seed, SAMPLE_RNG_STREAM, (uint64_t)s->k);
@@ -113,11 +136,12 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
                            const ct_sample_options *opt, int32_t **out, int64_t *n_out) {
     CT_ASSERT(n_prompt >= 1 && n_new >= 0);
     CT_ASSERT(!opt || (opt->temperature > 0 && opt->top_k >= 0));
-    const int64_t T = ct_model_seq_len(m);
+    const int64_t T = m->T_seq; /* the window: a whole sequence, cut to cp ranks by place_window */
     sampler s = {.model = m, .seed = seed, .n = n_prompt, .opt = opt};
     s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
     s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
+    s.local = ct_xcalloc((size_t)ct_model_seq_len(m), sizeof(int32_t));
     /* the last stage's slice of the vocabulary (a middle stage holds no head and draws nothing) */
     const ct_param *wte = ct_model_head_weight(m);
     s.row = ct_xmalloc((size_t)(wte ? wte->local_shape[0] : 1) * sizeof(float));
@@ -137,20 +161,24 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
         s.len = s.n - start;
         memset(s.window, 0, (size_t)T * sizeof(int32_t));
         memcpy(s.window, s.ids + start, (size_t)s.len * sizeof(int32_t));
+        place_window(&s);
         if (pipe) {
             ct_pipeline_run(pipe, false, 0.0f, fill_window, &s);
-            /* The last stage drew it; every stage needs it for the next window. */
-            ct_comm_broadcast(pctx->pp_comm, &s.drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
         } else {
-            ct_acts_set_batch(acts, -1, s.window, s.window); /* no loss kept */
+            ct_acts_set_batch(acts, -1, s.local, s.local); /* no loss kept */
             ct_model_forward(m, acts, 0.0f);
             draw(&s, 0, acts);
         }
+        /* The last stage's owner of the last position drew it; every rank needs it next. */
+        if (pctx->cp > 1 && pctx->pp_rank == pctx->pp - 1)
+            ct_comm_broadcast(pctx->cp_comm, &s.drawn, 1, CT_DTYPE_I32, s.owner);
+        if (pipe) ct_comm_broadcast(pctx->pp_comm, &s.drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
         s.ids[s.n++] = s.drawn;
     }
     ct_pipeline_free(pipe);
     ct_acts_free(acts);
     free(s.window);
+    free(s.local);
     free(s.row);
     if (st != CT_OK) {
         free(s.ids);

@@ -105,9 +105,6 @@ if selected "invalid"; then
         "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.cp=2 --set parallel.tp=2 \
         --set parallel.sequence_parallel=true --set model.seq_len=36
     expect_text "divisible by 2 x cp x parallel.tp = 8" "with sequence parallelism tp joins the divisor"
-    expect_exit 2 "a sample after training under cp" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
-        --set parallel.cp=2 --set log.sample_tokens=8
-    expect_text "log.sample_tokens=8" "the sample is refused by name"
     expect_exit 2 "a world size that tp x cp x pp does not divide" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" \
         --set parallel.cp=2
     expect_text "parallel.tp=1 x parallel.cp=2 x parallel.pp=1 = 2 ranks per model replica" "the grid names cp"

@@ -2,7 +2,9 @@
 # Sampling after training (log.sample_tokens) in every kind of layout: tensor parallel (the
 # vocabulary split over tp: each rank draws over its own rows, sampler.h), sequence parallel,
 # pipelines (the window goes through the stages on a forward-only schedule), ZeRO-3 (units
-# gathered during the sampler's forwards) and 3D — each must print exactly the text a
+# gathered during the sampler's forwards), 3D, and context parallelism (each cp rank runs its
+# positions of the window through the ring; the rank holding the last real position draws and
+# the others receive the token) — each must print exactly the text a
 # world-size-1 run with the same seed prints (core/README.md, Determinism). The vocabulary (500,
 # padded to 512) leaves padding rows on the last tp rank, which the draw must skip.
 . "$(dirname "$0")/lib_cli.sh"
@@ -43,5 +45,9 @@ if expect_exit 0 "world size 1 samples" -- "$BIN" "${base[@]}"; then
 4 --set parallel.pp=4
 4 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2
 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true --set train.recompute=full
+2 --set parallel.cp=2
+4 --set parallel.cp=4 --set parallel.cp_sharding=contiguous
+4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+4 --set parallel.cp=2 --set parallel.pp=2
 RUNS
 fi

@@ -445,13 +445,6 @@ static ct_status check_cp(const ct_config *cfg) {
                      (long long)unit, p->sequence_parallel ? ", each split over the tp group" : ""),
             "use model.seq_len=%lld or %lld, or another parallel.cp", (long long)(T / unit * unit),
             (long long)((T / unit + 1) * unit));
-    if (cfg->log.sample_tokens > 0)
-        return with_hint(ct_error(CT_ERR_INPUT,
-                                  "log.sample_tokens=%lld: the sample after training needs "
-                                  "parallel.cp=1 (cp is %lld)",
-                                  (long long)cfg->log.sample_tokens, (long long)p->cp),
-                         "set log.sample_tokens: 0, and sample from the checkpoint in any layout "
-                         "with `cooktrain sample`");
     return CT_OK;
 }
 

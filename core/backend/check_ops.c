@@ -761,6 +761,16 @@ void ct_check_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst
     ct_check_op_end(k, &o);
 }
 
+/* The shape string of a ring step's op: its sizes and its four chunk indices. */
+static void part_shape(op_check *o, ct_dtype dt, int64_t B, int64_t T, int64_t n_head,
+                       int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    SHAPE(o,
+          "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld chunks=%lld,%lld|%lld,%lld",
+          ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
+          LL(CT_ATT_CHUNK(chunks, 0)), LL(CT_ATT_CHUNK(chunks, 1)), LL(CT_ATT_CHUNK(chunks, 2)),
+          LL(CT_ATT_CHUNK(chunks, 3)));
+}
+
 /* The keys a local row attends in one ring step: query chunk qa's row r (of ch) sees all ch keys
  * of each earlier key chunk and r + 1 of its own. */
 static int64_t part_keys(int64_t chunks, int qa, int64_t r, int64_t ch) {
@@ -794,11 +804,7 @@ void ct_check_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *ls
                           {"lse_acc", lse_acc, B * n_head * T, CT_DTYPE_F32, ARG_INOUT},
                           {"qkv", qkv, B * T * lqkv, dt, ARG_IN},
                           {"kv", kv, B * T * 2 * ckv, dt, ARG_IN}}};
-    SHAPE(&o,
-          "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld chunks=%lld,%lld|%lld,%lld",
-          ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
-          LL(CT_ATT_CHUNK(chunks, 0)), LL(CT_ATT_CHUNK(chunks, 1)), LL(CT_ATT_CHUNK(chunks, 2)),
-          LL(CT_ATT_CHUNK(chunks, 3)));
+    part_shape(&o, dt, B, T, n_head, n_kv_head, hd, chunks);
     run_attention_part_fwd(k, &o, dt, o_acc, lse_acc, qkv, kv, B, T, n_head, n_kv_head, hd, chunks);
     if (o.arg[O].region >= 0 && hd > 0) {
         const float *x = o.arg[QKV].x;
@@ -870,11 +876,7 @@ void ct_check_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *d
                           {"out", out, B * T * cq, dt, ARG_IN},
                           {"lse", lse, B * n_head * T, CT_DTYPE_F32, ARG_IN},
                           {"kv", kv, B * T * 2 * ckv, dt, ARG_IN}}};
-    SHAPE(&o,
-          "dt=%s B=%lld T=%lld n_head=%lld n_kv_head=%lld head_dim=%lld chunks=%lld,%lld|%lld,%lld",
-          ct_dtype_name(dt), LL(B), LL(T), LL(n_head), LL(n_kv_head), LL(hd),
-          LL(CT_ATT_CHUNK(chunks, 0)), LL(CT_ATT_CHUNK(chunks, 1)), LL(CT_ATT_CHUNK(chunks, 2)),
-          LL(CT_ATT_CHUNK(chunks, 3)));
+    part_shape(&o, dt, B, T, n_head, n_kv_head, hd, chunks);
     run_attention_part_bwd(k, &o, dt, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T, n_head,
                            n_kv_head, hd, chunks);
     if (o.arg[DQ].region >= 0 && o.arg[DKV].region >= 0 && hd > 0) {

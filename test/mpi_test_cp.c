@@ -169,13 +169,14 @@ static void ring_case(ct_backend *ref, ct_backend *be, ct_comm *cp, ct_dtype dt,
     ct_tensor *r_lse_t = upload(be, CT_DTYPE_F32, r_lse, 1, B * NH * Tl);
     float *got[2][4];
     uint64_t fwd_bytes = 0, bwd_bytes = 0;
+    ct_ring_ws *ws = ct_ring_ws_new(); /* kept over both runs, as a model keeps it */
     for (int run = 0; run < 2; run++) {
         ct_tensor_zero(dbias_t);
         ct_comm_reset_counters(cp);
-        ct_ring_attention_fwd(cp, zigzag, out_t, lse_t, qkv_t, B, Tl, NH, nkv);
+        ct_ring_attention_fwd(cp, zigzag, ws, out_t, lse_t, qkv_t, B, Tl, NH, nkv);
         fwd_bytes = cp->bytes[CT_COMM_SEND];
-        ct_ring_attention_bwd(cp, zigzag, dqkv_t, dbias_t, dout_t, qkv_t, r_out_t, r_lse_t, B, Tl,
-                              NH, nkv);
+        ct_ring_attention_bwd(cp, zigzag, ws, dqkv_t, dbias_t, dout_t, qkv_t, r_out_t, r_lse_t, B,
+                              Tl, NH, nkv);
         bwd_bytes = cp->bytes[CT_COMM_SEND] - fwd_bytes;
         got[run][0] = download(out_t), got[run][1] = download(lse_t);
         got[run][2] = download(dqkv_t), got[run][3] = download(dbias_t);
@@ -251,6 +252,7 @@ static void ring_case(ct_backend *ref, ct_backend *be, ct_comm *cp, ct_dtype dt,
     free(want), free(tol), free(dbias_sum);
     free(qkv), free(dout), free(l_qkv), free(l_dout), free(r_out), free(r_lse);
     free(w_out), free(w_lse), free(w_dqkv), free(w_dbias);
+    ct_ring_ws_free(ws);
     ct_tensor *all[] = {f_qkv,  f_dout, f_out, f_lse,  f_dqkv,  f_dbias, qkv_t,
                         dout_t, out_t,  lse_t, dqkv_t, dbias_t, r_out_t, r_lse_t};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ct_tensor_free(all[i]);
@@ -307,7 +309,9 @@ int main(int argc, char **argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     ct_comm *cp = ct_comm_nccl_new(ct_comm_mpi_new(dup, "cp", 120.0), gpu, 120.0, false);
     CT_ASSERTF(cp != NULL, "ct_comm_nccl_new: %s", ct_error_message());
+    ct_comm_set_stream(cp, gpu); /* sends after the kernels that write their buffers, as a model */
     all_cases(cpu, gpu, cp);
+    ct_comm_unset_stream(cp, gpu);
     ct_comm_free(cp);
     ct_backend_free(gpu);
 #else

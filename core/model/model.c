@@ -415,6 +415,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         ct_tensor_from_host(m->rope_table, host);
         free(host);
     }
+    if (layout->cp_size > 1) m->ring_ws = ct_ring_ws_new();
     if (m->param_slab) ct_model_init_params(m);
     ct_model_zero_grads(m);
     *out = m;
@@ -468,6 +469,7 @@ void ct_model_free(ct_model *m) {
     ct_tensor_free(m->recompute_out);
     ct_tensor_free(m->step_losses);
     ct_tensor_free(m->rope_table);
+    ct_ring_ws_free(m->ring_ws);
     free(m);
 }
 
@@ -720,7 +722,7 @@ void ct_model_attention_fwd(ct_model *m, ct_tensor *out, ct_tensor *lse, const c
     const ct_model_layout *l = &m->layout;
     const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
     if (l->cp_size > 1)
-        ct_ring_attention_fwd(l->cp, l->cp_zigzag, out, lse, qkv, B, m->T, nh, nkv);
+        ct_ring_attention_fwd(l->cp, l->cp_zigzag, m->ring_ws, out, lse, qkv, B, m->T, nh, nkv);
     else
         ct_attention_fwd(out, lse, qkv, B, m->T, nh, nkv);
 }
@@ -731,8 +733,8 @@ void ct_model_attention_bwd(ct_model *m, ct_tensor *dqkv, ct_tensor *dbias, cons
     const ct_model_layout *l = &m->layout;
     const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
     if (l->cp_size > 1)
-        ct_ring_attention_bwd(l->cp, l->cp_zigzag, dqkv, dbias, dout, qkv, out, lse, B, m->T, nh,
-                              nkv);
+        ct_ring_attention_bwd(l->cp, l->cp_zigzag, m->ring_ws, dqkv, dbias, dout, qkv, out, lse, B,
+                              m->T, nh, nkv);
     else
         ct_attention_bwd(dqkv, dbias, dout, qkv, out, lse, B, m->T, nh, nkv);
 }

@@ -202,13 +202,14 @@ typedef struct ct_model {
     int loss_slots;
     int64_t loss_slot_len;
 
-    ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) (gpt2 only) */
-    ct_param *lm_head;       /* model.tie_embeddings false: (Vp, C) vocab-parallel; else NULL */
-    ct_param *lnf_w, *lnf_b; /* (C) (lnf_b gpt2 only) */
-    bool llama;              /* model.arch llama: RMSNorm, RoPE, SwiGLU, no biases, no wpe */
-    bool tied;               /* model.tie_embeddings */
-    ct_tensor *rope_table;   /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
-    ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
+    ct_param *wte, *wpe;        /* (Vp, C) vocab-parallel by rows, (T, C) (gpt2 only) */
+    ct_param *lm_head;          /* model.tie_embeddings false: (Vp, C) vocab-parallel; else NULL */
+    ct_param *lnf_w, *lnf_b;    /* (C) (lnf_b gpt2 only) */
+    bool llama;                 /* model.arch llama: RMSNorm, RoPE, SwiGLU, no biases, no wpe */
+    bool tied;                  /* model.tie_embeddings */
+    struct ct_ring_ws *ring_ws; /* context parallelism: the ring's buffers (ring_attention.h) */
+    ct_tensor *rope_table;      /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
+    ct_layer_params *layers;    /* [L], entries NULL for layers not on this rank */
 } ct_model;
 
 /* Activations of one microbatch on this rank's chunks. */

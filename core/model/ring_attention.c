@@ -34,12 +34,34 @@ int64_t ct_cp_score_elements(int cp, int r, bool zigzag, int64_t T) {
     return total;
 }
 
-/* The buffers of one call: kv blocks in the model's dtype, fp32 accumulators. */
-static ct_tensor *scratch(const ct_tensor *like, ct_dtype dt, int64_t rows, int64_t cols) {
-    ct_tensor *t = ct_tensor_new_2d(like->backend, dt, rows, cols, CT_MEM_ACTS);
-    CT_ASSERTF(t != NULL, "ring attention: out of memory for a (%lld, %lld) %s buffer",
-               (long long)rows, (long long)cols, ct_dtype_name(dt));
-    return t;
+enum { WS_KV0, WS_KV1, WS_MINE0, WS_MINE1, WS_GOT, WS_DQ, WS_O, WS_SLOTS };
+
+struct ct_ring_ws {
+    ct_tensor *buf[WS_SLOTS];
+};
+
+ct_ring_ws *ct_ring_ws_new(void) {
+    return ct_xcalloc(1, sizeof(ct_ring_ws));
+}
+
+void ct_ring_ws_free(ct_ring_ws *ws) {
+    if (!ws) return;
+    for (int i = 0; i < WS_SLOTS; i++) ct_tensor_free(ws->buf[i]);
+    free(ws);
+}
+
+/* A (rows, cols) view of buffer i in dtype dt on like's backend, the buffer made again when it
+ * is too small (or of another dtype); the caller frees the view (the buffer stays). */
+static ct_tensor *ws_view(ct_ring_ws *ws, int i, const ct_tensor *like, ct_dtype dt, int64_t rows,
+                          int64_t cols) {
+    ct_tensor *b = ws->buf[i];
+    if (!b || b->dtype != dt || b->numel < rows * cols || b->backend != like->backend) {
+        ct_tensor_free(b);
+        b = ws->buf[i] = ct_tensor_new_1d(like->backend, dt, rows * cols, CT_MEM_WORKSPACE);
+        CT_ASSERTF(b != NULL, "ring attention: out of memory for a (%lld, %lld) %s buffer",
+                   (long long)rows, (long long)cols, ct_dtype_name(dt));
+    }
+    return ct_tensor_view_2d(b, 0, rows, cols);
 }
 
 static int64_t head_dim(const ct_tensor *qkv, int64_t n_head, int64_t n_kv_head) {
@@ -56,9 +78,9 @@ static int64_t chunks_at(ct_comm *cp, bool zigzag, int s) {
 
 /* The two kv blocks of a ring (rows of ckv elements in qkv's dtype), the first holding this
  * rank's own key and value heads, columns [cq, cq + ckv) of qkv. */
-static void kv_blocks(const ct_tensor *qkv, int64_t rows, int64_t cq, int64_t ckv,
+static void kv_blocks(ct_ring_ws *ws, const ct_tensor *qkv, int64_t rows, int64_t cq, int64_t ckv,
                       ct_tensor *kv[2]) {
-    for (int i = 0; i < 2; i++) kv[i] = scratch(qkv, qkv->dtype, rows, ckv);
+    for (int i = 0; i < 2; i++) kv[i] = ws_view(ws, WS_KV0 + i, qkv, qkv->dtype, rows, ckv);
     ct_cast_cols(kv[0], 0, qkv, cq, ckv);
 }
 
@@ -127,15 +149,16 @@ static double hop_wait(ct_comm *cp, ct_comm_request **req) {
     return rec.on ? ct_now() : 0.0;
 }
 
-void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *lse,
+void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_ring_ws *ws, ct_tensor *out, ct_tensor *lse,
                            const ct_tensor *qkv, int64_t B, int64_t T, int64_t n_head,
                            int64_t n_kv_head) {
     const int n = cp->size;
     const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
     ct_tensor *kv[2];
-    kv_blocks(qkv, B * T, cq, ckv, kv);
+    kv_blocks(ws, qkv, B * T, cq, ckv, kv);
     /* fp32 output accumulates in place; bf16 in an fp32 buffer, rounded once at the end */
-    ct_tensor *o_acc = qkv->dtype == CT_DTYPE_F32 ? out : scratch(qkv, CT_DTYPE_F32, B * T, cq);
+    ct_tensor *o_acc =
+        qkv->dtype == CT_DTYPE_F32 ? out : ws_view(ws, WS_O, qkv, CT_DTYPE_F32, B * T, cq);
     ct_tensor_zero(o_acc);
     ct_tensor_fill(lse, -INFINITY);
     const int call = rec.calls[0]++;
@@ -161,20 +184,20 @@ void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *
     ct_tensor_free(kv[1]);
 }
 
-void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor *dbias,
-                           const ct_tensor *dout, const ct_tensor *qkv, const ct_tensor *out,
-                           const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
-                           int64_t n_kv_head) {
+void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_ring_ws *ws, ct_tensor *dqkv,
+                           ct_tensor *dbias, const ct_tensor *dout, const ct_tensor *qkv,
+                           const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
+                           int64_t n_head, int64_t n_kv_head) {
     const int n = cp->size;
     const int64_t hd = head_dim(qkv, n_head, n_kv_head), cq = n_head * hd, ckv = 2 * n_kv_head * hd;
     ct_tensor *kv[2];
-    kv_blocks(qkv, B * T, cq, ckv, kv);
+    kv_blocks(ws, qkv, B * T, cq, ckv, kv);
     /* mine[s & 1]: the partial dK/dV of the block held at step s, sent on after the step (two, so
      * one can be in flight while the next is computed); got: the partial arriving from r − 1 */
-    ct_tensor *mine[2] = {scratch(qkv, CT_DTYPE_F32, B * T, ckv),
-                          scratch(qkv, CT_DTYPE_F32, B * T, ckv)};
-    ct_tensor *got = scratch(qkv, CT_DTYPE_F32, B * T, ckv);
-    ct_tensor *dq = scratch(qkv, CT_DTYPE_F32, B * T, cq);
+    ct_tensor *mine[2] = {ws_view(ws, WS_MINE0, qkv, CT_DTYPE_F32, B * T, ckv),
+                          ws_view(ws, WS_MINE1, qkv, CT_DTYPE_F32, B * T, ckv)};
+    ct_tensor *got = ws_view(ws, WS_GOT, qkv, CT_DTYPE_F32, B * T, ckv);
+    ct_tensor *dq = ws_view(ws, WS_DQ, qkv, CT_DTYPE_F32, B * T, cq);
     ct_tensor_zero(dq);
     ct_comm_request *sent[2] = {NULL, NULL}, *arriving = NULL;
     const int call = rec.calls[1]++;

@@ -31,15 +31,23 @@ int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t);
  * positions: the causal work it gets (zigzag: the same on every rank). */
 int64_t ct_cp_score_elements(int cp, int r, bool zigzag, int64_t T);
 
+/* The ring's buffers, kept from call to call and grown to the largest call: two kv blocks in the
+ * model's dtype, the fp32 dK/dV partials (two of this rank's, one arriving), dQ and the bf16
+ * forward's fp32 output (CT_MEM_WORKSPACE). Allocating them per call would make the CUDA backend
+ * free device memory, and so wait for the device, in every layer. */
+typedef struct ct_ring_ws ct_ring_ws;
+ct_ring_ws *ct_ring_ws_new(void);
+void ct_ring_ws_free(ct_ring_ws *ws);
+
 /* Like ct_attention_fwd, on this rank's T local rows; cp the group, bound to qkv's backend. */
-void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_tensor *out, ct_tensor *lse,
+void ct_ring_attention_fwd(ct_comm *cp, bool zigzag, ct_ring_ws *ws, ct_tensor *out, ct_tensor *lse,
                            const ct_tensor *qkv, int64_t B, int64_t T, int64_t n_head,
                            int64_t n_kv_head);
 /* Like ct_attention_bwd (dqkv overwritten; dbias, if not NULL, accumulated). */
-void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_tensor *dqkv, ct_tensor *dbias,
-                           const ct_tensor *dout, const ct_tensor *qkv, const ct_tensor *out,
-                           const ct_tensor *lse, int64_t B, int64_t T, int64_t n_head,
-                           int64_t n_kv_head);
+void ct_ring_attention_bwd(ct_comm *cp, bool zigzag, ct_ring_ws *ws, ct_tensor *dqkv,
+                           ct_tensor *dbias, const ct_tensor *dout, const ct_tensor *qkv,
+                           const ct_tensor *out, const ct_tensor *lse, int64_t B, int64_t T,
+                           int64_t n_head, int64_t n_kv_head);
 
 /*
  * log.trace's view of the ring (off by default; one recorder per process): with events on, every

@@ -2,7 +2,7 @@
 """Mutation testing: plants each bug of test/mutants.txt, one at a time, into a scratch copy of the
 tree, rebuilds it and runs the test command that must catch it (`make mutants`).
 
-  python3 test/mutants.py [--only NAME]... [--list] [--check] [--dir DIR]
+  python3 test/mutants.py [--only NAME]... [--ci [N]] [--list] [--check] [--dir DIR]
 
 First every mutant's piece of code must occur exactly once in its file (a mutant that no longer
 applies is reported, not skipped; --check stops there, as make test does). The scratch tree
@@ -11,9 +11,15 @@ unmutated tree and must pass — otherwise a "caught" would mean nothing. Then, 
 rebuild (incrementally), run the command; the mutant is caught when the command fails. Prints
 "caught NAME" or "MISSED NAME" per mutant and "mutants: N caught, M missed", and exits 1 unless
 every mutant was caught.
+
+--ci (what .ci/run uses; `make mutants` runs them all): the mutants of the files that commits of
+the 4 hours before HEAD's own commit time touched (a working session's change), plus a rotating sample of N of the others
+(default 25), drawn with HEAD's commit id as the seed, so every CI run checks what just changed
+and, over a few runs, the rest. Prints which it chose.
 """
 import glob
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -65,12 +71,35 @@ def run(cmd, cwd, log):
             return 124
 
 
+def ci_selection(mutants, n_sample):
+    """The files touched within 4 hours before HEAD's commit, their mutants, and a sample of the
+    rest seeded by HEAD's commit id."""
+    git = lambda *a: subprocess.run(["git"] + list(a), cwd=ROOT, capture_output=True,
+                                    check=True).stdout.decode()
+    head, stamp = git("log", "-1", "--format=%H %ct").split()
+    since = int(stamp) - 4 * 3600
+    touched = set(f for f in git("log", "--since=@%d" % since, "--name-only", "--format=").split())
+    mine = [m for m in mutants if m["file"] in touched]
+    rest = [m for m in mutants if m["file"] not in touched]
+    sample = random.Random(int(head, 16)).sample(rest, min(n_sample, len(rest)))
+    chosen = set(m["name"] for m in mine + sample)
+    print("ci: %d mutants of %d files touched in the 4 hours before %s, %d more of %d drawn with it "
+          "as the seed (make mutants runs all %d)" % (len(mine), len(touched), head[:12],
+                                                     len(sample), len(rest), len(mutants)))
+    return [m for m in mutants if m["name"] in chosen]
+
+
 def main(argv):
     only = [argv[i + 1] for i, a in enumerate(argv) if a == "--only"]
     work = argv[argv.index("--dir") + 1] if "--dir" in argv else "/tmp/cooktrain-mutants"
     mutants = parse(os.path.join(HERE, "mutants.txt"))
     if only:
         mutants = [m for m in mutants if m["name"] in only]
+    if "--ci" in argv:
+        i = argv.index("--ci")
+        n = int(argv[i + 1]) if i + 1 < len(argv) and argv[i + 1].isdigit() else 25
+        if "--check" not in argv:
+            mutants = ci_selection(mutants, n)
     if "--list" in argv:
         for m in mutants:
             print("%-40s %s" % (m["name"], m["what"]))

@@ -8,9 +8,9 @@
  *   - the asynchronous stream's command kinds, argument structs, queueing slots, dispatch and
  *     table (backend_async.c);
  *   - check mode (backend_check.c, check_ops.h): its table, which names ct_check_<op> for every
- *     required and feature op, so an op without its checker (check_ops.c) does not compile, and run_<op>,
- *     the forwarding every checker calls (the op on the backend under test, then on the CPU with
- *     the buffers' CPU copies);
+ *     required and feature op, so an op without its checker (check_ops.c) does not compile,
+ *     and run_<op>, the forwarding every checker calls (the op on the backend under test, then
+ *     on the CPU with the buffers' CPU copies);
  *   - ct_backend_missing_op (backend.c), which the registry asserts on every backend it makes
  *     (a backend whose table lacks a required op is a bug, reported with the op's name).
  * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend_ops.c), its CPU kernel and

@@ -628,6 +628,28 @@ static float *column_max(const float *qkv, int64_t B, int64_t T, int64_t lqkv, i
     return mx;
 }
 
+/* δs = red_tol(hd)·scale·Σ_d |q_d|·Kmax_d: how far a score scale·q·k of the query row q may be
+ * off on either side, for any key whose columns are bounded by Kmax (column_max). */
+static double score_tol(const float *q, const float *kmax, int64_t hd) {
+    double S = 0.0;
+    for (int64_t d = 0; d < hd; d++) S += fabs(q[d]) * kmax[d];
+    return red_tol(hd) * (1.0 / sqrt((double)hd)) * S;
+}
+
+/* R·(|want| + M) for every element of the gradient a (B·T rows of C columns), M the largest
+ * |want| of its head slice (batch element, hd columns). */
+static void slice_rel_tol(const op_arg *a, int64_t B, int64_t T, int64_t C, int64_t hd, double R) {
+    const int64_t n_slices = C / hd;
+    float *smax = ct_xcalloc((size_t)CT_MAX(B * n_slices, 1), sizeof *smax);
+    for (int64_t i = 0; i < B * T * C; i++) {
+        int64_t s = i / (T * C) * n_slices + i % C / hd;
+        smax[s] = fmaxf(smax[s], fabsf(a->want[i]));
+    }
+    for (int64_t i = 0; i < B * T * C; i++)
+        a->tol[i] = (float)(R * (fabs(a->want[i]) + smax[i / (T * C) * n_slices + i % C / hd]));
+    free(smax);
+}
+
 /*
  * Row t of head h (kv head h / group) sees keys 0..t. Its scores s_j = scale·q·k_j are dot
  * products of hd terms, each within red_tol(hd)·scale·Σ|q_d||k_jd| ≤ δs = red_tol(hd)·scale·
@@ -659,16 +681,12 @@ void ct_check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const
         const float *x = o.arg[QKV].x;
         float *kmax = column_max(x, B, T, lqkv, cq, ckv),
               *vmax = column_max(x, B, T, lqkv, cq + ckv, ckv);
-        const double scale = 1.0 / sqrt((double)hd);
         const int64_t group = n_head / n_kv_head;
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < n_head; h++)
                 for (int64_t t = 0; t < T; t++) {
-                    const float *q = x + (b * T + t) * lqkv + h * hd;
                     const int64_t kv = b * ckv + (h / group) * hd;
-                    double S = 0.0;
-                    for (int64_t d = 0; d < hd; d++) S += fabs(q[d]) * kmax[kv + d];
-                    double ds = red_tol(hd) * scale * S;
+                    const double ds = score_tol(x + (b * T + t) * lqkv + h * hd, kmax + kv, hd);
                     const double wr = dt == CT_DTYPE_BF16 ? BF16_U : 0.0; /* bf16 weights */
                     int64_t il = (b * n_head + h) * T + t;
                     o.arg[LSE].tol[il] =
@@ -720,16 +738,7 @@ void ct_check_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, co
     if (dq->region >= 0 && hd > 0) {
         const double R = 4.0 * (double)(T + hd + 8) * U +
                          (dt == CT_DTYPE_BF16 ? 2.0 * (1.0 + log((double)T)) * BF16_U : 0.0);
-        const int64_t n_slices = lqkv / hd; /* head slices per row: q heads, k heads, v heads */
-        float *smax = ct_xcalloc((size_t)(B * n_slices), sizeof *smax);
-        for (int64_t i = 0; i < B * T * lqkv; i++) {
-            int64_t s = i / (T * lqkv) * n_slices + i % lqkv / hd;
-            smax[s] = fmaxf(smax[s], fabsf(dq->want[i]));
-        }
-        for (int64_t i = 0; i < B * T * lqkv; i++)
-            dq->tol[i] =
-                (float)(R * (fabs(dq->want[i]) + smax[i / (T * lqkv) * n_slices + i % lqkv / hd]));
-        free(smax);
+        slice_rel_tol(dq, B, T, lqkv, hd, R); /* head slices: q heads, k heads, v heads */
         const op_arg *db = &o.arg[DBIAS];
         if (db->region >= 0) {
             double *mag = ct_xcalloc((size_t)lqkv, sizeof *mag);
@@ -810,16 +819,12 @@ void ct_check_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *ls
         const float *x = o.arg[QKV].x;
         float *kmax = column_max(o.arg[KV].x, B, T, 2 * ckv, 0, ckv),
               *vmax = column_max(o.arg[KV].x, B, T, 2 * ckv, ckv, ckv);
-        const double scale = 1.0 / sqrt((double)hd);
         const int64_t group = n_head / n_kv_head, ch = T / 2;
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < n_head; h++)
                 for (int64_t t = 0; t < T; t++) {
-                    const float *q = x + (b * T + t) * lqkv + h * hd;
                     const int64_t kvc = b * ckv + (h / group) * hd;
-                    double S = 0.0;
-                    for (int64_t d = 0; d < hd; d++) S += fabs(q[d]) * kmax[kvc + d];
-                    const double ds = red_tol(hd) * scale * S;
+                    const double ds = score_tol(x + (b * T + t) * lqkv + h * hd, kmax + kvc, hd);
                     const int64_t n = part_keys(chunks, (int)(t / ch), t % ch, ch);
                     const int64_t il = (b * n_head + h) * T + t;
                     const double e_l =
@@ -836,20 +841,6 @@ void ct_check_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *ls
         free(kmax), free(vmax);
     }
     ct_check_op_end(k, &o);
-}
-
-/* R·(|want| + M) for every element of acc (B·T rows of C columns), M the largest |want| of its
- * head slice (batch element, hd columns). */
-static void part_grad_tol(op_arg *a, int64_t B, int64_t T, int64_t C, int64_t hd, double R) {
-    const int64_t n_slices = C / hd;
-    float *smax = ct_xcalloc((size_t)CT_MAX(B * n_slices, 1), sizeof *smax);
-    for (int64_t i = 0; i < B * T * C; i++) {
-        int64_t s = i / (T * C) * n_slices + i % C / hd;
-        smax[s] = fmaxf(smax[s], fabsf(a->want[i]));
-    }
-    for (int64_t i = 0; i < B * T * C; i++)
-        a->tol[i] = (float)(R * (fabs(a->want[i]) + smax[i / (T * C) * n_slices + i % C / hd]));
-    free(smax);
 }
 
 /*
@@ -881,8 +872,8 @@ void ct_check_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *d
                            n_kv_head, hd, chunks);
     if (o.arg[DQ].region >= 0 && o.arg[DKV].region >= 0 && hd > 0) {
         const double R = 4.0 * (double)(n_head / n_kv_head * T + hd + 8) * U;
-        part_grad_tol(&o.arg[DQ], B, T, cq, hd, R);
-        part_grad_tol(&o.arg[DKV], B, T, 2 * ckv, hd, R);
+        slice_rel_tol(&o.arg[DQ], B, T, cq, hd, R);
+        slice_rel_tol(&o.arg[DKV], B, T, 2 * ckv, hd, R);
     }
     ct_check_op_end(k, &o);
 }

@@ -106,12 +106,8 @@ static void place_window(sampler *s) {
     const ct_model_layout *l = ct_model_layout_of(s->model);
     const int64_t Tl = ct_model_seq_len(s->model);
     const int cp = CT_MAX(l->cp_size, 1);
-    for (int r = 0; r < cp; r++)
-        for (int64_t i = 0; i < Tl; i++) {
-            int64_t p = cp > 1 ? ct_cp_position(cp, r, l->cp_zigzag, Tl, i) : i;
-            if (r == (cp > 1 ? l->cp_rank : 0)) s->local[i] = s->window[p];
-            if (p == s->len - 1) s->owner = r, s->last_row = i;
-        }
+    ct_cp_cut(cp, cp > 1 ? l->cp_rank : 0, l->cp_zigzag, Tl, s->window, s->local);
+    ct_cp_owner(cp, l->cp_zigzag, Tl, s->len - 1, &s->owner, &s->last_row);
 }
 
 /* On the ranks holding the LM head (and, under context parallelism, the window's last real

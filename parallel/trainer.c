@@ -185,9 +185,7 @@ static void cut_to_cp_rank(trainer *t, int32_t *buf, int64_t n) {
     const bool zigzag = t->cfg->parallel.cp_sharding == CT_CP_ZIGZAG;
     memcpy(t->cp_scratch, buf, (size_t)(n * T) * sizeof(int32_t));
     for (int64_t s = 0; s < n; s++)
-        for (int64_t i = 0; i < Tl; i++)
-            buf[s * Tl + i] =
-                t->cp_scratch[s * T + ct_cp_position(p->cp, p->cp_rank, zigzag, Tl, i)];
+        ct_cp_cut(p->cp, p->cp_rank, zigzag, Tl, t->cp_scratch + s * T, buf + s * Tl);
 }
 
 static ct_status read_batch(trainer *t, ct_dataset *ds, int64_t first) {

@@ -12,8 +12,8 @@
  *   - the bytes its sends counted: forward (cp−1) kv blocks, backward (cp−1) more plus cp fp32
  *     dK/dV partials, each B·(T/cp)·2·n_kv·hd elements;
  *   - a rerun gives the same bits;
- * and the causal work per rank (unmasked score elements) at T = 32: zigzag equal on every rank,
- * contiguous growing with the rank.
+ * the causal work per rank (unmasked score elements) at T = 32: zigzag equal on every rank,
+ * contiguous growing with the rank; and that ct_cp_owner finds every position's rank and row.
  *
  * Tolerances (u = 2^-24). The ring sums the same products in another order. A score
  * s = scale·q·k differs by at most e_s = hd·u·scale·Σ_d|q_d||k_d| between the two; a softmax
@@ -286,6 +286,28 @@ static __attribute__((unused)) void balance(void) {
            detail);
 }
 
+/* ct_cp_owner inverts ct_cp_position: every local row of every rank maps back to itself. */
+static __attribute__((unused)) void owners(void) {
+    bool good = true;
+    char detail[160] = "";
+    for (int cp = 1; cp <= 4; cp *= 2)
+        for (int z = 0; z < 2; z++)
+            for (int r = 0; r < cp; r++)
+                for (int64_t t = 0; t < 6; t++) {
+                    int got_r = -1;
+                    int64_t got_t = -1, p = ct_cp_position(cp, r, z, 6, t);
+                    ct_cp_owner(cp, z, 6, p, &got_r, &got_t);
+                    if (got_r != r || got_t != t) {
+                        snprintf(detail, sizeof detail,
+                                 "cp %d %s: position %lld of rank %d row %lld -> rank %d row %lld",
+                                 cp, z ? "zigzag" : "contiguous", (long long)p, r, (long long)t,
+                                 got_r, (long long)got_t);
+                        good = false;
+                    }
+                }
+    report(good, "ct_cp_owner inverts ct_cp_position (cp 1, 2, 4; zigzag and contiguous)", detail);
+}
+
 static void all_cases(ct_backend *ref, ct_backend *be, ct_comm *cp) {
     for (int dt = 0; dt < 2; dt++)
         for (int z = 1; z >= 0; z--)
@@ -322,7 +344,7 @@ int main(int argc, char **argv) {
     }
     ct_comm_set_stream(pctx->world, cpu);
     all_cases(cpu, cpu, pctx->world);
-    if (world == 2) balance();
+    if (world == 2) balance(), owners();
     ct_comm_unset_stream(pctx->world, cpu);
     ct_pctx_free(pctx);
 #endif

@@ -20,6 +20,19 @@ int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t) {
     return (t < half ? c0 : c1) * half + t % half;
 }
 
+void ct_cp_owner(int cp, bool zigzag, int64_t T_local, int64_t p, int *r, int64_t *row) {
+    const int64_t half = T_local / 2, chunk = p / half;
+    CT_ASSERTF(p >= 0 && chunk < 2 * cp, "cp owner of position %lld of %lld", (long long)p,
+               (long long)(cp * T_local));
+    const bool first = zigzag ? chunk < cp : chunk % 2 == 0; /* the rank's first chunk */
+    *r = (int)(zigzag ? (first ? chunk : 2 * cp - 1 - chunk) : chunk / 2);
+    *row = (first ? 0 : half) + p % half;
+}
+
+void ct_cp_cut(int cp, int r, bool zigzag, int64_t T_local, const int32_t *seq, int32_t *local) {
+    for (int64_t t = 0; t < T_local; t++) local[t] = seq[ct_cp_position(cp, r, zigzag, T_local, t)];
+}
+
 int64_t ct_cp_score_elements(int cp, int r, bool zigzag, int64_t T) {
     const int64_t c = T / (2 * cp);
     int64_t q[2], total = 0;

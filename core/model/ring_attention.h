@@ -26,6 +26,11 @@
 void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1);
 /* The global position of local row t (0 ≤ t < T_local) of rank r. */
 int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t);
+/* Its inverse: the rank r that holds global position p and the local row there. */
+void ct_cp_owner(int cp, bool zigzag, int64_t T_local, int64_t p, int *r, int64_t *row);
+/* local[t] = seq[ct_cp_position(.., t)] for t < T_local: rank r's tokens of one whole sequence
+ * (cp·T_local of them). */
+void ct_cp_cut(int cp, int r, bool zigzag, int64_t T_local, const int32_t *seq, int32_t *local);
 
 /* The unmasked score elements rank r computes for one (batch, head) of a sequence of T
  * positions: the causal work it gets (zigzag: the same on every rank). */

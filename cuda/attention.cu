@@ -254,17 +254,6 @@ static __global__ void attn_colsum_kernel(float *dst, const float *partial, int 
 
 /* ---- launchers ------------------------------------------------------------------------------- */
 
-static void att_check_dims(const char *op, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                           int64_t hd) {
-    CT_ASSERTF(n_kv_head > 0 && n_head % n_kv_head == 0, "%s: n_head=%lld n_kv_head=%lld", op,
-               (long long)n_head, (long long)n_kv_head);
-    CT_ASSERTF(hd > 0 && hd <= ATT_MAX_HD, "%s: head_dim=%lld (at most %d)", op, (long long)hd,
-               ATT_MAX_HD);
-    CT_ASSERTF(B <= 65535 && n_head <= 65535 && T <= INT32_MAX - ATT_BR &&
-                   B * T * (n_head + 2 * n_kv_head) * hd < ((int64_t)1 << 62),
-               "%s: B=%lld T=%lld n_head=%lld", op, (long long)B, (long long)T, (long long)n_head);
-}
-
 template <typename S, int HD>
 static void att_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
                     int64_t n_head, int64_t n_kv_head, int64_t hd) {
@@ -331,30 +320,6 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
     if (dbias) ct_cuda_attention_colsum(cx, dbias, partial, B * n_t, lqkv);
 }
 
-/* The narrowest compiled head width that holds hd. */
-template <typename S>
-static void att_fwd_dispatch(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B,
-                             int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
-    if (hd <= 32)
-        att_fwd<S, 32>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
-    else if (hd <= 64)
-        att_fwd<S, 64>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
-    else
-        att_fwd<S, 128>(cx, out, lse, qkv, B, T, n_head, n_kv_head, hd);
-}
-
-template <typename S>
-static void att_bwd_dispatch(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
-                             const void *qkv, const void *out, const float *lse, int64_t B,
-                             int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
-    if (hd <= 32)
-        att_bwd<S, 32>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
-    else if (hd <= 64)
-        att_bwd<S, 64>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
-    else
-        att_bwd<S, 128>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head, hd);
-}
-
 extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *lse,
                                       const void *qkv, int64_t B, int64_t T, int64_t n_head,
                                       int64_t n_kv_head, int64_t head_dim) {
@@ -364,7 +329,8 @@ extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, f
     if (dt == CT_DTYPE_BF16)
         ct_cuda_attention_fwd_tc(cx, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
     else
-        att_fwd_dispatch<float>(cx, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
+        ATT_HD_DISPATCH(att_fwd, float, head_dim, cx, out, lse, qkv, B, T, n_head, n_kv_head,
+                        head_dim);
 }
 
 extern "C" void ct_cuda_attention_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dqkv, float *dbias,
@@ -378,6 +344,6 @@ extern "C" void ct_cuda_attention_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dqkv, 
         ct_cuda_attention_bwd_tc(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
                                  head_dim);
     else
-        att_bwd_dispatch<float>(cx, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
-                                head_dim);
+        ATT_HD_DISPATCH(att_bwd, float, head_dim, cx, dqkv, dbias, dout, qkv, out, lse, B, T,
+                        n_head, n_kv_head, head_dim);
 }

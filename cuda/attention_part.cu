@@ -211,13 +211,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
 static void part_check_dims(const char *op, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
                             int64_t hd) {
     CT_ASSERTF(T % 2 == 0, "%s: T=%lld is two chunks", op, (long long)T);
-    CT_ASSERTF(n_kv_head > 0 && n_head % n_kv_head == 0, "%s: n_head=%lld n_kv_head=%lld", op,
-               (long long)n_head, (long long)n_kv_head);
-    CT_ASSERTF(hd > 0 && hd <= ATT_MAX_HD, "%s: head_dim=%lld (at most %d)", op, (long long)hd,
-               ATT_MAX_HD);
-    CT_ASSERTF(B <= 65535 && n_head <= 65535 && T <= INT32_MAX / 2 - ATT_BR &&
-                   B * T * (n_head + 2 * n_kv_head) * hd < ((int64_t)1 << 62),
-               "%s: B=%lld T=%lld n_head=%lld", op, (long long)B, (long long)T, (long long)n_head);
+    CT_ASSERTF(T <= INT32_MAX / 2 - ATT_BR, "%s: T=%lld", op, (long long)T);
+    att_check_dims(op, B, T, n_head, n_kv_head, hd);
 }
 
 template <typename S, int HD>
@@ -262,17 +257,6 @@ static void part_bwd(ct_cuda_ctx *cx, float *dq_acc, float *dkv_acc, const void 
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-/* The narrowest compiled head width that holds hd. */
-#define PART_DISPATCH(fn, S, hd, ...)                                                              \
-    do {                                                                                           \
-        if ((hd) <= 32)                                                                            \
-            fn<S, 32>(__VA_ARGS__);                                                                \
-        else if ((hd) <= 64)                                                                       \
-            fn<S, 64>(__VA_ARGS__);                                                                \
-        else                                                                                       \
-            fn<S, 128>(__VA_ARGS__);                                                               \
-    } while (0)
-
 extern "C" void ct_cuda_attention_part_fwd(ct_cuda_ctx *cx, ct_dtype dt, float *o_acc,
                                            float *lse_acc, const void *qkv, const void *kv,
                                            int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
@@ -281,11 +265,11 @@ extern "C" void ct_cuda_attention_part_fwd(ct_cuda_ctx *cx, ct_dtype dt, float *
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     part_check_dims("attention_part_fwd", B, T, n_head, n_kv_head, head_dim);
     if (dt == CT_DTYPE_BF16)
-        PART_DISPATCH(part_fwd, __nv_bfloat16, head_dim, cx, o_acc, lse_acc, qkv, kv, B, T, n_head,
-                      n_kv_head, head_dim, chunks);
+        ATT_HD_DISPATCH(part_fwd, __nv_bfloat16, head_dim, cx, o_acc, lse_acc, qkv, kv, B, T,
+                        n_head, n_kv_head, head_dim, chunks);
     else
-        PART_DISPATCH(part_fwd, float, head_dim, cx, o_acc, lse_acc, qkv, kv, B, T, n_head,
-                      n_kv_head, head_dim, chunks);
+        ATT_HD_DISPATCH(part_fwd, float, head_dim, cx, o_acc, lse_acc, qkv, kv, B, T, n_head,
+                        n_kv_head, head_dim, chunks);
 }
 
 extern "C" void ct_cuda_attention_part_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *dq_acc,
@@ -297,9 +281,9 @@ extern "C" void ct_cuda_attention_part_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     part_check_dims("attention_part_bwd", B, T, n_head, n_kv_head, head_dim);
     if (dt == CT_DTYPE_BF16)
-        PART_DISPATCH(part_bwd, __nv_bfloat16, head_dim, cx, dq_acc, dkv_acc, dout, qkv, out, lse,
-                      kv, B, T, n_head, n_kv_head, head_dim, chunks);
+        ATT_HD_DISPATCH(part_bwd, __nv_bfloat16, head_dim, cx, dq_acc, dkv_acc, dout, qkv, out, lse,
+                        kv, B, T, n_head, n_kv_head, head_dim, chunks);
     else
-        PART_DISPATCH(part_bwd, float, head_dim, cx, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T,
-                      n_head, n_kv_head, head_dim, chunks);
+        ATT_HD_DISPATCH(part_bwd, float, head_dim, cx, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B,
+                        T, n_head, n_kv_head, head_dim, chunks);
 }

@@ -259,4 +259,30 @@ static __device__ inline void att_dq_tile(float (&dq)[ATT_RW][HD / 32], float *s
     }
 }
 
+/* ---- launchers' shared pieces ------------------------------------------------------------- */
+
+/* What the kernels assume of the shapes: whole GQA groups, a compiled head width, grid and index
+ * ranges. */
+static inline void att_check_dims(const char *op, int64_t B, int64_t T, int64_t n_head,
+                                  int64_t n_kv_head, int64_t hd) {
+    CT_ASSERTF(n_kv_head > 0 && n_head % n_kv_head == 0, "%s: n_head=%lld n_kv_head=%lld", op,
+               (long long)n_head, (long long)n_kv_head);
+    CT_ASSERTF(hd > 0 && hd <= ATT_MAX_HD, "%s: head_dim=%lld (at most %d)", op, (long long)hd,
+               ATT_MAX_HD);
+    CT_ASSERTF(B <= 65535 && n_head <= 65535 && T <= INT32_MAX - ATT_BR &&
+                   B * T * (n_head + 2 * n_kv_head) * hd < ((int64_t)1 << 62),
+               "%s: B=%lld T=%lld n_head=%lld", op, (long long)B, (long long)T, (long long)n_head);
+}
+
+/* fn<S, HD>(...) at the narrowest compiled head width HD that holds hd. */
+#define ATT_HD_DISPATCH(fn, S, hd, ...)                                                            \
+    do {                                                                                           \
+        if ((hd) <= 32)                                                                            \
+            fn<S, 32>(__VA_ARGS__);                                                                \
+        else if ((hd) <= 64)                                                                       \
+            fn<S, 64>(__VA_ARGS__);                                                                \
+        else                                                                                       \
+            fn<S, 128>(__VA_ARGS__);                                                               \
+    } while (0)
+
 #endif /* CT_CUDA_ATTENTION_TILE_CUH */

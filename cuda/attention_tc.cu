@@ -27,20 +27,28 @@
  * FlashAttention-2. B operands come from shared memory by ldmatrix: K (or Q, dO, V in the
  * backward) as "col" operands untransposed, V (or dO, Q, K) as row-major operands with .trans.
  *
+ * Pipelining: the operand that streams (K and V in the forward and dQ kernels; Q, dO, lse and D
+ * in dK/dV) has two shared buffers; step i + 1's tiles are copied by cp.async (cuda/ct_async.cuh)
+ * into one while step i is computed from the other, then a wait for step i's group and a barrier
+ * make it visible to every warp, and a second barrier after the step frees its buffer for step
+ * i + 2's copies. Rows past T and columns past head_dim arrive as zeros (src-size 0). Masks are
+ * computed only in the steps that meet the diagonal (or run past T): a template flag.
+ *
  * Kernels (grid; dynamic shared memory bytes for HD = 32 / 64 / 128):
  *   tc_fwd_kernel   (query tiles, n_head, B), heaviest first. Q tile to registers (A fragments);
- *                   per key tile kt ≤ qt: K and V to shared memory, S = Q·Kᵀ (n-tiles past a
- *                   warp's last row skipped on the diagonal), online softmax per row (running
- *                   max shared by the 4 lanes of a row, a per-lane running sum reduced at the
- *                   end), O += P·V. 3·64·(HD + 8)·2: 15360 / 27648 / 52224.
+ *                   per key tile kt ≤ qt: S = Q·Kᵀ (n-tiles past a warp's last row skipped on
+ *                   the diagonal), online softmax per row (running max shared by the 4 lanes of
+ *                   a row, a per-lane running sum reduced at the end), O += P·V.
+ *                   (64 + 2·2·64)·(HD + 8)·2: 25600 / 46080 / 87040.
  *   tc_dkdv_kernel  (key tiles, n_kv_head, B). K and V tile once; for each query head of the GQA
  *                   group in order and each query step at or after the tile: Q, dO, lse, D;
  *                   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ; dV += Pᵀ·dO, dK += dSᵀ·Q in registers.
  *                   One owner per (b, kv head, key tile): no atomics, a fixed order.
- *                   (2·64 + 2·S)·(HD + 8)·2 + 2·S·4 (S = TC_STEP): 20992 / 37376 / 52480.
+ *                   2·64·(HD + 8)·2 + 2·(2·S·(HD + 8)·2 + 2·S·4) (S = TC_STEP):
+ *                   31744 / 56320 / 70144.
  *   tc_dq_kernel    (query tiles, n_head, B). Q and dO tile; per key step up to the diagonal:
- *                   S, dP, dS; dQ += dS·K in registers. Same shared memory as tc_dkdv_kernel
- *                   less the lse and D rows (kept in registers).
+ *                   S, dP, dS; dQ += dS·K in registers (lse and D of its rows in registers).
+ *                   (2·64 + 2·2·S)·(HD + 8)·2: 30720 / 55296 / 69632.
  * D = rowsum(dO ⊙ O) and the dbias column sums come from attention.cu's kernels (its launchers
  * ct_cuda_attention_rowdot and ct_cuda_attention_colsum), with per-tile partials written here from
  * the fp32 accumulators, before bf16 rounding.
@@ -50,6 +58,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/ct_async.cuh"
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/ct_mma.cuh"
 #include "cuda/attention_tc.cuh"
@@ -98,11 +107,30 @@ static __device__ inline void tc_load(bf16 *dst, const bf16 *src, int64_t ld, in
     }
 }
 
-/* dst[r] = scale·src[r0 + r] for r < n, 0 past T. */
-static __device__ inline void tc_load_rows(float *dst, const float *src, int r0, int n, int T,
-                                           float scale) {
-    for (int r = threadIdx.x; r < n; r += TC_THREADS)
-        dst[r] = r0 + r < T ? src[r0 + r] * scale : 0.0f;
+/* tc_load's tile, issued as 16-byte cp.async copies (zeros past T and hd) when vec, for the
+ * caller to commit and wait for; plain stores otherwise, visible after the caller's barrier. */
+template <int HD>
+static __device__ inline void tc_load_async(bf16 *dst, const bf16 *src, int64_t ld, int r0,
+                                            int rows, int T, int hd, bool vec) {
+    constexpr int LD = HD + 8;
+    if (!vec) {
+        tc_load<HD>(dst, src, ld, r0, rows, T, hd, false);
+        return;
+    }
+    for (int e = threadIdx.x; e < rows * (HD / 8); e += TC_THREADS) {
+        const int r = e / (HD / 8), c = e % (HD / 8) * 8;
+        const bool in = r0 + r < T && c < hd;
+        ct_cp_async<16>(dst + r * LD + c, in ? src + (int64_t)(r0 + r) * ld + c : src, in);
+    }
+}
+
+/* dst[r] = src[r0 + r] for r < n, 0 past T, as 4-byte cp.async copies. */
+static __device__ inline void tc_load_rows_async(float *dst, const float *src, int r0, int n,
+                                                 int T) {
+    for (int r = threadIdx.x; r < n; r += TC_THREADS) {
+        const bool in = r0 + r < T;
+        ct_cp_async<4>(dst + r, in ? src + r0 + r : src, in);
+    }
 }
 
 /* The A fragments of k-step kk (columns 16kk .. 16kk + 15) of rows m0 .. m0 + 15 of a shared tile
@@ -207,16 +235,88 @@ static __device__ inline float tc_row_max(float v) {
 /* ---- forward --------------------------------------------------------------------------------- */
 
 template <int HD> static constexpr size_t tc_fwd_smem() {
-    return sizeof(bf16) * (size_t)(3 * TC_BM * (HD + 8));
+    return sizeof(bf16) * (size_t)((TC_BM + 4 * TC_BN) * (HD + 8));
+}
+
+/* One key tile of the forward for a warp's 16 rows: S = Q·Kᵀ, the online softmax, O += P·V.
+ * MASK: the diagonal tile (the only one with keys past a row, or past T); elsewhere every key of
+ * the tile is at or before every row of the block. */
+template <int HD, bool MASK>
+static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
+                                          const uint32_t (&qf)[HD / 16][4], const bf16 *ks,
+                                          const bf16 *vs, int k0, int row0, int T, float sl2) {
+    constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
+    const int need = MASK ? 16 * w + 16 : TC_BN;
+    float s[NT][4];
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    CT_UNROLL
+    for (int np = 0; np < NT / 2; np++) {
+        if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
+        CT_UNROLL
+        for (int kk = 0; kk < KS; kk++) {
+            uint32_t r[4];
+            tc_frag_bt<LD>(r, ks, 16 * np, kk);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            ct_mma_bf16(s[2 * np], qf[kk], b0);
+            ct_mma_bf16(s[2 * np + 1], qf[kk], b1);
+        }
+    }
+    /* Online softmax in log2 units. Key k0 <= every row of the block (kt <= qt), so a row's
+     * running max is finite from the first tile on and exp2(m_old - m_new) is never NaN. */
+    float mx[2] = {-INFINITY, -INFINITY};
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) {
+        if (MASK) {
+            const int row = row0 + g + 8 * (e >> 1), key = k0 + 8 * n + 2 * t + (e & 1);
+            s[n][e] = key <= row && key < T ? s[n][e] * sl2 : -INFINITY;
+        } else {
+            s[n][e] *= sl2;
+        }
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+    }
+    CT_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const float mn = fmaxf(m[hh], tc_row_max(mx[hh]));
+        const float alpha = exp2f(m[hh] - mn);
+        m[hh] = mn;
+        l[hh] *= alpha;
+        CT_UNROLL
+        for (int n = 0; n < DT; n++) o[n][2 * hh] *= alpha, o[n][2 * hh + 1] *= alpha;
+    }
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) {
+        const float p = exp2f(s[n][e] - m[e >> 1]);
+        s[n][e] = p;
+        l[e >> 1] += p;
+    }
+    CT_UNROLL
+    for (int kp = 0; kp < NT / 2; kp++) {
+        if (16 * kp >= need) continue; /* P is 0 there */
+        uint32_t a[4];
+        tc_acc_to_a(a, s[2 * kp], s[2 * kp + 1]);
+        CT_UNROLL
+        for (int dp = 0; dp < DT / 2; dp++) {
+            uint32_t r[4];
+            tc_frag_b<LD>(r, vs, 16 * kp, 16 * dp);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            ct_mma_bf16(o[2 * dp], a, b0);
+            ct_mma_bf16(o[2 * dp + 1], a, b1);
+        }
+    }
 }
 
 template <int HD>
 static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     tc_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int n_head, int n_kv_head, int hd,
                   float scale, bool vec) {
-    constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
+    constexpr int LD = HD + 8, KS = HD / 16, DT = HD / 8;
     CT_DYN_SHARED(bf16, smem);
-    bf16 *qs = smem, *ks = qs + TC_BM * LD, *vs = ks + TC_BN * LD;
+    bf16 *qs = smem, *kvs = qs + TC_BM * LD; /* K and V of tile kt at kvs + (kt & 1)·2·TC_BN·LD */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int qt = (int)(gridDim.x - 1 - blockIdx.x); /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
@@ -226,7 +326,13 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     const int q0 = qt * TC_BM, row0 = q0 + 16 * w; /* the warp's first query row */
     const float sl2 = scale * TC_LOG2E;
 
-    tc_load<HD>(qs, qh, lqkv, q0, TC_BM, T, hd, vec);
+    /* Two copy groups in flight: the tile computed on and the next one landing. */
+    tc_load_async<HD>(qs, qh, lqkv, q0, TC_BM, T, hd, vec);
+    ct_cp_async_commit();
+    tc_load_async<HD>(kvs, kh, lqkv, 0, TC_BN, T, hd, vec);
+    tc_load_async<HD>(kvs + TC_BN * LD, vh, lqkv, 0, TC_BN, T, hd, vec);
+    ct_cp_async_commit();
+    ct_cp_async_wait<1>(); /* Q */
     __syncthreads();
     uint32_t qf[KS][4];
     CT_UNROLL
@@ -236,68 +342,22 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     for (int n = 0; n < DT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
-        const int k0 = kt * TC_BN;
-        /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
-        const int need = kt < qt ? TC_BN : 16 * w + 16;
-        __syncthreads(); /* the previous tile's K and V are no longer read */
-        tc_load<HD>(ks, kh, lqkv, k0, TC_BN, T, hd, vec);
-        tc_load<HD>(vs, vh, lqkv, k0, TC_BN, T, hd, vec);
-        __syncthreads();
-        float s[NT][4];
-        CT_UNROLL
-        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        CT_UNROLL
-        for (int np = 0; np < NT / 2; np++) {
-            if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
-            CT_UNROLL
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t r[4];
-                tc_frag_bt<LD>(r, ks, 16 * np, kk);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                ct_mma_bf16(s[2 * np], qf[kk], b0);
-                ct_mma_bf16(s[2 * np + 1], qf[kk], b1);
-            }
+        if (kt < qt) { /* tile kt + 1 into the buffer tile kt − 1 left (freed by its barrier) */
+            bf16 *nx = kvs + ((kt + 1) & 1) * 2 * TC_BN * LD;
+            tc_load_async<HD>(nx, kh, lqkv, (kt + 1) * TC_BN, TC_BN, T, hd, vec);
+            tc_load_async<HD>(nx + TC_BN * LD, vh, lqkv, (kt + 1) * TC_BN, TC_BN, T, hd, vec);
+            ct_cp_async_commit();
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
         }
-        /* Online softmax in log2 units. Key k0 <= every row of the block (kt <= qt), so a row's
-         * running max is finite from the first tile on and exp2(m_old - m_new) is never NaN. */
-        float mx[2] = {-INFINITY, -INFINITY};
-        CT_UNROLL
-        for (int n = 0; n < NT; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + g + 8 * (e >> 1), key = k0 + 8 * n + 2 * t + (e & 1);
-            s[n][e] = key <= row && key < T ? s[n][e] * sl2 : -INFINITY;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-        }
-        CT_UNROLL
-        for (int hh = 0; hh < 2; hh++) {
-            const float mn = fmaxf(m[hh], tc_row_max(mx[hh]));
-            const float alpha = exp2f(m[hh] - mn);
-            m[hh] = mn;
-            l[hh] *= alpha;
-            CT_UNROLL
-            for (int n = 0; n < DT; n++) o[n][2 * hh] *= alpha, o[n][2 * hh + 1] *= alpha;
-        }
-        CT_UNROLL
-        for (int n = 0; n < NT; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const float p = exp2f(s[n][e] - m[e >> 1]);
-            s[n][e] = p;
-            l[e >> 1] += p;
-        }
-        CT_UNROLL
-        for (int kp = 0; kp < NT / 2; kp++) {
-            if (16 * kp >= need) continue; /* P is 0 there */
-            uint32_t a[4];
-            tc_acc_to_a(a, s[2 * kp], s[2 * kp + 1]);
-            CT_UNROLL
-            for (int dp = 0; dp < DT / 2; dp++) {
-                uint32_t r[4];
-                tc_frag_b<LD>(r, vs, 16 * kp, 16 * dp);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                ct_mma_bf16(o[2 * dp], a, b0);
-                ct_mma_bf16(o[2 * dp + 1], a, b1);
-            }
-        }
+        __syncthreads(); /* tile kt has landed for every thread */
+        const bf16 *ks = kvs + (kt & 1) * 2 * TC_BN * LD, *vs = ks + TC_BN * LD;
+        if (kt == qt)
+            tc_fwd_tile<HD, true>(o, m, l, qf, ks, vs, kt * TC_BN, row0, T, sl2);
+        else
+            tc_fwd_tile<HD, false>(o, m, l, qf, ks, vs, kt * TC_BN, row0, T, sl2);
+        __syncthreads(); /* tile kt's buffer is no longer read */
     }
     const float sum0 = tc_row_sum(l[0]), sum1 = tc_row_sum(l[1]);
     tc_store<DT>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq, o, row0, T, hd, 1.0f / sum0,
@@ -311,9 +371,81 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
 
 /* ---- backward: dK and dV --------------------------------------------------------------------- */
 
-template <int HD> static constexpr size_t tc_bwd_smem() {
-    return sizeof(bf16) * (size_t)((2 * TC_BM + 2 * TC_STEP(HD)) * (HD + 8)) +
+/* One buffer of the query steps: Q and dO (S rows each), lse and D (S floats each). */
+template <int HD> static __host__ __device__ constexpr size_t tc_qstep_bytes() {
+    return sizeof(bf16) * (size_t)(2 * TC_STEP(HD) * (HD + 8)) +
            sizeof(float) * (size_t)(2 * TC_STEP(HD));
+}
+template <int HD> static constexpr size_t tc_dkdv_smem() {
+    return sizeof(bf16) * (size_t)(2 * TC_BM * (HD + 8)) + 2 * tc_qstep_bytes<HD>();
+}
+template <int HD> static constexpr size_t tc_dq_smem() {
+    return sizeof(bf16) * (size_t)((2 * TC_BM + 4 * TC_STEP(HD)) * (HD + 8));
+}
+
+/* One query step of a warp's 16 keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ, dV += Pᵀ·dO,
+ * dK += dSᵀ·Q. ls: the step's lse (natural log), Ds: its D. MASK: a step that meets the diagonal
+ * or runs past T; elsewhere every query of the step is at or after every key of the block. */
+template <int HD, bool MASK>
+static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
+                                           const bf16 *ks, const bf16 *vs, const bf16 *qs,
+                                           const bf16 *dos, const float *ls, const float *Ds,
+                                           int i0, int key0, int T, float sl2) {
+    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float s[NT][4], dp[NT][4];
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+    CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t ka[4], va[4];
+        tc_frag_a<LD>(ka, ks, 16 * w, kk);
+        tc_frag_a<LD>(va, vs, 16 * w, kk);
+        CT_UNROLL
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t r[4];
+            tc_frag_bt<LD>(r, qs, 16 * np, kk);
+            const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
+            ct_mma_bf16(s[2 * np], ka, q0f);
+            ct_mma_bf16(s[2 * np + 1], ka, q1f);
+            tc_frag_bt<LD>(r, dos, 16 * np, kk);
+            const uint32_t d0f[2] = {r[0], r[1]}, d1f[2] = {r[2], r[3]};
+            ct_mma_bf16(dp[2 * np], va, d0f);
+            ct_mma_bf16(dp[2 * np + 1], va, d1f);
+        }
+    }
+    /* Pᵀ into s, dSᵀ into dp: row = key, column = query */
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) {
+        const int qi = 8 * n + 2 * t + (e & 1);
+        float p = exp2f(s[n][e] * sl2 - ls[qi] * TC_LOG2E);
+        if (MASK) {
+            const int key = key0 + g + 8 * (e >> 1);
+            p = i0 + qi < T && key <= i0 + qi ? p : 0.0f;
+        }
+        s[n][e] = p;
+        dp[n][e] = p * (dp[n][e] - Ds[qi]);
+    }
+    CT_UNROLL
+    for (int kp = 0; kp < NT / 2; kp++) {
+        uint32_t pa[4], da[4];
+        tc_acc_to_a(pa, s[2 * kp], s[2 * kp + 1]);
+        tc_acc_to_a(da, dp[2 * kp], dp[2 * kp + 1]);
+        CT_UNROLL
+        for (int cp = 0; cp < DT / 2; cp++) {
+            uint32_t r[4];
+            tc_frag_b<LD>(r, dos, 16 * kp, 16 * cp);
+            const uint32_t o0f[2] = {r[0], r[1]}, o1f[2] = {r[2], r[3]};
+            ct_mma_bf16(dv[2 * cp], pa, o0f);
+            ct_mma_bf16(dv[2 * cp + 1], pa, o1f);
+            tc_frag_b<LD>(r, qs, 16 * kp, 16 * cp);
+            const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
+            ct_mma_bf16(dk[2 * cp], da, q0f);
+            ct_mma_bf16(dk[2 * cp + 1], da, q1f);
+        }
+    }
 }
 
 template <int HD>
@@ -321,11 +453,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_dkdv_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
                    const float *D, int T, int n_head, int n_kv_head, int hd, float scale,
                    bool vec) {
-    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    constexpr int LD = HD + 8, S = TC_STEP(HD), DT = HD / 8;
     CT_DYN_SHARED(bf16, smem);
-    bf16 *ks = smem, *vs = ks + TC_BM * LD, *qs = vs + TC_BM * LD, *dos = qs + S * LD;
-    float *ls = reinterpret_cast<float *>(dos + S * LD), *Ds = ls + S;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    bf16 *ks = smem, *vs = ks + TC_BM * LD;
+    unsigned char *steps = reinterpret_cast<unsigned char *>(vs + TC_BM * LD); /* two buffers */
+    const int w = threadIdx.x >> 5;
     const int n_t = (int)gridDim.x, kt = (int)blockIdx.x; /* the most query steps first */
     const int kvh = blockIdx.y, b = blockIdx.z, group = n_head / n_kv_head;
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
@@ -333,83 +465,62 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int k0 = kt * TC_BM, key0 = k0 + 16 * w; /* the warp's first key */
     const float sl2 = scale * TC_LOG2E;
 
-    tc_load<HD>(ks, qkv + k_off, lqkv, k0, TC_BM, T, hd, vec);
-    tc_load<HD>(vs, qkv + v_off, lqkv, k0, TC_BM, T, hd, vec);
+    /* Step st is query head kvh·group + st / n_i, queries i0 = k0 + (st % n_i)·S onward; its Q,
+     * dO, lse and D go to buffer st & 1, the next step's landing while this one is computed. */
+    const int n_i = (T - k0 + S - 1) / S, n_steps = group * n_i;
+    auto buffer = [&](int st, bf16 *&qs, bf16 *&dos, float *&ls, float *&Ds) {
+        qs = reinterpret_cast<bf16 *>(steps + (st & 1) * tc_qstep_bytes<HD>());
+        dos = qs + S * LD;
+        ls = reinterpret_cast<float *>(dos + S * LD);
+        Ds = ls + S;
+    };
+    auto load_step = [&](int st) {
+        const int h = kvh * group + st / n_i, i0 = k0 + st % n_i * S;
+        const int64_t lrow = ((int64_t)b * n_head + h) * T;
+        bf16 *qs, *dos;
+        float *ls, *Ds;
+        buffer(st, qs, dos, ls, Ds);
+        tc_load_async<HD>(qs, qkv + (int64_t)b * T * lqkv + (int64_t)h * hd, lqkv, i0, S, T, hd,
+                          vec);
+        tc_load_async<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, i0, S, T, hd, vec);
+        tc_load_rows_async(ls, lse + lrow, i0, S, T);
+        tc_load_rows_async(Ds, D + lrow, i0, S, T);
+        ct_cp_async_commit();
+    };
+
+    tc_load_async<HD>(ks, qkv + k_off, lqkv, k0, TC_BM, T, hd, vec);
+    tc_load_async<HD>(vs, qkv + v_off, lqkv, k0, TC_BM, T, hd, vec);
+    ct_cp_async_commit();
+    load_step(0);
     float dk[DT][4], dv[DT][4];
     CT_UNROLL
     for (int n = 0; n < DT; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
-    for (int gi = 0; gi < group; gi++) {
-        const int h = kvh * group + gi;
-        const bf16 *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
-        const bf16 *doh = dout + (int64_t)b * T * cq + (int64_t)h * hd;
-        const int64_t lrow = ((int64_t)b * n_head + h) * T;
-        for (int i0 = k0; i0 < T; i0 += S) {
-            __syncthreads(); /* the previous step's Q, dO, lse and D are no longer read */
-            tc_load<HD>(qs, qh, lqkv, i0, S, T, hd, vec);
-            tc_load<HD>(dos, doh, cq, i0, S, T, hd, vec);
-            tc_load_rows(ls, lse + lrow, i0, S, T, TC_LOG2E);
-            tc_load_rows(Ds, D + lrow, i0, S, T, 1.0f);
-            __syncthreads();
-            if (i0 + S <= key0) continue; /* warp-uniform: every query before the warp's keys */
-            float s[NT][4], dp[NT][4];
-            CT_UNROLL
-            for (int n = 0; n < NT; n++) CT_UNROLL
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-            CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t ka[4], va[4];
-                tc_frag_a<LD>(ka, ks, 16 * w, kk);
-                tc_frag_a<LD>(va, vs, 16 * w, kk);
-                CT_UNROLL
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t r[4];
-                    tc_frag_bt<LD>(r, qs, 16 * np, kk);
-                    const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
-                    ct_mma_bf16(s[2 * np], ka, q0f);
-                    ct_mma_bf16(s[2 * np + 1], ka, q1f);
-                    tc_frag_bt<LD>(r, dos, 16 * np, kk);
-                    const uint32_t d0f[2] = {r[0], r[1]}, d1f[2] = {r[2], r[3]};
-                    ct_mma_bf16(dp[2 * np], va, d0f);
-                    ct_mma_bf16(dp[2 * np + 1], va, d1f);
-                }
-            }
-            /* Pᵀ into s, dSᵀ into dp: row = key, column = query */
-            CT_UNROLL
-            for (int n = 0; n < NT; n++) CT_UNROLL
-            for (int e = 0; e < 4; e++) {
-                const int key = key0 + g + 8 * (e >> 1), qi = 8 * n + 2 * t + (e & 1);
-                const bool live = i0 + qi < T && key <= i0 + qi;
-                const float p = live ? exp2f(s[n][e] * sl2 - ls[qi]) : 0.0f;
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - Ds[qi]);
-            }
-            CT_UNROLL
-            for (int kp = 0; kp < NT / 2; kp++) {
-                uint32_t pa[4], da[4];
-                tc_acc_to_a(pa, s[2 * kp], s[2 * kp + 1]);
-                tc_acc_to_a(da, dp[2 * kp], dp[2 * kp + 1]);
-                CT_UNROLL
-                for (int cp = 0; cp < DT / 2; cp++) {
-                    uint32_t r[4];
-                    tc_frag_b<LD>(r, dos, 16 * kp, 16 * cp);
-                    const uint32_t o0f[2] = {r[0], r[1]}, o1f[2] = {r[2], r[3]};
-                    ct_mma_bf16(dv[2 * cp], pa, o0f);
-                    ct_mma_bf16(dv[2 * cp + 1], pa, o1f);
-                    tc_frag_b<LD>(r, qs, 16 * kp, 16 * cp);
-                    const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
-                    ct_mma_bf16(dk[2 * cp], da, q0f);
-                    ct_mma_bf16(dk[2 * cp + 1], da, q1f);
-                }
-            }
+    for (int st = 0; st < n_steps; st++) {
+        if (st + 1 < n_steps) { /* into the buffer step st − 1 left (freed by its barrier) */
+            load_step(st + 1);
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
         }
+        __syncthreads(); /* step st (and K, V) have landed for every thread */
+        const int i0 = k0 + st % n_i * S;
+        if (i0 + S > key0) { /* warp-uniform: else every query is before the warp's keys */
+            bf16 *qs, *dos;
+            float *ls, *Ds;
+            buffer(st, qs, dos, ls, Ds);
+            if (i0 < k0 + TC_BM || i0 + S > T)
+                tc_dkdv_step<HD, true>(dk, dv, ks, vs, qs, dos, ls, Ds, i0, key0, T, sl2);
+            else
+                tc_dkdv_step<HD, false>(dk, dv, ks, vs, qs, dos, ls, Ds, i0, key0, T, sl2);
+        }
+        __syncthreads(); /* step st's buffer is no longer read */
     }
     tc_store<DT>(dqkv + k_off, lqkv, dk, key0, T, hd, scale, scale);
     tc_store<DT>(dqkv + v_off, lqkv, dv, key0, T, hd, 1.0f, 1.0f);
     if (partial) { /* this key tile's column sums of dK and dV (fp32, before any rounding) */
         float *prow = partial + ((int64_t)b * n_t + kt) * lqkv + cq + (int64_t)kvh * hd;
-        float *red = reinterpret_cast<float *>(qs);
-        __syncthreads(); /* Q and dO, which red overlaps, are no longer read */
+        float *red = reinterpret_cast<float *>(steps); /* the loop's last barrier freed it */
         tc_colsum_store<HD>(prow, red, dk, hd, scale);
         __syncthreads(); /* red is read before it is written again */
         tc_colsum_store<HD>(prow + ckv, red, dv, hd, 1.0f);
@@ -418,14 +529,71 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* ---- backward: dQ ---------------------------------------------------------------------------- */
 
+/* One key step of a warp's 16 query rows: S, dP, dS; dQ += dS·K. lr, dr: the log2-scaled lse and
+ * the D of the lane's rows g and g + 8. MASK: a step that meets the diagonal (the keys past T are
+ * there too); elsewhere every key of the step is at or before every row of the block. */
+template <int HD, bool MASK>
+static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs, const bf16 *dos,
+                                         const bf16 *ks, const bf16 *vs, const float (&lr)[2],
+                                         const float (&dr)[2], int j0, int row0, int T, float sl2) {
+    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float s[NT][4], dp[NT][4];
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+    CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t qa[4], da[4];
+        tc_frag_a<LD>(qa, qs, 16 * w, kk);
+        tc_frag_a<LD>(da, dos, 16 * w, kk);
+        CT_UNROLL
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t r[4];
+            tc_frag_bt<LD>(r, ks, 16 * np, kk);
+            const uint32_t k0f[2] = {r[0], r[1]}, k1f[2] = {r[2], r[3]};
+            ct_mma_bf16(s[2 * np], qa, k0f);
+            ct_mma_bf16(s[2 * np + 1], qa, k1f);
+            tc_frag_bt<LD>(r, vs, 16 * np, kk);
+            const uint32_t v0f[2] = {r[0], r[1]}, v1f[2] = {r[2], r[3]};
+            ct_mma_bf16(dp[2 * np], da, v0f);
+            ct_mma_bf16(dp[2 * np + 1], da, v1f);
+        }
+    }
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) {
+        float p = exp2f(s[n][e] * sl2 - lr[e >> 1]);
+        if (MASK) {
+            const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
+            p = row < T && key <= row ? p : 0.0f;
+        }
+        dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
+    }
+    CT_UNROLL
+    for (int kp = 0; kp < NT / 2; kp++) {
+        uint32_t a[4];
+        tc_acc_to_a(a, dp[2 * kp], dp[2 * kp + 1]);
+        CT_UNROLL
+        for (int cp = 0; cp < DT / 2; cp++) {
+            uint32_t r[4];
+            tc_frag_b<LD>(r, ks, 16 * kp, 16 * cp);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            ct_mma_bf16(dq[2 * cp], a, b0);
+            ct_mma_bf16(dq[2 * cp + 1], a, b1);
+        }
+    }
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     tc_dq_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
                  const float *D, int T, int n_head, int n_kv_head, int hd, float scale, bool vec) {
-    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    constexpr int LD = HD + 8, S = TC_STEP(HD), DT = HD / 8;
     CT_DYN_SHARED(bf16, smem);
-    bf16 *qs = smem, *dos = qs + TC_BM * LD, *ks = dos + TC_BM * LD, *vs = ks + S * LD;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* K and V of key step js at kvs + (js & 1)·2·S·LD */
+    bf16 *qs = smem, *dos = qs + TC_BM * LD, *kvs = dos + TC_BM * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2;
     const int n_t = (int)gridDim.x, qt = n_t - 1 - (int)blockIdx.x; /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
@@ -435,8 +603,12 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     const int q0 = qt * TC_BM, row0 = q0 + 16 * w; /* the warp's first query row */
     const float sl2 = scale * TC_LOG2E;
 
-    tc_load<HD>(qs, qkv + q_off, lqkv, q0, TC_BM, T, hd, vec);
-    tc_load<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, TC_BM, T, hd, vec);
+    tc_load_async<HD>(qs, qkv + q_off, lqkv, q0, TC_BM, T, hd, vec);
+    tc_load_async<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, TC_BM, T, hd, vec);
+    ct_cp_async_commit();
+    tc_load_async<HD>(kvs, kh, lqkv, 0, S, T, hd, vec);
+    tc_load_async<HD>(kvs + S * LD, vh, lqkv, 0, S, T, hd, vec);
+    ct_cp_async_commit();
     float lr[2], dr[2]; /* log2-scaled lse and D of the lane's rows g and g + 8 */
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
@@ -448,62 +620,33 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     CT_UNROLL
     for (int n = 0; n < DT; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
     const int k_end = q0 + TC_BM < T ? q0 + TC_BM : T; /* keys past the tile's last row: none */
-    for (int j0 = 0; j0 < k_end; j0 += S) {
-        __syncthreads(); /* the previous step's K and V are no longer read */
-        tc_load<HD>(ks, kh, lqkv, j0, S, T, hd, vec);
-        tc_load<HD>(vs, vh, lqkv, j0, S, T, hd, vec);
-        __syncthreads();
-        if (j0 > row0 + 15) continue; /* warp-uniform: every key after the warp's rows */
-        float s[NT][4], dp[NT][4];
-        CT_UNROLL
-        for (int n = 0; n < NT; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-        CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
-        for (int kk = 0; kk < KS; kk++) {
-            uint32_t qa[4], da[4];
-            tc_frag_a<LD>(qa, qs, 16 * w, kk);
-            tc_frag_a<LD>(da, dos, 16 * w, kk);
-            CT_UNROLL
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t r[4];
-                tc_frag_bt<LD>(r, ks, 16 * np, kk);
-                const uint32_t k0f[2] = {r[0], r[1]}, k1f[2] = {r[2], r[3]};
-                ct_mma_bf16(s[2 * np], qa, k0f);
-                ct_mma_bf16(s[2 * np + 1], qa, k1f);
-                tc_frag_bt<LD>(r, vs, 16 * np, kk);
-                const uint32_t v0f[2] = {r[0], r[1]}, v1f[2] = {r[2], r[3]};
-                ct_mma_bf16(dp[2 * np], da, v0f);
-                ct_mma_bf16(dp[2 * np + 1], da, v1f);
-            }
+    const int n_steps = (k_end + S - 1) / S;
+    for (int js = 0; js < n_steps; js++) {
+        if (js + 1 < n_steps) { /* step js + 1 into the buffer step js − 1 left */
+            bf16 *nx = kvs + ((js + 1) & 1) * 2 * S * LD;
+            tc_load_async<HD>(nx, kh, lqkv, (js + 1) * S, S, T, hd, vec);
+            tc_load_async<HD>(nx + S * LD, vh, lqkv, (js + 1) * S, S, T, hd, vec);
+            ct_cp_async_commit();
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
         }
-        CT_UNROLL
-        for (int n = 0; n < NT; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
-            const bool live = row < T && key <= row;
-            const float p = live ? exp2f(s[n][e] * sl2 - lr[e >> 1]) : 0.0f;
-            dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
+        __syncthreads(); /* step js (and Q, dO) have landed for every thread */
+        const int j0 = js * S;
+        if (j0 <= row0 + 15) { /* warp-uniform: else every key is after the warp's rows */
+            const bf16 *ks = kvs + (js & 1) * 2 * S * LD, *vs = ks + S * LD;
+            if (j0 + S > q0)
+                tc_dq_step<HD, true>(dq, qs, dos, ks, vs, lr, dr, j0, row0, T, sl2);
+            else
+                tc_dq_step<HD, false>(dq, qs, dos, ks, vs, lr, dr, j0, row0, T, sl2);
         }
-        CT_UNROLL
-        for (int kp = 0; kp < NT / 2; kp++) {
-            uint32_t a[4];
-            tc_acc_to_a(a, dp[2 * kp], dp[2 * kp + 1]);
-            CT_UNROLL
-            for (int cp = 0; cp < DT / 2; cp++) {
-                uint32_t r[4];
-                tc_frag_b<LD>(r, ks, 16 * kp, 16 * cp);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                ct_mma_bf16(dq[2 * cp], a, b0);
-                ct_mma_bf16(dq[2 * cp + 1], a, b1);
-            }
-        }
+        __syncthreads(); /* step js's buffer is no longer read */
     }
     tc_store<DT>(dqkv + q_off, lqkv, dq, row0, T, hd, scale, scale);
-    if (partial) {       /* this query tile's column sums of dQ (fp32, before any rounding) */
-        __syncthreads(); /* K and V, which red overlaps, are no longer read */
+    if (partial) /* this query tile's column sums of dQ (fp32, before any rounding); K and V,
+                  * which red overlaps, are no longer read (the loop's last barrier) */
         tc_colsum_store<HD>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd,
-                            reinterpret_cast<float *>(ks), dq, hd, scale);
-    }
+                            reinterpret_cast<float *>(kvs), dq, hd, scale);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -543,17 +686,16 @@ static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, 
 
     ct_cuda_attention_rowdot(cx, CT_DTYPE_BF16, D, dout, out, B, T, n_head, hd);
 
-    const size_t smem = tc_bwd_smem<HD>();
-    att_allow_smem(tc_dkdv_kernel<HD>, smem);
+    att_allow_smem(tc_dkdv_kernel<HD>, tc_dkdv_smem<HD>());
     ct_launch(tc_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
-              dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+              dim3(TC_THREADS), tc_dkdv_smem<HD>(), st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
               (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    att_allow_smem(tc_dq_kernel<HD>, smem);
+    att_allow_smem(tc_dq_kernel<HD>, tc_dq_smem<HD>());
     ct_launch(tc_dq_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
-              dim3(TC_THREADS), smem, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+              dim3(TC_THREADS), tc_dq_smem<HD>(), st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
               (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());

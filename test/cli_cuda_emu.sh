@@ -28,7 +28,7 @@ relay() {
 }
 
 # ---- correct kernels against plain loops (reduce and softmax run all three orders) -----------
-for c in reduce softmax atomics shuffles streams memory devices launch-checks bf16 mma; do relay "$c"; done
+for c in reduce softmax atomics shuffles streams memory devices launch-checks bf16 mma cp-async; do relay "$c"; done
 relay devices CUEMU_DEVICES=4 # guards CUEMU_DEVICES (several devices per node)
 relay devices CUEMU_DEVICES=0 # guards cudaErrorNoDevice when no device is configured
 
@@ -45,6 +45,18 @@ if [ ${#caught[@]} -gt 0 ]; then
 else
     fail "missing __syncthreads went unnoticed in every order"
 fi
+# cp.async: a copy lands at the latest moment the PTX ISA allows in ascending order (at its
+# wait) and at the earliest in descending (at its commit), so a read before the wait and a copy
+# into a buffer other warps still read each give a wrong result (guards cuemu_cp_async's landing
+# and the two orders' choice of it).
+for bug in "cp-async-no-wait ascending" "cp-async-no-barrier descending"; do
+    set -- $bug
+    CUEMU_ORDER=$2 timeout 300 "$SELF" "$1" >/dev/null 2>&1
+    rc=$?
+    if [ $rc = 1 ]; then ok "$1 gives a wrong result in $2 order"; else fail "$1 went unnoticed in $2 order (exit $rc)"; fi
+done
+expect_exit 134 "a cp.async to global memory aborts" -- "$SELF" cp-async-global
+expect_text "16 bytes of shared memory on a boundary of that size" "cp.async to global: says why"
 expect_exit 2 "CUEMU_ORDER with an unknown order is refused" -- env CUEMU_ORDER=sideways "$SELF" reduce
 expect_text "is not ascending, descending or random:SEED" "CUEMU_ORDER error names the choices"
 

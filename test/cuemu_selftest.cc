@@ -5,16 +5,17 @@
  *     cuemu_selftest CASE
  *
  * Correct kernels (reduce, softmax, atomics, shuffles, streams, memory, devices, launch-checks,
- * bf16, mma) are compared with plain loops and exit 0, printing "ok ..." lines. Each deliberately
- * buggy kernel shows how the emulator reports its bug: an abort naming block and thread (bad-mask,
- * partial-barrier, deadlock, mismatch, big-static-smem, ldmatrix-misaligned; exit 3 when the
- * kernel runs through),
- * a wrong result in some warp order (missing-sync exits 1 when the result is wrong in the order
- * CUEMU_ORDER sets), NaN from shared memory read before it is written (uninit-shared), stale data
- * after a missing stream sync (missing-stream-sync), and an AddressSanitizer report from the ASan
- * build (oob-shared, oob-global). `speed` prints emulated threads per second.
+ * bf16, mma, cp-async) are compared with plain loops and exit 0, printing "ok ..." lines. Each
+ * deliberately buggy kernel shows how the emulator reports its bug: an abort naming block and
+ * thread (bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, ldmatrix-misaligned,
+ * cp-async-global; exit 3 when the kernel runs through), a wrong result in some warp order
+ * (missing-sync, cp-async-no-wait and cp-async-no-barrier exit 1 when the result is wrong in the
+ * order CUEMU_ORDER sets), NaN from shared memory read before it is written (uninit-shared), stale
+ * data after a missing stream sync (missing-stream-sync), and an AddressSanitizer report from the
+ * ASan build (oob-shared, oob-global). `speed` prints emulated threads per second.
  */
 #include "cuda/ct_cuda.h"
+#include "cuda/ct_async.cuh"
 #include "cuda/ct_mma.cuh"
 
 #include <chrono>
@@ -715,6 +716,71 @@ static void mma_run(int misaligned) {
     CT_CUDA_CHECK(cudaFree(D));
 }
 
+/* ---- cp.async: a double-buffered stream of tiles (cuda/ct_async.cuh) ----------------------- */
+/* 64 threads sum, over n tiles of 64 floats, the element of the other warp's half; the last warp
+ * copies each tile (16 threads x 16 bytes) into the buffer the tile before last used, while the
+ * block reads the other. bug 1: no cp.async.wait_group (the emulator lands the copies at the wait
+ * in ascending order, so the reads see poison); bug 2: no barrier freeing a buffer before the
+ * next copy into it (copies land at the commit in descending order, where the copying warp runs
+ * first and overwrites a tile the other warp has yet to read); bug 3: a copy to global memory. */
+__global__ void cp_async_kernel(float *out, const float *in, int n, int bug) {
+    CT_SHARED(float4, buf4, 2 * 16);
+    float *buf = reinterpret_cast<float *>(buf4);
+    const int t = threadIdx.x;
+    auto load = [&](int k) {
+        if (t >= 48) {
+            float *dst = bug == 3 ? out + 4 * (t - 48) : buf + (k & 1) * 64 + 4 * (t - 48);
+            ct_cp_async<16>(dst, in + k * 64 + 4 * (t - 48), true);
+        }
+        ct_cp_async_commit();
+    };
+    load(0);
+    float acc = 0.0f;
+    for (int k = 0; k < n; k++) {
+        if (k + 1 < n) {
+            load(k + 1);
+            if (bug != 1) ct_cp_async_wait<1>();
+        } else if (bug != 1) {
+            ct_cp_async_wait<0>();
+        }
+        __syncthreads();
+        acc += buf[(k & 1) * 64 + (t + 32) % 64];
+        if (bug != 2) __syncthreads();
+    }
+    out[t] = acc;
+}
+
+/* Runs the kernel in the orders given (all three for the correct one); exits 1 with "wrong
+ * result" when a planted bug shows in CUEMU_ORDER's order. */
+static void cp_async_run(int bug) {
+    const int n = 9;
+    std::vector<float> h = random_floats(64 * n, 21);
+    std::vector<double> want(64, 0.0);
+    for (int k = 0; k < n; k++)
+        for (int t = 0; t < 64; t++) want[t] += (double)h[k * 64 + (t + 32) % 64];
+    float *in = device_alloc<float>(h.size()), *out = device_alloc<float>(64);
+    CT_CUDA_CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    for (int o = 0; o < (bug ? 1 : 3); o++) {
+        if (!bug) cuemu_set_order(all_orders[o], 7);
+        ct_launch(cp_async_kernel, dim3(1), dim3(64), 0, 0, out, (const float *)in, n, bug);
+        std::vector<float> got(64);
+        CT_CUDA_CHECK(cudaMemcpy(got.data(), out, 64 * 4, cudaMemcpyDeviceToHost));
+        const float err = max_abs_diff(got, want);
+        if (bug) {
+            const char *order = getenv("CUEMU_ORDER");
+            printf("cp.async bug %d, CUEMU_ORDER=%s: max error %g: %s\n", bug, order ? order : "",
+                   err, err < 1e-4f ? "result right (bug hidden)" : "wrong result");
+            if (!(err < 1e-4f)) failures++;
+        } else {
+            std::string what = std::string("double-buffered cp.async stream equals the sum (") +
+                               order_names[o] + ")";
+            check(err < 1e-4f, what.c_str());
+        }
+    }
+    CT_CUDA_CHECK(cudaFree(in));
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
 /* ---- speed --------------------------------------------------------------------------------- */
 template <int BLOCK>
 __global__ void layernorm_kernel(float *out, const float *in, const float *w, const float *b,
@@ -766,11 +832,12 @@ static void case_speed() {
 
 /* ---- main ---------------------------------------------------------------------------------- */
 static void usage() {
-    fprintf(stderr, "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
-                    "streams memory launch-checks bf16 mma speed\n  buggy: missing-sync, "
-                    "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
-                    "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
-                    "ldmatrix-misaligned\n");
+    fprintf(stderr,
+            "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
+            "streams memory launch-checks bf16 mma cp-async speed\n  buggy: missing-sync, "
+            "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
+            "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
+            "ldmatrix-misaligned, cp-async-no-wait, cp-async-no-barrier, cp-async-global\n");
     exit(2);
 }
 
@@ -799,6 +866,16 @@ int main(int argc, char **argv) {
         mma_run(0);
     else if (c == "ldmatrix-misaligned") {
         mma_run(1);
+        printf("the kernel ran to completion: nothing was reported\n");
+        exit(3);
+    } else if (c == "cp-async")
+        cp_async_run(0);
+    else if (c == "cp-async-no-wait")
+        cp_async_run(1);
+    else if (c == "cp-async-no-barrier")
+        cp_async_run(2);
+    else if (c == "cp-async-global") {
+        cp_async_run(3);
         printf("the kernel ran to completion: nothing was reported\n");
         exit(3);
     } else if (c == "speed")

@@ -28,6 +28,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,13 @@ const char *const warp_op_names[] = {"__shfl_sync",     "__shfl_up_sync", "__shf
                                      "__shfl_xor_sync", "__syncwarp",     "__ballot_sync",
                                      "__any_sync",      "__all_sync",     "a warp collective"};
 
+/* One cp.async: `bytes` from src to dst, or zeros when src is null (src-size 0). */
+struct cp_copy {
+    void *dst;
+    const void *src;
+    unsigned bytes;
+};
+
 struct thread_slot {
     thread_state state;
     warp_op_kind op;
@@ -138,6 +146,10 @@ struct thread_slot {
     uint64_t value, result;
     cuemu_collective_fn collective; /* OP_COLLECTIVE: what runs once every lane has arrived */
     const char *collective_name;
+    /* cp.async: copies issued and not yet committed, and the committed groups not yet landed
+     * (oldest first); see cuemu_cp_async */
+    std::vector<cp_copy> cp_open;
+    std::deque<std::vector<cp_copy>> cp_groups;
 };
 
 struct warp_slot {
@@ -516,7 +528,11 @@ void run_warp(int w) {
 
 void run_block() {
     int n = block.n_threads;
-    for (int t = 0; t < n; t++) block.threads[t].state = THREAD_READY;
+    for (int t = 0; t < n; t++) {
+        block.threads[t].state = THREAD_READY;
+        block.threads[t].cp_open.clear(); /* a thread that exited with copies in flight */
+        block.threads[t].cp_groups.clear();
+    }
     for (int w = 0; w < block.n_warps; w++) {
         int lanes = std::min(32, n - 32 * w);
         unsigned present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
@@ -544,6 +560,62 @@ void cuemu_set_order(cuemu_order new_order, unsigned seed) {
                        * order set here holds until CUEMU_ORDER changes */
     order = new_order;
     rng_state = (uint64_t)seed * 2654435761u + 1;
+}
+
+/* cp.async. The PTX ISA lets a copy land any time between its issue and the cp.async.wait_group
+ * that covers its group; the emulator picks the two ends by order: ascending lands every group at
+ * the wait (a read before the wait sees the poison or the previous tile), descending at the issue
+ * (a copy into a buffer other warps still read, before the barrier that frees it, clobbers it), a
+ * random order each group at one end or the other. */
+namespace {
+void cp_land(std::vector<cp_copy> &group) {
+    for (const cp_copy &c : group) {
+        if (c.src)
+            memcpy(c.dst, c.src, c.bytes);
+        else
+            memset(c.dst, 0, c.bytes);
+    }
+    group.clear();
+}
+bool cp_land_at_issue() {
+    switch (order) {
+    case CUEMU_ORDER_ASCENDING: return false;
+    case CUEMU_ORDER_DESCENDING: return true;
+    case CUEMU_ORDER_RANDOM: break;
+    }
+    return random_next() & 1u;
+}
+} // namespace
+
+void cuemu_cp_async(void *dst, const void *src, unsigned bytes, bool fill) {
+    const int t = block.current;
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || (uintptr_t)dst % bytes != 0 ||
+        !cuemu_is_shared_pointer(dst, bytes))
+        block_error(t,
+                    "cp.async of %u bytes to %p: 4, 8 or 16 bytes of shared memory on a "
+                    "boundary of that size",
+                    bytes, dst);
+    if (fill && ((uintptr_t)src % bytes != 0 || !cuemu_is_device_pointer(src, bytes)))
+        block_error(t,
+                    "cp.async of %u bytes from %p: not %u bytes of device memory on a boundary "
+                    "of that size",
+                    bytes, src, bytes);
+    block.threads[t].cp_open.push_back(cp_copy{dst, fill ? src : nullptr, bytes});
+}
+
+void cuemu_cp_async_commit() {
+    thread_slot &me = block.threads[block.current];
+    me.cp_groups.push_back(std::move(me.cp_open));
+    me.cp_open.clear();
+    if (cp_land_at_issue()) cp_land(me.cp_groups.back());
+}
+
+void cuemu_cp_async_wait(int n_pending) {
+    thread_slot &me = block.threads[block.current];
+    while ((int)me.cp_groups.size() > n_pending) {
+        cp_land(me.cp_groups.front());
+        me.cp_groups.pop_front();
+    }
 }
 
 uint64_t cuemu_threads_run() {

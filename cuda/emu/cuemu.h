@@ -149,6 +149,14 @@ void cuemu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2
                              const float c[4]);
 void cuemu_ldmatrix(uint32_t *r, int n_matrices, bool trans, const void *row_address);
 
+/* Asynchronous copies from global to shared memory (cp.async; cuda/ct_async.cuh is what kernels
+ * call): one copy of `bytes` (4, 8 or 16) from src, or zeros when fill is false; the thread's
+ * copies since its last commit become a group; wait lands every group but the n_pending newest.
+ * When a group lands, between its issue and its wait, depends on the order (cuemu.cc). */
+void cuemu_cp_async(void *dst, const void *src, unsigned bytes, bool fill);
+void cuemu_cp_async_commit();
+void cuemu_cp_async_wait(int n_pending);
+
 /* ---- shared memory ------------------------------------------------------------------------- */
 /* True when [p, p + bytes) lies in the running block's shared memory (dynamic or static). */
 bool cuemu_is_shared_pointer(const void *p, size_t bytes);

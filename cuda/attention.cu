@@ -247,9 +247,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
 static __global__ void attn_colsum_kernel(float *dst, const float *partial, int n_rows, int C) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= C) return;
-    float acc = partial[j];
-    for (int r = 1; r < n_rows; r++) acc += partial[(int64_t)r * C + j];
-    dst[j] += acc;
+    dst[j] += ct_sum_in_order(partial + j, n_rows, C);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */

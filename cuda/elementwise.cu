@@ -38,6 +38,7 @@
 #include "cuda/launch.cuh"
 
 #define EW_CHUNK_ROWS 64 /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
+#define EW_ROW_BATCH 8   /* rows of bias_grad's loads in flight before their adds */
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -97,11 +98,20 @@ static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, in
         const int64_t r1 = r0 + EW_CHUNK_ROWS < N ? r0 + EW_CHUNK_ROWS : N;
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
-            float acc[VEC], x[VEC];
+            float acc[VEC], x[EW_ROW_BATCH][VEC];
             ct_load<T, VEC>(dout + r0 * C + cv * VEC, acc);
-            for (int64_t r = r0 + 1; r < r1; r++) {
-                ct_load<T, VEC>(dout + r * C + cv * VEC, x);
-                for (int k = 0; k < VEC; k++) acc[k] += x[k];
+            int64_t r = r0 + 1;
+            for (; r + EW_ROW_BATCH <= r1; r += EW_ROW_BATCH) { /* loads first, adds in order */
+                CT_UNROLL
+                for (int u = 0; u < EW_ROW_BATCH; u++)
+                    ct_load<T, VEC>(dout + (r + u) * C + cv * VEC, x[u]);
+                CT_UNROLL
+                for (int u = 0; u < EW_ROW_BATCH; u++)
+                    for (int k = 0; k < VEC; k++) acc[k] += x[u][k];
+            }
+            for (; r < r1; r++) {
+                ct_load<T, VEC>(dout + r * C + cv * VEC, x[0]);
+                for (int k = 0; k < VEC; k++) acc[k] += x[0][k];
             }
             if (direct) {
                 float d[VEC];
@@ -121,9 +131,7 @@ static __global__ void ew_partials_kernel(float *dbias, const float *partial, in
                                           int64_t C) {
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < C;
          j += (int64_t)gridDim.x * blockDim.x) {
-        float acc = partial[j];
-        for (int64_t ch = 1; ch < n_chunks; ch++) acc += partial[ch * C + j];
-        dbias[j] += acc;
+        dbias[j] += ct_sum_in_order(partial + j, n_chunks, C);
     }
 }
 

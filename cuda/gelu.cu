@@ -130,9 +130,7 @@ static __global__ void gelu_bwd_dbias_kernel(T *dinp, float *partial, const T *i
 static __global__ void gelu_colsum_kernel(float *dst, const float *partial, int n_chunks, int C) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= C) return;
-    float acc = partial[j];
-    for (int ch = 1; ch < n_chunks; ch++) acc += partial[(int64_t)ch * C + j];
-    dst[j] += acc;
+    dst[j] += ct_sum_in_order(partial + j, n_chunks, C);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */

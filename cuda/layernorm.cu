@@ -163,9 +163,7 @@ static __global__ void ln_colsum_kernel(float *dst, const float *partial, int n_
                                         int64_t stride) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= C) return;
-    float acc = partial[j];
-    for (int ch = 1; ch < n_chunks; ch++) acc += partial[ch * stride + j];
-    dst[j] += acc;
+    dst[j] += ct_sum_in_order(partial + j, n_chunks, stride);
 }
 
 /* ---- RMSNorm --------------------------------------------------------------------------------- */

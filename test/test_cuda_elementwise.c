@@ -251,6 +251,7 @@ static void test_bias_grad(void **state) {
             all_ok &= bias_grad_case(dtypes[d], 64, 256);  /* exactly one full chunk */
             all_ok &= bias_grad_case(dtypes[d], 300, 67);  /* 5 chunks, the last of 44 rows */
             all_ok &= bias_grad_case(dtypes[d], 300, 256); /* the same, vector path */
+            all_ok &= bias_grad_case(dtypes[d], 1300, 20); /* 21 chunks: partials in batches */
         }
     });
 }

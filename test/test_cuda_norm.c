@@ -333,13 +333,15 @@ static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
     return ok;
 }
 
-static const int64_t ln_shapes[][2] = {{5, 67}, {32, 256}, {300, 40}};
+/* (1300, 24): 21 chunks of 64 rows, so the column sums over chunk partials run a batch of loads */
+static const int64_t ln_shapes[][2] = {{5, 67}, {32, 256}, {300, 40}, {1300, 24}};
+#define N_LN_SHAPES (sizeof ln_shapes / sizeof *ln_shapes)
 
 static void test_layernorm(void **state) {
     (void)state;
     FOR_EACH_ORDER({
         for (int t = 0; t < 2; t++)
-            for (int k = 0; k < 3; k++) {
+            for (size_t k = 0; k < N_LN_SHAPES; k++) {
                 all_ok &= ln_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
                 all_ok &= ln_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
             }
@@ -446,7 +448,7 @@ static void test_gelu(void **state) {
                 all_ok &= gelu_fwd_case(dtypes[t], 5 * 67, off);
                 all_ok &= gelu_fwd_case(dtypes[t], 32 * 256, off);
             }
-            for (int k = 0; k < 3; k++)
+            for (size_t k = 0; k < N_LN_SHAPES; k++)
                 for (int v = 0; v < 4; v++)
                     all_ok &=
                         gelu_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1], v & 1, v & 2);
@@ -814,7 +816,7 @@ static void test_rmsnorm(void **state) {
     (void)state;
     FOR_EACH_ORDER({
         for (int t = 0; t < 2; t++)
-            for (int k = 0; k < 3; k++) {
+            for (size_t k = 0; k < N_LN_SHAPES; k++) {
                 all_ok &= rms_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
                 all_ok &= rms_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
             }

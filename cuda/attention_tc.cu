@@ -383,6 +383,37 @@ template <int HD> static constexpr size_t tc_dq_smem() {
     return sizeof(bf16) * (size_t)((2 * TC_BM + 4 * TC_STEP(HD)) * (HD + 8));
 }
 
+/* The two score products of a backward step for the warp's 16 rows (16w .. 16w + 15 of a1 and
+ * a2) against the step's NT·8 rows of b1 and b2: s = a1·b1ᵀ and dp = a2·b2ᵀ (dK/dV: Sᵀ = K·Qᵀ,
+ * dPᵀ = V·dOᵀ; dQ: S = Q·Kᵀ, dP = dO·Vᵀ), from zero, fp32 accumulators. */
+template <int HD, int NT>
+static __device__ inline void tc_score_pair(float (&s)[NT][4], float (&dp)[NT][4], const bf16 *a1,
+                                            const bf16 *a2, const bf16 *b1, const bf16 *b2) {
+    constexpr int LD = HD + 8, KS = HD / 16;
+    const int w = threadIdx.x >> 5;
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+    CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t fa1[4], fa2[4];
+        tc_frag_a<LD>(fa1, a1, 16 * w, kk);
+        tc_frag_a<LD>(fa2, a2, 16 * w, kk);
+        CT_UNROLL
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t r[4];
+            tc_frag_bt<LD>(r, b1, 16 * np, kk);
+            const uint32_t b10[2] = {r[0], r[1]}, b11[2] = {r[2], r[3]};
+            ct_mma_bf16(s[2 * np], fa1, b10);
+            ct_mma_bf16(s[2 * np + 1], fa1, b11);
+            tc_frag_bt<LD>(r, b2, 16 * np, kk);
+            const uint32_t b20[2] = {r[0], r[1]}, b21[2] = {r[2], r[3]};
+            ct_mma_bf16(dp[2 * np], fa2, b20);
+            ct_mma_bf16(dp[2 * np + 1], fa2, b21);
+        }
+    }
+}
+
 /* One query step of a warp's 16 keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ, dV += Pᵀ·dO,
  * dK += dSᵀ·Q. ls: the step's lse (natural log), Ds: its D. MASK: a step that meets the diagonal
  * or runs past T; elsewhere every query of the step is at or after every key of the block. */
@@ -391,30 +422,10 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
                                            const bf16 *ks, const bf16 *vs, const bf16 *qs,
                                            const bf16 *dos, const float *ls, const float *Ds,
                                            int i0, int key0, int T, float sl2) {
-    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int LD = HD + 8, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
-    CT_UNROLL
-    for (int n = 0; n < NT; n++) CT_UNROLL
-    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-    CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
-    for (int kk = 0; kk < KS; kk++) {
-        uint32_t ka[4], va[4];
-        tc_frag_a<LD>(ka, ks, 16 * w, kk);
-        tc_frag_a<LD>(va, vs, 16 * w, kk);
-        CT_UNROLL
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t r[4];
-            tc_frag_bt<LD>(r, qs, 16 * np, kk);
-            const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
-            ct_mma_bf16(s[2 * np], ka, q0f);
-            ct_mma_bf16(s[2 * np + 1], ka, q1f);
-            tc_frag_bt<LD>(r, dos, 16 * np, kk);
-            const uint32_t d0f[2] = {r[0], r[1]}, d1f[2] = {r[2], r[3]};
-            ct_mma_bf16(dp[2 * np], va, d0f);
-            ct_mma_bf16(dp[2 * np + 1], va, d1f);
-        }
-    }
+    tc_score_pair<HD, NT>(s, dp, ks, vs, qs, dos);
     /* Pᵀ into s, dSᵀ into dp: row = key, column = query */
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
@@ -536,30 +547,10 @@ template <int HD, bool MASK>
 static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs, const bf16 *dos,
                                          const bf16 *ks, const bf16 *vs, const float (&lr)[2],
                                          const float (&dr)[2], int j0, int row0, int T, float sl2) {
-    constexpr int LD = HD + 8, KS = HD / 16, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int LD = HD + 8, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
-    CT_UNROLL
-    for (int n = 0; n < NT; n++) CT_UNROLL
-    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-    CT_UNROLL_BY(1) /* kk only moves addresses: one k-step's fragments live at a time */
-    for (int kk = 0; kk < KS; kk++) {
-        uint32_t qa[4], da[4];
-        tc_frag_a<LD>(qa, qs, 16 * w, kk);
-        tc_frag_a<LD>(da, dos, 16 * w, kk);
-        CT_UNROLL
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t r[4];
-            tc_frag_bt<LD>(r, ks, 16 * np, kk);
-            const uint32_t k0f[2] = {r[0], r[1]}, k1f[2] = {r[2], r[3]};
-            ct_mma_bf16(s[2 * np], qa, k0f);
-            ct_mma_bf16(s[2 * np + 1], qa, k1f);
-            tc_frag_bt<LD>(r, vs, 16 * np, kk);
-            const uint32_t v0f[2] = {r[0], r[1]}, v1f[2] = {r[2], r[3]};
-            ct_mma_bf16(dp[2 * np], da, v0f);
-            ct_mma_bf16(dp[2 * np + 1], da, v1f);
-        }
-    }
+    tc_score_pair<HD, NT>(s, dp, qs, dos, ks, vs);
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) {

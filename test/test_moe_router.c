@@ -153,14 +153,36 @@ static void test_aux_loss_anchors(void **state) {
 
 /* ---- backward against finite differences ----------------------------------------------------- */
 
+/* What an objective of the logits needs besides them. */
+typedef struct {
+    ct_router_kind kind;
+    int64_t N;
+    int E, k;
+    const int32_t *ids; /* the gates' experts, held fixed */
+    const float *w;     /* the gates' weights */
+    const int64_t *counts;
+    double alpha;
+} objective_ctx;
+typedef long double (*objective_fn)(const float *z, const objective_ctx *c);
+
+/* d f / d z[i] by central differences of step h (the steps as the fp32 logit really moved). */
+static long double central_diff(objective_fn f, const objective_ctx *c, float *z, int i, double h) {
+    const float z0 = z[i];
+    z[i] = (float)(z0 + h);
+    const long double up = f(z, c), hu = (long double)z[i] - z0;
+    z[i] = (float)(z0 - h);
+    const long double down = f(z, c), hd = z0 - (long double)z[i];
+    z[i] = z0;
+    return (up - down) / (hu + hd);
+}
+
 /* Σ_t Σ_j w[t][j]·gate[t][j] with the experts fixed (ids), in long double. */
-static long double gate_objective(ct_router_kind kind, const float *z, int64_t N, int E, int k,
-                                  const int32_t *ids, const float *w) {
+static long double gate_objective(const float *z, const objective_ctx *c) {
     long double acc = 0, g[16];
     int32_t tmp[16];
-    for (int64_t t = 0; t < N; t++) {
-        ref_token(kind, z + t * E, NULL, E, k, ids + t * k, tmp, g);
-        for (int j = 0; j < k; j++) acc += w[t * k + j] * g[j];
+    for (int64_t t = 0; t < c->N; t++) {
+        ref_token(c->kind, z + t * c->E, NULL, c->E, c->k, c->ids + t * c->k, tmp, g);
+        for (int j = 0; j < c->k; j++) acc += c->w[t * c->k + j] * g[j];
     }
     return acc;
 }
@@ -177,24 +199,17 @@ static void test_router_backward(void **state) {
         for (int i = 0; i < N * K; i++) w[i] = uniform(&seed);
         ct_router_fwd(kinds[v], z, NULL, N, E, K, probs, ids, gates);
         ct_router_bwd(kinds[v], z, ids, gates, w, N, E, K, dz);
-        for (int i = 0; i < N * E; i++) {
-            const float z0 = z[i];
-            z[i] = (float)(z0 + h);
-            long double up = gate_objective(kinds[v], z, N, E, K, ids, w);
-            const long double hu = (long double)z[i] - z0;
-            z[i] = (float)(z0 - h);
-            long double down = gate_objective(kinds[v], z, N, E, K, ids, w);
-            const long double hd = z0 - (long double)z[i];
-            z[i] = z0;
-            const long double fd = (up - down) / (hu + hd);
-            assert_true(fabsl(dz[i] - fd) <= 2e-5L);
-        }
+        const objective_ctx c = {kinds[v], N, E, K, ids, w, NULL, 0.0};
+        for (int i = 0; i < N * E; i++)
+            assert_true(fabsl(dz[i] - central_diff(gate_objective, &c, z, i, h)) <= 2e-5L);
     }
 }
 
 /* The balancing loss of N tokens with their counts fixed, as a function of the logits. */
-static long double aux_objective(ct_router_kind kind, const float *z, int64_t N, int E, int k,
-                                 const int64_t *counts, double alpha) {
+static long double aux_objective(const float *z, const objective_ctx *c) {
+    const ct_router_kind kind = c->kind;
+    const int64_t N = c->N;
+    const int E = c->E, k = c->k;
     long double psum[16] = {0}, dist[64];
     for (int64_t t = 0; t < N; t++) {
         ref_dist(kind, z + t * E, E, dist);
@@ -203,8 +218,9 @@ static long double aux_objective(ct_router_kind kind, const float *z, int64_t N,
         for (int i = 0; i < E; i++) psum[i] += kind == CT_ROUTER_SIGMOID ? dist[i] / s : dist[i];
     }
     long double acc = 0;
-    for (int i = 0; i < E; i++) acc += (long double)counts[i] / ((long double)N * k) * psum[i] / N;
-    return alpha * E * acc;
+    for (int i = 0; i < E; i++)
+        acc += (long double)c->counts[i] / ((long double)N * k) * psum[i] / N;
+    return c->alpha * E * acc;
 }
 
 static void test_aux_backward(void **state) {
@@ -221,18 +237,10 @@ static void test_aux_backward(void **state) {
         for (int i = 0; i < N * K; i++) counts[ids[i]]++;
         for (int i = 0; i < N * E; i++) dz[i] = 0.25f; /* added to, not overwritten */
         ct_router_aux_bwd(kinds[v], z, counts, N, N, E, K, alpha, scale, dz);
-        for (int i = 0; i < N * E; i++) {
-            const float z0 = z[i];
-            z[i] = (float)(z0 + h);
-            long double up = aux_objective(kinds[v], z, N, E, K, counts, alpha);
-            const long double hu = (long double)z[i] - z0;
-            z[i] = (float)(z0 - h);
-            long double down = aux_objective(kinds[v], z, N, E, K, counts, alpha);
-            const long double hd = z0 - (long double)z[i];
-            z[i] = z0;
-            const long double fd = scale * (up - down) / (hu + hd);
-            assert_true(fabsl(dz[i] - 0.25L - fd) <= 2e-5L);
-        }
+        const objective_ctx c = {kinds[v], N, E, K, NULL, NULL, counts, alpha};
+        for (int i = 0; i < N * E; i++)
+            assert_true(fabsl(dz[i] - 0.25L - scale * central_diff(aux_objective, &c, z, i, h)) <=
+                        2e-5L);
     }
 }
 

@@ -41,9 +41,9 @@
  *   attn_bwd_dq_kernel    (query tiles, n_head, B). Q, dO tile, lse, D; per key tile kt ≤ qt K, V
  *                         (padded); dS recomputed; dQ += dS·K in registers.
  *                         4·(2·32·HD + 2·32·(HD+1) + 4·8·32 + 2·32) bytes: 20992 / 37376 / 70144.
- *   attn_colsum_kernel    with dbias: dbias[j] += the per-tile column sums of dqkv (workspace 1,
- *                         (B·tiles, lqkv), written by the two kernels above from the fp32 values,
- *                         before bf16 rounding, as backend.h asks) added in (b, tile) order.
+ * With dbias, dbias[j] += the per-tile column sums of dqkv (workspace 1, (B·tiles, lqkv), written
+ * by the two kernels above from the fp32 values, before bf16 rounding, as backend.h asks) added in
+ * (b, tile) order by ct_cuda_colsum_add (elementwise.cuh).
  * No float atomics: every sum runs in an order fixed by the shapes, so reruns give the same bits.
  *
  * Registers: a thread keeps 8 rows × HD/32 accumulators (two sets in dK/dV) and 8 scores. The
@@ -62,9 +62,9 @@
 #include "cuda/attention_tc.cuh"
 
 #include "cuda/attention_tile.cuh"
+#include "cuda/elementwise.cuh"
 
-#define ATT_DOT_WARPS 8        /* rows per block of attn_bwd_dot_kernel */
-#define ATT_COLSUM_THREADS 256 /* columns per block of attn_colsum_kernel */
+#define ATT_DOT_WARPS 8 /* rows per block of attn_bwd_dot_kernel */
 
 /* ---- shared helpers -------------------------------------------------------------------------- */
 
@@ -243,13 +243,6 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
     }
 }
 
-/* dst[j] += Σ over rows, in order, of partial[row·C + j]. */
-static __global__ void attn_colsum_kernel(float *dst, const float *partial, int n_rows, int C) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) return;
-    dst[j] += ct_sum_in_order(partial + j, n_rows, C);
-}
-
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 template <typename S, int HD>
@@ -275,14 +268,6 @@ void ct_cuda_attention_rowdot(ct_cuda_ctx *cx, ct_dtype dt, float *D, const void
     else
         ct_launch(attn_bwd_dot_kernel<float>, grid, dim3(32 * ATT_DOT_WARPS), 0, ct_cuda_stream(cx),
                   D, (const float *)dout, (const float *)out, (int)T, (int)n_head, (int)hd, n_rows);
-    CT_CUDA_CHECK(cudaGetLastError());
-}
-
-void ct_cuda_attention_colsum(ct_cuda_ctx *cx, float *dst, const float *partial, int64_t n_rows,
-                              int64_t C) {
-    ct_launch(attn_colsum_kernel,
-              dim3((unsigned)((C + ATT_COLSUM_THREADS - 1) / ATT_COLSUM_THREADS)),
-              dim3(ATT_COLSUM_THREADS), 0, ct_cuda_stream(cx), dst, partial, (int)n_rows, (int)C);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -315,7 +300,7 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
               lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head, (int)hd, scale);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    if (dbias) ct_cuda_attention_colsum(cx, dbias, partial, B * n_t, lqkv);
+    if (dbias) ct_cuda_colsum_add(cx, dbias, partial, B * n_t, lqkv, lqkv);
 }
 
 extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *lse,

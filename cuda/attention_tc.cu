@@ -49,9 +49,9 @@
  *   tc_dq_kernel    (query tiles, n_head, B). Q and dO tile; per key step up to the diagonal:
  *                   S, dP, dS; dQ += dS·K in registers (lse and D of its rows in registers).
  *                   (2·64 + 2·2·S)·(HD + 8)·2: 30720 / 55296 / 69632.
- * D = rowsum(dO ⊙ O) and the dbias column sums come from attention.cu's kernels (its launchers
- * ct_cuda_attention_rowdot and ct_cuda_attention_colsum), with per-tile partials written here from
- * the fp32 accumulators, before bf16 rounding.
+ * D = rowsum(dO ⊙ O) comes from attention.cu's kernel (ct_cuda_attention_rowdot), the dbias column
+ * sums from ct_cuda_colsum_add (elementwise.cuh) over per-tile partials written here from the fp32
+ * accumulators, before bf16 rounding.
  */
 #include "cuda/ct_cuda.h"
 
@@ -62,6 +62,7 @@
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/ct_mma.cuh"
 #include "cuda/attention_tc.cuh"
+#include "cuda/elementwise.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -691,7 +692,7 @@ static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, 
               (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    if (dbias) ct_cuda_attention_colsum(cx, dbias, partial, B * n_t, lqkv);
+    if (dbias) ct_cuda_colsum_add(cx, dbias, partial, B * n_t, lqkv, lqkv);
 }
 
 void ct_cuda_attention_fwd_tc(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B,

@@ -26,8 +26,5 @@ template <typename K> static inline void att_allow_smem(K *kernel, size_t bytes)
 /* D[(b·n_head + h)·T + i] = dO_i · O_i (fp32) for every row of dout and out (B, T, n_head·hd). */
 void ct_cuda_attention_rowdot(ct_cuda_ctx *cx, ct_dtype dt, float *D, const void *dout,
                               const void *out, int64_t B, int64_t T, int64_t n_head, int64_t hd);
-/* dst[j] += Σ over rows r < n_rows, in order, of partial[r·C + j] (j < C). */
-void ct_cuda_attention_colsum(ct_cuda_ctx *cx, float *dst, const float *partial, int64_t n_rows,
-                              int64_t C);
 
 #endif /* CT_CUDA_ATTENTION_TC_CUH */

@@ -18,7 +18,9 @@
  * grid-stride. ew_bias_kernel        rows x column vectors (2-D grid-stride): out = [residual +]
  * bias [+ out]. ew_colsum_kernel      bias_grad phase 1: one thread per (chunk, column vector) sums
  * the chunk's rows in order; with a single chunk it adds straight into dbias. ew_partials_kernel
- * bias_grad phase 2: one thread per column adds the chunk partials in chunk order, then into dbias.
+ * bias_grad phase 2 (ct_cuda_colsum_add, which the norms, GELU and attention call for their bias
+ * and weight gradients too): one thread per column adds the chunk partials in chunk order, then
+ * into the destination.
  *   ew_axpy_kernel, ew_scale_kernel, ew_cast_kernel   flat grid-stride, 16-byte vectors (cast:
  *                         4 elements) over the aligned part, the n % VEC tail by the grid's first
  *                         threads.
@@ -125,13 +127,13 @@ static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, in
     }
 }
 
-/* bias_grad phase 2: dbias[j] += (partial[0][j] + partial[1][j] + ...), in chunk order (the CPU's
- * add_chunk_partials). */
-static __global__ void ew_partials_kernel(float *dbias, const float *partial, int64_t n_chunks,
-                                          int64_t C) {
+/* ct_cuda_colsum_add: dst[j] += (partial[j] + partial[stride + j] + ...), the n rows in order
+ * (bias_grad's phase 2, the CPU's add_chunk_partials). */
+static __global__ void ew_partials_kernel(float *dst, const float *partial, int64_t n, int64_t C,
+                                          int64_t stride) {
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < C;
          j += (int64_t)gridDim.x * blockDim.x) {
-        dbias[j] += ct_sum_in_order(partial + j, n_chunks, C);
+        dst[j] += ct_sum_in_order(partial + j, n, stride);
     }
 }
 
@@ -306,8 +308,16 @@ static void ew_bias_grad(ct_cuda_ctx *cx, float *dbias, const void *dout, int64_
                   n_chunks, direct);
     CT_CUDA_CHECK(cudaGetLastError());
     if (direct) return;
-    ct_launch(ew_partials_kernel, dim3(ct_launch_blocks(cx, C)), dim3(CT_LAUNCH_THREADS), 0, st,
-              dbias, (const float *)partial, n_chunks, C);
+    ct_cuda_colsum_add(cx, dbias, partial, n_chunks, C, C);
+}
+
+extern "C" void ct_cuda_colsum_add(ct_cuda_ctx *cx, float *dst, const float *partial, int64_t n,
+                                   int64_t C, int64_t stride) {
+    CT_ASSERTF(n >= 1 && C >= 0 && stride >= C, "colsum_add n=%lld C=%lld stride=%lld",
+               (long long)n, (long long)C, (long long)stride);
+    if (C == 0) return;
+    ct_launch(ew_partials_kernel, dim3(ct_launch_blocks(cx, C)), dim3(CT_LAUNCH_THREADS), 0,
+              ct_cuda_stream(cx), dst, partial, n, C, stride);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,11 @@ void ct_cuda_bias_init(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias
                        const void *residual, int64_t N, int64_t C);
 void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
                        int64_t C);
+/* dst[j] += Σ over rows r < n, in order, of partial[r·stride + j] (j < C): the column sums of
+ * per-chunk partials that bias_grad, the norms' weight gradients, GELU's and attention's bias
+ * gradients finish with (deterministic: one order, fixed by n). */
+void ct_cuda_colsum_add(ct_cuda_ctx *cx, float *dst, const float *partial, int64_t n, int64_t C,
+                        int64_t stride);
 void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n);
 void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, int64_t n);
 /* C(M rows of N bf16 at row stride ldc) = bf16(prod + beta·C), prod (M, N) packed fp32: the

@@ -14,8 +14,8 @@
  *                          columns (VEC a 16-byte vector where C allows), each thread sums its
  *                          rows in order, the row groups are combined in order through
  *                          shared memory, one partial row per chunk goes to the workspace;
- *   gelu_colsum_kernel     then dbias[j] += the partials added in chunk order. As backend.h says,
- *                          dbias sums the fp32 values before dinp is rounded to bf16.
+ * then dbias[j] += the partials added in chunk order (ct_cuda_colsum_add, elementwise.cuh). As
+ * backend.h says, dbias sums the fp32 values before dinp is rounded to bf16.
  * No atomics: every sum runs in an order fixed by (N, C).
  */
 #include "cuda/ct_cuda.h"
@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
+#include "cuda/elementwise.cuh"
 #include "cuda/gelu.cuh"
 #include "cuda/launch.cuh"
 
@@ -126,13 +127,6 @@ static __global__ void gelu_bwd_dbias_kernel(T *dinp, float *partial, const T *i
     }
 }
 
-/* dst[j] += Σ over chunks, in chunk order, of partial[chunk·C + j]. */
-static __global__ void gelu_colsum_kernel(float *dst, const float *partial, int n_chunks, int C) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) return;
-    dst[j] += ct_sum_in_order(partial + j, n_chunks, C);
-}
-
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 template <typename T> static void gelu_fwd(ct_cuda_ctx *cx, void *out, const void *inp, int64_t n) {
@@ -183,9 +177,7 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
                   (const T *)inp, (const T *)dout, (int)N, (int)C);
     }
     CT_CUDA_CHECK(cudaGetLastError());
-    ct_launch(gelu_colsum_kernel, dim3((unsigned)((C + CT_LAUNCH_THREADS - 1) / CT_LAUNCH_THREADS)),
-              dim3(CT_LAUNCH_THREADS), 0, st, dbias, (const float *)partial, n_chunks, (int)C);
-    CT_CUDA_CHECK(cudaGetLastError());
+    ct_cuda_colsum_add(cx, dbias, partial, n_chunks, C, C);
 }
 
 extern "C" void ct_cuda_gelu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *inp,

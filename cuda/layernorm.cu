@@ -5,7 +5,7 @@
  * statistics with eps = 1e-5 added to the variance, RMSNorm's mean square plus the caller's eps,
  * rstd = 1/sqrtf). RMSNorm's kernels (rms_*) have LayerNorm's shapes without the mean and the
  * bias: rms_fwd_kernel and rms_bwd_dinp_kernel one warp per row, rms_bwd_dw_kernel the column
- * sums of dout·x·rstd per chunk, added by ln_colsum_kernel.
+ * sums of dout·x·rstd per chunk, added by ct_cuda_colsum_add (elementwise.cuh).
  *
  * Kernels:
  *   ln_fwd_kernel       one warp per row (LN_WARPS rows per block): sum -> mean, sum of squared
@@ -16,8 +16,8 @@
  *   ln_bwd_dwdb_kernel  column sums for dw and db: a block of 32 columns x LN_RY row groups owns
  * one chunk of LN_CHUNK_ROWS rows; each thread sums its rows in order, the row groups are combined
  * in order through shared memory, and the block writes one partial row of (dw | db) per chunk into
- * the workspace. ln_colsum_kernel    dst[j] += the chunks' partials added in chunk order. Every sum
- * runs in an order fixed by (N, C) alone: reruns give the same bits (no atomics).
+ * the workspace; ct_cuda_colsum_add (elementwise.cuh) adds the chunks' partials into dst in chunk
+ * order. Every sum runs in an order fixed by (N, C) alone: reruns give the same bits (no atomics).
  *
  * Rows are read with 16-byte vector loads (VEC elements) when every row starts 16-byte aligned (C
  * a multiple of VEC and aligned base pointers), otherwise element by element (VEC = 1): either
@@ -29,13 +29,13 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
+#include "cuda/elementwise.cuh"
 #include "cuda/layernorm.cuh"
 
 #define LN_EPS 1e-5f     /* as the CPU reference */
 #define LN_WARPS 8       /* rows (warps) per block of the row kernels */
 #define LN_CHUNK_ROWS 64 /* rows per partial sum of dw and db */
 #define LN_RY 8          /* row groups per block of ln_bwd_dwdb_kernel */
-#define LN_COLSUM_THREADS 256
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -156,14 +156,6 @@ static __global__ void ln_bwd_dwdb_kernel(float *partial, const T *dout, const T
         p[j] = dw;
         p[C + j] = db;
     }
-}
-
-/* dst[j] += Σ over chunks, in chunk order, of partial[chunk·stride + j]. */
-static __global__ void ln_colsum_kernel(float *dst, const float *partial, int n_chunks, int C,
-                                        int64_t stride) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) return;
-    dst[j] += ct_sum_in_order(partial + j, n_chunks, stride);
 }
 
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
@@ -293,14 +285,8 @@ static void ln_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const void
               mean, rstd, N, C);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    dim3 grid3((unsigned)((C + LN_COLSUM_THREADS - 1) / LN_COLSUM_THREADS)),
-        block3(LN_COLSUM_THREADS);
-    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, dw, (const float *)partial, n_chunks, C,
-              (int64_t)2 * C);
-    CT_CUDA_CHECK(cudaGetLastError());
-    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, db, (const float *)(partial + C), n_chunks, C,
-              (int64_t)2 * C);
-    CT_CUDA_CHECK(cudaGetLastError());
+    ct_cuda_colsum_add(cx, dw, partial, n_chunks, C, (int64_t)2 * C);
+    ct_cuda_colsum_add(cx, db, partial + C, n_chunks, C, (int64_t)2 * C);
 }
 
 /* The launchers' argument checks; false when there are no rows (nothing to launch). */
@@ -363,11 +349,7 @@ static void rms_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, const void *dout, co
     ct_launch(rms_bwd_dw_kernel<T>, grid2, block2, 0, st, partial, (const T *)dout, (const T *)inp,
               rstd, N, C);
     CT_CUDA_CHECK(cudaGetLastError());
-    dim3 grid3((unsigned)((C + LN_COLSUM_THREADS - 1) / LN_COLSUM_THREADS)),
-        block3(LN_COLSUM_THREADS);
-    ct_launch(ln_colsum_kernel, grid3, block3, 0, st, dw, (const float *)partial, n_chunks, C,
-              (int64_t)C);
-    CT_CUDA_CHECK(cudaGetLastError());
+    ct_cuda_colsum_add(cx, dw, partial, n_chunks, C, C);
 }
 
 extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd,

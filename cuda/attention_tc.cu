@@ -134,6 +134,16 @@ static __device__ inline void tc_load_rows_async(float *dst, const float *src, i
     }
 }
 
+/* K and V rows r0 .. r0 + ROWS − 1 of the head (kh, vh: row stride ld) into kv, V ROWS·(HD + 8)
+ * elements after K, as one copy group. */
+template <int HD, int ROWS>
+static __device__ inline void tc_load_kv(bf16 *kv, const bf16 *kh, const bf16 *vh, int64_t ld,
+                                         int r0, int T, int hd, bool vec) {
+    tc_load_async<HD>(kv, kh, ld, r0, ROWS, T, hd, vec);
+    tc_load_async<HD>(kv + ROWS * (HD + 8), vh, ld, r0, ROWS, T, hd, vec);
+    ct_cp_async_commit();
+}
+
 /* The A fragments of k-step kk (columns 16kk .. 16kk + 15) of rows m0 .. m0 + 15 of a shared tile
  * (row stride LD): matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
  * (rows 8-15, cols 8-15), lane 8i + j giving row j of matrix i. */
@@ -167,6 +177,25 @@ static __device__ inline void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[4]
     a[1] = ct_pack_bf16x2(lo[2], lo[3]);
     a[2] = ct_pack_bf16x2(hi[0], hi[1]);
     a[3] = ct_pack_bf16x2(hi[2], hi[3]);
+}
+
+/* acc (the warp's 16 rows x HD) += the accumulator n-tiles lo and hi (16 rows x 16 columns: n-tiles
+ * 2kp and 2kp + 1, rounded to bf16 as the A operand) times rows 16kp .. 16kp + 15 of a row-major
+ * shared tile: O += P·V, dQ += dS·K, dV += Pᵀ·dO, dK += dSᵀ·Q. */
+template <int HD>
+static __device__ inline void tc_acc_product(float (&acc)[HD / 8][4], const float (&lo)[4],
+                                             const float (&hi)[4], int kp, const bf16 *tile) {
+    constexpr int LD = HD + 8, DT = HD / 8;
+    uint32_t a[4];
+    tc_acc_to_a(a, lo, hi);
+    CT_UNROLL
+    for (int cp = 0; cp < DT / 2; cp++) {
+        uint32_t r[4];
+        tc_frag_b<LD>(r, tile, 16 * kp, 16 * cp);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        ct_mma_bf16(acc[2 * cp], a, b0);
+        ct_mma_bf16(acc[2 * cp + 1], a, b1);
+    }
 }
 
 /* Stores the warp's 16 rows (row0 + g, row0 + g + 8) of accumulators acc[n] (columns 8n + 2t,
@@ -296,19 +325,9 @@ static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], 
         l[e >> 1] += p;
     }
     CT_UNROLL
-    for (int kp = 0; kp < NT / 2; kp++) {
-        if (16 * kp >= need) continue; /* P is 0 there */
-        uint32_t a[4];
-        tc_acc_to_a(a, s[2 * kp], s[2 * kp + 1]);
-        CT_UNROLL
-        for (int dp = 0; dp < DT / 2; dp++) {
-            uint32_t r[4];
-            tc_frag_b<LD>(r, vs, 16 * kp, 16 * dp);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            ct_mma_bf16(o[2 * dp], a, b0);
-            ct_mma_bf16(o[2 * dp + 1], a, b1);
-        }
-    }
+    for (int kp = 0; kp < NT / 2; kp++)
+        if (16 * kp < need)
+            tc_acc_product<HD>(o, s[2 * kp], s[2 * kp + 1], kp, vs); /* P is 0 past need */
 }
 
 template <int HD>
@@ -330,9 +349,7 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     /* Two copy groups in flight: the tile computed on and the next one landing. */
     tc_load_async<HD>(qs, qh, lqkv, q0, TC_BM, T, hd, vec);
     ct_cp_async_commit();
-    tc_load_async<HD>(kvs, kh, lqkv, 0, TC_BN, T, hd, vec);
-    tc_load_async<HD>(kvs + TC_BN * LD, vh, lqkv, 0, TC_BN, T, hd, vec);
-    ct_cp_async_commit();
+    tc_load_kv<HD, TC_BN>(kvs, kh, vh, lqkv, 0, T, hd, vec);
     ct_cp_async_wait<1>(); /* Q */
     __syncthreads();
     uint32_t qf[KS][4];
@@ -344,10 +361,8 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
 
     for (int kt = 0; kt <= qt; kt++) {
         if (kt < qt) { /* tile kt + 1 into the buffer tile kt − 1 left (freed by its barrier) */
-            bf16 *nx = kvs + ((kt + 1) & 1) * 2 * TC_BN * LD;
-            tc_load_async<HD>(nx, kh, lqkv, (kt + 1) * TC_BN, TC_BN, T, hd, vec);
-            tc_load_async<HD>(nx + TC_BN * LD, vh, lqkv, (kt + 1) * TC_BN, TC_BN, T, hd, vec);
-            ct_cp_async_commit();
+            tc_load_kv<HD, TC_BN>(kvs + ((kt + 1) & 1) * 2 * TC_BN * LD, kh, vh, lqkv,
+                                  (kt + 1) * TC_BN, T, hd, vec);
             ct_cp_async_wait<1>();
         } else {
             ct_cp_async_wait<0>();
@@ -423,7 +438,7 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
                                            const bf16 *ks, const bf16 *vs, const bf16 *qs,
                                            const bf16 *dos, const float *ls, const float *Ds,
                                            int i0, int key0, int T, float sl2) {
-    constexpr int LD = HD + 8, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    constexpr int S = TC_STEP(HD), NT = S / 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
     tc_score_pair<HD, NT>(s, dp, ks, vs, qs, dos);
@@ -442,21 +457,8 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
     }
     CT_UNROLL
     for (int kp = 0; kp < NT / 2; kp++) {
-        uint32_t pa[4], da[4];
-        tc_acc_to_a(pa, s[2 * kp], s[2 * kp + 1]);
-        tc_acc_to_a(da, dp[2 * kp], dp[2 * kp + 1]);
-        CT_UNROLL
-        for (int cp = 0; cp < DT / 2; cp++) {
-            uint32_t r[4];
-            tc_frag_b<LD>(r, dos, 16 * kp, 16 * cp);
-            const uint32_t o0f[2] = {r[0], r[1]}, o1f[2] = {r[2], r[3]};
-            ct_mma_bf16(dv[2 * cp], pa, o0f);
-            ct_mma_bf16(dv[2 * cp + 1], pa, o1f);
-            tc_frag_b<LD>(r, qs, 16 * kp, 16 * cp);
-            const uint32_t q0f[2] = {r[0], r[1]}, q1f[2] = {r[2], r[3]};
-            ct_mma_bf16(dk[2 * cp], da, q0f);
-            ct_mma_bf16(dk[2 * cp + 1], da, q1f);
-        }
+        tc_acc_product<HD>(dv, s[2 * kp], s[2 * kp + 1], kp, dos);
+        tc_acc_product<HD>(dk, dp[2 * kp], dp[2 * kp + 1], kp, qs);
     }
 }
 
@@ -548,7 +550,7 @@ template <int HD, bool MASK>
 static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs, const bf16 *dos,
                                          const bf16 *ks, const bf16 *vs, const float (&lr)[2],
                                          const float (&dr)[2], int j0, int row0, int T, float sl2) {
-    constexpr int LD = HD + 8, S = TC_STEP(HD), NT = S / 8, DT = HD / 8;
+    constexpr int S = TC_STEP(HD), NT = S / 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
     tc_score_pair<HD, NT>(s, dp, qs, dos, ks, vs);
@@ -563,18 +565,7 @@ static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs,
         dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
     }
     CT_UNROLL
-    for (int kp = 0; kp < NT / 2; kp++) {
-        uint32_t a[4];
-        tc_acc_to_a(a, dp[2 * kp], dp[2 * kp + 1]);
-        CT_UNROLL
-        for (int cp = 0; cp < DT / 2; cp++) {
-            uint32_t r[4];
-            tc_frag_b<LD>(r, ks, 16 * kp, 16 * cp);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            ct_mma_bf16(dq[2 * cp], a, b0);
-            ct_mma_bf16(dq[2 * cp + 1], a, b1);
-        }
-    }
+    for (int kp = 0; kp < NT / 2; kp++) tc_acc_product<HD>(dq, dp[2 * kp], dp[2 * kp + 1], kp, ks);
 }
 
 template <int HD>
@@ -598,9 +589,7 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     tc_load_async<HD>(qs, qkv + q_off, lqkv, q0, TC_BM, T, hd, vec);
     tc_load_async<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, TC_BM, T, hd, vec);
     ct_cp_async_commit();
-    tc_load_async<HD>(kvs, kh, lqkv, 0, S, T, hd, vec);
-    tc_load_async<HD>(kvs + S * LD, vh, lqkv, 0, S, T, hd, vec);
-    ct_cp_async_commit();
+    tc_load_kv<HD, S>(kvs, kh, vh, lqkv, 0, T, hd, vec);
     float lr[2], dr[2]; /* log2-scaled lse and D of the lane's rows g and g + 8 */
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
@@ -615,10 +604,8 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     const int n_steps = (k_end + S - 1) / S;
     for (int js = 0; js < n_steps; js++) {
         if (js + 1 < n_steps) { /* step js + 1 into the buffer step js − 1 left */
-            bf16 *nx = kvs + ((js + 1) & 1) * 2 * S * LD;
-            tc_load_async<HD>(nx, kh, lqkv, (js + 1) * S, S, T, hd, vec);
-            tc_load_async<HD>(nx + S * LD, vh, lqkv, (js + 1) * S, S, T, hd, vec);
-            ct_cp_async_commit();
+            tc_load_kv<HD, S>(kvs + ((js + 1) & 1) * 2 * S * LD, kh, vh, lqkv, (js + 1) * S, T, hd,
+                              vec);
             ct_cp_async_wait<1>();
         } else {
             ct_cp_async_wait<0>();

@@ -198,7 +198,7 @@ static void test_router_backward(void **state) {
         for (int i = 0; i < N * E; i++) z[i] = uniform(&seed);
         for (int i = 0; i < N * K; i++) w[i] = uniform(&seed);
         ct_router_fwd(kinds[v], z, NULL, N, E, K, probs, ids, gates);
-        ct_router_bwd(kinds[v], z, ids, gates, w, N, E, K, dz);
+        ct_router_bwd(kinds[v], z, ids, w, N, E, K, dz);
         const objective_ctx c = {kinds[v], N, E, K, ids, w, NULL, 0.0};
         for (int i = 0; i < N * E; i++)
             assert_true(fabsl(dz[i] - central_diff(gate_objective, &c, z, i, h)) <= 2e-5L);

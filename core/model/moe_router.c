@@ -83,9 +83,8 @@ void ct_router_fwd(ct_router_kind kind, const float *logits, const float *bias, 
     free(dist);
 }
 
-void ct_router_bwd(ct_router_kind kind, const float *logits, const int32_t *ids, const float *gates,
+void ct_router_bwd(ct_router_kind kind, const float *logits, const int32_t *ids,
                    const float *dgates, int64_t N, int E, int k, float *dlogits) {
-    (void)gates; /* recomputed in double from the logits, as the forward rounded them */
     double *dist = ct_xmalloc(sizeof(double) * (size_t)(E + k));
     double *g = dist + E;
     for (int64_t t = 0; t < N; t++) {

@@ -30,9 +30,10 @@ typedef enum { CT_ROUTER_SOFTMAX_TOPK, CT_ROUTER_TOPK_SOFTMAX, CT_ROUTER_SIGMOID
 void ct_router_fwd(ct_router_kind kind, const float *logits, const float *bias, int64_t N, int E,
                    int k, float *probs, int32_t *ids, float *gates);
 
-/* dlogits (N, E) = the gradient of the loss through the gates, given dgates (N, k); logits, ids
- * and gates as the forward gave them. Overwrites dlogits. */
-void ct_router_bwd(ct_router_kind kind, const float *logits, const int32_t *ids, const float *gates,
+/* dlogits (N, E) = the gradient of the loss through the gates, given dgates (N, k); logits and ids
+ * as the forward had them (the gates are recomputed from the logits in double, as the forward
+ * computed them before rounding). Overwrites dlogits. */
+void ct_router_bwd(ct_router_kind kind, const float *logits, const int32_t *ids,
                    const float *dgates, int64_t N, int E, int k, float *dlogits);
 
 /* The Switch/GShard load-balancing loss over T tokens routed k ways:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# bench_gpu.sh — GPT-2 124M training on one GPU against plain PyTorch, in one run:
-#   1. cooktrain: configs/gpt2-124m.yaml at seq_len 1024 with micro batch = global batch = B for
+# bench_gpu.sh — 124M-class training on one GPU against plain PyTorch, in one run, for each model
+# of --models: gpt2 (configs/gpt2-124m.yaml, GPT-2 small) and llama (configs/llama-125m.yaml: the
+# same vocabulary, layers, width and query heads with Llama's parts — 4 key/value heads, SwiGLU
+# 2048, RMSNorm, rotary positions, no biases; 114M parameters):
+#   1. cooktrain: the model's config at seq_len 1024 with micro batch = global batch = B for
 #      each B of --batches and each precision of --precisions (`--backend cuda`, `--set`
 #      overrides): median tokens/s over the steps after the first 3, the most device memory the
 #      trainer holds (its own allocations, mem_bytes of the metrics), and, from a second 5-step
@@ -11,24 +14,26 @@
 #      and AdamW(fused=True), and the same under torch.compile; bf16 under torch.autocast, fp32
 #      with TF32 off; same B and T, median tokens/s after the first 3 steps and
 #      torch.cuda.max_memory_allocated. And two reference rates: an 8192³ matmul in each
-#      precision (TFLOP/s), and causal SDPA forward + backward at the model's attention shape
-#      (B, 12 heads, T 1024, head dim 64; flash attention in bf16), per layer and x 12 per step;
-#   3. one table: system, precision, B, tok/s, cooktrain's tok/s over the row's, peak memory,
-#      MFU (the FLOPs per token cooktrain's trainer counts, formula printed, over the device's
-#      dense datasheet peak for the precision) beside the measured 8192³ matmul rate; then the
-#      --profile split (by op category, then by op) and cooktrain's attention ms per step against
-#      SDPA's.
+#      precision (TFLOP/s, measured once), and causal SDPA forward + backward at the model's
+#      attention shape (B, 12 heads — 4 key/value heads for llama —, T 1024, head dim 64; flash
+#      attention in bf16), per layer and x 12 per step;
+#   3. one table per model: system, precision, B, tok/s, cooktrain's tok/s over the row's, peak
+#      memory, MFU (the FLOPs per token cooktrain's trainer counts, `cooktrain train --gemm-rate`,
+#      over the device's dense datasheet peak for the precision) beside the measured 8192³
+#      matmul rate; then the --profile split (by op category, then by op) and cooktrain's
+#      attention ms per step against SDPA's.
 # Skips cleanly — prints "bench_gpu: skipped: REASON" and exits 0 — when there is no GPU
 # (nvidia-smi missing or failing, or cooktrain finding no usable CUDA device) or no nvcc build
 # (build/libcooktrain-cuda.so); when --python cannot import torch or torch sees no GPU, only
-# the peers are skipped. 124M trains on build/bench-data/gpt2-124m (scripts/gpu_check.sh's
+# the peers are skipped. Both models train on build/bench-data/gpt2-124m (scripts/gpu_check.sh's
 # corpus) when it is there, else on random tokens written once to
 # build/bench-data/gpt2-124m-random (the speed does not depend on the text). Exits 1 when a
 # cooktrain run fails (its row says so, as a peer's row says why a peer failed: out of memory,
 # torch.compile without a working C compiler). Prints how long each part took, for sizing runs.
 #
-#   scripts/bench_gpu.sh [--steps N] [--batches "16 64"] [--precisions "bf16 fp32"]
-#                        [--peers "eager compile"] [--skip-peers] [--python PYTHON]
+#   scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"]
+#                        [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers]
+#                        [--python PYTHON]
 # (--steps counts every step, the 3 warmup steps too. For a device the script does not know,
 # BENCH_GPU_PEAK_BF16 and BENCH_GPU_PEAK_FP32 give the datasheet peaks in TFLOP/s; NVIDIA_SMI
 # names the nvidia-smi to ask, for the tests.)
@@ -37,13 +42,13 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 BIN=$BUILD/cooktrain
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
-CONFIG=configs/gpt2-124m.yaml
 BACKEND=cuda
-# the model's shape (configs/gpt2-124m.yaml at seq_len T), for the FLOP count and SDPA's shape
-L=12 D=768 HEADS=12 VOCAB=50257 VOCAB_PAD=128 T=1024
+T=1024
+VOCAB=50257 # both models' vocabulary: the random-token shard's range
 WARMUP=3
 PROFILE_STEPS=5
 steps=20
+models="gpt2 llama"
 batches="16 64"
 precisions="bf16 fp32"
 peers="eager compile"
@@ -52,13 +57,14 @@ PY=python3
 
 bad() { echo "bench_gpu: $1" >&2; echo "hint: $2" >&2; exit 2; }
 skip() { echo "bench_gpu: skipped: $*"; exit 0; }
-usage_hint='scripts/bench_gpu.sh [--steps N] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] (see the comment at the top of scripts/bench_gpu.sh)'
+usage_hint='scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] (see the comment at the top of scripts/bench_gpu.sh)'
 while [ $# -gt 0 ]; do
     case $1 in
-        --steps | --batches | --precisions | --peers | --python)
+        --steps | --models | --batches | --precisions | --peers | --python)
             [ $# -ge 2 ] || bad "$1 needs a value" "$usage_hint"
             case $1 in
                 --steps) steps=$2 ;;
+                --models) models=$2 ;;
                 --batches) batches=$2 ;;
                 --precisions) precisions=$2 ;;
                 --peers) peers=$2 ;;
@@ -72,6 +78,10 @@ done
 if ! [[ $steps =~ ^[1-9][0-9]*$ ]] || [ "$steps" -lt $((WARMUP + 2)) ]; then
     bad "--steps $steps is too few: the medians skip the first $WARMUP steps" "--steps 20"
 fi
+[ -n "${models// /}" ] || bad "--models is empty" '--models "gpt2 llama"'
+for m in $models; do
+    case $m in gpt2 | llama) ;; *) bad "--models: '$m' is not gpt2 or llama" '--models "gpt2 llama"' ;; esac
+done
 [ -n "${batches// /}" ] || bad "--batches is empty" '--batches "16 64"'
 for b in $batches; do
     [[ $b =~ ^[1-9][0-9]*$ ]] || bad "--batches: '$b' is not a positive batch size" '--batches "16 64"'
@@ -166,60 +176,18 @@ PY
     fi
 fi
 
-echo "== GPT-2 124M, T $T, on $device: $steps steps a run, medians over the steps after the first $WARMUP; data $data"
-
-# ---- 1. cooktrain ------------------------------------------------------------------------------------
-# rows: SYSTEM PRECISION B TOKENS_PER_S PEAK_BYTES NOTE... ("-" for a failed run's numbers)
-: >"$tmp/rows"
-# cooktrain_row PRECISION B
-cooktrain_row() {
-    local p=$1 b=$2 name="cooktrain.$1.$2" tps mem
-    local sets=(train --config "$CONFIG" --backend "$BACKEND" --set model.seq_len="$T"
-                --set train.global_batch="$b" --set train.micro_batch="$b" --set train.warmup_steps=1
-                --set log.interval=1 --set train.eval_interval=0 --set log.sample_tokens=0
-                --set train.precision="$p" --set data.train="$data")
-    if ! "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$tmp/$name.jsonl" >"$tmp/$name.log" 2>&1 </dev/null; then
-        failed=1
-        echo "cooktrain $p $b - - failed: $(grep -m1 -E '^(cooktrain|error)' "$tmp/$name.log" || tail -n 1 "$tmp/$name.log")" >>"$tmp/rows"
-        echo "cooktrain $p B=$b: the run failed:"; tail -n 6 "$tmp/$name.log" | sed 's/^/    /'
-        return
-    fi
-    tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$tmp/$name.jsonl" | tail -n +$((WARMUP + 1)) | median)
-    mem=$(sed -n 's/.*"mem_bytes": \([0-9]*\).*/\1/p' "$tmp/$name.jsonl" | sort -n | tail -n 1)
-    echo "cooktrain $p $b ${tps:--} ${mem:--} ok" >>"$tmp/rows"
-    echo "cooktrain $p B=$b: ${tps:-?} tok/s"
-    if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --profile >"$tmp/$name.profile.log" 2>&1 </dev/null; then
-        grep '^profile (rank' "$tmp/$name.profile.log" | tail -n 1 >"$tmp/$name.profile" || true
-        grep '^profile by op' "$tmp/$name.profile.log" | tail -n 1 >"$tmp/$name.profile_ops" || true
-    else
-        failed=1
-        echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$tmp/$name.profile.log" | sed 's/^/    /'
-    fi
+# model_spec MODEL: the config, title and shape of one model of --models, and its peer's options
+model_spec() {
+    case $1 in
+        gpt2)
+            CONFIG=configs/gpt2-124m.yaml TITLE="GPT-2 124M" L=12 D=768 HEADS=12 KV=12
+            PEER_ARGS=(--arch gpt2 --vocab "$VOCAB" --layers "$L" --d "$D" --heads "$HEADS") ;;
+        llama)
+            CONFIG=configs/llama-125m.yaml TITLE="Llama 114M (GPT-2 small's size)" L=12 D=768 HEADS=12 KV=4
+            PEER_ARGS=(--arch llama --vocab "$VOCAB" --layers "$L" --d "$D" --heads "$HEADS" --kv-heads "$KV" --ffn 2048) ;;
+    esac
 }
-t0=$SECONDS
-for p in $precisions; do
-    for b in $batches; do cooktrain_row "$p" "$b"; done
-done
-t_cooktrain=$((SECONDS - t0))
 
-# ---- 2. the peers --------------------------------------------------------------------------------------
-t0=$SECONDS
-: >"$tmp/peers.log"
-if [ -z "$peer_skip" ]; then
-    echo "== the PyTorch peers ($torch_line): scripts/torch_gpt2_gpu.py"
-    rc=0
-    # shellcheck disable=SC2086 # the lists are words on purpose
-    "$PY" -u scripts/torch_gpt2_gpu.py --steps "$steps" --warmup $WARMUP --seq $T --layers $L --d $D \
-        --heads $HEADS --vocab $VOCAB --batches $batches --precisions $precisions --modes $peers \
-        --gemm 8192 --sdpa 2>&1 | tee "$tmp/peers.log" | awk '!/^step / { print "    " $0; fflush() }' || rc=$?
-    if [ $rc != 0 ]; then
-        echo "bench_gpu: scripts/torch_gpt2_gpu.py exited $rc (the rows it finished are in the table)"
-    fi
-    awk '$1 == "row" { $1 = ""; sub(/^ /, ""); print }' "$tmp/peers.log" >>"$tmp/rows"
-fi
-t_peers=$((SECONDS - t0))
-
-# ---- 3. the table --------------------------------------------------------------------------------------
 # datasheet dense peaks, TFLOP/s: bf16 on tensor cores; fp32 without them (TF32 off)
 case $device in
     *H200*NVL* | *H100*NVL*) peak_bf16=835 peak_fp32=60 ;;
@@ -232,28 +200,99 @@ peak_bf16=${BENCH_GPU_PEAK_BF16:-$peak_bf16}
 peak_fp32=${BENCH_GPU_PEAK_FP32:-$peak_fp32}
 peak_note="$device datasheet, dense: bf16 ${peak_bf16:-?} TFLOP/s, fp32 ${peak_fp32:-?} TFLOP/s (no tensor cores)"
 [ -n "$peak_bf16$peak_fp32" ] || peak_note="$device: no datasheet peak known here, so no MFU (set BENCH_GPU_PEAK_BF16 / BENCH_GPU_PEAK_FP32 in TFLOP/s)"
+
+echo "== $models at T $T on $device: $steps steps a run, medians over the steps after the first $WARMUP; data $data"
+t_cooktrain=0 t_peers=0
+gemm_done=0
+for model in $models; do
+model_spec "$model"
+m=$tmp/$model
+mkdir -p "$m"
 echo
-echo "== GPT-2 124M (L $L, d $D, $HEADS heads, vocabulary $VOCAB padded to a multiple of $VOCAB_PAD), T $T, one $device"
-awk -v L=$L -v d=$D -v T=$T -v V=$VOCAB -v pad=$VOCAB_PAD -v note="$peak_note" 'BEGIN {
-    vp = int((V + pad - 1) / pad) * pad
-    n = L * (4 * d * d + 2 * d * 4 * d) + vp * d
-    f = 6 * n + 6 * L * T * d
-    printf "MFU = tok/s x F / peak, F = 6N + 6*L*T*d = 6 x %d + 6 x %d x %d x %d = %.4g FLOP/token, where\n", n, L, T, d, f
-    printf "  N = L*(4d^2 + 2*d*4d) + V_pad*d = %d: the weights of every GEMM, the LM head tied to the %d-row\n", n, vp
-    printf "  padded embedding included, position embedding, norms and biases not; 6*L*T*d: causal attention\n"
-    printf "  (QK^T and PV, forward and backward, over the half of the TxT square computed): cooktrain'"'"'s own count.\n"
+echo "== $TITLE ($CONFIG), T $T"
+
+# the FLOPs per token of cooktrain's own count (ct_model_flops_per_token), for MFU
+flops=""
+if "$BIN" train --config "$CONFIG" --backend "$BACKEND" --set model.seq_len=$T --set data.train="$data" \
+    --gemm-rate >"$m/gemm-rate.log" 2>&1 </dev/null; then
+    flops=$(sed -n 's/^flops_per_token //p' "$m/gemm-rate.log")
+fi
+[ -n "$flops" ] || echo "bench_gpu: cooktrain --gemm-rate gave no FLOPs per token for $CONFIG, so no MFU: $(tail -n 1 "$m/gemm-rate.log")"
+
+# ---- 1. cooktrain ------------------------------------------------------------------------------------
+# rows: SYSTEM PRECISION B TOKENS_PER_S PEAK_BYTES NOTE... ("-" for a failed run's numbers)
+: >"$m/rows"
+# cooktrain_row PRECISION B
+cooktrain_row() {
+    local p=$1 b=$2 name="cooktrain.$1.$2" tps mem
+    local sets=(train --config "$CONFIG" --backend "$BACKEND" --set model.seq_len="$T"
+                --set train.global_batch="$b" --set train.micro_batch="$b" --set train.warmup_steps=1
+                --set log.interval=1 --set train.eval_interval=0 --set log.sample_tokens=0
+                --set train.precision="$p" --set data.train="$data")
+    if ! "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$m/$name.jsonl" >"$m/$name.log" 2>&1 </dev/null; then
+        failed=1
+        echo "cooktrain $p $b - - failed: $(grep -m1 -E '^(cooktrain|error)' "$m/$name.log" || tail -n 1 "$m/$name.log")" >>"$m/rows"
+        echo "cooktrain $p B=$b: the run failed:"; tail -n 6 "$m/$name.log" | sed 's/^/    /'
+        return
+    fi
+    tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$m/$name.jsonl" | tail -n +$((WARMUP + 1)) | median)
+    mem=$(sed -n 's/.*"mem_bytes": \([0-9]*\).*/\1/p' "$m/$name.jsonl" | sort -n | tail -n 1)
+    echo "cooktrain $p $b ${tps:--} ${mem:--} ok" >>"$m/rows"
+    echo "cooktrain $p B=$b: ${tps:-?} tok/s"
+    if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --profile >"$m/$name.profile.log" 2>&1 </dev/null; then
+        grep '^profile (rank' "$m/$name.profile.log" | tail -n 1 >"$m/$name.profile" || true
+        grep '^profile by op' "$m/$name.profile.log" | tail -n 1 >"$m/$name.profile_ops" || true
+    else
+        failed=1
+        echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$m/$name.profile.log" | sed 's/^/    /'
+    fi
+}
+t0=$SECONDS
+for p in $precisions; do
+    for b in $batches; do cooktrain_row "$p" "$b"; done
+done
+t_cooktrain=$((t_cooktrain + SECONDS - t0))
+
+# ---- 2. the peers --------------------------------------------------------------------------------------
+t0=$SECONDS
+: >"$m/peers.log"
+if [ -z "$peer_skip" ]; then
+    echo "== the PyTorch peers ($torch_line): scripts/torch_gpt2_gpu.py ${PEER_ARGS[*]}"
+    rc=0
+    gemm=8192
+    [ $gemm_done = 0 ] || gemm=0 # the matmul rate is the device's: measured once
+    # shellcheck disable=SC2086 # the lists are words on purpose
+    "$PY" -u scripts/torch_gpt2_gpu.py --steps "$steps" --warmup $WARMUP --seq $T "${PEER_ARGS[@]}" \
+        --batches $batches --precisions $precisions --modes $peers \
+        --gemm $gemm --sdpa 2>&1 | tee "$m/peers.log" | awk '!/^step / { print "    " $0; fflush() }' || rc=$?
+    if [ $rc != 0 ]; then
+        echo "bench_gpu: scripts/torch_gpt2_gpu.py exited $rc (the rows it finished are in the table)"
+    fi
+    awk '$1 == "row" { $1 = ""; sub(/^ /, ""); print }' "$m/peers.log" >>"$m/rows"
+    [ $gemm = 0 ] || grep '^gemm ' "$m/peers.log" >"$tmp/gemm" || true
+    gemm_done=1
+fi
+t_peers=$((t_peers + SECONDS - t0))
+
+# ---- 3. the table --------------------------------------------------------------------------------------
+echo
+echo "== $TITLE, T $T, one $device"
+awk -v f="$flops" -v L="$L" -v T=$T -v d="$D" -v note="$peak_note" 'BEGIN {
+    if (f == "") { print "MFU: no FLOP count (cooktrain --gemm-rate failed)"; exit }
+    printf "MFU = tok/s x F / peak, F = %.4g FLOP/token, cooktrain'"'"'s own count: 6 FLOPs a token for each weight of a\n", f
+    printf "  GEMM (every projection and the LM head tied to the padded embedding; position embedding, norms\n"
+    printf "  and biases not), plus 6*L*T*d = 6 x %d x %d x %d for causal attention (QK^T and PV, forward and\n", L, T, d
+    printf "  backward, over the half of the TxT square computed).\n"
     printf "  peak: %s\n", note
 }'
 
-gemm_rate() { awk -v p="$1" '$1 == "gemm" && $2 == p { print $4 }' "$tmp/peers.log" | tail -n 1; }
-awk -v L=$L -v d=$D -v T=$T -v V=$VOCAB -v pad=$VOCAB_PAD -v precisions="$precisions" -v batches="$batches" \
+gemm_rate() { [ -f "$tmp/gemm" ] && awk -v p="$1" '$1 == "gemm" && $2 == p { print $4 }' "$tmp/gemm" | tail -n 1; }
+awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
     -v pbf16="$peak_bf16" -v pfp32="$peak_fp32" -v gbf16="$(gemm_rate bf16)" -v gfp32="$(gemm_rate fp32)" '
     function gib(x) { return x == "-" ? "-" : sprintf("%.1f GiB", x / 2^30) }
     { key = $1 SUBSEP $2 SUBSEP $3; tps[key] = $4; mem[key] = $5
       note = ""; for (i = 6; i <= NF; i++) note = note (i > 6 ? " " : "") $i; notes[key] = note }
     END {
-        vp = int((V + pad - 1) / pad) * pad
-        f = 6 * (L * (4 * d * d + 2 * d * 4 * d) + vp * d) + 6 * L * T * d
         peak["bf16"] = pbf16; peak["fp32"] = pfp32; gemm["bf16"] = gbf16; gemm["fp32"] = gfp32
         label["cooktrain"] = "cooktrain"; label["eager"] = "torch eager+SDPA"; label["compile"] = "torch.compile"
         printf "%-17s %-9s %4s %10s %14s %11s %7s %14s %9s\n", "system", "precision", "B", "tok/s",
@@ -267,9 +306,9 @@ awk -v L=$L -v d=$D -v T=$T -v V=$VOCAB -v pad=$VOCAB_PAD -v precisions="$precis
                 if (!(key in tps)) continue
                 t = tps[key]
                 ratio = (t != "-" && ours != "" && ours != "-") ? sprintf("%.2fx", ours / t) : "-"
-                mfu = (t != "-" && peak[p] != "") ? sprintf("%.1f%%", 100 * t * f / (peak[p] * 1e12)) : "-"
+                mfu = (t != "-" && peak[p] != "" && f != "") ? sprintf("%.1f%%", 100 * t * f / (peak[p] * 1e12)) : "-"
                 g = gemm[p] != "" ? sprintf("%.0f TFLOP/s", gemm[p]) : "-"
-                og = (t != "-" && gemm[p] != "") ? sprintf("%.1f%%", 100 * t * f / (gemm[p] * 1e12)) : "-"
+                og = (t != "-" && gemm[p] != "" && f != "") ? sprintf("%.1f%%", 100 * t * f / (gemm[p] * 1e12)) : "-"
                 printf "%-17s %-9s %4d %10s %14s %11s %7s %14s %9s%s\n", label[sys], p, b,
                        t == "-" ? "-" : sprintf("%.0f", t), ratio, gib(mem[key]), mfu, g, og,
                        notes[key] == "ok" ? "" : "  " notes[key]
@@ -277,27 +316,27 @@ awk -v L=$L -v d=$D -v T=$T -v V=$VOCAB -v pad=$VOCAB_PAD -v precisions="$precis
         }
         print "(cooktrain/this: cooktrain tok/s over the row'"'"'s; peak mem: cooktrain'"'"'s allocations (mem_bytes), torch.cuda.max_memory_allocated for the peers;"
         print " of matmul: tok/s x F over the measured 8192^3 matmul rate in that precision)"
-    }' "$tmp/rows"
+    }' "$m/rows"
 
 echo
-echo "== where a cooktrain step goes (--profile: ms per step, step $PROFILE_STEPS of a $PROFILE_STEPS-step run, the device synced after every op)"
+echo "== where a cooktrain step goes, $TITLE (--profile: ms per step, step $PROFILE_STEPS of a $PROFILE_STEPS-step run, the device synced after every op)"
 for p in $precisions; do
     for b in $batches; do
-        f=$tmp/cooktrain.$p.$b.profile
+        f=$m/cooktrain.$p.$b.profile
         if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no profile (the run failed)"; fi
         [ -s "${f}_ops" ] && echo "$p B=$b: $(cat "${f}_ops")"
     done
 done
 
 echo
-echo "== attention, forward + backward of all $L layers per step: cooktrain's --profile \"attention\" against causal SDPA ($HEADS heads, T $T, head dim $((D / HEADS)))"
+echo "== attention, forward + backward of all $L layers per step: cooktrain's --profile \"attention\" against causal SDPA ($HEADS heads, $KV key/value heads, T $T, head dim $((D / HEADS)))"
 for p in $precisions; do
     for b in $batches; do
-        f=$tmp/cooktrain.$p.$b.profile
+        f=$m/cooktrain.$p.$b.profile
         ours=""
         [ -s "$f" ] && ours=$(sed -n 's/.* attention \([0-9.]*\) .*/\1/p' "$f")
-        sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b { print $4, $5 }' "$tmp/peers.log" | tail -n 1)
-        awk -v p="$p" -v b="$b" -v L=$L -v ours="$ours" -v sdpa="$sdpa" 'BEGIN {
+        sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b { print $4, $5 }' "$m/peers.log" | tail -n 1)
+        awk -v p="$p" -v b="$b" -v L="$L" -v ours="$ours" -v sdpa="$sdpa" 'BEGIN {
             split(sdpa, s, " ")
             a = ours != "" ? sprintf("cooktrain %.2f ms", ours) : "cooktrain: no profile"
             if (sdpa == "") { printf "%s B=%d: %s; SDPA not measured\n", p, b, a; exit }
@@ -307,6 +346,7 @@ for p in $precisions; do
     done
 done
 echo "(cooktrain's figure is timed with a device sync around every op, SDPA's with CUDA events around each forward + backward)"
+done
 echo
 echo "bench_gpu: took $((SECONDS - started)) s: cooktrain $t_cooktrain s, peers $t_peers s"
 exit $failed

@@ -4,7 +4,9 @@
 #   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
 #      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
 #      core/backend/backend_check.c), in fp32 and in bf16; the first op that disagrees is named;
-# then the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256;
+# then the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256, and
+# for a Llama (model.arch llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention) at
+# test-tiny's shape with 4 key/value heads and at head width 128 with 2 key/value heads, T 150;
 #   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
 #      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
@@ -71,6 +73,26 @@ for shape in "256 4 150 4" "256 2 100 2" "512 8 256 2"; do
         else
             failed=1
             echo "check mode $precision, head width $((d / heads)), T $t: FAILED"; tail -n 12 "$log" | sed 's/^/    /'
+        fi
+    done
+done
+# the Llama ops (RMSNorm, rotary positions, SwiGLU) and grouped-query attention: n_layer d_model
+# heads kv_heads seq_len batch ("-": test-tiny's)
+for shape in "- - - 4 - -" "2 512 4 2 150 2"; do
+    read -r l d heads kv t b <<<"$shape"
+    llama=(--set model.arch=llama --set model.n_kv_head="$kv" --set model.multiple_of=32)
+    [ "$l" = - ] || llama+=(--set model.n_layer="$l" --set model.d_model="$d" --set model.n_head="$heads"
+                            --set model.seq_len="$t" --set train.global_batch="$b" --set train.micro_batch="$b")
+    for precision in fp32 bf16; do
+        log="$tmp/check.llama.$kv.$precision.log"
+        what="check mode $precision, Llama, $kv key/value heads"
+        [ "$d" = - ] || what="check mode $precision, Llama, $kv key/value heads, head width $((d / heads)), T $t"
+        if CT_CHECK_BACKEND=1 "$BIN" "${tiny[@]}" --backend cuda --set train.steps=2 --set train.precision=$precision \
+            "${llama[@]}" >"$log" 2>&1; then
+            echo "$what: every op agrees"
+        else
+            failed=1
+            echo "$what: FAILED"; tail -n 12 "$log" | sed 's/^/    /'
         fi
     done
 done

@@ -6,7 +6,13 @@ embeddings, pre-LayerNorm blocks (eps 1e-5) with causal multi-head attention (on
 projection with bias) and a tanh-GELU MLP, final LayerNorm, LM head tied to the token embedding,
 vocabulary padded to a multiple of 128 (the padded logits set to -inf, never predicted); AdamW
 with decoupled weight decay 0.1 on >= 2-D tensors only, global-norm clipping at 1.0; one optimizer
-step per batch of B sequences. Written the way a PyTorch 2.x user writes it for a GPU:
+step per batch of B sequences. With --arch llama it is cooktrain's model.arch: llama instead
+(scripts/torch_gpt2.py's Llama): no position embedding, RMSNorm (eps 1e-5, nn.RMSNorm) in place
+of LayerNorm, no biases, rotary positions on q and k (theta 10000, pairs (i, i + hd/2) as Hugging
+Face rotates them, cos/sin tables made once in float64), --kv-heads key/value heads
+(grouped-query attention, SDPA's enable_gqa where this PyTorch has it, else the heads repeated)
+and a SwiGLU MLP of width --ffn (gate and up one fused projection), LM head tied as in GPT-2.
+Written the way a PyTorch 2.x user writes it for a GPU:
 
   - attention through F.scaled_dot_product_attention(is_causal=True) (flash attention in bf16),
     the optimizer torch.optim.AdamW(fused=True);
@@ -25,7 +31,7 @@ free blocks nor the CUDA context).
 
 Also, before the training runs: the matmul rate of an N x N x N product (--gemm N, per
 precision: TFLOP/s = 2·N³ / time, median of timed runs) and causal SDPA at the model's attention
-shape (B, heads, T, head dim) forward + backward in milliseconds per layer (--sdpa; flash
+shape (B, heads, T, head dim; --kv-heads key/value heads) forward + backward in milliseconds per layer (--sdpa; flash
 attention in bf16, the memory-efficient kernel in fp32, where flash has none).
 
   torch_gpt2_gpu.py --batches 16 64 --precisions bf16 fp32 --modes eager compile --steps 20 \
@@ -74,16 +80,82 @@ class Block(nn.Module):
         return x
 
 
+def sdpa_gqa(q, k, v):
+    """Causal SDPA with fewer key/value heads than query heads (q: B, H, T, hd; k, v: B, KV, T, hd)."""
+    if k.size(1) == q.size(1):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    try:  # torch >= 2.5
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    except TypeError:
+        rep = q.size(1) // k.size(1)
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1),
+                                              v.repeat_interleave(rep, dim=1), is_causal=True)
+
+
+class RMSNorm(nn.Module):
+    """nn.RMSNorm's computation, for a PyTorch older than 2.4 that lacks it."""
+
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rms_norm(d):
+    return nn.RMSNorm(d, eps=1e-5) if hasattr(nn, "RMSNorm") else RMSNorm(d, 1e-5)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd, self.ffn = heads, kv_heads, d // heads, ffn
+        self.n1 = rms_norm(d)
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.n2 = rms_norm(d)
+        self.gate_up = nn.Linear(d, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        hd = self.hd
+        q, k, v = self.qkv(self.n1(x)).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=2)
+        q = q.view(B, T, self.heads, hd).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, hd).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, hd).transpose(1, 2)
+
+        def rotate(t):  # pairs (i, i + hd/2)
+            t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
+            return t * cos[:T] + torch.cat((-t2, t1), dim=-1) * sin[:T]
+
+        y = sdpa_gqa(rotate(q).to(v.dtype), rotate(k).to(v.dtype), v)
+        x = x + self.o(y.transpose(1, 2).contiguous().view(B, T, C))
+        g, u = self.gate_up(self.n2(x)).split(self.ffn, dim=2)
+        return x + self.down(F.silu(g) * u)
+
+
 class GPT(nn.Module):
-    def __init__(self, vocab, seq, layers, d, heads):
+    def __init__(self, vocab, seq, layers, d, heads, llama=False, kv_heads=0, ffn=0):
         super().__init__()
         padded = (vocab + 127) // 128 * 128
-        self.vocab = vocab
+        self.vocab, self.llama = vocab, llama
         self.wte = nn.Embedding(padded, d)
-        self.wpe = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
-        self.lnf = nn.LayerNorm(d, eps=1e-5)
-        self.register_buffer("pos", torch.arange(seq), persistent=False)
+        if llama:
+            self.blocks = nn.ModuleList([LlamaBlock(d, heads, kv_heads or heads, ffn) for _ in range(layers)])
+            self.lnf = rms_norm(d)
+            hd = d // heads
+            inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+            ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+            ang = torch.cat((ang, ang), dim=-1)
+            self.register_buffer("cos", ang.cos().float(), persistent=False)
+            self.register_buffer("sin", ang.sin().float(), persistent=False)
+        else:
+            self.wpe = nn.Embedding(seq, d)
+            self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+            self.lnf = nn.LayerNorm(d, eps=1e-5)
+            self.register_buffer("pos", torch.arange(seq), persistent=False)
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * layers) if name.endswith(("o.weight", "down.weight")) else 0.02
@@ -93,9 +165,14 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(self.pos[:T])
-        for b in self.blocks:
-            x = b(x)
+        if self.llama:
+            x = self.wte(idx)
+            for b in self.blocks:
+                x = b(x, self.cos, self.sin)
+        else:
+            x = self.wte(idx) + self.wpe(self.pos[:T])
+            for b in self.blocks:
+                x = b(x)
         logits = self.lnf(x) @ self.wte.weight.t()
         logits[..., self.vocab:] = float("-inf")  # padded rows are never predicted
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -110,7 +187,7 @@ def one_line(e):
 def train_run(a, mode, precision, batch):
     """Median tokens/s over the steps after the warmup, and the peak allocated bytes."""
     torch.manual_seed(1337)
-    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads).cuda()
+    model = GPT(a.vocab, a.seq, a.layers, a.d, a.heads, a.arch == "llama", a.kv_heads, a.ffn).cuda()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -176,14 +253,15 @@ def sdpa_only(kernel):
                                               enable_math=False)
 
 
-def sdpa_ms(precision, batch, heads, seq, hd, reps=20):
-    """Causal SDPA forward + backward at (batch, heads, seq, hd): median milliseconds, kernel."""
-    q, k, v = (torch.randn(batch, heads, seq, hd, device="cuda", dtype=dtype_of(precision),
-                           requires_grad=True) for _ in range(3))
+def sdpa_ms(precision, batch, heads, kv_heads, seq, hd, reps=20):
+    """Causal SDPA forward + backward at (batch, heads, seq, hd) with kv_heads key/value heads:
+    median milliseconds, kernel."""
+    q, k, v = (torch.randn(batch, h, seq, hd, device="cuda", dtype=dtype_of(precision),
+                           requires_grad=True) for h in (heads, kv_heads, kv_heads))
     dout = torch.randn_like(q)
 
     def once():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = sdpa_gqa(q, k, v)
         torch.autograd.grad(out, (q, k, v), dout)
 
     kernel = "flash" if precision == "bf16" else "efficient"
@@ -216,11 +294,19 @@ def main():
     for name, default in (("vocab", 50257), ("seq", 1024), ("layers", 12), ("d", 768),
                           ("heads", 12), ("steps", 20), ("warmup", 3), ("gemm", 8192)):
         ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: --heads)")
+    ap.add_argument("--ffn", type=int, default=0, help="llama: the SwiGLU width")
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--precisions", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
     ap.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager", "compile"])
     ap.add_argument("--sdpa", action="store_true", help="time causal SDPA at the model's shape")
     a = ap.parse_args()
+    if a.arch == "llama" and a.ffn <= 0:
+        ap.error("--arch llama needs --ffn (the SwiGLU width)")
+    a.kv_heads = a.kv_heads or a.heads
+    if a.heads % a.kv_heads:
+        ap.error("--kv-heads %d does not divide --heads %d" % (a.kv_heads, a.heads))
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup (%d): the median skips the warmup steps" % a.warmup)
     if not torch.cuda.is_available():
@@ -243,7 +329,7 @@ def main():
         for precision in a.precisions:
             for batch in a.batches:
                 try:
-                    ms, kernel = sdpa_ms(precision, batch, a.heads, a.seq, a.d // a.heads)
+                    ms, kernel = sdpa_ms(precision, batch, a.heads, a.kv_heads, a.seq, a.d // a.heads)
                     print("sdpa %s %d %.4f %s" % (precision, batch, ms, kernel), flush=True)
                 except Exception as e:  # noqa: BLE001
                     print("# sdpa %s B=%d failed: %s" % (precision, batch, one_line(e)), flush=True)

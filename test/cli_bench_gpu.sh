@@ -18,6 +18,8 @@ expect_exit 2 "bench_gpu: an unknown option is refused" -- bash "$script" --no-s
 expect_text "hint:" "bench_gpu: the refusal has a hint"
 expect_exit 2 "bench_gpu: --steps below the warmup is refused" -- bash "$script" --steps 2
 expect_exit 2 "bench_gpu: a precision other than bf16 and fp32 is refused" -- bash "$script" --precisions fp16
+expect_exit 2 "bench_gpu: a model other than gpt2 and llama is refused" -- bash "$script" --models "gpt2 mistral"
+expect_text "bench_gpu: --models: 'mistral' is not gpt2 or llama" "bench_gpu: the refusal names the model"
 
 expect_exit 0 "bench_gpu: no nvidia-smi: skips" -- env NVIDIA_SMI="$tmp/no-such-nvidia-smi" BUILD="$BUILD" bash "$script"
 expect_text "bench_gpu: skipped: no GPU ($tmp/no-such-nvidia-smi not found)" "bench_gpu: no nvidia-smi: the skip says why"

@@ -12,16 +12,19 @@
  * Kernels:
  *   emb_fwd_kernel      rows x column vectors (2-D grid-stride): a copy or zeros per row.
  *   posemb_fwd_kernel   rows x column vectors: one add per element.
- *   emb_chain_kernel    embedding_bwd, step 1: for every token i inside the slice, next[i] = the
- *                       first later token with the same id (N if none) and head[i] = 1 when no
- *                       earlier token has its id. A block compares its 256 tokens against all N,
- *                       tile by tile through shared memory, and stops once each of its threads has
- *                       found its answer. O(N²) comparisons, N a microbatch's tokens: ~N/256 tiles
- *                       of shared-memory reads per thread, cheap beside the dout traffic.
- *   emb_bwd_kernel      embedding_bwd, step 2: one thread per (head token, column vector) walks
- *                       its id's chain in token order: acc = dtable[r]; acc += dout[k] for each k
- *                       of the chain; dtable[r] = acc. Every dtable element is written by one
- *                       thread, with the CPU's additions in the CPU's order: no atomics.
+ *   embedding_bwd first sorts the tokens inside the slice by row, stably (a counting sort):
+ *   emb_count_kernel    cnt[r] = the tokens of row r (integer atomicAdd);
+ *   emb_scan_kernel     one block: start[r] = the exclusive prefix sum of cnt;
+ *   emb_fill_kernel     each token into its row's bucket at an atomically taken slot (any order);
+ *   emb_rank_kernel     each token's rank among its bucket's smaller token indices gives its place,
+ *                       so every bucket of `order` is in token order, and head[i] marks a bucket's
+ *                       first token. O(N + rows + Σ m²) for buckets of m tokens: the repeats of the
+ *                       commonest token bound it (a batch of one token repeated is O(N²) reads).
+ *   emb_bwd_kernel      one thread per (head token, column vector) adds its bucket in token order:
+ *                       acc = dtable[r]; acc += dout[k] for each k of the bucket; dtable[r] = acc,
+ *                       8 rows' loads in flight at a time. Every dtable element is written by one
+ *                       thread, with the CPU's additions in the CPU's order: no float atomics,
+ *                       and the bits do not depend on the order the integer atomics took.
  *   posemb_bwd_kernel   positions x column vectors: the batch summed in order, then added.
  */
 #include "cuda/ct_cuda.h"
@@ -32,7 +35,9 @@
 #include "cuda/embedding.cuh"
 #include "cuda/launch.cuh"
 
-#define EMB_TILE 256 /* tokens per shared-memory tile of emb_chain_kernel (= its block) */
+#define EMB_THREADS 256       /* block of the per-token kernels of embedding_bwd */
+#define EMB_SCAN_THREADS 1024 /* the one block of emb_scan_kernel */
+#define EMB_BATCH 8           /* rows of dout emb_bwd_kernel loads before adding them */
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -80,56 +85,109 @@ static __global__ void posemb_fwd_kernel(T *out, const T *wpe, int64_t BT, int64
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
-/* Token i = this thread. For a token inside the slice: head[i] = no earlier token has its id;
- * next[i] = the first later token with its id, or N. Outside the slice: head[i] = 0 (next unset).
- * The loop runs while any thread of the block still searches; its barrier (the _or) also keeps a
- * tile from being overwritten while a thread still reads it. */
-static __global__ void emb_chain_kernel(int32_t *next, uint8_t *head, const int32_t *tokens,
-                                        int32_t N, int64_t rows, int64_t row_offset) {
-    CT_SHARED(int32_t, tile, EMB_TILE);
-    const int32_t i = (int32_t)(blockIdx.x * EMB_TILE + threadIdx.x);
-    const int32_t tok = i < N ? tokens[i] : 0;
-    const int64_t r = (int64_t)tok - row_offset;
-    const bool inside = i < N && r >= 0 && r < rows;
-    bool first = inside, done = !inside;
-    int32_t nxt = N;
-    for (int32_t t0 = 0; __syncthreads_or(!done) && t0 < N; t0 += EMB_TILE) {
-        if (t0 + (int32_t)threadIdx.x < N) tile[threadIdx.x] = tokens[t0 + threadIdx.x];
-        __syncthreads();
-        const int32_t len = N - t0 < EMB_TILE ? N - t0 : EMB_TILE;
-        for (int32_t q = 0; q < len && !done; q++) {
-            if (tile[q] != tok) continue;
-            const int32_t k = t0 + q;
-            if (k < i) {
-                first = false;
-            } else if (k > i) {
-                nxt = k;
-                done = true;
-            }
-        }
-    }
-    if (i < N) {
-        head[i] = first ? 1 : 0;
-        if (inside) next[i] = nxt;
+/* Token i (grid-stride): cnt[r] += 1 for a token inside the slice (integer atomics: the counts,
+ * not their order, are the result). */
+static __global__ void emb_count_kernel(int32_t *cnt, const int32_t *tokens, int32_t N,
+                                        int64_t rows, int64_t row_offset) {
+    for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < N;
+         i += (int32_t)(gridDim.x * blockDim.x)) {
+        const int64_t r = (int64_t)tokens[i] - row_offset;
+        if (r >= 0 && r < rows) atomicAdd(&cnt[r], 1);
     }
 }
 
-/* Token i (y, grid-stride), column vector cv (x): a head token adds its id's chain into dtable. */
+/* One block: start[r] = cnt[0] + ... + cnt[r - 1] (exclusive scan), cursor[r] = start[r]. Each
+ * thread scans a contiguous run of rows; the runs' totals are scanned in shared memory. */
+static __global__ void emb_scan_kernel(int32_t *start, int32_t *cursor, const int32_t *cnt,
+                                       int64_t rows) {
+    CT_SHARED(int32_t, part, EMB_SCAN_THREADS);
+    const int64_t per = (rows + EMB_SCAN_THREADS - 1) / EMB_SCAN_THREADS;
+    const int64_t lo = (int64_t)threadIdx.x * per;
+    const int64_t hi = lo + per < rows ? lo + per : rows;
+    int32_t sum = 0;
+    for (int64_t r = lo; r < hi; r++) sum += cnt[r];
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int off = 1; off < EMB_SCAN_THREADS; off *= 2) { /* inclusive scan of the run totals */
+        const int32_t left = (int)threadIdx.x >= off ? part[threadIdx.x - off] : 0;
+        __syncthreads();
+        part[threadIdx.x] += left;
+        __syncthreads();
+    }
+    int32_t run = threadIdx.x > 0 ? part[threadIdx.x - 1] : 0;
+    for (int64_t r = lo; r < hi; r++) {
+        start[r] = run;
+        cursor[r] = run;
+        run += cnt[r];
+    }
+}
+
+/* Token i (grid-stride) inside the slice: list[cursor[r]++] = i. The order inside a row's bucket
+ * is whatever the atomics give; emb_rank_kernel puts it in token order. */
+static __global__ void emb_fill_kernel(int32_t *list, int32_t *cursor, const int32_t *tokens,
+                                       int32_t N, int64_t rows, int64_t row_offset) {
+    for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < N;
+         i += (int32_t)(gridDim.x * blockDim.x)) {
+        const int64_t r = (int64_t)tokens[i] - row_offset;
+        if (r >= 0 && r < rows) list[atomicAdd(&cursor[r], 1)] = i;
+    }
+}
+
+/* Token i (grid-stride): inside the slice, its rank k = the tokens of its bucket before it, so
+ * order[start[r] + k] = i (each bucket in token order) and head[i] = (k == 0); outside, head[i] =
+ * 0. A bucket of m tokens costs m reads to each of its m tokens. */
+static __global__ void emb_rank_kernel(int32_t *order, uint8_t *head, const int32_t *list,
+                                       const int32_t *start, const int32_t *cnt,
+                                       const int32_t *tokens, int32_t N, int64_t rows,
+                                       int64_t row_offset) {
+    for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < N;
+         i += (int32_t)(gridDim.x * blockDim.x)) {
+        const int64_t r = (int64_t)tokens[i] - row_offset;
+        if (r < 0 || r >= rows) {
+            head[i] = 0;
+            continue;
+        }
+        const int32_t s = start[r], m = cnt[r];
+        int32_t k = 0;
+        for (int32_t j = s; j < s + m; j++) k += list[j] < i;
+        order[s + k] = i;
+        head[i] = k == 0;
+    }
+}
+
+/* Token i (y, grid-stride), column vector cv (x): a head token adds its row's bucket, in token
+ * order, into dtable: acc = dtable[r]; acc += dout[k] for each k of order[start[r] ..); dtable[r] =
+ * acc. EMB_BATCH rows of dout are loaded before they are added, in the same order. */
 template <typename T, int VEC>
 static __global__ void emb_bwd_kernel(float *dtable, const T *dout, const int32_t *tokens,
-                                      const int32_t *next, const uint8_t *head, int32_t N,
-                                      int64_t C, int64_t row_offset) {
+                                      const int32_t *order, const int32_t *start,
+                                      const int32_t *cnt, const uint8_t *head, int32_t N, int64_t C,
+                                      int64_t row_offset) {
     const int64_t cols = C / VEC;
     for (int32_t i = (int32_t)(blockIdx.y * blockDim.y + threadIdx.y); i < N;
          i += (int32_t)(gridDim.y * blockDim.y)) {
         if (!head[i]) continue;
-        float *dst = dtable + ((int64_t)tokens[i] - row_offset) * C;
+        const int64_t r = (int64_t)tokens[i] - row_offset;
+        const int32_t *ks = order + start[r];
+        const int32_t m = cnt[r];
+        float *dst = dtable + r * C;
         for (int64_t cv = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cv < cols;
              cv += (int64_t)gridDim.x * blockDim.x) {
-            float acc[VEC], x[VEC];
+            float acc[VEC];
             ct_load<float, VEC>(dst + cv * VEC, acc);
-            for (int32_t k = i; k < N; k = next[k]) {
-                ct_load<T, VEC>(dout + (int64_t)k * C + cv * VEC, x);
+            int32_t q0 = 0;
+            for (; q0 + EMB_BATCH <= m; q0 += EMB_BATCH) {
+                float x[EMB_BATCH][VEC];
+                CT_UNROLL
+                for (int u = 0; u < EMB_BATCH; u++)
+                    ct_load<T, VEC>(dout + (int64_t)ks[q0 + u] * C + cv * VEC, x[u]);
+                CT_UNROLL
+                for (int u = 0; u < EMB_BATCH; u++)
+                    for (int q = 0; q < VEC; q++) acc[q] += x[u][q];
+            }
+            for (; q0 < m; q0++) {
+                float x[VEC];
+                ct_load<T, VEC>(dout + (int64_t)ks[q0] * C + cv * VEC, x);
                 for (int q = 0; q < VEC; q++) acc[q] += x[q];
             }
             ct_put<float, VEC>(dst + cv * VEC, acc);
@@ -196,12 +254,26 @@ static void emb_bwd(ct_cuda_ctx *cx, float *dtable, const void *dout, const int3
                     int64_t N, int64_t C, int64_t rows, int64_t row_offset) {
     cudaStream_t st = ct_cuda_stream(cx);
     const int32_t n = (int32_t)N;
-    /* workspace: next (N int32) | head (N bytes) */
-    char *ws = (char *)ct_cuda_workspace(cx, 0, (size_t)N * (sizeof(int32_t) + 1));
-    int32_t *next = (int32_t *)ws;
-    uint8_t *head = (uint8_t *)(ws + (size_t)N * sizeof(int32_t));
-    ct_launch(emb_chain_kernel, dim3((unsigned)((N + EMB_TILE - 1) / EMB_TILE)), dim3(EMB_TILE), 0,
-              st, next, head, tokens, n, rows, row_offset);
+    /* workspace: cnt, start, cursor (rows int32 each) | list, order (N int32 each) | head (N) */
+    const size_t rb = (size_t)rows * sizeof(int32_t), nb = (size_t)N * sizeof(int32_t);
+    char *ws = (char *)ct_cuda_workspace(cx, 0, 3 * rb + 2 * nb + (size_t)N);
+    int32_t *cnt = (int32_t *)ws, *start = (int32_t *)(ws + rb), *cursor = (int32_t *)(ws + 2 * rb);
+    int32_t *list = (int32_t *)(ws + 3 * rb), *order = (int32_t *)(ws + 3 * rb + nb);
+    uint8_t *head = (uint8_t *)(ws + 3 * rb + 2 * nb);
+    CT_CUDA_CHECK(cudaMemsetAsync(cnt, 0, rb, st));
+    const dim3 tok_grid((unsigned)((N + EMB_THREADS - 1) / EMB_THREADS));
+    ct_launch(emb_count_kernel, tok_grid, dim3(EMB_THREADS), 0, st, cnt, tokens, n, rows,
+              row_offset);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(emb_scan_kernel, dim3(1), dim3(EMB_SCAN_THREADS), 0, st, start, cursor,
+              (const int32_t *)cnt, rows);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(emb_fill_kernel, tok_grid, dim3(EMB_THREADS), 0, st, list, cursor, tokens, n, rows,
+              row_offset);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(emb_rank_kernel, tok_grid, dim3(EMB_THREADS), 0, st, order, head,
+              (const int32_t *)list, (const int32_t *)start, (const int32_t *)cnt, tokens, n, rows,
+              row_offset);
     CT_CUDA_CHECK(cudaGetLastError());
     const bool v =
         C % 4 == 0 && ct_launch_aligned(dtable, 16) && ct_launch_aligned(dout, 4 * sizeof(T));
@@ -209,10 +281,12 @@ static void emb_bwd(ct_cuda_ctx *cx, float *dtable, const void *dout, const int3
     ct_launch_rows(cx, N, v ? C / 4 : C, &grid, &block);
     if (v)
         ct_launch(emb_bwd_kernel<T, 4>, grid, block, 0, st, dtable, (const T *)dout, tokens,
-                  (const int32_t *)next, (const uint8_t *)head, n, C, row_offset);
+                  (const int32_t *)order, (const int32_t *)start, (const int32_t *)cnt,
+                  (const uint8_t *)head, n, C, row_offset);
     else
         ct_launch(emb_bwd_kernel<T, 1>, grid, block, 0, st, dtable, (const T *)dout, tokens,
-                  (const int32_t *)next, (const uint8_t *)head, n, C, row_offset);
+                  (const int32_t *)order, (const int32_t *)start, (const int32_t *)cnt,
+                  (const uint8_t *)head, n, C, row_offset);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -220,7 +294,7 @@ extern "C" void ct_cuda_embedding_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *dtabl
                                       const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
                                       int64_t row_offset) {
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "embedding_bwd dtype %d", (int)dt);
-    CT_ASSERTF(N < INT32_MAX - EMB_TILE, "embedding_bwd: %lld tokens", (long long)N);
+    CT_ASSERTF(N < INT32_MAX - EMB_THREADS, "embedding_bwd: %lld tokens", (long long)N);
     if (N <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)
         emb_bwd<__nv_bfloat16>(cx, dtable, dout, tokens, N, C, rows, row_offset);

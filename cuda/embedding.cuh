@@ -1,7 +1,8 @@
 /*
  * embedding.cuh — token and position embeddings on the CUDA backend (the slots embedding_fwd,
  * embedding_bwd, posemb_fwd, posemb_bwd of core/backend/backend.h). The backward adds rows in token
- * order without atomics (deterministic, ct_cuda_ctx.h).
+ * order without float atomics (deterministic, ct_cuda_ctx.h): a counting sort by row (integer
+ * atomics, then each token placed by its rank) and one thread per row and column vector.
  */
 #ifndef CT_CUDA_EMBEDDING_CUH
 #define CT_CUDA_EMBEDDING_CUH

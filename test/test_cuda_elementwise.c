@@ -9,8 +9,9 @@
  * the same nonzero values on both), runs the slot on each (be->iface->slot) and compares the whole
  * output buffer. Shapes have tails: C = 67 and n = 13 are multiples of neither the warp nor any
  * vector width (the scalar paths), C = 256 takes the 16-byte vector paths, N = 300 spans several
- * 64-row chunks of bias_grad with a short last one and two 256-token tiles of embedding_bwd's
- * chain kernel, flat ops also run one element past an aligned address (the VEC = 1 kernels).
+ * 64-row chunks of bias_grad with a short last one, embedding_bwd's rows repeated from once to
+ * hundreds of times (buckets longer than its 8-row load batches, with short tails), flat ops also
+ * run one element past an aligned address (the VEC = 1 kernels).
  *
  * Tolerance: none. Every one of these kernels computes, per output element, the same fp32 (or,
  * for sumsq, double) operations as the CPU reference in the same order, so the results must be
@@ -42,12 +43,12 @@
  * its residual; bias_grad adding each chunk's first row twice, and dropping the last chunk's
  * partial; axpy rounding the product before the add (no FMA: a one-ulp difference in a few
  * elements); scale's tail dropped; bf16 stores rounding toward zero; embedding_fwd's slice bound
- * off by one (r <= rows) and its row_offset ignored; embedding_bwd not following the chain (only
- * the first occurrence added), its chain kernel's barrier after the tile load removed, and every
- * occurrence taken for a first one; posemb_fwd ignoring pos_offset; posemb_bwd dropping the last
- * batch element; adamw's segment-tail index off by one, the last segment of each 32-segment
- * batch dropped, and the halves of the bf16 copy swapped; sumsq's scalar tail short by one and
- * its first chunk partial skipped.
+ * off by one (r <= rows) and its row_offset ignored; embedding_bwd summing its buckets in the
+ * atomics' order instead of token order (caught in the descending and random orders), its rank
+ * counting equal indices, its scan counting one row of each thread's run, and a batch's last row
+ * loaded twice; posemb_fwd ignoring pos_offset; posemb_bwd dropping the last batch element; adamw's
+ * segment-tail index off by one, the last segment of each 32-segment batch dropped, and the halves
+ * of the bf16 copy swapped; sumsq's scalar tail short by one and its first chunk partial skipped.
  *
  * Run all:     ./test_cuda_elementwise
  * Run by name: ./test_cuda_elementwise test_adamw   (a cmocka filter; wildcards allowed)
@@ -400,12 +401,16 @@ static void test_embedding(void **state) {
             all_ok &= emb_fwd_case(dtypes[d], 13, 67, 24, 0, 24);
             all_ok &= emb_fwd_case(dtypes[d], 13, 67, 16, 5, 24);
             all_ok &= emb_fwd_case(dtypes[d], 64, 256, 16, 5, 24);
-            /* few ids, so rows repeat many times; N = 300 spans two tiles of the chain kernel */
+            /* few ids, so rows repeat many times */
             all_ok &= emb_bwd_case(dtypes[d], 13, 67, 24, 0, 24);
             all_ok &= emb_bwd_case(dtypes[d], 13, 67, 16, 5, 24);
             all_ok &= emb_bwd_case(dtypes[d], 64, 256, 16, 5, 24);
             all_ok &= emb_bwd_case(dtypes[d], 300, 67, 7, 3, 12);
             all_ok &= emb_bwd_case(dtypes[d], 300, 256, 40, 2, 50);
+            /* three ids over 1100 tokens, one of them outside the slice: buckets of ~370 */
+            all_ok &= emb_bwd_case(dtypes[d], 1100, 12, 2, 1, 3);
+            /* more rows than emb_scan_kernel's 1024 threads: runs of 3 rows a thread */
+            all_ok &= emb_bwd_case(dtypes[d], 700, 8, 2500, 50, 2600);
         }
     });
 }

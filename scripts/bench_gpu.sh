@@ -335,17 +335,22 @@ for p in $precisions; do
         f=$m/cooktrain.$p.$b.profile
         ours=""
         [ -s "$f" ] && ours=$(sed -n 's/.* attention \([0-9.]*\) .*/\1/p' "$f")
-        sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b { print $4, $5 }' "$m/peers.log" | tail -n 1)
+        # one "sdpa" line per kernel timed (flash, cudnn, efficient, default: scripts/torch_gpt2_gpu.py)
+        sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b { printf "%s %s ", $4, $5 }' "$m/peers.log")
         awk -v p="$p" -v b="$b" -v L="$L" -v ours="$ours" -v sdpa="$sdpa" 'BEGIN {
-            split(sdpa, s, " ")
+            n = split(sdpa, s, " ")
             a = ours != "" ? sprintf("cooktrain %.2f ms", ours) : "cooktrain: no profile"
-            if (sdpa == "") { printf "%s B=%d: %s; SDPA not measured\n", p, b, a; exit }
-            printf "%s B=%d: %s vs SDPA (%s) %d x %.3f = %.2f ms", p, b, a, s[2], L, s[1], L * s[1]
-            if (ours != "" && s[1] > 0) printf ": cooktrain / SDPA %.2fx", ours / (L * s[1])
+            if (n == 0) { printf "%s B=%d: %s; SDPA not measured\n", p, b, a; exit }
+            printf "%s B=%d: %s vs SDPA", p, b, a
+            for (i = 1; i < n; i += 2) {
+                printf "%s %s %d x %.3f = %.2f ms", (i > 1 ? ";" : ""), s[i + 1], L, s[i], L * s[i]
+                if (ours != "" && s[i] > 0) printf " (%.2fx)", ours / (L * s[i])
+            }
             printf "\n" }'
     done
 done
-echo "(cooktrain's figure is timed with a device sync around every op, SDPA's with CUDA events around each forward + backward)"
+echo "(cooktrain's figure is timed with a device sync around every op, SDPA's with CUDA events around each forward + backward;"
+echo " (Nx): cooktrain's time over that kernel's; default: the kernel PyTorch picks, which the peers' models run)"
 done
 echo
 echo "bench_gpu: took $((SECONDS - started)) s: cooktrain $t_cooktrain s, peers $t_peers s"

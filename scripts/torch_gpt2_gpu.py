@@ -31,8 +31,10 @@ free blocks nor the CUDA context).
 
 Also, before the training runs: the matmul rate of an N x N x N product (--gemm N, per
 precision: TFLOP/s = 2·N³ / time, median of timed runs) and causal SDPA at the model's attention
-shape (B, heads, T, head dim; --kv-heads key/value heads) forward + backward in milliseconds per layer (--sdpa; flash
-attention in bf16, the memory-efficient kernel in fp32, where flash has none).
+shape (B, heads, T, head dim; --kv-heads key/value heads) forward + backward in milliseconds per
+layer (--sdpa), through each kernel PyTorch has for the precision: in bf16 flash attention
+(FlashAttention-2), cuDNN's attention and PyTorch's default choice (what the models above run:
+cuDNN's on an H100/H200 with PyTorch 2.11); in fp32 the memory-efficient kernel and the default.
 
   torch_gpt2_gpu.py --batches 16 64 --precisions bf16 fp32 --modes eager compile --steps 20 \
       --gemm 8192 --sdpa
@@ -43,7 +45,8 @@ the lines scripts/bench_gpu.sh reads, space-separated:
 
   device NAME...                         torch.cuda.get_device_name(0)
   gemm PRECISION N TFLOPS
-  sdpa PRECISION B MS_PER_LAYER KERNEL   forward + backward of one layer's attention
+  sdpa PRECISION B MS_PER_LAYER KERNEL   forward + backward of one layer's attention (KERNEL:
+                                         flash, cudnn, efficient or default)
   row MODE PRECISION B TOKENS_PER_S PEAK_BYTES NOTE...   (TOKENS_PER_S and PEAK_BYTES are "-"
                                                           when the run failed; NOTE says why)
 """
@@ -242,20 +245,32 @@ def gemm_tflops(precision, n, reps=10):
 
 
 def sdpa_only(kernel):
-    """A context that lets SDPA use only `kernel` ("flash" or "efficient")."""
+    """A context that lets SDPA use only `kernel` ("flash", "efficient" or "cudnn"), or any
+    ("default": PyTorch's own choice, the one the models above get)."""
+    if kernel == "default":
+        return contextlib.nullcontext()
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3
-        return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION,
-                            "efficient": SDPBackend.EFFICIENT_ATTENTION}[kernel])
     except ImportError:
+        if kernel == "cudnn":
+            raise RuntimeError("this PyTorch has no cuDNN attention")
         return torch.backends.cuda.sdp_kernel(enable_flash=kernel == "flash",
                                               enable_mem_efficient=kernel == "efficient",
                                               enable_math=False)
+    names = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+    if not hasattr(SDPBackend, names[kernel]):
+        raise RuntimeError("this PyTorch has no SDPBackend.%s" % names[kernel])
+    return sdpa_kernel(getattr(SDPBackend, names[kernel]))
 
 
-def sdpa_ms(precision, batch, heads, kv_heads, seq, hd, reps=20):
-    """Causal SDPA forward + backward at (batch, heads, seq, hd) with kv_heads key/value heads:
-    median milliseconds, kernel."""
+def sdpa_kernels(precision):
+    """The SDPA kernels timed in a precision: flash and cuDNN attention have no fp32 kernels."""
+    return ("flash", "cudnn", "default") if precision == "bf16" else ("efficient", "default")
+
+
+def sdpa_ms(precision, batch, heads, kv_heads, seq, hd, kernel, reps=20):
+    """Causal SDPA forward + backward at (batch, heads, seq, hd) with kv_heads key/value heads,
+    through `kernel` (sdpa_only): median milliseconds. Raises where the kernel cannot run."""
     q, k, v = (torch.randn(batch, h, seq, hd, device="cuda", dtype=dtype_of(precision),
                            requires_grad=True) for h in (heads, kv_heads, kv_heads))
     dout = torch.randn_like(q)
@@ -264,14 +279,8 @@ def sdpa_ms(precision, batch, heads, kv_heads, seq, hd, reps=20):
         out = sdpa_gqa(q, k, v)
         torch.autograd.grad(out, (q, k, v), dout)
 
-    kernel = "flash" if precision == "bf16" else "efficient"
-    try:
-        with sdpa_only(kernel):
-            once()
-    except RuntimeError:
-        kernel = "default"  # this build or device lacks that kernel: PyTorch's own choice
     times = []
-    with sdpa_only(kernel) if kernel != "default" else contextlib.nullcontext():
+    with sdpa_only(kernel):
         for _ in range(3):
             once()
         for _ in range(reps):
@@ -281,7 +290,7 @@ def sdpa_ms(precision, batch, heads, kv_heads, seq, hd, reps=20):
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-    return statistics.median(times), kernel
+    return statistics.median(times)
 
 
 def release():
@@ -328,12 +337,13 @@ def main():
     if a.sdpa:
         for precision in a.precisions:
             for batch in a.batches:
-                try:
-                    ms, kernel = sdpa_ms(precision, batch, a.heads, a.kv_heads, a.seq, a.d // a.heads)
-                    print("sdpa %s %d %.4f %s" % (precision, batch, ms, kernel), flush=True)
-                except Exception as e:  # noqa: BLE001
-                    print("# sdpa %s B=%d failed: %s" % (precision, batch, one_line(e)), flush=True)
-                release()
+                for kernel in sdpa_kernels(precision):
+                    try:
+                        ms = sdpa_ms(precision, batch, a.heads, a.kv_heads, a.seq, a.d // a.heads, kernel)
+                        print("sdpa %s %d %.4f %s" % (precision, batch, ms, kernel), flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print("# sdpa %s B=%d %s failed: %s" % (precision, batch, kernel, one_line(e)), flush=True)
+                    release()
 
     for precision in a.precisions:
         for batch in a.batches:

@@ -862,6 +862,8 @@ static void test_rope(void **state) {
             for (int inv = 0; inv < 2; inv++) {
                 all_ok &= rope_case(dtypes[t], 2, 7, 3, 1, 8, 5, inv);
                 all_ok &= rope_case(dtypes[t], 1, 33, 2, 1, 64, 0, inv);
+                /* an odd number of pairs a head: one pair a thread, element by element */
+                all_ok &= rope_case(dtypes[t], 2, 5, 2, 1, 6, 3, inv);
             }
     });
 }

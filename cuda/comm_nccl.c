@@ -529,6 +529,42 @@ static void nccl_all_to_all(void *ctx, const void *send, void *recv, int64_t n, 
     finish_blocking(g, f);
 }
 
+/* Device buffers: the own block copied on the communication stream, then one NCCL group of a
+ * send and a receive per other rank with a non-empty block (the counts agree, comm.h, so both
+ * sides skip the same empty ones). Host buffers: the MPI group's. */
+static void nccl_all_to_all_v(void *ctx, const void *send, const int64_t *send_counts, void *recv,
+                              const int64_t *recv_counts, ct_dtype dt) {
+    nccl_group *g = ctx;
+    if (!on_device(recv) && !on_device(send)) {
+        g->boot->iface->all_to_all_v(g->boot->ctx, send, send_counts, recv, recv_counts, dt);
+        return;
+    }
+    size_t esz = ct_dtype_size(dt);
+    int64_t n_send = 0, own_send = 0, own_recv = 0;
+    for (int q = 0; q < g->size; q++) {
+        if (q < g->rank) own_send += send_counts[q], own_recv += recv_counts[q];
+        n_send += send_counts[q];
+    }
+    flight *f = start_collective(g, CT_COMM_ALL_TO_ALL_V, dt, OP_NONE, n_send);
+    if (send_counts[g->rank] > 0)
+        CT_CUDA_CHECK(cudaMemcpyAsync(
+            (char *)recv + (size_t)own_recv * esz, (const char *)send + (size_t)own_send * esz,
+            (size_t)send_counts[g->rank] * esz, cudaMemcpyDeviceToDevice, g->stream));
+    CT_NCCL_CHECK(ncclGroupStart());
+    int64_t at_send = 0, at_recv = 0;
+    for (int q = 0; q < g->size; at_send += send_counts[q], at_recv += recv_counts[q], q++) {
+        if (q == g->rank) continue;
+        if (send_counts[q] > 0)
+            CT_NCCL_CHECK(ncclSend((const char *)send + (size_t)at_send * esz,
+                                   (size_t)send_counts[q], nccl_dtype(dt), q, g->nccl, g->stream));
+        if (recv_counts[q] > 0)
+            CT_NCCL_CHECK(ncclRecv((char *)recv + (size_t)at_recv * esz, (size_t)recv_counts[q],
+                                   nccl_dtype(dt), q, g->nccl, g->stream));
+    }
+    CT_NCCL_CHECK(ncclGroupEnd());
+    finish_blocking(g, f);
+}
+
 static void nccl_barrier(void *ctx) {
     nccl_group *g = ctx;
     flush_p2p(g);
@@ -584,6 +620,7 @@ static const struct ct_comm_i nccl_iface = {
     .test = nccl_test,
     .poll = nccl_poll,
     .all_to_all = nccl_all_to_all,
+    .all_to_all_v = nccl_all_to_all_v,
     .barrier = nccl_barrier,
     .wait_compute = nccl_wait_compute,
     .max_tag = nccl_max_tag,

@@ -725,6 +725,51 @@ static ct_comm_request *mpi_iall_to_all(mpi_group *g, const void *send, void *re
     return request_track(g, req);
 }
 
+/* The variable all_to_all, as point-to-point pieces on the all_to_all communicator (tag 1, so
+ * they never match a fixed all_to_all's): every receive posted before any send, a block of more
+ * than the chunk limit in several pieces, in order; an empty block is no message on either side
+ * (the counts agree, comm.h). The own block is a copy. */
+static ct_comm_request *mpi_iall_to_all_v(mpi_group *g, const void *send,
+                                          const int64_t *send_counts, void *recv,
+                                          const int64_t *recv_counts, ct_dtype dtype) {
+    size_t esz = ct_dtype_size(dtype);
+    int64_t n_send = 0, n_recv = 0, own_send = 0, own_recv = 0;
+    for (int q = 0; q < g->size; q++) {
+        if (q == g->rank) own_send = n_send, own_recv = n_recv;
+        n_send += send_counts[q];
+        n_recv += recv_counts[q];
+    }
+    CT_ASSERTF(!overlaps(send, (size_t)n_send * esz, recv, (size_t)n_recv * esz),
+               "all_to_all_v on group %s: send and recv overlap", g->name);
+    ct_comm_request *req = request_new(g, CT_COMM_ALL_TO_ALL_V, dtype, n_send);
+    if (send_counts[g->rank] > 0)
+        memcpy((char *)recv + (size_t)own_recv * esz, (const char *)send + (size_t)own_send * esz,
+               (size_t)send_counts[g->rank] * esz);
+    if (g->size == 1) return request_track(g, req);
+    MPI_Comm pc = a2a_comm_get(g, req);
+    int64_t lim = piece_limit(dtype);
+    MPI_Datatype dt = mpi_type(dtype);
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t *counts = pass == 0 ? recv_counts : send_counts;
+        int64_t at = 0;
+        for (int q = 0; q < g->size; at += counts[q], q++) {
+            if (q == g->rank) continue;
+            for (int64_t off = 0; off < counts[q];) {
+                int c = piece_count(lim, counts[q], off);
+                size_t byte = (size_t)(at + off) * esz;
+                if (pass == 0)
+                    CT_MPI_CHECK(
+                        MPI_Irecv((char *)recv + byte, c, dt, q, 1, pc, request_piece(req)));
+                else
+                    CT_MPI_CHECK(
+                        MPI_Isend((const char *)send + byte, c, dt, q, 1, pc, request_piece(req)));
+                off += c;
+            }
+        }
+    }
+    return request_track(g, req);
+}
+
 /* A message above the chunk limit goes as several with the same tag, in order (MPI's
  * non-overtaking rule), so a receive must name the count of its send (comm_mpi.h). */
 static ct_comm_request *mpi_ip2p(mpi_group *g, bool is_recv, void *buf, int64_t n, ct_dtype dtype,
@@ -810,6 +855,11 @@ static void mpi_all_to_all(void *ctx, const void *send, void *recv, int64_t n, c
     BLOCKING((mpi_group *)ctx, n, dtype, mpi_iall_to_all(ctx, send, recv, n, dtype));
 }
 
+static void mpi_all_to_all_v(void *ctx, const void *send, const int64_t *send_counts, void *recv,
+                             const int64_t *recv_counts, ct_dtype dtype) {
+    mpi_wait(ctx, mpi_iall_to_all_v(ctx, send, send_counts, recv, recv_counts, dtype));
+}
+
 static ct_comm_request *barrier_start(mpi_group *g) {
     ct_comm_request *req = request_new(g, CT_COMM_BARRIER, CT_DTYPE_U8, 0);
     if (g->blocking)
@@ -858,6 +908,7 @@ static const struct ct_comm_i mpi_iface = {
     .test = mpi_test,
     .poll = mpi_poll,
     .all_to_all = mpi_all_to_all,
+    .all_to_all_v = mpi_all_to_all_v,
     .barrier = mpi_barrier,
     .max_tag = mpi_max_tag,
     .free_comm = mpi_free_comm,

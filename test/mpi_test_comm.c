@@ -318,6 +318,63 @@ static void test_all_to_all(ct_comm *c, ct_dtype dt, int64_t n, bool in_place, c
     free_buf(send);
 }
 
+/* The variable all_to_all's block from rank `src` to rank `dst`, in three patterns: varied sizes
+ * with empty blocks scattered (and rank 1 sending nothing at all), everything to rank 0 (the
+ * others receive nothing), and nothing but each rank's own block. `scale` stretches the sizes
+ * (past the chunk limits). */
+static int64_t a2av_count(int pattern, int src, int dst, int64_t scale) {
+    switch (pattern) {
+    case 0:
+        return src == 1 || (src + 2 * dst) % 4 == 0 ? 0 : scale * (1 + (src * 13 + dst * 7) % 5);
+    case 1: return dst == 0 ? scale * (2 + src) : 0;
+    default: return src == dst ? scale * 3 : 0;
+    }
+}
+
+/* Counts exchanged first through ct_comm_all_to_all (as callers must), then the rows; block j of
+ * the result is rank j's block for this rank, elements numbered by (destination, index). */
+static void test_all_to_all_v(ct_comm *c, ct_dtype dt, int pattern, int64_t scale,
+                              const char *tag) {
+    int N = c->size, r = c->rank;
+    int64_t *sc = ct_xcalloc((size_t)N, sizeof *sc), *rc = ct_xcalloc((size_t)N, sizeof *rc);
+    int64_t *want_rc = ct_xcalloc((size_t)N, sizeof *want_rc), n_send = 0, n_recv = 0;
+    for (int q = 0; q < N; q++) {
+        sc[q] = a2av_count(pattern, r, q, scale);
+        want_rc[q] = a2av_count(pattern, q, r, scale);
+        n_send += sc[q];
+        n_recv += want_rc[q];
+    }
+    ct_comm_all_to_all(c, sc, rc, N, CT_DTYPE_I64);
+    bool ok = true;
+    for (int q = 0; q < N && ok; q++)
+        if (rc[q] != want_rc[q])
+            ok = why("count from rank %d: %lld, want %lld", q, (long long)rc[q],
+                     (long long)want_rc[q]);
+    void *send = alloc_garbage(n_send, dt), *recv = alloc_garbage(n_recv + 1, dt);
+    int64_t *src_of = ct_xcalloc((size_t)n_recv + 1, sizeof *src_of);
+    int64_t *idx_of = ct_xcalloc((size_t)n_recv + 1, sizeof *idx_of);
+    for (int q = 0, at = 0; q < N; at += (int)sc[q], q++)
+        for (int64_t j = 0; j < sc[q]; j++) put(send, dt, at + j, input(dt, r, q * 100000 + j, 23));
+    for (int q = 0, at = 0; q < N; at += (int)want_rc[q], q++)
+        for (int64_t j = 0; j < want_rc[q]; j++)
+            src_of[at + j] = q, idx_of[at + j] = r * 100000 + j;
+    if (ok) {
+        ct_comm_all_to_all_v(c, send, sc, recv, rc, dt);
+        ok = EXPECT_ALL(recv, dt, n_recv, input(dt, (int)src_of[i], idx_of[i], 23));
+        /* the element after the last block is never written */
+        if (ok && get(recv, dt, n_recv) == get(recv, dt, n_recv) &&
+            memcmp((char *)recv + (size_t)n_recv * ct_dtype_size(dt),
+                   "\xa5\xa5\xa5\xa5\xa5\xa5\xa5\xa5", ct_dtype_size(dt)) != 0)
+            ok = why("the element after the %lld received was written", (long long)n_recv);
+    }
+    static const char *names[] = {"varied, some empty", "all to rank 0", "own block only"};
+    check(ok, "all_to_all_v %s, %s, x%lld%s", ct_dtype_name(dt), names[pattern], (long long)scale,
+          tag);
+    free_buf(send);
+    free_buf(recv);
+    free(sc), free(rc), free(want_rc), free(src_of), free(idx_of);
+}
+
 /* Every rank sends to its right neighbour and receives from its left one, in both directions. */
 static void test_ring(ct_comm *c, ct_dtype dt, int64_t n, const char *tag) {
     int N = c->size, r = c->rank, right = (r + 1) % N, left = (r + N - 1) % N;
@@ -458,6 +515,19 @@ static void test_counters(ct_comm *c, int64_t shard, const char *tag) {
     want[CT_COMM_ALL_TO_ALL] = 4 * n * (N - 1) / N;
     want_calls[CT_COMM_ALL_TO_ALL] = 1;
 
+    /* the variable all_to_all: the bytes sent to the other ranks, this rank's own block (never
+     * empty here) not; block (src, dst) has shard / 10 · (1 + (src + dst) % 3) elements */
+    int64_t sc[8], rc[8];
+    CT_ASSERT(N <= 8);
+    for (int q = 0; q < N; q++) {
+        sc[q] = shard / 10 * (1 + (c->rank + q) % 3);
+        rc[q] = sc[q]; /* (src + dst) is symmetric */
+    }
+    ct_comm_all_to_all_v(c, buf, sc, out, rc, CT_DTYPE_F32);
+    for (int q = 0; q < N; q++)
+        if (q != c->rank) want[CT_COMM_ALL_TO_ALL_V] += 4 * (uint64_t)sc[q];
+    want_calls[CT_COMM_ALL_TO_ALL_V] = 1;
+
     int root = 1 % N;
     ct_comm_broadcast(c, buf, n, CT_DTYPE_F32, root);
     /* counted at the root only, and never on a group of one */
@@ -486,7 +556,7 @@ static void test_counters(ct_comm *c, int64_t shard, const char *tag) {
     }
     check(ok,
           "byte counters follow the ring model (allreduce 2n(N-1)/N, rs/ag/a2a n(N-1)/N, "
-          "send n, broadcast n at root)%s",
+          "send n, broadcast n at root, a2a_v the bytes to other ranks)%s",
           tag);
     free(buf);
     free(out);
@@ -514,6 +584,7 @@ static void test_matrix(ct_comm *c, int64_t n, const char *tag) {
         test_broadcast(c, dt, n, d % N, tag);
         test_all_to_all(c, dt, n, false, tag);
         test_all_to_all(c, dt, n, true, tag);
+        for (int pattern = 0; pattern < 3; pattern++) test_all_to_all_v(c, dt, pattern, 9, tag);
         test_ring(c, dt, n, tag);
         test_p2p_same_tag(c, dt, n, tag);
     }

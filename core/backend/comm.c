@@ -11,7 +11,8 @@
 
 const char *ct_comm_op_name(ct_comm_op_kind kind) {
     static const char *names[CT_COMM_OP_COUNT] = {
-        "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "all_to_all", "barrier",
+        "allreduce", "reduce_scatter", "allgather",    "broadcast",
+        "send",      "all_to_all",     "all_to_all_v", "barrier",
     };
     return (int)kind >= 0 && kind < CT_COMM_OP_COUNT ? names[kind] : "?";
 }
@@ -155,6 +156,25 @@ void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, 
     TIMED(comm, comm->iface->all_to_all(comm->ctx, send, recv, n, dtype));
 }
 
+void ct_comm_all_to_all_v(ct_comm *comm, const void *send, const int64_t *send_counts, void *recv,
+                          const int64_t *recv_counts, ct_dtype dtype) {
+    uint64_t sent = 0;
+    for (int q = 0; q < comm->size; q++) {
+        CT_ASSERTF(send_counts[q] >= 0 && recv_counts[q] >= 0,
+                   "all_to_all_v on group %s: counts %lld to and %lld from rank %d", comm->name,
+                   (long long)send_counts[q], (long long)recv_counts[q], q);
+        if (q != comm->rank) sent += (uint64_t)send_counts[q] * ct_dtype_size(dtype);
+    }
+    CT_ASSERTF(send_counts[comm->rank] == recv_counts[comm->rank],
+               "all_to_all_v on group %s: rank %d sends itself %lld elements but receives %lld",
+               comm->name, comm->rank, (long long)send_counts[comm->rank],
+               (long long)recv_counts[comm->rank]);
+    comm->calls[CT_COMM_ALL_TO_ALL_V]++;
+    comm->bytes[CT_COMM_ALL_TO_ALL_V] += sent;
+    after_compute(comm);
+    TIMED(comm, comm->iface->all_to_all_v(comm->ctx, send, send_counts, recv, recv_counts, dtype));
+}
+
 void ct_comm_barrier(ct_comm *comm) {
     comm->calls[CT_COMM_BARRIER]++;
     if (comm->size > 1) TIMED(comm, comm->iface->barrier(comm->ctx));
@@ -228,6 +248,12 @@ static void local_all_to_all(void *ctx, const void *send, void *recv, int64_t n,
     local_copy(ctx, recv, send, n, dtype);
 }
 
+static void local_all_to_all_v(void *ctx, const void *send, const int64_t *send_counts, void *recv,
+                               const int64_t *recv_counts, ct_dtype dtype) {
+    (void)recv_counts; /* == send_counts[0] (the wrapper checked) */
+    local_copy(ctx, recv, send, send_counts[0], dtype);
+}
+
 static const struct ct_comm_i local_iface = {
     .allreduce = NULL, /* never called: the wrapper skips groups of one */
     .reduce_scatter = local_reduce_scatter,
@@ -242,6 +268,7 @@ static const struct ct_comm_i local_iface = {
     .test = NULL,
     .poll = NULL,
     .all_to_all = local_all_to_all,
+    .all_to_all_v = local_all_to_all_v,
     .barrier = NULL, /* never called */
     .max_tag = NULL, /* INT_MAX: there is no point-to-point on one rank anyway */
     .free_comm = NULL,

@@ -13,7 +13,8 @@
  * Byte counters, per group and per op kind, follow the ring model whatever algorithm the library
  * really uses (bytes = n·dtype size, N = group size): allreduce 2·bytes·(N−1)/N, reduce_scatter
  * and allgather bytes·(N−1)/N, all_to_all bytes·(N−1)/N, send bytes, broadcast bytes at the
- * root and 0 elsewhere. Tests and `plan` check communication volume with them.
+ * root and 0 elsewhere. Tests and `plan` check communication volume with them. The variable
+ * all_to_all_v counts the bytes this rank really sends to other ranks (its own block stays).
  */
 #ifndef CT_COMM_H
 #define CT_COMM_H
@@ -29,6 +30,7 @@ typedef enum ct_comm_op_kind {
     CT_COMM_BROADCAST,
     CT_COMM_SEND,
     CT_COMM_ALL_TO_ALL,
+    CT_COMM_ALL_TO_ALL_V,
     CT_COMM_BARRIER,
     CT_COMM_OP_COUNT
 } ct_comm_op_kind;
@@ -63,6 +65,9 @@ struct ct_comm_i {
     /* Lets outstanding operations progress (MPI has no progress thread); NULL: nothing to do. */
     void (*poll)(void *ctx);
     void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t n, ct_dtype dtype);
+    /* ct_comm_all_to_all_v's exchange (counts already checked by the wrapper). */
+    void (*all_to_all_v)(void *ctx, const void *send, const int64_t *send_counts, void *recv,
+                         const int64_t *recv_counts, ct_dtype dtype);
     void (*barrier)(void *ctx);
     /* Orders this group's next operation after the compute issued so far on `be` (whose memory
      * the buffers are), recorded as event `event`: a communication stream would wait for the
@@ -131,6 +136,21 @@ bool ct_comm_test(ct_comm *comm, ct_comm_request *req);
 /* Drives progress of this group's outstanding operations; call it between compute ops. */
 void ct_comm_poll(ct_comm *comm);
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype);
+/*
+ * The variable all-to-all: this rank sends send_counts[q] elements to rank q and receives
+ * recv_counts[q] from it. `send` holds the blocks for ranks 0, 1, ... one after another, `recv`
+ * gets the blocks from ranks 0, 1, ... one after another; the count arrays (comm->size each) are
+ * host memory, the buffers the group's memory, and they must not overlap. Blocking.
+ *
+ * Every rank must agree: send_counts[q] on this rank equals recv_counts[this rank] on rank q.
+ * Nothing here can check that across ranks, and a disagreement leaves a receive waiting (the
+ * collective timeout then reports it), so callers exchange the counts first — an all_to_all of
+ * one int64 per rank, counted as all_to_all — and pass what they received. The rank's own block
+ * (send_counts[rank] == recv_counts[rank], asserted) is a local copy; counted: the bytes sent to
+ * the other ranks.
+ */
+void ct_comm_all_to_all_v(ct_comm *comm, const void *send, const int64_t *send_counts, void *recv,
+                          const int64_t *recv_counts, ct_dtype dtype);
 void ct_comm_barrier(ct_comm *comm);
 
 /* The largest tag isend/irecv accept on this group: tags must lie in [0, ct_comm_max_tag], and

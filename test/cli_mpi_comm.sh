@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MPI comm layer and rank grid under mpirun: build/test/mpi_test_comm at 1, 2, 4 and 8 ranks
 # (its "ok"/"FAIL" lines are relayed as they are; they include every collective split into pieces
-# under small chunk limits), then real counts above INT_MAX at 2 ranks (mpi_test_comm big, 4 GiB
+# under small chunk limits), MoE dispatch and combine on top of all_to_all_v (mpi_test_moe at the
+# same sizes), then real counts above INT_MAX at 2 ranks (mpi_test_comm big, 4 GiB
 # per rank), then the collective watchdog: a job in which one rank skips a collective (or never
 # sends a message another rank waits for) must end with a non-zero exit and the watchdog's report
 # within seconds, not hang; the same with operations split into pieces; and a point-to-point tag
@@ -44,6 +45,9 @@ run_program() {
 }
 
 for np in 1 2 4 8; do run_program mpi_test_comm "$np"; done
+# MoE dispatch and combine over an expert-parallel group of 1, 2, 4 and 8 ranks (mpi_test_moe.c)
+mpi_setup
+for np in 1 2 4 8; do run_mpi_program "$np" "$BUILD/test/mpi_test_moe"; done
 
 # Counts above INT_MAX for real, with the default chunk limit: 2 ranks only (the buffers are
 # 4 GiB per rank; more ranks would only multiply the memory). The program skips, with a "skip ..."

@@ -321,7 +321,8 @@ static ct_status cmd_train(int argc, char **argv) {
         }
         if (st == CT_OK && world > 1) {
             st = ct_pctx_new_cp(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.cp,
-                                (int)cfg.parallel.pp, (int)cfg.derived.dp, cfg.parallel.timeout_s);
+                                (int)cfg.parallel.pp, (int)cfg.derived.dp, 1,
+                                cfg.parallel.timeout_s);
             if (st == CT_OK && !strcmp(be->iface->name, "cuda")) st = use_nccl(pctx, be);
         }
         if (st == CT_OK) st = ct_train_run(&cfg, be, pctx, &opts, NULL);

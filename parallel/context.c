@@ -90,13 +90,16 @@ typedef enum group_kind {
     GROUP_PP,
     GROUP_MP,
     GROUP_EMBED,
+    GROUP_EP,
+    GROUP_EDP,
     GROUP_COUNT
 } group_kind;
 
-static const char *group_names[GROUP_COUNT] = {"tp", "cp", "dp", "dpcp", "pp", "mp", "embed"};
+static const char *group_names[GROUP_COUNT] = {"tp", "cp",    "dp", "dpcp", "pp",
+                                               "mp", "embed", "ep", "edp"};
 
 typedef struct grid {
-    int tp, cp, dp, pp;
+    int tp, cp, dp, pp, ep;
 } grid;
 
 /*
@@ -118,13 +121,19 @@ static int group_color(group_kind kind, int r, grid g, int *key) {
         *key = pp_rank;
         return pp_rank == 0 || pp_rank == g.pp - 1 ? tp_rank + g.tp * (cp_rank + g.cp * dp_rank)
                                                    : -1;
+    case GROUP_EP: /* block dp_rank / ep of the dp group */
+        *key = dp_rank % g.ep;
+        return tp_rank + g.tp * (cp_rank + g.cp * (dp_rank / g.ep + g.dp / g.ep * pp_rank));
+    case GROUP_EDP: /* the same ep_rank in every block, and every cp rank */
+        *key = cp_rank + g.cp * (dp_rank / g.ep);
+        return tp_rank + g.tp * (dp_rank % g.ep + g.ep * pp_rank);
     default: break;
     }
     CT_ASSERTF(0, "unknown group kind %d", (int)kind);
 }
 
 static grid grid_of(const ct_pctx *p) {
-    return (grid){p->tp, p->cp, p->dp, p->pp};
+    return (grid){p->tp, p->cp, p->dp, p->pp, p->ep};
 }
 
 static ct_comm *split_group(group_kind kind, const ct_pctx *p, double timeout_s) {
@@ -137,10 +146,10 @@ static ct_comm *split_group(group_kind kind, const ct_pctx *p, double timeout_s)
 }
 
 ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s) {
-    return ct_pctx_new_cp(out, tp, 1, pp, dp, timeout_s);
+    return ct_pctx_new_cp(out, tp, 1, pp, dp, 1, timeout_s);
 }
 
-ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double timeout_s) {
+ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, int ep, double timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     CT_ASSERTF(initialized, "ct_pctx_new before ct_mpi_init");
@@ -148,6 +157,8 @@ ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double t
                "grid tp %d x cp %d x pp %d x dp %d does not match world size %d (callers "
                "validate it)",
                tp, cp, pp, dp, world_size);
+    CT_ASSERTF(ep >= 1 && dp % ep == 0, "ep %d does not divide dp %d (callers validate it)", ep,
+               dp);
     ct_pctx *p = ct_xcalloc(1, sizeof *p);
     p->world_rank = world_rank;
     p->world_size = world_size;
@@ -159,6 +170,8 @@ ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double t
     p->cp_rank = (world_rank / tp) % cp;
     p->dp_rank = (world_rank / (tp * cp)) % dp;
     p->pp_rank = world_rank / (tp * cp * dp);
+    p->ep = ep;
+    p->ep_rank = p->dp_rank % ep;
     p->timeout_s = timeout_s;
 
     MPI_Comm world;
@@ -172,17 +185,23 @@ ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double t
     p->pp_comm = split_group(GROUP_PP, p, timeout_s);
     p->mp_comm = split_group(GROUP_MP, p, timeout_s);
     p->embed_comm = split_group(GROUP_EMBED, p, timeout_s);
+    p->ep_comm = ep > 1 ? split_group(GROUP_EP, p, timeout_s) : ct_comm_local_new("ep");
+    p->edp_comm = ep > 1 ? split_group(GROUP_EDP, p, timeout_s) : p->dpcp_comm;
     CT_ASSERT(p->tp_comm->size == tp && p->tp_comm->rank == p->tp_rank);
     CT_ASSERT(p->cp_comm->size == cp && p->cp_comm->rank == p->cp_rank);
     CT_ASSERT(p->dp_comm->size == dp && p->dp_comm->rank == p->dp_rank);
     CT_ASSERT(p->dpcp_comm->size == dp * cp && p->dpcp_comm->rank == p->cp_rank + cp * p->dp_rank);
     CT_ASSERT(p->pp_comm->size == pp && p->pp_comm->rank == p->pp_rank);
+    CT_ASSERT(p->ep_comm->size == ep && p->ep_comm->rank == p->ep_rank);
+    CT_ASSERT(p->edp_comm->size == cp * dp / ep);
     *out = p;
     return CT_OK;
 }
 
 void ct_pctx_free(ct_pctx *p) {
     if (!p) return;
+    if (p->edp_comm != p->dpcp_comm) ct_comm_free(p->edp_comm);
+    ct_comm_free(p->ep_comm);
     ct_comm_free(p->embed_comm);
     ct_comm_free(p->mp_comm);
     ct_comm_free(p->pp_comm);
@@ -230,9 +249,16 @@ void ct_pctx_print(const ct_pctx *p, FILE *out) {
                 "grid: world %d = tp %d x pp %d x dp %d (rank = tp_rank + tp*(dp_rank + "
                 "dp*pp_rank))\n",
                 p->world_size, p->tp, p->pp, p->dp);
+    if (p->ep > 1)
+        fprintf(out,
+                "experts: ep %d inside dp %d (ep groups: %d consecutive dp ranks; edp: the %d "
+                "ranks holding the same experts)\n",
+                p->ep, p->dp, p->ep, p->edp_comm->size);
     for (int k = 0; k < GROUP_COUNT; k++) {
         /* without context parallelism the cp groups are single ranks and dpcp is dp */
         if (p->cp == 1 && (k == GROUP_CP || k == GROUP_DPCP)) continue;
+        /* without expert parallelism ep groups are single ranks and edp is dpcp */
+        if (p->ep == 1 && (k == GROUP_EP || k == GROUP_EDP)) continue;
         print_groups(p, (group_kind)k, out);
     }
     fflush(out);

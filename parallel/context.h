@@ -12,6 +12,12 @@
  * (tp×pp: same dp and cp rank), and the embedding group (first and last pipeline stage, same tp,
  * cp and dp rank; NULL on other stages, and the same one-rank group as "first == last" when
  * pp = 1).
+ * Expert parallelism folds into dp: an ep group is ep consecutive ranks of a dp group (dp ranks
+ * b·ep .. b·ep + ep − 1 of block b; ep_rank = dp_rank % ep), over which a Mixture-of-Experts
+ * layer's experts are spread and its tokens exchanged (all_to_all_v); the expert-data-parallel
+ * group edp is its strided complement — the ranks holding the same experts: same tp, pp and
+ * ep_rank, every block and every cp rank (cp·dp/ep ranks), over which expert gradients are
+ * reduced. With ep = 1 the ep groups are single ranks and edp is dpcp.
  *
  * Failures that only some ranks see (a file missing on one node) are agreed on with
  * ct_mpi_agree before anyone exits, so every rank returns the same status and rank 0 can print
@@ -41,10 +47,13 @@ typedef struct ct_pctx {
     int world_rank, world_size;
     int tp, pp, dp, cp;                     /* group sizes */
     int tp_rank, pp_rank, dp_rank, cp_rank; /* coordinates */
+    int ep, ep_rank;                        /* expert parallelism, inside dp (ep | dp) */
     ct_comm *world;
     ct_comm *tp_comm, *dp_comm, *pp_comm, *mp_comm, *cp_comm;
     ct_comm *dpcp_comm;  /* dp × cp; == dp_comm when cp = 1 (not a group of its own) */
     ct_comm *embed_comm; /* first + last stage; NULL on middle stages */
+    ct_comm *ep_comm;    /* ep consecutive dp ranks; a one-rank group when ep = 1 */
+    ct_comm *edp_comm;   /* the ranks holding the same experts; == dpcp_comm when ep = 1 */
     double timeout_s;    /* collective watchdog (parallel.timeout_s) */
 } ct_pctx;
 
@@ -54,8 +63,8 @@ ct_pctx *ct_pctx_local_new(void);
 
 /* Builds the grid for tp·pp·dp == world size (the caller validated that), cp = 1. Collective. */
 ct_status ct_pctx_new(ct_pctx **out, int tp, int pp, int dp, double timeout_s);
-/* The same with context parallelism: tp·cp·pp·dp == world size. */
-ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, double timeout_s);
+/* The same with context and expert parallelism: tp·cp·pp·dp == world size, ep | dp. */
+ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, int ep, double timeout_s);
 void ct_pctx_free(ct_pctx *pctx); /* accepts NULL; collective (frees communicators) */
 
 /* Rank 0 prints the grid: which world ranks form each tp, dp, pp and embedding group. */

@@ -777,12 +777,55 @@ static void test_grid(int tp, int pp, int dp) {
     ct_pctx_free(p);
 }
 
+/* Expert parallelism inside dp: the ep groups (ep consecutive dp ranks) and the expert-data-
+ * parallel groups (the same ep_rank in every block, every cp rank), written out here from the
+ * rank formula; and the printout at world 8 with dp 8, ep 2. */
+static void test_grid_ep(int tp, int cp, int pp, int dp, int ep) {
+    char name[64];
+    snprintf(name, sizeof name, "grid tp%d cp%d pp%d dp%d ep%d", tp, cp, pp, dp, ep);
+    ct_pctx *p = NULL;
+    ct_status st = ct_pctx_new_cp(&p, tp, cp, pp, dp, ep, 120.0);
+    check(st == CT_OK && p != NULL, "%s: ct_pctx_new_cp", name);
+    if (st != CT_OK) return;
+    int t = p->tp_rank, c = p->cp_rank, d = p->dp_rank, q = p->pp_rank, b = d / ep, e = d % ep;
+    bool ok = p->ep == ep && p->ep_rank == e ? true : why("ep %d ep_rank %d", p->ep, p->ep_rank);
+    check(ok, "%s: ep_rank = dp_rank %% ep", name);
+    int *want = ct_xcalloc((size_t)world_size, sizeof *want), k = 0;
+    for (k = 0; k < ep; k++) want[k] = t + tp * (c + cp * (b * ep + k + dp * q));
+    check(check_members(p->ep_comm, want, ep, "ep"), "%s: ep group members", name);
+    k = 0;
+    for (int bb = 0; bb < dp / ep; bb++)
+        for (int cc = 0; cc < cp; cc++) want[k++] = t + tp * (cc + cp * (bb * ep + e + dp * q));
+    check(check_members(p->edp_comm, want, k, "edp"), "%s: edp group members", name);
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *mem = open_memstream(&text, &text_len);
+    ct_pctx_print(p, mem);
+    fclose(mem);
+    ok = true;
+    if (world_rank == 0 && world_size == 8 && dp == 8 && ep == 2) {
+        static const char *lines[] = {"experts: ep 2 inside dp 8",
+                                      "ep groups: [0 1] [2 3] [4 5] [6 7]\n",
+                                      "edp groups: [0 2 4 6] [1 3 5 7]\n"};
+        for (int i = 0; i < 3 && ok; i++)
+            if (!strstr(text, lines[i])) ok = why("print lacks '%s'; got:\n%s", lines[i], text);
+    }
+    check(ok, "%s: ct_pctx_print", name);
+    free(text);
+    free(want);
+    ct_pctx_free(p);
+}
+
 static void test_grids(void) {
     for (int tp = 1; tp <= world_size; tp++)
         for (int pp = 1; pp <= world_size; pp++) {
             if (world_size % (tp * pp)) continue;
-            test_grid(tp, pp, world_size / (tp * pp));
+            int dp = world_size / (tp * pp);
+            test_grid(tp, pp, dp);
+            for (int ep = 2; ep <= dp; ep++)
+                if (dp % ep == 0) test_grid_ep(tp, 1, pp, dp, ep);
         }
+    if (world_size % 4 == 0) test_grid_ep(1, 2, 1, world_size / 2, 2);
 }
 
 /* ---- agreeing on a status ------------------------------------------------------------------ */

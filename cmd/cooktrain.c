@@ -84,6 +84,7 @@ static ct_status use_nccl(ct_pctx *p, ct_backend *be) {
         if (!*groups[i]) st = CT_ERR_RUNTIME;
     }
     if (p->cp == 1) p->dpcp_comm = p->dp_comm;
+    if (p->ep == 1) p->edp_comm = p->dpcp_comm; /* the alias follows the group it names */
     st = ct_pctx_agree(p, st);
     if (st == CT_OK && ct_mpi_world_rank() == 0)
         printf("collectives: NCCL on the groups%s (rank 0's); world on MPI\n", names);

@@ -200,7 +200,7 @@ ct_status ct_pctx_new_cp(ct_pctx **out, int tp, int cp, int pp, int dp, int ep, 
 
 void ct_pctx_free(ct_pctx *p) {
     if (!p) return;
-    if (p->edp_comm != p->dpcp_comm) ct_comm_free(p->edp_comm);
+    if (p->ep > 1) ct_comm_free(p->edp_comm); /* with ep = 1 it names dpcp */
     ct_comm_free(p->ep_comm);
     ct_comm_free(p->embed_comm);
     ct_comm_free(p->mp_comm);

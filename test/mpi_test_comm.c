@@ -49,6 +49,7 @@
 #include "core/common.h"
 #include "parallel/comm_mpi.h"
 #include "parallel/context.h"
+#include "test/mpi_check.h"
 
 #ifdef CT_TEST_NCCL
 #include <cuda_runtime_api.h>
@@ -58,42 +59,6 @@
 #endif
 
 static int world_rank, world_size;
-static int n_ok, n_fail;
-static char detail[512]; /* why this rank failed the current check */
-
-/* Records why the current check fails on this rank and returns false. */
-static bool why(const char *fmt, ...) {
-    if (detail[0]) return false; /* keep the first reason */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-/* Collective: every rank passes its verdict, rank 0 prints the agreed one. */
-static void check(bool local_ok, const char *fmt, ...) {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    if (!local_ok) {
-        printf("    rank %d: %s: %s\n", world_rank, name, detail[0] ? detail : "failed");
-        fflush(stdout);
-    }
-    int mine = local_ok, all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all)
-        n_ok++;
-    else
-        n_fail++;
-    if (world_rank == 0) {
-        printf("%s np%d %s\n", all ? "ok" : "FAIL", world_size, name);
-        fflush(stdout);
-    }
-    detail[0] = '\0';
-}
 
 /* ---- element values ------------------------------------------------------------------------ */
 

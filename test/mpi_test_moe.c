@@ -30,34 +30,9 @@
 #include "core/common.h"
 #include "core/model/moe_dispatch.h"
 #include "parallel/comm_mpi.h"
+#include "test/mpi_check.h"
 
-static int world_rank, world_size, n_fail;
-static char detail[256];
-
-static bool why(const char *fmt, ...) {
-    if (detail[0]) return false;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-/* Every rank's verdict, agreed; rank 0 prints it. */
-static void check(bool local_ok, const char *fmt, ...) {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    if (!local_ok) printf("    rank %d: %s: %s\n", world_rank, name, detail[0] ? detail : "failed");
-    int mine = local_ok, all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!all) n_fail++;
-    if (world_rank == 0) printf("%s np%d %s\n", all ? "ok" : "FAIL", world_size, name);
-    fflush(stdout);
-    detail[0] = '\0';
-}
+static int world_rank, world_size;
 
 enum { E = 8, C = 6, G = 61 };
 enum routing { SPREAD, SKEWED, HOLES };

@@ -653,6 +653,15 @@ static bool check_members(ct_comm *c, const int *want, int n_want, const char *w
     return ok;
 }
 
+/* What ct_pctx_print writes on this rank (free it); its length in *len. */
+static char *printed_grid(const ct_pctx *p, size_t *len) {
+    char *text = NULL;
+    FILE *mem = open_memstream(&text, len);
+    ct_pctx_print(p, mem);
+    fclose(mem);
+    return text;
+}
+
 static void test_grid(int tp, int pp, int dp) {
     char name[64];
     snprintf(name, sizeof name, "grid tp%d pp%d dp%d", tp, pp, dp);
@@ -702,11 +711,8 @@ static void test_grid(int tp, int pp, int dp) {
     check(ok, "%s: embedding group (first + last stage)", name);
 
     /* The printed grid, checked on rank 0 against the tp groups written out here. */
-    char *text = NULL;
     size_t text_len = 0;
-    FILE *mem = open_memstream(&text, &text_len);
-    ct_pctx_print(p, mem);
-    fclose(mem);
+    char *text = printed_grid(p, &text_len);
     ok = true;
     if (world_rank == 0) {
         char line[512];
@@ -762,11 +768,8 @@ static void test_grid_ep(int tp, int cp, int pp, int dp, int ep) {
     for (int bb = 0; bb < dp / ep; bb++)
         for (int cc = 0; cc < cp; cc++) want[k++] = t + tp * (cc + cp * (bb * ep + e + dp * q));
     check(check_members(p->edp_comm, want, k, "edp"), "%s: edp group members", name);
-    char *text = NULL;
     size_t text_len = 0;
-    FILE *mem = open_memstream(&text, &text_len);
-    ct_pctx_print(p, mem);
-    fclose(mem);
+    char *text = printed_grid(p, &text_len);
     ok = true;
     if (world_rank == 0 && world_size == 8 && dp == 8 && ep == 2) {
         static const char *lines[] = {"experts: ep 2 inside dp 8",

@@ -17,8 +17,7 @@ struct ct_moe_plan {
     int k;
     int64_t N, A;        /* A = N·k assignments */
     int64_t *sent_to;    /* E: this rank's assignments to each expert */
-    int64_t *perm;       /* A: send position → assignment i·k + j */
-    int64_t *pos;        /* A: assignment → send position */
+    int64_t *pos;        /* A: assignment i·k + j → its send position */
     int64_t *from;       /* P·per: rows from source s for local expert l, at [s·per + l] */
     int64_t *send_rows;  /* P: rows to each rank */
     int64_t *recv_rows;  /* P: rows from each rank */
@@ -38,7 +37,6 @@ ct_moe_plan *ct_moe_plan_new(ct_comm *ep, const int32_t *ids, int64_t N, int k, 
     p->N = N;
     p->A = N * k;
     p->sent_to = ct_xcalloc((size_t)E, sizeof *p->sent_to);
-    p->perm = ct_xmalloc((size_t)(p->A > 0 ? p->A : 1) * sizeof *p->perm);
     p->pos = ct_xmalloc((size_t)(p->A > 0 ? p->A : 1) * sizeof *p->pos);
     p->from = ct_xcalloc((size_t)E, sizeof *p->from);
     p->send_rows = ct_xcalloc((size_t)p->P, sizeof *p->send_rows);
@@ -54,11 +52,7 @@ ct_moe_plan *ct_moe_plan_new(ct_comm *ep, const int32_t *ids, int64_t N, int k, 
     }
     int64_t *next = ct_xmalloc((size_t)E * sizeof *next);
     for (int e = 0, at = 0; e < E; at += (int)p->sent_to[e], e++) next[e] = at;
-    for (int64_t a = 0; a < p->A; a++) {
-        int64_t at = next[ids[a]]++;
-        p->perm[at] = a;
-        p->pos[a] = at;
-    }
+    for (int64_t a = 0; a < p->A; a++) p->pos[a] = next[ids[a]]++;
     free(next);
 
     /* the counts every rank agrees on: block q of sent_to is for rank q's experts */
@@ -79,7 +73,6 @@ ct_moe_plan *ct_moe_plan_new(ct_comm *ep, const int32_t *ids, int64_t N, int k, 
 void ct_moe_plan_free(ct_moe_plan *p) {
     if (!p) return;
     free(p->sent_to);
-    free(p->perm);
     free(p->pos);
     free(p->from);
     free(p->send_rows);
@@ -145,10 +138,24 @@ static float *rows_new(int64_t rows, int64_t C) {
     return ct_xmalloc((size_t)(rows > 0 ? rows * C : 1) * sizeof(float));
 }
 
+/* out[i] = Σ_j w_j · rows[pos(i, j)], slot order from slot 0's term, w_j = gates[i·k + j] or 1
+ * (gates NULL: 1 · r and 1 · r + y round as r and y + r do, so that is the plain sum). */
+static void slot_sum(const ct_moe_plan *p, const float *rows, const float *gates, int64_t C,
+                     float *out) {
+    for (int64_t i = 0; i < p->N; i++) {
+        float *o = out + i * C;
+        for (int j = 0; j < p->k; j++) {
+            const float *r = rows + p->pos[i * p->k + j] * C;
+            const float w = gates ? gates[i * p->k + j] : 1.0f;
+            for (int64_t c = 0; c < C; c++) o[c] = j == 0 ? w * r[c] : o[c] + w * r[c];
+        }
+    }
+}
+
 void ct_moe_dispatch(ct_moe_plan *p, const float *x, int64_t C, float *xe) {
     float *send = rows_new(p->A, C), *arrived = rows_new(ct_moe_plan_rows(p), C);
-    for (int64_t at = 0; at < p->A; at++)
-        memcpy(send + at * C, x + (p->perm[at] / p->k) * C, (size_t)C * sizeof(float));
+    for (int64_t a = 0; a < p->A; a++)
+        memcpy(send + p->pos[a] * C, x + (a / p->k) * C, (size_t)C * sizeof(float));
     exchange(p, send, arrived, C, true);
     regroup(p, arrived, xe, C, true);
     free(send);
@@ -161,17 +168,7 @@ void ct_moe_combine(ct_moe_plan *p, const float *ye, const float *gates, int64_t
     regroup(p, ye, leaving, C, false);
     exchange(p, leaving, ys, C, false);
     free(leaving);
-    for (int64_t i = 0; i < p->N; i++) {
-        float *yi = y + i * C;
-        const float *r0 = ys + p->pos[i * p->k] * C;
-        const float g0 = gates[i * p->k];
-        for (int64_t c = 0; c < C; c++) yi[c] = g0 * r0[c];
-        for (int j = 1; j < p->k; j++) {
-            const float *r = ys + p->pos[i * p->k + j] * C;
-            const float g = gates[i * p->k + j];
-            for (int64_t c = 0; c < C; c++) yi[c] += g * r[c];
-        }
-    }
+    slot_sum(p, ys, gates, C, y);
 }
 
 void ct_moe_combine_bwd(ct_moe_plan *p, const float *dy, const float *ys, const float *gates,
@@ -198,13 +195,6 @@ void ct_moe_dispatch_bwd(ct_moe_plan *p, const float *dxe, int64_t C, float *dx)
     regroup(p, dxe, leaving, C, false);
     exchange(p, leaving, back, C, false);
     free(leaving);
-    for (int64_t i = 0; i < p->N; i++) {
-        float *dxi = dx + i * C;
-        memcpy(dxi, back + p->pos[i * p->k] * C, (size_t)C * sizeof(float));
-        for (int j = 1; j < p->k; j++) {
-            const float *r = back + p->pos[i * p->k + j] * C;
-            for (int64_t c = 0; c < C; c++) dxi[c] += r[c];
-        }
-    }
+    slot_sum(p, back, NULL, C, dx);
     free(back);
 }

@@ -28,11 +28,13 @@
  *                       per tensor), 16 / VEC threads per chunk, each owning VEC consecutive lanes
  *                       (VEC = 4: 16-byte loads when every range is aligned); the lanes are
  *                       gathered to the chunk's first thread by shuffles and combined by the CPU's
- * tree into partial[chunk]. sumsq_total_kernel: thread i adds range i's chunk partials in order (a
- * chain of n/4096 double adds: the price of the CPU's exact order). Both issue SUMSQ_UNROLL loads
- * before the adds that use them, in the same order: each lane's sum is a serial chain, and with one
- * load per add the chain waited a memory latency per element — on an H200 the gradient norm took 13
- * ms of a 124M step (ncu).
+ * tree into partial[chunk]. sumsq_total_kernel: block i adds range i's chunk partials in order
+ * (a chain of n/4096 double adds: the price of the CPU's exact order), staged through shared
+ * memory. Both issue SUMSQ_UNROLL loads before the adds that use them, in the same order: each
+ * sum is a serial chain, and with one load per add the chain waited a memory latency per element
+ * — on an H200 the gradient norm took 13 ms of a 124M step (ncu); with one thread per range
+ * reading its partials from global memory 16 at a time, the largest range (the 38.6M-element
+ * embedding: 9,432 partials) still waited ~590 latencies, 0.5 ms a step.
  */
 #include "cuda/ct_cuda.h"
 
@@ -49,7 +51,8 @@
 /* rows of loads in flight per thread (a chunk has 4096 / 16 = 256 rows) */
 #define SUMSQ_UNROLL 16
 
-#define SUMSQ_BATCH 64 /* ranges per launch (the argument struct stays under 2 KB) */
+#define SUMSQ_BATCH 64   /* ranges per launch (the argument struct stays under 2 KB) */
+#define SUMSQ_STAGE 2048 /* chunk partials in shared memory at a time (16 KB) */
 
 enum { ADAMW_COPY_NONE = 0, ADAMW_COPY_F32 = 1, ADAMW_COPY_BF16 = 2 };
 
@@ -224,23 +227,34 @@ template <int VEC> static __global__ void sumsq_chunk_kernel(double *partial, co
 }
 
 /* Thread i of the batch: out[i] = its tensor's chunk partials added in order. */
+/* Block i adds range i's chunk partials in order: the block copies them to shared memory
+ * SUMSQ_STAGE at a time (coalesced, every load in flight at once) and thread 0 adds each stage
+ * in order (a chain of double adds on shared memory: the price of the CPU's exact order). */
 static __global__ void sumsq_total_kernel(float *out, const double *all_partials,
                                           const sumsq_batch b) {
-    const int i = (int)threadIdx.x;
-    if (i >= b.n) return;
+    CT_SHARED(double, stage, SUMSQ_STAGE);
+    const int i = (int)blockIdx.x;
     const double *partial = all_partials + b.chunk_start[i];
     const int64_t n_chunks = b.chunk_start[i + 1] - b.chunk_start[i];
     double total = 0.0;
-    int64_t ch = 0;
-    for (; ch + SUMSQ_UNROLL <= n_chunks; ch += SUMSQ_UNROLL) { /* loads first, adds in order */
-        double p[SUMSQ_UNROLL];
-        CT_UNROLL
-        for (int u = 0; u < SUMSQ_UNROLL; u++) p[u] = partial[ch + u];
-        CT_UNROLL
-        for (int u = 0; u < SUMSQ_UNROLL; u++) total += p[u];
+    for (int64_t c0 = 0; c0 < n_chunks; c0 += SUMSQ_STAGE) {
+        const int len = n_chunks - c0 < SUMSQ_STAGE ? (int)(n_chunks - c0) : SUMSQ_STAGE;
+        __syncthreads(); /* thread 0 has added the previous stage */
+        for (int k = (int)threadIdx.x; k < len; k += (int)blockDim.x) stage[k] = partial[c0 + k];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int k = 0;
+            for (; k + SUMSQ_UNROLL <= len; k += SUMSQ_UNROLL) { /* loads first, adds in order */
+                double p[SUMSQ_UNROLL];
+                CT_UNROLL
+                for (int u = 0; u < SUMSQ_UNROLL; u++) p[u] = stage[k + u];
+                CT_UNROLL
+                for (int u = 0; u < SUMSQ_UNROLL; u++) total += p[u];
+            }
+            for (; k < len; k++) total += stage[k];
+        }
     }
-    for (; ch < n_chunks; ch++) total += partial[ch];
-    out[i] = (float)total;
+    if (threadIdx.x == 0) out[i] = (float)total;
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -343,8 +357,8 @@ extern "C" void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x
                 ct_launch(sumsq_chunk_kernel<1>, grid, dim3(CT_LAUNCH_THREADS), 0, st, partial, b);
             CT_CUDA_CHECK(cudaGetLastError());
         }
-        ct_launch(sumsq_total_kernel, dim3(1), dim3(SUMSQ_BATCH), 0, st, out + first,
-                  (const double *)partial, b);
+        ct_launch(sumsq_total_kernel, dim3((unsigned)b.n), dim3(CT_LAUNCH_THREADS), 0, st,
+                  out + first, (const double *)partial, b);
         CT_CUDA_CHECK(cudaGetLastError());
         partial += n_chunks;
     }

@@ -7,10 +7,11 @@
  *
  * The formulas are attention.cu's (and the CPU reference's): s = scale·q·k, p = exp(s − m)/l,
  * lse = m + log l; dP = dO·Vᵀ, D = rowsum(dO ⊙ O), dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K,
- * dK = scale·dSᵀ·Q. Exponentials are exp2 of log2(e)-scaled arguments. What differs from the fp32
- * path, and so from the CPU reference in bf16, beyond summation order: the weights P (forward and
- * dV) and dS (dQ, dK) are rounded to bf16 to enter the second product, each within 2^-8 relative
- * (test/test_cuda_attention.c states the tolerance this adds).
+ * dK = scale·dSᵀ·Q. Exponentials are exp2 of log2(e)-scaled arguments, each weight one FFMA and
+ * one ct_exp2 (ct_mma.cuh: ex2.approx.ftz, so weights below 2^-126 are 0). What differs from the
+ * fp32 path, and so from the CPU reference in bf16, beyond summation order: the weights P (forward
+ * and dV) and dS (dQ, dK) are rounded to bf16 to enter the second product, each within 2^-8
+ * relative (test/test_cuda_attention.c states the tolerance this adds).
  *
  * Tiles: blocks of TC_THREADS = 128 threads (4 warps); a warp owns 16 rows of the block's
  * TC_BM = 64 (query rows in the forward and dQ kernels, keys in dK/dV) and loops over the other
@@ -35,7 +36,8 @@
  * computed only in the steps that meet the diagonal (or run past T): a template flag.
  *
  * Kernels (grid; dynamic shared memory bytes for HD = 32 / 64 / 128):
- *   tc_fwd_kernel   (query tiles, n_head, B), heaviest first. Q tile to registers (A fragments);
+ *   tc_fwd_kernel   (query tiles, n_head, B), heaviest first. Q tile in shared memory (its A
+ *                   fragments read a k-step at a time);
  *                   per key tile kt ≤ qt: S = Q·Kᵀ (n-tiles past a warp's last row skipped on
  *                   the diagonal), online softmax per row (running max shared by the 4 lanes of
  *                   a row, a per-lane running sum reduced at the end), O += P·V.
@@ -71,7 +73,6 @@ typedef __nv_bfloat16 bf16;
 #define TC_BM 64 /* rows per block: 16 per warp */
 #define TC_BN 64 /* keys per forward step (== TC_BM: tile kt meets query tiles qt >= kt) */
 #define TC_LOG2E 1.4426950408889634f
-#define TC_LN2 0.6931471805599453f
 
 /* keys (or queries) per backward step for head width HD */
 #define TC_STEP(HD) ((HD) > 64 ? 32 : 64)
@@ -113,15 +114,22 @@ static __device__ inline void tc_load(bf16 *dst, const bf16 *src, int64_t ld, in
 template <int HD>
 static __device__ inline void tc_load_async(bf16 *dst, const bf16 *src, int64_t ld, int r0,
                                             int rows, int T, int hd, bool vec) {
-    constexpr int LD = HD + 8;
+    constexpr int LD = HD + 8, CPR = HD / 8, RSTEP = TC_THREADS / CPR; /* CPR: copies a row */
+    static_assert(TC_THREADS % CPR == 0, "a thread copies the same columns of every RSTEP-th row");
     if (!vec) {
         tc_load<HD>(dst, src, ld, r0, rows, T, hd, false);
         return;
     }
-    for (int e = threadIdx.x; e < rows * (HD / 8); e += TC_THREADS) {
-        const int r = e / (HD / 8), c = e % (HD / 8) * 8;
-        const bool in = r0 + r < T && c < hd;
-        ct_cp_async<16>(dst + r * LD + c, in ? src + (int64_t)(r0 + r) * ld + c : src, in);
+    /* the thread's column and first row, then its pointers stepped by RSTEP rows: no index
+     * arithmetic per copy */
+    const int c = (int)threadIdx.x % CPR * 8;
+    const bool c_in = c < hd;
+    int r = (int)threadIdx.x / CPR;
+    const bf16 *s = src + (int64_t)(r0 + r) * ld + c;
+    bf16 *d = dst + r * LD + c;
+    for (; r < rows; r += RSTEP, s += (int64_t)RSTEP * ld, d += RSTEP * LD) {
+        const bool in = c_in && r0 + r < T;
+        ct_cp_async<16>(d, in ? s : src, in);
     }
 }
 
@@ -268,51 +276,57 @@ template <int HD> static constexpr size_t tc_fwd_smem() {
     return sizeof(bf16) * (size_t)((TC_BM + 4 * TC_BN) * (HD + 8));
 }
 
-/* One key tile of the forward for a warp's 16 rows: S = Q·Kᵀ, the online softmax, O += P·V.
- * MASK: the diagonal tile (the only one with keys past a row, or past T); elsewhere every key of
- * the tile is at or before every row of the block. */
+/* One key tile of the forward for a warp's 16 rows (row0 .. row0 + 15; qr0 in the shared Q tile):
+ * S = Q·Kᵀ, the online softmax, O += P·V. MASK: the diagonal tile (the only one with keys past a
+ * row, or past T); elsewhere every key of the tile is at or before every row of the block. The Q
+ * fragments come from shared memory a k-step at a time (kept in registers across tiles they
+ * cost 4·HD/16 registers the products would rather have). */
 template <int HD, bool MASK>
 static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
-                                          const uint32_t (&qf)[HD / 16][4], const bf16 *ks,
-                                          const bf16 *vs, int k0, int row0, int T, float sl2) {
+                                          const bf16 *qs, int qr0, const bf16 *ks, const bf16 *vs,
+                                          int k0, int row0, int T, float sl2) {
     constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
-    const int need = MASK ? 16 * w + 16 : TC_BN;
+    const int need = MASK ? row0 + 16 - k0 : TC_BN;
     float s[NT][4];
     CT_UNROLL
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     CT_UNROLL
-    for (int np = 0; np < NT / 2; np++) {
-        if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t qf[4];
+        tc_frag_a<LD>(qf, qs, qr0, kk);
         CT_UNROLL
-        for (int kk = 0; kk < KS; kk++) {
+        for (int np = 0; np < NT / 2; np++) {
+            if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
             uint32_t r[4];
             tc_frag_bt<LD>(r, ks, 16 * np, kk);
             const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            ct_mma_bf16(s[2 * np], qf[kk], b0);
-            ct_mma_bf16(s[2 * np + 1], qf[kk], b1);
+            ct_mma_bf16(s[2 * np], qf, b0);
+            ct_mma_bf16(s[2 * np + 1], qf, b1);
         }
     }
-    /* Online softmax in log2 units. Key k0 <= every row of the block (kt <= qt), so a row's
-     * running max is finite from the first tile on and exp2(m_old - m_new) is never NaN. */
+    /* Online softmax. m is the row's running maximum of the raw scores q·k (sl2 > 0 keeps the
+     * order), so each weight is one FFMA and one exp2: p = 2^(s·sl2 − m·sl2). Key k0 <= every
+     * row of the block (kt <= qt), so a row's running max is finite from the first tile on and
+     * exp2((m_old − m_new)·sl2) is never NaN. */
     float mx[2] = {-INFINITY, -INFINITY};
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) {
         if (MASK) {
             const int row = row0 + g + 8 * (e >> 1), key = k0 + 8 * n + 2 * t + (e & 1);
-            s[n][e] = key <= row && key < T ? s[n][e] * sl2 : -INFINITY;
-        } else {
-            s[n][e] *= sl2;
+            if (!(key <= row && key < T)) s[n][e] = -INFINITY;
         }
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
     }
+    float ms[2]; /* −m·sl2: the exponent's offset */
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
         const float mn = fmaxf(m[hh], tc_row_max(mx[hh]));
-        const float alpha = exp2f(m[hh] - mn);
+        const float alpha = ct_exp2((m[hh] - mn) * sl2);
         m[hh] = mn;
+        ms[hh] = -mn * sl2;
         l[hh] *= alpha;
         CT_UNROLL
         for (int n = 0; n < DT; n++) o[n][2 * hh] *= alpha, o[n][2 * hh + 1] *= alpha;
@@ -320,7 +334,7 @@ static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], 
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) {
-        const float p = exp2f(s[n][e] - m[e >> 1]);
+        const float p = ct_exp2(fmaf(s[n][e], sl2, ms[e >> 1]));
         s[n][e] = p;
         l[e >> 1] += p;
     }
@@ -334,7 +348,7 @@ template <int HD>
 static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     tc_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int n_head, int n_kv_head, int hd,
                   float scale, bool vec) {
-    constexpr int LD = HD + 8, KS = HD / 16, DT = HD / 8;
+    constexpr int LD = HD + 8, DT = HD / 8;
     CT_DYN_SHARED(bf16, smem);
     bf16 *qs = smem, *kvs = qs + TC_BM * LD; /* K and V of tile kt at kvs + (kt & 1)·2·TC_BN·LD */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -343,18 +357,13 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
     const bf16 *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
     const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
-    const int q0 = qt * TC_BM, row0 = q0 + 16 * w; /* the warp's first query row */
+    const int qr = 16 * w, q0 = qt * TC_BM, row0 = q0 + qr; /* the warp's first query row */
     const float sl2 = scale * TC_LOG2E;
 
     /* Two copy groups in flight: the tile computed on and the next one landing. */
     tc_load_async<HD>(qs, qh, lqkv, q0, TC_BM, T, hd, vec);
     ct_cp_async_commit();
     tc_load_kv<HD, TC_BN>(kvs, kh, vh, lqkv, 0, T, hd, vec);
-    ct_cp_async_wait<1>(); /* Q */
-    __syncthreads();
-    uint32_t qf[KS][4];
-    CT_UNROLL
-    for (int kk = 0; kk < KS; kk++) tc_frag_a<LD>(qf[kk], qs, 16 * w, kk);
     float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     CT_UNROLL
     for (int n = 0; n < DT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -367,12 +376,12 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
         } else {
             ct_cp_async_wait<0>();
         }
-        __syncthreads(); /* tile kt has landed for every thread */
+        __syncthreads(); /* tile kt (and Q) have landed for every thread */
         const bf16 *ks = kvs + (kt & 1) * 2 * TC_BN * LD, *vs = ks + TC_BN * LD;
         if (kt == qt)
-            tc_fwd_tile<HD, true>(o, m, l, qf, ks, vs, kt * TC_BN, row0, T, sl2);
+            tc_fwd_tile<HD, true>(o, m, l, qs, qr, ks, vs, kt * TC_BN, row0, T, sl2);
         else
-            tc_fwd_tile<HD, false>(o, m, l, qf, ks, vs, kt * TC_BN, row0, T, sl2);
+            tc_fwd_tile<HD, false>(o, m, l, qs, qr, ks, vs, kt * TC_BN, row0, T, sl2);
         __syncthreads(); /* tile kt's buffer is no longer read */
     }
     const float sum0 = tc_row_sum(l[0]), sum1 = tc_row_sum(l[1]);
@@ -380,8 +389,8 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
                  1.0f / sum1);
     if (t == 0) {
         const int64_t lrow = ((int64_t)b * n_head + h) * T;
-        if (row0 + g < T) lse[lrow + row0 + g] = m[0] * TC_LN2 + logf(sum0);
-        if (row0 + g + 8 < T) lse[lrow + row0 + g + 8] = m[1] * TC_LN2 + logf(sum1);
+        if (row0 + g < T) lse[lrow + row0 + g] = m[0] * scale + logf(sum0);
+        if (row0 + g + 8 < T) lse[lrow + row0 + g + 8] = m[1] * scale + logf(sum1);
     }
 }
 
@@ -442,18 +451,26 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
     tc_score_pair<HD, NT>(s, dp, ks, vs, qs, dos);
-    /* Pᵀ into s, dSᵀ into dp: row = key, column = query */
+    /* Pᵀ into s, dSᵀ into dp: row = key, column = query. The lane's columns are 8n + 2t + c
+     * (c = e & 1): their −lse·log2(e) and D once, each then serving both of the lane's rows. */
     CT_UNROLL
-    for (int n = 0; n < NT; n++) CT_UNROLL
-    for (int e = 0; e < 4; e++) {
-        const int qi = 8 * n + 2 * t + (e & 1);
-        float p = exp2f(s[n][e] * sl2 - ls[qi] * TC_LOG2E);
-        if (MASK) {
-            const int key = key0 + g + 8 * (e >> 1);
-            p = i0 + qi < T && key <= i0 + qi ? p : 0.0f;
+    for (int n = 0; n < NT; n++) {
+        float nl[2], dd[2];
+        CT_UNROLL
+        for (int c = 0; c < 2; c++) {
+            nl[c] = -ls[8 * n + 2 * t + c] * TC_LOG2E;
+            dd[c] = Ds[8 * n + 2 * t + c];
         }
-        s[n][e] = p;
-        dp[n][e] = p * (dp[n][e] - Ds[qi]);
+        CT_UNROLL
+        for (int e = 0; e < 4; e++) {
+            float p = ct_exp2(fmaf(s[n][e], sl2, nl[e & 1]));
+            if (MASK) {
+                const int qi = 8 * n + 2 * t + (e & 1), key = key0 + g + 8 * (e >> 1);
+                p = i0 + qi < T && key <= i0 + qi ? p : 0.0f;
+            }
+            s[n][e] = p;
+            dp[n][e] = p * (dp[n][e] - dd[e & 1]);
+        }
     }
     CT_UNROLL
     for (int kp = 0; kp < NT / 2; kp++) {
@@ -543,7 +560,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* ---- backward: dQ ---------------------------------------------------------------------------- */
 
-/* One key step of a warp's 16 query rows: S, dP, dS; dQ += dS·K. lr, dr: the log2-scaled lse and
+/* One key step of a warp's 16 query rows: S, dP, dS; dQ += dS·K. lr, dr: −lse·log2(e) and
  * the D of the lane's rows g and g + 8. MASK: a step that meets the diagonal (the keys past T are
  * there too); elsewhere every key of the step is at or before every row of the block. */
 template <int HD, bool MASK>
@@ -557,7 +574,7 @@ static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs,
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) {
-        float p = exp2f(s[n][e] * sl2 - lr[e >> 1]);
+        float p = ct_exp2(fmaf(s[n][e], sl2, lr[e >> 1]));
         if (MASK) {
             const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
             p = row < T && key <= row ? p : 0.0f;
@@ -590,11 +607,11 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     tc_load_async<HD>(dos, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, TC_BM, T, hd, vec);
     ct_cp_async_commit();
     tc_load_kv<HD, S>(kvs, kh, vh, lqkv, 0, T, hd, vec);
-    float lr[2], dr[2]; /* log2-scaled lse and D of the lane's rows g and g + 8 */
+    float lr[2], dr[2]; /* −lse·log2(e) and D of the lane's rows g and g + 8 */
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
         const int row = row0 + g + 8 * hh;
-        lr[hh] = row < T ? lse[lrow + row] * TC_LOG2E : 0.0f;
+        lr[hh] = row < T ? -lse[lrow + row] * TC_LOG2E : 0.0f;
         dr[hh] = row < T ? D[lrow + row] : 0.0f;
     }
     float dq[DT][4];

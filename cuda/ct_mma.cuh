@@ -14,10 +14,21 @@
  *   ct_ldmatrix_x4_trans     the same, each matrix transposed (.trans)
  *   ct_pack_bf16x2(lo, hi)   two floats rounded to nearest even into one register, lo in the
  *                            low half (a fragment register of A or B)
+ *   ct_exp2(x)               2^x by the special-function unit alone: ex2.approx.ftz.f32 (at most
+ *                            2 ulp; a result below FLT_MIN, i.e. x < -126, is +0; -inf gives +0).
+ *                            exp2f is the same instruction wrapped in a rescale that keeps such
+ *                            subnormal results: three more instructions an element, for weights
+ *                            that vanish against the row's largest (which is 1) anyway.
+ *
+ * ldmatrix has no "memory" clobber: it reads shared memory the caller's barrier made visible, and
+ * being volatile it stays on its side of that barrier; a clobber would make the compiler reload
+ * every shared value the kernel holds in registers (a step's lse and D) after each one.
  */
 #ifndef CT_MMA_CUH
 #define CT_MMA_CUH
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -38,8 +49,7 @@ static __device__ inline void ct_ldmatrix_x4(uint32_t (&r)[4], const void *row) 
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
+                 : "r"(addr));
 #else
     cuemu_ldmatrix(r, 4, false, row);
 #endif
@@ -50,8 +60,7 @@ static __device__ inline void ct_ldmatrix_x4_trans(uint32_t (&r)[4], const void 
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
+                 : "r"(addr));
 #else
     cuemu_ldmatrix(r, 4, true, row);
 #endif
@@ -62,6 +71,17 @@ static __device__ inline uint32_t ct_pack_bf16x2(float lo, float hi) {
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     return u;
+}
+
+static __device__ inline float ct_exp2(float x) {
+#ifdef __CUDACC__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    const float y = exp2f(x);
+    return y < FLT_MIN ? 0.0f : y; /* ftz: subnormal (and underflowed) results are +0 */
+#endif
 }
 
 #endif /* CT_MMA_CUH */

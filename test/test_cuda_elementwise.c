@@ -585,6 +585,9 @@ static void test_sumsq(void **state) {
              * ends inside an unrolled round */
             all_ok &= sumsq_case(17 * 4096 + 1000, off);
         }
+        /* 2050 chunks: the totals kernel stages 2048 partials at a time, so a second, short
+         * stage */
+        all_ok &= sumsq_case(2049 * 4096 + 5, 0);
         all_ok &= sumsq_multi_case();
     });
 }

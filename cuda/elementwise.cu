@@ -19,8 +19,8 @@
  * bias [+ out]. ew_colsum_kernel      bias_grad phase 1: one thread per (chunk, column vector) sums
  * the chunk's rows in order; with a single chunk it adds straight into dbias. ew_partials_kernel
  * bias_grad phase 2 (ct_cuda_colsum_add, which the norms, GELU and attention call for their bias
- * and weight gradients too): one thread per column adds the chunk partials in chunk order, then
- * into the destination.
+ * and weight gradients too): a block per 32 columns stages the chunk partials through shared
+ * memory, and a lane per column adds them in chunk order, then into the destination.
  *   ew_axpy_kernel, ew_scale_kernel, ew_cast_kernel   flat grid-stride, 16-byte vectors (cast:
  *                         4 elements) over the aligned part, the n % VEC tail by the grid's first
  *                         threads.
@@ -39,8 +39,10 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.cuh"
 
-#define EW_CHUNK_ROWS 64 /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
-#define EW_ROW_BATCH 8   /* rows of bias_grad's loads in flight before their adds */
+#define EW_CHUNK_ROWS 64  /* rows per partial of bias_grad: the CPU's CHUNK_ROWS */
+#define EW_ROW_BATCH 8    /* rows of bias_grad's loads in flight before their adds */
+#define EW_PART_COLS 32   /* columns per block of ew_partials_kernel: a warp's lanes */
+#define EW_PART_STAGE 256 /* partial rows it stages in shared memory at a time (32 KB) */
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -128,13 +130,40 @@ static __global__ void ew_colsum_kernel(float *dst, const T *dout, int64_t N, in
 }
 
 /* ct_cuda_colsum_add: dst[j] += (partial[j] + partial[stride + j] + ...), the n rows in order
- * (bias_grad's phase 2, the CPU's add_chunk_partials). */
+ * (bias_grad's phase 2, the CPU's add_chunk_partials). A block owns EW_PART_COLS columns: all its
+ * threads copy EW_PART_STAGE partial rows of them to shared memory at once (coalesced, every load
+ * in flight), then its first warp adds them, a lane a column, in row order. One thread a column
+ * reading global memory 16 rows at a time waited n/16 memory latencies with 24 blocks in flight
+ * (C = 768): ~10 µs a call at B·T = 16384, four times that at 65536, 98 calls a GPT-2 step. */
 static __global__ void ew_partials_kernel(float *dst, const float *partial, int64_t n, int64_t C,
                                           int64_t stride) {
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < C;
-         j += (int64_t)gridDim.x * blockDim.x) {
-        dst[j] += ct_sum_in_order(partial + j, n, stride);
+    CT_SHARED(float, stage, EW_PART_STAGE *EW_PART_COLS);
+    const int64_t c0 = (int64_t)blockIdx.x * EW_PART_COLS;
+    const int cols = C - c0 < EW_PART_COLS ? (int)(C - c0) : EW_PART_COLS;
+    const int lane = (int)threadIdx.x;
+    float acc = 0.0f;
+    for (int64_t r0 = 0; r0 < n; r0 += EW_PART_STAGE) {
+        const int rows = n - r0 < EW_PART_STAGE ? (int)(n - r0) : EW_PART_STAGE;
+        __syncthreads(); /* the first warp has added the previous stage */
+        for (int k = (int)threadIdx.x; k < rows * EW_PART_COLS; k += (int)blockDim.x) {
+            const int r = k / EW_PART_COLS, c = k % EW_PART_COLS;
+            if (c < cols) stage[k] = partial[(r0 + r) * stride + c0 + c];
+        }
+        __syncthreads();
+        if (lane < cols) {
+            int r = 0;
+            if (r0 == 0) acc = stage[lane], r = 1; /* the sum starts as row 0, as the CPU's */
+            for (; r + CT_SUM_BATCH <= rows; r += CT_SUM_BATCH) { /* loads first, adds in order */
+                float v[CT_SUM_BATCH];
+                CT_UNROLL
+                for (int u = 0; u < CT_SUM_BATCH; u++) v[u] = stage[(r + u) * EW_PART_COLS + lane];
+                CT_UNROLL
+                for (int u = 0; u < CT_SUM_BATCH; u++) acc += v[u];
+            }
+            for (; r < rows; r++) acc += stage[r * EW_PART_COLS + lane];
+        }
     }
+    if (lane < cols) dst[c0 + lane] += acc;
 }
 
 /* ---- flat element-wise ----------------------------------------------------------------------- */
@@ -316,8 +345,8 @@ extern "C" void ct_cuda_colsum_add(ct_cuda_ctx *cx, float *dst, const float *par
     CT_ASSERTF(n >= 1 && C >= 0 && stride >= C, "colsum_add n=%lld C=%lld stride=%lld",
                (long long)n, (long long)C, (long long)stride);
     if (C == 0) return;
-    ct_launch(ew_partials_kernel, dim3(ct_launch_blocks(cx, C)), dim3(CT_LAUNCH_THREADS), 0,
-              ct_cuda_stream(cx), dst, partial, n, C, stride);
+    ct_launch(ew_partials_kernel, dim3((unsigned)((C + EW_PART_COLS - 1) / EW_PART_COLS)),
+              dim3(CT_LAUNCH_THREADS), 0, ct_cuda_stream(cx), dst, partial, n, C, stride);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 

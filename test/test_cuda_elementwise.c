@@ -253,6 +253,9 @@ static void test_bias_grad(void **state) {
             all_ok &= bias_grad_case(dtypes[d], 300, 67);  /* 5 chunks, the last of 44 rows */
             all_ok &= bias_grad_case(dtypes[d], 300, 256); /* the same, vector path */
             all_ok &= bias_grad_case(dtypes[d], 1300, 20); /* 21 chunks: partials in batches */
+            /* 517 chunks: partials staged 256 rows at a time (two whole stages and a row), 70
+             * columns over three blocks of 32, the last one short */
+            all_ok &= bias_grad_case(dtypes[d], 516 * 64 + 7, 70);
         }
     });
 }

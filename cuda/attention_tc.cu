@@ -74,10 +74,20 @@ typedef __nv_bfloat16 bf16;
 #define TC_BN 64 /* keys per forward step (== TC_BM: tile kt meets query tiles qt >= kt) */
 #define TC_LOG2E 1.4426950408889634f
 
-/* keys (or queries) per backward step for head width HD */
-#define TC_STEP(HD) ((HD) > 64 ? 32 : 64)
-/* resident blocks per SM the launch bounds ask for (registers: 65536 / (128·MB)) */
-#define TC_MINB(HD) ((HD) > 64 ? 2 : 3)
+/* keys (or queries) per backward step for head width HD; at 64 and below TC_STEP_NARROW (a build
+ * may set it to 32 to compare) */
+#ifndef TC_STEP_NARROW
+#define TC_STEP_NARROW 64
+#endif
+#define TC_STEP(HD) ((HD) > 64 ? 32 : TC_STEP_NARROW)
+/* resident blocks per SM the dK/dV kernel asks for: 3 where 32-row steps leave it the registers */
+#define TC_DKDV_MINB(HD) ((HD) > 64 || TC_STEP(HD) > 32 ? 2 : 3)
+/* resident blocks per SM the launch bounds ask for (registers: 65536 / (128·MB)); at head width
+ * 64 and below TC_MINB_NARROW (a build may set it to 4 to compare) */
+#ifndef TC_MINB_NARROW
+#define TC_MINB_NARROW 3
+#endif
+#define TC_MINB(HD) ((HD) > 64 ? 2 : TC_MINB_NARROW)
 
 static_assert(TC_BM == 16 * TC_WARPS, "a warp owns 16 rows (one mma M)");
 static_assert(TC_BN == TC_BM, "causal tile skipping assumes square forward tiles");
@@ -480,7 +490,7 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
 }
 
 template <int HD>
-static __global__ void __launch_bounds__(TC_THREADS, 2)
+static __global__ void __launch_bounds__(TC_THREADS, TC_DKDV_MINB(HD))
     tc_dkdv_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
                    const float *D, int T, int n_head, int n_kv_head, int hd, float scale,
                    bool vec) {

@@ -14,11 +14,12 @@
  *   ct_ldmatrix_x4_trans     the same, each matrix transposed (.trans)
  *   ct_pack_bf16x2(lo, hi)   two floats rounded to nearest even into one register, lo in the
  *                            low half (a fragment register of A or B)
- *   ct_exp2(x)               2^x by the special-function unit alone: ex2.approx.ftz.f32 (at most
- *                            2 ulp; a result below FLT_MIN, i.e. x < -126, is +0; -inf gives +0).
- *                            exp2f is the same instruction wrapped in a rescale that keeps such
- *                            subnormal results: three more instructions an element, for weights
- *                            that vanish against the row's largest (which is 1) anyway.
+ *   ct_exp2(x)               2^x by the special-function unit alone: ex2.approx.ftz.f32, the
+ *                            instruction exp2f wraps (2 ulp, CUDA's math documentation says of
+ *                            exp2f) without exp2f's rescaling of subnormal results: a result
+ *                            below FLT_MIN (x < -126) is +0, and -inf gives +0. Fewer
+ *                            instructions an element, for weights that vanish against the
+ *                            row's largest (which is 1) anyway.
  *
  * ldmatrix has no "memory" clobber: it reads shared memory the caller's barrier made visible, and
  * being volatile it stays on its side of that barrier; a clobber would make the compiler reload

@@ -51,23 +51,4 @@ static __device__ inline float ct_warp_max(float v) {
     return v;
 }
 
-/* p[0] + p[stride] + ... + p[(n − 1)·stride] (n >= 1), added in that order — the bits of the plain
- * loop — with CT_SUM_BATCH loads issued before their adds. One thread per column of chunk
- * partials is all the parallelism such an ordered sum has (C threads, a few blocks), so each
- * thread's loads one after another would leave it waiting on memory latency n times. */
-#define CT_SUM_BATCH 16
-static __device__ inline float ct_sum_in_order(const float *p, int64_t n, int64_t stride) {
-    float acc = p[0];
-    int64_t r = 1;
-    for (; r + CT_SUM_BATCH <= n; r += CT_SUM_BATCH) {
-        float v[CT_SUM_BATCH];
-        CT_UNROLL
-        for (int u = 0; u < CT_SUM_BATCH; u++) v[u] = p[(r + u) * stride];
-        CT_UNROLL
-        for (int u = 0; u < CT_SUM_BATCH; u++) acc += v[u];
-    }
-    for (; r < n; r++) acc += p[r * stride];
-    return acc;
-}
-
 #endif /* CT_CUDA_DTYPE_CUH */

@@ -43,6 +43,7 @@
 #define EW_ROW_BATCH 8    /* rows of bias_grad's loads in flight before their adds */
 #define EW_PART_COLS 32   /* columns per block of ew_partials_kernel: a warp's lanes */
 #define EW_PART_STAGE 256 /* partial rows it stages in shared memory at a time (32 KB) */
+#define EW_PART_BATCH 16  /* staged rows a lane reads before adding them, in order */
 
 /* ---- fill ------------------------------------------------------------------------------------ */
 
@@ -153,12 +154,12 @@ static __global__ void ew_partials_kernel(float *dst, const float *partial, int6
         if (lane < cols) {
             int r = 0;
             if (r0 == 0) acc = stage[lane], r = 1; /* the sum starts as row 0, as the CPU's */
-            for (; r + CT_SUM_BATCH <= rows; r += CT_SUM_BATCH) { /* loads first, adds in order */
-                float v[CT_SUM_BATCH];
+            for (; r + EW_PART_BATCH <= rows; r += EW_PART_BATCH) { /* loads first, adds in order */
+                float v[EW_PART_BATCH];
                 CT_UNROLL
-                for (int u = 0; u < CT_SUM_BATCH; u++) v[u] = stage[(r + u) * EW_PART_COLS + lane];
+                for (int u = 0; u < EW_PART_BATCH; u++) v[u] = stage[(r + u) * EW_PART_COLS + lane];
                 CT_UNROLL
-                for (int u = 0; u < CT_SUM_BATCH; u++) acc += v[u];
+                for (int u = 0; u < EW_PART_BATCH; u++) acc += v[u];
             }
             for (; r < rows; r++) acc += stage[r * EW_PART_COLS + lane];
         }

@@ -226,7 +226,6 @@ template <int VEC> static __global__ void sumsq_chunk_kernel(double *partial, co
     }
 }
 
-/* Thread i of the batch: out[i] = its tensor's chunk partials added in order. */
 /* Block i adds range i's chunk partials in order: the block copies them to shared memory
  * SUMSQ_STAGE at a time (coalesced, every load in flight at once) and thread 0 adds each stage
  * in order (a chain of double adds on shared memory: the price of the CPU's exact order). */

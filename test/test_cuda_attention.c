@@ -253,6 +253,7 @@ static const att_shape shapes[] = {
     {2, 1, 2, 1, 8},     /* one token per sequence */
     {1, 150, 2, 1, 64},  /* bf16: three 64-row tiles, a 22-row tail, off-diagonal tiles */
     {1, 100, 4, 2, 128}, /* bf16: width 128 (32-key steps), GQA across two tiles */
+    {1, 70, 2, 1, 18},   /* fp32: rows not whole float4s (the scalar tile loads) */
 };
 enum { N_SHAPES = sizeof shapes / sizeof *shapes };
 

@@ -38,14 +38,14 @@
  *                         tile kt ≤ qt (tiles past the diagonal are fully masked and skipped) K
  *                         and V, scores, online softmax with the running max m (one per row,
  *                         reduced over the half-warp) and a per-thread running sum (reduced once at
- *                         the end), out and lse. Q, K, V and P: 47104 / 72704 / 123904 bytes.
+ *                         the end), out and lse. Q, K, V and P: 48128 / 72704 / 121856 bytes.
  *   attn_bwd_dot_kernel   one warp per (b, h, row): D = dO·O (fp32) into workspace 0.
  *   attn_bwd_dkdv_kernel  (key tiles, n_kv_head, B). K and V tile once; then for each query head
  *                         of the GQA group in order and each query tile qt ≥ kt in order: Q, dO,
- *                         lse and D; Sᵀ and dPᵀ, Pᵀ and dSᵀ recomputed; dV += Pᵀ·dO,
+ *                         lse and D; Pᵀ recomputed, dV += Pᵀ·dO, dPᵀ, dSᵀ over Pᵀ in place,
  *                         dK += dSᵀ·Q in registers. Every (b, kv head, key tile) has one owner, so
  *                         the group's heads accumulate without atomics, in a fixed order.
- *                         K, V, Q, dO, Pᵀ, dSᵀ, lse, D: 78336 / 111104 / 176640 bytes.
+ *                         K, V, Q, dO, Pᵀ/dSᵀ, lse, D: 57856 / 90624 / 156160 bytes.
  *   attn_bwd_dq_kernel    (query tiles, n_head, B). Q, dO, lse, D; per key tile kt ≤ qt K, V;
  *                         S, dP, dS recomputed; dQ += dS·K in registers. 57856 / 90624 / 156160.
  * With dbias, dbias[j] += the per-tile column sums of dqkv (workspace 1, (B·tiles, lqkv), written
@@ -55,9 +55,10 @@
  *
  * Registers: a thread keeps 16 scores (32 in the backward: S and dP) and 4 rows × HD/16
  * accumulators (two sets in dK/dV). The launch bounds ask for 2 resident blocks per SM at HD ≤ 64
- * (at most 128 registers) and 1 at HD = 128 (dK/dV holds 64 accumulators there). Shared memory
- * allows 2 blocks of each kernel per SM at HD = 64 on sm_90 (227 KiB) and sm_80 (163 KiB) except
- * dK/dV on sm_80, 1 at HD = 128.
+ * (at most 128 registers: the k loops of the products are not unrolled, which at 2 spilled dK/dV)
+ * and 1 at HD = 128 (dK/dV holds 64 accumulators there). Shared memory holds 2 blocks of each
+ * kernel per SM at HD ≤ 64 on sm_90 (227 KiB), of the forward only on sm_80 (163 KiB); every
+ * kernel fits one block on both at HD = 128.
  */
 #include "cuda/ct_cuda.h"
 
@@ -352,10 +353,10 @@ static __global__ void __launch_bounds__(32 * ATT_DOT_WARPS)
     if (lane == 0) D[row] = acc;
 }
 
-/* K, V, Q, dO (64, LD); Pᵀ, dSᵀ (64, PLD); lse, D (64). */
+/* K, V, Q, dO (64, LD); Pᵀ, then dSᵀ (64, PLD); lse, D (64). */
 template <int HD> static constexpr size_t af_dkdv_smem() {
     return sizeof(float) *
-           (size_t)(4 * AF_TILE * af_shape<HD>::LD + 2 * AF_TILE * AF_PLD + 2 * AF_TILE);
+           (size_t)(4 * AF_TILE * af_shape<HD>::LD + AF_TILE * AF_PLD + 2 * AF_TILE);
 }
 
 template <int HD>
@@ -366,7 +367,7 @@ static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
     constexpr int LD = af_shape<HD>::LD, NH = af_shape<HD>::NH;
     CT_DYN_SHARED(float, smem); /* af_dkdv_smem */
     float *ks = smem, *vs = ks + AF_TILE * LD, *qs = vs + AF_TILE * LD, *dos = qs + AF_TILE * LD;
-    float *ps = dos + AF_TILE * LD, *dss = ps + AF_TILE * AF_PLD, *ls = dss + AF_TILE * AF_PLD;
+    float *ps = dos + AF_TILE * LD, *ls = ps + AF_TILE * AF_PLD;
     float *Ds = ls + AF_TILE;
     const int tx = af_tx(), ty = af_ty();
     const int n_t = (int)gridDim.x, kt = blockIdx.x; /* key tile 0 meets the most query tiles */
@@ -394,8 +395,9 @@ static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
             af_load_rows(ls, lse + lrow, q0, T);
             af_load_rows(Ds, D + lrow, q0, T);
             __syncthreads();
-            /* Pᵀ first, then dPᵀ and dSᵀ = Pᵀ ⊙ (dPᵀ − D), the thread's Pᵀ read back from shared
-             * memory (its own writes): S and dP are never live together. */
+            /* Pᵀ, dV += Pᵀ·dO, then dPᵀ, and dSᵀ = Pᵀ ⊙ (dPᵀ − D) over Pᵀ in place (each element
+             * read and written by its own thread), dK += dSᵀ·Q: S and dP are never live together
+             * and one tile holds both weights. */
             float s[AF_RM][AF_CN];
             CT_UNROLL
             for (int a = 0; a < AF_RM; a++) CT_UNROLL
@@ -412,19 +414,22 @@ static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
                         live ? expf(s[a][c] * scale - ls[ic]) : 0.0f;
                 }
             }
+            __syncwarp(); /* the half-warp's rows of Pᵀ are written */
+            af_mm_nn<HD>(dv, ps, AF_PLD, dos, LD);
             CT_UNROLL
             for (int a = 0; a < AF_RM; a++) CT_UNROLL
             for (int c = 0; c < AF_CN; c++) s[a][c] = 0.0f;
             af_mm_nt<HD>(s, vs, LD, dos, LD); /* dPᵀ */
+            /* the half-warp's rows of Pᵀ are read (dV above) before dSᵀ overwrites them */
+            __syncwarp();
             CT_UNROLL
             for (int a = 0; a < AF_RM; a++) CT_UNROLL
             for (int c = 0; c < AF_CN; c++) {
                 const int at = (ty + a * AF_TY) * AF_PLD + tx + c * AF_TX;
-                dss[at] = ps[at] * (s[a][c] - Ds[tx + c * AF_TX]);
+                ps[at] *= s[a][c] - Ds[tx + c * AF_TX];
             }
-            __syncwarp(); /* the half-warp's rows of Pᵀ and dSᵀ are written */
-            af_mm_nn<HD>(dv, ps, AF_PLD, dos, LD);
-            af_mm_nn<HD>(dk, dss, AF_PLD, qs, LD);
+            __syncwarp(); /* the half-warp's rows of dSᵀ are written */
+            af_mm_nn<HD>(dk, ps, AF_PLD, qs, LD);
         }
     }
     af_store_rows<HD>(dqkv + k_off, lqkv, dk, k0, T, hd, scale);
@@ -435,7 +440,7 @@ static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
         for (int n = 0; n < NH; n++) dk[a][n] *= scale;
         float *prow = partial + ((int64_t)b * n_t + kt) * lqkv + cq + (int64_t)kvh * hd;
         const int n_rows = T - k0 < AF_TILE ? T - k0 : AF_TILE;
-        __syncthreads(); /* Pᵀ and dSᵀ, which red overlaps, are no longer read */
+        __syncthreads(); /* dSᵀ, which red overlaps, is no longer read */
         af_colsum_store<HD>(prow, ps, dk, n_rows, hd);
         af_colsum_store<HD>(prow + ckv, ps + AF_TY * HD, dv, n_rows, hd);
     }

@@ -1,7 +1,7 @@
 /*
  * attention_part.cu — one step of ring attention (attention_part.cuh): the local queries against
  * one key/value block of the ring, forward and backward, in fp32 on the tiles of
- * cuda/attention_tile.cuh (32 query rows × 32 keys, 4 warps; attention.cu explains them). bf16
+ * cuda/attention_tile.cuh (32 query rows × 32 keys, 4 warps; explained there). bf16
  * inputs are widened on load: no tensor cores yet.
  *
  * The local rows are two chunks of ch = T/2 rows at global chunk indices q0, q1, the block's rows
@@ -13,8 +13,8 @@
  * (query chunk, key chunk 0, key chunk 1); the backward recomputes P = exp(s − L) from the final L
  * and adds scale·dS·K to dq_acc and scale·dSᵀ·Q, Pᵀ·dO to dkv_acc.
  *
- * Kernels (the grids' x runs over the tiles of both chunks, chunk-major; shared memory as the
- * matching kernels of attention.cu):
+ * Kernels (the grids' x runs over the tiles of both chunks, chunk-major; shared memory as
+ * attention_tile.cuh's steps ask):
  *   part_fwd_kernel   (2·tiles, n_head, B): a query tile; per key chunk it attends, the chunk's
  *                     key tiles (up to the diagonal when causal), then the merge. A warp's rows
  *                     are its own, so the read-modify-write of O and L needs no atomics.

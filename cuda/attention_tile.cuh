@@ -1,9 +1,21 @@
 /*
- * attention_tile.cuh — inside the attention ops: the fp32 tiles (plain CUDA, no tensor cores) that
- * attention.cu's kernels (causal attention over one sequence) and attention_part.cu's (one step
- * of ring attention, context parallelism) are built from. attention.cu's header comment explains
- * the tiling, the lanes' roles and the shared-memory layouts. C++ only; include cuda/ct_cuda.h and
+ * attention_tile.cuh — inside the ring attention step (attention_part.cu, context parallelism):
+ * its fp32 tiles in plain CUDA, no tensor cores. (attention.cu, causal attention over one
+ * sequence, has register-tiled kernels of its own.) C++ only; include cuda/ct_cuda.h and
  * cuda/ct_cuda_dtype.cuh first.
+ *
+ * Tiles: ATT_BR = 32 query rows × ATT_BC = 32 keys, blocks of ATT_THREADS = 128 threads (4 warps),
+ * each warp owning ATT_RW = 8 rows of the block's tile (query rows in the forward and dQ steps, key
+ * rows in the dK/dV step). In a score phase lane l takes the l-th column of the other operand (a
+ * key, or in dK/dV a query), so each lane computes 8 scores; the other operand's rows are then
+ * read from shared memory by every lane at once (a broadcast) and the lane's own row from a copy
+ * padded to a stride of HD + 1 floats (conflict-free). In an accumulation phase lane l owns the
+ * head columns l, l + 32, ... (HD/32 of them) of the warp's 8 rows, reading the probabilities the
+ * warp just wrote to its own shared slice (ordered by __syncwarp). HD, the compiled head width, is
+ * 32, 64 or 128: the smallest that holds head_dim, the columns past head_dim zero in shared memory
+ * (they add nothing to a dot product and are never stored). Shared memory of a forward: 4·(32·HD +
+ * 32·(HD+1) + 32·HD + 4·8·32) bytes (att_fwd_smem); dK/dV 4·(2·32·HD + 2·32·(HD+1) + 2·4·8·32 +
+ * 2·32) (att_dkdv_smem); dQ 4·(2·32·HD + 2·32·(HD+1) + 4·8·32 + 2·32) (att_dq_smem).
  *
  * A tile step is called by the whole block and works on rows and keys numbered from their own
  * origins: query rows [0, n_q) of one sequence piece, keys [0, n_k) of another. Rows and keys past

@@ -8,17 +8,19 @@
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends, runs
  * the slot on each and compares every output element: |got − want| <= atol + rtol·|want|, NaN or
  * Inf anywhere failing. The backward runs on the CPU forward's out and lse on both sides, so it is
- * checked on its own. fp32 runs attention.cu's kernels (32 query rows × 32 keys a tile), bf16
- * the tensor-core kernels of attention_tc.cu (64-row tiles, key steps of 64, or 32 at width 128),
- * both compiling head widths 32, 64 and 128. Shapes: T = 37 is one whole 32-tile and a 5-row tail
- * (a partial 64-tile), T = 5 less than a tile, T = 64 whole tiles only, T = 70 three 32-tiles or
- * two 64-tiles, T = 150 three 64-tiles with off-diagonal ones, T = 100 at width 128 (four key
- * steps), T = 1; head_dim 8, 16 and 24 (width 32 partly empty), 32, 64 (the 124M model's), 80
- * (width 128) and 128; multi-head (n_kv_head = n_head) and grouped-query (2 or 3 query heads per
- * kv head). Every input sits in a device buffer followed by never-written memory,
- * which the emulator fills with NaN: a read past row T − 1 of the last batch element shows (and
- * dqkv starts as NaN there: an element backward leaves unwritten shows). Every GPU output must be
- * bit-identical in the three warp orders (no atomics, fixed summation order; a race would show).
+ * checked on its own. fp32 runs attention.cu's register-tiled kernels (64 query rows × 64 keys a
+ * tile), bf16 the tensor-core kernels of attention_tc.cu (64-row tiles, key steps of 64, or 32 at
+ * width 128), both compiling head widths 32, 64 and 128; ring attention's step runs 32 × 32
+ * tiles. Shapes: T = 37 is one whole 32-tile and a 5-row tail (a partial 64-tile), T = 5 less
+ * than a tile, T = 64 whole tiles only, T = 70 three 32-tiles or two 64-tiles, T = 150 three
+ * 64-tiles with off-diagonal ones, T = 100 at width 128 (four key steps), T = 1; head_dim 8, 16
+ * and 24 (width 32 partly empty), 18 (rows that are not whole float4s: fp32's scalar tile loads),
+ * 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head = n_head) and
+ * grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer followed by
+ * never-written memory, which the emulator fills with NaN: a read past row T − 1 of the last batch
+ * element shows (and dqkv starts as NaN there: an element backward leaves unwritten shows). Every
+ * GPU output must be bit-identical in the three warp orders (no atomics, fixed summation order; a
+ * race would show).
  *
  * Tolerances. E = 2^-24 is fp32's unit roundoff. A float sum of n terms in any order is within
  * (n + 1)·E·Σ|terms| of the exact sum (first order), and the two backends sum in different orders
@@ -62,9 +64,12 @@
  *
  * The tensor-core path's planted bugs are in test/mutants.txt (cuda-tc-*: fragment registers
  * swapped, ldmatrix.trans halves from the wrong lanes, the causal mask, a skipped query step, the
- * dbias row groups, truncated stores), each caught here.
- * Planted while writing this test, each seen to fail (cuda/attention.cu, then also its bf16 path):
- * the forward's
+ * dbias row groups, truncated stores), each caught here; so are the fp32 kernels' (cuda-f32-*:
+ * the register tiles' columns and k steps, the causal mask, the running sum's rescale, the dbias
+ * row groups, rows read past T, the lse of the wrong row, the diagonal tile skipped, a missing
+ * __syncwarp in dQ and before dK/dV's in-place dS, float4 loads of rows that are not whole).
+ * Planted while writing this test against the earlier 32 × 32 fp32 kernels (the ring step's
+ * tiles today), each seen to fail: the forward's
  * __syncthreads between loading a K/V tile and the scores removed (fails in all three orders:
  * the first tile reads the NaN poison of shared memory); backward's __syncthreads before
  * reloading the Q/dO tile removed (all orders: a warp still reading the previous tile sees the
@@ -100,7 +105,7 @@
 #define U8 (1.0 / 256.0)       /* one bf16 rounding, 2^-8 */
 #define F32 CT_DTYPE_F32
 #define BF16 CT_DTYPE_BF16
-#define TILE 32  /* the kernels' query and key tile */
+#define TILE 32  /* the smallest query and key tile (ring step; bounds count its rescales) */
 #define PAD 4096 /* never-written (NaN on the emulated device) bytes after every buffer */
 
 static cuda_test_pair P;

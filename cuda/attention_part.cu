@@ -1,7 +1,8 @@
 /*
  * attention_part.cu — one step of ring attention (attention_part.cuh): the local queries against
  * one key/value block of the ring, forward and backward, in fp32 on the tiles of
- * cuda/attention_tile.cuh (32 query rows × 32 keys, 4 warps; explained there). bf16
+ * cuda/attention_tile.cuh (64 query rows × 64 keys, 256 threads, register tiles; explained
+ * there). bf16
  * inputs are widened on load: no tensor cores yet.
  *
  * The local rows are two chunks of ch = T/2 rows at global chunk indices q0, q1, the block's rows
@@ -16,8 +17,8 @@
  * Kernels (the grids' x runs over the tiles of both chunks, chunk-major; shared memory as
  * attention_tile.cuh's steps ask):
  *   part_fwd_kernel   (2·tiles, n_head, B): a query tile; per key chunk it attends, the chunk's
- *                     key tiles (up to the diagonal when causal), then the merge. A warp's rows
- *                     are its own, so the read-modify-write of O and L needs no atomics.
+ *                     key tiles (up to the diagonal when causal), then the merge. A half-warp's
+ *                     rows are its own, so the read-modify-write of O and L needs no atomics.
  *   part_dkdv_kernel  (2·tiles, n_kv_head, B): a key tile of the block; per query head of the GQA
  *                     group and per query chunk that sees it, the query tiles in order; then
  *                     dkv_acc += its dK, dV (one owner per row: no atomics).
@@ -55,41 +56,39 @@ static __device__ inline int part_tiles(int kind, int t, int n_t) {
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* 2 blocks per SM: with the merge, width 128 spills under 3's 168 registers */
 template <typename S, int HD>
-static __global__ void __launch_bounds__(ATT_THREADS, 2)
+static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
     part_fwd_kernel(float *o_acc, float *lse_acc, const S *qkv, const S *kv, int T, int n_head,
-                    int n_kv_head, int hd, int64_t chunks, float scale) {
-    constexpr int NC = HD / 32;
-    CT_DYN_SHARED(float, smem); /* att_fwd_smem: the query tile first */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ch = T / 2;
-    const int n_t = (int)gridDim.x / 2, qa = (int)blockIdx.x / n_t, qt = (int)blockIdx.x % n_t;
+                    int n_kv_head, int hd, int64_t chunks, float scale, bool vec) {
+    CT_DYN_SHARED(float, smem); /* af_fwd_smem: the query tile first */
+    const int ch = T / 2, n_t = (int)gridDim.x / 2;
+    const int qa = (int)blockIdx.x / n_t, qt = (int)blockIdx.x % n_t;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd;
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv;
     const int64_t q_row = (int64_t)b * T + (int64_t)qa * ch; /* the chunk's first row */
-    const int q0 = qt * ATT_BR, row0 = q0 + w * ATT_RW; /* the warp's first row, in the chunk */
+    const int q0 = qt * AF_TILE; /* the tile's first row, in the chunk */
 
-    att_load_tile<S, HD>(smem, HD, qkv + q_row * lqkv + (int64_t)h * hd, lqkv, q0, ch, hd);
+    af_load_tile<S, HD>(smem, qkv + q_row * lqkv + (int64_t)h * hd, lqkv, q0, ch, hd, vec);
     for (int ka = 0; ka < 2; ka++) {
         const int kind = part_kind(chunks, qa, ka);
         if (kind < 0) continue; /* block-uniform */
         const S *kh = kv + ((int64_t)b * T + (int64_t)ka * ch) * lkv + (int64_t)kvh * hd;
-        att_fwd_rows<HD> st;
+        af_fwd_rows<HD> st;
         st.start();
         for (int kt = 0; kt < part_tiles(kind, qt, n_t); kt++)
-            att_fwd_tile<S, HD>(st, smem, kh, kh + ckv, lkv, kt * ATT_BC, ch, row0, kind == 1, hd,
-                                scale);
-        /* merge the pair's (Ob, Lb) into the accumulators of the warp's rows */
+            af_fwd_tile<S, HD>(st, smem, kh, kh + ckv, lkv, kt * AF_TILE, ch, q0, kind == 1, hd,
+                               scale, vec);
+        /* merge the pair's (Ob, Lb) into the accumulators of the thread's rows */
         CT_UNROLL
-        for (int r = 0; r < ATT_RW; r++) {
-            const float sum = ct_warp_sum(st.l[r]);
-            const int i = row0 + r;
-            if (i >= ch) continue; /* warp-uniform */
-            const float inv = 1.0f / sum, lb = st.m[r] + logf(sum);
+        for (int a = 0; a < AF_RM; a++) {
+            const float sum = af_row_sum(st.l[a]);
+            const int i = q0 + af_ty() + a * AF_TY;
+            const bool live = i < ch; /* the same on the half-warp, which shares the row */
+            const float inv = 1.0f / sum, lb = st.m[a] + logf(sum);
             float *orow = o_acc + (q_row + i) * cq + (int64_t)h * hd;
             float *lrow = lse_acc + ((int64_t)b * n_head + h) * T + (int64_t)qa * ch + i;
-            const float la = *lrow; /* every lane reads it before lane 0 writes it */
+            const float la = live ? *lrow : 0.0f; /* every lane reads it before one writes it */
             float wa = 0.0f, wb = inv, lnew = lb;
             if (la != -INFINITY) {
                 const float mx = fmaxf(la, lb);
@@ -97,13 +96,13 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
                 wa = expf(la - lnew), wb = expf(lb - lnew) * inv;
             }
             CT_UNROLL
-            for (int c = 0; c < NC; c++) {
-                const int d = c * 32 + lane;
-                if (d < hd)
-                    orow[d] = la == -INFINITY ? st.o[r][c] * inv : wa * orow[d] + wb * st.o[r][c];
+            for (int n = 0; n < af_shape<HD>::NH; n++) {
+                const int d = af_col<HD>(n);
+                if (live && d < hd)
+                    orow[d] = la == -INFINITY ? st.o[a][n] * inv : wa * orow[d] + wb * st.o[a][n];
             }
             __syncwarp();
-            if (lane == 0) *lrow = lnew;
+            if (live && af_tx() == 0) *lrow = lnew;
             __syncwarp(); /* the next pair's merge reads it */
         }
     }
@@ -112,27 +111,26 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
 /* ---- backward -------------------------------------------------------------------------------- */
 
 template <typename S, int HD>
-static __global__ void __launch_bounds__(ATT_THREADS, 2)
+static __global__ void __launch_bounds__(AF_THREADS, AF_MINB_DKDV(HD))
     part_dkdv_kernel(float *dkv_acc, const S *dout, const S *qkv, const float *lse, const float *D,
                      const S *kv, int T, int n_head, int n_kv_head, int hd, int64_t chunks,
-                     float scale) {
-    constexpr int NC = HD / 32;
-    CT_DYN_SHARED(float, smem); /* att_dkdv_smem: K and V first */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ch = T / 2;
-    const int n_t = (int)gridDim.x / 2, ka = (int)blockIdx.x / n_t, kt = (int)blockIdx.x % n_t;
+                     float scale, bool vec) {
+    constexpr int NH = af_shape<HD>::NH;
+    CT_DYN_SHARED(float, smem); /* af_dkdv_smem: K and V first */
+    const int ch = T / 2, n_t = (int)gridDim.x / 2;
+    const int ka = (int)blockIdx.x / n_t, kt = (int)blockIdx.x % n_t;
     const int kvh = blockIdx.y, b = blockIdx.z, group = n_head / n_kv_head;
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd;
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv;
     const int64_t k_row = (int64_t)b * T + (int64_t)ka * ch; /* the key chunk's first row */
-    const int k0 = kt * ATT_BC, key0 = k0 + w * ATT_RW; /* the warp's first key, in the chunk */
+    const int k0 = kt * AF_TILE; /* the tile's first key, in the chunk */
     const S *kh = kv + k_row * lkv + (int64_t)kvh * hd;
 
-    att_load_tile<S, HD>(smem, HD, kh, lkv, k0, ch, hd);
-    att_load_tile<S, HD>(smem + ATT_BC * HD, HD, kh + ckv, lkv, k0, ch, hd);
-    float dk[ATT_RW][NC], dv[ATT_RW][NC];
-    CT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) CT_UNROLL
-    for (int c = 0; c < NC; c++) dk[r][c] = dv[r][c] = 0.0f;
+    af_load_tile<S, HD>(smem, kh, lkv, k0, ch, hd, vec);
+    af_load_tile<S, HD>(smem + AF_TILE * af_shape<HD>::LD, kh + ckv, lkv, k0, ch, hd, vec);
+    float dk[AF_RM][NH], dv[AF_RM][NH];
+    af_zero<HD>(dk);
+    af_zero<HD>(dv);
     for (int g = 0; g < group; g++) {
         const int h = kvh * group + g;
         for (int qa = 0; qa < 2; qa++) {
@@ -142,68 +140,48 @@ static __global__ void __launch_bounds__(ATT_THREADS, 2)
             const int64_t lrow = ((int64_t)b * n_head + h) * T + (int64_t)qa * ch;
             /* a causal pair: query tiles from the key tile's own on (the earlier are masked) */
             for (int qt = kind ? kt : 0; qt < n_t; qt++)
-                att_dkdv_tile<S, HD>(dk, dv, smem, qkv + q_row * lqkv + (int64_t)h * hd, lqkv,
-                                     dout + q_row * cq + (int64_t)h * hd, cq, lse + lrow, D + lrow,
-                                     qt * ATT_BR, ch, k0, ch, kind == 1, hd, scale);
+                af_dkdv_tile<S, HD>(dk, dv, smem, qkv + q_row * lqkv + (int64_t)h * hd, lqkv,
+                                    dout + q_row * cq + (int64_t)h * hd, cq, lse + lrow, D + lrow,
+                                    qt * AF_TILE, ch, k0, ch, kind == 1, hd, scale, vec);
         }
     }
-    CT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) {
-        const int j = key0 + r;
-        if (j >= ch) continue;
-        float *dkr = dkv_acc + (k_row + j) * lkv + (int64_t)kvh * hd, *dvr = dkr + ckv;
-        CT_UNROLL
-        for (int c = 0; c < NC; c++)
-            if (c * 32 + lane < hd) {
-                dkr[c * 32 + lane] += dk[r][c] * scale;
-                dvr[c * 32 + lane] += dv[r][c];
-            }
-    }
+    float *dkh = dkv_acc + k_row * lkv + (int64_t)kvh * hd;
+    af_store_rows<HD>(dkh, lkv, dk, k0, ch, hd, scale, true);
+    af_store_rows<HD>(dkh + ckv, lkv, dv, k0, ch, hd, 1.0f, true);
 }
 
 template <typename S, int HD>
-static __global__ void __launch_bounds__(ATT_THREADS, 3)
+static __global__ void __launch_bounds__(AF_THREADS, AF_MINB(HD))
     part_dq_kernel(float *dq_acc, const S *dout, const S *qkv, const float *lse, const float *D,
                    const S *kv, int T, int n_head, int n_kv_head, int hd, int64_t chunks,
-                   float scale) {
-    constexpr int NC = HD / 32, KLD = HD + 1;
-    CT_DYN_SHARED(float, smem); /* att_dq_smem: Q, dO, K, V, dS, lse, D */
-    float *ls = smem + 2 * ATT_BR * HD + 2 * ATT_BC * KLD + ATT_WARPS * ATT_RW * ATT_BC;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ch = T / 2;
-    const int n_t = (int)gridDim.x / 2, qa = (int)blockIdx.x / n_t, qt = (int)blockIdx.x % n_t;
+                   float scale, bool vec) {
+    CT_DYN_SHARED(float, smem); /* af_dq_smem: Q, dO, K, V, dS, lse, D */
+    float *ls = af_dq_rows<HD>(smem);
+    const int ch = T / 2, n_t = (int)gridDim.x / 2;
+    const int qa = (int)blockIdx.x / n_t, qt = (int)blockIdx.x % n_t;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd;
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv;
     const int64_t q_row = (int64_t)b * T + (int64_t)qa * ch;
     const int64_t lrow = ((int64_t)b * n_head + h) * T + (int64_t)qa * ch;
-    const int q0 = qt * ATT_BR, row0 = q0 + w * ATT_RW;
+    const int q0 = qt * AF_TILE;
 
-    att_load_tile<S, HD>(smem, HD, qkv + q_row * lqkv + (int64_t)h * hd, lqkv, q0, ch, hd);
-    att_load_tile<S, HD>(smem + ATT_BR * HD, HD, dout + q_row * cq + (int64_t)h * hd, cq, q0, ch,
-                         hd);
-    att_load_rows(ls, lse + lrow, q0, ch);
-    att_load_rows(ls + ATT_BR, D + lrow, q0, ch);
-    float dq[ATT_RW][NC];
-    CT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) CT_UNROLL
-    for (int c = 0; c < NC; c++) dq[r][c] = 0.0f;
+    af_load_tile<S, HD>(smem, qkv + q_row * lqkv + (int64_t)h * hd, lqkv, q0, ch, hd, vec);
+    af_load_tile<S, HD>(smem + AF_TILE * af_shape<HD>::LD, dout + q_row * cq + (int64_t)h * hd, cq,
+                        q0, ch, hd, vec);
+    af_load_rows(ls, lse + lrow, q0, ch);
+    af_load_rows(ls + AF_TILE, D + lrow, q0, ch);
+    float dq[AF_RM][af_shape<HD>::NH];
+    af_zero<HD>(dq);
     for (int ka = 0; ka < 2; ka++) {
         const int kind = part_kind(chunks, qa, ka);
         if (kind < 0) continue;
         const S *kh = kv + ((int64_t)b * T + (int64_t)ka * ch) * lkv + (int64_t)kvh * hd;
         for (int kt = 0; kt < part_tiles(kind, qt, n_t); kt++)
-            att_dq_tile<S, HD>(dq, smem, kh, kh + ckv, lkv, q0, ch, kt * ATT_BC, ch, kind == 1, hd,
-                               scale);
+            af_dq_tile<S, HD>(dq, smem, kh, kh + ckv, lkv, q0, ch, kt * AF_TILE, ch, kind == 1, hd,
+                              scale, vec);
     }
-    CT_UNROLL
-    for (int r = 0; r < ATT_RW; r++) {
-        const int i = row0 + r;
-        if (i >= ch) continue;
-        float *dqr = dq_acc + (q_row + i) * cq + (int64_t)h * hd;
-        CT_UNROLL
-        for (int c = 0; c < NC; c++)
-            if (c * 32 + lane < hd) dqr[c * 32 + lane] += dq[r][c] * scale;
-    }
+    af_store_rows<HD>(dq_acc + q_row * cq + (int64_t)h * hd, cq, dq, q0, ch, hd, scale, true);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -211,7 +189,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 3)
 static void part_check_dims(const char *op, int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
                             int64_t hd) {
     CT_ASSERTF(T % 2 == 0, "%s: T=%lld is two chunks", op, (long long)T);
-    CT_ASSERTF(T <= INT32_MAX / 2 - ATT_BR, "%s: T=%lld", op, (long long)T);
+    CT_ASSERTF(T <= INT32_MAX / 2 - AF_TILE, "%s: T=%lld", op, (long long)T);
     att_check_dims(op, B, T, n_head, n_kv_head, hd);
 }
 
@@ -219,13 +197,15 @@ template <typename S, int HD>
 static void part_fwd(ct_cuda_ctx *cx, float *o_acc, float *lse_acc, const void *qkv, const void *kv,
                      int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd,
                      int64_t chunks) {
-    const size_t smem = att_fwd_smem<HD>();
-    const int64_t n_t = (T / 2 + ATT_BR - 1) / ATT_BR;
+    const size_t smem = af_fwd_smem<HD>();
+    const int64_t n_t = (T / 2 + AF_TILE - 1) / AF_TILE;
+    const int64_t lkv = 2 * n_kv_head * hd, lqkv = n_head * hd + lkv;
+    const bool vec = af_vec_ok<S>(qkv, lqkv, hd) && af_vec_ok<S>(kv, lkv, hd);
     att_allow_smem(part_fwd_kernel<S, HD>, smem);
     ct_launch(part_fwd_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_head, (unsigned)B),
-              dim3(ATT_THREADS), smem, ct_cuda_stream(cx), o_acc, lse_acc, (const S *)qkv,
+              dim3(AF_THREADS), smem, ct_cuda_stream(cx), o_acc, lse_acc, (const S *)qkv,
               (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,
-              1.0f / sqrtf((float)hd));
+              1.0f / sqrtf((float)hd), vec);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -234,26 +214,29 @@ static void part_bwd(ct_cuda_ctx *cx, float *dq_acc, float *dkv_acc, const void 
                      const void *qkv, const void *out, const float *lse, const void *kv, int64_t B,
                      int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd, int64_t chunks) {
     cudaStream_t st = ct_cuda_stream(cx);
-    const int64_t n_t = (T / 2 + ATT_BR - 1) / ATT_BR;
+    const int64_t n_t = (T / 2 + AF_TILE - 1) / AF_TILE;
     const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t lkv = 2 * n_kv_head * hd, lqkv = n_head * hd + lkv;
+    const bool vec = af_vec_ok<S>(qkv, lqkv, hd) && af_vec_ok<S>(kv, lkv, hd) &&
+                     af_vec_ok<S>(dout, n_head * hd, hd);
     float *D = (float *)ct_cuda_workspace(cx, 0, (size_t)(B * n_head * T) * sizeof(float));
     ct_cuda_attention_rowdot(cx, sizeof(S) == 2 ? CT_DTYPE_BF16 : CT_DTYPE_F32, D, dout, out, B, T,
                              n_head, hd);
 
-    const size_t smem_kv = att_dkdv_smem<HD>();
+    const size_t smem_kv = af_dkdv_smem<HD>();
     att_allow_smem(part_dkdv_kernel<S, HD>, smem_kv);
     ct_launch(part_dkdv_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_kv_head, (unsigned)B),
-              dim3(ATT_THREADS), smem_kv, st, dkv_acc, (const S *)dout, (const S *)qkv, lse,
+              dim3(AF_THREADS), smem_kv, st, dkv_acc, (const S *)dout, (const S *)qkv, lse,
               (const float *)D, (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,
-              scale);
+              scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    const size_t smem_q = att_dq_smem<HD>();
+    const size_t smem_q = af_dq_smem<HD>();
     att_allow_smem(part_dq_kernel<S, HD>, smem_q);
     ct_launch(part_dq_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_head, (unsigned)B),
-              dim3(ATT_THREADS), smem_q, st, dq_acc, (const S *)dout, (const S *)qkv, lse,
+              dim3(AF_THREADS), smem_q, st, dq_acc, (const S *)dout, (const S *)qkv, lse,
               (const float *)D, (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,
-              scale);
+              scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,17 +10,17 @@
  * Inf anywhere failing. The backward runs on the CPU forward's out and lse on both sides, so it is
  * checked on its own. fp32 runs attention.cu's register-tiled kernels (64 query rows × 64 keys a
  * tile), bf16 the tensor-core kernels of attention_tc.cu (64-row tiles, key steps of 64, or 32 at
- * width 128), both compiling head widths 32, 64 and 128; ring attention's step runs 32 × 32
- * tiles. Shapes: T = 37 is one whole 32-tile and a 5-row tail (a partial 64-tile), T = 5 less
- * than a tile, T = 64 whole tiles only, T = 70 three 32-tiles or two 64-tiles, T = 150 three
- * 64-tiles with off-diagonal ones, T = 100 at width 128 (four key steps), T = 1; head_dim 8, 16
- * and 24 (width 32 partly empty), 18 (rows that are not whole float4s: fp32's scalar tile loads),
- * 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head = n_head) and
- * grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer followed by
- * never-written memory, which the emulator fills with NaN: a read past row T − 1 of the last batch
- * element shows (and dqkv starts as NaN there: an element backward leaves unwritten shows). Every
- * GPU output must be bit-identical in the three warp orders (no atomics, fixed summation order; a
- * race would show).
+ * width 128), both compiling head widths 32, 64 and 128; ring attention's step runs the fp32
+ * register tiles in both (bf16 widened). Shapes: T = 37 a partial tile, T = 5 much less than a
+ * tile, T = 64 one whole tile only, T = 70 two tiles with a 6-row tail, T = 150 three tiles with
+ * off-diagonal ones, T = 100 at width 128 (four bf16 key steps), T = 1; head_dim 8, 16 and 24
+ * (width 32 partly empty), 18 (rows that are not whole 4-element vectors: the scalar tile loads),
+ * 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head =
+ * n_head) and grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer
+ * followed by never-written memory, which the emulator fills with NaN: a read past row T − 1 of the
+ * last batch element shows (and dqkv starts as NaN there: an element backward leaves unwritten
+ * shows). Every GPU output must be bit-identical in the three warp orders (no atomics, fixed
+ * summation order; a race would show).
  *
  * Tolerances. E = 2^-24 is fp32's unit roundoff. A float sum of n terms in any order is within
  * (n + 1)·E·Σ|terms| of the exact sum (first order), and the two backends sum in different orders
@@ -68,8 +68,8 @@
  * the register tiles' columns and k steps, the causal mask, the running sum's rescale, the dbias
  * row groups, rows read past T, the lse of the wrong row, the diagonal tile skipped, a missing
  * __syncwarp in dQ and before dK/dV's in-place dS, float4 loads of rows that are not whole).
- * Planted while writing this test against the earlier 32 × 32 fp32 kernels (the ring step's
- * tiles today), each seen to fail: the forward's
+ * Planted while writing this test against the earlier 32 × 32 fp32 kernels, each seen to fail:
+ * the forward's
  * __syncthreads between loading a K/V tile and the scores removed (fails in all three orders:
  * the first tile reads the NaN poison of shared memory); backward's __syncthreads before
  * reloading the Q/dO tile removed (all orders: a warp still reading the previous tile sees the
@@ -105,7 +105,7 @@
 #define U8 (1.0 / 256.0)       /* one bf16 rounding, 2^-8 */
 #define F32 CT_DTYPE_F32
 #define BF16 CT_DTYPE_BF16
-#define TILE 32  /* the smallest query and key tile (ring step; bounds count its rescales) */
+#define TILE 32  /* half the kernels' 64-row tile: the bounds count rescales generously */
 #define PAD 4096 /* never-written (NaN on the emulated device) bytes after every buffer */
 
 static cuda_test_pair P;
@@ -586,10 +586,11 @@ typedef struct part_shape {
 } part_shape;
 
 static const part_shape part_shapes[] = {
-    {2, 37, 4, 2, 16}, /* a whole tile and a 5-row tail per chunk; GQA */
-    {1, 5, 3, 1, 24},  /* chunks shorter than a tile; 3 heads per kv head */
-    {1, 70, 2, 2, 64}, /* 3 tiles a chunk, a 6-row tail; width 64 */
-    {1, 33, 2, 1, 80}, /* width 128 with 48 empty columns; a 1-row tail */
+    {2, 37, 4, 2, 16}, /* one partial 64-row tile per chunk; GQA */
+    {1, 5, 3, 1, 24},  /* chunks much shorter than a tile; 3 heads per kv head */
+    {1, 70, 2, 2, 64}, /* 2 tiles a chunk, a 6-row tail; width 64 */
+    {1, 33, 2, 1, 80}, /* width 128 with 48 empty columns */
+    {1, 70, 2, 1, 18}, /* rows that are not whole 4-element vectors (scalar tile loads) */
 };
 enum { N_PART_SHAPES = sizeof part_shapes / sizeof *part_shapes };
 

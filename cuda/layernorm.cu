@@ -3,21 +3,21 @@
  * are ct_cpu_layernorm_fwd / _bwd in core/backend/cpu_kernels.c and ct_cpu_rmsnorm_fwd / _bwd in
  * core/backend/cpu_llama.c, whose float formulas these kernels repeat: LayerNorm's two-pass
  * statistics with eps = 1e-5 added to the variance, RMSNorm's mean square plus the caller's eps,
- * rstd = 1/sqrtf). RMSNorm's kernels (rms_*) have LayerNorm's shapes without the mean and the
- * bias: rms_fwd_kernel and rms_bwd_dinp_kernel one warp per row, rms_bwd_dw_kernel the column
- * sums of dout·x·rstd per chunk, added by ct_cuda_colsum_add (elementwise.cuh).
+ * rstd = 1/sqrtf). RMSNorm's kernels have LayerNorm's shapes without the mean and the bias.
  *
  * Kernels:
- *   ln_fwd_kernel       one warp per row (LN_WARPS rows per block): sum -> mean, sum of squared
- *                       deviations -> rstd, then out = (x - mean)·rstd·w + b. Three passes over the
- *                       row (the second and third hit L1/L2); no shared memory, no block barrier.
- *   ln_bwd_dinp_kernel  one warp per row: mean(g) and mean(g·n) over the row (g = dout·w,
- *                       n = (x - mean)·rstd), then dinp += rstd·(g - mean(g) - n·mean(g·n)).
- *   ln_bwd_dwdb_kernel  column sums for dw and db: a block of 32 columns x LN_RY row groups owns
- * one chunk of LN_CHUNK_ROWS rows; each thread sums its rows in order, the row groups are combined
- * in order through shared memory, and the block writes one partial row of (dw | db) per chunk into
- * the workspace; ct_cuda_colsum_add (elementwise.cuh) adds the chunks' partials into dst in chunk
- * order. Every sum runs in an order fixed by (N, C) alone: reruns give the same bits (no atomics).
+ *   ln_fwd_kernel, rms_fwd_kernel  one warp per row (LN_WARPS rows per block): LayerNorm's sum ->
+ *                       mean, sum of squared deviations -> rstd, then out = (x - mean)·rstd·w + b
+ *                       (RMSNorm: the mean square -> rstd, out = x·rstd·w). Up to three passes
+ *                       over the row (the later ones hit L1/L2); no shared memory, no barrier.
+ *   norm_bwd_kernel     one block per chunk of LN_BWD_ROWS rows, a warp per row at a time: the
+ *                       row's two means, dinp += ..., and in the same pass the weight (and bias)
+ *                       gradient of the row added into the warp's accumulators in shared memory;
+ *                       the block adds its warps' accumulators in order into one partial row per
+ *                       chunk in the workspace, and ct_cuda_colsum_add (elementwise.cuh) adds the
+ *                       chunks' partials into dst in chunk order. x and dout are read from memory
+ *                       once (the second pass over a row hits L1). Every sum runs in an order fixed
+ *                       by (N, C) alone: reruns give the same bits (no atomics).
  *
  * Rows are read with 16-byte vector loads (VEC elements) when every row starts 16-byte aligned (C
  * a multiple of VEC and aligned base pointers), otherwise element by element (VEC = 1): either
@@ -32,10 +32,9 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/layernorm.cuh"
 
-#define LN_EPS 1e-5f     /* as the CPU reference */
-#define LN_WARPS 8       /* rows (warps) per block of the row kernels */
-#define LN_CHUNK_ROWS 64 /* rows per partial sum of dw and db */
-#define LN_RY 8          /* row groups per block of ln_bwd_dwdb_kernel */
+#define LN_EPS 1e-5f   /* as the CPU reference */
+#define LN_WARPS 8     /* rows (warps) per block of the row kernels */
+#define LN_BWD_ROWS 32 /* rows per block of the backward (one partial row of dw, db each) */
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -80,84 +79,6 @@ static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *
     }
 }
 
-/* ---- backward -------------------------------------------------------------------------------- */
-
-template <typename T, int VEC>
-static __global__ void ln_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
-                                          const float *mean, const float *rstd, int N, int C) {
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
-    if (row >= N) return;
-    const T *x = inp + (int64_t)row * C, *d = dout + (int64_t)row * C;
-    T *di = dinp + (int64_t)row * C;
-    const float m = mean[row], s = rstd[row];
-    const int nv = C / VEC; /* the launcher picks VEC > 1 only when it divides C */
-
-    float acc_g = 0.0f, acc_gn = 0.0f;
-    for (int v = lane; v < nv; v += 32) {
-        float fx[VEC], fd[VEC], fw[VEC];
-        ct_load<T, VEC>(x + v * VEC, fx);
-        ct_load<T, VEC>(d + v * VEC, fd);
-        ct_load<T, VEC>(w + v * VEC, fw);
-        for (int k = 0; k < VEC; k++) {
-            float n = (fx[k] - m) * s, g = fd[k] * fw[k];
-            acc_g += g;
-            acc_gn += g * n;
-        }
-    }
-    const float g_mean = ct_warp_sum(acc_g) / (float)C;
-    const float gn_mean = ct_warp_sum(acc_gn) / (float)C;
-
-    for (int v = lane; v < nv; v += 32) {
-        float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
-        ct_load<T, VEC>(x + v * VEC, fx);
-        ct_load<T, VEC>(d + v * VEC, fd);
-        ct_load<T, VEC>(w + v * VEC, fw);
-        ct_load<T, VEC>(di + v * VEC, fi);
-        for (int k = 0; k < VEC; k++) {
-            float n = (fx[k] - m) * s, g = fd[k] * fw[k];
-            fi[k] += s * (g - g_mean - n * gn_mean);
-        }
-        ct_put<T, VEC>(di + v * VEC, fi);
-    }
-}
-
-/* partial[chunk] = [Σ dout·n over the chunk's rows (C) | Σ dout (C)]. Block (32, LN_RY): column
- * j = blockIdx.y·32 + threadIdx.x, chunk blockIdx.x; row group y sums rows r0 + y + LN_RY·k in
- * order, then the groups are added in order y = 0, 1, ... */
-template <typename T>
-static __global__ void ln_bwd_dwdb_kernel(float *partial, const T *dout, const T *inp,
-                                          const float *mean, const float *rstd, int N, int C) {
-    CT_SHARED(float, sh_dw, LN_RY * 32);
-    CT_SHARED(float, sh_db, LN_RY * 32);
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int j = blockIdx.y * 32 + tx;
-    const int r0 = blockIdx.x * LN_CHUNK_ROWS;
-    const int r1 = r0 + LN_CHUNK_ROWS < N ? r0 + LN_CHUNK_ROWS : N;
-    float dw = 0.0f, db = 0.0f;
-    if (j < C) {
-        for (int r = r0 + ty; r < r1; r += LN_RY) {
-            const int64_t i = (int64_t)r * C + j;
-            float d = ct_to_f32(dout[i]);
-            float n = (ct_to_f32(inp[i]) - mean[r]) * rstd[r];
-            dw += d * n;
-            db += d;
-        }
-    }
-    sh_dw[ty * 32 + tx] = dw;
-    sh_db[ty * 32 + tx] = db;
-    __syncthreads();
-    if (ty == 0 && j < C) {
-        for (int y = 1; y < LN_RY; y++) {
-            dw += sh_dw[y * 32 + tx];
-            db += sh_db[y * 32 + tx];
-        }
-        float *p = partial + (int64_t)blockIdx.x * 2 * C;
-        p[j] = dw;
-        p[C + j] = db;
-    }
-}
-
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
 
 template <typename T, int VEC>
@@ -186,58 +107,91 @@ static __global__ void rms_fwd_kernel(T *out, float *rstd, const T *inp, const T
     if (lane == 0) rstd[row] = s;
 }
 
-/* dinp += s·g - x·s³·Σ(g·x)/C with g = dout·w, s = rstd. */
-template <typename T, int VEC>
-static __global__ void rms_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
-                                           const float *rstd, int N, int C) {
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
-    if (row >= N) return;
-    const T *x = inp + (int64_t)row * C, *d = dout + (int64_t)row * C;
-    T *di = dinp + (int64_t)row * C;
-    const float s = rstd[row];
-    const int nv = C / VEC;
-    float acc = 0.0f;
-    for (int v = lane; v < nv; v += 32) {
-        float fx[VEC], fd[VEC], fw[VEC];
-        ct_load<T, VEC>(x + v * VEC, fx);
-        ct_load<T, VEC>(d + v * VEC, fd);
-        ct_load<T, VEC>(w + v * VEC, fw);
-        for (int k = 0; k < VEC; k++) acc += fd[k] * fw[k] * fx[k];
-    }
-    const float kk = s * s * s * ct_warp_sum(acc) / (float)C;
-    for (int v = lane; v < nv; v += 32) {
-        float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
-        ct_load<T, VEC>(x + v * VEC, fx);
-        ct_load<T, VEC>(d + v * VEC, fd);
-        ct_load<T, VEC>(w + v * VEC, fw);
-        ct_load<T, VEC>(di + v * VEC, fi);
-        for (int k = 0; k < VEC; k++) fi[k] += s * fd[k] * fw[k] - fx[k] * kk;
-        ct_put<T, VEC>(di + v * VEC, fi);
-    }
+/* ---- backward, both norms ------------------------------------------------------------------ */
+
+/* The warps of a backward block for rows of C columns: as many as keep their weight-gradient
+ * accumulators (na rows of C floats each) in 48 KiB, 1 to LN_WARPS. */
+static int norm_bwd_warps(int C, int na) {
+    const int w = (48 * 1024 / 4) / (na * C);
+    return w < 1 ? 1 : w > LN_WARPS ? LN_WARPS : w;
 }
 
-/* partial[chunk] = Σ dout·x·rstd over the chunk's rows (C); the block shape of
- * ln_bwd_dwdb_kernel. */
-template <typename T>
-static __global__ void rms_bwd_dw_kernel(float *partial, const T *dout, const T *inp,
-                                         const float *rstd, int N, int C) {
-    CT_SHARED(float, sh_dw, LN_RY * 32);
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int j = blockIdx.y * 32 + tx;
-    const int r0 = blockIdx.x * LN_CHUNK_ROWS;
-    const int r1 = r0 + LN_CHUNK_ROWS < N ? r0 + LN_CHUNK_ROWS : N;
-    float dw = 0.0f;
-    if (j < C)
-        for (int r = r0 + ty; r < r1; r += LN_RY) {
-            const int64_t i = (int64_t)r * C + j;
-            dw += ct_to_f32(dout[i]) * ct_to_f32(inp[i]) * rstd[r];
+/* One pass over a chunk of LN_BWD_ROWS rows: dinp and the chunk's weight (and bias) gradient
+ * partials. Warp q of the block's W takes rows r0 + q, r0 + q + W, ... in order, one row at a
+ * time:
+ *   LayerNorm  mean(g) and mean(g·n) over the row (g = dout·w, n = (x − mean)·rstd), then
+ *              dinp += rstd·(g − mean(g) − n·mean(g·n)), dw += dout·n, db += dout;
+ *   RMSNorm    dinp += s·g − x·s³·Σ(g·x)/C (s = rstd), dw += dout·x·s.
+ * Each lane adds its own columns into its warp's accumulators in shared memory (column v·VEC + k
+ * at k·nv + v, so the lanes of a warp hit consecutive banks); then the block adds the warps'
+ * accumulators in order and writes partial[chunk] = [dw (C) | db (C)]. Every sum's order is fixed
+ * by (N, C). */
+template <typename T, int VEC, bool RMS>
+static __global__ void __launch_bounds__(32 * LN_WARPS)
+    norm_bwd_kernel(T *dinp, float *partial, const T *dout, const T *inp, const T *w,
+                    const float *mean, const float *rstd, int N, int C) {
+    CT_DYN_SHARED(float, acc); /* (W, na, C): warp q's dw, then (LayerNorm) its db */
+    constexpr int na = RMS ? 1 : 2;
+    const int lane = threadIdx.x % 32, q = threadIdx.x / 32, W = blockDim.x / 32;
+    const int nv = C / VEC; /* the launcher picks VEC > 1 only when it divides C */
+    float *aw = acc + (int64_t)q * na * C, *ab = aw + C;
+    for (int v = lane; v < nv; v += 32)
+        for (int k = 0; k < VEC; k++) {
+            aw[k * nv + v] = 0.0f;
+            if (!RMS) ab[k * nv + v] = 0.0f;
         }
-    sh_dw[ty * 32 + tx] = dw;
+    const int r0 = blockIdx.x * LN_BWD_ROWS;
+    const int r1 = r0 + LN_BWD_ROWS < N ? r0 + LN_BWD_ROWS : N;
+    for (int row = r0 + q; row < r1; row += W) {
+        const T *x = inp + (int64_t)row * C, *d = dout + (int64_t)row * C;
+        T *di = dinp + (int64_t)row * C;
+        const float m = RMS ? 0.0f : mean[row], s = rstd[row];
+        float acc_g = 0.0f, acc_gn = 0.0f;
+        for (int v = lane; v < nv; v += 32) {
+            float fx[VEC], fd[VEC], fw[VEC];
+            ct_load<T, VEC>(x + v * VEC, fx);
+            ct_load<T, VEC>(d + v * VEC, fd);
+            ct_load<T, VEC>(w + v * VEC, fw);
+            for (int k = 0; k < VEC; k++) {
+                if (RMS) {
+                    acc_g += fd[k] * fw[k] * fx[k];
+                } else {
+                    const float n = (fx[k] - m) * s, g = fd[k] * fw[k];
+                    acc_g += g;
+                    acc_gn += g * n;
+                }
+            }
+        }
+        const float sum_g = ct_warp_sum(acc_g);
+        const float g_mean = sum_g / (float)C, kk = s * s * s * sum_g / (float)C;
+        const float gn_mean = RMS ? 0.0f : ct_warp_sum(acc_gn) / (float)C;
+        for (int v = lane; v < nv; v += 32) {
+            float fx[VEC], fd[VEC], fw[VEC], fi[VEC];
+            ct_load<T, VEC>(x + v * VEC, fx);
+            ct_load<T, VEC>(d + v * VEC, fd);
+            ct_load<T, VEC>(w + v * VEC, fw);
+            ct_load<T, VEC>(di + v * VEC, fi);
+            for (int k = 0; k < VEC; k++) {
+                if (RMS) {
+                    fi[k] += s * fd[k] * fw[k] - fx[k] * kk;
+                    aw[k * nv + v] += fd[k] * fx[k] * s;
+                } else {
+                    const float n = (fx[k] - m) * s, g = fd[k] * fw[k];
+                    fi[k] += s * (g - g_mean - n * gn_mean);
+                    aw[k * nv + v] += fd[k] * n;
+                    ab[k * nv + v] += fd[k];
+                }
+            }
+            ct_put<T, VEC>(di + v * VEC, fi);
+        }
+    }
     __syncthreads();
-    if (ty == 0 && j < C) {
-        for (int y = 1; y < LN_RY; y++) dw += sh_dw[y * 32 + tx];
-        partial[(int64_t)blockIdx.x * C + j] = dw;
+    float *prow = partial + (int64_t)blockIdx.x * na * C;
+    for (int c = threadIdx.x; c < na * C; c += blockDim.x) {
+        const int col = c % C, slot = c - col + col % VEC * nv + col / VEC;
+        float t = acc[slot];
+        for (int p = 1; p < W; p++) t += acc[(int64_t)p * na * C + slot];
+        prow[c] = t;
     }
 }
 
@@ -264,29 +218,27 @@ static void ln_fwd(ct_cuda_ctx *cx, void *out, float *mean, float *rstd, const v
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T>
-static void ln_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const void *dout,
-                   const void *inp, const void *w, const float *mean, const float *rstd, int N,
-                   int C) {
-    cudaStream_t st = ct_cuda_stream(cx);
-    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
-    if (ln_vec_ok<T>(C, dinp, dout, inp, w))
-        ct_launch(ln_bwd_dinp_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp,
-                  (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C);
-    else
-        ct_launch(ln_bwd_dinp_kernel<T, 1>, grid, block, 0, st, (T *)dinp, (const T *)dout,
-                  (const T *)inp, (const T *)w, mean, rstd, N, C);
+/* The fused backward (norm_bwd_kernel) over N rows, then dw (and db) += the chunks' partials in
+ * chunk order. */
+template <typename T, bool RMS>
+static void norm_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const void *dout,
+                     const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                     int C) {
+    constexpr int na = RMS ? 1 : 2;
+    const int W = norm_bwd_warps(C, na), n_chunks = (N + LN_BWD_ROWS - 1) / LN_BWD_ROWS;
+    const size_t smem = (size_t)W * na * (size_t)C * sizeof(float);
+    CT_ASSERTF(smem <= 227 * 1024, "norm backward: C=%d needs %zu bytes of shared memory", C, smem);
+    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * na * (size_t)C * 4);
+    const bool vec = ln_vec_ok<T>(C, dinp, dout, inp, w);
+    auto kernel = vec ? norm_bwd_kernel<T, 16 / sizeof(T), RMS> : norm_bwd_kernel<T, 1, RMS>;
+    if (smem > 48 * 1024)
+        CT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ct_launch(kernel, dim3((unsigned)n_chunks), dim3(32 * W), smem, ct_cuda_stream(cx), (T *)dinp,
+              partial, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C);
     CT_CUDA_CHECK(cudaGetLastError());
-
-    const int n_chunks = (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
-    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * 2 * (size_t)C * 4);
-    dim3 grid2((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block2(32, LN_RY);
-    ct_launch(ln_bwd_dwdb_kernel<T>, grid2, block2, 0, st, partial, (const T *)dout, (const T *)inp,
-              mean, rstd, N, C);
-    CT_CUDA_CHECK(cudaGetLastError());
-
-    ct_cuda_colsum_add(cx, dw, partial, n_chunks, C, (int64_t)2 * C);
-    ct_cuda_colsum_add(cx, db, partial + C, n_chunks, C, (int64_t)2 * C);
+    ct_cuda_colsum_add(cx, dw, partial, n_chunks, C, (int64_t)na * C);
+    if (!RMS) ct_cuda_colsum_add(cx, db, partial + C, n_chunks, C, (int64_t)na * C);
 }
 
 /* The launchers' argument checks; false when there are no rows (nothing to launch). */
@@ -312,9 +264,9 @@ extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, 
                                       const float *mean, const float *rstd, int64_t N, int64_t C) {
     if (!norm_args("layernorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
-        ln_bwd<__nv_bfloat16>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
+        norm_bwd<__nv_bfloat16, false>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
     else
-        ln_bwd<float>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
+        norm_bwd<float, false>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
 }
 
 template <typename T>
@@ -328,28 +280,6 @@ static void rms_fwd(ct_cuda_ctx *cx, void *out, float *rstd, const void *inp, co
         ct_launch(rms_fwd_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out, rstd,
                   (const T *)inp, (const T *)w, N, C, eps);
     CT_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename T>
-static void rms_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, const void *dout, const void *inp,
-                    const void *w, const float *rstd, int N, int C) {
-    cudaStream_t st = ct_cuda_stream(cx);
-    dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
-    if (ln_vec_ok<T>(C, dinp, dout, inp, w))
-        ct_launch(rms_bwd_dinp_kernel<T, 16 / sizeof(T)>, grid, block, 0, st, (T *)dinp,
-                  (const T *)dout, (const T *)inp, (const T *)w, rstd, N, C);
-    else
-        ct_launch(rms_bwd_dinp_kernel<T, 1>, grid, block, 0, st, (T *)dinp, (const T *)dout,
-                  (const T *)inp, (const T *)w, rstd, N, C);
-    CT_CUDA_CHECK(cudaGetLastError());
-
-    const int n_chunks = (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
-    float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * (size_t)C * 4);
-    dim3 grid2((unsigned)n_chunks, (unsigned)((C + 31) / 32)), block2(32, LN_RY);
-    ct_launch(rms_bwd_dw_kernel<T>, grid2, block2, 0, st, partial, (const T *)dout, (const T *)inp,
-              rstd, N, C);
-    CT_CUDA_CHECK(cudaGetLastError());
-    ct_cuda_colsum_add(cx, dw, partial, n_chunks, C, C);
 }
 
 extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd,
@@ -367,7 +297,7 @@ extern "C" void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, fl
                                     const float *rstd, int64_t N, int64_t C) {
     if (!norm_args("rmsnorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
-        rms_bwd<__nv_bfloat16>(cx, dinp, dw, dout, inp, w, rstd, (int)N, (int)C);
+        norm_bwd<__nv_bfloat16, true>(cx, dinp, dw, NULL, dout, inp, w, NULL, rstd, (int)N, (int)C);
     else
-        rms_bwd<float>(cx, dinp, dw, dout, inp, w, rstd, (int)N, (int)C);
+        norm_bwd<float, true>(cx, dinp, dw, NULL, dout, inp, w, NULL, rstd, (int)N, (int)C);
 }

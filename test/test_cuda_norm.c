@@ -21,7 +21,8 @@
  * combined by a tree of depth d, is within (L + d)·E·Σ|terms| of the exact sum (first order); the
  * two backends sum in different orders (CPU: 16 lanes of C/16 terms and a 4-level tree, rows in
  * chunks of 64 then chunks in order; CUDA: 32 lanes of C/32 (+ a vector's width), 5 levels, or
- * 512 threads of V/512 and 9 levels; rows 8 per thread, 8 groups, then chunks), so their
+ * 512 threads of V/512 and 9 levels; rows 8 per thread, 8 groups, then chunks, or for the norms'
+ * weights up to 32 rows a warp, 8 warps, then chunks of 32), so their
  * difference is bounded by the sum of both (L + d) (the K and K_rows below, plus 2 for the
  * products fused into the sums on one side and not the other). The exponential: the CPU's
  * exp_f32 is about 1 ulp, CUDA's expf at most 2 ulp (CUDA C Programming Guide, "Mathematical
@@ -187,6 +188,13 @@ static double rows_k(int64_t N) {
     return (64 + ceil(N / 64.0) + 2) + (8 + 8 + ceil(N / 64.0) + 2) + 2;
 }
 
+/* The norms' weight (and bias) gradients: the CPU as rows_k; CUDA (cuda/layernorm.cu's fused
+ * backward) chunks of 32 rows, each warp of a block adding up to 32 of them (32 with one warp),
+ * up to 8 warps in order, then the chunks; + 2 for a fused product. */
+static double norm_rows_k(int64_t N) {
+    return (64 + ceil(N / 64.0) + 2) + (32 + 8 + ceil(N / 32.0) + 2) + 2;
+}
+
 /* Rows x = offset + U(-2, 2), a per-row offset in [-4, 4) (the two-pass variance must not cancel).
  */
 static float *ln_input(int64_t N, int64_t C) {
@@ -297,7 +305,7 @@ static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
      * dw = Σ_rows d·n and db = Σ_rows d: K_rows·E·Σ_rows|term| per column (rows_k), plus the add
      * into the starting value (E per side on |start| + Σ|term|).
      */
-    double K = ln_k(C), Kr = rows_k(N);
+    double K = ln_k(C), Kr = norm_rows_k(N);
     double smax = amax(r, N), nmax = ln_nmax(x, m, r, N, C), G = amax(d, N * C) * amax(w, C);
     double atol_di = smax * G * ((K + 2) + nmax * nmax * (K + 3)) * E32 +
                      12 * E32 * (smax * G * (2 + nmax * nmax) + amax(di0, N * C));
@@ -333,8 +341,11 @@ static bool ln_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
     return ok;
 }
 
-/* (1300, 24): 21 chunks of 64 rows, so the column sums over chunk partials run a batch of loads */
-static const int64_t ln_shapes[][2] = {{5, 67}, {32, 256}, {300, 40}, {1300, 24}};
+/* (1300, 24): 41 chunks of 32 rows, so the column sums over chunk partials run a batch of loads;
+ * (70, 1000): a backward block of 6 warps (its accumulators within 48 KiB), a partial last chunk;
+ * (9, 6200): one warp, 49600 bytes of accumulators (above the default 48 KiB) */
+static const int64_t ln_shapes[][2] = {{5, 67},    {32, 256},  {300, 40},
+                                       {1300, 24}, {70, 1000}, {9, 6200}};
 #define N_LN_SHAPES (sizeof ln_shapes / sizeof *ln_shapes)
 
 static void test_layernorm(void **state) {
@@ -779,7 +790,7 @@ static bool rms_bwd_case(ct_dtype dt, int64_t N, int64_t C) {
      * s·G, xmax·s³·A and |dinp|. dw = Σ_rows d·x·s: K_rows·E·Σ_rows|term| per column (rows_k),
      * plus the add into the starting value.
      */
-    double K = ln_k(C), Kr = rows_k(N), smax = amax(r, N), xmax = amax(x, N * C);
+    double K = ln_k(C), Kr = norm_rows_k(N), smax = amax(r, N), xmax = amax(x, N * C);
     double G = amax(d, N * C) * amax(w, C), A = 0.0, sdx = 0.0;
     for (int64_t i = 0; i < N; i++) {
         double a = 0.0;

@@ -53,6 +53,7 @@
 
 #include "cuda/attention_tile.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/launch.cuh"
 
 #define ATT_DOT_WARPS 8 /* rows per block of attn_bwd_dot_kernel */
 
@@ -223,7 +224,7 @@ static void att_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int
                     int64_t n_head, int64_t n_kv_head, int64_t hd) {
     const size_t smem = af_fwd_smem<HD>();
     const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
-    att_allow_smem(attn_fwd_kernel<HD>, smem);
+    ct_launch_allow_smem(attn_fwd_kernel<HD>, smem);
     dim3 grid((unsigned)((T + AF_TILE - 1) / AF_TILE), (unsigned)n_head, (unsigned)B);
     ct_launch(attn_fwd_kernel<HD>, grid, dim3(AF_THREADS), smem, ct_cuda_stream(cx), (float *)out,
               lse, (const float *)qkv, (int)T, (int)n_head, (int)n_kv_head, (int)hd,
@@ -261,14 +262,14 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
     ct_cuda_attention_rowdot(cx, CT_DTYPE_F32, D, dout, out, B, T, n_head, hd);
 
     const size_t smem_kv = af_dkdv_smem<HD>();
-    att_allow_smem(attn_bwd_dkdv_kernel<HD>, smem_kv);
+    ct_launch_allow_smem(attn_bwd_dkdv_kernel<HD>, smem_kv);
     ct_launch(attn_bwd_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
               dim3(AF_THREADS), smem_kv, st, (S *)dqkv, partial, (const S *)dout, (const S *)qkv,
               lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head, (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
     const size_t smem_q = af_dq_smem<HD>();
-    att_allow_smem(attn_bwd_dq_kernel<HD>, smem_q);
+    ct_launch_allow_smem(attn_bwd_dq_kernel<HD>, smem_q);
     ct_launch(attn_bwd_dq_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
               dim3(AF_THREADS), smem_q, st, (S *)dqkv, partial, (const S *)dout, (const S *)qkv,
               lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head, (int)hd, scale, vec);

@@ -36,6 +36,7 @@
 #include "cuda/attention_part.cuh"
 #include "cuda/attention_tc.cuh"
 #include "cuda/attention_tile.cuh"
+#include "cuda/launch.cuh"
 
 /* The chunk index i of a packed CT_ATT_CHUNKS (0, 1: query chunks; 2, 3: key chunks). */
 static __device__ inline int part_chunk(int64_t chunks, int i) {
@@ -201,7 +202,7 @@ static void part_fwd(ct_cuda_ctx *cx, float *o_acc, float *lse_acc, const void *
     const int64_t n_t = (T / 2 + AF_TILE - 1) / AF_TILE;
     const int64_t lkv = 2 * n_kv_head * hd, lqkv = n_head * hd + lkv;
     const bool vec = af_vec_ok<S>(qkv, lqkv, hd) && af_vec_ok<S>(kv, lkv, hd);
-    att_allow_smem(part_fwd_kernel<S, HD>, smem);
+    ct_launch_allow_smem(part_fwd_kernel<S, HD>, smem);
     ct_launch(part_fwd_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_head, (unsigned)B),
               dim3(AF_THREADS), smem, ct_cuda_stream(cx), o_acc, lse_acc, (const S *)qkv,
               (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,
@@ -224,7 +225,7 @@ static void part_bwd(ct_cuda_ctx *cx, float *dq_acc, float *dkv_acc, const void 
                              n_head, hd);
 
     const size_t smem_kv = af_dkdv_smem<HD>();
-    att_allow_smem(part_dkdv_kernel<S, HD>, smem_kv);
+    ct_launch_allow_smem(part_dkdv_kernel<S, HD>, smem_kv);
     ct_launch(part_dkdv_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_kv_head, (unsigned)B),
               dim3(AF_THREADS), smem_kv, st, dkv_acc, (const S *)dout, (const S *)qkv, lse,
               (const float *)D, (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,
@@ -232,7 +233,7 @@ static void part_bwd(ct_cuda_ctx *cx, float *dq_acc, float *dkv_acc, const void 
     CT_CUDA_CHECK(cudaGetLastError());
 
     const size_t smem_q = af_dq_smem<HD>();
-    att_allow_smem(part_dq_kernel<S, HD>, smem_q);
+    ct_launch_allow_smem(part_dq_kernel<S, HD>, smem_q);
     ct_launch(part_dq_kernel<S, HD>, dim3((unsigned)(2 * n_t), (unsigned)n_head, (unsigned)B),
               dim3(AF_THREADS), smem_q, st, dq_acc, (const S *)dout, (const S *)qkv, lse,
               (const float *)D, (const S *)kv, (int)T, (int)n_head, (int)n_kv_head, (int)hd, chunks,

@@ -65,6 +65,7 @@
 #include "cuda/ct_mma.cuh"
 #include "cuda/attention_tc.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/launch.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -667,7 +668,7 @@ template <int HD>
 static void tc_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
                    int64_t n_head, int64_t n_kv_head, int64_t hd) {
     const size_t smem = tc_fwd_smem<HD>();
-    att_allow_smem(tc_fwd_kernel<HD>, smem);
+    ct_launch_allow_smem(tc_fwd_kernel<HD>, smem);
     const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
     const bool vec = tc_vec_ok(hd, lqkv, lqkv, qkv, qkv);
     dim3 grid((unsigned)((T + TC_BM - 1) / TC_BM), (unsigned)n_head, (unsigned)B);
@@ -692,14 +693,14 @@ static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, 
 
     ct_cuda_attention_rowdot(cx, CT_DTYPE_BF16, D, dout, out, B, T, n_head, hd);
 
-    att_allow_smem(tc_dkdv_kernel<HD>, tc_dkdv_smem<HD>());
+    ct_launch_allow_smem(tc_dkdv_kernel<HD>, tc_dkdv_smem<HD>());
     ct_launch(tc_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
               dim3(TC_THREADS), tc_dkdv_smem<HD>(), st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
               (int)hd, scale, vec);
     CT_CUDA_CHECK(cudaGetLastError());
 
-    att_allow_smem(tc_dq_kernel<HD>, tc_dq_smem<HD>());
+    ct_launch_allow_smem(tc_dq_kernel<HD>, tc_dq_smem<HD>());
     ct_launch(tc_dq_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
               dim3(TC_THREADS), tc_dq_smem<HD>(), st, (bf16 *)dqkv, partial, (const bf16 *)dout,
               (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,

@@ -1,6 +1,6 @@
 /*
  * attention_tc.cuh — inside the attention op (attention.cuh is its interface): the bf16 path on
- * tensor cores (attention_tc.cu) and the two helpers of attention.cu it shares. C++ only.
+ * tensor cores (attention_tc.cu) and the helper of attention.cu it shares. C++ only.
  */
 #ifndef CT_CUDA_ATTENTION_TC_CUH
 #define CT_CUDA_ATTENTION_TC_CUH
@@ -14,14 +14,6 @@ void ct_cuda_attention_fwd_tc(ct_cuda_ctx *cx, void *out, float *lse, const void
 void ct_cuda_attention_bwd_tc(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
                               const void *qkv, const void *out, const float *lse, int64_t B,
                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd);
-
-/* Dynamic shared memory above the default 48 KB needs the kernel's opt-in (per device). Needs
- * cuda/ct_cuda.h included first, as every .cu does. */
-template <typename K> static inline void att_allow_smem(K *kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
 
 /* D[(b·n_head + h)·T + i] = dO_i · O_i (fp32) for every row of dout and out (B, T, n_head·hd). */
 void ct_cuda_attention_rowdot(ct_cuda_ctx *cx, ct_dtype dt, float *D, const void *dout,

@@ -2,7 +2,8 @@
  * launch.cuh — the launch shapes the grid-stride kernels share (elementwise.cu, embedding.cu,
  * gelu.cu, adamw.cu): blocks of CT_LAUNCH_THREADS, grids capped at a few blocks per SM — enough
  * to fill the device, the grid-stride loop covers the rest — and the alignment test that picks a
- * kernel's 16-byte vector path. Host code only; included after cuda/ct_cuda.h.
+ * kernel's 16-byte vector path, and the opt-in to more than 48 KB of dynamic shared memory. Host
+ * code only; included after cuda/ct_cuda.h.
  *
  * The grid shape never changes a result: every kernel launched with these shapes gives each
  * element (or each column of a row sum) to one thread whatever the grid, and loops over the rest.
@@ -56,6 +57,13 @@ static inline void ct_launch_rows(const ct_cuda_ctx *cx, int64_t rows, int64_t c
 /* True when p is aligned to `bytes` (a vector path's loads and stores); NULL is aligned. */
 static inline bool ct_launch_aligned(const void *p, size_t bytes) {
     return ((uintptr_t)p % bytes) == 0;
+}
+
+/* Dynamic shared memory above the default 48 KB needs the kernel's opt-in (per device). */
+template <typename K> static inline void ct_launch_allow_smem(K *kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 #endif /* CT_CUDA_LAUNCH_CUH */

@@ -30,6 +30,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/layernorm.cuh"
 
 #define LN_EPS 1e-5f   /* as the CPU reference */
@@ -231,9 +232,7 @@ static void norm_bwd(ct_cuda_ctx *cx, void *dinp, float *dw, float *db, const vo
     float *partial = (float *)ct_cuda_workspace(cx, 0, (size_t)n_chunks * na * (size_t)C * 4);
     const bool vec = ln_vec_ok<T>(C, dinp, dout, inp, w);
     auto kernel = vec ? norm_bwd_kernel<T, 16 / sizeof(T), RMS> : norm_bwd_kernel<T, 1, RMS>;
-    if (smem > 48 * 1024)
-        CT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ct_launch_allow_smem(kernel, smem);
     ct_launch(kernel, dim3((unsigned)n_chunks), dim3(32 * W), smem, ct_cuda_stream(cx), (T *)dinp,
               partial, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C);
     CT_CUDA_CHECK(cudaGetLastError());

@@ -322,7 +322,7 @@ static ct_status cmd_train(int argc, char **argv) {
         }
         if (st == CT_OK && world > 1) {
             st = ct_pctx_new_cp(&pctx, (int)cfg.parallel.tp, (int)cfg.parallel.cp,
-                                (int)cfg.parallel.pp, (int)cfg.derived.dp, 1,
+                                (int)cfg.parallel.pp, (int)cfg.derived.dp, (int)cfg.parallel.ep,
                                 cfg.parallel.timeout_s);
             if (st == CT_OK && !strcmp(be->iface->name, "cuda")) st = use_nccl(pctx, be);
         }

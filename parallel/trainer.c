@@ -158,6 +158,10 @@ static ct_status build_model(trainer *t) {
     layout.cp_rank = t->pctx->cp_rank;
     layout.cp_size = t->pctx->cp;
     layout.cp_zigzag = cfg->parallel.cp_sharding == CT_CP_ZIGZAG;
+    layout.ep = t->pctx->ep_comm;
+    layout.ep_rank = t->pctx->ep_rank;
+    layout.ep_size = t->pctx->ep;
+    layout.dpcp = t->pctx->dpcp_comm;
     layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));

@@ -128,8 +128,17 @@ static void test_init_layout_independent(void **state) {
 /* ---- whole-model gradient check -----------------------------------------------------------------
  */
 
+/* The objective backward differentiates: the mean token loss, plus with MoE layers their
+ * balancing losses (a forward with dloss 1/N weighs them 1: one micro-batch). */
 static double model_loss(ct_model *m, ct_acts *a) {
-    return ct_model_forward_loss(m, a, 0.0f) / (double)(a->B * m->T);
+    const double N = (double)(a->B * m->T);
+    double lm = ct_model_forward_loss(m, a, (float)(1.0 / N)) / N, aux = 0.0;
+    if (m->mc.moe_experts) {
+        int64_t *counts = ct_xmalloc((size_t)m->mc.moe_experts * sizeof *counts);
+        ct_model_moe_stats(m, &aux, counts);
+        free(counts);
+    }
+    return lm + aux;
 }
 
 /*
@@ -143,10 +152,20 @@ static double model_loss(ct_model *m, ct_acts *a) {
  * Directions and the symmetry-breaking noise are keyed by parameter name, so they do not change
  * when the registry's order does. Tolerance: 3e-4 absolute + 2% relative.
  */
-static void gradcheck(ct_arch arch) {
+static void gradcheck(ct_arch arch, int moe_router) {
     ct_config cfg;
     test_tiny_config(&cfg, NULL);
     cfg.model.arch = arch;
+    if (moe_router >= 0) {
+        /* every other layer MoE, 4 experts of width 24, 2 a token, the balancing loss weighted
+         * high enough that its gradient is a visible part of the router's */
+        cfg.model.moe_experts = 4;
+        cfg.model.moe_top_k = 2;
+        cfg.model.moe_every = 2;
+        cfg.model.moe_d_ff = 24;
+        cfg.model.moe_router = (ct_moe_router)moe_router;
+        cfg.model.moe_aux_alpha = 0.5;
+    }
     cfg.model.seq_len = 8;
     cfg.model.d_model = 16;
     cfg.model.n_head = 2;
@@ -178,6 +197,12 @@ static void gradcheck(ct_arch arch) {
     ct_model_zero_grads(m);
     ct_model_forward(m, a, (float)(1.0 / (double)N));
     ct_model_backward(m, a, s);
+    if (m->mc.moe_experts) { /* that forward's statistics: not the first difference's */
+        int64_t counts[8];
+        double aux;
+        ct_model_moe_stats(m, &aux, counts);
+    }
+    const uint64_t routing = ct_model_moe_routing_digest(a);
 
     int failures = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -190,15 +215,23 @@ static void gradcheck(ct_arch arch) {
         double analytic = 0.0;
         for (int64_t e = 0; e < n; e++)
             analytic += grad[e] * ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e);
-        const double eps = 3e-3;
-        double f[2];
-        for (int sgn = 0; sgn < 2; sgn++) {
-            memcpy(pert, theta, (size_t)p->numel * sizeof(float));
-            for (int64_t e = 0; e < n; e++)
-                pert[e] += (float)((sgn ? -eps : eps) *
-                                   ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e));
-            ct_tensor_from_host(p->value, pert);
-            f[sgn] = model_loss(m, a);
+        /* MoE: a step that changes some token's experts crosses a discontinuity of the loss;
+         * such a step is shortened until the routing stays that of θ (at most three times). */
+        double eps = 3e-3, f[2];
+        for (int tries = 0;; tries++) {
+            bool same_routing = true;
+            for (int sgn = 0; sgn < 2; sgn++) {
+                memcpy(pert, theta, (size_t)p->numel * sizeof(float));
+                for (int64_t e = 0; e < n; e++)
+                    pert[e] += (float)((sgn ? -eps : eps) *
+                                       ct_rng_normal(11, ct_rng_hash_name(p->name), (uint64_t)e));
+                ct_tensor_from_host(p->value, pert);
+                f[sgn] = model_loss(m, a);
+                same_routing &= ct_model_moe_routing_digest(a) == routing;
+            }
+            if (same_routing) break;
+            assert_true(tries < 3);
+            eps /= 4;
         }
         ct_tensor_from_host(p->value, theta);
         double numeric = (f[0] - f[1]) / (2 * eps);
@@ -222,13 +255,23 @@ static void gradcheck(ct_arch arch) {
 }
 
 static void test_gradcheck(void **state) {
-    gradcheck(CT_ARCH_GPT2);
+    gradcheck(CT_ARCH_GPT2, -1);
+}
+
+/* GPT-2 with MoE layers (every other layer; the balancing loss in the objective), each router:
+ * the same check, the same tolerance. The routing is piecewise constant in the parameters, so
+ * the check holds where no token's k-th and (k+1)-th expert keys lie within the perturbation
+ * (~1e-3 of a logit) of each other; the seeds here have none. */
+static void test_gradcheck_moe(void **state) {
+    gradcheck(CT_ARCH_GPT2, CT_MOE_TOPK_SOFTMAX);
+    gradcheck(CT_ARCH_GPT2, CT_MOE_SOFTMAX_TOPK);
+    gradcheck(CT_ARCH_GPT2, CT_MOE_SIGMOID);
 }
 
 /* Llama (RMSNorm, RoPE, SwiGLU, GQA with one key/value head for two query heads, no biases):
  * the same check, the same tolerance. */
 static void test_gradcheck_llama(void **state) {
-    gradcheck(CT_ARCH_LLAMA);
+    gradcheck(CT_ARCH_LLAMA, -1);
 }
 
 /* ---- overfitting one batch ------------------------------------------------------------------ */
@@ -430,6 +473,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_init_layout_independent),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_gradcheck_llama),
+        cmocka_unit_test(test_gradcheck_moe),
         cmocka_unit_test(test_overfit_one_batch),
         cmocka_unit_test(test_microbatch_equivalence),
         cmocka_unit_test(test_params_kept_only_when_asked),

@@ -44,6 +44,12 @@ typedef enum ct_recompute { CT_RECOMPUTE_NONE = 0, CT_RECOMPUTE_FULL } ct_recomp
 /* parallel.cp_sharding: which two of the 2·cp chunks of a sequence a context-parallel rank holds
  * (core/model/ring_attention.h). */
 typedef enum ct_cp_sharding { CT_CP_ZIGZAG = 0, CT_CP_CONTIGUOUS } ct_cp_sharding;
+/* model.moe_router: how a Mixture-of-Experts layer picks its experts (core/model/moe_router.h) */
+typedef enum ct_moe_router {
+    CT_MOE_TOPK_SOFTMAX = 0, /* the k largest logits, gates = softmax over those k (Mixtral) */
+    CT_MOE_SOFTMAX_TOPK,     /* softmax over all experts, the k largest, not renormalised */
+    CT_MOE_SIGMOID,          /* sigmoid scores, the k largest, renormalised (DeepSeek-V3) */
+} ct_moe_router;
 
 typedef struct ct_model_config {
     ct_arch arch;
@@ -68,7 +74,19 @@ typedef struct ct_model_config {
      * a Hugging Face model (core/io/hf.h); "" = initialise from train.seed */
     char init_from[CT_PATH_MAX];
     bool tie_embeddings; /* the LM head reads the embedding (else its own lm_head (Vp, C)) */
+    /* Mixture of Experts (core/model/moe.h): moe_experts 0 = dense MLPs everywhere; else every
+     * moe_every-th layer (ct_moe_layer) routes each token to moe_top_k of moe_experts MLPs of
+     * width moe_d_ff (0 = d_ff), with the Switch/GShard balancing loss weighted moe_aux_alpha */
+    int64_t moe_experts, moe_top_k, moe_every, moe_d_ff;
+    ct_moe_router moe_router;
+    double moe_aux_alpha;
 } ct_model_config;
+
+/* Whether layer l (from 0) is a Mixture-of-Experts layer: layers moe_every - 1, 2·moe_every - 1,
+ * ... (every layer with moe_every 1). */
+static inline bool ct_moe_layer(const ct_model_config *m, int64_t l) {
+    return m->moe_experts > 0 && (l + 1) % m->moe_every == 0;
+}
 
 /* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is
  * positive, then rounded up to a multiple of multiple_of. Llama 2 7B: (4096, 0, 256) -> 11008;
@@ -78,6 +96,7 @@ int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t mul
 typedef struct ct_parallel_config {
     int64_t tp, pp, dp; /* dp 0 means world / (tp·cp·pp) */
     int64_t cp;         /* context-parallel degree */
+    int64_t ep;         /* expert-parallel degree, inside dp (ep | dp) */
     ct_cp_sharding cp_sharding;
     int64_t zero_stage;
     ct_schedule_kind schedule;
@@ -142,6 +161,7 @@ typedef struct ct_derived_config {
     int64_t vocab_padded;    /* vocab_size rounded up to a multiple of vocab_pad */
     int64_t n_kv_head;       /* resolved */
     int64_t d_ff;            /* resolved */
+    int64_t moe_d_ff;        /* resolved (0 without MoE) */
     int64_t head_dim;        /* d_model / n_head */
     int64_t grad_accum;      /* global_batch / (micro_batch · dp) */
     int64_t n_params;        /* parameters of the model (tied embedding once, padding included) */

@@ -49,6 +49,7 @@ const char *const precision_names[] = {"fp32", "bf16", "auto", NULL};
 static const char *const reduce_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
 static const char *const cp_sharding_names[] = {"zigzag", "contiguous", NULL};
+static const char *const moe_router_names[] = {"topk_softmax", "softmax_topk", "sigmoid", NULL};
 
 const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
                                                  "data",  "checkpoint", "log"};
@@ -121,6 +122,25 @@ const config_key config_keys[] = {
      .doc = "start from these weights when no checkpoint is resumed: a cooktrain checkpoint "
             "directory (any layout) or a Hugging Face model (a directory with config.json and "
             "safetensors); the model keys must match it; the optimizer starts fresh at step 0"},
+    {KEY(model, moe_experts, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(4096),
+     .doc = "Mixture of Experts: experts per MoE layer (each an MLP like the dense one); 0 = "
+            "dense MLPs, no MoE"},
+    {KEY(model, moe_top_k, KEY_INT), .def = "2", AT_LEAST(1), AT_MOST(4096),
+     .doc = "MoE: experts each token is routed to (<= moe_experts); dropless, every routed token "
+            "is computed"},
+    {KEY(model, moe_every, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(65536),
+     .doc = "MoE: every n-th layer is an MoE layer (layers n-1, 2n-1, ...); 1 = every layer"},
+    {KEY(model, moe_d_ff, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(16777216),
+     .doc = "MoE: each expert's hidden size; 0 = d_ff"},
+    {KEY(model, moe_router, KEY_ENUM), .choices = moe_router_names, .def = "topk_softmax",
+     .doc = "MoE router, in fp32: topk_softmax (the k largest logits, gates their softmax: "
+            "Mixtral), softmax_topk (softmax over all experts, the k largest, not renormalised: "
+            "Switch) or sigmoid (sigmoid scores, the k largest, renormalised: DeepSeek-V3); ties "
+            "go to the lower expert"},
+    {KEY(model, moe_aux_alpha, KEY_FLOAT), .def = "0.01", AT_LEAST(0), AT_MOST(1000),
+     .doc = "MoE: weight of the Switch/GShard load-balancing loss (alpha at uniform routing), "
+            "counted over the tokens of each global micro-batch so that no layout changes it; 0 = "
+            "none"},
 
     /* parallel */
     {KEY(parallel, tp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1048576),
@@ -132,6 +152,10 @@ const config_key config_keys[] = {
     {KEY(parallel, cp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(16384),
      .doc = "context-parallel degree: each sequence's positions split over cp ranks, attention "
             "by ring (needs seq_len divisible by 2 * cp, times tp with sequence_parallel)"},
+    {KEY(parallel, ep, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(4096),
+     .doc = "expert-parallel degree (MoE): each expert lives on one of ep consecutive "
+            "data-parallel ranks, tokens travel to it by all-to-all; must divide dp and "
+            "model.moe_experts"},
     {KEY(parallel, cp_sharding, KEY_ENUM), .choices = cp_sharding_names, .def = "zigzag",
      .doc = "which 2 of a sequence's 2 * cp chunks a cp rank holds: zigzag (r and 2cp-1-r, equal "
             "causal work) or contiguous (2r and 2r+1)"},

@@ -204,9 +204,14 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
                     + 2 * C                       /* ln2 */
                     + (F * C + F)                 /* MLP up */
                     + (C * F + C);                /* MLP down */
-    return head + d->vocab_padded * C             /* wte (the LM head when tied) */
-           + m->seq_len * C                       /* wpe */
-           + m->n_layer * layer + 2 * C /* final LN */;
+    /* An MoE layer: the router (E, C) and E experts of width moe_d_ff instead of the MLP. */
+    int64_t Fe = d->moe_d_ff, E = m->moe_experts;
+    int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C));
+    int64_t n_moe = 0;
+    for (int64_t l = 0; l < m->n_layer; l++) n_moe += ct_moe_layer(m, l);
+    return head + d->vocab_padded * C /* wte (the LM head when tied) */
+           + m->seq_len * C           /* wpe */
+           + (m->n_layer - n_moe) * layer + n_moe * moe + 2 * C /* final LN */;
 }
 
 /* Checks each key against its own constraints (type, range, allowed values). */
@@ -448,6 +453,67 @@ static ct_status check_cp(const ct_config *cfg) {
     return CT_OK;
 }
 
+/* Checks the Mixture-of-Experts keys against the model and the grid (after check_grid: needs
+ * dp), and derives moe_d_ff. */
+static ct_status check_moe(const ct_config *cfg, ct_derived_config *d) {
+    const ct_model_config *m = &cfg->model;
+    const ct_parallel_config *p = &cfg->parallel;
+    const long long E = (long long)m->moe_experts, ep = (long long)p->ep;
+    char list[256];
+    if (!E) {
+        if (p->ep > 1)
+            return with_hint(ct_error(CT_ERR_INPUT,
+                                      "parallel.ep=%lld, but the model has no experts "
+                                      "(model.moe_experts=0)",
+                                      ep),
+                             "expert parallelism spreads the experts of MoE layers: set "
+                             "model.moe_experts, or parallel.ep: 1");
+        return CT_OK;
+    }
+    d->moe_d_ff = m->moe_d_ff ? m->moe_d_ff : d->d_ff;
+    if (m->arch == CT_ARCH_LLAMA)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "model.moe_experts=%lld with model.arch=llama "
+                                  "is not implemented yet",
+                                  E),
+                         "MoE layers have GPT-2 MLP experts for now: use model.arch: gpt2, or "
+                         "model.moe_experts: 0");
+    if (m->moe_top_k > m->moe_experts)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "model.moe_top_k=%lld is more than model.moe_experts=%lld",
+                                  (long long)m->moe_top_k, E),
+                         "each token goes to top_k different experts: use moe_top_k <= %lld", E);
+    if (m->moe_every > m->n_layer)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "model.moe_every=%lld leaves no MoE layer among model.n_layer="
+                                  "%lld layers",
+                                  (long long)m->moe_every, (long long)m->n_layer),
+                         "layers moe_every - 1, 2 * moe_every - 1, ... are MoE layers: use "
+                         "moe_every <= %lld",
+                         (long long)m->n_layer);
+    if (d->moe_d_ff % p->tp) {
+        list_divisors(d->moe_d_ff, NULL, NULL, list, sizeof list);
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.tp=%lld does not divide the experts' width "
+                                  "(model.moe_d_ff=%lld)",
+                                  (long long)p->tp, (long long)d->moe_d_ff),
+                         "each tp rank holds a slice of every expert's MLP; tp values that divide "
+                         "%lld: %s",
+                         (long long)d->moe_d_ff, list);
+    }
+    if (d->dp % p->ep || m->moe_experts % p->ep) {
+        list_divisors(gcd64(d->dp, m->moe_experts), NULL, NULL, list, sizeof list);
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.ep=%lld must divide both dp=%lld and "
+                                  "model.moe_experts=%lld",
+                                  ep, (long long)d->dp, E),
+                         "an expert-parallel group is ep consecutive data-parallel ranks, each "
+                         "holding moe_experts / ep experts; ep values that divide both: %s",
+                         list);
+    }
+    return CT_OK;
+}
+
 /* Checks the batch against dp (picking micro_batch when auto), and derives grad_accum. */
 static ct_status check_batch(ct_config *cfg, ct_derived_config *d) {
     const ct_model_config *m = &cfg->model;
@@ -550,6 +616,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_pipeline(cfg));
     CT_TRY(check_grid(&cfg->parallel, world_size, &d));
     CT_TRY(check_cp(cfg));
+    CT_TRY(check_moe(cfg, &d));
     CT_TRY(check_batch(cfg, &d));
     CT_TRY(check_lr_schedule(&cfg->train));
     CT_TRY(check_checkpoint(cfg));

@@ -49,6 +49,7 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     layout.zero = ct_zero_layout_of(0);
     layout.sequence_parallel = false;
     layout.cp_size = 1;
+    layout.ep_size = 1;
     layout.recompute = false;
     layout.n_chunks = 1;
     layout.chunks[0].index = 0;
@@ -123,6 +124,7 @@ static ct_param *add_param(registry_builder *rb, const char *name, int ndim, int
     }
     p->chunk = chunk;
     p->layer = -1;
+    p->expert = -1;
     p->unit = m->n_units - 1;
     p->decay = ndim >= 2;
     p->init = init;
@@ -229,6 +231,41 @@ static void build_registry(ct_model *m) {
             P(bo, "attn.bo", 1, C, 1, -1, CT_INIT_ZEROS, 0);
             P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln2_b, "ln2.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
+            if (ct_moe_layer(&m->mc, l)) {
+                /* Mixture of Experts (moe.c): the router, replicated, then this rank's experts
+                 * (the ep group's share, moe_experts / ep consecutive ones), each an MLP like
+                 * the dense one: four consecutive entries per expert, moe_experts names the
+                 * first (ct_moe_expert_param). */
+                const int64_t E = m->mc.moe_experts, Fe = m->mc.moe_d_ff ? m->mc.moe_d_ff : F;
+                const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
+                P(moe_router, "moe.router", 2, E, C, -1, CT_INIT_NORMAL, std);
+                for (int64_t e = e0; e < e0 + El; e++) {
+                    static const char *const kinds[] = {"w_up", "b_up", "w_down", "b_down"};
+                    for (int j = 0; j < 4; j++) {
+                        char suffix[48];
+                        snprintf(suffix, sizeof suffix, "moe.experts.%lld.%s", (long long)e,
+                                 kinds[j]);
+                        if (j == 0 && e == e0) {
+                            P(moe_experts, suffix, 2, Fe, C, 0, CT_INIT_NORMAL, std);
+                        } else {
+                            snprintf(name, sizeof name, "layers.%d.%s", l, suffix);
+                            ct_param *q =
+                                j == 0
+                                    ? add_param(&rb, name, 2, Fe, C, 0, CT_INIT_NORMAL, std, chunk)
+                                : j == 1
+                                    ? add_param(&rb, name, 1, Fe, 1, 0, CT_INIT_ZEROS, 0, chunk)
+                                : j == 2
+                                    ? add_param(&rb, name, 2, C, Fe, 1, CT_INIT_NORMAL,
+                                                residual_std, chunk)
+                                    : add_param(&rb, name, 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
+                            q->layer = l;
+                            q->field = CT_PARAM_NO_FIELD;
+                        }
+                        m->params[m->n_params - 1].expert = (int)e;
+                    }
+                }
+                continue;
+            }
             P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
             P(b_up, "mlp.b_up", 1, F, 1, 0, CT_INIT_ZEROS, 0);
             P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
@@ -271,6 +308,7 @@ static void bind_params(ct_model *m) {
     m->layers = ct_xcalloc((size_t)m->L, sizeof *m->layers);
     for (int i = 0; i < m->n_params; i++) {
         ct_param *p = &m->params[i];
+        if (p->field == CT_PARAM_NO_FIELD) continue; /* reached through another entry */
         char *owner = p->layer >= 0 ? (char *)&m->layers[p->layer] : (char *)m;
         ct_param **slot = (ct_param **)(owner + p->field);
         CT_ASSERTF(!*slot, "two parameters bound to one field (%s)", p->name);
@@ -327,11 +365,18 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
     if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
+    if (!m->layout.ep) m->layout.ep = m->own_ep = ct_comm_local_new("ep");
+    CT_ASSERT(m->layout.ep->size == CT_MAX(1, layout->ep_size));
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
     CT_ASSERT(layout->unit_min_bytes >= 0);
 
     build_registry(m);
+    for (int c = 0; c < m->layout.n_chunks; c++)
+        for (int i = 0; i < m->layout.chunks[c].n_layers; i++)
+            m->n_moe_layers += ct_moe_layer(&m->mc, m->layout.chunks[c].first_layer + i);
+    m->moe_counts =
+        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_counts);
 
     /* Offsets: parameters packed in registry order inside their unit; units padded so that
      * every data-parallel shard is equal and 64-byte aligned. */
@@ -448,6 +493,8 @@ void ct_model_free(ct_model *m) {
     ct_comm_unset_stream(m->layout.tp, m->be);
     if (m->layout.cp) ct_comm_unset_stream(m->layout.cp, m->be);
     ct_comm_free(m->own_tp);
+    ct_comm_free(m->own_ep);
+    free(m->moe_counts);
     for (int i = 0; i < m->n_params; i++) {
         ct_tensor_free(m->params[i].value);
         ct_tensor_free(m->params[i].grad);
@@ -635,7 +682,12 @@ double ct_model_flops_per_token(const ct_model *m) {
     double n_matmul = 0;
     for (int l = 0; l < m->L; l++) {
         n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
-        n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
+        if (ct_moe_layer(&m->mc, l)) /* the router, and k experts' up and down per token */
+            n_matmul +=
+                (double)m->C * m->mc.moe_experts +
+                2.0 * (double)m->mc.moe_top_k * m->C * (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
+        else
+            n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
     }
     n_matmul += (double)m->Vp * m->C; /* the tied LM head */
     return 6.0 * n_matmul + 6.0 * (double)m->L * m->T_seq * m->C;
@@ -711,6 +763,10 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
 
     ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
+    if (p->moe_router) {
+        ct_model_moe_forward(m, l, a, out);
+        return;
+    }
     /* h = ln2·Wupᵀ + b_up, g = GELU(h): fused into the GEMM where the backend can */
     ct_gemm_bias_gelu(la->h, la->g, la->ln2, p->w_up->value, p->b_up->value);
     ct_model_poll(m);
@@ -845,6 +901,7 @@ static void head_forward(ct_model *m, ct_acts *a, float dloss) {
 }
 
 void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
+    a->dloss = dloss;
     const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
     const bool has_embed = m->layout.chunks[c].has_embed, has_head = m->layout.chunks[c].has_head;
     /* With the embedding and the head in one chunk, the tied embedding is read by both: its
@@ -905,14 +962,19 @@ static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
 
-    /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-    ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
-    ct_bias_grad(p->b_down->grad, s->dres);
-    ct_model_poll(m);
-    ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
-    ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
-    ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
+    ct_tensor *dln2;
+    if (p->moe_router) {
+        dln2 = ct_model_moe_backward(m, l, a, s);
+    } else {
+        /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
+        ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
+        ct_bias_grad(p->b_down->grad, s->dres);
+        ct_model_poll(m);
+        ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
+        ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
+        dln2 = ct_model_dln_reduced(m, s);
+        ct_model_linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
+    }
     ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
                      la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
     ct_model_poll(m);
@@ -972,7 +1034,9 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
             /* Only the layer's input was kept: rebuild its internals (the forward's
              * collectives run again). The output is already in residual[l+1]. */
             ct_tensor *out = ct_tensor_view(m->recompute_out, 0, 3, a->residual[l + 1]->shape);
+            m->recomputing = true;
             layer_forward(m, l, a, out);
+            m->recomputing = false;
             ct_tensor_free(out);
         }
         layer_backward(m, l, a, s);

@@ -44,6 +44,8 @@ typedef enum ct_init_rule {
     CT_INIT_NORMAL, /* N(0, init_std²) */
 } ct_init_rule;
 
+#define CT_PARAM_NO_FIELD ((size_t)-1)
+
 typedef struct ct_param {
     char name[64]; /* global name, e.g. "layers.3.attn.wq" */
     int ndim;      /* 1 or 2 */
@@ -54,7 +56,9 @@ typedef struct ct_param {
     const char *tied_to;    /* name of the tensor this one is tied to, or NULL */
     int layer;              /* transformer layer it belongs to; -1: embeddings, final norm */
     size_t field;           /* offset of the pointer that names it: in ct_layer_params for a
-                               layer's tensors, in ct_model for the others (bind_params) */
+                               layer's tensors, in ct_model for the others (bind_params);
+                               CT_PARAM_NO_FIELD: none (an expert's tensors after the first) */
+    int expert;             /* the MoE expert it belongs to (global index), -1: none */
     int chunk;              /* pipeline chunk (global index) */
     int unit;               /* FSDP unit (index into ct_model.units) */
     bool decay;             /* weight decay: tensors with >= 2 dims */
@@ -112,6 +116,12 @@ typedef struct ct_model_layout {
     ct_comm *cp;
     int cp_rank, cp_size;
     bool cp_zigzag;
+    /* Mixture of Experts (moe.c): the expert-parallel group (this rank holds experts
+     * [ep_rank·E/ep, (ep_rank + 1)·E/ep) of each MoE layer; NULL: ep_size 1, all of them) and the
+     * dp × cp group whose tokens form one global micro-batch (the balancing loss's counts are
+     * summed over it; NULL: this rank alone) */
+    ct_comm *ep, *dpcp;
+    int ep_rank, ep_size;
     /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
     bool recompute;
     /* The FSDP wrapping policy (parallel.bucket_mb): merge consecutive layers of a chunk into one
@@ -138,6 +148,10 @@ typedef struct ct_layer_params {
     ct_param *w_gate;            /* llama: (F, C) column-parallel */
     ct_param *w_up, *b_up;       /* (F, C) column-parallel, (F) */
     ct_param *w_down, *b_down;   /* (C, F) row-parallel, (C) */
+    /* An MoE layer (ct_moe_layer; no w_up..b_down then): the router (E, C), replicated, and
+     * this rank's experts, four consecutive registry entries each from moe_experts on (w_up
+     * (Fe, C) column-parallel, b_up (Fe), w_down (C, Fe) row-parallel, b_down (C)) */
+    ct_param *moe_router, *moe_experts;
 } ct_layer_params;
 
 typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
@@ -209,7 +223,15 @@ typedef struct ct_model {
     bool tied;                  /* model.tie_embeddings */
     struct ct_ring_ws *ring_ws; /* context parallelism: the ring's buffers (ring_attention.h) */
     ct_tensor *rope_table;      /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
-    ct_layer_params *layers;    /* [L], entries NULL for layers not on this rank */
+    ct_comm *own_ep;            /* the one-rank ep group made when layout.ep was NULL */
+    bool recomputing;           /* backward is rebuilding a layer's internals (recompute) */
+    /* Mixture of Experts, this rank's MoE layers over the training forwards since
+     * ct_model_moe_stats last read them: the balancing losses summed (each micro-batch's, of
+     * the global micro-batch), and tokens routed to each expert (n_moe_layers × E, global). */
+    int n_moe_layers; /* MoE layers on this rank */
+    double moe_aux_sum;
+    int64_t *moe_counts;
+    ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
 } ct_model;
 
 /* Activations of one microbatch on this rank's chunks. */
@@ -222,12 +244,14 @@ typedef struct ct_layer_acts {
     ct_tensor *mid;                       /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
     ct_tensor *h, *g; /* (B,T,F) before / after GELU; llama: (B,T,2F) gate|up, (B,T,F) SwiGLU */
+    struct ct_moe_acts *moe; /* an MoE layer's routing and expert activations (moe.c) */
 } ct_layer_acts;
 
 typedef struct ct_acts {
     struct ct_model *model;
     int64_t B;
     int mb;       /* the microbatch of the step these activations hold (its loss slot; <0 none) */
+    float dloss;  /* the scale of the loss's gradient its last forward was given (0: no backward) */
     int n_layers; /* L (entries of layers not on this rank stay NULL) */
     ct_tensor *slab;
     ct_tensor *tokens, *targets; /* (B·T) i32 */
@@ -399,6 +423,18 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                             const ct_tensor *targets, ct_tensor *rowmax, ct_tensor *sumexp,
                             ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
                             float dloss);
+
+/* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset:
+ * *aux = their balancing losses, each micro-batch's weighted as in the objective (1 / the step's
+ * micro-batches), summed over layers; counts[e] (moe_experts entries) = the tokens of the global
+ * micro-batches routed to expert e, summed over micro-batches and layers. Training forwards only
+ * (dloss != 0, not a recompute). */
+void ct_model_moe_stats(ct_model *model, double *aux, int64_t *counts);
+
+/* A digest of the experts every token of `acts`'s last forward was routed to, in every MoE layer
+ * (equal digests: the same routing; tests use it to keep finite differences off the routing's
+ * discontinuities). */
+uint64_t ct_model_moe_routing_digest(const ct_acts *acts);
 
 /* Matmul FLOPs per token for forward+backward (6·N_matmul + 6·L·T·C causal attention). */
 double ct_model_flops_per_token(const ct_model *model);

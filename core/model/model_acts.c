@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "model_collectives.h"
+#include "model_layer.h"
 
 /* ---- activations ------------------------------------------------------------------------------
  */
@@ -163,6 +164,7 @@ void ct_acts_free(ct_acts *a) {
         ct_tensor *views[] = {la->ln1, la->ln1_mean, la->ln1_rstd, la->qkv,      la->att, la->lse,
                               la->mid, la->ln2,      la->ln2_mean, la->ln2_rstd, la->h,   la->g};
         for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) ct_tensor_free(views[i]);
+        ct_moe_acts_free(la->moe);
     }
     for (int l = 0; l <= a->n_layers; l++) ct_tensor_free(a->residual[l]);
     free(a->layers);

@@ -52,4 +52,12 @@ void ct_model_rope(ct_model *m, ct_tensor *x, int64_t B, bool inverse);
 void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);
 void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
 
+/* An MoE layer's MLP part (moe.c), after ln2: forward from la->ln2 and la->mid into `out`, and
+ * backward from s->dres = ∂L/∂out, leaving ∂L/∂ln2 (reduced over tp) for the ln2 backward in
+ * the returned tensor. */
+void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);
+ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
+struct ct_moe_acts;
+void ct_moe_acts_free(struct ct_moe_acts *ma); /* accepts NULL */
+
 #endif /* CT_MODEL_LAYER_H */

@@ -1,0 +1,310 @@
+/*
+ * moe.c — the Mixture-of-Experts layer of the model (model.moe_experts; core/README.md, Mixture
+ * of Experts): in an MoE layer the MLP after ln2 becomes
+ *
+ *   logits = ln2·Wrᵀ (fp32)  →  router (moe_router.h): k experts and gates per token
+ *   dispatch each token's row to its k experts over the ep group (moe_dispatch.h)
+ *   each expert e: ye = GELU(xe·W_upᵀ + b_up)·W_downᵀ + b_down on the rows it received
+ *   combine: y = Σ_j gate_j · ye(token, slot j), slot order;  out = mid + y
+ *
+ * Dropless: every (token, slot) is computed, so the layer's result does not depend on how the
+ * tokens are spread over ranks. The router and the permutation run on the host (the routing
+ * decisions and counts must reach the host before the variable all-to-all anyway); the experts'
+ * GEMMs run on the backend, one expert's rows at a time.
+ *
+ * Tensor parallelism: every tp rank holds all of the layer's tokens (ln2 is the full sequence,
+ * gathered under sequence parallelism) and computes the same routing; each expert's MLP is split
+ * like the dense one (W_up by rows, W_down by columns), so ye and y are partial sums over the tp
+ * group, reduced as the dense MLP's output is. b_down is added by tp rank 0 only. The router and
+ * b_down are replicated: their gradients come out identical on every tp rank, and under
+ * sequence parallelism (where the data-parallel layer sums replicated gradients over tp) only tp
+ * rank 0 contributes them; the router's part of ∂L/∂ln2 is added by tp rank 0 alone, since
+ * ∂L/∂ln2 is summed over the group.
+ *
+ * The balancing loss (moe_router.h, ct_router_aux_loss) counts the tokens of the global
+ * micro-batch: counts and summed probabilities are added over the dp × cp group, T is the global
+ * micro-batch's tokens. It is part of the objective, averaged over micro-batches like the
+ * language-model loss, and reported apart from it (ct_model_moe_stats).
+ */
+#include "model_collectives.h"
+#include "model_layer.h"
+#include "moe_dispatch.h"
+#include "moe_router.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One MoE layer's state for one micro-batch: what its backward needs. Host buffers and backend
+ * tensors grow to the largest step seen and are reused. */
+typedef struct ct_moe_acts {
+    int64_t N; /* tokens (B·T on this rank) */
+    ct_moe_plan *plan;
+    int64_t tokens_global; /* tokens of the global micro-batch (the balancing loss's T) */
+    float aux_scale;       /* the balancing loss's weight in the objective: 1 / micro-batches */
+    int64_t *counts;       /* (E) global assignments per expert */
+    /* host, grown */
+    float *logits, *probs, *gates, *ys, *rows, *tokens;
+    int32_t *ids;
+    size_t cap_logits, cap_probs, cap_gates, cap_ids, cap_ys, cap_rows, cap_tokens;
+    /* backend, grown: router logits / its gradient (N, E); the experts' input rows (rows, C),
+     * hidden before and after GELU (rows, Fe/tp), output rows (rows, C) and the combined
+     * output (N, C) */
+    ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_y;
+} ct_moe_acts;
+
+static void *grow_host(void *p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return p;
+    free(p);
+    *cap = bytes;
+    return ct_xmalloc(bytes);
+}
+
+/* A (rows, cols) view of *buf, which is first grown to hold it; free the view. */
+static ct_tensor *grown_view(ct_model *m, ct_tensor **buf, ct_dtype dt, int64_t rows,
+                             int64_t cols) {
+    int64_t n = CT_MAX(1, rows * cols);
+    if (!*buf || (*buf)->numel < n || (*buf)->dtype != dt) {
+        ct_tensor_free(*buf);
+        *buf = ct_tensor_new_1d(m->be, dt, n, CT_MEM_ACTS);
+        CT_ASSERTF(*buf, "out of memory for the MoE layer's %lld x %lld rows", (long long)rows,
+                   (long long)cols);
+    }
+    return ct_tensor_view_2d(*buf, 0, rows, cols);
+}
+
+void ct_moe_acts_free(struct ct_moe_acts *ma) {
+    if (!ma) return;
+    ct_moe_plan_free(ma->plan);
+    free(ma->counts);
+    free(ma->logits), free(ma->probs), free(ma->gates), free(ma->ys), free(ma->rows);
+    free(ma->tokens), free(ma->ids);
+    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h, ma->t_g, ma->t_ye, ma->t_dh, ma->t_y};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
+    free(ma);
+}
+
+static ct_router_kind router_kind(const ct_model *m) {
+    switch (m->mc.moe_router) {
+    case CT_MOE_SOFTMAX_TOPK: return CT_ROUTER_SOFTMAX_TOPK;
+    case CT_MOE_SIGMOID: return CT_ROUTER_SIGMOID;
+    default: return CT_ROUTER_TOPK_SOFTMAX;
+    }
+}
+
+/* Expert j's tensor `which` (0 w_up, 1 b_up, 2 w_down, 3 b_down) of layer l, j local (0 ≤ j <
+ * E / ep): the registry holds four consecutive entries per expert (build_registry). */
+static const ct_param *expert_param(const ct_model *m, int l, int j, int which) {
+    const ct_param *p = m->layers[l].moe_experts + 4 * j + which;
+    CT_ASSERT(p->layer == l &&
+              p->expert == m->layout.ep_rank * (int)(m->mc.moe_experts / m->layout.ep_size) + j);
+    return p;
+}
+
+/* The index of layer l among this rank's MoE layers (for the step's statistics). */
+static int moe_index(const ct_model *m, int l) {
+    int n = 0;
+    for (int c = 0; c < m->layout.n_chunks; c++)
+        for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
+            int k = m->layout.chunks[c].first_layer + i;
+            if (k == l) return n;
+            n += ct_moe_layer(&m->mc, k);
+        }
+    CT_ASSERTF(false, "layer %d is not on this rank", l);
+    return -1;
+}
+
+void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
+    const ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    if (!la->moe) la->moe = ct_xcalloc(1, sizeof *la->moe);
+    ct_moe_acts *ma = la->moe;
+    const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k;
+    const int64_t N = ct_tensor_rows(la->ln2), Fl = p->moe_experts->local_shape[0];
+    const int El = (int)(E / m->layout.ep_size);
+    ma->N = N;
+
+    /* The router: logits in fp32 on the backend, choices on the host. */
+    ct_tensor *logits = grown_view(m, &ma->t_logits, CT_DTYPE_F32, N, E);
+    ct_gemm(logits, la->ln2, p->moe_router->value, false, true, 1.0f, 0.0f);
+    ma->logits = grow_host(ma->logits, &ma->cap_logits, (size_t)(N * E) * sizeof(float));
+    ma->probs = grow_host(ma->probs, &ma->cap_probs, (size_t)(N * E) * sizeof(float));
+    ct_tensor_to_host(ma->logits, logits);
+    ct_tensor_free(logits);
+    ma->gates = grow_host(ma->gates, &ma->cap_gates, (size_t)(N * k) * sizeof(float));
+    ma->ids = grow_host(ma->ids, &ma->cap_ids, (size_t)(N * k) * sizeof(int32_t));
+    ct_router_fwd(router_kind(m), ma->logits, NULL, N, (int)E, (int)k, ma->probs, ma->ids,
+                  ma->gates);
+    ct_moe_plan_free(ma->plan);
+    ma->plan = ct_moe_plan_new(m->layout.ep, ma->ids, N, (int)k, (int)E);
+
+    /* The balancing loss's statistics over the global micro-batch: the assignments and the
+     * probabilities summed per expert, this rank's then every dp × cp rank's. */
+    double *stat = ct_xcalloc((size_t)(2 * E), sizeof *stat);
+    for (int64_t e = 0; e < E; e++) stat[e] = (double)ct_moe_plan_sent_to(ma->plan, (int)e);
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t e = 0; e < E; e++) stat[E + e] += ma->probs[t * E + e];
+    int groups = 1;
+    if (m->layout.dpcp && m->layout.dpcp->size > 1) {
+        ct_comm_allreduce(m->layout.dpcp, stat, 2 * E, CT_DTYPE_F64, CT_REDUCE_SUM);
+        groups = m->layout.dpcp->size;
+    }
+    if (!ma->counts) ma->counts = ct_xcalloc((size_t)E, sizeof *ma->counts);
+    for (int64_t e = 0; e < E; e++) ma->counts[e] = (int64_t)stat[e];
+    ma->tokens_global = N * groups;
+    /* The objective averages the balancing loss over the step's micro-batches: dloss is
+     * 1 / (tokens of the step), so dloss · (tokens of a global micro-batch) = 1 / micro-batches */
+    ma->aux_scale = a->dloss * (float)ma->tokens_global;
+    if (a->dloss != 0.0f && !m->recomputing) {
+        /* a training forward (not the backward's rebuild): the step's statistics */
+        int idx = moe_index(m, l);
+        if (m->mc.moe_aux_alpha > 0)
+            m->moe_aux_sum += ct_router_aux_loss(ma->counts, stat + E, ma->tokens_global, (int)E,
+                                                 (int)k, m->mc.moe_aux_alpha) *
+                              (double)ma->aux_scale;
+        for (int64_t e = 0; e < E; e++) m->moe_counts[idx * E + e] += ma->counts[e];
+    }
+    free(stat);
+
+    /* Dispatch: each (token, slot)'s row to its expert's rank, grouped by local expert. */
+    const int64_t rows = ct_moe_plan_rows(ma->plan);
+    ma->tokens = grow_host(ma->tokens, &ma->cap_tokens, (size_t)(N * C) * sizeof(float));
+    ma->rows = grow_host(ma->rows, &ma->cap_rows, (size_t)CT_MAX(1, rows * C) * sizeof(float));
+    ct_tensor_to_host_f32(ma->tokens, la->ln2);
+    ct_moe_dispatch(ma->plan, ma->tokens, C, ma->rows);
+    ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
+    ct_tensor *ye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
+    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Fl);
+    ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
+    if (rows) ct_tensor_from_host_f32(xe, ma->rows);
+
+    /* The experts, one GEMM pair each over the rows it received. */
+    for (int j = 0; j < El; j++) {
+        const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
+                      n = ct_moe_plan_expert_rows(ma->plan, j);
+        if (!n) continue;
+        ct_tensor *xj = ct_tensor_view_2d(xe, r0 * C, n, C),
+                  *yj = ct_tensor_view_2d(ye, r0 * C, n, C);
+        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Fl, n, Fl),
+                  *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
+        ct_gemm_bias_gelu(hj, gj, xj, expert_param(m, l, j, 0)->value,
+                          expert_param(m, l, j, 1)->value);
+        if (m->layout.tp_rank == 0) /* b_down once over the tp group */
+            ct_gemm_bias(yj, gj, expert_param(m, l, j, 2)->value, expert_param(m, l, j, 3)->value);
+        else
+            ct_gemm(yj, gj, expert_param(m, l, j, 2)->value, false, true, 1.0f, 0.0f);
+        ct_tensor_free(xj), ct_tensor_free(yj), ct_tensor_free(hj), ct_tensor_free(gj);
+        ct_model_poll(m);
+    }
+
+    /* Combine: the rows back to their tokens, gate-weighted, slot order. */
+    if (rows) ct_tensor_to_host_f32(ma->rows, ye);
+    ma->ys = grow_host(ma->ys, &ma->cap_ys, (size_t)CT_MAX(1, N * k * C) * sizeof(float));
+    ct_moe_combine(ma->plan, ma->rows, ma->gates, C, ma->ys, ma->tokens);
+    ct_tensor_free(xe), ct_tensor_free(ye), ct_tensor_free(h), ct_tensor_free(g);
+
+    /* out = mid + y, y summed over the tp group (reduce-scattered under sequence parallelism) */
+    ct_tensor *y = grown_view(m, &ma->t_y, m->dtype, N, C);
+    ct_tensor_from_host_f32(y, ma->tokens);
+    if (m->layout.sequence_parallel && m->layout.tp_size > 1) {
+        ct_model_seq_reduce_scatter(m, out, y);
+    } else {
+        ct_model_tp_allreduce(m, y, CT_REDUCE_SUM);
+        ct_tensor_copy(out, y);
+    }
+    ct_axpy(out, la->mid, 1.0f);
+    ct_tensor_free(y);
+}
+
+ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
+    const ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    ct_moe_acts *ma = la->moe;
+    CT_ASSERTF(ma && ma->plan, "layer %d: MoE backward without its forward", l);
+    const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k, N = ma->N;
+    const int64_t Fl = p->moe_experts->local_shape[0], rows = ct_moe_plan_rows(ma->plan);
+    const int El = (int)(E / m->layout.ep_size);
+    const bool tp0 = m->layout.tp_rank == 0;
+    /* replicated gradients: every tp rank's are the same; summed over tp under SP */
+    const bool replicated_grads = tp0 || !m->layout.sequence_parallel;
+
+    /* Combine's backward: dgates (partial over tp: ys is) and the experts' output gradients. */
+    const ct_tensor *dy = ct_model_dres_full(m, s);
+    ct_tensor_to_host_f32(ma->tokens, dy);
+    float *dgates = ct_xmalloc((size_t)CT_MAX(1, N * k) * sizeof *dgates);
+    ct_moe_combine_bwd(ma->plan, ma->tokens, ma->ys, ma->gates, C, dgates, ma->rows);
+    if (m->layout.tp_size > 1)
+        ct_comm_allreduce(m->layout.tp, dgates, N * k, CT_DTYPE_F32, CT_REDUCE_SUM);
+
+    /* The experts' backward; dye's rows become dxe's. */
+    ct_tensor *dye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
+    ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
+    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Fl);
+    ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
+    ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Fl);
+    if (rows) ct_tensor_from_host_f32(dye, ma->rows);
+    for (int j = 0; j < El; j++) {
+        const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
+                      n = ct_moe_plan_expert_rows(ma->plan, j);
+        if (!n) continue;
+        const ct_param *w_up = expert_param(m, l, j, 0), *b_up = expert_param(m, l, j, 1);
+        const ct_param *w_down = expert_param(m, l, j, 2), *b_down = expert_param(m, l, j, 3);
+        ct_tensor *dyj = ct_tensor_view_2d(dye, r0 * C, n, C),
+                  *xj = ct_tensor_view_2d(xe, r0 * C, n, C);
+        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Fl, n, Fl),
+                  *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
+        ct_tensor *dhj = ct_tensor_view_2d(dh, r0 * Fl, n, Fl);
+        ct_gemm(dhj, dyj, w_down->value, false, false, 1.0f, 0.0f); /* dg = dye·W_down */
+        ct_gemm(w_down->grad, dyj, gj, true, false, 1.0f, 1.0f);
+        if (replicated_grads) ct_bias_grad(b_down->grad, dyj);
+        ct_gelu_bwd(dhj, b_up->grad, hj, dhj);                    /* dh, and b_up's gradient */
+        ct_gemm(dyj, dhj, w_up->value, false, false, 1.0f, 0.0f); /* dxe = dh·W_up, over dye */
+        ct_model_linear_bwd_params(dhj, xj, w_up->grad, NULL);
+        ct_tensor_free(dyj), ct_tensor_free(xj), ct_tensor_free(hj), ct_tensor_free(gj);
+        ct_tensor_free(dhj);
+        ct_model_poll(m);
+    }
+    if (rows) ct_tensor_to_host_f32(ma->rows, dye);
+    ct_tensor_free(dye), ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
+    ct_tensor_free(dh);
+
+    /* Dispatch's backward: each token's k row gradients summed (partial over tp). */
+    ct_moe_dispatch_bwd(ma->plan, ma->rows, C, ma->tokens);
+    ct_tensor_from_host_f32(s->dln, ma->tokens);
+
+    /* The router's backward, through the gates and the balancing loss. */
+    float *dlogits = ct_xmalloc((size_t)(N * E) * sizeof *dlogits);
+    ct_router_bwd(router_kind(m), ma->logits, ma->ids, dgates, N, (int)E, (int)k, dlogits);
+    if (m->mc.moe_aux_alpha > 0 && ma->aux_scale != 0.0f)
+        ct_router_aux_bwd(router_kind(m), ma->logits, ma->counts, ma->tokens_global, N, (int)E,
+                          (int)k, m->mc.moe_aux_alpha, ma->aux_scale, dlogits);
+    free(dgates);
+    ct_tensor *dl = grown_view(m, &ma->t_y, m->dtype, N, E);
+    ct_tensor_from_host_f32(dl, dlogits);
+    free(dlogits);
+    if (tp0) ct_gemm(s->dln, dl, p->moe_router->value, false, false, 1.0f, 1.0f);
+    if (replicated_grads) ct_gemm(p->moe_router->grad, dl, la->ln2, true, false, 1.0f, 1.0f);
+    ct_tensor_free(dl);
+    return ct_model_dln_reduced(m, s);
+}
+
+void ct_model_moe_stats(ct_model *m, double *aux, int64_t *counts) {
+    const int64_t E = m->mc.moe_experts;
+    *aux = m->moe_aux_sum;
+    for (int64_t e = 0; e < E; e++) {
+        counts[e] = 0;
+        for (int i = 0; i < m->n_moe_layers; i++) counts[e] += m->moe_counts[i * E + e];
+    }
+    m->moe_aux_sum = 0;
+    memset(m->moe_counts, 0, (size_t)(m->n_moe_layers * E) * sizeof *m->moe_counts);
+}
+
+uint64_t ct_model_moe_routing_digest(const ct_acts *a) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over every MoE layer's expert choices */
+    for (int l = 0; l < a->n_layers; l++) {
+        const ct_moe_acts *ma = a->layers[l].moe;
+        if (!ma || !ma->plan) continue;
+        const int64_t n = ma->N * a->model->mc.moe_top_k;
+        for (int64_t i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)ma->ids[i]) * 1099511628211ull;
+    }
+    return h;
+}

@@ -24,6 +24,15 @@
  *   ZeRO 2-3. With context parallelism T is this rank's seq_len / cp positions (the position
  *   table's gradient stays T_seq·C).
  */
+/* MoE layers among the chunks of `lay`. */
+static double moe_layers(const ct_config *cfg, const ct_model_layout *lay) {
+    double n = 0;
+    for (int c = 0; c < lay->n_chunks; c++)
+        for (int i = 0; i < lay->chunks[c].n_layers; i++)
+            n += ct_moe_layer(&cfg->model, lay->chunks[c].first_layer + i);
+    return n;
+}
+
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     double N = (double)cfg->parallel.tp;
     if (N <= 1) return 0.0;
@@ -42,11 +51,17 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
     double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
     double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
+    /* MoE layers (moe.c): the gate gradients, (B·T, k) fp32, summed over the group */
+    const double moe = moe_layers(cfg, lay), E = (double)cfg->model.moe_experts;
+    per_mb += moe * B * T * (double)cfg->model.moe_top_k * 4.0;
     double total = ring * per_mb * (double)m;
     if (cfg->parallel.sequence_parallel) {
         const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
-        double replicated =
-            llama ? 2.0 * L * C + head * C : 6.0 * L * C + embed * T_seq * C + head * 2.0 * C;
+        /* an MoE layer's replicated tensors: the norms and bo (5C), the router (E·C) and each of
+         * its experts' b_down (E/ep · C) instead of the MLP's b_down */
+        double replicated = llama ? 2.0 * L * C + head * C
+                                  : 6.0 * L * C + embed * T_seq * C + head * 2.0 * C +
+                                        moe * (E + E / (double)cfg->parallel.ep - 1.0) * C;
         total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;
@@ -69,7 +84,16 @@ double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
                          (double)cfg->derived.head_dim;
     const double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
     const double rings = cfg->train.recompute == CT_RECOMPUTE_FULL ? 3.0 : 2.0;
-    return L * (double)m * block * (rings * (cp - 1.0) * act + cp * 4.0);
+    /* MoE layers with the balancing loss: each sequence's expert counts and probabilities,
+     * 2·E doubles a sequence, summed over the group in every training forward (moe.c) */
+    double moe_stats = 0.0;
+    if (cfg->model.moe_aux_alpha > 0) {
+        const uint64_t bytes = (uint64_t)(2 * cfg->train.micro_batch * cfg->model.moe_experts * 8);
+        const double forwards = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 : 1.0;
+        moe_stats = moe_layers(cfg, lay) * forwards * (double)m *
+                    (double)(2 * bytes * (uint64_t)(cp - 1) / (uint64_t)cp);
+    }
+    return L * (double)m * block * (rings * (cp - 1.0) * act + cp * 4.0) + moe_stats;
 }
 
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {

@@ -209,6 +209,14 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_num(m, "cp_wait_s", "%.4f", s->cp_wait);
     ct_metrics_uint(m, "mem_bytes", ct_backend_mem_total(t->be));
     ct_metrics_int(m, "host_copies", s->host_copies);
+    if (t->cfg->model.moe_experts) {
+        ct_metrics_num(m, "moe_aux_loss", "%.9g", s->moe_aux);
+        ct_metrics_num(m, "moe_load_min", "%.0f", s->moe_load_min);
+        ct_metrics_num(m, "moe_load_mean", "%.6g", s->moe_load_mean);
+        ct_metrics_num(m, "moe_load_max", "%.0f", s->moe_load_max);
+        ct_metrics_num(m, "moe_imbalance", "%.6g",
+                       s->moe_load_mean > 0 ? s->moe_load_max / s->moe_load_mean : 0.0);
+    }
     ct_metrics_end(m);
 }
 
@@ -236,6 +244,11 @@ void ct_report_progress(trainer *t, const step_stats *s) {
            t->gemm_rate > 0 ? 100.0 * rate / t->gemm_rate : 0.0,
            1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
            1e3 * t->interval_exposed / steps, 1e3 * t->interval_bubble / steps, mem, eta);
+    if (cfg->model.moe_experts && s->moe_load_mean > 0)
+        printf("             moe: balancing loss %.5f | tokens per expert min %.0f mean %.1f max "
+               "%.0f (imbalance %.2f)\n",
+               s->moe_aux, s->moe_load_min, s->moe_load_mean, s->moe_load_max,
+               s->moe_load_max / s->moe_load_mean);
     if (cfg->log.profile) {
         const int n_groups = (int)CT_ARRAY_LEN(t->groups);
         print_profile(t->be, t->groups, n_groups, ct_now() - t->profile_start, steps);

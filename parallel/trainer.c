@@ -270,6 +270,32 @@ static double dp_sum(trainer *t, double x) {
     return x;
 }
 
+/* The step's MoE statistics (step_stats), summed over every rank: the tp ranks of a group
+ * route the same tokens (tp rank 0 counts them), and the cp ranks of a sequence hold its whole
+ * balancing loss (cp rank 0 counts it). */
+static void moe_step_stats(trainer *t, step_stats *s) {
+    const int64_t E = t->cfg->model.moe_experts;
+    if (!E) return;
+    double *v = ct_xcalloc((size_t)(E + 1), sizeof *v);
+    int64_t *counts = ct_xcalloc((size_t)E, sizeof *counts);
+    ct_model_moe_stats(t->model, &v[0], counts);
+    if (t->pctx->tp_rank != 0 || t->pctx->cp_rank != 0) v[0] = 0.0;
+    if (t->pctx->tp_rank == 0)
+        for (int64_t e = 0; e < E; e++) v[1 + e] = (double)counts[e];
+    ct_comm_allreduce(t->pctx->world, v, E + 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    s->moe_aux = v[0];
+    s->moe_load_min = s->moe_load_max = v[1];
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; e++) {
+        s->moe_load_min = CT_MIN(s->moe_load_min, v[1 + e]);
+        s->moe_load_max = CT_MAX(s->moe_load_max, v[1 + e]);
+        sum += v[1 + e];
+    }
+    s->moe_load_mean = sum / (double)E;
+    free(v);
+    free(counts);
+}
+
 /* Mean loss over eval_steps global batches of the validation set, from its first samples so
  * every evaluation sees the same data. *val_loss is set on every rank; a corrupt validation
  * sample is agreed on like a training one. */
@@ -417,6 +443,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     ct_dp_sync_tied(t->dp, t->pctx->embed_comm);
     if (t->pipeline) loss_sum = pp_sum(t, loss_sum);
     s->loss = dp_sum(t, loss_sum) / t->tokens_per_step;
+    moe_step_stats(t, s);
     /* Each rank summed its own slice (replicated tensors on tp rank 0 only): add up the
      * slices of the model-parallel group. */
     double sumsq = ct_dp_grad_sumsq(t->dp);

@@ -69,6 +69,10 @@ typedef struct step_stats {
     uint64_t dp_bytes, tp_bytes, cp_bytes; /* sent by this rank, ring model */
     double cp_wait;      /* seconds this rank waited in the ring's sends and receives (cp group) */
     int64_t host_copies; /* copies from the backend to the host during the step */
+    /* Mixture of Experts (model.moe_experts > 0): the balancing loss (summed over MoE layers,
+     * averaged over micro-batches; part of the objective, not of `loss`) and the tokens each
+     * expert received in the step, summed over layers: least, mean and most */
+    double moe_aux, moe_load_min, moe_load_mean, moe_load_max;
 } step_stats;
 
 /* report.c: rank 0's start-up report, from the constants start_run fixed. */

@@ -139,8 +139,8 @@ const config_key config_keys[] = {
             "go to the lower expert"},
     {KEY(model, moe_aux_alpha, KEY_FLOAT), .def = "0.01", AT_LEAST(0), AT_MOST(1000),
      .doc = "MoE: weight of the Switch/GShard load-balancing loss (alpha at uniform routing), "
-            "counted over the tokens of each global micro-batch so that no layout changes it; 0 = "
-            "none"},
+            "counted per sequence and averaged over the batch's sequences, so that no layout "
+            "changes it; 0 = none"},
 
     /* parallel */
     {KEY(parallel, tp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(1048576),

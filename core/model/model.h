@@ -425,10 +425,10 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                             float dloss);
 
 /* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset:
- * *aux = their balancing losses, each micro-batch's weighted as in the objective (1 / the step's
- * micro-batches), summed over layers; counts[e] (moe_experts entries) = the tokens of the global
- * micro-batches routed to expert e, summed over micro-batches and layers. Training forwards only
- * (dloss != 0, not a recompute). */
+ * *aux = the balancing losses of the sequences this rank holds (each whole sequence's, counted
+ * once per cp rank), weighted as in the objective (1 / the step's sequences), summed over layers;
+ * counts[e] (moe_experts entries) = this rank's tokens routed to expert e, summed over
+ * micro-batches and layers. Training forwards only (dloss != 0, not a recompute). */
 void ct_model_moe_stats(ct_model *model, double *aux, int64_t *counts);
 
 /* A digest of the experts every token of `acts`'s last forward was routed to, in every MoE layer

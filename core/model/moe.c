@@ -21,10 +21,12 @@
  * rank 0 contributes them; the router's part of ∂L/∂ln2 is added by tp rank 0 alone, since
  * ∂L/∂ln2 is summed over the group.
  *
- * The balancing loss (moe_router.h, ct_router_aux_loss) counts the tokens of the global
- * micro-batch: counts and summed probabilities are added over the dp × cp group, T is the global
- * micro-batch's tokens. It is part of the objective, averaged over micro-batches like the
- * language-model loss, and reported apart from it (ct_model_moe_stats).
+ * The balancing loss (moe_router.h, ct_router_aux_loss) is counted per sequence — T is a
+ * sequence's tokens, its counts and summed probabilities those of the whole sequence (added over
+ * the cp group) — and averaged over the step's sequences, like the language-model loss over its
+ * tokens: the one unit that no layout changes (a micro-batch's tokens change with micro_batch,
+ * and a global micro-batch's, micro_batch × dp sequences, with dp). It is part of the objective
+ * and reported apart from the language-model loss (ct_model_moe_stats).
  */
 #include "model_collectives.h"
 #include "model_layer.h"
@@ -39,9 +41,9 @@
 typedef struct ct_moe_acts {
     int64_t N; /* tokens (B·T on this rank) */
     ct_moe_plan *plan;
-    int64_t tokens_global; /* tokens of the global micro-batch (the balancing loss's T) */
-    float aux_scale;       /* the balancing loss's weight in the objective: 1 / micro-batches */
-    int64_t *counts;       /* (E) global assignments per expert */
+    float aux_scale; /* a sequence's balancing loss's weight in the objective (0: not in it) */
+    int64_t *counts; /* (B, E) assignments per expert of each sequence (all of it, over cp) */
+    size_t cap_counts;
     /* host, grown */
     float *logits, *probs, *gates, *ys, *rows, *tokens;
     int32_t *ids;
@@ -137,31 +139,35 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_moe_plan_free(ma->plan);
     ma->plan = ct_moe_plan_new(m->layout.ep, ma->ids, N, (int)k, (int)E);
 
-    /* The balancing loss's statistics over the global micro-batch: the assignments and the
-     * probabilities summed per expert, this rank's then every dp × cp rank's. */
-    double *stat = ct_xcalloc((size_t)(2 * E), sizeof *stat);
-    for (int64_t e = 0; e < E; e++) stat[e] = (double)ct_moe_plan_sent_to(ma->plan, (int)e);
-    for (int64_t t = 0; t < N; t++)
-        for (int64_t e = 0; e < E; e++) stat[E + e] += ma->probs[t * E + e];
-    int groups = 1;
-    if (m->layout.dpcp && m->layout.dpcp->size > 1) {
-        ct_comm_allreduce(m->layout.dpcp, stat, 2 * E, CT_DTYPE_F64, CT_REDUCE_SUM);
-        groups = m->layout.dpcp->size;
+    /* The balancing loss, per sequence (its T: the sequence's tokens, whatever the layout):
+     * assignments and probabilities summed per expert over each sequence's rows, then over the
+     * cp group, which holds the rest of every sequence. */
+    const int64_t B = a->B, Tl = m->T, Ts = m->T_seq;
+    CT_ASSERT(N == B * Tl);
+    double *stat = ct_xcalloc((size_t)(2 * B * E), sizeof *stat);
+    for (int64_t t = 0; t < N; t++) {
+        double *st = stat + t / Tl * 2 * E;
+        for (int64_t j = 0; j < k; j++) st[ma->ids[t * k + j]] += 1.0;
+        for (int64_t e = 0; e < E; e++) st[E + e] += ma->probs[t * E + e];
     }
-    if (!ma->counts) ma->counts = ct_xcalloc((size_t)E, sizeof *ma->counts);
-    for (int64_t e = 0; e < E; e++) ma->counts[e] = (int64_t)stat[e];
-    ma->tokens_global = N * groups;
-    /* The objective averages the balancing loss over the step's micro-batches: dloss is
-     * 1 / (tokens of the step), so dloss · (tokens of a global micro-batch) = 1 / micro-batches */
-    ma->aux_scale = a->dloss * (float)ma->tokens_global;
+    const bool aux = m->mc.moe_aux_alpha > 0 && a->dloss != 0.0f;
+    if (aux && m->layout.cp_size > 1)
+        ct_comm_allreduce(m->layout.cp, stat, 2 * B * E, CT_DTYPE_F64, CT_REDUCE_SUM);
+    ma->counts = grow_host(ma->counts, &ma->cap_counts, (size_t)(B * E) * sizeof *ma->counts);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t e = 0; e < E; e++) ma->counts[b * E + e] = (int64_t)stat[b * 2 * E + e];
+    /* Each sequence's loss weighs 1 / (sequences of the step) in the objective, as its tokens'
+     * language-model losses weigh dloss = 1 / (tokens of the step) each. */
+    ma->aux_scale = aux ? a->dloss * (float)Ts : 0.0f;
     if (a->dloss != 0.0f && !m->recomputing) {
         /* a training forward (not the backward's rebuild): the step's statistics */
         int idx = moe_index(m, l);
-        if (m->mc.moe_aux_alpha > 0)
-            m->moe_aux_sum += ct_router_aux_loss(ma->counts, stat + E, ma->tokens_global, (int)E,
-                                                 (int)k, m->mc.moe_aux_alpha) *
+        for (int64_t b = 0; b < B && aux; b++)
+            m->moe_aux_sum += ct_router_aux_loss(ma->counts + b * E, stat + b * 2 * E + E, Ts,
+                                                 (int)E, (int)k, m->mc.moe_aux_alpha) *
                               (double)ma->aux_scale;
-        for (int64_t e = 0; e < E; e++) m->moe_counts[idx * E + e] += ma->counts[e];
+        for (int64_t e = 0; e < E; e++)
+            m->moe_counts[idx * E + e] += ct_moe_plan_sent_to(ma->plan, (int)e);
     }
     free(stat);
 
@@ -274,9 +280,11 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     /* The router's backward, through the gates and the balancing loss. */
     float *dlogits = ct_xmalloc((size_t)(N * E) * sizeof *dlogits);
     ct_router_bwd(router_kind(m), ma->logits, ma->ids, dgates, N, (int)E, (int)k, dlogits);
-    if (m->mc.moe_aux_alpha > 0 && ma->aux_scale != 0.0f)
-        ct_router_aux_bwd(router_kind(m), ma->logits, ma->counts, ma->tokens_global, N, (int)E,
-                          (int)k, m->mc.moe_aux_alpha, ma->aux_scale, dlogits);
+    if (ma->aux_scale != 0.0f) /* the balancing loss, sequence by sequence */
+        for (int64_t b = 0; b < N / m->T; b++)
+            ct_router_aux_bwd(router_kind(m), ma->logits + b * m->T * E, ma->counts + b * E,
+                              m->T_seq, m->T, (int)E, (int)k, m->mc.moe_aux_alpha, ma->aux_scale,
+                              dlogits + b * m->T * E);
     free(dgates);
     ct_tensor *dl = grown_view(m, &ma->t_y, m->dtype, N, E);
     ct_tensor_from_host_f32(dl, dlogits);

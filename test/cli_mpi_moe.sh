@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Mixture of Experts (core/README.md, Mixture of Experts) under mpirun: a GPT-2 whose every other
+# layer is an MoE layer (8 experts, 2 a token, the balancing loss on) trained in layouts of dp,
+# ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp and recompute,
+# against world size 1 (test/compare_runs.py: losses and every parameter, its derived tolerance);
+# the MoE metrics; the MoE keys' errors (exit 2 on every rank, with the numbers and a hint).
+. "$(dirname "$0")/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+base+=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_top_k=2
+       --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05)
+
+if reference_run "$tmp"; then
+    if python3 - "$tmp/ref.jsonl" <<'PY'; then ok "MoE metrics: balancing loss near alpha per layer, loads add up"; else fail "MoE metrics"; fi
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
+for s in steps:
+    # 2 MoE layers, alpha 0.05 each: the balancing loss is alpha at uniform routing and grows with
+    # imbalance (alpha * E at worst); 512 tokens a step, 2 layers, 2 experts each, 8 experts
+    assert 0.1 <= s["moe_aux_loss"] < 0.1 * 8, s
+    assert s["moe_load_mean"] == 512 * 2 * 2 / 8, s
+    assert s["moe_load_min"] <= s["moe_load_mean"] <= s["moe_load_max"], s
+    assert abs(s["moe_imbalance"] - s["moe_load_max"] / s["moe_load_mean"]) < 1e-5, s
+assert len(steps) == 4
+PY
+    # np  extra
+    while read -r np extra; do
+        name="np=$np $extra"
+        selected "$name" || continue
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" $extra \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            check_against_reference "$name" "$tmp"
+        fi
+    done <<'RUNS'
+2
+4 --set parallel.zero_stage=1
+4 --set parallel.zero_stage=3
+2 --set parallel.zero_stage=2 --set train.recompute=full
+2 --set parallel.tp=2
+4 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=2
+2 --set parallel.pp=2
+4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved
+2 --set parallel.cp=2
+RUNS
+fi
+
+expect_exit 2 "moe_top_k above moe_experts" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set model.moe_top_k=9
+expect_text "model.moe_top_k=9 is more than model.moe_experts=8" "top_k: both numbers named"
+expect_exit 2 "ep that does not divide dp" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.ep=4
+expect_text "parallel.ep=4 must divide both dp=2 and model.moe_experts=8" "ep: the numbers named"
+expect_text "ep values that divide both: 1, 2" "ep: a hint with the valid values"
+expect_exit 2 "ep without experts" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set model.moe_experts=0 --set parallel.ep=2
+expect_text "parallel.ep=2, but the model has no experts" "ep without experts named"
+expect_exit 2 "tp that does not divide the experts' width" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.tp=2 --set model.moe_d_ff=33
+expect_text "model.moe_d_ff=33" "moe_d_ff named"
+n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
+if [ "$n" = 1 ]; then ok "MoE config error printed once (rank 0)"; else fail "MoE config error printed $n times"; fi
+expect_exit 2 "ep above 1 (not yet)" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.ep=2
+expect_text "parallel.ep=2: training with experts spread over ranks is not implemented yet" "ep 2 refused, named"

@@ -46,10 +46,12 @@ typedef struct state_run {
 static ct_status for_each_run(ct_model *model, ct_dp *dp, const ct_pctx *pctx, bool saving,
                               ct_status (*fn)(void *ctx, const state_run *run), void *ctx) {
     const bool zero = ct_dp_stage(dp) >= 1;
-    if (saving && !zero && pctx->dpcp_comm->rank != 0) return CT_OK;
     for (int i = 0; i < ct_model_n_params(model); i++) {
         const ct_param *p = ct_model_param(model, i);
         if (saving && (p->tied_to || (p->tp_split_dim < 0 && pctx->tp_rank != 0))) continue;
+        /* unsharded state: one replica saves (an expert's: one of the ranks holding it) */
+        const bool experts = ct_model_unit(model, p->unit)->experts;
+        if (saving && !zero && (experts ? pctx->edp_comm : pctx->dpcp_comm)->rank != 0) continue;
         int64_t lo, n;
         ct_dp_unit_range(dp, p->unit, &lo, &n);
         int64_t a = CT_MAX(p->offset, lo), b = CT_MIN(p->offset + p->numel, lo + n);

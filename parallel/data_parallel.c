@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define STAGING_POOL 3
-#define GATHER_POOL 2
+#define GATHER_POOL 3
 
 typedef struct slot {
     ct_tensor *buf;
@@ -27,6 +27,11 @@ typedef struct slot {
 } slot;
 
 typedef struct dp_unit {
+    /* the group the unit is reduced and sharded over: the dp group, or for an MoE layer's
+     * experts the ranks holding the same experts (model.h, layout.edp); its size and this
+     * rank's place in it */
+    ct_comm *comm;
+    int N, rank;
     int64_t n, shard_n, shard_lo;
     bool dedicated;              /* the tied embedding: its own slots */
     ct_tensor *grad_shard;       /* stages 2-3: (shard_n) accumulated own gradients */
@@ -43,8 +48,11 @@ typedef struct dp_unit {
 
 struct ct_dp {
     ct_model *model;
-    ct_comm *comm;
+    ct_comm *comm; /* the dp group (dp × cp) */
+    ct_comm *edp;  /* the expert units' group (== comm without expert parallelism) */
     int stage, N, rank;
+    int n_gather; /* gather slots in use: 2, or GATHER_POOL with expert units (their bracket
+                     nests in their layer's) */
     ct_dtype reduce_dtype; /* gradients are reduced in this dtype (they accumulate in f32) */
     ct_optimizer *opt;
     dp_unit *units;
@@ -74,10 +82,10 @@ static void log_event(ct_dp *dp, ct_dp_event_kind kind, int unit) {
 }
 
 /* Waits for a request, counting the time as exposed communication. */
-static void timed_wait(ct_dp *dp, ct_comm_request *req) {
+static void timed_wait(ct_dp *dp, ct_comm *comm, ct_comm_request *req) {
     if (!req) return;
     double t0 = ct_now();
-    ct_comm_wait(dp->comm, req);
+    ct_comm_wait(comm, req);
     dp->exposed += ct_now() - t0;
 }
 
@@ -92,7 +100,7 @@ static slot *take_gather_slot(ct_dp *dp, int u) {
     if (dp->units[u].dedicated) {
         s = &dp->gather_dedicated;
     } else {
-        for (int i = 0; i < GATHER_POOL && !s; i++)
+        for (int i = 0; i < dp->n_gather && !s; i++)
             if (dp->gather_pool[i].owner < 0) s = &dp->gather_pool[i];
     }
     if (!s || s->owner >= 0) return NULL;
@@ -106,7 +114,7 @@ static void start_gather(ct_dp *dp, int u, slot *s) {
     du->gathered = s;
     log_event(dp, CT_DP_EVENT_GATHER_START, u);
     du->gather_req =
-        ct_comm_iallgather(dp->comm, du->param_shard->data, s->buf->data, du->n, s->buf->dtype);
+        ct_comm_iallgather(du->comm, du->param_shard->data, s->buf->data, du->n, s->buf->dtype);
     ct_model_bind_unit_params(dp->model, u, s->buf, 0);
 }
 
@@ -118,7 +126,7 @@ static void ensure_gathered(ct_dp *dp, int u) {
         start_gather(dp, u, s);
     }
     if (du->gather_req) {
-        timed_wait(dp, du->gather_req);
+        timed_wait(dp, du->comm, du->gather_req);
         du->gather_req = NULL;
         log_event(dp, CT_DP_EVENT_GATHER_DONE, u);
     }
@@ -151,7 +159,7 @@ static void complete_reduction(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
     bool reduced = du->reduce_req != NULL;
     if (du->reduce_req) {
-        timed_wait(dp, du->reduce_req);
+        timed_wait(dp, du->comm, du->reduce_req);
         du->reduce_req = NULL;
         if (!du->reduce_seen_done) log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
     }
@@ -219,10 +227,10 @@ static void start_reduction(ct_dp *dp, int u) {
     char *g = wire->data;
     size_t esize = ct_dtype_size(wire->dtype);
     if (dp->stage == 0) {
-        du->reduce_req = ct_comm_iallreduce(dp->comm, g, du->n, wire->dtype, CT_REDUCE_SUM);
+        du->reduce_req = ct_comm_iallreduce(du->comm, g, du->n, wire->dtype, CT_REDUCE_SUM);
     } else {
         /* In place: this rank's shard of the sums lands at its own offset. */
-        du->reduce_req = ct_comm_ireduce_scatter(dp->comm, g, g + (size_t)du->shard_lo * esize,
+        du->reduce_req = ct_comm_ireduce_scatter(du->comm, g, g + (size_t)du->shard_lo * esize,
                                                  du->n, wire->dtype, CT_REDUCE_SUM);
     }
     if (dp->stage >= 2) ct_model_bind_unit_grads(dp->model, u, NULL, 0);
@@ -292,14 +300,14 @@ static void hook_unit_end(void *ctx, int u, ct_pass pass) {
         if (layout->sequence_parallel && layout->tp_size > 1 && (dp->stage >= 2 || last))
             tp_reduce_replicated(dp, u);
         if (dp->stage >= 2) {
-            if (dp->N > 1) {
+            if (du->N > 1) {
                 start_reduction(dp, u);
             } else {
                 /* One rank: the reduction is the accumulation into the shard itself. */
                 ct_model_bind_unit_grads(dp->model, u, NULL, 0);
                 complete_reduction(dp, u);
             }
-        } else if (last && dp->N > 1) {
+        } else if (last && du->N > 1) {
             start_reduction(dp, u);
         }
     }
@@ -309,12 +317,13 @@ static void hook_unit_end(void *ctx, int u, ct_pass pass) {
 static void hook_poll(void *ctx) {
     ct_dp *dp = ctx;
     ct_comm_poll(dp->comm);
+    if (dp->edp != dp->comm) ct_comm_poll(dp->edp);
     if (!dp->logging) return;
     /* For the trace: when each reduction is first seen complete, so the trace shows reductions
      * finishing while backward still runs (completion itself stays in program order). */
     for (int u = 0; u < ct_model_n_units(dp->model); u++) {
         dp_unit *du = &dp->units[u];
-        if (du->reduce_req && !du->reduce_seen_done && ct_comm_test(dp->comm, du->reduce_req)) {
+        if (du->reduce_req && !du->reduce_seen_done && ct_comm_test(du->comm, du->reduce_req)) {
             du->reduce_seen_done = true;
             log_event(dp, CT_DP_EVENT_REDUCE_DONE, u);
         }
@@ -350,6 +359,9 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
     CT_ASSERT(reduce_dtype == CT_DTYPE_F32 || reduce_dtype == CT_DTYPE_BF16);
     dp->N = comm->size;
     dp->rank = comm->rank;
+    dp->edp = layout->edp ? layout->edp : comm;
+    if (dp->edp != comm) ct_comm_set_stream(dp->edp, ct_model_backend(model));
+    dp->n_gather = GATHER_POOL - 1;
     dp->backwards_per_step = 1;
     dp->created = ct_now();
     ct_backend *be = ct_model_backend(model);
@@ -366,9 +378,13 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
     for (int u = 0; u < nu; u++) {
         dp_unit *du = &dp->units[u];
         du->n = ct_model_unit(model, u)->padded_numel;
-        CT_ASSERT(du->n % dp->N == 0);
-        du->shard_n = du->n / dp->N;
-        du->shard_lo = (int64_t)dp->rank * du->shard_n;
+        du->comm = ct_model_unit(model, u)->experts ? dp->edp : comm;
+        if (ct_model_unit(model, u)->experts) dp->n_gather = GATHER_POOL;
+        du->N = du->comm->size;
+        du->rank = du->comm->rank;
+        CT_ASSERT(du->n % du->N == 0);
+        du->shard_n = du->n / du->N;
+        du->shard_lo = (int64_t)du->rank * du->shard_n;
         du->dedicated = tied_local && u == tied_unit;
         if (du->dedicated)
             dedicated_n = du->n;
@@ -385,7 +401,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
                 ct_tensor_new_1d(be, ct_model_dtype(model), du->shard_n, CT_MEM_PARAMS);
             if (!du->param_shard) st = CT_ERR_RUNTIME;
         }
-        if (!zero->shard_grads && reduce_dtype != CT_DTYPE_F32 && dp->N > 1 && st == CT_OK) {
+        if (!zero->shard_grads && reduce_dtype != CT_DTYPE_F32 && du->N > 1 && st == CT_OK) {
             du->reduce_buf = ct_tensor_new_1d(be, reduce_dtype, du->n, CT_MEM_COMM);
             if (!du->reduce_buf) st = CT_ERR_RUNTIME;
         }
@@ -406,7 +422,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
     }
     if (zero->shard_params) {
         const ct_dtype pd = ct_model_dtype(model);
-        for (int i = 0; i < GATHER_POOL && st == CT_OK; i++)
+        for (int i = 0; i < dp->n_gather && st == CT_OK; i++)
             st = alloc_slot(&dp->gather_pool[i], be, pool_n, pd, pd, CT_MEM_GATHERED);
         if (st == CT_OK)
             st = alloc_slot(&dp->gather_dedicated, be, dedicated_n, pd, pd, CT_MEM_GATHERED);
@@ -437,6 +453,8 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
 void ct_dp_free(ct_dp *dp) {
     if (!dp) return;
     if (dp->model) ct_comm_unset_stream(dp->comm, ct_model_backend(dp->model));
+    if (dp->model && dp->edp != dp->comm)
+        ct_comm_unset_stream(dp->edp, ct_model_backend(dp->model));
     if (dp->model && ct_model_hooks_of(dp->model)->ctx == dp)
         ct_model_set_hooks(dp->model, (ct_model_hooks){0});
     for (int u = 0; dp->units && u < ct_model_n_units(dp->model); u++) {
@@ -526,12 +544,29 @@ double ct_dp_grad_sumsq(ct_dp *dp) {
     ct_tensor **params = ct_xcalloc((size_t)nu, sizeof *params);
     ct_tensor **grads = ct_xcalloc((size_t)nu, sizeof *grads);
     for (int u = 0; u < nu; u++) unit_ranges(dp, u, &params[u], &grads[u]);
-    double sum = ct_optim_grad_sumsq(dp->opt, grads);
+    const bool spread = dp->edp != dp->comm; /* experts differ between dp ranks */
+    double sum;
+    if (spread && dp->stage == 0) {
+        /* Stage 0 holds every reduced gradient on every rank, but an expert's only on the ranks
+         * holding it: the experts' part once per expert-data-parallel group, the rest once */
+        ct_tensor **experts = ct_xcalloc((size_t)nu, sizeof *experts);
+        for (int u = 0; u < nu; u++)
+            if (ct_model_unit(dp->model, u)->experts) experts[u] = grads[u], grads[u] = NULL;
+        double dense = ct_optim_grad_sumsq(dp->opt, grads),
+               e = ct_optim_grad_sumsq(dp->opt, experts);
+        for (int u = 0; u < nu; u++)
+            if (experts[u]) grads[u] = experts[u];
+        free(experts);
+        sum = (dp->rank == 0 ? dense : 0.0) + (dp->edp->rank == 0 ? e : 0.0);
+    } else {
+        sum = ct_optim_grad_sumsq(dp->opt, grads);
+    }
     for (int u = 0; u < nu; u++) ct_tensor_free(params[u]), ct_tensor_free(grads[u]);
     free(params);
     free(grads);
-    /* Stage 0 holds the full reduced gradients on every rank; sharded stages sum their parts. */
-    if (dp->stage >= 1 && dp->N > 1) {
+    /* Stage 0 holds the full reduced gradients on every rank; sharded stages sum their parts
+     * (each expert unit's shards over its own group, the groups' experts over all of dp). */
+    if ((dp->stage >= 1 || spread) && dp->N > 1) {
         double t0 = ct_now();
         ct_comm_allreduce(dp->comm, &sum, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
         dp->exposed += ct_now() - t0;
@@ -544,7 +579,7 @@ static void drop_gathered(ct_dp *dp) {
     for (int u = 0; u < ct_model_n_units(dp->model); u++) {
         dp_unit *du = &dp->units[u];
         if (!du->gathered) continue;
-        if (du->gather_req) timed_wait(dp, du->gather_req);
+        if (du->gather_req) timed_wait(dp, du->comm, du->gather_req);
         du->gather_req = NULL;
         release_gathered(dp, u);
     }
@@ -598,10 +633,12 @@ static void gather_updated_params(ct_dp *dp) {
             const ct_tensor *params = ct_model_unit(dp->model, u)->params;
             char *all = params->data;
             size_t esize = ct_dtype_size(params->dtype);
-            reqs[u] = ct_comm_iallgather(dp->comm, all + (size_t)dp->units[u].shard_lo * esize, all,
-                                         dp->units[u].n, params->dtype);
+            if (dp->units[u].N == 1) continue;
+            reqs[u] =
+                ct_comm_iallgather(dp->units[u].comm, all + (size_t)dp->units[u].shard_lo * esize,
+                                   all, dp->units[u].n, params->dtype);
         }
-        for (int u = 0; u < nu; u++) timed_wait(dp, reqs[u]);
+        for (int u = 0; u < nu; u++) timed_wait(dp, dp->units[u].comm, reqs[u]);
         free(reqs);
     }
 }
@@ -654,13 +691,35 @@ uint64_t ct_zero_scalar_allreduce_bytes(int N) {
     return N <= 1 ? 0 : 2 * (uint64_t)sizeof(double) * (uint64_t)(N - 1) / (uint64_t)N;
 }
 
+/* Elements of this rank's units reduced over the dp group (experts false) or over the experts'
+ * group (true). */
+static int64_t elems_of(const ct_dp *dp, bool experts) {
+    int64_t n = 0;
+    for (int u = 0; u < ct_model_n_units(dp->model); u++)
+        if (ct_model_unit(dp->model, u)->experts == experts) n += dp->units[u].n;
+    return n;
+}
+
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
-    ct_zero_expected_memory(ct_dp_param_elems(dp), ct_dp_state_bytes(dp), dp->N, dp->stage, bytes);
+    size_t experts[CT_MEM_COUNT];
+    ct_zero_expected_memory(elems_of(dp, false), ct_dp_state_bytes(dp), dp->N, dp->stage, bytes);
+    ct_zero_expected_memory(elems_of(dp, true), ct_dp_state_bytes(dp), dp->edp->size, dp->stage,
+                            experts);
+    for (int c = 0; c < CT_MEM_COUNT; c++) bytes[c] += experts[c];
 }
 
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    return ct_zero_expected_step_bytes(ct_dp_param_elems(dp), ct_dp_state_bytes(dp), dp->N,
-                                       dp->stage, m);
+    const ct_state_bytes sb = ct_dp_state_bytes(dp);
+    double bytes = ct_zero_expected_step_bytes(elems_of(dp, false), sb, dp->N, dp->stage, m);
+    if (dp->edp == dp->comm)
+        return bytes + ct_zero_expected_step_bytes(elems_of(dp, true), sb, dp->N, dp->stage, m) -
+               (dp->stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(dp->N) : 0.0);
+    /* Experts spread over ranks: their passes over the experts' group (counted there), and the
+     * gradient norm's allreduce on the dp group at every stage (ct_dp_grad_sumsq) */
+    bytes += ct_zero_expected_step_bytes(elems_of(dp, true), sb, dp->edp->size, dp->stage, m) -
+             (dp->stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(dp->edp->size) : 0.0);
+    if (dp->stage == 0) bytes += (double)ct_zero_scalar_allreduce_bytes(dp->N);
+    return bytes;
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {
@@ -759,13 +818,13 @@ void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host) {
         /* bf16 training: the fp32 master weights are the parameters' true values (the bf16
          * ones are their rounding). Sharded at stages >= 1: gather them (host memory). */
         dp_unit *du = &dp->units[u];
-        if (dp->stage == 0 || dp->N == 1) {
+        if (dp->stage == 0 || du->N == 1) {
             ct_tensor_to_host(host, ou->master);
             return;
         }
         float *mine = ct_xmalloc((size_t)CT_MAX(1, du->shard_n) * sizeof(float));
         ct_tensor_to_host(mine, ou->master);
-        ct_comm_allgather(dp->comm, mine, host, du->n, CT_DTYPE_F32);
+        ct_comm_allgather(du->comm, mine, host, du->n, CT_DTYPE_F32);
         free(mine);
         return;
     }

@@ -90,6 +90,9 @@ static const float *unit_on_host(stream *s, int u) {
     return s->unit_buf;
 }
 
+static void send_tensor(stream *s, const ct_param *p, const char *name, const float *local,
+                        int owner_stage);
+
 /* One tensor of this stage: replicas compared, slices assembled, sent to rank 0 (stage ranks). */
 static void stream_param(stream *s, const ct_param *p, int owner_stage) {
     ct_pctx *pc = s->pctx;
@@ -102,6 +105,14 @@ static void stream_param(stream *s, const ct_param *p, int owner_stage) {
         if (!replicas_agree(pc->tp_comm, crc)) note_mismatch(s, p->name, "tensor-parallel");
     }
     if (pc->dpcp_comm->rank != 0) return; /* one replica goes to rank 0 */
+    send_tensor(s, p, p->name, local, owner_stage);
+}
+
+/* p's values `local` (this tp rank's slice) under `name`: the tp slices assembled, delivered
+ * (rank 0) or sent to rank 0 (tp rank 0 of another stage). Collective over the tp group. */
+static void send_tensor(stream *s, const ct_param *p, const char *name, const float *local,
+                        int owner_stage) {
+    ct_pctx *pc = s->pctx;
     int64_t rows = p->global_shape[0], cols = p->global_shape[1], numel = rows * cols;
     const float *global = local;
     if (p->tp_split_dim >= 0 && pc->tp > 1) {
@@ -112,16 +123,51 @@ static void stream_param(stream *s, const ct_param *p, int owner_stage) {
     }
     if (pc->tp_rank != 0) return;
     if (owner_stage == 0) { /* this is world rank 0 */
-        deliver(s, p->name, rows, cols, global);
+        deliver(s, name, rows, cols, global);
         return;
     }
     tensor_header h;
     memset(&h, 0, sizeof h);
-    snprintf(h.name, sizeof h.name, "%s", p->name);
+    snprintf(h.name, sizeof h.name, "%s", name);
     h.rows = rows;
     h.cols = cols;
     ct_comm_wait(pc->pp_comm, ct_comm_isend(pc->pp_comm, &h, sizeof h, CT_DTYPE_U8, 0, TAG_HEADER));
     ct_comm_wait(pc->pp_comm, ct_comm_isend(pc->pp_comm, global, numel, CT_DTYPE_F32, 0, TAG_DATA));
+}
+
+/* An MoE layer's expert unit u, spread over the ep group (each rank holding E / ep experts):
+ * replicas compared over the ranks holding the same experts, then the ep group of dp rank 0
+ * gathers every rank's unit and sends all experts, in the order of one rank (expert 0's
+ * tensors first). */
+static void stream_experts(stream *s, int u, int owner_stage) {
+    ct_pctx *pc = s->pctx;
+    const ct_unit *unit = ct_model_unit(s->model, u);
+    const float *mine = unit_on_host(s, u);
+    for (int i = 0; i < unit->n_params; i++) {
+        const ct_param *p = ct_model_param(s->model, unit->first_param + i);
+        s->checked++;
+        uint32_t crc = crc_of(mine + p->offset, p->numel);
+        if (!replicas_agree(pc->edp_comm, crc)) note_mismatch(s, p->name, "expert-data-parallel");
+        if (p->tp_split_dim < 0) {
+            s->checked++;
+            if (!replicas_agree(pc->tp_comm, crc)) note_mismatch(s, p->name, "tensor-parallel");
+        }
+    }
+    if (pc->edp_comm->rank != 0) return; /* the ep group of dp rank 0 */
+    float *all = ct_xmalloc((size_t)(unit->numel * pc->ep) * sizeof *all);
+    ct_comm_allgather(pc->ep_comm, mine, all, unit->numel * pc->ep, CT_DTYPE_F32);
+    if (pc->ep_rank == 0)
+        for (int r = 0; r < pc->ep; r++)
+            for (int i = 0; i < unit->n_params; i++) {
+                const ct_param *p = ct_model_param(s->model, unit->first_param + i);
+                /* rank r's expert in p's place: its index r·E/ep further */
+                const int e = p->expert + r * (unit->n_params / 4);
+                char name[64];
+                const char *kind = strrchr(p->name, '.') + 1;
+                snprintf(name, sizeof name, "layers.%d.moe.experts.%d.%s", p->layer, e, kind);
+                send_tensor(s, p, name, all + (int64_t)r * unit->numel + p->offset, owner_stage);
+            }
+    free(all);
 }
 
 /* Rank 0: the tensors of group g from stage `from`, as many as it sends. */
@@ -170,7 +216,7 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
         if (p->tied_to) continue; /* the twin: checked against wte (check_tied_twin) */
         int g = param_group(m, p);
         owner[g] = pctx->pp_rank;
-        count[g]++;
+        count[g] += p->expert >= 0 ? pctx->ep : 1; /* every rank of the ep group's experts */
         largest[g] = CT_MAX(largest[g], p->global_shape[0] * p->global_shape[1]);
         max_local = CT_MAX(max_local, p->numel);
     }
@@ -190,7 +236,12 @@ ct_status ct_param_stream(ct_model *m, ct_dp *dp, ct_pctx *pctx, ct_param_sink_f
         if (pctx->pp_rank == stage) {
             for (int i = 0; i < ct_model_n_params(m); i++) {
                 const ct_param *p = ct_model_param(m, i);
-                if (!p->tied_to && param_group(m, p) == g) stream_param(&s, p, stage);
+                if (p->tied_to || param_group(m, p) != g) continue;
+                const ct_unit *unit = ct_model_unit(m, p->unit);
+                if (!unit->experts || pctx->ep == 1)
+                    stream_param(&s, p, stage);
+                else if (i == unit->first_param) /* the whole unit at once */
+                    stream_experts(&s, p->unit, stage);
             }
         } else if (pctx->world_rank == 0) {
             receive_group(&s, stage, (int)count[g], max_global);

@@ -211,6 +211,7 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_int(m, "host_copies", s->host_copies);
     if (t->cfg->model.moe_experts) {
         ct_metrics_num(m, "moe_aux_loss", "%.9g", s->moe_aux);
+        ct_metrics_uint(m, "ep_bytes", s->ep_bytes);
         ct_metrics_num(m, "moe_load_min", "%.0f", s->moe_load_min);
         ct_metrics_num(m, "moe_load_mean", "%.6g", s->moe_load_mean);
         ct_metrics_num(m, "moe_load_max", "%.0f", s->moe_load_max);

@@ -162,6 +162,7 @@ static ct_status build_model(trainer *t) {
     layout.ep_rank = t->pctx->ep_rank;
     layout.ep_size = t->pctx->ep;
     layout.dpcp = t->pctx->dpcp_comm;
+    layout.edp = t->pctx->ep > 1 ? t->pctx->edp_comm : NULL;
     layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
     CT_TRY(ct_model_new(&t->model, cfg, t->be, &layout));
@@ -406,8 +407,9 @@ static void start_run(trainer *t) {
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
-    ct_comm *groups[] = {p->tp_comm,    p->dpcp_comm, p->pp_comm, p->mp_comm,
-                         p->embed_comm, p->world,     p->cp_comm};
+    ct_comm *groups[] = {p->tp_comm, p->dpcp_comm,  p->pp_comm,
+                         p->mp_comm, p->embed_comm, p->world,
+                         p->cp_comm, p->ep_comm,    p->ep > 1 ? p->edp_comm : NULL};
     memcpy(t->groups, groups, sizeof groups);
     for (int g = 0; g < (int)CT_ARRAY_LEN(t->groups); g++)
         if (t->groups[g]) t->groups[g]->seconds = 0.0;
@@ -435,6 +437,8 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
+    ct_comm_reset_counters(t->pctx->ep_comm);
+    if (t->pctx->ep > 1) ct_comm_reset_counters(t->pctx->edp_comm);
     const double cp_wait0 = t->pctx->cp_comm->seconds;
     ct_dp_begin_step(t->dp, (int)t->accum);
     double loss_sum = run_microbatches(t, true, t->dloss);
@@ -458,6 +462,9 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     s->exposed = ct_dp_exposed_seconds(t->dp);
     s->host_copies = t->be->host_copies - copies;
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dpcp_comm->bytes[k];
+    if (t->pctx->ep > 1) /* the expert units' reductions (data_parallel.h) */
+        for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->edp_comm->bytes[k];
+    for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->ep_bytes += t->pctx->ep_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->tp_bytes += t->pctx->tp_comm->bytes[k];
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->cp_bytes += t->pctx->cp_comm->bytes[k];
     s->cp_wait = t->pctx->cp_comm->seconds - cp_wait0;

@@ -44,7 +44,7 @@ typedef struct trainer {
     double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
     char peak_how[128];        /* how hw_peak was found */
     double dp_bytes_expected, tp_bytes_expected, cp_bytes_expected; /* per step, by formula */
-    ct_comm *groups[7]; /* every group, for the profile's communication time */
+    ct_comm *groups[9]; /* every group, for the profile's communication time */
 
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
@@ -67,6 +67,7 @@ typedef struct step_stats {
     bool stop;   /* not run: a stop was agreed on at its start */
     double seconds, exposed, bubble;
     uint64_t dp_bytes, tp_bytes, cp_bytes; /* sent by this rank, ring model */
+    uint64_t ep_bytes;   /* MoE dispatch and combine: rows sent to other ranks, and the counts */
     double cp_wait;      /* seconds this rank waited in the ring's sends and receives (cp group) */
     int64_t host_copies; /* copies from the backend to the host during the step */
     /* Mixture of Experts (model.moe_experts > 0): the balancing loss (summed over MoE layers,

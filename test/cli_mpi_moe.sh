@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mixture of Experts (core/README.md, Mixture of Experts) under mpirun: a GPT-2 whose every other
 # layer is an MoE layer (8 experts, 2 a token, the balancing loss on) trained in layouts of dp,
-# ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp and recompute,
+# ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp, recompute and
+# expert parallelism (ep 2, 4, 8, with ZeRO, tp, pp and cp on top),
 # against world size 1 (test/compare_runs.py: losses and every parameter, its derived tolerance);
 # the MoE metrics; the MoE keys' errors (exit 2 on every rank, with the numbers and a hint).
 . "$(dirname "$0")/lib_cli.sh"
@@ -44,6 +45,14 @@ PY
 2 --set parallel.pp=2
 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved
 2 --set parallel.cp=2
+2 --set parallel.ep=2
+4 --set parallel.ep=2 --set parallel.zero_stage=1
+4 --set parallel.ep=4 --set parallel.zero_stage=3
+8 --set parallel.ep=8
+4 --set parallel.ep=2 --set parallel.zero_stage=2 --set train.recompute=full
+4 --set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+4 --set parallel.ep=2 --set parallel.pp=2
+4 --set parallel.ep=2 --set parallel.cp=2 --set parallel.zero_stage=1
 RUNS
 fi
 
@@ -58,5 +67,3 @@ expect_exit 2 "tp that does not divide the experts' width" -- "${MPIRUN[@]}" -np
 expect_text "model.moe_d_ff=33" "moe_d_ff named"
 n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
 if [ "$n" = 1 ]; then ok "MoE config error printed once (rank 0)"; else fail "MoE config error printed $n times"; fi
-expect_exit 2 "ep above 1 (not yet)" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.ep=2
-expect_text "parallel.ep=2: training with experts spread over ranks is not implemented yet" "ep 2 refused, named"

@@ -511,14 +511,6 @@ static ct_status check_moe(const ct_config *cfg, ct_derived_config *d) {
                          "holding moe_experts / ep experts; ep values that divide both: %s",
                          list);
     }
-    if (p->ep > 1)
-        return with_hint(ct_error(CT_ERR_INPUT,
-                                  "parallel.ep=%lld: training with experts spread over ranks is "
-                                  "not implemented yet",
-                                  ep),
-                         "the dispatch over an expert-parallel group exists, the reduction of "
-                         "expert gradients over expert-data-parallel groups does not yet: use "
-                         "parallel.ep: 1 (every data-parallel rank holds every expert)");
     return CT_OK;
 }
 

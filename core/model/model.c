@@ -157,7 +157,8 @@ static void build_registry(ct_model *m) {
     registry_builder rb = {.model = m, .cap = 0};
     m->embed_unit = m->head_unit = -1;
     m->layer_unit = ct_xmalloc((size_t)m->L * sizeof *m->layer_unit);
-    for (int l = 0; l < m->L; l++) m->layer_unit[l] = -1;
+    m->expert_unit = ct_xmalloc((size_t)m->L * sizeof *m->expert_unit);
+    for (int l = 0; l < m->L; l++) m->layer_unit[l] = m->expert_unit[l] = -1;
     int unit_cap = 0;
     const float std = 0.02f;
     /* GPT-2: projections that write into the residual stream are scaled by 1/sqrt(2·L) so the
@@ -184,8 +185,8 @@ static void build_registry(ct_model *m) {
             /* The wrapping policy (model.h, Units): a layer joins the current unit while that
              * unit is below unit_min_bytes. The first layer of a chunk always opens a unit, so
              * none spans two chunks. */
-            bool open =
-                i == 0 || unit_bytes(m, &m->units[m->n_units - 1]) >= m->layout.unit_min_bytes;
+            bool open = i == 0 || m->units[m->n_units - 1].experts ||
+                        unit_bytes(m, &m->units[m->n_units - 1]) >= m->layout.unit_min_bytes;
             if (open) {
                 snprintf(unit_name, sizeof unit_name, "layer.%d", l);
                 begin_unit(m, unit_name, &unit_cap);
@@ -239,6 +240,13 @@ static void build_registry(ct_model *m) {
                 const int64_t E = m->mc.moe_experts, Fe = m->mc.moe_d_ff ? m->mc.moe_d_ff : F;
                 const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
                 P(moe_router, "moe.router", 2, E, C, -1, CT_INIT_NORMAL, std);
+                /* The experts in a unit of their own: reduced and sharded over the ranks that
+                 * hold the same experts (layout.edp), not over all of dp. */
+                snprintf(unit_name, sizeof unit_name, "experts.%d", l);
+                begin_unit(m, unit_name, &unit_cap);
+                m->units[m->n_units - 1].experts = true;
+                m->units[m->n_units - 1].first_layer = l;
+                m->expert_unit[l] = m->n_units - 1;
                 for (int64_t e = e0; e < e0 + El; e++) {
                     static const char *const kinds[] = {"w_up", "b_up", "w_down", "b_down"};
                     for (int j = 0; j < 4; j++) {
@@ -338,6 +346,7 @@ ct_param *ct_model_registry(const ct_config *cfg, int *count) {
     build_registry(&m);
     free(m.units);
     free(m.layer_unit);
+    free(m.expert_unit);
     *count = m.n_params;
     return m.params;
 }
@@ -509,6 +518,7 @@ void ct_model_free(ct_model *m) {
     free(m->units);
     free(m->layers);
     free(m->layer_unit);
+    free(m->expert_unit);
     ct_tensor_free(m->sp_local);
     ct_tensor_free(m->sp_full);
     ct_tensor_free(m->sp_perm);
@@ -696,13 +706,15 @@ double ct_model_flops_per_token(const ct_model *m) {
 /* ---- forward ----------------------------------------------------------------------------------
  */
 
-static void unit_begin(ct_model *m, int unit, ct_pass pass) {
+void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass) {
     if (m->hooks.unit_begin) m->hooks.unit_begin(m->hooks.ctx, unit, pass);
 }
 
-static void unit_end(ct_model *m, int unit, ct_pass pass) {
+void ct_model_unit_end(ct_model *m, int unit, ct_pass pass) {
     if (m->hooks.unit_end) m->hooks.unit_end(m->hooks.ctx, unit, pass);
 }
+#define unit_begin ct_model_unit_begin
+#define unit_end ct_model_unit_end
 
 /* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
 void ct_model_poll(ct_model *m) {

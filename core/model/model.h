@@ -76,6 +76,8 @@ typedef struct ct_unit {
     char name[32]; /* "embed", "layer.3" (one layer), "layers.3-5" (merged), "head" */
     int first_param, n_params;
     int first_layer, n_layers; /* the layers it holds; n_layers = 0 for embed and head */
+    bool experts;              /* an MoE layer's experts (first_layer; n_layers 0): reduced and
+                                  sharded over layout.edp instead of the dp group */
     int64_t numel;             /* sum of its parameters' local elements */
     int64_t padded_numel;      /* multiple of 16·dp */
     int64_t slab_offset;       /* start in the parameter / gradient / optimizer slabs */
@@ -122,6 +124,9 @@ typedef struct ct_model_layout {
      * summed over it; NULL: this rank alone) */
     ct_comm *ep, *dpcp;
     int ep_rank, ep_size;
+    /* The ranks holding the same experts (dp·cp / ep of them): the data-parallel group of the
+     * expert units (ct_unit.experts); NULL: the dp group itself (ep_size 1) */
+    ct_comm *edp;
     /* train.recompute = full: a layer keeps only its input; backward recomputes the rest. */
     bool recompute;
     /* The FSDP wrapping policy (parallel.bucket_mb): merge consecutive layers of a chunk into one
@@ -199,6 +204,7 @@ typedef struct ct_model {
     int embed_unit, head_unit; /* unit indices, -1 when not on this rank */
     int *layer_unit;           /* [L] unit of each layer (shared by merged layers), -1 when not
                                   on this rank */
+    int *expert_unit;          /* [L] the unit of an MoE layer's experts, else -1 */
     int64_t Tl;                /* positions per rank in the residual stream: T/tp with sequence
                                   parallelism, else T */
     /* Sequence-parallel workspace, grown by ct_acts_new to the largest micro-batch: a local

@@ -7,6 +7,9 @@
 
 #include "model.h"
 
+/* The data-parallel layer's brackets around a use of a unit (model.h, ct_model_hooks). */
+void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass);
+void ct_model_unit_end(ct_model *m, int unit, ct_pass pass);
 /* Lets outstanding communication progress between ops (the data-parallel layer's poll hook). */
 void ct_model_poll(ct_model *m);
 /* Layer l's q, k and v projections as one: views of the (q + 2 kv, C) weight and (q + 2 kv) bias

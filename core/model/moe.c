@@ -171,6 +171,9 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     }
     free(stat);
 
+    /* The experts' parameters are read from here to the combine (a unit of their own). */
+    ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_FORWARD);
+
     /* Dispatch: each (token, slot)'s row to its expert's rank, grouped by local expert. */
     const int64_t rows = ct_moe_plan_rows(ma->plan);
     ma->tokens = grow_host(ma->tokens, &ma->cap_tokens, (size_t)(N * C) * sizeof(float));
@@ -203,6 +206,7 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     }
 
     /* Combine: the rows back to their tokens, gate-weighted, slot order. */
+    ct_model_unit_end(m, m->expert_unit[l], CT_PASS_FORWARD);
     if (rows) ct_tensor_to_host_f32(ma->rows, ye);
     ma->ys = grow_host(ma->ys, &ma->cap_ys, (size_t)CT_MAX(1, N * k * C) * sizeof(float));
     ct_moe_combine(ma->plan, ma->rows, ma->gates, C, ma->ys, ma->tokens);
@@ -241,7 +245,9 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     if (m->layout.tp_size > 1)
         ct_comm_allreduce(m->layout.tp, dgates, N * k, CT_DTYPE_F32, CT_REDUCE_SUM);
 
-    /* The experts' backward; dye's rows become dxe's. */
+    /* The experts' backward; dye's rows become dxe's. Their unit's gradients are complete
+     * after it (every rank runs it, also one whose experts received no rows). */
+    ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_BACKWARD);
     ct_tensor *dye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
     ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Fl);
@@ -269,6 +275,7 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
         ct_tensor_free(dhj);
         ct_model_poll(m);
     }
+    ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
     if (rows) ct_tensor_to_host_f32(ma->rows, dye);
     ct_tensor_free(dye), ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
     ct_tensor_free(dh);

@@ -112,6 +112,7 @@ double ct_optim_grad_sumsq(ct_optimizer *opt, ct_tensor *const *grads) {
     for (int u = 0; u < m->n_units; u++) {
         const ct_unit *unit = &m->units[u];
         const ct_optim_unit *ou = &opt->units[u];
+        if (grads && !grads[u]) continue; /* left out */
         ct_tensor *range = grads ? grads[u] : ct_tensor_view_1d(unit->grads, ou->lo, ou->n);
         if (!grads) ranges[u] = range;
         for (int i = 0; i < unit->n_params; i++) {

@@ -71,7 +71,7 @@ double ct_optim_lr(const ct_train_config *tc, int64_t step);
  * Sum of squared gradients over this rank's ranges: grads[u] holds the gradients of unit u's
  * range (n[u] elements). Each tensor is counted once in the whole job: a tied twin and the
  * tensor-parallel replicas on tp ranks > 0 are left out; padding is zero. NULL grads means the
- * model's own unit gradient views (whole units).
+ * model's own unit gradient views (whole units); a NULL grads[u] leaves unit u out.
  */
 double ct_optim_grad_sumsq(ct_optimizer *opt, ct_tensor *const *grads);
 /* Clip factor for a global gradient norm: min(1, grad_clip / norm) (1 when clipping is off). */

@@ -18,6 +18,8 @@
 #   - context parallelism: ring attention's op test (mpi_test_cp_nccl: the CUDA backend's part ops,
 #     NCCL sends) at 2 and 4 ranks, and cp2, cp2 x tp2 with sequence parallelism and ZeRO-1, and a
 #     Llama at cp4 with contiguous chunks, against the CPU at world size 1;
+#   - Mixture of Experts: ep2 with ZeRO-1 and ep2 x tp2 with sequence parallelism against the CPU
+#     at world size 1;
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
@@ -182,6 +184,29 @@ for tie in true false; do
 2 --set parallel.pp=2 --set parallel.zero_stage=1
 RUNS
 done
+
+# Mixture of Experts (4 layers, every other one MoE, 8 experts, 2 a token) on the emulated GPUs:
+# routing and dispatch on the host, the experts' GEMMs on the device, the expert units reduced
+# through NCCL over the expert-data-parallel group; against the CPU at world size 1
+mdir=$tmp/moe
+mkdir -p "$mdir"
+moe=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_every=2 --set model.moe_d_ff=96
+     --set model.moe_aux_alpha=0.05)
+if selected "emulated cuda moe" &&
+    expect_exit 0 "CPU MoE reference run (world size 1)" -- "$BIN" "${base[@]}" "${moe[@]}"         --set log.metrics="$mdir/ref.jsonl" --dump-params "$mdir/ref.bin" --dump-init-params "$mdir/init.bin"; then
+    while read -r np extra; do
+        name="emulated cuda moe np=$np $extra"
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
+            -np "$np" "$EMU" "${base[@]}" "${moe[@]}" --backend cuda $extra \
+            --set log.metrics="$mdir/run.jsonl" --dump-params "$mdir/run.bin"; then
+            check_against_reference "$name" "$mdir"
+        fi
+    done <<'RUNS'
+2 --set parallel.ep=2 --set parallel.zero_stage=1
+4 --set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+RUNS
+fi
 
 # Context parallelism (4 layers): the ring's part ops (cuda/attention_part.cu) on the emulated
 # GPUs, its kv blocks and dK/dV partials through the NCCL stand-in's sends, against the CPU at

@@ -13,7 +13,7 @@ equivalence_setup
 base+=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_top_k=2
        --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05)
 
-if reference_run "$tmp"; then
+if selected "layouts" && reference_run "$tmp"; then
     if python3 - "$tmp/ref.jsonl" <<'PY'; then ok "MoE metrics: balancing loss near alpha per layer, loads add up"; else fail "MoE metrics"; fi
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
@@ -67,3 +67,52 @@ expect_exit 2 "tp that does not divide the experts' width" -- "${MPIRUN[@]}" -np
 expect_text "model.moe_d_ff=33" "moe_d_ff named"
 n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
 if [ "$n" = 1 ]; then ok "MoE config error printed once (rank 0)"; else fail "MoE config error printed $n times"; fi
+
+# ---- checkpoints across expert-parallel sizes ------------------------------------------------
+# Saved after 3 of 6 steps at ep 2 (ZeRO-1: expert optimizer state sharded over their group) and
+# at ep 4 (ZeRO-3), resumed at ep 1, ep 4 and ep 2: the six steps match world size 1.
+if selected "reshard"; then
+    d=$tmp/reshard
+    mkdir -p "$d"
+    six=(--set train.steps=6 --set train.warmup_steps=1)
+    expect_exit 0 "reshard: reference (world size 1)" -- "$BIN" "${base[@]}" "${six[@]}" \
+        --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" --dump-init-params "$d/init.bin"
+    while read -r snp sargs lnp largs; do
+        sargs=${sargs//,/ } largs=${largs//,/ }
+        name="reshard np=$snp $sargs -> np=$lnp $largs"
+        rm -rf "$d/ck" "$d/run.bin"
+        # shellcheck disable=SC2086
+        expect_exit 0 "$name: save" -- "${MPIRUN[@]}" -np "$snp" "$BIN" "${base[@]}" "${six[@]}" $sargs \
+            --set checkpoint.dir="$d/ck" --set train.stop_after=3 --set log.metrics="$d/first.jsonl" || continue
+        # shellcheck disable=SC2086
+        expect_exit 0 "$name: resume" -- "${MPIRUN[@]}" -np "$lnp" "$BIN" "${base[@]}" "${six[@]}" $largs \
+            --set checkpoint.resume="$d/ck/step-00000003" --set log.metrics="$d/second.jsonl" \
+            --dump-params "$d/run.bin" || continue
+        cat "$d/first.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
+        if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
+            ok "$name matches world size 1; $out"
+        else
+            fail "$name: $out"
+        fi
+    done <<'RUNS'
+2 --set,parallel.ep=2,--set,parallel.zero_stage=1 1 --set,parallel.ep=1
+2 --set,parallel.ep=2,--set,parallel.zero_stage=1 4 --set,parallel.ep=4,--set,parallel.zero_stage=2
+4 --set,parallel.ep=4,--set,parallel.zero_stage=3 2 --set,parallel.ep=2
+RUNS
+fi
+
+# ---- bf16 --------------------------------------------------------------------------------------
+# ep 2 with ZeRO-1 in bf16 against the one-process bf16 run, within that run's distance from its
+# fp32 twin (compare_runs.py --noise)
+bdir=$tmp/bf16
+mkdir -p "$bdir"
+if selected "bf16" &&
+    expect_exit 0 "bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" --set train.precision=bf16 \
+        --set log.metrics="$bdir/ref.jsonl" --dump-params "$bdir/ref.bin" --dump-init-params "$bdir/init.bin" &&
+    expect_exit 0 "fp32 twin of the bf16 reference" -- "$BIN" "${base[@]}" \
+        --set log.metrics="$bdir/twin.jsonl" --dump-params "$bdir/twin.bin" &&
+    expect_exit 0 "train bf16 ep=2 zero 1" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
+        --set train.precision=bf16 --set parallel.ep=2 --set parallel.zero_stage=1 \
+        --set log.metrics="$bdir/run.jsonl" --dump-params "$bdir/run.bin"; then
+    check_against_reference "bf16 ep=2 zero 1" "$bdir"
+fi

@@ -37,6 +37,7 @@ PY
         fi
     done <<'RUNS'
 2
+2 --set train.micro_batch=8
 4 --set parallel.zero_stage=1
 4 --set parallel.zero_stage=3
 2 --set parallel.zero_stage=2 --set train.recompute=full
@@ -69,8 +70,9 @@ n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
 if [ "$n" = 1 ]; then ok "MoE config error printed once (rank 0)"; else fail "MoE config error printed $n times"; fi
 
 # ---- checkpoints across expert-parallel sizes ------------------------------------------------
-# Saved after 3 of 6 steps at ep 2 (ZeRO-1: expert optimizer state sharded over their group) and
-# at ep 4 (ZeRO-3), resumed at ep 1, ep 4 and ep 2: the six steps match world size 1.
+# Saved after 3 of 6 steps at ep 2 (ZeRO 0: one rank of each expert's group saves it; ZeRO-1:
+# expert optimizer state sharded over their group) and at ep 4 (ZeRO-3), resumed at ep 1, ep 4
+# and ep 2: the six steps match world size 1.
 if selected "reshard"; then
     d=$tmp/reshard
     mkdir -p "$d"
@@ -95,7 +97,7 @@ if selected "reshard"; then
             fail "$name: $out"
         fi
     done <<'RUNS'
-2 --set,parallel.ep=2,--set,parallel.zero_stage=1 1 --set,parallel.ep=1
+2 --set,parallel.ep=2 1 --set,parallel.ep=1
 2 --set,parallel.ep=2,--set,parallel.zero_stage=1 4 --set,parallel.ep=4,--set,parallel.zero_stage=2
 4 --set,parallel.ep=4,--set,parallel.zero_stage=3 2 --set,parallel.ep=2
 RUNS

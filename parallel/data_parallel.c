@@ -700,26 +700,37 @@ static int64_t elems_of(const ct_dp *dp, bool experts) {
     return n;
 }
 
+void ct_zero_expected_memory_split(int64_t dense, int64_t experts, ct_state_bytes sb, int N,
+                                   int N_e, int stage, size_t bytes[CT_MEM_COUNT]) {
+    size_t e[CT_MEM_COUNT];
+    ct_zero_expected_memory(dense, sb, N, stage, bytes);
+    ct_zero_expected_memory(experts, sb, N_e, stage, e);
+    for (int c = 0; c < CT_MEM_COUNT; c++) bytes[c] += e[c];
+}
+
+double ct_zero_expected_step_bytes_split(int64_t dense, int64_t experts, ct_state_bytes sb, int N,
+                                         int N_e, int stage, int m) {
+    double bytes = ct_zero_expected_step_bytes(dense, sb, N, stage, m);
+    if (N_e == N) /* the experts reduce over the dp group itself: one norm allreduce in all */
+        return bytes + ct_zero_expected_step_bytes(experts, sb, N, stage, m) -
+               (stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(N) : 0.0);
+    /* their passes over their own group (with no norm allreduce there), and the norm's
+     * allreduce on the dp group at every stage (ct_dp_grad_sumsq) */
+    bytes += ct_zero_expected_step_bytes(experts, sb, N_e, stage, m) -
+             (stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(N_e) : 0.0);
+    if (stage == 0) bytes += (double)ct_zero_scalar_allreduce_bytes(N);
+    return bytes;
+}
+
 void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
-    size_t experts[CT_MEM_COUNT];
-    ct_zero_expected_memory(elems_of(dp, false), ct_dp_state_bytes(dp), dp->N, dp->stage, bytes);
-    ct_zero_expected_memory(elems_of(dp, true), ct_dp_state_bytes(dp), dp->edp->size, dp->stage,
-                            experts);
-    for (int c = 0; c < CT_MEM_COUNT; c++) bytes[c] += experts[c];
+    ct_zero_expected_memory_split(elems_of(dp, false), elems_of(dp, true), ct_dp_state_bytes(dp),
+                                  dp->N, dp->edp->size, dp->stage, bytes);
 }
 
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    const ct_state_bytes sb = ct_dp_state_bytes(dp);
-    double bytes = ct_zero_expected_step_bytes(elems_of(dp, false), sb, dp->N, dp->stage, m);
-    if (dp->edp == dp->comm)
-        return bytes + ct_zero_expected_step_bytes(elems_of(dp, true), sb, dp->N, dp->stage, m) -
-               (dp->stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(dp->N) : 0.0);
-    /* Experts spread over ranks: their passes over the experts' group (counted there), and the
-     * gradient norm's allreduce on the dp group at every stage (ct_dp_grad_sumsq) */
-    bytes += ct_zero_expected_step_bytes(elems_of(dp, true), sb, dp->edp->size, dp->stage, m) -
-             (dp->stage >= 1 ? (double)ct_zero_scalar_allreduce_bytes(dp->edp->size) : 0.0);
-    if (dp->stage == 0) bytes += (double)ct_zero_scalar_allreduce_bytes(dp->N);
-    return bytes;
+    return ct_zero_expected_step_bytes_split(elems_of(dp, false), elems_of(dp, true),
+                                             ct_dp_state_bytes(dp), dp->N, dp->edp->size, dp->stage,
+                                             m);
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {

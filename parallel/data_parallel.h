@@ -91,6 +91,13 @@ void ct_dp_optimizer_step(ct_dp *dp, float lr, float grad_scale);
 void ct_zero_expected_memory(int64_t elems, ct_state_bytes sb, int N, int stage,
                              size_t bytes[CT_MEM_COUNT]);
 double ct_zero_expected_step_bytes(int64_t elems, ct_state_bytes sb, int N, int stage, int m);
+/* The same for a model whose MoE experts (`experts` elements) are reduced and sharded over
+ * groups of N_e ranks and the rest (`dense`) over the N of the dp group; with N_e < N the
+ * gradient norm's f64 allreduce over dp happens at stage 0 too (ct_dp_grad_sumsq). */
+void ct_zero_expected_memory_split(int64_t dense, int64_t experts, ct_state_bytes sb, int N,
+                                   int N_e, int stage, size_t bytes[CT_MEM_COUNT]);
+double ct_zero_expected_step_bytes_split(int64_t dense, int64_t experts, ct_state_bytes sb, int N,
+                                         int N_e, int stage, int m);
 /* Ring-model bytes of one f64 allreduce over N ranks, as comm.c counts them (2·8·(N−1)/N,
  * rounded down): the per-step scalars (loss, gradient norm) a trainer adds to the formulas. */
 uint64_t ct_zero_scalar_allreduce_bytes(int N);

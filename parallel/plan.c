@@ -9,6 +9,15 @@
 #include "parallel/schedule.h"
 #include "parallel/report.h"
 
+/* MoE layers among the chunks of `lay`. */
+static double moe_layers(const ct_config *cfg, const ct_model_layout *lay) {
+    double n = 0;
+    for (int c = 0; c < lay->n_chunks; c++)
+        for (int i = 0; i < lay->chunks[c].n_layers; i++)
+            n += ct_moe_layer(&cfg->model, lay->chunks[c].first_layer + i);
+    return n;
+}
+
 /*
  * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
  * B sequences, N = tp, activations of B·T·C floats, L_r layers on this rank:
@@ -24,15 +33,6 @@
  *   ZeRO 2-3. With context parallelism T is this rank's seq_len / cp positions (the position
  *   table's gradient stays T_seq·C).
  */
-/* MoE layers among the chunks of `lay`. */
-static double moe_layers(const ct_config *cfg, const ct_model_layout *lay) {
-    double n = 0;
-    for (int c = 0; c < lay->n_chunks; c++)
-        for (int i = 0; i < lay->chunks[c].n_layers; i++)
-            n += ct_moe_layer(&cfg->model, lay->chunks[c].first_layer + i);
-    return n;
-}
-
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     double N = (double)cfg->parallel.tp;
     if (N <= 1) return 0.0;
@@ -96,9 +96,29 @@ double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     return L * (double)m * block * (rings * (cp - 1.0) * act + cp * 4.0) + moe_stats;
 }
 
+/*
+ * Expert-parallel bytes this rank sends per step (core/model/moe_dispatch.h) when routing is
+ * uniform: in each MoE layer and microbatch the B·T tokens of the rank (T = seq_len / cp; every
+ * tp rank routes all of them) travel k ways, (ep−1)/ep of the rows to other ranks, C fp32 values
+ * a row, four times (dispatch and combine, and their backwards; six with recompute), plus the
+ * count exchange (an all_to_all of E int64) in every forward. Skewed routing moves more or less.
+ */
+double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
+    const double ep = (double)cfg->parallel.ep;
+    if (ep <= 1) return 0.0;
+    const double forwards = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 : 1.0;
+    const double rows = (double)cfg->train.micro_batch *
+                        ((double)cfg->model.seq_len / (double)cfg->parallel.cp) *
+                        (double)cfg->model.moe_top_k * (ep - 1.0) / ep;
+    const double moves = rows * (double)cfg->model.d_model * 4.0 * (2.0 * forwards + 2.0);
+    const double counts = forwards * (double)cfg->model.moe_experts * 8.0 * (ep - 1.0) / ep;
+    return moe_layers(cfg, lay) * (double)m * (moves + counts);
+}
+
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
     const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
     const int cp = (int)cfg->parallel.cp, replicas = dp * cp; /* ZeRO shards over dp × cp */
+    const int ep = (int)cfg->parallel.ep;                     /* experts shard over replicas / ep */
     char cp_part[32] = "";
     if (cp > 1)
         snprintf(cp_part, sizeof cp_part, "cp %d (%s) x ", cp,
@@ -151,21 +171,27 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
         layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
         layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
         layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
+        layout.ep_size = ep; /* ep rank 0's experts: every ep rank holds as many */
         ct_model *model = NULL;
         st = ct_model_new(&model, cfg, be, &layout);
         if (st != CT_OK) break;
-        int64_t elems = 0;
-        for (int u = 0; u < ct_model_n_units(model); u++)
-            elems += ct_model_unit(model, u)->padded_numel;
+        int64_t elems = 0, expert_elems = 0;
+        for (int u = 0; u < ct_model_n_units(model); u++) {
+            const ct_unit *unit = ct_model_unit(model, u);
+            elems += unit->padded_numel;
+            if (unit->experts) expert_elems += unit->padded_numel;
+        }
         size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
-        ct_zero_expected_memory(elems, sb, replicas, stage, mem);
+        ct_zero_expected_memory_split(elems - expert_elems, expert_elems, sb, replicas,
+                                      replicas / ep, stage, mem);
         int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
         double acts = (double)ct_acts_bytes(model, B) * inflight;
         /* The formula plus the loss sum the trainer allreduces over dp every step. */
-        double dp_bytes = replicas > 1
-                              ? ct_zero_expected_step_bytes(elems, sb, replicas, stage, m) +
-                                    (double)ct_zero_scalar_allreduce_bytes(replicas)
-                              : 0.0;
+        double dp_bytes =
+            replicas > 1 ? ct_zero_expected_step_bytes_split(elems - expert_elems, expert_elems, sb,
+                                                             replicas, replicas / ep, stage, m) +
+                               (double)ct_zero_scalar_allreduce_bytes(replicas)
+                         : 0.0;
         double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
         double cp_bytes = ct_expected_cp_bytes(cfg, &layout, m);
         /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
@@ -183,9 +209,11 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                     "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
                     "\"optim_bytes\": %zu, \"master_bytes\": %zu, \"acts_bytes\": %.0f, "
                     "\"inflight\": %d, \"dp_bytes\": %.0f, \"tp_bytes\": %.0f, "
-                    "\"pp_bytes\": %.0f, \"cp_bytes\": %.0f, \"precision\": \"%s\"}\n",
+                    "\"pp_bytes\": %.0f, \"cp_bytes\": %.0f, \"ep_bytes\": %.0f, "
+                    "\"precision\": \"%s\"}\n",
                     r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], mem[CT_MEM_MASTER],
-                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, cp_bytes, ct_dtype_name(pdt));
+                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, cp_bytes,
+                    ct_expected_ep_bytes(cfg, &layout, m), ct_dtype_name(pdt));
             ct_model_free(model);
             continue;
         }
@@ -203,6 +231,13 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
             fprintf(out,
                     "        cp ring bytes/step: %s (parallel/README.md, Context parallelism)\n",
                     ct_format_bytes(b[0], 32, cp_bytes));
+        if (cfg->model.moe_experts)
+            fprintf(out,
+                    "        MoE: %lld of %lld experts a layer on each rank; ep all-to-all "
+                    "bytes/step under uniform routing: %s (parallel/README.md, Expert "
+                    "parallelism)\n",
+                    (long long)(cfg->model.moe_experts / ep), (long long)cfg->model.moe_experts,
+                    ct_format_bytes(b[0], 32, ct_expected_ep_bytes(cfg, &layout, m)));
         ct_model_free(model);
     }
     ct_backend_free(be);

@@ -23,6 +23,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
  * written out above its definition in plan.c and in parallel/README.md); the trainer checks its tp
  * group's counters against it. */
 double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
+/* Expert-parallel all-to-all bytes per step under uniform routing (plan.c says what counts). */
+double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 /* Context-parallel (ring attention) bytes a rank sends per step, the same way (plan.c). */
 double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *layout, int64_t m);
 

@@ -118,3 +118,36 @@ if selected "bf16" &&
         --set log.metrics="$bdir/run.jsonl" --dump-params "$bdir/run.bin"; then
     check_against_reference "bf16 ep=2 zero 1" "$bdir"
 fi
+
+# ---- plan against the trainer ------------------------------------------------------------------
+# `cooktrain plan` for ep 2 at dp 4 with ZeRO-1 and ZeRO-3: parameter, optimizer memory and dp bytes
+# per step equal what the trainer measured (experts sharded over dp / ep ranks, the rest over dp)
+if selected "plan"; then
+    for zero in 1 3; do
+        name="plan ep=2 dp=4 zero=$zero"
+        "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.ep=2 --set parallel.zero_stage=$zero \
+            --set train.steps=2 --set log.metrics="$tmp/plan-run.jsonl" >/dev/null 2>&1 || { fail "$name: training"; continue; }
+        "$BIN" plan --json "${base[@]:1}" --set parallel.dp=4 --set parallel.ep=2 \
+            --set parallel.zero_stage=$zero >"$tmp/plan.json" 2>&1 || { fail "$name: plan"; continue; }
+        if out=$(python3 - "$tmp/plan.json" "$tmp/plan-run.jsonl" <<'PY'
+import json, sys
+plan = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][0]
+run = [json.loads(l) for l in open(sys.argv[2])]
+setup = [r for r in run if r.get("setup")][0]
+step = [r for r in run if "dp_bytes" in r][0]
+pairs = [("params_bytes", setup["mem_params"]), ("optim_bytes", setup["mem_optim"]),
+         ("grads_bytes", setup["mem_grads"]), ("dp_bytes", step["dp_bytes"])]
+bad = ["%s: plan %s, measured %s" % (k, plan[k], v) for k, v in pairs if plan[k] != v]
+assert step["ep_bytes"] > 0, step
+print("; ".join(bad) if bad else "memory and dp bytes equal: %d params bytes, %d dp bytes" % (plan["params_bytes"], plan["dp_bytes"]))
+sys.exit(1 if bad else 0)
+PY
+        ); then ok "$name: $out"; else fail "$name: $out"; fi
+    done
+fi
+
+# configs/gpt2-moe-3b.yaml at 64 ranks: plan answers without allocating (exit 0, the experts per rank)
+if selected "plan"; then
+    expect_exit 0 "plan gpt2-moe-3b at 64 ranks" -- "$BIN" plan --config configs/gpt2-moe-3b.yaml
+    expect_text "MoE: 8 of 64 experts a layer on each rank" "plan gpt2-moe-3b: 64 experts over ep 8"
+fi

@@ -374,8 +374,9 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
     ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
     if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
+    /* (a model without an ep group but ep_size > 1 is `plan`'s: registered, never run) */
     if (!m->layout.ep) m->layout.ep = m->own_ep = ct_comm_local_new("ep");
-    CT_ASSERT(m->layout.ep->size == CT_MAX(1, layout->ep_size));
+    CT_ASSERT(!layout->ep || layout->ep->size == CT_MAX(1, layout->ep_size));
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
     CT_ASSERT(layout->unit_min_bytes >= 0);

@@ -308,6 +308,9 @@ static ct_status cmd_train(int argc, char **argv) {
             printf("gemm_flops_per_s %.6e\nflops_per_token %.6e\nthreads %d\n"
                    "peak_flops_per_s %.6e\npeak_source %s\n",
                    rate, ct_model_flops_per_token(model), threads, peak, how);
+            if (cfg.model.moe_experts)
+                printf("moe_expert_gemm_flops_per_s %.6e\n",
+                       ct_gemm_bench_expert_rate(&cfg, be, 5));
             ct_model_free(model);
         }
     } else {

@@ -212,6 +212,10 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     if (t->cfg->model.moe_experts) {
         ct_metrics_num(m, "moe_aux_loss", "%.9g", s->moe_aux);
         ct_metrics_uint(m, "ep_bytes", s->ep_bytes);
+        ct_metrics_num(m, "moe_route_s", "%.6f", s->moe_route_s);
+        ct_metrics_num(m, "moe_expert_gemm_s", "%.6f", s->moe_expert_s);
+        ct_metrics_num(m, "moe_expert_gemm_flops_per_s", "%.6e",
+                       s->moe_expert_s > 0 ? s->moe_expert_flops / s->moe_expert_s : 0.0);
         ct_metrics_num(m, "moe_load_min", "%.0f", s->moe_load_min);
         ct_metrics_num(m, "moe_load_mean", "%.6g", s->moe_load_mean);
         ct_metrics_num(m, "moe_load_max", "%.0f", s->moe_load_max);

@@ -280,6 +280,7 @@ static void moe_step_stats(trainer *t, step_stats *s) {
     double *v = ct_xcalloc((size_t)(E + 1), sizeof *v);
     int64_t *counts = ct_xcalloc((size_t)E, sizeof *counts);
     ct_model_moe_stats(t->model, &v[0], counts);
+    ct_model_moe_timing(t->model, &s->moe_route_s, &s->moe_expert_s, &s->moe_expert_flops);
     if (t->pctx->tp_rank != 0 || t->pctx->cp_rank != 0) v[0] = 0.0;
     if (t->pctx->tp_rank == 0)
         for (int64_t e = 0; e < E; e++) v[1 + e] = (double)counts[e];

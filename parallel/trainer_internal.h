@@ -74,6 +74,8 @@ typedef struct step_stats {
      * averaged over micro-batches; part of the objective, not of `loss`) and the tokens each
      * expert received in the step, summed over layers: least, mean and most */
     double moe_aux, moe_load_min, moe_load_mean, moe_load_max;
+    /* this rank's seconds in MoE routing and exchange, and in expert GEMMs with their FLOPs */
+    double moe_route_s, moe_expert_s, moe_expert_flops;
 } step_stats;
 
 /* report.c: rank 0's start-up report, from the constants start_run fixed. */

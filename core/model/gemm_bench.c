@@ -79,3 +79,25 @@ double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps) 
     }
     return seconds > 0 ? flops / seconds : 0.0;
 }
+
+double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps) {
+    const int64_t E = cfg->model.moe_experts;
+    if (!E) return 0.0;
+    /* an expert's rows under uniform routing, its up and down projections as moe.c runs them:
+     * forward with the bias in (beta 1), the input gradient (beta 0) and the weight gradient
+     * (accumulating, f32) */
+    const int64_t rows =
+        CT_MAX(1, cfg->train.micro_batch * cfg->model.seq_len * cfg->model.moe_top_k / E);
+    const int64_t C = cfg->model.d_model, F = cfg->derived.moe_d_ff / cfg->parallel.tp;
+    const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
+    const int64_t shapes[2][2] = {{F, C}, {C, F}};
+    double flops = 0.0, seconds = 0.0;
+    for (int i = 0; i < 2; i++) {
+        const int64_t out = shapes[i][0], in = shapes[i][1];
+        seconds += time_gemm(be, rows, out, in, false, true, 1.0f, dt, dt, reps) +
+                   time_gemm(be, rows, in, out, false, false, 0.0f, dt, dt, reps) +
+                   time_gemm(be, out, in, rows, true, false, 1.0f, dt, CT_DTYPE_F32, reps);
+        flops += 3.0 * 2.0 * (double)rows * (double)out * (double)in;
+    }
+    return seconds > 0 ? flops / seconds : 0.0;
+}

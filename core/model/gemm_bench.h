@@ -25,4 +25,9 @@ double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dt
  */
 double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps);
 
+/* The rate of a Mixture-of-Experts layer's expert GEMMs (0 without MoE): one expert's up and
+ * down projections, forward, input and weight gradient, at the rows an expert receives from a
+ * microbatch under uniform routing (micro_batch · seq_len · moe_top_k / moe_experts). */
+double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps);
+
 #endif /* CT_CORE_GEMM_BENCH_H */

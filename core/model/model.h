@@ -237,6 +237,11 @@ typedef struct ct_model {
     int n_moe_layers; /* MoE layers on this rank */
     double moe_aux_sum;
     int64_t *moe_counts;
+    /* Seconds in the MoE layers' routing, permutation, exchange and host copies, and in their
+     * experts' GEMMs (with the FLOPs these did), since ct_model_moe_stats last read them: on a
+     * backend that runs ops as they are issued (cpu), what each costs; elsewhere the host's
+     * waits fall into the routing. */
+    double moe_route_seconds, moe_expert_seconds, moe_expert_flops;
     ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
 } ct_model;
 
@@ -436,6 +441,11 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
  * counts[e] (moe_experts entries) = this rank's tokens routed to expert e, summed over
  * micro-batches and layers. Training forwards only (dloss != 0, not a recompute). */
 void ct_model_moe_stats(ct_model *model, double *aux, int64_t *counts);
+
+/* Since the last call, then reset: this rank's seconds in its MoE layers' routing, permutation,
+ * exchange and host copies (route_s) and in their experts' GEMMs (expert_s, which did
+ * expert_flops), training passes only (model.h, moe_route_seconds, says what the clock sees). */
+void ct_model_moe_timing(ct_model *model, double *route_s, double *expert_s, double *expert_flops);
 
 /* A digest of the experts every token of `acts`'s last forward was routed to, in every MoE layer
  * (equal digests: the same routing; tests use it to keep finite differences off the routing's

@@ -130,8 +130,9 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_gemm(logits, la->ln2, p->moe_router->value, false, true, 1.0f, 0.0f);
     ma->logits = grow_host(ma->logits, &ma->cap_logits, (size_t)(N * E) * sizeof(float));
     ma->probs = grow_host(ma->probs, &ma->cap_probs, (size_t)(N * E) * sizeof(float));
-    ct_tensor_to_host(ma->logits, logits);
+    ct_tensor_to_host(ma->logits, logits); /* (waits for the backend: the routing's clock starts) */
     ct_tensor_free(logits);
+    double t0 = ct_now();
     ma->gates = grow_host(ma->gates, &ma->cap_gates, (size_t)(N * k) * sizeof(float));
     ma->ids = grow_host(ma->ids, &ma->cap_ids, (size_t)(N * k) * sizeof(int32_t));
     ct_router_fwd(router_kind(m), ma->logits, NULL, N, (int)E, (int)k, ma->probs, ma->ids,
@@ -186,6 +187,9 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     if (rows) ct_tensor_from_host_f32(xe, ma->rows);
 
+    const bool timed = a->dloss != 0.0f; /* training (the step's clock), not evaluation */
+    if (timed) m->moe_route_seconds += ct_now() - t0;
+    t0 = ct_now();
     /* The experts, one GEMM pair each over the rows it received. */
     for (int j = 0; j < El; j++) {
         const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
@@ -208,6 +212,11 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     /* Combine: the rows back to their tokens, gate-weighted, slot order. */
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_FORWARD);
     if (rows) ct_tensor_to_host_f32(ma->rows, ye);
+    if (timed) {
+        m->moe_expert_seconds += ct_now() - t0;
+        m->moe_expert_flops += 2.0 * 2.0 * (double)rows * (double)C * (double)Fl;
+    }
+    t0 = ct_now();
     ma->ys = grow_host(ma->ys, &ma->cap_ys, (size_t)CT_MAX(1, N * k * C) * sizeof(float));
     ct_moe_combine(ma->plan, ma->rows, ma->gates, C, ma->ys, ma->tokens);
     ct_tensor_free(xe), ct_tensor_free(ye), ct_tensor_free(h), ct_tensor_free(g);
@@ -223,6 +232,7 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     }
     ct_axpy(out, la->mid, 1.0f);
     ct_tensor_free(y);
+    if (timed) m->moe_route_seconds += ct_now() - t0;
 }
 
 ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
@@ -240,6 +250,7 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     /* Combine's backward: dgates (partial over tp: ys is) and the experts' output gradients. */
     const ct_tensor *dy = ct_model_dres_full(m, s);
     ct_tensor_to_host_f32(ma->tokens, dy);
+    double t0 = ct_now();
     float *dgates = ct_xmalloc((size_t)CT_MAX(1, N * k) * sizeof *dgates);
     ct_moe_combine_bwd(ma->plan, ma->tokens, ma->ys, ma->gates, C, dgates, ma->rows);
     if (m->layout.tp_size > 1)
@@ -254,6 +265,8 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Fl);
     if (rows) ct_tensor_from_host_f32(dye, ma->rows);
+    m->moe_route_seconds += ct_now() - t0;
+    t0 = ct_now();
     for (int j = 0; j < El; j++) {
         const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
                       n = ct_moe_plan_expert_rows(ma->plan, j);
@@ -277,6 +290,9 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     }
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
     if (rows) ct_tensor_to_host_f32(ma->rows, dye);
+    m->moe_expert_seconds += ct_now() - t0;
+    m->moe_expert_flops += 2.0 * 4.0 * (double)rows * (double)C * (double)Fl;
+    t0 = ct_now();
     ct_tensor_free(dye), ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
     ct_tensor_free(dh);
 
@@ -296,10 +312,17 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     ct_tensor *dl = grown_view(m, &ma->t_y, m->dtype, N, E);
     ct_tensor_from_host_f32(dl, dlogits);
     free(dlogits);
+    m->moe_route_seconds += ct_now() - t0;
     if (tp0) ct_gemm(s->dln, dl, p->moe_router->value, false, false, 1.0f, 1.0f);
     if (replicated_grads) ct_gemm(p->moe_router->grad, dl, la->ln2, true, false, 1.0f, 1.0f);
     ct_tensor_free(dl);
     return ct_model_dln_reduced(m, s);
+}
+
+void ct_model_moe_timing(ct_model *m, double *route_s, double *expert_s, double *expert_flops) {
+    *route_s = m->moe_route_seconds, *expert_s = m->moe_expert_seconds;
+    *expert_flops = m->moe_expert_flops;
+    m->moe_route_seconds = m->moe_expert_seconds = m->moe_expert_flops = 0.0;
 }
 
 void ct_model_moe_stats(ct_model *m, double *aux, int64_t *counts) {

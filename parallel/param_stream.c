@@ -161,7 +161,7 @@ static void stream_experts(stream *s, int u, int owner_stage) {
             for (int i = 0; i < unit->n_params; i++) {
                 const ct_param *p = ct_model_param(s->model, unit->first_param + i);
                 /* rank r's expert in p's place: its index r·E/ep further */
-                const int e = p->expert + r * (unit->n_params / 4);
+                const int e = p->expert + r * (int)(s->model->mc.moe_experts / pc->ep);
                 char name[64];
                 const char *kind = strrchr(p->name, '.') + 1;
                 snprintf(name, sizeof name, "layers.%d.moe.experts.%d.%s", p->layer, e, kind);

@@ -56,21 +56,7 @@ if selected "reshard"; then
     if reference_run "$d"; then
         # save: name np settings | resume: name np settings
         while IFS='|' read -r sname snp sargs lname lnp largs; do
-            ck=$d/ck-$sname-$lname
-            # shellcheck disable=SC2086
-            expect_exit 0 "reshard: save at $sname" -- "${MPIRUN[@]}" -np "$snp" "$BIN" "${base[@]}" $sargs \
-                --set checkpoint.dir="$ck" --set train.stop_after=2 --set log.metrics="$d/first.jsonl" || continue
-            rm -f "$d/run.bin"
-            # shellcheck disable=SC2086
-            expect_exit 0 "reshard: $sname -> $lname" -- "${MPIRUN[@]}" -np "$lnp" "$BIN" "${base[@]}" $largs \
-                --set checkpoint.resume="$ck/step-00000002" --set log.metrics="$d/second.jsonl" \
-                --dump-params "$d/run.bin" || continue
-            cat "$d/first.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
-            if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
-                ok "reshard $sname -> $lname matches world size 1; $out"
-            else
-                fail "reshard $sname -> $lname: $out"
-            fi
+            reshard_check "reshard $sname -> $lname" "$d" "$d/ck-$sname-$lname" 2 "$snp" "$sargs" "$lnp" "$largs"
         done <<'RESHARD'
 cp2-zero1|2|--set parallel.cp=2 --set parallel.zero_stage=1|dp2-zero1|2|--set parallel.zero_stage=1
 cp2|2|--set parallel.cp=2|cp4-zero3|4|--set parallel.cp=4 --set parallel.zero_stage=3

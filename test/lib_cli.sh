@@ -117,3 +117,26 @@ check_against_reference() {
         fail "$name: $out"
     fi
 }
+
+# reshard_check NAME DIR CK STEP SNP SARGS LNP LARGS: trains at SNP ranks with SARGS (split into
+# words) until step STEP with checkpoints in CK, resumes that checkpoint at LNP ranks with LARGS,
+# and compares the two halves joined with DIR/ref.{jsonl,bin} (the world-size-1 run of as many
+# steps; DIR/init.bin its start). Both runs use `base` and the array `reshard_extra` (may be unset).
+reshard_check() {
+    local name=$1 d=$2 ck=$3 step=$4 snp=$5 sargs=$6 lnp=$7 largs=$8 out
+    local extra=("${reshard_extra[@]}")
+    # shellcheck disable=SC2086
+    expect_exit 0 "$name: save" -- "${MPIRUN[@]}" -np "$snp" "$BIN" "${base[@]}" "${extra[@]}" $sargs \
+        --set checkpoint.dir="$ck" --set train.stop_after="$step" --set log.metrics="$d/first.jsonl" || return 0
+    rm -f "$d/run.bin"
+    # shellcheck disable=SC2086
+    expect_exit 0 "$name: resume" -- "${MPIRUN[@]}" -np "$lnp" "$BIN" "${base[@]}" "${extra[@]}" $largs \
+        --set checkpoint.resume="$ck/step-$(printf %08d "$step")" --set log.metrics="$d/second.jsonl" \
+        --dump-params "$d/run.bin" || return 0
+    cat "$d/first.jsonl" "$d/second.jsonl" >"$d/run.jsonl"
+    if out=$(python3 test/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" "$d/run.bin" --init "$d/init.bin"); then
+        ok "$name matches world size 1; $out"
+    else
+        fail "$name: $out"
+    fi
+}

@@ -258,7 +258,8 @@ static void test_gradcheck(void **state) {
     gradcheck(CT_ARCH_GPT2, -1);
 }
 
-/* GPT-2 with MoE layers (every other layer; the balancing loss in the objective), each router:
+/* GPT-2 with MoE layers (every other layer; the balancing loss in the objective), each router,
+ * and a Llama with MoE layers (SwiGLU experts):
  * the same check, the same tolerance. The routing is piecewise constant in the parameters, so
  * the check holds where no token's k-th and (k+1)-th expert keys lie within the perturbation
  * (~1e-3 of a logit) of each other; the seeds here have none. */
@@ -266,6 +267,7 @@ static void test_gradcheck_moe(void **state) {
     gradcheck(CT_ARCH_GPT2, CT_MOE_TOPK_SOFTMAX);
     gradcheck(CT_ARCH_GPT2, CT_MOE_SOFTMAX_TOPK);
     gradcheck(CT_ARCH_GPT2, CT_MOE_SIGMOID);
+    gradcheck(CT_ARCH_LLAMA, CT_MOE_TOPK_SOFTMAX); /* SwiGLU experts */
 }
 
 /* Llama (RMSNorm, RoPE, SwiGLU, GQA with one key/value head for two query heads, no biases):

@@ -190,25 +190,26 @@ int64_t ct_llama_ffn_dim(int64_t d_model, double ffn_dim_multiplier, int64_t mul
 static int64_t model_params(const ct_model_config *m, const ct_derived_config *d) {
     int64_t C = m->d_model, kv = d->n_kv_head * d->head_dim, F = d->d_ff;
     const int64_t head = m->tie_embeddings ? 0 : d->vocab_padded * C; /* an untied lm_head */
-    if (m->arch == CT_ARCH_LLAMA)
-        return head + d->vocab_padded * C +
-               m->n_layer * (2 * C                /* two RMSNorm weights */
-                             + C * C + 2 * kv * C /* q, k, v */
-                             + C * C              /* attention out */
-                             + 3 * F * C)         /* gate, up, down */
-               + C;                               /* final norm */
-    int64_t layer = 2 * C                         /* ln1 weight + bias */
-                    + (C * C + C)                 /* q */
-                    + 2 * (kv * C + kv)           /* k, v (n_kv_head heads) */
-                    + (C * C + C)                 /* attention out */
-                    + 2 * C                       /* ln2 */
-                    + (F * C + F)                 /* MLP up */
-                    + (C * F + C);                /* MLP down */
     /* An MoE layer: the router (E, C) and E experts of width moe_d_ff instead of the MLP. */
-    int64_t Fe = d->moe_d_ff, E = m->moe_experts;
-    int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C));
+    const int64_t Fe = d->moe_d_ff, E = m->moe_experts;
     int64_t n_moe = 0;
     for (int64_t l = 0; l < m->n_layer; l++) n_moe += ct_moe_layer(m, l);
+    if (m->arch == CT_ARCH_LLAMA)
+        return head + d->vocab_padded * C +
+               m->n_layer * (2 * C                            /* two RMSNorm weights */
+                             + C * C + 2 * kv * C             /* q, k, v */
+                             + C * C                          /* attention out */
+                             + 3 * F * C)                     /* gate, up, down */
+               + n_moe * (E * C + E * 3 * Fe * C - 3 * F * C) /* router, SwiGLU experts */
+               + C;                                           /* final norm */
+    int64_t layer = 2 * C                                     /* ln1 weight + bias */
+                    + (C * C + C)                             /* q */
+                    + 2 * (kv * C + kv)                       /* k, v (n_kv_head heads) */
+                    + (C * C + C)                             /* attention out */
+                    + 2 * C                                   /* ln2 */
+                    + (F * C + F)                             /* MLP up */
+                    + (C * F + C);                            /* MLP down */
+    int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C));
     return head + d->vocab_padded * C /* wte (the LM head when tied) */
            + m->seq_len * C           /* wpe */
            + (m->n_layer - n_moe) * layer + n_moe * moe + 2 * C /* final LN */;
@@ -471,13 +472,6 @@ static ct_status check_moe(const ct_config *cfg, ct_derived_config *d) {
         return CT_OK;
     }
     d->moe_d_ff = m->moe_d_ff ? m->moe_d_ff : d->d_ff;
-    if (m->arch == CT_ARCH_LLAMA)
-        return with_hint(ct_error(CT_ERR_INPUT,
-                                  "model.moe_experts=%lld with model.arch=llama "
-                                  "is not implemented yet",
-                                  E),
-                         "MoE layers have GPT-2 MLP experts for now: use model.arch: gpt2, or "
-                         "model.moe_experts: 0");
     if (m->moe_top_k > m->moe_experts)
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "model.moe_top_k=%lld is more than model.moe_experts=%lld",

@@ -193,6 +193,16 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         ct_hint("export is for GPT-2 models with n_kv_head = n_head");
         st = CT_ERR_INPUT;
     }
+    for (int64_t i = 0; i < m.n_pieces && st == CT_OK; i++)
+        if (strstr(m.pieces[i].box.name, ".moe.")) {
+            ct_error(CT_ERR_INPUT,
+                     "checkpoint '%s' holds a Mixture-of-Experts model (%s), which export cannot "
+                     "write yet",
+                     dir, m.pieces[i].box.name);
+            ct_hint("cooktrain eval and sample read it as it is; export is for dense GPT-2 and "
+                    "Llama models");
+            st = CT_ERR_INPUT;
+        }
     int n = 0;
     const bool untied = find_tensor(&m, "lm_head") != NULL;
     hf_tensor *t = ct_hf_tensors(llama ? CT_ARCH_LLAMA : CT_ARCH_GPT2, m.state.n_layer,

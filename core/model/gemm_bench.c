@@ -90,7 +90,8 @@ double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps)
         CT_MAX(1, cfg->train.micro_batch * cfg->model.seq_len * cfg->model.moe_top_k / E);
     const int64_t C = cfg->model.d_model, F = cfg->derived.moe_d_ff / cfg->parallel.tp;
     const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
-    const int64_t shapes[2][2] = {{F, C}, {C, F}};
+    const int64_t up = cfg->model.arch == CT_ARCH_LLAMA ? 2 * F : F; /* Llama: gate|up */
+    const int64_t shapes[2][2] = {{up, C}, {C, F}};
     double flops = 0.0, seconds = 0.0;
     for (int i = 0; i < 2; i++) {
         const int64_t out = shapes[i][0], in = shapes[i][1];

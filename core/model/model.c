@@ -153,6 +153,70 @@ static int64_t unit_bytes(const ct_model *m, const ct_unit *u) {
     return n * (int64_t)sizeof(float);
 }
 
+/* The tensors of one expert, in registry order (ct_model_expert_tensors). GPT-2: an MLP with
+ * biases; Llama: SwiGLU's gate and up (adjacent: one (2Fe, C) matrix a tp rank) and down. */
+typedef struct expert_tensor {
+    const char *kind;
+    int ndim, split;    /* dims; tp split (0 rows, 1 columns, -1 replicated) */
+    bool out_fe, in_fe; /* rows / columns of width moe_d_ff (else d_model; 1-D: rows only) */
+    ct_init_rule init;
+    bool residual; /* the residual-stream projection's init std */
+} expert_tensor;
+
+static const expert_tensor gpt2_expert[] = {
+    {"w_up", 2, 0, true, false, CT_INIT_NORMAL, false},
+    {"b_up", 1, 0, true, false, CT_INIT_ZEROS, false},
+    {"w_down", 2, 1, false, true, CT_INIT_NORMAL, true},
+    {"b_down", 1, -1, false, false, CT_INIT_ZEROS, false},
+};
+static const expert_tensor llama_expert[] = {
+    {"w_gate", 2, 0, true, false, CT_INIT_NORMAL, false},
+    {"w_up", 2, 0, true, false, CT_INIT_NORMAL, false},
+    {"w_down", 2, 1, false, true, CT_INIT_NORMAL, true},
+};
+
+int ct_model_expert_tensors(const ct_model *m) {
+    return m->llama ? (int)CT_ARRAY_LEN(llama_expert) : (int)CT_ARRAY_LEN(gpt2_expert);
+}
+
+/* Mixture of Experts (moe.c) in layer l: the router, replicated, then in a unit of their own
+ * (reduced and sharded over the ranks that hold the same experts, layout.edp, not over all of
+ * dp) this rank's experts, the ep group's share (moe_experts / ep consecutive ones), each an MLP
+ * like the dense one: ct_model_expert_tensors consecutive entries per expert, moe_experts naming
+ * the first. */
+static void add_moe(registry_builder *rb, int l, int chunk, int *unit_cap, float std,
+                    float residual_std) {
+    ct_model *m = rb->model;
+    const int64_t C = m->C, E = m->mc.moe_experts, Fe = m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F;
+    const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
+    const expert_tensor *kinds = m->llama ? llama_expert : gpt2_expert;
+    char name[64];
+    snprintf(name, sizeof name, "layers.%d.moe.router", l);
+    ct_param *router = add_param(rb, name, 2, E, C, -1, CT_INIT_NORMAL, std, chunk);
+    router->layer = l;
+    router->field = offsetof(ct_layer_params, moe_router);
+    snprintf(name, sizeof name, "experts.%d", l);
+    begin_unit(m, name, unit_cap);
+    m->units[m->n_units - 1].experts = true;
+    m->units[m->n_units - 1].first_layer = l;
+    m->expert_unit[l] = m->n_units - 1;
+    for (int64_t e = e0; e < e0 + El; e++)
+        for (int j = 0; j < ct_model_expert_tensors(m); j++) {
+            const expert_tensor *k = &kinds[j];
+            snprintf(name, sizeof name, "layers.%d.moe.experts.%lld.%s", l, (long long)e, k->kind);
+            ct_param *q = add_param(rb, name, k->ndim, k->out_fe ? Fe : C, k->in_fe ? Fe : C,
+                                    k->split, k->init,
+                                    k->init == CT_INIT_ZEROS ? 0.0f
+                                    : k->residual            ? residual_std
+                                                             : std,
+                                    chunk);
+            q->layer = l;
+            q->expert = (int)e;
+            q->field =
+                e == e0 && j == 0 ? offsetof(ct_layer_params, moe_experts) : CT_PARAM_NO_FIELD;
+        }
+}
+
 static void build_registry(ct_model *m) {
     registry_builder rb = {.model = m, .cap = 0};
     m->embed_unit = m->head_unit = -1;
@@ -212,6 +276,10 @@ static void build_registry(ct_model *m) {
                 P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
                 P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
                 P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
+                if (ct_moe_layer(&m->mc, l)) {
+                    add_moe(&rb, l, chunk, &unit_cap, std, residual_std);
+                    continue;
+                }
                 P(w_gate, "mlp.w_gate", 2, F, C, 0, CT_INIT_NORMAL, std);
                 P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
                 P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
@@ -233,45 +301,7 @@ static void build_registry(ct_model *m) {
             P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
             P(ln2_b, "ln2.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
             if (ct_moe_layer(&m->mc, l)) {
-                /* Mixture of Experts (moe.c): the router, replicated, then this rank's experts
-                 * (the ep group's share, moe_experts / ep consecutive ones), each an MLP like
-                 * the dense one: four consecutive entries per expert, moe_experts names the
-                 * first (ct_moe_expert_param). */
-                const int64_t E = m->mc.moe_experts, Fe = m->mc.moe_d_ff ? m->mc.moe_d_ff : F;
-                const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
-                P(moe_router, "moe.router", 2, E, C, -1, CT_INIT_NORMAL, std);
-                /* The experts in a unit of their own: reduced and sharded over the ranks that
-                 * hold the same experts (layout.edp), not over all of dp. */
-                snprintf(unit_name, sizeof unit_name, "experts.%d", l);
-                begin_unit(m, unit_name, &unit_cap);
-                m->units[m->n_units - 1].experts = true;
-                m->units[m->n_units - 1].first_layer = l;
-                m->expert_unit[l] = m->n_units - 1;
-                for (int64_t e = e0; e < e0 + El; e++) {
-                    static const char *const kinds[] = {"w_up", "b_up", "w_down", "b_down"};
-                    for (int j = 0; j < 4; j++) {
-                        char suffix[48];
-                        snprintf(suffix, sizeof suffix, "moe.experts.%lld.%s", (long long)e,
-                                 kinds[j]);
-                        if (j == 0 && e == e0) {
-                            P(moe_experts, suffix, 2, Fe, C, 0, CT_INIT_NORMAL, std);
-                        } else {
-                            snprintf(name, sizeof name, "layers.%d.%s", l, suffix);
-                            ct_param *q =
-                                j == 0
-                                    ? add_param(&rb, name, 2, Fe, C, 0, CT_INIT_NORMAL, std, chunk)
-                                : j == 1
-                                    ? add_param(&rb, name, 1, Fe, 1, 0, CT_INIT_ZEROS, 0, chunk)
-                                : j == 2
-                                    ? add_param(&rb, name, 2, C, Fe, 1, CT_INIT_NORMAL,
-                                                residual_std, chunk)
-                                    : add_param(&rb, name, 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk);
-                            q->layer = l;
-                            q->field = CT_PARAM_NO_FIELD;
-                        }
-                        m->params[m->n_params - 1].expert = (int)e;
-                    }
-                }
+                add_moe(&rb, l, chunk, &unit_cap, std, residual_std);
                 continue;
             }
             P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
@@ -693,10 +723,10 @@ double ct_model_flops_per_token(const ct_model *m) {
     double n_matmul = 0;
     for (int l = 0; l < m->L; l++) {
         n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
-        if (ct_moe_layer(&m->mc, l)) /* the router, and k experts' up and down per token */
-            n_matmul +=
-                (double)m->C * m->mc.moe_experts +
-                2.0 * (double)m->mc.moe_top_k * m->C * (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
+        if (ct_moe_layer(&m->mc, l)) /* the router, and k experts (up, down; Llama: gate) */
+            n_matmul += (double)m->C * m->mc.moe_experts +
+                        (m->llama ? 3.0 : 2.0) * (double)m->mc.moe_top_k * m->C *
+                            (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
         else
             n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
     }

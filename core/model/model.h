@@ -153,9 +153,10 @@ typedef struct ct_layer_params {
     ct_param *w_gate;            /* llama: (F, C) column-parallel */
     ct_param *w_up, *b_up;       /* (F, C) column-parallel, (F) */
     ct_param *w_down, *b_down;   /* (C, F) row-parallel, (C) */
-    /* An MoE layer (ct_moe_layer; no w_up..b_down then): the router (E, C), replicated, and
-     * this rank's experts, four consecutive registry entries each from moe_experts on (w_up
-     * (Fe, C) column-parallel, b_up (Fe), w_down (C, Fe) row-parallel, b_down (C)) */
+    /* An MoE layer (ct_moe_layer; no dense MLP then): the router (E, C), replicated, and this
+     * rank's experts, ct_model_expert_tensors consecutive registry entries each from
+     * moe_experts on (GPT-2: w_up (Fe, C) column-parallel, b_up (Fe), w_down (C, Fe)
+     * row-parallel, b_down (C); Llama: w_gate and w_up (Fe, C) column-parallel, w_down) */
     ct_param *moe_router, *moe_experts;
 } ct_layer_params;
 
@@ -434,6 +435,10 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                             const ct_tensor *targets, ct_tensor *rowmax, ct_tensor *sumexp,
                             ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
                             float dloss);
+
+/* Registry entries per expert of an MoE layer: 4 for GPT-2 (w_up, b_up, w_down, b_down), 3 for
+ * Llama (w_gate, w_up, w_down). */
+int ct_model_expert_tensors(const ct_model *model);
 
 /* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset:
  * *aux = the balancing losses of the sequences this rank holds (each whole sequence's, counted

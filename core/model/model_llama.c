@@ -53,6 +53,10 @@ void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, x);
 
     ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, NULL);
+    if (p->moe_router) { /* SwiGLU experts (moe.c) */
+        ct_model_moe_forward(m, l, a, out);
+        return;
+    }
     ct_tensor *wgu = gate_up_weight(m, l, false);
     ct_gemm(la->h, la->ln2, wgu, false, true, 1.0f, 0.0f);
     ct_tensor_free(wgu);
@@ -66,15 +70,20 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
 
-    /* MLP: out = mid + g·Wdownᵀ, g = silu(gate)·up, gate|up = ln2·Wguᵀ */
-    ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
-    ct_model_poll(m);
-    ct_swiglu_bwd(s->dgu, la->h, s->dh);
-    ct_tensor *wgu = gate_up_weight(m, l, false), *dwgu = gate_up_weight(m, l, true);
-    ct_gemm(s->dln, s->dgu, wgu, false, false, 1.0f, 0.0f);
-    ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
-    ct_tensor_free(wgu), ct_tensor_free(dwgu);
+    ct_tensor *dln2;
+    if (p->moe_router) {
+        dln2 = ct_model_moe_backward(m, l, a, s);
+    } else {
+        /* MLP: out = mid + g·Wdownᵀ, g = silu(gate)·up, gate|up = ln2·Wguᵀ */
+        ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
+        ct_model_poll(m);
+        ct_swiglu_bwd(s->dgu, la->h, s->dh);
+        ct_tensor *wgu = gate_up_weight(m, l, false), *dwgu = gate_up_weight(m, l, true);
+        ct_gemm(s->dln, s->dgu, wgu, false, false, 1.0f, 0.0f);
+        dln2 = ct_model_dln_reduced(m, s);
+        ct_model_linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
+        ct_tensor_free(wgu), ct_tensor_free(dwgu);
+    }
     ct_model_norm_backward(s->dres, p->ln2_w, NULL, dln2, la->mid, NULL,
                            la->ln2_rstd); /* ∂L/∂mid */
     ct_model_poll(m);

@@ -51,7 +51,7 @@ typedef struct ct_moe_acts {
     /* backend, grown: router logits / its gradient (N, E); the experts' input rows (rows, C),
      * hidden before and after GELU (rows, Fe/tp), output rows (rows, C) and the combined
      * output (N, C) */
-    ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_y;
+    ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_dg, *t_y;
 } ct_moe_acts;
 
 static void *grow_host(void *p, size_t *cap, size_t bytes) {
@@ -80,7 +80,8 @@ void ct_moe_acts_free(struct ct_moe_acts *ma) {
     free(ma->counts);
     free(ma->logits), free(ma->probs), free(ma->gates), free(ma->ys), free(ma->rows);
     free(ma->tokens), free(ma->ids);
-    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h, ma->t_g, ma->t_ye, ma->t_dh, ma->t_y};
+    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h,  ma->t_g,
+                       ma->t_ye,     ma->t_dh, ma->t_dg, ma->t_y};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
     free(ma);
 }
@@ -93,13 +94,68 @@ static ct_router_kind router_kind(const ct_model *m) {
     }
 }
 
-/* Expert j's tensor `which` (0 w_up, 1 b_up, 2 w_down, 3 b_down) of layer l, j local (0 ≤ j <
- * E / ep): the registry holds four consecutive entries per expert (build_registry). */
+/* Expert j's tensor `which` of layer l, j local (0 ≤ j < E / ep): the registry holds
+ * ct_model_expert_tensors consecutive entries per expert (GPT-2: 0 w_up, 1 b_up, 2 w_down,
+ * 3 b_down; Llama: 0 w_gate, 1 w_up, 2 w_down). */
 static const ct_param *expert_param(const ct_model *m, int l, int j, int which) {
-    const ct_param *p = m->layers[l].moe_experts + 4 * j + which;
+    const ct_param *p = m->layers[l].moe_experts + ct_model_expert_tensors(m) * j + which;
     CT_ASSERT(p->layer == l &&
               p->expert == m->layout.ep_rank * (int)(m->mc.moe_experts / m->layout.ep_size) + j);
     return p;
+}
+
+/* Llama: expert j's gate and up projections as one (2·Fe/tp, C) matrix (adjacent in the unit),
+ * the values or with `grads` the gradients; free with ct_tensor_free. */
+static ct_tensor *expert_gate_up(const ct_model *m, int l, int j, bool grads) {
+    const ct_param *gate = expert_param(m, l, j, 0), *up = expert_param(m, l, j, 1);
+    const ct_unit *unit = &m->units[gate->unit];
+    CT_ASSERT(up->offset == gate->offset + gate->numel);
+    return ct_tensor_view_2d(grads ? unit->grads : unit->params, gate->offset,
+                             2 * gate->local_shape[0], m->C);
+}
+
+/* Expert j of layer l on its n rows x: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up;
+ * Llama: gate|up = x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), y = g·W_downᵀ
+ * (+ b_down on tp rank 0: once over the tp group). */
+static void expert_forward(ct_model *m, int l, int j, const ct_tensor *x, ct_tensor *h,
+                           ct_tensor *g, ct_tensor *y) {
+    const ct_param *w_down = expert_param(m, l, j, 2);
+    if (m->llama) {
+        ct_tensor *wgu = expert_gate_up(m, l, j, false);
+        ct_gemm(h, x, wgu, false, true, 1.0f, 0.0f);
+        ct_tensor_free(wgu);
+        ct_swiglu_fwd(g, h);
+        ct_gemm(y, g, w_down->value, false, true, 1.0f, 0.0f);
+        return;
+    }
+    ct_gemm_bias_gelu(h, g, x, expert_param(m, l, j, 0)->value, expert_param(m, l, j, 1)->value);
+    if (m->layout.tp_rank == 0)
+        ct_gemm_bias(y, g, w_down->value, expert_param(m, l, j, 3)->value);
+    else
+        ct_gemm(y, g, w_down->value, false, true, 1.0f, 0.0f);
+}
+
+/* Its backward from dy (overwritten with dx = ∂L/∂x): parameter gradients accumulated (b_down's
+ * only where `replicated_grads`), dg (n, Fe/tp) and dh (h's shape) scratch. */
+static void expert_backward(ct_model *m, int l, int j, ct_tensor *dy, const ct_tensor *x,
+                            const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
+                            bool replicated_grads) {
+    const ct_param *w_down = expert_param(m, l, j, 2);
+    ct_gemm(dg, dy, w_down->value, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
+    ct_gemm(w_down->grad, dy, g, true, false, 1.0f, 1.0f);
+    if (m->llama) {
+        ct_swiglu_bwd(dh, h, dg);
+        ct_tensor *wgu = expert_gate_up(m, l, j, false), *dwgu = expert_gate_up(m, l, j, true);
+        ct_gemm(dy, dh, wgu, false, false, 1.0f, 0.0f); /* dx = dgu·Wgu, over dy */
+        ct_model_linear_bwd_params(dh, x, dwgu, NULL);
+        ct_tensor_free(wgu), ct_tensor_free(dwgu);
+        return;
+    }
+    const ct_param *w_up = expert_param(m, l, j, 0);
+    if (replicated_grads) ct_bias_grad(expert_param(m, l, j, 3)->grad, dy);
+    ct_gelu_bwd(dh, expert_param(m, l, j, 1)->grad, h, dg); /* dh, and b_up's gradient */
+    ct_gemm(dy, dh, w_up->value, false, false, 1.0f, 0.0f); /* dx = dh·W_up, over dy */
+    ct_model_linear_bwd_params(dh, x, w_up->grad, NULL);
 }
 
 /* The index of layer l among this rank's MoE layers (for the step's statistics). */
@@ -183,7 +239,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_moe_dispatch(ma->plan, ma->tokens, C, ma->rows);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
     ct_tensor *ye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
-    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Fl);
+    const int64_t Hl = m->llama ? 2 * Fl : Fl; /* the hidden before the activation */
+    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     if (rows) ct_tensor_from_host_f32(xe, ma->rows);
 
@@ -197,14 +254,9 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
         if (!n) continue;
         ct_tensor *xj = ct_tensor_view_2d(xe, r0 * C, n, C),
                   *yj = ct_tensor_view_2d(ye, r0 * C, n, C);
-        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Fl, n, Fl),
+        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Hl, n, Hl),
                   *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
-        ct_gemm_bias_gelu(hj, gj, xj, expert_param(m, l, j, 0)->value,
-                          expert_param(m, l, j, 1)->value);
-        if (m->layout.tp_rank == 0) /* b_down once over the tp group */
-            ct_gemm_bias(yj, gj, expert_param(m, l, j, 2)->value, expert_param(m, l, j, 3)->value);
-        else
-            ct_gemm(yj, gj, expert_param(m, l, j, 2)->value, false, true, 1.0f, 0.0f);
+        expert_forward(m, l, j, xj, hj, gj, yj);
         ct_tensor_free(xj), ct_tensor_free(yj), ct_tensor_free(hj), ct_tensor_free(gj);
         ct_model_poll(m);
     }
@@ -214,7 +266,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     if (rows) ct_tensor_to_host_f32(ma->rows, ye);
     if (timed) {
         m->moe_expert_seconds += ct_now() - t0;
-        m->moe_expert_flops += 2.0 * 2.0 * (double)rows * (double)C * (double)Fl;
+        /* 2 FLOPs a multiply-add; GPT-2's up and down, Llama's gate, up and down */
+        m->moe_expert_flops += 2.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
     }
     t0 = ct_now();
     ma->ys = grow_host(ma->ys, &ma->cap_ys, (size_t)CT_MAX(1, N * k * C) * sizeof(float));
@@ -261,9 +314,11 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_BACKWARD);
     ct_tensor *dye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
-    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Fl);
+    const int64_t Hl = m->llama ? 2 * Fl : Fl;
+    ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
-    ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Fl);
+    ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Hl);
+    ct_tensor *dg = grown_view(m, &ma->t_dg, m->dtype, rows, Fl);
     if (rows) ct_tensor_from_host_f32(dye, ma->rows);
     m->moe_route_seconds += ct_now() - t0;
     t0 = ct_now();
@@ -271,30 +326,24 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
         const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
                       n = ct_moe_plan_expert_rows(ma->plan, j);
         if (!n) continue;
-        const ct_param *w_up = expert_param(m, l, j, 0), *b_up = expert_param(m, l, j, 1);
-        const ct_param *w_down = expert_param(m, l, j, 2), *b_down = expert_param(m, l, j, 3);
         ct_tensor *dyj = ct_tensor_view_2d(dye, r0 * C, n, C),
                   *xj = ct_tensor_view_2d(xe, r0 * C, n, C);
-        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Fl, n, Fl),
+        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Hl, n, Hl),
                   *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
-        ct_tensor *dhj = ct_tensor_view_2d(dh, r0 * Fl, n, Fl);
-        ct_gemm(dhj, dyj, w_down->value, false, false, 1.0f, 0.0f); /* dg = dye·W_down */
-        ct_gemm(w_down->grad, dyj, gj, true, false, 1.0f, 1.0f);
-        if (replicated_grads) ct_bias_grad(b_down->grad, dyj);
-        ct_gelu_bwd(dhj, b_up->grad, hj, dhj);                    /* dh, and b_up's gradient */
-        ct_gemm(dyj, dhj, w_up->value, false, false, 1.0f, 0.0f); /* dxe = dh·W_up, over dye */
-        ct_model_linear_bwd_params(dhj, xj, w_up->grad, NULL);
+        ct_tensor *dhj = ct_tensor_view_2d(dh, r0 * Hl, n, Hl),
+                  *dgj = ct_tensor_view_2d(dg, r0 * Fl, n, Fl);
+        expert_backward(m, l, j, dyj, xj, hj, gj, dgj, dhj, replicated_grads);
         ct_tensor_free(dyj), ct_tensor_free(xj), ct_tensor_free(hj), ct_tensor_free(gj);
-        ct_tensor_free(dhj);
+        ct_tensor_free(dhj), ct_tensor_free(dgj);
         ct_model_poll(m);
     }
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
     if (rows) ct_tensor_to_host_f32(ma->rows, dye);
     m->moe_expert_seconds += ct_now() - t0;
-    m->moe_expert_flops += 2.0 * 4.0 * (double)rows * (double)C * (double)Fl;
+    m->moe_expert_flops += 4.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
     t0 = ct_now();
     ct_tensor_free(dye), ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
-    ct_tensor_free(dh);
+    ct_tensor_free(dh), ct_tensor_free(dg);
 
     /* Dispatch's backward: each token's k row gradients summed (partial over tp). */
     ct_moe_dispatch_bwd(ma->plan, ma->rows, C, ma->tokens);

@@ -64,6 +64,14 @@ void ct_trace_span(ct_trace *t, int tid, const char *name, double start, double 
             name, t->rank, tid, 1e6 * start, 1e6 * (end - start), microbatch);
 }
 
+void ct_trace_counter(ct_trace *t, const char *name, double time, int n, const double *values) {
+    separate(t);
+    fprintf(t->file, "{\"name\": \"%s\", \"ph\": \"C\", \"pid\": %d, \"ts\": %.3f, \"args\": {",
+            name, t->rank, 1e6 * time);
+    for (int i = 0; i < n; i++) fprintf(t->file, "%s\"%d\": %.17g", i ? ", " : "", i, values[i]);
+    fprintf(t->file, "}}");
+}
+
 ct_status ct_trace_close(ct_trace *t) {
     fprintf(t->file, "\n]}\n");
     bool written = !ferror(t->file);

@@ -21,6 +21,9 @@ void ct_trace_thread(ct_trace *trace, int tid, const char *name);
 /* A span on thread tid from start to end (seconds, ct_now), labelled with its microbatch. */
 void ct_trace_span(ct_trace *trace, int tid, const char *name, double start, double end,
                    int microbatch);
+/* A counter track at `time` (seconds, ct_now): series "0", "1", ... n-1 with these values
+ * ("ph": "C"; Perfetto draws them stacked). */
+void ct_trace_counter(ct_trace *trace, const char *name, double time, int n, const double *values);
 /* Ends the file and frees the writer; CT_ERR_INPUT (message set) if a write failed. */
 ct_status ct_trace_close(ct_trace *trace);
 

@@ -38,6 +38,7 @@ static void trainer_free(trainer *t) {
     free(t->step_inputs);
     free(t->step_targets);
     free(t->cp_scratch);
+    free(t->moe_trace);
     ct_tokenizer_free(t->tokenizer);
     ct_metrics_free(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
@@ -285,6 +286,13 @@ static void moe_step_stats(trainer *t, step_stats *s) {
     if (t->pctx->tp_rank == 0)
         for (int64_t e = 0; e < E; e++) v[1 + e] = (double)counts[e];
     ct_comm_allreduce(t->pctx->world, v, E + 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    if (t->cfg->log.trace[0]) { /* the trace's tokens-per-expert track (write_trace) */
+        if (!t->moe_trace)
+            t->moe_trace = ct_xcalloc((size_t)(t->cfg->train.steps * (E + 1)), sizeof(double));
+        double *row = t->moe_trace + s->step * (E + 1);
+        row[0] = ct_now();
+        memcpy(row + 1, v + 1, (size_t)E * sizeof(double));
+    }
     s->moe_aux = v[0];
     s->moe_load_min = s->moe_load_max = v[1];
     double sum = 0.0;
@@ -331,6 +339,11 @@ static ct_status write_trace(trainer *t, const char *path) {
     CT_TRY(ct_trace_open(&trace, path, t->pctx->world_rank, t->pctx->world_size));
     ct_dp_trace(t->dp, trace);
     if (t->pctx->cp > 1) ct_ring_trace(trace);
+    const int64_t E = t->cfg->model.moe_experts;
+    for (int64_t step = 0; t->moe_trace && step < t->cfg->train.steps; step++) {
+        const double *row = t->moe_trace + step * (E + 1);
+        if (row[0] > 0) ct_trace_counter(trace, "moe tokens per expert", row[0], (int)E, row + 1);
+    }
     return ct_trace_close(trace);
 }
 

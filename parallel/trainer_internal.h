@@ -45,6 +45,9 @@ typedef struct trainer {
     char peak_how[128];        /* how hw_peak was found */
     double dp_bytes_expected, tp_bytes_expected, cp_bytes_expected; /* per step, by formula */
     ct_comm *groups[9]; /* every group, for the profile's communication time */
+    /* log.trace with MoE: each step's end time and tokens per expert (summed over the MoE layers
+     * and every rank), [step][1 + E] */
+    double *moe_trace;
 
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;

@@ -4,7 +4,7 @@
 # ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp, recompute and
 # expert parallelism (ep 2, 4, 8, with ZeRO, tp, pp and cp on top), and a Llama with SwiGLU experts,
 # against world size 1 (test/compare_runs.py: losses and every parameter, its derived tolerance);
-# the MoE metrics; the MoE keys' errors (exit 2 on every rank, with the numbers and a hint).
+# the MoE metrics and trace counters; the MoE keys' errors (exit 2 on every rank, with the numbers and a hint).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -89,6 +89,23 @@ if selected "export"; then
     expect_exit 2 "export of an MoE checkpoint" -- "$BIN" export "$d/ck/step-00000002" --out "$d/m.safetensors"
     expect_text "holds a Mixture-of-Experts model (layers.1.moe.router), which export cannot write yet" \
         "export names the MoE tensor it cannot write"
+fi
+
+# log.trace at ep 2: each rank's trace has a "moe tokens per expert" counter per step, one series
+# per expert, adding up to the step's routed slots (512 tokens x 2 experts x 2 MoE layers)
+if selected "trace"; then
+    expect_exit 0 "trace at ep 2" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.ep=2 \
+        --set log.trace="$tmp/trace/t.json"
+    if python3 - "$tmp/trace" <<'PY'; then ok "trace: tokens per expert each step, on every rank"; else fail "trace: tokens per expert"; fi
+import json, sys
+for r in (0, 1):
+    ev = json.load(open("%s/t.rank%d.json" % (sys.argv[1], r)))["traceEvents"]
+    c = [e for e in ev if e.get("ph") == "C" and e["name"] == "moe tokens per expert"]
+    assert len(c) == 4, len(c)
+    for e in c:
+        assert sorted(e["args"]) == [str(i) for i in range(8)], e
+        assert sum(e["args"].values()) == 512 * 2 * 2, e
+PY
 fi
 
 expect_exit 2 "moe_top_k above moe_experts" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set model.moe_top_k=9

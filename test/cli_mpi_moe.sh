@@ -190,3 +190,9 @@ if selected "plan"; then
     expect_exit 0 "plan gpt2-moe-3b at 64 ranks" -- "$BIN" plan --config configs/gpt2-moe-3b.yaml
     expect_text "MoE: 8 of 64 experts a layer on each rank" "plan gpt2-moe-3b: 64 experts over ep 8"
 fi
+
+# scripts/bench_moe.sh refuses a bad option with a hint (the README runs it for real)
+if selected "bench"; then
+    expect_exit 2 "bench_moe.sh with a bad option" -- bash scripts/bench_moe.sh --steps 1
+    expect_text "hint:" "bench_moe.sh says how to call it"
+fi

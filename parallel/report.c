@@ -211,6 +211,7 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_int(m, "host_copies", s->host_copies);
     if (t->cfg->model.moe_experts) {
         ct_metrics_num(m, "moe_aux_loss", "%.9g", s->moe_aux);
+        if (t->cfg->model.moe_z_alpha > 0) ct_metrics_num(m, "moe_z_loss", "%.9g", s->moe_z);
         ct_metrics_uint(m, "ep_bytes", s->ep_bytes);
         ct_metrics_num(m, "moe_route_s", "%.6f", s->moe_route_s);
         ct_metrics_num(m, "moe_expert_gemm_s", "%.6f", s->moe_expert_s);

@@ -278,14 +278,18 @@ static double dp_sum(trainer *t, double x) {
 static void moe_step_stats(trainer *t, step_stats *s) {
     const int64_t E = t->cfg->model.moe_experts;
     if (!E) return;
-    double *v = ct_xcalloc((size_t)(E + 1), sizeof *v);
+    /* [0] the balancing loss, [1 .. E] tokens per expert, [E + 1] the z-loss (its tokens: like
+     * the counts, each tp group's once) */
+    double *v = ct_xcalloc((size_t)(E + 2), sizeof *v);
     int64_t *counts = ct_xcalloc((size_t)E, sizeof *counts);
-    ct_model_moe_stats(t->model, &v[0], counts);
+    ct_model_moe_stats(t->model, &v[0], &v[E + 1], counts);
     ct_model_moe_timing(t->model, &s->moe_route_s, &s->moe_expert_s, &s->moe_expert_flops);
     if (t->pctx->tp_rank != 0 || t->pctx->cp_rank != 0) v[0] = 0.0;
     if (t->pctx->tp_rank == 0)
         for (int64_t e = 0; e < E; e++) v[1 + e] = (double)counts[e];
-    ct_comm_allreduce(t->pctx->world, v, E + 1, CT_DTYPE_F64, CT_REDUCE_SUM);
+    else
+        v[E + 1] = 0.0;
+    ct_comm_allreduce(t->pctx->world, v, E + 2, CT_DTYPE_F64, CT_REDUCE_SUM);
     if (t->cfg->log.trace[0]) { /* the trace's tokens-per-expert track (write_trace) */
         if (!t->moe_trace)
             t->moe_trace = ct_xcalloc((size_t)(t->cfg->train.steps * (E + 1)), sizeof(double));
@@ -294,6 +298,7 @@ static void moe_step_stats(trainer *t, step_stats *s) {
         memcpy(row + 1, v + 1, (size_t)E * sizeof(double));
     }
     s->moe_aux = v[0];
+    s->moe_z = v[E + 1];
     s->moe_load_min = s->moe_load_max = v[1];
     double sum = 0.0;
     for (int64_t e = 0; e < E; e++) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixture of Experts (core/README.md, Mixture of Experts) under mpirun: a GPT-2 whose every other
-# layer is an MoE layer (8 experts, 2 a token, the balancing loss on) trained in layouts of dp,
+# layer is an MoE layer (8 experts, 2 a token, the balancing loss and z-loss on) trained in layouts of dp,
 # ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp, recompute and
 # expert parallelism (ep 2, 4, 8, with ZeRO, tp, pp and cp on top), and a Llama with SwiGLU experts,
 # against world size 1 (test/compare_runs.py: losses and every parameter, its derived tolerance);
@@ -11,7 +11,8 @@ trap 'rm -rf "$tmp"' EXIT
 mpi_setup
 equivalence_setup
 base+=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_top_k=2
-       --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05)
+       --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05
+       --set model.moe_z_alpha=0.01)
 
 if selected "layouts" && reference_run "$tmp"; then
     if python3 - "$tmp/ref.jsonl" <<'PY'; then ok "MoE metrics: balancing loss near alpha per layer, loads add up"; else fail "MoE metrics"; fi
@@ -24,6 +25,8 @@ for s in steps:
     assert s["moe_load_mean"] == 512 * 2 * 2 / 8, s
     assert s["moe_load_min"] <= s["moe_load_mean"] <= s["moe_load_max"], s
     assert abs(s["moe_imbalance"] - s["moe_load_max"] / s["moe_load_mean"]) < 1e-5, s
+    # the z-loss: 0.01 x the squared logsumexp of 8 small logits (about ln 8) x 2 layers
+    assert 0.01 * 2 * 1.5**2 < s["moe_z_loss"] < 0.01 * 2 * 3**2, s
 assert len(steps) == 4
 PY
     # np  extra

@@ -135,7 +135,9 @@ static double model_loss(ct_model *m, ct_acts *a) {
     double lm = ct_model_forward_loss(m, a, (float)(1.0 / N)) / N, aux = 0.0;
     if (m->mc.moe_experts) {
         int64_t *counts = ct_xmalloc((size_t)m->mc.moe_experts * sizeof *counts);
-        ct_model_moe_stats(m, &aux, counts);
+        double z;
+        ct_model_moe_stats(m, &aux, &z, counts);
+        aux += z;
         free(counts);
     }
     return lm + aux;
@@ -165,6 +167,7 @@ static void gradcheck(ct_arch arch, int moe_router) {
         cfg.model.moe_d_ff = 24;
         cfg.model.moe_router = (ct_moe_router)moe_router;
         cfg.model.moe_aux_alpha = 0.5;
+        cfg.model.moe_z_alpha = 0.1; /* the router z-loss in the objective too */
     }
     cfg.model.seq_len = 8;
     cfg.model.d_model = 16;
@@ -199,8 +202,8 @@ static void gradcheck(ct_arch arch, int moe_router) {
     ct_model_backward(m, a, s);
     if (m->mc.moe_experts) { /* that forward's statistics: not the first difference's */
         int64_t counts[8];
-        double aux;
-        ct_model_moe_stats(m, &aux, counts);
+        double aux, z;
+        ct_model_moe_stats(m, &aux, &z, counts);
     }
     const uint64_t routing = ct_model_moe_routing_digest(a);
 

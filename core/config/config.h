@@ -80,6 +80,7 @@ typedef struct ct_model_config {
     int64_t moe_experts, moe_top_k, moe_every, moe_d_ff;
     ct_moe_router moe_router;
     double moe_aux_alpha;
+    double moe_z_alpha; /* the router z-loss's weight (0: none) */
 } ct_model_config;
 
 /* Whether layer l (from 0) is a Mixture-of-Experts layer: layers moe_every - 1, 2·moe_every - 1,

@@ -236,7 +236,7 @@ typedef struct ct_model {
      * ct_model_moe_stats last read them: the balancing losses summed (each micro-batch's, of
      * the global micro-batch), and tokens routed to each expert (n_moe_layers × E, global). */
     int n_moe_layers; /* MoE layers on this rank */
-    double moe_aux_sum;
+    double moe_aux_sum, moe_z_sum;
     int64_t *moe_counts;
     /* Seconds in the MoE layers' routing, permutation, exchange and host copies, and in their
      * experts' GEMMs (with the FLOPs these did), since ct_model_moe_stats last read them: on a
@@ -440,12 +440,14 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
  * Llama (w_gate, w_up, w_down). */
 int ct_model_expert_tensors(const ct_model *model);
 
-/* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset:
+/* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset
+ * (*z: the router z-losses of this rank's tokens, weighted as in the objective, summed over
+ * layers):
  * *aux = the balancing losses of the sequences this rank holds (each whole sequence's, counted
  * once per cp rank), weighted as in the objective (1 / the step's sequences), summed over layers;
  * counts[e] (moe_experts entries) = this rank's tokens routed to expert e, summed over
  * micro-batches and layers. Training forwards only (dloss != 0, not a recompute). */
-void ct_model_moe_stats(ct_model *model, double *aux, int64_t *counts);
+void ct_model_moe_stats(ct_model *model, double *aux, double *z, int64_t *counts);
 
 /* Since the last call, then reset: this rank's seconds in its MoE layers' routing, permutation,
  * exchange and host copies (route_s) and in their experts' GEMMs (expert_s, which did

@@ -33,6 +33,7 @@
 #include "moe_dispatch.h"
 #include "moe_router.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,7 @@ typedef struct ct_moe_acts {
     int64_t N; /* tokens (B·T on this rank) */
     ct_moe_plan *plan;
     float aux_scale; /* a sequence's balancing loss's weight in the objective (0: not in it) */
+    float dloss;     /* a token's weight in the objective (the z-loss's; 0: not in it) */
     int64_t *counts; /* (B, E) assignments per expert of each sequence (all of it, over cp) */
     size_t cap_counts;
     /* host, grown */
@@ -84,6 +86,14 @@ void ct_moe_acts_free(struct ct_moe_acts *ma) {
                        ma->t_ye,     ma->t_dh, ma->t_dg, ma->t_y};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
     free(ma);
+}
+
+/* log Σ_e exp(x_e) in double. */
+static double logsumexp(const float *x, int64_t n) {
+    double mx = x[0], sum = 0.0;
+    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < n; i++) sum += exp(x[i] - mx);
+    return mx + log(sum);
 }
 
 static ct_router_kind router_kind(const ct_model *m) {
@@ -216,8 +226,13 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     /* Each sequence's loss weighs 1 / (sequences of the step) in the objective, as its tokens'
      * language-model losses weigh dloss = 1 / (tokens of the step) each. */
     ma->aux_scale = aux ? a->dloss * (float)Ts : 0.0f;
+    ma->dloss = m->mc.moe_z_alpha > 0 ? a->dloss : 0.0f;
     if (a->dloss != 0.0f && !m->recomputing) {
         /* a training forward (not the backward's rebuild): the step's statistics */
+        for (int64_t t = 0; t < N && ma->dloss != 0.0f; t++) {
+            const double z = logsumexp(ma->logits + t * E, E);
+            m->moe_z_sum += m->mc.moe_z_alpha * z * z * (double)a->dloss;
+        }
         int idx = moe_index(m, l);
         for (int64_t b = 0; b < B && aux; b++)
             m->moe_aux_sum += ct_router_aux_loss(ma->counts + b * E, stat + b * 2 * E + E, Ts,
@@ -357,6 +372,12 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
             ct_router_aux_bwd(router_kind(m), ma->logits + b * m->T * E, ma->counts + b * E,
                               m->T_seq, m->T, (int)E, (int)k, m->mc.moe_aux_alpha, ma->aux_scale,
                               dlogits + b * m->T * E);
+    if (ma->dloss != 0.0f) /* the z-loss: α_z·z² a token, z = logsumexp(logits) */
+        for (int64_t t = 0; t < N; t++) {
+            const float *zl = ma->logits + t * E;
+            const double z = logsumexp(zl, E), c = 2.0 * m->mc.moe_z_alpha * z * ma->dloss;
+            for (int64_t e = 0; e < E; e++) dlogits[t * E + e] += (float)(c * exp(zl[e] - z));
+        }
     free(dgates);
     ct_tensor *dl = grown_view(m, &ma->t_y, m->dtype, N, E);
     ct_tensor_from_host_f32(dl, dlogits);
@@ -374,9 +395,10 @@ void ct_model_moe_timing(ct_model *m, double *route_s, double *expert_s, double 
     m->moe_route_seconds = m->moe_expert_seconds = m->moe_expert_flops = 0.0;
 }
 
-void ct_model_moe_stats(ct_model *m, double *aux, int64_t *counts) {
+void ct_model_moe_stats(ct_model *m, double *aux, double *z, int64_t *counts) {
     const int64_t E = m->mc.moe_experts;
-    *aux = m->moe_aux_sum;
+    *aux = m->moe_aux_sum, *z = m->moe_z_sum;
+    m->moe_z_sum = 0;
     for (int64_t e = 0; e < E; e++) {
         counts[e] = 0;
         for (int i = 0; i < m->n_moe_layers; i++) counts[e] += m->moe_counts[i * E + e];

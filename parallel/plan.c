@@ -58,10 +58,14 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     if (cfg->parallel.sequence_parallel) {
         const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
         /* an MoE layer's replicated tensors: the norms and bo (5C), the router (E·C) and each of
-         * its experts' b_down (E/ep · C) instead of the MLP's b_down; Llama's: the router */
+         * its experts' b_down (E/ep · C) instead of the MLP's b_down, and the shared experts'
+         * b_down; Llama's: the router */
         double replicated = llama ? 2.0 * L * C + head * C + moe * E * C
                                   : 6.0 * L * C + embed * T_seq * C + head * 2.0 * C +
-                                        moe * (E + E / (double)cfg->parallel.ep - 1.0) * C;
+                                        moe *
+                                            (E + E / (double)cfg->parallel.ep - 1.0 +
+                                             (cfg->model.moe_shared ? 1.0 : 0.0)) *
+                                            C;
         total += ring * 4.0 * replicated * (cfg->parallel.zero_stage >= 2 ? (double)m : 1.0);
     }
     return total;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mixture of Experts (core/README.md, Mixture of Experts) under mpirun: a GPT-2 whose every other
-# layer is an MoE layer (8 experts, 2 a token, the balancing loss and z-loss on) trained in layouts of dp,
+# layer is an MoE layer (8 routed experts, 2 a token, and a shared one; the balancing loss and z-loss
+# on) trained in layouts of dp,
 # ZeRO 1-3, tp with and without sequence parallelism, pp (1F1B and interleaved), cp, recompute and
 # expert parallelism (ep 2, 4, 8, with ZeRO, tp, pp and cp on top), and a Llama with SwiGLU experts,
 # against world size 1 (test/compare_runs.py: losses and every parameter, its derived tolerance);
@@ -12,7 +13,7 @@ mpi_setup
 equivalence_setup
 base+=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_top_k=2
        --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05
-       --set model.moe_z_alpha=0.01)
+       --set model.moe_z_alpha=0.01 --set model.moe_shared=1)
 
 if selected "layouts" && reference_run "$tmp"; then
     if python3 - "$tmp/ref.jsonl" <<'PY'; then ok "MoE metrics: balancing loss near alpha per layer, loads add up"; else fail "MoE metrics"; fi
@@ -90,7 +91,7 @@ if selected "export"; then
         --set checkpoint.dir="$d/ck" --set checkpoint.interval=2
     expect_exit 0 "eval of an MoE checkpoint" -- "$BIN" eval "$d/ck/step-00000002" --data "$TEST_DATA/val.bin" --samples 4
     expect_exit 2 "export of an MoE checkpoint" -- "$BIN" export "$d/ck/step-00000002" --out "$d/m.safetensors"
-    expect_text "holds a Mixture-of-Experts model (layers.1.moe.router), which export cannot write yet" \
+    expect_text "holds a Mixture-of-Experts model (layers.1.moe.shared.w_up), which export cannot write yet" \
         "export names the MoE tensor it cannot write"
 fi
 

@@ -168,6 +168,8 @@ static void gradcheck(ct_arch arch, int moe_router) {
         cfg.model.moe_router = (ct_moe_router)moe_router;
         cfg.model.moe_aux_alpha = 0.5;
         cfg.model.moe_z_alpha = 0.1; /* the router z-loss in the objective too */
+        /* two shared experts beside the routed ones (the sigmoid router's and Llama's runs) */
+        cfg.model.moe_shared = moe_router == CT_MOE_SIGMOID || arch == CT_ARCH_LLAMA ? 2 : 0;
     }
     cfg.model.seq_len = 8;
     cfg.model.d_model = 16;
@@ -239,6 +241,12 @@ static void gradcheck(ct_arch arch, int moe_router) {
         ct_tensor_from_host(p->value, theta);
         double numeric = (f[0] - f[1]) / (2 * eps);
         double err = fabs(numeric - analytic), tol = 3e-4 + 2e-2 * fabs(numeric);
+        /* every MoE tensor (router, routed and shared experts) takes part in the loss: a path
+         * left out of both passes would otherwise agree at 0 */
+        if (strstr(p->name, ".moe.") && !(fabs(numeric) > 1e-6)) {
+            printf("gradcheck %-24s does not affect the loss (numeric %+.3e)\n", p->name, numeric);
+            failures++;
+        }
         if (!(err <= tol)) {
             printf("gradcheck %-24s analytic %+.6e numeric %+.6e err %.2e tol %.2e\n", p->name,
                    analytic, numeric, err, tol);

@@ -81,6 +81,7 @@ typedef struct ct_model_config {
     ct_moe_router moe_router;
     double moe_aux_alpha;
     double moe_z_alpha; /* the router z-loss's weight (0: none) */
+    int64_t moe_shared; /* shared experts: an MLP of width moe_shared·moe_d_ff every token meets */
 } ct_model_config;
 
 /* Whether layer l (from 0) is a Mixture-of-Experts layer: layers moe_every - 1, 2·moe_every - 1,

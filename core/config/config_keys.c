@@ -152,6 +152,9 @@ const config_key config_keys[] = {
     {KEY(parallel, cp, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(16384),
      .doc = "context-parallel degree: each sequence's positions split over cp ranks, attention "
             "by ring (needs seq_len divisible by 2 * cp, times tp with sequence_parallel)"},
+    {KEY(model, moe_shared, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(64),
+     .doc = "MoE: shared experts every token goes through besides its routed ones (DeepSeek-MoE), "
+            "as one MLP of width moe_shared * moe_d_ff; 0 = none"},
     {KEY(model, moe_z_alpha, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(1000),
      .doc = "MoE: weight of the router z-loss (ST-MoE): the mean over tokens of the squared "
             "logsumexp of the router's logits, keeping them small; 0 = none"},

@@ -200,7 +200,7 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
                              + C * C + 2 * kv * C             /* q, k, v */
                              + C * C                          /* attention out */
                              + 3 * F * C)                     /* gate, up, down */
-               + n_moe * (E * C + E * 3 * Fe * C - 3 * F * C) /* router, SwiGLU experts */
+               + n_moe * (E * C + (E + m->moe_shared) * 3 * Fe * C - 3 * F * C) /* router, experts */
                + C;                                           /* final norm */
     int64_t layer = 2 * C                                     /* ln1 weight + bias */
                     + (C * C + C)                             /* q */
@@ -209,7 +209,9 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
                     + 2 * C                                   /* ln2 */
                     + (F * C + F)                             /* MLP up */
                     + (C * F + C);                            /* MLP down */
-    int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C));
+    const int64_t Fs = m->moe_shared * Fe; /* the shared experts' MLP */
+    int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C)) +
+                  (Fs ? (Fs * C + Fs) + (C * Fs + C) : 0);
     return head + d->vocab_padded * C /* wte (the LM head when tied) */
            + m->seq_len * C           /* wpe */
            + (m->n_layer - n_moe) * layer + n_moe * moe + 2 * C /* final LN */;

@@ -179,6 +179,15 @@ int ct_model_expert_tensors(const ct_model *m) {
     return m->llama ? (int)CT_ARRAY_LEN(llama_expert) : (int)CT_ARRAY_LEN(gpt2_expert);
 }
 
+/* One expert tensor of kind k whose hidden width is `width`. */
+static ct_param *add_expert_tensor(registry_builder *rb, const char *name, const expert_tensor *k,
+                                   int64_t width, int chunk, float std, float residual_std) {
+    const int64_t C = rb->model->C;
+    const float sd = k->init == CT_INIT_ZEROS ? 0.0f : k->residual ? residual_std : std;
+    return add_param(rb, name, k->ndim, k->out_fe ? width : C, k->in_fe ? width : C, k->split,
+                     k->init, sd, chunk);
+}
+
 /* Mixture of Experts (moe.c) in layer l: the router, replicated, then in a unit of their own
  * (reduced and sharded over the ranks that hold the same experts, layout.edp, not over all of
  * dp) this rank's experts, the ep group's share (moe_experts / ep consecutive ones), each an MLP
@@ -191,6 +200,22 @@ static void add_moe(registry_builder *rb, int l, int chunk, int *unit_cap, float
     const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
     const expert_tensor *kinds = m->llama ? llama_expert : gpt2_expert;
     char name[64];
+    /* Shared experts (moe_shared of them): one MLP of their summed width every token goes
+     * through, in the layer's own unit like a dense MLP, bound to the MLP's fields. */
+    const int64_t Fs = m->mc.moe_shared * Fe;
+    for (int j = 0; Fs && j < ct_model_expert_tensors(m); j++) {
+        const expert_tensor *k = &kinds[j];
+        static const size_t gpt2_fields[] = {
+            offsetof(ct_layer_params, w_up), offsetof(ct_layer_params, b_up),
+            offsetof(ct_layer_params, w_down), offsetof(ct_layer_params, b_down)};
+        static const size_t llama_fields[] = {offsetof(ct_layer_params, w_gate),
+                                              offsetof(ct_layer_params, w_up),
+                                              offsetof(ct_layer_params, w_down)};
+        snprintf(name, sizeof name, "layers.%d.moe.shared.%s", l, k->kind);
+        ct_param *q = add_expert_tensor(rb, name, k, Fs, chunk, std, residual_std);
+        q->layer = l;
+        q->field = m->llama ? llama_fields[j] : gpt2_fields[j];
+    }
     snprintf(name, sizeof name, "layers.%d.moe.router", l);
     ct_param *router = add_param(rb, name, 2, E, C, -1, CT_INIT_NORMAL, std, chunk);
     router->layer = l;
@@ -202,14 +227,9 @@ static void add_moe(registry_builder *rb, int l, int chunk, int *unit_cap, float
     m->expert_unit[l] = m->n_units - 1;
     for (int64_t e = e0; e < e0 + El; e++)
         for (int j = 0; j < ct_model_expert_tensors(m); j++) {
-            const expert_tensor *k = &kinds[j];
-            snprintf(name, sizeof name, "layers.%d.moe.experts.%lld.%s", l, (long long)e, k->kind);
-            ct_param *q = add_param(rb, name, k->ndim, k->out_fe ? Fe : C, k->in_fe ? Fe : C,
-                                    k->split, k->init,
-                                    k->init == CT_INIT_ZEROS ? 0.0f
-                                    : k->residual            ? residual_std
-                                                             : std,
-                                    chunk);
+            snprintf(name, sizeof name, "layers.%d.moe.experts.%lld.%s", l, (long long)e,
+                     kinds[j].kind);
+            ct_param *q = add_expert_tensor(rb, name, &kinds[j], Fe, chunk, std, residual_std);
             q->layer = l;
             q->expert = (int)e;
             q->field =
@@ -723,10 +743,11 @@ double ct_model_flops_per_token(const ct_model *m) {
     double n_matmul = 0;
     for (int l = 0; l < m->L; l++) {
         n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
-        if (ct_moe_layer(&m->mc, l)) /* the router, and k experts (up, down; Llama: gate) */
+        if (ct_moe_layer(&m->mc, l)) /* the router, k routed and the shared experts (up, down;
+                                         Llama: gate) */
             n_matmul += (double)m->C * m->mc.moe_experts +
-                        (m->llama ? 3.0 : 2.0) * (double)m->mc.moe_top_k * m->C *
-                            (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
+                        (m->llama ? 3.0 : 2.0) * (double)(m->mc.moe_top_k + m->mc.moe_shared) *
+                            m->C * (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
         else
             n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
     }

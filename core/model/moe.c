@@ -54,6 +54,8 @@ typedef struct ct_moe_acts {
      * hidden before and after GELU (rows, Fe/tp), output rows (rows, C) and the combined
      * output (N, C) */
     ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_dg, *t_y;
+    /* the shared experts: hidden before and after the activation (N, ·), and their gradients */
+    ct_tensor *t_sh, *t_sg, *t_sdh, *t_sdg;
 } ct_moe_acts;
 
 static void *grow_host(void *p, size_t *cap, size_t bytes) {
@@ -82,8 +84,8 @@ void ct_moe_acts_free(struct ct_moe_acts *ma) {
     free(ma->counts);
     free(ma->logits), free(ma->probs), free(ma->gates), free(ma->ys), free(ma->rows);
     free(ma->tokens), free(ma->ids);
-    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h,  ma->t_g,
-                       ma->t_ye,     ma->t_dh, ma->t_dg, ma->t_y};
+    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h,  ma->t_g,  ma->t_ye,  ma->t_dh,
+                       ma->t_dg,     ma->t_y,  ma->t_sh, ma->t_sg, ma->t_sdh, ma->t_sdg};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
     free(ma);
 }
@@ -114,10 +116,10 @@ static const ct_param *expert_param(const ct_model *m, int l, int j, int which) 
     return p;
 }
 
-/* Llama: expert j's gate and up projections as one (2·Fe/tp, C) matrix (adjacent in the unit),
- * the values or with `grads` the gradients; free with ct_tensor_free. */
-static ct_tensor *expert_gate_up(const ct_model *m, int l, int j, bool grads) {
-    const ct_param *gate = expert_param(m, l, j, 0), *up = expert_param(m, l, j, 1);
+/* Llama: a gate and an up projection adjacent in their unit as one (2·width/tp, C) matrix, the
+ * values or with `grads` the gradients; free with ct_tensor_free. */
+static ct_tensor *gate_up_of(const ct_model *m, const ct_param *gate, const ct_param *up,
+                             bool grads) {
     const ct_unit *unit = &m->units[gate->unit];
     CT_ASSERT(up->offset == gate->offset + gate->numel);
     return ct_tensor_view_2d(grads ? unit->grads : unit->params, gate->offset,
@@ -127,6 +129,50 @@ static ct_tensor *expert_gate_up(const ct_model *m, int l, int j, bool grads) {
 /* Expert j of layer l on its n rows x: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up;
  * Llama: gate|up = x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), y = g·W_downᵀ
  * (+ b_down on tp rank 0: once over the tp group). */
+static ct_tensor *expert_gate_up(const ct_model *m, int l, int j, bool grads) {
+    return gate_up_of(m, expert_param(m, l, j, 0), expert_param(m, l, j, 1), grads);
+}
+
+/* The shared experts (moe_shared > 0): one MLP on every token's row of ln2, like a dense MLP
+ * split over tp, its output added into y (partial over tp; b_down on tp rank 0). h and g as
+ * expert_forward's, kept for the backward. */
+static void shared_forward(ct_model *m, int l, const ct_tensor *x, ct_tensor *h, ct_tensor *g,
+                           ct_tensor *y) {
+    const ct_layer_params *p = &m->layers[l];
+    if (m->llama) {
+        ct_tensor *wgu = gate_up_of(m, p->w_gate, p->w_up, false);
+        ct_gemm(h, x, wgu, false, true, 1.0f, 0.0f);
+        ct_tensor_free(wgu);
+        ct_swiglu_fwd(g, h);
+    } else {
+        ct_gemm_bias_gelu(h, g, x, p->w_up->value, p->b_up->value);
+        if (m->layout.tp_rank == 0) ct_bias_add(y, p->b_down->value);
+    }
+    ct_gemm(y, g, p->w_down->value, false, true, 1.0f, 1.0f);
+}
+
+/* Its backward from dy (the full sequence's), adding ∂L/∂x into dx (partial over tp). */
+static void shared_backward(ct_model *m, int l, const ct_tensor *dy, const ct_tensor *x,
+                            const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
+                            ct_tensor *dx, bool replicated_grads) {
+    const ct_layer_params *p = &m->layers[l];
+    ct_gemm(dg, dy, p->w_down->value, false, false, 1.0f, 0.0f);
+    ct_gemm(p->w_down->grad, dy, g, true, false, 1.0f, 1.0f);
+    if (m->llama) {
+        ct_swiglu_bwd(dh, h, dg);
+        ct_tensor *wgu = gate_up_of(m, p->w_gate, p->w_up, false),
+                  *dwgu = gate_up_of(m, p->w_gate, p->w_up, true);
+        ct_gemm(dx, dh, wgu, false, false, 1.0f, 1.0f);
+        ct_model_linear_bwd_params(dh, x, dwgu, NULL);
+        ct_tensor_free(wgu), ct_tensor_free(dwgu);
+        return;
+    }
+    if (replicated_grads) ct_bias_grad(p->b_down->grad, dy);
+    ct_gelu_bwd(dh, p->b_up->grad, h, dg);
+    ct_gemm(dx, dh, p->w_up->value, false, false, 1.0f, 1.0f);
+    ct_model_linear_bwd_params(dh, x, p->w_up->grad, NULL);
+}
+
 static void expert_forward(ct_model *m, int l, int j, const ct_tensor *x, ct_tensor *h,
                            ct_tensor *g, ct_tensor *y) {
     const ct_param *w_down = expert_param(m, l, j, 2);
@@ -292,6 +338,13 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     /* out = mid + y, y summed over the tp group (reduce-scattered under sequence parallelism) */
     ct_tensor *y = grown_view(m, &ma->t_y, m->dtype, N, C);
     ct_tensor_from_host_f32(y, ma->tokens);
+    if (p->w_down) { /* the shared experts, on every token */
+        const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
+        ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
+        ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
+        shared_forward(m, l, la->ln2, sh, sg, y);
+        ct_tensor_free(sh), ct_tensor_free(sg);
+    }
     if (m->layout.sequence_parallel && m->layout.tp_size > 1) {
         ct_model_seq_reduce_scatter(m, out, y);
     } else {
@@ -363,6 +416,15 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     /* Dispatch's backward: each token's k row gradients summed (partial over tp). */
     ct_moe_dispatch_bwd(ma->plan, ma->rows, C, ma->tokens);
     ct_tensor_from_host_f32(s->dln, ma->tokens);
+    if (p->w_down) { /* the shared experts' backward, into dln */
+        const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
+        ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
+        ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
+        ct_tensor *sdh = grown_view(m, &ma->t_sdh, m->dtype, N, Hs);
+        ct_tensor *sdg = grown_view(m, &ma->t_sdg, m->dtype, N, Fs);
+        shared_backward(m, l, dy, la->ln2, sh, sg, sdg, sdh, s->dln, replicated_grads);
+        ct_tensor_free(sh), ct_tensor_free(sg), ct_tensor_free(sdh), ct_tensor_free(sdg);
+    }
 
     /* The router's backward, through the gates and the balancing loss. */
     float *dlogits = ct_xmalloc((size_t)(N * E) * sizeof *dlogits);

@@ -104,7 +104,7 @@ size_t ct_acts_bytes(const ct_model *m, int64_t B) {
     carve_acts((ct_model *)m, &a, &cv);
     free(a.residual);
     free(a.layers);
-    return cv.used + 2 * (size_t)(B * m->T) * sizeof(int32_t);
+    return cv.used + 2 * (size_t)(B * m->T) * sizeof(int32_t) + ct_model_moe_acts_bytes(m, B);
 }
 
 ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {

@@ -60,6 +60,9 @@ void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scrat
  * the returned tensor. */
 void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);
 ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
+/* The backend bytes one micro-batch of B sequences holds in this rank's MoE layers under
+ * uniform routing (the experts' rows follow the routing; grown as needed, kept for reuse). */
+size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B);
 struct ct_moe_acts;
 void ct_moe_acts_free(struct ct_moe_acts *ma); /* accepts NULL */
 

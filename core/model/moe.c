@@ -479,3 +479,20 @@ uint64_t ct_model_moe_routing_digest(const ct_acts *a) {
     }
     return h;
 }
+
+size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B) {
+    const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k, tp = m->layout.tp_size;
+    const int64_t Fe = (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F) / tp, N = B * m->T;
+    const int64_t Hl = m->llama ? 2 * Fe : Fe, Fs = m->mc.moe_shared * Fe;
+    const int64_t Hs = m->llama ? 2 * Fs : Fs, rows = N * k; /* rows: uniform routing */
+    const size_t dt = ct_dtype_size(m->dtype);
+    /* the router's logits (f32); the experts' input and output rows, hidden before and after
+     * the activation and their gradients; the combined output; the shared experts' hidden */
+    const size_t layer = (size_t)(N * E) * 4 + dt * (size_t)(rows * (2 * C + 2 * Hl + 2 * Fe) +
+                                                             N * C + N * 2 * (Hs + Fs));
+    size_t n = 0;
+    for (int c = 0; c < m->layout.n_chunks; c++)
+        for (int i = 0; i < m->layout.chunks[c].n_layers; i++)
+            n += ct_moe_layer(&m->mc, m->layout.chunks[c].first_layer + i);
+    return n * layer;
+}

@@ -162,7 +162,6 @@ static ct_status build_model(trainer *t) {
     layout.ep = t->pctx->ep_comm;
     layout.ep_rank = t->pctx->ep_rank;
     layout.ep_size = t->pctx->ep;
-    layout.dpcp = t->pctx->dpcp_comm;
     layout.edp = t->pctx->ep > 1 ? t->pctx->edp_comm : NULL;
     layout.zero = ct_zero_layout_of(cfg->parallel.zero_stage);
     layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);

@@ -119,10 +119,8 @@ typedef struct ct_model_layout {
     int cp_rank, cp_size;
     bool cp_zigzag;
     /* Mixture of Experts (moe.c): the expert-parallel group (this rank holds experts
-     * [ep_rank·E/ep, (ep_rank + 1)·E/ep) of each MoE layer; NULL: ep_size 1, all of them) and the
-     * dp × cp group whose tokens form one global micro-batch (the balancing loss's counts are
-     * summed over it; NULL: this rank alone) */
-    ct_comm *ep, *dpcp;
+     * [ep_rank·E/ep, (ep_rank + 1)·E/ep) of each MoE layer; NULL: ep_size 1, all of them) */
+    ct_comm *ep;
     int ep_rank, ep_size;
     /* The ranks holding the same experts (dp·cp / ep of them): the data-parallel group of the
      * expert units (ct_unit.experts); NULL: the dp group itself (ep_size 1) */
@@ -233,8 +231,8 @@ typedef struct ct_model {
     ct_comm *own_ep;            /* the one-rank ep group made when layout.ep was NULL */
     bool recomputing;           /* backward is rebuilding a layer's internals (recompute) */
     /* Mixture of Experts, this rank's MoE layers over the training forwards since
-     * ct_model_moe_stats last read them: the balancing losses summed (each micro-batch's, of
-     * the global micro-batch), and tokens routed to each expert (n_moe_layers × E, global). */
+     * ct_model_moe_stats last read them: the balancing and z-losses as the objective weighs
+     * them, summed, and this rank's tokens routed to each expert (n_moe_layers × E). */
     int n_moe_layers; /* MoE layers on this rank */
     double moe_aux_sum, moe_z_sum;
     int64_t *moe_counts;

@@ -196,19 +196,20 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
     for (int64_t l = 0; l < m->n_layer; l++) n_moe += ct_moe_layer(m, l);
     if (m->arch == CT_ARCH_LLAMA)
         return head + d->vocab_padded * C +
-               m->n_layer * (2 * C                            /* two RMSNorm weights */
-                             + C * C + 2 * kv * C             /* q, k, v */
-                             + C * C                          /* attention out */
-                             + 3 * F * C)                     /* gate, up, down */
-               + n_moe * (E * C + (E + m->moe_shared) * 3 * Fe * C - 3 * F * C) /* router, experts */
-               + C;                                           /* final norm */
-    int64_t layer = 2 * C                                     /* ln1 weight + bias */
-                    + (C * C + C)                             /* q */
-                    + 2 * (kv * C + kv)                       /* k, v (n_kv_head heads) */
-                    + (C * C + C)                             /* attention out */
-                    + 2 * C                                   /* ln2 */
-                    + (F * C + F)                             /* MLP up */
-                    + (C * F + C);                            /* MLP down */
+               m->n_layer * (2 * C                /* two RMSNorm weights */
+                             + C * C + 2 * kv * C /* q, k, v */
+                             + C * C              /* attention out */
+                             + 3 * F * C)         /* gate, up, down */
+               +
+               n_moe * (E * C + (E + m->moe_shared) * 3 * Fe * C - 3 * F * C) /* router, experts */
+               + C;                                                           /* final norm */
+    int64_t layer = 2 * C                  /* ln1 weight + bias */
+                    + (C * C + C)          /* q */
+                    + 2 * (kv * C + kv)    /* k, v (n_kv_head heads) */
+                    + (C * C + C)          /* attention out */
+                    + 2 * C                /* ln2 */
+                    + (F * C + F)          /* MLP up */
+                    + (C * F + C);         /* MLP down */
     const int64_t Fs = m->moe_shared * Fe; /* the shared experts' MLP */
     int64_t moe = layer - (F * C + F) - (C * F + C) + E * C + E * ((Fe * C + Fe) + (C * Fe + C)) +
                   (Fs ? (Fs * C + Fs) + (C * Fs + C) : 0);

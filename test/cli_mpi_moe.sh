@@ -15,6 +15,23 @@ base+=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_top_k=2
        --set model.moe_every=2 --set model.moe_d_ff=96 --set model.moe_aux_alpha=0.05
        --set model.moe_z_alpha=0.01 --set model.moe_shared=1)
 
+# same_aux NAME REF RUN: the balancing loss and the z-loss of every step equal world size 1's
+# within 1e-5 relative (the layouts change only summation orders; a loss counted over another set
+# of tokens moves them by percents)
+same_aux() {
+    if out=$(python3 - "$2" "$3" <<'PY'
+import json, sys
+def steps(p):
+    return {r["step"]: (r["moe_aux_loss"], r["moe_z_loss"]) for r in map(json.loads, open(p)) if "moe_aux_loss" in r}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert a and a.keys() == b.keys(), (a.keys(), b.keys())
+worst = max(abs(x - y) / abs(x) for s in a for x, y in zip(a[s], b[s]))
+print("balancing and z-losses within %.1e of world size 1" % worst)
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+    ); then ok "$1: $out"; else fail "$1: $out"; fi
+}
+
 if selected "layouts" && reference_run "$tmp"; then
     if python3 - "$tmp/ref.jsonl" <<'PY'; then ok "MoE metrics: balancing loss near alpha per layer, loads add up"; else fail "MoE metrics"; fi
 import json, sys
@@ -38,6 +55,7 @@ PY
         if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" $extra \
             --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
             check_against_reference "$name" "$tmp"
+            same_aux "$name" "$tmp/ref.jsonl" "$tmp/run.jsonl"
         fi
     done <<'RUNS'
 2
@@ -123,6 +141,27 @@ expect_exit 2 "tp that does not divide the experts' width" -- "${MPIRUN[@]}" -np
 expect_text "model.moe_d_ff=33" "moe_d_ff named"
 n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
 if [ "$n" = 1 ]; then ok "MoE config error printed once (rank 0)"; else fail "MoE config error printed $n times"; fi
+
+# ---- 20 steps ---------------------------------------------------------------------------------
+# Expert gradients scaled right keep every layout on world size 1's trajectory for many steps, not
+# only the first: dp 4 with ep 2 (ZeRO-1) and dp 8 with ep 8, 20 steps each
+if selected "20 steps"; then
+    d=$tmp/long
+    mkdir -p "$d"
+    twenty=(--set train.steps=20 --set train.warmup_steps=2)
+    if expect_exit 0 "20 steps: reference (world size 1)" -- "$BIN" "${base[@]}" "${twenty[@]}" \
+        --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" --dump-init-params "$d/init.bin"; then
+        for layout in "4 --set parallel.ep=2 --set parallel.zero_stage=1" "8 --set parallel.ep=8"; do
+            read -r np extra <<<"$layout"
+            name="20 steps np=$np $extra"
+            # shellcheck disable=SC2086
+            if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" "${twenty[@]}" \
+                $extra --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"; then
+                check_against_reference "$name" "$d"
+            fi
+        done
+    fi
+fi
 
 # ---- checkpoints across expert-parallel sizes ------------------------------------------------
 # Saved after 3 of 6 steps at ep 2 (ZeRO 0: one rank of each expert's group saves it; ZeRO-1:

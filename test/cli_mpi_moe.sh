@@ -118,6 +118,8 @@ fi
 if selected "trace"; then
     expect_exit 0 "trace at ep 2" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set parallel.ep=2 \
         --set log.trace="$tmp/trace/t.json"
+    expect_text "moe: 2 of 4 layers route each token to 2 of 8 experts and 1 shared (width 96, topk_softmax router); balancing loss alpha 0.05, z-loss on; ep 2: 4 experts a layer on each rank" \
+        "the start-up report describes the MoE layers and the experts per rank"
     if python3 - "$tmp/trace" <<'PY'; then ok "trace: tokens per expert each step, on every rank"; else fail "trace: tokens per expert"; fi
 import json, sys
 for r in (0, 1):

@@ -36,8 +36,9 @@ static ct_tensor *carve_as(carver *cv, ct_dtype dtype, int ndim, int64_t d0, int
 #define carve(cv, ndim, d0, d1, d2) carve_as(cv, m->dtype, ndim, d0, d1, d2)
 #define carve_stat(cv, ndim, d0, d1, d2) carve_as(cv, CT_DTYPE_F32, ndim, d0, d1, d2)
 
-/* A layer's internal activations (everything but its input and output residuals). */
-static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
+/* A layer's internal activations (everything but its input and output residuals); `mlp`: the
+ * dense MLP's hidden (h, g), which an MoE layer does without (its buffers are moe.c's). */
+static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B, bool mlp) {
     int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
     la->ln1 = carve(cv, 3, B, T, C);
@@ -50,15 +51,15 @@ static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B) {
     la->ln2 = carve(cv, 3, B, T, C);
     la->ln2_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0);
     la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
-    la->h = carve(cv, 3, B, T, m->llama ? 2 * F : F); /* llama: gate|up */
-    la->g = carve(cv, 3, B, T, F);
+    la->h = mlp ? carve(cv, 3, B, T, m->llama ? 2 * F : F) : NULL; /* llama: gate|up */
+    la->g = mlp ? carve(cv, 3, B, T, F) : NULL;
 }
 
 /* Bytes of one layer's internal activations for a micro-batch of B. */
 static size_t layer_internals_bytes(ct_model *m, int64_t B) {
     ct_layer_acts la;
     carver cv = {0};
-    carve_layer(m, &la, &cv, B);
+    carve_layer(m, &la, &cv, B, true); /* the largest: a dense layer's */
     return cv.used;
 }
 
@@ -77,9 +78,9 @@ static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
         for (int l = first; l < first + n; l++) {
             if (m->layout.recompute) {
                 carver shared = {.slab = cv->slab ? m->recompute_ws : NULL};
-                carve_layer(m, &a->layers[l], &shared, B);
+                carve_layer(m, &a->layers[l], &shared, B, !ct_moe_layer(&m->mc, l));
             } else {
-                carve_layer(m, &a->layers[l], cv, B);
+                carve_layer(m, &a->layers[l], cv, B, !ct_moe_layer(&m->mc, l));
             }
             a->residual[l + 1] = carve(cv, 3, B, Tl, C);
         }

@@ -106,112 +106,84 @@ static ct_router_kind router_kind(const ct_model *m) {
     }
 }
 
-/* Expert j's tensor `which` of layer l, j local (0 ≤ j < E / ep): the registry holds
- * ct_model_expert_tensors consecutive entries per expert (GPT-2: 0 w_up, 1 b_up, 2 w_down,
- * 3 b_down; Llama: 0 w_gate, 1 w_up, 2 w_down). */
-static const ct_param *expert_param(const ct_model *m, int l, int j, int which) {
-    const ct_param *p = m->layers[l].moe_experts + ct_model_expert_tensors(m) * j + which;
+/* The tensors of one MLP of the model's family: a routed expert's, or the shared experts' (the
+ * layer's MLP fields). GPT-2: up, b_up, down, b_down; Llama: gate and up (adjacent in their unit:
+ * one (2·width/tp, C) matrix), down; absent ones NULL. */
+typedef struct mlp_params {
+    const ct_param *gate, *up, *b_up, *down, *b_down;
+} mlp_params;
+
+/* Expert j of layer l (j local): ct_model_expert_tensors consecutive registry entries. */
+static mlp_params expert_mlp(const ct_model *m, int l, int j) {
+    const ct_param *p = m->layers[l].moe_experts + ct_model_expert_tensors(m) * j;
     CT_ASSERT(p->layer == l &&
               p->expert == m->layout.ep_rank * (int)(m->mc.moe_experts / m->layout.ep_size) + j);
-    return p;
+    if (m->llama) return (mlp_params){.gate = &p[0], .up = &p[1], .down = &p[2]};
+    return (mlp_params){.up = &p[0], .b_up = &p[1], .down = &p[2], .b_down = &p[3]};
 }
 
-/* Llama: a gate and an up projection adjacent in their unit as one (2·width/tp, C) matrix, the
- * values or with `grads` the gradients; free with ct_tensor_free. */
-static ct_tensor *gate_up_of(const ct_model *m, const ct_param *gate, const ct_param *up,
-                             bool grads) {
-    const ct_unit *unit = &m->units[gate->unit];
-    CT_ASSERT(up->offset == gate->offset + gate->numel);
-    return ct_tensor_view_2d(grads ? unit->grads : unit->params, gate->offset,
-                             2 * gate->local_shape[0], m->C);
-}
-
-/* Expert j of layer l on its n rows x: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up;
- * Llama: gate|up = x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), y = g·W_downᵀ
- * (+ b_down on tp rank 0: once over the tp group). */
-static ct_tensor *expert_gate_up(const ct_model *m, int l, int j, bool grads) {
-    return gate_up_of(m, expert_param(m, l, j, 0), expert_param(m, l, j, 1), grads);
-}
-
-/* The shared experts (moe_shared > 0): one MLP on every token's row of ln2, like a dense MLP
- * split over tp, its output added into y (partial over tp; b_down on tp rank 0). h and g as
- * expert_forward's, kept for the backward. */
-static void shared_forward(ct_model *m, int l, const ct_tensor *x, ct_tensor *h, ct_tensor *g,
-                           ct_tensor *y) {
+/* The shared experts of layer l (moe_shared > 0): the layer's MLP fields. */
+static mlp_params shared_mlp(const ct_model *m, int l) {
     const ct_layer_params *p = &m->layers[l];
+    return (mlp_params){p->w_gate, p->w_up, p->b_up, p->w_down, p->b_down};
+}
+
+/* Llama: gate and up as one (2·width/tp, C) matrix, the values or with `grads` the gradients;
+ * free with ct_tensor_free. */
+static ct_tensor *gate_up_of(const ct_model *m, const mlp_params *w, bool grads) {
+    const ct_unit *unit = &m->units[w->gate->unit];
+    CT_ASSERT(w->up->offset == w->gate->offset + w->gate->numel);
+    return ct_tensor_view_2d(grads ? unit->grads : unit->params, w->gate->offset,
+                             2 * w->gate->local_shape[0], m->C);
+}
+
+/* The MLP w on rows x: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up; Llama:
+ * gate|up = x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), and y = g·W_downᵀ
+ * (+ b_down on tp rank 0: once over the tp group) — written into y, or with `accumulate` added
+ * to it (the shared experts' output onto the routed ones'). */
+static void mlp_forward(ct_model *m, const mlp_params *w, const ct_tensor *x, ct_tensor *h,
+                        ct_tensor *g, ct_tensor *y, bool accumulate) {
     if (m->llama) {
-        ct_tensor *wgu = gate_up_of(m, p->w_gate, p->w_up, false);
+        ct_tensor *wgu = gate_up_of(m, w, false);
         ct_gemm(h, x, wgu, false, true, 1.0f, 0.0f);
         ct_tensor_free(wgu);
         ct_swiglu_fwd(g, h);
+        ct_gemm(y, g, w->down->value, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
+        return;
+    }
+    ct_gemm_bias_gelu(h, g, x, w->up->value, w->b_up->value);
+    const bool bias = m->layout.tp_rank == 0;
+    if (accumulate) {
+        if (bias) ct_bias_add(y, w->b_down->value);
+        ct_gemm(y, g, w->down->value, false, true, 1.0f, 1.0f);
+    } else if (bias) {
+        ct_gemm_bias(y, g, w->down->value, w->b_down->value);
     } else {
-        ct_gemm_bias_gelu(h, g, x, p->w_up->value, p->b_up->value);
-        if (m->layout.tp_rank == 0) ct_bias_add(y, p->b_down->value);
+        ct_gemm(y, g, w->down->value, false, true, 1.0f, 0.0f);
     }
-    ct_gemm(y, g, p->w_down->value, false, true, 1.0f, 1.0f);
 }
 
-/* Its backward from dy (the full sequence's), adding ∂L/∂x into dx (partial over tp). */
-static void shared_backward(ct_model *m, int l, const ct_tensor *dy, const ct_tensor *x,
-                            const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
-                            ct_tensor *dx, bool replicated_grads) {
-    const ct_layer_params *p = &m->layers[l];
-    ct_gemm(dg, dy, p->w_down->value, false, false, 1.0f, 0.0f);
-    ct_gemm(p->w_down->grad, dy, g, true, false, 1.0f, 1.0f);
+/* Its backward from dy: parameter gradients accumulated (b_down's only where
+ * `replicated_grads`), dg (rows, width/tp) and dh (h's shape) scratch, and ∂L/∂x written into dx
+ * (which may be dy itself: read before) or with `accumulate` added to it. */
+static void mlp_backward(ct_model *m, const mlp_params *w, const ct_tensor *dy, const ct_tensor *x,
+                         const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
+                         ct_tensor *dx, bool accumulate, bool replicated_grads) {
+    const float beta = accumulate ? 1.0f : 0.0f;
+    ct_gemm(dg, dy, w->down->value, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
+    ct_gemm(w->down->grad, dy, g, true, false, 1.0f, 1.0f);
     if (m->llama) {
         ct_swiglu_bwd(dh, h, dg);
-        ct_tensor *wgu = gate_up_of(m, p->w_gate, p->w_up, false),
-                  *dwgu = gate_up_of(m, p->w_gate, p->w_up, true);
-        ct_gemm(dx, dh, wgu, false, false, 1.0f, 1.0f);
+        ct_tensor *wgu = gate_up_of(m, w, false), *dwgu = gate_up_of(m, w, true);
+        ct_gemm(dx, dh, wgu, false, false, 1.0f, beta); /* dx = dgu·Wgu */
         ct_model_linear_bwd_params(dh, x, dwgu, NULL);
         ct_tensor_free(wgu), ct_tensor_free(dwgu);
         return;
     }
-    if (replicated_grads) ct_bias_grad(p->b_down->grad, dy);
-    ct_gelu_bwd(dh, p->b_up->grad, h, dg);
-    ct_gemm(dx, dh, p->w_up->value, false, false, 1.0f, 1.0f);
-    ct_model_linear_bwd_params(dh, x, p->w_up->grad, NULL);
-}
-
-static void expert_forward(ct_model *m, int l, int j, const ct_tensor *x, ct_tensor *h,
-                           ct_tensor *g, ct_tensor *y) {
-    const ct_param *w_down = expert_param(m, l, j, 2);
-    if (m->llama) {
-        ct_tensor *wgu = expert_gate_up(m, l, j, false);
-        ct_gemm(h, x, wgu, false, true, 1.0f, 0.0f);
-        ct_tensor_free(wgu);
-        ct_swiglu_fwd(g, h);
-        ct_gemm(y, g, w_down->value, false, true, 1.0f, 0.0f);
-        return;
-    }
-    ct_gemm_bias_gelu(h, g, x, expert_param(m, l, j, 0)->value, expert_param(m, l, j, 1)->value);
-    if (m->layout.tp_rank == 0)
-        ct_gemm_bias(y, g, w_down->value, expert_param(m, l, j, 3)->value);
-    else
-        ct_gemm(y, g, w_down->value, false, true, 1.0f, 0.0f);
-}
-
-/* Its backward from dy (overwritten with dx = ∂L/∂x): parameter gradients accumulated (b_down's
- * only where `replicated_grads`), dg (n, Fe/tp) and dh (h's shape) scratch. */
-static void expert_backward(ct_model *m, int l, int j, ct_tensor *dy, const ct_tensor *x,
-                            const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
-                            bool replicated_grads) {
-    const ct_param *w_down = expert_param(m, l, j, 2);
-    ct_gemm(dg, dy, w_down->value, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
-    ct_gemm(w_down->grad, dy, g, true, false, 1.0f, 1.0f);
-    if (m->llama) {
-        ct_swiglu_bwd(dh, h, dg);
-        ct_tensor *wgu = expert_gate_up(m, l, j, false), *dwgu = expert_gate_up(m, l, j, true);
-        ct_gemm(dy, dh, wgu, false, false, 1.0f, 0.0f); /* dx = dgu·Wgu, over dy */
-        ct_model_linear_bwd_params(dh, x, dwgu, NULL);
-        ct_tensor_free(wgu), ct_tensor_free(dwgu);
-        return;
-    }
-    const ct_param *w_up = expert_param(m, l, j, 0);
-    if (replicated_grads) ct_bias_grad(expert_param(m, l, j, 3)->grad, dy);
-    ct_gelu_bwd(dh, expert_param(m, l, j, 1)->grad, h, dg); /* dh, and b_up's gradient */
-    ct_gemm(dy, dh, w_up->value, false, false, 1.0f, 0.0f); /* dx = dh·W_up, over dy */
-    ct_model_linear_bwd_params(dh, x, w_up->grad, NULL);
+    if (replicated_grads) ct_bias_grad(w->b_down->grad, dy);
+    ct_gelu_bwd(dh, w->b_up->grad, h, dg);                   /* dh, and b_up's gradient */
+    ct_gemm(dx, dh, w->up->value, false, false, 1.0f, beta); /* dx = dh·W_up */
+    ct_model_linear_bwd_params(dh, x, w->up->grad, NULL);
 }
 
 /* The index of layer l among this rank's MoE layers (for the step's statistics). */
@@ -317,7 +289,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
                   *yj = ct_tensor_view_2d(ye, r0 * C, n, C);
         ct_tensor *hj = ct_tensor_view_2d(h, r0 * Hl, n, Hl),
                   *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
-        expert_forward(m, l, j, xj, hj, gj, yj);
+        const mlp_params w = expert_mlp(m, l, j);
+        mlp_forward(m, &w, xj, hj, gj, yj, false);
         ct_tensor_free(xj), ct_tensor_free(yj), ct_tensor_free(hj), ct_tensor_free(gj);
         ct_model_poll(m);
     }
@@ -342,7 +315,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
         const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
         ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
-        shared_forward(m, l, la->ln2, sh, sg, y);
+        const mlp_params w = shared_mlp(m, l);
+        mlp_forward(m, &w, la->ln2, sh, sg, y, true);
         ct_tensor_free(sh), ct_tensor_free(sg);
     }
     if (m->layout.sequence_parallel && m->layout.tp_size > 1) {
@@ -400,7 +374,8 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
                   *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
         ct_tensor *dhj = ct_tensor_view_2d(dh, r0 * Hl, n, Hl),
                   *dgj = ct_tensor_view_2d(dg, r0 * Fl, n, Fl);
-        expert_backward(m, l, j, dyj, xj, hj, gj, dgj, dhj, replicated_grads);
+        const mlp_params w = expert_mlp(m, l, j); /* dxe over dye */
+        mlp_backward(m, &w, dyj, xj, hj, gj, dgj, dhj, dyj, false, replicated_grads);
         ct_tensor_free(dyj), ct_tensor_free(xj), ct_tensor_free(hj), ct_tensor_free(gj);
         ct_tensor_free(dhj), ct_tensor_free(dgj);
         ct_model_poll(m);
@@ -422,7 +397,8 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
         ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
         ct_tensor *sdh = grown_view(m, &ma->t_sdh, m->dtype, N, Hs);
         ct_tensor *sdg = grown_view(m, &ma->t_sdg, m->dtype, N, Fs);
-        shared_backward(m, l, dy, la->ln2, sh, sg, sdg, sdh, s->dln, replicated_grads);
+        const mlp_params w = shared_mlp(m, l);
+        mlp_backward(m, &w, dy, la->ln2, sh, sg, sdg, sdh, s->dln, true, replicated_grads);
         ct_tensor_free(sh), ct_tensor_free(sg), ct_tensor_free(sdh), ct_tensor_free(sdg);
     }
 
@@ -490,9 +466,5 @@ size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B) {
      * the activation and their gradients; the combined output; the shared experts' hidden */
     const size_t layer = (size_t)(N * E) * 4 + dt * (size_t)(rows * (2 * C + 2 * Hl + 2 * Fe) +
                                                              N * C + N * 2 * (Hs + Fs));
-    size_t n = 0;
-    for (int c = 0; c < m->layout.n_chunks; c++)
-        for (int i = 0; i < m->layout.chunks[c].n_layers; i++)
-            n += ct_moe_layer(&m->mc, m->layout.chunks[c].first_layer + i);
-    return n * layer;
+    return (size_t)m->n_moe_layers * layer;
 }

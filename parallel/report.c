@@ -108,18 +108,16 @@ void ct_report_start(const trainer *t) {
            (double)cfg->derived.n_params / 1e6);
     const ct_model_config *mc = &cfg->model;
     if (mc->moe_experts) {
-        int64_t moe_layers = 0;
-        for (int64_t l = 0; l < mc->n_layer; l++) moe_layers += ct_moe_layer(mc, l);
-        static const char *const routers[] = {"topk_softmax", "softmax_topk", "sigmoid"};
         char shared[48] = "";
         if (mc->moe_shared)
             snprintf(shared, sizeof shared, " and %lld shared", (long long)mc->moe_shared);
         printf("moe: %lld of %lld layers route each token to %lld of %lld experts%s (width %lld, "
                "%s router); balancing loss alpha %g%s; ep %d: %lld experts a layer on each rank\n",
-               (long long)moe_layers, (long long)mc->n_layer, (long long)mc->moe_top_k,
+               (long long)ct_moe_layer_count(mc), (long long)mc->n_layer, (long long)mc->moe_top_k,
                (long long)mc->moe_experts, shared, (long long)cfg->derived.moe_d_ff,
-               routers[mc->moe_router], mc->moe_aux_alpha, mc->moe_z_alpha > 0 ? ", z-loss on" : "",
-               p->ep, (long long)(mc->moe_experts / p->ep));
+               ct_moe_router_names[mc->moe_router], mc->moe_aux_alpha,
+               mc->moe_z_alpha > 0 ? ", z-loss on" : "", p->ep,
+               (long long)(mc->moe_experts / p->ep));
     }
     if (p->world_size > 1) ct_pctx_print(p, stdout);
     printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld%s x "

@@ -84,10 +84,18 @@ typedef struct ct_model_config {
     int64_t moe_shared; /* shared experts: an MLP of width moe_shared·moe_d_ff every token meets */
 } ct_model_config;
 
+/* model.moe_router's names, in enum order (NULL-terminated). */
+extern const char *const ct_moe_router_names[];
+
 /* Whether layer l (from 0) is a Mixture-of-Experts layer: layers moe_every - 1, 2·moe_every - 1,
  * ... (every layer with moe_every 1). */
 static inline bool ct_moe_layer(const ct_model_config *m, int64_t l) {
     return m->moe_experts > 0 && (l + 1) % m->moe_every == 0;
+}
+
+/* The model's Mixture-of-Experts layers (0 without experts). */
+static inline int64_t ct_moe_layer_count(const ct_model_config *m) {
+    return m->moe_experts > 0 ? m->n_layer / m->moe_every : 0;
 }
 
 /* Llama's MLP width: h = floor(2·4·d/3), then floor(ffn_dim_multiplier·h) when the multiplier is

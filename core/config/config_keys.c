@@ -49,7 +49,7 @@ const char *const precision_names[] = {"fp32", "bf16", "auto", NULL};
 static const char *const reduce_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
 static const char *const cp_sharding_names[] = {"zigzag", "contiguous", NULL};
-static const char *const moe_router_names[] = {"topk_softmax", "softmax_topk", "sigmoid", NULL};
+const char *const ct_moe_router_names[] = {"topk_softmax", "softmax_topk", "sigmoid", NULL};
 
 const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
                                                  "data",  "checkpoint", "log"};
@@ -132,7 +132,7 @@ const config_key config_keys[] = {
      .doc = "MoE: every n-th layer is an MoE layer (layers n-1, 2n-1, ...); 1 = every layer"},
     {KEY(model, moe_d_ff, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(16777216),
      .doc = "MoE: each expert's hidden size; 0 = d_ff"},
-    {KEY(model, moe_router, KEY_ENUM), .choices = moe_router_names, .def = "topk_softmax",
+    {KEY(model, moe_router, KEY_ENUM), .choices = ct_moe_router_names, .def = "topk_softmax",
      .doc = "MoE router, in fp32: topk_softmax (the k largest logits, gates their softmax: "
             "Mixtral), softmax_topk (softmax over all experts, the k largest, not renormalised: "
             "Switch) or sigmoid (sigmoid scores, the k largest, renormalised: DeepSeek-V3); ties "

@@ -192,8 +192,7 @@ static int64_t model_params(const ct_model_config *m, const ct_derived_config *d
     const int64_t head = m->tie_embeddings ? 0 : d->vocab_padded * C; /* an untied lm_head */
     /* An MoE layer: the router (E, C) and E experts of width moe_d_ff instead of the MLP. */
     const int64_t Fe = d->moe_d_ff, E = m->moe_experts;
-    int64_t n_moe = 0;
-    for (int64_t l = 0; l < m->n_layer; l++) n_moe += ct_moe_layer(m, l);
+    const int64_t n_moe = ct_moe_layer_count(m);
     if (m->arch == CT_ARCH_LLAMA)
         return head + d->vocab_padded * C +
                m->n_layer * (2 * C                /* two RMSNorm weights */

@@ -549,14 +549,12 @@ double ct_dp_grad_sumsq(ct_dp *dp) {
     if (spread && dp->stage == 0) {
         /* Stage 0 holds every reduced gradient on every rank, but an expert's only on the ranks
          * holding it: the experts' part once per expert-data-parallel group, the rest once */
-        ct_tensor **experts = ct_xcalloc((size_t)nu, sizeof *experts);
-        for (int u = 0; u < nu; u++)
-            if (ct_model_unit(dp->model, u)->experts) experts[u] = grads[u], grads[u] = NULL;
-        double dense = ct_optim_grad_sumsq(dp->opt, grads),
-               e = ct_optim_grad_sumsq(dp->opt, experts);
-        for (int u = 0; u < nu; u++)
-            if (experts[u]) grads[u] = experts[u];
-        free(experts);
+        ct_tensor **part[2] = {ct_xcalloc((size_t)nu, sizeof(ct_tensor *)),
+                               ct_xcalloc((size_t)nu, sizeof(ct_tensor *))}; /* dense, experts */
+        for (int u = 0; u < nu; u++) part[ct_model_unit(dp->model, u)->experts][u] = grads[u];
+        double dense = ct_optim_grad_sumsq(dp->opt, part[0]),
+               e = ct_optim_grad_sumsq(dp->opt, part[1]);
+        free(part[0]), free(part[1]);
         sum = (dp->rank == 0 ? dense : 0.0) + (dp->edp->rank == 0 ? e : 0.0);
     } else {
         sum = ct_optim_grad_sumsq(dp->opt, grads);

@@ -9,15 +9,6 @@
 #include "parallel/schedule.h"
 #include "parallel/report.h"
 
-/* MoE layers among the chunks of `lay`. */
-static double moe_layers(const ct_config *cfg, const ct_model_layout *lay) {
-    double n = 0;
-    for (int c = 0; c < lay->n_chunks; c++)
-        for (int i = 0; i < lay->chunks[c].n_layers; i++)
-            n += ct_moe_layer(&cfg->model, lay->chunks[c].first_layer + i);
-    return n;
-}
-
 /*
  * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of
  * B sequences, N = tp, activations of B·T·C floats, L_r layers on this rank:
@@ -52,7 +43,8 @@ double ct_expected_tp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     double recompute = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 * L : 0.0;
     double per_mb = (4.0 * L + recompute + embed + head) * BTC * act + head * 3.0 * B * T * 4.0;
     /* MoE layers (moe.c): the gate gradients, (B·T, k) fp32, summed over the group */
-    const double moe = moe_layers(cfg, lay), E = (double)cfg->model.moe_experts;
+    const double moe = (double)ct_layout_moe_layers(&cfg->model, lay),
+                 E = (double)cfg->model.moe_experts;
     per_mb += moe * B * T * (double)cfg->model.moe_top_k * 4.0;
     double total = ring * per_mb * (double)m;
     if (cfg->parallel.sequence_parallel) {
@@ -94,7 +86,7 @@ double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     if (cfg->model.moe_aux_alpha > 0) {
         const uint64_t bytes = (uint64_t)(2 * cfg->train.micro_batch * cfg->model.moe_experts * 8);
         const double forwards = cfg->train.recompute == CT_RECOMPUTE_FULL ? 2.0 : 1.0;
-        moe_stats = moe_layers(cfg, lay) * forwards * (double)m *
+        moe_stats = (double)ct_layout_moe_layers(&cfg->model, lay) * forwards * (double)m *
                     (double)(2 * bytes * (uint64_t)(cp - 1) / (uint64_t)cp);
     }
     return L * (double)m * block * (rings * (cp - 1.0) * act + cp * 4.0) + moe_stats;
@@ -116,7 +108,7 @@ double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, in
                         (double)cfg->model.moe_top_k * (ep - 1.0) / ep;
     const double moves = rows * (double)cfg->model.d_model * 4.0 * (2.0 * forwards + 2.0);
     const double counts = forwards * (double)cfg->model.moe_experts * 8.0 * (ep - 1.0) / ep;
-    return moe_layers(cfg, lay) * (double)m * (moves + counts);
+    return (double)ct_layout_moe_layers(&cfg->model, lay) * (double)m * (moves + counts);
 }
 
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {

@@ -60,6 +60,14 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg) {
     return layout;
 }
 
+int ct_layout_moe_layers(const ct_model_config *mc, const ct_model_layout *layout) {
+    int n = 0;
+    for (int c = 0; c < layout->n_chunks; c++)
+        for (int i = 0; i < layout->chunks[c].n_layers; i++)
+            n += ct_moe_layer(mc, layout->chunks[c].first_layer + i);
+    return n;
+}
+
 ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank) {
     ct_model_layout layout = ct_model_layout_single(cfg);
     const int pp = (int)cfg->parallel.pp, v = (int)cfg->parallel.virtual_stages;
@@ -432,9 +440,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     CT_ASSERT(layout->unit_min_bytes >= 0);
 
     build_registry(m);
-    for (int c = 0; c < m->layout.n_chunks; c++)
-        for (int i = 0; i < m->layout.chunks[c].n_layers; i++)
-            m->n_moe_layers += ct_moe_layer(&m->mc, m->layout.chunks[c].first_layer + i);
+    m->n_moe_layers = ct_layout_moe_layers(&m->mc, &m->layout);
     m->moe_counts =
         ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_counts);
 
@@ -765,8 +771,6 @@ void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass) {
 void ct_model_unit_end(ct_model *m, int unit, ct_pass pass) {
     if (m->hooks.unit_end) m->hooks.unit_end(m->hooks.ctx, unit, pass);
 }
-#define unit_begin ct_model_unit_begin
-#define unit_end ct_model_unit_end
 
 /* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
 void ct_model_poll(ct_model *m) {
@@ -971,22 +975,23 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
     /* With the embedding and the head in one chunk, the tied embedding is read by both: its
      * unit stays open from the embedding to the LM head (one use per pass). */
     if (has_embed) {
-        unit_begin(m, m->embed_unit, CT_PASS_FORWARD);
+        ct_model_unit_begin(m, m->embed_unit, CT_PASS_FORWARD);
         embed_forward(m, a);
-        if (!has_head) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
+        if (!has_head) ct_model_unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
     /* A merged unit is open from its first layer to its last (units never span chunks). */
     for (int l = first; l < first + n; l++) {
         const ct_unit *u = &m->units[m->layer_unit[l]];
-        if (l == u->first_layer) unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
+        if (l == u->first_layer) ct_model_unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
         layer_forward(m, l, a, a->residual[l + 1]);
-        if (l == u->first_layer + u->n_layers - 1) unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
+        if (l == u->first_layer + u->n_layers - 1)
+            ct_model_unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
     }
     if (has_head) {
-        unit_begin(m, m->head_unit, CT_PASS_FORWARD);
+        ct_model_unit_begin(m, m->head_unit, CT_PASS_FORWARD);
         head_forward(m, a, dloss);
-        unit_end(m, m->head_unit, CT_PASS_FORWARD);
-        if (has_embed) unit_end(m, m->embed_unit, CT_PASS_FORWARD);
+        ct_model_unit_end(m, m->head_unit, CT_PASS_FORWARD);
+        if (has_embed) ct_model_unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
 }
 
@@ -1083,17 +1088,17 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     CT_ASSERT(s->B == a->B);
     if (has_head) {
         /* The tied embedding's gradient starts at the LM head and ends at the embedding. */
-        if (has_embed) unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
-        unit_begin(m, m->head_unit, CT_PASS_BACKWARD);
+        if (has_embed) ct_model_unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
+        ct_model_unit_begin(m, m->head_unit, CT_PASS_BACKWARD);
         head_backward(m, a, s);
-        unit_end(m, m->head_unit, CT_PASS_BACKWARD);
+        ct_model_unit_end(m, m->head_unit, CT_PASS_BACKWARD);
     }
     /* Layers last to first: a merged unit opens at its last layer and closes after its first,
      * when every layer in it has written its gradients. */
     for (int l = first + n - 1; l >= first; l--) {
         const ct_unit *u = &m->units[m->layer_unit[l]];
         if (l == u->first_layer + u->n_layers - 1)
-            unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
+            ct_model_unit_begin(m, m->layer_unit[l], CT_PASS_BACKWARD);
         if (m->layout.recompute) {
             /* Only the layer's input was kept: rebuild its internals (the forward's
              * collectives run again). The output is already in residual[l+1]. */
@@ -1104,12 +1109,12 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
             ct_tensor_free(out);
         }
         layer_backward(m, l, a, s);
-        if (l == u->first_layer) unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
+        if (l == u->first_layer) ct_model_unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
     }
     if (has_embed) {
-        if (!has_head) unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
+        if (!has_head) ct_model_unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
         embed_backward(m, a, s);
-        unit_end(m, m->embed_unit, CT_PASS_BACKWARD);
+        ct_model_unit_end(m, m->embed_unit, CT_PASS_BACKWARD);
     }
 }
 

@@ -292,6 +292,9 @@ ct_model_layout ct_model_layout_single(const ct_config *cfg);
  * (parallel.pp_layers or an even split); tp and dp fields as in ct_model_layout_single. */
 ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank);
 
+/* The Mixture-of-Experts layers among the layout's chunks (ct_moe_layer). */
+int ct_layout_moe_layers(const ct_model_config *mc, const ct_model_layout *layout);
+
 /* The parameters of the model on one rank (names, global shapes, init rules), without
  * allocating them: what `cooktrain import` writes. malloc'd, *count entries. */
 ct_param *ct_model_registry(const ct_config *cfg, int *count);

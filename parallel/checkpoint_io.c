@@ -121,6 +121,33 @@ void ct_ckpt_release(void) {
     staging_cache_bytes = 0;
 }
 
+/* Records a piece of box->hi - box->lo values, staged after those before it. */
+static void add_piece(ct_ckpt_saver *s, const ct_ckpt_box *box) {
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->pieces = realloc(s->pieces, (size_t)s->cap * sizeof *s->pieces);
+        s->value_at = realloc(s->value_at, (size_t)s->cap * sizeof *s->value_at);
+        CT_ASSERT(s->pieces != NULL && s->value_at != NULL);
+    }
+    ct_ckpt_piece *pc = &s->pieces[s->n];
+    memset(pc, 0, sizeof *pc);
+    pc->box = *box;
+    s->value_at[s->n++] = s->staged;
+    s->staged += box->hi - box->lo;
+}
+
+/* The box of MoE layer l's selection bias (model.moe_bias_rate), a tensor of E values that is
+ * no parameter: every rank of the layer's stage holds all of it. */
+static ct_ckpt_box moe_bias_box(const ct_model *model, int l) {
+    ct_ckpt_box b;
+    memset(&b, 0, sizeof b);
+    snprintf(b.name, sizeof b.name, "layers.%d.moe.expert_bias", l);
+    b.kind = CT_CKPT_WEIGHT;
+    b.rows = b.row1 = b.hi = model->mc.moe_experts;
+    b.cols = b.col1 = 1;
+    return b;
+}
+
 /* Pass 1 (staging NULL) records the pieces and counts their values; pass 2 copies the values
  * from the backend into the staging buffer. */
 static ct_status stage_run(void *ctx, const state_run *run) {
@@ -128,20 +155,11 @@ static ct_status stage_run(void *ctx, const state_run *run) {
     const int64_t len = run->b - run->a;
     if (!s->staging) {
         for (int k = 0; k < CT_CKPT_KIND_COUNT; k++) {
-            if (s->n == s->cap) {
-                s->cap = s->cap ? 2 * s->cap : 256;
-                s->pieces = realloc(s->pieces, (size_t)s->cap * sizeof *s->pieces);
-                s->value_at = realloc(s->value_at, (size_t)s->cap * sizeof *s->value_at);
-                CT_ASSERT(s->pieces != NULL && s->value_at != NULL);
-            }
-            ct_ckpt_piece *pc = &s->pieces[s->n];
-            memset(pc, 0, sizeof *pc);
-            pc->box = param_box(run->param);
-            pc->box.kind = k;
-            pc->box.lo = run->a;
-            pc->box.hi = run->b;
-            s->value_at[s->n++] = s->staged;
-            s->staged += len;
+            ct_ckpt_box box = param_box(run->param);
+            box.kind = k;
+            box.lo = run->a;
+            box.hi = run->b;
+            add_piece(s, &box);
         }
         return CT_OK;
     }
@@ -156,6 +174,23 @@ static ct_status stage_run(void *ctx, const state_run *run) {
         ct_tensor_free(state[k]);
     }
     return CT_OK;
+}
+
+/* The MoE selection biases of this rank's layers, saved by the first rank of their stage's
+ * data-, context- and tensor-parallel groups (passes as stage_run's). */
+static void stage_biases(ct_ckpt_saver *s, ct_model *model) {
+    if (s->pctx->dpcp_comm->rank != 0 || s->pctx->tp_rank != 0) return;
+    for (int l = 0; l < model->mc.n_layer; l++) {
+        const float *bias = ct_model_moe_bias(model, l);
+        if (!bias) continue;
+        ct_ckpt_box box = moe_bias_box(model, l);
+        if (!s->staging) {
+            add_piece(s, &box);
+            continue;
+        }
+        memcpy(s->staging + s->staged, bias, (size_t)box.hi * sizeof(float));
+        s->staged += box.hi;
+    }
 }
 
 /* Writes this rank's file from the staging buffer; keeps a failure's message for the caller's
@@ -272,8 +307,9 @@ static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64
 }
 
 ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
-    ct_ckpt_saver s = {.dp = dp};
+    ct_ckpt_saver s = {.dp = dp, .pctx = pctx};
     for_each_run(model, dp, pctx, true, stage_run, &s);
+    stage_biases(&s, model);
     free(s.pieces);
     free(s.value_at);
     const size_t bytes = (size_t)CT_MAX(s.staged, 1) * sizeof(float);
@@ -310,6 +346,7 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     }
     /* The only part training waits for: this rank's state copied to host memory. */
     for_each_run(model, dp, pctx, true, stage_run, s);
+    stage_biases(s, model);
     s->staging = staging_take((size_t)CT_MAX(s->staged, 1) * sizeof(float));
     if (!s->staging) {
         ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory staging %lld values of step %lld",
@@ -325,6 +362,7 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     ct_backend_sync(ct_model_backend(model));
     s->staged = 0;
     for_each_run(model, dp, pctx, true, stage_run, s);
+    stage_biases(s, model);
     s->staged_time = ct_now();
     s->threaded = cfg->checkpoint.async;
     if (s->threaded && pthread_create(&s->thread, NULL, write_rank_file, s) != 0)
@@ -627,11 +665,27 @@ static ct_status load_run(void *ctx, const state_run *run) {
     return st;
 }
 
+/* This rank's MoE layers' selection biases: from a checkpoint that has them, else 0 (a model
+ * trained without bias balancing, or a Hugging Face one). */
+static ct_status load_biases(loader *l, ct_model *model) {
+    for (int l_ = 0; l_ < model->mc.n_layer; l_++) {
+        float *bias = ct_model_moe_bias(model, l_);
+        if (!bias) continue;
+        const ct_ckpt_box want = moe_bias_box(model, l_);
+        memset(bias, 0, (size_t)want.hi * sizeof *bias);
+        if (l->manifest && has_kind(l->manifest, want.name, CT_CKPT_WEIGHT))
+            CT_TRY(ct_ckpt_read_box(l->path, l->manifest, &want, bias));
+    }
+    return CT_OK;
+}
+
 /* Every run of this rank's state through l; agreed over the world. */
 static ct_status load_all(loader *l, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                           ct_ckpt_load_stats *stats) {
     l->dp = dp;
-    ct_status st = ct_pctx_agree(pctx, for_each_run(model, dp, pctx, false, load_run, l));
+    ct_status st = for_each_run(model, dp, pctx, false, load_run, l);
+    if (st == CT_OK) st = load_biases(l, model);
+    st = ct_pctx_agree(pctx, st);
     free(l->host);
     free(l->global);
     if (stats) {

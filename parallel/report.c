@@ -111,13 +111,17 @@ void ct_report_start(const trainer *t) {
         char shared[48] = "";
         if (mc->moe_shared)
             snprintf(shared, sizeof shared, " and %lld shared", (long long)mc->moe_shared);
-        printf("moe: %lld of %lld layers route each token to %lld of %lld experts%s (width %lld, "
-               "%s router); balancing loss alpha %g%s; ep %d: %lld experts a layer on each rank\n",
-               (long long)ct_moe_layer_count(mc), (long long)mc->n_layer, (long long)mc->moe_top_k,
-               (long long)mc->moe_experts, shared, (long long)cfg->derived.moe_d_ff,
-               ct_moe_router_names[mc->moe_router], mc->moe_aux_alpha,
-               mc->moe_z_alpha > 0 ? ", z-loss on" : "", p->ep,
-               (long long)(mc->moe_experts / p->ep));
+        char bias[64] = "";
+        if (mc->moe_bias_rate > 0)
+            snprintf(bias, sizeof bias, ", bias balancing rate %g", mc->moe_bias_rate);
+        printf(
+            "moe: %lld of %lld layers route each token to %lld of %lld experts%s (width %lld, "
+            "%s router); balancing loss alpha %g%s%s; ep %d: %lld experts a layer on each rank\n",
+            (long long)ct_moe_layer_count(mc), (long long)mc->n_layer, (long long)mc->moe_top_k,
+            (long long)mc->moe_experts, shared, (long long)cfg->derived.moe_d_ff,
+            ct_moe_router_names[mc->moe_router], mc->moe_aux_alpha,
+            mc->moe_z_alpha > 0 ? ", z-loss on" : "", bias, p->ep,
+            (long long)(mc->moe_experts / p->ep));
     }
     if (p->world_size > 1) ct_pctx_print(p, stdout);
     printf("data: %lld train samples (%lld tokens); global batch %lld = micro_batch %lld%s x "
@@ -235,6 +239,17 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
         ct_metrics_num(m, "moe_load_max", "%.0f", s->moe_load_max);
         ct_metrics_num(m, "moe_imbalance", "%.6g",
                        s->moe_load_mean > 0 ? s->moe_load_max / s->moe_load_mean : 0.0);
+        ct_metrics_num(m, "moe_layer_imbalance", "%.6g", s->moe_layer_imbalance);
+        if (t->cfg->model.moe_bias_rate > 0) {
+            float lo = 0.0f, hi = 0.0f; /* this rank's layers' biases */
+            for (int l = 0; l < t->cfg->model.n_layer; l++) {
+                const float *b = ct_model_moe_bias(t->model, l);
+                for (int64_t e = 0; b && e < t->cfg->model.moe_experts; e++)
+                    lo = CT_MIN(lo, b[e]), hi = CT_MAX(hi, b[e]);
+            }
+            ct_metrics_num(m, "moe_bias_min", "%.9g", lo);
+            ct_metrics_num(m, "moe_bias_max", "%.9g", hi);
+        }
     }
     ct_metrics_end(m);
 }

@@ -273,39 +273,54 @@ static double dp_sum(trainer *t, double x) {
 
 /* The step's MoE statistics (step_stats), summed over every rank: the tp ranks of a group
  * route the same tokens (tp rank 0 counts them), and the cp ranks of a sequence hold its whole
- * balancing loss (cp rank 0 counts it). */
+ * balancing loss (cp rank 0 counts it). Then, with model.moe_bias_rate, every rank moves its
+ * layers' selection biases by those counts (a skipped step's too: its tokens were routed). */
 static void moe_step_stats(trainer *t, step_stats *s) {
-    const int64_t E = t->cfg->model.moe_experts;
+    const int64_t E = t->cfg->model.moe_experts, Lm = ct_moe_layer_count(&t->cfg->model);
     if (!E) return;
-    /* [0] the balancing loss, [1 .. E] tokens per expert, [E + 1] the z-loss (its tokens: like
-     * the counts, each tp group's once) */
-    double *v = ct_xcalloc((size_t)(E + 2), sizeof *v);
-    int64_t *counts = ct_xcalloc((size_t)E, sizeof *counts);
-    ct_model_moe_stats(t->model, &v[0], &v[E + 1], counts);
+    /* [0] the balancing loss, [1] the z-loss (its tokens: like the counts, each tp group's
+     * once), [2 ..] tokens per expert of each MoE layer (Lm × E) */
+    double *v = ct_xcalloc((size_t)(Lm * E + 2), sizeof *v);
+    int64_t *counts = ct_xcalloc((size_t)(Lm * E), sizeof *counts);
+    ct_model_moe_stats(t->model, &v[0], &v[1], counts);
     ct_model_moe_timing(t->model, &s->moe_route_s, &s->moe_expert_s, &s->moe_expert_flops);
     if (t->pctx->tp_rank != 0 || t->pctx->cp_rank != 0) v[0] = 0.0;
     if (t->pctx->tp_rank == 0)
-        for (int64_t e = 0; e < E; e++) v[1 + e] = (double)counts[e];
+        for (int64_t i = 0; i < Lm * E; i++) v[2 + i] = (double)counts[i];
     else
-        v[E + 1] = 0.0;
-    ct_comm_allreduce(t->pctx->world, v, E + 2, CT_DTYPE_F64, CT_REDUCE_SUM);
+        v[1] = 0.0;
+    ct_comm_allreduce(t->pctx->world, v, Lm * E + 2, CT_DTYPE_F64, CT_REDUCE_SUM);
+    for (int64_t i = 0; i < Lm * E; i++) counts[i] = (int64_t)v[2 + i]; /* exact below 2^53 */
+    if (t->cfg->model.moe_bias_rate > 0) ct_model_moe_update_bias(t->model, counts);
+    /* per expert, summed over layers */
+    double *load = ct_xcalloc((size_t)E, sizeof *load);
+    for (int64_t i = 0; i < Lm * E; i++) load[i % E] += (double)counts[i];
     if (t->cfg->log.trace[0]) { /* the trace's tokens-per-expert track (write_trace) */
         if (!t->moe_trace)
             t->moe_trace = ct_xcalloc((size_t)(t->cfg->train.steps * (E + 1)), sizeof(double));
         double *row = t->moe_trace + s->step * (E + 1);
         row[0] = ct_now();
-        memcpy(row + 1, v + 1, (size_t)E * sizeof(double));
+        memcpy(row + 1, load, (size_t)E * sizeof(double));
     }
     s->moe_aux = v[0];
-    s->moe_z = v[E + 1];
-    s->moe_load_min = s->moe_load_max = v[1];
+    s->moe_z = v[1];
+    s->moe_load_min = s->moe_load_max = load[0];
     double sum = 0.0;
     for (int64_t e = 0; e < E; e++) {
-        s->moe_load_min = CT_MIN(s->moe_load_min, v[1 + e]);
-        s->moe_load_max = CT_MAX(s->moe_load_max, v[1 + e]);
-        sum += v[1 + e];
+        s->moe_load_min = CT_MIN(s->moe_load_min, load[e]);
+        s->moe_load_max = CT_MAX(s->moe_load_max, load[e]);
+        sum += load[e];
     }
     s->moe_load_mean = sum / (double)E;
+    /* the most loaded expert of any layer against that layer's mean */
+    s->moe_layer_imbalance = 0.0;
+    for (int64_t g = 0; g < Lm; g++) {
+        double most = 0.0, all = 0.0;
+        for (int64_t e = 0; e < E; e++)
+            most = CT_MAX(most, v[2 + g * E + e]), all += v[2 + g * E + e];
+        if (all > 0) s->moe_layer_imbalance = CT_MAX(s->moe_layer_imbalance, most * E / all);
+    }
+    free(load);
     free(v);
     free(counts);
 }

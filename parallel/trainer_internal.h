@@ -77,6 +77,8 @@ typedef struct step_stats {
      * averaged over micro-batches; part of the objective, not of `loss`) and the tokens each
      * expert received in the step, summed over layers: least, mean and most */
     double moe_aux, moe_z, moe_load_min, moe_load_mean, moe_load_max; /* moe_z: the z-loss */
+    /* the largest of any MoE layer's most loaded expert's tokens over the layer's mean */
+    double moe_layer_imbalance;
     /* this rank's seconds in MoE routing and exchange, and in expert GEMMs with their FLOPs */
     double moe_route_s, moe_expert_s, moe_expert_flops;
 } step_stats;

@@ -151,6 +151,32 @@ static void test_aux_loss_anchors(void **state) {
     assert_true(fabs(ct_router_aux_loss(counts, psum, T, E, 1, 0.01) - 0.08) <= 1e-15);
 }
 
+/* Auxiliary-loss-free balancing: each expert's bias moves by the rate against its load, on
+ * integer counts (a mean of 5 exactly: no float rounding may tip the equal expert), and then
+ * shifts the choice toward the underloaded expert. */
+static void test_bias_update(void **state) {
+    (void)state;
+    const int64_t counts[4] = {11, 2, 5, 2}; /* sum 20, mean 5 */
+    float bias[4] = {0.25f, 0.0f, -0.5f, 0.0f};
+    ct_router_bias_update(counts, 4, 0.125f, bias);
+    const float want[4] = {0.125f, 0.125f, -0.5f, 0.125f};
+    for (int i = 0; i < 4; i++) assert_true(bias[i] == want[i]);
+    /* balanced: nothing moves */
+    const int64_t even[4] = {3, 3, 3, 3};
+    ct_router_bias_update(even, 4, 0.125f, bias);
+    for (int i = 0; i < 4; i++) assert_true(bias[i] == want[i]);
+    /* the bias moves the choice from the overloaded expert 0 to expert 1 */
+    const float z[4] = {1.0f, 0.875f, 0.0f, 0.0f};
+    float probs[4], gates[1];
+    int32_t id;
+    const float tilt[4] = {-0.125f, 0.125f, 0.0f, 0.0f};
+    ct_router_fwd(CT_ROUTER_TOPK_SOFTMAX, z, NULL, 1, 4, 1, probs, &id, gates);
+    assert_int_equal(id, 0);
+    ct_router_fwd(CT_ROUTER_TOPK_SOFTMAX, z, tilt, 1, 4, 1, probs, &id, gates);
+    assert_int_equal(id, 1);
+    assert_true(gates[0] == 1.0f); /* the gate is the chosen expert's own, not the bias's */
+}
+
 /* ---- backward against finite differences ----------------------------------------------------- */
 
 /* What an objective of the logits needs besides them. */
@@ -248,7 +274,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_router_forward),   cmocka_unit_test(test_router_ties),
         cmocka_unit_test(test_aux_loss_anchors), cmocka_unit_test(test_router_backward),
-        cmocka_unit_test(test_aux_backward),
+        cmocka_unit_test(test_aux_backward),     cmocka_unit_test(test_bias_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,8 @@ typedef struct ct_model_config {
     double moe_aux_alpha;
     double moe_z_alpha; /* the router z-loss's weight (0: none) */
     int64_t moe_shared; /* shared experts: an MLP of width moe_shared·moe_d_ff every token meets */
+    /* auxiliary-loss-free balancing: the per-expert selection bias's step (0: off, bias 0) */
+    double moe_bias_rate;
 } ct_model_config;
 
 /* model.moe_router's names, in enum order (NULL-terminated). */

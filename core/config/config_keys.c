@@ -158,6 +158,12 @@ const config_key config_keys[] = {
     {KEY(model, moe_z_alpha, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(1000),
      .doc = "MoE: weight of the router z-loss (ST-MoE): the mean over tokens of the squared "
             "logsumexp of the router's logits, keeping them small; 0 = none"},
+    {KEY(model, moe_bias_rate, KEY_FLOAT), .def = "0", AT_LEAST(0), AT_MOST(1),
+     .doc = "MoE: auxiliary-loss-free balancing (DeepSeek-V3): each MoE layer keeps a bias per "
+            "expert that is added to the router's selection scores only (never to the gates); "
+            "after every step it moves by this much toward balance, down for an expert that got "
+            "more than the mean of the step's tokens (counted over every rank) and up for one "
+            "that got fewer; saved in checkpoints; 0 = off (DeepSeek-V3 uses 0.001)"},
     {KEY(parallel, ep, KEY_INT), .def = "1", AT_LEAST(1), AT_MOST(4096),
      .doc = "expert-parallel degree (MoE): each expert lives on one of ep consecutive "
             "data-parallel ranks, tokens travel to it by all-to-all; must divide dp and "

@@ -443,6 +443,8 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     m->n_moe_layers = ct_layout_moe_layers(&m->mc, &m->layout);
     m->moe_counts =
         ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_counts);
+    m->moe_bias =
+        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_bias);
 
     /* Offsets: parameters packed in registry order inside their unit; units padded so that
      * every data-parallel shard is equal and 64-byte aligned. */
@@ -561,6 +563,7 @@ void ct_model_free(ct_model *m) {
     ct_comm_free(m->own_tp);
     ct_comm_free(m->own_ep);
     free(m->moe_counts);
+    free(m->moe_bias);
     for (int i = 0; i < m->n_params; i++) {
         ct_tensor_free(m->params[i].value);
         ct_tensor_free(m->params[i].grad);

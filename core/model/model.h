@@ -236,6 +236,7 @@ typedef struct ct_model {
     int n_moe_layers; /* MoE layers on this rank */
     double moe_aux_sum, moe_z_sum;
     int64_t *moe_counts;
+    float *moe_bias; /* (n_moe_layers × E) selection biases (model.moe_bias_rate) */
     /* Seconds in the MoE layers' routing, permutation, exchange and host copies, and in their
      * experts' GEMMs (with the FLOPs these did), since ct_model_moe_stats last read them: on a
      * backend that runs ops as they are issued (cpu), what each costs; elsewhere the host's
@@ -446,9 +447,19 @@ int ct_model_expert_tensors(const ct_model *model);
  * layers):
  * *aux = the balancing losses of the sequences this rank holds (each whole sequence's, counted
  * once per cp rank), weighted as in the objective (1 / the step's sequences), summed over layers;
- * counts[e] (moe_experts entries) = this rank's tokens routed to expert e, summed over
- * micro-batches and layers. Training forwards only (dloss != 0, not a recompute). */
+ * counts[g·E + e] (ct_moe_layer_count × moe_experts entries, g the model's MoE layers in order)
+ * = this rank's tokens routed to expert e in MoE layer g, summed over micro-batches; 0 for layers
+ * on other pipeline stages. Training forwards only (dloss != 0, not a recompute). */
 void ct_model_moe_stats(ct_model *model, double *aux, double *z, int64_t *counts);
+
+/* Auxiliary-loss-free balancing (model.moe_bias_rate > 0): moves the selection bias of every MoE
+ * layer on this rank by the step's counts of that layer, summed over every rank (counts as
+ * ct_model_moe_stats lays them out: the whole model's MoE layers). */
+void ct_model_moe_update_bias(ct_model *model, const int64_t *counts);
+
+/* Global layer l's selection bias (moe_experts floats, host), or NULL when l is not an MoE layer
+ * on this rank: what checkpoints save and load. */
+float *ct_model_moe_bias(ct_model *model, int l);
 
 /* Since the last call, then reset: this rank's seconds in its MoE layers' routing, permutation,
  * exchange and host copies (route_s) and in their experts' GEMMs (expert_s, which did

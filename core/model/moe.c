@@ -219,8 +219,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     double t0 = ct_now();
     ma->gates = grow_host(ma->gates, &ma->cap_gates, (size_t)(N * k) * sizeof(float));
     ma->ids = grow_host(ma->ids, &ma->cap_ids, (size_t)(N * k) * sizeof(int32_t));
-    ct_router_fwd(router_kind(m), ma->logits, NULL, N, (int)E, (int)k, ma->probs, ma->ids,
-                  ma->gates);
+    ct_router_fwd(router_kind(m), ma->logits, m->moe_bias + moe_index(m, l) * E, N, (int)E, (int)k,
+                  ma->probs, ma->ids, ma->gates);
     ct_moe_plan_free(ma->plan);
     ma->plan = ct_moe_plan_new(m->layout.ep, ma->ids, N, (int)k, (int)E);
 
@@ -433,16 +433,35 @@ void ct_model_moe_timing(ct_model *m, double *route_s, double *expert_s, double 
     m->moe_route_seconds = m->moe_expert_seconds = m->moe_expert_flops = 0.0;
 }
 
+/* Global layer l's place among the model's MoE layers. */
+static int64_t moe_global_index(const ct_model *m, int l) {
+    return (l + 1) / m->mc.moe_every - 1;
+}
+
 void ct_model_moe_stats(ct_model *m, double *aux, double *z, int64_t *counts) {
     const int64_t E = m->mc.moe_experts;
     *aux = m->moe_aux_sum, *z = m->moe_z_sum;
     m->moe_z_sum = 0;
-    for (int64_t e = 0; e < E; e++) {
-        counts[e] = 0;
-        for (int i = 0; i < m->n_moe_layers; i++) counts[e] += m->moe_counts[i * E + e];
-    }
+    memset(counts, 0, (size_t)(ct_moe_layer_count(&m->mc) * E) * sizeof *counts);
+    for (int l = 0; l < m->mc.n_layer; l++)
+        if (m->layers[l].moe_router)
+            memcpy(counts + moe_global_index(m, l) * E, m->moe_counts + moe_index(m, l) * E,
+                   (size_t)E * sizeof *counts);
     m->moe_aux_sum = 0;
     memset(m->moe_counts, 0, (size_t)(m->n_moe_layers * E) * sizeof *m->moe_counts);
+}
+
+void ct_model_moe_update_bias(ct_model *m, const int64_t *counts) {
+    const int64_t E = m->mc.moe_experts;
+    for (int l = 0; l < m->mc.n_layer; l++)
+        if (m->layers[l].moe_router)
+            ct_router_bias_update(counts + moe_global_index(m, l) * E, (int)E,
+                                  (float)m->mc.moe_bias_rate, ct_model_moe_bias(m, l));
+}
+
+float *ct_model_moe_bias(ct_model *m, int l) {
+    if (l < 0 || l >= m->mc.n_layer || !m->layers[l].moe_router) return NULL;
+    return m->moe_bias + moe_index(m, l) * m->mc.moe_experts;
 }
 
 uint64_t ct_model_moe_routing_digest(const ct_acts *a) {

@@ -152,3 +152,15 @@ void ct_router_aux_bwd(ct_router_kind kind, const float *logits, const int64_t *
     }
     free(dist);
 }
+
+void ct_router_bias_update(const int64_t *counts, int E, float rate, float *bias) {
+    int64_t sum = 0;
+    for (int i = 0; i < E; i++) sum += counts[i];
+    for (int i = 0; i < E; i++) {
+        const int64_t share = (int64_t)E * counts[i];
+        if (share > sum)
+            bias[i] -= rate;
+        else if (share < sum)
+            bias[i] += rate;
+    }
+}

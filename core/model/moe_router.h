@@ -51,4 +51,12 @@ double ct_router_aux_loss(const int64_t *counts, const double *psum, int64_t T, 
 void ct_router_aux_bwd(ct_router_kind kind, const float *logits, const int64_t *counts, int64_t T,
                        int64_t N, int E, int k, double alpha, double scale, float *dlogits);
 
+/* Auxiliary-loss-free balancing (DeepSeek-V3): after a step whose tokens went counts[i] to expert
+ * i (summed over every rank, so every rank moves the same bias the same way),
+ *   bias[i] += rate · sign(mean − counts[i]),  mean = (sum of counts) / E,
+ * the sign taken on integers (E·counts[i] against the sum), so no rounding decides it: an expert
+ * that got more than its share becomes less likely to be chosen, one that got fewer more likely;
+ * a balanced expert keeps its bias. */
+void ct_router_bias_update(const int64_t *counts, int E, float rate, float *bias);
+
 #endif /* CT_MOE_ROUTER_H */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism (parallel/README.md, Tensor parallel) under mpirun:
-#   - every TP layer type and the vocab-parallel loss against the unsplit model, tp 2 and 4
+#   - every TP layer type, the vocab-parallel loss and the MoE balancing loss's value and gradient
+#     against the unsplit model, tp 2 and 4, with and without sequence parallelism
 #     (test/mpi_test_tp.c);
 #   - training equivalence against world size 1 on configs/test-tiny.yaml: tp 2, 4, 8 with and
 #     without sequence parallelism, and combined with dp and every ZeRO stage; memory and dp/tp

@@ -13,7 +13,9 @@
  *     position embedding (identical on every rank; with sequence parallelism partial sums
  *     whose tp sum is the full gradient).
  * Then the vocab-parallel cross-entropy alone against the plain one on the same logits, with
- * targets on every shard and padded columns, counting exactly three allreduces.
+ * targets on every shard and padded columns, counting exactly three allreduces. Then a model with
+ * an MoE layer: the balancing loss's value and gradient alone (compare_moe_aux), with and without
+ * sequence parallelism.
  *
  * Tolerance: the shard sums the same products in another order (partial sums over tp, then
  * an allreduce), so values agree to fp32 rounding of the magnitudes involved: we allow
@@ -186,6 +188,123 @@ static void compare_model(ct_pctx *pctx, bool sp) {
     ct_backend_free(be);
 }
 
+/* Every parameter's gradient of one forward + backward, host copies in registry order; with
+ * sequence parallelism a replicated tensor's partials summed over the tp group (allreduce). */
+static float **all_grads(ct_model *m, ct_acts *a, ct_grad_scratch *gs, ct_pctx *pctx, bool sp) {
+    ct_model_zero_grads(m);
+    ct_model_forward(m, a, (float)(1.0 / (double)ct_tensor_rows(a->logits)));
+    ct_model_backward(m, a, gs);
+    float **g = ct_xcalloc((size_t)m->n_params, sizeof *g);
+    for (int i = 0; i < m->n_params; i++) {
+        g[i] = to_host(m->params[i].grad);
+        if (sp && m->params[i].tp_split_dim < 0 && pctx)
+            ct_comm_allreduce(pctx->tp_comm, g[i], m->params[i].numel, CT_DTYPE_F32, CT_REDUCE_SUM);
+    }
+    return g;
+}
+
+static void free_grads(float **g, int n) {
+    for (int i = 0; i < n; i++) free(g[i]);
+    free(g);
+}
+
+/*
+ * The MoE balancing loss alone, split over tp with and without sequence parallelism: its value
+ * (ct_model_moe_stats) on every tp rank equals the unsplit model's, and so does its gradient —
+ * taken as the difference of every parameter's gradient with the loss weighted alpha and with
+ * alpha 0 (the routing does not depend on alpha; the language-model part cancels), which carries
+ * the loss's input gradient through the MoE layer into layer 0 and the embeddings. Tolerance:
+ * each of the two gradients within 2e-5 · its scale (as compare_model), so the difference within
+ * 2e-5 · (both scales) + 1e-7. The balancing part must be real: the router's, and layer 0's query
+ * weights' (reached only through the MoE layer's input gradient), differ from zero by far more.
+ */
+static void compare_moe_aux(ct_pctx *pctx, bool sp) {
+    ct_config cfg;
+    test_tiny_config(&cfg, NULL);
+    cfg.model.seq_len = 8;
+    cfg.train.global_batch = cfg.train.micro_batch = 2;
+    cfg.model.moe_experts = 4, cfg.model.moe_top_k = 2, cfg.model.moe_every = 2;
+    cfg.model.moe_d_ff = 32, cfg.model.moe_aux_alpha = 1.0;
+    if (ct_config_validate(&cfg, 1) != CT_OK) {
+        ct_error_print();
+        exit(1);
+    }
+    ct_backend *be = test_backend_new(1);
+    ct_model_layout full_layout = ct_model_layout_single(&cfg), shard_layout = full_layout;
+    shard_layout.tp = pctx->tp_comm;
+    shard_layout.tp_rank = pctx->tp_rank;
+    shard_layout.tp_size = pctx->tp;
+    shard_layout.sequence_parallel = sp;
+    ct_model *m[2];
+    ct_acts *a[2];
+    ct_grad_scratch *gs[2];
+    const int64_t B = 2, N = B * cfg.model.seq_len;
+    int32_t tokens[16], targets[16];
+    for (int64_t i = 0; i < N; i++) {
+        tokens[i] = (int32_t)(ct_rng_u64(5, 1, (uint64_t)i) % 123);
+        targets[i] = (int32_t)((i * 41 + 3) % 123);
+    }
+    float **g[2][2]; /* [full, shard][alpha, 0] */
+    double aux[2];
+    for (int s = 0; s < 2; s++) {
+        if (ct_model_new(&m[s], &cfg, be, s ? &shard_layout : &full_layout) ||
+            ct_acts_new(&a[s], m[s], B) || ct_grad_scratch_new(&gs[s], m[s], B)) {
+            ct_error_print();
+            exit(1);
+        }
+        perturb(m[s]);
+        ct_acts_set_batch(a[s], 0, tokens, targets);
+        g[s][0] = all_grads(m[s], a[s], gs[s], s ? pctx : NULL, sp);
+        double z;
+        int64_t counts[4];
+        ct_model_moe_stats(m[s], &aux[s], &z, counts);
+        m[s]->mc.moe_aux_alpha = 0.0;
+        g[s][1] = all_grads(m[s], a[s], gs[s], s ? pctx : NULL, sp);
+    }
+    char what[200];
+    snprintf(what, sizeof what, "tp=%d%s MoE balancing loss equals the unsplit model's", world,
+             sp ? " sp" : "");
+    check(fabs(aux[0] - aux[1]) <= 1e-6 * fabs(aux[0]) && aux[0] > 0, "%.9g vs %.9g", what, aux[0],
+          aux[1]);
+    double router_aux = 0, router_tol = 0, below_aux = 0, below_tol = 0;
+    for (int i = 0; i < m[1]->n_params; i++) {
+        const ct_param *ps = &m[1]->params[i];
+        const ct_param *pf = ct_model_find_param(m[0], ps->name);
+        const int j = (int)(pf - m[0]->params);
+        const float *fa = g[0][0][j], *f0 = g[0][1][j], *sa = g[1][0][i], *s0 = g[1][1][i];
+        const int64_t rows = ps->local_shape[0], cols = ps->local_shape[1];
+        const int64_t gcols = pf->local_shape[1];
+        const int64_t row0 = ps->tp_split_dim == 0 ? ps->tp_offset : 0;
+        const int64_t col0 = ps->tp_split_dim == 1 ? ps->tp_offset : 0;
+        double err = 0, big = 0;
+        const double tol = 2e-5 * (max_abs(fa, pf->numel) + max_abs(f0, pf->numel)) + 1e-7;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                const int64_t at = (row0 + r) * gcols + col0 + c;
+                const double want = (double)fa[at] - f0[at];
+                const double got = (double)sa[r * cols + c] - s0[r * cols + c];
+                err = worse(err, fabs(want - got));
+                big = worse(big, fabs(want));
+            }
+        if (strstr(ps->name, "moe.router")) router_aux = big, router_tol = tol;
+        if (!strcmp(ps->name, "layers.0.attn.wq")) below_aux = big, below_tol = tol;
+        snprintf(what, sizeof what, "tp=%d%s balancing-loss gradient of %s", world, sp ? " sp" : "",
+                 ps->name);
+        check(err <= tol, "max diff %.3g (tol %.3g)", what, err, tol);
+    }
+    snprintf(what, sizeof what, "tp=%d%s the balancing loss reaches the router's gradient", world,
+             sp ? " sp" : "");
+    check(router_aux > 100 * router_tol, "largest %.3g (tol %.3g)", what, router_aux, router_tol);
+    snprintf(what, sizeof what, "tp=%d%s its input gradient reaches layer 0 (attn.wq)", world,
+             sp ? " sp" : "");
+    check(below_aux > 100 * below_tol, "largest %.3g (tol %.3g)", what, below_aux, below_tol);
+    for (int s = 0; s < 2; s++) {
+        free_grads(g[s][0], m[s]->n_params), free_grads(g[s][1], m[s]->n_params);
+        ct_grad_scratch_free(gs[s]), ct_acts_free(a[s]), ct_model_free(m[s]);
+    }
+    ct_backend_free(be);
+}
+
 /* The vocab-parallel loss alone: three allreduces, same losses and dlogits as the plain one. */
 static void compare_xent(ct_pctx *pctx) {
     ct_backend *be = test_backend_new(1);
@@ -250,6 +369,8 @@ int main(int argc, char **argv) {
     compare_model(pctx, false);
     compare_model(pctx, true);
     compare_xent(pctx);
+    compare_moe_aux(pctx, false);
+    compare_moe_aux(pctx, true);
     int any = failures;
     ct_comm_allreduce(pctx->world, &any, 1, CT_DTYPE_I32, CT_REDUCE_MAX);
     ct_pctx_free(pctx);

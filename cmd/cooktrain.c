@@ -184,7 +184,8 @@ static const char eval_help[] =
 
 static const char export_help[] =
     "usage: cooktrain export DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
-    "a checkpoint as one safetensors file with Hugging Face GPT-2 or Llama names, and its\n"
+    "a checkpoint as one safetensors file with Hugging Face GPT-2, Llama or Mixtral names, and "
+    "its\n"
     "config.json beside it.\n"
     "\n"
     "  --out FILE             the safetensors file to write\n"
@@ -192,8 +193,9 @@ static const char export_help[] =
 
 static const char import_help[] =
     "usage: cooktrain import SRC --out ROOT [--seq-len N]\n"
-    "a Hugging Face GPT-2 or Llama model (a directory with config.json and model.safetensors or\n"
-    "model.safetensors.index.json, or a .safetensors file with config.json beside it) as a\n"
+    "a Hugging Face GPT-2, Llama or Mixtral model (a directory with config.json and\n"
+    "model.safetensors or model.safetensors.index.json, or a .safetensors file with config.json\n"
+    "beside it) as a\n"
     "cooktrain checkpoint, ROOT/step-00000000, that any layout loads (model.init_from: ROOT,\n"
     "eval, sample, export); prints the model keys a run of it needs.\n"
     "\n"
@@ -611,11 +613,11 @@ static const command commands[] = {
      .help = eval_help,
      .run = cmd_eval},
     {.name = "export",
-     .summary = "a checkpoint as safetensors with Hugging Face GPT-2 or Llama names",
+     .summary = "a checkpoint as safetensors with Hugging Face GPT-2, Llama or Mixtral names",
      .help = export_help,
      .run = cmd_export},
     {.name = "import",
-     .summary = "a Hugging Face GPT-2 or Llama model as a checkpoint",
+     .summary = "a Hugging Face GPT-2, Llama or Mixtral model as a checkpoint",
      .help = import_help,
      .run = cmd_import},
 };

@@ -20,6 +20,7 @@
 static ct_status config_of(const char *dir, const ct_ckpt_manifest *m, ct_config *cfg) {
     CT_TRY(ct_config_load_string(cfg, m->config_text, dir));
     cfg->parallel.tp = cfg->parallel.pp = cfg->parallel.dp = cfg->parallel.cp = 1;
+    cfg->parallel.ep = 1;
     cfg->parallel.zero_stage = 0;
     cfg->parallel.virtual_stages = 1;
     cfg->parallel.schedule = CT_SCHEDULE_1F1B;

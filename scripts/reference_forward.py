@@ -2,10 +2,10 @@
 """An independent forward pass of a Hugging Face-layout model, in numpy (float64).
 
   reference_forward.py MODEL --tokens SHARD.bin [--samples N]
-  reference_forward.py make DIR --arch gpt2|llama [--dtype F32|BF16|F16] [--shards N]
+  reference_forward.py make DIR --arch gpt2|llama|mixtral [--dtype F32|BF16|F16] [--shards N]
                        [--seed S] [--vocab V] [--positions T] [--layers L] [--d-model C]
                        [--heads H] [--kv-heads K] [--d-ff F] [--untied]
-                       [--rope-scaling FACTOR --rope-original N]
+                       [--rope-scaling FACTOR --rope-original N] [--experts E --top-k K]
 
 Reads MODEL (a .safetensors file, or a directory holding model.safetensors or a sharded model's
 model.safetensors.index.json) and the config.json beside it (what `cooktrain export` writes, or a
@@ -26,7 +26,11 @@ forward pass at once. Architectures:
     (rotate_half: dims i and i + hd/2 pair up, cos/sin tables cat(freqs, freqs)), grouped-query
     attention (query head j reads key/value head j // (n_head / n_kv_head)), SwiGLU MLP
     down(silu(gate(x)) * up(x)), nn.Linear weights stored (out, in), the LM head tied to the
-    embedding unless config.json says otherwise (then lm_head.weight).
+    embedding unless config.json says otherwise (then lm_head.weight);
+  - Mixtral (model_type "mixtral"): Llama with every MLP a sparse mixture of num_local_experts
+    SwiGLU experts (w1 gate, w3 up, w2 down): softmax over the router's logits, the
+    num_experts_per_tok most probable (the lower index first among equals), their probabilities
+    renormalised to weigh the experts' outputs.
 
 `make` writes a random model of that shape in Hugging Face's layout the way the safetensors
 library does (keys sorted, no padding; split over N files with an index when --shards N > 1), so
@@ -136,6 +140,27 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
+def sparse_moe(w, p, cfg, m):
+    """Mixtral's sparse MLP: softmax over the experts' router logits, the top k (the lower index
+    first among equals), their probabilities renormalised, each chosen SwiGLU expert
+    w2(silu(w1 m) * w3 m) weighted by its probability."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    z = m @ w[p + "gate.weight"].T  # (B, T, E)
+    pr = np.exp(z - z.max(-1, keepdims=True))
+    pr /= pr.sum(-1, keepdims=True)
+    top = np.argsort(-pr, axis=-1, kind="stable")[..., :k]
+    gates = np.take_along_axis(pr, top, -1)
+    gates /= gates.sum(-1, keepdims=True)
+    out = np.zeros_like(m)
+    for e in range(E):
+        q = p + "experts.%d." % e
+        g, u = m @ w[q + "w1.weight"].T, m @ w[q + "w3.weight"].T
+        y = (g / (1.0 + np.exp(-g)) * u) @ w[q + "w2.weight"].T
+        weight = (gates * (top == e)).sum(-1, keepdims=True)  # 0 where e was not chosen
+        out += weight * y
+    return out
+
+
 def llama_logits(w, cfg, idx):
     C, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     KV = cfg.get("num_key_value_heads", H)
@@ -175,6 +200,9 @@ def llama_logits(w, cfg, idx):
         att = (pr @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
         x = x + att @ w[p + "self_attn.o_proj.weight"].T
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg.get("model_type") == "mixtral":
+            x = x + sparse_moe(w, p + "block_sparse_moe.", cfg, m)
+            continue
         g = m @ w[p + "mlp.gate_proj.weight"].T
         u = m @ w[p + "mlp.up_proj.weight"].T
         x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
@@ -243,6 +271,8 @@ def make_model(argv):
             w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = normal(F, C), normal(C)
         w["ln_f.weight"], w["ln_f.bias"] = near1(C), normal(C)
     else:
+        mixtral = kind == "mixtral"
+        E, k = int(arg("--experts", "4")), int(arg("--top-k", "2"))
         cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": V,
                "max_position_embeddings": T, "hidden_size": C, "intermediate_size": F,
                "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
@@ -252,6 +282,10 @@ def make_model(argv):
             cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(arg("--rope-scaling", "8")),
                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": int(arg("--rope-original", "16"))}
+        if mixtral:
+            cfg.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                        "num_local_experts": E, "num_experts_per_tok": k,
+                        "router_aux_loss_coef": 0.02, "sliding_window": None})
         w["model.embed_tokens.weight"] = normal(V, C)
         for l in range(L):
             p = "model.layers.%d." % l
@@ -261,6 +295,13 @@ def make_model(argv):
             w[p + "self_attn.v_proj.weight"] = normal(K * hd, C)
             w[p + "self_attn.o_proj.weight"] = normal(C, H * hd)
             w[p + "post_attention_layernorm.weight"] = near1(C)
+            if mixtral:  # router logits spread wider than the weights': distinct choices
+                w[p + "block_sparse_moe.gate.weight"] = rng.normal(0.0, 0.5, (E, C))
+                for e in range(E):
+                    q = p + "block_sparse_moe.experts.%d." % e
+                    w[q + "w1.weight"], w[q + "w3.weight"] = normal(F, C), normal(F, C)
+                    w[q + "w2.weight"] = normal(C, F)
+                continue
             w[p + "mlp.gate_proj.weight"] = normal(F, C)
             w[p + "mlp.up_proj.weight"] = normal(F, C)
             w[p + "mlp.down_proj.weight"] = normal(C, F)
@@ -291,8 +332,8 @@ def mean_loss(model_path, tokens_path, n_samples):
         fail("no config.json beside %s" % model_path, "cooktrain export writes one next to the model")
     cfg = json.load(open(cfg_path))
     kind = cfg.get("model_type")
-    if kind not in ("gpt2", "llama"):
-        fail("%s: model_type %r" % (cfg_path, kind), "this reference knows gpt2 and llama")
+    if kind not in ("gpt2", "llama", "mixtral"):
+        fail("%s: model_type %r" % (cfg_path, kind), "this reference knows gpt2, llama and mixtral")
     w = load_model(model_path)
     T = cfg["n_positions"] if kind == "gpt2" else cfg["max_position_embeddings"]
     seq = load_samples(tokens_path, T, n_samples)

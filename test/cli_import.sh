@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face models in (core/io/hf.h): `cooktrain import` and model.init_from, through the real
 # binary, on models cooktrain did not write — scripts/reference_forward.py `make` writes random
-# GPT-2 and Llama models the way the safetensors library does (sorted keys, F32, BF16 or F16, one
-# file or sharded with an index):
+# GPT-2, Llama and Mixtral models the way the safetensors library does (sorted keys, F32, BF16 or
+# F16, one file or sharded with an index):
 #   - import, then `cooktrain eval`, gives the numpy reference's loss on the same files to 1e-6
 #     relative (Llama with grouped-query attention: RoPE's q/k row permutation undone by import);
 #   - import ∘ export: exporting the imported checkpoint gives back every tensor bit for bit, and
@@ -54,7 +54,9 @@ PY
 # ---- import, then eval against the numpy reference ---------------------------------------------
 for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --d-ff 160 --untied" \
     "llama|F32|1|--kv-heads 4 --d-ff 192 --rope-scaling 8 --rope-original 16" \
-    "gpt2|F16|1|" "gpt2|F32|2|--d-ff 96 --untied"; do
+    "gpt2|F16|1|" "gpt2|F32|2|--d-ff 96 --untied" \
+    "mixtral|F32|2|--kv-heads 4 --d-ff 96 --experts 4 --top-k 2" \
+    "mixtral|BF16|1|--kv-heads 2 --d-ff 64 --experts 8 --top-k 3 --untied"; do
     IFS='|' read -r arch dtype shards extra <<<"$model"
     name="$arch $dtype shards=$shards${extra:+ $extra}"
     selected "import $name" || continue
@@ -63,7 +65,8 @@ for model in "llama|BF16|1|--kv-heads 4 --d-ff 192" "llama|F32|3|--kv-heads 2 --
     $py $ref make "$d/hf" --arch "$arch" --dtype "$dtype" --shards "$shards" --seed 7 "${shape[@]}" $extra ||
         { fail "$name: the reference could not make a model"; continue; }
     expect_exit 0 "import $name" -- "$BIN" import "$d/hf" --out "$d/ck" || continue
-    expect_text "  arch: $arch" "import $name prints the model keys"
+    expect_text "  arch: ${arch/mixtral/llama}" "import $name prints the model keys"
+    [ "$arch" = mixtral ] && expect_text "  moe_router: topk_softmax" "import $name prints the MoE keys"
     expect_exit 0 "eval of the imported $name" -- "$BIN" eval "$d/ck" --data "$TEST_DATA/val.bin" --samples 8
     loss=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^eval .* loss \([0-9.]*\)$/\1/p')
     want=$($py $ref "$d/hf" --tokens "$TEST_DATA/val.bin" --samples 8 2>&1)

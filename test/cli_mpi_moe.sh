@@ -102,15 +102,66 @@ RUNS
     base=("${lbase[@]}")
 fi
 
-# A checkpoint of an MoE model: eval reads it; export refuses it, naming what it holds
+# A checkpoint of an MoE model: eval reads it; export refuses what Hugging Face has no layout for
+# (GPT-2 experts; a Llama MoE with shared experts, dense layers between, another router or
+# selection biases), naming the tensor and the reason. A Llama MoE in Mixtral's form (every layer
+# sparse, topk_softmax, no shared experts), trained at ep 2 x tp 2, exports as Mixtral: the numpy
+# reference (scripts/reference_forward.py, HF's Mixtral: softmax, top-k, renormalised) on the
+# export gives cooktrain eval's loss to 1e-6 relative (fp32 against float64, as test/cli_llama.sh);
+# export -> import -> export is byte-identical; and model.init_from the export at ep 2 loads the
+# weights one process loads.
 if selected "export"; then
     d=$tmp/export
     expect_exit 0 "MoE checkpoint (2 steps)" -- "$BIN" "${base[@]}" --set train.steps=2 \
         --set checkpoint.dir="$d/ck" --set checkpoint.interval=2
     expect_exit 0 "eval of an MoE checkpoint" -- "$BIN" eval "$d/ck/step-00000002" --data "$TEST_DATA/val.bin" --samples 4
-    expect_exit 2 "export of an MoE checkpoint" -- "$BIN" export "$d/ck/step-00000002" --out "$d/m.safetensors"
-    expect_text "holds a Mixture-of-Experts model (layers.1.moe.shared.w_up), which export cannot write yet" \
-        "export names the MoE tensor it cannot write"
+    expect_exit 2 "export of a GPT-2 MoE checkpoint" -- "$BIN" export "$d/ck/step-00000002" --out "$d/m.safetensors"
+    expect_text "holds a Mixture-of-Experts model (layers.1.moe.shared.w_up) that export cannot write: GPT-2 experts have no Hugging Face layout" \
+        "export names the MoE tensor it cannot write and why"
+    mix=("${base[@]}" --set model.arch=llama --set model.n_kv_head=4 --set model.multiple_of=32
+         --set model.moe_every=1 --set model.moe_shared=0 --set model.moe_z_alpha=0)
+    for bad in "model.moe_shared=1|Mixtral has no shared experts" \
+        "model.moe_every=2|Mixtral's every layer is sparse" \
+        "model.moe_router=sigmoid|Mixtral routes by softmax then top-k" \
+        "model.moe_bias_rate=0.01|Mixtral has no selection biases"; do
+        IFS='|' read -r key why <<<"$bad"
+        rm -rf "$d/bad"
+        "$BIN" "${mix[@]}" --set "$key" --set train.steps=1 --set train.warmup_steps=0 \
+            --set checkpoint.dir="$d/bad" >/dev/null 2>&1
+        expect_exit 2 "export of a Llama MoE with $key" -- "$BIN" export "$d/bad" --out "$d/bad.safetensors"
+        expect_text "$why" "export with $key says why"
+    done
+    py=python3
+    /usr/bin/python3 -c 'import numpy' 2>/dev/null && py=/usr/bin/python3
+    expect_exit 0 "Mixtral-form Llama MoE at ep 2 x tp 2: 10 steps with a checkpoint" -- \
+        "${MPIRUN[@]}" -np 4 "$BIN" "${mix[@]}" --set parallel.ep=2 --set parallel.tp=2 \
+        --set train.steps=10 --set train.lr=3e-3 --set checkpoint.dir="$d/mix"
+    # (eval and sample run one process whatever layout wrote the checkpoint: ep 2 included)
+    expect_exit 0 "eval of the Mixtral-form checkpoint" -- "$BIN" eval "$d/mix" --data "$TEST_DATA/val.bin" --samples 8
+    loss=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^eval .* loss \([0-9.]*\)$/\1/p')
+    expect_exit 0 "export as Mixtral" -- "$BIN" export "$d/mix" --out "$d/hf/model.safetensors"
+    grep -q '"model_type": "mixtral"' "$d/hf/config.json" && grep -q '"num_local_experts": 8' "$d/hf/config.json" &&
+        grep -q '"intermediate_size": 96' "$d/hf/config.json" &&
+        ok "export: config.json says mixtral, 8 experts of width 96" || fail "export: config.json is not Mixtral's"
+    if ref=$($py scripts/reference_forward.py "$d/hf/model.safetensors" --tokens "$TEST_DATA/val.bin" --samples 8 2>&1) &&
+        $py -c 'import math,sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if math.isfinite(a) and abs(a-b) <= 1e-6*abs(b) else 1)' "${ref#loss }" "${loss:-nan}"; then
+        ok "the numpy Mixtral on the export gives cooktrain eval's loss ($ref vs $loss)"
+    else
+        fail "the numpy Mixtral on the export gives $ref, cooktrain eval $loss"
+    fi
+    "$BIN" import "$d/hf" --out "$d/imported" >/dev/null &&
+        "$BIN" export "$d/imported" --out "$d/hf2/model.safetensors" >/dev/null &&
+        cmp -s "$d/hf/model.safetensors" "$d/hf2/model.safetensors" && cmp -s "$d/hf/config.json" "$d/hf2/config.json" &&
+        ok "Mixtral export -> import -> export: model.safetensors and config.json byte-identical" ||
+        fail "Mixtral export -> import -> export differs"
+    init=("${mix[@]}" --set train.steps=1 --set train.warmup_steps=0 --set model.init_from="$d/hf")
+    expect_exit 0 "init_from the Mixtral export, one process" -- "$BIN" "${init[@]}" --dump-init-params "$d/one.bin"
+    expect_exit 0 "init_from the Mixtral export, ep 2" -- "${MPIRUN[@]}" -np 2 "$BIN" "${init[@]}" \
+        --set parallel.ep=2 --dump-init-params "$d/ep2.bin"
+    cmp -s "$d/one.bin" "$d/ep2.bin" && ok "init_from Mixtral at ep 2: the weights one process loads" ||
+        fail "init_from Mixtral at ep 2: weights differ from one process"
+    expect_exit 2 "init_from Mixtral into a run with dense layers between" -- "$BIN" "${init[@]}" --set model.moe_every=2
+    expect_text "is a Mixtral model (every layer's MLP sparse" "init_from names the Mixtral form"
 fi
 
 # log.trace at ep 2: each rank's trace has a "moe tokens per expert" counter per step, one series

@@ -94,8 +94,15 @@ static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_mani
                  "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %lld}",
                  mc.rope_scaling_factor, mc.rope_low_freq_factor, mc.rope_high_freq_factor,
                  (long long)mc.rope_original_max_pos);
+    const bool mixtral = mc.moe_experts > 0;
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n",
+            mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM", mixtral ? "mixtral" : "llama");
+    if (mixtral)
+        fprintf(f,
+                "  \"num_local_experts\": %lld,\n  \"num_experts_per_tok\": %lld,\n"
+                "  \"router_aux_loss_coef\": %.17g,\n  \"sliding_window\": null,\n",
+                (long long)mc.moe_experts, (long long)mc.moe_top_k, mc.moe_aux_alpha);
     fprintf(f,
-            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
             "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
@@ -105,8 +112,9 @@ static ct_status write_llama_config(FILE *f, const char *dir, const ct_ckpt_mani
             "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
             "  \"torch_dtype\": \"float32\"\n}\n",
             (long long)s->vocab_size, (long long)s->seq_len, (long long)s->d_model,
-            (long long)s->d_ff, (long long)s->n_layer, (long long)s->n_head,
-            (long long)s->n_kv_head, mc.norm_eps, mc.rope_theta, scaling, tied ? "true" : "false");
+            (long long)(mixtral ? (mc.moe_d_ff ? mc.moe_d_ff : s->d_ff) : s->d_ff),
+            (long long)s->n_layer, (long long)s->n_head, (long long)s->n_kv_head, mc.norm_eps,
+            mc.rope_theta, scaling, tied ? "true" : "false");
     return CT_OK;
 }
 
@@ -145,6 +153,39 @@ static ct_status write_hf_config(const char *out, const char *dir, const ct_ckpt
         return st;
     }
     return ct_file_publish(tmp, path, ok, "config.json");
+}
+
+/* A Mixture-of-Experts checkpoint exports as Mixtral when it is one: a Llama whose every layer's
+ * MLP is routed by softmax-then-top-k to SwiGLU experts, no shared experts, no selection biases
+ * (Mixtral has none). *experts: the experts a layer (0: a dense model). */
+static ct_status check_moe(const char *dir, const ct_ckpt_manifest *m, int64_t *experts) {
+    const char *moe = NULL;
+    for (int64_t i = 0; i < m->n_pieces && !moe; i++)
+        if (strstr(m->pieces[i].box.name, ".moe.")) moe = m->pieces[i].box.name;
+    *experts = 0;
+    if (!moe) return CT_OK;
+    ct_model_config mc;
+    CT_TRY(ct_ckpt_model_config(dir, m, &mc));
+    const char *why = m->state.arch == 0   ? "GPT-2 experts have no Hugging Face layout"
+                      : mc.moe_every != 1  ? "Mixtral's every layer is sparse, this "
+                                             "model's model.moe_every is not 1"
+                      : mc.moe_shared != 0 ? "Mixtral has no shared experts"
+                      : mc.moe_router != CT_MOE_TOPK_SOFTMAX ? "Mixtral routes by softmax then "
+                                                               "top-k (moe_router topk_softmax)"
+                      : mc.moe_bias_rate > 0                 ? "Mixtral has no selection biases "
+                                                               "(model.moe_bias_rate)"
+                                                             : NULL;
+    if (why) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint '%s' holds a Mixture-of-Experts model (%s) that export cannot write: "
+                 "%s",
+                 dir, moe, why);
+        ct_hint("export writes Mixture-of-Experts Llamas as Mixtral; cooktrain eval and sample "
+                "read this checkpoint as it is");
+        return CT_ERR_INPUT;
+    }
+    *experts = mc.moe_experts;
+    return CT_OK;
 }
 
 /* The JSON header, padded with spaces to a multiple of 8 bytes. */
@@ -193,20 +234,12 @@ ct_status ct_export_safetensors(const char *dir, const char *out, ct_dtype dtype
         ct_hint("export is for GPT-2 models with n_kv_head = n_head");
         st = CT_ERR_INPUT;
     }
-    for (int64_t i = 0; i < m.n_pieces && st == CT_OK; i++)
-        if (strstr(m.pieces[i].box.name, ".moe.")) {
-            ct_error(CT_ERR_INPUT,
-                     "checkpoint '%s' holds a Mixture-of-Experts model (%s), which export cannot "
-                     "write yet",
-                     dir, m.pieces[i].box.name);
-            ct_hint("cooktrain eval and sample read it as it is; export is for dense GPT-2 and "
-                    "Llama models");
-            st = CT_ERR_INPUT;
-        }
+    int64_t experts = 0;
+    if (st == CT_OK) st = check_moe(dir, &m, &experts);
     int n = 0;
     const bool untied = find_tensor(&m, "lm_head") != NULL;
     hf_tensor *t = ct_hf_tensors(llama ? CT_ARCH_LLAMA : CT_ARCH_GPT2, m.state.n_layer,
-                                 m.state.d_model / m.state.n_head, untied, &n);
+                                 m.state.d_model / m.state.n_head, untied, experts, &n);
     int64_t largest = 0;
     for (int i = 0; i < n && st == CT_OK; i++) {
         const bool vocab = !strcmp(t[i].src[0], "wte") || !strcmp(t[i].src[0], "lm_head");

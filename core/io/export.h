@@ -1,6 +1,6 @@
 /*
- * export.h — a checkpoint as one unsharded safetensors file with Hugging Face GPT-2 or Llama
- * names (`cooktrain export DIR --out FILE [--dtype fp32|bf16]`), plus FILE's directory's
+ * export.h — a checkpoint as one unsharded safetensors file with Hugging Face GPT-2, Llama or
+ * Mixtral names (`cooktrain export DIR --out FILE [--dtype fp32|bf16]`), plus FILE's directory's
  * config.json that transformers' GPT2Config or LlamaConfig reads.
  *
  * Llama (LlamaForCausalLM's state dict; nn.Linear weights (out, in), as ours, not transposed):
@@ -9,7 +9,11 @@
  *   model.layers.L.self_attn.{q,k,v,o}_proj.weight             wq, wk, wv, wo; q and k permuted
  *   model.layers.L.mlp.{gate,up,down}_proj.weight              w_gate, w_up, w_down
  *   model.norm.weight                                          lnf
- * with tie_word_embeddings (no lm_head.weight). The permutation: our RoPE rotates adjacent pairs
+ * with tie_word_embeddings (no lm_head.weight). A Mixture-of-Experts Llama of Mixtral's form (every
+ * layer's MLP sparse, the topk_softmax router, no shared experts, no selection biases) writes
+ * Mixtral (MixtralForCausalLM): model.layers.L.block_sparse_moe.gate.weight for moe.router and
+ * .experts.e.{w1, w3, w2}.weight for its experts' w_gate, w_up, w_down (hf.h); other MoE models
+ * are refused by name. The permutation: our RoPE rotates adjacent pairs
  * (2i, 2i+1) of a head, Hugging Face's pairs (i, i + hd/2), so within each head HF's row
  * j·hd/2 + i is our row 2i + j — applied here to q and k and nowhere else.
  *

@@ -54,17 +54,50 @@ static const struct {
     {"mlp.down_proj.weight", "mlp.w_down", false},
 };
 
-ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, int *count) {
-    const bool llama = arch == CT_ARCH_LLAMA;
-    const int per_layer = llama ? (int)CT_ARRAY_LEN(llama_layer) : (int)CT_ARRAY_LEN(gpt2_layer);
+/* Mixtral's sparse MLP (block_sparse_moe): the router, and per expert SwiGLU's w1 (gate), w3
+ * (up) and w2 (down), for Llama's MLP tensors (suffixes after "model.layers.L."). */
+static const struct {
+    const char *hf, *src;
+} mixtral_expert[] = {
+    {"w1.weight", "w_gate"},
+    {"w2.weight", "w_down"},
+    {"w3.weight", "w_up"},
+};
+
+static void add_mixtral_layer(ct_hf_tensor *t, int *n, int64_t l, int64_t experts) {
+    char hf[96], src[CT_CKPT_NAME];
+    snprintf(hf, sizeof hf, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)l);
+    snprintf(src, sizeof src, "layers.%lld.moe.router", (long long)l);
+    add(&t[(*n)++], hf, false, (const char *[]){src}, 1);
+    for (int64_t e = 0; e < experts; e++)
+        for (size_t k = 0; k < CT_ARRAY_LEN(mixtral_expert); k++) {
+            snprintf(hf, sizeof hf, "model.layers.%lld.block_sparse_moe.experts.%lld.%s",
+                     (long long)l, (long long)e, mixtral_expert[k].hf);
+            snprintf(src, sizeof src, "layers.%lld.moe.experts.%lld.%s", (long long)l, (long long)e,
+                     mixtral_expert[k].src);
+            add(&t[(*n)++], hf, false, (const char *[]){src}, 1);
+        }
+}
+
+ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, int64_t experts,
+                            int *count) {
+    const bool llama = arch == CT_ARCH_LLAMA, mixtral = llama && experts > 0;
+    const int per_layer =
+        llama ? (int)CT_ARRAY_LEN(llama_layer) + (mixtral ? 1 + 3 * (int)experts : 0)
+              : (int)CT_ARRAY_LEN(gpt2_layer);
     ct_hf_tensor *t = ct_xcalloc((size_t)(5 + per_layer * L), sizeof *t);
     int n = 0;
     add(&t[n++], llama ? "model.embed_tokens.weight" : "wte.weight", false, (const char *[]){"wte"},
         1);
     if (!llama) add(&t[n++], "wpe.weight", false, (const char *[]){"wpe"}, 1);
     for (int64_t l = 0; l < L; l++)
-        for (int k = 0; k < per_layer; k++) {
+        for (int k = 0; k < (llama ? (int)CT_ARRAY_LEN(llama_layer) : per_layer); k++) {
             char hf[96], src[3][CT_CKPT_NAME];
+            if (mixtral && !strncmp(llama_layer[k].hf, "mlp.", 4)) {
+                if (!strcmp(llama_layer[k].hf, "mlp.gate_proj.weight"))
+                    add_mixtral_layer(t, &n, l, experts);
+                continue;
+            }
             const char *srcs[3];
             int n_src = 0;
             if (llama) {
@@ -104,8 +137,8 @@ typedef struct jconfig {
 static ct_status bad_key(const jconfig *j, const char *key, const char *want) {
     ct_error(CT_ERR_INPUT, "config.json '%s': %s%s %s", j->path, j->prefix ? j->prefix : "", key,
              want);
-    ct_hint("cooktrain reads the config.json of Hugging Face GPT-2 and Llama models "
-            "(transformers' GPT2Config, LlamaConfig)");
+    ct_hint("cooktrain reads the config.json of Hugging Face GPT-2, Llama and Mixtral models "
+            "(transformers' GPT2Config, LlamaConfig, MixtralConfig)");
     return CT_ERR_INPUT;
 }
 
@@ -229,6 +262,25 @@ static ct_status parse_llama(const jconfig *j, ct_hf_config *c) {
     return get_bool(j, "tie_word_embeddings", false, &c->tied);
 }
 
+/* Mixtral: Llama's attention and norms, every layer's MLP a sparse MoE of num_local_experts
+ * SwiGLU experts of width intermediate_size, num_experts_per_tok a token by softmax-then-top-k,
+ * renormalised (cooktrain's topk_softmax router); full attention (no sliding window shorter than
+ * the context). */
+static ct_status parse_mixtral(const jconfig *j, ct_hf_config *c) {
+    CT_TRY(parse_llama(j, c));
+    CT_TRY(get_int(j, "num_local_experts", true, 0, 1, 4096, &c->moe_experts));
+    CT_TRY(get_int(j, "num_experts_per_tok", true, 0, 1, c->moe_experts, &c->moe_top_k));
+    CT_TRY(get_num(j, "router_aux_loss_coef", 0.001, -1, 1000, &c->moe_aux_alpha));
+    if (c->moe_aux_alpha < 0) return bad_key(j, "router_aux_loss_coef", "is negative");
+    int64_t window;
+    CT_TRY(get_int(j, "sliding_window", false, c->max_positions, 1, 1 << 30, &window));
+    if (window < c->max_positions)
+        return bad_key(j, "sliding_window",
+                       "is shorter than max_position_embeddings: cooktrain's attention sees the "
+                       "whole context");
+    return CT_OK;
+}
+
 ct_status ct_hf_config_parse(const char *path, const char *json, size_t len, ct_hf_config *out) {
     memset(out, 0, sizeof *out);
     json_error_t err;
@@ -245,8 +297,10 @@ ct_status ct_hf_config_parse(const char *path, const char *json, size_t len, ct_
         st = parse_gpt2(&j, out);
     else if (st == CT_OK && json_is_string(type) && !strcmp(json_string_value(type), "llama"))
         st = parse_llama(&j, out);
+    else if (st == CT_OK && json_is_string(type) && !strcmp(json_string_value(type), "mixtral"))
+        st = parse_mixtral(&j, out);
     else if (st == CT_OK)
-        st = bad_key(&j, "model_type", "is not \"gpt2\" or \"llama\"");
+        st = bad_key(&j, "model_type", "is not \"gpt2\", \"llama\" or \"mixtral\"");
     json_decref(j.root);
     return st;
 }
@@ -403,7 +457,7 @@ ct_status ct_hf_open(const char *path, ct_hf_model *m) {
     if (st == CT_OK)
         m->names =
             ct_hf_tensors(m->config.arch, m->config.n_layer, m->config.d_model / m->config.n_head,
-                          !m->config.tied, &m->n_names);
+                          !m->config.tied, m->config.moe_experts, &m->n_names);
     if (st != CT_OK) ct_hf_close(m);
     return st;
 }
@@ -425,6 +479,15 @@ void ct_hf_model_config(const ct_hf_config *hf, ct_model_config *mc) {
     mc->n_kv_head = hf->n_kv_head;
     mc->d_ff = hf->d_ff;
     mc->tie_embeddings = hf->tied;
+    if (hf->moe_experts > 0) { /* mixtral */
+        mc->moe_experts = hf->moe_experts;
+        mc->moe_top_k = hf->moe_top_k;
+        mc->moe_every = 1;
+        mc->moe_d_ff = hf->d_ff;
+        mc->moe_router = CT_MOE_TOPK_SOFTMAX;
+        mc->moe_shared = 0;
+        mc->moe_aux_alpha = hf->moe_aux_alpha;
+    }
     if (hf->arch == CT_ARCH_LLAMA) {
         mc->norm_eps = hf->norm_eps;
         mc->rope_theta = hf->rope_theta;
@@ -440,7 +503,7 @@ void ct_hf_model_config(const ct_hf_config *hf, ct_model_config *mc) {
 ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
     const ct_hf_config *h = &m->config;
     const ct_model_config *mc = &cfg->model;
-    const bool llama = h->arch == CT_ARCH_LLAMA;
+    const bool llama = h->arch == CT_ARCH_LLAMA, moe = h->moe_experts > 0;
     const struct {
         const char *key, *theirs;
         double hf, ours;
@@ -458,7 +521,13 @@ ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
         {"n_kv_head", "num_key_value_heads", h->n_kv_head, cfg->derived.n_kv_head,
          h->n_kv_head != cfg->derived.n_kv_head},
         {"d_ff", llama ? "intermediate_size" : "n_inner", h->d_ff, cfg->derived.d_ff,
-         h->d_ff != cfg->derived.d_ff},
+         !moe && h->d_ff != cfg->derived.d_ff},
+        {"moe_experts", "num_local_experts", h->moe_experts, mc->moe_experts,
+         h->moe_experts != mc->moe_experts},
+        {"moe_top_k", "num_experts_per_tok", h->moe_top_k, mc->moe_top_k,
+         moe && h->moe_top_k != mc->moe_top_k},
+        {"moe_d_ff", "intermediate_size", h->d_ff, cfg->derived.moe_d_ff,
+         moe && h->d_ff != cfg->derived.moe_d_ff},
         {"norm_eps", "rms_norm_eps", h->norm_eps, mc->norm_eps,
          llama && h->norm_eps != mc->norm_eps},
         {"rope_theta", "rope_theta", h->rope_theta, mc->rope_theta,
@@ -479,6 +548,18 @@ ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
         {"seq_len", "n_positions", h->max_positions, mc->seq_len,
          !llama && mc->seq_len > h->max_positions},
     };
+    if (moe &&
+        (mc->moe_every != 1 || mc->moe_shared != 0 || mc->moe_router != CT_MOE_TOPK_SOFTMAX)) {
+        ct_error(CT_ERR_INPUT,
+                 "model.init_from '%s' is a Mixtral model (every layer's MLP sparse, no shared "
+                 "experts, softmax-then-top-k routing), this run has model.moe_every=%lld, "
+                 "moe_shared=%lld, moe_router=%s",
+                 m->dir, (long long)mc->moe_every, (long long)mc->moe_shared,
+                 ct_moe_router_names[mc->moe_router]);
+        ct_hint("set model.moe_every: 1, model.moe_shared: 0 and model.moe_router: topk_softmax "
+                "(`cooktrain import` prints the keys of a model)");
+        return CT_ERR_INPUT;
+    }
     for (size_t i = 0; i < CT_ARRAY_LEN(keys); i++) {
         const bool differ = keys[i].differ;
         if (!differ) continue;

@@ -16,8 +16,13 @@
  * (absent: the heads), rms_norm_eps, rope_theta, hidden_act silu, head_dim (if present) hidden_size
  * / heads, no attention or MLP biases, rope_scaling null or of rope_type llama3 (factor,
  * low_freq_factor, high_freq_factor, original_max_position_embeddings), tie_word_embeddings
- * (default false: then the file holds lm_head.weight). Sizes must lie within the config keys'
- * bounds.
+ * (default false: then the file holds lm_head.weight). Mixtral (model_type mixtral): Llama's keys,
+ * plus num_local_experts and num_experts_per_tok, intermediate_size the experts' width,
+ * sliding_window null or at least the context; every layer's MLP is then an MoE layer of SwiGLU
+ * experts routed by softmax-then-top-k renormalised (model.moe_router topk_softmax, moe_every 1,
+ * no shared experts), its tensors model.layers.L.block_sparse_moe.gate.weight (E, C) (our
+ * moe.router) and .experts.e.{w1, w3, w2}.weight (our w_gate, w_up, w_down). Sizes must lie within
+ * the config keys' bounds.
  */
 #ifndef CT_CORE_HF_H
 #define CT_CORE_HF_H
@@ -41,9 +46,10 @@ typedef struct ct_hf_tensor {
 } ct_hf_tensor;
 
 /* The tensors of a GPT-2 or Llama model of n_layer layers, in the order export writes them
- * (malloc'd; *count entries); untied: with lm_head.weight (our lm_head). */
+ * (malloc'd; *count entries); untied: with lm_head.weight (our lm_head); experts > 0 (Llama
+ * only): Mixtral's, every layer's MLP that many experts. */
 ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t n_layer, int64_t head_dim, bool untied,
-                            int *count);
+                            int64_t experts, int *count);
 
 /* What config.json says, in our terms. */
 typedef struct ct_hf_config {
@@ -54,6 +60,10 @@ typedef struct ct_hf_config {
     double rope_factor, rope_low, rope_high;
     int64_t rope_original;
     bool tied; /* tie_word_embeddings */
+    /* mixtral: num_local_experts and num_experts_per_tok (0: a dense model); d_ff is then the
+     * experts' width */
+    int64_t moe_experts, moe_top_k;
+    double moe_aux_alpha; /* router_aux_loss_coef (see core/README.md on what it weighs) */
 } ct_hf_config;
 
 /* Parses config.json's text (len bytes; `path` names it in messages). */

@@ -108,10 +108,13 @@ ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE 
                 "its model keys, for a run's config (model.init_from: %s):\n"
                 "model:\n  arch: %s\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n"
                 "  d_model: %lld\n  n_head: %lld\n  n_kv_head: %lld\n  d_ff: %lld\n",
-                src, mc->arch == CT_ARCH_LLAMA ? "llama" : "gpt2", (long long)m.n_pieces, root,
-                root, mc->arch == CT_ARCH_LLAMA ? "llama" : "gpt2", (long long)mc->vocab_size,
-                (long long)mc->seq_len, (long long)mc->n_layer, (long long)mc->d_model,
-                (long long)mc->n_head, (long long)cfg.derived.n_kv_head,
+                src,
+                mc->moe_experts             ? "mixtral"
+                : mc->arch == CT_ARCH_LLAMA ? "llama"
+                                            : "gpt2",
+                (long long)m.n_pieces, root, root, mc->arch == CT_ARCH_LLAMA ? "llama" : "gpt2",
+                (long long)mc->vocab_size, (long long)mc->seq_len, (long long)mc->n_layer,
+                (long long)mc->d_model, (long long)mc->n_head, (long long)cfg.derived.n_kv_head,
                 (long long)cfg.derived.d_ff);
         if (mc->arch == CT_ARCH_LLAMA)
             fprintf(report, "  norm_eps: %.*g\n  rope_theta: %.*g\n", shortest(mc->norm_eps),
@@ -125,6 +128,12 @@ ct_status ct_hf_import(const char *src, const char *root, int64_t seq_len, FILE 
                     shortest(mc->rope_high_freq_factor), mc->rope_high_freq_factor,
                     (long long)mc->rope_original_max_pos);
         if (!mc->tie_embeddings) fprintf(report, "  tie_embeddings: false\n");
+        if (mc->moe_experts > 0)
+            fprintf(report,
+                    "  moe_experts: %lld\n  moe_top_k: %lld\n  moe_every: 1\n  moe_d_ff: %lld\n"
+                    "  moe_router: topk_softmax\n  moe_aux_alpha: %.*g\n",
+                    (long long)mc->moe_experts, (long long)mc->moe_top_k, (long long)mc->moe_d_ff,
+                    shortest(mc->moe_aux_alpha), mc->moe_aux_alpha);
     }
     free(m.pieces);
     free(m.config_text);

@@ -32,6 +32,14 @@ void fuzz_seeds(const char *dir) {
          "\"num_key_value_heads\": 2, \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, "
          "\"rope_theta\": 500000.0, \"rope_scaling\": null, \"attention_bias\": false, "
          "\"mlp_bias\": false, \"head_dim\": 16, \"tie_word_embeddings\": true}");
+    seed(dir, "mixtral.json",
+         "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", "
+         "\"vocab_size\": 32000, \"max_position_embeddings\": 4096, \"hidden_size\": 64, "
+         "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+         "\"num_key_value_heads\": 2, \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, "
+         "\"rope_theta\": 1000000.0, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+         "\"router_aux_loss_coef\": 0.02, \"sliding_window\": null, "
+         "\"tie_word_embeddings\": false}");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
@@ -53,14 +61,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (c.vocab_size < 1 || c.vocab_size > 2147483647 || c.n_layer < 1 || c.n_layer > 65536 ||
         c.d_model < 1 || c.d_model > 1048576 || c.n_head < 1 || c.n_head > 65536 ||
         c.n_kv_head < 1 || c.n_kv_head > 65536 || c.d_ff < 1 || c.d_ff > 16777216 ||
-        c.max_positions < 1 || c.max_positions > 1048576) {
+        c.max_positions < 1 || c.max_positions > 1048576 || c.moe_experts < 0 ||
+        c.moe_experts > 4096 || c.moe_top_k > c.moe_experts || (c.moe_experts && c.moe_top_k < 1) ||
+        !(c.moe_aux_alpha >= 0)) {
         fprintf(stderr, "fuzz_hfconfig: an accepted config has a size out of bounds\n");
         abort();
     }
     /* the tensor names of a model of at most 4 layers (larger ones cost time, not coverage) */
     int count;
-    ct_hf_tensor *t =
-        ct_hf_tensors(c.arch, c.n_layer < 4 ? c.n_layer : 4, c.d_model / c.n_head, !c.tied, &count);
+    ct_hf_tensor *t = ct_hf_tensors(c.arch, c.n_layer < 4 ? c.n_layer : 4, c.d_model / c.n_head,
+                                    !c.tied, c.moe_experts < 4 ? c.moe_experts : 4, &count);
     free(t);
     return 0;
 }

@@ -31,6 +31,7 @@
 #include "cuda/gelu.cuh"
 #include "cuda/gemm.h"
 #include "cuda/layernorm.cuh"
+#include "cuda/moe_rows.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
 #include "cuda/xent.cuh"
@@ -188,6 +189,17 @@ static void cuda_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void
                                const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
                                int64_t row_offset) {
     ct_cuda_embedding_bwd(ctx, dt, dtable, dout, tokens, N, C, rows, row_offset);
+}
+
+static void cuda_gather_rows(void *ctx, ct_dtype dt, void *out, const void *in, const int32_t *idx,
+                             const float *w, int64_t N, int64_t slots, int64_t C, int64_t in_rows) {
+    ct_cuda_gather_rows(ctx, dt, out, in, idx, w, N, slots, C, in_rows);
+}
+
+static void cuda_gather_dot(void *ctx, ct_dtype dt, float *out, const void *a, const int32_t *ia,
+                            const void *b, const int32_t *ib, int64_t R, int64_t C, int64_t a_rows,
+                            int64_t b_rows) {
+    ct_cuda_gather_dot(ctx, dt, out, a, ia, b, ib, R, C, a_rows, b_rows);
 }
 
 static void cuda_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B,
@@ -415,6 +427,8 @@ static const struct ct_backend_i cuda_iface = {
     .scale = cuda_scale,
     .embedding_fwd = cuda_embedding_fwd,
     .embedding_bwd = cuda_embedding_bwd,
+    .gather_rows = cuda_gather_rows,
+    .gather_dot = cuda_gather_dot,
     .posemb_fwd = cuda_posemb_fwd,
     .posemb_bwd = cuda_posemb_bwd,
     .layernorm_fwd = cuda_layernorm_fwd,

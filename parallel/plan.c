@@ -95,9 +95,10 @@ double ct_expected_cp_bytes(const ct_config *cfg, const ct_model_layout *lay, in
 /*
  * Expert-parallel bytes this rank sends per step (core/model/moe_dispatch.h) when routing is
  * uniform: in each MoE layer and microbatch the B·T tokens of the rank (T = seq_len / cp; every
- * tp rank routes all of them) travel k ways, (ep−1)/ep of the rows to other ranks, C fp32 values
- * a row, four times (dispatch and combine, and their backwards; six with recompute), plus the
- * count exchange (an all_to_all of E int64) in every forward. Skewed routing moves more or less.
+ * tp rank routes all of them) travel k ways, (ep−1)/ep of the rows to other ranks, C values of
+ * the activations' dtype a row, four times (dispatch and combine, and their backwards; six with
+ * recompute), plus the count exchange (an all_to_all of E int64) in every forward. Skewed routing
+ * moves more or less.
  */
 double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, int64_t m) {
     const double ep = (double)cfg->parallel.ep;
@@ -106,7 +107,8 @@ double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     const double rows = (double)cfg->train.micro_batch *
                         ((double)cfg->model.seq_len / (double)cfg->parallel.cp) *
                         (double)cfg->model.moe_top_k * (ep - 1.0) / ep;
-    const double moves = rows * (double)cfg->model.d_model * 4.0 * (2.0 * forwards + 2.0);
+    const double act = (double)ct_dtype_size(ct_precision_dtype(cfg->derived.precision));
+    const double moves = rows * (double)cfg->model.d_model * act * (2.0 * forwards + 2.0);
     const double counts = forwards * (double)cfg->model.moe_experts * 8.0 * (ep - 1.0) / ep;
     return (double)ct_layout_moe_layers(&cfg->model, lay) * (double)m * (moves + counts);
 }

@@ -12,7 +12,8 @@
 #     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
 #     bf16 stays within the distance between the CPU's bf16 and fp32 runs;
 #   - check mode (CT_CHECK_BACKEND=1) on the emulated device: every op of a step in fp32 and bf16
-#     within core/backend/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU;
+#     within core/backend/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU
+#     (also a model with a Mixture-of-Experts layer);
 #   - cuda/README.md's roofline and resource tables are the output of scripts/cuda_roofline.py and
 #     scripts/cuda_resources.py (the latter for this build's ptxas reports).
 . "$(dirname "$0")/lib_cli.sh"
@@ -127,6 +128,15 @@ if [ -x "$EMU" ] && selected "check mode"; then
         --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
         --set train.global_batch=2 --set train.precision=bf16 --set model.n_layer=1 --set model.d_model=128 \
         --set model.n_head=2 --set model.seq_len=70
+    # a Mixture-of-Experts layer: the dispatch's row gathers and gate dots (ct_gather_rows,
+    # ct_gather_dot) and the experts' GEMMs, op for op
+    for prec in fp32 bf16; do
+        expect_exit 0 "check mode: a $prec step with an MoE layer on the emulated CUDA backend agrees with the CPU" -- \
+            env CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" train --config configs/test-tiny.yaml \
+            --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
+            --set train.global_batch=2 --set train.precision=$prec --set model.moe_experts=4 \
+            --set model.moe_every=2 --set model.moe_d_ff=64 --set model.moe_top_k=2
+    done
 elif selected "check mode"; then
     skip "check mode on the emulated device: $EMU not built (needs the CUDA headers)"
 fi

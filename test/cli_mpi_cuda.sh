@@ -186,7 +186,8 @@ RUNS
 done
 
 # Mixture of Experts (4 layers, every other one MoE, 8 experts, 2 a token) on the emulated GPUs:
-# routing and dispatch on the host, the experts' GEMMs on the device, the expert units reduced
+# routing on the host; the rows gathered on the device and exchanged as device buffers by the NCCL
+# stand-in's grouped sends and receives; the experts' GEMMs on the device; the expert units reduced
 # through NCCL over the expert-data-parallel group; against the CPU at world size 1
 mdir=$tmp/moe
 mkdir -p "$mdir"

@@ -1,6 +1,8 @@
 /*
  * mpi_test_moe.c — MoE dispatch and combine (core/model/moe_dispatch.h) over an expert-parallel
- * group of every world size it runs at (test/cli_mpi_comm.sh: 1, 2, 4 and 8 ranks; ep = world).
+ * group of every world size it runs at (test/cli_mpi_comm.sh: 1, 2, 4 and 8 ranks; ep = world),
+ * on CPU backend tensors (the rows gathered by ct_gather_rows, moved by the group's
+ * all_to_all_v).
  *
  * The global batch is the same at every size: tokens g = 0 .. G − 1, rank r holding a contiguous
  * run of them (rank 2 none, when there is one: a rank that sends nothing), each token's row and
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend/backend.h"
 #include "core/backend/comm.h"
 #include "core/common.h"
 #include "core/model/moe_dispatch.h"
@@ -33,6 +36,8 @@
 #include "test/mpi_check.h"
 
 static int world_rank, world_size;
+static ct_backend *be; /* the CPU backend: the rows live in its memory */
+static ct_moe_scratch *scratch;
 
 enum { E = 8, C = 6, G = 61 };
 enum routing { SPREAD, SKEWED, HOLES };
@@ -82,6 +87,17 @@ static bool same_bits(const float *a, const float *b, int64_t n, const char *wha
     return true;
 }
 
+/* A (rows, cols) f32 tensor of be, from h (NULL: unset). */
+static ct_tensor *dev(const float *h, int64_t rows, int64_t cols) {
+    ct_tensor *t = ct_tensor_new_2d(be, CT_DTYPE_F32, rows, cols, CT_MEM_ACTS);
+    if (h && rows * cols > 0) ct_tensor_from_host(t, h);
+    return t;
+}
+
+static void down(float *h, const ct_tensor *t) {
+    if (t->numel) ct_tensor_to_host(h, t);
+}
+
 static void test_routing(ct_comm *ep, enum routing r, int k) {
     const int P = ep->size, per = E / P;
     int64_t first, N;
@@ -101,9 +117,7 @@ static void test_routing(ct_comm *ep, enum routing r, int k) {
     const int64_t R = ct_moe_plan_rows(p);
     float *xe = ct_xmalloc((size_t)(R * C + 1) * sizeof(float));
     float *ye = ct_xmalloc((size_t)(R * C + 1) * sizeof(float));
-    float *ys = ct_xmalloc((size_t)(N * k * C + 1) * sizeof(float));
     float *y = ct_xmalloc((size_t)(N * C + 1) * sizeof(float));
-    float *dye = ct_xmalloc((size_t)(R * C + 1) * sizeof(float));
     float *dx = ct_xmalloc((size_t)(N * C + 1) * sizeof(float));
     float *dgates = ct_xmalloc((size_t)(N * k + 1) * sizeof(float));
 
@@ -126,13 +140,18 @@ static void test_routing(ct_comm *ep, enum routing r, int k) {
     check(ok, "moe load: counts per expert, %s routing, k=%d", routing_name[r], k);
 
     /* identity experts, gates 1/k */
+    ct_tensor *tx = dev(x, N, C), *tdy = dev(dy, N, C), *txe = dev(NULL, R, C);
+    ct_tensor *tys = dev(NULL, N * k, C), *ty = dev(NULL, N, C), *tdye = dev(NULL, R, C);
+    ct_tensor *tdx = dev(NULL, N, C), *tdg = dev(NULL, N * k, 1);
     for (int64_t a = 0; a < N * k; a++) gates[a] = 1.0f / (float)k;
-    ct_moe_dispatch(p, x, C, xe);
-    memcpy(ye, xe, (size_t)(R * C) * sizeof(float));
-    ct_moe_combine(p, ye, gates, C, ys, y);
+    ct_tensor *tg = dev(gates, N * k, 1);
+    ct_moe_dispatch(p, scratch, tx, txe);
+    ct_moe_combine(p, scratch, txe, tg, tys, ty); /* ye = xe */
+    down(y, ty);
     ok = same_bits(y, x, N * C, "y");
-    ct_moe_combine_bwd(p, dy, ys, gates, C, dgates, dye);
-    ct_moe_dispatch_bwd(p, dye, C, dx);
+    ct_moe_combine_bwd(p, scratch, tdy, tys, tg, tdg, tdye);
+    ct_moe_dispatch_bwd(p, scratch, tdye, tdx);
+    down(dx, tdx), down(dgates, tdg);
     ok = ok && same_bits(dx, dy, N * C, "dx");
     for (int64_t a = 0; a < N * k && ok; a++) {
         double dot = 0.0;
@@ -146,14 +165,18 @@ static void test_routing(ct_comm *ep, enum routing r, int k) {
     /* affine experts, uneven gates: against the one-process formula */
     for (int64_t a = 0; a < N * k; a++)
         gates[a] = 0.5f + 0.25f * (float)(hash((uint32_t)(first * k + a)) % 7);
-    ct_moe_dispatch(p, x, C, xe);
+    ct_tensor_from_host(tg, gates);
+    ct_moe_dispatch(p, scratch, tx, txe);
+    down(xe, txe);
     for (int l = 0; l < per; l++) {
         const float e = (float)(ep->rank * per + l);
         for (int64_t row = ct_moe_plan_expert_offset(p, l);
              row < ct_moe_plan_expert_offset(p, l + 1); row++)
             for (int64_t c = 0; c < C; c++) ye[row * C + c] = xe[row * C + c] * (e + 1.0f) + e;
     }
-    ct_moe_combine(p, ye, gates, C, ys, y);
+    ct_tensor *tye = dev(ye, R, C);
+    ct_moe_combine(p, scratch, tye, tg, tys, ty);
+    down(y, ty);
     ok = true;
     for (int64_t i = 0; i < N && ok; i++)
         for (int64_t c = 0; c < C && ok; c++) {
@@ -168,7 +191,9 @@ static void test_routing(ct_comm *ep, enum routing r, int k) {
           routing_name[r], k);
 
     ct_moe_plan_free(p);
-    free(x), free(dy), free(ids), free(gates), free(xe), free(ye), free(ys), free(y), free(dye);
+    ct_tensor *ts[] = {tx, tdy, txe, tys, ty, tdye, tdx, tdg, tg, tye};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
+    free(x), free(dy), free(ids), free(gates), free(xe), free(ye), free(y);
     free(dx), free(dgates);
 }
 
@@ -188,8 +213,17 @@ int main(int argc, char **argv) {
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     ct_comm *ep = ct_comm_mpi_new(dup, "ep", 120.0);
+    if (ct_backend_new(&be, "cpu", 1, NULL, 0) != CT_OK) {
+        ct_error_print();
+        return 1;
+    }
+    ct_comm_set_stream(ep, be);
+    scratch = ct_moe_scratch_new(be);
     for (int r = SPREAD; r <= HOLES; r++)
         for (int k = 1; k <= 4; k *= 2) test_routing(ep, (enum routing)r, k);
+    ct_moe_scratch_free(scratch);
+    ct_comm_unset_stream(ep, be);
+    ct_backend_free(be);
     ct_comm_free(ep);
     MPI_Finalize();
     return n_fail ? 1 : 0;

@@ -1,8 +1,8 @@
 /*
- * test_cuda_elementwise.c — the CUDA backend's element-wise, bias, embedding, AdamW and sum-of-
- * squares kernels (cuda/elementwise.cu, embedding.cu, adamw.cu) against the CPU backend, the
- * numerical reference, in fp32 and bf16 and in the emulator's three warp orders
- * (test/cuda_test_util.h).
+ * test_cuda_elementwise.c — the CUDA backend's element-wise, bias, embedding, AdamW, sum-of-
+ * squares and Mixture-of-Experts row kernels (cuda/elementwise.cu, embedding.cu, adamw.cu,
+ * moe_rows.cu) against the CPU backend, the numerical reference, in fp32 and bf16 and in the
+ * emulator's three warp orders (test/cuda_test_util.h).
  *
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends
  * (outputs an op accumulates into, and the bytes around an output it must not touch, start from
@@ -13,10 +13,13 @@
  * hundreds of times (buckets longer than its 8-row load batches, with short tails), flat ops also
  * run one element past an aligned address (the VEC = 1 kernels).
  *
- * Tolerance: none. Every one of these kernels computes, per output element, the same fp32 (or,
- * for sumsq, double) operations as the CPU reference in the same order, so the results must be
- * bit-identical, and check() compares bytes (after cuda_test_close with a zero tolerance, which
- * fails on NaN/Inf and reports the worst element):
+ * Tolerance: none, but for gather_rows with weights and gather_dot (their cases state and derive
+ * theirs: the op's contract leaves FMA contraction and gather_dot's summation order free, and
+ * check_tol compares with a per-element tolerance, failing on NaN/Inf). Every other kernel
+ * computes, per output element, the same fp32 (or, for sumsq, double) operations as the CPU
+ * reference in the same order, so the results must be bit-identical, and check() compares bytes
+ * (after cuda_test_close with a zero tolerance, which fails on NaN/Inf and reports the worst
+ * element):
  *   - element-wise (bias_add, bias_init, posemb_fwd, scale, cast): one fp32 operation per
  *     element, correctly rounded on both sides (IEEE add and multiply) — there is no freedom;
  *   - axpy: dst + alpha·src with a single rounding, the kernel's explicit fmaf; the CPU build
@@ -33,10 +36,12 @@
  *     the same host-side bias corrections; bf16 copy = the same fp32 value rounded to nearest even;
  *   - sumsq: double sums with the CPU's chunks (4096), 16 lanes and lane tree, chunk partials in
  *     order; squares of floats are exact in double, so FMA contraction cannot differ either.
+ *   - gather_rows without weights: a row copy (one slot) or plain sums of rows in slot order.
  * bf16 mode: inputs are bf16, widened exactly on both sides, and each stored output is the same
  * fp32 value rounded to nearest even once, so bf16 outputs are bit-identical too; fp32 gradients
  * (dbias, dtable, dwpe) are sums of the same widened values.
- * Since every GPU result equals the CPU's bits in each order, the three warp orders also agree.
+ * Since every GPU result equals the CPU's bits in each order (within its tolerance, for the two
+ * MoE ops), the three warp orders also agree.
  *
  * Planted while writing this test, each seen to fail in all three orders before trusting it: a
  * fill's last (scalar tail) element dropped; the last row of bias_add skipped; bias_init ignoring
@@ -48,7 +53,13 @@
  * counting equal indices, its scan counting one row of each thread's run, and a batch's last row
  * loaded twice; posemb_fwd ignoring pos_offset; posemb_bwd dropping the last batch element; adamw's
  * segment-tail index off by one, the last segment of each 32-segment batch dropped, and the halves
- * of the bf16 copy swapped; sumsq's scalar tail short by one and its first chunk partial skipped.
+ * of the bf16 copy swapped; sumsq's scalar tail short by one and its first chunk partial skipped;
+ * gather_rows dropping slot 0's weight, reading slot j - 1's row for slot j, and not storing its
+ * last output row; gather_dot accumulating in float (caught by the cancelling rows only: random
+ * rows lose far less than the tolerance), its butterfly starting at 8 lanes, and a row's last
+ * column dropped.
+ * (gather_rows rounding each product before its add, instead of fmaf, passes, as it should: that
+ * is the freedom the tolerance is for; it used 21% of it.)
  *
  * Run all:     ./test_cuda_elementwise
  * Run by name: ./test_cuda_elementwise test_adamw   (a cmocka filter; wildcards allowed)
@@ -595,6 +606,217 @@ static void test_sumsq(void **state) {
     });
 }
 
+/* ---- gather_rows, gather_dot (Mixture of Experts' row movements) ----------------------------- */
+
+/* One bf16 ulp at magnitude m (8 significant bits: 2^(e - 7) for m in [2^e, 2^(e+1))). */
+static double bf16_ulp(double m) {
+    return m > 0.0 ? ldexp(1.0, ilogb(m) - 7) : 0.0;
+}
+
+/* Element i of b (dt F32 or BF16) must agree on both sides within tol[i]: tol[i] == 0 asks for
+ * the same bits, tol[i] > 0 for |got − want| <= tol[i] (+ one bf16 ulp of the larger of the two
+ * when bf16_ulp_too). NaN or Inf on either side fails. Prints the worst element; with
+ * CUDA_TEST_VERBOSE=1 the fraction of the tolerance used. */
+static bool check_tol(const char *what, const pbuf *b, ct_dtype dt, const double *tol,
+                      bool bf16_ulp_too) {
+    void *want = cuda_test_download(P.cpu, b->p[0], b->bytes);
+    void *got = cuda_test_download(P.gpu, b->p[1], b->bytes);
+    const size_t es = cuda_test_dsize(dt);
+    const int64_t n = (int64_t)(b->bytes / es);
+    int64_t bad = 0, worst = -1;
+    double worst_ratio = 0.0, worst_tol = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = cuda_test_get(got, dt, i), w = cuda_test_get(want, dt, i);
+        double allowed = tol[i], ratio;
+        if (allowed > 0.0 && bf16_ulp_too) allowed += bf16_ulp(fmax(fabs(g), fabs(w)));
+        if (!isfinite(g) || !isfinite(w))
+            ratio = INFINITY;
+        else if (allowed == 0.0)
+            ratio = memcmp((const char *)got + i * es, (const char *)want + i * es, es) ? INFINITY
+                                                                                        : 0.0;
+        else
+            ratio = fabs(g - w) / allowed;
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i, worst_tol = allowed;
+    }
+    char label[256];
+    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    if (bad) {
+        const double g = cuda_test_get(got, dt, worst), w = cuda_test_get(want, dt, worst);
+        fprintf(stderr,
+                "%s: %lld of %lld elements differ; worst [%lld] got %.9g want %.9g (|diff| %.3g, "
+                "tolerance %.3g%s)\n",
+                label, (long long)bad, (long long)n, (long long)worst, g, w, fabs(g - w), worst_tol,
+                worst_tol == 0.0 ? ": the same bits wanted" : "");
+    } else if (getenv("CUDA_TEST_VERBOSE")) {
+        fprintf(stderr, "%s: ok, %.0f%% of the tolerance used\n", label, 100.0 * worst_ratio);
+    }
+    free(want);
+    free(got);
+    return bad == 0;
+}
+
+/* N·slots indices into in_rows (odd) rows: even rows only, so every odd row is unused and, with
+ * N·slots > in_rows / 2, rows repeat; the first two entries name the same row (inside one output
+ * row when slots >= 2, across rows 0 and 1 otherwise) and the last names the last row. */
+static int32_t *gather_idx_new(int64_t n, int64_t in_rows) {
+    int32_t *ix = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    const uint64_t even = (uint64_t)(in_rows + 1) / 2;
+    for (int64_t i = 0; i < n; i++) ix[i] = (int32_t)(2 * (cuda_test_rng_next() % even));
+    if (n >= 2) ix[1] = ix[0];
+    if (n >= 1) ix[n - 1] = (int32_t)(in_rows - 1);
+    return ix;
+}
+
+/*
+ * out (N, C) from element `off` of a buffer of N·C + 3 (the elements around it must keep their
+ * bytes). Tolerance, per element of out:
+ *   - no weights: the same bits. Slot 0 is 1·r0 = r0 and each further slot one IEEE add of the
+ *     next row, in slot order, on both sides (the kernel's fmaf(1, r, o) is o + r rounded once);
+ *     one slot is a row copy (bf16: widened and rounded back, exact).
+ *   - weights: both sides compute w0·r0, then o + wj·rj in slot order in fp32; the CPU build may
+ *     contract the multiply-add into an FMA or round the product first, the kernel uses fmaf. Each
+ *     of the k products and k - 1 adds rounds with a relative error of at most 2^-24 on either
+ *     side, every partial sum bounded by Σ|w·r|, so the two results differ by at most about
+ *     2k·2^-24·Σ|w·r|: allowed (2(k+1) + 4)·2^-24·Σ_j |w_j·r_j| (the margin a few ulps), plus
+ *     one bf16 ulp for bf16 outputs (two fp32 values that close may round to neighbouring bf16).
+ * On this build both sides use one FMA a term in the same order, so they agree to the bit; the
+ * tolerance is what the contract allows.
+ */
+static bool gather_rows_case(ct_dtype dt, int64_t N, int64_t slots, int64_t C, int64_t in_rows,
+                             bool weighted, int64_t off) {
+    cuda_test_seed(14, (uint64_t)(N * 1000 + C),
+                   (uint64_t)((slots * 4 + off * 2 + weighted) * 2 + dt));
+    const size_t es = cuda_test_dsize(dt);
+    const int64_t n_out = N * C + 3, n_idx = N * slots;
+    float *fin = cuda_test_fvec(in_rows * C, -2.0f, 2.0f);
+    void *hin = cuda_test_pack(dt, fin, in_rows * C); /* fin now holds the stored values */
+    void *hout = rvec(dt, n_out, -5.0f, 5.0f);
+    int32_t *ix = gather_idx_new(n_idx, in_rows);
+    float *w = cuda_test_fvec(n_idx, -1.5f, 1.5f);
+    pbuf in = pb_new(hin, (size_t)(in_rows * C) * es), out = pb_new(hout, (size_t)n_out * es),
+         idx = pb_new(ix, (size_t)(n_idx ? n_idx : 1) * 4),
+         pw = pb_new(w, (size_t)(n_idx ? n_idx : 1) * 4);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->gather_rows(side_be(s)->ctx, dt, at(&out, s, off, es), in.p[s], idx.p[s],
+                                       weighted ? pw.p[s] : NULL, N, slots, C, in_rows);
+    double *tol = calloc((size_t)n_out, sizeof(double));
+    const double rel = (2.0 * (double)(slots + 1) + 4.0) * ldexp(1.0, -24);
+    for (int64_t i = 0; weighted && i < N; i++)
+        for (int64_t c = 0; c < C; c++) {
+            double mag = 0.0;
+            for (int64_t j = 0; j < slots; j++)
+                mag += fabs((double)w[i * slots + j] * fin[(int64_t)ix[i * slots + j] * C + c]);
+            tol[off + i * C + c] = rel * mag;
+        }
+    char what[160];
+    snprintf(what, sizeof what,
+             "gather_rows %s N=%lld slots=%lld C=%lld in_rows=%lld w=%s off=%lld",
+             ct_dtype_name(dt), (long long)N, (long long)slots, (long long)C, (long long)in_rows,
+             weighted ? "yes" : "NULL", (long long)off);
+    bool ok = check_tol(what, &out, dt, tol, dt == BF16);
+    pb_free(&in), pb_free(&out), pb_free(&idx), pb_free(&pw);
+    free(fin), free(hin), free(hout), free(ix), free(w), free(tol);
+    return ok;
+}
+
+static void test_gather_rows(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++) {
+            const ct_dtype dt = dtypes[d];
+            /* one slot, no weights: a row gather, exact (scalar path, vector path, and the
+             * vector width with out one element off its alignment) */
+            all_ok &= gather_rows_case(dt, 13, 1, 67, 21, false, 0);
+            all_ok &= gather_rows_case(dt, 16, 1, 256, 21, false, 0);
+            all_ok &= gather_rows_case(dt, 16, 1, 256, 21, false, 1);
+            /* three weighted slots (C = 67: neither the warp, the block nor a vector; C = 300:
+             * more columns than a block's 256 threads in bf16) */
+            all_ok &= gather_rows_case(dt, 13, 3, 67, 21, true, 0);
+            all_ok &= gather_rows_case(dt, 16, 3, 256, 21, true, 0);
+            all_ok &= gather_rows_case(dt, 5, 3, 300, 9, true, 1);
+            /* two slots without weights: plain sums */
+            all_ok &= gather_rows_case(dt, 13, 2, 67, 21, false, 0);
+            all_ok &= gather_rows_case(dt, 16, 2, 256, 21, false, 0);
+            /* no rows: nothing written */
+            all_ok &= gather_rows_case(dt, 0, 2, 67, 21, true, 0);
+            all_ok &= gather_rows_case(dt, 0, 1, 67, 21, false, 0);
+        }
+    });
+}
+
+/*
+ * out[r] = Σ_c a[ia[r], c]·b[ib[r], c] for r < R, in out[1 .. R] of a buffer of R + 2 (out[0]
+ * and out[R + 1] must keep their bytes). Tolerance 4·2^-24·Σ_c |a·b| per element: each product
+ * of two floats is exact in double, and both sides sum them in double (the CPU in column order,
+ * the kernel in lanes and a butterfly), so the two double sums differ by about C·2^-53·Σ|a·b|,
+ * far below fp32's spacing; each is then rounded once to f32 (half an ulp, at most 2^-24·Σ|a·b|
+ * each), so they differ by at most an ulp or so of Σ|a·b|: 4·2^-24 leaves a margin of two.
+ * cancel: rows built so that a float accumulator cannot pass (see gather_dot_cancel_rows).
+ */
+static bool gather_dot_case(ct_dtype dt, int64_t R, int64_t C, int64_t a_rows, int64_t b_rows,
+                            bool cancel) {
+    cuda_test_seed(15, (uint64_t)(R * 1000 + C), (uint64_t)(cancel * 2 + dt));
+    const size_t es = cuda_test_dsize(dt);
+    float *fa = cuda_test_fvec(a_rows * C, -2.0f, 2.0f),
+          *fb = cuda_test_fvec(b_rows * C, -2.0f, 2.0f);
+    if (cancel) {
+        /* every lane l of the kernel's warp takes columns l, l + 32, ...: in each row of a,
+         * the lane's first column is 1, its last -1, the ones between 3·2^-26 (b all 1). The sum
+         * is (C - 64)·3·2^-26; a float accumulator rounds 1 + 3·2^-26 back to 1 (under half an
+         * ulp), loses every small term and returns 0, while Σ|a·b| ≈ 64 allows 256·2^-24 and
+         * the lost terms are (C - 64)·0.75·2^-24 (912·2^-24 at C = 1280). */
+        for (int64_t r = 0; r < a_rows; r++)
+            for (int64_t c = 0; c < C; c++)
+                fa[r * C + c] = c < 32 ? 1.0f : c >= C - 32 ? -1.0f : ldexpf(3.0f, -26);
+        for (int64_t i = 0; i < b_rows * C; i++) fb[i] = 1.0f;
+    }
+    void *ha = cuda_test_pack(dt, fa, a_rows * C), *hb = cuda_test_pack(dt, fb, b_rows * C);
+    int32_t *ia = malloc((size_t)(R ? R : 1) * 4), *ib = malloc((size_t)(R ? R : 1) * 4);
+    for (int64_t r = 0; r < R; r++) {
+        ia[r] = (int32_t)(cuda_test_rng_next() % (uint64_t)a_rows);
+        ib[r] = (int32_t)(cuda_test_rng_next() % (uint64_t)b_rows);
+    }
+    if (R >= 2) ia[1] = ia[0], ib[1] = ib[0]; /* the same pair twice */
+    float *o0 = cuda_test_fvec(R + 2, -5.0f, 5.0f);
+    pbuf a = pb_new(ha, (size_t)(a_rows * C) * es), b = pb_new(hb, (size_t)(b_rows * C) * es),
+         pia = pb_new(ia, (size_t)(R ? R : 1) * 4), pib = pb_new(ib, (size_t)(R ? R : 1) * 4),
+         out = pb_new(o0, (size_t)(R + 2) * 4);
+    for (int s = 0; s < 2; s++)
+        side_be(s)->iface->gather_dot(side_be(s)->ctx, dt, at(&out, s, 1, 4), a.p[s], pia.p[s],
+                                      b.p[s], pib.p[s], R, C, a_rows, b_rows);
+    double *tol = calloc((size_t)(R + 2), sizeof(double));
+    for (int64_t r = 0; r < R; r++) {
+        double mag = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            mag += fabs((double)fa[(int64_t)ia[r] * C + c] * fb[(int64_t)ib[r] * C + c]);
+        tol[1 + r] = 4.0 * ldexp(1.0, -24) * mag;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "gather_dot %s R=%lld C=%lld a_rows=%lld b_rows=%lld%s",
+             ct_dtype_name(dt), (long long)R, (long long)C, (long long)a_rows, (long long)b_rows,
+             cancel ? " cancelling" : "");
+    bool ok = check_tol(what, &out, F32, tol, false);
+    pb_free(&a), pb_free(&b), pb_free(&pia), pb_free(&pib), pb_free(&out);
+    free(fa), free(fb), free(ha), free(hb), free(ia), free(ib), free(o0), free(tol);
+    return ok;
+}
+
+static void test_gather_dot(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int d = 0; d < 2; d++) {
+            /* 37 rows over 5 blocks of 8 warps; 11 and 13 source rows, so pairs repeat. C = 67:
+             * the lanes' tails only; C = 300: two rounds of 4 loads a lane, then a tail that
+             * only lanes 0-11 reach twice */
+            all_ok &= gather_dot_case(dtypes[d], 37, 67, 11, 13, false);
+            all_ok &= gather_dot_case(dtypes[d], 37, 300, 11, 13, false);
+            all_ok &= gather_dot_case(dtypes[d], 0, 67, 11, 13, false);
+            all_ok &= gather_dot_case(dtypes[d], 5, 1280, 3, 2, true);
+        }
+    });
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* Every required op of core/backend/backend_ops.h has its slot (the registry asserts it too, but
@@ -627,6 +849,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_axpy_scale),     cmocka_unit_test(test_cast),
         cmocka_unit_test(test_embedding),      cmocka_unit_test(test_posemb),
         cmocka_unit_test(test_adamw),          cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_gather_rows),    cmocka_unit_test(test_gather_dot),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -383,6 +383,58 @@ static void test_embedding(void **state) {
     ct_tensor_free(dtab);
 }
 
+/* Mixture of Experts' row movements against float64 loops: a plain gather (bitwise), weighted
+ * sums of k rows (k products and k - 1 adds in fp32: within 2(k + 1)·u·Σ|w·r|, u = 2^-24; the
+ * values here are below 1, so rtol 2e-6 on Σ|w·r| ≤ k is a bound with margin when given as atol
+ * k·1e-6), an unweighted sum, and dot products in double (one rounding: rtol 1.2e-7). Repeated
+ * and unused rows. */
+static void test_gather_rows(void **state) {
+    (void)state;
+    const int64_t N = 13, C = 37, rows = 9;
+    float *hin = rand_floats(rows * C, -1, 1), *hw = rand_floats(N * 3, -1, 1);
+    int32_t idx[39];
+    for (int i = 0; i < 39; i++) idx[i] = (int32_t)(rng_next() % 7); /* rows 7, 8 unused */
+    idx[0] = idx[1] = 6;                                             /* repeats */
+    ct_tensor *in = t2(be, rows, C, hin), *ix = ti32(be, N * 3, idx), *w = t1(be, N * 3, hw);
+    ct_tensor *out = t2(be, N, C, NULL);
+    for (int64_t k = 1; k <= 3; k++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            ct_tensor *ik = ct_tensor_view_1d(ix, 0, N * k), *wk = ct_tensor_view_1d(w, 0, N * k);
+            ct_tensor_fill(out, 99.0f);
+            ct_gather_rows(out, in, ik, weighted ? wk : NULL, k);
+            float *got = host_of(out);
+            double *want = calloc((size_t)(N * C), sizeof *want);
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < k; j++)
+                    for (int64_t c = 0; c < C; c++)
+                        want[i * C + c] +=
+                            (weighted ? hw[i * k + j] : 1.0) * (double)hin[idx[i * k + j] * C + c];
+            char what[64];
+            snprintf(what, sizeof what, "gather_rows k=%lld%s", (long long)k,
+                     weighted ? " weighted" : "");
+            check_close(what, got, want, N * C, k == 1 && !weighted ? 0.0 : (double)k * 1e-6, 0.0);
+            free(got), free(want);
+            ct_tensor_free(ik), ct_tensor_free(wk);
+        }
+    /* dots: a (rows, C) by ia against b (N, C) by ib */
+    float *hb = rand_floats(N * C, -1, 1);
+    int32_t ib[13];
+    for (int i = 0; i < N; i++) ib[i] = (int32_t)(N - 1 - i);
+    ct_tensor *b = t2(be, N, C, hb), *ibt = ti32(be, N, ib), *ia = ct_tensor_view_1d(ix, 0, N);
+    ct_tensor *dots = t1(be, N, NULL);
+    ct_gather_dot(dots, in, ia, b, ibt);
+    float *got = host_of(dots);
+    double want[13];
+    for (int64_t r = 0; r < N; r++) {
+        want[r] = 0.0;
+        for (int64_t c = 0; c < C; c++) want[r] += (double)hin[idx[r] * C + c] * hb[ib[r] * C + c];
+    }
+    check_close("gather_dot", got, want, N, 0.0, 1.2e-7);
+    free(got), free(hin), free(hw), free(hb);
+    ct_tensor_free(in), ct_tensor_free(ix), ct_tensor_free(w), ct_tensor_free(out);
+    ct_tensor_free(b), ct_tensor_free(ibt), ct_tensor_free(ia), ct_tensor_free(dots);
+}
+
 typedef struct {
     int64_t B, T, C, off;
     double *wpe, *R;
@@ -1643,6 +1695,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_axpy_scale),
         cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_posemb),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_gelu),

@@ -378,6 +378,20 @@ void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout);
 void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha);
 void ct_scale(ct_tensor *x, float s);
 
+/* Mixture of Experts' row movements (core/model/moe_dispatch.h), on the backend's memory.
+ * ct_gather_rows: out (N, C) row i = Σ_{j<k} w[i·k + j] · in[idx[i·k + j]], the k terms added in
+ * slot order starting from slot 0's product, in fp32, rounded once to out's dtype; w NULL: every
+ * weight 1 (the plain sum; with k = 1 a row gather, exact). in (rows, C) like out; idx (N·k) i32,
+ * each in [0, rows of in); w (N·k) f32 or NULL. Rows are independent: bit-identical for any
+ * thread count. */
+void ct_gather_rows(ct_tensor *out, const ct_tensor *in, const ct_tensor *idx, const ct_tensor *w,
+                    int64_t k);
+/* out (R) f32, out[r] = Σ_c a[ia[r], c] · b[ib[r], c]: products summed in double and rounded
+ * once (the CPU backend in column order; others in their own fixed order); a and b (·, C) of one
+ * dtype, ia and ib (R) i32. */
+void ct_gather_dot(ct_tensor *out, const ct_tensor *a, const ct_tensor *ia, const ct_tensor *b,
+                   const ct_tensor *ib);
+
 /* out(N,C) = table[token - row_offset] for tokens in [row_offset, row_offset + rows), else 0;
  * table (rows, C). This is the vocab-parallel form; with one shard row_offset = 0. */
 void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,

@@ -135,6 +135,22 @@ static void slot_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
     out_done(c, dt, out, o, N * C);
 }
 
+static void slot_gather_rows(void *ctx, ct_dtype dt, void *out, const void *in, const int32_t *idx,
+                             const float *w, int64_t N, int64_t k, int64_t C, int64_t in_rows) {
+    cpu_ctx *c = ctx;
+    float *o = out_f32(c, 0, dt, out, N * C, false);
+    ct_cpu_gather_rows(c, o, in_f32(c, 1, dt, in, in_rows * C), idx, w, N, k, C);
+    out_done(c, dt, out, o, N * C);
+}
+
+static void slot_gather_dot(void *ctx, ct_dtype dt, float *out, const void *a, const int32_t *ia,
+                            const void *b, const int32_t *ib, int64_t R, int64_t C, int64_t a_rows,
+                            int64_t b_rows) {
+    cpu_ctx *c = ctx;
+    ct_cpu_gather_dot(c, out, in_f32(c, 0, dt, a, a_rows * C), ia, in_f32(c, 1, dt, b, b_rows * C),
+                      ib, R, C);
+}
+
 static void slot_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
                            int64_t C) {
     cpu_ctx *c = ctx;
@@ -496,6 +512,8 @@ static const struct ct_backend_i cpu_iface = {
     .bias_grad = slot_bias_grad,
     .axpy = slot_axpy,
     .scale = slot_scale,
+    .gather_rows = slot_gather_rows,
+    .gather_dot = slot_gather_dot,
     .embedding_fwd = ct_cpu_embedding_fwd,
     .embedding_bwd = slot_embedding_bwd,
     .posemb_fwd = slot_posemb_fwd,

@@ -208,6 +208,47 @@ void ct_scale(ct_tensor *x, float s) {
     prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
+void ct_gather_rows(ct_tensor *out, const ct_tensor *in, const ct_tensor *idx, const ct_tensor *w,
+                    int64_t k) {
+    check_float(out, "gather_rows out");
+    check_like(in, out, "gather_rows in");
+    check_i32(idx, "gather_rows idx");
+    check_same_backend(out, in);
+    check_same_backend(out, idx);
+    CT_ASSERTF(k >= 1 && idx->numel == ROWS(out) * k && COLS(in) == COLS(out),
+               "gather_rows: out %s, in %s, idx %s, k %lld (idx must hold k per row of out)",
+               SH(out), SH(in), SH(idx), (long long)k);
+    if (w) {
+        check_f32(w, "gather_rows w");
+        check_same_backend(out, w);
+        CT_ASSERTF(w->numel == idx->numel, "gather_rows: w %s, idx %s", SH(w), SH(idx));
+    }
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->gather_rows(CTX(out), DT(out), DATA(out), DATA(in), I32(idx), w ? F32(w) : NULL,
+                            ROWS(out), k, COLS(out), ROWS(in));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
+void ct_gather_dot(ct_tensor *out, const ct_tensor *a, const ct_tensor *ia, const ct_tensor *b,
+                   const ct_tensor *ib) {
+    check_f32(out, "gather_dot out");
+    check_float(a, "gather_dot a");
+    check_like(b, a, "gather_dot b");
+    check_i32(ia, "gather_dot ia");
+    check_i32(ib, "gather_dot ib");
+    check_same_backend(out, a);
+    check_same_backend(out, b);
+    check_same_backend(out, ia);
+    check_same_backend(out, ib);
+    CT_ASSERTF(ia->numel == out->numel && ib->numel == out->numel && COLS(a) == COLS(b),
+               "gather_dot: out %s, a %s, ia %s, b %s, ib %s", SH(out), SH(a), SH(ia), SH(b),
+               SH(ib));
+    double prof_t0_ = prof_begin(out);
+    IFACE(out)->gather_dot(CTX(out), DT(a), F32(out), DATA(a), I32(ia), DATA(b), I32(ib),
+                           out->numel, COLS(a), ROWS(a), ROWS(b));
+    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+}
+
 void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
                       int64_t row_offset) {
     check_float(out, "embedding_fwd out");

@@ -73,6 +73,13 @@
     X(embedding_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                   \
       (ct_dtype, dt), (float *, dtable), (const void *, dout), (const int32_t *, tokens),          \
       (int64_t, N), (int64_t, C), (int64_t, rows), (int64_t, row_offset))                          \
+    /* Mixture of Experts: rows moved between tokens and experts (backend.h, ct_gather_rows) */   \
+    X(gather_rows, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
+      (ct_dtype, dt), (void *, out), (const void *, in), (const int32_t *, idx),                   \
+      (const float *, w), (int64_t, N), (int64_t, slots), (int64_t, C), (int64_t, in_rows))        \
+    X(gather_dot, CT_OP_REQUIRED, CT_OP_ARGS,                                                      \
+      (ct_dtype, dt), (float *, out), (const void *, a), (const int32_t *, ia), (const void *, b), \
+      (const int32_t *, ib), (int64_t, R), (int64_t, C), (int64_t, a_rows), (int64_t, b_rows))     \
     X(posemb_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                      \
       (ct_dtype, dt), (void *, out), (const void *, wpe), (int64_t, B), (int64_t, T),              \
       (int64_t, C), (int64_t, pos_offset))                                                         \

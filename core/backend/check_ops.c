@@ -174,6 +174,67 @@ void ct_check_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *to
     ct_check_op_end(k, &o);
 }
 
+/* ---- Mixture of Experts' row movements ---------------------------------------------------- */
+
+/* out row i = Σ_j w_j · in[idx[i·k + j]]: a row gather (k 1, no weights) is exact; otherwise a
+ * sum of k products, each rounded (fused or not): (red_tol(k) + ULPS·U)·Σ_j |w_j·r_j|. */
+void ct_check_gather_rows(void *ctx, ct_dtype dt, void *out, const void *in, const int32_t *idx,
+                          const float *w, int64_t N, int64_t slots, int64_t C, int64_t in_rows) {
+    check_ctx *kx = ctx;
+    const int64_t k = slots;
+    enum { OUT, IN, IDX, W };
+    op_check o = {.op = "gather_rows",
+                  .exact = k == 1 && !w,
+                  .n_args = 4,
+                  .arg = {{"out", out, N * C, dt, ARG_OUT},
+                          {"in", in, in_rows * C, dt, ARG_IN},
+                          {"idx", idx, N * k, CT_DTYPE_I32, ARG_IN},
+                          {"w", w, N * k, CT_DTYPE_F32, ARG_IN}}};
+    SHAPE(&o, "dt=%s N=%lld k=%lld C=%lld in_rows=%lld w=%s", ct_dtype_name(dt), LL(N), LL(k),
+          LL(C), LL(in_rows), w ? "yes" : "NULL");
+    run_gather_rows(kx, &o, dt, out, in, idx, w, N, k, C, in_rows);
+    const op_arg *a = &o.arg[OUT];
+    const int32_t *ix = o.arg[IDX].before;
+    const float *wx = o.arg[W].x, *x = o.arg[IN].x;
+    for (int64_t i = 0; !o.exact && a->region >= 0 && i < N; i++)
+        for (int64_t c = 0; c < C; c++) {
+            double mag = 0.0;
+            for (int64_t j = 0; j < k; j++)
+                mag += fabs((wx ? wx[i * k + j] : 1.0) * x[(int64_t)ix[i * k + j] * C + c]);
+            a->tol[i * C + c] = (float)((red_tol(k) + ULPS * U) * mag);
+        }
+    ct_check_op_end(kx, &o);
+}
+
+/* out[r] = Σ_c a[ia[r], c]·b[ib[r], c] in double, rounded once: the two sides' doubles differ far
+ * below fp32's spacing, so their roundings differ by at most an ulp or so of Σ|a·b|. */
+void ct_check_gather_dot(void *ctx, ct_dtype dt, float *out, const void *a, const int32_t *ia,
+                         const void *b, const int32_t *ib, int64_t R, int64_t C, int64_t a_rows,
+                         int64_t b_rows) {
+    check_ctx *k = ctx;
+    enum { OUT, A, IA, B, IB };
+    op_check o = {.op = "gather_dot",
+                  .n_args = 5,
+                  .arg = {{"out", out, R, CT_DTYPE_F32, ARG_OUT},
+                          {"a", a, a_rows * C, dt, ARG_IN},
+                          {"ia", ia, R, CT_DTYPE_I32, ARG_IN},
+                          {"b", b, b_rows * C, dt, ARG_IN},
+                          {"ib", ib, R, CT_DTYPE_I32, ARG_IN}}};
+    SHAPE(&o, "dt=%s R=%lld C=%lld a_rows=%lld b_rows=%lld", ct_dtype_name(dt), LL(R), LL(C),
+          LL(a_rows), LL(b_rows));
+    run_gather_dot(k, &o, dt, out, a, ia, b, ib, R, C, a_rows, b_rows);
+    const op_arg *d = &o.arg[OUT];
+    const int32_t *ra = o.arg[IA].before, *rb = o.arg[IB].before;
+    for (int64_t r = 0; d->region >= 0 && r < R; r++) {
+        double mag = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            mag += fabs((double)o.arg[A].x[(int64_t)ra[r] * C + c] *
+                        o.arg[B].x[(int64_t)rb[r] * C + c]);
+        d->tol[r] = (float)(ULPS * U * mag);
+    }
+    ct_check_op_end(k, &o);
+}
+
 /* dtable[row] += dout of each token of that row: a reduction over the row's tokens. */
 void ct_check_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
                             const int32_t *tokens, int64_t N, int64_t C, int64_t rows,

@@ -104,7 +104,8 @@ ct_comm *ct_comm_local_new(const char *name);
  * of the host, so its copies need no wait at all. Whoever puts tensors on a group binds it and
  * unbinds it when done: the model its tp group, data_parallel its dp group, the pipeline its pp
  * and embedding groups. Groups that carry host scalars only (mp, world) stay unbound; a bound
- * group may carry host buffers too (the wait is then merely unneeded).
+ * group of several ranks may carry host buffers too (the wait is then merely unneeded), but the
+ * one-rank group copies through its backend, so its callers keep host buffers off it.
  */
 void ct_comm_set_stream(ct_comm *comm, struct ct_backend *be);
 /* Unbinds `comm` if it is bound to `be` (whoever bound it calls this before `be` may be freed). */

@@ -216,6 +216,37 @@ void ct_cpu_scale(void *ctx, float *x, float s, int64_t n) {
 
 /* A row gather: no arithmetic, so it is the slot for both dtypes (f32 and bf16 rows are copied
  * as they are). */
+/* Rows independent (each thread its own output rows); a row's k terms in slot order. */
+void ct_cpu_gather_rows(void *ctx, float *out, const float *in, const int32_t *idx, const float *w,
+                        int64_t N, int64_t k, int64_t C) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, N * k * C))
+    for (int64_t i = 0; i < N; i++) {
+        float *o = out + i * C;
+        for (int64_t j = 0; j < k; j++) {
+            const float *r = in + (int64_t)idx[i * k + j] * C;
+            const float wj = w ? w[i * k + j] : 1.0f;
+            if (j == 0)
+                for (int64_t x = 0; x < C; x++) o[x] = wj * r[x];
+            else
+                for (int64_t x = 0; x < C; x++) o[x] += wj * r[x];
+        }
+    }
+}
+
+/* One output a row, its products summed in double in column order. */
+void ct_cpu_gather_dot(void *ctx, float *out, const float *a, const int32_t *ia, const float *b,
+                       const int32_t *ib, int64_t R, int64_t C) {
+    cpu_ctx *c = ctx;
+    PARALLEL_FOR(threads_for(c, R * C))
+    for (int64_t r = 0; r < R; r++) {
+        const float *x = a + (int64_t)ia[r] * C, *y = b + (int64_t)ib[r] * C;
+        double dot = 0.0;
+        for (int64_t j = 0; j < C; j++) dot += (double)x[j] * y[j];
+        out[r] = (float)dot;
+    }
+}
+
 void ct_cpu_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
                           const void *table, int64_t N, int64_t C, int64_t rows,
                           int64_t row_offset) {

@@ -222,6 +222,10 @@ void ct_cpu_bias_init(void *ctx, float *out, const float *bias, const float *res
 void ct_cpu_bias_grad(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
 void ct_cpu_axpy(void *ctx, float *dst, const float *src, float alpha, int64_t n);
 void ct_cpu_scale(void *ctx, float *x, float s, int64_t n);
+void ct_cpu_gather_rows(void *ctx, float *out, const float *in, const int32_t *idx, const float *w,
+                        int64_t N, int64_t k, int64_t C);
+void ct_cpu_gather_dot(void *ctx, float *out, const float *a, const int32_t *ia, const float *b,
+                       const int32_t *ib, int64_t R, int64_t C);
 void ct_cpu_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
                           const void *table, int64_t N, int64_t C, int64_t rows,
                           int64_t row_offset);

@@ -434,6 +434,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
     /* (a model without an ep group but ep_size > 1 is `plan`'s: registered, never run) */
     if (!m->layout.ep) m->layout.ep = m->own_ep = ct_comm_local_new("ep");
+    ct_comm_set_stream(m->layout.ep, be); /* the MoE dispatch's rows (moe_dispatch.h) */
     CT_ASSERT(!layout->ep || layout->ep->size == CT_MAX(1, layout->ep_size));
     m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
     CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
@@ -559,6 +560,7 @@ void ct_model_bind_unit_grads(ct_model *m, int u, const ct_tensor *buf, int64_t 
 void ct_model_free(ct_model *m) {
     if (!m) return;
     ct_comm_unset_stream(m->layout.tp, m->be);
+    ct_comm_unset_stream(m->layout.ep, m->be);
     if (m->layout.cp) ct_comm_unset_stream(m->layout.cp, m->be);
     ct_comm_free(m->own_tp);
     ct_comm_free(m->own_ep);

@@ -47,13 +47,15 @@ typedef struct ct_moe_acts {
     int64_t *counts; /* (B, E) assignments per expert of each sequence (all of it, over cp) */
     size_t cap_counts;
     /* host, grown */
-    float *logits, *probs, *gates, *ys, *rows, *tokens;
+    float *logits, *probs, *gates, *dgates;
     int32_t *ids;
-    size_t cap_logits, cap_probs, cap_gates, cap_ids, cap_ys, cap_rows, cap_tokens;
+    size_t cap_logits, cap_probs, cap_gates, cap_dgates, cap_ids;
     /* backend, grown: router logits / its gradient (N, E); the experts' input rows (rows, C),
      * hidden before and after GELU (rows, Fe/tp), output rows (rows, C) and the combined
-     * output (N, C) */
-    ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_dg, *t_y;
+     * output (N, C); the gates and their gradients (N·k, f32); the experts' outputs back at their
+     * tokens' ranks in send order (N·k, C), kept for the backward */
+    ct_tensor *t_logits, *t_xe, *t_h, *t_g, *t_ye, *t_dh, *t_dg, *t_y, *t_gates, *t_dgates, *t_ys;
+    ct_moe_scratch *scratch; /* the dispatch's buffers */
     /* the shared experts: hidden before and after the activation (N, ·), and their gradients */
     ct_tensor *t_sh, *t_sg, *t_sdh, *t_sdg;
 } ct_moe_acts;
@@ -81,11 +83,12 @@ static ct_tensor *grown_view(ct_model *m, ct_tensor **buf, ct_dtype dt, int64_t 
 void ct_moe_acts_free(struct ct_moe_acts *ma) {
     if (!ma) return;
     ct_moe_plan_free(ma->plan);
+    ct_moe_scratch_free(ma->scratch);
     free(ma->counts);
-    free(ma->logits), free(ma->probs), free(ma->gates), free(ma->ys), free(ma->rows);
-    free(ma->tokens), free(ma->ids);
-    ct_tensor *ts[] = {ma->t_logits, ma->t_xe, ma->t_h,  ma->t_g,  ma->t_ye,  ma->t_dh,
-                       ma->t_dg,     ma->t_y,  ma->t_sh, ma->t_sg, ma->t_sdh, ma->t_sdg};
+    free(ma->logits), free(ma->probs), free(ma->gates), free(ma->dgates), free(ma->ids);
+    ct_tensor *ts[] = {ma->t_logits, ma->t_xe,  ma->t_h,     ma->t_g,      ma->t_ye,
+                       ma->t_dh,     ma->t_dg,  ma->t_y,     ma->t_sh,     ma->t_sg,
+                       ma->t_sdh,    ma->t_sdg, ma->t_gates, ma->t_dgates, ma->t_ys};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) ct_tensor_free(ts[i]);
     free(ma);
 }
@@ -266,16 +269,13 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
 
     /* Dispatch: each (token, slot)'s row to its expert's rank, grouped by local expert. */
     const int64_t rows = ct_moe_plan_rows(ma->plan);
-    ma->tokens = grow_host(ma->tokens, &ma->cap_tokens, (size_t)(N * C) * sizeof(float));
-    ma->rows = grow_host(ma->rows, &ma->cap_rows, (size_t)CT_MAX(1, rows * C) * sizeof(float));
-    ct_tensor_to_host_f32(ma->tokens, la->ln2);
-    ct_moe_dispatch(ma->plan, ma->tokens, C, ma->rows);
+    if (!ma->scratch) ma->scratch = ct_moe_scratch_new(m->be);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
     ct_tensor *ye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
     const int64_t Hl = m->llama ? 2 * Fl : Fl; /* the hidden before the activation */
     ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
-    if (rows) ct_tensor_from_host_f32(xe, ma->rows);
+    ct_moe_dispatch(ma->plan, ma->scratch, la->ln2, xe);
 
     const bool timed = a->dloss != 0.0f; /* training (the step's clock), not evaluation */
     if (timed) m->moe_route_seconds += ct_now() - t0;
@@ -297,20 +297,21 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
 
     /* Combine: the rows back to their tokens, gate-weighted, slot order. */
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_FORWARD);
-    if (rows) ct_tensor_to_host_f32(ma->rows, ye);
     if (timed) {
         m->moe_expert_seconds += ct_now() - t0;
         /* 2 FLOPs a multiply-add; GPT-2's up and down, Llama's gate, up and down */
         m->moe_expert_flops += 2.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
     }
     t0 = ct_now();
-    ma->ys = grow_host(ma->ys, &ma->cap_ys, (size_t)CT_MAX(1, N * k * C) * sizeof(float));
-    ct_moe_combine(ma->plan, ma->rows, ma->gates, C, ma->ys, ma->tokens);
+    ct_tensor *gates = grown_view(m, &ma->t_gates, CT_DTYPE_F32, N * k, 1);
+    ct_tensor *ys = grown_view(m, &ma->t_ys, m->dtype, N * k, C);
+    ct_tensor *y = grown_view(m, &ma->t_y, m->dtype, N, C);
+    ct_tensor_from_host(gates, ma->gates);
+    ct_moe_combine(ma->plan, ma->scratch, ye, gates, ys, y);
     ct_tensor_free(xe), ct_tensor_free(ye), ct_tensor_free(h), ct_tensor_free(g);
+    ct_tensor_free(gates), ct_tensor_free(ys);
 
     /* out = mid + y, y summed over the tp group (reduce-scattered under sequence parallelism) */
-    ct_tensor *y = grown_view(m, &ma->t_y, m->dtype, N, C);
-    ct_tensor_from_host_f32(y, ma->tokens);
     if (p->w_down) { /* the shared experts, on every token */
         const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
@@ -344,24 +345,28 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
 
     /* Combine's backward: dgates (partial over tp: ys is) and the experts' output gradients. */
     const ct_tensor *dy = ct_model_dres_full(m, s);
-    ct_tensor_to_host_f32(ma->tokens, dy);
     double t0 = ct_now();
-    float *dgates = ct_xmalloc((size_t)CT_MAX(1, N * k) * sizeof *dgates);
-    ct_moe_combine_bwd(ma->plan, ma->tokens, ma->ys, ma->gates, C, dgates, ma->rows);
+    ct_tensor *gates = grown_view(m, &ma->t_gates, CT_DTYPE_F32, N * k, 1);
+    ct_tensor *ys = grown_view(m, &ma->t_ys, m->dtype, N * k, C);
+    ct_tensor *dgates_t = grown_view(m, &ma->t_dgates, CT_DTYPE_F32, N * k, 1);
+    ct_tensor *dye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
+    ct_moe_combine_bwd(ma->plan, ma->scratch, dy, ys, gates, dgates_t, dye);
+    ma->dgates = grow_host(ma->dgates, &ma->cap_dgates, (size_t)CT_MAX(1, N * k) * sizeof(float));
+    float *dgates = ma->dgates;
+    ct_tensor_to_host(dgates, dgates_t);
+    ct_tensor_free(gates), ct_tensor_free(ys), ct_tensor_free(dgates_t);
     if (m->layout.tp_size > 1)
         ct_comm_allreduce(m->layout.tp, dgates, N * k, CT_DTYPE_F32, CT_REDUCE_SUM);
 
     /* The experts' backward; dye's rows become dxe's. Their unit's gradients are complete
      * after it (every rank runs it, also one whose experts received no rows). */
     ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_BACKWARD);
-    ct_tensor *dye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
     const int64_t Hl = m->llama ? 2 * Fl : Fl;
     ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Hl);
     ct_tensor *dg = grown_view(m, &ma->t_dg, m->dtype, rows, Fl);
-    if (rows) ct_tensor_from_host_f32(dye, ma->rows);
     m->moe_route_seconds += ct_now() - t0;
     t0 = ct_now();
     for (int j = 0; j < El; j++) {
@@ -381,16 +386,15 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
         ct_model_poll(m);
     }
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
-    if (rows) ct_tensor_to_host_f32(ma->rows, dye);
     m->moe_expert_seconds += ct_now() - t0;
     m->moe_expert_flops += 4.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
     t0 = ct_now();
-    ct_tensor_free(dye), ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
+    ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
     ct_tensor_free(dh), ct_tensor_free(dg);
 
     /* Dispatch's backward: each token's k row gradients summed (partial over tp). */
-    ct_moe_dispatch_bwd(ma->plan, ma->rows, C, ma->tokens);
-    ct_tensor_from_host_f32(s->dln, ma->tokens);
+    ct_moe_dispatch_bwd(ma->plan, ma->scratch, dye, s->dln);
+    ct_tensor_free(dye);
     if (p->w_down) { /* the shared experts' backward, into dln */
         const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
@@ -416,7 +420,6 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
             const double z = logsumexp(zl, E), c = 2.0 * m->mc.moe_z_alpha * z * ma->dloss;
             for (int64_t e = 0; e < E; e++) dlogits[t * E + e] += (float)(c * exp(zl[e] - z));
         }
-    free(dgates);
     ct_tensor *dl = grown_view(m, &ma->t_y, m->dtype, N, E);
     ct_tensor_from_host_f32(dl, dlogits);
     free(dlogits);
@@ -482,8 +485,13 @@ size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B) {
     const int64_t Hs = m->llama ? 2 * Fs : Fs, rows = N * k; /* rows: uniform routing */
     const size_t dt = ct_dtype_size(m->dtype);
     /* the router's logits (f32); the experts' input and output rows, hidden before and after
-     * the activation and their gradients; the combined output; the shared experts' hidden */
-    const size_t layer = (size_t)(N * E) * 4 + dt * (size_t)(rows * (2 * C + 2 * Hl + 2 * Fe) +
-                                                             N * C + N * 2 * (Hs + Fs));
+     * the activation and their gradients; the combined output; the shared experts' hidden; the
+     * outputs back in send order (ys) and the dispatch's rows in flight (send, arrived); the
+     * gates, their gradients and the gates in send order (f32); the index arrays (i32) */
+    const int64_t A = N * k;
+    const size_t layer = (size_t)(N * E) * 4 +
+                         dt * (size_t)(rows * (2 * C + 2 * Hl + 2 * Fe) + N * C +
+                                       N * 2 * (Hs + Fs) + A * C + (A + rows) * C) +
+                         (size_t)(3 * A) * 4 + (size_t)(4 * A + 2 * rows) * 4;
     return (size_t)m->n_moe_layers * layer;
 }

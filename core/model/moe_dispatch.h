@@ -1,7 +1,10 @@
 /*
  * moe_dispatch.h — moving tokens to their experts and back over an expert-parallel group: the
- * dispatch and combine of a Mixture-of-Experts layer, forward and backward (issue 30's second
- * piece, on host memory: the CPU backend's). Dropless: every (token, slot) assignment travels.
+ * dispatch and combine of a Mixture-of-Experts layer, forward and backward, on the backend's
+ * memory: the rows are gathered and scattered by ct_gather_rows with index arrays the plan builds
+ * on the host, and travel by the ep group's all_to_all_v (MPI on the CPU backend, grouped NCCL
+ * sends and receives of device buffers on CUDA). Dropless: every (token, slot) assignment
+ * travels.
  *
  * The group's P ranks hold E experts, E / P consecutive ones each (expert e on rank e / (E/P)).
  * Each rank brings N tokens routed k ways (ids (N, k), from the router). Assignment (i, j) is
@@ -16,15 +19,16 @@
  * leave a receive waiting. The rows travel by all_to_all_v (counted as the bytes sent).
  *
  * Sums are in a fixed order: combine adds a token's k contributions in slot order, starting
- * from slot 0's term; the gate gradient is a dot product over the row, summed in double in column
- * order and rounded once. Nothing depends on P beyond where the rows are, so the results are the
- * same bits for every ep size when the experts compute each row alone.
+ * from slot 0's term; the gate gradient is a dot product over the row, summed in double and
+ * rounded once (ct_gather_dot). Nothing depends on P beyond where the rows are, so the results
+ * are the same bits for every ep size when the experts compute each row alone.
  */
 #ifndef CT_MOE_DISPATCH_H
 #define CT_MOE_DISPATCH_H
 
 #include <stdint.h>
 
+#include "core/backend/backend.h"
 #include "core/backend/comm.h"
 
 typedef struct ct_moe_plan ct_moe_plan;
@@ -42,22 +46,31 @@ int64_t ct_moe_plan_expert_offset(const ct_moe_plan *p, int l);
 /* Assignments this rank routed to expert e (0 <= e < E): its part of the expert load. */
 int64_t ct_moe_plan_sent_to(const ct_moe_plan *p, int e);
 
-/* Forward dispatch: x (N, C) → xe (rows, C), expert-major. Collective over the plan's group. */
-void ct_moe_dispatch(ct_moe_plan *p, const float *x, int64_t C, float *xe);
+/* The backend buffers of the dispatch (the plan's index arrays, uploaded once per plan, and
+ * the rows in flight), kept by the caller from one plan to the next and grown as needed. */
+typedef struct ct_moe_scratch ct_moe_scratch;
+ct_moe_scratch *ct_moe_scratch_new(struct ct_backend *be);
+void ct_moe_scratch_free(ct_moe_scratch *s); /* accepts NULL */
+
+/* The four movements, on tensors of one backend (s's), rows of C values in x's dtype; the ep
+ * group must be bound to that backend (ct_comm_set_stream) when it is not host memory.
+ * Forward dispatch: x (N, C) → xe (rows, C), expert-major. Collective over the plan's group. */
+void ct_moe_dispatch(ct_moe_plan *p, ct_moe_scratch *s, const ct_tensor *x, ct_tensor *xe);
 
 /* Forward combine: the experts' outputs ye (rows, C) back to their tokens. ys (N·k, C), the
  * caller's, receives them in send order and is kept for the backward; y (N, C) = Σ_j
- * gates[i, j] · (the row of assignment (i, j)), slot order. Collective. */
-void ct_moe_combine(ct_moe_plan *p, const float *ye, const float *gates, int64_t C, float *ys,
-                    float *y);
+ * gates[i, j] · (the row of assignment (i, j)), slot order (gates (N·k) f32). Collective. */
+void ct_moe_combine(ct_moe_plan *p, ct_moe_scratch *s, const ct_tensor *ye, const ct_tensor *gates,
+                    ct_tensor *ys, ct_tensor *y);
 
-/* Backward of combine, from dy (N, C): dgates (N, k) = dy[i] · row(i, j) (from ys), and the
- * experts' output gradients dye (rows, C) = gates[i, j] · dy[i], expert-major. Collective. */
-void ct_moe_combine_bwd(ct_moe_plan *p, const float *dy, const float *ys, const float *gates,
-                        int64_t C, float *dgates, float *dye);
+/* Backward of combine, from dy (N, C): dgates (N·k, f32) = dy[i] · row(i, j) (from ys, summed
+ * in double), and the experts' output gradients dye (rows, C) = gates[i, j] · dy[i],
+ * expert-major. Collective. */
+void ct_moe_combine_bwd(ct_moe_plan *p, ct_moe_scratch *s, const ct_tensor *dy, const ct_tensor *ys,
+                        const ct_tensor *gates, ct_tensor *dgates, ct_tensor *dye);
 
 /* Backward of dispatch: dxe (rows, C), expert-major, → dx (N, C) = Σ_j (row of (i, j)), slot
  * order. Collective. */
-void ct_moe_dispatch_bwd(ct_moe_plan *p, const float *dxe, int64_t C, float *dx);
+void ct_moe_dispatch_bwd(ct_moe_plan *p, ct_moe_scratch *s, const ct_tensor *dxe, ct_tensor *dx);
 
 #endif /* CT_MOE_DISPATCH_H */

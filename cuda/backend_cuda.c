@@ -130,6 +130,26 @@ static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t 
                  c_dtype);
 }
 
+/* Mixture of Experts' GEMMs (one per local expert) in one cublasGemmGroupedBatchedEx call
+ * (ct_cuda_gemm_grouped), except where the GEMMs must go one by one through cuda_gemm: a bf16 C
+ * with beta != 0 (rounded once, above; the grouped call has no fp32 product to hand), and what
+ * the grouped call refuses (bf16 into an fp32 C, bf16 pointers not 16-byte aligned). Operands are
+ * contiguous row-major (the slot's contract, backend.h). */
+static void cuda_gemm_grouped(void *ctx, int count, bool trans_a, bool trans_b, const int64_t *mnk,
+                              float alpha, void *const *ptrs, float beta, ct_dtype ab_dtype,
+                              ct_dtype c_dtype) {
+    ct_cuda_ctx *cx = ctx;
+    if (!(c_dtype == CT_DTYPE_BF16 && beta != 0.0f) &&
+        ct_cuda_gemm_grouped(cx->gemm, count, trans_a, trans_b, mnk, alpha, ptrs, beta, ab_dtype,
+                             c_dtype))
+        return;
+    for (int i = 0; i < count; i++) {
+        int64_t M = mnk[3 * i], N = mnk[3 * i + 1], K = mnk[3 * i + 2];
+        cuda_gemm(cx, trans_a, trans_b, M, N, K, alpha, ptrs[3 * i], trans_a ? M : K,
+                  ptrs[3 * i + 1], trans_b ? K : N, beta, ptrs[3 * i + 2], N, ab_dtype, c_dtype);
+    }
+}
+
 /* GELU fused into the GEMM's epilogue (cuBLASLt's GELU_AUX_BIAS); where cuBLASLt has no
  * algorithm for it (ct_cuda_gemm_bias_gelu returns false), the same three steps as the model's
  * fallback: pre = bias on every row, pre += A·Bᵀ (beta = 1), out = GELU(pre). */
@@ -419,6 +439,7 @@ static const struct ct_backend_i cuda_iface = {
     .copy_to_host = cuda_copy_to_host,
     .copy = cuda_copy,
     .gemm = cuda_gemm,
+    .gemm_grouped = cuda_gemm_grouped,
     .gemm_bias_gelu = cuda_gemm_bias_gelu,
     .bias_add = cuda_bias_add,
     .bias_init = cuda_bias_init,

@@ -17,10 +17,26 @@
  * EPILOGUE_AUX_LD, i.e. our row-major (M, N) pre-activation with row stride ldpre (the library
  * wants it >= N, its row count, and a multiple of 8). Bias and aux are D's type (the defaults of
  * _BIAS_DATA_TYPE and _EPILOGUE_AUX_DATA_TYPE for bf16 and fp32 outputs).
+ *
+ * The grouped call (ct_cuda_gemm_grouped): cublasGemmGroupedBatchedEx with the cublasGemmEx
+ * fallback's mapping, one group per GEMM. Its transposes, sizes, leading dimensions, alpha, beta
+ * and group sizes are host arrays, read during the call; its A/B/C pointer arrays are device
+ * memory, read by the library's kernels when the stream reaches them. So the pointers go through
+ * a pinned staging buffer of ours (the caller's array may be freed the moment we return) and
+ * cudaMemcpyAsync into a device buffer of ours, both on the stream. The device buffer needs no
+ * wait: the next call's copy into it is queued behind this call's GEMMs on the same stream. The
+ * staging does: a copy from pinned memory reads it when the stream reaches the copy, so a slot
+ * is rewritten only after the copy that last read it ran (an event recorded behind each copy,
+ * waited for on the host). With CT_GEMM_GROUPED_SLOTS slots used in turn that wait is for the
+ * copy of the call that many calls back, normally long done; a single slot would make every
+ * grouped call wait for the stream to reach the one before it (no queueing ahead across an
+ * MoE layer's GEMMs). A plain cudaMemcpy would avoid the staging but synchronise the device at
+ * every call.
  */
 #include "cuda/gemm.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -37,6 +53,8 @@
 #define CT_GEMM_CACHE_MAX 256
 /* cuBLASLt's default and largest alignment assumption (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*). */
 #define CT_GEMM_MAX_ALIGN 256u
+/* Staging slots of the grouped call's pointer arrays (the top of the file says why several). */
+#define CT_GEMM_GROUPED_SLOTS 4
 
 /* Everything the descriptors, the layouts and the heuristic's choice depend on. */
 typedef struct gemm_key {
@@ -72,6 +90,19 @@ struct ct_cuda_gemm_ctx {
     gemm_plan *plans;
     int n_plans;
     int64_t fallbacks;
+
+    /* ct_cuda_gemm_grouped. The A/B/C pointer arrays the library reads on the device: staged in
+     * pinned host slots of 3·grouped_cap pointers each, copied into grouped_dev (3·grouped_cap
+     * pointers). grouped_copied[s] is recorded behind the latest copy out of slot s. */
+    void **grouped_stage;
+    void **grouped_dev;
+    cudaEvent_t grouped_copied[CT_GEMM_GROUPED_SLOTS];
+    int grouped_slot; /* the next slot to fill */
+    int grouped_cap;  /* GEMMs a slot holds */
+    /* The call's per-group host arrays, grouped_cap entries each. */
+    cublasOperation_t *grouped_op_x, *grouped_op_y;
+    int *grouped_m, *grouped_n, *grouped_k, *grouped_ldx, *grouped_ldy, *grouped_ldc, *grouped_size;
+    float *grouped_alpha, *grouped_beta;
 };
 
 static cudaDataType_t cuda_type(ct_dtype dt) {
@@ -210,11 +241,18 @@ ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream) {
      * output buffer (INPLACE) or in the output type. */
     set_pref_u32(g->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                  CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    for (int s = 0; s < CT_GEMM_GROUPED_SLOTS; s++)
+        CT_CUDA_CHECK(cudaEventCreateWithFlags(&g->grouped_copied[s], cudaEventDisableTiming));
     return g;
 }
 
+static void grouped_release(ct_cuda_gemm_ctx *g);
+
 void ct_cuda_gemm_free(ct_cuda_gemm_ctx *g) {
     if (!g) return;
+    grouped_release(g);
+    for (int s = 0; s < CT_GEMM_GROUPED_SLOTS; s++)
+        CT_CUDA_CHECK(cudaEventDestroy(g->grouped_copied[s]));
     for (int i = 0; i < g->n_plans; i++) plan_release(&g->plans[i]);
     CT_CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(g->pref));
     CT_CUBLAS_CHECK(cublasDestroy(g->blas));
@@ -232,9 +270,13 @@ int ct_cuda_gemm_cache_size(const ct_cuda_gemm_ctx *g) {
     return g->n_plans;
 }
 
-static int int_dim(int64_t v) {
-    CT_ASSERTF(v <= INT_MAX, "cublasGemmEx dimension %lld exceeds INT_MAX", (long long)v);
+static int int_dim_of(const char *call, int64_t v) {
+    CT_ASSERTF(v <= INT_MAX, "%s dimension %lld exceeds INT_MAX", call, (long long)v);
     return (int)v;
+}
+
+static int int_dim(int64_t v) {
+    return int_dim_of("cublasGemmEx", v);
 }
 
 /* cublasGemmEx with the same operand mapping as the cuBLASLt path; k = 0 makes it C = beta·C
@@ -363,4 +405,128 @@ bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, con
                        int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
                        int64_t ldout, ct_dtype dt) {
     return gemm_epilogue(g, false, M, N, K, A, lda, B, ldb, bias, NULL, 0, out, ldout, dt);
+}
+
+/* ---- the grouped call ------------------------------------------------------------------------ */
+
+/* The host waits for `event` (NULL: for the stream), as backend_cuda.c's host_wait does: while
+ * NCCL groups exist (the idle hook is set) it polls and runs the hook between polls. */
+static void host_wait(cudaStream_t stream, cudaEvent_t event) {
+    if (!ct_idle_hooked()) {
+        if (event)
+            CT_CUDA_CHECK(cudaEventSynchronize(event));
+        else
+            CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return;
+    }
+    for (;;) {
+        cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) CT_CUDA_CHECK(e);
+        ct_idle();
+        sched_yield();
+    }
+}
+
+/* Frees the grouped call's buffers, once nothing queued reads them: the staging slots are read by
+ * queued copies, the device buffer by queued grouped GEMMs. */
+static void grouped_release(ct_cuda_gemm_ctx *g) {
+    if (g->grouped_cap == 0) return;
+    host_wait(g->stream, NULL);
+    CT_CUDA_CHECK(cudaFreeHost(g->grouped_stage));
+    CT_CUDA_CHECK(cudaFree(g->grouped_dev));
+    free(g->grouped_op_x), free(g->grouped_op_y);
+    free(g->grouped_m), free(g->grouped_n), free(g->grouped_k);
+    free(g->grouped_ldx), free(g->grouped_ldy), free(g->grouped_ldc), free(g->grouped_size);
+    free(g->grouped_alpha), free(g->grouped_beta);
+    g->grouped_stage = NULL, g->grouped_dev = NULL;
+    g->grouped_cap = 0;
+}
+
+/* Room for `count` GEMMs a call: grown to at least twice the old size, so a run settles after a
+ * few calls (an MoE layer's calls have its local expert count, or fewer). */
+static void grouped_reserve(ct_cuda_gemm_ctx *g, int count) {
+    if (count <= g->grouped_cap) return;
+    int cap = g->grouped_cap * 2 > count ? g->grouped_cap * 2 : count;
+    grouped_release(g);
+    size_t n = (size_t)cap;
+    CT_CUDA_CHECK(
+        cudaMallocHost((void **)&g->grouped_stage, CT_GEMM_GROUPED_SLOTS * 3 * n * sizeof(void *)));
+    CT_CUDA_CHECK(cudaMalloc((void **)&g->grouped_dev, 3 * n * sizeof(void *)));
+    g->grouped_op_x = ct_xmalloc(n * sizeof *g->grouped_op_x);
+    g->grouped_op_y = ct_xmalloc(n * sizeof *g->grouped_op_y);
+    g->grouped_m = ct_xmalloc(n * sizeof(int));
+    g->grouped_n = ct_xmalloc(n * sizeof(int));
+    g->grouped_k = ct_xmalloc(n * sizeof(int));
+    g->grouped_ldx = ct_xmalloc(n * sizeof(int));
+    g->grouped_ldy = ct_xmalloc(n * sizeof(int));
+    g->grouped_ldc = ct_xmalloc(n * sizeof(int));
+    g->grouped_size = ct_xmalloc(n * sizeof(int));
+    g->grouped_alpha = ct_xmalloc(n * sizeof(float));
+    g->grouped_beta = ct_xmalloc(n * sizeof(float));
+    g->grouped_cap = cap;
+}
+
+bool ct_cuda_gemm_grouped(ct_cuda_gemm_ctx *g, int count, bool trans_a, bool trans_b,
+                          const int64_t *mnk, float alpha, void *const *ptrs, float beta,
+                          ct_dtype ab_dtype, ct_dtype c_dtype) {
+    static const char call[] = "cublasGemmGroupedBatchedEx";
+    CT_ASSERT(g != NULL && mnk != NULL && ptrs != NULL);
+    CT_ASSERTF(count >= 1, "gemm_grouped count %d", count);
+    CT_ASSERTF(
+        (ab_dtype == CT_DTYPE_F32 && c_dtype == CT_DTYPE_F32) ||
+            (ab_dtype == CT_DTYPE_BF16 && (c_dtype == CT_DTYPE_F32 || c_dtype == CT_DTYPE_BF16)),
+        "gemm_grouped dtypes %s -> %s", ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
+    for (int i = 0; i < count; i++)
+        CT_ASSERTF(mnk[3 * i] > 0 && mnk[3 * i + 1] > 0 && mnk[3 * i + 2] > 0,
+                   "gemm_grouped GEMM %d: M=%lld N=%lld K=%lld (all must be > 0)", i,
+                   (long long)mnk[3 * i], (long long)mnk[3 * i + 1], (long long)mnk[3 * i + 2]);
+    /* The call's type table has no bf16 -> fp32 under CUBLAS_COMPUTE_32F. */
+    if (ab_dtype == CT_DTYPE_BF16 && c_dtype == CT_DTYPE_F32) return false;
+    /* For 16-bit types the call wants its matrix pointers 16-byte aligned where K's byte size is
+     * (4-byte where it is a multiple of 4): we ask 16 of every pointer and leave the rest to
+     * ct_cuda_gemm, whose cuBLASLt/cublasGemmEx choice handles any alignment. */
+    if (ab_dtype == CT_DTYPE_BF16)
+        for (int i = 0; i < 3 * count; i++)
+            if ((uintptr_t)ptrs[i] % 16 != 0) return false;
+
+    grouped_reserve(g, count);
+    /* Column-major, as gemm_ex: cuBLAS's A ("x") is our B, its B ("y") our A, m = N, n = M. */
+    for (int i = 0; i < count; i++) {
+        int64_t M = mnk[3 * i], N = mnk[3 * i + 1], K = mnk[3 * i + 2];
+        g->grouped_op_x[i] = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        g->grouped_op_y[i] = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+        g->grouped_m[i] = int_dim_of(call, N);
+        g->grouped_n[i] = int_dim_of(call, M);
+        g->grouped_k[i] = int_dim_of(call, K);
+        g->grouped_ldx[i] = int_dim_of(call, trans_b ? K : N); /* ldb */
+        g->grouped_ldy[i] = int_dim_of(call, trans_a ? M : K); /* lda */
+        g->grouped_ldc[i] = int_dim_of(call, N);
+        g->grouped_size[i] = 1;
+        g->grouped_alpha[i] = alpha;
+        g->grouped_beta[i] = beta;
+    }
+
+    /* The slot's previous copy must have read it before we overwrite it (the top of the file). */
+    int slot = g->grouped_slot;
+    g->grouped_slot = (slot + 1) % CT_GEMM_GROUPED_SLOTS;
+    host_wait(g->stream, g->grouped_copied[slot]);
+    void **stage = g->grouped_stage + (size_t)slot * 3 * (size_t)g->grouped_cap;
+    for (int i = 0; i < count; i++) {
+        stage[i] = ptrs[3 * i + 1];             /* x: B */
+        stage[count + i] = ptrs[3 * i];         /* y: A */
+        stage[2 * count + i] = ptrs[3 * i + 2]; /* C */
+    }
+    void **dev = g->grouped_dev;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dev, stage, 3 * (size_t)count * sizeof(void *),
+                                  cudaMemcpyHostToDevice, g->stream));
+    CT_CUDA_CHECK(cudaEventRecord(g->grouped_copied[slot], g->stream));
+
+    cudaDataType_t ab = cuda_type(ab_dtype), c = cuda_type(c_dtype);
+    CT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+        g->blas, g->grouped_op_x, g->grouped_op_y, g->grouped_m, g->grouped_n, g->grouped_k,
+        g->grouped_alpha, (const void *const *)dev, ab, g->grouped_ldx,
+        (const void *const *)(dev + count), ab, g->grouped_ldy, g->grouped_beta, dev + 2 * count, c,
+        g->grouped_ldc, count, g->grouped_size, CUBLAS_COMPUTE_32F));
+    return true;
 }

@@ -1,8 +1,10 @@
 /*
  * gemm.h — the CUDA backend's GEMM (the `gemm` slot of core/backend/backend.h): cuBLASLt first,
- * cuBLAS's cublasGemmEx where cuBLASLt has no algorithm. Host code, C; the same file links against
- * the real libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of the emulated
- * build (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented semantics.
+ * cuBLAS's cublasGemmEx where cuBLASLt has no algorithm; and the `gemm_grouped` slot's many GEMMs
+ * in one cublasGemmGroupedBatchedEx call (ct_cuda_gemm_grouped). Host code, C; the same file links
+ * against the real libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of the
+ * emulated build (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented
+ * semantics.
  *
  * Semantics are the CPU backend's (core/backend/cpu_gemm.h), row-major:
  *     C(M,N) = alpha·op(A)·op(B) + beta·C,   op(X) = X^T when trans_x,
@@ -85,6 +87,29 @@ bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K
 bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
                        int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
                        int64_t ldout, ct_dtype dt);
+
+/*
+ * count independent GEMMs in one cublasGemmGroupedBatchedEx call (cuBLAS 12.5+), one group each
+ * (group_size 1), with ct_cuda_gemm's semantics (fp32 accumulation, CUBLAS_COMPUTE_32F, no TF32,
+ * the same row-major to column-major mapping as its cublasGemmEx fallback). GEMM i: M = mnk[3i],
+ * N = mnk[3i+1], K = mnk[3i+2], all > 0; A = ptrs[3i], B = ptrs[3i+1], C = ptrs[3i+2], device
+ * pointers to contiguous row-major operands: lda = trans_a ? M : K, ldb = trans_b ? K : N,
+ * ldc = N. C = alpha·op(A)·op(B) + beta·C, beta == 0 never reads C. Every dimension and leading
+ * dimension must fit an int (asserted). mnk and ptrs are the caller's host arrays, read before
+ * the call returns: it may free or reuse them at once.
+ * The call reads its A/B/C pointer arrays from device memory when it runs: they are staged in a
+ * pinned host buffer of the context (a few slots, reused in turn) and copied with
+ * cudaMemcpyAsync on the stream into a device buffer of the context (both grown as needed); a
+ * slot is rewritten only after the copy that last read it has run (gemm.c says why).
+ * Returns true when the work is queued. Returns false, having queued nothing, where the grouped
+ * call is not the right tool and the caller runs the GEMMs one by one (ct_cuda_gemm) instead:
+ * bf16 A and B into an fp32 C (cublasGemmGroupedBatchedEx documents CUBLAS_COMPUTE_32F only for
+ * f32 -> f32 and bf16 -> bf16), and bf16 operands any of which is not 16-byte aligned (its
+ * documented alignment rule for 16-bit types; ct_cuda_gemm has its own fallback for those).
+ */
+bool ct_cuda_gemm_grouped(ct_cuda_gemm_ctx *g, int count, bool trans_a, bool trans_b,
+                          const int64_t *mnk, float alpha, void *const *ptrs, float beta,
+                          ct_dtype ab_dtype, ct_dtype c_dtype);
 
 /* How many GEMMs ran through the cublasGemmEx fallback (cuBLASLt offered no algorithm), plus
  * the ct_cuda_gemm_bias_gelu and ct_cuda_gemm_bias calls that returned false for that reason. */

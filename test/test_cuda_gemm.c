@@ -3,8 +3,10 @@
  * on the same inputs: fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination,
  * odd shapes (M, N, K not multiples of 8 or 16), leading dimensions above the minimum, alpha and
  * beta (beta 0 on a NaN C), K == 0 and alpha == 0, the descriptor cache, and the cublasGemmEx
- * fallback taken for a leading dimension or a pointer that is not 16-byte aligned; and the
- * bias-GELU epilogue (ct_cuda_gemm_bias_gelu: pre-activation and GELU output, its refusals).
+ * fallback taken for a leading dimension or a pointer that is not 16-byte aligned; the
+ * bias-GELU epilogue (ct_cuda_gemm_bias_gelu: pre-activation and GELU output, its refusals); and
+ * the grouped call (ct_cuda_gemm_grouped) behind the backend wrapper ct_gemm_grouped, in Mixture
+ * of Experts' three shapes, against the same GEMMs one by one and the CPU backend.
  *
  * Built twice from this one file (cuda/cublas.mk):
  *   $(BUILD)/test/test_cuda_gemm        emulated (-DCT_CUDA_EMU): cuda/gemm.c linked with the
@@ -48,6 +50,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/backend/backend.h"
 #include "core/common.h"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/gemm.h"
@@ -576,6 +579,383 @@ static void test_bias_gelu(void **state) {
     assert_int_equal(ct_cuda_gemm_fallbacks(gemm), before);
 }
 
+/* ---- the grouped call through the backend's wrapper ----------------------------------------- *
+ *
+ * ct_gemm_grouped (core/backend/backend_ops.c) on a backend whose gemm slot is ct_cuda_gemm and
+ * whose gemm_grouped slot is ct_cuda_gemm_grouped (GEMM by GEMM through ct_cuda_gemm where it
+ * refuses, as backend_cuda.c's slot does), on the emulated device. This test binary links gemm.c
+ * and not the kernels (cuda/cublas.mk), so the backend is this small one rather than
+ * ct_cuda_backend_new's, whose slot adds one route of its own: a bf16 C with beta != 0 goes GEMM
+ * by GEMM through its single-rounding path (backend_cuda.c, cuda_gemm).
+ *
+ * Mixture of Experts' three shapes, 4 experts with 5, 0, 17 and 33 tokens, out 21 × in 14 weights
+ * (N and K not multiples of 8 or 16): the forward C = X·Wᵀ (trans_b, beta 0), the input gradient
+ * dX = dY·W (beta 0), the weight gradient dW += dYᵀ·X (trans_a, beta 1, tokens are K). The expert
+ * without tokens is an empty C in the first two (the wrapper skips it) and K = 0 with beta 1 in
+ * the third (the wrapper sends it to ct_gemm: C unchanged). Each operand kind is one slab with
+ * the experts' operands as views at 16-byte-aligned offsets and gaps between them: NaN in A and
+ * B (a read past an operand shows as NaN), a pattern in C (a write past one must leave it).
+ *
+ * Three comparisons. (1) Against the same GEMMs one by one (ct_gemm on the same backend): bit
+ * for bit under the emulator, whose grouped call computes each problem with the very code of its
+ * single GEMM (cublas_emu.cc, Gemm::run: the same FMA order over k), so any difference is a wrong
+ * operand, stride, transpose, scalar or group; on a GPU the grouped kernels may sum in another
+ * order, so there within 2·tol. (2) Against the CPU backend's ct_gemm on the same values: each
+ * within the file's bound tol of the exact product (the top of the file), so within 2·tol of each
+ * other; NaN or Inf fails. (3) The route: f32 and bf16 -> bf16 as one grouped call, bf16 -> f32
+ * and misaligned bf16 refused (GEMM by GEMM). All calls are queued before anything is read back,
+ * more grouped calls than gemm.c has staging slots, so a staging slot rewritten before its copy
+ * ran gives wrong pointers. */
+
+enum { GROUPS = 4, GAP = 3 };
+static const int64_t moe_tokens[GROUPS] = {5, 0, 17, 33};
+enum { MOE_OUT = 21, MOE_IN = 14 };
+
+typedef enum moe_shape { MOE_FWD, MOE_DX, MOE_DW } moe_shape;
+
+static struct { int64_t grouped, refused; } hb_routes;
+
+static void *hb_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void hb_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) CT_CUDA_CHECK(cudaFree(p));
+}
+
+static void hb_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+static void hb_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+static void hb_gemm(void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
+                    int64_t ldc, ct_dtype ab, ct_dtype c) {
+    (void)ctx;
+    ct_cuda_gemm(gemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
+}
+
+static void hb_gemm_grouped(void *ctx, int count, bool ta, bool tb, const int64_t *mnk, float alpha,
+                            void *const *ptrs, float beta, ct_dtype ab, ct_dtype c) {
+    (void)ctx;
+    if (ct_cuda_gemm_grouped(gemm, count, ta, tb, mnk, alpha, ptrs, beta, ab, c)) {
+        hb_routes.grouped++;
+        return;
+    }
+    hb_routes.refused++;
+    for (int i = 0; i < count; i++) {
+        int64_t M = mnk[3 * i], N = mnk[3 * i + 1], K = mnk[3 * i + 2];
+        ct_cuda_gemm(gemm, ta, tb, M, N, K, alpha, ptrs[3 * i], ta ? M : K, ptrs[3 * i + 1],
+                     tb ? K : N, beta, ptrs[3 * i + 2], N, ab, c);
+    }
+}
+
+static void hb_sync(void *ctx) {
+    (void)ctx;
+    CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+static const struct ct_backend_i hb_iface = {
+    .name = "cuda-gemm",
+    .alloc = hb_alloc,
+    .free = hb_free,
+    .copy_from_host = hb_copy_from_host,
+    .copy_to_host = hb_copy_to_host,
+    .gemm = hb_gemm,
+    .gemm_grouped = hb_gemm_grouped,
+    .sync = hb_sync,
+};
+
+/* One operand kind of a case: the experts' (rows, cols) operands as views into one slab. */
+typedef struct moe_slab {
+    ct_dtype dtype;
+    int64_t rows[GROUPS], cols[GROUPS], off[GROUPS], numel;
+    float *val; /* the slab's values as the GEMM sees them (bf16-rounded) */
+    ct_tensor *slab, *view[GROUPS];
+} moe_slab;
+
+/* Values: random for inputs and an accumulated C, NaN for a C that beta 0 must not read; the
+ * gaps NaN (gap_nan) or a pattern. skew moves every view one element off its 16-byte-aligned
+ * offset. */
+static moe_slab moe_slab_new(ct_backend *be, ct_dtype dtype, const int64_t *rows,
+                             const int64_t *cols, bool nan_values, bool gap_nan, bool skew) {
+    moe_slab s = {.dtype = dtype};
+    int64_t at = GAP;
+    for (int g = 0; g < GROUPS; g++) {
+        s.rows[g] = rows[g], s.cols[g] = cols[g];
+        s.off[g] = round_up(at, 32) + (skew ? 1 : 0); /* 32 elements: 64 or 128 bytes */
+        at = s.off[g] + rows[g] * cols[g] + GAP;
+    }
+    s.numel = round_up(at, 32);
+    s.val = malloc((size_t)s.numel * sizeof(float));
+    for (int64_t i = 0; i < s.numel; i++) s.val[i] = gap_nan ? NAN : -7.0f;
+    for (int g = 0; g < GROUPS; g++)
+        for (int64_t i = 0; i < rows[g] * cols[g]; i++) {
+            float v = nan_values ? NAN : urand();
+            s.val[s.off[g] + i] = dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(ct_f32_to_bf16(v)) : v;
+        }
+    s.slab = ct_tensor_new_1d(be, dtype, s.numel, CT_MEM_ACTS);
+    assert_non_null(s.slab);
+    ct_tensor_from_host_f32(s.slab, s.val);
+    for (int g = 0; g < GROUPS; g++)
+        s.view[g] = ct_tensor_view_2d(s.slab, s.off[g], rows[g], cols[g]);
+    return s;
+}
+
+static void moe_slab_free(moe_slab *s) {
+    for (int g = 0; g < GROUPS; g++) ct_tensor_free(s->view[g]);
+    ct_tensor_free(s->slab);
+    free(s->val);
+}
+
+typedef struct moe_case {
+    moe_shape shape;
+    ct_dtype ab, c;
+    float alpha, beta;
+    bool skew;
+    bool ta, tb;
+    moe_slab A, B, C, C_loop; /* C_loop: the same C for the GEMMs one by one */
+} moe_case;
+
+static const char *const moe_shape_names[3] = {"forward X·Wᵀ", "input grad dY·W",
+                                               "weight grad dYᵀ·X"};
+
+static moe_case moe_case_new(ct_backend *be, moe_shape shape, int t, float alpha, float beta,
+                             bool skew) {
+    moe_case mc = {.shape = shape,
+                   .ab = type_pairs[t][0],
+                   .c = type_pairs[t][1],
+                   .alpha = alpha,
+                   .beta = beta,
+                   .skew = skew,
+                   .ta = shape == MOE_DW,
+                   .tb = shape == MOE_FWD};
+    int64_t ar[GROUPS], ac[GROUPS], br[GROUPS], bc[GROUPS], cr[GROUPS], cc[GROUPS];
+    for (int g = 0; g < GROUPS; g++) {
+        int64_t T = moe_tokens[g];
+        switch (shape) {
+        case MOE_FWD: /* h(T, out) = x(T, in) · W(out, in)ᵀ */
+            ar[g] = T, ac[g] = MOE_IN, br[g] = MOE_OUT, bc[g] = MOE_IN, cr[g] = T, cc[g] = MOE_OUT;
+            break;
+        case MOE_DX: /* dx(T, in) = dh(T, out) · W(out, in) */
+            ar[g] = T, ac[g] = MOE_OUT, br[g] = MOE_OUT, bc[g] = MOE_IN, cr[g] = T, cc[g] = MOE_IN;
+            break;
+        case MOE_DW: /* dW(out, in) += dh(T, out)ᵀ · x(T, in) */
+            ar[g] = T, ac[g] = MOE_OUT, br[g] = T, bc[g] = MOE_IN, cr[g] = MOE_OUT, cc[g] = MOE_IN;
+            break;
+        }
+    }
+    mc.A = moe_slab_new(be, mc.ab, ar, ac, false, true, skew);
+    mc.B = moe_slab_new(be, mc.ab, br, bc, false, true, skew);
+    /* beta 0 must not read C: it starts as NaN */
+    uint64_t seed = rng_state;
+    mc.C = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
+    rng_state = seed;
+    mc.C_loop = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
+    return mc;
+}
+
+static void moe_case_free(moe_case *mc) {
+    moe_slab_free(&mc->A), moe_slab_free(&mc->B);
+    moe_slab_free(&mc->C), moe_slab_free(&mc->C_loop);
+}
+
+/* The case's host bytes of a slab, downloaded. */
+static void *moe_download(const moe_slab *s) {
+    void *h = malloc(ct_tensor_bytes(s->slab));
+    ct_tensor_to_host(h, s->slab);
+    return h;
+}
+
+static float moe_get(const void *bytes, ct_dtype dt, int64_t i) {
+    return dt == CT_DTYPE_BF16 ? ct_bf16_to_f32(((const uint16_t *)bytes)[i])
+                               : ((const float *)bytes)[i];
+}
+
+/* Checks one case after its grouped call and its loop ran (see the block comment above). */
+static void moe_case_check(const moe_case *mc, ct_backend *cpu) {
+    const char *what = moe_shape_names[mc->shape];
+    void *got = moe_download(&mc->C), *loop = moe_download(&mc->C_loop);
+    const double u = ldexp(1.0, -24), u_bf16 = ldexp(1.0, -8);
+#ifdef CT_CUDA_EMU
+    const size_t es = ct_dtype_size(mc->c);
+    /* (1) bit for bit, gaps and untouched C's included */
+    if (memcmp(got, loop, (size_t)mc->C.numel * es) != 0)
+        for (int64_t i = 0; i < mc->C.numel; i++)
+            if (memcmp((char *)got + i * es, (char *)loop + i * es, es) != 0)
+                fail_msg("%s %s->%s: grouped C slab element %lld = %.9g, GEMM by GEMM %.9g (the "
+                         "emulator computes both with the same code: they must be identical)",
+                         what, ct_dtype_name(mc->ab), ct_dtype_name(mc->c), (long long)i,
+                         moe_get(got, mc->c, i), moe_get(loop, mc->c, i));
+#endif
+    /* gaps: never written */
+    for (int64_t i = 0; i < mc->C.numel; i++) {
+        bool inside = false;
+        for (int g = 0; g < GROUPS; g++)
+            inside =
+                inside || (i >= mc->C.off[g] && i < mc->C.off[g] + mc->C.rows[g] * mc->C.cols[g]);
+        if (!inside && moe_get(got, mc->c, i) != -7.0f)
+            fail_msg("%s %s->%s: wrote C slab element %lld, outside every expert's C", what,
+                     ct_dtype_name(mc->ab), ct_dtype_name(mc->c), (long long)i);
+    }
+    for (int g = 0; g < GROUPS; g++) {
+        const moe_slab *A = &mc->A, *B = &mc->B, *C = &mc->C;
+        int64_t M = C->rows[g], N = C->cols[g];
+        int64_t K = mc->ta ? A->rows[g] : A->cols[g];
+        if (M * N == 0) continue;
+        const float *a = A->val + A->off[g], *b = B->val + B->off[g], *c0 = C->val + C->off[g];
+        if (K == 0) { /* C = beta·C with beta 1: unchanged, bit for bit */
+            for (int64_t i = 0; i < M * N; i++)
+                if (memcmp(&(float){moe_get(got, mc->c, C->off[g] + i)}, &c0[i], 4) != 0)
+                    fail_msg("%s %s->%s: expert %d has K = 0 and beta 1, but C[%lld] changed "
+                             "from %.9g to %.9g",
+                             what, ct_dtype_name(mc->ab), ct_dtype_name(mc->c), g, (long long)i,
+                             c0[i], moe_get(got, mc->c, C->off[g] + i));
+            continue;
+        }
+        /* (2) the CPU backend's ct_gemm on the same values */
+        ct_tensor *ca = ct_tensor_new_2d(cpu, mc->ab, A->rows[g], A->cols[g], CT_MEM_ACTS);
+        ct_tensor *cb = ct_tensor_new_2d(cpu, mc->ab, B->rows[g], B->cols[g], CT_MEM_ACTS);
+        ct_tensor *cc = ct_tensor_new_2d(cpu, mc->c, M, N, CT_MEM_ACTS);
+        ct_tensor_from_host_f32(ca, a), ct_tensor_from_host_f32(cb, b);
+        ct_tensor_from_host_f32(cc, c0);
+        ct_gemm(cc, ca, cb, mc->ta, mc->tb, mc->alpha, mc->beta);
+        float *want = malloc((size_t)(M * N) * sizeof(float));
+        ct_tensor_to_host_f32(want, cc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double sum = 0.0, abs_sum = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    double x = mc->ta ? a[k * M + i] : a[i * K + k];
+                    double y = mc->tb ? b[j * K + k] : b[k * N + j];
+                    sum += x * y, abs_sum += fabs(x * y);
+                }
+                double cij = mc->beta == 0.0f ? 0.0 : (double)c0[i * N + j];
+                double ref = (double)mc->alpha * sum + (double)mc->beta * cij;
+                double e_acc = (double)(K + 2) * u *
+                               (fabs((double)mc->alpha) * abs_sum + fabs((double)mc->beta * cij));
+                double tol = 2.0 * e_acc + (mc->c == CT_DTYPE_BF16 ? u_bf16 * fabs(ref) : 0.0);
+                double g_ij = moe_get(got, mc->c, C->off[g] + i * N + j);
+                double l_ij = moe_get(loop, mc->c, C->off[g] + i * N + j);
+                double w_ij = want[i * N + j];
+                if (!isfinite(g_ij) || !isfinite(w_ij) || !(fabs(g_ij - w_ij) <= 2.0 * tol) ||
+                    !isfinite(l_ij) || !(fabs(g_ij - l_ij) <= 2.0 * tol))
+                    fail_msg("%s %s->%s alpha %g beta %g, expert %d (M %lld N %lld K %lld): "
+                             "C[%lld][%lld] grouped %.9g, GEMM by GEMM %.9g, CPU %.9g (allowed "
+                             "%.3g)",
+                             what, ct_dtype_name(mc->ab), ct_dtype_name(mc->c), (double)mc->alpha,
+                             (double)mc->beta, g, (long long)M, (long long)N, (long long)K,
+                             (long long)i, (long long)j, g_ij, l_ij, w_ij, 2.0 * tol);
+            }
+        free(want);
+        ct_tensor_free(ca), ct_tensor_free(cb), ct_tensor_free(cc);
+    }
+    free(got), free(loop);
+}
+
+/* The GEMMs of a case in one ct_gemm_grouped call (C), then one ct_gemm each (C_loop). */
+static void moe_case_grouped(moe_case *mc) {
+    ct_gemm_grouped(GROUPS, mc->C.view, (const ct_tensor *const *)mc->A.view,
+                    (const ct_tensor *const *)mc->B.view, mc->ta, mc->tb, mc->alpha, mc->beta);
+}
+
+static void moe_case_loop(moe_case *mc) {
+    for (int g = 0; g < GROUPS; g++)
+        if (mc->C_loop.rows[g] * mc->C_loop.cols[g] > 0)
+            ct_gemm(mc->C_loop.view[g], mc->A.view[g], mc->B.view[g], mc->ta, mc->tb, mc->alpha,
+                    mc->beta);
+}
+
+static void test_grouped_moe(void **state) {
+    (void)state;
+    ct_backend *be = ct_xcalloc(1, sizeof *be);
+    be->iface = &hb_iface;
+    be->fail_category = -1;
+    ct_backend *cpu = ct_backend_cpu_new(1);
+    enum { N_MOE = 9, N_CASES = N_MOE + 3 };
+    static const float moe_ab[3][2] = {{1.0f, 0.0f}, {1.0f, 0.0f}, {1.0f, 1.0f}};
+    moe_case cases[N_CASES];
+    int n = 0;
+    for (int p = 0; p < 3; p++)
+        for (int t = 0; t < 3; t++)
+            cases[n++] = moe_case_new(be, (moe_shape)p, t, moe_ab[p][0], moe_ab[p][1], false);
+    /* alpha and beta other than the model's; bf16 views one element off 16 bytes, refused (the
+     * forward's K = 14 is 28 bytes, a multiple of 4: the library wants 4-byte-aligned pointers,
+     * and the emulator's grouped call faults on these) */
+    cases[n++] = moe_case_new(be, MOE_FWD, 0, -0.75f, 0.5f, false);
+    cases[n++] = moe_case_new(be, MOE_FWD, 2, 1.0f, 0.0f, true);
+    cases[n++] = moe_case_new(be, MOE_DW, 2, 0.5f, 1.0f, true);
+
+    /* Every grouped call queued before anything is read back (7 grouped, more than the slots). */
+    hb_routes.grouped = hb_routes.refused = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t grouped = hb_routes.grouped, refused = hb_routes.refused;
+        moe_case_grouped(&cases[i]);
+        bool want_grouped =
+            !cases[i].skew && !(cases[i].ab == CT_DTYPE_BF16 && cases[i].c == CT_DTYPE_F32);
+        if (hb_routes.grouped - grouped != (want_grouped ? 1 : 0) ||
+            hb_routes.refused - refused != (want_grouped ? 0 : 1))
+            fail_msg("%s %s->%s%s: %lld grouped calls and %lld refused, want %s",
+                     moe_shape_names[cases[i].shape], ct_dtype_name(cases[i].ab),
+                     ct_dtype_name(cases[i].c), cases[i].skew ? " (misaligned)" : "",
+                     (long long)(hb_routes.grouped - grouped),
+                     (long long)(hb_routes.refused - refused),
+                     want_grouped ? "one grouped call" : "a refusal (GEMM by GEMM)");
+    }
+    for (int i = 0; i < n; i++) moe_case_loop(&cases[i]);
+    for (int i = 0; i < n; i++) moe_case_check(&cases[i], cpu);
+    for (int i = 0; i < n; i++) moe_case_free(&cases[i]);
+    ct_backend_free(cpu);
+    free(be);
+}
+
+/* The caller's host arrays may be reused the moment ct_cuda_gemm_grouped returns: overwritten
+ * (NULL pointers, zero sizes) before anything ran, the queued GEMMs still compute what the call
+ * asked. Two GEMMs of 8 × 8 × 8 in fp32, C = A·B, checked against a float64 product. */
+static void test_grouped_host_arrays(void **state) {
+    (void)state;
+    mat A[2], B[2], C[2];
+    int64_t mnk[6];
+    void *ptrs[6];
+    for (int i = 0; i < 2; i++) {
+        A[i] = mat_new(8, 8, 8, CT_DTYPE_F32, false, 0);
+        B[i] = mat_new(8, 8, 8, CT_DTYPE_F32, false, 0);
+        C[i] = mat_new(8, 8, 8, CT_DTYPE_F32, true, 0);
+        mnk[3 * i] = mnk[3 * i + 1] = mnk[3 * i + 2] = 8;
+        ptrs[3 * i] = A[i].dev, ptrs[3 * i + 1] = B[i].dev, ptrs[3 * i + 2] = C[i].dev;
+    }
+    assert_true(ct_cuda_gemm_grouped(gemm, 2, false, false, mnk, 1.0f, ptrs, 0.0f, CT_DTYPE_F32,
+                                     CT_DTYPE_F32));
+    memset(mnk, 0, sizeof mnk);
+    memset(ptrs, 0, sizeof ptrs);
+    for (int i = 0; i < 2; i++) {
+        mat_download(&C[i]);
+        for (int64_t r = 0; r < 8; r++)
+            for (int64_t c = 0; c < 8; c++) {
+                double s = 0.0, abs_s = 0.0;
+                for (int64_t k = 0; k < 8; k++) {
+                    double x = A[i].val[r * 8 + k], y = B[i].val[k * 8 + c];
+                    s += x * y, abs_s += fabs(x * y);
+                }
+                double got = mat_get(&C[i], (size_t)(r * 8 + c));
+                if (!isfinite(got) || !(fabs(got - s) <= 2.0 * 10 * ldexp(1.0, -24) * abs_s))
+                    fail_msg("GEMM %d C[%lld][%lld] = %.9g, want %.9g", i, (long long)r,
+                             (long long)c, got, s);
+            }
+        mat_free(&A[i]), mat_free(&B[i]), mat_free(&C[i]);
+    }
+}
+
 #ifdef CT_CUDA_EMU
 /* ---- the stand-ins' own contract (emulated build only) -------------------------------------- */
 
@@ -778,6 +1158,58 @@ static void test_emu_contract(void **state) {
 }
 #endif /* CT_CUDA_EMU */
 
+#ifdef CT_CUDA_EMU
+/* The grouped call's contract as the stand-in keeps it: the pointer arrays must be device memory
+ * (the library's kernels read them), no bf16 -> fp32 in its type table, the per-group argument
+ * checks, and zero groups doing nothing. */
+static void test_emu_grouped_contract(void **state) {
+    (void)state;
+    void *dev, *arrays;
+    CT_CUDA_CHECK(cudaMalloc(&dev, 4096));
+    CT_CUDA_CHECK(cudaMalloc(&arrays, 3 * sizeof(void *)));
+    void *host_arrays[3] = {dev, dev, dev};
+    CT_CUDA_CHECK(cudaMemcpy(arrays, host_arrays, sizeof host_arrays, cudaMemcpyHostToDevice));
+    const void *const *da = (const void *const *)arrays;
+    void *const *dc = (void *const *)arrays + 2;
+    cublasHandle_t h;
+    assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasSetStream(h, stream), CUBLAS_STATUS_SUCCESS);
+    const cublasOperation_t op[1] = {CUBLAS_OP_N};
+    const int four[1] = {4}, one[1] = {1}, three[1] = {3};
+    const float alpha[1] = {1.0f}, beta[1] = {0.0f};
+    /* device pointer arrays, fp32: accepted */
+    assert_int_equal(cublasGemmGroupedBatchedEx(h, op, op, four, four, four, alpha, da, CUDA_R_32F,
+                                                four, da + 1, CUDA_R_32F, four, beta, dc,
+                                                CUDA_R_32F, four, 1, one, CUBLAS_COMPUTE_32F),
+                     CUBLAS_STATUS_SUCCESS);
+    /* host pointer arrays */
+    assert_int_equal(cublasGemmGroupedBatchedEx(
+                         h, op, op, four, four, four, alpha, (const void *const *)host_arrays,
+                         CUDA_R_32F, four, (const void *const *)host_arrays + 1, CUDA_R_32F, four,
+                         beta, host_arrays + 2, CUDA_R_32F, four, 1, one, CUBLAS_COMPUTE_32F),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    /* bf16 inputs into an fp32 C: not in its table (cublasGemmEx has it) */
+    assert_int_equal(cublasGemmGroupedBatchedEx(h, op, op, four, four, four, alpha, da, CUDA_R_16BF,
+                                                four, da + 1, CUDA_R_16BF, four, beta, dc,
+                                                CUDA_R_32F, four, 1, one, CUBLAS_COMPUTE_32F),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    /* lda < m */
+    assert_int_equal(cublasGemmGroupedBatchedEx(h, op, op, four, four, four, alpha, da, CUDA_R_32F,
+                                                three, da + 1, CUDA_R_32F, four, beta, dc,
+                                                CUDA_R_32F, four, 1, one, CUBLAS_COMPUTE_32F),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    /* no groups: nothing to do */
+    assert_int_equal(cublasGemmGroupedBatchedEx(h, op, op, four, four, four, alpha, NULL,
+                                                CUDA_R_32F, four, NULL, CUDA_R_32F, four, beta,
+                                                NULL, CUDA_R_32F, four, 0, one, CUBLAS_COMPUTE_32F),
+                     CUBLAS_STATUS_SUCCESS);
+    CT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    assert_int_equal(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+    CT_CUDA_CHECK(cudaFree(arrays));
+    CT_CUDA_CHECK(cudaFree(dev));
+}
+#endif /* CT_CUDA_EMU */
+
 static int setup(void **state) {
     (void)state;
     /* Non-blocking: work issued on another stream (the legacy default one, say) is not ordered
@@ -798,13 +1230,21 @@ int main(int argc, char **argv) {
     verbose = getenv("TEST_CUDA_GEMM_VERBOSE") != NULL;
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_transposes_odd),      cmocka_unit_test(test_odd_shapes),
-        cmocka_unit_test(test_model_shapes),        cmocka_unit_test(test_alpha_beta),
-        cmocka_unit_test(test_fallback_ld),         cmocka_unit_test(test_fallback_pointer),
-        cmocka_unit_test(test_k_zero_alpha_zero),   cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_transposes_odd),
+        cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_model_shapes),
+        cmocka_unit_test(test_alpha_beta),
+        cmocka_unit_test(test_fallback_ld),
+        cmocka_unit_test(test_fallback_pointer),
+        cmocka_unit_test(test_k_zero_alpha_zero),
+        cmocka_unit_test(test_cache),
         cmocka_unit_test(test_bias_gelu),
+        cmocka_unit_test(test_grouped_moe),
+        cmocka_unit_test(test_grouped_host_arrays),
 #ifdef CT_CUDA_EMU
-        cmocka_unit_test(test_emu_epilogues_batch), cmocka_unit_test(test_emu_contract),
+        cmocka_unit_test(test_emu_epilogues_batch),
+        cmocka_unit_test(test_emu_contract),
+        cmocka_unit_test(test_emu_grouped_contract),
 #endif
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -356,6 +356,16 @@ void ct_tensor_to_host_f32(float *dst, const ct_tensor *src);
  * share a dtype; C is f32, or bf16 when A and B are. */
 void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a, bool trans_b,
              float alpha, float beta);
+/* count independent GEMMs C[i] = alpha·op(A[i])·op(B[i]) + beta·C[i], each as ct_gemm would do it
+ * (shapes checked the same way; one dtype pair for all), in one grouped call where the backend has
+ * gemm_grouped (CUDA: cublasGemmGroupedBatchedEx) and count > 1, else one ct_gemm each (the CPU's
+ * loop over OpenBLAS / oneDNN). GEMMs with an empty C are skipped, and the grouped slot gets the
+ * non-empty ones with K > 0 (K = 0, C = beta·C, goes through ct_gemm). The slot's operands are
+ * contiguous row-major: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N. Mixture of Experts:
+ * one call for the same projection of every local expert. */
+void ct_gemm_grouped(int count, ct_tensor *const *C, const ct_tensor *const *A,
+                     const ct_tensor *const *B, bool trans_a, bool trans_b, float alpha,
+                     float beta);
 /* The MLP up-projection and its GELU: pre(N,F) = x(N,C)·w(F,C)ᵀ + b(F), out(N,F) = GELU(pre)
  * (pre is what ct_gelu_bwd reads later). One fused op where the backend has gemm_bias_gelu, else
  * ct_bias_init(pre, b) + ct_gemm(pre, x, w, false, true, 1, 1) + ct_gelu_fwd(out, pre). All five

@@ -134,6 +134,20 @@ static void release_adamw(struct adamw_args *a) {
     free((void *)a->hp);
 }
 
+static void own_gemm_grouped(struct gemm_grouped_args *a) {
+    int64_t *mnk = ct_xmalloc((size_t)CT_MAX(a->count, 1) * 3 * sizeof *mnk);
+    void **ptrs = ct_xmalloc((size_t)CT_MAX(a->count, 1) * 3 * sizeof *ptrs);
+    memcpy(mnk, a->mnk, (size_t)a->count * 3 * sizeof *mnk);
+    memcpy(ptrs, a->ptrs, (size_t)a->count * 3 * sizeof *ptrs);
+    a->mnk = mnk;
+    a->ptrs = ptrs;
+}
+
+static void release_gemm_grouped(struct gemm_grouped_args *a) {
+    free((void *)a->mnk);
+    free((void *)a->ptrs);
+}
+
 static void own_sumsq(struct sumsq_args *a) {
     const float **x = ct_xmalloc((size_t)CT_MAX(a->count, 1) * sizeof *x);
     int64_t *n = ct_xmalloc((size_t)CT_MAX(a->count, 1) * sizeof *n);

@@ -100,6 +100,56 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
     prof_end(C, CT_PROF_GEMM, prof_t0_);
 }
 
+void ct_gemm_grouped(int count, ct_tensor *const *C, const ct_tensor *const *A,
+                     const ct_tensor *const *B, bool trans_a, bool trans_b, float alpha,
+                     float beta) {
+    if (count <= 0) return;
+    ct_tensor *C0 = C[0];
+    if (!IFACE(C0)->gemm_grouped || count == 1) {
+        for (int i = 0; i < count; i++)
+            if (ct_tensor_rows(C[i]) * ct_tensor_cols(C[i]) > 0)
+                ct_gemm(C[i], A[i], B[i], trans_a, trans_b, alpha, beta);
+        return;
+    }
+    int64_t *mnk = ct_xmalloc((size_t)count * 3 * sizeof *mnk);
+    void **ptrs = ct_xmalloc((size_t)count * 3 * sizeof *ptrs);
+    int n = 0;
+    for (int i = 0; i < count; i++) {
+        check_float(A[i], "gemm_grouped A");
+        check_like(B[i], A[0], "gemm_grouped B");
+        check_like(A[i], A[0], "gemm_grouped A");
+        check_like(C[i], C0, "gemm_grouped C");
+        check_same_backend(C0, A[i]);
+        check_same_backend(C0, B[i]);
+        check_same_backend(C0, C[i]);
+        const int64_t M = ROWS(C[i]), N = COLS(C[i]);
+        const int64_t K = trans_a ? ROWS(A[i]) : COLS(A[i]);
+        CT_ASSERTF((trans_a ? COLS(A[i]) : ROWS(A[i])) == M &&
+                       (trans_b ? COLS(B[i]) : ROWS(B[i])) == K &&
+                       (trans_b ? ROWS(B[i]) : COLS(B[i])) == N,
+                   "gemm_grouped shapes (GEMM %d): C %s = op(A %s)%s · op(B %s)%s", i, SH(C[i]),
+                   SH(A[i]), trans_a ? "^T" : "", SH(B[i]), trans_b ? "^T" : "");
+        if (M * N == 0) continue;
+        if (K == 0) { /* C = beta·C: the plain op says what that means */
+            ct_gemm(C[i], A[i], B[i], trans_a, trans_b, alpha, beta);
+            continue;
+        }
+        mnk[3 * n] = M, mnk[3 * n + 1] = N, mnk[3 * n + 2] = K;
+        ptrs[3 * n] = DATA(A[i]), ptrs[3 * n + 1] = DATA(B[i]), ptrs[3 * n + 2] = DATA(C[i]);
+        n++;
+    }
+    if (n > 0) {
+        CT_ASSERTF(C0->dtype == CT_DTYPE_F32 || A[0]->dtype == CT_DTYPE_BF16,
+                   "gemm_grouped: a bf16 C needs bf16 A and B, got A %s, C %s", SH(A[0]), SH(C0));
+        double prof_t0_ = prof_begin(C0);
+        IFACE(C0)->gemm_grouped(CTX(C0), n, trans_a, trans_b, mnk, alpha, ptrs, beta, DT(A[0]),
+                                DT(C0));
+        prof_end(C0, CT_PROF_GEMM, prof_t0_);
+    }
+    free(mnk);
+    free(ptrs);
+}
+
 void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const ct_tensor *w,
                        const ct_tensor *b) {
     check_float(x, "gemm_bias_gelu x");

@@ -51,6 +51,10 @@
       (bool, trans_a), (bool, trans_b), (int64_t, M), (int64_t, N), (int64_t, K), (float, alpha),  \
       (const void *, A), (int64_t, lda), (const void *, B), (int64_t, ldb), (float, beta),         \
       (void *, C), (int64_t, ldc), (ct_dtype, ab_dtype), (ct_dtype, c_dtype))                      \
+    /* count GEMMs of one call; mnk[3i..3i+2] and ptrs[3i..3i+2] (A, B, C) are host arrays */   \
+    X(gemm_grouped, CT_OP_OPTIONAL, CT_OP_HOST,                                                    \
+      (int, count), (bool, trans_a), (bool, trans_b), (const int64_t *, mnk), (float, alpha),      \
+      (void *const *, ptrs), (float, beta), (ct_dtype, ab_dtype), (ct_dtype, c_dtype))             \
     X(gemm_bias_gelu, CT_OP_OPTIONAL, CT_OP_ARGS,                                                  \
       (int64_t, M), (int64_t, N), (int64_t, K), (const void *, A), (int64_t, lda),                 \
       (const void *, B), (int64_t, ldb), (const void *, bias), (void *, pre), (int64_t, ldpre),    \

@@ -140,53 +140,126 @@ static ct_tensor *gate_up_of(const ct_model *m, const mlp_params *w, bool grads)
                              2 * w->gate->local_shape[0], m->C);
 }
 
-/* The MLP w on rows x: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up; Llama:
- * gate|up = x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), and y = g·W_downᵀ
- * (+ b_down on tp rank 0: once over the tp group) — written into y, or with `accumulate` added
- * to it (the shared experts' output onto the routed ones'). */
-static void mlp_forward(ct_model *m, const mlp_params *w, const ct_tensor *x, ct_tensor *h,
-                        ct_tensor *g, ct_tensor *y, bool accumulate) {
-    if (m->llama) {
-        ct_tensor *wgu = gate_up_of(m, w, false);
-        ct_gemm(h, x, wgu, false, true, 1.0f, 0.0f);
-        ct_tensor_free(wgu);
-        ct_swiglu_fwd(g, h);
-        ct_gemm(y, g, w->down->value, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
-        return;
+/* n MLPs at once (the routed experts that received rows, or the shared experts: n = 1), MLP i
+ * on rows x[i]: h the hidden before the activation (GPT-2: x·W_upᵀ + b_up; Llama: gate|up =
+ * x·Wguᵀ, twice as wide), g after it (GELU; silu(gate)·up), and y = g·W_downᵀ (+ b_down on tp
+ * rank 0: once over the tp group) — written into y, or with `accumulate` added to it (the shared
+ * experts' output onto the routed ones'). Each projection of all n MLPs is one grouped GEMM
+ * (ct_gemm_grouped: one cuBLAS call on CUDA, a loop on the CPU); the bias and activation ops run
+ * per MLP. Every MLP's arithmetic is that of one MLP alone: bias_init, then the GEMM accumulating
+ * onto it, as ct_gemm_bias(_gelu) compose it. */
+static void mlps_forward(ct_model *m, int n, const mlp_params *w, ct_tensor *const *x,
+                         ct_tensor *const *h, ct_tensor *const *g, ct_tensor *const *y,
+                         bool accumulate) {
+    if (n == 0) return;
+    const ct_tensor **W = ct_xmalloc((size_t)n * sizeof *W);
+    ct_tensor **own = ct_xcalloc((size_t)n, sizeof *own);
+    const bool bias = !m->llama && m->layout.tp_rank == 0;
+    for (int i = 0; i < n; i++) {
+        if (m->llama) {
+            W[i] = own[i] = gate_up_of(m, &w[i], false);
+        } else {
+            W[i] = w[i].up->value;
+            ct_bias_init(h[i], w[i].b_up->value, NULL);
+        }
     }
-    ct_gemm_bias_gelu(h, g, x, w->up->value, w->b_up->value);
-    const bool bias = m->layout.tp_rank == 0;
-    if (accumulate) {
-        if (bias) ct_bias_add(y, w->b_down->value);
-        ct_gemm(y, g, w->down->value, false, true, 1.0f, 1.0f);
-    } else if (bias) {
-        ct_gemm_bias(y, g, w->down->value, w->b_down->value);
-    } else {
-        ct_gemm(y, g, w->down->value, false, true, 1.0f, 0.0f);
+    ct_gemm_grouped(n, h, (const ct_tensor *const *)x, W, false, true, 1.0f,
+                    m->llama ? 0.0f : 1.0f);
+    for (int i = 0; i < n; i++) {
+        if (m->llama)
+            ct_swiglu_fwd(g[i], h[i]);
+        else
+            ct_gelu_fwd(g[i], h[i]);
+        W[i] = w[i].down->value;
+        if (bias && accumulate)
+            ct_bias_add(y[i], w[i].b_down->value);
+        else if (bias)
+            ct_bias_init(y[i], w[i].b_down->value, NULL);
     }
+    ct_model_poll(m);
+    ct_gemm_grouped(n, y, (const ct_tensor *const *)g, W, false, true, 1.0f,
+                    accumulate || bias ? 1.0f : 0.0f);
+    ct_model_poll(m);
+    for (int i = 0; i < n; i++) ct_tensor_free(own[i]);
+    free(own);
+    free(W);
 }
 
-/* Its backward from dy: parameter gradients accumulated (b_down's only where
- * `replicated_grads`), dg (rows, width/tp) and dh (h's shape) scratch, and ∂L/∂x written into dx
- * (which may be dy itself: read before) or with `accumulate` added to it. */
-static void mlp_backward(ct_model *m, const mlp_params *w, const ct_tensor *dy, const ct_tensor *x,
-                         const ct_tensor *h, const ct_tensor *g, ct_tensor *dg, ct_tensor *dh,
-                         ct_tensor *dx, bool accumulate, bool replicated_grads) {
-    const float beta = accumulate ? 1.0f : 0.0f;
-    ct_gemm(dg, dy, w->down->value, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
-    ct_gemm(w->down->grad, dy, g, true, false, 1.0f, 1.0f);
-    if (m->llama) {
-        ct_swiglu_bwd(dh, h, dg);
-        ct_tensor *wgu = gate_up_of(m, w, false), *dwgu = gate_up_of(m, w, true);
-        ct_gemm(dx, dh, wgu, false, false, 1.0f, beta); /* dx = dgu·Wgu */
-        ct_model_linear_bwd_params(dh, x, dwgu, NULL);
-        ct_tensor_free(wgu), ct_tensor_free(dwgu);
-        return;
+/* Their backward from dy[i]: parameter gradients accumulated (b_down's only where
+ * `replicated_grads`), dg (rows, width/tp) and dh (h's shape) scratch, and ∂L/∂x written into
+ * dx[i] (which may be dy[i] itself: every read of dy comes first) or with `accumulate` added to
+ * it. Grouped like the forward; every MLP's arithmetic is that of one MLP alone. */
+static void mlps_backward(ct_model *m, int n, const mlp_params *w, ct_tensor *const *dy,
+                          ct_tensor *const *x, ct_tensor *const *h, ct_tensor *const *g,
+                          ct_tensor *const *dg, ct_tensor *const *dh, ct_tensor *const *dx,
+                          bool accumulate, bool replicated_grads) {
+    if (n == 0) return;
+    const ct_tensor **W = ct_xmalloc((size_t)n * sizeof *W);
+    ct_tensor **dW = ct_xmalloc((size_t)n * sizeof *dW);
+    ct_tensor **own = ct_xcalloc((size_t)(2 * n), sizeof *own);
+    const ct_tensor *const *cdy = (const ct_tensor *const *)dy;
+    for (int i = 0; i < n; i++) W[i] = w[i].down->value, dW[i] = w[i].down->grad;
+    ct_gemm_grouped(n, dg, cdy, W, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
+    ct_gemm_grouped(n, dW, cdy, (const ct_tensor *const *)g, true, false, 1.0f, 1.0f);
+    for (int i = 0; i < n; i++) {
+        if (m->llama) {
+            ct_swiglu_bwd(dh[i], h[i], dg[i]);
+            W[i] = own[i] = gate_up_of(m, &w[i], false);
+            dW[i] = own[n + i] = gate_up_of(m, &w[i], true);
+            continue;
+        }
+        if (replicated_grads) ct_bias_grad(w[i].b_down->grad, dy[i]);
+        ct_gelu_bwd(dh[i], w[i].b_up->grad, h[i], dg[i]); /* dh, and b_up's gradient */
+        W[i] = w[i].up->value, dW[i] = w[i].up->grad;
     }
-    if (replicated_grads) ct_bias_grad(w->b_down->grad, dy);
-    ct_gelu_bwd(dh, w->b_up->grad, h, dg);                   /* dh, and b_up's gradient */
-    ct_gemm(dx, dh, w->up->value, false, false, 1.0f, beta); /* dx = dh·W_up */
-    ct_model_linear_bwd_params(dh, x, w->up->grad, NULL);
+    ct_model_poll(m);
+    const ct_tensor *const *cdh = (const ct_tensor *const *)dh;
+    ct_gemm_grouped(n, dx, cdh, W, false, false, 1.0f, accumulate ? 1.0f : 0.0f); /* dh·W_up */
+    ct_gemm_grouped(n, dW, cdh, (const ct_tensor *const *)x, true, false, 1.0f, 1.0f);
+    ct_model_poll(m);
+    for (int i = 0; i < 2 * n; i++) ct_tensor_free(own[i]);
+    free(own), free(W), free(dW);
+}
+
+/* The routed experts of layer l that received rows in plan: their parameters, and views of their
+ * rows of the expert-major buffers (one array per buffer, NULL-free; free with experts_free). */
+typedef struct experts {
+    int n;
+    mlp_params *w;
+    int64_t *r0, *rows; /* each one's first row and rows */
+} experts;
+
+static experts experts_with_rows(const ct_model *m, int l, const ct_moe_plan *plan) {
+    const int El = (int)(m->mc.moe_experts / m->layout.ep_size);
+    experts e = {.w = ct_xcalloc((size_t)El, sizeof(mlp_params)),
+                 .r0 = ct_xcalloc((size_t)El, sizeof(int64_t)),
+                 .rows = ct_xcalloc((size_t)El, sizeof(int64_t))};
+    for (int j = 0; j < El; j++) {
+        const int64_t n = ct_moe_plan_expert_rows(plan, j);
+        if (!n) continue;
+        e.w[e.n] = expert_mlp(m, l, j);
+        e.r0[e.n] = ct_moe_plan_expert_offset(plan, j);
+        e.rows[e.n++] = n;
+    }
+    return e;
+}
+
+/* Each expert's rows of buf ((rows, width), expert-major). */
+static ct_tensor **expert_views(const experts *e, const ct_tensor *buf) {
+    const int64_t width = ct_tensor_cols(buf);
+    ct_tensor **v = ct_xcalloc((size_t)CT_MAX(e->n, 1), sizeof *v);
+    for (int i = 0; i < e->n; i++)
+        v[i] = ct_tensor_view_2d(buf, e->r0[i] * width, e->rows[i], width);
+    return v;
+}
+
+static void views_free(ct_tensor **v, int n) {
+    for (int i = 0; i < n; i++) ct_tensor_free(v[i]);
+    free(v);
+}
+
+static void experts_free(experts *e) {
+    free(e->w), free(e->r0), free(e->rows);
 }
 
 /* The index of layer l among this rank's MoE layers (for the step's statistics). */
@@ -209,7 +282,6 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_moe_acts *ma = la->moe;
     const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k;
     const int64_t N = ct_tensor_rows(la->ln2), Fl = p->moe_experts->local_shape[0];
-    const int El = (int)(E / m->layout.ep_size);
     ma->N = N;
 
     /* The router: logits in fp32 on the backend, choices on the host. */
@@ -280,20 +352,14 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     const bool timed = a->dloss != 0.0f; /* training (the step's clock), not evaluation */
     if (timed) m->moe_route_seconds += ct_now() - t0;
     t0 = ct_now();
-    /* The experts, one GEMM pair each over the rows it received. */
-    for (int j = 0; j < El; j++) {
-        const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
-                      n = ct_moe_plan_expert_rows(ma->plan, j);
-        if (!n) continue;
-        ct_tensor *xj = ct_tensor_view_2d(xe, r0 * C, n, C),
-                  *yj = ct_tensor_view_2d(ye, r0 * C, n, C);
-        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Hl, n, Hl),
-                  *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
-        const mlp_params w = expert_mlp(m, l, j);
-        mlp_forward(m, &w, xj, hj, gj, yj, false);
-        ct_tensor_free(xj), ct_tensor_free(yj), ct_tensor_free(hj), ct_tensor_free(gj);
-        ct_model_poll(m);
-    }
+    /* The experts, each over the rows it received: every projection one grouped GEMM. */
+    experts ex = experts_with_rows(m, l, ma->plan);
+    ct_tensor **xv = expert_views(&ex, xe), **hv = expert_views(&ex, h),
+              **gv = expert_views(&ex, g);
+    ct_tensor **yv = expert_views(&ex, ye);
+    mlps_forward(m, ex.n, ex.w, xv, hv, gv, yv, false);
+    views_free(xv, ex.n), views_free(hv, ex.n), views_free(gv, ex.n), views_free(yv, ex.n);
+    experts_free(&ex);
 
     /* Combine: the rows back to their tokens, gate-weighted, slot order. */
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_FORWARD);
@@ -317,7 +383,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
         ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
         const mlp_params w = shared_mlp(m, l);
-        mlp_forward(m, &w, la->ln2, sh, sg, y, true);
+        ct_tensor *x = (ct_tensor *)la->ln2;
+        mlps_forward(m, 1, &w, &x, &sh, &sg, &y, true);
         ct_tensor_free(sh), ct_tensor_free(sg);
     }
     if (m->layout.sequence_parallel && m->layout.tp_size > 1) {
@@ -338,7 +405,6 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     CT_ASSERTF(ma && ma->plan, "layer %d: MoE backward without its forward", l);
     const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k, N = ma->N;
     const int64_t Fl = p->moe_experts->local_shape[0], rows = ct_moe_plan_rows(ma->plan);
-    const int El = (int)(E / m->layout.ep_size);
     const bool tp0 = m->layout.tp_rank == 0;
     /* replicated gradients: every tp rank's are the same; summed over tp under SP */
     const bool replicated_grads = tp0 || !m->layout.sequence_parallel;
@@ -369,22 +435,14 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     ct_tensor *dg = grown_view(m, &ma->t_dg, m->dtype, rows, Fl);
     m->moe_route_seconds += ct_now() - t0;
     t0 = ct_now();
-    for (int j = 0; j < El; j++) {
-        const int64_t r0 = ct_moe_plan_expert_offset(ma->plan, j),
-                      n = ct_moe_plan_expert_rows(ma->plan, j);
-        if (!n) continue;
-        ct_tensor *dyj = ct_tensor_view_2d(dye, r0 * C, n, C),
-                  *xj = ct_tensor_view_2d(xe, r0 * C, n, C);
-        ct_tensor *hj = ct_tensor_view_2d(h, r0 * Hl, n, Hl),
-                  *gj = ct_tensor_view_2d(g, r0 * Fl, n, Fl);
-        ct_tensor *dhj = ct_tensor_view_2d(dh, r0 * Hl, n, Hl),
-                  *dgj = ct_tensor_view_2d(dg, r0 * Fl, n, Fl);
-        const mlp_params w = expert_mlp(m, l, j); /* dxe over dye */
-        mlp_backward(m, &w, dyj, xj, hj, gj, dgj, dhj, dyj, false, replicated_grads);
-        ct_tensor_free(dyj), ct_tensor_free(xj), ct_tensor_free(hj), ct_tensor_free(gj);
-        ct_tensor_free(dhj), ct_tensor_free(dgj);
-        ct_model_poll(m);
-    }
+    experts ex = experts_with_rows(m, l, ma->plan); /* dxe over dye */
+    ct_tensor **dyv = expert_views(&ex, dye), **xv = expert_views(&ex, xe);
+    ct_tensor **hv = expert_views(&ex, h), **gv = expert_views(&ex, g);
+    ct_tensor **dhv = expert_views(&ex, dh), **dgv = expert_views(&ex, dg);
+    mlps_backward(m, ex.n, ex.w, dyv, xv, hv, gv, dgv, dhv, dyv, false, replicated_grads);
+    views_free(dyv, ex.n), views_free(xv, ex.n), views_free(hv, ex.n), views_free(gv, ex.n);
+    views_free(dhv, ex.n), views_free(dgv, ex.n);
+    experts_free(&ex);
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
     m->moe_expert_seconds += ct_now() - t0;
     m->moe_expert_flops += 4.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
@@ -402,7 +460,8 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
         ct_tensor *sdh = grown_view(m, &ma->t_sdh, m->dtype, N, Hs);
         ct_tensor *sdg = grown_view(m, &ma->t_sdg, m->dtype, N, Fs);
         const mlp_params w = shared_mlp(m, l);
-        mlp_backward(m, &w, dy, la->ln2, sh, sg, sdg, sdh, s->dln, true, replicated_grads);
+        ct_tensor *dyc = (ct_tensor *)dy, *x = (ct_tensor *)la->ln2;
+        mlps_backward(m, 1, &w, &dyc, &x, &sh, &sg, &sdg, &sdh, &s->dln, true, replicated_grads);
         ct_tensor_free(sh), ct_tensor_free(sg), ct_tensor_free(sdh), ct_tensor_free(sdg);
     }
 

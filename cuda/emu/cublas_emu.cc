@@ -57,6 +57,16 @@
  *   - Every operand, the bias, the aux matrix and the workspace must be device memory
  *     (cuemu_is_device_pointer, over the whole extent the call reads or writes): anything else
  *     is INVALID_VALUE with a message naming the operand — the classic host-pointer bug.
+ *   - cublasGemmGroupedBatchedEx: the per-group arrays (transposes, m, n, k, leading dimensions,
+ *     alpha, beta, group sizes) are host memory read during the call, checked as the library
+ *     documents (INVALID_VALUE); its type table has no 16BF -> 32F (NOT_SUPPORTED: A = B = C in
+ *     32F or 16BF under CUBLAS_COMPUTE_32F; _PEDANTIC and _FAST_TF32 for 32F). The A/B/C pointer
+ *     arrays must be device memory, and are read when the stream reaches the work, as the
+ *     library's kernels read them: a pointer that is not device memory then, a pointer the
+ *     documented alignment rule refuses (16-bit types: 16 bytes when k's byte size is a multiple
+ *     of 16, 4 when of 4) or overlapping C matrices abort with a message (on a GPU: an illegal
+ *     or misaligned address, or undefined results). Each problem is computed exactly as
+ *     cublasGemmEx computes it, so grouped and single GEMMs agree bit for bit.
  *   - alpha and beta are host pointers (the default pointer mode), read during the call. The
  *     work is enqueued on the stream (cuemu_stream_enqueue) and runs when the emulator drains
  *     the stream, so a missing synchronisation shows up as a wrong result.
@@ -79,6 +89,8 @@
 #include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -965,5 +977,168 @@ cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_
     if (!check_device(fn, "C", C, extent(m, n, ldc, 1, 0), es_c))
         return CUBLAS_STATUS_INVALID_VALUE;
     cuemu_stream_enqueue(h.stream, [g]() { g.run(); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+
+/* One problem of a grouped call, fully described at the call but for its three matrix pointers,
+ * which the library reads from the device pointer arrays when the stream reaches the work. */
+struct GroupedProblem {
+    Gemm g;
+    int group;
+};
+
+[[noreturn]] void grouped_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void grouped_fault(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "cublas_emu: cublasGemmGroupedBatchedEx, running on its stream: %s\n", msg);
+    abort();
+}
+
+/* What a grouped call's kernels do on the device: read each problem's pointers from the arrays
+ * (as they are now), fault on an operand that is not device memory, a pointer the documented
+ * alignment rule refuses, or overlapping C matrices, then compute each problem as cublasGemmEx
+ * would (the same Gemm::run). */
+void grouped_run(const std::vector<GroupedProblem> &problems, const void *const *Aarray,
+                 const void *const *Barray, void *const *Carray, bool align_rule) {
+    const size_t count = problems.size();
+    std::vector<std::pair<uintptr_t, uintptr_t>> written; /* [begin, end) of each C */
+    std::vector<Gemm> gs(count);
+    for (size_t idx = 0; idx < count; idx++) {
+        Gemm g = problems[idx].g;
+        g.a = Aarray[idx], g.b = Barray[idx], g.c = Carray[idx], g.d = Carray[idx];
+        gs[idx] = g;
+        if (g.m == 0 || g.n == 0) continue;
+        const bool read_ab = g.k > 0 && g.alpha != 0.0f;
+        const bool touch_c = !((g.alpha == 0.0f || g.k == 0) && g.beta == 1.0f);
+        const size_t es_ab = type_size(g.ta_type), es_c = type_size(g.c_type);
+        const int64_t ea = extent(g.ta ? g.k : g.m, g.ta ? g.m : g.k, g.lda, 1, 0);
+        const int64_t eb = extent(g.tb ? g.n : g.k, g.tb ? g.k : g.n, g.ldb, 1, 0);
+        const int64_t ec = extent(g.m, g.n, g.ldc, 1, 0);
+        const void *ops[3] = {g.a, g.b, g.c};
+        const int64_t bytes[3] = {(int64_t)(ea * es_ab), (int64_t)(eb * es_ab),
+                                  (int64_t)(ec * es_c)};
+        const bool used[3] = {read_ab, read_ab, touch_c};
+        static const char *const names[3] = {"A", "B", "C"};
+        for (int o = 0; o < 3; o++) {
+            if (!used[o]) continue;
+            if (ops[o] == nullptr || !cuemu_is_device_pointer(ops[o], (size_t)bytes[o]))
+                grouped_fault("problem %zu (group %d): %sarray[%zu] = %p (%lld bytes) is not "
+                              "device memory: an illegal address on a GPU (a host pointer, or "
+                              "pointer arrays not yet, or no longer, holding this call's "
+                              "pointers when it ran)",
+                              idx, problems[idx].group, names[o], idx, ops[o], (long long)bytes[o]);
+            /* The documented rule for 16-bit types and FAST compute types. */
+            const size_t kb = (size_t)g.k * es_ab;
+            const uintptr_t need = kb % 16 == 0 ? 16 : kb % 4 == 0 ? 4 : 1;
+            if (align_rule && (uintptr_t)ops[o] % need != 0)
+                grouped_fault("problem %zu (group %d): %s = %p is not %zu-byte aligned (k = %lld "
+                              "elements of %zu bytes): a misaligned address on a GPU",
+                              idx, problems[idx].group, names[o], ops[o], (size_t)need,
+                              (long long)g.k, es_ab);
+        }
+        if (touch_c) written.push_back({(uintptr_t)g.c, (uintptr_t)g.c + (uintptr_t)bytes[2]});
+    }
+    std::sort(written.begin(), written.end());
+    for (size_t i = 1; i < written.size(); i++)
+        if (written[i].first < written[i - 1].second)
+            grouped_fault("two C matrices overlap (%p and %p): undefined behaviour in the "
+                          "library (the problems must be independent)",
+                          (void *)written[i - 1].first, (void *)written[i].first);
+    for (size_t idx = 0; idx < count; idx++) {
+        const Gemm &g = gs[idx];
+        if (g.m == 0 || g.n == 0) continue;
+        if ((g.alpha == 0.0f || g.k == 0) && g.beta == 1.0f) continue; /* as cublasGemmEx */
+        g.run();
+    }
+}
+
+} // namespace
+
+cublasStatus_t CUBLASWINAPI cublasGemmGroupedBatchedEx(
+    cublasHandle_t handle, const cublasOperation_t transa_array[],
+    const cublasOperation_t transb_array[], const int m_array[], const int n_array[],
+    const int k_array[], const void *alpha_array, const void *const Aarray[], cudaDataType_t Atype,
+    const int lda_array[], const void *const Barray[], cudaDataType_t Btype, const int ldb_array[],
+    const void *beta_array, void *const Carray[], cudaDataType_t Ctype, const int ldc_array[],
+    int group_count, const int group_size[], cublasComputeType_t computeType) {
+    const char *fn = __func__;
+    if (!alive(handle, Kind::blas_handle))
+        return fail(CUBLAS_STATUS_NOT_INITIALIZED, fn, "not a live cuBLAS handle");
+    const BlasHandle &h = *reinterpret_cast<const BlasHandle *>(handle);
+    /* The documented INVALID_VALUE checks: the host arrays, then each group. */
+    if (!transa_array || !transb_array || !m_array || !n_array || !k_array || !alpha_array ||
+        !lda_array || !ldb_array || !beta_array || !ldc_array || !group_size)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "a NULL per-group array");
+    if (group_count < 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group_count %d", group_count);
+    for (int i = 0; i < group_count; i++) {
+        const int m = m_array[i], n = n_array[i], k = k_array[i];
+        if (m < 0 || n < 0 || k < 0 || group_size[i] < 0)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group %d: m %d n %d k %d group_size %d",
+                        i, m, n, k, group_size[i]);
+        if (!op_ok(transa_array[i]) || !op_ok(transb_array[i]))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group %d: transa %d / transb %d", i,
+                        (int)transa_array[i], (int)transb_array[i]);
+        const bool ta = transa_array[i] != CUBLAS_OP_N, tb = transb_array[i] != CUBLAS_OP_N;
+        if (lda_array[i] < std::max(1, ta ? k : m))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group %d: lda %d < max(1, %d)", i,
+                        lda_array[i], ta ? k : m);
+        if (ldb_array[i] < std::max(1, tb ? n : k))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group %d: ldb %d < max(1, %d)", i,
+                        ldb_array[i], tb ? n : k);
+        if (ldc_array[i] < std::max(1, m))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "group %d: ldc %d < max(1, %d)", i,
+                        ldc_array[i], m);
+    }
+    /* The documented type table (of the types emulated): CUBLAS_COMPUTE_32F with A = B = C in
+     * 32F or in 16BF; _PEDANTIC and _FAST_TF32 with 32F only. No 16BF -> 32F, unlike
+     * cublasGemmEx. Scale type CUDA_R_32F. */
+    Gemm proto;
+    const bool types_ok =
+        Atype == Btype && Atype == Ctype && (Atype == CUDA_R_32F || Atype == CUDA_R_16BF);
+    const bool compute_ok = computeType == CUBLAS_COMPUTE_32F ||
+                            (Atype == CUDA_R_32F && (computeType == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                                                     computeType == CUBLAS_COMPUTE_32F_FAST_TF32));
+    if (!types_ok || !compute_ok || !compute_rounding(computeType, &proto.rounding))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                    "types A %d B %d C %d with compute type %d not supported (A = B = C in 32F "
+                    "or 16BF under CUBLAS_COMPUTE_32F)",
+                    (int)Atype, (int)Btype, (int)Ctype, (int)computeType);
+    if (computeType == CUBLAS_COMPUTE_32F && (h.math_mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH)
+        proto.rounding = InputRounding::tf32; /* the handle allows TF32 for fp32 inputs */
+    proto.ta_type = Atype, proto.c_type = Ctype;
+
+    /* Every problem, described now: the per-group arrays and the scalars are host memory, read
+     * during the call (host pointer mode). */
+    const float *alphas = static_cast<const float *>(alpha_array);
+    const float *betas = static_cast<const float *>(beta_array);
+    std::vector<GroupedProblem> problems;
+    for (int i = 0; i < group_count; i++)
+        for (int j = 0; j < group_size[i]; j++) {
+            GroupedProblem p{proto, i};
+            Gemm &g = p.g;
+            g.ta = transa_array[i] != CUBLAS_OP_N, g.tb = transb_array[i] != CUBLAS_OP_N;
+            g.m = m_array[i], g.n = n_array[i], g.k = k_array[i];
+            g.alpha = alphas[i], g.beta = betas[i];
+            g.lda = lda_array[i], g.ldb = ldb_array[i], g.ldc = ldc_array[i], g.ldd = ldc_array[i];
+            problems.push_back(p);
+        }
+    if (problems.empty()) return CUBLAS_STATUS_SUCCESS;
+    /* The pointer arrays are device memory, read by the library's kernels when they run. */
+    const size_t array_bytes = problems.size() * sizeof(void *);
+    if (!check_device(fn, "Aarray", Aarray, 1, array_bytes) ||
+        !check_device(fn, "Barray", Barray, 1, array_bytes) ||
+        !check_device(fn, "Carray", Carray, 1, array_bytes))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const bool align_rule = Atype == CUDA_R_16BF || computeType == CUBLAS_COMPUTE_32F_FAST_TF32;
+    cuemu_stream_enqueue(h.stream, [problems, Aarray, Barray, Carray, align_rule]() {
+        grouped_run(problems, Aarray, Barray, Carray, align_rule);
+    });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -17,7 +17,6 @@
  */
 #include "cuda/backend_cuda.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,8 +65,6 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     return cx->workspace[slot];
 }
 
-static void host_wait(cudaStream_t stream, cudaEvent_t event);
-
 /* ---- memory -------------------------------------------------------------------------------- */
 
 static void *cuda_alloc(void *ctx, size_t bytes) {
@@ -92,13 +89,13 @@ static void cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float val
 static void cuda_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
-    host_wait(cx->stream, NULL);
+    ct_cuda_host_wait(cx->stream, NULL);
 }
 
 static void cuda_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
-    host_wait(cx->stream, NULL);
+    ct_cuda_host_wait(cx->stream, NULL);
 }
 
 static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
@@ -358,35 +355,14 @@ static void cuda_event_record(void *ctx, int event) {
     CT_CUDA_CHECK(cudaEventRecord(cx->events[event], cx->stream));
 }
 
-/* The host waits for the stream (or an event on it). While NCCL groups exist (the idle hook is
- * set, common.h) it polls and runs the hook between polls: their watchdog sees a collective that
- * never finishes instead of the host blocking in the runtime for ever, and under the emulator
- * their streams move on. */
-static void host_wait(cudaStream_t stream, cudaEvent_t event) {
-    if (!ct_idle_hooked()) {
-        if (event)
-            CT_CUDA_CHECK(cudaEventSynchronize(event));
-        else
-            CT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        return;
-    }
-    for (;;) {
-        cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
-        if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) CT_CUDA_CHECK(e);
-        ct_idle();
-        sched_yield();
-    }
-}
-
 static void cuda_event_wait(void *ctx, int event) {
     ct_cuda_ctx *cx = ctx;
-    host_wait(cx->stream, cx->events[event]);
+    ct_cuda_host_wait(cx->stream, cx->events[event]);
 }
 
 static void cuda_sync(void *ctx) {
     ct_cuda_ctx *cx = ctx;
-    host_wait(cx->stream, NULL);
+    ct_cuda_host_wait(cx->stream, NULL);
 }
 
 /* ---- the device ---------------------------------------------------------------------------- */

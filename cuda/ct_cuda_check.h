@@ -22,6 +22,12 @@ extern "C" {
 __attribute__((noreturn)) void ct_cuda_fail(const char *lib, const char *what, const char *name,
                                             const char *call, const char *file, int line);
 
+/* The host waits for the stream (event NULL) or for an event on it. While NCCL groups exist (the
+ * idle hook is set, core/common.h) it polls and runs the hook between polls: their watchdog sees
+ * a collective that never finishes instead of the host blocking in the runtime for ever, and under
+ * the emulator their streams move on. (backend_cuda.c's waits, gemm.c's grouped staging.) */
+void ct_cuda_host_wait(cudaStream_t stream, cudaEvent_t event);
+
 #ifdef __cplusplus
 }
 #endif

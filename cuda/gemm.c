@@ -36,7 +36,6 @@
 #include "cuda/gemm.h"
 
 #include <limits.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -409,30 +408,11 @@ bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, con
 
 /* ---- the grouped call ------------------------------------------------------------------------ */
 
-/* The host waits for `event` (NULL: for the stream), as backend_cuda.c's host_wait does: while
- * NCCL groups exist (the idle hook is set) it polls and runs the hook between polls. */
-static void host_wait(cudaStream_t stream, cudaEvent_t event) {
-    if (!ct_idle_hooked()) {
-        if (event)
-            CT_CUDA_CHECK(cudaEventSynchronize(event));
-        else
-            CT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        return;
-    }
-    for (;;) {
-        cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
-        if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) CT_CUDA_CHECK(e);
-        ct_idle();
-        sched_yield();
-    }
-}
-
 /* Frees the grouped call's buffers, once nothing queued reads them: the staging slots are read by
  * queued copies, the device buffer by queued grouped GEMMs. */
 static void grouped_release(ct_cuda_gemm_ctx *g) {
     if (g->grouped_cap == 0) return;
-    host_wait(g->stream, NULL);
+    ct_cuda_host_wait(g->stream, NULL);
     CT_CUDA_CHECK(cudaFreeHost(g->grouped_stage));
     CT_CUDA_CHECK(cudaFree(g->grouped_dev));
     free(g->grouped_op_x), free(g->grouped_op_y);
@@ -510,7 +490,7 @@ bool ct_cuda_gemm_grouped(ct_cuda_gemm_ctx *g, int count, bool trans_a, bool tra
     /* The slot's previous copy must have read it before we overwrite it (the top of the file). */
     int slot = g->grouped_slot;
     g->grouped_slot = (slot + 1) % CT_GEMM_GROUPED_SLOTS;
-    host_wait(g->stream, g->grouped_copied[slot]);
+    ct_cuda_host_wait(g->stream, g->grouped_copied[slot]);
     void **stage = g->grouped_stage + (size_t)slot * 3 * (size_t)g->grouped_cap;
     for (int i = 0; i < count; i++) {
         stage[i] = ptrs[3 * i + 1];             /* x: B */

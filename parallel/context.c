@@ -11,6 +11,9 @@
 
 static int world_rank = 0, world_size = 1;
 static int local_rank = 0, local_size = 1;
+/* host_of[r]: the host (MPI_COMM_TYPE_SHARED node) of world rank r, numbered by first appearance
+ * in rank order; n_hosts of them. NULL without MPI (one host). */
+static int *host_of = NULL, n_hosts = 1;
 
 ct_status ct_mpi_init(int *argc, char ***argv) {
     int initialized = 0;
@@ -45,7 +48,15 @@ ct_status ct_mpi_init(int *argc, char ***argv) {
                                      MPI_INFO_NULL, &node));
     CT_MPI_CHECK(MPI_Comm_rank(node, &local_rank));
     CT_MPI_CHECK(MPI_Comm_size(node, &local_size));
+    /* Which ranks share a host: each rank names its host by the lowest world rank on it. */
+    int leader = world_rank;
+    CT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node));
     CT_MPI_CHECK(MPI_Comm_free(&node));
+    host_of = ct_xmalloc((size_t)world_size * sizeof *host_of);
+    CT_MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, host_of, 1, MPI_INT, MPI_COMM_WORLD));
+    n_hosts = 0;
+    for (int r = 0; r < world_size; r++) /* leaders become 0, 1, ... in rank order */
+        host_of[r] = host_of[r] == r ? n_hosts++ : host_of[host_of[r]];
     return CT_OK;
 }
 
@@ -69,6 +80,12 @@ int ct_mpi_local_rank(void) {
 }
 int ct_mpi_local_size(void) {
     return local_size;
+}
+int ct_mpi_host_count(void) {
+    return n_hosts;
+}
+int ct_mpi_host_of(int world_rank_r) {
+    return host_of && world_rank_r >= 0 && world_rank_r < world_size ? host_of[world_rank_r] : 0;
 }
 
 void ct_mpi_abort(int exit_code) {
@@ -237,8 +254,56 @@ static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
     fputc('\n', out);
 }
 
+/* How many groups of `kind` have members on more than one host. */
+static int groups_spanning_hosts(const ct_pctx *p, group_kind kind) {
+    int n = p->world_size, key, spanning = 0;
+    grid g = grid_of(p);
+    for (int r = 0; r < n; r++) {
+        int color = group_color(kind, r, g, &key);
+        bool first = color >= 0, spans = false;
+        for (int s = 0; s < n && first; s++) {
+            if (group_color(kind, s, g, &key) != color) continue;
+            if (s < r) first = false;
+            if (ct_mpi_host_of(s) != ct_mpi_host_of(r)) spans = true;
+        }
+        spanning += first && spans;
+    }
+    return spanning;
+}
+
+/* "hosts: 2 (ranks per host: 2 2); tp groups within a host, dp groups across hosts, ..." */
+static void print_hosts(const ct_pctx *p, FILE *out) {
+    int hosts = ct_mpi_host_count();
+    fprintf(out, "hosts: %d (ranks per host:", hosts);
+    for (int h = 0; h < hosts; h++) {
+        int ranks = 0;
+        for (int r = 0; r < p->world_size; r++) ranks += ct_mpi_host_of(r) == h;
+        fprintf(out, " %d", ranks);
+    }
+    fputc(')', out);
+    if (hosts > 1) {
+        const group_kind shown[] = {GROUP_TP, GROUP_CP, GROUP_PP, GROUP_DP, GROUP_EP};
+        const int sizes[] = {p->tp, p->cp, p->pp, p->dp, p->ep};
+        const char *sep = ";";
+        for (int i = 0; i < 5; i++) {
+            if (sizes[i] <= 1) continue;
+            fprintf(out, "%s %s groups %s", sep, group_names[shown[i]],
+                    groups_spanning_hosts(p, shown[i]) ? "across hosts" : "within a host");
+            sep = ",";
+        }
+        /* tp all-reduces run at every layer, on the critical path: they want one host's links */
+        if (p->tp > 1 && groups_spanning_hosts(p, GROUP_TP))
+            fprintf(out,
+                    " (tp across hosts is slow: give each host a multiple of tp=%d ranks, "
+                    "filled in rank order, e.g. mpirun --map-by slot)",
+                    p->tp);
+    }
+    fputc('\n', out);
+}
+
 void ct_pctx_print(const ct_pctx *p, FILE *out) {
     if (p->world_rank != 0) return;
+    print_hosts(p, out);
     if (p->cp > 1)
         fprintf(out,
                 "grid: world %d = tp %d x cp %d x pp %d x dp %d (rank = tp_rank + tp*(cp_rank + "

@@ -40,6 +40,10 @@ int ct_mpi_world_size(void);
 /* Ranks of this job on this node (MPI_Comm_split_type shared) and this rank's index among them. */
 int ct_mpi_local_size(void);
 int ct_mpi_local_rank(void);
+/* The hosts of the job (nodes in MPI_COMM_TYPE_SHARED's sense), and world rank r's host,
+ * numbered 0, 1, ... in the order of their lowest rank; 1 and 0 without MPI. */
+int ct_mpi_host_count(void);
+int ct_mpi_host_of(int world_rank_r);
 /* Ends every rank of the job now (MPI_Abort), after printing the pending error on this rank. */
 __attribute__((noreturn)) void ct_mpi_abort(int exit_code);
 

@@ -336,7 +336,7 @@ signal_run() {
         kill -"$sig" "$pid"
     fi
     # no hang: the job must be gone within 60 s of the signal
-    (sleep 60 && kill -9 "$pid" 2>/dev/null) &
+    (sleep 60 && kill -9 "$pid") >/dev/null 2>&1 & # (its sleep must not hold our output open)
     local guard=$!
     wait "$pid"
     local rc=$?
@@ -377,7 +377,7 @@ SH
     pid=$! waited=0
     while ! grep -q "^step " "$d/out.txt" && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
     kill -USR1 "$pid"
-    (sleep 60 && kill -9 "$pid" 2>/dev/null) &
+    (sleep 60 && kill -9 "$pid") >/dev/null 2>&1 & # (its sleep must not hold our output open)
     guard=$!
     wait "$pid"
     rc=$?

@@ -30,6 +30,7 @@
 #include "cuda/backend_cuda.h"
 #include "cuda/comm_nccl.h"
 #include "cuda/plugin.h"
+#include "parallel/diagnose.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
 #include "parallel/plan.h"
@@ -162,6 +163,14 @@ static const char inspect_help[] =
     "usage: cooktrain inspect DIR\n"
     "print a checkpoint's train state and tensors and verify every checksum; DIR is a\n"
     "checkpoint.dir/step-N directory.\n";
+
+static const char diagnose_help[] =
+    "usage: cooktrain diagnose RUN_DIR\n"
+    "read the flight records every rank of a failed or hung job wrote (RUN_DIR/flight/rank-R.txt:\n"
+    "on a watchdog timeout, an MPI or NCCL error, SIGTERM or SIGUSR2) and name the first "
+    "operation\n"
+    "some rank entered and another never did: the rank, group, op and sequence number. RUN_DIR is\n"
+    "the job's log.run_dir, or the directory it ran in when that was not set.\n";
 
 static const char sample_help[] =
     "usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]"
@@ -466,6 +475,20 @@ static ct_status cmd_inspect(int argc, char **argv) {
     return ct_ckpt_inspect(step_dir, stdout);
 }
 
+/* `cooktrain diagnose RUN_DIR`. */
+static ct_status cmd_diagnose(int argc, char **argv) {
+    const char *dir = NULL;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "diagnose", diagnose_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a))
+        st = a.positional && !dir ? (dir = a.arg, CT_OK) : ct_args_unknown(&a);
+    if (st != CT_OK) return st;
+    if (a.help) return print_help(diagnose_help);
+    if (!dir) return ct_args_error(&a, "needs a run directory");
+    return ct_diagnose(dir, stdout);
+}
+
 /* `cooktrain sample DIR`: the options of parallel/generate.h. */
 static ct_status cmd_sample(int argc, char **argv) {
     ct_generate_options o = CT_GENERATE_DEFAULTS;
@@ -607,6 +630,10 @@ static const command commands[] = {
      .summary = "a checkpoint's train state and tensors, every checksum verified",
      .help = inspect_help,
      .run = cmd_inspect},
+    {.name = "diagnose",
+     .summary = "which rank and collective a failed or hung job stopped at (flight records)",
+     .help = diagnose_help,
+     .run = cmd_diagnose},
     {.name = "sample", .summary = "text from a checkpoint", .help = sample_help, .run = cmd_sample},
     {.name = "eval",
      .summary = "a checkpoint's loss on token shards",

@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <nccl.h>
 
 #include "cuda/backend_cuda.h"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/ct_cuda_ctx.h"
+#include "core/backend/flight.h"
 
 #define CT_NCCL_CHECK(call)                                                                        \
     do {                                                                                           \
@@ -40,7 +42,8 @@ typedef struct flight {
     uint64_t seq; /* per group: collectives and point-to-point counted apart, as for MPI */
     bool p2p;
     double since;
-    int refs; /* the tracker, and the request while it is held */
+    int refs;       /* the tracker, and the request while it is held */
+    int64_t record; /* its flight-recorder record (core/backend/flight.h), ended when it passes */
 } flight;
 
 /* A point-to-point operation held until the next flush. */
@@ -166,6 +169,7 @@ static flight *flight_new(nccl_group *g, ct_comm_op_kind kind, ct_dtype dt, int 
     f->p2p = p2p;
     f->seq = p2p ? ++g->seq_p2p : ++g->seq_coll;
     f->refs = 1;
+    f->record = ct_flight_last(); /* comm.c started it just before calling us */
     return f;
 }
 
@@ -192,6 +196,7 @@ __attribute__((noreturn)) static void watchdog_fire(nccl_group *g, const flight 
     else
         fprintf(stderr, "hint: NCCL_DEBUG=WARN prints NCCL's own account of the failure\n");
     fflush(stderr);
+    if (ct_flight_dump(f ? "watchdog" : "NCCL error")) sleep(1);
     (void)ncclCommAbort(g->nccl);
     if (abort_job) abort_job(1);
     exit(1);
@@ -208,6 +213,7 @@ static void watchdog_check(nccl_group *g) {
         flight *f = g->flights[i];
         cudaError_t e = cudaEventQuery(f->done);
         if (e == cudaSuccess) {
+            ct_flight_end(f->record, false);
             flight_unref(g, f);
             continue;
         }
@@ -625,6 +631,7 @@ static const struct ct_comm_i nccl_iface = {
     .wait_compute = nccl_wait_compute,
     .max_tag = nccl_max_tag,
     .free_comm = nccl_free_comm,
+    .completes_later = true,
 };
 
 /* The channels to and from the next and the previous rank (one peer when the group has two),
@@ -721,5 +728,9 @@ ct_comm *ct_comm_nccl_new(ct_comm *boot, ct_backend *be, double timeout_s, bool 
     c->name = g->name;
     c->rank = boot->rank;
     c->size = boot->size;
+    if (boot->members) {
+        c->members = ct_xmalloc((size_t)c->size * sizeof *c->members);
+        memcpy(c->members, boot->members, (size_t)c->size * sizeof *c->members);
+    }
     return c;
 }

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "comm_mpi.h"
 
+#include "core/backend/flight.h"
+
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* One group: the communicator plus the bookkeeping the watchdog and poll need. */
 typedef struct mpi_group {
@@ -75,6 +78,7 @@ void ct_mpi_check_fail(const char *call, int rc, const char *file, int line) {
     fprintf(stderr, "cooktrain: internal error on rank %d at %s:%d: MPI call `%s` failed: %s\n",
             ct_log_rank(), file, line, call, len ? msg : "(no error string)");
     fflush(stderr);
+    ct_flight_dump("MPI error");
     MPI_Abort(MPI_COMM_WORLD, 1);
     abort(); /* MPI_Abort does not return, but is not declared noreturn */
 }
@@ -398,6 +402,9 @@ __attribute__((noreturn)) static void watchdog_fire(mpi_group *g, ct_comm_reques
                 : "another rank did not reach this collective",
             g->timeout_s);
     fflush(stderr);
+    /* This rank's flight record; a moment for the other ranks' watchdogs to fire and write
+     * theirs before the abort ends them (the rest write theirs on the SIGTERM it brings). */
+    if (ct_flight_dump("watchdog")) sleep(1);
     MPI_Abort(MPI_COMM_WORLD, 1);
     abort();
 }
@@ -943,6 +950,17 @@ ct_comm *ct_comm_mpi_new(MPI_Comm comm, const char *name, double timeout_s) {
     c->name = g->name;
     c->rank = g->rank;
     c->size = g->size;
+    /* the members' world ranks, for the flight record */
+    MPI_Group group, world;
+    CT_MPI_CHECK(MPI_Comm_group(comm, &group));
+    CT_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    int *ranks = ct_xmalloc((size_t)g->size * sizeof *ranks);
+    c->members = ct_xmalloc((size_t)g->size * sizeof *c->members);
+    for (int r = 0; r < g->size; r++) ranks[r] = r;
+    CT_MPI_CHECK(MPI_Group_translate_ranks(group, g->size, ranks, world, c->members));
+    free(ranks);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
     return c;
 }
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "core/data/data.h"
+#include "core/backend/flight.h"
 #include "core/model/gemm_bench.h"
 #include "core/metrics.h"
 #include "core/model/model.h"
@@ -50,6 +51,7 @@ static volatile sig_atomic_t stop_signal_seen;
 
 static void on_stop_signal(int sig) {
     stop_signal_seen = sig;
+    if (sig == SIGTERM) ct_flight_signal(sig); /* a hung job's ranks get SIGTERM: keep a record */
 }
 
 static void catch_stop_signals(void) {
@@ -717,6 +719,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     if (!opts) opts = &no_options;
     const bool keep = opts->keep_params && result;
     trainer t;
+    if (pctx && pctx->world_size > 1)
+        ct_flight_configure((int)cfg->log.flight_recorder,
+                            cfg->log.run_dir[0] ? cfg->log.run_dir : ".", pctx->world_size);
     ct_status st = trainer_init(&t, cfg, be, pctx);
     param_copy init_copy = {0}, final_copy = {0};
     if (st != CT_OK) {

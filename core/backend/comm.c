@@ -4,6 +4,7 @@
 #include "comm.h"
 
 #include "backend.h"
+#include "flight.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -65,10 +66,47 @@ static void after_compute(ct_comm *comm) {
         ct_backend_event_wait(comm->stream, CT_EVENT_COMM);
 }
 
+/* Starts an operation's flight record (flight.h). False: the planted fault skips it, or has
+ * issued a barrier in its place (a mismatch), and the caller issues nothing. */
+static bool begin(ct_comm *comm, ct_comm_op_kind kind, bool is_recv, int peer, int tag,
+                  ct_dtype dtype, int64_t n, int64_t *rec) {
+    ct_flight_fault fault = ct_flight_start(comm, kind, is_recv, peer, tag, dtype, n, rec);
+    if (fault == CT_FAULT_MISMATCH) {
+        comm->iface->barrier(comm->ctx);
+        ct_flight_end(*rec, comm->iface->completes_later);
+    }
+    return fault == CT_FAULT_NONE;
+}
+
+static void done(const ct_comm *comm, int64_t rec) {
+    ct_flight_end(rec, comm->iface->completes_later);
+}
+
+/* A blocking operation, recorded: started, issued (and timed), ended. */
+#define RECORDED(comm, kind, dtype, n, call)                                                       \
+    do {                                                                                           \
+        int64_t rec_;                                                                              \
+        if (begin(comm, kind, false, -1, -1, dtype, n, &rec_)) {                                   \
+            TIMED(comm, call);                                                                     \
+            done(comm, rec_);                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* A non-blocking one: its record ends when a wait or test sees it complete. */
+static ct_comm_request *started(ct_comm *comm, ct_comm_request *req, int64_t rec) {
+    if (req)
+        ct_flight_request(comm, req, rec);
+    else
+        done(comm, rec);
+    return req;
+}
+
 void ct_comm_allreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, ct_reduce_op op) {
     count(comm, CT_COMM_ALLREDUCE, n, dtype);
     after_compute(comm);
-    if (comm->size > 1) TIMED(comm, comm->iface->allreduce(comm->ctx, buf, n, dtype, op));
+    if (comm->size > 1)
+        RECORDED(comm, CT_COMM_ALLREDUCE, dtype, n,
+                 comm->iface->allreduce(comm->ctx, buf, n, dtype, op));
 }
 
 void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype,
@@ -77,7 +115,8 @@ void ct_comm_reduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t
                comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
     after_compute(comm);
-    TIMED(comm, comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op));
+    RECORDED(comm, CT_COMM_REDUCE_SCATTER, dtype, n,
+             comm->iface->reduce_scatter(comm->ctx, send, recv, n, dtype, op));
 }
 
 void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
@@ -85,7 +124,8 @@ void ct_comm_allgather(ct_comm *comm, const void *send, void *recv, int64_t n, c
                comm->size);
     count(comm, CT_COMM_ALLGATHER, n, dtype);
     after_compute(comm);
-    TIMED(comm, comm->iface->allgather(comm->ctx, send, recv, n, dtype));
+    RECORDED(comm, CT_COMM_ALLGATHER, dtype, n,
+             comm->iface->allgather(comm->ctx, send, recv, n, dtype));
 }
 
 void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int root) {
@@ -94,7 +134,9 @@ void ct_comm_broadcast(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int 
         comm->bytes[CT_COMM_BROADCAST] +=
             ring_bytes(CT_COMM_BROADCAST, (uint64_t)n * ct_dtype_size(dtype), comm->size);
     after_compute(comm);
-    if (comm->size > 1) TIMED(comm, comm->iface->broadcast(comm->ctx, buf, n, dtype, root));
+    if (comm->size > 1)
+        RECORDED(comm, CT_COMM_BROADCAST, dtype, n,
+                 comm->iface->broadcast(comm->ctx, buf, n, dtype, root));
 }
 
 ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dtype dtype, int peer,
@@ -102,13 +144,17 @@ ct_comm_request *ct_comm_isend(ct_comm *comm, const void *buf, int64_t n, ct_dty
     comm->calls[CT_COMM_SEND]++;
     comm->bytes[CT_COMM_SEND] += (uint64_t)n * ct_dtype_size(dtype);
     after_compute(comm);
-    return comm->iface->isend(comm->ctx, buf, n, dtype, peer, tag);
+    int64_t rec;
+    if (!begin(comm, CT_COMM_SEND, false, peer, tag, dtype, n, &rec)) return NULL;
+    return started(comm, comm->iface->isend(comm->ctx, buf, n, dtype, peer, tag), rec);
 }
 
 ct_comm_request *ct_comm_irecv(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype, int peer,
                                int tag) {
     after_compute(comm); /* the buffer may still be read by an earlier op */
-    return comm->iface->irecv(comm->ctx, buf, n, dtype, peer, tag);
+    int64_t rec;
+    if (!begin(comm, CT_COMM_SEND, true, peer, tag, dtype, n, &rec)) return NULL;
+    return started(comm, comm->iface->irecv(comm->ctx, buf, n, dtype, peer, tag), rec);
 }
 
 ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtype dtype,
@@ -116,7 +162,9 @@ ct_comm_request *ct_comm_iallreduce(ct_comm *comm, void *buf, int64_t n, ct_dtyp
     count(comm, CT_COMM_ALLREDUCE, n, dtype);
     after_compute(comm);
     if (comm->size == 1) return NULL;
-    return comm->iface->iallreduce(comm->ctx, buf, n, dtype, op);
+    int64_t rec;
+    if (!begin(comm, CT_COMM_ALLREDUCE, false, -1, -1, dtype, n, &rec)) return NULL;
+    return started(comm, comm->iface->iallreduce(comm->ctx, buf, n, dtype, op), rec);
 }
 
 ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *recv, int64_t n,
@@ -125,7 +173,9 @@ ct_comm_request *ct_comm_ireduce_scatter(ct_comm *comm, const void *send, void *
                comm->size);
     count(comm, CT_COMM_REDUCE_SCATTER, n, dtype);
     after_compute(comm);
-    return comm->iface->ireduce_scatter(comm->ctx, send, recv, n, dtype, op);
+    int64_t rec;
+    if (!begin(comm, CT_COMM_REDUCE_SCATTER, false, -1, -1, dtype, n, &rec)) return NULL;
+    return started(comm, comm->iface->ireduce_scatter(comm->ctx, send, recv, n, dtype, op), rec);
 }
 
 ct_comm_request *ct_comm_iallgather(ct_comm *comm, const void *send, void *recv, int64_t n,
@@ -134,7 +184,9 @@ ct_comm_request *ct_comm_iallgather(ct_comm *comm, const void *send, void *recv,
                comm->size);
     count(comm, CT_COMM_ALLGATHER, n, dtype);
     after_compute(comm);
-    return comm->iface->iallgather(comm->ctx, send, recv, n, dtype);
+    int64_t rec;
+    if (!begin(comm, CT_COMM_ALLGATHER, false, -1, -1, dtype, n, &rec)) return NULL;
+    return started(comm, comm->iface->iallgather(comm->ctx, send, recv, n, dtype), rec);
 }
 
 void ct_comm_poll(ct_comm *comm) {
@@ -142,18 +194,24 @@ void ct_comm_poll(ct_comm *comm) {
 }
 
 void ct_comm_wait(ct_comm *comm, ct_comm_request *req) {
-    if (req) TIMED(comm, comm->iface->wait(comm->ctx, req));
+    if (!req) return;
+    int64_t rec = ct_flight_request_take(comm, req);
+    TIMED(comm, comm->iface->wait(comm->ctx, req));
+    done(comm, rec);
 }
 
 bool ct_comm_test(ct_comm *comm, ct_comm_request *req) {
     if (!req || !comm->iface->test) return true;
-    return comm->iface->test(comm->ctx, req);
+    if (!comm->iface->test(comm->ctx, req)) return false;
+    done(comm, ct_flight_request_take(comm, req)); /* its wait finds no record */
+    return true;
 }
 
 void ct_comm_all_to_all(ct_comm *comm, const void *send, void *recv, int64_t n, ct_dtype dtype) {
     count(comm, CT_COMM_ALL_TO_ALL, n, dtype);
     after_compute(comm);
-    TIMED(comm, comm->iface->all_to_all(comm->ctx, send, recv, n, dtype));
+    RECORDED(comm, CT_COMM_ALL_TO_ALL, dtype, n,
+             comm->iface->all_to_all(comm->ctx, send, recv, n, dtype));
 }
 
 void ct_comm_all_to_all_v(ct_comm *comm, const void *send, const int64_t *send_counts, void *recv,
@@ -172,12 +230,14 @@ void ct_comm_all_to_all_v(ct_comm *comm, const void *send, const int64_t *send_c
     comm->calls[CT_COMM_ALL_TO_ALL_V]++;
     comm->bytes[CT_COMM_ALL_TO_ALL_V] += sent;
     after_compute(comm);
-    TIMED(comm, comm->iface->all_to_all_v(comm->ctx, send, send_counts, recv, recv_counts, dtype));
+    RECORDED(comm, CT_COMM_ALL_TO_ALL_V, dtype, (int64_t)(sent / ct_dtype_size(dtype)),
+             comm->iface->all_to_all_v(comm->ctx, send, send_counts, recv, recv_counts, dtype));
 }
 
 void ct_comm_barrier(ct_comm *comm) {
     comm->calls[CT_COMM_BARRIER]++;
-    if (comm->size > 1) TIMED(comm, comm->iface->barrier(comm->ctx));
+    if (comm->size > 1)
+        RECORDED(comm, CT_COMM_BARRIER, CT_DTYPE_U8, 0, comm->iface->barrier(comm->ctx));
 }
 
 int ct_comm_max_tag(const ct_comm *comm) {
@@ -193,6 +253,8 @@ void ct_comm_reset_counters(ct_comm *comm) {
 void ct_comm_free(ct_comm *comm) {
     if (!comm) return;
     if (comm->iface->free_comm) comm->iface->free_comm(comm->ctx);
+    ct_flight_forget(comm);
+    free(comm->members);
     free(comm);
 }
 

@@ -77,6 +77,9 @@ struct ct_comm_i {
     /* The largest point-to-point tag the group accepts (MPI_TAG_UB for MPI); NULL: INT_MAX. */
     int (*max_tag)(void *ctx);
     void (*free_comm)(void *ctx); /* NULL: nothing to release */
+    /* Operations complete on a device stream after the call returns (NCCL): the flight recorder
+     * marks them enqueued, and the implementation ends their records (ct_flight_end). */
+    bool completes_later;
 };
 
 typedef struct ct_comm {
@@ -90,6 +93,8 @@ typedef struct ct_comm {
     uint64_t bytes[CT_COMM_OP_COUNT]; /* ring-model bytes sent by this rank */
     uint64_t calls[CT_COMM_OP_COUNT];
     double seconds; /* wall time spent inside blocking collectives and waits (groups of > 1) */
+    int *members;   /* the members' world ranks in group order (owned); NULL when unknown */
+    struct ct_flight_group *flight; /* the flight recorder's counters (flight.c) */
 } ct_comm;
 
 /* A group of one rank (world size 1, or tp = 1 inside a bigger job). */

@@ -164,6 +164,7 @@ typedef struct ct_log_config {
     bool profile;                    /* time every op by category and print it per log interval */
     int64_t sample_tokens;           /* print this many sampled tokens after training (0: none) */
     char sample_prompt[CT_PATH_MAX]; /* text the sample continues */
+    int64_t flight_recorder;         /* operations each rank's flight recorder keeps (0: off) */
 } ct_log_config;
 
 /* Values computed from the others (never set by the user). */

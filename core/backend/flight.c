@@ -1,0 +1,364 @@
+/*
+ * flight.c — the flight recorder (flight.h): a ring of the last N operations of this rank, a
+ * registry of the groups they ran on, the writer of the record file, and the planted faults.
+ */
+#define _GNU_SOURCE
+#include "flight.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct entry {
+    int64_t id; /* ring position + 1: stale when the ring has moved past it */
+    int group;  /* index into groups[] */
+    uint8_t kind, is_recv, state;
+    ct_dtype dtype;
+    int peer, tag;
+    uint64_t seq, bytes;
+    double start, end;
+} entry;
+
+enum { STARTED, ENQUEUED, COMPLETED };
+static const char *state_names[] = {"started", "enqueued", "completed"};
+
+/* A group as first seen: what the record file names it by (the comm may be gone by then). */
+typedef struct group_info {
+    char name[32];
+    int rank, size;
+    int *members; /* world ranks; NULL when unknown */
+} group_info;
+
+/* Per-comm counters (comm->flight). */
+struct ct_flight_group {
+    int group;
+    uint64_t coll;          /* collectives started */
+    uint64_t *sent, *recvd; /* per peer: sends to it, receives from it */
+    ct_comm_request **reqs; /* pending non-blocking operations and their records */
+    int64_t *req_ids;
+    int n_reqs, cap_reqs;
+};
+
+static struct {
+    pthread_mutex_t mu;
+    entry *ring;
+    int capacity;
+    int64_t next; /* records ever started */
+    group_info *groups;
+    int n_groups;
+    char dir[4096];
+    int world;
+    /* the writer thread: woken by a signal (ct_flight_signal) */
+    sem_t wake;
+    volatile sig_atomic_t signal_seen;
+    bool writer;
+    /* the planted fault */
+    bool fault_read;
+    int fault_rank;
+    char fault_group[32];
+    uint64_t fault_seq;
+    int fault_action; /* 1 skip, 2 mismatch, 3 sleep */
+    double fault_seconds;
+    bool fault_done;
+} fr = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *writer_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        while (sem_wait(&fr.wake) != 0 && errno == EINTR) continue;
+        int sig = fr.signal_seen;
+        ct_flight_dump(sig == SIGUSR2 ? "SIGUSR2" : sig == SIGTERM ? "SIGTERM" : "signal");
+    }
+    return NULL;
+}
+
+static void on_usr2(int sig) {
+    ct_flight_signal(sig);
+}
+
+void ct_flight_configure(int capacity, const char *dir, int world_size) {
+    pthread_mutex_lock(&fr.mu);
+    fr.world = world_size;
+    free(fr.ring);
+    fr.ring = capacity > 0 ? ct_xcalloc((size_t)capacity, sizeof *fr.ring) : NULL;
+    fr.capacity = capacity > 0 ? capacity : 0;
+    fr.next = 0;
+    snprintf(fr.dir, sizeof fr.dir, "%s", dir && dir[0] ? dir : ".");
+    pthread_mutex_unlock(&fr.mu);
+    if (fr.capacity && !fr.writer) {
+        fr.writer = true;
+        sem_init(&fr.wake, 0, 0);
+        pthread_t thread;
+        sigset_t all, old;
+        sigfillset(&all); /* the writer takes no signals: the main thread handles them */
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        CT_ASSERTF(pthread_create(&thread, NULL, writer_main, NULL) == 0,
+                   "cannot start the flight recorder's writer thread");
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_detach(thread);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_usr2;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGUSR2, &sa, NULL);
+    }
+}
+
+void ct_flight_signal(int sig) {
+    if (!fr.writer) return;
+    fr.signal_seen = sig;
+    sem_post(&fr.wake);
+}
+
+/* ---- the planted fault ------------------------------------------------------------------- */
+
+static void read_fault(void) {
+    fr.fault_read = true;
+    const char *env = getenv("COOKTRAIN_FAULT_COMM");
+    if (!env || !env[0]) return;
+    char action[16] = "";
+    unsigned long long seq = 0;
+    double seconds = 0;
+    int n = sscanf(env, "%d:%31[^:]:%llu:%15[^:]:%lf", &fr.fault_rank, fr.fault_group, &seq, action,
+                   &seconds);
+    CT_ASSERTF(n >= 4, "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep[:S]",
+               env);
+    fr.fault_seq = seq;
+    fr.fault_seconds = seconds;
+    fr.fault_action = !strcmp(action, "skip")       ? 1
+                      : !strcmp(action, "mismatch") ? 2
+                      : !strcmp(action, "sleep")    ? 3
+                                                    : 0;
+    CT_ASSERTF(fr.fault_action, "COOKTRAIN_FAULT_COMM: unknown action '%s'", action);
+}
+
+static int planted(const ct_comm *comm, ct_comm_op_kind kind, uint64_t seq) {
+    if (!fr.fault_read) read_fault();
+    if (!fr.fault_action || fr.fault_done || kind == CT_COMM_SEND) return 0;
+    if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0) return 0;
+    if (seq != fr.fault_seq) return 0;
+    fr.fault_done = true;
+    fprintf(stderr, "cooktrain: planted fault on rank %d: %s of collective #%llu on group %s\n",
+            ct_log_rank(),
+            fr.fault_action == 1   ? "skip"
+            : fr.fault_action == 2 ? "a barrier in place"
+                                   : "sleep before",
+            (unsigned long long)seq, comm->name);
+    return fr.fault_action;
+}
+
+/* ---- recording --------------------------------------------------------------------------- */
+
+static struct ct_flight_group *group_of(ct_comm *comm) {
+    if (comm->flight) return comm->flight;
+    struct ct_flight_group *g = ct_xcalloc(1, sizeof *g);
+    g->sent = ct_xcalloc((size_t)comm->size, sizeof *g->sent);
+    g->recvd = ct_xcalloc((size_t)comm->size, sizeof *g->recvd);
+    pthread_mutex_lock(&fr.mu);
+    fr.groups = realloc(fr.groups, (size_t)(fr.n_groups + 1) * sizeof *fr.groups);
+    CT_ASSERT(fr.groups != NULL);
+    group_info *gi = &fr.groups[fr.n_groups];
+    snprintf(gi->name, sizeof gi->name, "%s", comm->name ? comm->name : "?");
+    gi->rank = comm->rank;
+    gi->size = comm->size;
+    gi->members = NULL;
+    if (comm->members) {
+        gi->members = ct_xmalloc((size_t)comm->size * sizeof *gi->members);
+        memcpy(gi->members, comm->members, (size_t)comm->size * sizeof *gi->members);
+    }
+    g->group = fr.n_groups++;
+    pthread_mutex_unlock(&fr.mu);
+    comm->flight = g;
+    return g;
+}
+
+static int64_t last_id; /* the record started last (main thread) */
+
+ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_recv, int peer,
+                                int tag, ct_dtype dtype, int64_t n, int64_t *id) {
+    *id = 0;
+    if (comm->size <= 1) return CT_FAULT_NONE;
+    struct ct_flight_group *g = group_of(comm);
+    bool p2p = kind == CT_COMM_SEND;
+    uint64_t seq;
+    int fault = 0;
+    if (p2p) {
+        CT_ASSERTF(peer >= 0 && peer < comm->size, "peer %d of group %s", peer, comm->name);
+        seq = is_recv ? ++g->recvd[peer] : ++g->sent[peer];
+    } else {
+        seq = g->coll + 1;
+        fault = planted(comm, kind, seq);
+        if (fault == 1) return CT_FAULT_SKIP; /* not issued, not counted */
+        g->coll = seq;
+        if (fault == 2) kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8; /* as what it is */
+        if (fault == 3) {
+            double s = fr.fault_seconds;
+            struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
+        }
+    }
+    if (fr.capacity) {
+        pthread_mutex_lock(&fr.mu);
+        int64_t rec = ++fr.next;
+        fr.ring[(rec - 1) % fr.capacity] = (entry){.id = rec,
+                                                   .group = g->group,
+                                                   .kind = (uint8_t)kind,
+                                                   .is_recv = is_recv,
+                                                   .state = STARTED,
+                                                   .dtype = dtype,
+                                                   .peer = p2p ? peer : -1,
+                                                   .tag = p2p ? tag : -1,
+                                                   .seq = seq,
+                                                   .bytes = (uint64_t)n * ct_dtype_size(dtype),
+                                                   .start = wall_now(),
+                                                   .end = -1};
+        last_id = rec;
+        pthread_mutex_unlock(&fr.mu);
+        *id = rec;
+    }
+    return fault == 2 ? CT_FAULT_MISMATCH : CT_FAULT_NONE;
+}
+
+int64_t ct_flight_last(void) {
+    return last_id;
+}
+
+void ct_flight_end(int64_t id, bool enqueued_only) {
+    if (id <= 0 || !fr.capacity) return;
+    pthread_mutex_lock(&fr.mu);
+    entry *e = &fr.ring[(id - 1) % fr.capacity];
+    if (e->id == id && e->state != COMPLETED) {
+        e->state = enqueued_only ? ENQUEUED : COMPLETED;
+        if (!enqueued_only) e->end = wall_now();
+    }
+    pthread_mutex_unlock(&fr.mu);
+}
+
+void ct_flight_request(ct_comm *comm, ct_comm_request *req, int64_t id) {
+    if (id <= 0) return;
+    struct ct_flight_group *g = group_of(comm);
+    if (g->n_reqs == g->cap_reqs) {
+        g->cap_reqs = g->cap_reqs ? 2 * g->cap_reqs : 16;
+        g->reqs = realloc(g->reqs, (size_t)g->cap_reqs * sizeof *g->reqs);
+        g->req_ids = realloc(g->req_ids, (size_t)g->cap_reqs * sizeof *g->req_ids);
+        CT_ASSERT(g->reqs && g->req_ids);
+    }
+    g->reqs[g->n_reqs] = req;
+    g->req_ids[g->n_reqs++] = id;
+}
+
+int64_t ct_flight_request_take(ct_comm *comm, ct_comm_request *req) {
+    struct ct_flight_group *g = comm->flight;
+    if (!g) return 0;
+    for (int i = g->n_reqs - 1; i >= 0; i--) {
+        if (g->reqs[i] != req) continue;
+        int64_t id = g->req_ids[i];
+        g->reqs[i] = g->reqs[--g->n_reqs];
+        g->req_ids[i] = g->req_ids[g->n_reqs];
+        return id;
+    }
+    return 0;
+}
+
+void ct_flight_forget(ct_comm *comm) {
+    struct ct_flight_group *g = comm->flight;
+    if (!g) return;
+    free(g->sent);
+    free(g->recvd);
+    free(g->reqs);
+    free(g->req_ids);
+    free(g);
+    comm->flight = NULL;
+}
+
+/* ---- the record file --------------------------------------------------------------------- */
+
+static const char *kind_name(const entry *e) {
+    if (e->kind == CT_COMM_SEND) return e->is_recv ? "recv" : "send";
+    return ct_comm_op_name((ct_comm_op_kind)e->kind);
+}
+
+static bool dump(const char *why);
+
+bool ct_flight_dump(const char *why) {
+    /* the watchdog thread and the writer thread may both write */
+    static pthread_mutex_t dump_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&dump_mu);
+    bool ok = dump(why);
+    pthread_mutex_unlock(&dump_mu);
+    return ok;
+}
+
+static bool dump(const char *why) {
+    if (!fr.capacity) return false;
+    /* a later record replaces an earlier one (it holds more) but keeps why the first was made */
+    static char reason[96];
+    if (!reason[0] || strlen(reason) + strlen(why) + 2 >= sizeof reason)
+        snprintf(reason, sizeof reason, "%s", why);
+    else if (strcmp(reason, why) != 0)
+        strcat(strcat(reason, ","), why);
+    char dir[4200], path[4300], tmp[4400];
+    snprintf(dir, sizeof dir, "%s/flight", fr.dir);
+    mkdir(fr.dir, 0777);
+    mkdir(dir, 0777);
+    int rank = ct_log_rank();
+    snprintf(path, sizeof path, "%s/rank-%05d.txt", dir, rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "cooktrain: rank %d cannot write its flight record %s: %s\n", rank, tmp,
+                strerror(errno));
+        return false;
+    }
+    char host[256] = "-";
+    if (gethostname(host, sizeof host - 1) != 0 || !host[0]) snprintf(host, sizeof host, "-");
+    for (char *c = host; *c; c++)
+        if (*c == ' ' || *c == '\n') *c = '_';
+    pthread_mutex_lock(&fr.mu);
+    int world = CT_MAX(fr.world, rank + 1);
+    fprintf(f, "cooktrain flight record 1\n");
+    fprintf(f, "rank %d world %d pid %d host %s reason %s time %.6f capacity %d recorded %lld\n",
+            rank, world, (int)getpid(), host, reason, wall_now(), fr.capacity, (long long)fr.next);
+    for (int i = 0; i < fr.n_groups; i++) {
+        const group_info *gi = &fr.groups[i];
+        fprintf(f, "group %d %s %d %d", i, gi->name, gi->rank, gi->size);
+        for (int m = 0; m < gi->size; m++)
+            if (gi->members)
+                fprintf(f, " %d", gi->members[m]);
+            else
+                fprintf(f, " -");
+        fputc('\n', f);
+    }
+    int64_t first = fr.next > fr.capacity ? fr.next - fr.capacity + 1 : 1;
+    for (int64_t id = first; id <= fr.next; id++) {
+        const entry *e = &fr.ring[(id - 1) % fr.capacity];
+        fprintf(f, "op %d %s %llu %d %d %s %llu %.6f %.6f %s\n", e->group, kind_name(e),
+                (unsigned long long)e->seq, e->peer, e->tag, ct_dtype_name(e->dtype),
+                (unsigned long long)e->bytes, e->start, e->end, state_names[e->state]);
+    }
+    pthread_mutex_unlock(&fr.mu);
+    bool ok = fflush(f) == 0 && !ferror(f);
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "cooktrain: rank %d cannot write its flight record %s: %s\n", rank, path,
+                strerror(errno));
+        unlink(tmp);
+        return false;
+    }
+    fprintf(stderr, "cooktrain: rank %d wrote its flight record (%s): %s\n", rank, reason, path);
+    return true;
+}

@@ -270,14 +270,14 @@ const config_key config_keys[] = {
             "unless log.metrics is set; empty = none"},
     {KEY(log, profile, KEY_BOOL), .def = "false",
      .doc = "time ops by category (gemm, attention, norms, ...) and print them per log interval"},
-    {KEY(log, flight_recorder, KEY_INT), .def = "1024", AT_LEAST(0), AT_MOST(16777216),
-     .doc = "collective and point-to-point operations each rank remembers (0 = none); written to "
-            "log.run_dir/flight/ (or ./flight/) on a watchdog timeout, an MPI or NCCL error, "
-            "SIGTERM or SIGUSR2, for `cooktrain diagnose`"},
     {KEY(log, sample_tokens, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(1048576),
      .doc = "after training, print this many sampled tokens (needs data.tokenizer); 0 = none"},
     {KEY(log, sample_prompt, KEY_STRING), .def = "",
      .doc = "text the after-training sample continues"},
+    {KEY(log, flight_recorder, KEY_INT), .def = "1024", AT_LEAST(0), AT_MOST(16777216),
+     .doc = "collective and point-to-point operations each rank remembers (0 = none); written to "
+            "log.run_dir/flight/ (or ./flight/) on a watchdog timeout, an MPI or NCCL error, "
+            "SIGTERM or SIGUSR2, for `cooktrain diagnose`"},
 };
 const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
 

@@ -31,6 +31,7 @@
 #include "cuda/comm_nccl.h"
 #include "cuda/plugin.h"
 #include "parallel/diagnose.h"
+#include "parallel/html_report.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
 #include "parallel/plan.h"
@@ -171,6 +172,14 @@ static const char diagnose_help[] =
     "operation\n"
     "some rank entered and another never did: the rank, group, op and sequence number. RUN_DIR is\n"
     "the job's log.run_dir, or the directory it ran in when that was not set.\n";
+
+static const char report_help[] =
+    "usage: cooktrain report RUN_DIR... [-o FILE]\n"
+    "one self-contained HTML page (inline SVG; no script, nothing fetched) of the runs' metrics:\n"
+    "loss and validation loss, learning rate, gradient norm, tokens/s, MFU, exposed communication\n"
+    "and bubble, memory (per category at start-up, and over the steps), tokens per expert with\n"
+    "MoE; several runs are overlaid. RUN_DIR is a log.run_dir (its metrics.jsonl) or a metrics\n"
+    "file. Written to FILE, else RUN_DIR/report.html (the first run's), else ./report.html.\n";
 
 static const char sample_help[] =
     "usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]"
@@ -489,6 +498,32 @@ static ct_status cmd_diagnose(int argc, char **argv) {
     return ct_diagnose(dir, stdout);
 }
 
+/* `cooktrain report RUN_DIR... [-o FILE]`. */
+static ct_status cmd_report(int argc, char **argv) {
+    char **runs = ct_xcalloc((size_t)argc + 1, sizeof *runs);
+    int n = 0;
+    const char *out = NULL;
+    ct_status st = CT_OK;
+    ct_args a;
+    ct_args_init(&a, "report", report_help, argc, argv);
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (a.positional)
+            runs[n++] = (char *)a.arg;
+        else if (ct_args_is(&a, "-o") || ct_args_is(&a, "--out"))
+            st = ct_args_string(&a, &out);
+        else
+            st = ct_args_unknown(&a);
+    }
+    if (st == CT_OK && a.help)
+        st = print_help(report_help);
+    else if (st == CT_OK && n == 0)
+        st = ct_args_error(&a, "needs at least one run directory or metrics file");
+    else if (st == CT_OK)
+        st = ct_html_report(n, runs, out);
+    free(runs);
+    return st;
+}
+
 /* `cooktrain sample DIR`: the options of parallel/generate.h. */
 static ct_status cmd_sample(int argc, char **argv) {
     ct_generate_options o = CT_GENERATE_DEFAULTS;
@@ -634,6 +669,10 @@ static const command commands[] = {
      .summary = "which rank and collective a failed or hung job stopped at (flight records)",
      .help = diagnose_help,
      .run = cmd_diagnose},
+    {.name = "report",
+     .summary = "an HTML page of one or more runs' curves (inline SVG, self-contained)",
+     .help = report_help,
+     .run = cmd_report},
     {.name = "sample", .summary = "text from a checkpoint", .help = sample_help, .run = cmd_sample},
     {.name = "eval",
      .summary = "a checkpoint's loss on token shards",

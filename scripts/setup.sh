@@ -17,6 +17,7 @@ packages=(
     clang libclang-rt-14-dev    # the fuzz targets of test/fuzz/ (libFuzzer, ASan, UBSan)
     python3
     python3-numpy               # scripts/reference_forward.py, the independent forward the tests check against
+    chromium                    # test/cli_report.sh renders `cooktrain report` pages headless
 )
 
 missing=()

@@ -769,7 +769,9 @@ void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
             }
         char name[96];
         snprintf(name, sizeof name, "%s %s", what, ct_model_unit(dp->model, ev[i].unit)->name);
-        ct_trace_span(trace, tid, name, ev[i].time, stop, ev[i].microbatch);
+        /* event times count from dp->created; the trace's from ct_now's origin */
+        ct_trace_span(trace, tid, name, dp->created + ev[i].time, dp->created + stop,
+                      ev[i].microbatch);
     }
 }
 

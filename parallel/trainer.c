@@ -40,6 +40,7 @@ static void trainer_free(trainer *t) {
     free(t->step_targets);
     free(t->cp_scratch);
     free(t->moe_trace);
+    free(t->step_spans);
     ct_tokenizer_free(t->tokenizer);
     ct_metrics_free(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
@@ -353,11 +354,64 @@ static ct_status print_sample(trainer *t) {
                            cfg->log.sample_tokens, cfg->train.seed, NULL);
 }
 
+/* The ranks' trace files merged into `path` by rank 0: each sends its file's text (length,
+ * then bytes) over the world group. */
+static ct_status merge_trace(trainer *t, const char *path) {
+    const ct_pctx *p = t->pctx;
+    char mine[CT_PATH_MAX + 32];
+    ct_trace_rank_path(mine, sizeof mine, path, p->world_rank, p->world_size);
+    uint8_t *raw = NULL;
+    size_t len = 0;
+    ct_status mine_st = ct_read_regular(mine, "log.trace file", INT64_MAX, &raw, &len);
+    char *text = (char *)raw;
+    int64_t n = mine_st == CT_OK ? (int64_t)len : -1; /* -1: could not read its own file back */
+    char **bodies = NULL;
+    if (p->world_rank == 0) {
+        bodies = ct_xcalloc((size_t)p->world_size, sizeof *bodies);
+        if (text) {
+            bodies[0] = ct_xmalloc(len + 1);
+            memcpy(bodies[0], text, len);
+            bodies[0][len] = '\0';
+            free(text);
+        }
+        for (int r = 1; r < p->world_size; r++) {
+            int64_t m = 0;
+            ct_comm_wait(p->world, ct_comm_irecv(p->world, &m, 1, CT_DTYPE_I64, r, 0));
+            if (m < 0) continue;
+            bodies[r] = ct_xmalloc((size_t)m + 1);
+            ct_comm_wait(p->world, ct_comm_irecv(p->world, bodies[r], m, CT_DTYPE_U8, r, 1));
+            bodies[r][m] = '\0';
+        }
+    } else {
+        ct_comm_wait(p->world, ct_comm_isend(p->world, &n, 1, CT_DTYPE_I64, 0, 0));
+        if (n >= 0) ct_comm_wait(p->world, ct_comm_isend(p->world, text, n, CT_DTYPE_U8, 0, 1));
+        free(text);
+        return mine_st;
+    }
+    ct_status st = mine_st == CT_OK ? ct_trace_write_merged(path, p->world_size, bodies) : mine_st;
+    for (int r = 0; r < p->world_size; r++) free(bodies[r]);
+    free(bodies);
+    return st;
+}
+
 /* log.trace: this rank's data-parallel events and ring attention's spans as a Chrome/Perfetto
  * trace (core/trace.h). */
 static ct_status write_trace(trainer *t, const char *path) {
     ct_trace *trace;
-    CT_TRY(ct_trace_open(&trace, path, t->pctx->world_rank, t->pctx->world_size));
+    const ct_pctx *p = t->pctx;
+    CT_TRY(ct_trace_open(&trace, path, p->world_rank, p->world_size));
+    char name[96];
+    snprintf(name, sizeof name, "rank %d (host %d, tp %d pp %d dp %d)", p->world_rank,
+             ct_mpi_host_of(p->world_rank), p->tp_rank, p->pp_rank, p->dp_rank);
+    ct_trace_process(trace, name);
+    ct_trace_set_shift(trace, t->trace_skew - t->trace_origin);
+    ct_trace_thread(trace, 8, "steps");
+    for (int64_t step = 0; step < t->cfg->train.steps; step++) {
+        const double *span = t->step_spans + 2 * step;
+        if (span[1] <= 0) continue;
+        snprintf(name, sizeof name, "step %lld", (long long)step + 1);
+        ct_trace_span(trace, 8, name, span[0], span[1], -1);
+    }
     ct_dp_trace(t->dp, trace);
     if (t->pctx->cp > 1) ct_ring_trace(trace);
     const int64_t E = t->cfg->model.moe_experts;
@@ -365,7 +419,8 @@ static ct_status write_trace(trainer *t, const char *path) {
         const double *row = t->moe_trace + step * (E + 1);
         if (row[0] > 0) ct_trace_counter(trace, "moe tokens per expert", row[0], (int)E, row + 1);
     }
-    return ct_trace_close(trace);
+    CT_TRY(ct_trace_close(trace));
+    return p->world_size > 1 ? merge_trace(t, path) : CT_OK;
 }
 
 /* ---- parameters kept in memory (ct_train_options.keep_params) ---------------------------------
@@ -438,7 +493,15 @@ static void start_run(trainer *t) {
                                       cfg->model.d_model, ct_model_dtype(t->model), 5);
     if (t->rank0) ct_report_start(t);
     ct_report_setup_metrics(t);
-    if (cfg->log.trace[0]) ct_dp_log_events(t->dp, true);
+    if (cfg->log.trace[0]) {
+        ct_dp_log_events(t->dp, true);
+        /* one time 0 for every rank: the end of a barrier, read on each rank's own clock */
+        const char *skew = getenv("COOKTRAIN_TRACE_SKEW_S");
+        t->trace_skew = skew ? atof(skew) * t->pctx->world_rank : 0.0;
+        if (t->pctx->world_size > 1) ct_comm_barrier(t->pctx->world);
+        t->trace_origin = ct_now() + t->trace_skew;
+        t->step_spans = ct_xcalloc((size_t)(2 * cfg->train.steps), sizeof *t->step_spans);
+    }
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
     ct_pctx *p = t->pctx;
@@ -465,6 +528,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     int64_t copies = t->be->host_copies;
     /* The step's samples, read and checked on every rank before anything collective. */
     CT_TRY(read_batch(t, t->train_data, step * G + t->dp_rank * (G / t->dp_size)));
+    t->step_began = ct_now(); /* read_batch ended in a world allreduce: about one moment */
     if (t->stop_signal) {
         s->stop = true;
         return CT_OK;
@@ -738,6 +802,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     for (int64_t step = t.first_step; step < cfg->train.steps && st == CT_OK; step++) {
         step_stats s;
         st = train_step(&t, step, &s);
+        if (t.step_spans)
+            t.step_spans[2 * step] = t.step_began, t.step_spans[2 * step + 1] = ct_now();
         if (st == CT_OK && s.stop) {
             st = stop_run(&t, step);
             break;

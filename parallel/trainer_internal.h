@@ -48,6 +48,12 @@ typedef struct trainer {
     /* log.trace with MoE: each step's end time and tokens per expert (summed over the MoE layers
      * and every rank), [step][1 + E] */
     double *moe_trace;
+    /* log.trace's clock (write_trace): ct_now + trace_skew is this rank's clock (the skew is 0
+     * but under COOKTRAIN_TRACE_SKEW_S, which plays hosts whose clocks disagree); trace_origin is
+     * that clock's reading when the world barrier at start ended, every rank's time 0. Each
+     * step's span [begin, end) in step_spans (begin: after the step's first world allreduce). */
+    double trace_skew, trace_origin, step_began;
+    double *step_spans;
 
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;

@@ -264,7 +264,9 @@ const config_key config_keys[] = {
     {KEY(log, interval, KEY_INT), .def = "10", AT_LEAST(1),
      .doc = "print a progress line every this many steps"},
     {KEY(log, metrics, KEY_STRING), .def = "", .doc = "JSON-lines metrics file; empty = none"},
-    {KEY(log, trace, KEY_STRING), .def = "", .doc = "Chrome/Perfetto trace file; empty = none"},
+    {KEY(log, trace, KEY_STRING), .def = "",
+     .doc = "Chrome/Perfetto trace file (with several ranks: PATH.rank<R>.json each, merged "
+            "into PATH on one clock); empty = none"},
     {KEY(log, run_dir, KEY_STRING), .def = "",
      .doc = "directory for this run's outputs: the resolved config.yaml, and metrics.jsonl "
             "unless log.metrics is set; empty = none"},

@@ -32,6 +32,7 @@
 #include "cuda/plugin.h"
 #include "parallel/diagnose.h"
 #include "parallel/html_report.h"
+#include "parallel/plan_search.h"
 #include "parallel/context.h"
 #include "parallel/generate.h"
 #include "parallel/plan.h"
@@ -143,11 +144,21 @@ static const char plan_help[] =
     "usage: cooktrain plan --config FILE [--set section.key=V]... [--json] [--backward-ratio R]\n"
     "   or: cooktrain plan --schedule gpipe|1f1b|interleaved --pp N --microbatches M\n"
     "                      [--virtual-stages V] [--backward-ratio R]\n"
+    "   or: cooktrain plan --config FILE [--set ...]... --search N [--hardware H] [--top K]"
+    " [--json]\n"
+    "   or: cooktrain plan --calibrate\n"
     "memory, communication and pipeline bubble of a config, without training (parallel.dp sets\n"
-    "the dp degree), or a schedule alone through the simulator.\n"
+    "the dp degree), or a schedule alone through the simulator; with --search, every layout of\n"
+    "the config on N devices of a hardware model, the ones that fit ranked by estimated step\n"
+    "time, each with why.\n"
     "\n"
-    "  --json                 a config's per-stage bytes as JSON lines\n"
-    "  --backward-ratio R     the cost of a backward relative to a forward (default 2)\n";
+    "  --json                 a config's per-stage bytes (or --search's layouts) as JSON lines\n"
+    "  --backward-ratio R     the cost of a backward relative to a forward (default 2)\n"
+    "  --search N             rank the layouts on N devices\n"
+    "  --hardware H           h100-sxm (default), h200, a100, cpu (this machine, measured), or a\n"
+    "                         YAML profile's path\n"
+    "  --top K                how many layouts to print (default 10)\n"
+    "  --calibrate            measure this machine and print it as a YAML profile\n";
 
 static const char prepare_help[] =
     "usage: cooktrain prepare --input FILE|DIR... --out DIR [--vocab-size N] [--val-fraction F]"
@@ -366,7 +377,9 @@ static ct_status cmd_plan(int argc, char **argv) {
     const char *config_path = NULL, *schedule = NULL;
     int64_t pp = 0, m = 0, v = 1;
     double ratio = 2.0;
-    bool json = false;
+    bool json = false, calibrate = false;
+    int64_t search = 0, top = 10;
+    const char *hardware = "h100-sxm";
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     ct_status st = CT_OK;
@@ -381,6 +394,14 @@ static ct_status cmd_plan(int argc, char **argv) {
             st = ct_args_string(&a, &schedule);
         else if (ct_args_is(&a, "--json"))
             st = ct_args_flag(&a), json = true;
+        else if (ct_args_is(&a, "--search"))
+            st = ct_args_int(&a, 1, 1 << 16, &search);
+        else if (ct_args_is(&a, "--hardware"))
+            st = ct_args_string(&a, &hardware);
+        else if (ct_args_is(&a, "--top"))
+            st = ct_args_int(&a, 1, 1 << 20, &top);
+        else if (ct_args_is(&a, "--calibrate"))
+            st = ct_args_flag(&a), calibrate = true;
         else if (ct_args_is(&a, "--pp"))
             st = ct_args_int(&a, 1, 1 << 20, &pp);
         else if (ct_args_is(&a, "--microbatches"))
@@ -399,6 +420,22 @@ static ct_status cmd_plan(int argc, char **argv) {
         return print_help(plan_help);
     }
     ct_schedule_kind kind = CT_SCHEDULE_1F1B;
+    if (st == CT_OK && calibrate) {
+        free(sets);
+        ct_hardware hw;
+        CT_TRY(ct_hardware_measure_cpu(&hw));
+        ct_hardware_print_yaml(&hw, stdout);
+        return CT_OK;
+    }
+    if (st == CT_OK && search > 0) {
+        /* every layout on `search` devices: parallel.* of the config are replaced */
+        if (config_path) st = ct_config_load_file(&cfg, config_path);
+        for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
+        free(sets);
+        ct_hardware hw;
+        if (st == CT_OK) st = ct_hardware_load(hardware, &hw);
+        return st == CT_OK ? ct_plan_search(&cfg, (int)search, &hw, (int)top, json, stdout) : st;
+    }
     if (st == CT_OK && (config_path || n_sets > 0)) {
         /* A config: its whole cost per stage, on tp x pp x dp ranks (parallel.dp, default 1). */
         if (config_path) st = ct_config_load_file(&cfg, config_path);

@@ -113,10 +113,75 @@ double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     return (double)ct_layout_moe_layers(&cfg->model, lay) * (double)m * (moves + counts);
 }
 
+ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const ct_sim_result *sim,
+                             ct_plan_stage *out) {
+    const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
+    const int cp = (int)cfg->parallel.cp, replicas = dp * cp;
+    const int ep = (int)cfg->parallel.ep;
+    const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
+    const int64_t B = cfg->train.micro_batch;
+    const ct_dtype pdt = ct_precision_dtype(cfg->derived.precision);
+    const ct_state_bytes sb =
+        ct_state_bytes_of(pdt, ct_precision_dtype(cfg->parallel.grad_reduce_dtype));
+    memset(out, 0, sizeof *out);
+    ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
+    layout.tp_size = tp;
+    layout.tp_rank = 0;
+    layout.dp_size = replicas;
+    layout.cp_size = cp;
+    layout.sequence_parallel = cfg->parallel.sequence_parallel;
+    layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
+    layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
+    layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
+    layout.ep_size = ep; /* ep rank 0's experts: every ep rank holds as many */
+    ct_model *model = NULL;
+    CT_TRY(ct_model_new(&model, cfg, be, &layout));
+    int64_t elems = 0, expert_elems = 0;
+    for (int u = 0; u < ct_model_n_units(model); u++) {
+        const ct_unit *unit = ct_model_unit(model, u);
+        elems += unit->padded_numel;
+        if (unit->experts) expert_elems += unit->padded_numel;
+    }
+    size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
+    ct_zero_expected_memory_split(elems - expert_elems, expert_elems, sb, replicas, replicas / ep,
+                                  stage, mem);
+    int inflight = sim ? sim->peak_inflight_mb[r] : 1;
+    double acts = (double)ct_acts_bytes(model, B) * inflight;
+    /* The formula plus the loss sum the trainer allreduces over dp every step. */
+    double dp_bytes =
+        replicas > 1 ? ct_zero_expected_step_bytes_split(elems - expert_elems, expert_elems, sb,
+                                                         replicas, replicas / ep, stage, m) +
+                           (double)ct_zero_scalar_allreduce_bytes(replicas)
+                     : 0.0;
+    double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
+    double cp_bytes = ct_expected_cp_bytes(cfg, &layout, m);
+    /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
+     * microbatch each way */
+    double boundary = (double)B * (double)ct_model_local_seq_len(model) *
+                      (double)ct_model_d_model(model) * (double)ct_dtype_size(pdt),
+           pp_bytes = 0;
+    for (int j = 0; j < layout.n_chunks; j++) {
+        int c = layout.chunks[j].index;
+        if (c < pp * (int)cfg->parallel.virtual_stages - 1) pp_bytes += boundary * m;
+        if (c > 0) pp_bytes += boundary * m;
+    }
+    memcpy(out->mem, mem, sizeof out->mem);
+    out->phi = phi;
+    out->inflight = inflight;
+    out->acts = acts;
+    out->dp_bytes = dp_bytes;
+    out->tp_bytes = tp_bytes;
+    out->cp_bytes = cp_bytes;
+    out->pp_bytes = pp_bytes;
+    out->ep_bytes = ct_expected_ep_bytes(cfg, &layout, m);
+    out->flops_per_token = ct_model_flops_per_token(model);
+    ct_model_free(model);
+    return CT_OK;
+}
+
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {
     const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
-    const int cp = (int)cfg->parallel.cp, replicas = dp * cp; /* ZeRO shards over dp × cp */
-    const int ep = (int)cfg->parallel.ep;                     /* experts shard over replicas / ep */
+    const int cp = (int)cfg->parallel.cp, ep = (int)cfg->parallel.ep;
     char cp_part[32] = "";
     if (cp > 1)
         snprintf(cp_part, sizeof cp_part, "cp %d (%s) x ", cp,
@@ -160,48 +225,14 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                 "activations (peak mb) | dp bytes/step | tp bytes/step | pp bytes/step\n");
     ct_status st = CT_OK;
     for (int r = 0; r < pp && st == CT_OK; r++) {
-        ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
-        layout.tp_size = tp;
-        layout.tp_rank = 0;
-        layout.dp_size = replicas;
-        layout.cp_size = cp;
-        layout.sequence_parallel = cfg->parallel.sequence_parallel;
-        layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
-        layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
-        layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
-        layout.ep_size = ep; /* ep rank 0's experts: every ep rank holds as many */
-        ct_model *model = NULL;
-        st = ct_model_new(&model, cfg, be, &layout);
+        ct_plan_stage c;
+        st = ct_plan_stage_cost(cfg, r, be, pp > 1 ? &sim : NULL, &c);
         if (st != CT_OK) break;
-        int64_t elems = 0, expert_elems = 0;
-        for (int u = 0; u < ct_model_n_units(model); u++) {
-            const ct_unit *unit = ct_model_unit(model, u);
-            elems += unit->padded_numel;
-            if (unit->experts) expert_elems += unit->padded_numel;
-        }
-        size_t phi = (size_t)elems * sb.params, mem[CT_MEM_COUNT];
-        ct_zero_expected_memory_split(elems - expert_elems, expert_elems, sb, replicas,
-                                      replicas / ep, stage, mem);
-        int inflight = pp > 1 ? sim.peak_inflight_mb[r] : 1;
-        double acts = (double)ct_acts_bytes(model, B) * inflight;
-        /* The formula plus the loss sum the trainer allreduces over dp every step. */
-        double dp_bytes =
-            replicas > 1 ? ct_zero_expected_step_bytes_split(elems - expert_elems, expert_elems, sb,
-                                                             replicas, replicas / ep, stage, m) +
-                               (double)ct_zero_scalar_allreduce_bytes(replicas)
-                         : 0.0;
-        double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
-        double cp_bytes = ct_expected_cp_bytes(cfg, &layout, m);
-        /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
-         * microbatch each way */
-        double boundary = (double)B * (double)ct_model_local_seq_len(model) *
-                          (double)ct_model_d_model(model) * (double)ct_dtype_size(pdt),
-               pp_bytes = 0;
-        for (int j = 0; j < layout.n_chunks; j++) {
-            int c = layout.chunks[j].index;
-            if (c < pp * (int)cfg->parallel.virtual_stages - 1) pp_bytes += boundary * m;
-            if (c > 0) pp_bytes += boundary * m;
-        }
+        const size_t *mem = c.mem;
+        const size_t phi = c.phi;
+        const int inflight = c.inflight;
+        const double acts = c.acts, dp_bytes = c.dp_bytes, tp_bytes = c.tp_bytes,
+                     cp_bytes = c.cp_bytes, pp_bytes = c.pp_bytes;
         if (json) {
             fprintf(out,
                     "{\"stage\": %d, \"params_bytes\": %zu, \"grads_bytes\": %zu, "
@@ -210,9 +241,8 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                     "\"pp_bytes\": %.0f, \"cp_bytes\": %.0f, \"ep_bytes\": %.0f, "
                     "\"precision\": \"%s\"}\n",
                     r, mem[CT_MEM_PARAMS], mem[CT_MEM_GRADS], mem[CT_MEM_OPTIM], mem[CT_MEM_MASTER],
-                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, cp_bytes,
-                    ct_expected_ep_bytes(cfg, &layout, m), ct_dtype_name(pdt));
-            ct_model_free(model);
+                    acts, inflight, dp_bytes, tp_bytes, pp_bytes, cp_bytes, c.ep_bytes,
+                    ct_dtype_name(pdt));
             continue;
         }
         char a[6][32], b[3][32];
@@ -235,8 +265,7 @@ ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, 
                     "bytes/step under uniform routing: %s (parallel/README.md, Expert "
                     "parallelism)\n",
                     (long long)(cfg->model.moe_experts / ep), (long long)cfg->model.moe_experts,
-                    ct_format_bytes(b[0], 32, ct_expected_ep_bytes(cfg, &layout, m)));
-        ct_model_free(model);
+                    ct_format_bytes(b[0], 32, c.ep_bytes));
     }
     ct_backend_free(be);
     if (sched) {

@@ -15,6 +15,23 @@
 
 #include "core/config/config.h"
 #include "core/model/model.h"
+#include "parallel/schedule.h"
+
+/* What one pipeline stage's rank (tp rank 0) holds and sends per step, from the formulas the
+ * trainer checks its counters against. */
+typedef struct ct_plan_stage {
+    size_t phi;               /* parameter bytes this rank holds (before ZeRO sharding) */
+    size_t mem[CT_MEM_COUNT]; /* params, grads, optim, master by the ZeRO formulas */
+    double acts;              /* activation bytes at the schedule's peak of microbatches */
+    int inflight;             /* that peak */
+    double dp_bytes, tp_bytes, cp_bytes, pp_bytes, ep_bytes; /* sent per step */
+    double flops_per_token; /* the whole model's, forward and backward */
+} ct_plan_stage;
+
+/* Stage r of a validated config (sim: the schedule's simulation when pp > 1, else NULL); the
+ * model is built on `be` (the CPU backend) with unbound storage: nothing is allocated. */
+ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const ct_sim_result *sim,
+                             ct_plan_stage *out);
 
 /* json: one JSON object per stage with exact byte counts instead of the table and timeline. */
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out);

@@ -13,7 +13,10 @@
 #   - host 1's ranks killed (SIGKILL) mid-run: the job ends, no hang, naming the host; the next
 #     submission resumes from the last checkpoint and ends bit-identical to an uninterrupted run;
 #   - host 1 frozen (SIGSTOP: a hung node): the watchdog on host 0 reports the collective it waits
-#     in and ends the job; the next submission resumes, bit-identical again.
+#     in and ends the job; the next submission resumes, bit-identical again;
+#   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
+#     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
+#     world size 1, its traffic over the link.
 # Skipped, with the reason, where namespaces cannot be made (not root, an unprivileged container).
 . "$(dirname "$0")/lib_cli.sh"
 . "$(dirname "$0")/netns_hosts.sh"
@@ -169,4 +172,58 @@ if selected "host lost" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 2;
         "${base[@]}" "${long[@]}" --set checkpoint.dir="$tmp/whole-ck" --dump-params "$tmp/whole.bin" &&
         fault_run "host lost: host 1's ranks killed" KILL &&
         fault_run "host lost: host 1 frozen" STOP
+fi
+
+# ---- a two-node SLURM cluster --------------------------------------------------------------------
+# One slurmd in each host's namespace (test/slurm_cluster.sh with SLURM_CLUSTER_HOSTS), the CPU
+# batch script submitted with -N 2 --ntasks-per-node=2: srun starts two ranks on each node
+# through PMIx, which wire up over TCP across the link (the runtime places them on two nodes, so
+# no shared memory between them); tp 2 inside each node, dp 2 across: the same losses and
+# parameters as world size 1.
+if selected "slurm"; then
+    . "$(dirname "$0")/slurm_cluster.sh"
+    netns_hosts_stop
+    if ! netns_hosts_start "$tmp/hosts" 2; then
+        fail "slurm: hosts: $NETNS_HOSTS_WHY"
+    else
+        SLURM_CLUSTER_HOSTS=("${NETNS_HOSTS_NS[@]}")
+        trap 'slurm_cluster_stop; netns_hosts_stop; rm -rf "$tmp"' EXIT
+        if ! slurm_cluster_start "$tmp/cluster"; then
+            skip "two-node SLURM: $SLURM_CLUSTER_WHY"
+        else
+            ok "a two-node SLURM cluster starts (h0 and h1 idle, one slurmd in each host's namespace)"
+            work=$tmp/work
+            mkdir -p "$work/runs/slurm"
+            root=$(pwd)
+            ln -s "$root/$BUILD" "$work/build"
+            ln -s "$root/configs" "$work/configs"
+            ln -s "$root/scripts" "$work/scripts"
+            link0=$(netns_link_bytes 1)
+            out=$(timeout 300 "${SLURM_CLUSTER_CLIENT[@]}" sbatch --wait --job-name=ct-2node -N 2 \
+                --ntasks-per-node=2 --cpus-per-task=1 --chdir="$work" --time=10 \
+                scripts/slurm/cooktrain.sbatch configs/test-tiny.yaml "${base[@]:3}" \
+                --set parallel.tp=2 --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin" 2>&1)
+            rc=$?
+            link1=$(netns_link_bytes 1)
+            id=$(printf '%s\n' "$out" | sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' | tail -1)
+            log=$work/runs/slurm/ct-2node-$id.log
+            if [ $rc = 0 ] && [ -n "$id" ]; then
+                ok "the CPU batch script runs across both nodes (job $id, exit 0)"
+                if grep -q "cooktrain: job $id (restart 0) on 2 nodes, 4 ranks" "$log"; then
+                    ok "its log says 2 nodes, 4 ranks"
+                else
+                    fail "its log says 2 nodes, 4 ranks"
+                fi
+                printf '%s\n' "$(cat "$log")" >"$tmp/out.txt"
+                check_hosts_line "slurm tp 2 x dp 2" "2 (ranks per host: 2 2); tp groups within a host, dp groups across hosts"
+                check_against_reference "SLURM tp 2 x dp 2 on 2 nodes" "$tmp"
+                dp=$(python3 -c 'import json,sys; print(sum(json.loads(l).get("dp_bytes", 0) for l in open(sys.argv[1])))' "$tmp/run.jsonl")
+                check_link "slurm tp 2 x dp 2" "$dp" "rank 0's dp bytes, all between the nodes"
+            else
+                fail "the CPU batch script across both nodes: exit $rc ($out)"
+                tail -5 "$log" 2>/dev/null | sed 's/^/    /'
+            fi
+        fi
+        slurm_cluster_stop
+    fi
 fi

@@ -2,6 +2,10 @@
  * plan_search.c — `cooktrain plan --search N` (plan_search.h): every valid layout of a config on
  * N devices of a hardware model, the ones that fit, their estimated step time, best first.
  *
+ * Layouts: tp, cp (when seq_len splits into 2·cp pieces), pp and dp over N's divisors, ep over
+ * dp's that divide the experts (MoE models), ZeRO 0-3, 1F1B or interleaved (v 2), power-of-two
+ * micro-batches, recompute off and on; the config's validation decides what is valid.
+ *
  * The step-time model (parallel/README.md, Plan search), per device:
  *   compute   = FLOPs per token × tokens per step / N × (4/3 with full recompute)
  *               / (peak FLOP/s of the precision × GEMM efficiency), stretched by the pipeline's
@@ -203,12 +207,12 @@ ct_status ct_hardware_load(const char *name, ct_hardware *hw) {
 /* ---- the search --------------------------------------------------------------------------- */
 
 typedef struct candidate {
-    int tp, pp, dp, zero, v, recompute;
+    int tp, cp, pp, dp, ep, zero, v, recompute;
     ct_schedule_kind schedule;
     int64_t micro_batch;
     double mem, compute, tp_s, cp_s, dp_s, dp_exposed, pp_s, ep_s, bubble, step;
     ct_plan_stage first; /* stage 0's rank, as `plan --json` and the trainer's rank 0 count */
-    bool tp_inter, dp_inter, pp_inter;
+    bool tp_inter, cp_inter, dp_inter, pp_inter, ep_inter;
 } candidate;
 
 /* Whether a group of `size` ranks `stride` apart stays inside one node. */
@@ -228,7 +232,8 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
     ct_config cfg = *base;
     cfg.parallel.tp = c->tp;
     cfg.parallel.pp = c->pp;
-    cfg.parallel.cp = 1;
+    cfg.parallel.cp = c->cp;
+    cfg.parallel.ep = c->ep;
     cfg.parallel.dp = c->dp;
     cfg.parallel.zero_stage = c->zero;
     cfg.parallel.schedule = c->schedule;
@@ -286,18 +291,23 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
     c->bubble = c->compute - pure;
     c->mem = most;
     const int per = hw->devices_per_node;
+    /* rank order: tp fastest, then cp, dp (ep: consecutive dp ranks), pp */
     c->tp_inter = !inside_node(1, c->tp, per);
-    c->dp_inter = !inside_node(c->tp, c->dp, per);
-    c->pp_inter = !inside_node(c->tp * c->dp, c->pp, per);
+    c->cp_inter = !inside_node(c->tp, c->cp, per);
+    c->dp_inter = !inside_node(c->tp * c->cp, c->dp, per);
+    c->ep_inter = !inside_node(c->tp * c->cp, c->ep, per);
+    c->pp_inter = !inside_node(c->tp * c->cp * c->dp, c->pp, per);
     const double layers = (double)cfg.model.n_layer / c->pp;
     /* tp: about four collectives a layer and microbatch, forward and backward */
     c->tp_s = link_time(hw, c->tp_inter, worst.tp_bytes, 4.0 * layers * m);
     c->dp_s = link_time(hw, c->dp_inter, worst.dp_bytes, layers + 2);
     c->pp_s = link_time(hw, c->pp_inter, worst.pp_bytes, 2.0 * m * c->v);
-    c->ep_s = link_time(hw, c->dp_inter, worst.ep_bytes, 4.0 * layers * m);
+    c->ep_s = link_time(hw, c->ep_inter, worst.ep_bytes, 4.0 * layers * m);
+    /* ring attention: two hops a layer and microbatch each way, forward and backward */
+    c->cp_s = link_time(hw, c->cp_inter, worst.cp_bytes, 4.0 * layers * m);
     const double hide = c->zero == 3 ? pure : pure * 2.0 / 3.0;
     c->dp_exposed = fmax(0.0, c->dp_s - hide);
-    c->step = c->compute + c->tp_s + c->dp_exposed + c->pp_s + c->ep_s;
+    c->step = c->compute + c->tp_s + c->cp_s + c->dp_exposed + c->pp_s + c->ep_s;
     return true;
 }
 
@@ -320,6 +330,12 @@ static void reasons(const candidate *c, const ct_hardware *hw, char *buf, size_t
     else
         SAY("tp %d on %s (%.1f ms)", c->tp, c->tp_inter ? "the network" : "the node's links",
             1e3 * c->tp_s);
+    if (c->cp > 1)
+        SAY("; cp %d ring on %s (%.1f ms)", c->cp, c->cp_inter ? "the network" : "the node's links",
+            1e3 * c->cp_s);
+    if (c->ep > 1)
+        SAY("; ep %d all-to-all on %s (%.1f ms)", c->ep,
+            c->ep_inter ? "the network" : "the node's links", 1e3 * c->ep_s);
     if (c->pp == 1)
         SAY("; no bubble");
     else
@@ -353,38 +369,48 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
     int cap = 256, count = 0, valid = 0;
     candidate *list = ct_xmalloc((size_t)cap * sizeof *list);
     const int64_t G = base->train.global_batch;
+    /* cp when the config's sequences split (seq_len a multiple of 2·cp); ep over dp's divisors
+     * that divide the experts, when the model has them */
+    const int64_t T = base->model.seq_len, E = base->model.moe_experts;
     for (int tp = 1; tp <= n; tp++) {
         if (n % tp) continue;
-        for (int pp = 1; pp <= n / tp; pp++) {
-            if ((n / tp) % pp) continue;
-            int dp = n / tp / pp;
-            if (G % dp) continue;
-            for (int zero = 0; zero <= 3; zero++) {
-                if (dp == 1 && zero > 0) continue; /* nothing to shard */
-                for (int sk = 0; sk < 2; sk++) {
-                    if (pp == 1 && sk > 0) continue;
-                    ct_schedule_kind kind = sk ? CT_SCHEDULE_INTERLEAVED : CT_SCHEDULE_1F1B;
-                    int v = sk ? 2 : 1;
-                    for (int64_t mb = 1; mb <= G / dp; mb *= 2) {
-                        if ((G / dp) % mb) continue;
-                        for (int rc = 0; rc < 2; rc++) {
-                            candidate c = {.tp = tp,
-                                           .pp = pp,
-                                           .dp = dp,
-                                           .zero = zero,
-                                           .v = v,
-                                           .recompute = rc,
-                                           .schedule = kind,
-                                           .micro_batch = mb};
-                            if (!evaluate(base, n, hw, be, &c)) continue;
-                            valid++;
-                            if (c.mem > 0.9 * hw->memory_bytes) continue;
-                            if (count == cap) {
-                                cap *= 2;
-                                list = realloc(list, (size_t)cap * sizeof *list);
-                                CT_ASSERT(list != NULL);
+        for (int cp = 1; cp <= n / tp; cp++) {
+            if ((n / tp) % cp || (cp > 1 && T % (2 * cp))) continue;
+            for (int pp = 1; pp <= n / tp / cp; pp++) {
+                if ((n / tp / cp) % pp) continue;
+                int dp = n / tp / cp / pp;
+                if (G % dp) continue;
+                for (int ep = 1; ep <= dp; ep++) {
+                    if (dp % ep || (ep > 1 && (!E || E % ep))) continue;
+                    for (int zero = 0; zero <= 3; zero++) {
+                        if (dp * cp == 1 && zero > 0) continue; /* nothing to shard */
+                        for (int sk = 0; sk < 2; sk++) {
+                            if (pp == 1 && sk > 0) continue;
+                            for (int64_t mb = 1; mb <= G / dp; mb *= 2) {
+                                if ((G / dp) % mb) continue;
+                                for (int rc = 0; rc < 2; rc++) {
+                                    candidate c = {.tp = tp,
+                                                   .cp = cp,
+                                                   .pp = pp,
+                                                   .dp = dp,
+                                                   .ep = ep,
+                                                   .zero = zero,
+                                                   .v = sk ? 2 : 1,
+                                                   .recompute = rc,
+                                                   .schedule = sk ? CT_SCHEDULE_INTERLEAVED
+                                                                  : CT_SCHEDULE_1F1B,
+                                                   .micro_batch = mb};
+                                    if (!evaluate(base, n, hw, be, &c)) continue;
+                                    valid++;
+                                    if (c.mem > 0.9 * hw->memory_bytes) continue;
+                                    if (count == cap) {
+                                        cap *= 2;
+                                        list = realloc(list, (size_t)cap * sizeof *list);
+                                        CT_ASSERT(list != NULL);
+                                    }
+                                    list[count++] = c;
+                                }
                             }
-                            list[count++] = c;
                         }
                     }
                 }
@@ -400,29 +426,31 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
                 "%d layouts valid for this config, %d fit in 90%% of device memory; the "
                 "best by estimated step time (parallel/README.md, Plan search):\n",
                 valid, count);
-        fprintf(out, "  # |  tp  pp  dp ZeRO schedule      mb recompute | memory     | compute  "
-                     "tp       dp (exposed)       pp+ep    | step       tokens/s\n");
+        fprintf(out, "  # |  tp  cp  pp  dp  ep ZeRO schedule      mb recompute | memory     | "
+                     "compute    tp+cp     dp (exposed)       pp+ep    | step       tokens/s\n");
     }
     for (int i = 0; i < count && i < top; i++) {
         const candidate *c = &list[i];
         if (json) {
-            fprintf(out,
-                    "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero_stage\": %d, \"schedule\": "
-                    "\"%s\", \"virtual_stages\": %d, \"micro_batch\": %lld, \"recompute\": %s, "
-                    "\"memory_bytes\": %.0f, \"compute_s\": %.6g, \"bubble_s\": %.6g, \"tp_s\": "
-                    "%.6g, \"dp_s\": %.6g, \"dp_exposed_s\": %.6g, \"pp_s\": %.6g, \"ep_s\": "
-                    "%.6g, \"step_s\": %.6g, \"tokens_per_s\": %.6g, \"tp_inter\": %s, "
-                    "\"dp_inter\": %s, \"pp_inter\": %s, \"stage0\": {\"params_bytes\": %zu, "
-                    "\"grads_bytes\": %zu, \"optim_bytes\": %zu, \"master_bytes\": %zu, "
-                    "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f}}\n",
-                    c->tp, c->pp, c->dp, c->zero, ct_schedule_kind_name(c->schedule), c->v,
-                    (long long)c->micro_batch, c->recompute ? "true" : "false", c->mem, c->compute,
-                    c->bubble, c->tp_s, c->dp_s, c->dp_exposed, c->pp_s, c->ep_s, c->step,
-                    tokens / c->step, c->tp_inter ? "true" : "false",
-                    c->dp_inter ? "true" : "false", c->pp_inter ? "true" : "false",
-                    c->first.mem[CT_MEM_PARAMS], c->first.mem[CT_MEM_GRADS],
-                    c->first.mem[CT_MEM_OPTIM], c->first.mem[CT_MEM_MASTER], c->first.dp_bytes,
-                    c->first.tp_bytes);
+            fprintf(
+                out,
+                "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d, "
+                "\"schedule\": "
+                "\"%s\", \"virtual_stages\": %d, \"micro_batch\": %lld, \"recompute\": %s, "
+                "\"memory_bytes\": %.0f, \"compute_s\": %.6g, \"bubble_s\": %.6g, \"tp_s\": "
+                "%.6g, \"cp_s\": %.6g, \"dp_s\": %.6g, \"dp_exposed_s\": %.6g, \"pp_s\": %.6g, "
+                "\"ep_s\": "
+                "%.6g, \"step_s\": %.6g, \"tokens_per_s\": %.6g, \"tp_inter\": %s, "
+                "\"dp_inter\": %s, \"pp_inter\": %s, \"stage0\": {\"params_bytes\": %zu, "
+                "\"grads_bytes\": %zu, \"optim_bytes\": %zu, \"master_bytes\": %zu, "
+                "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f}}\n",
+                c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, ct_schedule_kind_name(c->schedule),
+                c->v, (long long)c->micro_batch, c->recompute ? "true" : "false", c->mem,
+                c->compute, c->bubble, c->tp_s, c->cp_s, c->dp_s, c->dp_exposed, c->pp_s, c->ep_s,
+                c->step, tokens / c->step, c->tp_inter ? "true" : "false",
+                c->dp_inter ? "true" : "false", c->pp_inter ? "true" : "false",
+                c->first.mem[CT_MEM_PARAMS], c->first.mem[CT_MEM_GRADS], c->first.mem[CT_MEM_OPTIM],
+                c->first.mem[CT_MEM_MASTER], c->first.dp_bytes, c->first.tp_bytes);
             continue;
         }
         char mem[32], why[512], sched[24];
@@ -430,11 +458,11 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
         if (c->pp > 1 && c->v > 1) snprintf(sched, sizeof sched, "interleaved v%d", c->v);
         reasons(c, hw, why, sizeof why);
         fprintf(out,
-                "%3d | %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms %6.2f ms "
-                "(%6.2f) %6.2f ms | %7.2f ms %9.0f\n      %s\n",
-                i + 1, c->tp, c->pp, c->dp, c->zero, sched, (long long)c->micro_batch,
+                "%3d | %3d %3d %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms "
+                "%6.2f ms (%6.2f) %6.2f ms | %7.2f ms %9.0f\n      %s\n",
+                i + 1, c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, sched, (long long)c->micro_batch,
                 c->recompute ? "full" : "none", ct_format_bytes(mem, sizeof mem, c->mem),
-                1e3 * c->compute, 1e3 * c->tp_s, 1e3 * c->dp_s, 1e3 * c->dp_exposed,
+                1e3 * c->compute, 1e3 * (c->tp_s + c->cp_s), 1e3 * c->dp_s, 1e3 * c->dp_exposed,
                 1e3 * (c->pp_s + c->ep_s), 1e3 * c->step, tokens / c->step, why);
     }
     ct_status st = CT_OK;

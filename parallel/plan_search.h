@@ -28,9 +28,9 @@ ct_status ct_hardware_load(const char *name_or_path, ct_hardware *hw);
 ct_status ct_hardware_measure_cpu(ct_hardware *hw);
 void ct_hardware_print_yaml(const ct_hardware *hw, FILE *out);
 
-/* Every valid (tp, pp, dp, ZeRO stage, schedule and virtual stages, micro-batch, recompute) of
- * `cfg` on n devices (cp 1; ep as the config sets it), those that fit, the best `top` printed
- * with their estimated costs and why (json: one object per layout). CT_ERR_INPUT when none fits. */
+/* Every valid (tp, cp, pp, dp, ep, ZeRO stage, schedule and virtual stages, micro-batch,
+ * recompute) of `cfg` on n devices, those that fit, the best `top` printed with their estimated
+ * costs and why (json: one object per layout). CT_ERR_INPUT when none fits. */
 ct_status ct_plan_search(const ct_config *cfg, int n, const ct_hardware *hw, int top, bool json,
                          FILE *out);
 

@@ -254,21 +254,17 @@ static void print_groups(const ct_pctx *p, group_kind kind, FILE *out) {
     fputc('\n', out);
 }
 
-/* How many groups of `kind` have members on more than one host. */
-static int groups_spanning_hosts(const ct_pctx *p, group_kind kind) {
-    int n = p->world_size, key, spanning = 0;
+/* Whether some group of `kind` has members on more than one host. */
+static bool group_spans_hosts(const ct_pctx *p, group_kind kind) {
+    int n = p->world_size, key;
     grid g = grid_of(p);
     for (int r = 0; r < n; r++) {
         int color = group_color(kind, r, g, &key);
-        bool first = color >= 0, spans = false;
-        for (int s = 0; s < n && first; s++) {
-            if (group_color(kind, s, g, &key) != color) continue;
-            if (s < r) first = false;
-            if (ct_mpi_host_of(s) != ct_mpi_host_of(r)) spans = true;
-        }
-        spanning += first && spans;
+        for (int s = r + 1; s < n && color >= 0; s++)
+            if (group_color(kind, s, g, &key) == color && ct_mpi_host_of(s) != ct_mpi_host_of(r))
+                return true;
     }
-    return spanning;
+    return false;
 }
 
 /* "hosts: 2 (ranks per host: 2 2); tp groups within a host, dp groups across hosts, ..." */
@@ -285,14 +281,17 @@ static void print_hosts(const ct_pctx *p, FILE *out) {
         const group_kind shown[] = {GROUP_TP, GROUP_CP, GROUP_PP, GROUP_DP, GROUP_EP};
         const int sizes[] = {p->tp, p->cp, p->pp, p->dp, p->ep};
         const char *sep = ";";
+        bool tp_across = false;
         for (int i = 0; i < 5; i++) {
             if (sizes[i] <= 1) continue;
+            bool across = group_spans_hosts(p, shown[i]);
+            if (shown[i] == GROUP_TP) tp_across = across;
             fprintf(out, "%s %s groups %s", sep, group_names[shown[i]],
-                    groups_spanning_hosts(p, shown[i]) ? "across hosts" : "within a host");
+                    across ? "across hosts" : "within a host");
             sep = ",";
         }
         /* tp all-reduces run at every layer, on the critical path: they want one host's links */
-        if (p->tp > 1 && groups_spanning_hosts(p, GROUP_TP))
+        if (tp_across)
             fprintf(out,
                     " (tp across hosts is slow: give each host a multiple of tp=%d ranks, "
                     "filled in rank order, e.g. mpirun --map-by slot)",

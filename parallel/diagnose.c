@@ -229,6 +229,11 @@ static bool same_op(const op_rec *a, const op_rec *b) {
     return !strcmp(a->kind, "all_to_all_v") || a->bytes == b->bytes; /* v: counts differ */
 }
 
+/* World rank wr's record, or NULL when it wrote none. */
+static const rank_rec *record_of(const diag *d, int wr) {
+    return wr < d->world && d->ranks[wr].rank >= 0 ? &d->ranks[wr] : NULL;
+}
+
 static void check_collectives(const diag *d, int g, finding *best) {
     const global_group *gg = &d->groups[g];
     char label[1024], line[4096], clock[32];
@@ -236,29 +241,31 @@ static void check_collectives(const diag *d, int g, finding *best) {
     /* every seq some member entered */
     for (int m = 0; m < gg->size; m++) {
         int wr = gg->members[m];
-        if (wr >= d->world || d->ranks[wr].rank < 0) continue;
-        const rank_rec *r = &d->ranks[wr];
-        for (int i = 0; i < r->n_ops; i++) {
+        const rank_rec *r = record_of(d, wr);
+        for (int i = 0; r && i < r->n_ops; i++) {
             const op_rec *o = &r->ops[i];
             if (o->group != g || is_p2p(o)) continue;
             /* this op is the candidate's first entry only on its lowest member with it */
             bool first = true;
             for (int q = 0; q < m && first; q++) {
-                int wq = gg->members[q];
-                if (wq < d->world && d->ranks[wq].rank >= 0 &&
-                    find_op(&d->ranks[wq], g, NULL, -1, o->seq))
-                    first = false;
+                const rank_rec *rq = record_of(d, gg->members[q]);
+                if (rq && find_op(rq, g, NULL, -1, o->seq)) first = false;
             }
             if (!first) continue;
             double when = o->start;
             char entered[1024] = "", missing[2048] = "", differs[2048] = "";
             size_t ne = 0, nm = 0, nd = 0;
+            /* the first member named as missing; whether it completed anywhere: then every
+             * member entered it, and one without a record is no suspect */
+            int first_missing = -1;
+            bool unfinished = true;
             for (int q = 0; q < gg->size; q++) {
                 int wq = gg->members[q];
-                const rank_rec *rq = wq < d->world && d->ranks[wq].rank >= 0 ? &d->ranks[wq] : NULL;
+                const rank_rec *rq = record_of(d, wq);
                 const op_rec *oq = rq ? find_op(rq, g, NULL, -1, o->seq) : NULL;
                 if (oq) {
                     if (oq->start < when) when = oq->start;
+                    if (!strcmp(oq->state, "completed")) unfinished = false;
                     if (ne < sizeof entered)
                         ne += (size_t)snprintf(entered + ne, sizeof entered - ne, " %d", wq);
                     if (!same_op(oq, o) && nd < sizeof differs)
@@ -270,10 +277,12 @@ static void check_collectives(const diag *d, int g, finding *best) {
                 unsigned long long hi;
                 const op_rec *last;
                 if (!rq) {
+                    if (first_missing < 0) first_missing = wq;
                     if (nm < sizeof missing)
                         nm += (size_t)snprintf(missing + nm, sizeof missing - nm,
                                                "; rank %d wrote no flight record", wq);
                 } else if (newest(rq, g, NULL, -1, &hi, &last) && hi < o->seq) {
+                    if (first_missing < 0) first_missing = wq;
                     if (nm < sizeof missing)
                         nm += (size_t)snprintf(
                             missing + nm, sizeof missing - nm,
@@ -286,43 +295,20 @@ static void check_collectives(const diag *d, int g, finding *best) {
                                  : "");
                 }
             }
-            if (!nm && !nd) continue;
-            /* A member without a record is suspect only while the collective is unfinished: one
-             * that completed anywhere was entered by every member. */
-            bool unfinished = true;
-            for (int q = 0; q < gg->size && unfinished; q++) {
-                int wq = gg->members[q];
-                const rank_rec *rq = wq < d->world && d->ranks[wq].rank >= 0 ? &d->ranks[wq] : NULL;
-                const op_rec *oq = rq ? find_op(rq, g, NULL, -1, o->seq) : NULL;
-                if (oq && !strcmp(oq->state, "completed")) unfinished = false;
-            }
-            if (!nd && !unfinished) continue;
+            if (!nd && (!nm || !unfinished)) continue;
             clock_label(when, clock, sizeof clock);
-            if (nd) {
+            if (nd)
                 snprintf(line, sizeof line,
                          "diagnosis: collective #%llu on group %s differs between ranks: rank %d "
                          "%s (%s, %llu bytes)%s\n  entered by ranks%s, the first at %s%s\n",
                          o->seq, label, wr, o->kind, o->dtype, o->bytes, differs, entered, clock,
                          missing);
-            } else {
-                /* the first rank named as missing */
-                int first_missing = -1;
-                for (int q = 0; q < gg->size && first_missing < 0; q++) {
-                    int wq = gg->members[q];
-                    const rank_rec *rq =
-                        wq < d->world && d->ranks[wq].rank >= 0 ? &d->ranks[wq] : NULL;
-                    unsigned long long hi;
-                    const op_rec *last;
-                    if (!rq || (!find_op(rq, g, NULL, -1, o->seq) &&
-                                newest(rq, g, NULL, -1, &hi, &last) && hi < o->seq))
-                        first_missing = wq;
-                }
+            else
                 snprintf(line, sizeof line,
                          "diagnosis: rank %d never entered collective #%llu (%s, %s, %llu bytes) "
                          "on group %s\n  entered by ranks%s, the first at %s%s\n",
                          first_missing, o->seq, o->kind, o->dtype, o->bytes, label, entered, clock,
                          missing);
-            }
             consider(best, when, line);
         }
     }
@@ -334,14 +320,13 @@ static void check_p2p(const diag *d, int g, finding *best) {
     group_label(gg, label, sizeof label);
     for (int m = 0; m < gg->size; m++) {
         int wr = gg->members[m];
-        if (wr >= d->world || d->ranks[wr].rank < 0) continue;
-        const rank_rec *r = &d->ranks[wr];
-        for (int i = 0; i < r->n_ops; i++) {
+        const rank_rec *r = record_of(d, wr);
+        for (int i = 0; r && i < r->n_ops; i++) {
             const op_rec *o = &r->ops[i];
             if (o->group != g || !is_p2p(o) || o->peer < 0 || o->peer >= gg->size) continue;
             bool send = !strcmp(o->kind, "send");
             int wq = gg->members[o->peer];
-            const rank_rec *rq = wq < d->world && d->ranks[wq].rank >= 0 ? &d->ranks[wq] : NULL;
+            const rank_rec *rq = record_of(d, wq);
             const char *other = send ? "recv" : "send";
             unsigned long long hi;
             const op_rec *last;

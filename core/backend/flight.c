@@ -36,15 +36,23 @@ typedef struct group_info {
     int *members; /* world ranks; NULL when unknown */
 } group_info;
 
+/* A pending non-blocking operation and its record. */
+typedef struct pending_req {
+    ct_comm_request *req;
+    int64_t id;
+} pending_req;
+
 /* Per-comm counters (comm->flight). */
 struct ct_flight_group {
     int group;
     uint64_t coll;          /* collectives started */
     uint64_t *sent, *recvd; /* per peer: sends to it, receives from it */
-    ct_comm_request **reqs; /* pending non-blocking operations and their records */
-    int64_t *req_ids;
+    pending_req *reqs;
     int n_reqs, cap_reqs;
 };
+
+/* What COOKTRAIN_FAULT_COMM asks for. */
+enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_SLEEP };
 
 static struct {
     pthread_mutex_t mu;
@@ -64,7 +72,7 @@ static struct {
     int fault_rank;
     char fault_group[32];
     uint64_t fault_seq;
-    int fault_action; /* 1 skip, 2 mismatch, 3 sleep */
+    int fault_action; /* FAULT_* */
     double fault_seconds;
     bool fault_done;
 } fr = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -83,10 +91,6 @@ static void *writer_main(void *arg) {
         ct_flight_dump(sig == SIGUSR2 ? "SIGUSR2" : sig == SIGTERM ? "SIGTERM" : "signal");
     }
     return NULL;
-}
-
-static void on_usr2(int sig) {
-    ct_flight_signal(sig);
 }
 
 void ct_flight_configure(int capacity, const char *dir, int world_size) {
@@ -111,7 +115,7 @@ void ct_flight_configure(int capacity, const char *dir, int world_size) {
         pthread_detach(thread);
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_usr2;
+        sa.sa_handler = ct_flight_signal;
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;
         sigaction(SIGUSR2, &sa, NULL);
@@ -139,24 +143,25 @@ static void read_fault(void) {
                env);
     fr.fault_seq = seq;
     fr.fault_seconds = seconds;
-    fr.fault_action = !strcmp(action, "skip")       ? 1
-                      : !strcmp(action, "mismatch") ? 2
-                      : !strcmp(action, "sleep")    ? 3
-                                                    : 0;
+    fr.fault_action = !strcmp(action, "skip")       ? FAULT_SKIP
+                      : !strcmp(action, "mismatch") ? FAULT_MISMATCH
+                      : !strcmp(action, "sleep")    ? FAULT_SLEEP
+                                                    : FAULT_NONE;
     CT_ASSERTF(fr.fault_action, "COOKTRAIN_FAULT_COMM: unknown action '%s'", action);
 }
 
 static int planted(const ct_comm *comm, ct_comm_op_kind kind, uint64_t seq) {
     if (!fr.fault_read) read_fault();
-    if (!fr.fault_action || fr.fault_done || kind == CT_COMM_SEND) return 0;
-    if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0) return 0;
-    if (seq != fr.fault_seq) return 0;
+    if (!fr.fault_action || fr.fault_done || kind == CT_COMM_SEND) return FAULT_NONE;
+    if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0)
+        return FAULT_NONE;
+    if (seq != fr.fault_seq) return FAULT_NONE;
     fr.fault_done = true;
     fprintf(stderr, "cooktrain: planted fault on rank %d: %s of collective #%llu on group %s\n",
             ct_log_rank(),
-            fr.fault_action == 1   ? "skip"
-            : fr.fault_action == 2 ? "a barrier in place"
-                                   : "sleep before",
+            fr.fault_action == FAULT_SKIP       ? "skip"
+            : fr.fault_action == FAULT_MISMATCH ? "a barrier in place"
+                                                : "sleep before",
             (unsigned long long)seq, comm->name);
     return fr.fault_action;
 }
@@ -195,17 +200,18 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
     struct ct_flight_group *g = group_of(comm);
     bool p2p = kind == CT_COMM_SEND;
     uint64_t seq;
-    int fault = 0;
+    int fault = FAULT_NONE;
     if (p2p) {
         CT_ASSERTF(peer >= 0 && peer < comm->size, "peer %d of group %s", peer, comm->name);
         seq = is_recv ? ++g->recvd[peer] : ++g->sent[peer];
     } else {
         seq = g->coll + 1;
         fault = planted(comm, kind, seq);
-        if (fault == 1) return CT_FAULT_SKIP; /* not issued, not counted */
+        if (fault == FAULT_SKIP) return CT_FAULT_SKIP; /* not issued, not counted */
         g->coll = seq;
-        if (fault == 2) kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8; /* as what it is */
-        if (fault == 3) {
+        if (fault == FAULT_MISMATCH) /* recorded as what it is */
+            kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8;
+        if (fault == FAULT_SLEEP) {
             double s = fr.fault_seconds;
             struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
@@ -230,7 +236,7 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
         pthread_mutex_unlock(&fr.mu);
         *id = rec;
     }
-    return fault == 2 ? CT_FAULT_MISMATCH : CT_FAULT_NONE;
+    return fault == FAULT_MISMATCH ? CT_FAULT_MISMATCH : CT_FAULT_NONE;
 }
 
 int64_t ct_flight_last(void) {
@@ -254,21 +260,18 @@ void ct_flight_request(ct_comm *comm, ct_comm_request *req, int64_t id) {
     if (g->n_reqs == g->cap_reqs) {
         g->cap_reqs = g->cap_reqs ? 2 * g->cap_reqs : 16;
         g->reqs = realloc(g->reqs, (size_t)g->cap_reqs * sizeof *g->reqs);
-        g->req_ids = realloc(g->req_ids, (size_t)g->cap_reqs * sizeof *g->req_ids);
-        CT_ASSERT(g->reqs && g->req_ids);
+        CT_ASSERT(g->reqs);
     }
-    g->reqs[g->n_reqs] = req;
-    g->req_ids[g->n_reqs++] = id;
+    g->reqs[g->n_reqs++] = (pending_req){req, id};
 }
 
 int64_t ct_flight_request_take(ct_comm *comm, ct_comm_request *req) {
     struct ct_flight_group *g = comm->flight;
     if (!g) return 0;
     for (int i = g->n_reqs - 1; i >= 0; i--) {
-        if (g->reqs[i] != req) continue;
-        int64_t id = g->req_ids[i];
+        if (g->reqs[i].req != req) continue;
+        int64_t id = g->reqs[i].id;
         g->reqs[i] = g->reqs[--g->n_reqs];
-        g->req_ids[i] = g->req_ids[g->n_reqs];
         return id;
     }
     return 0;
@@ -280,7 +283,6 @@ void ct_flight_forget(ct_comm *comm) {
     free(g->sent);
     free(g->recvd);
     free(g->reqs);
-    free(g->req_ids);
     free(g);
     comm->flight = NULL;
 }

@@ -150,6 +150,16 @@ ct_status ct_mkdir_parents(const char *path) {
     return CT_OK;
 }
 
+int ct_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ct_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, ct_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 double ct_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -153,6 +153,11 @@ static inline bool ct_add_i64(int64_t a, int64_t b, int64_t *out) {
 /* Monotonic wall time in seconds. */
 double ct_now(void);
 
+/* qsort's comparison of two doubles, ascending (NaN-free input). */
+int ct_cmp_double(const void *a, const void *b);
+/* The median of v[0..n) (n > 0; the mean of the middle two when n is even); sorts v. */
+double ct_median(double *v, int n);
+
 /* Little-endian encoding: every file format of the project is little-endian whatever the host
  * (and says so with a byte-order mark); compilers turn these into single loads and stores. */
 static inline void ct_put_le32(uint8_t *p, uint32_t v) {

@@ -326,12 +326,7 @@ static double median(const series *s) {
     if (!s->n) return NAN;
     double *v = ct_xmalloc((size_t)s->n * sizeof *v);
     memcpy(v, s->y, (size_t)s->n * sizeof *v);
-    for (int i = 1; i < s->n; i++) /* insertion sort: a few thousand steps at most */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    double m = s->n % 2 ? v[s->n / 2] : 0.5 * (v[s->n / 2 - 1] + v[s->n / 2]);
+    double m = ct_median(v, s->n);
     free(v);
     return m;
 }

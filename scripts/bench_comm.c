@@ -38,16 +38,6 @@ enum { PATH_CT, PATH_MPI, PATH_CT_NB, PATH_MPI_NB, N_PATHS };
 static const char *op_names[N_OPS] = {"allreduce", "reduce_scatter", "allgather"};
 static const char *path_names[N_PATHS] = {"ct_comm", "mpi", "ct_nb", "mpi_nb"};
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Single-thread memcpy GB/s over `bytes`, median of 5 after a warm-up. */
 static double memcpy_gbps(size_t bytes) {
     char *a = malloc(bytes), *b = malloc(bytes);
@@ -62,7 +52,7 @@ static double memcpy_gbps(size_t bytes) {
     }
     free(a);
     free(b);
-    return (double)bytes / median(t, 5) / 1e9;
+    return (double)bytes / ct_median(t, 5) / 1e9;
 }
 
 /* One timed run of one op through one path; returns this rank's seconds. */
@@ -178,7 +168,7 @@ int main(int argc, char **argv) {
                 }
                 /* Values grow with every allreduce; keep them small so no run hits inf. */
                 if (op == OP_ALLREDUCE) memset(buf, 0, (size_t)n * 4);
-                double sec = median(t, reps);
+                double sec = ct_median(t, reps);
                 path_sec[path] = sec;
                 double algbw = (double)n * 4 / sec / 1e9;
                 double factor = op == OP_ALLREDUCE ? 2.0 * (N - 1) / N : (double)(N - 1) / N;

@@ -3,11 +3,6 @@
 
 #include <stdlib.h>
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Times C = op(A)·op(B) + beta·C for one shape, A and B of dtype ab, C of dtype c; returns the
  * median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
@@ -33,7 +28,7 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
         ct_backend_sync(be);
         times[r] = ct_now() - t0;
     }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    qsort(times, (size_t)reps, sizeof(double), ct_cmp_double);
     double median = times[reps / 2];
     free(times);
     ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);

@@ -17,6 +17,7 @@
  */
 #include "cuda/backend_cuda.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,12 @@ struct ct_cuda_ctx {
     ct_cuda_gemm_ctx *gemm;
     void *workspace[2]; /* ct_cuda_workspace */
     size_t workspace_bytes[2];
+    /* The stream's clock (backend.h, mark): one timing event per mark id, and the anchor, an
+     * event recorded on the idle stream at host time anchor_host (ct_cuda_event_time). */
+    cudaEvent_t *marks;
+    int64_t cap_marks;
+    cudaEvent_t anchor;
+    double anchor_host;
 };
 
 cudaStream_t ct_cuda_stream(const ct_cuda_ctx *cx) {
@@ -365,6 +372,55 @@ static void cuda_sync(void *ctx) {
     ct_cuda_host_wait(cx->stream, NULL);
 }
 
+static const struct ct_backend_i cuda_iface;
+
+/* ---- the clock ----------------------------------------------------------------------------- */
+
+/* Records the anchor on the stream and waits for it: with nothing else queued it passes at once,
+ * so its device time is the host time read just after (within the wait's return, microseconds). */
+static void clock_anchor(ct_cuda_ctx *cx) {
+    CT_CUDA_CHECK(cudaEventRecord(cx->anchor, cx->stream));
+    CT_CUDA_CHECK(cudaEventSynchronize(cx->anchor));
+    cx->anchor_host = ct_now();
+}
+
+double ct_cuda_backend_event_time(const ct_backend *be, cudaEvent_t event) {
+    CT_ASSERTF(be->iface == &cuda_iface, "backend %s is not the CUDA backend", be->iface->name);
+    const ct_cuda_ctx *cx = be->ctx;
+    float ms = 0.0f;
+    cudaError_t e = cudaEventElapsedTime(&ms, cx->anchor, event);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the event has not passed, or never ran */
+        return NAN;
+    }
+    return cx->anchor_host + 1e-3 * ms;
+}
+
+static void cuda_mark(void *ctx, int64_t id) {
+    ct_cuda_ctx *cx = ctx;
+    if (id >= cx->cap_marks) {
+        int64_t cap = CT_MAX(2 * cx->cap_marks, id + 64);
+        cx->marks = realloc(cx->marks, (size_t)cap * sizeof *cx->marks);
+        CT_ASSERT(cx->marks != NULL);
+        for (int64_t i = cx->cap_marks; i < cap; i++)
+            CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->marks[i], cudaEventDefault));
+        cx->cap_marks = cap;
+    }
+    CT_CUDA_CHECK(cudaEventRecord(cx->marks[id], cx->stream));
+}
+
+/* Every mark has passed (the caller synchronised): each one's distance back from a new anchor.
+ * The float milliseconds of cudaEventElapsedTime keep ~7 digits: microseconds over a step. */
+static void cuda_marks_read(void *ctx, int64_t n, double *times) {
+    ct_cuda_ctx *cx = ctx;
+    clock_anchor(cx);
+    for (int64_t i = 0; i < n; i++) {
+        float ms = 0.0f;
+        CT_CUDA_CHECK(cudaEventElapsedTime(&ms, cx->marks[i], cx->anchor));
+        times[i] = cx->anchor_host - 1e-3 * ms;
+    }
+}
+
 /* ---- the device ---------------------------------------------------------------------------- */
 
 /* Dense multiply-adds per clock per SM, times 2 (FLOPs), by compute capability: tensor cores for
@@ -402,6 +458,9 @@ static void cuda_free_backend(void *ctx) {
     for (int s = 0; s < 2; s++)
         if (cx->workspace[s]) CT_CUDA_CHECK(cudaFree(cx->workspace[s]));
     for (int e = 0; e < CT_BACKEND_EVENTS; e++) CT_CUDA_CHECK(cudaEventDestroy(cx->events[e]));
+    for (int64_t i = 0; i < cx->cap_marks; i++) CT_CUDA_CHECK(cudaEventDestroy(cx->marks[i]));
+    free(cx->marks);
+    CT_CUDA_CHECK(cudaEventDestroy(cx->anchor));
     CT_CUDA_CHECK(cudaStreamDestroy(cx->stream));
     free(cx);
 }
@@ -450,6 +509,8 @@ static const struct ct_backend_i cuda_iface = {
     .cast = cuda_cast,
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
+    .mark = cuda_mark,
+    .marks_read = cuda_marks_read,
     .sync = cuda_sync,
     .peak_flops = cuda_peak_flops,
     .describe = cuda_describe,
@@ -492,6 +553,8 @@ ct_backend *ct_cuda_backend_new(int device) {
     CT_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     for (int e = 0; e < CT_BACKEND_EVENTS; e++)
         CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->events[e], cudaEventDisableTiming));
+    CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->anchor, cudaEventDefault));
+    clock_anchor(cx);
     cx->gemm = ct_cuda_gemm_new(cx->stream);
     ct_backend *be = ct_xcalloc(1, sizeof *be);
     be->iface = &cuda_iface;

@@ -5,6 +5,7 @@
 #include "cuda/comm_nccl.h"
 
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static const char *nccl_result_name(ncclResult_t r) {
 
 /* A device operation the watchdog tracks, from issue until its event has passed. */
 typedef struct flight {
-    cudaEvent_t done;
+    cudaEvent_t began, done; /* on the operation's stream, just before it and just after */
     ct_comm_op_kind kind;
     char what[32]; /* dtype and op, for the report */
     int64_t bytes;
@@ -137,18 +138,24 @@ static bool on_device(const void *p) {
 static cudaEvent_t event_get(nccl_group *g) {
     if (g->n_spare > 0) return g->spare[--g->n_spare];
     cudaEvent_t e;
-    CT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    /* timed: the trace's device spans (flight.h, ct_flight_end_device) */
+    CT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
     return e;
 }
 
-static void flight_unref(nccl_group *g, flight *f) {
-    if (--f->refs > 0) return;
+static void event_put(nccl_group *g, cudaEvent_t e) {
     if (g->n_spare == g->cap_spare) {
         g->cap_spare = g->cap_spare ? 2 * g->cap_spare : 16;
         g->spare = realloc(g->spare, (size_t)g->cap_spare * sizeof *g->spare);
         CT_ASSERT(g->spare != NULL);
     }
-    g->spare[g->n_spare++] = f->done;
+    g->spare[g->n_spare++] = e;
+}
+
+static void flight_unref(nccl_group *g, flight *f) {
+    if (--f->refs > 0) return;
+    event_put(g, f->began);
+    event_put(g, f->done);
     free(f);
 }
 
@@ -157,6 +164,7 @@ static void flight_unref(nccl_group *g, flight *f) {
 static flight *flight_new(nccl_group *g, ct_comm_op_kind kind, ct_dtype dt, int op, int64_t bytes,
                           bool p2p) {
     flight *f = ct_xcalloc(1, sizeof *f);
+    f->began = event_get(g);
     f->done = event_get(g);
     f->kind = kind;
     static const char *ops[] = {"sum", "max", "min"};
@@ -213,7 +221,13 @@ static void watchdog_check(nccl_group *g) {
         flight *f = g->flights[i];
         cudaError_t e = cudaEventQuery(f->done);
         if (e == cudaSuccess) {
-            ct_flight_end(f->record, false);
+            /* the device's times, when both events have them (flight.h) */
+            double t0 = ct_cuda_backend_event_time(g->be, f->began),
+                   t1 = ct_cuda_backend_event_time(g->be, f->done);
+            if (isnan(t0) || isnan(t1))
+                ct_flight_end(f->record, false);
+            else
+                ct_flight_end_device(f->record, t0, t1);
             flight_unref(g, f);
             continue;
         }
@@ -236,6 +250,11 @@ static void after_compute(nccl_group *g, cudaStream_t stream) {
     if (!g->compute_pending) return;
     CT_CUDA_CHECK(cudaStreamWaitEvent(stream, g->compute_event, 0));
     g->compute_pending = false;
+}
+
+/* The operation starts here on `stream` (after what it waits for): its device span opens. */
+static void begin_on(flight *f, cudaStream_t stream) {
+    CT_CUDA_CHECK(cudaEventRecord(f->began, stream));
 }
 
 /* Records the operation's completion on `stream`, issued now: from here the watchdog tracks it
@@ -280,6 +299,7 @@ static ct_comm_request *host_request(ct_comm_request *boot) {
 /* Starts the held sends and receives as one NCCL group. */
 static void flush_p2p(nccl_group *g) {
     if (g->n_held == 0) return;
+    for (int i = 0; i < g->n_held; i++) begin_on(g->held[i].f, g->stream);
     CT_NCCL_CHECK(ncclGroupStart());
     for (int i = 0; i < g->n_held; i++) {
         held_p2p *h = &g->held[i];
@@ -331,7 +351,9 @@ static flight *start_collective(nccl_group *g, ct_comm_op_kind kind, ct_dtype dt
                                 int64_t n) {
     after_compute(g, g->stream);
     flush_p2p(g);
-    return flight_new(g, kind, dt, op, n * (int64_t)ct_dtype_size(dt), false);
+    flight *f = flight_new(g, kind, dt, op, n * (int64_t)ct_dtype_size(dt), false);
+    begin_on(f, g->stream);
+    return f;
 }
 
 static flight *start_allreduce(nccl_group *g, void *buf, int64_t n, ct_dtype dt, ct_reduce_op op) {
@@ -437,6 +459,7 @@ static ct_comm_request *channel_p2p(nccl_group *g, channel *ch, void *buf, int64
     after_compute(g, ch->stream);
     flight *f = flight_new(g, CT_COMM_SEND, dt, ch->send ? OP_NONE : OP_RECEIVE,
                            n * (int64_t)ct_dtype_size(dt), true);
+    begin_on(f, ch->stream);
     if (ch->send)
         CT_NCCL_CHECK(ncclSend(buf, (size_t)n, nccl_dtype(dt), 1, ch->nccl, ch->stream));
     else

@@ -48,6 +48,11 @@ int ct_cuda_sm_count(const ct_cuda_ctx *cx);
  * and the asynchronous stream cannot carry NCCL groups). */
 cudaStream_t ct_cuda_backend_stream(const ct_backend *be);
 cudaEvent_t ct_cuda_backend_event(const ct_backend *be, int event);
+/* When `event` (timing enabled, on any stream of the device) passed, in seconds on ct_now's
+ * clock: its distance from the clock's anchor (backend.h, mark; re-anchored at every
+ * ct_backend_marks_settle), so best for events within a step or so of the last settle. NAN when
+ * it has not passed. */
+double ct_cuda_backend_event_time(const ct_backend *be, cudaEvent_t event);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
  */
 #include "data_parallel.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,7 @@ typedef struct dp_unit {
 
 struct ct_dp {
     ct_model *model;
+    ct_backend *be; /* the model's: its stream's clock times waits and events */
     ct_comm *comm; /* the dp group (dp × cp) */
     ct_comm *edp;  /* the expert units' group (== comm without expert parallelism) */
     int stage, N, rank;
@@ -61,10 +63,11 @@ struct ct_dp {
     uint64_t clock;         /* counts slot acquisitions */
     int microbatch;         /* the microbatch announced last (labels events) */
     int backwards_per_step; /* backward passes of every unit per step (ct_dp_begin_step) */
-    double created, exposed;
+    double created;
     bool logging;
     ct_dp_event *events;
-    int n_events, cap_events;
+    int n_events, cap_events, settled_events; /* events before settled_events have their time */
+    ct_waits waits; /* the compute stream's waits for communication (exposed) */
 };
 
 /* ---- small helpers ----------------------------------------------------------------------------
@@ -77,16 +80,37 @@ static void log_event(ct_dp *dp, ct_dp_event_kind kind, int unit) {
         dp->events = realloc(dp->events, (size_t)dp->cap_events * sizeof *dp->events);
         CT_ASSERT(dp->events != NULL);
     }
-    dp->events[dp->n_events++] = (ct_dp_event){
-        .kind = kind, .unit = unit, .microbatch = dp->microbatch, .time = ct_now() - dp->created};
+    dp->events[dp->n_events++] = (ct_dp_event){.kind = kind,
+                                               .unit = unit,
+                                               .microbatch = dp->microbatch,
+                                               .time = NAN,
+                                               .mark = ct_backend_mark(dp->be)};
 }
 
-/* Waits for a request, counting the time as exposed communication. */
+/* Exposed communication is what the compute stream waits: a mark before the wait and one after
+ * (the stream passes the second once the communication it now waits for is done), read at
+ * ct_dp_settle. wait_begin returns the first mark for wait_end. */
+static int64_t wait_begin(ct_dp *dp) {
+    return ct_backend_mark(dp->be);
+}
+
+static void wait_end(ct_dp *dp, int64_t before) {
+    ct_waits_end(&dp->waits, dp->be, before);
+}
+
+/* Waits for a request, counting the wait as exposed communication. */
 static void timed_wait(ct_dp *dp, ct_comm *comm, ct_comm_request *req) {
     if (!req) return;
-    double t0 = ct_now();
+    int64_t before = wait_begin(dp);
     ct_comm_wait(comm, req);
-    dp->exposed += ct_now() - t0;
+    wait_end(dp, before);
+}
+
+void ct_dp_settle(ct_dp *dp) {
+    ct_waits_settle(&dp->waits, dp->be);
+    for (int i = dp->settled_events; i < dp->n_events; i++)
+        dp->events[i].time = ct_backend_mark_time(dp->be, dp->events[i].mark) - dp->created;
+    dp->settled_events = dp->n_events;
 }
 
 static ct_tensor *view(const ct_tensor *t, int64_t offset, int64_t n) {
@@ -278,9 +302,9 @@ static void tp_reduce_replicated(ct_dp *dp, int u) {
         reqs[n++] = ct_comm_iallreduce(tp, p->grad->data, p->numel, p->grad->dtype, CT_REDUCE_SUM);
     }
     for (int i = 0; i < n; i++) {
-        double t0 = ct_now();
+        int64_t before = wait_begin(dp);
         ct_comm_wait(tp, reqs[i]);
-        dp->exposed += ct_now() - t0;
+        wait_end(dp, before);
     }
     free(reqs);
 }
@@ -364,6 +388,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
     dp->n_gather = GATHER_POOL - 1;
     dp->backwards_per_step = 1;
     dp->created = ct_now();
+    dp->be = ct_model_backend(model);
     ct_backend *be = ct_model_backend(model);
     /* The tied embedding on one rank: its unit gets the dedicated slots. */
     int tied_unit;
@@ -471,6 +496,7 @@ void ct_dp_free(ct_dp *dp) {
     ct_optim_free(dp->opt);
     free(dp->units);
     free(dp->events);
+    ct_waits_release(&dp->waits);
     free(dp);
 }
 
@@ -478,7 +504,7 @@ void ct_dp_free(ct_dp *dp) {
 
 void ct_dp_begin_step(ct_dp *dp, int n_microbatches) {
     CT_ASSERT(n_microbatches >= 1);
-    dp->exposed = 0.0;
+    dp->waits.seconds = 0.0;
     dp->backwards_per_step = n_microbatches;
     const int nu = ct_model_n_units(dp->model);
     for (int u = 0; u < nu; u++) dp->units[u].backwards_left = n_microbatches;
@@ -565,9 +591,9 @@ double ct_dp_grad_sumsq(ct_dp *dp) {
     /* Stage 0 holds the full reduced gradients on every rank; sharded stages sum their parts
      * (each expert unit's shards over its own group, the groups' experts over all of dp). */
     if ((dp->stage >= 1 || spread) && dp->N > 1) {
-        double t0 = ct_now();
+        int64_t before = wait_begin(dp);
         ct_comm_allreduce(dp->comm, &sum, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
-        dp->exposed += ct_now() - t0;
+        wait_end(dp, before);
     }
     return sum;
 }
@@ -597,9 +623,9 @@ void ct_dp_sync_tied(ct_dp *dp, ct_comm *embed) {
     int64_t lo = dp->stage == 0 ? 0 : dp->units[u].shard_lo;
     int64_t n = CT_MIN(n_wte, lo + grads->numel) - lo;
     if (n > 0) {
-        double t0 = ct_now();
+        int64_t before = wait_begin(dp);
         ct_comm_allreduce(embed, grads->data, n, grads->dtype, CT_REDUCE_SUM);
-        dp->exposed += ct_now() - t0;
+        wait_end(dp, before);
     }
     ct_tensor_free(params);
     ct_tensor_free(grads);
@@ -732,11 +758,12 @@ double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {
-    return dp->exposed;
+    return dp->waits.seconds;
 }
 
 void ct_dp_log_events(ct_dp *dp, bool on) {
     dp->logging = on;
+    dp->waits.keep = on;
 }
 
 void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
@@ -744,6 +771,9 @@ void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
     const ct_dp_event *ev = ct_dp_events(dp, &n);
     ct_trace_thread(trace, 0, "compute");
     ct_trace_thread(trace, 1, "dp comm");
+    ct_trace_thread(trace, 4, "compute stream waits for dp (exposed)");
+    for (int i = 0; i < dp->waits.n_spans; i += 2)
+        ct_trace_span(trace, 4, "exposed comm", dp->waits.spans[i], dp->waits.spans[i + 1], -1);
     for (int i = 0; i < n; i++) {
         ct_dp_event_kind end;
         const char *what;
@@ -776,7 +806,7 @@ void ct_dp_trace(const ct_dp *dp, ct_trace *trace) {
 }
 
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n) {
-    *n = dp->n_events;
+    *n = dp->settled_events;
     return dp->events;
 }
 

@@ -51,7 +51,9 @@ typedef enum ct_dp_event_kind {
 typedef struct ct_dp_event {
     ct_dp_event_kind kind;
     int unit, microbatch;
-    double time; /* seconds since the dp layer was created */
+    double time;  /* seconds since the dp layer was created, on the stream's clock (backend.h,
+                   * mark): when the compute stream reached the event; known from ct_dp_settle */
+    int64_t mark; /* until then, the backend's mark */
 } ct_dp_event;
 
 /*
@@ -110,10 +112,17 @@ int64_t ct_dp_param_elems(const ct_dp *dp);
 size_t ct_dp_param_bytes(const ct_dp *dp);
 /* Bytes per element of each state for this dp layer's precision and reduce dtype. */
 ct_state_bytes ct_dp_state_bytes(const ct_dp *dp);
-/* Seconds spent waiting on dp communication since ct_dp_begin_step (exposed communication). */
+/* Seconds the compute stream waited for dp communication since ct_dp_begin_step (exposed
+ * communication), as of the last ct_dp_settle. Measured on the stream's clock (backend.h, mark):
+ * on the CPU that is the host's wait; under NCCL the host does not wait, the device does. */
 double ct_dp_exposed_seconds(const ct_dp *dp);
+/* Reads the times of the marks taken since the last settle (the caller has just called
+ * ct_backend_marks_settle on the model's backend, and clears the marks after): adds the waits to
+ * the exposed time and gives logged events their times. */
+void ct_dp_settle(ct_dp *dp);
 
-/* The event log (events since creation, in order); recording starts with ct_dp_log_events. */
+/* The event log (events since creation, in order, up to the last ct_dp_settle); recording starts
+ * with ct_dp_log_events. */
 void ct_dp_log_events(ct_dp *dp, bool on);
 const ct_dp_event *ct_dp_events(const ct_dp *dp, int *n);
 /* The event log as trace spans (core/trace.h): thread 0 "compute" (one span per unit backward),

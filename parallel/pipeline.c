@@ -33,7 +33,7 @@ struct ct_pipeline {
     int n_grad_bufs;
     int32_t *host_tokens, *host_targets;
     int inflight, peak_inflight;
-    double wait_seconds;
+    ct_waits waits; /* the compute stream's waits for the other stages (seconds: this run's) */
 };
 
 /* For tests: a tag bound below the communicator's, so the wrapping of tags is exercised. */
@@ -175,6 +175,7 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->forwards_left);
     free(p->grad_bufs);
     free(p->sends);
+    ct_waits_release(&p->waits);
     free(p->host_tokens);
     free(p->host_targets);
     free(p);
@@ -198,11 +199,27 @@ static void poll_all(ct_pipeline *p) {
     ct_comm_poll(p->pctx->dpcp_comm);
 }
 
-/* Waits for a request, counting the time as pipeline waiting (bubble and transfer). */
+/* Waits for a request, counting the time as pipeline waiting (bubble and transfer): what the
+ * compute stream waits, between a mark before and one after (read at ct_pipeline_settle). */
 static void timed_wait(ct_pipeline *p, ct_comm_request *req) {
-    double t0 = ct_now();
+    ct_backend *be = ct_model_backend(p->model);
+    int64_t before = ct_backend_mark(be);
     ct_comm_wait(p->pctx->pp_comm, req);
-    p->wait_seconds += ct_now() - t0;
+    ct_waits_end(&p->waits, be, before);
+}
+
+void ct_pipeline_settle(ct_pipeline *p) {
+    ct_waits_settle(&p->waits, ct_model_backend(p->model));
+}
+
+void ct_pipeline_log_waits(ct_pipeline *p, bool on) {
+    p->waits.keep = on;
+}
+
+void ct_pipeline_trace(const ct_pipeline *p, ct_trace *trace) {
+    ct_trace_thread(trace, 5, "compute stream waits for pp (bubble)");
+    for (int i = 0; i < p->waits.n_spans; i += 2)
+        ct_trace_span(trace, 5, "pipeline wait", p->waits.spans[i], p->waits.spans[i + 1], -1);
 }
 
 /* Completes sends that read microbatch mb's activations (mb = -1: owned buffers whose request
@@ -291,7 +308,8 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     ct_model *m = p->model;
     const ct_model_layout *layout = ct_model_layout_of(m);
     ct_model_begin_losses(m, s->m, p->B);
-    p->wait_seconds = 0.0;
+    p->waits.seconds = 0.0;
+    p->waits.n_marks = 0; /* a run's waits are its own; the last run's were read or are unwanted */
     p->peak_inflight = 0;
     for (int i = 0; i < s->n_actions[r]; i++) {
         const ct_action *act = &s->actions[r][i];
@@ -362,7 +380,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
 }
 
 double ct_pipeline_wait_seconds(const ct_pipeline *p) {
-    return p->wait_seconds;
+    return p->waits.seconds;
 }
 int ct_pipeline_peak_inflight(const ct_pipeline *p) {
     return p->peak_inflight;

@@ -53,8 +53,17 @@ void ct_pipeline_free(ct_pipeline *p);
  */
 double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill, void *ctx);
 
-/* Seconds the last run spent waiting for activations or gradients from other stages. */
+/* Seconds the compute stream of the last run waited for activations or gradients from other
+ * stages (bubble and transfer), as of the last ct_pipeline_settle: on the stream's clock
+ * (backend.h, mark), so under NCCL it is the device that waited. */
 double ct_pipeline_wait_seconds(const ct_pipeline *p);
+/* Reads the times of the waits' marks (the caller has just called ct_backend_marks_settle on the
+ * model's backend, and clears the marks after). */
+void ct_pipeline_settle(ct_pipeline *p);
+/* log.trace: keep every wait as a span from now on; write them into `trace` (thread 5, "compute
+ * stream waits for pp (bubble)"), as of the last settle. */
+void ct_pipeline_log_waits(ct_pipeline *p, bool on);
+void ct_pipeline_trace(const ct_pipeline *p, ct_trace *trace);
 /* Peak activation contexts (microbatches) alive during the last run. */
 int ct_pipeline_peak_inflight(const ct_pipeline *p);
 

@@ -394,11 +394,23 @@ static ct_status merge_trace(trainer *t, const char *path) {
     return st;
 }
 
+/* Waits for the stream and reads the times of every mark since the last call (backend.h, mark)
+ * into the dp layer's and the pipeline's waits and events, then forgets the marks. At the start
+ * of a step (for whatever ran between steps: evaluation, a checkpoint's gathers) and after its
+ * last op. */
+static void settle_marks(trainer *t) {
+    ct_backend_marks_settle(t->be);
+    ct_dp_settle(t->dp);
+    if (t->pipeline) ct_pipeline_settle(t->pipeline);
+    ct_backend_marks_clear(t->be);
+}
+
 /* log.trace: this rank's data-parallel events and ring attention's spans as a Chrome/Perfetto
  * trace (core/trace.h). */
 static ct_status write_trace(trainer *t, const char *path) {
     ct_trace *trace;
     const ct_pctx *p = t->pctx;
+    settle_marks(t);
     CT_TRY(ct_trace_open(&trace, path, p->world_rank, p->world_size));
     char name[96];
     snprintf(name, sizeof name, "rank %d (host %d, tp %d pp %d dp %d)", p->world_rank,
@@ -413,6 +425,8 @@ static ct_status write_trace(trainer *t, const char *path) {
         ct_trace_span(trace, 8, name, span[0], span[1], -1);
     }
     ct_dp_trace(t->dp, trace);
+    if (t->pipeline) ct_pipeline_trace(t->pipeline, trace);
+    ct_flight_trace(trace, 16);
     if (t->pctx->cp > 1) ct_ring_trace(trace);
     const int64_t E = t->cfg->model.moe_experts;
     for (int64_t step = 0; t->moe_trace && step < t->cfg->train.steps; step++) {
@@ -495,11 +509,13 @@ static void start_run(trainer *t) {
     ct_report_setup_metrics(t);
     if (cfg->log.trace[0]) {
         ct_dp_log_events(t->dp, true);
+        if (t->pipeline) ct_pipeline_log_waits(t->pipeline, true);
         /* one time 0 for every rank: the end of a barrier, read on each rank's own clock */
         const char *skew = getenv("COOKTRAIN_TRACE_SKEW_S");
         t->trace_skew = skew ? atof(skew) * t->pctx->world_rank : 0.0;
         if (t->pctx->world_size > 1) ct_comm_barrier(t->pctx->world);
         t->trace_origin = ct_now() + t->trace_skew;
+        ct_flight_keep_spans(true); /* every operation from here (device times under NCCL) */
         t->step_spans = ct_xcalloc((size_t)(2 * cfg->train.steps), sizeof *t->step_spans);
     }
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
@@ -533,6 +549,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
         s->stop = true;
         return CT_OK;
     }
+    settle_marks(t);
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
@@ -541,7 +558,6 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     const double cp_wait0 = t->pctx->cp_comm->seconds;
     ct_dp_begin_step(t->dp, (int)t->accum);
     double loss_sum = run_microbatches(t, true, t->dloss);
-    s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
     ct_dp_finish_backward(t->dp);
     ct_dp_sync_tied(t->dp, t->pctx->embed_comm);
     if (t->pipeline) loss_sum = pp_sum(t, loss_sum);
@@ -556,9 +572,10 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     s->finite = isfinite(s->loss) && isfinite(s->grad_norm);
     if (s->finite)
         ct_dp_optimizer_step(t->dp, (float)s->lr, ct_optim_clip_scale(&cfg->train, s->grad_norm));
-    ct_backend_sync(t->be);
+    settle_marks(t); /* waits for the stream, so the step's time is all in */
     s->seconds = ct_now() - start;
     s->exposed = ct_dp_exposed_seconds(t->dp);
+    s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
     s->host_copies = t->be->host_copies - copies;
     for (int k = 0; k < CT_COMM_OP_COUNT; k++) s->dp_bytes += t->pctx->dpcp_comm->bytes[k];
     if (t->pctx->ep > 1) /* the expert units' reductions (data_parallel.h) */

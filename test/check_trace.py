@@ -8,6 +8,15 @@ One process per rank 0..WORLD-1, each named ("rank R (host H, ...)") and holding
 so every span starts at or after 0 and step 1 begins within a few seconds of it; and step k begins
 on every rank within TOLERANCE_S of the others: each begins as the step's first world allreduce
 ends, one moment on every rank. Prints the worst spread.
+
+  python3 test/check_trace.py --device-wait MERGED.json RANK GROUP WAIT MIN_S
+
+The device's side of a run on the CUDA backend with NCCL (emulated: CUEMU_EAGER=1), where one
+rank was made late by MIN_S / 0.5 seconds (COOKTRAIN_FAULT_COMM). Rank RANK has a thread
+"device comm GROUP" of spans from the communication stream's events, every one inside the run
+(after time 0, before the last step ends); and its compute stream's longest wait (spans named
+WAIT: "exposed comm" or "pipeline wait") lasts at least MIN_S and lies inside a step. A host-side
+measurement (the host does not wait under NCCL) finds no such wait.
 """
 import json
 import sys
@@ -53,5 +62,39 @@ def main():
     print(f"{world} ranks, {steps} steps; step starts at most {1e3 * worst:.1f} ms apart")
 
 
+def device_wait(path, rank, group, wait, min_s):
+    events = json.load(open(path))["traceEvents"]
+    errors = []
+    threads = {e["args"]["name"]: e["tid"] for e in events
+               if e.get("name") == "thread_name" and e["pid"] == rank}
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] == rank]
+    steps = [e for e in spans if e["name"].startswith("step ")]
+    end = max((e["ts"] + e["dur"] for e in steps), default=0)
+    tid = threads.get(f"device comm {group}")
+    comm = [e for e in spans if e["tid"] == tid] if tid is not None else []
+    if not comm:
+        errors.append(f"rank {rank} has no spans on thread 'device comm {group}' (threads: {sorted(threads)})")
+    outside = [e for e in comm if e["ts"] < 0 or e["ts"] + e["dur"] > end]
+    if outside:
+        errors.append(f"{len(outside)} device comm spans outside the run [0, {end / 1e6:.3f} s], "
+                      f"e.g. {outside[0]['name']} at {outside[0]['ts'] / 1e6:.3f} s")
+    waits = [e for e in spans if e["name"] == wait]
+    longest = max(waits, key=lambda e: e["dur"], default=None)
+    if longest is None or longest["dur"] / 1e6 < min_s:
+        got = f"{longest['dur'] / 1e6:.3f} s" if longest else "none"
+        errors.append(f"longest '{wait}' on rank {rank}: {got}, expected at least {min_s} s")
+    elif not any(s["ts"] <= longest["ts"] and longest["ts"] + longest["dur"] <= s["ts"] + s["dur"]
+                 for s in steps):
+        errors.append(f"the longest '{wait}' (at {longest['ts'] / 1e6:.3f} s) is in no step")
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    print(f"rank {rank}: {len(comm)} device spans on group {group}; longest '{wait}' "
+          f"{longest['dur'] / 1e6:.3f} s")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--device-wait":
+        device_wait(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
+    else:
+        main()

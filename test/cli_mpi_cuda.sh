@@ -20,7 +20,9 @@
 #     Llama at cp4 with contiguous chunks, against the CPU at world size 1;
 #   - Mixture of Experts: ep2 with ZeRO-1 and ep2 x tp2 with sequence parallelism against the CPU
 #     at world size 1;
-#   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs.
+#   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs;
+#   - device waits: a rank made late shows on its partner's compute stream as exposed comm (dp)
+#     or bubble (pp), measured from CUDA events, in the metrics and the merged trace.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
 . "$(dirname "$0")/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -257,3 +259,45 @@ if selected "overlap" &&
         fail "NCCL reductions complete while backward runs (trace: $out)"
     fi
 fi
+
+# ---- device waits --------------------------------------------------------------------------------
+# Under NCCL the host does not wait for communication, the compute stream does, so exposed
+# communication and bubble are measured on the stream's clock (core/README.md, Device time).
+# With eager emulated streams (CUEMU_EAGER=1: work runs as it arrives, as on a GPU) one rank is
+# made 2 s late in step 2 — it sleeps before a dp collective, or before a pipeline send — and
+# rank 0's step-2 exposed comm (or bubble) must grow by at least half of that over step 1's. Half:
+# the late rank's delay reaches rank 0's stream whole, less the slack the ranks already had
+# between them (under 0.3 s seen here); a host-side measurement gives about 0.
+# The merged trace holds the device's spans of that group and the long wait (check_trace.py).
+device_wait() { # NAME METRIC FAULT GROUP WAIT -- extra --set arguments
+    local name=$1 metric=$2 fault=$3 group=$4 wait=$5
+    shift 6
+    selected "device waits" || return 0
+    local d="$tmp/wait-$group"
+    mkdir -p "$d"
+    expect_exit 0 "$name: emulated cuda run with rank 1 late" -- env CUEMU_DEVICES=2 CUEMU_EAGER=1 \
+        COOKTRAIN_FAULT_COMM="$fault" "${MPIRUN[@]}" -x CUEMU_DEVICES -x CUEMU_EAGER \
+        -x COOKTRAIN_FAULT_COMM -np 2 "$EMU" "${base[@]}" --backend cuda --set train.steps=2 \
+        --set train.global_batch=8 --set log.trace="$d/trace.json" \
+        --set log.metrics="$d/metrics.jsonl" "$@" || return 0
+    if out=$(python3 - "$d/metrics.jsonl" "$metric" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+v = [r[sys.argv[2]] for r in rows]
+print(" ".join("%.3f" % x for x in v))
+sys.exit(0 if len(v) == 2 and v[1] - v[0] >= 1.0 else 1)
+PY
+    ); then
+        ok "$name: rank 0's $metric grows by the late rank's 2 s on the device (steps: $out s)"
+    else
+        fail "$name: rank 0's $metric by step: $out s, expected step 2 at least 1 s above step 1"
+    fi
+    if out=$(python3 test/check_trace.py --device-wait "$d/trace.json" 0 "$group" "$wait" 1.0); then
+        ok "$name: the trace has the device's $group spans and the wait ($out)"
+    else
+        fail "$name: the trace's device side: $out"
+    fi
+}
+device_wait "dp2 ZeRO-1" exposed_comm_s 1:dp:45:sleep:2 dp "exposed comm" -- \
+    --set parallel.zero_stage=1
+device_wait "pp2 1F1B" bubble_s 1:pp:6:sleep-send:2 pp "pipeline wait" -- --set parallel.pp=2

@@ -9,6 +9,7 @@
  */
 #include "backend.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ const char *ct_mem_category_name(ct_mem_category category) {
 void ct_backend_free(ct_backend *be) {
     if (!be) return;
     if (be->iface->free_backend) be->iface->free_backend(be->ctx);
+    free(be->mark_times);
     free(be);
 }
 
@@ -48,6 +50,78 @@ void ct_backend_event_record(ct_backend *be, int event) {
 void ct_backend_event_wait(ct_backend *be, int event) {
     CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
     if (be->iface->event_wait) be->iface->event_wait(be->ctx, event);
+}
+
+/* ---- the stream's clock -------------------------------------------------------------------- */
+
+int64_t ct_backend_mark(ct_backend *be) {
+    if (be->n_marks == be->cap_marks) {
+        be->cap_marks = be->cap_marks ? 2 * be->cap_marks : 256;
+        be->mark_times = realloc(be->mark_times, (size_t)be->cap_marks * sizeof *be->mark_times);
+        CT_ASSERT(be->mark_times != NULL);
+    }
+    const int64_t id = be->n_marks++;
+    if (be->iface->mark) {
+        be->mark_times[id] = NAN;
+        be->iface->mark(be->ctx, id);
+    } else {
+        be->mark_times[id] = ct_now();
+    }
+    return id;
+}
+
+void ct_backend_marks_settle(ct_backend *be) {
+    ct_backend_sync(be);
+    if (be->iface->marks_read && be->n_marks > 0)
+        be->iface->marks_read(be->ctx, be->n_marks, be->mark_times);
+}
+
+void ct_backend_marks_clear(ct_backend *be) {
+    be->n_marks = 0;
+}
+
+double ct_backend_mark_time(const ct_backend *be, int64_t id) {
+    CT_ASSERTF(id >= 0 && id < be->n_marks, "mark %lld of %lld", (long long)id,
+               (long long)be->n_marks);
+    CT_ASSERTF(!isnan(be->mark_times[id]), "mark %lld read before ct_backend_marks_settle",
+               (long long)id);
+    return be->mark_times[id];
+}
+
+static void push_pair(double **v, int *n, int *cap, double a, double b) {
+    if (*n + 2 > *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *v = realloc(*v, (size_t)*cap * sizeof **v);
+        CT_ASSERT(*v != NULL);
+    }
+    (*v)[(*n)++] = a;
+    (*v)[(*n)++] = b;
+}
+
+void ct_waits_end(ct_waits *w, ct_backend *be, int64_t before) {
+    if (w->n_marks + 2 > w->cap_marks) {
+        w->cap_marks = w->cap_marks ? 2 * w->cap_marks : 64;
+        w->marks = realloc(w->marks, (size_t)w->cap_marks * sizeof *w->marks);
+        CT_ASSERT(w->marks != NULL);
+    }
+    w->marks[w->n_marks++] = before;
+    w->marks[w->n_marks++] = ct_backend_mark(be);
+}
+
+void ct_waits_settle(ct_waits *w, const ct_backend *be) {
+    for (int i = 0; i < w->n_marks; i += 2) {
+        double t0 = ct_backend_mark_time(be, w->marks[i]),
+               t1 = ct_backend_mark_time(be, w->marks[i + 1]);
+        w->seconds += t1 - t0;
+        if (w->keep) push_pair(&w->spans, &w->n_spans, &w->cap_spans, t0, t1);
+    }
+    w->n_marks = 0;
+}
+
+void ct_waits_release(ct_waits *w) {
+    free(w->marks);
+    free(w->spans);
+    memset(w, 0, sizeof *w);
 }
 
 void ct_backend_describe(const ct_backend *be, char *buf, size_t cap) {

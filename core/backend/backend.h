@@ -142,6 +142,15 @@ struct ct_backend_i {
     void (*event_wait)(void *ctx, int event);
     void (*sync)(void *ctx);
 
+    /* The stream's clock (NULL: the host's, read when ct_backend_mark is called, right for a
+     * backend whose ops complete before their slot returns).
+     *   mark:       mark `id` takes the time at which the stream reaches this point (every op
+     *               issued before it has completed); ids count from 0 again after a clear;
+     *   marks_read: called after sync, when every mark has passed: times[i] = mark i's time for
+     *               i < n, in seconds on ct_now's clock. */
+    void (*mark)(void *ctx, int64_t id);
+    void (*marks_read)(void *ctx, int64_t n, double *times);
+
     /* The hardware's peak FLOP/s for multiplies in dtype `dt` (f32 or bf16, fp32 accumulation) on
      * the threads or device this backend uses — the denominator of MFU — and how it was obtained,
      * written into `how` (e.g. "measured: FMA loop on 2 threads"). NULL: unknown (MFU is then
@@ -196,6 +205,9 @@ typedef struct ct_backend {
      * stream, so the training loop makes a fixed few per step whatever the microbatch count
      * (loss, gradient norm); its metrics report them and tests compare. */
     int64_t host_copies;
+    /* The marks since the last settle (ct_backend_mark): their times, NAN until settled. */
+    double *mark_times;
+    int64_t n_marks, cap_marks;
 } ct_backend;
 
 /* Starts (on) or stops timing every op by category, clearing the totals. */
@@ -290,6 +302,39 @@ void ct_backend_describe(const ct_backend *be, char *buf, size_t cap);
 void ct_backend_sync(ct_backend *be);
 void ct_backend_event_record(ct_backend *be, int event);
 void ct_backend_event_wait(ct_backend *be, int event);
+/*
+ * The stream's clock, for measuring what the device did rather than what the host waited for
+ * (core/README.md, Device time): under NCCL a wait makes the stream wait, not the host, so only
+ * the stream sees exposed communication and bubble.
+ *   ct_backend_mark:         a mark at the current point of the stream; returns its id (0, 1,
+ *                            ... since the last clear).
+ *   ct_backend_marks_settle: the host waits for the stream; then every mark's time is known.
+ *   ct_backend_mark_time:    mark `id`'s time (seconds, ct_now's clock), once settled. A
+ *                            backend without a clock of its own (mark slot NULL) gives the
+ *                            host's time when the mark was made, known at once.
+ *   ct_backend_marks_clear:  forgets every mark (the trainer's, once a step's users have read
+ *                            theirs: parallel/trainer.c, settle_marks).
+ */
+int64_t ct_backend_mark(ct_backend *be);
+void ct_backend_marks_settle(ct_backend *be);
+double ct_backend_mark_time(const ct_backend *be, int64_t id);
+void ct_backend_marks_clear(ct_backend *be);
+
+/* Waits timed on the stream's clock: the stream's idle time while it waits for something else
+ * (communication), between a mark before the wait and one after. The owner zero-initialises it
+ * (keep: also keep each wait as a span, for the trace), and after each ct_backend_marks_settle
+ * calls ct_waits_settle, which adds the waits since the last one to `seconds`. */
+typedef struct ct_waits {
+    bool keep;
+    double seconds;
+    int64_t *marks; /* (before, after) per wait since the last settle */
+    int n_marks, cap_marks;
+    double *spans; /* (start, end) per kept wait, ct_now's clock */
+    int n_spans, cap_spans;
+} ct_waits;
+void ct_waits_end(ct_waits *w, ct_backend *be, int64_t before); /* before: ct_backend_mark's */
+void ct_waits_settle(ct_waits *w, const ct_backend *be);
+void ct_waits_release(ct_waits *w);
 /* Sets be->mem_limit from COOKTRAIN_MEM_LIMIT_MB (a malformed value is ignored with a warning)
  * and be->fail_category from COOKTRAIN_FAIL_ALLOC; every backend constructor calls it. */
 void ct_backend_apply_env(ct_backend *be);

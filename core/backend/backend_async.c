@@ -53,6 +53,7 @@ enum { QUEUE_CAP = 4096 }; /* commands queued before the host must flush (~0.5 M
 typedef enum cmd_kind {
     /* ops, queued */
     CMD_MARKER = 0, /* event_record: the point an event stands for */
+    CMD_MARK,       /* mark: inner's mark, at its place in the stream */
     CMD_COPY_FROM_HOST,
 #define CMD_KIND_(name, need, queue, ...) CMD_##name,
     CT_BACKEND_OPS(CMD_KIND_)
@@ -63,6 +64,7 @@ typedef enum cmd_kind {
     CMD_EVENT_WAIT,
     CMD_SYNC,
     CMD_PEAK_FLOPS,
+    CMD_MARKS_READ,
 } cmd_kind;
 
 #define OP_ARGS_(name, need, queue, ...)                                                           \
@@ -74,6 +76,13 @@ CT_BACKEND_OPS(OP_ARGS_)
 
 struct marker_args {
     int event;
+};
+struct mark_args {
+    int64_t id;
+};
+struct marks_read_args {
+    int64_t n;
+    double *times; /* host */
 };
 struct copy_from_host_args {
     void *dst;
@@ -103,6 +112,7 @@ typedef struct cmd {
     cmd_kind kind;
     union {
         struct marker_args marker;
+        struct mark_args mark;
         struct copy_from_host_args copy_from_host;
 #define OP_MEMBER_(name, need, queue, ...) struct name##_args name;
         CT_BACKEND_OPS(OP_MEMBER_)
@@ -111,6 +121,7 @@ typedef struct cmd {
         struct free_args free;
         struct event_wait_args event_wait;
         struct peak_flops_args peak_flops;
+        struct marks_read_args marks_read;
     };
 } cmd;
 
@@ -176,6 +187,7 @@ static void cmd_run(ct_backend *inner, cmd *c) {
     case CMD_MARKER:
         if (f->event_record) f->event_record(x, c->marker.event);
         break;
+    case CMD_MARK: f->mark(x, c->mark.id); break;
     case CMD_COPY_FROM_HOST: {
         struct copy_from_host_args *a = &c->copy_from_host;
         f->copy_from_host(x, a->dst, a->src, a->bytes);
@@ -208,6 +220,7 @@ static void cmd_run(ct_backend *inner, cmd *c) {
         *a->result = f->peak_flops(x, a->dt, a->how, a->how_cap);
         break;
     }
+    case CMD_MARKS_READ: f->marks_read(x, c->marks_read.n, c->marks_read.times); break;
     }
 }
 
@@ -353,6 +366,20 @@ static void async_sync(void *ctx) {
     host_wait_all(a, a->inner->iface->sync ? &(cmd){.kind = CMD_SYNC} : NULL);
 }
 
+/* The inner backend's clock, when it has one (else these slots are NULL: the host's clock, as
+ * backend.h says — this stream runs lazily, so its worker's times would be when the host waited,
+ * not when the work could have run). */
+static void async_mark(void *ctx, int64_t id) {
+    async_ctx *a = ctx;
+    pthread_mutex_lock(&a->lock);
+    enqueue_locked(a, &(cmd){.kind = CMD_MARK, .mark = {id}});
+    pthread_mutex_unlock(&a->lock);
+}
+
+static void async_marks_read(void *ctx, int64_t n, double *times) {
+    host_wait_all(ctx, &(cmd){.kind = CMD_MARKS_READ, .marks_read = {n, times}});
+}
+
 static double async_peak_flops(void *ctx, ct_dtype dt, char *how, size_t how_cap) {
     double result = 0.0;
     host_wait_all(ctx, &(cmd){.kind = CMD_PEAK_FLOPS, .peak_flops = {dt, how, how_cap, &result}});
@@ -405,6 +432,8 @@ static const struct ct_backend_i async_template = {
     .event_record = async_event_record,
     .event_wait = async_event_wait,
     .sync = async_sync,
+    .mark = async_mark,
+    .marks_read = async_marks_read,
     .peak_flops = async_peak_flops,
     .describe = async_describe,
     .free_backend = async_free_backend,
@@ -432,6 +461,8 @@ ct_backend *ct_backend_async_new(ct_backend *inner) {
 #undef KEEP_OP_
     KEEP_IF_INNER_HAS(peak_flops);
     KEEP_IF_INNER_HAS(describe);
+    KEEP_IF_INNER_HAS(mark);
+    KEEP_IF_INNER_HAS(marks_read);
 #undef KEEP_IF_INNER_HAS
 
     CT_ASSERT(pthread_mutex_init(&a->lock, NULL) == 0);

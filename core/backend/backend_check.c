@@ -347,6 +347,16 @@ static void check_event_wait(void *ctx, int event) {
     INNER(k)->event_wait(INNER_CTX(k), event);
 }
 
+static void check_mark(void *ctx, int64_t id) {
+    check_ctx *k = ctx;
+    INNER(k)->mark(INNER_CTX(k), id);
+}
+
+static void check_marks_read(void *ctx, int64_t n, double *times) {
+    check_ctx *k = ctx;
+    INNER(k)->marks_read(INNER_CTX(k), n, times);
+}
+
 static void check_sync(void *ctx) {
     check_ctx *k = ctx;
     INNER(k)->sync(INNER_CTX(k));
@@ -393,6 +403,8 @@ static const struct ct_backend_i check_template = {
     .event_record = check_event_record,
     .event_wait = check_event_wait,
     .sync = check_sync,
+    .mark = check_mark,
+    .marks_read = check_marks_read,
     .peak_flops = check_peak_flops,
     .describe = check_describe,
     .free_backend = check_free_backend,
@@ -435,6 +447,8 @@ ct_backend *ct_backend_check_new(ct_backend *inner) {
     CT_BACKEND_OPS(KEEP_OP_)
 #undef KEEP_OP_
     KEEP_IF_INNER_HAS(event_record);
+    KEEP_IF_INNER_HAS(mark);
+    KEEP_IF_INNER_HAS(marks_read);
     KEEP_IF_INNER_HAS(event_wait);
     KEEP_IF_INNER_HAS(sync);
     KEEP_IF_INNER_HAS(peak_flops);

@@ -6,6 +6,7 @@
 #include "flight.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -51,8 +52,17 @@ struct ct_flight_group {
     int n_reqs, cap_reqs;
 };
 
+/* A completed operation for the trace (ct_flight_keep_spans). */
+typedef struct span {
+    int group;
+    uint8_t kind, is_recv, on_device;
+    int peer;
+    uint64_t seq, bytes;
+    double start, end; /* ct_now's clock */
+} span;
+
 /* What COOKTRAIN_FAULT_COMM asks for. */
-enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_SLEEP };
+enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_SLEEP, FAULT_SLEEP_SEND };
 
 static struct {
     pthread_mutex_t mu;
@@ -75,6 +85,10 @@ static struct {
     int fault_action; /* FAULT_* */
     double fault_seconds;
     bool fault_done;
+    /* log.trace: every operation that completed, as a span on ct_now's clock */
+    bool keep_spans;
+    span *spans;
+    int64_t n_spans, cap_spans;
 } fr = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static double wall_now(void) {
@@ -139,29 +153,37 @@ static void read_fault(void) {
     double seconds = 0;
     int n = sscanf(env, "%d:%31[^:]:%llu:%15[^:]:%lf", &fr.fault_rank, fr.fault_group, &seq, action,
                    &seconds);
-    CT_ASSERTF(n >= 4, "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep[:S]",
+    CT_ASSERTF(n >= 4,
+               "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep|sleep-send[:S]",
                env);
     fr.fault_seq = seq;
     fr.fault_seconds = seconds;
     fr.fault_action = !strcmp(action, "skip")       ? FAULT_SKIP
                       : !strcmp(action, "mismatch") ? FAULT_MISMATCH
-                      : !strcmp(action, "sleep")    ? FAULT_SLEEP
-                                                    : FAULT_NONE;
+                      : !strcmp(action, "sleep")      ? FAULT_SLEEP
+                      : !strcmp(action, "sleep-send") ? FAULT_SLEEP_SEND
+                                                      : FAULT_NONE;
     CT_ASSERTF(fr.fault_action, "COOKTRAIN_FAULT_COMM: unknown action '%s'", action);
 }
 
-static int planted(const ct_comm *comm, ct_comm_op_kind kind, uint64_t seq) {
+/* The fault planted on this operation, if any: collectives by their number on the group, sends
+ * (sleep-send) by their number to their peer. */
+static int planted(const ct_comm *comm, ct_comm_op_kind kind, bool is_recv, uint64_t seq) {
     if (!fr.fault_read) read_fault();
-    if (!fr.fault_action || fr.fault_done || kind == CT_COMM_SEND) return FAULT_NONE;
+    if (!fr.fault_action || fr.fault_done) return FAULT_NONE;
+    const bool send = kind == CT_COMM_SEND && !is_recv;
+    if ((kind == CT_COMM_SEND) != (fr.fault_action == FAULT_SLEEP_SEND) ||
+        (kind == CT_COMM_SEND && !send))
+        return FAULT_NONE;
     if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0)
         return FAULT_NONE;
     if (seq != fr.fault_seq) return FAULT_NONE;
     fr.fault_done = true;
-    fprintf(stderr, "cooktrain: planted fault on rank %d: %s of collective #%llu on group %s\n",
-            ct_log_rank(),
-            fr.fault_action == FAULT_SKIP       ? "skip"
-            : fr.fault_action == FAULT_MISMATCH ? "a barrier in place"
-                                                : "sleep before",
+    fprintf(stderr, "cooktrain: planted fault on rank %d: %s #%llu on group %s\n", ct_log_rank(),
+            fr.fault_action == FAULT_SKIP       ? "skip collective"
+            : fr.fault_action == FAULT_MISMATCH ? "a barrier in place of collective"
+            : fr.fault_action == FAULT_SLEEP    ? "sleep before collective"
+                                                : "sleep before send",
             (unsigned long long)seq, comm->name);
     return fr.fault_action;
 }
@@ -204,18 +226,19 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
     if (p2p) {
         CT_ASSERTF(peer >= 0 && peer < comm->size, "peer %d of group %s", peer, comm->name);
         seq = is_recv ? ++g->recvd[peer] : ++g->sent[peer];
+        fault = planted(comm, kind, is_recv, seq);
     } else {
         seq = g->coll + 1;
-        fault = planted(comm, kind, seq);
+        fault = planted(comm, kind, false, seq);
         if (fault == FAULT_SKIP) return CT_FAULT_SKIP; /* not issued, not counted */
         g->coll = seq;
         if (fault == FAULT_MISMATCH) /* recorded as what it is */
             kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8;
-        if (fault == FAULT_SLEEP) {
-            double s = fr.fault_seconds;
-            struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
-        }
+    }
+    if (fault == FAULT_SLEEP || fault == FAULT_SLEEP_SEND) {
+        double s = fr.fault_seconds;
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
     }
     if (fr.capacity) {
         pthread_mutex_lock(&fr.mu);
@@ -243,13 +266,84 @@ int64_t ct_flight_last(void) {
     return last_id;
 }
 
-void ct_flight_end(int64_t id, bool enqueued_only) {
+/* Keeps record e, completed between start and end (ct_now's clock), as a span. Under fr.mu. */
+static void keep_span(const entry *e, double start, double end, bool on_device) {
+    if (fr.n_spans == fr.cap_spans) {
+        fr.cap_spans = fr.cap_spans ? 2 * fr.cap_spans : 1024;
+        fr.spans = realloc(fr.spans, (size_t)fr.cap_spans * sizeof *fr.spans);
+        CT_ASSERT(fr.spans != NULL);
+    }
+    fr.spans[fr.n_spans++] = (span){.group = e->group,
+                                    .kind = e->kind,
+                                    .is_recv = e->is_recv,
+                                    .on_device = on_device,
+                                    .peer = e->peer,
+                                    .seq = e->seq,
+                                    .bytes = e->bytes,
+                                    .start = start,
+                                    .end = end};
+}
+
+/* Ends record `id`; a device's times (ct_now's clock) when device_start is not NAN. */
+static void end_record(int64_t id, bool enqueued_only, double device_start, double device_end) {
     if (id <= 0 || !fr.capacity) return;
     pthread_mutex_lock(&fr.mu);
     entry *e = &fr.ring[(id - 1) % fr.capacity];
     if (e->id == id && e->state != COMPLETED) {
         e->state = enqueued_only ? ENQUEUED : COMPLETED;
-        if (!enqueued_only) e->end = wall_now();
+        if (!enqueued_only) {
+            e->end = wall_now();
+            /* the host's span: its wall-clock length, ending now on ct_now's clock */
+            double now = ct_now(), host_start = now - (e->end - e->start);
+            if (fr.keep_spans && isnan(device_start)) keep_span(e, host_start, now, false);
+            if (fr.keep_spans && !isnan(device_start))
+                keep_span(e, device_start, device_end, true);
+        }
+    }
+    pthread_mutex_unlock(&fr.mu);
+}
+
+void ct_flight_end(int64_t id, bool enqueued_only) {
+    end_record(id, enqueued_only, NAN, NAN);
+}
+
+void ct_flight_end_device(int64_t id, double start, double end) {
+    end_record(id, false, start, end);
+}
+
+void ct_flight_keep_spans(bool on) {
+    pthread_mutex_lock(&fr.mu);
+    fr.keep_spans = on;
+    pthread_mutex_unlock(&fr.mu);
+}
+
+void ct_flight_trace(ct_trace *trace, int tid_base) {
+    pthread_mutex_lock(&fr.mu);
+    char name[96];
+    for (int g = 0; g < fr.n_groups; g++) {
+        bool device = false, any = false;
+        for (int64_t i = 0; i < fr.n_spans; i++)
+            if (fr.spans[i].group == g) any = true, device |= fr.spans[i].on_device;
+        if (!any) continue;
+        snprintf(name, sizeof name, "%s comm %s", device ? "device" : "host", fr.groups[g].name);
+        ct_trace_thread(trace, tid_base + g, name);
+    }
+    for (int64_t i = 0; i < fr.n_spans; i++) {
+        const span *sp = &fr.spans[i];
+        const char *op = sp->kind == CT_COMM_SEND && sp->is_recv
+                             ? "recv"
+                             : ct_comm_op_name((ct_comm_op_kind)sp->kind);
+        char size[32], peer[24] = "";
+        double b = (double)sp->bytes;
+        if (b < 1024)
+            snprintf(size, sizeof size, "%.0f B", b);
+        else if (b < 1048576)
+            snprintf(size, sizeof size, "%.1f KiB", b / 1024);
+        else
+            snprintf(size, sizeof size, "%.1f MiB", b / 1048576);
+        if (sp->peer >= 0) snprintf(peer, sizeof peer, " peer %d", sp->peer);
+        snprintf(name, sizeof name, "%s %s%s #%llu", op, size, peer, (unsigned long long)sp->seq);
+        ct_trace_span(trace, tid_base + sp->group, name, sp->start, sp->end, -1);
     }
     pthread_mutex_unlock(&fr.mu);
 }

@@ -24,6 +24,7 @@
 #define CT_FLIGHT_H
 
 #include "core/backend/comm.h"
+#include "core/trace.h"
 
 /* Keep the last `capacity` operations (0: record nothing) and write records under `dir`
  * ("DIR/flight/rank-R.txt"). Installs the SIGUSR2 handler and starts the thread that writes on
@@ -33,7 +34,8 @@ void ct_flight_configure(int capacity, const char *dir, int world_size);
 /* What COOKTRAIN_FAULT_COMM=RANK:GROUP:SEQ:ACTION[:SECONDS] plants (for the tests): on world rank
  * RANK, the SEQ-th collective on group GROUP is skipped (never issued nor counted, as if the code
  * had not called it), issued as a barrier instead (mismatch), or issued after sleeping SECONDS
- * (sleep). */
+ * (sleep); or the SEQ-th send to a peer of the group is issued after sleeping SECONDS
+ * (sleep-send: a late pipeline stage). */
 typedef enum ct_flight_fault {
     CT_FAULT_NONE = 0,
     CT_FAULT_SKIP,
@@ -48,6 +50,17 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
 /* The record `id` has completed (or been enqueued on a device stream); ignored once the ring has
  * moved past it. */
 void ct_flight_end(int64_t id, bool enqueued_only);
+/* The device ran record `id` from start to end (seconds on ct_now's clock, from its stream's
+ * events: NCCL): ends it as ct_flight_end does, and the trace's span gets these times. */
+void ct_flight_end_device(int64_t id, double start, double end);
+/* log.trace: from now on every operation that completes is also kept as a span (its host times,
+ * or its device's through ct_flight_end_device) — for every operation, not the last N; recorded
+ * only while the ring is (capacity > 0). */
+void ct_flight_keep_spans(bool on);
+/* Writes the spans kept into `trace`: a thread per group, tid_base + its index, named "device
+ * comm NAME" (NCCL: spans from the stream's events) or "host comm NAME", one span per operation
+ * ("allreduce 256.0 KiB #3", "send 1.5 MiB peer 1 #2"). */
+void ct_flight_trace(ct_trace *trace, int tid_base);
 /* The id of the record started last (what an implementation that completes operations later,
  * NCCL, keeps to end it). */
 int64_t ct_flight_last(void);

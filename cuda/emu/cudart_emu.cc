@@ -20,7 +20,11 @@
  *                                 a polled item, which a query never blocks on and a synchronize
  *                                 calls until it finishes;
  *   cudaDeviceSynchronize, cudaMemcpy, cudaMemset, cudaFree: every stream.
- * So a host read without the sync it needs sees poison or stale values. Stream 0 (and
+ * So a host read without the sync it needs sees poison or stale values. CUEMU_EAGER=1 instead runs
+ * every stream as far as it can (without waiting for an unfinished item) each time work is
+ * queued, as a GPU runs work as soon as it arrives: slower to catch a missing sync, but it gives
+ * event times that say when a stream could have reached them (the stream's clock, backend.h,
+ * mark), which is what a test of device-side waiting needs. Stream 0 (and
  * cudaStreamLegacy, cudaStreamPerThread) is the legacy default stream: work queued on it first
  * waits for the work already queued on every blocking stream, and work queued on a blocking
  * stream first waits for the work already queued on it; non-blocking streams
@@ -210,9 +214,20 @@ void run_everything() {
     }
 }
 
+/* CUEMU_EAGER=1: run what can run whenever work is queued (the header says why). */
+bool eager() {
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("CUEMU_EAGER");
+        on = env && env[0] == '1';
+    }
+    return on == 1;
+}
+
 void push(stream_impl *s, std::function<bool()> work) {
     s->queue.push_back(std::move(work));
     s->enqueued++;
+    if (work_depth == 0 && eager()) progress_others(nullptr);
 }
 
 void push_wait(stream_impl *s, stream_impl *on, uint64_t seq) {

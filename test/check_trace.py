@@ -14,7 +14,9 @@ ends, one moment on every rank. Prints the worst spread.
 The device's side of a run on the CUDA backend with NCCL (emulated: CUEMU_EAGER=1), where one
 rank was made late by MIN_S / 0.5 seconds (COOKTRAIN_FAULT_COMM). Rank RANK has a thread
 "device comm GROUP" of spans from the communication stream's events, every one inside the run
-(after time 0, before the last step ends); and its compute stream's longest wait (spans named
+(after time 0, before the last step ends), its collectives' spans one after another (one stream),
+the longest lasting at least MIN_S (the operation the late rank joined late); and its compute
+stream's longest wait (spans named
 WAIT: "exposed comm" or "pipeline wait") lasts at least MIN_S and lies inside a step. A host-side
 measurement (the host does not wait under NCCL) finds no such wait.
 """
@@ -78,6 +80,18 @@ def device_wait(path, rank, group, wait, min_s):
     if outside:
         errors.append(f"{len(outside)} device comm spans outside the run [0, {end / 1e6:.3f} s], "
                       f"e.g. {outside[0]['name']} at {outside[0]['ts'] / 1e6:.3f} s")
+    # collectives run one after another on the group's stream: their spans cannot overlap (the
+    # times print to the nanosecond)
+    coll = sorted((e for e in comm if " peer " not in e["name"]), key=lambda e: e["ts"])
+    for a, b in zip(coll, coll[1:]):
+        if a["ts"] + a["dur"] > b["ts"] + 0.002:
+            errors.append(f"device spans {a['name']} and {b['name']} overlap on one stream")
+            break
+    # the late rank's operation waits on the device: rank 0's copy of it lasts about as long
+    top = max(comm, key=lambda e: e["dur"], default=None)
+    if top is not None and top["dur"] / 1e6 < min_s:
+        errors.append(f"longest device {group} span {top['name']}: {top['dur'] / 1e6:.3f} s, "
+                      f"expected at least {min_s} s")
     waits = [e for e in spans if e["name"] == wait]
     longest = max(waits, key=lambda e: e["dur"], default=None)
     if longest is None or longest["dur"] / 1e6 < min_s:
@@ -89,8 +103,8 @@ def device_wait(path, rank, group, wait, min_s):
     if errors:
         print("; ".join(errors[:5]))
         sys.exit(1)
-    print(f"rank {rank}: {len(comm)} device spans on group {group}; longest '{wait}' "
-          f"{longest['dur'] / 1e6:.3f} s")
+    print(f"rank {rank}: {len(comm)} device spans on group {group}, longest {top['name']} "
+          f"{top['dur'] / 1e6:.3f} s; longest '{wait}' {longest['dur'] / 1e6:.3f} s")
 
 
 if __name__ == "__main__":

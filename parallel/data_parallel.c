@@ -50,8 +50,8 @@ typedef struct dp_unit {
 struct ct_dp {
     ct_model *model;
     ct_backend *be; /* the model's: its stream's clock times waits and events */
-    ct_comm *comm; /* the dp group (dp × cp) */
-    ct_comm *edp;  /* the expert units' group (== comm without expert parallelism) */
+    ct_comm *comm;  /* the dp group (dp × cp) */
+    ct_comm *edp;   /* the expert units' group (== comm without expert parallelism) */
     int stage, N, rank;
     int n_gather; /* gather slots in use: 2, or GATHER_POOL with expert units (their bracket
                      nests in their layer's) */

@@ -153,13 +153,13 @@ static void read_fault(void) {
     double seconds = 0;
     int n = sscanf(env, "%d:%31[^:]:%llu:%15[^:]:%lf", &fr.fault_rank, fr.fault_group, &seq, action,
                    &seconds);
-    CT_ASSERTF(n >= 4,
-               "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep|sleep-send[:S]",
-               env);
+    CT_ASSERTF(
+        n >= 4,
+        "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep|sleep-send[:S]", env);
     fr.fault_seq = seq;
     fr.fault_seconds = seconds;
-    fr.fault_action = !strcmp(action, "skip")       ? FAULT_SKIP
-                      : !strcmp(action, "mismatch") ? FAULT_MISMATCH
+    fr.fault_action = !strcmp(action, "skip")         ? FAULT_SKIP
+                      : !strcmp(action, "mismatch")   ? FAULT_MISMATCH
                       : !strcmp(action, "sleep")      ? FAULT_SLEEP
                       : !strcmp(action, "sleep-send") ? FAULT_SLEEP_SEND
                                                       : FAULT_NONE;
@@ -296,8 +296,7 @@ static void end_record(int64_t id, bool enqueued_only, double device_start, doub
             /* the host's span: its wall-clock length, ending now on ct_now's clock */
             double now = ct_now(), host_start = now - (e->end - e->start);
             if (fr.keep_spans && isnan(device_start)) keep_span(e, host_start, now, false);
-            if (fr.keep_spans && !isnan(device_start))
-                keep_span(e, device_start, device_end, true);
+            if (fr.keep_spans && !isnan(device_start)) keep_span(e, device_start, device_end, true);
         }
     }
     pthread_mutex_unlock(&fr.mu);

@@ -10,7 +10,8 @@
 #   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
 #      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
-#      test/cli_cuda.sh does on the emulated device;
+#      test/cli_cuda.sh does on the emulated device, and the GPU run's trace (its unit spans timed
+#      by CUDA events) checked by test/check_trace.py --timeline;
 #   3. throughput: configs/tiny.yaml and configs/gpt2-124m.yaml in fp32 and bf16 on one GPU:
 #      median tokens/s, MFU over the device's peak in that precision (as the trainer prints it)
 #      and, from a second short run, the --profile split by op category.
@@ -118,8 +119,15 @@ compare() {
 }
 mkdir -p "$tmp/f32" "$tmp/b16"
 train "$tmp/f32" ref --dump-init-params "$tmp/f32/init.bin"
-train "$tmp/f32" run --backend cuda
+train "$tmp/f32" run --backend cuda --set log.trace="$tmp/f32/trace.json"
 compare fp32 "$tmp/f32"
+# the trace's unit spans come from the compute stream's timing events (core/README.md, Device time)
+if out=$(python3 test/check_trace.py --timeline "$tmp/f32/trace.json" 4 2>&1); then
+    echo "device timeline: $out"
+else
+    failed=1
+    echo "device timeline: WRONG: $out"
+fi
 for f in bin bin.index.json; do cp "$tmp/f32/init.$f" "$tmp/b16/init.$f"; done
 train "$tmp/b16" ref --set train.precision=bf16
 train "$tmp/b16" run --set train.precision=bf16 --backend cuda

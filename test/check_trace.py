@@ -19,6 +19,14 @@ the longest lasting at least MIN_S (the operation the late rank joined late); an
 stream's longest wait (spans named
 WAIT: "exposed comm" or "pipeline wait") lasts at least MIN_S and lies inside a step. A host-side
 measurement (the host does not wait under NCCL) finds no such wait.
+
+  python3 test/check_trace.py --timeline TRACE.json STEPS
+
+One rank's trace: STEPS step spans, one after another, and every unit's backward span (on the
+CUDA backend its times come from the compute stream's marks, turned into host time at each
+step's end) inside a step, backward spans in the order the stream ran them (two never cross: they are apart, or one
+holds the other). A wrong conversion of device time (an anchor taken before the stream was idle, a sign
+error) puts them outside their step or out of order.
 """
 import json
 import sys
@@ -107,8 +115,41 @@ def device_wait(path, rank, group, wait, min_s):
           f"{top['dur'] / 1e6:.3f} s; longest '{wait}' {longest['dur'] / 1e6:.3f} s")
 
 
+def timeline(path, steps):
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    step = sorted((e for e in spans if e["name"].startswith("step ")), key=lambda e: e["ts"])
+    back = sorted((e for e in spans if e["name"].startswith("backward ")), key=lambda e: e["ts"])
+    errors = []
+    if len(step) != steps:
+        errors.append(f"{len(step)} step spans, expected {steps}")
+    for a, b in zip(step, step[1:]):
+        if a["ts"] + a["dur"] > b["ts"] + 0.002:
+            errors.append(f"{a['name']} overlaps {b['name']}")
+    if not back:
+        errors.append("no backward spans")
+    outside = [e for e in back if not any(
+        s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in step)]
+    if outside:
+        e = outside[0]
+        errors.append(f"{len(outside)} backward spans in no step, e.g. {e['name']} at "
+                      f"{e['ts'] / 1e6:.6f} s for {e['dur'] / 1e6:.6f} s")
+    # disjoint or nested (the tied embedding's unit spans from the head's backward to its own end)
+    for a, b in zip(back, back[1:]):
+        a_end, b_end = a["ts"] + a["dur"], b["ts"] + b["dur"]
+        if b["ts"] + 0.002 < a_end < b_end - 0.002:
+            errors.append(f"backward spans cross: {a['name']} and {b['name']}")
+            break
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    print(f"{len(back)} backward spans inside {len(step)} steps, in order")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--device-wait":
+    if sys.argv[1] == "--timeline":
+        timeline(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "--device-wait":
         device_wait(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
     else:
         main()

@@ -92,8 +92,16 @@ if [ -x "$EMU" ] && selected "emulated training"; then
     expect_exit 0 "emulated: CPU reference run (fp32)" -- "$BIN" "${base[@]}" "${short[@]}" \
         --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" --dump-init-params "$d/init.bin"
     expect_exit 0 "emulated: a 3-step run of test-tiny on the emulated CUDA backend (fp32)" -- \
-        "$EMU" "${base[@]}" "${short[@]}" --backend cuda --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"
+        "$EMU" "${base[@]}" "${short[@]}" --backend cuda --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin" \
+        --set log.trace="$d/trace.json"
     expect_text "cuda:0 cuemu" "emulated: the run says it is on the emulated device"
+    # its trace's unit spans are the compute stream's marks, turned into host time (core/README.md,
+    # Device time): each inside its step, in stream order
+    if out=$(python3 test/check_trace.py --timeline "$d/trace.json" 3); then
+        ok "emulated: the trace's device times fall inside their steps ($out)"
+    else
+        fail "emulated: the trace's device times: $out"
+    fi
     check_against_reference "emulated CUDA fp32" "$d"
     b=$tmp/emu-bf16
     mkdir -p "$b"

@@ -83,15 +83,32 @@ void ct_metrics_uint(ct_metrics *m, const char *name, uint64_t value) {
     append(m, "%llu", (unsigned long long)value);
 }
 
-void ct_metrics_num(ct_metrics *m, const char *name, const char *fmt, double value) {
-    if (!m) return;
-    key(m, name);
+/* value printed with fmt, or null if not finite (JSON has no NaN) */
+static void number(ct_metrics *m, const char *fmt, double value) {
     char num[64];
     if (isfinite(value))
         snprintf(num, sizeof num, fmt, value);
     else
         snprintf(num, sizeof num, "null");
     append(m, "%s", num);
+}
+
+void ct_metrics_num(ct_metrics *m, const char *name, const char *fmt, double value) {
+    if (!m) return;
+    key(m, name);
+    number(m, fmt, value);
+}
+
+void ct_metrics_nums(ct_metrics *m, const char *name, const char *fmt, int64_t n,
+                     const double *values) {
+    if (!m) return;
+    key(m, name);
+    append(m, "[");
+    for (int64_t i = 0; i < n; i++) {
+        if (i) append(m, ", ");
+        number(m, fmt, values[i]);
+    }
+    append(m, "]");
 }
 
 void ct_metrics_bool(ct_metrics *m, const char *name, bool value) {

@@ -34,6 +34,9 @@ void ct_metrics_int(ct_metrics *metrics, const char *key, int64_t value);
 void ct_metrics_uint(ct_metrics *metrics, const char *key, uint64_t value);
 /* value printed with the printf format fmt (one double conversion), or null if not finite. */
 void ct_metrics_num(ct_metrics *metrics, const char *key, const char *fmt, double value);
+/* An array of n values, each as ct_metrics_num prints it. */
+void ct_metrics_nums(ct_metrics *metrics, const char *key, const char *fmt, int64_t n,
+                     const double *values);
 void ct_metrics_bool(ct_metrics *metrics, const char *key, bool value);
 /* value must need no JSON escaping (names the program chooses, not user text). */
 void ct_metrics_str(ct_metrics *metrics, const char *key, const char *value);

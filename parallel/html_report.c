@@ -46,10 +46,14 @@ static const char *mem_keys[] = {"mem_params", "mem_grads", "mem_optim",    "mem
                                  "mem_acts",   "mem_comm",  "mem_gathered", "mem_workspace"};
 enum { N_MEM = sizeof mem_keys / sizeof mem_keys[0] };
 
+enum { MAX_EXPERTS = 256 }; /* per-expert curves drawn (the min/mean/max chart covers all) */
+
 typedef struct run {
     char name[256];
     char path[CT_PATH_MAX];
     series s[S_COUNT];
+    series *experts; /* moe_tokens_per_expert: one series per expert */
+    int n_experts;
     double mem[N_MEM];
     bool have_setup;
     long long world, dp, zero, steps;
@@ -135,6 +139,22 @@ static ct_status read_run(run *r, const char *arg) {
                 if ((s == S_VAL_LOSS) != eval) continue;
                 if (number(obj, series_keys[s], &v)) push(&r->s[s], step, s == S_MFU ? 100 * v : v);
             }
+            json_t *per = json_object_get(obj, "moe_tokens_per_expert");
+            if (json_is_array(per)) {
+                int n = (int)CT_MIN(json_array_size(per), (size_t)MAX_EXPERTS);
+                if (n > r->n_experts) {
+                    r->experts = realloc(r->experts, (size_t)n * sizeof *r->experts);
+                    CT_ASSERT(r->experts != NULL);
+                    memset(r->experts + r->n_experts, 0,
+                           (size_t)(n - r->n_experts) * sizeof *r->experts);
+                    r->n_experts = n;
+                }
+                for (int e = 0; e < n; e++) {
+                    json_t *x = json_array_get(per, (size_t)e);
+                    if (json_is_number(x) && isfinite(json_number_value(x)))
+                        push(&r->experts[e], step, json_number_value(x));
+                }
+            }
             steps += !eval;
         }
         json_decref(obj);
@@ -149,6 +169,8 @@ static ct_status read_run(run *r, const char *arg) {
     }
     return status;
 }
+
+static void html_escape(FILE *f, const char *s);
 
 /* ---- drawing --------------------------------------------------------------------------------- */
 
@@ -181,17 +203,25 @@ typedef struct chart {
     bool dashed[3];
 } chart;
 
-static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
+/* One polyline: a series of run `run`, named `key` in data-series. */
+typedef struct line {
+    const series *s;
+    int run;
+    char key[48];
+    const char *color;
+    bool dashed;
+} line;
+
+/* A chart of lines over the step, on axes that hold every point. */
+static void draw_lines(FILE *f, const char *name, const char *title, const char *unit,
+                       const line *lines, int n_lines) {
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     int points = 0;
-    for (int r = 0; r < n_runs; r++)
-        for (int k = 0; k < 3 && c->keys[k] >= 0; k++) {
-            const series *s = &runs[r].s[c->keys[k]];
-            for (int i = 0; i < s->n; i++) {
-                x0 = fmin(x0, s->x[i]), x1 = fmax(x1, s->x[i]);
-                y0 = fmin(y0, s->y[i]), y1 = fmax(y1, s->y[i]);
-                points++;
-            }
+    for (int l = 0; l < n_lines; l++)
+        for (int i = 0; i < lines[l].s->n; i++) {
+            x0 = fmin(x0, lines[l].s->x[i]), x1 = fmax(x1, lines[l].s->x[i]);
+            y0 = fmin(y0, lines[l].s->y[i]), y1 = fmax(y1, lines[l].s->y[i]);
+            points++;
         }
     if (!points) return;
     if (x1 <= x0) x0 -= 1, x1 += 1;
@@ -207,9 +237,10 @@ static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
             "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" data-x0=\"%.9g\" data-x1=\"%.9g\" "
             "data-y0=\"%.9g\" data-y1=\"%.9g\">\n"
             "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
-            "<text x=\"%d\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s%s%s%s</text>\n",
-            c->name, W, H, W, H, x0, x1, y0, y1, W, H, L, c->title, c->unit[0] ? " (" : "", c->unit,
-            c->unit[0] ? ")" : "");
+            "<text x=\"%d\" y=\"18\" font-size=\"14\" font-weight=\"bold\">",
+            name, W, H, W, H, x0, x1, y0, y1, W, H, L);
+    html_escape(f, title);
+    fprintf(f, "%s%s%s</text>\n", unit[0] ? " (" : "", unit, unit[0] ? ")" : "");
     char label[32];
     for (double v = y0; v <= y1 + ys * 1e-6; v += ys) {
         double y = T + ph * (1 - (v - y0) / (y1 - y0));
@@ -232,25 +263,63 @@ static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
             "stroke=\"#333333\"/>\n<text x=\"%.0f\" y=\"%d\" font-size=\"11\" "
             "text-anchor=\"middle\">step</text>\n",
             L, T, pw, ph, L + pw / 2, H - 4);
-    for (int r = 0; r < n_runs; r++)
-        for (int k = 0; k < 3 && c->keys[k] >= 0; k++) {
-            const series *s = &runs[r].s[c->keys[k]];
-            if (!s->n) continue;
-            fprintf(f,
-                    "<polyline data-run=\"%d\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" "
-                    "stroke-width=\"1.5\"%s points=\"",
-                    r, series_keys[c->keys[k]], palette[r % N_COLORS],
-                    c->dashed[k] ? " stroke-dasharray=\"5 3\"" : "");
-            for (int i = 0; i < s->n; i++)
-                fprintf(f, "%s%.2f,%.2f", i ? " " : "", L + pw * (s->x[i] - x0) / (x1 - x0),
-                        T + ph * (1 - (s->y[i] - y0) / (y1 - y0)));
-            fprintf(f, "\"/>\n");
-            if (s->n == 1) /* one point draws no line: a dot */
-                fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3\" fill=\"%s\"/>\n",
-                        L + pw * (s->x[0] - x0) / (x1 - x0),
-                        T + ph * (1 - (s->y[0] - y0) / (y1 - y0)), palette[r % N_COLORS]);
-        }
+    for (int l = 0; l < n_lines; l++) {
+        const series *s = lines[l].s;
+        if (!s->n) continue;
+        fprintf(f,
+                "<polyline data-run=\"%d\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" "
+                "stroke-width=\"1.5\"%s points=\"",
+                lines[l].run, lines[l].key, lines[l].color,
+                lines[l].dashed ? " stroke-dasharray=\"5 3\"" : "");
+        for (int i = 0; i < s->n; i++)
+            fprintf(f, "%s%.2f,%.2f", i ? " " : "", L + pw * (s->x[i] - x0) / (x1 - x0),
+                    T + ph * (1 - (s->y[i] - y0) / (y1 - y0)));
+        fprintf(f, "\"/>\n");
+        if (s->n == 1) /* one point draws no line: a dot */
+            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3\" fill=\"%s\"/>\n",
+                    L + pw * (s->x[0] - x0) / (x1 - x0), T + ph * (1 - (s->y[0] - y0) / (y1 - y0)),
+                    lines[l].color);
+    }
     fprintf(f, "</svg>\n");
+}
+
+/* A metric's chart: its series of every run, in the run's colour. */
+static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
+    line lines[3 * 64];
+    int n = 0;
+    for (int r = 0; r < n_runs && r < 64; r++)
+        for (int k = 0; k < 3 && c->keys[k] >= 0; k++) {
+            line *l = &lines[n++];
+            l->s = &runs[r].s[c->keys[k]];
+            l->run = r;
+            snprintf(l->key, sizeof l->key, "%s", series_keys[c->keys[k]]);
+            l->color = palette[r % N_COLORS];
+            l->dashed = c->dashed[k];
+        }
+    draw_lines(f, c->name, c->title, c->unit, lines, n);
+}
+
+/* MoE: every expert's tokens per step, one chart per run, one colour per expert. */
+static void draw_experts(FILE *f, run *runs, int n_runs) {
+    static const char *colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                   "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+    line *lines = ct_xcalloc(MAX_EXPERTS, sizeof *lines);
+    for (int r = 0; r < n_runs; r++) {
+        if (!runs[r].n_experts) continue;
+        for (int e = 0; e < runs[r].n_experts; e++) {
+            lines[e].s = &runs[r].experts[e];
+            lines[e].run = r;
+            snprintf(lines[e].key, sizeof lines[e].key, "moe_tokens_per_expert.%d", e);
+            lines[e].color = colors[e % (int)(sizeof colors / sizeof colors[0])];
+            lines[e].dashed = e >= (int)(sizeof colors / sizeof colors[0]);
+        }
+        char name[64], title[320];
+        snprintf(name, sizeof name, "moe_experts.%d", r);
+        snprintf(title, sizeof title, "tokens per expert, %s (%d experts)", runs[r].name,
+                 runs[r].n_experts);
+        draw_lines(f, name, title, "", lines, runs[r].n_experts);
+    }
+    free(lines);
 }
 
 /* Memory by category at start-up: one stacked bar per run. */
@@ -407,6 +476,7 @@ ct_status ct_html_report(int n_runs, char **run_args, const char *out_path) {
         };
         for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++)
             draw_chart(f, &charts[c], runs, n_runs);
+        draw_experts(f, runs, n_runs);
         draw_memory(f, runs, n_runs);
         fputs("</div>\n</body>\n</html>\n", f);
         bool ok = fflush(f) == 0 && !ferror(f);
@@ -418,8 +488,12 @@ ct_status ct_html_report(int n_runs, char **run_args, const char *out_path) {
             printf("report: %s (%d run%s)\n", path, n_runs, n_runs == 1 ? "" : "s");
         }
     }
-    for (int r = 0; r < n_runs; r++)
+    for (int r = 0; r < n_runs; r++) {
         for (int s = 0; s < S_COUNT; s++) free(runs[r].s[s].x), free(runs[r].s[s].y);
+        for (int e = 0; e < runs[r].n_experts; e++)
+            free(runs[r].experts[e].x), free(runs[r].experts[e].y);
+        free(runs[r].experts);
+    }
     free(runs);
     return st;
 }

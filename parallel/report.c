@@ -237,6 +237,9 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
         ct_metrics_num(m, "moe_load_min", "%.0f", s->moe_load_min);
         ct_metrics_num(m, "moe_load_mean", "%.6g", s->moe_load_mean);
         ct_metrics_num(m, "moe_load_max", "%.0f", s->moe_load_max);
+        if (s->moe_load)
+            ct_metrics_nums(m, "moe_tokens_per_expert", "%.0f", t->cfg->model.moe_experts,
+                            s->moe_load);
         ct_metrics_num(m, "moe_imbalance", "%.6g",
                        s->moe_load_mean > 0 ? s->moe_load_max / s->moe_load_mean : 0.0);
         ct_metrics_num(m, "moe_layer_imbalance", "%.6g", s->moe_layer_imbalance);

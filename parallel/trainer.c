@@ -40,6 +40,7 @@ static void trainer_free(trainer *t) {
     free(t->step_targets);
     free(t->cp_scratch);
     free(t->moe_trace);
+    free(t->moe_load);
     free(t->step_spans);
     ct_tokenizer_free(t->tokenizer);
     ct_metrics_free(t->metrics);
@@ -315,6 +316,9 @@ static void moe_step_stats(trainer *t, step_stats *s) {
         sum += load[e];
     }
     s->moe_load_mean = sum / (double)E;
+    if (!t->moe_load) t->moe_load = ct_xcalloc((size_t)E, sizeof *t->moe_load);
+    memcpy(t->moe_load, load, (size_t)E * sizeof *load);
+    s->moe_load = t->moe_load;
     /* the most loaded expert of any layer against that layer's mean */
     s->moe_layer_imbalance = 0.0;
     for (int64_t g = 0; g < Lm; g++) {

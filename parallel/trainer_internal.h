@@ -48,6 +48,7 @@ typedef struct trainer {
     /* log.trace with MoE: each step's end time and tokens per expert (summed over the MoE layers
      * and every rank), [step][1 + E] */
     double *moe_trace;
+    double *moe_load; /* model.moe_experts: the last step's tokens per expert (step_stats) */
     /* log.trace's clock (write_trace): ct_now + trace_skew is this rank's clock (the skew is 0
      * but under COOKTRAIN_TRACE_SKEW_S, which plays hosts whose clocks disagree); trace_origin is
      * that clock's reading when the world barrier at start ended, every rank's time 0. Each
@@ -83,6 +84,7 @@ typedef struct step_stats {
      * averaged over micro-batches; part of the objective, not of `loss`) and the tokens each
      * expert received in the step, summed over layers: least, mean and most */
     double moe_aux, moe_z, moe_load_min, moe_load_mean, moe_load_max; /* moe_z: the z-loss */
+    const double *moe_load; /* every expert's (model.moe_experts of them; the trainer's buffer) */
     /* the largest of any MoE layer's most loaded expert's tokens over the layer's mean */
     double moe_layer_imbalance;
     /* this rank's seconds in MoE routing and exchange, and in expert GEMMs with their FLOPs */

@@ -7,7 +7,10 @@ was drawn from (test/cli_report.sh).
 
 The page: self-contained (no script, no link, no src or href, no url(), nothing but the SVG
 namespace naming http); one chart per metric (loss, lr, grad_norm, tokens_per_s, mfu, comm,
-mem_bytes, memory, and moe_load with --moe, only then); in every chart, each run's series holds
+mem_bytes, memory, and with --moe only, moe_load and moe_experts.R per run R: a polyline per
+expert, "moe_tokens_per_expert.E", drawn from element E of the lines' moe_tokens_per_expert, and
+every line's array agreeing with its moe_load_min, _max and _mean: the same extremes, a sum of
+n_experts times the mean, to the mean's 6 printed digits); in every chart, each run's series holds
 one point per metrics line that has the key, in order, x an exact linear map of the step and y an
 exact linear map of the value with y growing downward (least-squares fit within the 0.01 px the
 page rounds to, slope of the right sign), inside the plot; the memory bars carry the setup line's
@@ -81,19 +84,44 @@ def check_page(path, metrics, moe):
         lines = [json.loads(l) for l in open(m) if l.strip()]
         runs.append(lines)
     want = ["loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm", "mem_bytes", "memory"]
+    keys_of = dict(KEYS)
     if moe:
         want.append("moe_load")
+        for r, lines in enumerate(runs):
+            n = max((len(l.get("moe_tokens_per_expert", [])) for l in lines), default=0)
+            want.append(f"moe_experts.{r}")
+            keys_of[f"moe_experts.{r}"] = [f"moe_tokens_per_expert.{e}" for e in range(n)]
+            for l in lines:
+                per = l.get("moe_tokens_per_expert")
+                if per is not None and (len(per) != n or min(per) != l["moe_load_min"]
+                                        or max(per) != l["moe_load_max"]
+                                        or abs(sum(per) - n * l["moe_load_mean"]) > 1e-5 * sum(per)):
+                    errors.append(f"run {r} step {l['step']}: moe_tokens_per_expert {per} against "
+                                  f"min {l['moe_load_min']} max {l['moe_load_max']}")
+            if n == 0:
+                errors.append(f"run {r}: no moe_tokens_per_expert in its metrics")
     if sorted(page.charts) != sorted(want):
         errors.append(f"charts {sorted(page.charts)}, expected {sorted(want)}")
     points = 0
-    for name, keys in KEYS.items():
+
+    def value(line, key):
+        """The metrics value a series key names: a key, or KEY.E for element E of an array."""
+        name, _, index = key.rpartition(".")
+        if name and index.isdigit():
+            arr = line.get(name)
+            return arr[int(index)] if isinstance(arr, list) and int(index) < len(arr) else None
+        return line.get(key)
+
+    for name, keys in keys_of.items():
         chart = page.charts.get(name)
         if chart is None:
             continue
         w, h = float(chart["attrs"]["width"]), float(chart["attrs"]["height"])
         for r, lines in enumerate(runs):
+            if name.startswith("moe_experts.") and name != f"moe_experts.{r}":
+                continue
             for key in keys:
-                rows = [l for l in lines if not l.get("setup") and isinstance(l.get(key), (int, float))]
+                rows = [l for l in lines if not l.get("setup") and isinstance(value(l, key), (int, float))]
                 drawn = [p for p in chart["lines"] if p["data-run"] == str(r) and p["data-series"] == key]
                 if not rows:
                     if drawn:
@@ -110,7 +138,7 @@ def check_page(path, metrics, moe):
                 if any(not (0 <= x <= w and 0 <= y <= h) for x, y in pts):
                     errors.append(f"{name}: run {r} {key}: a point outside the chart")
                 steps = [float(l["step"]) for l in rows]
-                vals = [float(l[key]) for l in rows]
+                vals = [float(value(l, key)) for l in rows]
                 if len(set(steps)) > 1:
                     _, bx, rx = fit(steps, [p[0] for p in pts])
                     if bx <= 0 or rx > 0.011:

@@ -2,9 +2,12 @@
  * plan_search.c — `cooktrain plan --search N` (plan_search.h): every valid layout of a config on
  * N devices of a hardware model, the ones that fit, their estimated step time, best first.
  *
- * Layouts: tp, cp (when seq_len splits into 2·cp pieces), pp and dp over N's divisors, ep over
- * dp's that divide the experts (MoE models), ZeRO 0-3, 1F1B or interleaved (v 2), power-of-two
- * micro-batches, recompute off and on; the config's validation decides what is valid.
+ * Layouts: tp (with and without sequence parallelism), cp (when seq_len splits into 2·cp pieces),
+ * pp and dp over N's divisors, ep over dp's that divide the experts (MoE models), ZeRO 0-3, 1F1B
+ * or interleaved with v = 2 .. min(8, layers / pp) virtual stages, power-of-two micro-batches,
+ * recompute off and on; the config's validation decides what is valid. Sequence parallelism
+ * costs no time here (its allgather and reduce-scatter move an allreduce's bytes, plus the norms'
+ * gradients) and saves activation memory, so at equal time it wins on memory.
  *
  * The step-time model (parallel/README.md, Plan search), per device:
  *   compute   = FLOPs per token × tokens per step / N × (4/3 with full recompute)
@@ -208,6 +211,7 @@ ct_status ct_hardware_load(const char *name, ct_hardware *hw) {
 
 typedef struct candidate {
     int tp, cp, pp, dp, ep, zero, v, recompute;
+    bool sp; /* sequence parallel */
     ct_schedule_kind schedule;
     int64_t micro_batch;
     double mem, compute, tp_s, cp_s, dp_s, dp_exposed, pp_s, ep_s, bubble, step;
@@ -238,6 +242,7 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
     cfg.parallel.zero_stage = c->zero;
     cfg.parallel.schedule = c->schedule;
     cfg.parallel.virtual_stages = c->v;
+    cfg.parallel.sequence_parallel = c->sp;
     cfg.train.micro_batch = c->micro_batch;
     cfg.train.micro_batch_auto = false;
     cfg.train.recompute = c->recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
@@ -275,7 +280,14 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
         }
         double mem = st.acts;
         for (int k = 0; k < CT_MEM_COUNT; k++) mem += (double)st.mem[k];
-        if (mem > most) most = mem, worst = st;
+        most = fmax(most, mem);
+        /* the slowest stage sets the pace: each cost at its largest over the stages */
+        worst.flops_per_token = fmax(worst.flops_per_token, st.flops_per_token);
+        worst.tp_bytes = fmax(worst.tp_bytes, st.tp_bytes);
+        worst.dp_bytes = fmax(worst.dp_bytes, st.dp_bytes);
+        worst.pp_bytes = fmax(worst.pp_bytes, st.pp_bytes);
+        worst.ep_bytes = fmax(worst.ep_bytes, st.ep_bytes);
+        worst.cp_bytes = fmax(worst.cp_bytes, st.cp_bytes);
         if (r == 0) c->first = st;
     }
     if (sched) {
@@ -328,8 +340,9 @@ static void reasons(const candidate *c, const ct_hardware *hw, char *buf, size_t
     if (c->tp == 1)
         SAY("no tp traffic");
     else
-        SAY("tp %d on %s (%.1f ms)", c->tp, c->tp_inter ? "the network" : "the node's links",
-            1e3 * c->tp_s);
+        SAY("tp %d on %s (%.1f ms)%s", c->tp, c->tp_inter ? "the network" : "the node's links",
+            1e3 * c->tp_s,
+            c->sp ? ", sequence parallel (activations and pipeline sends / tp)" : "");
     if (c->cp > 1)
         SAY("; cp %d ring on %s (%.1f ms)", c->cp, c->cp_inter ? "the network" : "the node's links",
             1e3 * c->cp_s);
@@ -384,34 +397,36 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
                     if (dp % ep || (ep > 1 && (!E || E % ep))) continue;
                     for (int zero = 0; zero <= 3; zero++) {
                         if (dp * cp == 1 && zero > 0) continue; /* nothing to shard */
-                        for (int sk = 0; sk < 2; sk++) {
-                            if (pp == 1 && sk > 0) continue;
-                            for (int64_t mb = 1; mb <= G / dp; mb *= 2) {
-                                if ((G / dp) % mb) continue;
-                                for (int rc = 0; rc < 2; rc++) {
-                                    candidate c = {.tp = tp,
-                                                   .cp = cp,
-                                                   .pp = pp,
-                                                   .dp = dp,
-                                                   .ep = ep,
-                                                   .zero = zero,
-                                                   .v = sk ? 2 : 1,
-                                                   .recompute = rc,
-                                                   .schedule = sk ? CT_SCHEDULE_INTERLEAVED
-                                                                  : CT_SCHEDULE_1F1B,
-                                                   .micro_batch = mb};
-                                    if (!evaluate(base, n, hw, be, &c)) continue;
-                                    valid++;
-                                    if (c.mem > 0.9 * hw->memory_bytes) continue;
-                                    if (count == cap) {
-                                        cap *= 2;
-                                        list = realloc(list, (size_t)cap * sizeof *list);
-                                        CT_ASSERT(list != NULL);
+                        /* v 1: 1F1B; 2 and up: interleaved */
+                        const int vmax = pp == 1 ? 1 : (int)CT_MIN(8, base->model.n_layer / pp);
+                        for (int v = 1; v <= vmax; v++)
+                            for (int sp = 0; sp <= (tp > 1); sp++)
+                                for (int64_t mb = 1; mb <= G / dp; mb *= 2) {
+                                    if ((G / dp) % mb) continue;
+                                    for (int rc = 0; rc < 2; rc++) {
+                                        candidate c = {.tp = tp,
+                                                       .cp = cp,
+                                                       .pp = pp,
+                                                       .dp = dp,
+                                                       .ep = ep,
+                                                       .zero = zero,
+                                                       .v = v,
+                                                       .sp = sp,
+                                                       .recompute = rc,
+                                                       .schedule = v > 1 ? CT_SCHEDULE_INTERLEAVED
+                                                                         : CT_SCHEDULE_1F1B,
+                                                       .micro_batch = mb};
+                                        if (!evaluate(base, n, hw, be, &c)) continue;
+                                        valid++;
+                                        if (c.mem > 0.9 * hw->memory_bytes) continue;
+                                        if (count == cap) {
+                                            cap *= 2;
+                                            list = realloc(list, (size_t)cap * sizeof *list);
+                                            CT_ASSERT(list != NULL);
+                                        }
+                                        list[count++] = c;
                                     }
-                                    list[count++] = c;
                                 }
-                            }
-                        }
                     }
                 }
             }
@@ -426,7 +441,7 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
                 "%d layouts valid for this config, %d fit in 90%% of device memory; the "
                 "best by estimated step time (parallel/README.md, Plan search):\n",
                 valid, count);
-        fprintf(out, "  # |  tp  cp  pp  dp  ep ZeRO schedule      mb recompute | memory     | "
+        fprintf(out, "  # |  tp sp  cp  pp  dp  ep ZeRO schedule      mb recompute | memory     | "
                      "compute    tp+cp     dp (exposed)       pp+ep    | step       tokens/s\n");
     }
     for (int i = 0; i < count && i < top; i++) {
@@ -435,7 +450,7 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
             fprintf(
                 out,
                 "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d, "
-                "\"schedule\": "
+                "\"sequence_parallel\": %s, \"schedule\": "
                 "\"%s\", \"virtual_stages\": %d, \"micro_batch\": %lld, \"recompute\": %s, "
                 "\"memory_bytes\": %.0f, \"compute_s\": %.6g, \"bubble_s\": %.6g, \"tp_s\": "
                 "%.6g, \"cp_s\": %.6g, \"dp_s\": %.6g, \"dp_exposed_s\": %.6g, \"pp_s\": %.6g, "
@@ -444,13 +459,14 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
                 "\"dp_inter\": %s, \"pp_inter\": %s, \"stage0\": {\"params_bytes\": %zu, "
                 "\"grads_bytes\": %zu, \"optim_bytes\": %zu, \"master_bytes\": %zu, "
                 "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f}}\n",
-                c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, ct_schedule_kind_name(c->schedule),
-                c->v, (long long)c->micro_batch, c->recompute ? "true" : "false", c->mem,
-                c->compute, c->bubble, c->tp_s, c->cp_s, c->dp_s, c->dp_exposed, c->pp_s, c->ep_s,
-                c->step, tokens / c->step, c->tp_inter ? "true" : "false",
-                c->dp_inter ? "true" : "false", c->pp_inter ? "true" : "false",
-                c->first.mem[CT_MEM_PARAMS], c->first.mem[CT_MEM_GRADS], c->first.mem[CT_MEM_OPTIM],
-                c->first.mem[CT_MEM_MASTER], c->first.dp_bytes, c->first.tp_bytes);
+                c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, c->sp ? "true" : "false",
+                ct_schedule_kind_name(c->schedule), c->v, (long long)c->micro_batch,
+                c->recompute ? "true" : "false", c->mem, c->compute, c->bubble, c->tp_s, c->cp_s,
+                c->dp_s, c->dp_exposed, c->pp_s, c->ep_s, c->step, tokens / c->step,
+                c->tp_inter ? "true" : "false", c->dp_inter ? "true" : "false",
+                c->pp_inter ? "true" : "false", c->first.mem[CT_MEM_PARAMS],
+                c->first.mem[CT_MEM_GRADS], c->first.mem[CT_MEM_OPTIM], c->first.mem[CT_MEM_MASTER],
+                c->first.dp_bytes, c->first.tp_bytes);
             continue;
         }
         char mem[32], why[512], sched[24];
@@ -458,11 +474,12 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
         if (c->pp > 1 && c->v > 1) snprintf(sched, sizeof sched, "interleaved v%d", c->v);
         reasons(c, hw, why, sizeof why);
         fprintf(out,
-                "%3d | %3d %3d %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms "
+                "%3d | %3d %2s %3d %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms "
                 "%6.2f ms (%6.2f) %6.2f ms | %7.2f ms %9.0f\n      %s\n",
-                i + 1, c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, sched, (long long)c->micro_batch,
-                c->recompute ? "full" : "none", ct_format_bytes(mem, sizeof mem, c->mem),
-                1e3 * c->compute, 1e3 * (c->tp_s + c->cp_s), 1e3 * c->dp_s, 1e3 * c->dp_exposed,
+                i + 1, c->tp, c->sp ? "y" : "-", c->cp, c->pp, c->dp, c->ep, c->zero, sched,
+                (long long)c->micro_batch, c->recompute ? "full" : "none",
+                ct_format_bytes(mem, sizeof mem, c->mem), 1e3 * c->compute,
+                1e3 * (c->tp_s + c->cp_s), 1e3 * c->dp_s, 1e3 * c->dp_exposed,
                 1e3 * (c->pp_s + c->ep_s), 1e3 * c->step, tokens / c->step, why);
     }
     ct_status st = CT_OK;

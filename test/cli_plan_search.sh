@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `cooktrain plan --search` (parallel/README.md, Plan search):
 #   - `plan --calibrate` writes this machine as a YAML profile, which --hardware reads back;
-#   - memory and traffic: for six layouts of configs/test-tiny.yaml on 4 ranks (dp 4 at ZeRO 0 and
-#     3, tp 2 x dp 2, pp 2 x dp 2, tp 2 x pp 2 with recompute, tp 4) the search's stage-0 numbers
-#     equal what the trainer's rank 0 measures: memory by category and dp/tp bytes per step;
+#   - memory and traffic: for eight layouts of configs/test-tiny.yaml on 4 ranks (dp 4 at ZeRO 0
+#     and 3, tp 2 x dp 2 without and with sequence parallelism, pp 2 x dp 2 in 1F1B and
+#     interleaved with 4 virtual stages, tp 2 x pp 2 with recompute, tp 4 with sequence
+#     parallelism) the search's stage-0 numbers equal what the trainer's rank 0 measures: memory
+#     by category and dp/tp bytes per step;
 #   - step time: on this machine's profile, for dp 2, tp 2 and pp 2 of a wider model (d_model
 #     256) on 2 ranks, the measured median step is 0.5 to 3 times the estimate. The model counts
 #     GEMM FLOPs at the measured GEMM rate and the links' bytes; it leaves out elementwise work,
@@ -45,21 +47,26 @@ EOF
 if selected "counters" && expect_exit 0 "search on 4 devices of this machine" -- "$BIN" plan \
     --config configs/test-tiny.yaml --search 4 --hardware "$tmp/cpu.yaml" --top 100000 --json; then
     printf '%s\n' "$OUT_TEXT" >"$tmp/search.json"
-    # tp pp dp zero micro_batch recompute
-    while read -r tp pp dp zero mb rc; do
-        name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc"
+    # tp pp dp zero micro_batch recompute sequence_parallel virtual_stages
+    while read -r tp pp dp zero mb rc sp v; do
+        name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc sp $sp v $v"
+        sched=1f1b
+        [ "$v" = 1 ] || sched=interleaved
         expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.tp="$tp" \
             --set parallel.pp="$pp" --set parallel.zero_stage="$zero" --set train.micro_batch="$mb" \
-            --set train.recompute="$rc" --set train.steps=1 --set train.warmup_steps=1 \
-            --set log.metrics="$tmp/run.jsonl" || continue
-        if out=$(python3 - "$tmp/search.json" "$tmp/run.jsonl" "$tp" "$pp" "$dp" "$zero" "$mb" "$rc" <<'PY'
+            --set train.recompute="$rc" --set parallel.sequence_parallel="$sp" \
+            --set parallel.schedule="$sched" --set parallel.virtual_stages="$v" --set train.steps=1 \
+            --set train.warmup_steps=1 --set log.metrics="$tmp/run.jsonl" || continue
+        if out=$(python3 - "$tmp/search.json" "$tmp/run.jsonl" "$tp" "$pp" "$dp" "$zero" "$mb" "$rc" "$sp" "$v" <<'PY'
 import json, sys
 search, run = sys.argv[1], sys.argv[2]
 tp, pp, dp, zero, mb = map(int, sys.argv[3:8])
 rc = sys.argv[8] == "full"
+sp = sys.argv[9] == "true"
+v = int(sys.argv[10])
 rows = [json.loads(l) for l in open(search)]
 match = [r for r in rows if (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["micro_batch"],
-         r["recompute"]) == (tp, 1, pp, dp, 1, zero, mb, rc) and r["schedule"] == "1f1b"]
+         r["recompute"], r["sequence_parallel"], r["virtual_stages"]) == (tp, 1, pp, dp, 1, zero, mb, rc, sp, v)]
 if len(match) != 1:
     sys.exit(f"{len(match)} search rows for the layout")
 s = match[0]["stage0"]
@@ -76,12 +83,14 @@ print(", ".join(f"{k} {int(a)}" for k, a, _ in pairs))
 PY
         ); then ok "$name: the search's memory and traffic equal the run's ($out)"; else fail "$name: $out"; fi
     done <<'LAYOUTS'
-1 1 4 0 2 none
-1 1 4 3 2 none
-2 1 2 1 2 none
-1 2 2 2 2 none
-2 2 1 0 2 full
-4 1 1 0 4 none
+1 1 4 0 2 none false 1
+1 1 4 3 2 none false 1
+2 1 2 1 2 none false 1
+2 1 2 1 2 none true 1
+1 2 2 2 2 none false 1
+1 2 2 1 2 none false 4
+2 2 1 0 2 full false 1
+4 1 1 0 4 none true 1
 LAYOUTS
 fi
 
@@ -122,7 +131,7 @@ if selected "network"; then
         --hardware "$tmp/fast-net.yaml" --top 100000 --json && printf '%s\n' "$OUT_TEXT" >"$tmp/fast.json"
     if out=$(python3 - "$tmp/h100.json" "$tmp/fast.json" <<'PY'
 import json, sys
-key = lambda r: (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["schedule"], r["virtual_stages"], r["micro_batch"], r["recompute"])
+key = lambda r: (r["tp"], r["sequence_parallel"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["schedule"], r["virtual_stages"], r["micro_batch"], r["recompute"])
 slow = {key(r): r for r in map(json.loads, open(sys.argv[1]))}
 fast = {key(r): r for r in map(json.loads, open(sys.argv[2]))}
 assert slow.keys() == fast.keys(), "different layouts"
@@ -136,6 +145,34 @@ if not crossing or not inside or bad or best["tp_inter"]:
 print(f"{len(crossing)} layouts with dp across nodes pay the network, {len(inside)} inside a node do not; the best keeps tp {best['tp']} in a node")
 PY
     ); then ok "the network: $out"; else fail "the network: $out"; fi
+    # virtual stages beyond 2 and sequence parallelism are searched, and priced: the interleaved
+    # bubble shrinks as v grows ((p-1)/(v m + p-1)); sequence parallelism holds less activation
+    # memory and sends 1/tp of the pipeline's activations, for the norms' gradient reduction: at
+    # equal layout it always takes less memory, with pp less time in pipeline sends, and a step
+    # within 1% (the traffic it adds and saves is small beside compute here)
+    if out=$(python3 - "$tmp/h100.json" 2>&1 <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rest = lambda r: (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["micro_batch"], r["recompute"])
+vs = sorted({r["virtual_stages"] for r in rows})
+by = {}
+for r in rows:
+    by.setdefault((rest(r), r["sequence_parallel"]), {})[r["virtual_stages"]] = r
+grow = [b for b in by.values() if all(v in b for v in (1, 2, 3))]
+bad = [b for b in grow if not (b[1]["bubble_s"] > b[2]["bubble_s"] > b[3]["bubble_s"] > 0)]
+twins = [(by[(k, True)], by[(k, False)]) for (k, sp) in by if sp and (k, False) in by]
+worse = [1 for t, f in twins for v in t if v in f and not (
+    t[v]["memory_bytes"] < f[v]["memory_bytes"] and t[v]["step_s"] <= 1.01 * f[v]["step_s"] and
+    (t[v]["pp"] == 1 or t[v]["pp_s"] < f[v]["pp_s"]))]
+best_tp = next(r for r in rows if r["tp"] > 1)
+if max(vs) < 4 or not grow or bad or not twins or worse or not best_tp["sequence_parallel"]:
+    sys.exit(f"virtual stages {vs}; {len(grow)} families with v 1-3, {len(bad)} whose bubble does not shrink; "
+             f"{len(twins)} sp twins, {len(worse)} where sp takes more memory or time; best with tp > 1 uses sp: {best_tp['sequence_parallel']}")
+print(f"virtual stages {vs[0]}..{vs[-1]}; the bubble shrinks with v in all {len(grow)} families; "
+      f"sequence parallelism saves memory (and pipeline sends) in all {len(twins)} tp layouts, "
+      f"and the best tp layout uses it")
+PY
+    ); then ok "schedules and sequence parallelism: $out"; else fail "schedules and sequence parallelism: $out"; fi
 fi
 
 # ---- memory ----------------------------------------------------------------------------------------

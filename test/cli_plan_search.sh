@@ -110,9 +110,11 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 want = {"tp": 1, "pp": 1, "dp": 1}
 want[sys.argv[3]] = 2
 est = [r for r in rows if (r["tp"], r["pp"], r["dp"], r["cp"], r["ep"]) == (want["tp"], want["pp"], want["dp"], 1, 1) and
-       r["zero_stage"] == 0 and r["micro_batch"] == 2 and not r["recompute"] and r["schedule"] == "1f1b"]
+       r["zero_stage"] == 0 and r["micro_batch"] == 2 and not r["recompute"] and r["schedule"] == "1f1b"
+       and not r["sequence_parallel"]]
 if len(est) != 1:
-    sys.exit(f"{len(est)} search rows for the layout")
+    print(f"{len(est)} search rows for the layout")
+    sys.exit(1)
 steps = [json.loads(l)["step_time_s"] for l in open(sys.argv[2]) if '"loss"' in l]
 measured = statistics.median(steps[2:])  # the first steps warm up
 ratio = measured / est[0]["step_s"]

@@ -171,10 +171,9 @@ static void read_fault(void) {
 static int planted(const ct_comm *comm, ct_comm_op_kind kind, bool is_recv, uint64_t seq) {
     if (!fr.fault_read) read_fault();
     if (!fr.fault_action || fr.fault_done) return FAULT_NONE;
-    const bool send = kind == CT_COMM_SEND && !is_recv;
-    if ((kind == CT_COMM_SEND) != (fr.fault_action == FAULT_SLEEP_SEND) ||
-        (kind == CT_COMM_SEND && !send))
-        return FAULT_NONE;
+    /* collectives take skip, mismatch and sleep; sends (not receives) sleep-send */
+    const bool p2p = kind == CT_COMM_SEND;
+    if (p2p != (fr.fault_action == FAULT_SLEEP_SEND) || (p2p && is_recv)) return FAULT_NONE;
     if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0)
         return FAULT_NONE;
     if (seq != fr.fault_seq) return FAULT_NONE;
@@ -316,17 +315,24 @@ void ct_flight_keep_spans(bool on) {
     pthread_mutex_unlock(&fr.mu);
 }
 
+/* A group's spans go to two threads: tid_base + 2·group on the device, + 1 on the host. */
+static int span_tid(int tid_base, const span *sp) {
+    return tid_base + 2 * sp->group + (sp->on_device ? 0 : 1);
+}
+
 void ct_flight_trace(ct_trace *trace, int tid_base) {
     pthread_mutex_lock(&fr.mu);
     char name[96];
-    for (int g = 0; g < fr.n_groups; g++) {
-        bool device = false, any = false;
-        for (int64_t i = 0; i < fr.n_spans; i++)
-            if (fr.spans[i].group == g) any = true, device |= fr.spans[i].on_device;
-        if (!any) continue;
-        snprintf(name, sizeof name, "%s comm %s", device ? "device" : "host", fr.groups[g].name);
-        ct_trace_thread(trace, tid_base + g, name);
-    }
+    for (int g = 0; g < fr.n_groups; g++)
+        for (int device = 1; device >= 0; device--) {
+            bool any = false;
+            for (int64_t i = 0; i < fr.n_spans && !any; i++)
+                any = fr.spans[i].group == g && fr.spans[i].on_device == device;
+            if (!any) continue;
+            snprintf(name, sizeof name, "%s comm %s", device ? "device" : "host",
+                     fr.groups[g].name);
+            ct_trace_thread(trace, tid_base + 2 * g + !device, name);
+        }
     for (int64_t i = 0; i < fr.n_spans; i++) {
         const span *sp = &fr.spans[i];
         const char *op = sp->kind == CT_COMM_SEND && sp->is_recv
@@ -342,7 +348,7 @@ void ct_flight_trace(ct_trace *trace, int tid_base) {
             snprintf(size, sizeof size, "%.1f MiB", b / 1048576);
         if (sp->peer >= 0) snprintf(peer, sizeof peer, " peer %d", sp->peer);
         snprintf(name, sizeof name, "%s %s%s #%llu", op, size, peer, (unsigned long long)sp->seq);
-        ct_trace_span(trace, tid_base + sp->group, name, sp->start, sp->end, -1);
+        ct_trace_span(trace, span_tid(tid_base, sp), name, sp->start, sp->end, -1);
     }
     pthread_mutex_unlock(&fr.mu);
 }

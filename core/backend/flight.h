@@ -57,8 +57,9 @@ void ct_flight_end_device(int64_t id, double start, double end);
  * or its device's through ct_flight_end_device) — for every operation, not the last N; recorded
  * only while the ring is (capacity > 0). */
 void ct_flight_keep_spans(bool on);
-/* Writes the spans kept into `trace`: a thread per group, tid_base + its index, named "device
- * comm NAME" (NCCL: spans from the stream's events) or "host comm NAME", one span per operation
+/* Writes the spans kept into `trace`: per group, a thread "device comm NAME" (NCCL: spans from
+ * the stream's events; tid_base + 2·index) and one "host comm NAME" (host memory, through MPI;
+ * tid_base + 2·index + 1), each where it has spans, one span per operation
  * ("allreduce 256.0 KiB #3", "send 1.5 MiB peer 1 #2"). */
 void ct_flight_trace(ct_trace *trace, int tid_base);
 /* The id of the record started last (what an implementation that completes operations later,

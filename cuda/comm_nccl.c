@@ -221,9 +221,12 @@ static void watchdog_check(nccl_group *g) {
         flight *f = g->flights[i];
         cudaError_t e = cudaEventQuery(f->done);
         if (e == cudaSuccess) {
-            /* the device's times, when both events have them (flight.h) */
-            double t0 = ct_cuda_backend_event_time(g->be, f->began),
-                   t1 = ct_cuda_backend_event_time(g->be, f->done);
+            /* the device's times for the trace, when it keeps them (flight.h) */
+            double t0 = NAN, t1 = NAN;
+            if (ct_flight_keeps_spans()) {
+                t0 = ct_cuda_backend_event_time(g->be, f->began);
+                t1 = ct_cuda_backend_event_time(g->be, f->done);
+            }
             if (isnan(t0) || isnan(t1))
                 ct_flight_end(f->record, false);
             else

@@ -388,8 +388,7 @@ ct_status ct_dp_new(ct_dp **out, ct_model *model, ct_comm *comm, const ct_train_
     dp->n_gather = GATHER_POOL - 1;
     dp->backwards_per_step = 1;
     dp->created = ct_now();
-    dp->be = ct_model_backend(model);
-    ct_backend *be = ct_model_backend(model);
+    ct_backend *be = dp->be = ct_model_backend(model);
     /* The tied embedding on one rank: its unit gets the dedicated slots. */
     int tied_unit;
     const bool tied_local = ct_model_tied_place(model, &tied_unit) == CT_TIED_LOCAL;

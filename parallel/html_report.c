@@ -285,9 +285,9 @@ static void draw_lines(FILE *f, const char *name, const char *title, const char 
 
 /* A metric's chart: its series of every run, in the run's colour. */
 static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
-    line lines[3 * 64];
+    line *lines = ct_xcalloc((size_t)(3 * n_runs), sizeof *lines);
     int n = 0;
-    for (int r = 0; r < n_runs && r < 64; r++)
+    for (int r = 0; r < n_runs; r++)
         for (int k = 0; k < 3 && c->keys[k] >= 0; k++) {
             line *l = &lines[n++];
             l->s = &runs[r].s[c->keys[k]];
@@ -297,6 +297,7 @@ static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
             l->dashed = c->dashed[k];
         }
     draw_lines(f, c->name, c->title, c->unit, lines, n);
+    free(lines);
 }
 
 /* MoE: every expert's tokens per step, one chart per run, one colour per expert. */

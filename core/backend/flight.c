@@ -290,12 +290,15 @@ static void end_record(int64_t id, bool enqueued_only, double device_start, doub
     entry *e = &fr.ring[(id - 1) % fr.capacity];
     if (e->id == id && e->state != COMPLETED) {
         e->state = enqueued_only ? ENQUEUED : COMPLETED;
-        if (!enqueued_only) {
-            e->end = wall_now();
-            /* the host's span: its wall-clock length, ending now on ct_now's clock */
-            double now = ct_now(), host_start = now - (e->end - e->start);
-            if (fr.keep_spans && isnan(device_start)) keep_span(e, host_start, now, false);
-            if (fr.keep_spans && !isnan(device_start)) keep_span(e, device_start, device_end, true);
+        if (!enqueued_only) e->end = wall_now();
+        if (!enqueued_only && fr.keep_spans) {
+            /* the device's times, or the host's: the wall-clock length, ending now on ct_now's
+             * clock */
+            double now = ct_now();
+            if (isnan(device_start))
+                keep_span(e, now - (e->end - e->start), now, false);
+            else
+                keep_span(e, device_start, device_end, true);
         }
     }
     pthread_mutex_unlock(&fr.mu);
@@ -307,6 +310,13 @@ void ct_flight_end(int64_t id, bool enqueued_only) {
 
 void ct_flight_end_device(int64_t id, double start, double end) {
     end_record(id, false, start, end);
+}
+
+bool ct_flight_keeps_spans(void) {
+    pthread_mutex_lock(&fr.mu);
+    bool on = fr.keep_spans && fr.capacity > 0;
+    pthread_mutex_unlock(&fr.mu);
+    return on;
 }
 
 void ct_flight_keep_spans(bool on) {

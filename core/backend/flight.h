@@ -57,6 +57,8 @@ void ct_flight_end_device(int64_t id, double start, double end);
  * or its device's through ct_flight_end_device) — for every operation, not the last N; recorded
  * only while the ring is (capacity > 0). */
 void ct_flight_keep_spans(bool on);
+/* Whether spans are kept (an implementation skips reading device times when not). */
+bool ct_flight_keeps_spans(void);
 /* Writes the spans kept into `trace`: per group, a thread "device comm NAME" (NCCL: spans from
  * the stream's events; tid_base + 2·index) and one "host comm NAME" (host memory, through MPI;
  * tid_base + 2·index + 1), each where it has spans, one span per operation

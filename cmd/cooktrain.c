@@ -133,6 +133,7 @@ static const char train_help[] =
     "  --share-gpus           let several ranks of a node share a CUDA device\n"
     "  --print-config         print the resolved config and derived values, then exit\n"
     "  --profile              time ops by category (same as --set log.profile=true)\n"
+    "  --device-idle          time the device's waits between ops (log.device_idle=true)\n"
     "  --gemm-rate            measure GEMM FLOP/s at the model's shapes and the hardware's FMA\n"
     "                         peak (benchmarks)\n"
     "  --dump-params FILE     write the final parameters as global tensors (raw f32 in FILE,\n"
@@ -281,6 +282,8 @@ static ct_status cmd_train(int argc, char **argv) {
             st = ct_args_flag(&a), print_config = true;
         else if (ct_args_is(&a, "--profile"))
             st = ct_args_flag(&a), sets[n_sets++] = "log.profile=true";
+        else if (ct_args_is(&a, "--device-idle"))
+            st = ct_args_flag(&a), sets[n_sets++] = "log.device_idle=true";
         else if (ct_args_is(&a, "--gemm-rate"))
             st = ct_args_flag(&a), gemm_rate = true;
         else if (ct_args_is(&a, "--share-gpus"))

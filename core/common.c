@@ -166,6 +166,12 @@ double ct_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void ct_sleep(double seconds) {
+    if (!(seconds > 0)) return;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
+}
+
 static void (*idle_hook)(void);
 
 void ct_set_idle_hook(void (*hook)(void)) {

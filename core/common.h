@@ -152,6 +152,8 @@ static inline bool ct_add_i64(int64_t a, int64_t b, int64_t *out) {
 
 /* Monotonic wall time in seconds. */
 double ct_now(void);
+/* Sleeps this many seconds (through signals; <= 0: returns at once). */
+void ct_sleep(double seconds);
 
 /* qsort's comparison of two doubles, ascending (NaN-free input). */
 int ct_cmp_double(const void *a, const void *b);

@@ -81,6 +81,28 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
     printf("\n");
 }
 
+/* log.device_idle's line: the stream's time between ops and in them (backend.h, ct_backend_idle),
+ * and the ops whose start it waited for longest, the longest first. */
+static void print_idle(const ct_backend *be, double steps) {
+    const double span = be->idle_busy + be->idle_gaps;
+    printf("device idle (rank 0, ms/step): %.3f between ops, %.3f in ops (%.1f%% idle), %.0f "
+           "ops/step; waited longest before:",
+           1e3 * be->idle_gaps / steps, 1e3 * be->idle_busy / steps,
+           span > 0 ? 100.0 * be->idle_gaps / span : 0.0, (double)be->idle_n_ops / steps);
+    bool used[CT_PROF_OPS_MAX] = {false};
+    for (int shown = 0; shown < 5 && shown < be->n_idle_by_op; shown++) {
+        int best = -1;
+        for (int i = 0; i < be->n_idle_by_op; i++)
+            if (!used[i] && (best < 0 || be->idle_by_op[i].seconds > be->idle_by_op[best].seconds))
+                best = i;
+        used[best] = true;
+        printf("%s %s %.3f (%.0f)", shown ? " |" : "", be->idle_by_op[best].name,
+               1e3 * be->idle_by_op[best].seconds / steps,
+               (double)be->idle_by_op[best].calls / steps);
+    }
+    printf("\n");
+}
+
 /* "layers.3-5, 1.2 MiB": the unit with the most elements (parallel.bucket_mb merges layers). */
 static const char *largest_unit(const ct_model *m, char *buf, size_t n) {
     int best = 0;
@@ -226,6 +248,10 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_num(m, "cp_wait_s", "%.4f", s->cp_wait);
     ct_metrics_uint(m, "mem_bytes", ct_backend_mem_total(t->be));
     ct_metrics_int(m, "host_copies", s->host_copies);
+    if (t->cfg->log.device_idle) {
+        ct_metrics_num(m, "device_busy_s", "%.6f", s->device_busy);
+        ct_metrics_num(m, "device_idle_s", "%.6f", s->device_idle);
+    }
     if (t->cfg->model.moe_experts) {
         ct_metrics_num(m, "moe_aux_loss", "%.9g", s->moe_aux);
         if (t->cfg->model.moe_z_alpha > 0) ct_metrics_num(m, "moe_z_loss", "%.9g", s->moe_z);
@@ -293,6 +319,10 @@ void ct_report_progress(trainer *t, const step_stats *s) {
         for (int g = 0; g < n_groups; g++)
             if (t->groups[g]) t->groups[g]->seconds = 0.0;
         t->profile_start = ct_now();
+    }
+    if (cfg->log.device_idle) {
+        print_idle(t->be, steps);
+        ct_backend_idle(t->be, true);
     }
     fflush(stdout);
     t->interval_start = ct_now();

@@ -524,6 +524,7 @@ static void start_run(trainer *t) {
     }
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
+    if (cfg->log.device_idle) ct_backend_idle(t->be, true);
     ct_pctx *p = t->pctx;
     ct_comm *groups[] = {p->tp_comm, p->dpcp_comm,  p->pp_comm,
                          p->mp_comm, p->embed_comm, p->world,
@@ -554,6 +555,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
         return CT_OK;
     }
     settle_marks(t);
+    const double busy0 = t->be->idle_busy, idle0 = t->be->idle_gaps;
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
@@ -578,6 +580,8 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
         ct_dp_optimizer_step(t->dp, (float)s->lr, ct_optim_clip_scale(&cfg->train, s->grad_norm));
     settle_marks(t); /* waits for the stream, so the step's time is all in */
     s->seconds = ct_now() - start;
+    s->device_busy = t->be->idle_busy - busy0;
+    s->device_idle = t->be->idle_gaps - idle0;
     s->exposed = ct_dp_exposed_seconds(t->dp);
     s->bubble = t->pipeline ? ct_pipeline_wait_seconds(t->pipeline) : 0.0;
     s->host_copies = t->be->host_copies - copies;

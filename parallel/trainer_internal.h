@@ -80,6 +80,8 @@ typedef struct step_stats {
     uint64_t ep_bytes;   /* MoE dispatch and combine: rows sent to other ranks, and the counts */
     double cp_wait;      /* seconds this rank waited in the ring's sends and receives (cp group) */
     int64_t host_copies; /* copies from the backend to the host during the step */
+    /* log.device_idle: the stream's seconds in ops and between them during the step */
+    double device_busy, device_idle;
     /* Mixture of Experts (model.moe_experts > 0): the balancing loss (summed over MoE layers,
      * averaged over micro-batches; part of the objective, not of `loss`) and the tokens each
      * expert received in the step, summed over layers: least, mean and most */

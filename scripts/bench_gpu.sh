@@ -20,8 +20,9 @@
 #   3. one table per model: system, precision, B, tok/s, cooktrain's tok/s over the row's, peak
 #      memory, MFU (the FLOPs per token cooktrain's trainer counts, `cooktrain train --gemm-rate`,
 #      over the device's dense datasheet peak for the precision) beside the measured 8192³
-#      matmul rate; then the --profile split (by op category, then by op) and cooktrain's
-#      attention ms per step against SDPA's.
+#      matmul rate; then the --profile split (by op category, then by op), the device's idle
+#      time between ops from a third 5-step run under --device-idle (the launch overhead a CUDA
+#      graph could remove, at most) and cooktrain's attention ms per step against SDPA's.
 # Skips cleanly — prints "bench_gpu: skipped: REASON" and exits 0 — when there is no GPU
 # (nvidia-smi missing or failing, or cooktrain finding no usable CUDA device) or no nvcc build
 # (build/libcooktrain-cuda.so); when --python cannot import torch or torch sees no GPU, only
@@ -246,6 +247,12 @@ cooktrain_row() {
         failed=1
         echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$m/$name.profile.log" | sed 's/^/    /'
     fi
+    if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
+        grep '^device idle (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.idle" || true
+    else
+        failed=1
+        echo "cooktrain $p B=$b: the --device-idle run failed:"; tail -n 6 "$m/$name.idle.log" | sed 's/^/    /'
+    fi
 }
 t0=$SECONDS
 for p in $precisions; do
@@ -325,6 +332,15 @@ for p in $precisions; do
         f=$m/cooktrain.$p.$b.profile
         if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no profile (the run failed)"; fi
         [ -s "${f}_ops" ] && echo "$p B=$b: $(cat "${f}_ops")"
+    done
+done
+
+echo
+echo "== launch overhead, $TITLE (--device-idle: the device's own clock, step $PROFILE_STEPS of a $PROFILE_STEPS-step run: its time between ops — waiting for the host to issue the next, or at a sync — which is the most a CUDA graph of the step could save)"
+for p in $precisions; do
+    for b in $batches; do
+        f=$m/cooktrain.$p.$b.idle
+        if [ -s "$f" ]; then echo "$p B=$b: $(sed 's/^device idle (rank 0, ms\/step): //' "$f")"; else echo "$p B=$b: not measured (the run failed)"; fi
     done
 done
 

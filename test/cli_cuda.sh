@@ -11,6 +11,8 @@
 #     (build/cooktrain-cuemu: the same .cu files compiled by g++, each CUDA thread a fiber) gives
 #     the CPU backend's losses and parameters within test/compare_runs.py's fp32 tolerance, and in
 #     bf16 stays within the distance between the CPU's bf16 and fp32 runs;
+#   - --device-idle on the emulated device's clock (eager streams): a host planted 0.3 s late
+#     shows as 0.3 s of stream idle before the op it delayed (test/check_idle.py);
 #   - check mode (CT_CHECK_BACKEND=1) on the emulated device: every op of a step in fp32 and bf16
 #     within core/backend/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU
 #     (also a model with a Mixture-of-Experts layer);
@@ -115,6 +117,27 @@ if [ -x "$EMU" ] && selected "emulated training"; then
     check_against_reference "emulated CUDA bf16" "$b"
 elif selected "emulated training"; then
     skip "training on the emulated device: $EMU not built (needs the CUDA headers)"
+fi
+
+# ---- device idle on the emulated device ----------------------------------------------------------
+# --device-idle reads the stream's clock (timing events; core/README.md, Device idle): with eager
+# streams (CUEMU_EAGER=1, the emulated GPU runs work as it arrives) a host that sleeps 0.3 s before
+# step 1's first AdamW leaves the stream idle that long, charged to AdamW (test/check_idle.py).
+if [ -x "$EMU" ] && selected "device idle"; then
+    ensure_test_data
+    expect_exit 0 "device idle: 3 steps on the emulated GPU, the host planted late" -- \
+        env CUEMU_EAGER=1 COOKTRAIN_FAULT_HOST_DELAY=adamw:1:0.3 OMP_NUM_THREADS=1 "$EMU" train \
+        --config configs/test-tiny.yaml --backend cuda --set data.train="$TEST_DATA/train.bin" \
+        --set train.steps=3 --set train.global_batch=2 --set log.interval=1 \
+        --set log.metrics="$tmp/idle.jsonl" --device-idle
+    printf '%s\n' "$OUT_TEXT" >"$tmp/idle.log"
+    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3); then
+        ok "device idle: the emulated stream waited for the late host before adamw ($out)"
+    else
+        fail "device idle on the emulated GPU: $out"
+    fi
+elif selected "device idle"; then
+    skip "device idle on the emulated device: $EMU not built (needs the CUDA headers)"
 fi
 
 # ---- check mode on the emulated device -----------------------------------------------------------

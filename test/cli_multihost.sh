@@ -222,6 +222,11 @@ if selected "slurm"; then
             else
                 fail "the CPU batch script across both nodes: exit $rc ($out)"
                 tail -5 "$log" 2>/dev/null | sed 's/^/    /'
+                # the job's and the daemons' logs outlive $tmp, for finding out why
+                keep=$BUILD/test-logs/cli_multihost-slurm
+                rm -rf "$keep" && mkdir -p "$keep"
+                cp "$log" "$tmp"/cluster/log/*.log "$keep"/ 2>/dev/null || true
+                echo "    the job's log and the SLURM daemons' logs: $keep"
             fi
         fi
         slurm_cluster_stop

@@ -134,7 +134,8 @@ static const bad_case bad_cases[] = {
     {"unknown_key_other_section", "train:\n  tp: 2\n", NULL, 0, "train.tp", "unknown key",
      "did you mean parallel.tp?"},
     {"unknown_key_no_suggestion", "log:\n  colour: blue\n", NULL, 0, "log.colour", "unknown key",
-     "valid keys in log: interval, metrics, trace, run_dir, profile, sample_tokens, sample_prompt, "
+     "valid keys in log: interval, metrics, trace, run_dir, profile, device_idle, sample_tokens, "
+     "sample_prompt, "
      "flight_recorder"},
     {"unknown_section", "modle:\n  n_layer: 4\n", NULL, 0, "modle", "unknown section",
      "did you mean model?"},

@@ -35,6 +35,7 @@ void ct_backend_free(ct_backend *be) {
     if (!be) return;
     if (be->iface->free_backend) be->iface->free_backend(be->ctx);
     free(be->mark_times);
+    free(be->idle_ops);
     free(be);
 }
 
@@ -70,14 +71,95 @@ int64_t ct_backend_mark(ct_backend *be) {
     return id;
 }
 
+static void idle_settle(ct_backend *be);
+
 void ct_backend_marks_settle(ct_backend *be) {
     ct_backend_sync(be);
     if (be->iface->marks_read && be->n_marks > 0)
         be->iface->marks_read(be->ctx, be->n_marks, be->mark_times);
+    idle_settle(be);
 }
 
 void ct_backend_marks_clear(ct_backend *be) {
+    CT_ASSERTF(be->n_idle_ops == 0, "%lld audited ops not settled", (long long)be->n_idle_ops);
     be->n_marks = 0;
+}
+
+/* ---- the device-idle audit (log.device_idle) ------------------------------------------------ */
+
+void ct_backend_idle(ct_backend *be, bool on) {
+    CT_ASSERTF(be->idle_depth == 0, "the idle audit switched inside an op");
+    if (be->n_idle_ops > 0) ct_backend_marks_settle(be); /* what the last setting audited */
+    be->idle_on = on;
+    be->idle_busy = be->idle_gaps = 0.0;
+    be->idle_n_ops = 0;
+    be->n_idle_by_op = 0;
+    be->idle_settled_at = ct_now(); /* nothing audited is in flight: count from here */
+}
+
+/* COOKTRAIN_FAULT_HOST_DELAY=OP:N:SECONDS: the host sleeps before issuing the N-th call of op OP
+ * (counted from the audit's start), as a host that falls behind its stream would. */
+static void planted_delay(const char *name) {
+    static char op[64];
+    static long long n = -1, calls;
+    static double seconds;
+    if (n < 0) {
+        n = 0;
+        const char *env = getenv("COOKTRAIN_FAULT_HOST_DELAY");
+        if (env && env[0])
+            CT_ASSERTF(sscanf(env, "%63[^:]:%lld:%lf", op, &n, &seconds) == 3 && n > 0,
+                       "COOKTRAIN_FAULT_HOST_DELAY=%s: expected OP:N:SECONDS", env);
+    }
+    if (n == 0 || strcmp(name, op) != 0 || ++calls != n) return;
+    fprintf(stderr, "cooktrain: planted fault: the host sleeps %g s before %s #%lld\n", seconds, op,
+            n);
+    ct_sleep(seconds);
+}
+
+void ct_backend_idle_begin(ct_backend *be, const char *name) {
+    if (!be->idle_on || be->idle_depth++ > 0) return;
+    planted_delay(name);
+    if (be->n_idle_ops == be->cap_idle_ops) {
+        be->cap_idle_ops = be->cap_idle_ops ? 2 * be->cap_idle_ops : 256;
+        be->idle_ops = realloc(be->idle_ops, (size_t)be->cap_idle_ops * sizeof *be->idle_ops);
+        CT_ASSERT(be->idle_ops != NULL);
+    }
+    be->idle_ops[be->n_idle_ops++] =
+        (struct ct_idle_op){.before = ct_backend_mark(be), .after = -1, .name = name};
+}
+
+void ct_backend_idle_end(ct_backend *be) {
+    if (!be->idle_on || be->idle_depth == 0 || --be->idle_depth > 0) return;
+    be->idle_ops[be->n_idle_ops - 1].after = ct_backend_mark(be);
+}
+
+/* The audited ops since the last settle, in issue order: each one's time in the stream, and the
+ * stream's idle time before it — since the previous op's end, or for the first one since the last
+ * settle's wait ended (the stream was empty then). A gap a clock's offset makes negative counts
+ * as 0. */
+static void idle_settle(ct_backend *be) {
+    double prev_end = be->idle_settled_at;
+    for (int64_t i = 0; i < be->n_idle_ops; i++) {
+        const struct ct_idle_op *op = &be->idle_ops[i];
+        CT_ASSERTF(op->after >= 0, "audited op %lld has not ended", (long long)i);
+        const double t0 = ct_backend_mark_time(be, op->before),
+                     t1 = ct_backend_mark_time(be, op->after);
+        const double gap = CT_MAX(0.0, t0 - prev_end);
+        be->idle_busy += CT_MAX(0.0, t1 - t0);
+        be->idle_gaps += gap;
+        be->idle_n_ops++;
+        int k = 0;
+        while (k < be->n_idle_by_op && be->idle_by_op[k].name != op->name) k++;
+        if (k == be->n_idle_by_op && k < CT_PROF_OPS_MAX)
+            be->idle_by_op[be->n_idle_by_op++] = (struct ct_prof_op){.name = op->name};
+        if (k < be->n_idle_by_op) {
+            be->idle_by_op[k].seconds += gap;
+            be->idle_by_op[k].calls++;
+        }
+        prev_end = CT_MAX(prev_end, t1);
+    }
+    be->n_idle_ops = 0;
+    be->idle_settled_at = ct_now();
 }
 
 double ct_backend_mark_time(const ct_backend *be, int64_t id) {
@@ -394,8 +476,9 @@ int64_t ct_tensor_cols(const ct_tensor *t) {
 }
 
 void ct_tensor_fill(ct_tensor *t, float value) {
-    const struct ct_backend_i *be = t->backend->iface;
-    be->fill(t->backend->ctx, t->data, t->dtype, t->numel, value);
+    ct_backend_idle_begin(t->backend, "fill");
+    t->backend->iface->fill(t->backend->ctx, t->data, t->dtype, t->numel, value);
+    ct_backend_idle_end(t->backend);
 }
 
 void ct_tensor_zero(ct_tensor *t) {
@@ -404,7 +487,9 @@ void ct_tensor_zero(ct_tensor *t) {
 
 void ct_tensor_from_host(ct_tensor *dst, const void *src) {
     ct_backend *be = dst->backend;
+    ct_backend_idle_begin(be, "from_host");
     be->iface->copy_from_host(be->ctx, dst->data, src, ct_tensor_bytes(dst));
+    ct_backend_idle_end(be);
 }
 
 void ct_tensor_to_host(void *dst, const ct_tensor *src) {
@@ -418,7 +503,9 @@ void ct_tensor_copy(ct_tensor *dst, const ct_tensor *src) {
                "copy %s into %s: dtype and element count must match", SH(src), SH(dst));
     CT_ASSERTF(dst->backend == src->backend, "copy between different backends");
     ct_backend *be = dst->backend;
+    ct_backend_idle_begin(be, "copy");
     be->iface->copy(be->ctx, dst->data, src->data, ct_tensor_bytes(dst));
+    ct_backend_idle_end(be);
 }
 
 void ct_tensor_from_host_f32(ct_tensor *dst, const float *src) {

@@ -201,6 +201,22 @@ typedef struct ct_backend {
         int64_t calls;
     } prof_ops[CT_PROF_OPS_MAX];
     int n_prof_ops;
+    /* log.device_idle (ct_backend_idle): a mark before and after every op, read at each
+     * ct_backend_marks_settle into the time the stream spent in ops (busy) and between them
+     * (idle: waiting for the host to issue the next op, or for an event), the idle time charged
+     * to the op that ended the wait. */
+    bool idle_on;
+    int idle_depth;            /* ops inside ops count once, as the outer op */
+    struct ct_idle_op {        /* the ops since the last settle */
+        int64_t before, after; /* their marks */
+        const char *name;      /* the wrapper's, "ct_" dropped (as in prof_ops) */
+    } * idle_ops;
+    int64_t n_idle_ops, cap_idle_ops;
+    double idle_settled_at; /* ct_now after the last settle's wait: the stream was empty then */
+    double idle_busy, idle_gaps; /* seconds, since ct_backend_idle(be, true) */
+    int64_t idle_n_ops;
+    struct ct_prof_op idle_by_op[CT_PROF_OPS_MAX]; /* seconds: idle before the op; calls */
+    int n_idle_by_op;
     /* Copies to the host so far (ct_tensor_to_host and the _f32 form). Each one waits for the
      * stream, so the training loop makes a fixed few per step whatever the microbatch count
      * (loss, gradient norm); its metrics report them and tests compare. */
@@ -212,6 +228,18 @@ typedef struct ct_backend {
 
 /* Starts (on) or stops timing every op by category, clearing the totals. */
 void ct_backend_profile(ct_backend *be, bool on);
+/* Starts (on) or stops the device-idle audit (log.device_idle), clearing its totals: from then
+ * each op is bracketed by two marks (no waits: the host runs ahead as it would), and each
+ * ct_backend_marks_settle adds to be->idle_busy the time between each op's marks, to
+ * be->idle_gaps the time from one op's end (or the settle before) to the next op's start, and
+ * that gap to the next op's entry in be->idle_by_op. Excludes log.profile, whose waits around
+ * every op are idle time themselves. */
+void ct_backend_idle(ct_backend *be, bool on);
+/* The audit's brackets around one op (no-ops while it is off), which the op wrappers call; name:
+ * a static string. COOKTRAIN_FAULT_HOST_DELAY=OP:N:SECONDS makes the host sleep before issuing
+ * the N-th audited call of op OP (the tests' late host). */
+void ct_backend_idle_begin(ct_backend *be, const char *name);
+void ct_backend_idle_end(ct_backend *be);
 
 /* ---- backends ---------------------------------------------------------------------------- */
 

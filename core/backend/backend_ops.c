@@ -24,19 +24,28 @@
 #define IFACE(t) ((t)->backend->iface)
 
 /* Op timing for --profile: wall time around the slot. Exact on the CPU backend, whose ops are
- * synchronous; an asynchronous backend is synced first while profiling. */
-static double prof_begin(const ct_tensor *t) {
+ * synchronous; an asynchronous backend is synced first while profiling. And the device-idle
+ * audit's marks around the slot (backend.h, ct_backend_idle). */
+/* by op: __func__ of the wrapper, "ct_" dropped, one static string per function, found by its
+ * address */
+static const char *op_name(const char *fn) {
+    return strncmp(fn, "ct_", 3) == 0 ? fn + 3 : fn;
+}
+
+static double prof_start(const ct_tensor *t, const char *fn) {
+    ct_backend_idle_begin(t->backend, op_name(fn));
     return t->backend->profiling ? ct_now() : 0.0;
 }
+#define prof_begin(t) prof_start((t), __func__)
 
 static void prof_record(const ct_tensor *t, ct_prof_category category, double t0, const char *fn) {
     ct_backend *be = t->backend;
+    const char *name = op_name(fn);
+    ct_backend_idle_end(be);
     if (!be->profiling) return;
     if (be->iface->sync) be->iface->sync(be->ctx);
     const double dt = ct_now() - t0;
     be->prof_seconds[category] += dt;
-    /* by op: __func__ of the wrapper, one static string per function, found by its address */
-    const char *name = strncmp(fn, "ct_", 3) == 0 ? fn + 3 : fn;
     int i = 0;
     while (i < be->n_prof_ops && be->prof_ops[i].name != name) i++;
     if (i == be->n_prof_ops) {

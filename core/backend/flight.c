@@ -234,11 +234,7 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
         if (fault == FAULT_MISMATCH) /* recorded as what it is */
             kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8;
     }
-    if (fault == FAULT_SLEEP || fault == FAULT_SLEEP_SEND) {
-        double s = fr.fault_seconds;
-        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
-    }
+    if (fault == FAULT_SLEEP || fault == FAULT_SLEEP_SEND) ct_sleep(fr.fault_seconds);
     if (fr.capacity) {
         pthread_mutex_lock(&fr.mu);
         int64_t rec = ++fr.next;

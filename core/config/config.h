@@ -162,6 +162,7 @@ typedef struct ct_log_config {
     char trace[CT_PATH_MAX];
     char run_dir[CT_PATH_MAX];
     bool profile;                    /* time every op by category and print it per log interval */
+    bool device_idle;                /* the device's time between ops, per log interval */
     int64_t sample_tokens;           /* print this many sampled tokens after training (0: none) */
     char sample_prompt[CT_PATH_MAX]; /* text the sample continues */
     int64_t flight_recorder;         /* operations each rank's flight recorder keeps (0: off) */

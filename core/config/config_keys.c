@@ -272,6 +272,10 @@ const config_key config_keys[] = {
             "unless log.metrics is set; empty = none"},
     {KEY(log, profile, KEY_BOOL), .def = "false",
      .doc = "time ops by category (gemm, attention, norms, ...) and print them per log interval"},
+    {KEY(log, device_idle, KEY_BOOL), .def = "false",
+     .doc = "time on the device's own clock how long it waits between ops (for the host to issue "
+            "the next one, or at a sync), by the op that ended each wait, and print it per log "
+            "interval: what launch overhead costs a step (not with log.profile)"},
     {KEY(log, sample_tokens, KEY_INT), .def = "0", AT_LEAST(0), AT_MOST(1048576),
      .doc = "after training, print this many sampled tokens (needs data.tokenizer); 0 = none"},
     {KEY(log, sample_prompt, KEY_STRING), .def = "",

@@ -598,6 +598,15 @@ static ct_status check_checkpoint(const ct_config *cfg) {
                      "set checkpoint.dir to the directory the checkpoints go to");
 }
 
+/* log.profile waits for the stream around every op, which is idle time log.device_idle would
+ * measure: one run measures one of them. */
+static ct_status check_log(const ct_log_config *l) {
+    if (!(l->profile && l->device_idle)) return CT_OK;
+    return with_hint(ct_error(CT_ERR_INPUT, "log.profile and log.device_idle are both on"),
+                     "the profile's wait after every op is idle time the audit would count: "
+                     "measure them in two runs (--profile, then --device-idle)");
+}
+
 ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
     memset(&cfg->derived, 0, sizeof cfg->derived);
@@ -616,6 +625,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_batch(cfg, &d));
     CT_TRY(check_lr_schedule(&cfg->train));
     CT_TRY(check_checkpoint(cfg));
+    CT_TRY(check_log(&cfg->log));
 
     d.tokens_per_step = cfg->train.global_batch * cfg->model.seq_len;
     d.n_params = model_params(&cfg->model, &d);

@@ -524,7 +524,10 @@ static void start_run(trainer *t) {
     }
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
-    if (cfg->log.device_idle) ct_backend_idle(t->be, true);
+    if (cfg->log.device_idle) { /* audited in the steps only (train_step) */
+        ct_backend_idle(t->be, true);
+        ct_backend_idle_pause(t->be, true);
+    }
     ct_pctx *p = t->pctx;
     ct_comm *groups[] = {p->tp_comm, p->dpcp_comm,  p->pp_comm,
                          p->mp_comm, p->embed_comm, p->world,
@@ -556,6 +559,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     }
     settle_marks(t);
     const double busy0 = t->be->idle_busy, idle0 = t->be->idle_gaps;
+    ct_backend_idle_pause(t->be, false);
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
@@ -579,6 +583,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     if (s->finite)
         ct_dp_optimizer_step(t->dp, (float)s->lr, ct_optim_clip_scale(&cfg->train, s->grad_norm));
     settle_marks(t); /* waits for the stream, so the step's time is all in */
+    ct_backend_idle_pause(t->be, true);
     s->seconds = ct_now() - start;
     s->device_busy = t->be->idle_busy - busy0;
     s->device_idle = t->be->idle_gaps - idle0;

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks a --device-idle run (core/README.md, Device idle) against the host delay planted in it.
 
-usage: check_idle.py METRICS LOG OP SECONDS [--coverage F]
+usage: check_idle.py METRICS LOG OP SECONDS [--interval K] [--coverage F]
 
-The run trained with log.interval 1, log.metrics METRICS (stdout in LOG) and
+The run trained with log.interval K (default 1), log.metrics METRICS (stdout in LOG) and
 COOKTRAIN_FAULT_HOST_DELAY=OP:1:SECONDS, so the host slept SECONDS before the first call of OP, in
 step 1. Checks:
   - every training line has device_busy_s and device_idle_s, finite and >= 0, and the two add up
@@ -13,6 +13,9 @@ step 1. Checks:
     line names OP first among the ops whose start the stream waited for, at >= SECONDS;
   - every later step was idle less than SECONDS and less than a quarter of its busy time (the
     same model's ops with nobody sleeping: the idle time is launch and host overhead, ~2% here);
+  - each progress line (after step 1, every K-th step and the last) gives the metrics' idle and
+    busy times averaged over the steps since the line before (to the printed digits): a line
+    counts its steps' ops and no others, not those of an evaluation between two steps;
   - with --coverage F: busy + idle is at least F of every step's wall time (a synchronous backend's
     ops fill its step but for the batch read and the syncs: ~99.8% on the CPU backend).
 Prints a one-line summary; exits 1 with the first failure.
@@ -30,11 +33,15 @@ def fail(msg):
 
 def main():
     args = sys.argv[1:]
-    coverage = None
-    if "--coverage" in args:
-        i = args.index("--coverage")
-        coverage = float(args[i + 1])
-        del args[i : i + 2]
+    coverage, interval = None, 1
+    for opt in ("--coverage", "--interval"):
+        if opt in args:
+            i = args.index(opt)
+            if opt == "--coverage":
+                coverage = float(args[i + 1])
+            else:
+                interval = int(args[i + 1])
+            del args[i : i + 2]
     if len(args) != 4:
         fail(__doc__.strip().splitlines()[2])
     metrics, log, op, seconds = args[0], args[1], args[2], float(args[3])
@@ -68,8 +75,24 @@ def main():
             fail(f"step {d['step']}: idle {d['device_idle_s']} s against busy "
                  f"{d['device_busy_s']} s with nothing planted")
     lines = [l for l in open(log) if l.startswith("device idle (rank 0, ms/step):")]
-    if len(lines) != len(steps):
-        fail(f"{log}: {len(lines)} device idle lines for {len(steps)} steps")
+    groups, group = [], []  # the steps each line covers
+    for d in steps:
+        group.append(d)
+        if d["step"] == 1 or d["step"] % interval == 0 or d is steps[-1]:
+            groups.append(group)
+            group = []
+    if len(lines) != len(groups):
+        fail(f"{log}: {len(lines)} device idle lines for {len(groups)} intervals")
+    for group, line in zip(groups, lines):
+        m = re.match(r"device idle \(rank 0, ms/step\): ([0-9.]+) between ops, ([0-9.]+) in ops",
+                     line)
+        if not m:
+            fail(f"not a device idle line: {line.strip()}")
+        for got, key in ((float(m.group(1)), "device_idle_s"), (float(m.group(2)), "device_busy_s")):
+            want = 1e3 * sum(d[key] for d in group) / len(group)
+            if abs(got - want) > 0.0005 + 0.0005:  # the line's rounding and the metrics'
+                fail(f"steps {group[0]['step']}-{group[-1]['step']}: the line says {got} ms, "
+                     f"the metrics' {key} {want:.4f} ms a step")
     m = re.search(r"waited longest before: (\S+) ([0-9.]+) \(", lines[0])
     if not m:
         fail(f"step 1's line names no op: {lines[0].strip()}")

@@ -92,12 +92,14 @@ fi
 
 # --device-idle (core/README.md, Device idle): the stream's time in ops and between them, per
 # step; the host made to sleep 0.3 s before step 1's first AdamW call, the audit must charge that
-# wait to AdamW in step 1 and nowhere else (test/check_idle.py says what it checks).
+# wait to AdamW in step 1 and nowhere else, and count the steps' ops only, not the evaluation
+# after each step (test/check_idle.py says what it checks).
 if expect_exit 0 "train with --device-idle and a host planted late" -- env COOKTRAIN_FAULT_HOST_DELAY=adamw:1:0.3 \
-    "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 --set train.steps=3 --set log.interval=1 \
-    --set data.train="$bytes/train.bin" --set log.metrics="$tmp/idle.jsonl" --device-idle; then
+    "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 --set train.steps=5 --set log.interval=3 \
+    --set data.train="$bytes/train.bin" --set data.val="$bytes/val.bin" --set train.eval_interval=1 \
+    --set train.eval_steps=2 --set log.metrics="$tmp/idle.jsonl" --device-idle; then
     printf '%s\n' "$OUT_TEXT" >"$tmp/idle.log"
-    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3 --coverage 0.8); then
+    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3 --interval 3 --coverage 0.8); then
         ok "device idle: the planted 0.3 s is step 1's, before adamw ($out)"
     else
         fail "device idle: $out"

@@ -116,8 +116,13 @@ static void planted_delay(const char *name) {
     ct_sleep(seconds);
 }
 
+void ct_backend_idle_pause(ct_backend *be, bool paused) {
+    CT_ASSERTF(be->idle_depth == 0, "the idle audit paused inside an op");
+    be->idle_paused = paused;
+}
+
 void ct_backend_idle_begin(ct_backend *be, const char *name) {
-    if (!be->idle_on || be->idle_depth++ > 0) return;
+    if (!be->idle_on || be->idle_paused || be->idle_depth++ > 0) return;
     planted_delay(name);
     if (be->n_idle_ops == be->cap_idle_ops) {
         be->cap_idle_ops = be->cap_idle_ops ? 2 * be->cap_idle_ops : 256;
@@ -129,7 +134,7 @@ void ct_backend_idle_begin(ct_backend *be, const char *name) {
 }
 
 void ct_backend_idle_end(ct_backend *be) {
-    if (!be->idle_on || be->idle_depth == 0 || --be->idle_depth > 0) return;
+    if (!be->idle_on || be->idle_paused || be->idle_depth == 0 || --be->idle_depth > 0) return;
     be->idle_ops[be->n_idle_ops - 1].after = ct_backend_mark(be);
 }
 

@@ -206,8 +206,9 @@ typedef struct ct_backend {
      * (idle: waiting for the host to issue the next op, or for an event), the idle time charged
      * to the op that ended the wait. */
     bool idle_on;
-    int idle_depth;            /* ops inside ops count once, as the outer op */
-    struct ct_idle_op {        /* the ops since the last settle */
+    bool idle_paused;   /* ct_backend_idle_pause: ops go unaudited (the trainer's, between steps) */
+    int idle_depth;     /* ops inside ops count once, as the outer op */
+    struct ct_idle_op { /* the ops since the last settle */
         int64_t before, after; /* their marks */
         const char *name;      /* the wrapper's, "ct_" dropped (as in prof_ops) */
     } * idle_ops;
@@ -235,6 +236,9 @@ void ct_backend_profile(ct_backend *be, bool on);
  * that gap to the next op's entry in be->idle_by_op. Excludes log.profile, whose waits around
  * every op are idle time themselves. */
 void ct_backend_idle(ct_backend *be, bool on);
+/* Leaves ops unaudited while paused, keeping the totals (call it outside ops, after a settle): the
+ * trainer audits its steps, not the evaluation and checkpoints between them. */
+void ct_backend_idle_pause(ct_backend *be, bool paused);
 /* The audit's brackets around one op (no-ops while it is off), which the op wrappers call; name:
  * a static string. COOKTRAIN_FAULT_HOST_DELAY=OP:N:SECONDS makes the host sleep before issuing
  * the N-th audited call of op OP (the tests' late host). */

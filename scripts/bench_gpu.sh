@@ -326,21 +326,15 @@ awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
     }' "$m/rows"
 
 echo
-echo "== where a cooktrain step goes, $TITLE (--profile: ms per step, step $PROFILE_STEPS of a $PROFILE_STEPS-step run, the device synced after every op)"
+echo "== where a cooktrain step goes, $TITLE (--profile: ms per step, step $PROFILE_STEPS of a $PROFILE_STEPS-step run, the device synced after every op;"
+echo "   then --device-idle, another such run: the device's time between ops on its own clock — waiting for the host to issue the next op, or at a sync —, the most a CUDA graph of the step could save)"
 for p in $precisions; do
     for b in $batches; do
         f=$m/cooktrain.$p.$b.profile
         if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no profile (the run failed)"; fi
         [ -s "${f}_ops" ] && echo "$p B=$b: $(cat "${f}_ops")"
-    done
-done
-
-echo
-echo "== launch overhead, $TITLE (--device-idle: the device's own clock, step $PROFILE_STEPS of a $PROFILE_STEPS-step run: its time between ops — waiting for the host to issue the next, or at a sync — which is the most a CUDA graph of the step could save)"
-for p in $precisions; do
-    for b in $batches; do
         f=$m/cooktrain.$p.$b.idle
-        if [ -s "$f" ]; then echo "$p B=$b: $(sed 's/^device idle (rank 0, ms\/step): //' "$f")"; else echo "$p B=$b: not measured (the run failed)"; fi
+        if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no device idle line (the run failed)"; fi
     done
 done
 

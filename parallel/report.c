@@ -46,6 +46,16 @@ static void print_memory(ct_backend *be) {
     printf("\n");
 }
 
+/* order[0..n) = the indices of ops[0..n), the most seconds first (ties in table order). */
+static void order_ops(const struct ct_prof_op *ops, int n, int *order) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && ops[order[j]].seconds > ops[order[j - 1]].seconds; j--) {
+            int x = order[j];
+            order[j] = order[j - 1], order[j - 1] = x;
+        }
+}
+
 /* One line: milliseconds per step in each op category, in communication, and the rest. */
 static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_groups,
                           double elapsed, double steps) {
@@ -65,13 +75,7 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
            100.0 * (elapsed - total - comm) / elapsed);
     /* then the same time by op, the slowest first: which op of a category takes it */
     int order[CT_PROF_OPS_MAX];
-    for (int i = 0; i < be->n_prof_ops; i++) order[i] = i;
-    for (int i = 1; i < be->n_prof_ops; i++)
-        for (int j = i;
-             j > 0 && be->prof_ops[order[j]].seconds > be->prof_ops[order[j - 1]].seconds; j--) {
-            int x = order[j];
-            order[j] = order[j - 1], order[j - 1] = x;
-        }
+    order_ops(be->prof_ops, be->n_prof_ops, order);
     printf("profile by op (rank 0, ms/step, calls/step):");
     for (int i = 0; i < be->n_prof_ops; i++) {
         const struct ct_prof_op *op = &be->prof_ops[order[i]];
@@ -89,16 +93,12 @@ static void print_idle(const ct_backend *be, double steps) {
            "ops/step; waited longest before:",
            1e3 * be->idle_gaps / steps, 1e3 * be->idle_busy / steps,
            span > 0 ? 100.0 * be->idle_gaps / span : 0.0, (double)be->idle_n_ops / steps);
-    bool used[CT_PROF_OPS_MAX] = {false};
-    for (int shown = 0; shown < 5 && shown < be->n_idle_by_op; shown++) {
-        int best = -1;
-        for (int i = 0; i < be->n_idle_by_op; i++)
-            if (!used[i] && (best < 0 || be->idle_by_op[i].seconds > be->idle_by_op[best].seconds))
-                best = i;
-        used[best] = true;
-        printf("%s %s %.3f (%.0f)", shown ? " |" : "", be->idle_by_op[best].name,
-               1e3 * be->idle_by_op[best].seconds / steps,
-               (double)be->idle_by_op[best].calls / steps);
+    int order[CT_PROF_OPS_MAX];
+    order_ops(be->idle_by_op, be->n_idle_by_op, order);
+    for (int i = 0; i < 5 && i < be->n_idle_by_op; i++) {
+        const struct ct_prof_op *op = &be->idle_by_op[order[i]];
+        printf("%s %s %.3f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
+               (double)op->calls / steps);
     }
     printf("\n");
 }

@@ -88,8 +88,8 @@ void ct_backend_marks_clear(ct_backend *be) {
 /* ---- the device-idle audit (log.device_idle) ------------------------------------------------ */
 
 void ct_backend_idle(ct_backend *be, bool on) {
-    CT_ASSERTF(be->idle_depth == 0, "the idle audit switched inside an op");
-    if (be->n_idle_ops > 0) ct_backend_marks_settle(be); /* what the last setting audited */
+    CT_ASSERTF(be->idle_depth == 0 && be->n_idle_ops == 0,
+               "the idle audit switched inside an op or before a settle");
     be->idle_on = on;
     be->idle_busy = be->idle_gaps = 0.0;
     be->idle_n_ops = 0;
@@ -153,14 +153,7 @@ static void idle_settle(ct_backend *be) {
         be->idle_busy += CT_MAX(0.0, t1 - t0);
         be->idle_gaps += gap;
         be->idle_n_ops++;
-        int k = 0;
-        while (k < be->n_idle_by_op && be->idle_by_op[k].name != op->name) k++;
-        if (k == be->n_idle_by_op && k < CT_PROF_OPS_MAX)
-            be->idle_by_op[be->n_idle_by_op++] = (struct ct_prof_op){.name = op->name};
-        if (k < be->n_idle_by_op) {
-            be->idle_by_op[k].seconds += gap;
-            be->idle_by_op[k].calls++;
-        }
+        ct_prof_op_add(be->idle_by_op, &be->n_idle_by_op, op->name, gap);
         prev_end = CT_MAX(prev_end, t1);
     }
     be->n_idle_ops = 0;
@@ -254,6 +247,17 @@ const char *ct_prof_category_name(ct_prof_category category) {
     static const char *names[CT_PROF_COUNT] = {"gemm",      "attention", "norms",    "elementwise",
                                                "embedding", "loss",      "optimizer"};
     return category < CT_PROF_COUNT ? names[category] : "?";
+}
+
+void ct_prof_op_add(struct ct_prof_op *ops, int *n, const char *name, double seconds) {
+    int i = 0;
+    while (i < *n && ops[i].name != name) i++;
+    if (i == *n) {
+        if (i == CT_PROF_OPS_MAX) return;
+        ops[(*n)++] = (struct ct_prof_op){.name = name};
+    }
+    ops[i].seconds += seconds;
+    ops[i].calls++;
 }
 
 void ct_backend_profile(ct_backend *be, bool on) {

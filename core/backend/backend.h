@@ -229,7 +229,12 @@ typedef struct ct_backend {
 
 /* Starts (on) or stops timing every op by category, clearing the totals. */
 void ct_backend_profile(ct_backend *be, bool on);
-/* Starts (on) or stops the device-idle audit (log.device_idle), clearing its totals: from then
+/* Adds `seconds` and one call to op `name`'s entry of ops[0..*n) (--profile's and the device-idle
+ * audit's tables), found by the static string's address; a new op is appended, or dropped once
+ * CT_PROF_OPS_MAX are there. */
+void ct_prof_op_add(struct ct_prof_op *ops, int *n, const char *name, double seconds);
+/* Starts (on) or stops the device-idle audit (log.device_idle), clearing its totals (call it
+ * after a settle, outside ops): from then
  * each op is bracketed by two marks (no waits: the host runs ahead as it would), and each
  * ct_backend_marks_settle adds to be->idle_busy the time between each op's marks, to
  * be->idle_gaps the time from one op's end (or the settle before) to the next op's start, and

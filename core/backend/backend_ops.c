@@ -25,9 +25,8 @@
 
 /* Op timing for --profile: wall time around the slot. Exact on the CPU backend, whose ops are
  * synchronous; an asynchronous backend is synced first while profiling. And the device-idle
- * audit's marks around the slot (backend.h, ct_backend_idle). */
-/* by op: __func__ of the wrapper, "ct_" dropped, one static string per function, found by its
- * address */
+ * audit's marks around the slot (backend.h, ct_backend_idle). By op: __func__ of the wrapper,
+ * "ct_" dropped, one static string per function (ct_prof_op_add finds it by its address). */
 static const char *op_name(const char *fn) {
     return strncmp(fn, "ct_", 3) == 0 ? fn + 3 : fn;
 }
@@ -46,14 +45,7 @@ static void prof_record(const ct_tensor *t, ct_prof_category category, double t0
     if (be->iface->sync) be->iface->sync(be->ctx);
     const double dt = ct_now() - t0;
     be->prof_seconds[category] += dt;
-    int i = 0;
-    while (i < be->n_prof_ops && be->prof_ops[i].name != name) i++;
-    if (i == be->n_prof_ops) {
-        if (i == CT_PROF_OPS_MAX) return;
-        be->prof_ops[be->n_prof_ops++] = (struct ct_prof_op){.name = name};
-    }
-    be->prof_ops[i].seconds += dt;
-    be->prof_ops[i].calls++;
+    ct_prof_op_add(be->prof_ops, &be->n_prof_ops, name, dt);
 }
 #define prof_end(t, category, t0) prof_record((t), (category), (t0), __func__)
 #define CTX(t) ((t)->backend->ctx)

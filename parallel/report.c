@@ -46,14 +46,20 @@ static void print_memory(ct_backend *be) {
     printf("\n");
 }
 
-/* order[0..n) = the indices of ops[0..n), the most seconds first (ties in table order). */
-static void order_ops(const struct ct_prof_op *ops, int n, int *order) {
+/* order[0..n) = the indices of the n entries of a table whose seconds are at `seconds`, a field
+ * of stride bytes into each entry: the most seconds first (ties in table order). */
+static void order_by_seconds(const double *seconds, size_t stride, int n, int *order) {
+#define SECONDS_OF(i) (*(const double *)((const char *)seconds + (size_t)(i)*stride))
     for (int i = 0; i < n; i++) order[i] = i;
     for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && ops[order[j]].seconds > ops[order[j - 1]].seconds; j--) {
+        for (int j = i; j > 0 && SECONDS_OF(order[j]) > SECONDS_OF(order[j - 1]); j--) {
             int x = order[j];
             order[j] = order[j - 1], order[j - 1] = x;
         }
+#undef SECONDS_OF
+}
+static void order_ops(const struct ct_prof_op *ops, int n, int *order) {
+    order_by_seconds(&ops[0].seconds, sizeof *ops, n, order);
 }
 
 /* One line: milliseconds per step in each op category, in communication, and the rest. */
@@ -93,12 +99,36 @@ static void print_idle(const ct_backend *be, double steps) {
            "ops/step; waited longest before:",
            1e3 * be->idle_gaps / steps, 1e3 * be->idle_busy / steps,
            span > 0 ? 100.0 * be->idle_gaps / span : 0.0, (double)be->idle_n_ops / steps);
-    int order[CT_PROF_OPS_MAX];
+    int order[(int)CT_PROF_OPS_MAX + (int)CT_GEMM_SHAPES_MAX]; /* either table fits */
     order_ops(be->idle_by_op, be->n_idle_by_op, order);
     for (int i = 0; i < 5 && i < be->n_idle_by_op; i++) {
         const struct ct_prof_op *op = &be->idle_by_op[order[i]];
         printf("%s %s %.3f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
                (double)op->calls / steps);
+    }
+    printf("\n");
+    /* the time in ops by op, on the device's clock with nothing synced: --profile's by-op line
+     * without the waits that inflate the small ops */
+    order_ops(be->busy_by_op, be->n_busy_by_op, order);
+    printf("device busy by op (rank 0, ms/step, calls/step):");
+    for (int i = 0; i < be->n_busy_by_op; i++) {
+        const struct ct_prof_op *op = &be->busy_by_op[order[i]];
+        printf("%s %s %.3f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
+               (double)op->calls / steps);
+    }
+    printf("\n");
+    /* and the GEMM ops' by shape: "OP MxNxK TT AB>C[ acc]", TT the transposes of A and B (N or
+     * T), acc where the product adds onto C (scripts/gemm_peer.py reads this line) */
+    if (be->n_busy_by_gemm == 0) return;
+    order_by_seconds(&be->busy_by_gemm[0].seconds, sizeof be->busy_by_gemm[0], be->n_busy_by_gemm,
+                     order);
+    printf("device busy by GEMM shape (rank 0, ms/step, calls/step):");
+    for (int i = 0; i < be->n_busy_by_gemm; i++) {
+        const struct ct_gemm_shape *g = &be->busy_by_gemm[order[i]];
+        printf("%s %s %lldx%lldx%lld %c%c %s>%s%s %.3f (%.0f)", i ? " |" : "", g->op,
+               (long long)g->M, (long long)g->N, (long long)g->K, g->trans_a ? 'T' : 'N',
+               g->trans_b ? 'T' : 'N', ct_dtype_name(g->ab), ct_dtype_name(g->c),
+               g->accumulate ? " acc" : "", 1e3 * g->seconds / steps, (double)g->calls / steps);
     }
     printf("\n");
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks a --device-idle run (core/README.md, Device idle) against the host delay planted in it.
 
-usage: check_idle.py METRICS LOG OP SECONDS [--interval K] [--coverage F]
+usage: check_idle.py METRICS LOG OP SECONDS [--interval K] [--coverage F] [--gemm-shapes N]
+                     [--gemm "OP MxNxK TT AB>C[ acc]=CALLS"]...
 
 The run trained with log.interval K (default 1), log.metrics METRICS (stdout in LOG) and
 COOKTRAIN_FAULT_HOST_DELAY=OP:1:SECONDS, so the host slept SECONDS before the first call of OP, in
@@ -17,7 +18,13 @@ step 1. Checks:
     busy times averaged over the steps since the line before (to the printed digits): a line
     counts its steps' ops and no others, not those of an evaluation between two steps;
   - with --coverage F: busy + idle is at least F of every step's wall time (a synchronous backend's
-    ops fill its step but for the batch read and the syncs: ~99.8% on the CPU backend).
+    ops fill its step but for the batch read and the syncs: ~99.8% on the CPU backend);
+  - each progress line is followed by the time in ops by op ("device busy by op"), whose times
+    add up to the line's time in ops and whose calls to its ops/step (to the printed digits), and
+    by the GEMM ops' time by shape ("device busy by GEMM shape"), whose times and calls add up to
+    those of the GEMM ops (gemm, gemm_bias, gemm_bias_gelu) in the by-op line;
+  - with --gemm-shapes N: that line has N shapes; with --gemm SPEC=CALLS (repeatable): it has the
+    shape SPEC, called CALLS times a step.
 Prints a one-line summary; exits 1 with the first failure.
 """
 import json
@@ -31,9 +38,73 @@ def fail(msg):
     sys.exit(1)
 
 
+GEMM_OPS = ("gemm", "gemm_bias", "gemm_bias_gelu")
+
+
+def entries(line, prefix):
+    """The "NAME MS (CALLS)" entries of a by-op or by-shape line, as (name, ms, calls)."""
+    if not line.startswith(prefix):
+        fail(f"expected a line starting {prefix!r}, got: {line.strip()[:120]}")
+    out = []
+    for e in line[len(prefix):].split(" | "):
+        m = re.fullmatch(r"\s*(.+) ([0-9.]+) \(([0-9]+)\)\s*", e)
+        if not m:
+            fail(f"not an entry 'NAME MS (CALLS)': {e!r} in {line.strip()[:120]}")
+        out.append((m.group(1), float(m.group(2)), float(m.group(3))))
+    return out
+
+
+def check_busy_lines(log_lines, n_shapes, want_gemms):
+    """Each device idle line's two by-op lines (see the top of the file)."""
+    for i, line in enumerate(log_lines):
+        if not line.startswith("device idle (rank 0, ms/step):"):
+            continue
+        m = re.match(r".*: [0-9.]+ between ops, ([0-9.]+) in ops .*, ([0-9]+) ops/step;", line)
+        busy, n_ops = float(m.group(1)), float(m.group(2))
+        ops = entries(log_lines[i + 1] if i + 1 < len(log_lines) else "",
+                      "device busy by op (rank 0, ms/step, calls/step):")
+        total = sum(ms for _, ms, _ in ops)
+        if abs(total - busy) > 0.0005 * (len(ops) + 1):  # each figure rounded to 0.001
+            fail(f"the by-op times add up to {total:.3f} ms, the line's time in ops is {busy}")
+        calls = sum(c for _, _, c in ops)
+        if abs(calls - n_ops) > 0.5 * (len(ops) + 1):  # each count rounded to an integer
+            fail(f"the by-op calls add up to {calls:.0f}, the line says {n_ops:.0f} ops/step")
+        gemm_ops = [(ms, c) for name, ms, c in ops if name in GEMM_OPS]
+        if not gemm_ops:
+            continue
+        shapes = entries(log_lines[i + 2] if i + 2 < len(log_lines) else "",
+                         "device busy by GEMM shape (rank 0, ms/step, calls/step):")
+        for what, got, want, unit in (
+                ("times", sum(ms for _, ms, _ in shapes), sum(ms for ms, _ in gemm_ops), 0.0005),
+                ("calls", sum(c for _, _, c in shapes), sum(c for _, c in gemm_ops), 0.5)):
+            if abs(got - want) > unit * (len(shapes) + len(gemm_ops)):
+                fail(f"the GEMM shapes' {what} add up to {got:.3f}, the GEMM ops' to {want:.3f}")
+        for name, _, _ in shapes:
+            if not re.fullmatch(r"(gemm|gemm_bias|gemm_bias_gelu) [0-9]+x[0-9]+x[0-9]+ [NT][NT] "
+                                r"(f32|bf16)>(f32|bf16)( acc)?", name):
+                fail(f"not a GEMM shape 'OP MxNxK TT AB>C[ acc]': {name!r}")
+        if n_shapes is not None and len(shapes) != n_shapes:
+            fail(f"{len(shapes)} GEMM shapes, expected {n_shapes}: "
+                 + ", ".join(name for name, _, _ in shapes))
+        for spec, want in want_gemms:
+            got = [c for name, _, c in shapes if name == spec]
+            if got != [want]:
+                fail(f"GEMM shape {spec!r}: {got or 'absent'} calls a step, expected {want:.0f} "
+                     f"(shapes: " + ", ".join(name for name, _, _ in shapes) + ")")
+
+
 def main():
     args = sys.argv[1:]
-    coverage, interval = None, 1
+    coverage, interval, n_shapes, want_gemms = None, 1, None, []
+    while "--gemm" in args:
+        i = args.index("--gemm")
+        spec, _, calls = args[i + 1].rpartition("=")
+        want_gemms.append((spec, float(calls)))
+        del args[i : i + 2]
+    if "--gemm-shapes" in args:
+        i = args.index("--gemm-shapes")
+        n_shapes = int(args[i + 1])
+        del args[i : i + 2]
     for opt in ("--coverage", "--interval"):
         if opt in args:
             i = args.index(opt)
@@ -93,6 +164,7 @@ def main():
             if abs(got - want) > 0.0005 + 0.0005:  # the line's rounding and the metrics'
                 fail(f"steps {group[0]['step']}-{group[-1]['step']}: the line says {got} ms, "
                      f"the metrics' {key} {want:.4f} ms a step")
+    check_busy_lines(open(log).read().splitlines(), n_shapes, want_gemms)
     m = re.search(r"waited longest before: (\S+) ([0-9.]+) \(", lines[0])
     if not m:
         fail(f"step 1's line names no op: {lines[0].strip()}")

@@ -122,7 +122,8 @@ fi
 # ---- device idle on the emulated device ----------------------------------------------------------
 # --device-idle reads the stream's clock (timing events; core/README.md, Device idle): with eager
 # streams (CUEMU_EAGER=1, the emulated GPU runs work as it arrives) a host that sleeps 0.3 s before
-# step 1's first AdamW leaves the stream idle that long, charged to AdamW (test/check_idle.py).
+# step 1's first AdamW leaves the stream idle that long, charged to AdamW (test/check_idle.py);
+# the by-op lines name the CUDA backend's fused GEMMs by shape (one microbatch of 2 x 32 tokens).
 if [ -x "$EMU" ] && selected "device idle"; then
     ensure_test_data
     expect_exit 0 "device idle: 3 steps on the emulated GPU, the host planted late" -- \
@@ -131,7 +132,9 @@ if [ -x "$EMU" ] && selected "device idle"; then
         --set train.steps=3 --set train.global_batch=2 --set log.interval=1 \
         --set log.metrics="$tmp/idle.jsonl" --device-idle
     printf '%s\n' "$OUT_TEXT" >"$tmp/idle.log"
-    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3); then
+    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3 --gemm-shapes 15 \
+        --gemm "gemm_bias_gelu 64x256x64 NT f32>f32=16" --gemm "gemm_bias 64x192x64 NT f32>f32=16" \
+        --gemm "gemm 64x128x64 NT f32>f32=1"); then
         ok "device idle: the emulated stream waited for the late host before adamw ($out)"
     else
         fail "device idle on the emulated GPU: $out"

@@ -93,13 +93,18 @@ fi
 # --device-idle (core/README.md, Device idle): the stream's time in ops and between them, per
 # step; the host made to sleep 0.3 s before step 1's first AdamW call, the audit must charge that
 # wait to AdamW in step 1 and nowhere else, and count the steps' ops only, not the evaluation
-# after each step (test/check_idle.py says what it checks).
+# after each step (test/check_idle.py says what it checks). The by-op lines after each idle line:
+# their times add up to it, and test-tiny's 15 GEMM shapes (4 linear layers and the LM head, each
+# forward, input and weight gradient) come with their calls: the LM head's 8 a step (one per
+# microbatch of 2 x 32 tokens; vocabulary padded to 128, width 64).
 if expect_exit 0 "train with --device-idle and a host planted late" -- env COOKTRAIN_FAULT_HOST_DELAY=adamw:1:0.3 \
     "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 --set train.steps=5 --set log.interval=3 \
     --set data.train="$bytes/train.bin" --set data.val="$bytes/val.bin" --set train.eval_interval=1 \
     --set train.eval_steps=2 --set log.metrics="$tmp/idle.jsonl" --device-idle; then
     printf '%s\n' "$OUT_TEXT" >"$tmp/idle.log"
-    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3 --interval 3 --coverage 0.8); then
+    if out=$(python3 test/check_idle.py "$tmp/idle.jsonl" "$tmp/idle.log" adamw 0.3 --interval 3 --coverage 0.8 \
+        --gemm-shapes 15 --gemm "gemm 64x128x64 NT f32>f32=8" --gemm "gemm 64x64x128 NN f32>f32=8" \
+        --gemm "gemm 128x64x64 TN f32>f32 acc=8"); then
         ok "device idle: the planted 0.3 s is step 1's, before adamw ($out)"
     else
         fail "device idle: $out"

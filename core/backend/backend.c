@@ -93,7 +93,7 @@ void ct_backend_idle(ct_backend *be, bool on) {
     be->idle_on = on;
     be->idle_busy = be->idle_gaps = 0.0;
     be->idle_n_ops = 0;
-    be->n_idle_by_op = 0;
+    be->n_idle_by_op = be->n_busy_by_op = be->n_busy_by_gemm = 0;
     be->idle_settled_at = ct_now(); /* nothing audited is in flight: count from here */
 }
 
@@ -130,7 +130,34 @@ void ct_backend_idle_begin(ct_backend *be, const char *name) {
         CT_ASSERT(be->idle_ops != NULL);
     }
     be->idle_ops[be->n_idle_ops++] =
-        (struct ct_idle_op){.before = ct_backend_mark(be), .after = -1, .name = name};
+        (struct ct_idle_op){.before = ct_backend_mark(be), .after = -1, .name = name, .gemm = -1};
+}
+
+void ct_backend_idle_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool trans_a,
+                          bool trans_b, bool accumulate, ct_dtype ab, ct_dtype c) {
+    if (!be->idle_on || be->idle_paused || be->idle_depth != 1) return;
+    struct ct_idle_op *op = &be->idle_ops[be->n_idle_ops - 1];
+    const struct ct_gemm_shape k = {.op = op->name,
+                                    .M = M,
+                                    .N = N,
+                                    .K = K,
+                                    .trans_a = trans_a,
+                                    .trans_b = trans_b,
+                                    .accumulate = accumulate,
+                                    .ab = ab,
+                                    .c = c};
+    int i = 0;
+    for (; i < be->n_busy_by_gemm; i++) {
+        const struct ct_gemm_shape *s = &be->busy_by_gemm[i];
+        if (s->op == k.op && s->M == M && s->N == N && s->K == K && s->trans_a == trans_a &&
+            s->trans_b == trans_b && s->accumulate == accumulate && s->ab == ab && s->c == c)
+            break;
+    }
+    if (i == be->n_busy_by_gemm) {
+        if (i == CT_GEMM_SHAPES_MAX) return; /* dropped: the op still counts by name */
+        be->busy_by_gemm[be->n_busy_by_gemm++] = k;
+    }
+    op->gemm = i;
 }
 
 void ct_backend_idle_end(ct_backend *be) {
@@ -149,11 +176,16 @@ static void idle_settle(ct_backend *be) {
         CT_ASSERTF(op->after >= 0, "audited op %lld has not ended", (long long)i);
         const double t0 = ct_backend_mark_time(be, op->before),
                      t1 = ct_backend_mark_time(be, op->after);
-        const double gap = CT_MAX(0.0, t0 - prev_end);
-        be->idle_busy += CT_MAX(0.0, t1 - t0);
+        const double gap = CT_MAX(0.0, t0 - prev_end), busy = CT_MAX(0.0, t1 - t0);
+        be->idle_busy += busy;
         be->idle_gaps += gap;
         be->idle_n_ops++;
         ct_prof_op_add(be->idle_by_op, &be->n_idle_by_op, op->name, gap);
+        ct_prof_op_add(be->busy_by_op, &be->n_busy_by_op, op->name, busy);
+        if (op->gemm >= 0) {
+            be->busy_by_gemm[op->gemm].seconds += busy;
+            be->busy_by_gemm[op->gemm].calls++;
+        }
         prev_end = CT_MAX(prev_end, t1);
     }
     be->n_idle_ops = 0;

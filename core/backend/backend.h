@@ -177,6 +177,8 @@ typedef enum ct_prof_category {
 } ct_prof_category;
 /* Ops --profile times one by one (there are fewer wrappers than this). */
 enum { CT_PROF_OPS_MAX = 64 };
+/* GEMM shapes the device-idle audit times apart (a model has a few dozen; more are dropped). */
+enum { CT_GEMM_SHAPES_MAX = 64 };
 
 const char *ct_prof_category_name(ct_prof_category category);
 
@@ -211,6 +213,7 @@ typedef struct ct_backend {
     struct ct_idle_op { /* the ops since the last settle */
         int64_t before, after; /* their marks */
         const char *name;      /* the wrapper's, "ct_" dropped (as in prof_ops) */
+        int gemm;              /* its entry of idle_gemms (ct_backend_idle_gemm), or -1 */
     } * idle_ops;
     int64_t n_idle_ops, cap_idle_ops;
     double idle_settled_at; /* ct_now after the last settle's wait: the stream was empty then */
@@ -218,6 +221,19 @@ typedef struct ct_backend {
     int64_t idle_n_ops;
     struct ct_prof_op idle_by_op[CT_PROF_OPS_MAX]; /* seconds: idle before the op; calls */
     int n_idle_by_op;
+    struct ct_prof_op busy_by_op[CT_PROF_OPS_MAX]; /* seconds: in the op; calls */
+    int n_busy_by_op;
+    /* The GEMM ops' time in the stream by shape, in first-call order. */
+    struct ct_gemm_shape {
+        const char *op;  /* the wrapper: gemm, gemm_bias (+ bias), gemm_bias_gelu (+ bias, GELU) */
+        int64_t M, N, K; /* C (M × N) = op(A) (M × K) · op(B) (K × N), row-major */
+        bool trans_a, trans_b;
+        bool accumulate; /* beta ≠ 0: C += the product */
+        ct_dtype ab, c;  /* the operands' and C's types */
+        double seconds;
+        int64_t calls;
+    } busy_by_gemm[CT_GEMM_SHAPES_MAX];
+    int n_busy_by_gemm;
     /* Copies to the host so far (ct_tensor_to_host and the _f32 form). Each one waits for the
      * stream, so the training loop makes a fixed few per step whatever the microbatch count
      * (loss, gradient norm); its metrics report them and tests compare. */
@@ -236,7 +252,8 @@ void ct_prof_op_add(struct ct_prof_op *ops, int *n, const char *name, double sec
 /* Starts (on) or stops the device-idle audit (log.device_idle), clearing its totals (call it
  * after a settle, outside ops): from then
  * each op is bracketed by two marks (no waits: the host runs ahead as it would), and each
- * ct_backend_marks_settle adds to be->idle_busy the time between each op's marks, to
+ * ct_backend_marks_settle adds to be->idle_busy the time between each op's marks (and to the
+ * op's entry of be->busy_by_op: a profile on the device's own clock, nothing synced), to
  * be->idle_gaps the time from one op's end (or the settle before) to the next op's start, and
  * that gap to the next op's entry in be->idle_by_op. Excludes log.profile, whose waits around
  * every op are idle time themselves. */
@@ -249,6 +266,10 @@ void ct_backend_idle_pause(ct_backend *be, bool paused);
  * the N-th audited call of op OP (the tests' late host). */
 void ct_backend_idle_begin(ct_backend *be, const char *name);
 void ct_backend_idle_end(ct_backend *be);
+/* Called by a GEMM wrapper between its brackets: the op's shape, whose time in the stream goes to
+ * its entry of be->busy_by_gemm as well (when the op is the outermost one audited). */
+void ct_backend_idle_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool trans_a,
+                          bool trans_b, bool accumulate, ct_dtype ab, ct_dtype c);
 
 /* ---- backends ---------------------------------------------------------------------------- */
 

@@ -96,6 +96,7 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
                "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
                SH(B), trans_b ? "^T" : "");
     double prof_t0_ = prof_begin(C);
+    ct_backend_idle_gemm(C->backend, M, N, K, trans_a, trans_b, beta != 0.0f, DT(A), DT(C));
     IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols, beta,
                    DATA(C), N, DT(A), DT(C));
     prof_end(C, CT_PROF_GEMM, prof_t0_);
@@ -174,6 +175,7 @@ void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const
         return;
     }
     double prof_t0_ = prof_begin(pre);
+    ct_backend_idle_gemm(pre->backend, M, N, K, false, true, false, DT(x), DT(pre));
     IFACE(pre)->gemm_bias_gelu(CTX(pre), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(pre), N,
                                DATA(out), N, DT(pre));
     prof_end(pre, CT_PROF_GEMM, prof_t0_);
@@ -196,6 +198,7 @@ void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const 
         return;
     }
     double prof_t0_ = prof_begin(out);
+    ct_backend_idle_gemm(out->backend, M, N, K, false, true, false, DT(x), DT(out));
     IFACE(out)->gemm_bias_gelu(CTX(out), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(out), N,
                                NULL, N, DT(out));
     prof_end(out, CT_PROF_GEMM, prof_t0_);

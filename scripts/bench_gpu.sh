@@ -22,7 +22,10 @@
 #      over the device's dense datasheet peak for the precision) beside the measured 8192³
 #      matmul rate; then the --profile split (by op category, then by op), the device's idle
 #      time between ops from a third 5-step run under --device-idle (the launch overhead a CUDA
-#      graph could remove, at most) and cooktrain's attention ms per step against SDPA's.
+#      graph could remove, at most) and its time by op on the device's clock, and cooktrain's
+#      attention ms per step (synced, and on the device's clock) against SDPA's;
+#   4. the GEMMs of each row's --device-idle step, shape by shape, against the same shapes
+#      through PyTorch (scripts/gemm_peer.py, where the peers run).
 # Skips cleanly — prints "bench_gpu: skipped: REASON" and exits 0 — when there is no GPU
 # (nvidia-smi missing or failing, or cooktrain finding no usable CUDA device) or no nvcc build
 # (build/libcooktrain-cuda.so); when --python cannot import torch or torch sees no GPU, only
@@ -249,6 +252,7 @@ cooktrain_row() {
     fi
     if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
         grep '^device idle (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.idle" || true
+        grep '^device busy by op (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.busy" || true
     else
         failed=1
         echo "cooktrain $p B=$b: the --device-idle run failed:"; tail -n 6 "$m/$name.idle.log" | sed 's/^/    /'
@@ -335,6 +339,8 @@ for p in $precisions; do
         [ -s "${f}_ops" ] && echo "$p B=$b: $(cat "${f}_ops")"
         f=$m/cooktrain.$p.$b.idle
         if [ -s "$f" ]; then echo "$p B=$b: $(cat "$f")"; else echo "$p B=$b: no device idle line (the run failed)"; fi
+        f=$m/cooktrain.$p.$b.busy
+        [ -s "$f" ] && echo "$p B=$b: $(cat "$f")"
     done
 done
 
@@ -343,24 +349,51 @@ echo "== attention, forward + backward of all $L layers per step: cooktrain's --
 for p in $precisions; do
     for b in $batches; do
         f=$m/cooktrain.$p.$b.profile
-        ours=""
+        ours="" dev=""
         [ -s "$f" ] && ours=$(sed -n 's/.* attention \([0-9.]*\) .*/\1/p' "$f")
+        # the same ops on the device's clock, nothing synced (--device-idle's busy time by op)
+        f=$m/cooktrain.$p.$b.busy
+        [ -s "$f" ] && dev=$(awk '{ for (i = 1; i < NF; i++) if ($i == "attention_fwd" || $i == "attention_bwd") s += $(i + 1) }
+                                  END { if (s > 0) printf "%.3f", s }' "$f")
         # one "sdpa" line per kernel timed (flash, cudnn, efficient, default: scripts/torch_gpt2_gpu.py)
         sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b { printf "%s %s ", $4, $5 }' "$m/peers.log")
-        awk -v p="$p" -v b="$b" -v L="$L" -v ours="$ours" -v sdpa="$sdpa" 'BEGIN {
+        awk -v p="$p" -v b="$b" -v L="$L" -v ours="$ours" -v dev="$dev" -v sdpa="$sdpa" 'BEGIN {
             n = split(sdpa, s, " ")
-            a = ours != "" ? sprintf("cooktrain %.2f ms", ours) : "cooktrain: no profile"
+            a = ours != "" ? sprintf("cooktrain %.2f ms synced", ours) : "cooktrain: no profile"
+            a = a (dev != "" ? sprintf(", %.2f ms on the device clock", dev) : "")
             if (n == 0) { printf "%s B=%d: %s; SDPA not measured\n", p, b, a; exit }
+            x = dev != "" ? dev : ours # the ratio of the unsynced figure where there is one
             printf "%s B=%d: %s vs SDPA", p, b, a
             for (i = 1; i < n; i += 2) {
                 printf "%s %s %d x %.3f = %.2f ms", (i > 1 ? ";" : ""), s[i + 1], L, s[i], L * s[i]
-                if (ours != "" && s[i] > 0) printf " (%.2fx)", ours / (L * s[i])
+                if (x != "" && s[i] > 0) printf " (%.2fx)", x / (L * s[i])
             }
             printf "\n" }'
     done
 done
-echo "(cooktrain's figure is timed with a device sync around every op, SDPA's with CUDA events around each forward + backward;"
-echo " (Nx): cooktrain's time over that kernel's; default: the kernel PyTorch picks, which the peers' models run)"
+echo "(cooktrain's figures: --profile's, a device sync around every op, and --device-idle's time in the attention ops on the"
+echo " device's own clock, nothing synced; SDPA's: CUDA events around each forward + backward; (Nx): cooktrain's time, on the"
+echo " device clock where measured, over that kernel's; default: the kernel PyTorch picks, which the peers' models run)"
+
+# ---- 5. GEMMs by shape ---------------------------------------------------------------------------------
+# each --device-idle run's GEMM shapes, timed again through PyTorch (scripts/gemm_peer.py)
+if [ -z "$peer_skip" ]; then
+    logs=()
+    for p in $precisions; do
+        for b in $batches; do
+            f=$m/cooktrain.$p.$b.idle.log
+            [ -f "$f" ] && grep -q '^device busy by GEMM shape' "$f" && logs+=("$p B=$b=$f")
+        done
+    done
+    if [ ${#logs[@]} -gt 0 ]; then
+        echo
+        t0=$SECONDS
+        rc=0
+        "$PY" -u scripts/gemm_peer.py --reps 10 "${logs[@]}" || rc=$?
+        [ $rc = 0 ] || echo "bench_gpu: scripts/gemm_peer.py exited $rc"
+        t_peers=$((t_peers + SECONDS - t0))
+    fi
+fi
 done
 echo
 echo "bench_gpu: took $((SECONDS - started)) s: cooktrain $t_cooktrain s, peers $t_peers s"

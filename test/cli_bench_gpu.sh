@@ -47,3 +47,71 @@ else
         printf '%s\n' "$OUT_TEXT" | head -5 | sed 's/^/    /'
     fi
 fi
+
+# ---- the whole run, with stand-ins -------------------------------------------------------------
+# The benchmark's own flow runs only on a GPU machine, where a slip in it costs device time. Here
+# it runs end to end against stand-ins: an nvidia-smi naming an H100; a cooktrain that is this
+# build's on the CPU with a tiny model of the same family (test-tiny for GPT-2, llama-tiny for
+# the Llama: configs, batch and length swapped in, everything else passed through), so its metrics,
+# profile, device idle and GEMM-shape lines are real; and a Python whose torch_gpt2_gpu.py prints
+# a peer's lines (rows, the matmul rate, SDPA) and which otherwise runs with test/fake_torch, so
+# the torch probe and scripts/gemm_peer.py take their PyTorch paths.
+if selected "bench_gpu whole run"; then
+    ensure_test_data
+    fb=$tmp/build
+    mkdir -p "$fb"
+    : >"$fb/libcooktrain-cuda.so"
+    cat >"$fb/cooktrain" <<EOF2
+#!/usr/bin/env bash
+# bench_gpu's cooktrain, on the CPU at a tiny model of the same family
+args=()
+while [ \$# -gt 0 ]; do
+    case \$1 in
+        --config) case \$2 in *llama*) args+=(--config configs/llama-tiny.yaml) ;; *) args+=(--config configs/test-tiny.yaml) ;; esac; shift 2 ;;
+        --backend) args+=(--backend cpu); shift 2 ;;
+        --set)
+            case \$2 in
+                model.seq_len=* | train.global_batch=* | train.micro_batch=*) ;;
+                data.train=*) args+=(--set "data.train=$PWD/$TEST_DATA/train.bin") ;;
+                *) args+=(--set "\$2") ;;
+            esac
+            shift 2 ;;
+        *) args+=("\$1"); shift ;;
+    esac
+done
+exec "$PWD/$BIN" "\${args[@]}" --set train.threads=1 --set train.global_batch=2 --set train.micro_batch=2
+EOF2
+    cat >"$fb/python" <<EOF2
+#!/usr/bin/env bash
+# bench_gpu's Python: a peer that prints its lines, else python3 with the PyTorch stand-in
+if [ "\${2:-}" = scripts/torch_gpt2_gpu.py ] || [ "\${1:-}" = scripts/torch_gpt2_gpu.py ]; then
+    echo "device NVIDIA H100 80GB HBM3"
+    echo "torch 0.0-fake, CUDA fake"
+    echo "gemm bf16 8192 790.0"
+    echo "sdpa bf16 2 0.0100 flash"
+    echo "row eager bf16 2 1000.0 1073741824 ok"
+    echo "row compile bf16 2 2000.0 1073741824 ok"
+    exit 0
+fi
+PYTHONPATH="$PWD/test/fake_torch" exec python3 "\$@"
+EOF2
+    chmod +x "$fb/cooktrain" "$fb/python"
+    if expect_exit 0 "bench_gpu: the whole run with stand-ins" -- env NVIDIA_SMI="$tmp/smi-h100" BUILD="$fb" \
+        bash "$script" --steps 5 --batches 2 --precisions bf16 --python "$fb/python"; then
+        printf '%s\n' "$OUT_TEXT" >"$tmp/bench.log"
+        cp "$tmp/bench.log" "$BUILD/test-logs/cli_bench_gpu-whole-run.log" 2>/dev/null || true
+        for want in "cooktrain bf16 B=2: " "torch.compile" "bf16 B=2: profile (rank 0" \
+            "bf16 B=2: device idle (rank 0" "bf16 B=2: device busy by op (rank 0" \
+            "ms on the device clock vs SDPA flash 12 x 0.010 = 0.12 ms" \
+            "== GEMMs by shape, bf16 B=2" "all GEMMs of a step: cooktrain " "(target: within 1.15x)" \
+            "bench_gpu: took"; do
+            n=$(grep -cF -- "$want" "$tmp/bench.log")
+            if [ "$n" = 2 ] || { [ "$n" = 1 ] && [ "$want" = "bench_gpu: took" ]; }; then
+                ok "bench_gpu whole run: '$want' for each model"
+            else
+                fail "bench_gpu whole run: '$want' printed $n times (expected once per model)"
+                tail -n 40 "$tmp/bench.log" | sed 's/^/    /'
+            fi
+        done
+    fi
+fi

@@ -58,8 +58,18 @@ static void order_by_seconds(const double *seconds, size_t stride, int n, int *o
         }
 #undef SECONDS_OF
 }
-static void order_ops(const struct ct_prof_op *ops, int n, int *order) {
+
+/* The entries of an op table, the most seconds first, at most `limit`: " NAME MS (CALLS)" per step,
+ * MS to `digits` decimals, separated by " |"; then the line's end. */
+static void print_ops(const struct ct_prof_op *ops, int n, int limit, int digits, double steps) {
+    int order[CT_PROF_OPS_MAX];
     order_by_seconds(&ops[0].seconds, sizeof *ops, n, order);
+    for (int i = 0; i < n && i < limit; i++) {
+        const struct ct_prof_op *op = &ops[order[i]];
+        printf("%s %s %.*f (%.0f)", i ? " |" : "", op->name, digits, 1e3 * op->seconds / steps,
+               (double)op->calls / steps);
+    }
+    printf("\n");
 }
 
 /* One line: milliseconds per step in each op category, in communication, and the rest. */
@@ -80,15 +90,8 @@ static void print_profile(const ct_backend *be, ct_comm *const *groups, int n_gr
            100.0 * comm / elapsed, 1e3 * (elapsed - total - comm) / steps,
            100.0 * (elapsed - total - comm) / elapsed);
     /* then the same time by op, the slowest first: which op of a category takes it */
-    int order[CT_PROF_OPS_MAX];
-    order_ops(be->prof_ops, be->n_prof_ops, order);
     printf("profile by op (rank 0, ms/step, calls/step):");
-    for (int i = 0; i < be->n_prof_ops; i++) {
-        const struct ct_prof_op *op = &be->prof_ops[order[i]];
-        printf("%s %s %.2f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
-               (double)op->calls / steps);
-    }
-    printf("\n");
+    print_ops(be->prof_ops, be->n_prof_ops, CT_PROF_OPS_MAX, 2, steps);
 }
 
 /* log.device_idle's line: the stream's time between ops and in them (backend.h, ct_backend_idle),
@@ -99,27 +102,15 @@ static void print_idle(const ct_backend *be, double steps) {
            "ops/step; waited longest before:",
            1e3 * be->idle_gaps / steps, 1e3 * be->idle_busy / steps,
            span > 0 ? 100.0 * be->idle_gaps / span : 0.0, (double)be->idle_n_ops / steps);
-    int order[(int)CT_PROF_OPS_MAX + (int)CT_GEMM_SHAPES_MAX]; /* either table fits */
-    order_ops(be->idle_by_op, be->n_idle_by_op, order);
-    for (int i = 0; i < 5 && i < be->n_idle_by_op; i++) {
-        const struct ct_prof_op *op = &be->idle_by_op[order[i]];
-        printf("%s %s %.3f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
-               (double)op->calls / steps);
-    }
-    printf("\n");
+    print_ops(be->idle_by_op, be->n_idle_by_op, 5, 3, steps);
     /* the time in ops by op, on the device's clock with nothing synced: --profile's by-op line
      * without the waits that inflate the small ops */
-    order_ops(be->busy_by_op, be->n_busy_by_op, order);
     printf("device busy by op (rank 0, ms/step, calls/step):");
-    for (int i = 0; i < be->n_busy_by_op; i++) {
-        const struct ct_prof_op *op = &be->busy_by_op[order[i]];
-        printf("%s %s %.3f (%.0f)", i ? " |" : "", op->name, 1e3 * op->seconds / steps,
-               (double)op->calls / steps);
-    }
-    printf("\n");
+    print_ops(be->busy_by_op, be->n_busy_by_op, CT_PROF_OPS_MAX, 3, steps);
     /* and the GEMM ops' by shape: "OP MxNxK TT AB>C[ acc]", TT the transposes of A and B (N or
      * T), acc where the product adds onto C (scripts/gemm_peer.py reads this line) */
     if (be->n_busy_by_gemm == 0) return;
+    int order[CT_GEMM_SHAPES_MAX];
     order_by_seconds(&be->busy_by_gemm[0].seconds, sizeof be->busy_by_gemm[0], be->n_busy_by_gemm,
                      order);
     printf("device busy by GEMM shape (rank 0, ms/step, calls/step):");

@@ -213,7 +213,7 @@ typedef struct ct_backend {
     struct ct_idle_op { /* the ops since the last settle */
         int64_t before, after; /* their marks */
         const char *name;      /* the wrapper's, "ct_" dropped (as in prof_ops) */
-        int gemm;              /* its entry of idle_gemms (ct_backend_idle_gemm), or -1 */
+        int gemm;              /* its entry of busy_by_gemm (ct_backend_idle_gemm), or -1 */
     } * idle_ops;
     int64_t n_idle_ops, cap_idle_ops;
     double idle_settled_at; /* ct_now after the last settle's wait: the stream was empty then */

@@ -25,7 +25,11 @@
 #      graph could remove, at most) and its time by op on the device's clock, and cooktrain's
 #      attention ms per step (synced, and on the device's clock) against SDPA's;
 #   4. the GEMMs of each row's --device-idle step, shape by shape, against the same shapes
-#      through PyTorch (scripts/gemm_peer.py, where the peers run).
+#      through PyTorch (scripts/gemm_peer.py, where the peers run);
+#   5. the GPU-speed targets, each met or MISSED from those figures: tok/s >= 1.0x torch.compile
+#      and >= 1.05x eager (fp32: >= 1.0x eager), memory no more than torch.compile's, attention
+#      within 1.25x of SDPA flash, the GEMMs within 1.15x of PyTorch's, AdamW + gradient norm
+#      <= 3 ms.
 # Skips cleanly — prints "bench_gpu: skipped: REASON" and exits 0 — when there is no GPU
 # (nvidia-smi missing or failing, or cooktrain finding no usable CUDA device) or no nvcc build
 # (build/libcooktrain-cuda.so); when --python cannot import torch or torch sees no GPU, only
@@ -377,6 +381,7 @@ echo " device clock where measured, over that kernel's; default: the kernel PyTo
 
 # ---- 5. GEMMs by shape ---------------------------------------------------------------------------------
 # each --device-idle run's GEMM shapes, timed again through PyTorch (scripts/gemm_peer.py)
+: >"$m/gemm_peer.log"
 if [ -z "$peer_skip" ]; then
     logs=()
     for p in $precisions; do
@@ -389,11 +394,62 @@ if [ -z "$peer_skip" ]; then
         echo
         t0=$SECONDS
         rc=0
-        "$PY" -u scripts/gemm_peer.py --reps 10 "${logs[@]}" || rc=$?
+        "$PY" -u scripts/gemm_peer.py --reps 10 "${logs[@]}" | tee "$m/gemm_peer.log" || rc=$?
         [ $rc = 0 ] || echo "bench_gpu: scripts/gemm_peer.py exited $rc"
         t_peers=$((t_peers + SECONDS - t0))
     fi
 fi
+
+# ---- 6. the targets ------------------------------------------------------------------------------------
+# issue 25's targets, each from the figures above: tok/s against torch.compile (>= 1.0x) and eager
+# (the floor, >= 1.05x; fp32: >= 1.0x), attention on the device clock against SDPA flash (<= 1.25x),
+# the step's GEMMs against PyTorch's at the same shapes (<= 1.15x), AdamW + the gradient norm on the
+# device clock (<= 3 ms), and cooktrain's memory against torch.compile's (<= 1.0x)
+echo
+echo "== targets, $TITLE (each from the figures above; met or MISSED)"
+for p in $precisions; do
+    for b in $batches; do
+        busy=$m/cooktrain.$p.$b.busy
+        [ -s "$busy" ] || busy=/dev/null
+        sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b && $5 == "flash" { print $4 }' "$m/peers.log")
+        gemm=$(awk -v key="== GEMMs by shape, $p B=$b:" 'index($0, key) == 1 { on = 1; next }
+                  on && /all GEMMs of a step/ { if (match($0, /: [0-9.]+x \(target/)) print substr($0, RSTART + 2, RLENGTH - 11); exit }' "$m/gemm_peer.log")
+        awk -v p="$p" -v b="$b" -v L="$L" -v sdpa="$sdpa" -v gemm="$gemm" -v busyf="$busy" '
+            function verdict(ok) { return ok ? "met" : "MISSED" }
+            BEGIN {
+                while ((getline line < busyf) > 0) {
+                    n = split(line, f, " ")
+                    for (i = 1; i < n; i++) {
+                        if (f[i] == "attention_fwd" || f[i] == "attention_bwd") att += f[i + 1]
+                        if (f[i] == "adamw" || f[i] == "sumsq") opt += f[i + 1]
+                    }
+                }
+            }
+            $2 == p && $3 == b && $4 != "-" { tps[$1] = $4; mem[$1] = $5 }
+            END {
+                pre = sprintf("  %s B=%d: ", p, b)
+                if (!("cooktrain" in tps)) { print pre "no cooktrain figures (the run failed)"; exit }
+                ours = tps["cooktrain"]
+                if ("compile" in tps)
+                    printf "%stok/s %.2fx torch.compile (target >= 1.0x): %s\n", pre, ours / tps["compile"], verdict(ours >= tps["compile"])
+                if ("eager" in tps) {
+                    want = p == "fp32" ? 1.0 : 1.05
+                    printf "%stok/s %.2fx PyTorch eager (%s >= %.2fx): %s\n", pre, ours / tps["eager"],
+                           p == "fp32" ? "target" : "floor", want, verdict(ours >= want * tps["eager"])
+                }
+                if ("compile" in mem && mem["compile"] > 0)
+                    printf "%smemory %.2f GiB, torch.compile %.2f GiB (target: no more): %s\n", pre, mem["cooktrain"] / 2^30,
+                           mem["compile"] / 2^30, verdict(mem["cooktrain"] <= mem["compile"])
+                if (att > 0 && sdpa > 0)
+                    printf "%sattention %.2f ms on the device clock, %.2fx SDPA flash %d x %.3f ms (target <= 1.25x): %s\n", pre,
+                           att, att / (L * sdpa), L, sdpa, verdict(att <= 1.25 * L * sdpa)
+                if (gemm != "")
+                    printf "%sGEMMs %.2fx PyTorch'"'"'s at the same shapes (target <= 1.15x): %s\n", pre, gemm, verdict(gemm <= 1.15)
+                if (opt > 0)
+                    printf "%sAdamW + gradient norm %.2f ms on the device clock (target <= 3 ms): %s\n", pre, opt, verdict(opt <= 3)
+            }' "$m/rows"
+    done
+done
 done
 echo
 echo "bench_gpu: took $((SECONDS - started)) s: cooktrain $t_cooktrain s, peers $t_peers s"

@@ -100,10 +100,13 @@ EOF2
         bash "$script" --steps 5 --batches 2 --precisions bf16 --python "$fb/python"; then
         printf '%s\n' "$OUT_TEXT" >"$tmp/bench.log"
         cp "$tmp/bench.log" "$BUILD/test-logs/cli_bench_gpu-whole-run.log" 2>/dev/null || true
-        for want in "cooktrain bf16 B=2: " "torch.compile" "bf16 B=2: profile (rank 0" \
+        for want in "cooktrain bf16 B=2: " "torch.compile     bf16" "bf16 B=2: profile (rank 0" \
             "bf16 B=2: device idle (rank 0" "bf16 B=2: device busy by op (rank 0" \
             "ms on the device clock vs SDPA flash 12 x 0.010 = 0.12 ms" \
             "== GEMMs by shape, bf16 B=2" "all GEMMs of a step: cooktrain " "(target: within 1.15x)" \
+            "== targets, " "x torch.compile (target >= 1.0x): met" "x PyTorch eager (floor >= 1.05x): met" \
+            "(target <= 1.25x): MISSED" "x PyTorch's at the same shapes (target <= 1.15x): met" \
+            "bf16 B=2: memory " "bf16 B=2: AdamW + gradient norm " \
             "bench_gpu: took"; do
             n=$(grep -cF -- "$want" "$tmp/bench.log")
             if [ "$n" = 2 ] || { [ "$n" = 1 ] && [ "$want" = "bench_gpu: took" ]; }; then

@@ -14,7 +14,10 @@
 #      by CUDA events) checked by test/check_trace.py --timeline;
 #   3. throughput: configs/tiny.yaml and configs/gpt2-124m.yaml in fp32 and bf16 on one GPU:
 #      median tokens/s, MFU over the device's peak in that precision (as the trainer prints it)
-#      and, from a second short run, the --profile split by op category.
+#      and, from a second short run, the --profile split by op category;
+#   4. on a Hopper GPU (sm_90), with nvcc: test/wgmma_probe.cu built for sm_90a and run, which
+#      says for each shared-memory layout of cuda/ct_wgmma.cuh whether the hardware reads it as
+#      the emulator does (a report for the kernels to come: it fails nothing).
 # Exits 1 when part 1 or 2 fails. Needs a GPU, the nvcc build (build/libcooktrain-cuda.so) and
 # the corpora of `make data`; 124M trains on build/bench-data/gpt2-124m (made here from the
 # fortunes corpus when missing, as configs/gpt2-124m.yaml expects).
@@ -173,5 +176,18 @@ if [ $throughput = 1 ]; then
     else
         echo "gpt2-124m: skipped ($data124/train.bin is missing and there is no fortunes corpus to make it)"
     fi
+fi
+
+# ---- 4. the wgmma layout probe ------------------------------------------------------------------
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+if [ "${cc%%.*}" != 9 ]; then
+    echo "wgmma probe: skipped (compute capability '${cc:-unknown}', not 9.x)"
+elif ! command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
+    echo "wgmma probe: skipped (no nvcc on the PATH to build test/wgmma_probe.cu)"
+elif "${NVCC:-nvcc}" -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. test/wgmma_probe.cu \
+    -o "$tmp/wgmma_probe" >"$tmp/wgmma_probe.build.log" 2>&1; then
+    "$tmp/wgmma_probe" || echo "wgmma probe: exited $?"
+else
+    echo "wgmma probe: the build failed:"; tail -n 5 "$tmp/wgmma_probe.build.log" | sed 's/^/    /'
 fi
 exit $failed

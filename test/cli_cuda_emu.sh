@@ -105,5 +105,32 @@ else
     skip "ASan cases: $ASAN not built"
 fi
 
+# ---- wgmma (cuda/ct_wgmma.cuh) -------------------------------------------------------------------
+# test/wgmma_probe.cu against the emulator: every layout the emulator reads (the K-major ones, A in
+# registers, the MN-major ones in variant 0) gives the host's D exactly, and every MN-major case
+# written in the other reading (variant 1) does not, so the probe gpu_check.sh runs on a Hopper
+# GPU tells the two readings apart (guards the emulator's descriptor decoding and its D and A
+# register fragments, which the probe's kernel addresses as ct_wgmma.cuh documents them).
+PROBE=$BUILD/test/wgmma_probe_emu
+if [ -x "$PROBE" ]; then
+    if expect_exit 0 "wgmma probe on the emulator" -- "$PROBE"; then
+        n_match=$(printf '%s\n' "$OUT_TEXT" | grep -c '^case .*: match$' || true)
+        n_v1=$(printf '%s\n' "$OUT_TEXT" | grep -c '^case .*variant 1: MISMATCH' || true)
+        bad=$(printf '%s\n' "$OUT_TEXT" | grep '^case' | grep -v 'variant 1' | grep -v ': match$' || true)
+        if [ "$n_match" = 7 ] && [ -z "$bad" ]; then
+            ok "wgmma probe: the emulator reads all 7 of its own layouts (K-major, registers, MN-major variant 0)"
+        else
+            fail "wgmma probe: $n_match of 7 layouts match: $bad"
+        fi
+        if [ "$n_v1" = 3 ]; then
+            ok "wgmma probe: the 3 MN-major cases in the other reading do not match (the probe tells them apart)"
+        else
+            fail "wgmma probe: $n_v1 of 3 variant-1 cases mismatch"
+        fi
+    fi
+else
+    skip "wgmma probe: $PROBE not built (needs the CUDA headers)"
+fi
+
 # ---- speed (informational, no assertion) -------------------------------------------------------
 timeout 300 "$SELF" speed 2>&1 | grep '^speed:' | sed 's/^/    /'

@@ -667,6 +667,19 @@ void *cuemu_dynamic_shared() {
     return block.dynamic_shared;
 }
 
+uint32_t cuemu_smem_address(const void *p) {
+    const unsigned char *c = static_cast<const unsigned char *>(p);
+    if (!block.info || !block.dynamic_shared || c < block.dynamic_shared ||
+        c >= block.dynamic_shared + block.info->smem_bytes) {
+        fprintf(stderr,
+                "cuemu: the shared-window address of %p: not in the running block's "
+                "dynamic shared memory\n",
+                p);
+        abort();
+    }
+    return (uint32_t)(c - block.dynamic_shared);
+}
+
 void *cuemu_static_shared(const void *site, size_t bytes, size_t align, const char *name) {
     if (!block.info) {
         fprintf(stderr, "cuemu: CT_SHARED(%s) used outside a kernel\n", name);

@@ -148,6 +148,17 @@ void cuemu_warp_collective(const char *name, cuemu_collective_fn fn, void *lane_
 void cuemu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
                              const float c[4]);
 void cuemu_ldmatrix(uint32_t *r, int n_matrices, bool trans, const void *row_address);
+/* Hopper's warpgroup MMA (cuda/ct_wgmma.cuh): wgmma.mma_async.m64nNk16.f32.bf16.bf16, D (n/2
+ * floats a thread) = A·B + (scale_d ? D : 0), A from the thread's registers a_regs (NULL: from
+ * shared memory through a_desc) and B through b_desc, with the layouts of ct_wgmma.cuh. Blocks of
+ * exactly one warpgroup (128 threads) only: the last thread to arrive runs the product for all
+ * 128 (every thread's descriptors and flags must agree), then the block leaves through a barrier.
+ */
+void cuemu_wgmma_bf16(float *d, int n, const uint32_t *a_regs, uint64_t a_desc, uint64_t b_desc,
+                      bool scale_d, bool trans_a, bool trans_b);
+/* p's address in the shared window: its offset in the block's dynamic shared memory (aborts for
+ * any other pointer). */
+uint32_t cuemu_smem_address(const void *p);
 
 /* Asynchronous copies from global to shared memory (cp.async; cuda/ct_async.cuh is what kernels
  * call): one copy of `bytes` (4, 8 or 16) from src, or zeros when fill is false; the thread's

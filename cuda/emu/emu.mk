@@ -9,6 +9,7 @@
 #   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli_cuda_emu.sh runs them)
 #   $(BUILD)/test/cuemu_selftest_asan    the same under AddressSanitizer (fibers switch with
 #                                        swapcontext there, which ASan can follow)
+#   $(BUILD)/test/wgmma_probe_emu        test/wgmma_probe.cu against the emulator
 #
 # Needs g++ and the CUDA headers only (no nvcc, no GPU); skipped when either is missing.
 
@@ -56,7 +57,17 @@ $(BUILD)/test/cuemu_selftest_asan: $(BUILD)/cuemu-asan/test/cuemu_selftest.o \
 	@mkdir -p $(dir $@)
 	$(CXX) -fsanitize=address $^ -o $@
 
-all: $(BUILD)/libctcudaemu.a $(BUILD)/libctncclemu.a $(BUILD)/test/cuemu_selftest $(BUILD)/test/cuemu_selftest_asan
+# the wgmma layout probe (test/wgmma_probe.cu), emulated; scripts/gpu_check.sh builds it with nvcc
+$(BUILD)/cuemu-rt/test/wgmma_probe.o: test/wgmma_probe.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUEMU_RT_CXXFLAGS) -x c++ -c $< -o $@
+
+$(BUILD)/test/wgmma_probe_emu: $(BUILD)/cuemu-rt/test/wgmma_probe.o $(BUILD)/libctcudaemu.a
+	@mkdir -p $(dir $@)
+	$(CXX) $^ -o $@
+
+all: $(BUILD)/libctcudaemu.a $(BUILD)/libctncclemu.a $(BUILD)/test/cuemu_selftest $(BUILD)/test/cuemu_selftest_asan \
+     $(BUILD)/test/wgmma_probe_emu
 
 endif
 endif

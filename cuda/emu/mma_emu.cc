@@ -23,6 +23,7 @@
  *   column g (the transposed matrix's row g). The addresses of lanes past 8n are not read.
  */
 #include "cuda/emu/cuemu.h"
+#include "cuda/ct_wgmma.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -126,7 +127,114 @@ void ldm_run(void *const args[32]) {
         for (int i = 0; i < n; i++) L[l]->r[i] = out[l][i];
 }
 
+/* wgmma (cuda/ct_wgmma.cuh): what each thread of the warpgroup brought, and how many have. */
+struct wg_thread {
+    float *d;
+    uint32_t a[4];
+    bool a_regs;
+    uint64_t a_desc, b_desc;
+    int n;
+    bool scale_d, trans_a, trans_b;
+};
+wg_thread wg[128];
+int wg_arrived;
+
+/* Element (mn, k) of a bf16 operand in shared memory through its descriptor (the MN-major
+ * layouts' variant 0: ct_wgmma.cuh). */
+double wg_smem(uint64_t desc, int mn, int k, bool mn_major, const char *which) {
+    const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4;
+    const uint32_t lbo = (uint32_t)(desc >> 16 & 0x3FFFu) << 4;
+    const uint32_t sbo = (uint32_t)(desc >> 32 & 0x3FFFu) << 4;
+    const int swizzle = (int)(desc >> 62);
+    if (swizzle != CT_WGMMA_SWIZZLE_NONE && swizzle != CT_WGMMA_SWIZZLE_128B) {
+        fprintf(stderr,
+                "cuemu: wgmma: %s's descriptor asks for swizzle mode %d (the emulator has "
+                "none and 128-byte)\n",
+                which, swizzle);
+        abort();
+    }
+    const uint32_t addr =
+        ct_wgmma_swizzle(start + ct_wgmma_offset(mn, k, mn_major, swizzle, lbo, sbo, 0), swizzle);
+    const unsigned char *p = static_cast<const unsigned char *>(cuemu_dynamic_shared()) + addr;
+    if (!cuemu_is_shared_pointer(p, 2)) {
+        fprintf(stderr,
+                "cuemu: wgmma: %s element (%d, %d) at shared address %u is outside the "
+                "block's dynamic shared memory\n",
+                which, mn, k, addr);
+        abort();
+    }
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return bf16_half(v, 0);
+}
+
+/* Run by the last of the 128 threads to arrive: D = A·B + (scale_d ? D : 0) for all of them. */
+void wg_run() {
+    const wg_thread &w0 = wg[0];
+    for (int t = 1; t < 128; t++) {
+        const wg_thread &w = wg[t];
+        if (w.n != w0.n || w.a_regs != w0.a_regs || w.b_desc != w0.b_desc ||
+            (!w0.a_regs && w.a_desc != w0.a_desc) || w.scale_d != w0.scale_d ||
+            w.trans_a != w0.trans_a || w.trans_b != w0.trans_b) {
+            fprintf(stderr,
+                    "cuemu: wgmma: threads 0 and %d of the warpgroup issued different "
+                    "instructions (shape, descriptors or flags)\n",
+                    t);
+            abort();
+        }
+    }
+    const int n = w0.n;
+    static double A[64][16], B[16][256];
+    for (int t = 0; t < 128 && w0.a_regs; t++) {
+        const int w = t / 32, g = t % 32 / 4, q = t % 4;
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * w + g + 8 * (r % 2), col = 2 * q + 8 * (r / 2);
+            A[row][col] = bf16_half(wg[t].a[r], 0);
+            A[row][col + 1] = bf16_half(wg[t].a[r], 1);
+        }
+    }
+    for (int m = 0; m < 64 && !w0.a_regs; m++)
+        for (int k = 0; k < 16; k++) A[m][k] = wg_smem(w0.a_desc, m, k, w0.trans_a, "A");
+    for (int k = 0; k < 16; k++)
+        for (int c = 0; c < n; c++) B[k][c] = wg_smem(w0.b_desc, c, k, w0.trans_b, "B");
+    for (int t = 0; t < 128; t++) {
+        const int w = t / 32, g = t % 32 / 4, q = t % 4;
+        for (int i = 0; i < n / 2; i++) {
+            const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+            double acc = 0.0;
+            for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+            wg[t].d[i] = (float)(acc + (w0.scale_d ? (double)wg[t].d[i] : 0.0));
+        }
+    }
+}
+
 } // namespace
+
+void cuemu_wgmma_bf16(float *d, int n, const uint32_t *a_regs, uint64_t a_desc, uint64_t b_desc,
+                      bool scale_d, bool trans_a, bool trans_b) {
+    const int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
+    if (threads != 128) {
+        fprintf(stderr,
+                "cuemu: wgmma in a block of %d threads: the emulator runs it in blocks of "
+                "exactly one warpgroup (128)\n",
+                threads);
+        abort();
+    }
+    if (n < 8 || n > 256 || n % 8) {
+        fprintf(stderr, "cuemu: wgmma m64n%dk16: N must be a multiple of 8 from 8 to 256\n", n);
+        abort();
+    }
+    const int t = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    wg_thread &me = wg[t];
+    me =
+        wg_thread{d, {0, 0, 0, 0}, a_regs != nullptr, a_desc, b_desc, n, scale_d, trans_a, trans_b};
+    if (a_regs) std::memcpy(me.a, a_regs, sizeof me.a);
+    if (++wg_arrived == 128) {
+        wg_arrived = 0;
+        wg_run();
+    }
+    __syncthreads(); /* no thread goes on before the last one has run the product */
+}
 
 void cuemu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
                              const float c[4]) {

@@ -13,7 +13,7 @@
 #   make bench      scripts/bench_cpu.sh
 #   make fuzz       every libFuzzer target of test/fuzz/ for FUZZ_SECONDS (300) each
 #
-# Knobs: SAN=1  BUILD=dir  OPT="-O3"  ARCH_FLAGS="-march=native"  CUDA=0|1  CUDA_ARCHS="80 90"
+# Knobs: SAN=1  BUILD=dir  OPT="-O3"  ARCH_FLAGS="-march=native"  CUDA=0|1  CUDA_ARCHS="80 90a"
 #        TEST_JOBS=2 (single-process tests run in parallel)
 
 # SAN=1: the suite's readers of outside bytes under ASan + UBSan, in a build folder of its own
@@ -29,7 +29,7 @@ endif
 BUILD      ?= build
 OPT        ?= -O3
 ARCH_FLAGS ?= -march=native
-CUDA_ARCHS ?= 80 90
+CUDA_ARCHS ?= 80 90a
 TEST_JOBS  ?= 2
 
 CC      ?= cc

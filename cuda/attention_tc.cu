@@ -54,15 +54,23 @@
  * D = rowsum(dO ⊙ O) comes from attention.cu's kernel (ct_cuda_attention_rowdot), the dbias column
  * sums from ct_cuda_colsum_add (elementwise.cuh) over per-tile partials written here from the fp32
  * accumulators, before bf16 rounding.
+ *
+ * On Hopper, at head width 64 and with CT_CUDA_ATTENTION=wgmma: wg_fwd_kernel, wg_dkdv_kernel and
+ * wg_dq_kernel, the same three with the warpgroup's products on wgmma (cuda/ct_wgmma.cuh; the
+ * section before the launchers says how their tiles are laid out). The softmax, the weights of the
+ * backward and the stores are the same functions as above.
  */
 #include "cuda/ct_cuda.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/ct_async.cuh"
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/ct_mma.cuh"
+#include "cuda/ct_wgmma.cuh"
 #include "cuda/attention_tc.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.cuh"
@@ -287,40 +295,17 @@ template <int HD> static constexpr size_t tc_fwd_smem() {
     return sizeof(bf16) * (size_t)((TC_BM + 4 * TC_BN) * (HD + 8));
 }
 
-/* One key tile of the forward for a warp's 16 rows (row0 .. row0 + 15; qr0 in the shared Q tile):
- * S = Q·Kᵀ, the online softmax, O += P·V. MASK: the diagonal tile (the only one with keys past a
- * row, or past T); elsewhere every key of the tile is at or before every row of the block. The Q
- * fragments come from shared memory a k-step at a time (kept in registers across tiles they
- * cost 4·HD/16 registers the products would rather have). */
-template <int HD, bool MASK>
-static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
-                                          const bf16 *qs, int qr0, const bf16 *ks, const bf16 *vs,
-                                          int k0, int row0, int T, float sl2) {
-    constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
+/* The online softmax of one key tile for a warp's 16 rows (row0 ..): the scores s (keys k0 ..,
+ * 8 per n-tile) become the weights p = 2^(s·sl2 − m·sl2), and the running maximum m, sum l and
+ * output o (DT n-tiles) are rescaled to the new maximum. m is the row's running maximum of the raw
+ * scores q·k (sl2 > 0 keeps the order), so each weight is one FFMA and one exp2. Key k0 <= every
+ * row of the block (kt <= qt), so a row's running max is finite from the first tile on and
+ * exp2((m_old − m_new)·sl2) is never NaN. MASK: the diagonal tile, whose keys past a row (or past
+ * T) get weight 0. */
+template <int DT, int NT, bool MASK>
+static __device__ inline void tc_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2],
+                                                float (&l)[2], int k0, int row0, int T, float sl2) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
-    const int need = MASK ? row0 + 16 - k0 : TC_BN;
-    float s[NT][4];
-    CT_UNROLL
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    CT_UNROLL
-    for (int kk = 0; kk < KS; kk++) {
-        uint32_t qf[4];
-        tc_frag_a<LD>(qf, qs, qr0, kk);
-        CT_UNROLL
-        for (int np = 0; np < NT / 2; np++) {
-            if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
-            uint32_t r[4];
-            tc_frag_bt<LD>(r, ks, 16 * np, kk);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            ct_mma_bf16(s[2 * np], qf, b0);
-            ct_mma_bf16(s[2 * np + 1], qf, b1);
-        }
-    }
-    /* Online softmax. m is the row's running maximum of the raw scores q·k (sl2 > 0 keeps the
-     * order), so each weight is one FFMA and one exp2: p = 2^(s·sl2 − m·sl2). Key k0 <= every
-     * row of the block (kt <= qt), so a row's running max is finite from the first tile on and
-     * exp2((m_old − m_new)·sl2) is never NaN. */
     float mx[2] = {-INFINITY, -INFINITY};
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
@@ -349,6 +334,53 @@ static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], 
         s[n][e] = p;
         l[e >> 1] += p;
     }
+}
+
+/* The forward's end for a warp's rows: out = o / l (rows below T), lse = m·scale + log l (out_h,
+ * lse_h: the head's slices). */
+template <int DT>
+static __device__ inline void
+tc_fwd_finish(bf16 *out_h, int64_t cq, float *lse_h, const float (&o)[DT][4], const float (&m)[2],
+              const float (&l)[2], int row0, int T, int hd, float scale) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sum0 = tc_row_sum(l[0]), sum1 = tc_row_sum(l[1]);
+    tc_store<DT>(out_h, cq, o, row0, T, hd, 1.0f / sum0, 1.0f / sum1);
+    if (t == 0) {
+        if (row0 + g < T) lse_h[row0 + g] = m[0] * scale + logf(sum0);
+        if (row0 + g + 8 < T) lse_h[row0 + g + 8] = m[1] * scale + logf(sum1);
+    }
+}
+
+/* One key tile of the forward for a warp's 16 rows (row0 .. row0 + 15; qr0 in the shared Q tile):
+ * S = Q·Kᵀ, the online softmax, O += P·V. MASK: the diagonal tile (the only one with keys past a
+ * row, or past T); elsewhere every key of the tile is at or before every row of the block. The Q
+ * fragments come from shared memory a k-step at a time (kept in registers across tiles they
+ * cost 4·HD/16 registers the products would rather have). */
+template <int HD, bool MASK>
+static __device__ inline void tc_fwd_tile(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
+                                          const bf16 *qs, int qr0, const bf16 *ks, const bf16 *vs,
+                                          int k0, int row0, int T, float sl2) {
+    constexpr int LD = HD + 8, KS = HD / 16, NT = TC_BN / 8, DT = HD / 8;
+    /* keys of the tile this warp needs: up to its last row (all but on the diagonal) */
+    const int need = MASK ? row0 + 16 - k0 : TC_BN;
+    float s[NT][4];
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    CT_UNROLL
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t qf[4];
+        tc_frag_a<LD>(qf, qs, qr0, kk);
+        CT_UNROLL
+        for (int np = 0; np < NT / 2; np++) {
+            if (16 * np >= need) continue; /* warp-uniform: keys past every row of the warp */
+            uint32_t r[4];
+            tc_frag_bt<LD>(r, ks, 16 * np, kk);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            ct_mma_bf16(s[2 * np], qf, b0);
+            ct_mma_bf16(s[2 * np + 1], qf, b1);
+        }
+    }
+    tc_online_softmax<DT, NT, MASK>(s, o, m, l, k0, row0, T, sl2);
     CT_UNROLL
     for (int kp = 0; kp < NT / 2; kp++)
         if (16 * kp < need)
@@ -362,7 +394,7 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
     constexpr int LD = HD + 8, DT = HD / 8;
     CT_DYN_SHARED(bf16, smem);
     bf16 *qs = smem, *kvs = qs + TC_BM * LD; /* K and V of tile kt at kvs + (kt & 1)·2·TC_BN·LD */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int w = threadIdx.x >> 5;
     const int qt = (int)(gridDim.x - 1 - blockIdx.x); /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
     const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
@@ -395,14 +427,8 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
             tc_fwd_tile<HD, false>(o, m, l, qs, qr, ks, vs, kt * TC_BN, row0, T, sl2);
         __syncthreads(); /* tile kt's buffer is no longer read */
     }
-    const float sum0 = tc_row_sum(l[0]), sum1 = tc_row_sum(l[1]);
-    tc_store<DT>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq, o, row0, T, hd, 1.0f / sum0,
-                 1.0f / sum1);
-    if (t == 0) {
-        const int64_t lrow = ((int64_t)b * n_head + h) * T;
-        if (row0 + g < T) lse[lrow + row0 + g] = m[0] * scale + logf(sum0);
-        if (row0 + g + 8 < T) lse[lrow + row0 + g + 8] = m[1] * scale + logf(sum1);
-    }
+    tc_fwd_finish<DT>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq,
+                      lse + ((int64_t)b * n_head + h) * T, o, m, l, row0, T, hd, scale);
 }
 
 /* ---- backward: dK and dV --------------------------------------------------------------------- */
@@ -450,20 +476,16 @@ static __device__ inline void tc_score_pair(float (&s)[NT][4], float (&dp)[NT][4
     }
 }
 
-/* One query step of a warp's 16 keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ, dV += Pᵀ·dO,
- * dK += dSᵀ·Q. ls: the step's lse (natural log), Ds: its D. MASK: a step that meets the diagonal
- * or runs past T; elsewhere every query of the step is at or after every key of the block. */
-template <int HD, bool MASK>
-static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
-                                           const bf16 *ks, const bf16 *vs, const bf16 *qs,
-                                           const bf16 *dos, const float *ls, const float *Ds,
-                                           int i0, int key0, int T, float sl2) {
-    constexpr int S = TC_STEP(HD), NT = S / 8;
+/* A dK/dV step's weights for the warp's 16 keys (rows, key0 ..) against the step's NT·8 queries
+ * (columns, i0 ..): Sᵀ in s becomes Pᵀ, dPᵀ in dp becomes dSᵀ = Pᵀ ⊙ (dPᵀ − D). ls, Ds: the step's
+ * lse (natural log) and D. The lane's columns are 8n + 2t + c (c = e & 1): their −lse·log2(e) and
+ * D once, each then serving both of the lane's rows. MASK: a step that meets the diagonal or runs
+ * past T; elsewhere every query of the step is at or after every key of the block. */
+template <int NT, bool MASK>
+static __device__ inline void tc_dkdv_weights(float (&s)[NT][4], float (&dp)[NT][4],
+                                              const float *ls, const float *Ds, int i0, int key0,
+                                              int T, float sl2) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    float s[NT][4], dp[NT][4];
-    tc_score_pair<HD, NT>(s, dp, ks, vs, qs, dos);
-    /* Pᵀ into s, dSᵀ into dp: row = key, column = query. The lane's columns are 8n + 2t + c
-     * (c = e & 1): their −lse·log2(e) and D once, each then serving both of the lane's rows. */
     CT_UNROLL
     for (int n = 0; n < NT; n++) {
         float nl[2], dd[2];
@@ -483,6 +505,41 @@ static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[H
             dp[n][e] = p * (dp[n][e] - dd[e & 1]);
         }
     }
+}
+
+/* A dQ step's weights for the warp's 16 rows (row0 ..) against the step's NT·8 keys (j0 ..): dP
+ * in dp becomes dS = P ⊙ (dP − D), P from the scores s. lr, dr: −lse·log2(e) and the D of the
+ * lane's rows g and g + 8. MASK: a step that meets the diagonal (the keys past T are there too);
+ * elsewhere every key of the step is at or before every row of the block. */
+template <int NT, bool MASK>
+static __device__ inline void tc_dq_weights(const float (&s)[NT][4], float (&dp)[NT][4],
+                                            const float (&lr)[2], const float (&dr)[2], int j0,
+                                            int row0, int T, float sl2) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) {
+        float p = ct_exp2(fmaf(s[n][e], sl2, lr[e >> 1]));
+        if (MASK) {
+            const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
+            p = row < T && key <= row ? p : 0.0f;
+        }
+        dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
+    }
+}
+
+/* One query step of a warp's 16 keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ, dV += Pᵀ·dO,
+ * dK += dSᵀ·Q. ls: the step's lse (natural log), Ds: its D. MASK: a step that meets the diagonal
+ * or runs past T; elsewhere every query of the step is at or after every key of the block. */
+template <int HD, bool MASK>
+static __device__ inline void tc_dkdv_step(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
+                                           const bf16 *ks, const bf16 *vs, const bf16 *qs,
+                                           const bf16 *dos, const float *ls, const float *Ds,
+                                           int i0, int key0, int T, float sl2) {
+    constexpr int S = TC_STEP(HD), NT = S / 8;
+    float s[NT][4], dp[NT][4];
+    tc_score_pair<HD, NT>(s, dp, ks, vs, qs, dos);
+    tc_dkdv_weights<NT, MASK>(s, dp, ls, Ds, i0, key0, T, sl2);
     CT_UNROLL
     for (int kp = 0; kp < NT / 2; kp++) {
         tc_acc_product<HD>(dv, s[2 * kp], s[2 * kp + 1], kp, dos);
@@ -579,19 +636,9 @@ static __device__ inline void tc_dq_step(float (&dq)[HD / 8][4], const bf16 *qs,
                                          const bf16 *ks, const bf16 *vs, const float (&lr)[2],
                                          const float (&dr)[2], int j0, int row0, int T, float sl2) {
     constexpr int S = TC_STEP(HD), NT = S / 8;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float s[NT][4], dp[NT][4];
     tc_score_pair<HD, NT>(s, dp, qs, dos, ks, vs);
-    CT_UNROLL
-    for (int n = 0; n < NT; n++) CT_UNROLL
-    for (int e = 0; e < 4; e++) {
-        float p = ct_exp2(fmaf(s[n][e], sl2, lr[e >> 1]));
-        if (MASK) {
-            const int row = row0 + g + 8 * (e >> 1), key = j0 + 8 * n + 2 * t + (e & 1);
-            p = row < T && key <= row ? p : 0.0f;
-        }
-        dp[n][e] = p * (dp[n][e] - dr[e >> 1]);
-    }
+    tc_dq_weights<NT, MASK>(s, dp, lr, dr, j0, row0, T, sl2);
     CT_UNROLL
     for (int kp = 0; kp < NT / 2; kp++) tc_acc_product<HD>(dq, dp[2 * kp], dp[2 * kp + 1], kp, ks);
 }
@@ -656,6 +703,314 @@ static __global__ void __launch_bounds__(TC_THREADS, TC_MINB(HD))
                             reinterpret_cast<float *>(kvs), dq, hd, scale);
 }
 
+/* ---- Hopper: the same three kernels on wgmma (head width 64) ----------------------------------
+ */
+
+/* The wgmma kernels (cuda/ct_wgmma.cuh) for head width 64: the mma.sync kernels' algorithm, step
+ * sizes and fragments, with the warpgroup's products as m64n64k16 instructions (4 k-steps each)
+ * reading their operands from shared memory. A warp's accumulators are the mma.sync layout of its
+ * 16 rows, so the softmax and dS code is the same (s[n][e] is d[4n + e]), and an accumulator pair
+ * rounded by tc_acc_to_a is wgmma's A in registers. Every tile is 64 rows of 64 bf16 (128-byte
+ * rows), stored row-major with the 128-byte swizzle (a row's 16-byte chunk c at c ^ (row % 8)) on
+ * a 1024-byte boundary. One layout serves both ways a tile is read: K-major (the k of a score
+ * product is the row's columns: SBO 1024 between 8-row atoms, the start stepped 32 bytes a k-step)
+ * and MN-major (the k of an accumulating product is the rows: the start stepped 16 rows, 2048
+ * bytes, a k-step; the 64 columns one atom wide, so LBO and SBO are both 1024, which reads the same
+ * under either reading of the MN-major offsets, ct_wgmma.cuh). Not for head widths other than 64,
+ * unaligned rows (the launcher checks) or GPUs before Hopper: the nvcc pass for any other
+ * architecture compiles their bodies to a trap. Chosen by CT_CUDA_ATTENTION=wgmma (the launchers
+ * below). */
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_NO_WGMMA 1 /* a device pass for an architecture without wgmma */
+#endif
+
+#define WG_TILE 8192u /* bytes of a 64 x 64 bf16 tile */
+
+#ifndef WG_NO_WGMMA /* the helpers, where the kernels have bodies */
+
+/* The byte of 16-byte chunk ch of row r in a swizzled tile. */
+static __device__ inline uint32_t wg_chunk(int r, int ch) {
+    return (uint32_t)r * 128u + ((uint32_t)(ch ^ (r & 7)) << 4);
+}
+
+/* Rows r0 .. r0 + 63 of a head slice (row stride ld) into a swizzled tile as 16-byte cp.async
+ * copies (zeros past T), for the caller to commit. */
+static __device__ inline void wg_load(unsigned char *tile, const bf16 *src, int64_t ld, int r0,
+                                      int T) {
+    for (int e = (int)threadIdx.x; e < 64 * 8; e += TC_THREADS) {
+        const int r = e >> 3, ch = e & 7;
+        const bool in = r0 + r < T;
+        ct_cp_async<16>(tile + wg_chunk(r, ch), in ? src + (int64_t)(r0 + r) * ld + ch * 8 : src,
+                        in);
+    }
+}
+
+/* Descriptors of a swizzled tile at shared address a: read K-major at k-step kk (columns
+ * 16kk ..), or MN-major at k-step kk (rows 16kk ..). */
+static __device__ inline uint64_t wg_kmajor(uint32_t a, int kk) {
+    return ct_wgmma_desc(a + 32u * (uint32_t)kk, 16, 1024, CT_WGMMA_SWIZZLE_128B);
+}
+static __device__ inline uint64_t wg_mnmajor(uint32_t a, int kk) {
+    return ct_wgmma_desc(a + 2048u * (uint32_t)kk, 1024, 1024, CT_WGMMA_SWIZZLE_128B);
+}
+
+/* The block's dynamic shared memory from its first 1024-byte boundary: pointer and address. */
+static __device__ inline unsigned char *wg_smem(uint32_t &addr) {
+    CT_DYN_SHARED(unsigned char, raw);
+    const uint32_t a = ct_smem_u32(raw), pad = (1024u - a % 1024u) % 1024u;
+    addr = a + pad;
+    return raw + pad;
+}
+
+/* d = a·bᵀ over the 64 columns of two K-major tiles (the warpgroup's 64 rows of a against 64 rows
+ * of b), from zero. */
+static __device__ inline void wg_scores(float (&d)[TC_BN / 8][4], uint32_t a, uint32_t b) {
+    float(&f)[32] = reinterpret_cast<float(&)[32]>(d);
+    CT_UNROLL
+    for (int kk = 0; kk < 4; kk++)
+        ct_wgmma_m64n64k16_ss<0, 0>(f, wg_kmajor(a, kk), wg_kmajor(b, kk), kk);
+}
+
+/* acc += (the accumulator tiles of p, rounded to bf16) · the MN-major tile at b: O += P·V,
+ * dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K. */
+static __device__ inline void wg_accumulate(float (&acc)[8][4], const float (&p)[8][4],
+                                            uint32_t b) {
+    float(&f)[32] = reinterpret_cast<float(&)[32]>(acc);
+    CT_UNROLL
+    for (int kp = 0; kp < 4; kp++) {
+        uint32_t a[4];
+        tc_acc_to_a(a, p[2 * kp], p[2 * kp + 1]);
+        ct_wgmma_m64n64k16_rs<1>(f, a, wg_mnmajor(b, kp), 1);
+    }
+}
+
+#endif /* WG_NO_WGMMA */
+
+static constexpr size_t WG_FWD_SMEM = 1024 + 5 * WG_TILE;                /* Q, 2 x (K, V) */
+static constexpr size_t WG_STEP = 2 * WG_TILE + 1024;                    /* Q, dO, lse, D */
+static constexpr size_t WG_DKDV_SMEM = 1024 + 2 * WG_TILE + 2 * WG_STEP; /* K, V, 2 steps */
+static constexpr size_t WG_DQ_SMEM = 1024 + 6 * WG_TILE;                 /* Q, dO, 2 x (K, V) */
+
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    wg_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int n_head, int n_kv_head,
+                  float scale) {
+#ifdef WG_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 64;
+    uint32_t sa;
+    unsigned char *sm = wg_smem(sa); /* Q, then K and V of tile kt at 1 + 2·(kt & 1) tiles on */
+    const int w = threadIdx.x >> 5;
+    const int qt = (int)(gridDim.x - 1 - blockIdx.x);
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const bf16 *qh = qkv + (int64_t)b * T * lqkv + (int64_t)h * hd;
+    const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
+    const int q0 = qt * TC_BM, row0 = q0 + 16 * w;
+    const float sl2 = scale * TC_LOG2E;
+
+    wg_load(sm, qh, lqkv, q0, T);
+    ct_cp_async_commit();
+    wg_load(sm + WG_TILE, kh, lqkv, 0, T);
+    wg_load(sm + 2 * WG_TILE, vh, lqkv, 0, T);
+    ct_cp_async_commit();
+    float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, s[8][4];
+    CT_UNROLL
+    for (int n = 0; n < 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        if (kt < qt) {
+            unsigned char *nb = sm + WG_TILE + ((kt + 1) & 1) * 2 * WG_TILE;
+            wg_load(nb, kh, lqkv, (kt + 1) * TC_BN, T);
+            wg_load(nb + WG_TILE, vh, lqkv, (kt + 1) * TC_BN, T);
+            ct_cp_async_commit();
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
+        }
+        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
+        __syncthreads();
+        const uint32_t ka = sa + WG_TILE + (uint32_t)(kt & 1) * 2 * WG_TILE, va = ka + WG_TILE;
+        ct_wgmma_fence();
+        wg_scores(s, sa, ka);
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        if (kt == qt)
+            tc_online_softmax<8, 8, true>(s, o, m, l, kt * TC_BN, row0, T, sl2);
+        else
+            tc_online_softmax<8, 8, false>(s, o, m, l, kt * TC_BN, row0, T, sl2);
+        ct_wgmma_fence();
+        wg_accumulate(o, s, va);
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        __syncthreads();
+    }
+    tc_fwd_finish<8>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq,
+                     lse + ((int64_t)b * n_head + h) * T, o, m, l, row0, T, hd, scale);
+#endif
+}
+
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    wg_dkdv_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
+                   const float *D, int T, int n_head, int n_kv_head, float scale) {
+#ifdef WG_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 64, S = 64;
+    uint32_t sa;
+    unsigned char *sm = wg_smem(sa); /* K, V, then two step buffers of Q, dO, lse, D */
+    const int w = threadIdx.x >> 5;
+    const int n_t = (int)gridDim.x, kt = (int)blockIdx.x;
+    const int kvh = blockIdx.y, b = blockIdx.z, group = n_head / n_kv_head;
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const int64_t k_off = (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, v_off = k_off + ckv;
+    const int k0 = kt * TC_BM, key0 = k0 + 16 * w;
+    const float sl2 = scale * TC_LOG2E;
+    const int n_i = (T - k0 + S - 1) / S, n_steps = group * n_i;
+    auto step = [&](int st) { return sm + 2 * WG_TILE + (size_t)(st & 1) * WG_STEP; };
+    auto load_step = [&](int st) {
+        const int h = kvh * group + st / n_i, i0 = k0 + st % n_i * S;
+        const int64_t lrow = ((int64_t)b * n_head + h) * T;
+        unsigned char *buf = step(st);
+        wg_load(buf, qkv + (int64_t)b * T * lqkv + (int64_t)h * hd, lqkv, i0, T);
+        wg_load(buf + WG_TILE, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, i0, T);
+        tc_load_rows_async(reinterpret_cast<float *>(buf + 2 * WG_TILE), lse + lrow, i0, S, T);
+        tc_load_rows_async(reinterpret_cast<float *>(buf + 2 * WG_TILE) + S, D + lrow, i0, S, T);
+        ct_cp_async_commit();
+    };
+    wg_load(sm, qkv + k_off, lqkv, k0, T);
+    wg_load(sm + WG_TILE, qkv + v_off, lqkv, k0, T);
+    ct_cp_async_commit();
+    load_step(0);
+    float dk[8][4], dv[8][4], s[8][4], dp[8][4];
+    CT_UNROLL
+    for (int n = 0; n < 8; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+    for (int st = 0; st < n_steps; st++) {
+        if (st + 1 < n_steps) {
+            load_step(st + 1);
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
+        }
+        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
+        __syncthreads();
+        const int i0 = k0 + st % n_i * S;
+        const uint32_t qa = sa + 2 * WG_TILE + (uint32_t)(st & 1) * (uint32_t)WG_STEP;
+        const uint32_t doa = qa + WG_TILE;
+        const float *ls = reinterpret_cast<const float *>(step(st) + 2 * WG_TILE), *Ds = ls + S;
+        ct_wgmma_fence();
+        wg_scores(s, sa, qa);             /* Sᵀ = K·Qᵀ */
+        wg_scores(dp, sa + WG_TILE, doa); /* dPᵀ = V·dOᵀ */
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        if (i0 < k0 + TC_BM || i0 + S > T)
+            tc_dkdv_weights<8, true>(s, dp, ls, Ds, i0, key0, T, sl2);
+        else
+            tc_dkdv_weights<8, false>(s, dp, ls, Ds, i0, key0, T, sl2);
+        ct_wgmma_fence();
+        wg_accumulate(dv, s, doa); /* dV += Pᵀ·dO */
+        wg_accumulate(dk, dp, qa); /* dK += dSᵀ·Q */
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        __syncthreads();
+    }
+    tc_store<8>(dqkv + k_off, lqkv, dk, key0, T, hd, scale, scale);
+    tc_store<8>(dqkv + v_off, lqkv, dv, key0, T, hd, 1.0f, 1.0f);
+    if (partial) {
+        float *prow = partial + ((int64_t)b * n_t + kt) * lqkv + cq + (int64_t)kvh * hd;
+        float *red = reinterpret_cast<float *>(step(0));
+        tc_colsum_store<64>(prow, red, dk, hd, scale);
+        __syncthreads();
+        tc_colsum_store<64>(prow + ckv, red, dv, hd, 1.0f);
+    }
+#endif
+}
+
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    wg_dq_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
+                 const float *D, int T, int n_head, int n_kv_head, float scale) {
+#ifdef WG_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 64, S = 64;
+    uint32_t sa;
+    unsigned char *sm = wg_smem(sa); /* Q, dO, then K and V of step js at 2 + 2·(js & 1) tiles */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2;
+    const int n_t = (int)gridDim.x, qt = n_t - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const int64_t q_off = (int64_t)b * T * lqkv + (int64_t)h * hd;
+    const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
+    const int64_t lrow = ((int64_t)b * n_head + h) * T;
+    const int q0 = qt * TC_BM, row0 = q0 + 16 * w;
+    const float sl2 = scale * TC_LOG2E;
+
+    wg_load(sm, qkv + q_off, lqkv, q0, T);
+    wg_load(sm + WG_TILE, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, T);
+    ct_cp_async_commit();
+    wg_load(sm + 2 * WG_TILE, kh, lqkv, 0, T);
+    wg_load(sm + 3 * WG_TILE, vh, lqkv, 0, T);
+    ct_cp_async_commit();
+    float lr[2], dr[2];
+    CT_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const int row = row0 + g + 8 * hh;
+        lr[hh] = row < T ? -lse[lrow + row] * TC_LOG2E : 0.0f;
+        dr[hh] = row < T ? D[lrow + row] : 0.0f;
+    }
+    float dq[8][4], s[8][4], dp[8][4];
+    CT_UNROLL
+    for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    const int k_end = q0 + TC_BM < T ? q0 + TC_BM : T;
+    const int n_steps = (k_end + S - 1) / S;
+    for (int js = 0; js < n_steps; js++) {
+        if (js + 1 < n_steps) {
+            unsigned char *nb = sm + 2 * WG_TILE + ((js + 1) & 1) * 2 * WG_TILE;
+            wg_load(nb, kh, lqkv, (js + 1) * S, T);
+            wg_load(nb + WG_TILE, vh, lqkv, (js + 1) * S, T);
+            ct_cp_async_commit();
+            ct_cp_async_wait<1>();
+        } else {
+            ct_cp_async_wait<0>();
+        }
+        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
+        __syncthreads();
+        const int j0 = js * S;
+        const uint32_t ka = sa + 2 * WG_TILE + (uint32_t)(js & 1) * 2 * WG_TILE, va = ka + WG_TILE;
+        ct_wgmma_fence();
+        wg_scores(s, sa, ka);            /* S = Q·Kᵀ */
+        wg_scores(dp, sa + WG_TILE, va); /* dP = dO·Vᵀ */
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        if (j0 + S > q0)
+            tc_dq_weights<8, true>(s, dp, lr, dr, j0, row0, T, sl2);
+        else
+            tc_dq_weights<8, false>(s, dp, lr, dr, j0, row0, T, sl2);
+        ct_wgmma_fence();
+        wg_accumulate(dq, dp, ka); /* dQ += dS·K */
+        ct_wgmma_commit();
+        ct_wgmma_wait<0>();
+        __syncthreads();
+    }
+    tc_store<8>(dqkv + q_off, lqkv, dq, row0, T, hd, scale, scale);
+    if (partial)
+        tc_colsum_store<64>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd,
+                            reinterpret_cast<float *>(sm + 2 * WG_TILE), dq, hd, scale);
+#endif
+}
+
+/* CT_CUDA_ATTENTION=wgmma: the wgmma kernels where they apply (read at every launch, so a test
+ * can run both kernels in one process). */
+static bool wg_wanted() {
+    const char *env = getenv("CT_CUDA_ATTENTION");
+    return env && !strcmp(env, "wgmma");
+}
+
+/* The wgmma kernels apply: asked for, head width 64, 16-byte rows, a Hopper GPU. */
+static bool wg_applies(const ct_cuda_ctx *cx, int64_t hd, bool vec) {
+    return wg_wanted() && hd == 64 && vec && ct_cuda_cc_major(cx) == 9;
+}
+
 /* ---- launchers ------------------------------------------------------------------------------- */
 
 /* 16-byte loads when every row of every slice starts on a 16-byte boundary. */
@@ -668,10 +1023,18 @@ template <int HD>
 static void tc_fwd(ct_cuda_ctx *cx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
                    int64_t n_head, int64_t n_kv_head, int64_t hd) {
     const size_t smem = tc_fwd_smem<HD>();
-    ct_launch_allow_smem(tc_fwd_kernel<HD>, smem);
     const int64_t lqkv = (n_head + 2 * n_kv_head) * hd;
     const bool vec = tc_vec_ok(hd, lqkv, lqkv, qkv, qkv);
     dim3 grid((unsigned)((T + TC_BM - 1) / TC_BM), (unsigned)n_head, (unsigned)B);
+    if (wg_applies(cx, hd, vec)) {
+        ct_launch_allow_smem(wg_fwd_kernel, WG_FWD_SMEM);
+        ct_launch(wg_fwd_kernel, grid, dim3(TC_THREADS), WG_FWD_SMEM, ct_cuda_stream(cx),
+                  (bf16 *)out, lse, (const bf16 *)qkv, (int)T, (int)n_head, (int)n_kv_head,
+                  1.0f / sqrtf((float)hd));
+        CT_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    ct_launch_allow_smem(tc_fwd_kernel<HD>, smem);
     ct_launch(tc_fwd_kernel<HD>, grid, dim3(TC_THREADS), smem, ct_cuda_stream(cx), (bf16 *)out, lse,
               (const bf16 *)qkv, (int)T, (int)n_head, (int)n_kv_head, (int)hd,
               1.0f / sqrtf((float)hd), vec);
@@ -693,6 +1056,22 @@ static void tc_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout, 
 
     ct_cuda_attention_rowdot(cx, CT_DTYPE_BF16, D, dout, out, B, T, n_head, hd);
 
+    if (wg_applies(cx, hd, vec)) {
+        ct_launch_allow_smem(wg_dkdv_kernel, WG_DKDV_SMEM);
+        ct_launch(wg_dkdv_kernel, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
+                  dim3(TC_THREADS), WG_DKDV_SMEM, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+                  (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
+                  scale);
+        CT_CUDA_CHECK(cudaGetLastError());
+        ct_launch_allow_smem(wg_dq_kernel, WG_DQ_SMEM);
+        ct_launch(wg_dq_kernel, dim3((unsigned)n_t, (unsigned)n_head, (unsigned)B),
+                  dim3(TC_THREADS), WG_DQ_SMEM, st, (bf16 *)dqkv, partial, (const bf16 *)dout,
+                  (const bf16 *)qkv, lse, (const float *)D, (int)T, (int)n_head, (int)n_kv_head,
+                  scale);
+        CT_CUDA_CHECK(cudaGetLastError());
+        if (dbias) ct_cuda_colsum_add(cx, dbias, partial, B * n_t, lqkv, lqkv);
+        return;
+    }
     ct_launch_allow_smem(tc_dkdv_kernel<HD>, tc_dkdv_smem<HD>());
     ct_launch(tc_dkdv_kernel<HD>, dim3((unsigned)n_t, (unsigned)n_kv_head, (unsigned)B),
               dim3(TC_THREADS), tc_dkdv_smem<HD>(), st, (bf16 *)dqkv, partial, (const bf16 *)dout,

@@ -60,6 +60,10 @@ int ct_cuda_sm_count(const ct_cuda_ctx *cx) {
     return cx->prop.multiProcessorCount;
 }
 
+int ct_cuda_cc_major(const ct_cuda_ctx *cx) {
+    return cx->prop.major;
+}
+
 void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     CT_ASSERTF(slot == 0 || slot == 1, "workspace slot %d", slot);
     if (bytes <= cx->workspace_bytes[slot]) return cx->workspace[slot];

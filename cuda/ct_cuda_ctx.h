@@ -42,6 +42,8 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes);
 
 /* Streaming multiprocessors of the device (grid sizing). */
 int ct_cuda_sm_count(const ct_cuda_ctx *cx);
+/* The device's compute capability, major part (9: Hopper, whose wgmma some kernels use). */
+int ct_cuda_cc_major(const ct_cuda_ctx *cx);
 
 /* For the NCCL comm (comm_nccl.c): the compute stream and event `event` (CT_BACKEND_EVENTS of
  * them) of a backend made by ct_cuda_backend_new; a CT_ASSERT for any other backend (check mode

@@ -1,9 +1,10 @@
 /*
  * ct_wgmma.cuh — Hopper's warpgroup-level MMA (wgmma.mma_async, sm_90a) as small device functions:
  * inline PTX under nvcc, the emulator's implementation under g++ (cuda/emu/mma_emu.cc), as
- * ct_mma.cuh does for mma.sync. Not used by the trainer's kernels yet: test/wgmma_probe.cu runs
- * it, under the emulator in `make test` and on a Hopper GPU in scripts/gpu_check.sh, which reports
- * whether the hardware reads each shared-memory layout below as the emulator does.
+ * ct_mma.cuh does for mma.sync. attention_tc.cu's wgmma kernels use it (CT_CUDA_ATTENTION=wgmma);
+ * test/wgmma_probe.cu runs it alone, under the emulator in `make test` and on a Hopper GPU in
+ * scripts/gpu_check.sh, which reports whether the hardware reads each shared-memory layout below as
+ * the emulator does.
  *
  * A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128) and all of them
  * execute each instruction. For the m64nNk16 shape with bf16 operands and fp32 accumulators:
@@ -24,6 +25,9 @@
  *
  *   ct_smem_u32(p)               p's address in the shared window (cvta.to.shared)
  *   ct_wgmma_desc(addr, lbo, sbo, swizzle)
+ *   ct_fence_async_proxy()       fence.proxy.async.shared::cta: the thread's shared-memory
+ *                                writes (stores, landed cp.async copies) visible to wgmma, which
+ *                                reads through the async proxy; then a barrier
  *   ct_wgmma_fence()             wgmma.fence.sync.aligned: before the first wgmma that reads
  *                                registers or shared memory written since
  *   ct_wgmma_commit()            wgmma.commit_group.sync.aligned
@@ -90,6 +94,15 @@ static __device__ inline uint32_t ct_smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 #else
     return cuemu_smem_address(p);
+#endif
+}
+
+/* fence.proxy.async.shared::cta: this thread's earlier writes to shared memory (stores, cp.async
+ * copies that have landed) become visible to the async proxy, through which wgmma reads its
+ * operands; before the barrier after which a wgmma reads them. */
+static __device__ inline void ct_fence_async_proxy() {
+#ifdef __CUDACC__
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 

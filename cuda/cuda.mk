@@ -1,6 +1,7 @@
 # cuda/cuda.mk — the CUDA backend's two builds (included by the Makefile; cuda/README.md).
 #
-#   real      the .cu files by nvcc for CUDA_ARCHS (sm_80 and sm_90 by default) with ptxas's
+#   real      the .cu files by nvcc for CUDA_ARCHS (sm_80 and sm_90a by default: Hopper with its
+#             arch-specific instructions, wgmma, which run on every sm_90 GPU) with ptxas's
 #             resource report kept beside each object ($(BUILD)/cuda/*.o.ptxas) and its spill,
 #             local-memory and front-end warnings as errors; the whole backend linked with cudart
 #             cuBLAS(Lt) and NCCL into $(BUILD)/libcooktrain-cuda.so, which $(BUILD)/cooktrain opens

@@ -30,7 +30,7 @@ def main():
         entry = arch = None
         props = {}
         for line in open(path):
-            m = re.search(r"Compiling entry function '([^']+)' for '(sm_\d+)'", line)
+            m = re.search(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'", line)
             if m:
                 entry, arch = m.group(1), m.group(2)
                 continue

@@ -3,7 +3,8 @@
 # in three parts:
 #   1. check mode: configs/test-tiny.yaml for 2 steps with every op also run on the CPU backend
 #      from the same inputs and compared within its derived tolerance (CT_CHECK_BACKEND=1,
-#      core/backend/backend_check.c), in fp32 and in bf16; the first op that disagrees is named;
+#      core/backend/backend_check.c), in fp32 and in bf16; the first op that disagrees is named
+#      (on Hopper, the wgmma attention kernels too: CT_CUDA_ATTENTION=wgmma);
 # then the same for 2 layers at head widths 64 and 128 and sequence lengths 150, 100 and 256, and
 # for a Llama (model.arch llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention) at
 # test-tiny's shape with 4 key/value heads and at head width 128 with 2 key/value heads, T 150;
@@ -100,6 +101,27 @@ for shape in "- - - 4 - -" "2 512 4 2 150 2"; do
         fi
     done
 done
+# Hopper: the wgmma attention kernels (CT_CUDA_ATTENTION=wgmma, head width 64 in bf16), at partial
+# tiles and with grouped-query heads: d_model heads kv_heads seq_len batch
+cc_major=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | cut -d. -f1 || true)
+if [ "$cc_major" = 9 ]; then
+    for shape in "256 4 4 150 4" "512 8 2 100 2"; do
+        read -r d heads kv t b <<<"$shape"
+        log="$tmp/check.wgmma.$d.$kv.log"
+        what="check mode bf16, wgmma attention, head width $((d / heads)), $kv key/value heads, T $t"
+        if CT_CUDA_ATTENTION=wgmma CT_CHECK_BACKEND=1 "$BIN" "${tiny[@]}" --backend cuda --set train.steps=2 \
+            --set train.precision=bf16 --set model.arch=llama --set model.multiple_of=32 --set model.n_layer=2 \
+            --set model.d_model="$d" --set model.n_head="$heads" --set model.n_kv_head="$kv" \
+            --set model.seq_len="$t" --set train.global_batch="$b" --set train.micro_batch="$b" >"$log" 2>&1; then
+            echo "$what: every op agrees"
+        else
+            failed=1
+            echo "$what: FAILED"; tail -n 12 "$log" | sed 's/^/    /'
+        fi
+    done
+else
+    echo "check mode, wgmma attention: skipped (compute capability ${cc_major:-unknown}.x, not Hopper)"
+fi
 
 # ---- 2. training against the CPU ----------------------------------------------------------------
 # train DIR NAME [args]: test-tiny's 4 steps with metrics and final parameters under DIR/NAME.*

@@ -3,7 +3,7 @@
 #   - the portability rules every .cu file keeps, so that one source builds under nvcc and under
 #     the emulator: ct_cuda.h included first, no raw <<<>>> launch, shared memory only through
 #     CT_SHARED / CT_DYN_SHARED, cuBLAS called only from cuda/gemm.c;
-#   - the real build (nvcc, sm_80 and sm_90): ptxas reported every kernel for both architectures
+#   - the real build (nvcc, sm_80 and sm_90a): ptxas reported every kernel for both architectures
 #     with no spills and no local memory; the backend is a plugin the executable loads on demand
 #     (cuBLAS stays out of CPU runs); without a GPU --backend cuda is refused with exit 2 and the
 #     runtime's reason, and --backend auto falls back to the CPU and says so;
@@ -53,14 +53,14 @@ if [ -f "$BUILD/libcooktrain-cuda.so" ] && selected "real"; then
             missing+=("$rep")
             continue
         fi
-        for arch in sm_80 sm_90; do
+        for arch in sm_80 sm_90a; do
             grep -q "for '$arch'" "$rep" || missing+=("$rep: no $arch")
         done
         n_kernels=$((n_kernels + $(grep -c "^ptxas info *: Compiling entry function" "$rep")))
         spills=$((spills + $(grep -E "[1-9][0-9]* bytes spill (stores|loads)" -c "$rep")))
     done
     if [ ${#missing[@]} = 0 ] && [ "$n_kernels" -gt 0 ] && [ "$spills" = 0 ]; then
-        ok "real build: ptxas compiled $n_kernels kernel entries for sm_80 and sm_90, none spills"
+        ok "real build: ptxas compiled $n_kernels kernel entries for sm_80 and sm_90a, none spills"
     else
         fail "real build: ptxas reports ${missing[*]:-complete}, $n_kernels kernels, $spills with spills"
     fi
@@ -159,6 +159,12 @@ if [ -x "$EMU" ] && selected "check mode"; then
     # the tensor-core attention at the 124M model's head width 64, with a partial 64-row tile
     expect_exit 0 "check mode: a bf16 step at head width 64 and T 70 agrees with the CPU" -- \
         env CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" train --config configs/test-tiny.yaml \
+        --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
+        --set train.global_batch=2 --set train.precision=bf16 --set model.n_layer=1 --set model.d_model=128 \
+        --set model.n_head=2 --set model.seq_len=70
+    # the same on Hopper's wgmma kernels (CT_CUDA_ATTENTION=wgmma; the emulated device is an sm_90)
+    expect_exit 0 "check mode: a bf16 step at head width 64 and T 70 on the wgmma attention agrees with the CPU" -- \
+        env CT_CUDA_ATTENTION=wgmma CT_CHECK_BACKEND=1 OMP_NUM_THREADS=1 "$EMU" train --config configs/test-tiny.yaml \
         --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
         --set train.global_batch=2 --set train.precision=bf16 --set model.n_layer=1 --set model.d_model=128 \
         --set model.n_head=2 --set model.seq_len=70

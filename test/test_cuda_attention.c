@@ -10,13 +10,14 @@
  * Inf anywhere failing. The backward runs on the CPU forward's out and lse on both sides, so it is
  * checked on its own. fp32 runs attention.cu's register-tiled kernels (64 query rows × 64 keys a
  * tile), bf16 the tensor-core kernels of attention_tc.cu (64-row tiles, key steps of 64, or 32 at
- * width 128), both compiling head widths 32, 64 and 128; ring attention's step runs the fp32
- * register tiles in both (bf16 widened). Shapes: T = 37 a partial tile, T = 5 much less than a
- * tile, T = 64 one whole tile only, T = 70 two tiles with a 6-row tail, T = 150 three tiles with
- * off-diagonal ones, T = 100 at width 128 (four bf16 key steps), T = 1; head_dim 8, 16 and 24
- * (width 32 partly empty), 18 (rows that are not whole 4-element vectors: the scalar tile loads),
- * 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head =
- * n_head) and grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer
+ * width 128), both compiling head widths 32, 64 and 128, and once more with
+ * CT_CUDA_ATTENTION=wgmma, where the bf16 cases of width 64 run the Hopper kernels (wgmma); ring
+ * attention's step runs the fp32 register tiles in both (bf16 widened). Shapes: T = 37 a partial
+ * tile, T = 5 much less than a tile, T = 64 one whole tile only, T = 70 two tiles with a 6-row
+ * tail, T = 150 three tiles with off-diagonal ones, T = 100 at width 128 (four bf16 key steps), T =
+ * 1; head_dim 8, 16 and 24 (width 32 partly empty), 18 (rows that are not whole 4-element vectors:
+ * the scalar tile loads), 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head
+ * = n_head) and grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer
  * followed by never-written memory, which the emulator fills with NaN: a read past row T − 1 of the
  * last batch element shows (and dqkv starts as NaN there: an element backward leaves unwritten
  * shows). Every GPU output must be bit-identical in the three warp orders (no atomics, fixed
@@ -753,11 +754,27 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* The forward and backward cases again with CT_CUDA_ATTENTION=wgmma: at head width 64 the bf16
+ * cases run attention_tc.cu's wgmma kernels (the emulated device is an sm_90), with the same
+ * tolerances (the same roundings: P and dS to bf16 before their second product); every other case
+ * runs the kernels above once more. */
+static void test_attention_fwd_wgmma(void **state) {
+    setenv("CT_CUDA_ATTENTION", "wgmma", 1);
+    test_attention_fwd(state);
+    unsetenv("CT_CUDA_ATTENTION");
+}
+
+static void test_attention_bwd_wgmma(void **state) {
+    setenv("CT_CUDA_ATTENTION", "wgmma", 1);
+    test_attention_bwd(state);
+    unsetenv("CT_CUDA_ATTENTION");
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attention_fwd),
-        cmocka_unit_test(test_attention_bwd),
-        cmocka_unit_test(test_attention_part),
+        cmocka_unit_test(test_attention_fwd),       cmocka_unit_test(test_attention_bwd),
+        cmocka_unit_test(test_attention_part),      cmocka_unit_test(test_attention_fwd_wgmma),
+        cmocka_unit_test(test_attention_bwd_wgmma),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

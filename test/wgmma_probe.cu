@@ -90,6 +90,7 @@ static __global__ void probe_kernel(float *D, const uint16_t *A, const uint16_t 
         const int k = e / PN, n = e % PN;
         memcpy(sm + place(c.b, base, n, k, c.variant), &B[k * PN + n], 2);
     }
+    ct_fence_async_proxy(); /* the stores, visible to wgmma's reads */
     __syncthreads();
     float d[32];
     for (int i = 0; i < 32; i++)

@@ -26,6 +26,9 @@
 #      attention ms per step (synced, and on the device's clock) against SDPA's;
 #   4. the GEMMs of each row's --device-idle step, shape by shape, against the same shapes
 #      through PyTorch (scripts/gemm_peer.py, where the peers run);
+#   On Hopper (or with --wgmma on), each bf16 row at head width 64 runs a second time with the wgmma
+#   attention kernels (CT_CUDA_ATTENTION=wgmma, cuda/README.md): its own row, "cooktrain wgmma",
+#   and its own --device-idle run (--wgmma off leaves them out);
 #   5. the GPU-speed targets, each met or MISSED from those figures: tok/s >= 1.0x torch.compile
 #      and >= 1.05x eager (fp32: >= 1.0x eager), memory no more than torch.compile's, attention
 #      within 1.25x of SDPA flash, the GEMMs within 1.15x of PyTorch's, AdamW + gradient norm
@@ -41,7 +44,7 @@
 #
 #   scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"]
 #                        [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers]
-#                        [--python PYTHON]
+#                        [--python PYTHON] [--wgmma auto|on|off]
 # (--steps counts every step, the 3 warmup steps too. For a device the script does not know,
 # BENCH_GPU_PEAK_BF16 and BENCH_GPU_PEAK_FP32 give the datasheet peaks in TFLOP/s; NVIDIA_SMI
 # names the nvidia-smi to ask, for the tests.)
@@ -62,13 +65,14 @@ precisions="bf16 fp32"
 peers="eager compile"
 skip_peers=0
 PY=python3
+wgmma=auto
 
 bad() { echo "bench_gpu: $1" >&2; echo "hint: $2" >&2; exit 2; }
 skip() { echo "bench_gpu: skipped: $*"; exit 0; }
-usage_hint='scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] (see the comment at the top of scripts/bench_gpu.sh)'
+usage_hint='scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] [--wgmma auto|on|off] (see the comment at the top of scripts/bench_gpu.sh)'
 while [ $# -gt 0 ]; do
     case $1 in
-        --steps | --models | --batches | --precisions | --peers | --python)
+        --steps | --models | --batches | --precisions | --peers | --python | --wgmma)
             [ $# -ge 2 ] || bad "$1 needs a value" "$usage_hint"
             case $1 in
                 --steps) steps=$2 ;;
@@ -77,6 +81,7 @@ while [ $# -gt 0 ]; do
                 --precisions) precisions=$2 ;;
                 --peers) peers=$2 ;;
                 --python) PY=$2 ;;
+                --wgmma) wgmma=$2 ;;
             esac
             shift 2 ;;
         --skip-peers) skip_peers=1; shift ;;
@@ -102,6 +107,7 @@ for m in $peers; do
     case $m in eager | compile) ;; *) bad "--peers: '$m' is not eager or compile" '--peers "eager compile" (or --skip-peers)' ;; esac
 done
 [ -n "${peers// /}" ] || skip_peers=1
+case $wgmma in auto | on | off) ;; *) bad "--wgmma: '$wgmma' is not auto, on or off" "--wgmma auto" ;; esac
 
 # ---- is there a GPU, and a build for it? ---------------------------------------------------------
 if ! command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
@@ -111,6 +117,10 @@ if ! gpus=$("$NVIDIA_SMI" --query-gpu=name --format=csv,noheader 2>&1) || [ -z "
     skip "no GPU ($NVIDIA_SMI failed: $(printf '%s\n' "$gpus" | head -1))"
 fi
 device=$(printf '%s\n' "$gpus" | head -1)
+if [ "$wgmma" = auto ]; then # the wgmma attention rows on Hopper (compute capability 9.x)
+    cc=$("$NVIDIA_SMI" --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+    if [ "${cc%%.*}" = 9 ]; then wgmma=on; else wgmma=off; fi
+fi
 if [ ! -f "$BUILD/libcooktrain-cuda.so" ]; then
     skip "$BUILD/libcooktrain-cuda.so is missing (build with nvcc on the PATH: make)"
 fi
@@ -230,41 +240,50 @@ fi
 # ---- 1. cooktrain ------------------------------------------------------------------------------------
 # rows: SYSTEM PRECISION B TOKENS_PER_S PEAK_BYTES NOTE... ("-" for a failed run's numbers)
 : >"$m/rows"
-# cooktrain_row PRECISION B
+# cooktrain_row PRECISION B [wgmma]: the row, or with wgmma the same model with the wgmma attention
+# kernels (CT_CUDA_ATTENTION=wgmma; its own row "wgmma", and its --device-idle run, no --profile)
 cooktrain_row() {
-    local p=$1 b=$2 name="cooktrain.$1.$2" tps mem
+    local p=$1 b=$2 sys=${3:-cooktrain} tps mem
+    local name="$sys.$p.$b" env=()
+    [ "$sys" = cooktrain ] || env=(CT_CUDA_ATTENTION=wgmma)
     local sets=(train --config "$CONFIG" --backend "$BACKEND" --set model.seq_len="$T"
                 --set train.global_batch="$b" --set train.micro_batch="$b" --set train.warmup_steps=1
                 --set log.interval=1 --set train.eval_interval=0 --set log.sample_tokens=0
                 --set train.precision="$p" --set data.train="$data")
-    if ! "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$m/$name.jsonl" >"$m/$name.log" 2>&1 </dev/null; then
+    if ! env "${env[@]}" "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$m/$name.jsonl" >"$m/$name.log" 2>&1 </dev/null; then
         failed=1
-        echo "cooktrain $p $b - - failed: $(grep -m1 -E '^(cooktrain|error)' "$m/$name.log" || tail -n 1 "$m/$name.log")" >>"$m/rows"
-        echo "cooktrain $p B=$b: the run failed:"; tail -n 6 "$m/$name.log" | sed 's/^/    /'
+        echo "$sys $p $b - - failed: $(grep -m1 -E '^(cooktrain|error)' "$m/$name.log" || tail -n 1 "$m/$name.log")" >>"$m/rows"
+        echo "$sys $p B=$b: the run failed:"; tail -n 6 "$m/$name.log" | sed 's/^/    /'
         return
     fi
     tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$m/$name.jsonl" | tail -n +$((WARMUP + 1)) | median)
     mem=$(sed -n 's/.*"mem_bytes": \([0-9]*\).*/\1/p' "$m/$name.jsonl" | sort -n | tail -n 1)
-    echo "cooktrain $p $b ${tps:--} ${mem:--} ok" >>"$m/rows"
-    echo "cooktrain $p B=$b: ${tps:-?} tok/s"
-    if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --profile >"$m/$name.profile.log" 2>&1 </dev/null; then
+    echo "$sys $p $b ${tps:--} ${mem:--} ok" >>"$m/rows"
+    echo "$sys $p B=$b: ${tps:-?} tok/s"
+    if [ "$sys" != cooktrain ]; then
+        :
+    elif "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --profile >"$m/$name.profile.log" 2>&1 </dev/null; then
         grep '^profile (rank' "$m/$name.profile.log" | tail -n 1 >"$m/$name.profile" || true
         grep '^profile by op' "$m/$name.profile.log" | tail -n 1 >"$m/$name.profile_ops" || true
     else
         failed=1
         echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$m/$name.profile.log" | sed 's/^/    /'
     fi
-    if "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
+    if env "${env[@]}" "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
         grep '^device idle (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.idle" || true
         grep '^device busy by op (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.busy" || true
     else
         failed=1
-        echo "cooktrain $p B=$b: the --device-idle run failed:"; tail -n 6 "$m/$name.idle.log" | sed 's/^/    /'
+        echo "$sys $p B=$b: the --device-idle run failed:"; tail -n 6 "$m/$name.idle.log" | sed 's/^/    /'
     fi
 }
 t0=$SECONDS
 for p in $precisions; do
-    for b in $batches; do cooktrain_row "$p" "$b"; done
+    for b in $batches; do
+        cooktrain_row "$p" "$b"
+        # bf16 attention at head width 64 runs on tensor cores: the wgmma kernels beside them
+        if [ "$wgmma" = on ] && [ "$p" = bf16 ] && [ $((D / HEADS)) = 64 ]; then cooktrain_row "$p" "$b" wgmma; fi
+    done
 done
 t_cooktrain=$((t_cooktrain + SECONDS - t0))
 
@@ -309,14 +328,15 @@ awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
       note = ""; for (i = 6; i <= NF; i++) note = note (i > 6 ? " " : "") $i; notes[key] = note }
     END {
         peak["bf16"] = pbf16; peak["fp32"] = pfp32; gemm["bf16"] = gbf16; gemm["fp32"] = gfp32
-        label["cooktrain"] = "cooktrain"; label["eager"] = "torch eager+SDPA"; label["compile"] = "torch.compile"
+        label["cooktrain"] = "cooktrain"; label["wgmma"] = "cooktrain wgmma"
+        label["eager"] = "torch eager+SDPA"; label["compile"] = "torch.compile"
         printf "%-17s %-9s %4s %10s %14s %11s %7s %14s %9s\n", "system", "precision", "B", "tok/s",
                "cooktrain/this", "peak mem", "MFU", "matmul 8192^3", "of matmul"
         np = split(precisions, ps, " "); nb = split(batches, bs, " ")
         for (i = 1; i <= np; i++) for (j = 1; j <= nb; j++) {
             p = ps[i]; b = bs[j]; ours = tps["cooktrain" SUBSEP p SUBSEP b]
-            for (s = 1; s <= 3; s++) {
-                sys = s == 1 ? "cooktrain" : s == 2 ? "eager" : "compile"
+            for (s = 1; s <= 4; s++) {
+                sys = s == 1 ? "cooktrain" : s == 2 ? "wgmma" : s == 3 ? "eager" : "compile"
                 key = sys SUBSEP p SUBSEP b
                 if (!(key in tps)) continue
                 t = tps[key]
@@ -329,7 +349,7 @@ awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
                        notes[key] == "ok" ? "" : "  " notes[key]
             }
         }
-        print "(cooktrain/this: cooktrain tok/s over the row'"'"'s; peak mem: cooktrain'"'"'s allocations (mem_bytes), torch.cuda.max_memory_allocated for the peers;"
+        print "(cooktrain wgmma: with CT_CUDA_ATTENTION=wgmma, Hopper'"'"'s attention kernels; cooktrain/this: cooktrain tok/s over the row'"'"'s; peak mem: cooktrain'"'"'s allocations (mem_bytes), torch.cuda.max_memory_allocated for the peers;"
         print " of matmul: tok/s x F over the measured 8192^3 matmul rate in that precision)"
     }' "$m/rows"
 
@@ -409,21 +429,29 @@ echo
 echo "== targets, $TITLE (each from the figures above; met or MISSED)"
 for p in $precisions; do
     for b in $batches; do
-        busy=$m/cooktrain.$p.$b.busy
+        busy=$m/cooktrain.$p.$b.busy busyw=$m/wgmma.$p.$b.busy
         [ -s "$busy" ] || busy=/dev/null
+        [ -s "$busyw" ] || busyw=/dev/null
         sdpa=$(awk -v p="$p" -v b="$b" '$1 == "sdpa" && $2 == p && $3 == b && $5 == "flash" { print $4 }' "$m/peers.log")
         gemm=$(awk -v key="== GEMMs by shape, $p B=$b:" 'index($0, key) == 1 { on = 1; next }
                   on && /all GEMMs of a step/ { if (match($0, /: [0-9.]+x \(target/)) print substr($0, RSTART + 2, RLENGTH - 11); exit }' "$m/gemm_peer.log")
-        awk -v p="$p" -v b="$b" -v L="$L" -v sdpa="$sdpa" -v gemm="$gemm" -v busyf="$busy" '
+        awk -v p="$p" -v b="$b" -v L="$L" -v sdpa="$sdpa" -v gemm="$gemm" -v busyf="$busy" -v busyw="$busyw" '
             function verdict(ok) { return ok ? "met" : "MISSED" }
+            function attention(file,   line, n, f, i, a) { # attention_fwd + attention_bwd, ms/step
+                while ((getline line < file) > 0) {
+                    n = split(line, f, " ")
+                    for (i = 1; i < n; i++) if (f[i] == "attention_fwd" || f[i] == "attention_bwd") a += f[i + 1]
+                }
+                close(file)
+                return a
+            }
             BEGIN {
                 while ((getline line < busyf) > 0) {
                     n = split(line, f, " ")
-                    for (i = 1; i < n; i++) {
-                        if (f[i] == "attention_fwd" || f[i] == "attention_bwd") att += f[i + 1]
-                        if (f[i] == "adamw" || f[i] == "sumsq") opt += f[i + 1]
-                    }
+                    for (i = 1; i < n; i++) if (f[i] == "adamw" || f[i] == "sumsq") opt += f[i + 1]
                 }
+                close(busyf)
+                att = attention(busyf); attw = attention(busyw)
             }
             $2 == p && $3 == b && $4 != "-" { tps[$1] = $4; mem[$1] = $5 }
             END {
@@ -447,6 +475,12 @@ for p in $precisions; do
                     printf "%sGEMMs %.2fx PyTorch'"'"'s at the same shapes (target <= 1.15x): %s\n", pre, gemm, verdict(gemm <= 1.15)
                 if (opt > 0)
                     printf "%sAdamW + gradient norm %.2f ms on the device clock (target <= 3 ms): %s\n", pre, opt, verdict(opt <= 3)
+                if ("wgmma" in tps && "compile" in tps)
+                    printf "%swith the wgmma attention: tok/s %.2fx torch.compile (target >= 1.0x): %s\n", pre,
+                           tps["wgmma"] / tps["compile"], verdict(tps["wgmma"] >= tps["compile"])
+                if (attw > 0 && sdpa > 0)
+                    printf "%swith the wgmma attention: attention %.2f ms on the device clock, %.2fx SDPA flash (target <= 1.25x): %s\n",
+                           pre, attw, attw / (L * sdpa), verdict(attw <= 1.25 * L * sdpa)
             }' "$m/rows"
     done
 done

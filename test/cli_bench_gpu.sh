@@ -20,6 +20,7 @@ expect_exit 2 "bench_gpu: --steps below the warmup is refused" -- bash "$script"
 expect_exit 2 "bench_gpu: a precision other than bf16 and fp32 is refused" -- bash "$script" --precisions fp16
 expect_exit 2 "bench_gpu: a model other than gpt2 and llama is refused" -- bash "$script" --models "gpt2 mistral"
 expect_text "bench_gpu: --models: 'mistral' is not gpt2 or llama" "bench_gpu: the refusal names the model"
+expect_exit 2 "bench_gpu: --wgmma other than auto, on, off is refused" -- bash "$script" --wgmma maybe
 
 expect_exit 0 "bench_gpu: no nvidia-smi: skips" -- env NVIDIA_SMI="$tmp/no-such-nvidia-smi" BUILD="$BUILD" bash "$script"
 expect_text "bench_gpu: skipped: no GPU ($tmp/no-such-nvidia-smi not found)" "bench_gpu: no nvidia-smi: the skip says why"
@@ -97,16 +98,18 @@ PYTHONPATH="$PWD/test/fake_torch" exec python3 "\$@"
 EOF2
     chmod +x "$fb/cooktrain" "$fb/python"
     if expect_exit 0 "bench_gpu: the whole run with stand-ins" -- env NVIDIA_SMI="$tmp/smi-h100" BUILD="$fb" \
-        bash "$script" --steps 5 --batches 2 --precisions bf16 --python "$fb/python"; then
+        bash "$script" --steps 5 --batches 2 --precisions bf16 --python "$fb/python" --wgmma on; then
         printf '%s\n' "$OUT_TEXT" >"$tmp/bench.log"
         cp "$tmp/bench.log" "$BUILD/test-logs/cli_bench_gpu-whole-run.log" 2>/dev/null || true
         for want in "cooktrain bf16 B=2: " "torch.compile     bf16" "bf16 B=2: profile (rank 0" \
             "bf16 B=2: device idle (rank 0" "bf16 B=2: device busy by op (rank 0" \
             "ms on the device clock vs SDPA flash 12 x 0.010 = 0.12 ms" \
             "== GEMMs by shape, bf16 B=2" "all GEMMs of a step: cooktrain " "(target: within 1.15x)" \
-            "== targets, " "x torch.compile (target >= 1.0x): met" "x PyTorch eager (floor >= 1.05x): met" \
-            "(target <= 1.25x): MISSED" "x PyTorch's at the same shapes (target <= 1.15x): met" \
+            "== targets, " "x PyTorch eager (floor >= 1.05x): met" \
+            "SDPA flash 12 x 0.010 ms (target <= 1.25x): MISSED" "x PyTorch's at the same shapes (target <= 1.15x): met" \
             "bf16 B=2: memory " "bf16 B=2: AdamW + gradient norm " \
+            "cooktrain wgmma   bf16" "bf16 B=2: with the wgmma attention: tok/s " \
+            "bf16 B=2: with the wgmma attention: attention " \
             "bench_gpu: took"; do
             n=$(grep -cF -- "$want" "$tmp/bench.log")
             if [ "$n" = 2 ] || { [ "$n" = 1 ] && [ "$want" = "bench_gpu: took" ]; }; then
@@ -115,6 +118,12 @@ EOF2
                 fail "bench_gpu whole run: '$want' printed $n times (expected once per model)"
                 tail -n 40 "$tmp/bench.log" | sed 's/^/    /'
             fi
+        done
+        # the verdict against torch.compile, for the default kernels and for wgmma's, per model
+        for re in '^  bf16 B=2: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$' \
+            '^  bf16 B=2: with the wgmma attention: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$'; do
+            n=$(grep -cE -- "$re" "$tmp/bench.log")
+            if [ "$n" = 2 ]; then ok "bench_gpu whole run: /$re/ for each model"; else fail "bench_gpu whole run: /$re/ matched $n lines (expected 2)"; fi
         done
     fi
 fi

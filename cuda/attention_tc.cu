@@ -784,6 +784,18 @@ static __device__ inline void wg_accumulate(float (&acc)[8][4], const float (&p)
     }
 }
 
+/* The wait at the top of a step: the step's copies landed (the next step's group, issued when
+ * `next`, may still be in flight), made visible to wgmma's reads (the async proxy), then the
+ * block's barrier. */
+static __device__ inline void wg_landed(bool next) {
+    if (next)
+        ct_cp_async_wait<1>();
+    else
+        ct_cp_async_wait<0>();
+    ct_fence_async_proxy();
+    __syncthreads();
+}
+
 #endif /* WG_NO_WGMMA */
 
 static constexpr size_t WG_FWD_SMEM = 1024 + 5 * WG_TILE;                /* Q, 2 x (K, V) */
@@ -823,12 +835,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             wg_load(nb, kh, lqkv, (kt + 1) * TC_BN, T);
             wg_load(nb + WG_TILE, vh, lqkv, (kt + 1) * TC_BN, T);
             ct_cp_async_commit();
-            ct_cp_async_wait<1>();
-        } else {
-            ct_cp_async_wait<0>();
         }
-        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
-        __syncthreads();
+        wg_landed(kt < qt);
         const uint32_t ka = sa + WG_TILE + (uint32_t)(kt & 1) * 2 * WG_TILE, va = ka + WG_TILE;
         ct_wgmma_fence();
         wg_scores(s, sa, ka);
@@ -886,14 +894,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     for (int n = 0; n < 8; n++) CT_UNROLL
     for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
     for (int st = 0; st < n_steps; st++) {
-        if (st + 1 < n_steps) {
-            load_step(st + 1);
-            ct_cp_async_wait<1>();
-        } else {
-            ct_cp_async_wait<0>();
-        }
-        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
-        __syncthreads();
+        if (st + 1 < n_steps) load_step(st + 1);
+        wg_landed(st + 1 < n_steps);
         const int i0 = k0 + st % n_i * S;
         const uint32_t qa = sa + 2 * WG_TILE + (uint32_t)(st & 1) * (uint32_t)WG_STEP;
         const uint32_t doa = qa + WG_TILE;
@@ -969,12 +971,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             wg_load(nb, kh, lqkv, (js + 1) * S, T);
             wg_load(nb + WG_TILE, vh, lqkv, (js + 1) * S, T);
             ct_cp_async_commit();
-            ct_cp_async_wait<1>();
-        } else {
-            ct_cp_async_wait<0>();
         }
-        ct_fence_async_proxy(); /* the copies that landed, visible to wgmma's reads */
-        __syncthreads();
+        wg_landed(js + 1 < n_steps);
         const int j0 = js * S;
         const uint32_t ka = sa + 2 * WG_TILE + (uint32_t)(js & 1) * 2 * WG_TILE, va = ka + WG_TILE;
         ct_wgmma_fence();

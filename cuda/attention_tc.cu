@@ -754,6 +754,11 @@ static __device__ inline uint64_t wg_mnmajor(uint32_t a, int kk) {
     return ct_wgmma_desc(a + 2048u * (uint32_t)kk, 1024, 1024, CT_WGMMA_SWIZZLE_128B);
 }
 
+/* After a wait: the results in d may be read from here on (ct_wgmma_fence_operand). */
+static __device__ inline void wg_pin(float (&d)[8][4]) {
+    ct_wgmma_fence_operand(reinterpret_cast<float(&)[32]>(d));
+}
+
 /* The block's dynamic shared memory from its first 1024-byte boundary: pointer and address. */
 static __device__ inline unsigned char *wg_smem(uint32_t &addr) {
     CT_DYN_SHARED(unsigned char, raw);
@@ -772,16 +777,16 @@ static __device__ inline void wg_scores(float (&d)[TC_BN / 8][4], uint32_t a, ui
 }
 
 /* acc += (the accumulator tiles of p, rounded to bf16) · the MN-major tile at b: O += P·V,
- * dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K. */
+ * dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K. The four A fragments are made first: a wgmma in flight
+ * still reads its A registers, which a later fragment must not reuse. */
 static __device__ inline void wg_accumulate(float (&acc)[8][4], const float (&p)[8][4],
                                             uint32_t b) {
     float(&f)[32] = reinterpret_cast<float(&)[32]>(acc);
+    uint32_t a[4][4];
     CT_UNROLL
-    for (int kp = 0; kp < 4; kp++) {
-        uint32_t a[4];
-        tc_acc_to_a(a, p[2 * kp], p[2 * kp + 1]);
-        ct_wgmma_m64n64k16_rs<1>(f, a, wg_mnmajor(b, kp), 1);
-    }
+    for (int kp = 0; kp < 4; kp++) tc_acc_to_a(a[kp], p[2 * kp], p[2 * kp + 1]);
+    CT_UNROLL
+    for (int kp = 0; kp < 4; kp++) ct_wgmma_m64n64k16_rs<1>(f, a[kp], wg_mnmajor(b, kp), 1);
 }
 
 /* The wait at the top of a step: the step's copies landed (the next step's group, issued when
@@ -842,6 +847,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_scores(s, sa, ka);
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(s);
         if (kt == qt)
             tc_online_softmax<8, 8, true>(s, o, m, l, kt * TC_BN, row0, T, sl2);
         else
@@ -850,6 +856,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_accumulate(o, s, va);
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(o);
         __syncthreads();
     }
     tc_fwd_finish<8>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq,
@@ -905,6 +912,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_scores(dp, sa + WG_TILE, doa); /* dPᵀ = V·dOᵀ */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(s);
+        wg_pin(dp);
         if (i0 < k0 + TC_BM || i0 + S > T)
             tc_dkdv_weights<8, true>(s, dp, ls, Ds, i0, key0, T, sl2);
         else
@@ -914,6 +923,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_accumulate(dk, dp, qa); /* dK += dSᵀ·Q */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(dv);
+        wg_pin(dk);
         __syncthreads();
     }
     tc_store<8>(dqkv + k_off, lqkv, dk, key0, T, hd, scale, scale);
@@ -980,6 +991,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_scores(dp, sa + WG_TILE, va); /* dP = dO·Vᵀ */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(s);
+        wg_pin(dp);
         if (j0 + S > q0)
             tc_dq_weights<8, true>(s, dp, lr, dr, j0, row0, T, sl2);
         else
@@ -988,6 +1001,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_accumulate(dq, dp, ka); /* dQ += dS·K */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
+        wg_pin(dq);
         __syncthreads();
     }
     tc_store<8>(dqkv + q_off, lqkv, dq, row0, T, hd, scale, scale);

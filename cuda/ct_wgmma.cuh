@@ -32,6 +32,8 @@
  *                                registers or shared memory written since
  *   ct_wgmma_commit()            wgmma.commit_group.sync.aligned
  *   ct_wgmma_wait<N>()           wgmma.wait_group.sync.aligned N: all but the N newest groups done
+ *   ct_wgmma_fence_operand(d)    keeps the compiler from moving reads of d above the wait (or
+ *                                writes below an issue): after every wait, on each result
  *   ct_wgmma_m64n64k16_ss<TA, TB>(d, desc_a, desc_b, scale_d)   D = A·B + (scale_d ? D : 0)
  *   ct_wgmma_m64n64k16_rs<TB>(d, a, desc_b, scale_d)            A from registers
  *
@@ -121,6 +123,18 @@ static __device__ inline void ct_wgmma_commit() {
 template <int N> static __device__ inline void ct_wgmma_wait() {
 #ifdef __CUDACC__
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Pins an accumulator array to this point of the program: after a wgmma.wait_group, so the
+ * compiler cannot move a read of the results above the wait (the wgmma's asm statement was the
+ * last to write them, as far as the compiler knows); before an issue, likewise for writes. */
+template <int N> static __device__ inline void ct_wgmma_fence_operand(float (&d)[N]) {
+#ifdef __CUDACC__
+    CT_UNROLL
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+#else
+    (void)d;
 #endif
 }
 

@@ -451,8 +451,14 @@ static double cuda_peak_flops(void *ctx, ct_dtype dt, char *how, size_t how_cap)
 
 static void cuda_describe(void *ctx, char *buf, size_t cap) {
     ct_cuda_ctx *cx = ctx;
-    snprintf(buf, cap, "cuda:%d %s, %.1f GiB, sm_%d%d", cx->device, cx->prop.name,
-             (double)cx->prop.totalGlobalMem / (1 << 30), cx->prop.major, cx->prop.minor);
+    /* CT_CUDA_ATTENTION=wgmma (attention_tc.cu): said here, so a run shows which kernels it got */
+    const char *attn = getenv("CT_CUDA_ATTENTION");
+    const bool wgmma = attn && !strcmp(attn, "wgmma");
+    snprintf(buf, cap, "cuda:%d %s, %.1f GiB, sm_%d%d%s", cx->device, cx->prop.name,
+             (double)cx->prop.totalGlobalMem / (1 << 30), cx->prop.major, cx->prop.minor,
+             !wgmma                ? ""
+             : cx->prop.major == 9 ? ", wgmma attention"
+                                   : ", no wgmma before sm_90");
 }
 
 static void cuda_free_backend(void *ctx) {

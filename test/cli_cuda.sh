@@ -168,6 +168,7 @@ if [ -x "$EMU" ] && selected "check mode"; then
         --backend cuda --set data.train="$TEST_DATA/train.bin" --set train.steps=1 --set train.warmup_steps=0 \
         --set train.global_batch=2 --set train.precision=bf16 --set model.n_layer=1 --set model.d_model=128 \
         --set model.n_head=2 --set model.seq_len=70
+    expect_text "sm_90, wgmma attention" "check mode on wgmma: the backend's line says the attention kernels"
     # a Mixture-of-Experts layer: the dispatch's row gathers and gate dots (ct_gather_rows,
     # ct_gather_dot) and the experts' GEMMs, op for op
     for prec in fp32 bf16; do

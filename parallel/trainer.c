@@ -50,10 +50,16 @@ static void trainer_free(trainer *t) {
 /* SIGTERM or SIGUSR1 (what SLURM sends before a time limit or a preemption): the signal number,
  * agreed on at the next step boundary; the run then saves a checkpoint and ends (exit 0). */
 static volatile sig_atomic_t stop_signal_seen;
+/* Set once ct_train_run's steps and final saves are over, whatever the status: a SIGTERM after
+ * that is the launcher tearing down a job whose ranks have already agreed to end (mpirun stops
+ * the others when one exits non-zero), not a hang, so it leaves no flight record and no message
+ * beside the run's own. */
+static volatile sig_atomic_t run_over;
 
 static void on_stop_signal(int sig) {
     stop_signal_seen = sig;
-    if (sig == SIGTERM) ct_flight_signal(sig); /* a hung job's ranks get SIGTERM: keep a record */
+    /* a hung job's ranks get SIGTERM: keep a record */
+    if (sig == SIGTERM && !run_over) ct_flight_signal(sig);
 }
 
 static void catch_stop_signals(void) {
@@ -824,6 +830,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     t.res.losses = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
     t.res.grad_norms = ct_xcalloc((size_t)cfg->train.steps, sizeof(double));
+    run_over = 0;
     catch_stop_signals();
     start_run(&t);
     st = resume_run(&t);
@@ -853,6 +860,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     }
     if (st == CT_OK) st = finish_run(&t);
     if (st == CT_OK) st = export_params(&t, opts->dump_params, keep, &final_copy);
+    run_over = 1;
     ct_train_result res = t.res;
     trainer_free(&t);
     if (keep && st == CT_OK) {

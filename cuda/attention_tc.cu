@@ -64,8 +64,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/ct_async.cuh"
 #include "cuda/ct_cuda_dtype.cuh"
@@ -1011,16 +1009,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #endif
 }
 
-/* CT_CUDA_ATTENTION=wgmma: the wgmma kernels where they apply (read at every launch, so a test
- * can run both kernels in one process). */
-static bool wg_wanted() {
-    const char *env = getenv("CT_CUDA_ATTENTION");
-    return env && !strcmp(env, "wgmma");
-}
-
 /* The wgmma kernels apply: asked for, head width 64, 16-byte rows, a Hopper GPU. */
 static bool wg_applies(const ct_cuda_ctx *cx, int64_t hd, bool vec) {
-    return wg_wanted() && hd == 64 && vec && ct_cuda_cc_major(cx) == 9;
+    return ct_cuda_wgmma_attention_asked() && hd == 64 && vec && ct_cuda_cc_major(cx) == 9;
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */

@@ -64,6 +64,11 @@ int ct_cuda_cc_major(const ct_cuda_ctx *cx) {
     return cx->prop.major;
 }
 
+bool ct_cuda_wgmma_attention_asked(void) {
+    const char *env = getenv("CT_CUDA_ATTENTION");
+    return env && !strcmp(env, "wgmma");
+}
+
 void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     CT_ASSERTF(slot == 0 || slot == 1, "workspace slot %d", slot);
     if (bytes <= cx->workspace_bytes[slot]) return cx->workspace[slot];
@@ -452,8 +457,7 @@ static double cuda_peak_flops(void *ctx, ct_dtype dt, char *how, size_t how_cap)
 static void cuda_describe(void *ctx, char *buf, size_t cap) {
     ct_cuda_ctx *cx = ctx;
     /* CT_CUDA_ATTENTION=wgmma (attention_tc.cu): said here, so a run shows which kernels it got */
-    const char *attn = getenv("CT_CUDA_ATTENTION");
-    const bool wgmma = attn && !strcmp(attn, "wgmma");
+    const bool wgmma = ct_cuda_wgmma_attention_asked();
     snprintf(buf, cap, "cuda:%d %s, %.1f GiB, sm_%d%d%s", cx->device, cx->prop.name,
              (double)cx->prop.totalGlobalMem / (1 << 30), cx->prop.major, cx->prop.minor,
              !wgmma                ? ""

@@ -44,6 +44,9 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes);
 int ct_cuda_sm_count(const ct_cuda_ctx *cx);
 /* The device's compute capability, major part (9: Hopper, whose wgmma some kernels use). */
 int ct_cuda_cc_major(const ct_cuda_ctx *cx);
+/* CT_CUDA_ATTENTION=wgmma: Hopper's attention kernels asked for (attention_tc.cu), read at every
+ * call so that a test can run both kernels in one process. */
+bool ct_cuda_wgmma_attention_asked(void);
 
 /* For the NCCL comm (comm_nccl.c): the compute stream and event `event` (CT_BACKEND_EVENTS of
  * them) of a backend made by ct_cuda_backend_new; a CT_ASSERT for any other backend (check mode

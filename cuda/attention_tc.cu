@@ -766,23 +766,27 @@ static __device__ inline unsigned char *wg_smem(uint32_t &addr) {
 }
 
 /* d = a·bᵀ over the 64 columns of two K-major tiles (the warpgroup's 64 rows of a against 64 rows
- * of b), from zero. */
+ * of b), from zero; issued after a wgmma.fence (d's registers were read since its last product),
+ * for the caller to commit. */
 static __device__ inline void wg_scores(float (&d)[TC_BN / 8][4], uint32_t a, uint32_t b) {
     float(&f)[32] = reinterpret_cast<float(&)[32]>(d);
+    ct_wgmma_fence();
     CT_UNROLL
     for (int kk = 0; kk < 4; kk++)
         ct_wgmma_m64n64k16_ss<0, 0>(f, wg_kmajor(a, kk), wg_kmajor(b, kk), kk);
 }
 
 /* acc += (the accumulator tiles of p, rounded to bf16) · the MN-major tile at b: O += P·V,
- * dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K. The four A fragments are made first: a wgmma in flight
- * still reads its A registers, which a later fragment must not reuse. */
+ * dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K; for the caller to commit. The four A fragments are made
+ * first (a wgmma in flight still reads its A registers, which a later fragment must not reuse),
+ * then the wgmma.fence that orders those register writes (and acc's) before the products. */
 static __device__ inline void wg_accumulate(float (&acc)[8][4], const float (&p)[8][4],
                                             uint32_t b) {
     float(&f)[32] = reinterpret_cast<float(&)[32]>(acc);
     uint32_t a[4][4];
     CT_UNROLL
     for (int kp = 0; kp < 4; kp++) tc_acc_to_a(a[kp], p[2 * kp], p[2 * kp + 1]);
+    ct_wgmma_fence();
     CT_UNROLL
     for (int kp = 0; kp < 4; kp++) ct_wgmma_m64n64k16_rs<1>(f, a[kp], wg_mnmajor(b, kp), 1);
 }
@@ -841,7 +845,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         wg_landed(kt < qt);
         const uint32_t ka = sa + WG_TILE + (uint32_t)(kt & 1) * 2 * WG_TILE, va = ka + WG_TILE;
-        ct_wgmma_fence();
         wg_scores(s, sa, ka);
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
@@ -850,7 +853,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             tc_online_softmax<8, 8, true>(s, o, m, l, kt * TC_BN, row0, T, sl2);
         else
             tc_online_softmax<8, 8, false>(s, o, m, l, kt * TC_BN, row0, T, sl2);
-        ct_wgmma_fence();
         wg_accumulate(o, s, va);
         ct_wgmma_commit();
         ct_wgmma_wait<0>();
@@ -905,7 +907,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const uint32_t qa = sa + 2 * WG_TILE + (uint32_t)(st & 1) * (uint32_t)WG_STEP;
         const uint32_t doa = qa + WG_TILE;
         const float *ls = reinterpret_cast<const float *>(step(st) + 2 * WG_TILE), *Ds = ls + S;
-        ct_wgmma_fence();
         wg_scores(s, sa, qa);             /* Sᵀ = K·Qᵀ */
         wg_scores(dp, sa + WG_TILE, doa); /* dPᵀ = V·dOᵀ */
         ct_wgmma_commit();
@@ -916,7 +917,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             tc_dkdv_weights<8, true>(s, dp, ls, Ds, i0, key0, T, sl2);
         else
             tc_dkdv_weights<8, false>(s, dp, ls, Ds, i0, key0, T, sl2);
-        ct_wgmma_fence();
         wg_accumulate(dv, s, doa); /* dV += Pᵀ·dO */
         wg_accumulate(dk, dp, qa); /* dK += dSᵀ·Q */
         ct_wgmma_commit();
@@ -984,7 +984,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_landed(js + 1 < n_steps);
         const int j0 = js * S;
         const uint32_t ka = sa + 2 * WG_TILE + (uint32_t)(js & 1) * 2 * WG_TILE, va = ka + WG_TILE;
-        ct_wgmma_fence();
         wg_scores(s, sa, ka);            /* S = Q·Kᵀ */
         wg_scores(dp, sa + WG_TILE, va); /* dP = dO·Vᵀ */
         ct_wgmma_commit();
@@ -995,7 +994,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             tc_dq_weights<8, true>(s, dp, lr, dr, j0, row0, T, sl2);
         else
             tc_dq_weights<8, false>(s, dp, lr, dr, j0, row0, T, sl2);
-        ct_wgmma_fence();
         wg_accumulate(dq, dp, ka); /* dQ += dS·K */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();

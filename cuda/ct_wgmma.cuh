@@ -37,10 +37,13 @@
  *   ct_wgmma_m64n64k16_ss<TA, TB>(d, desc_a, desc_b, scale_d)   D = A·B + (scale_d ? D : 0)
  *   ct_wgmma_m64n64k16_rs<TB>(d, a, desc_b, scale_d)            A from registers
  *
- * The emulator (cuda/emu/README.md) runs each wgmma when the last thread of the block arrives,
- * then releases the block at a barrier: it supports blocks of exactly one warpgroup, reads the
- * operands at issue and writes D before any thread goes on, so fence, commit and wait are no-ops
- * there (a kernel that reads D before its wait, or rewrites an operand before it, is not caught).
+ * The emulator (cuda/emu/README.md) supports blocks of exactly one warpgroup and runs wgmma
+ * asynchronously: a product runs at the wait that needs it, reading its operands then. It aborts
+ * for an operand in shared memory that changed between the first thread's issue and the wait, an
+ * accumulator written in flight, a wgmma with no wgmma.fence since the thread's last wait, and a
+ * block that ends with a product not waited for; an accumulator read before its wait reads NaNs.
+ * It cannot see a register written between the fence and the wgmma that reads it (make A's
+ * fragments before the fence).
  */
 #ifndef CT_WGMMA_CUH
 #define CT_WGMMA_CUH
@@ -111,18 +114,24 @@ static __device__ inline void ct_fence_async_proxy() {
 static __device__ inline void ct_wgmma_fence() {
 #ifdef __CUDACC__
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    cuemu_wgmma_fence();
 #endif
 }
 
 static __device__ inline void ct_wgmma_commit() {
 #ifdef __CUDACC__
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+    cuemu_wgmma_commit();
 #endif
 }
 
 template <int N> static __device__ inline void ct_wgmma_wait() {
 #ifdef __CUDACC__
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+    cuemu_wgmma_wait(N);
 #endif
 }
 

@@ -106,6 +106,22 @@ else
 fi
 
 # ---- wgmma (cuda/ct_wgmma.cuh) -------------------------------------------------------------------
+# Asynchronous wgmma: two groups in flight, wait<1> completes the older and leaves the newer's D
+# reading NaN, wait<0> the rest, in every order (guards the queue, the groups and the waits); each
+# rule the emulator checks aborts with its reason (guards those checks: without them the bugs a
+# pipelined kernel can make pass here and fail on a GPU).
+expect_exit 0 "wgmma asynchronous: groups and waits" -- "$SELF" wgmma
+for bug in "wgmma-operand-in-flight|B in shared memory changed between its first thread's issue and its wait" \
+    "wgmma-d-in-flight|thread 0 wrote element 3 of the accumulator of instruction 0 while it was in flight" \
+    "wgmma-no-fence|issued a wgmma with no wgmma.fence" \
+    "wgmma-no-wait|the block ended with 2 wgmma instructions not waited for" \
+    "wgmma-no-barrier|A in shared memory changed between its first thread's issue and its wait"; do
+    expect_exit 134 "${bug%%|*} aborts" -- "$SELF" "${bug%%|*}"
+    expect_text "${bug#*|}" "${bug%%|*}: says why"
+done
+if [ -x "$ASAN" ]; then
+    expect_exit 0 "wgmma asynchronous under ASan has no reports" -- "$ASAN" wgmma
+fi
 # test/wgmma_probe.cu against the emulator: every layout the emulator reads (the K-major ones, A in
 # registers, the MN-major ones in variant 0) gives the host's D exactly, and every MN-major case
 # written in the other reading (variant 1) does not, so the probe gpu_check.sh runs on a Hopper

@@ -5,18 +5,20 @@
  *     cuemu_selftest CASE
  *
  * Correct kernels (reduce, softmax, atomics, shuffles, streams, memory, devices, launch-checks,
- * bf16, mma, cp-async) are compared with plain loops and exit 0, printing "ok ..." lines. Each
- * deliberately buggy kernel shows how the emulator reports its bug: an abort naming block and
+ * bf16, mma, cp-async, wgmma) are compared with plain loops and exit 0, printing "ok ..." lines.
+ * Each deliberately buggy kernel shows how the emulator reports its bug: an abort naming block and
  * thread (bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, ldmatrix-misaligned,
- * cp-async-global; exit 3 when the kernel runs through), a wrong result in some warp order
- * (missing-sync, cp-async-no-wait and cp-async-no-barrier exit 1 when the result is wrong in the
- * order CUEMU_ORDER sets), NaN from shared memory read before it is written (uninit-shared), stale
- * data after a missing stream sync (missing-stream-sync), and an AddressSanitizer report from the
- * ASan build (oob-shared, oob-global). `speed` prints emulated threads per second.
+ * cp-async-global, the wgmma-* hazards; exit 3 when the kernel runs through), a wrong result in
+ * some warp order (missing-sync, cp-async-no-wait and cp-async-no-barrier exit 1 when the result is
+ * wrong in the order CUEMU_ORDER sets), NaN from shared memory read before it is written
+ * (uninit-shared), stale data after a missing stream sync (missing-stream-sync), and an
+ * AddressSanitizer report from the ASan build (oob-shared, oob-global). `speed` prints emulated
+ * threads per second.
  */
 #include "cuda/ct_cuda.h"
 #include "cuda/ct_async.cuh"
 #include "cuda/ct_mma.cuh"
+#include "cuda/ct_wgmma.cuh"
 
 #include <chrono>
 #include <cmath>
@@ -781,6 +783,89 @@ static void cp_async_run(int bug) {
     CT_CUDA_CHECK(cudaFree(out));
 }
 
+/* ---- wgmma, asynchronous (cuda/ct_wgmma.cuh) ------------------------------------------------ */
+/* One warpgroup: A (64 x 16) and B (16 x 64) written to shared memory K-major without swizzle,
+ * then two groups in flight: d1 = A·B and d2 = A·B + 1. After wait<1> d1 is done and d2, still in
+ * flight, reads as NaN; after wait<0> both are done. out: d1, d2 and the NaN flag, per thread.
+ * Each bug breaks one rule the emulator checks: 1 rewrites B in flight, 2 writes d1 in flight,
+ * 3 issues with no wgmma.fence, 4 never waits, 5 writes the operands with no barrier before the
+ * issue. */
+#define WGT_LBO 128u /* one 8 x 16-byte core matrix to the next along k */
+#define WGT_SBO 256u /* one 8-row group to the next */
+static float wgt_a(int m, int k) {
+    return (float)((m * 7 + k) % 5 - 2);
+}
+static float wgt_b(int k, int n) {
+    return (float)((k * 3 + n) % 7 - 3);
+}
+
+__global__ void wgmma_async_kernel(float *out, int bug) {
+    CT_DYN_SHARED(unsigned char, sm);
+    const int t = (int)threadIdx.x;
+    for (int e = t; e < 64 * 16; e += 128) {
+        const int mn = e / 16, k = e % 16;
+        const uint32_t off =
+            ct_wgmma_offset(mn, k, false, CT_WGMMA_SWIZZLE_NONE, WGT_LBO, WGT_SBO, 0);
+        const __nv_bfloat16 a = __float2bfloat16(wgt_a(mn, k)), b = __float2bfloat16(wgt_b(k, mn));
+        std::memcpy(sm + off, &a, 2);
+        std::memcpy(sm + 2048 + off, &b, 2);
+    }
+    ct_fence_async_proxy();
+    if (bug != 5) __syncthreads(); /* without it, the first warp issues before the others wrote */
+    const uint32_t base = ct_smem_u32(sm);
+    const uint64_t da = ct_wgmma_desc(base, WGT_LBO, WGT_SBO, CT_WGMMA_SWIZZLE_NONE);
+    const uint64_t db = ct_wgmma_desc(base + 2048, WGT_LBO, WGT_SBO, CT_WGMMA_SWIZZLE_NONE);
+    float d1[32], d2[32];
+    for (int i = 0; i < 32; i++) d1[i] = 0.0f, d2[i] = 1.0f;
+    if (bug != 3) ct_wgmma_fence();
+    ct_wgmma_m64n64k16_ss<0, 0>(d1, da, db, 0);
+    ct_wgmma_commit();
+    ct_wgmma_m64n64k16_ss<0, 0>(d2, da, db, 1);
+    ct_wgmma_commit();
+    if (bug == 4) return;
+    if (bug == 1 && t == 0) {
+        const __nv_bfloat16 z = __float2bfloat16(5.0f);
+        std::memcpy(sm + 2048, &z, 2);
+    }
+    if (bug == 2) d1[3] = 0.0f;
+    ct_wgmma_wait<1>();
+    bool early_nan = true;
+    for (int i = 0; i < 32; i++) early_nan = early_nan && std::isnan(d2[i]);
+    ct_wgmma_wait<0>();
+    for (int i = 0; i < 32; i++) {
+        out[t * 65 + i] = d1[i];
+        out[t * 65 + 32 + i] = d2[i];
+    }
+    out[t * 65 + 64] = early_nan ? 1.0f : 0.0f;
+}
+
+static void wgmma_run(int bug) {
+    float *out = device_alloc<float>(128 * 65);
+    for (int o = 0; o < (bug ? 1 : 3); o++) {
+        if (!bug) cuemu_set_order(all_orders[o], 7);
+        ct_launch(wgmma_async_kernel, dim3(1), dim3(128), 4096, 0, out, bug);
+        CT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> got(128 * 65);
+        CT_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+        bool right = true, nan_early = true;
+        for (int t = 0; t < 128; t++) {
+            const int w = t / 32, g = t % 32 / 4, q = t % 4;
+            for (int i = 0; i < 32; i++) { /* the D fragment of ct_wgmma.cuh */
+                const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+                double d = 0.0;
+                for (int k = 0; k < 16; k++) d += (double)wgt_a(row, k) * (double)wgt_b(k, col);
+                right =
+                    right && got[t * 65 + i] == (float)d && got[t * 65 + 32 + i] == (float)(d + 1);
+            }
+            nan_early = nan_early && got[t * 65 + 64] == 1.0f;
+        }
+        std::string what = std::string(" (") + order_names[o] + ")";
+        check(right, ("two wgmma groups give A·B and A·B + D" + what).c_str());
+        check(nan_early, ("after wait<1>, the newer group's D reads as NaN" + what).c_str());
+    }
+    CT_CUDA_CHECK(cudaFree(out));
+}
+
 /* ---- speed --------------------------------------------------------------------------------- */
 template <int BLOCK>
 __global__ void layernorm_kernel(float *out, const float *in, const float *w, const float *b,
@@ -834,10 +919,12 @@ static void case_speed() {
 static void usage() {
     fprintf(stderr,
             "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
-            "streams memory launch-checks bf16 mma cp-async speed\n  buggy: missing-sync, "
+            "streams memory launch-checks bf16 mma cp-async wgmma speed\n  buggy: missing-sync, "
             "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
             "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
-            "ldmatrix-misaligned, cp-async-no-wait, cp-async-no-barrier, cp-async-global\n");
+            "ldmatrix-misaligned, cp-async-no-wait, cp-async-no-barrier, cp-async-global, "
+            "wgmma-operand-in-flight, wgmma-d-in-flight, wgmma-no-fence, wgmma-no-wait, "
+            "wgmma-no-barrier\n");
     exit(2);
 }
 
@@ -876,6 +963,22 @@ int main(int argc, char **argv) {
         cp_async_run(2);
     else if (c == "cp-async-global") {
         cp_async_run(3);
+        printf("the kernel ran to completion: nothing was reported\n");
+        exit(3);
+    } else if (c == "wgmma")
+        wgmma_run(0);
+    else if (c.rfind("wgmma-", 0) == 0) {
+        const char *bugs[] = {"",
+                              "wgmma-operand-in-flight",
+                              "wgmma-d-in-flight",
+                              "wgmma-no-fence",
+                              "wgmma-no-wait",
+                              "wgmma-no-barrier"};
+        int bug = 0;
+        for (int k = 1; k < 6; k++)
+            if (c == bugs[k]) bug = k;
+        if (!bug) usage();
+        wgmma_run(bug);
         printf("the kernel ran to completion: nothing was reported\n");
         exit(3);
     } else if (c == "speed")

@@ -549,6 +549,7 @@ void run_block() {
         if (block.n_exited == n) break;
         release_barrier_or_fail();
     }
+    cuemu_wgmma_block_end();
     threads_run += (uint64_t)n;
 }
 

@@ -151,11 +151,19 @@ void cuemu_ldmatrix(uint32_t *r, int n_matrices, bool trans, const void *row_add
 /* Hopper's warpgroup MMA (cuda/ct_wgmma.cuh): wgmma.mma_async.m64nNk16.f32.bf16.bf16, D (n/2
  * floats a thread) = A·B + (scale_d ? D : 0), A from the thread's registers a_regs (NULL: from
  * shared memory through a_desc) and B through b_desc, with the layouts of ct_wgmma.cuh. Blocks of
- * exactly one warpgroup (128 threads) only: the last thread to arrive runs the product for all
- * 128 (every thread's descriptors and flags must agree), then the block leaves through a barrier.
- */
+ * exactly one warpgroup (128 threads) only. Asynchronous: queued at issue and run at the wait
+ * that needs it, for all 128 threads (every thread's descriptors and flags must agree), with
+ * checks for operands changed in flight, D read or written before the wait, a missing
+ * wgmma.fence, and a block that ends with a product not waited for (mma_emu.cc). */
 void cuemu_wgmma_bf16(float *d, int n, const uint32_t *a_regs, uint64_t a_desc, uint64_t b_desc,
                       bool scale_d, bool trans_a, bool trans_b);
+/* wgmma.fence, wgmma.commit_group and wgmma.wait_group n_pending (all but the n_pending newest
+ * groups done), as mma_emu.cc emulates them: a wait is met by the whole block. */
+void cuemu_wgmma_fence();
+void cuemu_wgmma_commit();
+void cuemu_wgmma_wait(int n_pending);
+/* Called by the emulator as each block ends: aborts for a wgmma never waited for. */
+void cuemu_wgmma_block_end();
 /* p's address in the shared window: its offset in the block's dynamic shared memory (aborts for
  * any other pointer). */
 uint32_t cuemu_smem_address(const void *p);

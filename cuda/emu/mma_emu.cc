@@ -27,6 +27,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <vector>
 
 namespace {
 
@@ -127,21 +129,51 @@ void ldm_run(void *const args[32]) {
         for (int i = 0; i < n; i++) L[l]->r[i] = out[l][i];
 }
 
-/* wgmma (cuda/ct_wgmma.cuh): what each thread of the warpgroup brought, and how many have. */
-struct wg_thread {
-    float *d;
-    uint32_t a[4];
-    bool a_regs;
-    uint64_t a_desc, b_desc;
-    int n;
-    bool scale_d, trans_a, trans_b;
-};
-wg_thread wg[128];
-int wg_arrived;
+/* wgmma (cuda/ct_wgmma.cuh), asynchronous as on the GPU. A thread's wgmmas are queued at issue;
+ * its commit closes a group; a wait<N> is met by the whole warpgroup, and the last of the 128 to
+ * arrive runs, in issue order, every instruction of all but the N newest groups, for all 128
+ * threads, reading the operands then, before the block leaves through a barrier. Around that:
+ *   - an instruction's shared-memory operands are read once more at its first thread's issue, and
+ *     must not differ at its run (the writes of other threads not yet done when one issues, or an
+ *     operand rewritten while the product is in flight);
+ *   - a thread's accumulator is set to a NaN of its own at issue (the first instruction in flight
+ *     on those registers, which keeps their value for the product), so a read of D before the
+ *     wait meets NaNs; at the run, a D that is no longer that NaN was written in flight: abort;
+ *   - A's registers are taken at issue (the kernel's array may be gone by the wait);
+ *   - each thread's first wgmma, and the first after each of its waits, needs a wgmma.fence since;
+ *   - a block that ends with a wgmma not waited for aborts. */
+constexpr uint32_t WG_POISON = 0x7fc0face; /* a quiet NaN with a payload of its own */
 
-/* Element (mn, k) of a bf16 operand in shared memory through its descriptor (the MN-major
- * layouts' variant 0: ct_wgmma.cuh). */
-double wg_smem(uint64_t desc, int mn, int k, bool mn_major, const char *which) {
+struct wg_op { /* one thread's part of an instruction */
+    float *d;
+    std::vector<float> c; /* D at issue, for the chain's first instruction; empty when chained */
+    uint32_t a[4];
+};
+struct wg_instr {
+    bool a_regs, scale_d, trans_a, trans_b;
+    uint64_t a_desc, b_desc;
+    int n, issued;
+    std::vector<uint16_t> a_seen, b_seen; /* the shared-memory operands at the first issue */
+    wg_op op[128];
+};
+struct wg_thread {
+    long issued = 0;             /* instructions this thread issued since the block started */
+    std::vector<long> group_end; /* per committed group not yet waited for: issued at commit */
+    bool fenced = false;         /* a wgmma.fence since the thread's start or last wait */
+    std::vector<float *> flight; /* D arrays of its instructions in flight */
+};
+struct wg_block {
+    long base = 0; /* instrs[0] is the block's instruction number base */
+    std::deque<wg_instr> instrs;
+    wg_thread thread[128];
+    int at_wait = 0, wait_n = -1;
+    bool used = false; /* any wgmma, fence, commit or wait in this block */
+};
+wg_block wgb;
+
+/* The bits of bf16 element (mn, k) of an operand in shared memory through its descriptor (the
+ * MN-major layouts' variant 0: ct_wgmma.cuh). */
+uint16_t wg_smem(uint64_t desc, int mn, int k, bool mn_major, const char *which) {
     const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4;
     const uint32_t lbo = (uint32_t)(desc >> 16 & 0x3FFFu) << 4;
     const uint32_t sbo = (uint32_t)(desc >> 32 & 0x3FFFu) << 4;
@@ -165,45 +197,91 @@ double wg_smem(uint64_t desc, int mn, int k, bool mn_major, const char *which) {
     }
     uint16_t v;
     std::memcpy(&v, p, 2);
-    return bf16_half(v, 0);
+    return v;
 }
 
-/* Run by the last of the 128 threads to arrive: D = A·B + (scale_d ? D : 0) for all of them. */
-void wg_run() {
-    const wg_thread &w0 = wg[0];
-    for (int t = 1; t < 128; t++) {
-        const wg_thread &w = wg[t];
-        if (w.n != w0.n || w.a_regs != w0.a_regs || w.b_desc != w0.b_desc ||
-            (!w0.a_regs && w.a_desc != w0.a_desc) || w.scale_d != w0.scale_d ||
-            w.trans_a != w0.trans_a || w.trans_b != w0.trans_b) {
-            fprintf(stderr,
-                    "cuemu: wgmma: threads 0 and %d of the warpgroup issued different "
-                    "instructions (shape, descriptors or flags)\n",
-                    t);
-            abort();
-        }
+/* The instruction's operand in shared memory now, as bits: A (64 x 16, none when A is in
+ * registers) or B (16 x n), row-major. */
+std::vector<uint16_t> wg_read(const wg_instr &in, bool b) {
+    std::vector<uint16_t> v;
+    if (!b)
+        for (int m = 0; m < 64 && !in.a_regs; m++)
+            for (int k = 0; k < 16; k++) v.push_back(wg_smem(in.a_desc, m, k, in.trans_a, "A"));
+    else
+        for (int k = 0; k < 16; k++)
+            for (int c = 0; c < in.n; c++) v.push_back(wg_smem(in.b_desc, c, k, in.trans_b, "B"));
+    return v;
+}
+
+/* The first instruction in flight on a thread's D (none of `flight`, the D arrays in flight)
+ * keeps D's value for its product and leaves NaNs for an early reader; a later one on the same D
+ * takes the D its predecessor writes. */
+void wg_keep(wg_op &op, int n, std::vector<float *> &flight) {
+    for (float *f : flight)
+        if (f == op.d) return;
+    op.c.assign(op.d, op.d + n / 2);
+    for (int i = 0; i < n / 2; i++) std::memcpy(&op.d[i], &WG_POISON, 4);
+    flight.push_back(op.d);
+}
+
+int wg_tid() {
+    return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+/* D = A·B + (scale_d ? C : 0) for all 128 threads: C is D at issue for the first instruction of
+ * a chain on the same registers, else the D the previous one wrote. */
+void wg_run(wg_instr &in, long number) {
+    if (in.issued != 128) {
+        fprintf(stderr,
+                "cuemu: wgmma: instruction %ld of the block was issued by %d of the warpgroup's "
+                "128 threads before a wait needed it\n",
+                number, in.issued);
+        abort();
     }
-    const int n = w0.n;
-    static double A[64][16], B[16][256];
-    for (int t = 0; t < 128 && w0.a_regs; t++) {
-        const int w = t / 32, g = t % 32 / 4, q = t % 4;
-        for (int r = 0; r < 4; r++) {
-            const int row = 16 * w + g + 8 * (r % 2), col = 2 * q + 8 * (r / 2);
-            A[row][col] = bf16_half(wg[t].a[r], 0);
-            A[row][col + 1] = bf16_half(wg[t].a[r], 1);
-        }
+    const std::vector<uint16_t> a_now = wg_read(in, false), b_now = wg_read(in, true);
+    if (a_now != in.a_seen || b_now != in.b_seen) {
+        fprintf(stderr,
+                "cuemu: wgmma: instruction %ld's %s in shared memory changed between its first "
+                "thread's issue and its wait (written in flight, or not yet written by every "
+                "thread when it was issued: a barrier missing)\n",
+                number, a_now != in.a_seen ? "A" : "B");
+        abort();
     }
-    for (int m = 0; m < 64 && !w0.a_regs; m++)
-        for (int k = 0; k < 16; k++) A[m][k] = wg_smem(w0.a_desc, m, k, w0.trans_a, "A");
-    for (int k = 0; k < 16; k++)
-        for (int c = 0; c < n; c++) B[k][c] = wg_smem(w0.b_desc, c, k, w0.trans_b, "B");
+    const int n = in.n;
+    static double A[64][16];
     for (int t = 0; t < 128; t++) {
+        const int w = t / 32, g = t % 32 / 4, q = t % 4;
+        for (int r = 0; r < 4 && in.a_regs; r++) {
+            const int row = 16 * w + g + 8 * (r % 2), col = 2 * q + 8 * (r / 2);
+            A[row][col] = bf16_half(in.op[t].a[r], 0);
+            A[row][col + 1] = bf16_half(in.op[t].a[r], 1);
+        }
+    }
+    for (int m = 0; m < 64 && !in.a_regs; m++)
+        for (int k = 0; k < 16; k++) A[m][k] = bf16_half(a_now[(size_t)m * 16 + (size_t)k], 0);
+    static double B[16][256];
+    for (int k = 0; k < 16; k++)
+        for (int c = 0; c < n; c++) B[k][c] = bf16_half(b_now[(size_t)k * n + (size_t)c], 0);
+    for (int t = 0; t < 128; t++) {
+        const wg_op &o = in.op[t];
         const int w = t / 32, g = t % 32 / 4, q = t % 4;
         for (int i = 0; i < n / 2; i++) {
             const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+            if (!o.c.empty()) {
+                uint32_t bits;
+                std::memcpy(&bits, &o.d[i], 4);
+                if (bits != WG_POISON) {
+                    fprintf(stderr,
+                            "cuemu: wgmma: thread %d wrote element %d of the accumulator of "
+                            "instruction %ld while it was in flight (before its wait)\n",
+                            t, i, number);
+                    abort();
+                }
+            }
             double acc = 0.0;
             for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
-            wg[t].d[i] = (float)(acc + (w0.scale_d ? (double)wg[t].d[i] : 0.0));
+            const double c = o.c.empty() ? (double)o.d[i] : (double)o.c[i];
+            o.d[i] = (float)(acc + (in.scale_d ? c : 0.0));
         }
     }
 }
@@ -224,16 +302,113 @@ void cuemu_wgmma_bf16(float *d, int n, const uint32_t *a_regs, uint64_t a_desc, 
         fprintf(stderr, "cuemu: wgmma m64n%dk16: N must be a multiple of 8 from 8 to 256\n", n);
         abort();
     }
-    const int t = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-    wg_thread &me = wg[t];
-    me =
-        wg_thread{d, {0, 0, 0, 0}, a_regs != nullptr, a_desc, b_desc, n, scale_d, trans_a, trans_b};
-    if (a_regs) std::memcpy(me.a, a_regs, sizeof me.a);
-    if (++wg_arrived == 128) {
-        wg_arrived = 0;
-        wg_run();
+    const int t = wg_tid();
+    wg_thread &me = wgb.thread[t];
+    wgb.used = true;
+    if (!me.fenced) {
+        fprintf(stderr,
+                "cuemu: wgmma: thread %d issued a wgmma with no wgmma.fence (ct_wgmma_fence) "
+                "since its start or its last wait\n",
+                t);
+        abort();
     }
-    __syncthreads(); /* no thread goes on before the last one has run the product */
+    const long number = me.issued++;
+    if (number - wgb.base == (long)wgb.instrs.size()) { /* the first thread to issue it */
+        wgb.instrs.emplace_back();
+        wg_instr &in = wgb.instrs.back();
+        in.a_regs = a_regs != nullptr, in.scale_d = scale_d, in.trans_a = trans_a;
+        in.trans_b = trans_b, in.a_desc = a_desc, in.b_desc = b_desc, in.n = n, in.issued = 0;
+        in.a_seen = wg_read(in, false);
+        in.b_seen = wg_read(in, true);
+    }
+    wg_instr &in = wgb.instrs[(size_t)(number - wgb.base)];
+    if (in.n != n || in.a_regs != (a_regs != nullptr) || in.b_desc != b_desc ||
+        (!a_regs && in.a_desc != a_desc) || in.scale_d != scale_d || in.trans_a != trans_a ||
+        in.trans_b != trans_b) {
+        fprintf(stderr,
+                "cuemu: wgmma: thread %d's instruction %ld differs from its first thread's "
+                "(shape, descriptors or flags)\n",
+                t, number);
+        abort();
+    }
+    in.issued++;
+    wg_op &op = in.op[t];
+    op.d = d;
+    op.c.clear();
+    if (a_regs) std::memcpy(op.a, a_regs, sizeof op.a);
+    wg_keep(op, n, me.flight);
+}
+
+void cuemu_wgmma_fence() {
+    wgb.used = true;
+    wgb.thread[wg_tid()].fenced = true;
+}
+
+void cuemu_wgmma_commit() {
+    wgb.used = true;
+    wg_thread &me = wgb.thread[wg_tid()];
+    me.group_end.push_back(me.issued);
+}
+
+void cuemu_wgmma_wait(int n_pending) {
+    const int t = wg_tid();
+    if (wgb.at_wait > 0 && n_pending != wgb.wait_n) {
+        fprintf(stderr,
+                "cuemu: wgmma: thread %d waits for all but %d groups, another for all "
+                "but %d\n",
+                t, n_pending, wgb.wait_n);
+        abort();
+    }
+    wgb.wait_n = n_pending;
+    wgb.used = true;
+    if (++wgb.at_wait == (int)(blockDim.x * blockDim.y * blockDim.z)) {
+        wgb.at_wait = 0;
+        const wg_thread &t0 = wgb.thread[0];
+        for (int u = 1; u < 128; u++)
+            if (wgb.thread[u].group_end != t0.group_end || wgb.thread[u].issued != t0.issued) {
+                fprintf(stderr,
+                        "cuemu: wgmma: at a wait, threads 0 and %d have issued or committed "
+                        "different wgmmas\n",
+                        u);
+                abort();
+            }
+        const size_t groups = t0.group_end.size(),
+                     done = groups > (size_t)n_pending ? groups - (size_t)n_pending : 0;
+        if (done > 0) {
+            const long end = t0.group_end[done - 1];
+            while (wgb.base < end) {
+                wg_run(wgb.instrs.front(), wgb.base);
+                wgb.instrs.pop_front();
+                wgb.base++;
+            }
+            for (int u = 0; u < 128; u++) {
+                wg_thread &th = wgb.thread[u];
+                th.group_end.erase(th.group_end.begin(), th.group_end.begin() + (long)done);
+                th.flight.clear();
+                for (wg_instr &in : wgb.instrs) { /* what is still in flight keeps its D */
+                    if (!in.op[u].c.empty())
+                        th.flight.push_back(in.op[u].d);
+                    else /* its chain's first ran: it takes D from here */
+                        wg_keep(in.op[u], in.n, th.flight);
+                }
+            }
+        }
+        for (wg_thread &u : wgb.thread) u.fenced = false;
+    }
+    __syncthreads(); /* no thread goes on before the last one has run the products */
+}
+
+void cuemu_wgmma_block_end() {
+    if (!wgb.used) return;
+    const bool pending = !wgb.instrs.empty() || wgb.thread[0].issued != wgb.base;
+    if (pending) {
+        fprintf(stderr,
+                "cuemu: wgmma: the block ended with %zu wgmma instructions not waited for "
+                "(ct_wgmma_commit, then ct_wgmma_wait)\n",
+                wgb.instrs.size());
+        abort();
+    }
+    wgb = wg_block();
 }
 
 void cuemu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],

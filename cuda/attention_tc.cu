@@ -58,7 +58,9 @@
  * On Hopper, at head width 64 and with CT_CUDA_ATTENTION=wgmma: wg_fwd_kernel, wg_dkdv_kernel and
  * wg_dq_kernel, the same three with the warpgroup's products on wgmma (cuda/ct_wgmma.cuh; the
  * section before the launchers says how their tiles are laid out). The softmax, the weights of the
- * backward and the stores are the same functions as above.
+ * backward and the stores are the same functions as above. The forward keeps two groups of
+ * products in flight (the next tile's scores while O += P·V runs, FlashAttention-3's overlap
+ * within a warpgroup); the backward kernels still wait for each group.
  */
 #include "cuda/ct_cuda.h"
 
@@ -293,16 +295,17 @@ template <int HD> static constexpr size_t tc_fwd_smem() {
     return sizeof(bf16) * (size_t)((TC_BM + 4 * TC_BN) * (HD + 8));
 }
 
-/* The online softmax of one key tile for a warp's 16 rows (row0 ..): the scores s (keys k0 ..,
- * 8 per n-tile) become the weights p = 2^(s·sl2 − m·sl2), and the running maximum m, sum l and
- * output o (DT n-tiles) are rescaled to the new maximum. m is the row's running maximum of the raw
- * scores q·k (sl2 > 0 keeps the order), so each weight is one FFMA and one exp2. Key k0 <= every
- * row of the block (kt <= qt), so a row's running max is finite from the first tile on and
- * exp2((m_old − m_new)·sl2) is never NaN. MASK: the diagonal tile, whose keys past a row (or past
- * T) get weight 0. */
-template <int DT, int NT, bool MASK>
-static __device__ inline void tc_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2],
-                                                float (&l)[2], int k0, int row0, int T, float sl2) {
+/* The online softmax of one key tile for a warp's 16 rows (row0 ..), all but O: the scores s
+ * (keys k0 .., 8 per n-tile) become the weights p = 2^(s·sl2 − m·sl2), the running maximum m and
+ * sum l move to the new maximum, and alpha is the factor O's rows take to it (tc_rescale). m is
+ * the row's running maximum of the raw scores q·k (sl2 > 0 keeps the order), so each weight is
+ * one FFMA and one exp2. Key k0 <= every row of the block (kt <= qt), so a row's running max is
+ * finite from the first tile on and exp2((m_old − m_new)·sl2) is never NaN. MASK: the diagonal
+ * tile, whose keys past a row (or past T) get weight 0. */
+template <int NT, bool MASK>
+static __device__ inline void tc_softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2], int k0, int row0, int T,
+                                              float sl2) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float mx[2] = {-INFINITY, -INFINITY};
     CT_UNROLL
@@ -318,12 +321,10 @@ static __device__ inline void tc_online_softmax(float (&s)[NT][4], float (&o)[DT
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
         const float mn = fmaxf(m[hh], tc_row_max(mx[hh]));
-        const float alpha = ct_exp2((m[hh] - mn) * sl2);
+        alpha[hh] = ct_exp2((m[hh] - mn) * sl2);
         m[hh] = mn;
         ms[hh] = -mn * sl2;
-        l[hh] *= alpha;
-        CT_UNROLL
-        for (int n = 0; n < DT; n++) o[n][2 * hh] *= alpha, o[n][2 * hh + 1] *= alpha;
+        l[hh] *= alpha[hh];
     }
     CT_UNROLL
     for (int n = 0; n < NT; n++) CT_UNROLL
@@ -332,6 +333,23 @@ static __device__ inline void tc_online_softmax(float (&s)[NT][4], float (&o)[DT
         s[n][e] = p;
         l[e >> 1] += p;
     }
+}
+
+/* O's rows (DT n-tiles of the accumulator layout) times their softmax step's alpha. */
+template <int DT>
+static __device__ inline void tc_rescale(float (&o)[DT][4], const float (&alpha)[2]) {
+    CT_UNROLL
+    for (int n = 0; n < DT; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) o[n][e] *= alpha[e >> 1];
+}
+
+/* The whole online softmax step: tc_softmax_step, then O rescaled. */
+template <int DT, int NT, bool MASK>
+static __device__ inline void tc_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2],
+                                                float (&l)[2], int k0, int row0, int T, float sl2) {
+    float alpha[2];
+    tc_softmax_step<NT, MASK>(s, m, l, alpha, k0, row0, T, sl2);
+    tc_rescale<DT>(o, alpha);
 }
 
 /* The forward's end for a warp's rows: out = o / l (rows below T), lse = m·scale + log l (out_h,
@@ -805,11 +823,20 @@ static __device__ inline void wg_landed(bool next) {
 
 #endif /* WG_NO_WGMMA */
 
-static constexpr size_t WG_FWD_SMEM = 1024 + 5 * WG_TILE;                /* Q, 2 x (K, V) */
+static constexpr size_t WG_FWD_SMEM = 1024 + 7 * WG_TILE;                /* Q, 3 x (K, V) */
 static constexpr size_t WG_STEP = 2 * WG_TILE + 1024;                    /* Q, dO, lse, D */
 static constexpr size_t WG_DKDV_SMEM = 1024 + 2 * WG_TILE + 2 * WG_STEP; /* K, V, 2 steps */
 static constexpr size_t WG_DQ_SMEM = 1024 + 6 * WG_TILE;                 /* Q, dO, 2 x (K, V) */
 
+/* The forward, pipelined within the warpgroup: while the products O += P·V of key tile kt run, the
+ * scores of tile kt + 1 are already in flight, and the softmax of those overlaps the first
+ * (wait<1> completes the scores, the older group; wait<0> O). So a step holds the weights P of
+ * its tile (s) and the next tile's scores (sn), and O is rescaled to the next tile's maximum only
+ * once its own products are done. The key and value tiles stream through three slots: tile kt + 2
+ * is copied into the slot of tile kt − 1 during step kt, whose K and V were last read by products
+ * waited for before step kt's barrier. The last tile's step is peeled off the loop: with the
+ * scores issued under a condition, ptxas (CUDA 13) cannot tell which group wait<1> completes, and
+ * it serializes every wgmma of the kernel (its C7514 "Potential Performance Loss" note). */
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     wg_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int n_head, int n_kv_head,
                   float scale) {
@@ -818,7 +845,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #else
     constexpr int hd = 64;
     uint32_t sa;
-    unsigned char *sm = wg_smem(sa); /* Q, then K and V of tile kt at 1 + 2·(kt & 1) tiles on */
+    unsigned char *sm = wg_smem(sa); /* Q, then K and V of tile kt at 1 + 2·(kt % 3) tiles on */
     const int w = threadIdx.x >> 5;
     const int qt = (int)(gridDim.x - 1 - blockIdx.x);
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
@@ -827,38 +854,55 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const bf16 *kh = qkv + (int64_t)b * T * lqkv + cq + (int64_t)kvh * hd, *vh = kh + ckv;
     const int q0 = qt * TC_BM, row0 = q0 + 16 * w;
     const float sl2 = scale * TC_LOG2E;
+    auto slot = [&](int kt) { return (uint32_t)(kt % 3) * 2u * WG_TILE + WG_TILE; };
+    auto load_tile = [&](int kt) {
+        if (kt <= qt) {
+            wg_load(sm + slot(kt), kh, lqkv, kt * TC_BN, T);
+            wg_load(sm + slot(kt) + WG_TILE, vh, lqkv, kt * TC_BN, T);
+        }
+        ct_cp_async_commit();
+    };
 
     wg_load(sm, qh, lqkv, q0, T);
-    ct_cp_async_commit();
-    wg_load(sm + WG_TILE, kh, lqkv, 0, T);
-    wg_load(sm + 2 * WG_TILE, vh, lqkv, 0, T);
-    ct_cp_async_commit();
-    float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, s[8][4];
+    load_tile(0); /* one group: Q and tile 0 */
+    load_tile(1);
+    wg_landed(true);
+    float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, s[8][4], sn[8][4], al[2];
     CT_UNROLL
     for (int n = 0; n < 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    for (int kt = 0; kt <= qt; kt++) {
-        if (kt < qt) {
-            unsigned char *nb = sm + WG_TILE + ((kt + 1) & 1) * 2 * WG_TILE;
-            wg_load(nb, kh, lqkv, (kt + 1) * TC_BN, T);
-            wg_load(nb + WG_TILE, vh, lqkv, (kt + 1) * TC_BN, T);
-            ct_cp_async_commit();
-        }
-        wg_landed(kt < qt);
-        const uint32_t ka = sa + WG_TILE + (uint32_t)(kt & 1) * 2 * WG_TILE, va = ka + WG_TILE;
-        wg_scores(s, sa, ka);
+    wg_scores(s, sa, sa + slot(0));
+    ct_wgmma_commit();
+    ct_wgmma_wait<0>();
+    wg_pin(s);
+    if (qt == 0)
+        tc_softmax_step<8, true>(s, m, l, al, 0, row0, T, sl2);
+    else
+        tc_softmax_step<8, false>(s, m, l, al, 0, row0, T, sl2);
+    for (int kt = 0; kt < qt; kt++) { /* s: the weights of tile kt; O: rescaled to its max */
+        wg_landed(false);             /* tile kt + 1 (every earlier product waited for) */
+        load_tile(kt + 2);
+        wg_scores(sn, sa, sa + slot(kt + 1));
         ct_wgmma_commit();
-        ct_wgmma_wait<0>();
-        wg_pin(s);
-        if (kt == qt)
-            tc_online_softmax<8, 8, true>(s, o, m, l, kt * TC_BN, row0, T, sl2);
+        wg_accumulate(o, s, sa + slot(kt) + WG_TILE);
+        ct_wgmma_commit();
+        ct_wgmma_wait<1>(); /* the scores */
+        wg_pin(sn);
+        if (kt + 1 == qt)
+            tc_softmax_step<8, true>(sn, m, l, al, (kt + 1) * TC_BN, row0, T, sl2);
         else
-            tc_online_softmax<8, 8, false>(s, o, m, l, kt * TC_BN, row0, T, sl2);
-        wg_accumulate(o, s, va);
-        ct_wgmma_commit();
-        ct_wgmma_wait<0>();
+            tc_softmax_step<8, false>(sn, m, l, al, (kt + 1) * TC_BN, row0, T, sl2);
+        ct_wgmma_wait<0>(); /* O */
         wg_pin(o);
-        __syncthreads();
+        tc_rescale<8>(o, al);
+        CT_UNROLL
+        for (int n = 0; n < 8; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) s[n][e] = sn[n][e];
     }
+    wg_landed(false); /* the last tile, qt: its products alone */
+    wg_accumulate(o, s, sa + slot(qt) + WG_TILE);
+    ct_wgmma_commit();
+    ct_wgmma_wait<0>();
+    wg_pin(o);
     tc_fwd_finish<8>(out + (int64_t)b * T * cq + (int64_t)h * hd, cq,
                      lse + ((int64_t)b * n_head + h) * T, o, m, l, row0, T, hd, scale);
 #endif

@@ -58,9 +58,10 @@
  * On Hopper, at head width 64 and with CT_CUDA_ATTENTION=wgmma: wg_fwd_kernel, wg_dkdv_kernel and
  * wg_dq_kernel, the same three with the warpgroup's products on wgmma (cuda/ct_wgmma.cuh; the
  * section before the launchers says how their tiles are laid out). The softmax, the weights of the
- * backward and the stores are the same functions as above. The forward keeps two groups of
- * products in flight (the next tile's scores while O += P·V runs, FlashAttention-3's overlap
- * within a warpgroup); the backward kernels still wait for each group.
+ * backward and the stores are the same functions as above. The forward and dQ keep two groups of
+ * products in flight (the next tile's scores while O += P·V or dQ += dS·K runs: FlashAttention-3's
+ * overlap within a warpgroup); dK/dV waits for each group, as a second pair of score tiles would
+ * take it past 255 registers (it holds dK, dV, S and dP: 193).
  */
 #include "cuda/ct_cuda.h"
 
@@ -826,7 +827,7 @@ static __device__ inline void wg_landed(bool next) {
 static constexpr size_t WG_FWD_SMEM = 1024 + 7 * WG_TILE;                /* Q, 3 x (K, V) */
 static constexpr size_t WG_STEP = 2 * WG_TILE + 1024;                    /* Q, dO, lse, D */
 static constexpr size_t WG_DKDV_SMEM = 1024 + 2 * WG_TILE + 2 * WG_STEP; /* K, V, 2 steps */
-static constexpr size_t WG_DQ_SMEM = 1024 + 6 * WG_TILE;                 /* Q, dO, 2 x (K, V) */
+static constexpr size_t WG_DQ_SMEM = 1024 + 8 * WG_TILE;                 /* Q, dO, 3 x (K, V) */
 
 /* The forward, pipelined within the warpgroup: while the products O += P·V of key tile kt run, the
  * scores of tile kt + 1 are already in flight, and the softmax of those overlaps the first
@@ -981,6 +982,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #endif
 }
 
+/* dQ, pipelined as the forward: step js + 1's scores S and dP (and then its weights) overlap
+ * step js's dQ += dS·K, and K and V stream through three slots, the last step peeled off. */
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     wg_dq_kernel(bf16 *dqkv, float *partial, const bf16 *dout, const bf16 *qkv, const float *lse,
                  const float *D, int T, int n_head, int n_kv_head, float scale) {
@@ -989,7 +992,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #else
     constexpr int hd = 64, S = 64;
     uint32_t sa;
-    unsigned char *sm = wg_smem(sa); /* Q, dO, then K and V of step js at 2 + 2·(js & 1) tiles */
+    unsigned char *sm = wg_smem(sa); /* Q, dO, then K and V of step js at 2 + 2·(js % 3) tiles */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2;
     const int n_t = (int)gridDim.x, qt = n_t - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (n_head / n_kv_head);
@@ -999,13 +1002,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int64_t lrow = ((int64_t)b * n_head + h) * T;
     const int q0 = qt * TC_BM, row0 = q0 + 16 * w;
     const float sl2 = scale * TC_LOG2E;
-
-    wg_load(sm, qkv + q_off, lqkv, q0, T);
-    wg_load(sm + WG_TILE, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, T);
-    ct_cp_async_commit();
-    wg_load(sm + 2 * WG_TILE, kh, lqkv, 0, T);
-    wg_load(sm + 3 * WG_TILE, vh, lqkv, 0, T);
-    ct_cp_async_commit();
+    const int k_end = q0 + TC_BM < T ? q0 + TC_BM : T;
+    const int n_steps = (k_end + S - 1) / S;
     float lr[2], dr[2];
     CT_UNROLL
     for (int hh = 0; hh < 2; hh++) {
@@ -1013,37 +1011,63 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         lr[hh] = row < T ? -lse[lrow + row] * TC_LOG2E : 0.0f;
         dr[hh] = row < T ? D[lrow + row] : 0.0f;
     }
-    float dq[8][4], s[8][4], dp[8][4];
+
+    auto slot = [&](int js) { return (uint32_t)(js % 3) * 2u * WG_TILE + 2u * WG_TILE; };
+    auto load_step = [&](int js) {
+        if (js < n_steps) {
+            wg_load(sm + slot(js), kh, lqkv, js * S, T);
+            wg_load(sm + slot(js) + WG_TILE, vh, lqkv, js * S, T);
+        }
+        ct_cp_async_commit();
+    };
+    auto weights = [&](float(&s_)[8][4], float(&dp_)[8][4], int js) {
+        if (js * S + S > q0)
+            tc_dq_weights<8, true>(s_, dp_, lr, dr, js * S, row0, T, sl2);
+        else
+            tc_dq_weights<8, false>(s_, dp_, lr, dr, js * S, row0, T, sl2);
+    };
+    /* S = Q·Kᵀ and dP = dO·Vᵀ of step js, for the caller to commit */
+    auto scores = [&](float(&s_)[8][4], float(&dp_)[8][4], int js) {
+        wg_scores(s_, sa, sa + slot(js));
+        wg_scores(dp_, sa + WG_TILE, sa + slot(js) + WG_TILE);
+    };
+
+    wg_load(sm, qkv + q_off, lqkv, q0, T);
+    wg_load(sm + WG_TILE, dout + (int64_t)b * T * cq + (int64_t)h * hd, cq, q0, T);
+    load_step(0); /* one group: Q, dO and step 0 */
+    load_step(1);
+    float dq[8][4], s[8][4], dp[8][4], s2[8][4], dp2[8][4];
     CT_UNROLL
     for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-    const int k_end = q0 + TC_BM < T ? q0 + TC_BM : T;
-    const int n_steps = (k_end + S - 1) / S;
-    for (int js = 0; js < n_steps; js++) {
-        if (js + 1 < n_steps) {
-            unsigned char *nb = sm + 2 * WG_TILE + ((js + 1) & 1) * 2 * WG_TILE;
-            wg_load(nb, kh, lqkv, (js + 1) * S, T);
-            wg_load(nb + WG_TILE, vh, lqkv, (js + 1) * S, T);
-            ct_cp_async_commit();
-        }
-        wg_landed(js + 1 < n_steps);
-        const int j0 = js * S;
-        const uint32_t ka = sa + 2 * WG_TILE + (uint32_t)(js & 1) * 2 * WG_TILE, va = ka + WG_TILE;
-        wg_scores(s, sa, ka);            /* S = Q·Kᵀ */
-        wg_scores(dp, sa + WG_TILE, va); /* dP = dO·Vᵀ */
+    wg_landed(true);
+    scores(s, dp, 0);
+    ct_wgmma_commit();
+    ct_wgmma_wait<0>();
+    wg_pin(s);
+    wg_pin(dp);
+    weights(s, dp, 0);
+    for (int js = 0; js + 1 < n_steps; js++) { /* dp: dS of step js */
+        wg_landed(false);                      /* step js + 1 (every earlier product waited for) */
+        load_step(js + 2);
+        scores(s2, dp2, js + 1);
         ct_wgmma_commit();
-        ct_wgmma_wait<0>();
-        wg_pin(s);
-        wg_pin(dp);
-        if (j0 + S > q0)
-            tc_dq_weights<8, true>(s, dp, lr, dr, j0, row0, T, sl2);
-        else
-            tc_dq_weights<8, false>(s, dp, lr, dr, j0, row0, T, sl2);
-        wg_accumulate(dq, dp, ka); /* dQ += dS·K */
+        wg_accumulate(dq, dp, sa + slot(js)); /* dQ += dS·K */
         ct_wgmma_commit();
-        ct_wgmma_wait<0>();
+        ct_wgmma_wait<1>(); /* the scores */
+        wg_pin(s2);
+        wg_pin(dp2);
+        weights(s2, dp2, js + 1);
+        ct_wgmma_wait<0>(); /* dQ */
         wg_pin(dq);
-        __syncthreads();
+        CT_UNROLL
+        for (int n = 0; n < 8; n++) CT_UNROLL
+        for (int e = 0; e < 4; e++) dp[n][e] = dp2[n][e];
     }
+    wg_landed(false); /* the last step's products alone */
+    wg_accumulate(dq, dp, sa + slot(n_steps - 1));
+    ct_wgmma_commit();
+    ct_wgmma_wait<0>();
+    wg_pin(dq);
     tc_store<8>(dqkv + q_off, lqkv, dq, row0, T, hd, scale, scale);
     if (partial)
         tc_colsum_store<64>(partial + ((int64_t)b * n_t + qt) * lqkv + (int64_t)h * hd,

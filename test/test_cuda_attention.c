@@ -14,7 +14,8 @@
  * CT_CUDA_ATTENTION=wgmma, where the bf16 cases of width 64 run the Hopper kernels (wgmma); ring
  * attention's step runs the fp32 register tiles in both (bf16 widened). Shapes: T = 37 a partial
  * tile, T = 5 much less than a tile, T = 64 one whole tile only, T = 70 two tiles with a 6-row
- * tail, T = 150 three tiles with off-diagonal ones, T = 100 at width 128 (four bf16 key steps), T =
+ * tail, T = 150 three tiles with off-diagonal ones, T = 260 five (the wgmma kernels stream key
+ * tiles through three slots), T = 100 at width 128 (four bf16 key steps), T =
  * 1; head_dim 8, 16 and 24 (width 32 partly empty), 18 (rows that are not whole 4-element vectors:
  * the scalar tile loads), 32, 64 (the 124M model's), 80 (width 128) and 128; multi-head (n_kv_head
  * = n_head) and grouped-query (2 or 3 query heads per kv head). Every input sits in a device buffer
@@ -258,6 +259,7 @@ static const att_shape shapes[] = {
     {1, 33, 2, 1, 80},   /* width 128 with 48 empty columns; a 1-row tail */
     {2, 1, 2, 1, 8},     /* one token per sequence */
     {1, 150, 2, 1, 64},  /* bf16: three 64-row tiles, a 22-row tail, off-diagonal tiles */
+    {1, 260, 1, 1, 64},  /* five tiles: the wgmma kernels' three-slot ring of key tiles wraps */
     {1, 100, 4, 2, 128}, /* bf16: width 128 (32-key steps), GQA across two tiles */
     {1, 70, 2, 1, 18},   /* fp32: rows not whole float4s (the scalar tile loads) */
 };

@@ -60,8 +60,8 @@
  * section before the launchers says how their tiles are laid out). The softmax, the weights of the
  * backward and the stores are the same functions as above. The forward and dQ keep two groups of
  * products in flight (the next tile's scores while O += P·V or dQ += dS·K runs: FlashAttention-3's
- * overlap within a warpgroup); dK/dV waits for each group, as a second pair of score tiles would
- * take it past 255 registers (it holds dK, dV, S and dP: 193).
+ * overlap within a warpgroup). dK/dV, which a second pair of score tiles would take past 255
+ * registers, overlaps within its step: dPᵀ's product runs while Pᵀ is made, dV's while dSᵀ is.
  */
 #include "cuda/ct_cuda.h"
 
@@ -494,23 +494,20 @@ static __device__ inline void tc_score_pair(float (&s)[NT][4], float (&dp)[NT][4
 }
 
 /* A dK/dV step's weights for the warp's 16 keys (rows, key0 ..) against the step's NT·8 queries
- * (columns, i0 ..): Sᵀ in s becomes Pᵀ, dPᵀ in dp becomes dSᵀ = Pᵀ ⊙ (dPᵀ − D). ls, Ds: the step's
- * lse (natural log) and D. The lane's columns are 8n + 2t + c (c = e & 1): their −lse·log2(e) and
- * D once, each then serving both of the lane's rows. MASK: a step that meets the diagonal or runs
- * past T; elsewhere every query of the step is at or after every key of the block. */
+ * (columns, i0 ..), in two halves: tc_dkdv_p makes Sᵀ in s into Pᵀ, tc_dkdv_ds dPᵀ in dp into
+ * dSᵀ = Pᵀ ⊙ (dPᵀ − D) (the wgmma kernel runs products between them). ls, Ds: the step's lse
+ * (natural log) and D, read per lane column 8n + 2t + c (c = e & 1) and serving both of the lane's
+ * rows. MASK: a step that meets the diagonal or runs past T; elsewhere every query of the step is
+ * at or after every key of the block. */
 template <int NT, bool MASK>
-static __device__ inline void tc_dkdv_weights(float (&s)[NT][4], float (&dp)[NT][4],
-                                              const float *ls, const float *Ds, int i0, int key0,
-                                              int T, float sl2) {
+static __device__ inline void tc_dkdv_p(float (&s)[NT][4], const float *ls, int i0, int key0, int T,
+                                        float sl2) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     CT_UNROLL
     for (int n = 0; n < NT; n++) {
-        float nl[2], dd[2];
+        float nl[2];
         CT_UNROLL
-        for (int c = 0; c < 2; c++) {
-            nl[c] = -ls[8 * n + 2 * t + c] * TC_LOG2E;
-            dd[c] = Ds[8 * n + 2 * t + c];
-        }
+        for (int c = 0; c < 2; c++) nl[c] = -ls[8 * n + 2 * t + c] * TC_LOG2E;
         CT_UNROLL
         for (int e = 0; e < 4; e++) {
             float p = ct_exp2(fmaf(s[n][e], sl2, nl[e & 1]));
@@ -519,9 +516,28 @@ static __device__ inline void tc_dkdv_weights(float (&s)[NT][4], float (&dp)[NT]
                 p = i0 + qi < T && key <= i0 + qi ? p : 0.0f;
             }
             s[n][e] = p;
-            dp[n][e] = p * (dp[n][e] - dd[e & 1]);
         }
     }
+}
+template <int NT>
+static __device__ inline void tc_dkdv_ds(const float (&p)[NT][4], float (&dp)[NT][4],
+                                         const float *Ds) {
+    const int t = threadIdx.x & 3;
+    CT_UNROLL
+    for (int n = 0; n < NT; n++) {
+        float dd[2];
+        CT_UNROLL
+        for (int c = 0; c < 2; c++) dd[c] = Ds[8 * n + 2 * t + c];
+        CT_UNROLL
+        for (int e = 0; e < 4; e++) dp[n][e] = p[n][e] * (dp[n][e] - dd[e & 1]);
+    }
+}
+template <int NT, bool MASK>
+static __device__ inline void tc_dkdv_weights(float (&s)[NT][4], float (&dp)[NT][4],
+                                              const float *ls, const float *Ds, int i0, int key0,
+                                              int T, float sl2) {
+    tc_dkdv_p<NT, MASK>(s, ls, i0, key0, T, sl2);
+    tc_dkdv_ds<NT>(s, dp, Ds);
 }
 
 /* A dQ step's weights for the warp's 16 rows (row0 ..) against the step's NT·8 keys (j0 ..): dP
@@ -952,17 +968,21 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const uint32_t qa = sa + 2 * WG_TILE + (uint32_t)(st & 1) * (uint32_t)WG_STEP;
         const uint32_t doa = qa + WG_TILE;
         const float *ls = reinterpret_cast<const float *>(step(st) + 2 * WG_TILE), *Ds = ls + S;
-        wg_scores(s, sa, qa);             /* Sᵀ = K·Qᵀ */
-        wg_scores(dp, sa + WG_TILE, doa); /* dPᵀ = V·dOᵀ */
+        wg_scores(s, sa, qa); /* Sᵀ = K·Qᵀ */
         ct_wgmma_commit();
-        ct_wgmma_wait<0>();
+        wg_scores(dp, sa + WG_TILE, doa); /* dPᵀ = V·dOᵀ, while Pᵀ is made */
+        ct_wgmma_commit();
+        ct_wgmma_wait<1>();
         wg_pin(s);
-        wg_pin(dp);
         if (i0 < k0 + TC_BM || i0 + S > T)
-            tc_dkdv_weights<8, true>(s, dp, ls, Ds, i0, key0, T, sl2);
+            tc_dkdv_p<8, true>(s, ls, i0, key0, T, sl2);
         else
-            tc_dkdv_weights<8, false>(s, dp, ls, Ds, i0, key0, T, sl2);
-        wg_accumulate(dv, s, doa); /* dV += Pᵀ·dO */
+            tc_dkdv_p<8, false>(s, ls, i0, key0, T, sl2);
+        wg_accumulate(dv, s, doa); /* dV += Pᵀ·dO, while dSᵀ is made */
+        ct_wgmma_commit();
+        ct_wgmma_wait<1>();
+        wg_pin(dp);
+        tc_dkdv_ds<8>(s, dp, Ds);
         wg_accumulate(dk, dp, qa); /* dK += dSᵀ·Q */
         ct_wgmma_commit();
         ct_wgmma_wait<0>();

@@ -4,7 +4,7 @@
 #     the emulator: ct_cuda.h included first, no raw <<<>>> launch, shared memory only through
 #     CT_SHARED / CT_DYN_SHARED, cuBLAS called only from cuda/gemm.c;
 #   - the real build (nvcc, sm_80 and sm_90a): ptxas reported every kernel for both architectures
-#     with no spills and no local memory; the backend is a plugin the executable loads on demand
+#     with no spills and no local memory, and no wgmma kernel serialized or fenced by ptxas; the backend is a plugin the executable loads on demand
 #     (cuBLAS stays out of CPU runs); without a GPU --backend cuda is refused with exit 2 and the
 #     runtime's reason, and --backend auto falls back to the CPU and says so;
 #   - a whole training run of configs/test-tiny.yaml on the emulated CUDA backend
@@ -63,6 +63,16 @@ if [ -f "$BUILD/libcooktrain-cuda.so" ] && selected "real"; then
         ok "real build: ptxas compiled $n_kernels kernel entries for sm_80 and sm_90a, none spills"
     else
         fail "real build: ptxas reports ${missing[*]:-complete}, $n_kernels kernels, $spills with spills"
+    fi
+    # wgmma (sm_90a): ptxas serializes a kernel's wgmmas when it cannot prove a pipelined kernel
+    # safe (its "Potential Performance Loss" notes, C7510-C7515), and injects a wgmma.fence where
+    # registers are written after one (C7519): both mean the source is not what runs on the GPU,
+    # which nothing else here would show (guards attention_tc.cu's wgmma kernels)
+    notes=$(cat "$BUILD"/cuda/*.o.ptxas | grep -E "Potential Performance Loss|is injected .* to allow use of registers in GMMA" | sort -u || true)
+    if [ -z "$notes" ]; then
+        ok "real build: ptxas neither serializes a wgmma kernel nor injects a fence into one"
+    else
+        fail "real build: ptxas on the wgmma kernels: $notes"
     fi
     # cuBLAS(Lt) costs every process that loads it ~0.1 s and ~220 MB (cuda/plugin.c): only the
     # plugin links it, and a CPU run never opens the plugin

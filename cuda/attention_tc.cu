@@ -792,6 +792,13 @@ static __device__ inline void wg_pin(float (&d)[8][4]) {
     ct_wgmma_fence_operand(reinterpret_cast<float(&)[32]>(d));
 }
 
+/* The next step's tiles become this step's (the pipelined kernels' scores, once waited for). */
+static __device__ inline void wg_move(float (&to)[8][4], const float (&from)[8][4]) {
+    CT_UNROLL
+    for (int n = 0; n < 8; n++) CT_UNROLL
+    for (int e = 0; e < 4; e++) to[n][e] = from[n][e];
+}
+
 /* The block's dynamic shared memory from its first 1024-byte boundary: pointer and address. */
 static __device__ inline unsigned char *wg_smem(uint32_t &addr) {
     CT_DYN_SHARED(unsigned char, raw);
@@ -885,16 +892,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     load_tile(1);
     wg_landed(true);
     float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, s[8][4], sn[8][4], al[2];
+    /* the softmax step of tile kt's scores; the diagonal tile masks */
+    auto softmax = [&](float(&sc)[8][4], int kt) {
+        if (kt == qt)
+            tc_softmax_step<8, true>(sc, m, l, al, kt * TC_BN, row0, T, sl2);
+        else
+            tc_softmax_step<8, false>(sc, m, l, al, kt * TC_BN, row0, T, sl2);
+    };
     CT_UNROLL
     for (int n = 0; n < 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     wg_scores(s, sa, sa + slot(0));
     ct_wgmma_commit();
     ct_wgmma_wait<0>();
     wg_pin(s);
-    if (qt == 0)
-        tc_softmax_step<8, true>(s, m, l, al, 0, row0, T, sl2);
-    else
-        tc_softmax_step<8, false>(s, m, l, al, 0, row0, T, sl2);
+    softmax(s, 0);
     for (int kt = 0; kt < qt; kt++) { /* s: the weights of tile kt; O: rescaled to its max */
         wg_landed(false);             /* tile kt + 1 (every earlier product waited for) */
         load_tile(kt + 2);
@@ -904,16 +915,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         ct_wgmma_commit();
         ct_wgmma_wait<1>(); /* the scores */
         wg_pin(sn);
-        if (kt + 1 == qt)
-            tc_softmax_step<8, true>(sn, m, l, al, (kt + 1) * TC_BN, row0, T, sl2);
-        else
-            tc_softmax_step<8, false>(sn, m, l, al, (kt + 1) * TC_BN, row0, T, sl2);
+        softmax(sn, kt + 1);
         ct_wgmma_wait<0>(); /* O */
         wg_pin(o);
         tc_rescale<8>(o, al);
-        CT_UNROLL
-        for (int n = 0; n < 8; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) s[n][e] = sn[n][e];
+        wg_move(s, sn);
     }
     wg_landed(false); /* the last tile, qt: its products alone */
     wg_accumulate(o, s, sa + slot(qt) + WG_TILE);
@@ -1079,9 +1085,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         weights(s2, dp2, js + 1);
         ct_wgmma_wait<0>(); /* dQ */
         wg_pin(dq);
-        CT_UNROLL
-        for (int n = 0; n < 8; n++) CT_UNROLL
-        for (int e = 0; e < 4; e++) dp[n][e] = dp2[n][e];
+        wg_move(dp, dp2);
     }
     wg_landed(false); /* the last step's products alone */
     wg_accumulate(dq, dp, sa + slot(n_steps - 1));

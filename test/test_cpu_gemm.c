@@ -4,6 +4,9 @@
  * and model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache and
  * the native-bf16 detection with its environment override.
  *
+ * ct_cpu_gemm_serial, the fp32 form the CPU backend runs on each thread's tiles, is held to the
+ * same reference, and run from a parallel region: each tile bit-identical to the same call alone.
+ *
  * Run all:      ./test_cpu_gemm
  * Run by name:  ./test_cpu_gemm test_cache      (a cmocka filter; wildcards allowed: "*bf16*")
  * TEST_CPU_GEMM_VERBOSE=1 prints the oneDNN implementations and how much of each tolerance a case
@@ -102,9 +105,10 @@ typedef struct gemm_case {
     ct_dtype ab, c;
 } gemm_case;
 
-/* Runs the case through ct_cpu_gemm_onednn and compares with the float64 reference (tolerance at
- * the top of the file). Returns the worst error / tolerance ratio; fails on any violation. */
-static double run_case(const gemm_case *g) {
+/* Runs the case through ct_cpu_gemm_onednn, or ct_cpu_gemm_serial (fp32 only) when serial, and
+ * compares with the float64 reference (tolerance at the top of the file). Returns the worst
+ * error / tolerance ratio; fails on any violation. */
+static double run_case_in(const gemm_case *g, bool serial) {
     const int64_t M = g->M, N = g->N, K = g->K;
     int64_t a_rows = g->ta ? K : M, a_cols = g->ta ? M : K;
     int64_t b_rows = g->tb ? N : K, b_cols = g->tb ? K : N;
@@ -116,8 +120,14 @@ static double run_case(const gemm_case *g) {
     void *c_before = malloc(c_bytes ? c_bytes : 1);
     memcpy(c_before, C.data, c_bytes);
 
-    ct_cpu_gemm_onednn(g->ta, g->tb, M, N, K, g->alpha, A.data, A.ld, B.data, B.ld, g->beta, C.data,
-                       C.ld, g->ab, g->c);
+    if (serial) {
+        assert_true(ct_cpu_gemm_init());
+        ct_cpu_gemm_serial(g->ta, g->tb, M, N, K, g->alpha, A.data, A.ld, B.data, B.ld, g->beta,
+                           C.data, C.ld);
+    } else {
+        ct_cpu_gemm_onednn(g->ta, g->tb, M, N, K, g->alpha, A.data, A.ld, B.data, B.ld, g->beta,
+                           C.data, C.ld, g->ab, g->c);
+    }
 
     const double u = ldexp(1.0, -24), u_bf16 = ldexp(1.0, -8);
     double worst = 0.0;
@@ -163,6 +173,10 @@ static double run_case(const gemm_case *g) {
     free(c_before);
     mat_free(&A), mat_free(&B), mat_free(&C);
     return worst;
+}
+
+static double run_case(const gemm_case *g) {
+    return run_case_in(g, false);
 }
 
 /* The three (A/B, C) dtype pairs the module supports. */
@@ -358,6 +372,54 @@ static void test_native_bf16(void **state) {
     free(saved);
 }
 
+/* ct_cpu_gemm_serial: every transpose, padded leading dimensions, alpha and beta, odd and
+ * model-like shapes (a long K, a transposed A: both need a scratchpad) against the reference; then
+ * 12 tiles of one shape from a region of 3 threads at once, each into its own C, each bit-identical
+ * to the same call on one thread (a scratchpad or memory object shared between threads, or a
+ * primitive blocked for the caller's thread count, would show here); serial primitives are cached
+ * apart from the multi-threaded ones. */
+static void test_serial(void **state) {
+    (void)state;
+    const float ab[3][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -0.5f}};
+    for (int v = 0; v < 3; v++)
+        for (int combo = 0; combo < 4; combo++) {
+            gemm_case g = {combo & 1, combo & 2, 19,       24,       40,           1,
+                           4,         3,         ab[v][0], ab[v][1], CT_DTYPE_F32, CT_DTYPE_F32};
+            run_case_in(&g, true);
+            gemm_case m = {combo & 1, combo & 2, 256,      128,      700,          0,
+                           0,         0,         ab[v][0], ab[v][1], CT_DTYPE_F32, CT_DTYPE_F32};
+            run_case_in(&m, true);
+        }
+
+    ct_cpu_gemm_release();
+    const int64_t M = 128, N = 96, K = 1000, tiles = 12;
+    float *A = malloc((size_t)(K * M) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B);
+    float *C = malloc((size_t)(tiles * M * N) * sizeof *C), *one = malloc((size_t)(M * N) * 4);
+    for (int64_t i = 0; i < K * M; i++) A[i] = urand();
+    for (int64_t i = 0; i < K * N; i++) B[i] = urand();
+    for (int64_t i = 0; i < M * N; i++) one[i] = urand();
+    for (int64_t t = 0; t < tiles; t++) memcpy(C + t * M * N, one, (size_t)(M * N) * 4);
+    assert_true(ct_cpu_gemm_init());
+    ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A, M, B, N, 1.0f, one, N); /* A stored (K, M) */
+    assert_int_equal(ct_cpu_gemm_cache_size(), 1);
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(3);
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t t = 0; t < tiles; t++)
+        ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A, M, B, N, 1.0f, C + t * M * N, N);
+    assert_int_equal(omp_get_max_threads(), 3); /* the region's count is left as it was */
+    omp_set_num_threads(saved);
+    assert_int_equal(ct_cpu_gemm_cache_size(), 1);
+    for (int64_t t = 0; t < tiles; t++)
+        if (memcmp(C + t * M * N, one, (size_t)(M * N) * 4) != 0)
+            fail_msg("tile %lld of 12, run beside the others, differs from the same GEMM alone",
+                     (long long)t);
+    gemm_case g = {true, false, M, N, K, 0, 0, 0, 1.0f, 1.0f, CT_DTYPE_F32, CT_DTYPE_F32};
+    run_case(&g); /* the same shape, multi-threaded: an entry of its own */
+    assert_int_equal(ct_cpu_gemm_cache_size(), 2);
+    free(A), free(B), free(C), free(one);
+}
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 static int teardown(void **state) {
@@ -370,10 +432,15 @@ int main(int argc, char **argv) {
     const char *v = getenv("TEST_CPU_GEMM_VERBOSE");
     verbose = v && *v && strcmp(v, "0") != 0;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_transposes_odd),      cmocka_unit_test(test_model_shapes),
-        cmocka_unit_test(test_alpha_beta),          cmocka_unit_test(test_two_threads),
-        cmocka_unit_test(test_beta_zero_and_empty), cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_impl_name),           cmocka_unit_test(test_native_bf16),
+        cmocka_unit_test(test_transposes_odd),
+        cmocka_unit_test(test_model_shapes),
+        cmocka_unit_test(test_alpha_beta),
+        cmocka_unit_test(test_two_threads),
+        cmocka_unit_test(test_beta_zero_and_empty),
+        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_impl_name),
+        cmocka_unit_test(test_native_bf16),
+        cmocka_unit_test(test_serial),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, teardown);

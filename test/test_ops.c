@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu_kernels.h"
 #include "core/model/rope.h"
 
 #include "test_util.h"
@@ -172,12 +173,12 @@ static void gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double a
 /*
  * The slot with row strides larger than the rows (lda > cols of op-input, ldc > N) for all four
  * transpose combinations, non-square, beta ≠ 0. Elements of C outside the N columns must stay
- * untouched. Tolerance: K = 53 products of values in [-1, 1]: worst-case float32 error
- * K·u·sum|ab| ≈ 53·6e-8·13 ≈ 4e-5, typical sqrt(K)·u·|C| ≈ 1e-6; 5e-5 absolute.
+ * untouched. Two shapes: one sgemm, and one the CPU backend runs as 2 x 4 tiles (two row blocks,
+ * each in four column pieces, the last 85 wide), so each tile's offsets into A, B and C are
+ * checked in every transpose. Tolerance: K = 53 products of values in [-1, 1]: worst-case
+ * float32 error K·u·sum|ab| ≈ 53·6e-8·13 ≈ 4e-5, typical sqrt(K)·u·|C| ≈ 1e-6; 5e-5 absolute.
  */
-static void test_gemm_strided_slot(void **state) {
-    (void)state;
-    const int64_t M = 37, N = 29, K = 53;
+static void gemm_strided_case(ct_backend *be, int64_t M, int64_t N, int64_t K) {
     for (int combo = 0; combo < 4; combo++) {
         bool ta = combo & 1, tb = combo & 2;
         int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + 7;
@@ -204,11 +205,82 @@ static void test_gemm_strided_slot(void **state) {
                              (long long)j);
         }
         char what[64];
-        snprintf(what, sizeof what, "gemm slot trans_a=%d trans_b=%d", ta, tb);
+        snprintf(what, sizeof what, "gemm slot %lldx%lldx%lld trans_a=%d trans_b=%d", (long long)M,
+                 (long long)N, (long long)K, ta, tb);
         check_close(what, dense, want, M * N, 5e-5, 1e-5);
         free(ha), free(hb), free(hc), free(got), free(want), free(dense);
         ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
     }
+}
+
+static void test_gemm_strided_slot(void **state) {
+    (void)state;
+    gemm_strided_case(be, 37, 29, 53);
+    gemm_tiling t = ct_cpu_gemm_tiles(300, 517, 53);
+    assert_true(t.n_row == 2 && t.n_col == 4 && t.cols == 144);
+    gemm_strided_case(be, 300, 517, 53);
+}
+
+/* COOKTRAIN_CPU_SGEMM=openblas: the same tiles through cblas_sgemm, held to the same reference
+ * (test_gemm_strided_slot), bit-identical on 1 and 3 threads (as test_determinism_threads holds
+ * oneDNN's), and within twice that reference's tolerance of oneDNN's (each is within 4e-5 of the
+ * exact product). */
+static void test_gemm_openblas(void **state) {
+    (void)state;
+    setenv("COOKTRAIN_CPU_SGEMM", "openblas", 1);
+    ct_backend *ob[2] = {ct_backend_cpu_new(1), ct_backend_cpu_new(3)};
+    unsetenv("COOKTRAIN_CPU_SGEMM");
+    gemm_strided_case(ob[1], 37, 29, 53);
+    gemm_strided_case(ob[1], 300, 517, 53);
+    const int64_t M = 300, N = 517, K = 53;
+    float *ha = rand_floats(M * K, -1, 1), *hb = rand_floats(N * K, -1, 1);
+    float *got[3];
+    ct_backend *bs[3] = {ob[0], ob[1], be};
+    for (int k = 0; k < 3; k++) {
+        ct_tensor *A = t2(bs[k], M, K, ha), *B = t2(bs[k], N, K, hb), *C = t2(bs[k], M, N, NULL);
+        ct_gemm(C, A, B, false, true, 1.0f, 0.0f);
+        got[k] = host_of(C);
+        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    }
+    if (memcmp(got[0], got[1], (size_t)(M * N) * sizeof(float)) != 0)
+        fail_msg("OpenBLAS tiles: 1 and 3 threads differ");
+    double *want = malloc((size_t)(M * N) * sizeof *want);
+    for (int64_t i = 0; i < M * N; i++) want[i] = got[2][i];
+    check_close("OpenBLAS against oneDNN", got[0], want, M * N, 8e-5, 1e-5);
+    for (int k = 0; k < 3; k++) free(got[k]);
+    free(ha), free(hb), free(want);
+    ct_backend_free(ob[0]), ct_backend_free(ob[1]);
+}
+
+/* The CPU GEMM's tiles: they cover C exactly, there are at least GEMM_MIN_TILES and a multiple
+ * of 4 of them unless the columns run out first, and a width-256 layer's weight gradient (one
+ * row block) is split six ways instead of running on one thread. */
+static void test_gemm_tiles(void **state) {
+    (void)state;
+    const int64_t shapes[][3] = {{256, 768, 2048}, {256, 256, 2048},  {768, 768, 8192},
+                                 {2048, 256, 256}, {4096, 256, 2048}, {300, 517, 53},
+                                 {37, 29, 53},     {1, 100000, 64},   {2304, 768, 8192}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        gemm_tiling t = ct_cpu_gemm_tiles(M, N, K);
+        assert_int_equal(t.n_row, (M + GEMM_ROW_BLOCK - 1) / GEMM_ROW_BLOCK);
+        assert_true(t.cols >= 1 && t.n_col * t.cols >= N && (t.n_col - 1) * t.cols < N);
+        if (t.n_col > 1) {
+            assert_true(t.cols % 16 == 0 && t.cols >= GEMM_MIN_COLS);
+            int64_t n = t.n_row * t.n_col;
+            assert_true((n >= GEMM_MIN_TILES && n % 4 == 0) || t.n_col >= N / GEMM_MIN_COLS);
+        } else {
+            assert_int_equal(t.cols, N);
+        }
+    }
+    gemm_tiling w = ct_cpu_gemm_tiles(256, 768, 2048);
+    assert_true(w.n_row == 1 && w.n_col == 6 && w.cols == 128);
+    w = ct_cpu_gemm_tiles(768, 768, 8192); /* GPT-2 124M's attention projection, 3 row blocks */
+    assert_true(w.n_row == 3 && w.n_col == 4 && w.cols == 192);
+    w = ct_cpu_gemm_tiles(2048, 256, 256); /* 8 row blocks: no split */
+    assert_true(w.n_row == 8 && w.n_col == 1 && w.cols == 256);
+    w = ct_cpu_gemm_tiles(37, 29, 53); /* too small to split */
+    assert_true(w.n_col == 1 && w.cols == 29);
 }
 
 /* The wrapper on 2-D tensors (four transpose combos) and on an N-D tensor treated as
@@ -1691,6 +1763,8 @@ static int teardown(void **state) {
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_strided_slot),
+        cmocka_unit_test(test_gemm_tiles),
+        cmocka_unit_test(test_gemm_openblas),
         cmocka_unit_test(test_gemm_wrapper),
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_axpy_scale),

@@ -2,8 +2,9 @@
  * backend_cpu.c — the CPU backend: every slot of struct ct_backend_i, for fp32 and bf16 (see
  * "bf16: the slots" near the end). It is the numerical reference the other backends are tested
  * against, and it is meant to be fast on a few cores:
- *   - fp32 GEMMs go to OpenBLAS (cblas_sgemm, row-major, transposes passed as flags), bf16 GEMMs
- *     to oneDNN's matmul (cpu_gemm.h: AMX or AVX512-BF16 kernels, fp32 accumulation);
+ *   - GEMMs go to oneDNN's matmul (cpu_gemm.h; bf16: AMX or AVX512-BF16 kernels, fp32
+ *     accumulation), fp32 ones as fixed tiles each on one thread (ct_cpu_gemm), or to OpenBLAS's
+ *     cblas_sgemm with COOKTRAIN_CPU_SGEMM=openblas; transposes are passed as flags;
  *   - every other op is an OpenMP loop over rows / elements with vectorisable inner loops;
  *   - one thread pool: OpenMP for our loops and the OpenMP build of OpenBLAS. A cblas call made
  *     inside one of our parallel regions runs single-threaded, which is what attention wants.
@@ -546,12 +547,26 @@ static const struct ct_backend_i cpu_iface = {
     .free_backend = cpu_free_backend,
 };
 
+/* Whether fp32 GEMMs run in oneDNN (the default) or OpenBLAS (COOKTRAIN_CPU_SGEMM=openblas, or
+ * when oneDNN cannot start). oneDNN's single-thread fp32 matmul was the faster of the two at the
+ * tiles of the tiny models' GEMMs on an AVX-512 EPYC (scripts/README.md, "fp32 GEMMs"). */
+static bool sgemm_onednn_chosen(void) {
+    const char *env = getenv("COOKTRAIN_CPU_SGEMM");
+    if (env && !strcmp(env, "openblas")) return false;
+    if (env && env[0] && strcmp(env, "onednn"))
+        fprintf(stderr, "cooktrain: ignoring COOKTRAIN_CPU_SGEMM='%s' (onednn or openblas)\n", env);
+    if (ct_cpu_gemm_init()) return true;
+    ct_error_print();
+    fprintf(stderr, "cooktrain: fp32 GEMMs fall back to OpenBLAS\n");
+    return false;
+}
+
 ct_backend *ct_backend_cpu_new(int n_threads) {
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     cpu_ctx *c = ct_xcalloc(1, sizeof *c);
     c->n_threads = n_threads;
     /* One pool, ours: our loops pass num_threads explicitly, and OpenBLAS never threads on its
-     * own — every sgemm runs on the thread that calls it (the fp32 GEMM spreads fixed row blocks
+     * own — every sgemm runs on the thread that calls it (the fp32 GEMM spreads fixed tiles
      * over the threads; attention calls it per head inside its own loop). Left to itself,
      * OpenBLAS opens a nested team whenever it is called from a one-thread region (an op too
      * small to split), and under libgomp's default spin-wait those short-lived nested threads
@@ -559,6 +574,7 @@ ct_backend *ct_backend_cpu_new(int n_threads) {
      * test-tiny step took 3.3 s instead of 33 ms. */
     omp_set_num_threads(n_threads);
     openblas_set_num_threads(1);
+    c->sgemm_onednn = sgemm_onednn_chosen();
     ct_backend *be = ct_xcalloc(1, sizeof *be);
     be->iface = &cpu_iface;
     be->ctx = c;

@@ -45,6 +45,7 @@ __attribute__((noreturn)) static void dnnl_check_fail(const char *call, dnnl_sta
 typedef struct gemm_key {
     int64_t M, N, K, lda, ldb, ldc;
     int32_t trans_a, trans_b, ab_dtype, c_dtype, n_threads;
+    int32_t serial; /* for ct_cpu_gemm_serial: one thread, user scratchpad */
     float alpha, beta;
 } gemm_key;
 
@@ -54,17 +55,27 @@ typedef struct gemm_entry {
     dnnl_primitive_t prim;
     dnnl_memory_t mem_a, mem_b, mem_c; /* no storage of their own: re-pointed every call */
     char impl[64];                     /* dnnl_query_impl_info_str, copied */
+    /* serial entries: each call makes its own memory objects from these, and gives the primitive
+     * a scratchpad of scratch_bytes (0: none) */
+    dnnl_memory_desc_t a_md, b_md, c_md, scratch_md;
+    size_t scratch_bytes;
     struct gemm_entry *next;
 } gemm_entry;
 
 /* A training run has a few dozen distinct shapes: chains stay short. */
 #define GEMM_CACHE_BUCKETS 128
+/* Threads of a parallel region that may call ct_cpu_gemm_serial at once (omp_get_thread_num). */
+#define GEMM_MAX_THREADS 1024
 
 static struct {
     dnnl_engine_t engine; /* NULL until ct_cpu_gemm_init */
     dnnl_stream_t stream;
     gemm_entry *buckets[GEMM_CACHE_BUCKETS];
     int count;
+    struct {
+        void *p; /* 64-byte aligned, grown by its own thread only */
+        size_t bytes;
+    } scratch[GEMM_MAX_THREADS]; /* ct_cpu_gemm_serial's scratchpads, one per thread number */
 } g;
 
 bool ct_cpu_gemm_init(void) {
@@ -103,6 +114,10 @@ void ct_cpu_gemm_release(void) {
         g.buckets[b] = NULL;
     }
     g.count = 0;
+    for (int t = 0; t < GEMM_MAX_THREADS; t++) {
+        free(g.scratch[t].p);
+        g.scratch[t].p = NULL, g.scratch[t].bytes = 0;
+    }
     if (g.stream) dnnl_stream_destroy(g.stream);
     if (g.engine) dnnl_engine_destroy(g.engine);
     g.stream = NULL;
@@ -142,6 +157,10 @@ static gemm_entry *entry_new(const gemm_key *k) {
 
     dnnl_primitive_attr_t attr;
     CT_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    /* A serial entry runs on several threads at once, each with its own scratchpad: oneDNN's
+     * own (library mode) is per thread and must not move between threads. */
+    if (k->serial)
+        CT_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     /* fp32 stays fp32 even if DNNL_DEFAULT_FPMATH_MODE asks oneDNN to down-convert. */
     if (k->ab_dtype == CT_DTYPE_F32)
         CT_DNNL_CHECK(dnnl_primitive_attr_set_fpmath_mode(attr, dnnl_fpmath_mode_strict));
@@ -173,6 +192,12 @@ static gemm_entry *entry_new(const gemm_key *k) {
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
         impl = "unknown";
     snprintf(e->impl, sizeof e->impl, "%s", impl);
+    if (k->serial) {
+        e->a_md = a_md, e->b_md = b_md, e->c_md = c_md;
+        const dnnl_memory_desc_t *smd =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        if (smd) e->scratch_md = *smd, e->scratch_bytes = dnnl_memory_desc_get_size(smd);
+    }
     CT_DNNL_CHECK(dnnl_primitive_create(&e->prim, pd));
     CT_DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
     CT_DNNL_CHECK(dnnl_memory_create(&e->mem_a, &a_md, g.engine, DNNL_MEMORY_NONE));
@@ -260,6 +285,61 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     };
     CT_DNNL_CHECK(dnnl_primitive_execute(e->prim, g.stream, 3, args));
     CT_DNNL_CHECK(dnnl_stream_wait(g.stream));
+}
+
+void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc) {
+    CT_ASSERTF(M > 0 && N > 0 && K > 0 && alpha != 0.0f, "M=%lld N=%lld K=%lld alpha=%g",
+               (long long)M, (long long)N, (long long)K, (double)alpha);
+    CT_ASSERTF(g.engine, "ct_cpu_gemm_serial before ct_cpu_gemm_init");
+    const int tid = omp_get_thread_num();
+    CT_ASSERTF(tid < GEMM_MAX_THREADS, "thread %d of a region wider than %d", tid,
+               GEMM_MAX_THREADS);
+    /* oneDNN blocks the work for the thread count it sees at creation: one, here, on every
+     * thread (inside a parallel region this sets the count of this thread's task only). */
+    const int outer = omp_get_max_threads();
+    if (outer != 1) omp_set_num_threads(1);
+    gemm_key key;
+    key_init(&key, trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc, CT_DTYPE_F32,
+             CT_DTYPE_F32);
+    key.serial = 1;
+    gemm_entry *e;
+#pragma omp critical(ct_cpu_gemm_cache)
+    e = entry_get(&key);
+    if (g.scratch[tid].bytes < e->scratch_bytes) {
+        free(g.scratch[tid].p);
+        g.scratch[tid].bytes = (e->scratch_bytes + 63) & ~(size_t)63;
+        g.scratch[tid].p = aligned_alloc(64, g.scratch[tid].bytes);
+        CT_ASSERTF(g.scratch[tid].p, "out of memory for a %zu-byte GEMM scratchpad",
+                   g.scratch[tid].bytes);
+    }
+    /* Memory objects and a stream of this call's own: creating them costs ~0.1 us each, against
+     * tens of microseconds for a tile. */
+    dnnl_memory_t ma, mb, mc, ms = NULL;
+    dnnl_stream_t stream;
+    CT_DNNL_CHECK(dnnl_memory_create(&ma, &e->a_md, g.engine, (void *)A));
+    CT_DNNL_CHECK(dnnl_memory_create(&mb, &e->b_md, g.engine, (void *)B));
+    CT_DNNL_CHECK(dnnl_memory_create(&mc, &e->c_md, g.engine, C));
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, ma},
+        {DNNL_ARG_WEIGHTS, mb},
+        {DNNL_ARG_DST, mc},
+    };
+    int n_args = 3;
+    if (e->scratch_bytes) {
+        CT_DNNL_CHECK(dnnl_memory_create(&ms, &e->scratch_md, g.engine, g.scratch[tid].p));
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
+    }
+    CT_DNNL_CHECK(dnnl_stream_create(&stream, g.engine, dnnl_stream_default_flags));
+    CT_DNNL_CHECK(dnnl_primitive_execute(e->prim, stream, n_args, args));
+    CT_DNNL_CHECK(dnnl_stream_wait(stream));
+    CT_DNNL_CHECK(dnnl_stream_destroy(stream));
+    CT_DNNL_CHECK(dnnl_memory_destroy(ma));
+    CT_DNNL_CHECK(dnnl_memory_destroy(mb));
+    CT_DNNL_CHECK(dnnl_memory_destroy(mc));
+    if (ms) CT_DNNL_CHECK(dnnl_memory_destroy(ms));
+    if (outer != 1) omp_set_num_threads(outer);
 }
 
 const char *ct_cpu_gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

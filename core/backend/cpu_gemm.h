@@ -16,7 +16,8 @@
  *     alpha and beta are part of the key because oneDNN 2.x fixes output scales and the sum
  *     post-op at creation; the thread count because oneDNN blocks the work for the thread count
  *     it sees at creation. Each call binds the caller's pointers to cached memory objects.
- *   - Not thread-safe: one caller thread at a time (the cache and the stream are global). The
+ *   - Not thread-safe (but ct_cpu_gemm_serial is): one caller thread at a time (the cache and the
+ *     stream are global). The
  *     work itself runs on the OpenMP pool (libgomp, the one our loops and OpenBLAS use) with
  *     omp_get_max_threads() threads: the caller sets the count with omp_set_num_threads().
  *   - A oneDNN failure after initialisation (an unsupported combination, out of memory inside
@@ -49,6 +50,18 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
                         const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
                         int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 
+/*
+ * The same in fp32 (A, B and C all fp32), run on the calling thread alone, for a caller that runs
+ * several at once from its own OpenMP parallel region (the CPU backend's fp32 GEMM tiles). Unlike
+ * ct_cpu_gemm_onednn it is thread-safe: the cache is looked up under a lock, each call makes its
+ * own stream and memory objects, and each thread number has its own scratchpad. The primitive is
+ * created for one thread whatever the caller's count, so its blocking, and the order of every
+ * element's sum, follow from the shape alone. Needs ct_cpu_gemm_init() first (it is not
+ * thread-safe); M, N, K > 0 and alpha != 0 (the caller handles BLAS's empty cases).
+ */
+void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc);
 /*
  * The name of the oneDNN implementation that runs this shape with dense operands (lda, ldb, ldc
  * the row widths), alpha 1, beta 0 and fp32 output at the current thread count, e.g.

@@ -5,6 +5,7 @@
  */
 #include "cpu_kernels.h"
 
+#include "cpu_gemm.h"
 #include <cblas.h>
 
 /* The workspace, at least `bytes` long. Contents are not preserved across growth. */
@@ -86,6 +87,25 @@ void ct_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 
 /* ---- GEMM --------------------------------------------------------------------------------- */
 
+/* How ct_cpu_gemm tiles an M x N x K product: blocks of GEMM_ROW_BLOCK rows, and when there are
+ * fewer than GEMM_MIN_TILES of them (the weight gradient of a layer whose output is the model
+ * width: one block at d = 256 ran on one of two threads, at half the rate), each split into
+ * n_col column pieces of `cols` (a multiple of 16 floats), so that there are at least
+ * GEMM_MIN_TILES tiles and a multiple of 4 (even over 1, 2 and 4 threads), each at least
+ * GEMM_MIN_COLS wide. A product under GEMM_SPLIT_MIN_MACS multiply-adds is not worth the split.
+ * A function of the shape alone: never of the thread count. */
+gemm_tiling ct_cpu_gemm_tiles(int64_t M, int64_t N, int64_t K) {
+    gemm_tiling t = {.n_row = (M + GEMM_ROW_BLOCK - 1) / GEMM_ROW_BLOCK, .n_col = 1, .cols = N};
+    if (t.n_row >= GEMM_MIN_TILES || (double)M * (double)N * (double)K < GEMM_SPLIT_MIN_MACS)
+        return t;
+    const int64_t most = CT_MAX(1, N / GEMM_MIN_COLS);
+    while (t.n_col < most && (t.n_row * t.n_col < GEMM_MIN_TILES || t.n_row * t.n_col % 4 != 0))
+        t.n_col++;
+    t.cols = round_up((N + t.n_col - 1) / t.n_col, 16);
+    t.n_col = (N + t.cols - 1) / t.cols;
+    return t;
+}
+
 void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                  float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                  float *C, int64_t ldc) {
@@ -95,31 +115,42 @@ void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, in
                    ldb <= INT32_MAX && ldc <= INT32_MAX,
                "cpu gemm: %lld x %lld x %lld exceeds the 32-bit BLAS interface", (long long)M,
                (long long)N, (long long)K);
-    if (K == 0) {
-        /* op(A)·op(B) is empty: C = beta·C, with beta = 0 meaning "overwrite" as in BLAS */
+    if (K == 0 || alpha == 0.0f) {
+        /* op(A)·op(B) is empty or not asked for: C = beta·C, with beta = 0 meaning "overwrite"
+         * as in BLAS (A and B are not read) */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++)
                 C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    /* Rows of C in fixed blocks, each one single-threaded sgemm (OpenBLAS runs single-threaded
-     * inside our parallel region), the blocks spread over the threads. OpenBLAS's own threading
-     * splits C by the thread count, and its kernels treat the edge rows and columns of a piece
-     * with other micro-kernels whose sums run in another order: measured on an EPYC where it
-     * picks its Haswell kernels, 1 and 3 threads disagreed in 10% of the elements of a
-     * 333x517x200 product. With blocks fixed by the shape alone, every element's sum is the
-     * same for any thread count (the top of this file). Each block re-packs op(B), which costs
-     * ~1/GEMM_ROW_BLOCK of its arithmetic. */
-    const int64_t n_blocks = (M + GEMM_ROW_BLOCK - 1) / GEMM_ROW_BLOCK;
+    /* C in fixed tiles, each one single-threaded GEMM, the tiles spread over the threads: oneDNN's
+     * matmul (ct_cpu_gemm_serial, created for one thread) or, with COOKTRAIN_CPU_SGEMM=openblas,
+     * cblas_sgemm (OpenBLAS runs single-threaded inside our parallel region). A library's own
+     * threading splits C by the thread count, and its kernels treat the edge rows and columns of
+     * a piece with other micro-kernels whose sums run in another order: measured on an EPYC where
+     * OpenBLAS picks its Haswell kernels, 1 and 3 threads disagreed in 10% of the elements of a
+     * 333x517x200 product. With tiles fixed by the shape alone, every element's sum is the same
+     * for any thread count (the top of this file). Each tile re-packs its rows of op(A) and its
+     * columns of op(B), ~1/GEMM_ROW_BLOCK + 1/cols of its arithmetic. */
+    const gemm_tiling t = ct_cpu_gemm_tiles(M, N, K);
+    const int64_t n_tiles = t.n_row * t.n_col;
     const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
                           tb = trans_b ? CblasTrans : CblasNoTrans;
-    CT_PRAGMA(omp parallel for schedule(static) num_threads(CT_MIN(c->n_threads, n_blocks)))
-    for (int64_t blk = 0; blk < n_blocks; blk++) {
-        const int64_t i0 = blk * GEMM_ROW_BLOCK, rows = CT_MIN(GEMM_ROW_BLOCK, M - i0);
-        /* row i of op(A) is row i of A, or column i of A when transposed */
+    const bool onednn = c->sgemm_onednn;
+    CT_PRAGMA(omp parallel for schedule(static) num_threads(CT_MIN(c->n_threads, n_tiles)))
+    for (int64_t tile = 0; tile < n_tiles; tile++) {
+        const int64_t i0 = tile / t.n_col * GEMM_ROW_BLOCK, j0 = tile % t.n_col * t.cols;
+        const int64_t rows = CT_MIN(GEMM_ROW_BLOCK, M - i0), cols = CT_MIN(t.cols, N - j0);
+        /* row i of op(A) is row i of A, or column i of A when transposed; column j of op(B) is
+         * column j of B, or row j of B when transposed */
         const float *a = trans_a ? A + i0 : A + i0 * lda;
-        cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)N, (int)K, alpha, a, (int)lda, B,
-                    (int)ldb, beta, C + i0 * ldc, (int)ldc);
+        const float *b = trans_b ? B + j0 * ldb : B + j0;
+        if (onednn)
+            ct_cpu_gemm_serial(trans_a, trans_b, rows, cols, K, alpha, a, lda, b, ldb, beta,
+                               C + i0 * ldc + j0, ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)cols, (int)K, alpha, a, (int)lda, b,
+                        (int)ldb, beta, C + i0 * ldc + j0, (int)ldc);
     }
 }
 

@@ -31,16 +31,20 @@ enum {
     ATT_BLOCK = 16,     /* query rows per causal block in attention: smaller blocks skip more of the
                          * masked triangle, larger ones make bigger GEMMs; 16 was fastest of 8-128
                          * at T = 128 and 256 (hd 64), by 10-15% over 64 */
-    PAR_MIN_WORK = 16384, /* below this many elements an op runs on one thread */
-    EW_BLOCK = 1024,      /* elements per block of an elementwise loop (4 KiB of floats) */
-    GEMM_ROW_BLOCK = 256, /* rows of C per single-threaded sgemm (cpu_gemm) */
+    PAR_MIN_WORK = 16384,          /* below this many elements an op runs on one thread */
+    EW_BLOCK = 1024,               /* elements per block of an elementwise loop (4 KiB of floats) */
+    GEMM_ROW_BLOCK = 256,          /* rows of C per single-threaded sgemm (cpu_gemm) */
+    GEMM_MIN_TILES = 8,            /* fewer row blocks than this split C's columns too (cpu_gemm) */
+    GEMM_MIN_COLS = 128,           /* ... into pieces no narrower than this */
+    GEMM_SPLIT_MIN_MACS = 1 << 21, /* ... when it has at least this many multiply-adds */
 };
 
 enum { N_STAGE = 5 }; /* most operands of one op staged through fp32 (attention backward) */
 
 typedef struct cpu_ctx {
     int n_threads;
-    void *ws; /* workspace, 64-byte aligned, ws_bytes long */
+    bool sgemm_onednn; /* fp32 GEMM tiles in oneDNN (else OpenBLAS): ct_backend_cpu_new */
+    void *ws;          /* workspace, 64-byte aligned, ws_bytes long */
     size_t ws_bytes;
     float *stage[N_STAGE]; /* bf16 operands widened to fp32 (backend_cpu.c, "bf16: the slots") */
     size_t stage_bytes[N_STAGE];
@@ -213,6 +217,12 @@ void *ct_cpu_alloc(void *ctx, size_t bytes);
 void ct_cpu_free(void *ctx, void *ptr);
 void ct_cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value);
 void ct_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
+/* The tiles of C that ct_cpu_gemm runs as single-threaded sgemms: n_row blocks of GEMM_ROW_BLOCK
+ * rows by n_col pieces of `cols` columns (the last of each may be short). */
+typedef struct gemm_tiling {
+    int64_t n_row, n_col, cols;
+} gemm_tiling;
+gemm_tiling ct_cpu_gemm_tiles(int64_t M, int64_t N, int64_t K);
 void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                  float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                  float *C, int64_t ldc);

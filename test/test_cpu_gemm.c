@@ -4,8 +4,9 @@
  * and model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache and
  * the native-bf16 detection with its environment override.
  *
- * ct_cpu_gemm_serial, the fp32 form the CPU backend runs on each thread's tiles, is held to the
- * same reference, and run from a parallel region: each tile bit-identical to the same call alone.
+ * ct_cpu_gemm_serial, the one-thread form the CPU backend runs on each thread's tiles, is held to
+ * the same reference, and run from a parallel region: each tile bit-identical to the same call
+ * alone.
  *
  * Run all:      ./test_cpu_gemm
  * Run by name:  ./test_cpu_gemm test_cache      (a cmocka filter; wildcards allowed: "*bf16*")
@@ -123,7 +124,7 @@ static double run_case_in(const gemm_case *g, bool serial) {
     if (serial) {
         assert_true(ct_cpu_gemm_init());
         ct_cpu_gemm_serial(g->ta, g->tb, M, N, K, g->alpha, A.data, A.ld, B.data, B.ld, g->beta,
-                           C.data, C.ld);
+                           C.data, C.ld, g->ab, g->c);
     } else {
         ct_cpu_gemm_onednn(g->ta, g->tb, M, N, K, g->alpha, A.data, A.ld, B.data, B.ld, g->beta,
                            C.data, C.ld, g->ab, g->c);
@@ -372,52 +373,61 @@ static void test_native_bf16(void **state) {
     free(saved);
 }
 
-/* ct_cpu_gemm_serial: every transpose, padded leading dimensions, alpha and beta, odd and
- * model-like shapes (a long K, a transposed A: both need a scratchpad) against the reference; then
- * 12 tiles of one shape from a region of 3 threads at once, each into its own C, each bit-identical
- * to the same call on one thread (a scratchpad or memory object shared between threads, or a
- * primitive blocked for the caller's thread count, would show here); serial primitives are cached
- * apart from the multi-threaded ones. */
+/* ct_cpu_gemm_serial: every transpose and dtype pair, padded leading dimensions, alpha and beta,
+ * odd and model-like shapes (a long K, a transposed A: both need a scratchpad) against the
+ * reference; then 12 tiles of one shape from a region of 3 threads at once, each into its own C,
+ * each bit-identical to the same call on one thread (a scratchpad or memory object shared between
+ * threads, or a primitive blocked for the caller's thread count, would show here); serial
+ * primitives are cached apart from the multi-threaded ones. */
 static void test_serial(void **state) {
     (void)state;
     const float ab[3][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -0.5f}};
     for (int v = 0; v < 3; v++)
-        for (int combo = 0; combo < 4; combo++) {
-            gemm_case g = {combo & 1, combo & 2, 19,       24,       40,           1,
-                           4,         3,         ab[v][0], ab[v][1], CT_DTYPE_F32, CT_DTYPE_F32};
-            run_case_in(&g, true);
-            gemm_case m = {combo & 1, combo & 2, 256,      128,      700,          0,
-                           0,         0,         ab[v][0], ab[v][1], CT_DTYPE_F32, CT_DTYPE_F32};
-            run_case_in(&m, true);
-        }
+        for (int t = 0; t < 3; t++)
+            for (int combo = 0; combo < 4; combo++) {
+                gemm_case g = {
+                    combo & 1,        combo & 2,       19, 24, 40, 1, 4, 3, ab[v][0], ab[v][1],
+                    type_pairs[t][0], type_pairs[t][1]};
+                run_case_in(&g, true);
+                gemm_case m = {
+                    combo & 1,        combo & 2,       128, 64, 700, 0, 0, 0, ab[v][0], ab[v][1],
+                    type_pairs[t][0], type_pairs[t][1]};
+                run_case_in(&m, true);
+            }
 
     ct_cpu_gemm_release();
-    const int64_t M = 128, N = 96, K = 1000, tiles = 12;
-    float *A = malloc((size_t)(K * M) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B);
-    float *C = malloc((size_t)(tiles * M * N) * sizeof *C), *one = malloc((size_t)(M * N) * 4);
-    for (int64_t i = 0; i < K * M; i++) A[i] = urand();
-    for (int64_t i = 0; i < K * N; i++) B[i] = urand();
-    for (int64_t i = 0; i < M * N; i++) one[i] = urand();
-    for (int64_t t = 0; t < tiles; t++) memcpy(C + t * M * N, one, (size_t)(M * N) * 4);
+    /* Each tile its own A (stored (K, M): transposed, so oneDNN packs it into the scratchpad) and
+     * its own B: a tile computed from another's packed operands comes out wrong. */
+    const int64_t M = 128, N = 96, K = 1000, tiles = 12, mn = M * N;
+    float *A = malloc((size_t)(tiles * K * M) * sizeof *A);
+    float *B = malloc((size_t)(tiles * K * N) * sizeof *B);
+    float *alone = malloc((size_t)(tiles * mn) * sizeof *alone);
+    float *beside = malloc((size_t)(tiles * mn) * sizeof *beside);
+    for (int64_t i = 0; i < tiles * K * M; i++) A[i] = urand();
+    for (int64_t i = 0; i < tiles * K * N; i++) B[i] = urand();
+    for (int64_t i = 0; i < tiles * mn; i++) alone[i] = beside[i] = urand();
     assert_true(ct_cpu_gemm_init());
-    ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A, M, B, N, 1.0f, one, N); /* A stored (K, M) */
+    for (int64_t t = 0; t < tiles; t++)
+        ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A + t * K * M, M, B + t * K * N, N, 1.0f,
+                           alone + t * mn, N, CT_DTYPE_F32, CT_DTYPE_F32);
     assert_int_equal(ct_cpu_gemm_cache_size(), 1);
     int saved = omp_get_max_threads();
     omp_set_num_threads(3);
 #pragma omp parallel for schedule(static, 1)
     for (int64_t t = 0; t < tiles; t++)
-        ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A, M, B, N, 1.0f, C + t * M * N, N);
+        ct_cpu_gemm_serial(true, false, M, N, K, 1.0f, A + t * K * M, M, B + t * K * N, N, 1.0f,
+                           beside + t * mn, N, CT_DTYPE_F32, CT_DTYPE_F32);
     assert_int_equal(omp_get_max_threads(), 3); /* the region's count is left as it was */
     omp_set_num_threads(saved);
     assert_int_equal(ct_cpu_gemm_cache_size(), 1);
     for (int64_t t = 0; t < tiles; t++)
-        if (memcmp(C + t * M * N, one, (size_t)(M * N) * 4) != 0)
+        if (memcmp(beside + t * mn, alone + t * mn, (size_t)mn * sizeof(float)) != 0)
             fail_msg("tile %lld of 12, run beside the others, differs from the same GEMM alone",
                      (long long)t);
     gemm_case g = {true, false, M, N, K, 0, 0, 0, 1.0f, 1.0f, CT_DTYPE_F32, CT_DTYPE_F32};
     run_case(&g); /* the same shape, multi-threaded: an entry of its own */
     assert_int_equal(ct_cpu_gemm_cache_size(), 2);
-    free(A), free(B), free(C), free(one);
+    free(A), free(B), free(alone), free(beside);
 }
 
 /* ---- main ----------------------------------------------------------------------------------- */

@@ -107,17 +107,12 @@ static void out_done(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t n
 static void slot_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                       float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
                       float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
-    cpu_ctx *c = ctx;
-    if (ab_dtype == CT_DTYPE_F32 && c_dtype == CT_DTYPE_F32) {
-        ct_cpu_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    CT_ASSERTF(ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs into a %s C",
-               ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
-    /* M, N or K of 0 are handled there as BLAS defines them (K = 0: C = beta·C). */
-    if (omp_get_max_threads() != c->n_threads) omp_set_num_threads(c->n_threads);
-    ct_cpu_gemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
-                       c_dtype);
+    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs",
+               ct_dtype_name(ab_dtype));
+    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16,
+               "cpu gemm: %s inputs into a %s C", ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
+    ct_cpu_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+                c_dtype);
 }
 
 static void slot_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,

@@ -288,8 +288,8 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
 }
 
 void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                        float *C, int64_t ldc) {
+                        const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
+                        int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     CT_ASSERTF(M > 0 && N > 0 && K > 0 && alpha != 0.0f, "M=%lld N=%lld K=%lld alpha=%g",
                (long long)M, (long long)N, (long long)K, (double)alpha);
     CT_ASSERTF(g.engine, "ct_cpu_gemm_serial before ct_cpu_gemm_init");
@@ -301,8 +301,11 @@ void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     const int outer = omp_get_max_threads();
     if (outer != 1) omp_set_num_threads(1);
     gemm_key key;
-    key_init(&key, trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc, CT_DTYPE_F32,
-             CT_DTYPE_F32);
+    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "A/B dtype %s",
+               ct_dtype_name(ab_dtype));
+    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || (c_dtype == CT_DTYPE_BF16 && ab_dtype == CT_DTYPE_BF16),
+               "C dtype %s with A/B dtype %s", ct_dtype_name(c_dtype), ct_dtype_name(ab_dtype));
+    key_init(&key, trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc, ab_dtype, c_dtype);
     key.serial = 1;
     gemm_entry *e;
 #pragma omp critical(ct_cpu_gemm_cache)

@@ -51,8 +51,8 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
                         int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 
 /*
- * The same in fp32 (A, B and C all fp32), run on the calling thread alone, for a caller that runs
- * several at once from its own OpenMP parallel region (the CPU backend's fp32 GEMM tiles). Unlike
+ * The same (the same dtypes), run on the calling thread alone, for a caller that runs several at
+ * once from its own OpenMP parallel region (the CPU backend's GEMM tiles). Unlike
  * ct_cpu_gemm_onednn it is thread-safe: the cache is looked up under a lock, each call makes its
  * own stream and memory objects, and each thread number has its own scratchpad. The primitive is
  * created for one thread whatever the caller's count, so its blocking, and the order of every
@@ -60,8 +60,8 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
  * thread-safe); M, N, K > 0 and alpha != 0 (the caller handles BLAS's empty cases).
  */
 void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                        float *C, int64_t ldc);
+                        const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
+                        int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 /*
  * The name of the oneDNN implementation that runs this shape with dense operands (lda, ldb, ldc
  * the row widths), alpha 1, beta 0 and fp32 output at the current thread count, e.g.

@@ -107,50 +107,53 @@ gemm_tiling ct_cpu_gemm_tiles(int64_t M, int64_t N, int64_t K) {
 }
 
 void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                 float *C, int64_t ldc) {
+                 float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                 void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     cpu_ctx *c = ctx;
     if (M == 0 || N == 0) return;
-    CT_ASSERTF(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX &&
-                   ldb <= INT32_MAX && ldc <= INT32_MAX,
+    const bool openblas = !c->sgemm_onednn && ab_dtype == CT_DTYPE_F32;
+    CT_ASSERTF(!openblas || (M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
+                             lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX),
                "cpu gemm: %lld x %lld x %lld exceeds the 32-bit BLAS interface", (long long)M,
                (long long)N, (long long)K);
     if (K == 0 || alpha == 0.0f) {
         /* op(A)·op(B) is empty or not asked for: C = beta·C, with beta = 0 meaning "overwrite"
-         * as in BLAS (A and B are not read) */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+         * as in BLAS. ct_cpu_gemm_onednn does that itself, reading neither A nor B nor oneDNN. */
+        ct_cpu_gemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
+                           c_dtype);
         return;
     }
     /* C in fixed tiles, each one single-threaded GEMM, the tiles spread over the threads: oneDNN's
-     * matmul (ct_cpu_gemm_serial, created for one thread) or, with COOKTRAIN_CPU_SGEMM=openblas,
-     * cblas_sgemm (OpenBLAS runs single-threaded inside our parallel region). A library's own
-     * threading splits C by the thread count, and its kernels treat the edge rows and columns of
-     * a piece with other micro-kernels whose sums run in another order: measured on an EPYC where
-     * OpenBLAS picks its Haswell kernels, 1 and 3 threads disagreed in 10% of the elements of a
-     * 333x517x200 product. With tiles fixed by the shape alone, every element's sum is the same
-     * for any thread count (the top of this file). Each tile re-packs its rows of op(A) and its
-     * columns of op(B), ~1/GEMM_ROW_BLOCK + 1/cols of its arithmetic. */
+     * matmul (ct_cpu_gemm_serial, created for one thread) or, for fp32 with
+     * COOKTRAIN_CPU_SGEMM=openblas, cblas_sgemm (OpenBLAS runs single-threaded inside our parallel
+     * region). A library's own threading splits the work by the thread count: OpenBLAS splits C,
+     * and its kernels treat the edge rows and columns of a piece with other micro-kernels whose
+     * sums run in another order (measured on an EPYC where it picks its Haswell kernels, 1 and 3
+     * threads disagreed in 10% of the elements of a 333x517x200 product); oneDNN splits K when C
+     * is small (bf16 64x64x16384 on the EPYC: 68% of the elements differed between 1 and 2
+     * threads). With tiles fixed by the shape alone, every element's sum is the same for any
+     * thread count (the top of this file). Each tile re-packs its rows of op(A) and its columns
+     * of op(B), ~1/GEMM_ROW_BLOCK + 1/cols of its arithmetic. */
     const gemm_tiling t = ct_cpu_gemm_tiles(M, N, K);
     const int64_t n_tiles = t.n_row * t.n_col;
-    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
-                          tb = trans_b ? CblasTrans : CblasNoTrans;
-    const bool onednn = c->sgemm_onednn;
+    const size_t ab_size = ct_dtype_size(ab_dtype), c_size = ct_dtype_size(c_dtype);
     CT_PRAGMA(omp parallel for schedule(static) num_threads(CT_MIN(c->n_threads, n_tiles)))
     for (int64_t tile = 0; tile < n_tiles; tile++) {
         const int64_t i0 = tile / t.n_col * GEMM_ROW_BLOCK, j0 = tile % t.n_col * t.cols;
         const int64_t rows = CT_MIN(GEMM_ROW_BLOCK, M - i0), cols = CT_MIN(t.cols, N - j0);
         /* row i of op(A) is row i of A, or column i of A when transposed; column j of op(B) is
          * column j of B, or row j of B when transposed */
-        const float *a = trans_a ? A + i0 : A + i0 * lda;
-        const float *b = trans_b ? B + j0 * ldb : B + j0;
-        if (onednn)
-            ct_cpu_gemm_serial(trans_a, trans_b, rows, cols, K, alpha, a, lda, b, ldb, beta,
-                               C + i0 * ldc + j0, ldc);
+        const char *a = (const char *)A + (size_t)(trans_a ? i0 : i0 * lda) * ab_size;
+        const char *b = (const char *)B + (size_t)(trans_b ? j0 * ldb : j0) * ab_size;
+        char *ct = (char *)C + (size_t)(i0 * ldc + j0) * c_size;
+        if (openblas)
+            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                        trans_b ? CblasTrans : CblasNoTrans, (int)rows, (int)cols, (int)K, alpha,
+                        (const float *)a, (int)lda, (const float *)b, (int)ldb, beta, (float *)ct,
+                        (int)ldc);
         else
-            cblas_sgemm(CblasRowMajor, ta, tb, (int)rows, (int)cols, (int)K, alpha, a, (int)lda, b,
-                        (int)ldb, beta, C + i0 * ldc + j0, (int)ldc);
+            ct_cpu_gemm_serial(trans_a, trans_b, rows, cols, K, alpha, a, lda, b, ldb, beta, ct,
+                               ldc, ab_dtype, c_dtype);
     }
 }
 

@@ -223,9 +223,10 @@ typedef struct gemm_tiling {
     int64_t n_row, n_col, cols;
 } gemm_tiling;
 gemm_tiling ct_cpu_gemm_tiles(int64_t M, int64_t N, int64_t K);
+/* Every CPU GEMM: fp32 or bf16 A and B, fp32 or (with bf16 inputs) bf16 C, as cpu_gemm.h. */
 void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                 float *C, int64_t ldc);
+                 float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                 void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
 void ct_cpu_bias_add(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
 void ct_cpu_bias_init(void *ctx, float *out, const float *bias, const float *residual, int64_t N,
                       int64_t C);

@@ -69,6 +69,10 @@ static void catch_stop_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    /* A peer that died (its host lost) closes its sockets: a write to one fails with EPIPE,
+     * which the communication layer reports, instead of killing this rank with SIGPIPE, which
+     * leaves no record and made mpirun's report name this rank, not the one that died. */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 /* Every rank gets the worst status of all (core/README.md, Errors); one process needs no

@@ -10,7 +10,8 @@
  *     fp32 arithmetic on the widened inputs and one rounding to nearest even per stored element,
  *     so every bf16 output must be ct_f32_to_bf16 of the f32 output bit for bit, and every f32
  *     output (gradients, statistics) must be bit-identical. GEMMs are the exception: bf16 GEMMs run
- *     in oneDNN, fp32 ones in OpenBLAS, which sum in different orders (bound in test_gemm).
+ *     oneDNN's bf16 kernels, fp32 ones its fp32 kernels (or OpenBLAS's), which sum in different
+ *     orders (bound in test_gemm).
  *  2. Against fp32 on unrounded inputs (what a user sees). Random fp32 inputs, not
  *     bf16-representable: the fp32 op on them against the bf16 op on their rounding (the upload,
  *     ct_tensor_from_host_f32, rounds). Each op derives, per element and from the data, how far

@@ -1722,7 +1722,7 @@ static void test_determinism_threads(void **state) {
         res[k][r] = xo.loss, res_bytes[r++] = XN * 4;
         res[k][r] = xo.grad, res_bytes[r++] = (size_t)(XN * XV) * 4;
         free(xo.rowmax), free(xo.tlogit);
-        /* GEMM (OpenBLAS splits M and N over threads, never K) */
+        /* GEMM (2 x 4 tiles of C fixed by the shape, over the threads) */
         for (int combo = 0; combo < 4; combo++) {
             bool ta = combo & 1, tb = combo & 2;
             ct_tensor *A = ta ? t2(b, 200, 333, gA) : t2(b, 333, 200, gA);

@@ -293,6 +293,9 @@ void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     CT_ASSERTF(M > 0 && N > 0 && K > 0 && alpha != 0.0f, "M=%lld N=%lld K=%lld alpha=%g",
                (long long)M, (long long)N, (long long)K, (double)alpha);
     CT_ASSERTF(g.engine, "ct_cpu_gemm_serial before ct_cpu_gemm_init");
+    /* The scratchpad is chosen by thread number, which is unique only in the outermost team. */
+    CT_ASSERTF(omp_get_level() <= 1, "ct_cpu_gemm_serial from a nested parallel region (level %d)",
+               omp_get_level());
     const int tid = omp_get_thread_num();
     CT_ASSERTF(tid < GEMM_MAX_THREADS, "thread %d of a region wider than %d", tid,
                GEMM_MAX_THREADS);

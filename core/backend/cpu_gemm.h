@@ -16,10 +16,10 @@
  *     alpha and beta are part of the key because oneDNN 2.x fixes output scales and the sum
  *     post-op at creation; the thread count because oneDNN blocks the work for the thread count
  *     it sees at creation. Each call binds the caller's pointers to cached memory objects.
- *   - Not thread-safe (but ct_cpu_gemm_serial is): one caller thread at a time (the cache and the
- *     stream are global). The
- *     work itself runs on the OpenMP pool (libgomp, the one our loops and OpenBLAS use) with
- *     omp_get_max_threads() threads: the caller sets the count with omp_set_num_threads().
+ *   - Not thread-safe (ct_cpu_gemm_serial is): one caller thread at a time (the cache and the
+ *     stream are global). The work itself runs on the OpenMP pool (libgomp, the one our loops and
+ *     OpenBLAS use) with omp_get_max_threads() threads: the caller sets the count with
+ *     omp_set_num_threads().
  *   - A oneDNN failure after initialisation (an unsupported combination, out of memory inside
  *     oneDNN) is treated as a bug: it prints the call and oneDNN's status, then aborts.
  *     ONEDNN_VERBOSE=1 in the environment makes oneDNN print every creation and execution.
@@ -57,7 +57,8 @@ void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
  * own stream and memory objects, and each thread number has its own scratchpad. The primitive is
  * created for one thread whatever the caller's count, so its blocking, and the order of every
  * element's sum, follow from the shape alone. Needs ct_cpu_gemm_init() first (it is not
- * thread-safe); M, N, K > 0 and alpha != 0 (the caller handles BLAS's empty cases).
+ * thread-safe), and a caller outside any parallel region or in the outermost one (a thread
+ * number names a scratchpad); M, N, K > 0 and alpha != 0 (the caller handles BLAS's empties).
  */
 void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,

@@ -39,7 +39,8 @@
  * check catches on its own an unwidened input, a dropped accumulation or store, and truncation
  * where the output rounding dominates its bound. NaN or Inf anywhere fails.
  *
- * Llama's ops (RMSNorm, RoPE, SwiGLU) have both checks too (test_llama_contract, test_llama_vs_fp32).
+ * Llama's ops (RMSNorm, RoPE, SwiGLU) have both checks too (test_llama_contract,
+ * test_llama_vs_fp32).
  *
  * Run all:     ./test_bf16_ops
  * Run by name: ./test_bf16_ops test_layernorm     (a cmocka filter; wildcards allowed: "*xent*")

@@ -104,17 +104,6 @@ static void out_done(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t n
     if (dt != CT_DTYPE_F32) narrow(c, p, f, n);
 }
 
-static void slot_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                      float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
-    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "cpu gemm: %s inputs",
-               ct_dtype_name(ab_dtype));
-    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16,
-               "cpu gemm: %s inputs into a %s C", ct_dtype_name(ab_dtype), ct_dtype_name(c_dtype));
-    ct_cpu_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
-                c_dtype);
-}
-
 static void slot_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
                           int64_t C) {
     cpu_ctx *c = ctx;
@@ -502,7 +491,7 @@ static const struct ct_backend_i cpu_iface = {
     .copy_from_host = cpu_copy_host,
     .copy_to_host = cpu_copy_host,
     .copy = ct_cpu_copy,
-    .gemm = slot_gemm,
+    .gemm = ct_cpu_gemm,
     .bias_add = slot_bias_add,
     .bias_init = slot_bias_init,
     .bias_grad = slot_bias_grad,

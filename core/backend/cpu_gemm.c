@@ -234,6 +234,14 @@ static void key_init(gemm_key *k, bool trans_a, bool trans_b, int64_t M, int64_t
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
 /* f32 -> bf16, round to nearest even; NaN stays NaN (as backend_cpu.c). */
+/* The dtype pairs both GEMMs take: fp32 or bf16 A and B; fp32 C, or bf16 C from bf16 inputs. */
+static void check_dtypes(ct_dtype ab_dtype, ct_dtype c_dtype) {
+    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "A/B dtype %s",
+               ct_dtype_name(ab_dtype));
+    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || (c_dtype == CT_DTYPE_BF16 && ab_dtype == CT_DTYPE_BF16),
+               "C dtype %s with A/B dtype %s", ct_dtype_name(c_dtype), ct_dtype_name(ab_dtype));
+}
+
 /* C = beta·C without A·B (K == 0 or alpha == 0, as BLAS defines them); beta == 0 writes zeros. */
 static void scale_c(int64_t M, int64_t N, float beta, void *C, int64_t ldc, ct_dtype c_dtype) {
     for (int64_t i = 0; i < M; i++) {
@@ -251,10 +259,7 @@ static void scale_c(int64_t M, int64_t N, float beta, void *C, int64_t ldc, ct_d
 void ct_cpu_gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
                         int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
-    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "A/B dtype %s",
-               ct_dtype_name(ab_dtype));
-    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || (c_dtype == CT_DTYPE_BF16 && ab_dtype == CT_DTYPE_BF16),
-               "C dtype %s with A/B dtype %s", ct_dtype_name(c_dtype), ct_dtype_name(ab_dtype));
+    check_dtypes(ab_dtype, c_dtype);
     CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                (long long)K);
     if (M == 0 || N == 0) return;
@@ -304,10 +309,7 @@ void ct_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     const int outer = omp_get_max_threads();
     if (outer != 1) omp_set_num_threads(1);
     gemm_key key;
-    CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "A/B dtype %s",
-               ct_dtype_name(ab_dtype));
-    CT_ASSERTF(c_dtype == CT_DTYPE_F32 || (c_dtype == CT_DTYPE_BF16 && ab_dtype == CT_DTYPE_BF16),
-               "C dtype %s with A/B dtype %s", ct_dtype_name(c_dtype), ct_dtype_name(ab_dtype));
+    check_dtypes(ab_dtype, c_dtype);
     key_init(&key, trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc, ab_dtype, c_dtype);
     key.serial = 1;
     gemm_entry *e;

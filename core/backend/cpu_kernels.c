@@ -111,7 +111,7 @@ void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, in
                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     cpu_ctx *c = ctx;
     if (M == 0 || N == 0) return;
-    const bool openblas = !c->sgemm_onednn && ab_dtype == CT_DTYPE_F32;
+    const bool openblas = !c->sgemm_onednn && ab_dtype == CT_DTYPE_F32 && c_dtype == CT_DTYPE_F32;
     CT_ASSERTF(!openblas || (M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
                              lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX),
                "cpu gemm: %lld x %lld x %lld exceeds the 32-bit BLAS interface", (long long)M,

@@ -121,13 +121,13 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 
 /* ---- ops: straight to the launchers -------------------------------------------------------- */
 
-/* An accumulating GEMM into bf16 (beta != 0: a linear layer's output that starts as its bias, or
- * as residual + bias) is rounded once, as the CPU's is: the product goes to fp32 in workspace
- * slot 1, and one kernel stores bf16(product + beta·C). cuBLASLt's own bf16 epilogue with
- * beta = 1 did not: on an H200 (sm_90, CUDA 13.0) check mode found results up to 27 bf16 ulps
- * from the single rounding where the product and C nearly cancel, as a second rounding (of the
- * product, before C is added) would give. The price: the fp32 product written and read again,
- * 8 bytes an element besides C's own read and write. */
+/* An accumulating GEMM into bf16 (beta != 0: a linear layer's output that starts as its bias
+ * where cuBLASLt has no epilogue algorithm, Mixture of Experts' outputs) is rounded once, as the
+ * CPU's is: the product goes to fp32 in workspace slot 1, and one kernel stores bf16(product +
+ * beta·C). cuBLASLt's own bf16 epilogue with beta = 1 did not: on an H200 (sm_90, CUDA 13.0) check
+ * mode found results up to 27 bf16 ulps from the single rounding where the product and C nearly
+ * cancel, as a second rounding (of the product, before C is added) would give. The price: the fp32
+ * product written and read again, 8 bytes an element besides C's own read and write. */
 static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                       float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
                       float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
@@ -246,9 +246,9 @@ static void cuda_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dou
 }
 
 static void cuda_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                               const void *inp, const void *w, const void *b, int64_t N,
-                               int64_t C) {
-    ct_cuda_layernorm_fwd(ctx, dt, out, mean, rstd, inp, w, b, N, C);
+                               void *inp, const void *residual, const void *w, const void *b,
+                               int64_t N, int64_t C) {
+    ct_cuda_layernorm_fwd(ctx, dt, out, mean, rstd, inp, residual, w, b, N, C);
 }
 
 static void cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
@@ -257,9 +257,9 @@ static void cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, fl
     ct_cuda_layernorm_bwd(ctx, dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
-static void cuda_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
-                             const void *w, int64_t N, int64_t C, float eps) {
-    ct_cuda_rmsnorm_fwd(ctx, dt, out, rstd, inp, w, N, C, eps);
+static void cuda_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, void *inp,
+                             const void *residual, const void *w, int64_t N, int64_t C, float eps) {
+    ct_cuda_rmsnorm_fwd(ctx, dt, out, rstd, inp, residual, w, N, C, eps);
 }
 
 static void cuda_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,

@@ -10,6 +10,9 @@
  *                       mean, sum of squared deviations -> rstd, then out = (x - mean)·rstd·w + b
  *                       (RMSNorm: the mean square -> rstd, out = x·rstd·w). Up to three passes
  *                       over the row (the later ones hit L1/L2); no shared memory, no barrier.
+ *                       With a residual, the first pass also makes x = x + residual, rounded to
+ *                       the storage type and stored (the residual add fused into the norm that
+ *                       reads its sum; the CPU's is ct_axpy's rounding, then the norm).
  *   norm_bwd_kernel     one block per chunk of LN_BWD_ROWS rows, a warp per row at a time: the
  *                       row's two means, dinp += ..., and in the same pass the weight (and bias)
  *                       gradient of the row added into the warp's accumulators in shared memory;
@@ -39,20 +42,34 @@
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
+/* The first pass's load of VEC elements of a row: x's, or with a residual (res not NULL) the sum
+ * x + res rounded to T, stored back into x (the residual stream) and returned as stored. The
+ * later passes of the same lane read back what it stored here. */
 template <typename T, int VEC>
-static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
-                                     const T *b, int N, int C) {
+static __device__ inline void ln_load_sum(T *x, const T *res, float *f) {
+    ct_load<T, VEC>(x, f);
+    if (!res) return;
+    float r[VEC];
+    ct_load<T, VEC>(res, r);
+    for (int k = 0; k < VEC; k++) f[k] = ct_to_f32(ct_from_f32<T>(f[k] + r[k]));
+    ct_put<T, VEC>(x, f);
+}
+
+template <typename T, int VEC>
+static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, T *inp, const T *res,
+                                     const T *w, const T *b, int N, int C) {
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
     if (row >= N) return; /* whole warps only; no block barrier below */
-    const T *x = inp + (int64_t)row * C;
+    T *x = inp + (int64_t)row * C;
+    const T *r = res ? res + (int64_t)row * C : NULL;
     T *o = out + (int64_t)row * C;
     const int nv = C / VEC; /* the launcher picks VEC > 1 only when it divides C */
 
     float acc = 0.0f;
     for (int v = lane; v < nv; v += 32) {
         float f[VEC];
-        ct_load<T, VEC>(x + v * VEC, f);
+        ln_load_sum<T, VEC>(x + v * VEC, r ? r + v * VEC : NULL, f);
         for (int k = 0; k < VEC; k++) acc += f[k];
     }
     const float m = ct_warp_sum(acc) / (float)C;
@@ -83,18 +100,19 @@ static __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
 
 template <typename T, int VEC>
-static __global__ void rms_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C,
-                                      float eps) {
+static __global__ void rms_fwd_kernel(T *out, float *rstd, T *inp, const T *res, const T *w, int N,
+                                      int C, float eps) {
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
     if (row >= N) return; /* whole warps only; no block barrier below */
-    const T *x = inp + (int64_t)row * C;
+    T *x = inp + (int64_t)row * C;
+    const T *r = res ? res + (int64_t)row * C : NULL;
     T *o = out + (int64_t)row * C;
     const int nv = C / VEC;
     float acc = 0.0f;
     for (int v = lane; v < nv; v += 32) {
         float f[VEC];
-        ct_load<T, VEC>(x + v * VEC, f);
+        ln_load_sum<T, VEC>(x + v * VEC, r ? r + v * VEC : NULL, f);
         for (int k = 0; k < VEC; k++) acc += f[k] * f[k];
     }
     const float s = 1.0f / sqrtf(ct_warp_sum(acc) / (float)C + eps);
@@ -207,15 +225,15 @@ static bool ln_vec_ok(int64_t C, const void *p0, const void *p1, const void *p2,
 }
 
 template <typename T>
-static void ln_fwd(ct_cuda_ctx *cx, void *out, float *mean, float *rstd, const void *inp,
+static void ln_fwd(ct_cuda_ctx *cx, void *out, float *mean, float *rstd, void *inp, const void *res,
                    const void *w, const void *b, int N, int C) {
     dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
-    if (ln_vec_ok<T>(C, out, inp, w, b))
+    if (ln_vec_ok<T>(C, out, inp, w, b) && ln_vec_ok<T>(C, res, NULL, NULL, NULL))
         ct_launch(ln_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
-                  mean, rstd, (const T *)inp, (const T *)w, (const T *)b, N, C);
+                  mean, rstd, (T *)inp, (const T *)res, (const T *)w, (const T *)b, N, C);
     else
         ct_launch(ln_fwd_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out, mean, rstd,
-                  (const T *)inp, (const T *)w, (const T *)b, N, C);
+                  (T *)inp, (const T *)res, (const T *)w, (const T *)b, N, C);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -249,13 +267,13 @@ static bool norm_args(const char *op, ct_dtype dt, int64_t N, int64_t C) {
 }
 
 extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *mean,
-                                      float *rstd, const void *inp, const void *w, const void *b,
-                                      int64_t N, int64_t C) {
+                                      float *rstd, void *inp, const void *residual, const void *w,
+                                      const void *b, int64_t N, int64_t C) {
     if (!norm_args("layernorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
-        ln_fwd<__nv_bfloat16>(cx, out, mean, rstd, inp, w, b, (int)N, (int)C);
+        ln_fwd<__nv_bfloat16>(cx, out, mean, rstd, inp, residual, w, b, (int)N, (int)C);
     else
-        ln_fwd<float>(cx, out, mean, rstd, inp, w, b, (int)N, (int)C);
+        ln_fwd<float>(cx, out, mean, rstd, inp, residual, w, b, (int)N, (int)C);
 }
 
 extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
@@ -269,26 +287,26 @@ extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, 
 }
 
 template <typename T>
-static void rms_fwd(ct_cuda_ctx *cx, void *out, float *rstd, const void *inp, const void *w, int N,
-                    int C, float eps) {
+static void rms_fwd(ct_cuda_ctx *cx, void *out, float *rstd, void *inp, const void *res,
+                    const void *w, int N, int C, float eps) {
     dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
-    if (ln_vec_ok<T>(C, out, inp, w, NULL))
+    if (ln_vec_ok<T>(C, out, inp, w, res))
         ct_launch(rms_fwd_kernel<T, 16 / sizeof(T)>, grid, block, 0, ct_cuda_stream(cx), (T *)out,
-                  rstd, (const T *)inp, (const T *)w, N, C, eps);
+                  rstd, (T *)inp, (const T *)res, (const T *)w, N, C, eps);
     else
         ct_launch(rms_fwd_kernel<T, 1>, grid, block, 0, ct_cuda_stream(cx), (T *)out, rstd,
-                  (const T *)inp, (const T *)w, N, C, eps);
+                  (T *)inp, (const T *)res, (const T *)w, N, C, eps);
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd,
-                                    const void *inp, const void *w, int64_t N, int64_t C,
+extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd, void *inp,
+                                    const void *residual, const void *w, int64_t N, int64_t C,
                                     float eps) {
     if (!norm_args("rmsnorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
-        rms_fwd<__nv_bfloat16>(cx, out, rstd, inp, w, (int)N, (int)C, eps);
+        rms_fwd<__nv_bfloat16>(cx, out, rstd, inp, residual, w, (int)N, (int)C, eps);
     else
-        rms_fwd<float>(cx, out, rstd, inp, w, (int)N, (int)C, eps);
+        rms_fwd<float>(cx, out, rstd, inp, residual, w, (int)N, (int)C, eps);
 }
 
 extern "C" void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,

@@ -374,15 +374,17 @@ static void nudge(void *x, ct_dtype dt, int64_t i, float delta) {
 /* out element 5 off by 1e-3 (f32) or 3e-2 (bf16: 4 ulps at 1; 1e-3 would round away): a plain
  * wrong value */
 static void layernorm_fwd_off(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                              const void *inp, const void *w, const void *b, int64_t N, int64_t C) {
-    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, w, b, N, C);
+                              void *inp, const void *res, const void *w, const void *b, int64_t N,
+                              int64_t C) {
+    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, res, w, b, N, C);
     nudge(out, dt, 5, dt == CT_DTYPE_F32 ? 1e-3f : 3e-2f);
 }
 
 /* out element 5 one ulp up: inside the few-ulps tolerance of an elementwise result */
 static void layernorm_fwd_ulp(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                              const void *inp, const void *w, const void *b, int64_t N, int64_t C) {
-    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, w, b, N, C);
+                              void *inp, const void *res, const void *w, const void *b, int64_t N,
+                              int64_t C) {
+    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, res, w, b, N, C);
     float *o = out;
     o[5] = nextafterf(o[5], INFINITY);
 }
@@ -390,9 +392,9 @@ static void layernorm_fwd_ulp(void *ctx, ct_dtype dt, void *out, float *mean, fl
 /* out element 5 one bf16 ulp up: what a legitimate difference in the last fp32 bit can become
  * after both sides round to bf16 (the one-ulp allowance) */
 static void layernorm_fwd_bf16_ulp(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                                   const void *inp, const void *w, const void *b, int64_t N,
-                                   int64_t C) {
-    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, w, b, N, C);
+                                   void *inp, const void *res, const void *w, const void *b,
+                                   int64_t N, int64_t C) {
+    real->layernorm_fwd(ctx, dt, out, mean, rstd, inp, res, w, b, N, C);
     ((uint16_t *)out)[5] += 1; /* the next bf16 value away from zero */
 }
 

@@ -40,7 +40,8 @@
  * where the output rounding dominates its bound. NaN or Inf anywhere fails.
  *
  * Llama's ops (RMSNorm, RoPE, SwiGLU) have both checks too (test_llama_contract,
- * test_llama_vs_fp32).
+ * test_llama_vs_fp32). The norms' residual add (test_norm_residual) promises the rounding of
+ * ct_axpy followed by the plain norm, and is held to exactly that, bit for bit.
  *
  * Run all:     ./test_bf16_ops
  * Run by name: ./test_bf16_ops test_layernorm     (a cmocka filter; wildcards allowed: "*xent*")
@@ -788,6 +789,65 @@ static void test_layernorm(void **state) {
         free(f32.out), free(f32.mean), free(f32.rstd), free(f16.out), free(f16.mean),
             free(f16.rstd);
         free(b32.dinp), free(b32.dw), free(b32.db), free(b16.dinp), free(b16.dw), free(b16.db);
+    }
+}
+
+/* ---- the norms' residual add ----------------------------------------------------------------- */
+
+/* One norm (LayerNorm, or RMSNorm when rms) on x + r, fused (the residual given to the norm) or
+ * composed (ct_axpy, then the norm without one); res[0] the sum left in x, res[1..3] out, rstd
+ * and (LayerNorm) mean. */
+static void run_norm_residual(ct_dtype dt, bool rms, bool fused, int64_t N, int64_t C,
+                              const float *x, const float *r, const float *w, const float *b,
+                              float *res[4]) {
+    ct_tensor *in = mat(dt, N, C, x), *tr = mat(dt, N, C, r), *tw = vec(dt, C, w);
+    ct_tensor *tb = vec(dt, C, b), *o = mat(dt, N, C, NULL), *m = vec(F32, N, NULL);
+    ct_tensor *s = vec(F32, N, NULL);
+    if (!fused) ct_axpy(in, tr, 1.0f);
+    const ct_tensor *add = fused ? tr : NULL;
+    if (rms)
+        ct_rmsnorm_add_fwd(o, s, in, add, tw, 1e-5f);
+    else
+        ct_layernorm_add_fwd(o, m, s, in, add, tw, tb);
+    res[0] = take(in), res[1] = take(o), res[2] = take(s), res[3] = take(m);
+    ct_tensor_free(tr), ct_tensor_free(tw), ct_tensor_free(tb);
+}
+
+/*
+ * The residual add fused into the norm that reads it (ct_layernorm_add_fwd, ct_rmsnorm_add_fwd):
+ * x (37, 67) += r, stored in x's dtype, then the norm of the stored sum. In both dtypes the sum
+ * must be the host's x + r rounded once (bf16: to nearest even) bit for bit, and every output
+ * (the sum, out, rstd, mean) bit-identical to ct_axpy followed by the plain norm: the fused op
+ * promises exactly that composition's rounding.
+ */
+static void test_norm_residual(void **state) {
+    (void)state;
+    const int64_t N = 37, C = 67;
+    for (int d = 0; d < 2; d++) {
+        const ct_dtype dt = d ? BF16 : F32;
+        float *x = rand_f32(N * C, -3, 3), *r = rand_f32(N * C, -3, 3);
+        float *w = rand_f32(C, 0.5f, 1.5f), *b = rand_f32(C, -0.5f, 0.5f);
+        float *sum = malloc((size_t)(N * C) * sizeof *sum);
+        for (int64_t i = 0; i < N * C; i++)
+            sum[i] = dt == BF16 ? bf16_round(bf16_round(x[i]) + bf16_round(r[i])) : x[i] + r[i];
+        for (int rms = 0; rms < 2; rms++) {
+            float *fused[4], *composed[4];
+            run_norm_residual(dt, rms, true, N, C, x, r, w, b, fused);
+            run_norm_residual(dt, rms, false, N, C, x, r, w, b, composed);
+            const char *names[4] = {"inp + residual", "out", "rstd", "mean"};
+            const int64_t n[4] = {N * C, N * C, N, N};
+            char what[96];
+            snprintf(what, sizeof what, "%s_add_fwd %s: inp + residual vs the host's",
+                     rms ? "rmsnorm" : "layernorm", dt_name(dt));
+            check_identical(what, fused[0], sum, N * C);
+            for (int k = 0; k < (rms ? 3 : 4); k++) {
+                snprintf(what, sizeof what, "%s_add_fwd %s: %s vs axpy + the norm",
+                         rms ? "rmsnorm" : "layernorm", dt_name(dt), names[k]);
+                check_identical(what, fused[k], composed[k], n[k]);
+            }
+            for (int k = 0; k < 4; k++) free(fused[k]), free(composed[k]);
+        }
+        free(x), free(r), free(w), free(b), free(sum);
     }
 }
 
@@ -1585,13 +1645,13 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm),          cmocka_unit_test(test_bias),
-        cmocka_unit_test(test_axpy_scale),    cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_posemb),        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_gelu),          cmocka_unit_test(test_attention_gqa),
-        cmocka_unit_test(test_attention_mha), cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_adamw),         cmocka_unit_test(test_llama_contract),
-        cmocka_unit_test(test_llama_vs_fp32),
+        cmocka_unit_test(test_gemm),           cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_axpy_scale),     cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_posemb),         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_norm_residual),  cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_attention_gqa),  cmocka_unit_test(test_attention_mha),
+        cmocka_unit_test(test_xent),           cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_llama_contract), cmocka_unit_test(test_llama_vs_fp32),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

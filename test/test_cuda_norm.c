@@ -14,7 +14,10 @@
  * chunks of the dw/db/dbias partial sums with a short last one. The cross-entropy runs plain
  * (col_offset 0) and as one vocabulary shard (col_offset > 0, targets inside the shard, below it,
  * in its padding and past it). Every GPU output must also be bit-identical in the three warp
- * orders (the kernels reduce in a fixed order; a float atomic or a race would show).
+ * orders (the kernels reduce in a fixed order; a float atomic or a race would show). The forward
+ * norms run with and without a residual (inp += residual first, fused): the stored sum is one
+ * add of two stored values rounded once the same way on both sides, so it must be bit-identical,
+ * and the norm's tolerances take that sum as their input.
  *
  * Tolerances. E = 2^-24 is fp32's unit roundoff (one rounding moves a value by at most E of it;
  * an ulp is at most 2E relative). A float sum computed as runs of L terms added in sequence, then
@@ -44,7 +47,8 @@
  * instead of accumulating; GELU's vector tail dropped (n = 335), dbias's last row chunk skipped
  * (N = 300), bf16 stores truncated (the bit count above), the exponent clamped at 80 instead of
  * 88 (x = -12); xent_finish's one-hot ignoring col_offset, xent_sumexp adding it, xent_rowmax
- * reading the padding, xent_finish leaving the padding unzeroed.
+ * reading the padding, xent_finish leaving the padding unzeroed; the fused residual sum taken
+ * unrounded for the statistics (bf16 means off by ~1e-3).
  *
  * Run all:     ./test_cuda_norm
  * Run by name: ./test_cuda_norm test_xent       (a cmocka filter; wildcards allowed)
@@ -215,7 +219,39 @@ static double ln_nmax(const float *x, const float *mean, const float *rstd, int6
     return m;
 }
 
-static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
+/* The norms' residual add (add: a residual R = U(-2, 2) given): inp += R, stored rounded to dt,
+ * then the norm of that sum. One add of two stored values, rounded once on each side the same
+ * way: the sums must be bit-identical (tolerance 0). x becomes the sum as stored, the norm's
+ * input for the tolerances below. */
+static void *norm_residual(ct_dtype dt, float *x, int64_t n, bool add, pbuf *res) {
+    if (!add) {
+        res->p[0] = res->p[1] = NULL;
+        return NULL;
+    }
+    float *r = cuda_test_fvec(n, -2.0f, 2.0f);
+    void *hr = cuda_test_pack(dt, r, n);
+    *res = pb_new(hr, (size_t)n * cuda_test_dsize(dt));
+    for (int64_t i = 0; i < n; i++) x[i] += r[i];
+    free(cuda_test_pack(dt, x, n)); /* x rounded as stored */
+    free(r);
+    return hr;
+}
+
+static bool check_sum(const char *op, ct_dtype dt, int64_t N, int64_t C, bool add,
+                      const pbuf *inp) {
+    if (!add) return true;
+    char what[96];
+    snprintf(what, sizeof what, "%s %s N=%lld C=%lld: inp + residual", op, ct_dtype_name(dt),
+             (long long)N, (long long)C);
+    return check(what, inp, dt, N * C, 0.0, 0.0);
+}
+
+static void pb_free_residual(pbuf *res, void *hr) {
+    if (hr) pb_free(res);
+    free(hr);
+}
+
+static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C, bool add) {
     cuda_test_seed(1, (uint64_t)N, (uint64_t)C);
     float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f),
           *b = cuda_test_fvec(C, -1.0f, 1.0f);
@@ -223,13 +259,14 @@ static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
          *hb = cuda_test_pack(dt, b, C);
     size_t es = cuda_test_dsize(dt);
     pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es),
-         pbb = pb_new(hb, (size_t)C * es);
+         pbb = pb_new(hb, (size_t)C * es), res;
+    void *hr = norm_residual(dt, x, N * C, add, &res);
     pbuf out = pb_new(NULL, (size_t)(N * C) * es), mean = pb_new(NULL, (size_t)N * 4),
          rstd = pb_new(NULL, (size_t)N * 4);
     for (int s = 0; s < 2; s++) {
         ct_backend *be = side_be(s);
-        be->iface->layernorm_fwd(be->ctx, dt, out.p[s], mean.p[s], rstd.p[s], inp.p[s], pw.p[s],
-                                 pbb.p[s], N, C);
+        be->iface->layernorm_fwd(be->ctx, dt, out.p[s], mean.p[s], rstd.p[s], inp.p[s], res.p[s],
+                                 pw.p[s], pbb.p[s], N, C);
     }
     /*
      * mean: the row sums differ by K·E·Σ|x| (K = ln_k), plus the division: (K + 2)·E·max|x|.
@@ -259,11 +296,13 @@ static bool ln_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
              (long long)C);
     snprintf(what[2], sizeof what[2], "layernorm_fwd %s N=%lld C=%lld rstd", dn, (long long)N,
              (long long)C);
-    bool ok = check(what[0], &out, dt, N * C, atol_out, rtol_out);
+    bool ok = check_sum("layernorm_fwd", dt, N, C, add, &inp);
+    ok &= check(what[0], &out, dt, N * C, atol_out, rtol_out);
     ok &= check(what[1], &mean, F32, N, atol_mean, 0.0);
     ok &= check(what[2], &rstd, F32, N, 0.0, R);
     pbuf *bufs[] = {&inp, &pw, &pbb, &out, &mean, &rstd};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    pb_free_residual(&res, hr);
     free(x), free(w), free(b), free(hx), free(hw), free(hb), free(hmean), free(hrstd);
     return ok;
 }
@@ -353,7 +392,8 @@ static void test_layernorm(void **state) {
     FOR_EACH_ORDER({
         for (int t = 0; t < 2; t++)
             for (size_t k = 0; k < N_LN_SHAPES; k++) {
-                all_ok &= ln_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
+                all_ok &= ln_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1], false);
+                all_ok &= ln_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1], true);
                 all_ok &= ln_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
             }
     });
@@ -726,16 +766,18 @@ static void test_xent(void **state) {
 /* ---- RMSNorm ----------------------------------------------------------------------------------
  */
 
-static bool rms_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
+static bool rms_fwd_case(ct_dtype dt, int64_t N, int64_t C, bool add) {
     cuda_test_seed(7, (uint64_t)N, (uint64_t)C);
     float *x = ln_input(N, C), *w = cuda_test_fvec(C, -1.5f, 1.5f);
     void *hx = cuda_test_pack(dt, x, N * C), *hw = cuda_test_pack(dt, w, C);
     size_t es = cuda_test_dsize(dt);
-    pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es);
+    pbuf inp = pb_new(hx, (size_t)(N * C) * es), pw = pb_new(hw, (size_t)C * es), res;
+    void *hr = norm_residual(dt, x, N * C, add, &res);
     pbuf out = pb_new(NULL, (size_t)(N * C) * es), rstd = pb_new(NULL, (size_t)N * 4);
     for (int s = 0; s < 2; s++) {
         ct_backend *be = side_be(s);
-        be->iface->rmsnorm_fwd(be->ctx, dt, out.p[s], rstd.p[s], inp.p[s], pw.p[s], N, C, 1e-5f);
+        be->iface->rmsnorm_fwd(be->ctx, dt, out.p[s], rstd.p[s], inp.p[s], res.p[s], pw.p[s], N, C,
+                               1e-5f);
     }
     /*
      * rstd = 1/sqrt(Σx²/C + eps): the squares are nonnegative, so the sums differ by (K + 2)·E
@@ -753,10 +795,12 @@ static bool rms_fwd_case(ct_dtype dt, int64_t N, int64_t C) {
              (long long)C);
     snprintf(what[1], sizeof what[1], "rmsnorm_fwd %s N=%lld C=%lld rstd", dn, (long long)N,
              (long long)C);
-    bool ok = check(what[0], &out, dt, N * C, atol_out, rtol_out);
+    bool ok = check_sum("rmsnorm_fwd", dt, N, C, add, &inp);
+    ok &= check(what[0], &out, dt, N * C, atol_out, rtol_out);
     ok &= check(what[1], &rstd, F32, N, 0.0, R);
     pbuf *bufs[] = {&inp, &pw, &out, &rstd};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) pb_free(bufs[i]);
+    pb_free_residual(&res, hr);
     free(x), free(w), free(hx), free(hw);
     return ok;
 }
@@ -828,7 +872,8 @@ static void test_rmsnorm(void **state) {
     FOR_EACH_ORDER({
         for (int t = 0; t < 2; t++)
             for (size_t k = 0; k < N_LN_SHAPES; k++) {
-                all_ok &= rms_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
+                all_ok &= rms_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1], false);
+                all_ok &= rms_fwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1], true);
                 all_ok &= rms_bwd_case(dtypes[t], ln_shapes[k][0], ln_shapes[k][1]);
             }
     });

@@ -521,6 +521,12 @@ void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
 /* out(N,C) = LayerNorm(inp)·w + b; saves mean(N), rstd(N). eps = 1e-5. */
 void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
                       const ct_tensor *w, const ct_tensor *b);
+/* The residual add fused into the norm that reads its result: inp += residual (one add per
+ * element, rounded to inp's dtype and stored: it is the residual stream), then
+ * ct_layernorm_fwd of that sum. residual NULL: ct_layernorm_fwd. Same rounding as ct_axpy
+ * followed by ct_layernorm_fwd, in one pass over the row. */
+void ct_layernorm_add_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, ct_tensor *inp,
+                          const ct_tensor *residual, const ct_tensor *w, const ct_tensor *b);
 /* dinp(N,C) += ..., dw(C) += ..., db(C) += ... (all accumulate) */
 void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
                       const ct_tensor *inp, const ct_tensor *w, const ct_tensor *mean,
@@ -540,6 +546,9 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
  * dout·inp·rstd. */
 void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
                     float eps);
+/* inp += residual, then ct_rmsnorm_fwd of the sum (as ct_layernorm_add_fwd). */
+void ct_rmsnorm_add_fwd(ct_tensor *out, ct_tensor *rstd, ct_tensor *inp, const ct_tensor *residual,
+                        const ct_tensor *w, float eps);
 void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const ct_tensor *inp,
                     const ct_tensor *w, const ct_tensor *rstd);
 

@@ -29,9 +29,10 @@
  *
  * Memory: on a few cores most non-GEMM ops are bound by memory bandwidth (~24 GB/s on the
  * development VM), so the ops are shaped to touch each tensor as few times as possible: linear
- * outputs start as bias (+ residual) and the GEMM accumulates (bias_init), gelu_bwd sums the bias
- * gradient of the layer before it, the cross-entropy keeps its exponentials for the gradient, and
- * attention prefetches the next head's slices. Explicit AVX-512 appears only where the compiler
+ * outputs start as their bias and the GEMM accumulates (bias_init), the residual add is done in
+ * the pass of the norm that reads the sum, gelu_bwd sums the bias gradient of the layer before
+ * it, the cross-entropy keeps its exponentials for the gradient, and attention prefetches the
+ * next head's slices. Explicit AVX-512 appears only where the compiler
  * cannot find it (a 16x16 transpose), with a plain-C path beside it.
  *
  * The context keeps one workspace (partial sums, attention scratch), grown on demand and owned by
@@ -178,9 +179,10 @@ static void slot_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dou
 }
 
 static void slot_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                               const void *inp, const void *w, const void *b, int64_t N,
-                               int64_t C) {
+                               void *inp, const void *residual, const void *w, const void *b,
+                               int64_t N, int64_t C) {
     cpu_ctx *c = ctx;
+    if (residual) slot_axpy(c, dt, inp, residual, 1.0f, N * C); /* the sum, rounded and stored */
     float *o = out_f32(c, 0, dt, out, N * C, false);
     ct_cpu_layernorm_fwd(c, o, mean, rstd, in_f32(c, 1, dt, inp, N * C), in_f32(c, 2, dt, w, C),
                          in_f32(c, 3, dt, b, C), N, C);
@@ -213,9 +215,10 @@ static void slot_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, cons
     out_done(c, dt, dinp, di, N * C);
 }
 
-static void slot_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
-                             const void *w, int64_t N, int64_t C, float eps) {
+static void slot_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, void *inp,
+                             const void *residual, const void *w, int64_t N, int64_t C, float eps) {
     cpu_ctx *c = ctx;
+    if (residual) slot_axpy(c, dt, inp, residual, 1.0f, N * C);
     float *o = out_f32(c, 0, dt, out, N * C, false);
     ct_cpu_rmsnorm_fwd(c, o, rstd, in_f32(c, 1, dt, inp, N * C), in_f32(c, 2, dt, w, C), N, C, eps);
     out_done(c, dt, out, o, N * C);

@@ -369,8 +369,18 @@ void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
     prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
 }
 
-void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
-                      const ct_tensor *w, const ct_tensor *b) {
+/* The residual, when given, is added to inp in place before the norm: same shape and dtype. */
+static void check_residual(const ct_tensor *residual, const ct_tensor *inp, const char *what) {
+    if (!residual) return;
+    check_like(residual, inp, what);
+    check_same_backend(residual, inp);
+    CT_ASSERTF(residual->numel == inp->numel && COLS(residual) == COLS(inp), "%s %s, inp %s", what,
+               SH(residual), SH(inp));
+}
+
+/* The slot's wrapper, with or without the residual; named after the slot (the profile's name). */
+static void layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, ct_tensor *inp,
+                          const ct_tensor *residual, const ct_tensor *w, const ct_tensor *b) {
     check_float(inp, "layernorm_fwd inp");
     check_like(out, inp, "layernorm_fwd out");
     check_f32(mean, "layernorm_fwd mean");
@@ -378,6 +388,7 @@ void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct
     check_like(w, inp, "layernorm_fwd w");
     check_like(b, inp, "layernorm_fwd b");
     check_same_backend(out, inp);
+    check_residual(residual, inp, "layernorm_fwd residual");
     int64_t N = ROWS(inp), C = COLS(inp);
     CT_ASSERTF(ROWS(out) == N && COLS(out) == C && mean->numel == N && rstd->numel == N &&
                    w->numel == C && b->numel == C,
@@ -385,8 +396,18 @@ void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct
                SH(rstd), SH(inp), SH(w), SH(b));
     double prof_t0_ = prof_begin(inp);
     IFACE(inp)->layernorm_fwd(CTX(inp), DT(inp), DATA(out), F32(mean), F32(rstd), DATA(inp),
-                              DATA(w), DATA(b), N, C);
+                              residual ? DATA(residual) : NULL, DATA(w), DATA(b), N, C);
     prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
+                      const ct_tensor *w, const ct_tensor *b) {
+    layernorm_fwd(out, mean, rstd, (ct_tensor *)inp, NULL, w, b); /* no residual: inp only read */
+}
+
+void ct_layernorm_add_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, ct_tensor *inp,
+                          const ct_tensor *residual, const ct_tensor *w, const ct_tensor *b) {
+    layernorm_fwd(out, mean, rstd, inp, residual, w, b);
 }
 
 void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_tensor *dout,
@@ -444,20 +465,32 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
     prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
 }
 
-void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
-                    float eps) {
+static void rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, ct_tensor *inp, const ct_tensor *residual,
+                        const ct_tensor *w, float eps) {
     check_float(inp, "rmsnorm_fwd inp");
     check_like(out, inp, "rmsnorm_fwd out");
     check_f32(rstd, "rmsnorm_fwd rstd");
     check_like(w, inp, "rmsnorm_fwd w");
     check_same_backend(out, inp);
+    check_residual(residual, inp, "rmsnorm_fwd residual");
     int64_t N = ROWS(inp), C = COLS(inp);
     CT_ASSERTF(ROWS(out) == N && COLS(out) == C && rstd->numel == N && w->numel == C && eps >= 0.0f,
                "rmsnorm_fwd: out %s, rstd %s, inp %s, w %s, eps %g", SH(out), SH(rstd), SH(inp),
                SH(w), (double)eps);
     double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->rmsnorm_fwd(CTX(inp), DT(inp), DATA(out), F32(rstd), DATA(inp), DATA(w), N, C, eps);
+    IFACE(inp)->rmsnorm_fwd(CTX(inp), DT(inp), DATA(out), F32(rstd), DATA(inp),
+                            residual ? DATA(residual) : NULL, DATA(w), N, C, eps);
     prof_end(inp, CT_PROF_NORM, prof_t0_);
+}
+
+void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
+                    float eps) {
+    rmsnorm_fwd(out, rstd, (ct_tensor *)inp, NULL, w, eps);
+}
+
+void ct_rmsnorm_add_fwd(ct_tensor *out, ct_tensor *rstd, ct_tensor *inp, const ct_tensor *residual,
+                        const ct_tensor *w, float eps) {
+    rmsnorm_fwd(out, rstd, inp, residual, w, eps);
 }
 
 void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const ct_tensor *inp,

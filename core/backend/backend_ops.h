@@ -90,9 +90,10 @@
     X(posemb_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                      \
       (ct_dtype, dt), (float *, dwpe), (const void *, dout), (int64_t, B), (int64_t, T),           \
       (int64_t, C), (int64_t, pos_offset))                                                         \
+    /* residual may be NULL; else inp += residual first, in place (the norms' residual add) */    \
     X(layernorm_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                   \
-      (ct_dtype, dt), (void *, out), (float *, mean), (float *, rstd), (const void *, inp),        \
-      (const void *, w), (const void *, b), (int64_t, N), (int64_t, C))                            \
+      (ct_dtype, dt), (void *, out), (float *, mean), (float *, rstd), (void *, inp),              \
+      (const void *, residual), (const void *, w), (const void *, b), (int64_t, N), (int64_t, C))  \
     X(layernorm_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                   \
       (ct_dtype, dt), (void *, dinp), (float *, dw), (float *, db), (const void *, dout),          \
       (const void *, inp), (const void *, w), (const float *, mean), (const float *, rstd),        \
@@ -103,9 +104,10 @@
     X(gelu_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                        \
       (ct_dtype, dt), (void *, dinp), (float *, dbias), (const void *, inp), (const void *, dout), \
       (int64_t, N), (int64_t, C))                                                                  \
+    /* residual as in layernorm_fwd */                                                            \
     X(rmsnorm_fwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
-      (ct_dtype, dt), (void *, out), (float *, rstd), (const void *, inp), (const void *, w),      \
-      (int64_t, N), (int64_t, C), (float, eps))                                                    \
+      (ct_dtype, dt), (void *, out), (float *, rstd), (void *, inp), (const void *, residual),     \
+      (const void *, w), (int64_t, N), (int64_t, C), (float, eps))                                 \
     X(rmsnorm_bwd, CT_OP_REQUIRED, CT_OP_ARGS,                                                     \
       (ct_dtype, dt), (void *, dinp), (float *, dw), (const void *, dout), (const void *, inp),    \
       (const void *, w), (const float *, rstd), (int64_t, N), (int64_t, C))                        \

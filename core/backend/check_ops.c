@@ -321,21 +321,25 @@ void ct_check_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dout, 
  * out = (x - mean)·rstd·w + b: the mean's error times rstd·|w|, the relative error of rstd times
  *   |n·w| (n = (x - mean)·rstd), and ULPS roundings of |n·w| + |b|.
  */
-void ct_check_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                            const void *inp, const void *w, const void *b, int64_t N, int64_t C) {
+void ct_check_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd, void *inp,
+                            const void *residual, const void *w, const void *b, int64_t N,
+                            int64_t C) {
     check_ctx *k = ctx;
-    enum { OUT, MEAN, RSTD, INP, W, B };
+    enum { OUT, MEAN, RSTD, INP, RESIDUAL, W, B };
     op_check o = {.op = "layernorm_fwd",
-                  .n_args = 6,
+                  .n_args = 7,
                   .arg = {{"out", out, N * C, dt, ARG_OUT},
                           {"mean", mean, N, CT_DTYPE_F32, ARG_OUT},
                           {"rstd", rstd, N, CT_DTYPE_F32, ARG_OUT},
-                          {"inp", inp, N * C, dt, ARG_IN},
+                          {"inp", inp, N * C, dt, residual ? ARG_INOUT : ARG_IN},
+                          {"residual", residual, N * C, dt, ARG_IN},
                           {"w", w, C, dt, ARG_IN},
                           {"b", b, C, dt, ARG_IN}}};
-    SHAPE(&o, "dt=%s N=%lld C=%lld", ct_dtype_name(dt), LL(N), LL(C));
-    run_layernorm_fwd(k, &o, dt, out, mean, rstd, inp, w, b, N, C);
-    const float *x = o.arg[INP].x, *wf = o.arg[W].x, *bf = o.arg[B].x;
+    SHAPE(&o, "dt=%s N=%lld C=%lld residual=%s", ct_dtype_name(dt), LL(N), LL(C),
+          residual ? "yes" : "NULL");
+    run_layernorm_fwd(k, &o, dt, out, mean, rstd, inp, residual, w, b, N, C);
+    /* the norm's input: inp, or the sum (rounded once to dt on both sides: exact, tolerance 0) */
+    const float *x = residual ? o.arg[INP].want : o.arg[INP].x, *wf = o.arg[W].x, *bf = o.arg[B].x;
     const float *m = o.arg[MEAN].want, *s = o.arg[RSTD].want;
     for (int64_t i = 0; i < N && C > 0; i++) {
         double L = 0.0;
@@ -492,19 +496,23 @@ void ct_check_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const v
  *   relative rel_s = red_tol(C) + 2·ULPS·U.
  * out = x·rstd·w: rstd's error plus two roundings, relative to |x·rstd·w|.
  */
-void ct_check_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, const void *inp,
-                          const void *w, int64_t N, int64_t C, float eps) {
+void ct_check_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, void *inp,
+                          const void *residual, const void *w, int64_t N, int64_t C, float eps) {
     check_ctx *k = ctx;
-    enum { OUT, RSTD, INP, W };
+    enum { OUT, RSTD, INP, RESIDUAL, W };
     op_check o = {.op = "rmsnorm_fwd",
-                  .n_args = 4,
+                  .n_args = 5,
                   .arg = {{"out", out, N * C, dt, ARG_OUT},
                           {"rstd", rstd, N, CT_DTYPE_F32, ARG_OUT},
-                          {"inp", inp, N * C, dt, ARG_IN},
+                          {"inp", inp, N * C, dt, residual ? ARG_INOUT : ARG_IN},
+                          {"residual", residual, N * C, dt, ARG_IN},
                           {"w", w, C, dt, ARG_IN}}};
-    SHAPE(&o, "dt=%s N=%lld C=%lld eps=%.9g", ct_dtype_name(dt), LL(N), LL(C), (double)eps);
-    run_rmsnorm_fwd(k, &o, dt, out, rstd, inp, w, N, C, eps);
-    const float *x = o.arg[INP].x, *wf = o.arg[W].x, *s = o.arg[RSTD].want;
+    SHAPE(&o, "dt=%s N=%lld C=%lld eps=%.9g residual=%s", ct_dtype_name(dt), LL(N), LL(C),
+          (double)eps, residual ? "yes" : "NULL");
+    run_rmsnorm_fwd(k, &o, dt, out, rstd, inp, residual, w, N, C, eps);
+    /* the norm's input, as in layernorm_fwd */
+    const float *x = residual ? o.arg[INP].want : o.arg[INP].x, *wf = o.arg[W].x;
+    const float *s = o.arg[RSTD].want;
     double rel_s = red_tol(C) + 2.0 * ULPS * U;
     for (int64_t i = 0; i < N; i++) {
         o.arg[RSTD].tol[i] = (float)(rel_s * fabs(s[i]));

@@ -3,8 +3,12 @@
 
 #include <stdlib.h>
 
-/* Times C = op(A)·op(B) + beta·C for one shape, A and B of dtype ab, C of dtype c; returns the
- * median seconds. */
+/* beta of time_gemm: a linear layer's forward with its bias, y = x·Wᵀ + b (ct_gemm_bias: on the
+ * CPU the bias, then a GEMM accumulating onto it; on the GPU the bias in the epilogue). */
+#define WITH_BIAS (-1.0f)
+
+/* Times C = op(A)·op(B) + beta·C (or WITH_BIAS: + a bias row) for one shape, A and B of dtype ab,
+ * C of dtype c; returns the median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                         float beta, ct_dtype ab, ct_dtype c, int reps) {
     int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
@@ -12,32 +16,36 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
     ct_tensor *A = ct_tensor_new(be, ab, 2, a_shape, CT_MEM_WORKSPACE);
     ct_tensor *B = ct_tensor_new(be, ab, 2, b_shape, CT_MEM_WORKSPACE);
     ct_tensor *C = ct_tensor_new(be, c, 2, c_shape, CT_MEM_WORKSPACE);
-    if (!A || !B || !C) {
-        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    ct_tensor *bias = beta == WITH_BIAS ? ct_tensor_new_1d(be, ab, N, CT_MEM_WORKSPACE) : NULL;
+    if (!A || !B || !C || (beta == WITH_BIAS && !bias)) {
+        ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C), ct_tensor_free(bias);
         return 0.0;
     }
+    CT_ASSERTF(!bias || (!ta && tb && c == ab), "a biased GEMM is a linear forward");
     ct_tensor_fill(A, 0.01f);
     ct_tensor_fill(B, 0.02f);
     ct_tensor_zero(C);
+    if (bias) ct_tensor_fill(bias, 0.03f);
     double *times = ct_xmalloc((size_t)reps * sizeof(double));
-    ct_gemm(C, A, B, ta, tb, 1.0f, beta);
-    ct_backend_sync(be);
-    for (int r = 0; r < reps; r++) {
+    for (int r = -1; r < reps; r++) { /* a first call unmeasured (algorithm choice, caches) */
         double t0 = ct_now();
-        ct_gemm(C, A, B, ta, tb, 1.0f, beta);
+        if (bias)
+            ct_gemm_bias(C, A, B, bias);
+        else
+            ct_gemm(C, A, B, ta, tb, 1.0f, beta);
         ct_backend_sync(be);
-        times[r] = ct_now() - t0;
+        if (r >= 0) times[r] = ct_now() - t0;
     }
     qsort(times, (size_t)reps, sizeof(double), ct_cmp_double);
     double median = times[reps / 2];
     free(times);
-    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C), ct_tensor_free(bias);
     return median;
 }
 
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
                           int reps) {
-    double t = time_gemm(be, M, N, K, false, true, 1.0f, dtype, dtype, reps);
+    double t = time_gemm(be, M, N, K, false, true, WITH_BIAS, dtype, dtype, reps);
     return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
 }
 
@@ -49,17 +57,20 @@ double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps) 
     /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
     const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
     /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
-     * and v as one fused projection; the layers with a bias accumulate onto it (beta 1), the LM
-     * head (the tied embedding, no bias) overwrites. Each GEMM is timed with the beta of the
-     * model's call: overwriting costs the BLAS an extra pass over C. */
+     * and v as one fused projection; GPT-2's layers with their bias (ct_gemm_bias), Llama's
+     * (no biases) and the LM head (the tied embedding) overwriting (beta 0). Each GEMM is timed
+     * as the model calls it: overwriting costs a BLAS an extra pass over C, an accumulating bf16
+     * GEMM the GPU an fp32 product. */
+    const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
+    const float lin = llama ? 0.0f : WITH_BIAS;
     struct {
         int64_t out, in, count;
         float fwd_beta;
     } linears[] = {
-        {qdim + 2 * kvdim, C, L, 1.0f},
-        {C, qdim, L, 1.0f},
-        {F, C, L, 1.0f},
-        {C, F, L, 1.0f},
+        {qdim + 2 * kvdim, C, L, lin},
+        {C, qdim, L, lin},
+        {llama ? 2 * F : F, C, L, lin}, /* Llama: gate|up as one */
+        {C, F, L, lin},
         {Vp, C, 1, 0.0f},
     };
     double flops = 0.0, seconds = 0.0;

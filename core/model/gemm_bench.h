@@ -11,7 +11,8 @@
 #include "core/config/config.h"
 
 /* Measures the backend's GEMM rate (FLOP/s) at shape M×N×K with operands of `dtype` (f32, or
- * bf16 into bf16): the median of a few runs. */
+ * bf16 into bf16), called as a linear layer's forward with its bias (ct_gemm_bias, y = x·Wᵀ + b,
+ * M rows of K in, N out): the median of a few runs. */
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
                           int reps);
 

@@ -825,7 +825,7 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
 
-    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, p->ln1_b);
+    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, NULL, p->ln1_w, p->ln1_b);
     ct_tensor *wqkv, *bqkv;
     ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
     ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
@@ -833,9 +833,10 @@ static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     ct_model_poll(m);
     ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
     ct_model_poll(m);
-    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, x);
-
-    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, p->ln2_b);
+    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, NULL);
+    /* mid = x + (att·Woᵀ + bo), the residual add fused into ln2 = LN(mid) */
+    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, x, p->ln2_w,
+                              p->ln2_b);
     if (p->moe_router) {
         ct_model_moe_forward(m, l, a, out);
         return;
@@ -958,7 +959,7 @@ double ct_model_loss_sum(ct_model *m) {
 static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
-    ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->lnf_w, m->lnf_b);
+    ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, NULL, m->lnf_w, m->lnf_b);
     /* (lnf_b is NULL for llama: an RMSNorm) */
     const ct_param *w = ct_model_head_weight(m);
     ct_gemm(a->logits, a->lnf, w->value, false, true, 1.0f, 0.0f);

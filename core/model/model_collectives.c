@@ -104,52 +104,55 @@ ct_status ct_model_sp_reserve(ct_model *m, int64_t B) {
 
 /* The "copy" entering a column-parallel block: the norm of the residual slice, gathered to
  * the full sequence under sequence parallelism (else the norm output is already full). */
-/* LayerNorm with bias b, or Llama's RMSNorm (b NULL; mean unused). */
-static void norm_fwd(ct_model *m, ct_tensor *out, ct_tensor *mean, ct_tensor *rstd,
-                     const ct_tensor *x, const ct_param *w, const ct_param *b) {
+/* LayerNorm with bias b, or Llama's RMSNorm (b NULL; mean unused); x += residual first when
+ * residual is not NULL, in the same pass. */
+static void norm_fwd(ct_model *m, ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x,
+                     const ct_tensor *residual, const ct_param *w, const ct_param *b) {
     if (b)
-        ct_layernorm_fwd(out, mean, rstd, x, w->value, b->value);
+        ct_layernorm_add_fwd(out, mean, rstd, x, residual, w->value, b->value);
     else
-        ct_rmsnorm_fwd(out, rstd, x, w->value, (float)m->mc.norm_eps);
+        ct_rmsnorm_add_fwd(out, rstd, x, residual, w->value, (float)m->mc.norm_eps);
 }
 
 void ct_model_norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
-                               const ct_tensor *x, const ct_param *w, const ct_param *b) {
+                               ct_tensor *x, const ct_tensor *residual, const ct_param *w,
+                               const ct_param *b) {
     if (!m->layout.sequence_parallel) {
-        norm_fwd(m, out_full, mean, rstd, x, w, b);
+        norm_fwd(m, out_full, mean, rstd, x, residual, w, b);
         return;
     }
     ct_tensor *local = ct_model_sp_view(m->sp_local, x->shape[0], m->Tl, m->C);
-    norm_fwd(m, local, mean, rstd, x, w, b);
+    norm_fwd(m, local, mean, rstd, x, residual, w, b);
     seq_gather(m, out_full, local);
     ct_tensor_free(local);
 }
 
-/* The "reduce" leaving a row-parallel block and the residual connection around it:
- * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (added once, after the reduction). Without tp the
- * GEMM accumulates onto residual + bias (one pass instead of three, as a linear layer's forward
- * above). */
+/* The "reduce" leaving a row-parallel block: out (B,Tl,C) = Σ_tp x·Wᵀ + bias (added once, after
+ * the reduction; with tp = 1 in the GEMM's epilogue where the backend has one), then the residual
+ * connection around the block, out += residual, when residual is not NULL (else the caller adds
+ * it in the norm that reads out next). The product is rounded to out's dtype before the residual
+ * is added, in every layout: a bf16 GEMM into a bf16 output at the library's rate, rather than an
+ * accumulating one (which the CUDA backend must round once through an fp32 product). */
 void ct_model_row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
                                const ct_param *b, const ct_tensor *residual) {
     if (m->layout.tp_size == 1) {
         if (b)
-            ct_bias_init(out, b->value, residual);
+            ct_gemm_bias(out, x, w->value, b->value);
         else
-            ct_tensor_copy(out, residual);
-        ct_gemm(out, x, w->value, false, true, 1.0f, 1.0f);
-        return;
-    }
-    if (!m->layout.sequence_parallel) {
-        ct_gemm(out, x, w->value, false, true, 1.0f, 0.0f);
-        ct_model_tp_allreduce(m, out, CT_REDUCE_SUM);
+            ct_gemm(out, x, w->value, false, true, 1.0f, 0.0f);
     } else {
-        ct_tensor *full = ct_model_sp_view(m->sp_full, out->shape[0], m->T, m->C);
-        ct_gemm(full, x, w->value, false, true, 1.0f, 0.0f);
-        ct_model_seq_reduce_scatter(m, out, full);
-        ct_tensor_free(full);
+        if (!m->layout.sequence_parallel) {
+            ct_gemm(out, x, w->value, false, true, 1.0f, 0.0f);
+            ct_model_tp_allreduce(m, out, CT_REDUCE_SUM);
+        } else {
+            ct_tensor *full = ct_model_sp_view(m->sp_full, out->shape[0], m->T, m->C);
+            ct_gemm(full, x, w->value, false, true, 1.0f, 0.0f);
+            ct_model_seq_reduce_scatter(m, out, full);
+            ct_tensor_free(full);
+        }
+        if (b) ct_bias_add(out, b->value);
     }
-    if (b) ct_bias_add(out, b->value);
-    ct_axpy(out, residual, 1.0f);
+    if (residual) ct_axpy(out, residual, 1.0f);
 }
 
 /* ∂L/∂(residual) over the full sequence: s->dres itself, or gathered under sequence

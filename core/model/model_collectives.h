@@ -21,12 +21,16 @@ void ct_model_seq_reduce_scatter(ct_model *m, ct_tensor *slice, const ct_tensor 
 ct_status ct_model_sp_reserve(ct_model *m, int64_t B);
 
 /* The "copy" entering a column-parallel block: out_full = LN(x) (RMSNorm when b is NULL: Llama),
- * gathered to the full sequence under sequence parallelism (x is then this rank's slice). */
+ * gathered to the full sequence under sequence parallelism (x is then this rank's slice). With a
+ * residual (not NULL), x += residual first, fused into the norm: the residual connection around
+ * the block before (see ct_model_row_parallel_out). */
 void ct_model_norm_for_columns(ct_model *m, ct_tensor *out_full, ct_tensor *mean, ct_tensor *rstd,
-                               const ct_tensor *x, const ct_param *w, const ct_param *b);
-/* The "reduce" leaving a row-parallel block and the residual connection around it:
- * out (B,Tl,C) = residual + Σ_tp x·Wᵀ + bias (the bias added once, after the reduction; b NULL:
- * none). */
+                               ct_tensor *x, const ct_tensor *residual, const ct_param *w,
+                               const ct_param *b);
+/* The "reduce" leaving a row-parallel block: out (B,Tl,C) = Σ_tp x·Wᵀ + bias (the bias added
+ * once, after the reduction; b NULL: none), rounded to out's dtype, then the residual connection
+ * around the block, out += residual, unless residual is NULL: then the caller adds it, fused
+ * into the norm that reads out (ct_model_norm_for_columns). */
 void ct_model_row_parallel_out(ct_model *m, ct_tensor *out, const ct_tensor *x, const ct_param *w,
                                const ct_param *b, const ct_tensor *residual);
 /* Backward: ∂L/∂(residual) over the full sequence (s->dres, or gathered into s->dfull). */

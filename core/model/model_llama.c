@@ -41,7 +41,7 @@ void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out
     ct_layer_acts *la = &a->layers[l];
     ct_tensor *x = a->residual[l];
 
-    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, p->ln1_w, NULL);
+    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, NULL, p->ln1_w, NULL);
     ct_tensor *wqkv, *bqkv;
     ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
     ct_gemm(la->qkv, la->ln1, wqkv, false, true, 1.0f, 0.0f);
@@ -50,9 +50,9 @@ void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out
     ct_model_poll(m);
     ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
     ct_model_poll(m);
-    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, x);
-
-    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, p->ln2_w, NULL);
+    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, NULL, NULL);
+    /* mid = x + att·Woᵀ, the residual add fused into ln2 = RMSNorm(mid) */
+    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, x, p->ln2_w, NULL);
     if (p->moe_router) { /* SwiGLU experts (moe.c) */
         ct_model_moe_forward(m, l, a, out);
         return;

@@ -32,8 +32,8 @@
  * outputs start as their bias and the GEMM accumulates (bias_init), the residual add is done in
  * the pass of the norm that reads the sum, gelu_bwd sums the bias gradient of the layer before
  * it, the cross-entropy keeps its exponentials for the gradient, and attention prefetches the
- * next head's slices. Explicit AVX-512 appears only where the compiler
- * cannot find it (a 16x16 transpose), with a plain-C path beside it.
+ * next head's slices. Explicit AVX-512 appears only where the compiler cannot find it (a 16x16
+ * transpose), with a plain-C path beside it.
  *
  * The context keeps one workspace (partial sums, attention scratch), grown on demand and owned by
  * the backend; it is not counted in the per-category accounting of backend.c. Ops on one backend

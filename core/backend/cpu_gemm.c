@@ -233,7 +233,6 @@ static void key_init(gemm_key *k, bool trans_a, bool trans_b, int64_t M, int64_t
 
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
-/* f32 -> bf16, round to nearest even; NaN stays NaN (as backend_cpu.c). */
 /* The dtype pairs both GEMMs take: fp32 or bf16 A and B; fp32 C, or bf16 C from bf16 inputs. */
 static void check_dtypes(ct_dtype ab_dtype, ct_dtype c_dtype) {
     CT_ASSERTF(ab_dtype == CT_DTYPE_F32 || ab_dtype == CT_DTYPE_BF16, "A/B dtype %s",

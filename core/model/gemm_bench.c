@@ -3,21 +3,22 @@
 
 #include <stdlib.h>
 
-/* beta of time_gemm: a linear layer's forward with its bias, y = x·Wᵀ + b (ct_gemm_bias: on the
- * CPU the bias, then a GEMM accumulating onto it; on the GPU the bias in the epilogue). */
-#define WITH_BIAS (-1.0f)
+/* How a timed GEMM is called: C = op(A)·op(B) overwriting C (beta 0) or accumulating onto it
+ * (beta 1), or a linear layer's forward with its bias, C = A·Bᵀ + b (ct_gemm_bias: on the CPU the
+ * bias, then a GEMM accumulating onto it; on the GPU the bias in the epilogue). */
+typedef enum { GEMM_OVERWRITE, GEMM_ACCUMULATE, GEMM_BIAS } gemm_call;
 
-/* Times C = op(A)·op(B) + beta·C (or WITH_BIAS: + a bias row) for one shape, A and B of dtype ab,
- * C of dtype c; returns the median seconds. */
+/* Times one GEMM of one shape called as `call`, A and B of dtype ab, C of dtype c; returns the
+ * median seconds. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                        float beta, ct_dtype ab, ct_dtype c, int reps) {
+                        gemm_call call, ct_dtype ab, ct_dtype c, int reps) {
     int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
     int64_t c_shape[2] = {M, N};
     ct_tensor *A = ct_tensor_new(be, ab, 2, a_shape, CT_MEM_WORKSPACE);
     ct_tensor *B = ct_tensor_new(be, ab, 2, b_shape, CT_MEM_WORKSPACE);
     ct_tensor *C = ct_tensor_new(be, c, 2, c_shape, CT_MEM_WORKSPACE);
-    ct_tensor *bias = beta == WITH_BIAS ? ct_tensor_new_1d(be, ab, N, CT_MEM_WORKSPACE) : NULL;
-    if (!A || !B || !C || (beta == WITH_BIAS && !bias)) {
+    ct_tensor *bias = call == GEMM_BIAS ? ct_tensor_new_1d(be, ab, N, CT_MEM_WORKSPACE) : NULL;
+    if (!A || !B || !C || (call == GEMM_BIAS && !bias)) {
         ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C), ct_tensor_free(bias);
         return 0.0;
     }
@@ -32,7 +33,7 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
         if (bias)
             ct_gemm_bias(C, A, B, bias);
         else
-            ct_gemm(C, A, B, ta, tb, 1.0f, beta);
+            ct_gemm(C, A, B, ta, tb, 1.0f, call == GEMM_ACCUMULATE ? 1.0f : 0.0f);
         ct_backend_sync(be);
         if (r >= 0) times[r] = ct_now() - t0;
     }
@@ -45,7 +46,7 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
 
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
                           int reps) {
-    double t = time_gemm(be, M, N, K, false, true, WITH_BIAS, dtype, dtype, reps);
+    double t = time_gemm(be, M, N, K, false, true, GEMM_BIAS, dtype, dtype, reps);
     return t > 0 ? 2.0 * (double)M * (double)N * (double)K / t : 0.0;
 }
 
@@ -56,30 +57,32 @@ double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps) 
     const int64_t F = cfg->derived.d_ff, L = cfg->model.n_layer, Vp = cfg->derived.vocab_padded;
     /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
     const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
-    /* (out, in, times per step, forward beta) of every linear layer as the model runs it: q, k
+    /* (out, in, times per step, forward call) of every linear layer as the model runs it: q, k
      * and v as one fused projection; GPT-2's layers with their bias (ct_gemm_bias), Llama's
      * (no biases) and the LM head (the tied embedding) overwriting (beta 0). Each GEMM is timed
      * as the model calls it: overwriting costs a BLAS an extra pass over C, an accumulating bf16
      * GEMM the GPU an fp32 product. */
     const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
-    const float lin = llama ? 0.0f : WITH_BIAS;
+    const gemm_call lin = llama ? GEMM_OVERWRITE : GEMM_BIAS;
     struct {
         int64_t out, in, count;
-        float fwd_beta;
+        gemm_call fwd;
     } linears[] = {
         {qdim + 2 * kvdim, C, L, lin},
         {C, qdim, L, lin},
         {llama ? 2 * F : F, C, L, lin}, /* Llama: gate|up as one */
         {C, F, L, lin},
-        {Vp, C, 1, 0.0f},
+        {Vp, C, 1, GEMM_OVERWRITE},
     };
     double flops = 0.0, seconds = 0.0;
     for (size_t i = 0; i < sizeof linears / sizeof linears[0]; i++) {
         int64_t out = linears[i].out, in = linears[i].in;
         double f = 2.0 * (double)N * (double)out * (double)in, n = (double)linears[i].count;
-        double t = time_gemm(be, N, out, in, false, true, linears[i].fwd_beta, dt, dt, reps) /* y */
-                   + time_gemm(be, N, in, out, false, false, 0.0f, dt, dt, reps) /* dx = dy·W */
-                   + time_gemm(be, out, in, N, true, false, 1.0f, dt, CT_DTYPE_F32, reps); /* dW */
+        double t =
+            time_gemm(be, N, out, in, false, true, linears[i].fwd, dt, dt, reps)    /* y */
+            + time_gemm(be, N, in, out, false, false, GEMM_OVERWRITE, dt, dt, reps) /* dx = dy·W */
+            + time_gemm(be, out, in, N, true, false, GEMM_ACCUMULATE, dt, CT_DTYPE_F32,
+                        reps); /* dW */
         flops += 3.0 * f * n;
         seconds += t * n;
     }
@@ -101,9 +104,10 @@ double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps)
     double flops = 0.0, seconds = 0.0;
     for (int i = 0; i < 2; i++) {
         const int64_t out = shapes[i][0], in = shapes[i][1];
-        seconds += time_gemm(be, rows, out, in, false, true, 1.0f, dt, dt, reps) +
-                   time_gemm(be, rows, in, out, false, false, 0.0f, dt, dt, reps) +
-                   time_gemm(be, out, in, rows, true, false, 1.0f, dt, CT_DTYPE_F32, reps);
+        seconds +=
+            time_gemm(be, rows, out, in, false, true, GEMM_ACCUMULATE, dt, dt, reps) +
+            time_gemm(be, rows, in, out, false, false, GEMM_OVERWRITE, dt, dt, reps) +
+            time_gemm(be, out, in, rows, true, false, GEMM_ACCUMULATE, dt, CT_DTYPE_F32, reps);
         flops += 3.0 * 2.0 * (double)rows * (double)out * (double)in;
     }
     return seconds > 0 ? flops / seconds : 0.0;

@@ -50,6 +50,9 @@ struct ct_cuda_ctx {
     int64_t cap_marks;
     cudaEvent_t anchor;
     double anchor_host;
+    /* Device frees so far (tensors and workspace growth): a graph captured before a free may
+     * hold the freed address (cuda_graph_launch). */
+    uint64_t frees;
 };
 
 cudaStream_t ct_cuda_stream(const ct_cuda_ctx *cx) {
@@ -75,7 +78,10 @@ void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     /* Grow by at least half, so a run settles after a few calls. cudaFree waits for the device,
      * so work still reading the old buffer finishes first. */
     size_t want = bytes + bytes / 2;
-    if (cx->workspace[slot]) CT_CUDA_CHECK(cudaFree(cx->workspace[slot]));
+    if (cx->workspace[slot]) {
+        CT_CUDA_CHECK(cudaFree(cx->workspace[slot]));
+        cx->frees++;
+    }
     CT_CUDA_CHECK(cudaMalloc(&cx->workspace[slot], want));
     cx->workspace_bytes[slot] = want;
     return cx->workspace[slot];
@@ -95,7 +101,10 @@ static void *cuda_alloc(void *ctx, size_t bytes) {
 }
 
 static void cuda_free(void *ctx, void *ptr) {
-    if (ptr) CT_CUDA_CHECK(cudaFree(ptr));
+    ct_cuda_ctx *cx = ctx;
+    if (!ptr) return;
+    CT_CUDA_CHECK(cudaFree(ptr));
+    cx->frees++;
 }
 
 static void cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
@@ -430,6 +439,50 @@ static void cuda_marks_read(void *ctx, int64_t n, double *times) {
     }
 }
 
+/* ---- graphs -------------------------------------------------------------------------------- */
+
+/* The compute stream captured in global mode: a call that could make the capture wrong (an
+ * allocation, a free, a host wait) fails it rather than slipping past, and CT_CUDA_CHECK exits
+ * naming the call. The emulator refuses the same calls (cuda/emu/README.md). */
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    uint64_t frees; /* cx->frees when captured */
+} cuda_graph;
+
+static void cuda_capture_begin(void *ctx) {
+    ct_cuda_ctx *cx = ctx;
+    CT_CUDA_CHECK(cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeGlobal));
+}
+
+static void *cuda_capture_end(void *ctx, int64_t *ops) {
+    ct_cuda_ctx *cx = ctx;
+    cudaGraph_t graph = NULL;
+    CT_CUDA_CHECK(cudaStreamEndCapture(cx->stream, &graph));
+    size_t nodes = 0;
+    CT_CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &nodes));
+    cuda_graph *g = ct_xcalloc(1, sizeof *g);
+    CT_CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
+    CT_CUDA_CHECK(cudaGraphDestroy(graph));
+    g->frees = cx->frees;
+    *ops = (int64_t)nodes;
+    return g;
+}
+
+static bool cuda_graph_launch(void *ctx, void *graph) {
+    ct_cuda_ctx *cx = ctx;
+    cuda_graph *g = graph;
+    if (g->frees != cx->frees) return false;
+    CT_CUDA_CHECK(cudaGraphLaunch(g->exec, cx->stream));
+    return true;
+}
+
+static void cuda_graph_free(void *ctx, void *graph) {
+    (void)ctx;
+    cuda_graph *g = graph;
+    CT_CUDA_CHECK(cudaGraphExecDestroy(g->exec)); /* a launch in flight completes first */
+    free(g);
+}
+
 /* ---- the device ---------------------------------------------------------------------------- */
 
 /* Dense multiply-adds per clock per SM, times 2 (FLOPs), by compute capability: tensor cores for
@@ -526,6 +579,10 @@ static const struct ct_backend_i cuda_iface = {
     .mark = cuda_mark,
     .marks_read = cuda_marks_read,
     .sync = cuda_sync,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
     .peak_flops = cuda_peak_flops,
     .describe = cuda_describe,
     .free_backend = cuda_free_backend,

@@ -226,6 +226,9 @@ ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream) {
     CT_CUBLASLT_CHECK(cublasLtCreate(&g->lt));
     CT_CUBLAS_CHECK(cublasCreate(&g->blas));
     CT_CUBLAS_CHECK(cublasSetStream(g->blas, stream));
+    /* cublasGemmEx's workspace is cuBLASLt's (the same stream orders them), so cuBLAS allocates
+     * none of its own, which a graph capture (train.cuda_graph) could not hold. */
+    CT_CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->workspace, g->workspace_bytes));
     /* No TF32 for fp32 inputs (the default math with CUBLAS_COMPUTE_32F), and split-K partial
      * sums reduced in fp32 even when C is bf16. */
     CT_CUBLAS_CHECK(cublasSetMathMode(

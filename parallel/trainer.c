@@ -29,6 +29,9 @@
 static void trainer_free(trainer *t) {
     ct_ckpt_save_abandon(t->pending); /* only after a failure: a save ends before the run does */
     ct_ckpt_release();
+    ct_backend_graph_free(t->be, t->graph);
+    ct_tensor_free(t->graph_inputs);
+    ct_tensor_free(t->graph_targets);
     ct_grad_scratch_free(t->scratch);
     ct_acts_free(t->acts);
     ct_pipeline_free(t->pipeline);
@@ -253,11 +256,90 @@ static double run_microbatches(trainer *t, bool train, float dloss) {
     return ct_model_loss_sum(t->model);
 }
 
+/*
+ * train.cuda_graph: the step's forward and backward (ct_dp_begin_step to ct_dp_finish_backward,
+ * every microbatch) captured once in a graph and then issued by one launch a step. What the
+ * graph cannot hold stays outside it: the step's tokens go to the device first (graph_inputs,
+ * graph_targets, which the captured microbatches copy from), the loss is read after it, and the
+ * gradient norm and the optimizer (whose learning rate and clip scale change every step) follow.
+ * The host's part of the step is not replayed, so the graph holds only a step whose host work
+ * is the same every time (config_validate.c, check_cuda_graph: one process, no MoE routing, no
+ * per-op timing). The run's first step runs eagerly and sizes every workspace, so the capture
+ * at its second allocates nothing; a device free later (an evaluation's, a workspace's growth)
+ * may leave an address in the graph dangling, and the backend then refuses the launch: the step
+ * is captured again.
+ */
+static ct_status graph_buffers(trainer *t, int64_t n) {
+    if (!ct_backend_can_capture(t->be)) {
+        ct_error(CT_ERR_INPUT, "train.cuda_graph is on, but the %s backend cannot capture a graph",
+                 t->be->iface->name);
+        ct_hint("CT_CHECK_BACKEND=1 checks each op on the host as it is issued, which a graph's "
+                "launch skips: run one or the other");
+        return CT_ERR_INPUT;
+    }
+    t->graph_inputs = ct_tensor_new_1d(t->be, CT_DTYPE_I32, n, CT_MEM_ACTS);
+    t->graph_targets = ct_tensor_new_1d(t->be, CT_DTYPE_I32, n, CT_MEM_ACTS);
+    return t->graph_inputs && t->graph_targets ? CT_OK : CT_ERR_RUNTIME;
+}
+
+/* The step's forward and backward from graph_inputs / graph_targets, as run_microbatches and the
+ * dp calls around it in train_step issue them, after ct_model_begin_losses; the loss is not
+ * read. */
+static void issue_step(trainer *t) {
+    const int accum = (int)t->accum;
+    const int64_t n = t->cfg->train.micro_batch * t->T_local;
+    ct_dp_begin_step(t->dp, accum);
+    for (int mb = 0; mb < accum; mb++) {
+        ct_tensor *in = ct_tensor_view_1d(t->graph_inputs, mb * n, n);
+        ct_tensor *tg = ct_tensor_view_1d(t->graph_targets, mb * n, n);
+        ct_dp_begin_microbatch(t->dp, mb);
+        ct_acts_set_batch_device(t->acts, mb, in, tg);
+        ct_model_forward(t->model, t->acts, t->dloss);
+        ct_model_backward(t->model, t->acts, t->scratch);
+        ct_tensor_free(in), ct_tensor_free(tg);
+    }
+    ct_dp_finish_backward(t->dp);
+}
+
+/* One step's forward and backward under train.cuda_graph; returns the summed loss. */
+static double graph_step(trainer *t, int64_t step) {
+    ct_tensor_from_host(t->graph_inputs, t->step_inputs);
+    ct_tensor_from_host(t->graph_targets, t->step_targets);
+    /* The per-token losses' buffer zeroed, and its host bookkeeping set (an evaluation may have
+     * changed it); outside the graph, so a buffer that had to grow is a free the launch sees. */
+    ct_model_begin_losses(t->model, (int)t->accum, t->cfg->train.micro_batch);
+    /* COOKTRAIN_FAULT_GRAPH_FREE=N: a device free before step N's launch, as an evaluation or
+     * a growing workspace may make, for the tests of the recapture */
+    const char *fault = getenv("COOKTRAIN_FAULT_GRAPH_FREE");
+    if (fault && atoll(fault) == step + 1)
+        ct_tensor_free(ct_tensor_new_1d(t->be, CT_DTYPE_F32, 1, CT_MEM_WORKSPACE));
+    if (t->graph && !ct_backend_graph_launch(t->be, t->graph)) {
+        ct_backend_graph_free(t->be, t->graph);
+        t->graph = NULL;
+    }
+    if (!t->graph && step == t->first_step) {
+        issue_step(t); /* eager: sizes the workspaces the capture will find */
+    } else if (!t->graph) {
+        ct_backend_capture_begin(t->be);
+        issue_step(t);
+        t->graph = ct_backend_capture_end(t->be, &t->graph_ops);
+        if (t->rank0)
+            printf("cuda graph: step %lld's forward and backward %scaptured, %lld operations "
+                   "issued by one launch\n",
+                   (long long)step + 1, t->graph_captures ? "re" : "", (long long)t->graph_ops);
+        t->graph_captures++;
+        CT_ASSERT(ct_backend_graph_launch(t->be, t->graph)); /* nothing freed since */
+    }
+    return ct_model_loss_sum(t->model);
+}
+
 /* Sum over the pipeline group: only the stage holding the loss contributes. */
 static double pp_sum(trainer *t, double x) {
     ct_comm_allreduce(t->pctx->pp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
     return x;
 }
+
+static ct_status graph_buffers(trainer *t, int64_t n);
 
 static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, ct_pctx *pctx) {
     memset(t, 0, sizeof *t);
@@ -276,6 +358,7 @@ static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, 
     if (t->pctx->cp > 1) t->cp_scratch = ct_xmalloc(n * sizeof(int32_t));
     CT_TRY(agree(t, open_inputs(t)));
     CT_TRY(agree(t, build_model(t)));
+    if (cfg->train.cuda_graph) CT_TRY(agree(t, graph_buffers(t, (int64_t)n)));
     return CT_OK;
 }
 
@@ -576,9 +659,14 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     ct_comm_reset_counters(t->pctx->ep_comm);
     if (t->pctx->ep > 1) ct_comm_reset_counters(t->pctx->edp_comm);
     const double cp_wait0 = t->pctx->cp_comm->seconds;
-    ct_dp_begin_step(t->dp, (int)t->accum);
-    double loss_sum = run_microbatches(t, true, t->dloss);
-    ct_dp_finish_backward(t->dp);
+    double loss_sum;
+    if (t->graph_inputs) {
+        loss_sum = graph_step(t, step);
+    } else {
+        ct_dp_begin_step(t->dp, (int)t->accum);
+        loss_sum = run_microbatches(t, true, t->dloss);
+        ct_dp_finish_backward(t->dp);
+    }
     ct_dp_sync_tied(t->dp, t->pctx->embed_comm);
     if (t->pipeline) loss_sum = pp_sum(t, loss_sum);
     s->loss = dp_sum(t, loss_sum) / t->tokens_per_step;

@@ -66,6 +66,12 @@ typedef struct trainer {
     bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
     int64_t pending_step;
     bool stopped; /* ended early (signal or train.stop_after) */
+    /* train.cuda_graph (graph_step): the step's tokens and targets on the device, and the graph
+     * of the step's forward and backward, captured at the run's second step and again after a
+     * device free (graph_ops operations; graph_captures so far) */
+    ct_tensor *graph_inputs, *graph_targets;
+    ct_backend_graph *graph;
+    int64_t graph_ops, graph_captures;
     ct_train_result res;
 } trainer;
 

@@ -28,7 +28,9 @@
 #      through PyTorch (scripts/gemm_peer.py, where the peers run);
 #   On Hopper (or with --wgmma on), each bf16 row at head width 64 runs a second time with the wgmma
 #   attention kernels (CT_CUDA_ATTENTION=wgmma, cuda/README.md): its own row, "cooktrain wgmma",
-#   and its own --device-idle run (--wgmma off leaves them out);
+#   and its own --device-idle run (--wgmma off leaves them out); and each row runs once more with
+#   the step's forward and backward issued from a CUDA graph (train.cuda_graph, core/README.md):
+#   its own row, "cooktrain graph" (--graph off leaves it out);
 #   5. the GPU-speed targets, each met or MISSED from those figures: tok/s >= 1.0x torch.compile
 #      and >= 1.05x eager (fp32: >= 1.0x eager), memory no more than torch.compile's, attention
 #      within 1.25x of SDPA flash, the GEMMs within 1.15x of PyTorch's, AdamW + gradient norm
@@ -44,7 +46,7 @@
 #
 #   scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"]
 #                        [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers]
-#                        [--python PYTHON] [--wgmma auto|on|off]
+#                        [--python PYTHON] [--wgmma auto|on|off] [--graph on|off]
 # (--steps counts every step, the 3 warmup steps too. For a device the script does not know,
 # BENCH_GPU_PEAK_BF16 and BENCH_GPU_PEAK_FP32 give the datasheet peaks in TFLOP/s; NVIDIA_SMI
 # names the nvidia-smi to ask, for the tests.)
@@ -66,13 +68,14 @@ peers="eager compile"
 skip_peers=0
 PY=python3
 wgmma=auto
+graph=on
 
 bad() { echo "bench_gpu: $1" >&2; echo "hint: $2" >&2; exit 2; }
 skip() { echo "bench_gpu: skipped: $*"; exit 0; }
-usage_hint='scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] [--wgmma auto|on|off] (see the comment at the top of scripts/bench_gpu.sh)'
+usage_hint='scripts/bench_gpu.sh [--steps N] [--models "gpt2 llama"] [--batches "16 64"] [--precisions "bf16 fp32"] [--peers "eager compile"] [--skip-peers] [--python PYTHON] [--wgmma auto|on|off] [--graph on|off] (see the comment at the top of scripts/bench_gpu.sh)'
 while [ $# -gt 0 ]; do
     case $1 in
-        --steps | --models | --batches | --precisions | --peers | --python | --wgmma)
+        --steps | --models | --batches | --precisions | --peers | --python | --wgmma | --graph)
             [ $# -ge 2 ] || bad "$1 needs a value" "$usage_hint"
             case $1 in
                 --steps) steps=$2 ;;
@@ -82,6 +85,7 @@ while [ $# -gt 0 ]; do
                 --peers) peers=$2 ;;
                 --python) PY=$2 ;;
                 --wgmma) wgmma=$2 ;;
+                --graph) graph=$2 ;;
             esac
             shift 2 ;;
         --skip-peers) skip_peers=1; shift ;;
@@ -108,6 +112,7 @@ for m in $peers; do
 done
 [ -n "${peers// /}" ] || skip_peers=1
 case $wgmma in auto | on | off) ;; *) bad "--wgmma: '$wgmma' is not auto, on or off" "--wgmma auto" ;; esac
+case $graph in on | off) ;; *) bad "--graph: '$graph' is not on or off" "--graph on" ;; esac
 
 # ---- is there a GPU, and a build for it? ---------------------------------------------------------
 if ! command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
@@ -240,16 +245,21 @@ fi
 # ---- 1. cooktrain ------------------------------------------------------------------------------------
 # rows: SYSTEM PRECISION B TOKENS_PER_S PEAK_BYTES NOTE... ("-" for a failed run's numbers)
 : >"$m/rows"
-# cooktrain_row PRECISION B [wgmma]: the row, or with wgmma the same model with the wgmma attention
-# kernels (CT_CUDA_ATTENTION=wgmma; its own row "wgmma", and its --device-idle run, no --profile)
+# cooktrain_row PRECISION B [wgmma|graph]: the row; with wgmma the same model with the wgmma
+# attention kernels (CT_CUDA_ATTENTION=wgmma; its own row "wgmma", and its --device-idle run, no
+# --profile); with graph the step issued from a CUDA graph (train.cuda_graph; its own row "graph",
+# no --profile or --device-idle run: they time the ops one by one, which a graph's launch cannot)
 cooktrain_row() {
     local p=$1 b=$2 sys=${3:-cooktrain} tps mem
-    local name="$sys.$p.$b" env=()
-    [ "$sys" = cooktrain ] || env=(CT_CUDA_ATTENTION=wgmma)
+    local name="$sys.$p.$b" env=() extra=()
+    case $sys in
+        wgmma) env=(CT_CUDA_ATTENTION=wgmma) ;;
+        graph) extra=(--set train.cuda_graph=true) ;;
+    esac
     local sets=(train --config "$CONFIG" --backend "$BACKEND" --set model.seq_len="$T"
                 --set train.global_batch="$b" --set train.micro_batch="$b" --set train.warmup_steps=1
                 --set log.interval=1 --set train.eval_interval=0 --set log.sample_tokens=0
-                --set train.precision="$p" --set data.train="$data")
+                --set train.precision="$p" --set data.train="$data" "${extra[@]}")
     if ! env "${env[@]}" "$BIN" "${sets[@]}" --set train.steps="$steps" --set log.metrics="$m/$name.jsonl" >"$m/$name.log" 2>&1 </dev/null; then
         failed=1
         echo "$sys $p $b - - failed: $(grep -m1 -E '^(cooktrain|error)' "$m/$name.log" || tail -n 1 "$m/$name.log")" >>"$m/rows"
@@ -269,7 +279,9 @@ cooktrain_row() {
         failed=1
         echo "cooktrain $p B=$b: the --profile run failed:"; tail -n 6 "$m/$name.profile.log" | sed 's/^/    /'
     fi
-    if env "${env[@]}" "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
+    if [ "$sys" = graph ]; then
+        :
+    elif env "${env[@]}" "$BIN" "${sets[@]}" --set train.steps=$PROFILE_STEPS --device-idle >"$m/$name.idle.log" 2>&1 </dev/null; then
         grep '^device idle (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.idle" || true
         grep '^device busy by op (rank' "$m/$name.idle.log" | tail -n 1 >"$m/$name.busy" || true
     else
@@ -283,6 +295,7 @@ for p in $precisions; do
         cooktrain_row "$p" "$b"
         # bf16 attention at head width 64 runs on tensor cores: the wgmma kernels beside them
         if [ "$wgmma" = on ] && [ "$p" = bf16 ] && [ $((D / HEADS)) = 64 ]; then cooktrain_row "$p" "$b" wgmma; fi
+        if [ "$graph" = on ]; then cooktrain_row "$p" "$b" graph; fi
     done
 done
 t_cooktrain=$((t_cooktrain + SECONDS - t0))
@@ -328,15 +341,15 @@ awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
       note = ""; for (i = 6; i <= NF; i++) note = note (i > 6 ? " " : "") $i; notes[key] = note }
     END {
         peak["bf16"] = pbf16; peak["fp32"] = pfp32; gemm["bf16"] = gbf16; gemm["fp32"] = gfp32
-        label["cooktrain"] = "cooktrain"; label["wgmma"] = "cooktrain wgmma"
+        label["cooktrain"] = "cooktrain"; label["wgmma"] = "cooktrain wgmma"; label["graph"] = "cooktrain graph"
         label["eager"] = "torch eager+SDPA"; label["compile"] = "torch.compile"
         printf "%-17s %-9s %4s %10s %14s %11s %7s %14s %9s\n", "system", "precision", "B", "tok/s",
                "cooktrain/this", "peak mem", "MFU", "matmul 8192^3", "of matmul"
         np = split(precisions, ps, " "); nb = split(batches, bs, " ")
         for (i = 1; i <= np; i++) for (j = 1; j <= nb; j++) {
             p = ps[i]; b = bs[j]; ours = tps["cooktrain" SUBSEP p SUBSEP b]
-            for (s = 1; s <= 4; s++) {
-                sys = s == 1 ? "cooktrain" : s == 2 ? "wgmma" : s == 3 ? "eager" : "compile"
+            for (s = 1; s <= 5; s++) {
+                sys = s == 1 ? "cooktrain" : s == 2 ? "wgmma" : s == 3 ? "graph" : s == 4 ? "eager" : "compile"
                 key = sys SUBSEP p SUBSEP b
                 if (!(key in tps)) continue
                 t = tps[key]
@@ -349,7 +362,7 @@ awk -v f="$flops" -v precisions="$precisions" -v batches="$batches" \
                        notes[key] == "ok" ? "" : "  " notes[key]
             }
         }
-        print "(cooktrain wgmma: with CT_CUDA_ATTENTION=wgmma, Hopper'"'"'s attention kernels; cooktrain/this: cooktrain tok/s over the row'"'"'s; peak mem: cooktrain'"'"'s allocations (mem_bytes), torch.cuda.max_memory_allocated for the peers;"
+        print "(cooktrain wgmma: with CT_CUDA_ATTENTION=wgmma, Hopper'"'"'s attention kernels; cooktrain graph: with train.cuda_graph; cooktrain/this: cooktrain tok/s over the row'"'"'s; peak mem: cooktrain'"'"'s allocations (mem_bytes), torch.cuda.max_memory_allocated for the peers;"
         print " of matmul: tok/s x F over the measured 8192^3 matmul rate in that precision)"
     }' "$m/rows"
 
@@ -478,6 +491,9 @@ for p in $precisions; do
                 if ("wgmma" in tps && "compile" in tps)
                     printf "%swith the wgmma attention: tok/s %.2fx torch.compile (target >= 1.0x): %s\n", pre,
                            tps["wgmma"] / tps["compile"], verdict(tps["wgmma"] >= tps["compile"])
+                if ("graph" in tps && "compile" in tps)
+                    printf "%swith the CUDA graph: tok/s %.2fx the ops issued one by one, %.2fx torch.compile (target >= 1.0x): %s\n", pre,
+                           tps["graph"] / ours, tps["graph"] / tps["compile"], verdict(tps["graph"] >= tps["compile"])
                 if (attw > 0 && sdpa > 0)
                     printf "%swith the wgmma attention: attention %.2f ms on the device clock, %.2fx SDPA flash (target <= 1.25x): %s\n",
                            pre, attw, attw / (L * sdpa), verdict(attw <= 1.25 * L * sdpa)

@@ -12,7 +12,8 @@
 #      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
 #      test/cli_cuda.sh does on the emulated device, and the GPU run's trace (its unit spans timed
-#      by CUDA events) checked by test/check_trace.py --timeline;
+#      by CUDA events) checked by test/check_trace.py --timeline; then the GPU runs again with
+#      the step issued from a CUDA graph (train.cuda_graph), which must give the same bits;
 #   3. throughput: configs/tiny.yaml and configs/gpt2-124m.yaml in fp32 and bf16 on one GPU:
 #      median tokens/s, MFU over the device's peak in that precision (as the trainer prints it)
 #      and, from a second short run, the --profile split by op category;
@@ -158,6 +159,21 @@ for f in bin bin.index.json; do cp "$tmp/f32/init.$f" "$tmp/b16/init.$f"; done
 train "$tmp/b16" ref --set train.precision=bf16
 train "$tmp/b16" run --set train.precision=bf16 --backend cuda
 compare bf16 "$tmp/b16" --noise "$tmp/f32/ref.jsonl" "$tmp/f32/ref.bin"
+# train.cuda_graph (core/README.md, CUDA graphs): the same device work from one launch a step, so
+# the same parameters bit for bit
+for d in f32 b16; do
+    p=fp32
+    [ $d = b16 ] && p=bf16
+    if train "$tmp/$d" graph --set train.precision=$p --backend cuda --set train.cuda_graph=true &&
+        grep -q "cuda graph: step 2's forward and backward captured" "$tmp/$d/graph.log" &&
+        cmp -s "$tmp/$d/run.bin" "$tmp/$d/graph.bin"; then
+        echo "training $p from a CUDA graph: $(grep -m1 'cuda graph:' "$tmp/$d/graph.log"); parameters bit-identical"
+    else
+        failed=1
+        echo "training $p from a CUDA graph: DIFFERS from the ops issued one by one (or failed):"
+        tail -n 5 "$tmp/$d/graph.log" | sed 's/^/    /'
+    fi
+done
 
 # ---- 3. throughput ------------------------------------------------------------------------------
 # speed NAME CONFIG STEPS PRECISION [--set ...]: median tokens/s and MFU after the first 2 steps,

@@ -21,6 +21,7 @@ expect_exit 2 "bench_gpu: a precision other than bf16 and fp32 is refused" -- ba
 expect_exit 2 "bench_gpu: a model other than gpt2 and llama is refused" -- bash "$script" --models "gpt2 mistral"
 expect_text "bench_gpu: --models: 'mistral' is not gpt2 or llama" "bench_gpu: the refusal names the model"
 expect_exit 2 "bench_gpu: --wgmma other than auto, on, off is refused" -- bash "$script" --wgmma maybe
+expect_exit 2 "bench_gpu: --graph other than on, off is refused" -- bash "$script" --graph auto
 
 expect_exit 0 "bench_gpu: no nvidia-smi: skips" -- env NVIDIA_SMI="$tmp/no-such-nvidia-smi" BUILD="$BUILD" bash "$script"
 expect_text "bench_gpu: skipped: no GPU ($tmp/no-such-nvidia-smi not found)" "bench_gpu: no nvidia-smi: the skip says why"
@@ -73,6 +74,7 @@ while [ \$# -gt 0 ]; do
         --set)
             case \$2 in
                 model.seq_len=* | train.global_batch=* | train.micro_batch=*) ;;
+                train.cuda_graph=*) ;; # the CPU backend has no graphs: the row runs without
                 data.train=*) args+=(--set "data.train=$PWD/$TEST_DATA/train.bin") ;;
                 *) args+=(--set "\$2") ;;
             esac
@@ -110,6 +112,7 @@ EOF2
             "bf16 B=2: memory " "bf16 B=2: AdamW + gradient norm " \
             "cooktrain wgmma   bf16" "bf16 B=2: with the wgmma attention: tok/s " \
             "bf16 B=2: with the wgmma attention: attention " \
+            "cooktrain graph   bf16" "bf16 B=2: with the CUDA graph: tok/s " \
             "bench_gpu: took"; do
             n=$(grep -cF -- "$want" "$tmp/bench.log")
             if [ "$n" = 2 ] || { [ "$n" = 1 ] && [ "$want" = "bench_gpu: took" ]; }; then
@@ -121,7 +124,8 @@ EOF2
         done
         # the verdict against torch.compile, for the default kernels and for wgmma's, per model
         for re in '^  bf16 B=2: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$' \
-            '^  bf16 B=2: with the wgmma attention: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$'; do
+            '^  bf16 B=2: with the wgmma attention: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$' \
+            '^  bf16 B=2: with the CUDA graph: tok/s [0-9.]+x the ops issued one by one, [0-9.]+x torch\.compile \(target >= 1\.0x\): met$'; do
             n=$(grep -cE -- "$re" "$tmp/bench.log")
             if [ "$n" = 2 ]; then ok "bench_gpu whole run: /$re/ for each model"; else fail "bench_gpu whole run: /$re/ matched $n lines (expected 2)"; fi
         done

@@ -32,6 +32,22 @@ for c in reduce softmax atomics shuffles streams memory devices launch-checks bf
 relay devices CUEMU_DEVICES=4 # guards CUEMU_DEVICES (several devices per node)
 relay devices CUEMU_DEVICES=0 # guards cudaErrorNoDevice when no device is configured
 
+# ---- stream capture and graphs (cudart_emu.cc's header states the rules) ----------------------
+# Captured work runs only when a graph launch reaches a sync point, every item, in capture order,
+# on the memory of the time (guards the capture queue and cudaGraphLaunch's copies; also with
+# eager streams, which would run work at capture time if it were queued); each call a capture
+# forbids is refused, does nothing and invalidates the capture (guards the refusals).
+relay graphs
+relay graphs CUEMU_EAGER=1
+relay capture-refusals
+expect_exit 0 "capture refusals" -- "$SELF" capture-refusals
+expect_text "cuemu: stream capture invalidated: cudaMalloc during a capture" \
+    "an invalidated capture: cudaStreamEndCapture says why"
+expect_text "cuemu: stream capture invalidated: cudaEventRecord on a capturing stream (event nodes are not emulated)" \
+    "an invalidated capture: names what is not emulated"
+expect_exit 134 "the NCCL stand-in's polled work on a capturing stream aborts" -- "$SELF" capture-nccl
+expect_text "cuemu: the NCCL stand-in's work cannot be captured in a graph" "captured NCCL work: says why"
+
 # ---- planted bugs ----------------------------------------------------------------------------
 # A missing __syncthreads: must give a wrong result in at least one order (guards the warp orders
 # and that warps are not run in lockstep). Ascending order catches this one, descending does not.
@@ -98,7 +114,7 @@ if [ -x "$ASAN" ]; then
     expect_text "oob_shared_kernel" "out-of-bounds shared write: ASan names the kernel"
     expect_exit 1 "out-of-bounds global write under ASan" -- "$ASAN" oob-global
     expect_text "AddressSanitizer: heap-buffer-overflow" "out-of-bounds global write: ASan reports it"
-    for c in reduce streams; do
+    for c in reduce streams graphs capture-refusals; do
         expect_exit 0 "$c under ASan has no reports" -- "$ASAN" "$c"
     done
 else

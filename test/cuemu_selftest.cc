@@ -5,10 +5,13 @@
  *     cuemu_selftest CASE
  *
  * Correct kernels (reduce, softmax, atomics, shuffles, streams, memory, devices, launch-checks,
- * bf16, mma, cp-async, wgmma) are compared with plain loops and exit 0, printing "ok ..." lines.
+ * bf16, mma, cp-async, wgmma) are compared with plain loops and exit 0, printing "ok ..." lines;
+ * so are stream capture and graphs (graphs: what runs when, in what order; capture-refusals: each
+ * call a capture forbids is refused and invalidates it).
  * Each deliberately buggy kernel shows how the emulator reports its bug: an abort naming block and
  * thread (bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, ldmatrix-misaligned,
- * cp-async-global, the wgmma-* hazards; exit 3 when the kernel runs through), a wrong result in
+ * cp-async-global, the wgmma-* hazards; capture-nccl, polled work captured; exit 3 when the kernel
+ * runs through), a wrong result in
  * some warp order (missing-sync, cp-async-no-wait and cp-async-no-barrier exit 1 when the result is
  * wrong in the order CUEMU_ORDER sets), NaN from shared memory read before it is written
  * (uninit-shared), stale data after a missing stream sync (missing-stream-sync), and an
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -499,6 +503,327 @@ static void case_streams() {
     CT_CUDA_CHECK(cudaStreamDestroy(blocking));
 }
 
+/* ---- stream capture and graphs ------------------------------------------------------------ */
+__global__ void accumulate_kernel(float *y, const float *x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+static bool all_equal(const float *p, int n, float want) {
+    for (int i = 0; i < n; i++)
+        if (!(p[i] == want)) return false;
+    return true;
+}
+
+static bool eager_streams() {
+    const char *eager = getenv("CUEMU_EAGER");
+    return eager && eager[0] == '1';
+}
+
+static void count_calls(void *counter) {
+    (*static_cast<int *>(counter))++;
+}
+
+/* graphs: captured work does not run at capture time, each launch of the executable graph runs
+ * every item again in capture order on the memory as it is then, the executable graph outlives
+ * its graph, cudaGraphGetNodes counts the items, and the capture calls' own rules. Device memory
+ * is host memory here, so the checks read it directly after a sync. */
+static void case_graphs() { /* also run with CUEMU_EAGER=1 */
+    const int n = 300;
+    cudaStream_t s, blocking, gone;
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CT_CUDA_CHECK(cudaStreamCreate(&blocking));
+    float *x = device_alloc<float>(n), *y = device_alloc<float>(n), *z = device_alloc<float>(n);
+    std::vector<float> ones(n, 1.0f);
+    CT_CUDA_CHECK(cudaMemcpy(x, ones.data(), n * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaMemset(y, 0, n * 4));
+
+    /* (a) a kernel y += x captured, then launched twice, then once more after x changed */
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusInvalidated;
+    CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+    check(st == cudaStreamCaptureStatusNone, "cudaStreamIsCapturing: None before a capture");
+    CT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+    check(st == cudaStreamCaptureStatusActive, "cudaStreamIsCapturing: Active during a capture");
+    ct_launch(accumulate_kernel, dim3(2), dim3(256), 0, s, y, (const float *)x, n);
+    CT_CUDA_CHECK(cudaGetLastError());
+    check(all_equal(y, n, 0.0f), "a captured kernel does not run when queued (CUEMU_EAGER too)");
+    /* s does not block: the legacy stream stays usable, and its work is not captured */
+    check(cudaMemsetAsync(z, 0, n * 4, 0) == cudaSuccess,
+          "legacy-stream work while a non-blocking stream captures is accepted");
+    cudaGraph_t g = nullptr;
+    CT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    check(g != nullptr, "cudaStreamEndCapture returns a graph");
+    CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+    check(st == cudaStreamCaptureStatusNone, "cudaStreamIsCapturing: None after the capture");
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    CT_CUDA_CHECK(cudaDeviceSynchronize());
+    check(all_equal(y, n, 0.0f), "a captured kernel does not run at capture time");
+    check(all_equal(z, n, 0.0f), "legacy-stream work queued during the capture ran as usual");
+    size_t count = 99;
+    CT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+    check(count == 1, "cudaGraphGetNodes counts one captured kernel");
+    cudaGraphExec_t exec = nullptr;
+    CT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CT_CUDA_CHECK(cudaGraphDestroy(g)); /* (e) the executable graph outlives it */
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    if (!eager_streams())
+        check(all_equal(y, n, 0.0f), "a graph launch is lazy stream work, run at a sync point");
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    check(all_equal(y, n, 2.0f), "two launches of a captured y += x give y = 2x");
+    std::vector<float> fives(n, 5.0f);
+    CT_CUDA_CHECK(cudaMemcpy(x, fives.data(), n * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    check(all_equal(y, n, 7.0f), "a launch reads the inputs as they are when it runs (x changed)");
+    CT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+
+    /* (b) several items, each depending on the one before, run in capture order */
+    float *a = device_alloc<float>(n), *b = device_alloc<float>(n), *c = device_alloc<float>(n);
+    int host_calls = 0;
+    CT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CT_CUDA_CHECK(cudaMemsetAsync(a, 0, n * 4, s));                                 /* a = 0 */
+    ct_launch(accumulate_kernel, dim3(2), dim3(256), 0, s, a, (const float *)x, n); /* a = x */
+    ct_launch(add_one_kernel, dim3(2), dim3(256), 0, s, b, (const float *)a, n);    /* b = x + 1 */
+    CT_CUDA_CHECK(cudaMemcpyAsync(c, b, n * 4, cudaMemcpyDeviceToDevice, s));       /* c = b */
+    CT_CUDA_CHECK(cudaLaunchHostFunc(s, count_calls, &host_calls));
+    ct_launch(accumulate_kernel, dim3(2), dim3(256), 0, s, c, (const float *)c, n); /* c = 2c */
+    CT_CUDA_CHECK(cudaGetLastError());
+    CT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    CT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+    check(count == 6, "cudaGraphGetNodes counts six captured items (memset, kernels, copy, host)");
+    cudaGraphNode_t nodes[8];
+    for (cudaGraphNode_t &node : nodes) node = reinterpret_cast<cudaGraphNode_t>(&count);
+    count = 8;
+    CT_CUDA_CHECK(cudaGraphGetNodes(g, nodes, &count));
+    bool distinct = count == 6 && nodes[6] == nullptr && nodes[7] == nullptr;
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < i; j++) distinct = distinct && nodes[i] && nodes[i] != nodes[j];
+    check(distinct, "cudaGraphGetNodes fills six distinct handles and NULLs the rest");
+    count = 2;
+    CT_CUDA_CHECK(cudaGraphGetNodes(g, nodes, &count));
+    check(count == 2, "cudaGraphGetNodes fills no more handles than asked for");
+    CT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    check(host_calls == 0 && std::isnan(a[0]) && std::isnan(c[n - 1]),
+          "nothing captured ran at capture time (memory still poison, no host call)");
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CT_CUDA_CHECK(cudaStreamSynchronize(s));
+    check(host_calls == 1 && all_equal(a, n, 5.0f) && all_equal(b, n, 6.0f) &&
+              all_equal(c, n, 12.0f),
+          "six captured items run in capture order (a = 0, a += x, b = a + 1, c = b, c += c)");
+    CT_CUDA_CHECK(cudaMemcpy(x, ones.data(), n * 4, cudaMemcpyHostToDevice));
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, blocking)); /* any stream, the legacy one included */
+    CT_CUDA_CHECK(cudaGraphLaunch(exec, 0));
+    CT_CUDA_CHECK(cudaStreamSynchronize(0));
+    check(host_calls == 3 && all_equal(a, n, 1.0f) && all_equal(c, n, 4.0f),
+          "the same graph again, on a blocking stream and the legacy stream, with a new x");
+    CT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CT_CUDA_CHECK(cudaGraphDestroy(g));
+
+    /* (d) where a capture cannot begin or end */
+    check(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal) ==
+                  cudaErrorStreamCaptureUnsupported &&
+              cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal) ==
+                  cudaErrorStreamCaptureUnsupported &&
+              cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed) ==
+                  cudaErrorStreamCaptureUnsupported,
+          "cudaStreamBeginCapture on the legacy stream: cudaErrorStreamCaptureUnsupported");
+    check(cudaGetLastError() == cudaErrorStreamCaptureUnsupported,
+          "... recorded for cudaGetLastError");
+    check(cudaStreamEndCapture(s, &g) == cudaErrorIllegalState,
+          "cudaStreamEndCapture without a capture: cudaErrorIllegalState");
+    CT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState,
+          "cudaStreamBeginCapture on a capturing stream: cudaErrorIllegalState");
+    cudaGetLastError();
+    CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+    check(st == cudaStreamCaptureStatusActive, "... and the capture goes on");
+    CT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    CT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+    check(count == 0, "an empty capture gives a graph of no nodes");
+    CT_CUDA_CHECK(cudaGraphDestroy(g));
+    check(cudaGraphDestroy(nullptr) == cudaErrorInvalidValue &&
+              cudaGraphExecDestroy(nullptr) == cudaErrorInvalidValue &&
+              cudaGraphLaunch(nullptr, s) == cudaErrorInvalidValue &&
+              cudaGraphGetNodes(nullptr, nullptr, &count) == cudaErrorInvalidValue,
+          "null graph handles: cudaErrorInvalidValue");
+    cudaGetLastError();
+    CT_CUDA_CHECK(cudaStreamCreate(&gone));
+    CT_CUDA_CHECK(cudaStreamDestroy(gone));
+    check(cudaStreamBeginCapture(gone, cudaStreamCaptureModeGlobal) ==
+              cudaErrorInvalidResourceHandle,
+          "cudaStreamBeginCapture on a destroyed stream: cudaErrorInvalidResourceHandle");
+    cudaGetLastError();
+    check(!strcmp(cudaGetErrorName(cudaErrorStreamCaptureImplicit),
+                  "cudaErrorStreamCaptureImplicit") &&
+              !strcmp(cudaGetErrorString(cudaErrorStreamCaptureUnsupported),
+                      "operation not permitted when stream is capturing") &&
+              !strcmp(cudaGetErrorString(cudaErrorStreamCaptureInvalidated),
+                      "operation failed due to a previous error during capture"),
+          "the capture errors' names and texts");
+
+    for (float *p : {x, y, z, a, b, c}) CT_CUDA_CHECK(cudaFree(p));
+    CT_CUDA_CHECK(cudaStreamDestroy(s));
+    CT_CUDA_CHECK(cudaStreamDestroy(blocking));
+}
+
+/* capture-refusals: (c) each call a capture forbids, made during a capture, fails with the
+ * error the real runtime gives, does nothing, and invalidates the capture: cudaStreamIsCapturing
+ * says Invalidated, further work on the stream fails with cudaErrorStreamCaptureInvalidated,
+ * cudaStreamEndCapture returns that error and a null graph (printing why on stderr), and the
+ * stream works as before afterwards. */
+static void case_capture_refusals() {
+    const int n = 64;
+    cudaStream_t other, spare;
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&spare, cudaStreamNonBlocking));
+    cudaEvent_t ev;
+    CT_CUDA_CHECK(cudaEventCreate(&ev));
+    cudaGraph_t empty; /* a capture of nothing, to launch into a capturing stream */
+    cudaGraphExec_t exec;
+    CT_CUDA_CHECK(cudaStreamBeginCapture(spare, cudaStreamCaptureModeGlobal));
+    CT_CUDA_CHECK(cudaStreamEndCapture(spare, &empty));
+    CT_CUDA_CHECK(cudaGraphInstantiate(&exec, empty, 0));
+    CT_CUDA_CHECK(cudaGraphDestroy(empty));
+
+    /* made afresh for each refusal: d and pending poisoned, host all 2 */
+    float *d = nullptr, *pending = nullptr, *kept = nullptr;
+    void *kept_host = nullptr, *got = nullptr;
+    float host[n];
+    struct refusal {
+        const char *call;
+        cudaError_t want;
+        bool blocking; /* capture on a blocking stream */
+        std::function<cudaError_t(cudaStream_t)> run;
+    };
+    const cudaError_t U = cudaErrorStreamCaptureUnsupported;
+    std::vector<refusal> refusals = {
+        {"cudaMalloc", U, false, [&](cudaStream_t) { return cudaMalloc(&got, 1024); }},
+        {"cudaFree", U, false, [&](cudaStream_t) { return cudaFree(kept); }},
+        {"cudaMallocHost", U, false, [&](cudaStream_t) { return cudaMallocHost(&got, 64); }},
+        {"cudaHostAlloc", U, false,
+         [&](cudaStream_t) { return cudaHostAlloc(&got, 64, cudaHostAllocDefault); }},
+        {"cudaFreeHost", U, false, [&](cudaStream_t) { return cudaFreeHost(kept_host); }},
+        {"cudaMemcpy", U, false,
+         [&](cudaStream_t) { return cudaMemcpy(d, host, n * 4, cudaMemcpyHostToDevice); }},
+        {"cudaMemset", U, false, [&](cudaStream_t) { return cudaMemset(d, 0, n * 4); }},
+        {"cudaDeviceSynchronize", U, false, [&](cudaStream_t) { return cudaDeviceSynchronize(); }},
+        {"cudaStreamSynchronize (another stream)", U, false,
+         [&](cudaStream_t) { return cudaStreamSynchronize(other); }},
+        {"cudaStreamSynchronize (the capturing stream)", U, false,
+         [&](cudaStream_t s) { return cudaStreamSynchronize(s); }},
+        {"cudaStreamQuery", U, false, [&](cudaStream_t) { return cudaStreamQuery(other); }},
+        {"cudaEventSynchronize", U, false, [&](cudaStream_t) { return cudaEventSynchronize(ev); }},
+        {"cudaEventQuery", U, false, [&](cudaStream_t) { return cudaEventQuery(ev); }},
+        {"cudaEventRecord on the capturing stream", U, false,
+         [&](cudaStream_t s) { return cudaEventRecord(ev, s); }},
+        {"cudaStreamWaitEvent on the capturing stream", U, false,
+         [&](cudaStream_t s) { return cudaStreamWaitEvent(s, ev, 0); }},
+        {"cudaMemcpyAsync from host memory on the capturing stream", U, false,
+         [&](cudaStream_t s) {
+             return cudaMemcpyAsync(d, host, n * 4, cudaMemcpyHostToDevice, s);
+         }},
+        {"cudaMemcpyAsync to host memory on the capturing stream", U, false,
+         [&](cudaStream_t s) {
+             return cudaMemcpyAsync(host, d, n * 4, cudaMemcpyDeviceToHost, s);
+         }},
+        {"cudaGraphLaunch into the capturing stream", U, false,
+         [&](cudaStream_t s) { return cudaGraphLaunch(exec, s); }},
+        {"cudaStreamDestroy of the capturing stream", U, false,
+         [&](cudaStream_t s) { return cudaStreamDestroy(s); }},
+        {"a kernel on the legacy stream (the capturing stream is blocking)",
+         cudaErrorStreamCaptureImplicit, true,
+         [&](cudaStream_t) {
+             ct_launch(fill_kernel, dim3(1), dim3(n), 0, 0, d, 1.0f, n);
+             return cudaPeekAtLastError();
+         }},
+        {"cudaMemsetAsync on the legacy stream (the capturing stream is blocking)",
+         cudaErrorStreamCaptureImplicit, true,
+         [&](cudaStream_t) { return cudaMemsetAsync(d, 0, n * 4, 0); }},
+    };
+    for (const refusal &r : refusals) {
+        const std::string call = std::string(" (") + r.call + ")";
+        cudaStream_t s;
+        CT_CUDA_CHECK(
+            cudaStreamCreateWithFlags(&s, r.blocking ? cudaStreamDefault : cudaStreamNonBlocking));
+        d = device_alloc<float>(n);
+        pending = device_alloc<float>(n);
+        kept = device_alloc<float>(16);
+        CT_CUDA_CHECK(cudaMallocHost(&kept_host, 64));
+        got = &got; /* not null: a refused allocation must set it to null */
+        for (float &v : host) v = 2.0f;
+        /* queued before the capture, lazily (CUEMU_EAGER runs it at once): a refused
+         * synchronization must not run it */
+        ct_launch(fill_kernel, dim3(1), dim3(n), 0, other, pending, 3.0f, n);
+        CT_CUDA_CHECK(cudaEventRecord(ev, other));
+
+        CT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        ct_launch(fill_kernel, dim3(1), dim3(n), 0, s, d, 4.0f, n); /* captured */
+        CT_CUDA_CHECK(cudaGetLastError());
+        cudaError_t e = r.run(s);
+        check(
+            e == r.want && cudaGetLastError() == r.want,
+            ("during a capture, " + std::string(r.call) + " fails with " + cudaGetErrorName(r.want))
+                .c_str());
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+        bool invalidated = st == cudaStreamCaptureStatusInvalidated;
+        bool later_refused = cudaMemsetAsync(d, 0, n * 4, s) == cudaErrorStreamCaptureInvalidated;
+        cudaGetLastError();
+        cudaGraph_t g = reinterpret_cast<cudaGraph_t>(&g);
+        bool ended = cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g &&
+                     cudaGetLastError() == cudaErrorStreamCaptureInvalidated;
+        CT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+        check(invalidated && later_refused && ended && st == cudaStreamCaptureStatusNone,
+              ("... Invalidated; later work refused; cudaStreamEndCapture gives "
+               "cudaErrorStreamCaptureInvalidated and no graph; capture over" +
+               call)
+                  .c_str());
+
+        /* the refused call did nothing: no memory given or taken, nothing copied, set or run */
+        cudaPointerAttributes attr;
+        CT_CUDA_CHECK(cudaPointerGetAttributes(&attr, kept_host));
+        bool nothing = std::isnan(d[0]) && std::isnan(d[n - 1]) &&
+                       (eager_streams() || std::isnan(pending[0])) && host[0] == 2.0f &&
+                       host[n - 1] == 2.0f && cuemu_is_device_pointer(kept, 64) &&
+                       attr.type == cudaMemoryTypeHost;
+        if (!strcmp(r.call, "cudaMalloc") || !strcmp(r.call, "cudaMallocHost") ||
+            !strcmp(r.call, "cudaHostAlloc"))
+            nothing = nothing && got == nullptr;
+        check(nothing, ("... the refused call did nothing" + call).c_str());
+
+        /* the stream and the runtime work as before */
+        ct_launch(fill_kernel, dim3(1), dim3(n), 0, s, d, 6.0f, n);
+        CT_CUDA_CHECK(cudaMemcpyAsync(host, d, n * 4, cudaMemcpyDeviceToHost, s));
+        CT_CUDA_CHECK(cudaStreamSynchronize(s));
+        CT_CUDA_CHECK(cudaEventSynchronize(ev));
+        check(host[0] == 6.0f && host[n - 1] == 6.0f && pending[0] == 3.0f,
+              ("... afterwards the stream runs work again" + call).c_str());
+        CT_CUDA_CHECK(cudaStreamDestroy(s));
+        CT_CUDA_CHECK(cudaFree(d));
+        CT_CUDA_CHECK(cudaFree(pending));
+        CT_CUDA_CHECK(cudaFree(kept));
+        CT_CUDA_CHECK(cudaFreeHost(kept_host));
+    }
+    CT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CT_CUDA_CHECK(cudaEventDestroy(ev));
+    CT_CUDA_CHECK(cudaStreamDestroy(other));
+    CT_CUDA_CHECK(cudaStreamDestroy(spare));
+}
+
+/* capture-nccl: polled work (the NCCL stand-in's) queued on a capturing stream aborts: a graph
+ * could not run it again. */
+static void case_capture_nccl() {
+    cudaStream_t s;
+    CT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cuemu_stream_enqueue_poll(s, []() { return true; });
+    printf("polled work was captured: nothing was reported\n");
+    exit(3);
+}
+
 /* ---- memory, errors, devices --------------------------------------------------------------- */
 static void case_memory() {
     float *p = device_alloc<float>(1000);
@@ -917,14 +1242,14 @@ static void case_speed() {
 
 /* ---- main ---------------------------------------------------------------------------------- */
 static void usage() {
-    fprintf(stderr,
-            "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
-            "streams memory launch-checks bf16 mma cp-async wgmma speed\n  buggy: missing-sync, "
-            "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
-            "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
-            "ldmatrix-misaligned, cp-async-no-wait, cp-async-no-barrier, cp-async-global, "
-            "wgmma-operand-in-flight, wgmma-d-in-flight, wgmma-no-fence, wgmma-no-wait, "
-            "wgmma-no-barrier\n");
+    fprintf(stderr, "usage: cuemu_selftest CASE\n  correct: reduce softmax atomics shuffles "
+                    "streams memory launch-checks graphs capture-refusals bf16 mma cp-async wgmma "
+                    "speed\n  buggy: missing-sync, "
+                    "bad-mask, partial-barrier, deadlock, mismatch, big-static-smem, "
+                    "uninit-shared, missing-stream-sync, oob-shared, oob-global, "
+                    "ldmatrix-misaligned, cp-async-no-wait, cp-async-no-barrier, cp-async-global, "
+                    "wgmma-operand-in-flight, wgmma-d-in-flight, wgmma-no-fence, wgmma-no-wait, "
+                    "wgmma-no-barrier, capture-nccl\n");
     exit(2);
 }
 
@@ -947,6 +1272,12 @@ int main(int argc, char **argv) {
         case_devices();
     else if (c == "launch-checks")
         case_launch_checks();
+    else if (c == "graphs")
+        case_graphs();
+    else if (c == "capture-refusals")
+        case_capture_refusals();
+    else if (c == "capture-nccl")
+        case_capture_nccl();
     else if (c == "bf16")
         case_bf16();
     else if (c == "mma")

@@ -619,6 +619,33 @@ static void precision_auto(void **state) {
     free(text);
 }
 
+/* train.cuda_graph: the cuda backend, one process, no MoE, no per-op timing; each refusal names
+ * the key and what stands in its way, with a hint. */
+static void cuda_graph_rules(void **state) {
+    (void)state;
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    assert_int_equal(ct_config_set(&cfg, "train.cuda_graph=true"), CT_OK);
+    assert_input_error(ct_config_validate(&cfg, 1), "the cpu backend has no graphs");
+    snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "cuda");
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_input_error(ct_config_validate(&cfg, 2), "the world size is 2");
+    assert_int_equal(ct_config_set(&cfg, "model.moe_experts=4"), CT_OK);
+    assert_input_error(ct_config_validate(&cfg, 1), "Mixture of Experts");
+    assert_int_equal(ct_config_set(&cfg, "model.moe_experts=0"), CT_OK);
+    const char *timers[] = {"log.profile=true", "log.device_idle=true", "log.trace=t.json"};
+    const char *off[] = {"log.profile=false", "log.device_idle=false", "log.trace=''"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ct_config_set(&cfg, timers[i]), CT_OK);
+        assert_input_error(ct_config_validate(&cfg, 1), "time the ops one by one");
+        assert_int_equal(ct_config_set(&cfg, off[i]), CT_OK);
+    }
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_int_equal(ct_config_set(&cfg, "train.cuda_graph=false"), CT_OK);
+    assert_int_equal(ct_config_set(&cfg, "log.profile=true"), CT_OK);
+    assert_int_equal(ct_config_validate(&cfg, 2), CT_OK); /* off: none of it matters */
+}
+
 static void set_overrides(void **state) {
     (void)state;
     ct_config cfg;
@@ -932,6 +959,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(string_too_long),
         cmocka_unit_test(validate_checks_programmatic_values),
         cmocka_unit_test(print_roundtrip),
+        cmocka_unit_test(cuda_graph_rules),
         cmocka_unit_test(docs_list_every_key),
         cmocka_unit_test(readme_matches_key_table),
         cmocka_unit_test(bad_config_files),

@@ -828,6 +828,53 @@ static void test_table_complete(void **state) {
     assert_non_null(P.gpu->iface->gemm_bias_gelu);
 }
 
+/* ---- graphs (train.cuda_graph) --------------------------------------------------------------- */
+
+/* A capture records the ops without running them; each launch runs them again on the memory as
+ * it is then; a device free after the capture makes the launch refuse (an address in the graph
+ * may dangle). The values are small multiples of 1/2, so every sum and product is exact. */
+static void test_graph(void **state) {
+    (void)state;
+    ct_backend *be = P.gpu;
+    assert_true(ct_backend_can_capture(be));
+    assert_false(ct_backend_can_capture(P.cpu));
+    enum { N = 37 };
+    float hx[N], hy[N], out[N], want[N];
+    for (int i = 0; i < N; i++) hx[i] = 0.5f * (float)i - 3.0f, hy[i] = 1.0f + (float)i;
+    ct_tensor *x = ct_tensor_new_1d(be, CT_DTYPE_F32, N, CT_MEM_ACTS);
+    ct_tensor *y = ct_tensor_new_1d(be, CT_DTYPE_F32, N, CT_MEM_ACTS);
+    ct_tensor_from_host(x, hx);
+    ct_tensor_from_host(y, hy);
+
+    ct_backend_capture_begin(be);
+    ct_axpy(y, x, 1.0f);
+    ct_scale(y, 2.0f);
+    int64_t ops = -1;
+    ct_backend_graph *g = ct_backend_capture_end(be, &ops);
+    assert_int_equal(ops, 2);
+    ct_tensor_to_host(out, y);
+    assert_memory_equal(out, hy, sizeof out); /* recorded, not run */
+
+    for (int i = 0; i < N; i++) want[i] = 2.0f * (hy[i] + hx[i]);
+    assert_true(ct_backend_graph_launch(be, g));
+    ct_tensor_to_host(out, y);
+    assert_memory_equal(out, want, sizeof out);
+
+    for (int i = 0; i < N; i++) hx[i] = -0.5f * (float)i, want[i] = 2.0f * (want[i] + hx[i]);
+    ct_tensor_from_host(x, hx); /* the next launch reads x as it is now */
+    assert_true(ct_backend_graph_launch(be, g));
+    ct_tensor_to_host(out, y);
+    assert_memory_equal(out, want, sizeof out);
+
+    ct_tensor_free(ct_tensor_new_1d(be, CT_DTYPE_F32, N, CT_MEM_ACTS));
+    assert_false(ct_backend_graph_launch(be, g)); /* memory freed since the capture */
+    ct_tensor_to_host(out, y);
+    assert_memory_equal(out, want, sizeof out); /* and nothing ran */
+    ct_backend_graph_free(be, g);
+    ct_tensor_free(x);
+    ct_tensor_free(y);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int setup(void **state) {
@@ -850,6 +897,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embedding),      cmocka_unit_test(test_posemb),
         cmocka_unit_test(test_adamw),          cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_gather_rows),    cmocka_unit_test(test_gather_dot),
+        cmocka_unit_test(test_graph),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

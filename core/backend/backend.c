@@ -39,23 +39,32 @@ void ct_backend_free(ct_backend *be) {
     free(be);
 }
 
+/* What a graph cannot hold (ct_backend_capture_begin): the host waiting for, or reading, the
+ * stream; memory coming or going. */
+#define NOT_CAPTURING(be, what)                                                                    \
+    CT_ASSERTF(!(be)->capturing, "%s during a graph capture (train.cuda_graph)", what)
+
 void ct_backend_sync(ct_backend *be) {
+    NOT_CAPTURING(be, "a wait for the stream");
     if (be->iface->sync) be->iface->sync(be->ctx);
 }
 
 void ct_backend_event_record(ct_backend *be, int event) {
     CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
+    NOT_CAPTURING(be, "an event");
     if (be->iface->event_record) be->iface->event_record(be->ctx, event);
 }
 
 void ct_backend_event_wait(ct_backend *be, int event) {
     CT_ASSERTF(event >= 0 && event < CT_BACKEND_EVENTS, "event %d", event);
+    NOT_CAPTURING(be, "an event");
     if (be->iface->event_wait) be->iface->event_wait(be->ctx, event);
 }
 
 /* ---- the stream's clock -------------------------------------------------------------------- */
 
 int64_t ct_backend_mark(ct_backend *be) {
+    NOT_CAPTURING(be, "a mark");
     if (be->n_marks == be->cap_marks) {
         be->cap_marks = be->cap_marks ? 2 * be->cap_marks : 256;
         be->mark_times = realloc(be->mark_times, (size_t)be->cap_marks * sizeof *be->mark_times);
@@ -83,6 +92,35 @@ void ct_backend_marks_settle(ct_backend *be) {
 void ct_backend_marks_clear(ct_backend *be) {
     CT_ASSERTF(be->n_idle_ops == 0, "%lld audited ops not settled", (long long)be->n_idle_ops);
     be->n_marks = 0;
+}
+
+/* ---- graphs -------------------------------------------------------------------------------- */
+
+bool ct_backend_can_capture(const ct_backend *be) {
+    return be->iface->capture_begin && be->iface->capture_end && be->iface->graph_launch &&
+           be->iface->graph_free;
+}
+
+void ct_backend_capture_begin(ct_backend *be) {
+    CT_ASSERTF(ct_backend_can_capture(be), "backend %s cannot capture", be->iface->name);
+    NOT_CAPTURING(be, "a capture");
+    be->iface->capture_begin(be->ctx);
+    be->capturing = true;
+}
+
+ct_backend_graph *ct_backend_capture_end(ct_backend *be, int64_t *ops) {
+    CT_ASSERTF(be->capturing, "no capture to end");
+    be->capturing = false;
+    return be->iface->capture_end(be->ctx, ops);
+}
+
+bool ct_backend_graph_launch(ct_backend *be, ct_backend_graph *graph) {
+    NOT_CAPTURING(be, "a graph launch");
+    return be->iface->graph_launch(be->ctx, graph);
+}
+
+void ct_backend_graph_free(ct_backend *be, ct_backend_graph *graph) {
+    if (graph) be->iface->graph_free(be->ctx, graph);
 }
 
 /* ---- the device-idle audit (log.device_idle) ------------------------------------------------ */
@@ -372,6 +410,7 @@ ct_tensor *ct_tensor_new(ct_backend *be, ct_dtype dtype, int ndim, const int64_t
     size_t in_use = ct_backend_mem_total(be);
     bool over_limit = be->mem_limit && (bytes > be->mem_limit || in_use > be->mem_limit - bytes);
     over_limit = over_limit || (int)category == be->fail_category;
+    NOT_CAPTURING(be, "an allocation");
     void *data = over_limit ? NULL : be->iface->alloc(be->ctx, bytes ? bytes : 1);
     if (!data) {
         char limit[96] = "";
@@ -497,6 +536,7 @@ void ct_tensor_free(ct_tensor *t) {
                    "freeing %zu bytes of %s but only %zu are accounted", bytes,
                    ct_mem_category_name(t->category), be->bytes_in_use[t->category]);
         be->bytes_in_use[t->category] -= bytes;
+        NOT_CAPTURING(be, "a free");
         be->iface->free(be->ctx, t->data);
     }
     free(t);
@@ -528,6 +568,7 @@ void ct_tensor_zero(ct_tensor *t) {
 
 void ct_tensor_from_host(ct_tensor *dst, const void *src) {
     ct_backend *be = dst->backend;
+    NOT_CAPTURING(be, "a copy from the host");
     ct_backend_idle_begin(be, "from_host");
     be->iface->copy_from_host(be->ctx, dst->data, src, ct_tensor_bytes(dst));
     ct_backend_idle_end(be);
@@ -535,6 +576,7 @@ void ct_tensor_from_host(ct_tensor *dst, const void *src) {
 
 void ct_tensor_to_host(void *dst, const ct_tensor *src) {
     ct_backend *be = src->backend;
+    NOT_CAPTURING(be, "a copy to the host");
     be->host_copies++;
     be->iface->copy_to_host(be->ctx, dst, src->data, ct_tensor_bytes(src));
 }

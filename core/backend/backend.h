@@ -151,6 +151,22 @@ struct ct_backend_i {
     void (*mark)(void *ctx, int64_t id);
     void (*marks_read)(void *ctx, int64_t n, double *times);
 
+    /* Graphs (all NULL: the backend cannot capture; train.cuda_graph is refused).
+     *   capture_begin: from here the ops and memory ops issued (fill, copy) are recorded, not
+     *                  run, until capture_end; nothing that waits, reads the stream's clock,
+     *                  allocates or frees may be issued meanwhile (ct_backend asserts it);
+     *   capture_end:   ends the recording; returns the graph and its operation count in *ops;
+     *   graph_launch:  issues the recorded operations again, in their order, with the arguments
+     *                  they were issued with (the same memory, the same host scalars), as if the
+     *                  host had made the same calls; returns false, issuing nothing, when device
+     *                  memory has been freed since the capture (an address in the graph may
+     *                  dangle: capture again);
+     *   graph_free:    releases the graph (the stream may still run a launch of it). */
+    void (*capture_begin)(void *ctx);
+    void *(*capture_end)(void *ctx, int64_t *ops);
+    bool (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+
     /* The hardware's peak FLOP/s for multiplies in dtype `dt` (f32 or bf16, fp32 accumulation) on
      * the threads or device this backend uses — the denominator of MFU — and how it was obtained,
      * written into `how` (e.g. "measured: FMA loop on 2 threads"). NULL: unknown (MFU is then
@@ -241,6 +257,7 @@ typedef struct ct_backend {
     /* The marks since the last settle (ct_backend_mark): their times, NAN until settled. */
     double *mark_times;
     int64_t n_marks, cap_marks;
+    bool capturing; /* between ct_backend_capture_begin and _end */
 } ct_backend;
 
 /* Starts (on) or stops timing every op by category, clearing the totals. */
@@ -377,6 +394,25 @@ int64_t ct_backend_mark(ct_backend *be);
 void ct_backend_marks_settle(ct_backend *be);
 double ct_backend_mark_time(const ct_backend *be, int64_t id);
 void ct_backend_marks_clear(ct_backend *be);
+
+/*
+ * Graphs (the capture slots above; core/README.md, CUDA graphs): a sequence of ops recorded once
+ * and issued again by one call, which saves the host its per-op work.
+ *   ct_backend_can_capture:   whether the backend has the slots;
+ *   ct_backend_capture_begin: ops from here on are recorded, not run; a host copy, wait, mark,
+ *                             allocation or free before ct_backend_capture_end is a bug (asserted);
+ *   ct_backend_capture_end:   the graph (NULL never: a failed capture exits), its op count in
+ *                             *ops;
+ *   ct_backend_graph_launch:  issues the recorded ops again; false, issuing nothing, when device
+ *                             memory was freed since the capture (capture again);
+ *   ct_backend_graph_free:    NULL is ignored.
+ */
+typedef struct ct_backend_graph ct_backend_graph;
+bool ct_backend_can_capture(const ct_backend *be);
+void ct_backend_capture_begin(ct_backend *be);
+ct_backend_graph *ct_backend_capture_end(ct_backend *be, int64_t *ops);
+bool ct_backend_graph_launch(ct_backend *be, ct_backend_graph *graph);
+void ct_backend_graph_free(ct_backend *be, ct_backend_graph *graph);
 
 /* Waits timed on the stream's clock: the stream's idle time while it waits for something else
  * (communication), between a mark before the wait and one after. The owner zero-initialises it

@@ -135,6 +135,7 @@ typedef struct ct_train_config {
     uint64_t seed;
     ct_precision precision;
     ct_recompute recompute;
+    bool cuda_graph;       /* the step's forward and backward replayed from a CUDA graph */
     int64_t eval_interval; /* 0 disables evaluation */
     int64_t eval_steps;
     int64_t max_bad_steps;

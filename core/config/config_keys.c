@@ -227,6 +227,10 @@ const config_key config_keys[] = {
             "hardware multiplies bf16 natively (CPU: AMX or AVX512-BF16), else fp32"},
     {KEY(train, recompute, KEY_ENUM), .choices = recompute_names, .def = "none",
      .doc = "activation recompute: full keeps only each layer's input and recomputes the rest"},
+    {KEY(train, cuda_graph, KEY_BOOL), .def = "false",
+     .doc = "issue each step's forward and backward from a CUDA graph captured at the run's "
+            "second step (the cuda backend, one process): the host issues one launch instead "
+            "of thousands; the optimizer step stays outside it"},
     {KEY(train, eval_interval, KEY_INT), .def = "0", AT_LEAST(0),
      .doc = "evaluate on data.val every this many steps; 0 disables evaluation"},
     {KEY(train, eval_steps, KEY_INT), .def = "4", AT_LEAST(1), AT_MOST(1000000),

@@ -607,6 +607,31 @@ static ct_status check_log(const ct_log_config *l) {
                      "measure them in two runs (--profile, then --device-idle)");
 }
 
+/* train.cuda_graph: a graph replays the device's work and none of the host's, so the step it
+ * holds may not need the host between its ops (parallel/trainer.c, graph_step). */
+static ct_status check_cuda_graph(const ct_config *cfg, int64_t world_size) {
+    const char *why = NULL, *hint = NULL;
+    char buf[160];
+    if (!cfg->train.cuda_graph) return CT_OK;
+    if (strcmp(cfg->runtime_backend, "cuda") != 0) {
+        snprintf(buf, sizeof buf, "the %s backend has no graphs", cfg->runtime_backend);
+        why = buf, hint = "run with --backend cuda, or leave train.cuda_graph off";
+    } else if (world_size > 1) {
+        snprintf(buf, sizeof buf, "it captures a one-process step, and the world size is %lld",
+                 (long long)world_size);
+        why = buf, hint = "run one process, or leave train.cuda_graph off: with several ranks "
+                          "the step waits on the host for its communication";
+    } else if (cfg->model.moe_experts > 0) {
+        why = "Mixture of Experts routes its tokens on the host inside the step";
+        hint = "leave train.cuda_graph off for model.moe_experts > 0";
+    } else if (cfg->log.profile || cfg->log.device_idle || cfg->log.trace[0]) {
+        why = "log.profile, log.device_idle and log.trace time the ops one by one";
+        hint = "measure without the graph, or run the graph without them";
+    }
+    if (!why) return CT_OK;
+    return with_hint(ct_error(CT_ERR_INPUT, "train.cuda_graph is on, but %s", why), "%s", hint);
+}
+
 ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
     memset(&cfg->derived, 0, sizeof cfg->derived);
@@ -626,6 +651,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_lr_schedule(&cfg->train));
     CT_TRY(check_checkpoint(cfg));
     CT_TRY(check_log(&cfg->log));
+    CT_TRY(check_cuda_graph(cfg, world_size));
 
     d.tokens_per_step = cfg->train.global_batch * cfg->model.seq_len;
     d.n_params = model_params(&cfg->model, &d);

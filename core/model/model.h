@@ -383,6 +383,10 @@ size_t ct_acts_bytes(const ct_model *model, int64_t B);
 /* Copies microbatch mb's token ids (host, B·T each) into the context; mb < 0 keeps no loss
  * (the sampler). targets may be NULL. */
 void ct_acts_set_batch(ct_acts *acts, int mb, const int32_t *tokens, const int32_t *targets);
+/* The same from device memory: tokens and targets (NULL: none) hold B·T int32 each on the
+ * model's backend; a device copy, so it can be captured in a graph. */
+void ct_acts_set_batch_device(ct_acts *acts, int mb, const ct_tensor *tokens,
+                              const ct_tensor *targets);
 /* The residual (B,Tl,C) entering / leaving chunk c (index into layout.chunks): what a pipeline
  * receives before the chunk's forward and sends after it. */
 ct_tensor *ct_acts_chunk_input(const ct_acts *acts, int c);

@@ -220,6 +220,13 @@ void ct_acts_set_batch(ct_acts *a, int mb, const int32_t *tokens, const int32_t 
     if (targets) ct_tensor_from_host(a->targets, targets);
 }
 
+void ct_acts_set_batch_device(ct_acts *a, int mb, const ct_tensor *tokens,
+                              const ct_tensor *targets) {
+    a->mb = mb;
+    ct_tensor_copy(a->tokens, tokens);
+    if (targets) ct_tensor_copy(a->targets, targets);
+}
+
 ct_tensor *ct_acts_chunk_input(const ct_acts *a, int c) {
     const ct_model_layout *l = &a->model->layout;
     CT_ASSERTF(c >= 0 && c < l->n_chunks, "chunk %d of %d", c, l->n_chunks);

@@ -867,6 +867,17 @@ cublasStatus_t CUBLASWINAPI cublasSetStream_v2(cublasHandle_t handle, cudaStream
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The workspace is recorded only: the stand-in's GEMMs need none. It must be device memory. */
+cublasStatus_t CUBLASWINAPI cublasSetWorkspace_v2(cublasHandle_t handle, void *workspace,
+                                                  size_t workspaceSizeInBytes) {
+    if (!alive(handle, Kind::blas_handle))
+        return fail(CUBLAS_STATUS_NOT_INITIALIZED, __func__, "not a live cuBLAS handle");
+    if (workspaceSizeInBytes && !cuemu_is_device_pointer(workspace, workspaceSizeInBytes))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, __func__, "%zu bytes at %p are not device memory",
+                    workspaceSizeInBytes, workspace);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t CUBLASWINAPI cublasGetStream_v2(cublasHandle_t handle, cudaStream_t *streamId) {
     if (!alive(handle, Kind::blas_handle))
         return fail(CUBLAS_STATUS_NOT_INITIALIZED, __func__, "not a live cuBLAS handle");

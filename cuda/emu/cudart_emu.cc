@@ -30,6 +30,33 @@
  * stream first waits for the work already queued on it; non-blocking streams
  * (cudaStreamNonBlocking) are independent of it.
  *
+ * Stream capture and graphs. cudaStreamBeginCapture(s, mode) (not on the legacy stream:
+ * cudaErrorStreamCaptureUnsupported; not twice: cudaErrorIllegalState) makes every piece of work
+ * queued on s — kernels, cudaMemcpyAsync, cudaMemsetAsync, cudaLaunchHostFunc, library work
+ * (cuemu_stream_enqueue) — an item of the capture's graph instead: it does not run, and it adds
+ * no legacy-stream waits. cudaStreamEndCapture returns the graph (its items in capture order);
+ * cudaGraphInstantiate copies them into an executable graph, which outlives its graph, and each
+ * cudaGraphLaunch(exec, t) queues a copy of every item on t, in order, as ordinary (lazy) stream
+ * work, so each launch reads and writes memory as it is when the items run. Every mode is treated
+ * as cudaStreamCaptureModeGlobal. While any capture is open (begun and not ended), these calls
+ * from the host fail with cudaErrorStreamCaptureUnsupported, do nothing, and invalidate every
+ * active capture:
+ *   cudaMalloc, cudaFree, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaMemcpy, cudaMemset,
+ *   cudaDeviceSynchronize, cudaDeviceReset, cudaStreamSynchronize, cudaStreamQuery,
+ *   cudaEventSynchronize, cudaEventQuery (they allocate, free or wait, which a graph cannot hold);
+ * and on a capturing stream: cudaMemcpyAsync with a host side, cudaEventRecord and
+ * cudaStreamWaitEvent (event nodes are not emulated), cudaGraphLaunch (child graphs are not
+ * emulated), cudaStreamDestroy. Work queued on the legacy stream while a blocking stream captures
+ * fails with cudaErrorStreamCaptureImplicit (the legacy stream would wait for the capture) and
+ * invalidates the captures too; a capture on a non-blocking stream leaves the legacy stream free,
+ * as in the real runtime. Work queued on an invalidated capture fails with
+ * cudaErrorStreamCaptureInvalidated; cudaStreamEndCapture then returns that error and a null
+ * graph, printing the first reason on stderr ("cuemu: stream capture invalidated: cudaMalloc
+ * during a capture"). The NCCL stand-in's polled items (cuemu_stream_enqueue_poll) hold state
+ * and cannot be replayed: queueing one on a capturing stream aborts. Runtime calls made inside
+ * queued work (a replayed library item launching a kernel) are stream-ordered device work and
+ * are never refused. Graphs and executable graphs are freed when destroyed.
+ *
  * Every entry point takes one process-wide lock; launches run under it on the calling thread.
  */
 #include "cuda/emu/cuemu.h"
@@ -41,6 +68,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,6 +134,7 @@ std::map<uintptr_t, size_t>::iterator find_allocation(const void *p, size_t byte
 /* A queued item returns true when it has finished; false means "not yet" (a library stand-in
  * waiting for other processes, cuemu_stream_enqueue_poll): it stays at the front of its stream
  * and is called again. */
+enum capture_state { CAPTURE_NONE, CAPTURE_ACTIVE, CAPTURE_INVALIDATED };
 struct stream_impl {
     std::deque<std::function<bool()>> queue;
     uint64_t enqueued = 0, done = 0; /* items ever queued, items run */
@@ -113,6 +142,9 @@ struct stream_impl {
     bool destroyed = false;
     bool reported_not_ready = false;
     bool running = false; /* its front item is running (a wait cycle must not re-enter it) */
+    capture_state capture = CAPTURE_NONE;
+    std::vector<std::function<void()>> captured; /* the open capture's items, in order */
+    std::string invalidated_why;                 /* the first reason the capture was invalidated */
 };
 struct event_impl {
     unsigned flags = 0;
@@ -248,11 +280,71 @@ void enqueue_poll(stream_impl *s, std::function<bool()> work) {
     push(s, std::move(work));
 }
 
-void enqueue(stream_impl *s, std::function<void()> work) {
+/* ---- stream capture ------------------------------------------------------------------------ */
+int open_captures; /* streams whose capture was begun and not ended */
+
+/* Whether a host call is made while a capture is open. Calls made inside queued work are device
+ * work in stream order (a replayed library item launching a kernel): never refused. */
+bool in_capture() {
+    return open_captures > 0 && work_depth == 0;
+}
+
+bool blocking_capture_open() {
+    for (stream_impl *s : streams)
+        if (s->capture != CAPTURE_NONE && s->blocking) return true;
+    return false;
+}
+
+/* A call a capture forbids: every active capture is invalidated (each keeps its first reason)
+ * and the call fails with e, recorded for cudaGetLastError; the caller does nothing else. */
+cudaError_t refuse_in_capture(const std::string &why,
+                              cudaError_t e = cudaErrorStreamCaptureUnsupported) {
+    for (stream_impl *s : streams)
+        if (s->capture == CAPTURE_ACTIVE) {
+            s->capture = CAPTURE_INVALIDATED;
+            s->invalidated_why = why;
+        }
+    return fail(e);
+}
+
+/* For the calls refused whichever stream captures (allocation, freeing, synchronization). */
+cudaError_t refuse_if_capturing(const char *call) {
+    if (!in_capture()) return cudaSuccess;
+    return refuse_in_capture(std::string(call) + " during a capture");
+}
+
+/* Whether host call `what` may queue work on s: not on an invalidated capture
+ * (cudaErrorStreamCaptureInvalidated), not on the legacy stream while a blocking stream captures
+ * (cudaErrorStreamCaptureImplicit: it would wait for the capture; the captures are invalidated). */
+cudaError_t capture_admits(stream_impl *s, const std::string &what) {
+    if (!in_capture()) return cudaSuccess;
+    if (s->capture == CAPTURE_INVALIDATED) return fail(cudaErrorStreamCaptureInvalidated);
+    if (s == &legacy_stream && blocking_capture_open())
+        return refuse_in_capture(what + " on the legacy stream while a blocking stream captures",
+                                 cudaErrorStreamCaptureImplicit);
+    return cudaSuccess;
+}
+
+/* The same for a call that a capture cannot hold: refused on a capturing stream too. */
+cudaError_t uncapturable(stream_impl *s, const char *what, const char *note) {
+    cudaError_t e = capture_admits(s, what);
+    if (e != cudaSuccess || !in_capture() || s->capture != CAPTURE_ACTIVE) return e;
+    return refuse_in_capture(std::string(what) + " on a capturing stream" + note);
+}
+
+/* Queues work on s, or appends it to s's capture; `what` names the call for refusals. */
+cudaError_t enqueue(stream_impl *s, std::function<void()> work, const std::string &what) {
+    cudaError_t e = capture_admits(s, what);
+    if (e != cudaSuccess) return e;
+    if (in_capture() && s->capture == CAPTURE_ACTIVE) {
+        s->captured.push_back(std::move(work));
+        return cudaSuccess;
+    }
     enqueue_poll(s, [work = std::move(work)]() {
         work();
         return true;
     });
+    return cudaSuccess;
 }
 
 bool bad_stream(cudaStream_t s) {
@@ -275,12 +367,25 @@ cudaError_t refuse_launch(const cuemu_launch_info &info, cudaError_t e, const ch
 /* ---- the emulator's C++ API ---------------------------------------------------------------- */
 void cuemu_stream_enqueue(cudaStream_t stream, std::function<void()> work) {
     CUEMU_LOCKED;
-    enqueue(stream_of(stream), std::move(work));
+    /* a refusal is recorded for cudaGetLastError, as a refused launch is */
+    enqueue(stream_of(stream), std::move(work), "library work (cuemu_stream_enqueue)");
 }
 
 void cuemu_stream_enqueue_poll(cudaStream_t stream, std::function<bool()> work) {
     CUEMU_LOCKED;
-    enqueue_poll(stream_of(stream), std::move(work));
+    stream_impl *s = stream_of(stream);
+    if (in_capture() &&
+        (s->capture != CAPTURE_NONE || (s == &legacy_stream && blocking_capture_open()))) {
+        /* a polled item holds the state of one transfer: a graph could not run it again */
+        fprintf(stderr,
+                "cuemu: the NCCL stand-in's work cannot be captured in a graph (polled work, "
+                "cuemu_stream_enqueue_poll, queued on %s)\n",
+                s->capture != CAPTURE_NONE ? "a capturing stream"
+                                           : "the legacy stream while a blocking stream captures");
+        fflush(stderr);
+        abort();
+    }
+    enqueue_poll(s, std::move(work));
 }
 
 bool cuemu_is_device_pointer(const void *p, size_t bytes) {
@@ -322,6 +427,16 @@ cudaError_t cuemu_check_launch(const cuemu_launch_info &info, cudaStream_t strea
     }
     if (bad_stream(stream))
         return refuse_launch(info, cudaErrorInvalidResourceHandle, "the stream was destroyed");
+    if (!in_capture()) return cudaSuccess; /* the common case: no names to build */
+    std::string text = info.text, kernel = text.substr(0, text.find(','));
+    std::string what =
+        "kernel " + kernel + " (ct_launch at " + info.file + ":" + std::to_string(info.line) + ")";
+    cudaError_t e = capture_admits(stream_of(stream), what);
+    if (e != cudaSuccess)
+        return refuse_launch(info, e,
+                             e == cudaErrorStreamCaptureInvalidated
+                                 ? "the stream's capture was invalidated earlier"
+                                 : "the legacy stream while a blocking stream captures");
     return cudaSuccess;
 }
 
@@ -448,12 +563,14 @@ cudaError_t cudaRuntimeGetVersion(int *version) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     CUEMU_LOCKED;
+    if (cudaError_t e = refuse_if_capturing("cudaDeviceSynchronize")) return e;
     run_everything();
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceReset(void) {
     CUEMU_LOCKED;
+    if (cudaError_t e = refuse_if_capturing("cudaDeviceReset")) return e;
     run_everything();
     max_dynamic_shared.clear();
     return cudaSuccess;
@@ -508,6 +625,12 @@ const error_text error_texts[] = {
     CUEMU_ERR(cudaErrorHostMemoryNotRegistered,
               "pointer does not correspond to a registered memory region"),
     CUEMU_ERR(cudaErrorIllegalState, "the operation cannot be performed in the present state"),
+    CUEMU_ERR(cudaErrorStreamCaptureUnsupported,
+              "operation not permitted when stream is capturing"),
+    CUEMU_ERR(cudaErrorStreamCaptureInvalidated,
+              "operation failed due to a previous error during capture"),
+    CUEMU_ERR(cudaErrorStreamCaptureImplicit,
+              "operation would make the legacy stream depend on a capturing blocking stream"),
     CUEMU_ERR(cudaErrorUnknown, "unknown error"),
 };
 #undef CUEMU_ERR
@@ -534,6 +657,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
     CUEMU_LOCKED;
     if (!ptr) return fail(cudaErrorInvalidValue);
     *ptr = nullptr;
+    if (cudaError_t e = refuse_if_capturing("cudaMalloc")) return e;
     if (device_count() <= 0) return fail(cudaErrorNoDevice);
     if (size == 0) return cudaSuccess;
     if (size > DEVICE_MEMORY - device_bytes_in_use) return fail(cudaErrorMemoryAllocation);
@@ -548,6 +672,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
 
 cudaError_t cudaFree(void *ptr) {
     CUEMU_LOCKED;
+    if (cudaError_t e = refuse_if_capturing("cudaFree")) return e; /* the memory stays */
     run_everything(); /* like the real one: work queued before may still use it */
     if (!ptr) return cudaSuccess;
     auto it = device_allocations.find((uintptr_t)ptr);
@@ -562,6 +687,8 @@ cudaError_t cudaFree(void *ptr) {
 cudaError_t cudaMallocHost(void **ptr, size_t size) {
     CUEMU_LOCKED;
     if (!ptr) return fail(cudaErrorInvalidValue);
+    *ptr = nullptr;
+    if (cudaError_t e = refuse_if_capturing("cudaMallocHost")) return e;
     void *p = nullptr;
     if (posix_memalign(&p, 256, size ? size : 1) != 0) return fail(cudaErrorMemoryAllocation);
     host_allocations.insert(p);
@@ -570,12 +697,16 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) {
 }
 
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
+    CUEMU_LOCKED;
     (void)flags;
+    if (ptr) *ptr = nullptr;
+    if (cudaError_t e = refuse_if_capturing("cudaHostAlloc")) return e;
     return cudaMallocHost(ptr, size);
 }
 
 cudaError_t cudaFreeHost(void *ptr) {
     CUEMU_LOCKED;
+    if (cudaError_t e = refuse_if_capturing("cudaFreeHost")) return e;
     run_everything();
     if (!ptr) return cudaSuccess;
     if (!host_allocations.erase(ptr)) return fail(cudaErrorInvalidValue);
@@ -612,6 +743,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     CUEMU_LOCKED;
     cudaError_t e = check_copy(dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
+    if ((e = refuse_if_capturing("cudaMemcpy"))) return e;
     run_everything();
     if (count) std::memmove(dst, src, count);
     return cudaSuccess;
@@ -623,16 +755,24 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     cudaError_t e = check_copy(dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    if (!count) return cudaSuccess;
+    stream_impl *s = stream_of(stream);
+    if (in_capture() && (find_allocation(dst, count) == device_allocations.end() ||
+                         find_allocation(src, count) == device_allocations.end())) {
+        e = uncapturable(s, "cudaMemcpyAsync to or from host memory", "");
+        if (e != cudaSuccess) return e;
+    }
     /* the copy reads src when it runs, as a pinned-memory copy does: changing the host buffer
      * before the sync is a bug this shows */
-    if (count) enqueue(stream_of(stream), [=]() { std::memmove(dst, src, count); });
-    return cudaSuccess;
+    return enqueue(
+        s, [=]() { std::memmove(dst, src, count); }, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
     CUEMU_LOCKED;
     if (count && find_allocation(ptr, count) == device_allocations.end())
         return fail(cudaErrorInvalidValue);
+    if (cudaError_t e = refuse_if_capturing("cudaMemset")) return e;
     run_everything();
     if (count) std::memset(ptr, value, count);
     return cudaSuccess;
@@ -643,8 +783,9 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
     if (count && find_allocation(ptr, count) == device_allocations.end())
         return fail(cudaErrorInvalidValue);
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-    if (count) enqueue(stream_of(stream), [=]() { std::memset(ptr, value, count); });
-    return cudaSuccess;
+    if (!count) return cudaSuccess;
+    return enqueue(
+        stream_of(stream), [=]() { std::memset(ptr, value, count); }, "cudaMemsetAsync");
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr) {
@@ -691,6 +832,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     CUEMU_LOCKED;
     stream_impl *s = stream_of(stream);
     if (s == &legacy_stream || s->destroyed) return fail(cudaErrorInvalidResourceHandle);
+    if (in_capture() && s->capture != CAPTURE_NONE)
+        return refuse_in_capture("cudaStreamDestroy of a capturing stream");
     run_stream(s); /* the real call returns at once and lets queued work finish */
     s->destroyed = true;
     return cudaSuccess;
@@ -699,6 +842,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     CUEMU_LOCKED;
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = refuse_if_capturing("cudaStreamSynchronize")) return e;
     run_stream(stream_of(stream));
     return cudaSuccess;
 }
@@ -706,6 +850,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     CUEMU_LOCKED;
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = refuse_if_capturing("cudaStreamQuery")) return e;
     stream_impl *s = stream_of(stream);
     if (s->done == s->enqueued) return cudaSuccess;
     blocking_scope scope(false);
@@ -718,6 +863,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     (void)flags;
     if (bad_stream(stream) || !event || event_of(event)->destroyed)
         return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = uncapturable(stream_of(stream), "cudaStreamWaitEvent",
+                                     " (event nodes are not emulated)"))
+        return r;
     event_impl *e = event_of(event);
     if (!e->stream) return cudaSuccess; /* never recorded: nothing to wait for */
     if (work_depth > 0)
@@ -731,8 +879,8 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *user_
     CUEMU_LOCKED;
     if (!fn) return fail(cudaErrorInvalidValue);
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-    enqueue(stream_of(stream), [fn, user_data]() { fn(user_data); });
-    return cudaSuccess;
+    return enqueue(
+        stream_of(stream), [fn, user_data]() { fn(user_data); }, "cudaLaunchHostFunc");
 }
 
 /* ---- events -------------------------------------------------------------------------------- */
@@ -763,13 +911,18 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         return fail(cudaErrorInvalidResourceHandle);
     event_impl *e = event_of(event);
     stream_impl *s = stream_of(stream);
+    if (cudaError_t r = uncapturable(s, "cudaEventRecord", " (event nodes are not emulated)"))
+        return r;
     uint64_t generation = ++e->generation;
     e->complete = false;
-    enqueue(s, [e, generation]() {
-        if (e->generation != generation) return;
-        e->complete = true;
-        e->when = std::chrono::steady_clock::now();
-    });
+    enqueue(
+        s,
+        [e, generation]() {
+            if (e->generation != generation) return;
+            e->complete = true;
+            e->when = std::chrono::steady_clock::now();
+        },
+        "cudaEventRecord");
     e->stream = s;
     e->seq = work_depth > 0 ? s->done : s->enqueued; /* inside work it has run already */
     return cudaSuccess;
@@ -778,6 +931,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     CUEMU_LOCKED;
     if (!event || event_of(event)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = refuse_if_capturing("cudaEventSynchronize")) return r;
     event_impl *e = event_of(event);
     if (e->stream) run_event(e->stream, e->seq);
     return cudaSuccess;
@@ -786,6 +940,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     CUEMU_LOCKED;
     if (!event || event_of(event)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = refuse_if_capturing("cudaEventQuery")) return r;
     event_impl *e = event_of(event);
     if (!e->stream || e->complete) return cudaSuccess;
     blocking_scope scope(false);
@@ -803,6 +958,149 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
         return fail(cudaErrorInvalidResourceHandle);
     if (!a->complete || !b->complete) return fail(cudaErrorNotReady);
     *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+    return cudaSuccess;
+}
+
+/* ---- stream capture and graphs -------------------------------------------------------------- */
+namespace {
+/* A graph is its captured items in order; an executable graph, a copy of them. Both are freed on
+ * destroy; the live ones are listed so that a stale or foreign handle is refused. */
+struct graph_impl {
+    std::vector<std::function<void()>> items;
+};
+struct graph_exec_impl {
+    std::vector<std::function<void()>> items;
+};
+std::set<graph_impl *> &graphs = forever<std::set<graph_impl *>>();
+std::set<graph_exec_impl *> &graph_execs = forever<std::set<graph_exec_impl *>>();
+
+graph_impl *graph_of(cudaGraph_t g) {
+    auto it = graphs.find(reinterpret_cast<graph_impl *>(g));
+    return it == graphs.end() ? nullptr : *it;
+}
+graph_exec_impl *graph_exec_of(cudaGraphExec_t x) {
+    auto it = graph_execs.find(reinterpret_cast<graph_exec_impl *>(x));
+    return it == graph_execs.end() ? nullptr : *it;
+}
+} // namespace
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    CUEMU_LOCKED;
+    if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    stream_impl *s = stream_of(stream);
+    if (s == &legacy_stream) return fail(cudaErrorStreamCaptureUnsupported);
+    /* every mode is treated as cudaStreamCaptureModeGlobal (the header says what that refuses) */
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue);
+    if (s->capture != CAPTURE_NONE) return fail(cudaErrorIllegalState);
+    s->capture = CAPTURE_ACTIVE;
+    s->captured.clear();
+    s->invalidated_why.clear();
+    open_captures++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
+    CUEMU_LOCKED;
+    if (!pGraph) return fail(cudaErrorInvalidValue);
+    if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    stream_impl *s = stream_of(stream);
+    if (s->capture == CAPTURE_NONE) return fail(cudaErrorIllegalState);
+    bool invalidated = s->capture == CAPTURE_INVALIDATED;
+    std::vector<std::function<void()>> items = std::move(s->captured);
+    std::string why = std::move(s->invalidated_why);
+    s->capture = CAPTURE_NONE;
+    s->captured.clear();
+    s->invalidated_why.clear();
+    open_captures--;
+    if (invalidated) {
+        *pGraph = nullptr;
+        fprintf(stderr, "cuemu: stream capture invalidated: %s\n", why.c_str());
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    graph_impl *g = new graph_impl();
+    g->items = std::move(items);
+    graphs.insert(g);
+    *pGraph = reinterpret_cast<cudaGraph_t>(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus *pCaptureStatus) {
+    CUEMU_LOCKED;
+    if (!pCaptureStatus) return fail(cudaErrorInvalidValue);
+    if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    stream_impl *s = stream_of(stream);
+    /* the legacy stream never captures; asked while a blocking stream captures, the real runtime
+     * answers with this error (and invalidates nothing) */
+    if (s == &legacy_stream && blocking_capture_open()) return fail(cudaErrorStreamCaptureImplicit);
+    *pCaptureStatus = s->capture == CAPTURE_ACTIVE        ? cudaStreamCaptureStatusActive
+                      : s->capture == CAPTURE_INVALIDATED ? cudaStreamCaptureStatusInvalidated
+                                                          : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+/* nodes: NULL asks for the count; otherwise up to *numNodes opaque handles (one per item, in
+ * capture order; the rest NULL) and *numNodes becomes the number filled in. The handles can only
+ * be compared: no node API is emulated. */
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes) {
+    CUEMU_LOCKED;
+    graph_impl *g = graph_of(graph);
+    if (!g || !numNodes) return fail(cudaErrorInvalidValue);
+    size_t n = g->items.size();
+    if (nodes) {
+        for (size_t i = 0; i < *numNodes; i++)
+            nodes[i] = i < n ? reinterpret_cast<cudaGraphNode_t>(&g->items[i]) : nullptr;
+        if (*numNodes < n) n = *numNodes;
+    }
+    *numNodes = n;
+    return cudaSuccess;
+}
+
+/* flags are accepted and ignored (upload, auto-free and priorities change nothing here). */
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+    CUEMU_LOCKED;
+    (void)flags;
+    if (!pGraphExec) return fail(cudaErrorInvalidValue);
+    graph_impl *g = graph_of(graph);
+    if (!g) return fail(cudaErrorInvalidValue);
+    graph_exec_impl *x = new graph_exec_impl();
+    x->items = g->items; /* a copy: the graph may be destroyed, the executable graph still runs */
+    graph_execs.insert(x);
+    *pGraphExec = reinterpret_cast<cudaGraphExec_t>(x);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    CUEMU_LOCKED;
+    graph_exec_impl *x = graph_exec_of(graphExec);
+    if (!x) return fail(cudaErrorInvalidValue);
+    if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    stream_impl *s = stream_of(stream);
+    if (cudaError_t e = uncapturable(s, "cudaGraphLaunch", " (child graphs are not emulated)"))
+        return e;
+    /* each item is ordinary stream work, run when a sync point needs it */
+    for (const std::function<void()> &item : x->items) enqueue(s, item, "cudaGraphLaunch");
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+    CUEMU_LOCKED;
+    graph_exec_impl *x = graph_exec_of(graphExec);
+    if (!x) return fail(cudaErrorInvalidValue);
+    graph_execs.erase(x);
+    delete x; /* queued launches hold copies of its items */
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    CUEMU_LOCKED;
+    graph_impl *g = graph_of(graph);
+    if (!g) return fail(cudaErrorInvalidValue);
+    graphs.erase(g);
+    delete g;
     return cudaSuccess;
 }
 

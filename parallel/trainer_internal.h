@@ -42,6 +42,7 @@ typedef struct trainer {
     float dloss;               /* 1 / tokens_per_step: where backward starts */
     double flops_per_token;    /* this rank's share (1/world) of the model's */
     double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
+    bool remeasured;           /* a step outran them once, and they were measured again */
     char peak_how[128];        /* how hw_peak was found */
     double dp_bytes_expected, tp_bytes_expected, cp_bytes_expected; /* per step, by formula */
     ct_comm *groups[9]; /* every group, for the profile's communication time */

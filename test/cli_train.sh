@@ -110,6 +110,29 @@ if expect_exit 0 "train with --device-idle and a host planted late" -- env COOKT
         fail "device idle: $out"
     fi
 fi
+# A peak and GEMM rate measured low at start-up (planted: COOKTRAIN_FAULT_SLOW_PEAK=0.001, as on
+# a machine busy with something else then) are outrun by step 1: the trainer says so, measures
+# both again, and every step's MFU and GEMM efficiency, step 1's too, come out in (0, 1].
+if expect_exit 0 "train with the start-up peak planted low" -- env COOKTRAIN_FAULT_SLOW_PEAK=0.001 \
+    "$BIN" train --config configs/test-tiny.yaml --set train.threads=1 --set train.steps=3 \
+    --set data.train="$bytes/train.bin" --set log.metrics="$tmp/slow.jsonl"; then
+    expect_text "step 1 ran at " "a low start-up peak: noticed at step 1"
+    expect_text "so the machine was busy then; measured again: " "a low start-up peak: measured again"
+    if out=$(python3 - "$tmp/slow.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+bad = [(r["step"], r["mfu"], r["gemm_efficiency"]) for r in rows
+       if not (0 < r["mfu"] <= 1 and 0 < r["gemm_efficiency"] <= 1)]
+if len(rows) != 3 or bad:
+    sys.exit(f"{len(rows)} steps; out of (0, 1]: {bad}")
+print(", ".join(f"step {r['step']}: MFU {r['mfu']:.2f}, GEMM eff {r['gemm_efficiency']:.2f}" for r in rows))
+PY
+    ); then
+        ok "a low start-up peak: the measured-again figures are the steps' denominators ($out)"
+    else
+        fail "a low start-up peak: $out"
+    fi
+fi
 expect_exit 2 "--profile with --device-idle is refused" -- "$BIN" train --config configs/test-tiny.yaml \
     --set data.train="$bytes/train.bin" --profile --device-idle
 expect_text "hint: " "the refusal has a hint"

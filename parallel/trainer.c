@@ -238,21 +238,36 @@ static void fill_batch(void *ctx, int mb, int32_t *tokens, int32_t *targets) {
     memcpy(targets, tg, bytes);
 }
 
+/* The grad_accum microbatches in a loop (no pipeline): forward, and backward when training, each
+ * microbatch's tokens from the step buffers on the host, or (from_device) from their copies in
+ * graph_inputs / graph_targets (train.cuda_graph, graph_step). The loss is not read. */
+static void issue_microbatches(trainer *t, bool train, float dloss, bool from_device) {
+    const int accum = (int)t->cfg->derived.grad_accum;
+    const int64_t n = t->cfg->train.micro_batch * t->T_local;
+    for (int mb = 0; mb < accum; mb++) {
+        if (train) ct_dp_begin_microbatch(t->dp, mb);
+        if (from_device) {
+            ct_tensor *in = ct_tensor_view_1d(t->graph_inputs, mb * n, n);
+            ct_tensor *tg = ct_tensor_view_1d(t->graph_targets, mb * n, n);
+            ct_acts_set_batch_device(t->acts, mb, in, tg);
+            ct_tensor_free(in), ct_tensor_free(tg);
+        } else {
+            const int32_t *in, *tg;
+            microbatch_tokens(t, mb, &in, &tg);
+            ct_acts_set_batch(t->acts, mb, in, tg);
+        }
+        ct_model_forward(t->model, t->acts, train ? dloss : 0.0f);
+        if (train) ct_model_backward(t->model, t->acts, t->scratch);
+    }
+}
+
 /* One batch of this rank's grad_accum microbatches (the step buffers), through the pipeline or
  * in a loop: forward, and backward when training. Returns the summed loss of the microbatches
  * whose head ran here, read from the backend once, at the end. */
 static double run_microbatches(trainer *t, bool train, float dloss) {
     if (t->pipeline) return ct_pipeline_run(t->pipeline, train, dloss, fill_batch, t);
-    const int accum = (int)t->cfg->derived.grad_accum;
-    ct_model_begin_losses(t->model, accum, t->cfg->train.micro_batch);
-    for (int mb = 0; mb < accum; mb++) {
-        const int32_t *in, *tg;
-        microbatch_tokens(t, mb, &in, &tg);
-        if (train) ct_dp_begin_microbatch(t->dp, mb);
-        ct_acts_set_batch(t->acts, mb, in, tg);
-        ct_model_forward(t->model, t->acts, train ? dloss : 0.0f);
-        if (train) ct_model_backward(t->model, t->acts, t->scratch);
-    }
+    ct_model_begin_losses(t->model, (int)t->cfg->derived.grad_accum, t->cfg->train.micro_batch);
+    issue_microbatches(t, train, dloss, false);
     return ct_model_loss_sum(t->model);
 }
 
@@ -282,22 +297,11 @@ static ct_status graph_buffers(trainer *t, int64_t n) {
     return t->graph_inputs && t->graph_targets ? CT_OK : CT_ERR_RUNTIME;
 }
 
-/* The step's forward and backward from graph_inputs / graph_targets, as run_microbatches and the
- * dp calls around it in train_step issue them, after ct_model_begin_losses; the loss is not
- * read. */
+/* The step's forward and backward from graph_inputs / graph_targets, as train_step issues them
+ * (after ct_model_begin_losses; the loss is not read). */
 static void issue_step(trainer *t) {
-    const int accum = (int)t->accum;
-    const int64_t n = t->cfg->train.micro_batch * t->T_local;
-    ct_dp_begin_step(t->dp, accum);
-    for (int mb = 0; mb < accum; mb++) {
-        ct_tensor *in = ct_tensor_view_1d(t->graph_inputs, mb * n, n);
-        ct_tensor *tg = ct_tensor_view_1d(t->graph_targets, mb * n, n);
-        ct_dp_begin_microbatch(t->dp, mb);
-        ct_acts_set_batch_device(t->acts, mb, in, tg);
-        ct_model_forward(t->model, t->acts, t->dloss);
-        ct_model_backward(t->model, t->acts, t->scratch);
-        ct_tensor_free(in), ct_tensor_free(tg);
-    }
+    ct_dp_begin_step(t->dp, (int)t->accum);
+    issue_microbatches(t, true, t->dloss, true);
     ct_dp_finish_backward(t->dp);
 }
 
@@ -338,8 +342,6 @@ static double pp_sum(trainer *t, double x) {
     ct_comm_allreduce(t->pctx->pp_comm, &x, 1, CT_DTYPE_F64, CT_REDUCE_SUM);
     return x;
 }
-
-static ct_status graph_buffers(trainer *t, int64_t n);
 
 static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, ct_pctx *pctx) {
     memset(t, 0, sizeof *t);
@@ -580,6 +582,17 @@ static ct_status export_params(trainer *t, const char *dump_path, bool keep, par
 
 /* The run's constants, the measured rates, the start-up report; then tracing, profiling and
  * the progress clocks start. */
+/* MFU's and GEMM efficiency's denominators, measured: the hardware's peak in the model's dtype
+ * into *peak (and how it was found into how, sizeof t->peak_how bytes), and the GEMM rate at the
+ * model's MLP shape, returned. */
+static double measure_denominators(trainer *t, double *peak, char *how) {
+    const ct_config *cfg = t->cfg;
+    const ct_dtype dt = ct_model_dtype(t->model);
+    *peak = ct_backend_peak_flops(t->be, dt, how, sizeof t->peak_how);
+    return ct_gemm_bench_rate(t->be, cfg->train.micro_batch * cfg->model.seq_len, cfg->derived.d_ff,
+                              cfg->model.d_model, dt, 5);
+}
+
 static void start_run(trainer *t) {
     const ct_config *cfg = t->cfg;
     const int64_t T = cfg->model.seq_len;
@@ -598,10 +611,7 @@ static void start_run(trainer *t) {
     /* Two denominators, each named for what it is: MFU against the hardware's peak (the
      * backend's measured FMA rate), and GEMM efficiency against the GEMM rate this rank
      * reaches at the model's MLP shape. */
-    t->hw_peak =
-        ct_backend_peak_flops(t->be, ct_model_dtype(t->model), t->peak_how, sizeof t->peak_how);
-    t->gemm_rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * T, cfg->derived.d_ff,
-                                      cfg->model.d_model, ct_model_dtype(t->model), 5);
+    t->gemm_rate = measure_denominators(t, &t->hw_peak, t->peak_how);
     /* COOKTRAIN_FAULT_SLOW_PEAK=F: both measured F times too low, as on a machine busy with
      * something else during start-up (the tests of remeasure_denominators) */
     const char *slow = getenv("COOKTRAIN_FAULT_SLOW_PEAK");
@@ -747,15 +757,11 @@ static void remeasure_denominators(trainer *t, const step_stats *s) {
         return;
     t->remeasured = true;
     const double start = ct_now();
-    const ct_config *cfg = t->cfg;
     const double peak0 = t->hw_peak, gemm0 = t->gemm_rate;
     char how[sizeof t->peak_how];
-    double peak = ct_backend_peak_flops(t->be, ct_model_dtype(t->model), how, sizeof how);
+    double peak;
+    t->gemm_rate = CT_MAX(t->gemm_rate, measure_denominators(t, &peak, how));
     if (peak > t->hw_peak) t->hw_peak = peak, memcpy(t->peak_how, how, sizeof how);
-    double gemm =
-        ct_gemm_bench_rate(t->be, cfg->train.micro_batch * cfg->model.seq_len, cfg->derived.d_ff,
-                           cfg->model.d_model, ct_model_dtype(t->model), 5);
-    t->gemm_rate = CT_MAX(t->gemm_rate, gemm);
     if (t->rank0)
         printf("step %lld ran at %.1f GFLOP/s, above the peak (%.1f) or GEMM rate (%.1f) measured "
                "at start-up, so the machine was busy then; measured again: %.1f and %.1f GFLOP/s\n",

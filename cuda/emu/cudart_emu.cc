@@ -964,23 +964,25 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 /* ---- stream capture and graphs -------------------------------------------------------------- */
 namespace {
 /* A graph is its captured items in order; an executable graph, a copy of them. Both are freed on
- * destroy; the live ones are listed so that a stale or foreign handle is refused. */
-struct graph_impl {
+ * destroy; the live ones of each kind are listed so that a stale or foreign handle is refused. */
+struct graph_items {
     std::vector<std::function<void()>> items;
 };
-struct graph_exec_impl {
-    std::vector<std::function<void()>> items;
-};
-std::set<graph_impl *> &graphs = forever<std::set<graph_impl *>>();
-std::set<graph_exec_impl *> &graph_execs = forever<std::set<graph_exec_impl *>>();
+std::set<graph_items *> &graphs = forever<std::set<graph_items *>>();
+std::set<graph_items *> &graph_execs = forever<std::set<graph_items *>>();
 
-graph_impl *graph_of(cudaGraph_t g) {
-    auto it = graphs.find(reinterpret_cast<graph_impl *>(g));
-    return it == graphs.end() ? nullptr : *it;
+/* The live entry of `live` that handle h (a cudaGraph_t or cudaGraphExec_t) names, or null. */
+template <typename H> graph_items *live_of(std::set<graph_items *> &live, H h) {
+    auto it = live.find(reinterpret_cast<graph_items *>(h));
+    return it == live.end() ? nullptr : *it;
 }
-graph_exec_impl *graph_exec_of(cudaGraphExec_t x) {
-    auto it = graph_execs.find(reinterpret_cast<graph_exec_impl *>(x));
-    return it == graph_execs.end() ? nullptr : *it;
+
+template <typename H> cudaError_t destroy_live(std::set<graph_items *> &live, H h) {
+    graph_items *g = live_of(live, h);
+    if (!g) return fail(cudaErrorInvalidValue);
+    live.erase(g);
+    delete g; /* queued launches hold copies of its items */
+    return cudaSuccess;
 }
 } // namespace
 
@@ -1019,7 +1021,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
         fprintf(stderr, "cuemu: stream capture invalidated: %s\n", why.c_str());
         return fail(cudaErrorStreamCaptureInvalidated);
     }
-    graph_impl *g = new graph_impl();
+    graph_items *g = new graph_items();
     g->items = std::move(items);
     graphs.insert(g);
     *pGraph = reinterpret_cast<cudaGraph_t>(g);
@@ -1046,7 +1048,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
  * be compared: no node API is emulated. */
 cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes) {
     CUEMU_LOCKED;
-    graph_impl *g = graph_of(graph);
+    graph_items *g = live_of(graphs, graph);
     if (!g || !numNodes) return fail(cudaErrorInvalidValue);
     size_t n = g->items.size();
     if (nodes) {
@@ -1064,9 +1066,9 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
     CUEMU_LOCKED;
     (void)flags;
     if (!pGraphExec) return fail(cudaErrorInvalidValue);
-    graph_impl *g = graph_of(graph);
+    graph_items *g = live_of(graphs, graph);
     if (!g) return fail(cudaErrorInvalidValue);
-    graph_exec_impl *x = new graph_exec_impl();
+    graph_items *x = new graph_items();
     x->items = g->items; /* a copy: the graph may be destroyed, the executable graph still runs */
     graph_execs.insert(x);
     *pGraphExec = reinterpret_cast<cudaGraphExec_t>(x);
@@ -1075,7 +1077,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
     CUEMU_LOCKED;
-    graph_exec_impl *x = graph_exec_of(graphExec);
+    graph_items *x = live_of(graph_execs, graphExec);
     if (!x) return fail(cudaErrorInvalidValue);
     if (bad_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
     stream_impl *s = stream_of(stream);
@@ -1088,20 +1090,12 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
     CUEMU_LOCKED;
-    graph_exec_impl *x = graph_exec_of(graphExec);
-    if (!x) return fail(cudaErrorInvalidValue);
-    graph_execs.erase(x);
-    delete x; /* queued launches hold copies of its items */
-    return cudaSuccess;
+    return destroy_live(graph_execs, graphExec);
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
     CUEMU_LOCKED;
-    graph_impl *g = graph_of(graph);
-    if (!g) return fail(cudaErrorInvalidValue);
-    graphs.erase(g);
-    delete g;
-    return cudaSuccess;
+    return destroy_live(graphs, graph);
 }
 
 /* ---- functions ----------------------------------------------------------------------------- */

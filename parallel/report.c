@@ -244,6 +244,16 @@ void ct_report_setup_metrics(trainer *t) {
     ct_metrics_end(m);
 }
 
+void ct_report_remeasured_metrics(trainer *t, int64_t step) {
+    ct_metrics *m = t->metrics;
+    ct_metrics_begin(m);
+    ct_metrics_bool(m, "remeasured", true);
+    ct_metrics_int(m, "from_step", step);
+    ct_metrics_num(m, "peak_flops_per_s", "%.6e", t->hw_peak);
+    ct_metrics_num(m, "gemm_flops_per_s", "%.6e", t->gemm_rate);
+    ct_metrics_end(m);
+}
+
 void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics *m = t->metrics;
     double tok_per_s = t->tokens_per_step / s->seconds;

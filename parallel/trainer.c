@@ -767,6 +767,7 @@ static void remeasure_denominators(trainer *t, const step_stats *s) {
                "at start-up, so the machine was busy then; measured again: %.1f and %.1f GFLOP/s\n",
                (long long)s->step + 1, achieved / 1e9, peak0 / 1e9, gemm0 / 1e9, t->hw_peak / 1e9,
                t->gemm_rate / 1e9);
+    ct_report_remeasured_metrics(t, s->step + 1);
     t->interval_start += ct_now() - start; /* not training time */
 }
 

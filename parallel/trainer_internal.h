@@ -104,6 +104,9 @@ typedef struct step_stats {
 void ct_report_start(const trainer *t);
 /* report.c: the first metrics line (the run's shape, rates, memory next to the ZeRO formula). */
 void ct_report_setup_metrics(trainer *t);
+/* report.c: the line that says the rates were measured again before step `step` (1-based), with
+ * the new ones: that step's line and the later ones use them. */
+void ct_report_remeasured_metrics(trainer *t, int64_t step);
 /* report.c: one step's metrics line. */
 void ct_report_step_metrics(trainer *t, const step_stats *s);
 /* report.c: rank 0's progress line every log.interval steps (and the first and last), with the

@@ -95,8 +95,10 @@ for s in test/cli_*.sh; do
     name=$(basename "$s" .sh)
     [ -n "$only" ] && [ "$name" != "$only" ] && continue
     selected_test "$name" || continue
+    t0=$(date +%s)
     out=$(bash "$s" 2>&1)
     rc=$?
+    secs=$(( $(date +%s) - t0 ))
     p=$(printf '%s\n' "$out" | grep -c '^ok ')
     f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
     mapfile -t sk < <(printf '%s\n' "$out" | sed -n 's/^skip //p')
@@ -111,7 +113,7 @@ for s in test/cli_*.sh; do
         echo "FAIL $name: see $logdir/$name.log"
         printf '%s\n' "$out" | grep -A3 '^FAIL ' | head -30
     else
-        echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"))"
+        echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"), ${secs}s)"
     fi
 done
 

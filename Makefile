@@ -8,8 +8,8 @@
 #                   with its reason, and "tests: N passed, N failed, N skipped")
 #   make test SAN=1 the readers of outside bytes (config, data, tokenizer, checkpoints, export)
 #                   built with ASan + UBSan in build-san and tested there (CI runs it)
-#   make mutants    plant each bug of test/mutants.txt in a scratch copy and check a test
-#                   catches it (test/mutants.py; CI runs it after make test)
+#   make mutants    plant each bug of test/tools/mutants.txt in a scratch copy and check a test
+#                   catches it (test/tools/mutants.py; CI runs it after make test)
 #   make bench      scripts/bench_cpu.sh
 #   make fuzz       every libFuzzer target of test/fuzz/ for FUZZ_SECONDS (300) each
 #
@@ -72,10 +72,15 @@ PAR_OBJ  := $(PAR_SRC:%.c=$(BUILD)/%.o)
 PAR_LIB  := $(BUILD)/libctpar.a
 # test_*.c are single-process tests; mpi_test_*.c run under mpirun (test/cli_mpi_*.sh).
 # (test_cuda_*.c link the emulated CUDA backend: cuda/cuda.mk builds them)
-TEST_SRC := $(filter-out test/test_cuda_%.c,$(wildcard test/test_*.c)) $(wildcard test/mpi_test_*.c)
-TEST_BIN := $(TEST_SRC:test/%.c=$(BUILD)/test/%)
-# cmd/: the entry point and its argument parser (one set of objects for every binary)
+# Sources live in test/unit/ and test/mpi/; every binary is $(BUILD)/test/NAME.
+TEST_SRC := $(filter-out test/unit/test_cuda_%.c,$(wildcard test/unit/test_*.c)) \
+            $(wildcard test/mpi/mpi_test_*.c)
+TEST_BIN := $(patsubst %.c,$(BUILD)/test/%,$(notdir $(TEST_SRC)))
+# cmd/: the entry point and its argument parser (one set of objects for every binary); its
+# rooms (the training loop, generation, the offline tools) a library the tests link too
 CMD_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/*.c))
+CMD_LIB_SRC := $(wildcard cmd/*/*.c)
+CMD_LIB  := $(BUILD)/libctcmd.a
 
 .PHONY: all setup run data test mutants bench clean report print-ldlibs FORCE
 .SECONDARY:
@@ -101,6 +106,10 @@ $(CORE_LIB): $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(CMD_LIB): $(CMD_LIB_SRC:%.c=$(BUILD)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(PAR_LIB): $(PAR_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -114,10 +123,18 @@ $(BUILD)/cmd/git-commit: FORCE
 	@mkdir -p $(dir $@)
 	@[ "$$(cat $@ 2>/dev/null)" = "$(GIT_COMMIT)" ] || echo "$(GIT_COMMIT)" >$@
 
-$(BUILD)/cooktrain: $(CMD_OBJ) $(PAR_LIB) $(CUDA_LIB) $(CORE_LIB)
+$(BUILD)/cooktrain: $(CMD_OBJ) $(CMD_LIB) $(PAR_LIB) $(CUDA_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
-$(BUILD)/test/%: $(BUILD)/test/%.o $(PAR_LIB) $(CORE_LIB)
+$(BUILD)/test/%.o: test/unit/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/test/%.o: test/mpi/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/test/%: $(BUILD)/test/%.o $(CMD_LIB) $(PAR_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # `make run`: set up, build, prepare the default corpus once, train the tiny model.
@@ -138,7 +155,7 @@ test: setup
 
 mutants: setup
 	@$(MAKE) --no-print-directory all
-	@python3 test/mutants.py
+	@python3 test/tools/mutants.py
 
 bench: all
 	@bash scripts/bench_cpu.sh
@@ -150,5 +167,5 @@ print-ldlibs:
 clean:
 	rm -rf $(BUILD)
 
-# -H: a build folder that is a symlink (test/cli_readme.sh's scratch tree) is searched too
+# -H: a build folder that is a symlink (test/cli/cli_readme.sh's scratch tree) is searched too
 -include $(shell find -H $(BUILD) -name '*.d' 2>/dev/null)

@@ -24,20 +24,20 @@
 #include "core/config/config.h"
 #include "core/io/export.h"
 #include "core/io/hf.h"
-#include "core/model/gemm_bench.h"
+#include "core/backend/gemm_bench.h"
 #include "core/model/model.h"
 #include "core/data/prepare.h"
 #include "cuda/backend_cuda.h"
 #include "cuda/comm_nccl.h"
 #include "cuda/plugin.h"
-#include "parallel/diagnose.h"
-#include "parallel/html_report.h"
+#include "cmd/tools/diagnose.h"
+#include "cmd/tools/html_report.h"
 #include "parallel/plan_search.h"
 #include "parallel/context.h"
-#include "parallel/generate.h"
+#include "cmd/generate/generate.h"
 #include "parallel/plan.h"
 #include "parallel/schedule.h"
-#include "parallel/trainer.h"
+#include "cmd/train/trainer.h"
 
 /* The CUDA backend is linked in (the emulated build), loaded on demand from a library beside the
  * executable (the real build, cuda/plugin.h), or absent (CUDA=0): weak references, so this one
@@ -564,7 +564,7 @@ static ct_status cmd_report(int argc, char **argv) {
     return st;
 }
 
-/* `cooktrain sample DIR`: the options of parallel/generate.h. */
+/* `cooktrain sample DIR`: the options of cmd/generate/generate.h. */
 static ct_status cmd_sample(int argc, char **argv) {
     ct_generate_options o = CT_GENERATE_DEFAULTS;
     int64_t tokens = o.tokens, top_k = 0, seed = (int64_t)o.seed;
@@ -599,7 +599,7 @@ static ct_status cmd_sample(int argc, char **argv) {
     return ct_generate_run(&o);
 }
 
-/* `cooktrain eval DIR --data FILE|GLOB [--samples N]` (parallel/generate.h). */
+/* `cooktrain eval DIR --data FILE|GLOB [--samples N]` (cmd/generate/generate.h). */
 static ct_status cmd_eval(int argc, char **argv) {
     const char *dir = NULL, *data = NULL;
     int64_t samples = 0; /* all */

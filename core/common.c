@@ -160,6 +160,14 @@ double ct_median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+const char *ct_format_bytes(char *buf, size_t n, double bytes) {
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    return buf;
+}
+
 double ct_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -159,6 +159,8 @@ void ct_sleep(double seconds);
 int ct_cmp_double(const void *a, const void *b);
 /* The median of v[0..n) (n > 0; the mean of the middle two when n is even); sorts v. */
 double ct_median(double *v, int n);
+/* "12.3 MiB" below 1 GiB, "1.23 GiB" from there on, into buf (n bytes); returns buf. */
+const char *ct_format_bytes(char *buf, size_t n, double bytes);
 
 /* Little-endian encoding: every file format of the project is little-endian whatever the host
  * (and says so with a byte-order mark); compilers turn these into single loads and stores. */

@@ -11,7 +11,7 @@
  * one ct_exp2 (ct_mma.cuh: ex2.approx.ftz, so weights below 2^-126 are 0). What differs from the
  * fp32 path, and so from the CPU reference in bf16, beyond summation order: the weights P (forward
  * and dV) and dS (dQ, dK) are rounded to bf16 to enter the second product, each within 2^-8
- * relative (test/test_cuda_attention.c states the tolerance this adds).
+ * relative (test/unit/test_cuda_attention.c states the tolerance this adds).
  *
  * Tiles: blocks of TC_THREADS = 128 threads (4 warps); a warp owns 16 rows of the block's
  * TC_BM = 64 (query rows in the forward and dQ kernels, keys in dK/dV) and loops over the other

@@ -17,7 +17,7 @@
 #include "cuda/backend_cuda.h"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/ct_cuda_ctx.h"
-#include "core/backend/flight.h"
+#include "core/comm/flight.h"
 
 #define CT_NCCL_CHECK(call)                                                                        \
     do {                                                                                           \
@@ -44,7 +44,7 @@ typedef struct flight {
     bool p2p;
     double since;
     int refs;       /* the tracker, and the request while it is held */
-    int64_t record; /* its flight-recorder record (core/backend/flight.h), ended when it passes */
+    int64_t record; /* its flight-recorder record (core/comm/flight.h), ended when it passes */
 } flight;
 
 /* A point-to-point operation held until the next flush. */

@@ -1,5 +1,5 @@
 /*
- * comm_nccl.h — the NCCL implementation of the comm interface (core/backend/comm.h) for the CUDA
+ * comm_nccl.h — the NCCL implementation of the comm interface (core/comm/comm.h) for the CUDA
  * backend (core/README.md, The comm interface; parallel/README.md, The grid).
  *
  * One ct_comm wraps one NCCL communicator of the ranks of an MPI group (its "bootstrap" group,
@@ -31,7 +31,7 @@
  * without channels) are held and started together, in one ncclGroupStart/End, at the next wait,
  * test, collective or barrier. Tags are not carried: sender and receiver post in matching order.
  *
- * Byte counters are core/backend/comm.c's ring model, as for MPI. all_to_all is grouped sends and
+ * Byte counters are core/comm/comm.c's ring model, as for MPI. all_to_all is grouped sends and
  * receives. Dtypes f32, bf16, i32, i64, u8, f64; ops sum, max, min.
  *
  * Watchdog (core/README.md, Errors). Every device operation is tracked from the moment it is issued
@@ -47,7 +47,7 @@
 #include <stdbool.h>
 
 #include "core/backend/backend.h"
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -2,7 +2,7 @@
  * ct_wgmma.cuh — Hopper's warpgroup-level MMA (wgmma.mma_async, sm_90a) as small device functions:
  * inline PTX under nvcc, the emulator's implementation under g++ (cuda/emu/mma_emu.cc), as
  * ct_mma.cuh does for mma.sync. attention_tc.cu's wgmma kernels use it (CT_CUDA_ATTENTION=wgmma);
- * test/wgmma_probe.cu runs it alone, under the emulator in `make test` and on a Hopper GPU in
+ * test/unit/wgmma_probe.cu runs it alone, under the emulator in `make test` and on a Hopper GPU in
  * scripts/gpu_check.sh, which reports whether the hardware reads each shared-memory layout below as
  * the emulator does.
  *

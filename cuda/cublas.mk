@@ -5,7 +5,7 @@
 #
 #   $(BUILD)/libctcublasemu.a            the stand-ins (g++), linked instead of -lcublasLt -lcublas
 #                                        by the emulated build, before $(BUILD)/libctcudaemu.a
-#   $(BUILD)/test/test_cuda_gemm         test/test_cuda_gemm.c with -DCT_CUDA_EMU: gemm.c + the
+#   $(BUILD)/test/test_cuda_gemm         test/unit/test_cuda_gemm.c with -DCT_CUDA_EMU: gemm.c + the
 #                                        stand-ins + the emulator (cmocka; run by `make test`)
 #   $(BUILD)/cuda-real/test_cuda_gemm    the same test against the real libcublasLt, libcublas and
 #                                        libcudart: the link check of the real build (outside
@@ -48,7 +48,7 @@ $(BUILD)/test/test_cuda_gemm: $(BUILD)/test/test_cuda_gemm.o $(CUDA_GEMM_OBJ) $(
 # Real (where the libraries are installed).
 CUBLAS_HAVE_LIBS := $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so)
 ifneq ($(CUBLAS_HAVE_LIBS),)
-$(BUILD)/cuda-real/test_cuda_gemm.o: test/test_cuda_gemm.c
+$(BUILD)/cuda-real/test_cuda_gemm.o: test/unit/test_cuda_gemm.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
 

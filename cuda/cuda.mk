@@ -83,35 +83,35 @@ include cuda/emu/emu.mk
 include cuda/cublas.mk
 CUEMU_RUNTIME_LIB := $(BUILD)/libctcublasemu.a $(BUILD)/libctncclemu.a $(BUILD)/libctcudaemu.a
 
-$(BUILD)/cooktrain-cuemu: $(CMD_OBJ) $(PAR_LIB) $(CUEMU_LIB) $(CUEMU_RUNTIME_LIB) \
+$(BUILD)/cooktrain-cuemu: $(CMD_OBJ) $(CMD_LIB) $(PAR_LIB) $(CUEMU_LIB) $(CUEMU_RUNTIME_LIB) \
                           $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
-$(BUILD)/test/test_cuda_%: $(BUILD)/test/test_cuda_%.o $(PAR_LIB) $(CUEMU_LIB) \
+$(BUILD)/test/test_cuda_%: $(BUILD)/test/test_cuda_%.o $(CMD_LIB) $(PAR_LIB) $(CUEMU_LIB) \
                            $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) -lcmocka
 
 $(BUILD)/test/test_cuda_%.o: CFLAGS += -I$(CUDA_HOME)/include
 
-# the comm tests again, through the NCCL comm on emulated devices (test/mpi_test_comm.c says how)
-$(BUILD)/test/mpi_test_comm_nccl.o: test/mpi_test_comm.c
+# the comm tests again, through the NCCL comm on emulated devices (test/mpi/mpi_test_comm.c says how)
+$(BUILD)/test/mpi_test_comm_nccl.o: test/mpi/mpi_test_comm.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -DCT_TEST_NCCL -c $< -o $@
 
-$(BUILD)/test/mpi_test_comm_nccl: $(BUILD)/test/mpi_test_comm_nccl.o $(PAR_LIB) $(CUEMU_LIB) \
+$(BUILD)/test/mpi_test_comm_nccl: $(BUILD)/test/mpi_test_comm_nccl.o $(CMD_LIB) $(PAR_LIB) $(CUEMU_LIB) \
                                   $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
-# ring attention again, on the CUDA backend's part ops over an NCCL cp group (test/mpi_test_cp.c)
-$(BUILD)/test/mpi_test_cp_nccl.o: test/mpi_test_cp.c
+# ring attention again, on the CUDA backend's part ops over an NCCL cp group (test/mpi/mpi_test_cp.c)
+$(BUILD)/test/mpi_test_cp_nccl.o: test/mpi/mpi_test_cp.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -DCT_TEST_NCCL -c $< -o $@
 
-$(BUILD)/test/mpi_test_cp_nccl: $(BUILD)/test/mpi_test_cp_nccl.o $(PAR_LIB) $(CUEMU_LIB) \
+$(BUILD)/test/mpi_test_cp_nccl: $(BUILD)/test/mpi_test_cp_nccl.o $(CMD_LIB) $(PAR_LIB) $(CUEMU_LIB) \
                                 $(CUEMU_RUNTIME_LIB) $(CORE_LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
-CUDA_TEST_BIN := $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/test_cuda_*.c)) \
+CUDA_TEST_BIN := $(patsubst test/unit/%.c,$(BUILD)/test/%,$(wildcard test/unit/test_cuda_*.c)) \
                  $(BUILD)/test/mpi_test_comm_nccl $(BUILD)/test/mpi_test_cp_nccl
 all: $(BUILD)/cooktrain-cuemu $(CUDA_TEST_BIN)
 

@@ -24,7 +24,7 @@
 
 #include "core/backend/backend.h"
 #include "cuda/backend_cuda.h"
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 
 #define CT_CUDA_PLUGIN_NAME "libcooktrain-cuda.so"
 

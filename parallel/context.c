@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_mpi.h"
+#include "core/comm/comm_mpi.h"
 
 static int world_rank = 0, world_size = 1;
 static int local_rank = 0, local_size = 1;

@@ -26,7 +26,7 @@
 #ifndef CT_PARALLEL_CONTEXT_H
 #define CT_PARALLEL_CONTEXT_H
 
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 #include "core/common.h"
 
 #include <stdio.h>

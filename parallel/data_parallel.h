@@ -30,7 +30,7 @@
 #ifndef CT_DATA_PARALLEL_H
 #define CT_DATA_PARALLEL_H
 
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 #include "core/model/model.h"
 #include "core/trace.h"
 #include "core/model/optim.h"
@@ -136,7 +136,7 @@ ct_optimizer *ct_dp_optimizer(ct_dp *dp);
  * at stages >= 1), of which the bf16 parameters are the rounding. */
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host);
 
-/* ---- checkpoints (parallel/checkpoint_io.c) ---------------------------------------------- */
+/* ---- checkpoints (cmd/train/checkpoint_io.c) ---------------------------------------------- */
 
 int ct_dp_stage(const ct_dp *dp);
 /* The range [lo, lo + n) of unit u that this rank's optimizer updates. */

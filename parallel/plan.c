@@ -7,7 +7,6 @@
 #include "core/model/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/schedule.h"
-#include "parallel/report.h"
 
 /*
  * Tensor-parallel bytes this rank sends per step (ring model, comm.h), for m microbatches of

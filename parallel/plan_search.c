@@ -32,9 +32,8 @@
 #include <yaml.h>
 
 #include "core/backend/backend.h"
-#include "core/model/gemm_bench.h"
+#include "core/backend/gemm_bench.h"
 #include "parallel/plan.h"
-#include "parallel/report.h"
 
 /* ---- hardware profiles -------------------------------------------------------------------- */
 

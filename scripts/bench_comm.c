@@ -28,9 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 #include "core/common.h"
-#include "parallel/comm_mpi.h"
+#include "core/comm/comm_mpi.h"
 #include "parallel/context.h"
 
 enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, N_OPS };

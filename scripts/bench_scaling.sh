@@ -35,7 +35,7 @@
 # The plot is DIR/efficiency.svg, the numbers also DIR/results.tsv.
 #
 # Launch: one rank runs the executable alone; N ranks run `LAUNCHER -n N $BUILD/cooktrain ...`.
-# The default launcher is mpirun with the test suite's conventions (test/lib_cli.sh):
+# The default launcher is mpirun with the test suite's conventions (test/tools/lib_cli.sh):
 # --oversubscribe --bind-to none --mca mpi_yield_when_idle 1, and --allow-run-as-root as root.
 # --launcher replaces it on every rank count, 1 included (e.g. --launcher "srun --mpi=pmix" inside
 # an allocation; on a GPU node cooktrain takes the GPU of its node-local rank); a "{n}" in it is

@@ -7,7 +7,7 @@ The real build keeps ptxas's report (-Xptxas -v) beside each object: BUILD/cuda/
 (cuda/cuda.mk). One row per kernel instantiation and architecture: registers per thread, static
 shared memory, stack frame and spills (the build fails on spills and local memory, so those two
 columns stay 0 — they are shown so a reader sees it). Names are demangled with c++filt.
-test/cli_cuda.sh checks that cuda/README.md holds this script's output for the current build.
+test/cli/cli_cuda.sh checks that cuda/README.md holds this script's output for the current build.
 """
 import glob
 import os

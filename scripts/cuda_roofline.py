@@ -14,7 +14,7 @@ bound is where to look. Counts are per step of B sequences of T tokens; GEMM FLO
 attention's are the causal half of 4·B·H·T²·d forward (two GEMMs) and 2.5 times that backward
 (five GEMMs; the recomputed scores counted once).
 
-test/cli_cuda.sh checks that cuda/README.md holds this script's output.
+test/cli/cli_cuda.sh checks that cuda/README.md holds this script's output.
 """
 import argparse
 

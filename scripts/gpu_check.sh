@@ -9,15 +9,15 @@
 # for a Llama (model.arch llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention) at
 # test-tiny's shape with 4 key/value heads and at head width 128 with 2 key/value heads, T 150;
 #   2. training against the CPU: test-tiny for 4 steps on the GPU and on the CPU backend, every
-#      loss, gradient norm and final parameter compared by test/compare_runs.py (fp32: its
+#      loss, gradient norm and final parameter compared by test/tools/compare_runs.py (fp32: its
 #      summation-order tolerance; bf16: the distance between the CPU's bf16 and fp32 runs), as
-#      test/cli_cuda.sh does on the emulated device, and the GPU run's trace (its unit spans timed
-#      by CUDA events) checked by test/check_trace.py --timeline; then the GPU runs again with
+#      test/cli/cli_cuda.sh does on the emulated device, and the GPU run's trace (its unit spans timed
+#      by CUDA events) checked by test/tools/check_trace.py --timeline; then the GPU runs again with
 #      the step issued from a CUDA graph (train.cuda_graph), which must give the same bits;
 #   3. throughput: configs/tiny.yaml and configs/gpt2-124m.yaml in fp32 and bf16 on one GPU:
 #      median tokens/s, MFU over the device's peak in that precision (as the trainer prints it)
 #      and, from a second short run, the --profile split by op category;
-#   4. on a Hopper GPU (sm_90), with nvcc: test/wgmma_probe.cu built for sm_90a and run, which
+#   4. on a Hopper GPU (sm_90), with nvcc: test/unit/wgmma_probe.cu built for sm_90a and run, which
 #      says for each shared-memory layout of cuda/ct_wgmma.cuh whether the hardware reads it as
 #      the emulator does (a report for the kernels to come: it fails nothing).
 # Exits 1 when part 1 or 2 fails. Needs a GPU, the nvcc build (build/libcooktrain-cuda.so) and
@@ -136,7 +136,7 @@ train() {
 compare() {
     local name=$1 dir=$2 out
     shift 2
-    if out=$(python3 test/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" \
+    if out=$(python3 test/tools/compare_runs.py "$dir/ref.jsonl" "$dir/ref.bin" "$dir/run.jsonl" "$dir/run.bin" \
         --init "$dir/init.bin" "$@" 2>&1); then
         echo "training $name: the GPU run matches the CPU's; $out"
     else
@@ -149,7 +149,7 @@ train "$tmp/f32" ref --dump-init-params "$tmp/f32/init.bin"
 train "$tmp/f32" run --backend cuda --set log.trace="$tmp/f32/trace.json"
 compare fp32 "$tmp/f32"
 # the trace's unit spans come from the compute stream's timing events (core/README.md, Device time)
-if out=$(python3 test/check_trace.py --timeline "$tmp/f32/trace.json" 4 2>&1); then
+if out=$(python3 test/tools/check_trace.py --timeline "$tmp/f32/trace.json" 4 2>&1); then
     echo "device timeline: $out"
 else
     failed=1
@@ -222,8 +222,8 @@ cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head
 if [ "${cc%%.*}" != 9 ]; then
     echo "wgmma probe: skipped (compute capability '${cc:-unknown}', not 9.x)"
 elif ! command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
-    echo "wgmma probe: skipped (no nvcc on the PATH to build test/wgmma_probe.cu)"
-elif "${NVCC:-nvcc}" -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. test/wgmma_probe.cu \
+    echo "wgmma probe: skipped (no nvcc on the PATH to build test/unit/wgmma_probe.cu)"
+elif "${NVCC:-nvcc}" -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. test/unit/wgmma_probe.cu \
     -o "$tmp/wgmma_probe" >"$tmp/wgmma_probe.build.log" 2>&1; then
     "$tmp/wgmma_probe" || echo "wgmma probe: exited $?"
 else

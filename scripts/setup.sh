@@ -13,11 +13,11 @@ packages=(
     libcmocka-dev               # unit-test assertions
     zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)
     fortunes                    # default corpus for `make run` (plain-text fortune files)
-    slurm-wlm                   # the one-node test cluster of test/cli_slurm.sh (brings munge)
+    slurm-wlm                   # the one-node test cluster of test/mpi/cli_slurm.sh (brings munge)
     clang libclang-rt-14-dev    # the fuzz targets of test/fuzz/ (libFuzzer, ASan, UBSan)
     python3
     python3-numpy               # scripts/reference_forward.py, the independent forward the tests check against
-    chromium                    # test/cli_report.sh renders `cooktrain report` pages headless
+    chromium                    # test/cli/cli_report.sh renders `cooktrain report` pages headless
 )
 
 missing=()

@@ -90,7 +90,7 @@ for b in "${binaries[@]}"; do
 done
 
 # Shell tests print "ok <what>" / "FAIL <what>" / "skip <reason>" lines.
-for s in test/cli_*.sh; do
+for s in test/cli/cli_*.sh test/mpi/cli_*.sh; do
     [ -f "$s" ] || continue
     name=$(basename "$s" .sh)
     [ -n "$only" ] && [ "$name" != "$only" ] && continue

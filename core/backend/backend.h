@@ -388,7 +388,7 @@ void ct_backend_event_wait(ct_backend *be, int event);
  *                            backend without a clock of its own (mark slot NULL) gives the
  *                            host's time when the mark was made, known at once.
  *   ct_backend_marks_clear:  forgets every mark (the trainer's, once a step's users have read
- *                            theirs: parallel/trainer.c, settle_marks).
+ *                            theirs: cmd/train/trainer.c, settle_marks).
  */
 int64_t ct_backend_mark(ct_backend *be);
 void ct_backend_marks_settle(ct_backend *be);

@@ -68,7 +68,7 @@ const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
  *     1 - lr·weight_decay per step, and an epsilon of 1 outweighs sqrt(v) for any gradient below
  *     1: beyond these, training stalls or destroys the weights.
  * Left open above, on purpose: train.lr (a rate that blows up training is caught at run time by
- * train.max_bad_steps, which test/cli_train.sh reaches with lr 1e30), train.grad_clip (large =
+ * train.max_bad_steps, which test/cli/cli_train.sh reaches with lr 1e30), train.grad_clip (large =
  * no clipping), and the counts whose large values only mean "never" (eval_interval,
  * max_bad_steps, stop_after, checkpoint.interval and keep, log.interval). Consistency between
  * keys (min_lr <= lr, warmup_steps <= steps, n_kv_head | n_head, ...) is ct_config_validate's.

@@ -608,7 +608,7 @@ static ct_status check_log(const ct_log_config *l) {
 }
 
 /* train.cuda_graph: a graph replays the device's work and none of the host's, so the step it
- * holds may not need the host between its ops (parallel/trainer.c, graph_step). */
+ * holds may not need the host between its ops (cmd/train/trainer.c, graph_step). */
 static ct_status check_cuda_graph(const ct_config *cfg, int64_t world_size) {
     const char *why = NULL, *hint = NULL;
     char buf[160];

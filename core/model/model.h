@@ -33,7 +33,7 @@
 #define CT_MODEL_H
 
 #include "core/backend/backend.h"
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 
 #define CT_MAX_CHUNKS CT_MAX_VIRTUAL_STAGES /* chunks one rank holds (config.h) */

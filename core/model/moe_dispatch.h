@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "core/backend/backend.h"
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 
 typedef struct ct_moe_plan ct_moe_plan;
 

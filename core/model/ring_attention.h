@@ -19,7 +19,7 @@
 #define CT_RING_ATTENTION_H
 
 #include "core/backend/backend.h"
-#include "core/backend/comm.h"
+#include "core/comm/comm.h"
 #include "core/trace.h"
 
 /* The chunk indices (of 2·cp) that rank r of cp holds. */

@@ -183,7 +183,7 @@ uint64_t rng_state = 1;
 std::string order_env_seen = "\x01"; /* the CUEMU_ORDER value last applied (none yet) */
 
 /* Applies CUEMU_ORDER when it differs from the value applied last: tests change it between runs
- * of the same kernels (test/cuda_test_util.h), so it is read at every launch, not once. */
+ * of the same kernels (test/unit/cuda_test_util.h), so it is read at every launch, not once. */
 void order_from_env() {
     const char *env = getenv("CUEMU_ORDER");
     std::string now = env ? env : "";

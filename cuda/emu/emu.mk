@@ -6,10 +6,10 @@
 #                                        (cuda/cuda.mk)
 #   $(BUILD)/libctncclemu.a              the NCCL stand-in (nccl_emu.cc, over MPI), linked
 #                                        instead of libnccl
-#   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli_cuda_emu.sh runs them)
+#   $(BUILD)/test/cuemu_selftest         the emulator's own tests (test/cli/cli_cuda_emu.sh runs them)
 #   $(BUILD)/test/cuemu_selftest_asan    the same under AddressSanitizer (fibers switch with
 #                                        swapcontext there, which ASan can follow)
-#   $(BUILD)/test/wgmma_probe_emu        test/wgmma_probe.cu against the emulator
+#   $(BUILD)/test/wgmma_probe_emu        test/unit/wgmma_probe.cu against the emulator
 #
 # Needs g++ and the CUDA headers only (no nvcc, no GPU); skipped when either is missing.
 
@@ -48,17 +48,17 @@ $(BUILD)/libctncclemu.a: $(BUILD)/cuemu-rt/cuda/emu/nccl_emu.o
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/test/cuemu_selftest: $(BUILD)/cuemu-rt/test/cuemu_selftest.o $(BUILD)/libctcudaemu.a
+$(BUILD)/test/cuemu_selftest: $(BUILD)/cuemu-rt/test/unit/cuemu_selftest.o $(BUILD)/libctcudaemu.a
 	@mkdir -p $(dir $@)
 	$(CXX) $^ -o $@
 
-$(BUILD)/test/cuemu_selftest_asan: $(BUILD)/cuemu-asan/test/cuemu_selftest.o \
+$(BUILD)/test/cuemu_selftest_asan: $(BUILD)/cuemu-asan/test/unit/cuemu_selftest.o \
                                    $(CUEMU_RUNTIME_ASAN_OBJ)
 	@mkdir -p $(dir $@)
 	$(CXX) -fsanitize=address $^ -o $@
 
-# the wgmma layout probe (test/wgmma_probe.cu), emulated; scripts/gpu_check.sh builds it with nvcc
-$(BUILD)/cuemu-rt/test/wgmma_probe.o: test/wgmma_probe.cu
+# the wgmma layout probe (test/unit/wgmma_probe.cu), emulated; scripts/gpu_check.sh builds it with nvcc
+$(BUILD)/cuemu-rt/test/wgmma_probe.o: test/unit/wgmma_probe.cu
 	@mkdir -p $(dir $@)
 	$(CXX) $(CUEMU_RT_CXXFLAGS) -x c++ -c $< -o $@
 

@@ -1,6 +1,6 @@
 # test/fuzz/fuzz.mk — the libFuzzer targets of test/fuzz/ (README.md there), included by the
 # Makefile. They need clang with its fuzzer runtime (scripts/setup.sh installs clang and
-# libclang-rt-14-dev); where it is missing they are not built and test/cli_fuzz.sh skips.
+# libclang-rt-14-dev); where it is missing they are not built and test/cli/cli_fuzz.sh skips.
 #
 #   $(BUILD)/fuzz/fuzz_NAME   one target per parser: config, shard, tokenizer, manifest, rankfile,
 #                             safetensors, hfconfig (Hugging Face's config.json)
@@ -51,7 +51,7 @@ all: $(FUZZ_BINS)
 
 fuzz: $(FUZZ_BINS)
 	@CT_FUZZ_SECONDS=$(FUZZ_SECONDS) CT_FUZZ_CRASHES=$(BUILD)/fuzz/crashes BUILD=$(BUILD) \
-	    bash test/cli_fuzz.sh
+	    bash test/cli/cli_fuzz.sh
 else
 fuzz:
 	@echo "make fuzz: $(FUZZ_WHY)"; exit 2

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# `cooktrain plan --search` (parallel/README.md, Plan search):
+#   - `plan --calibrate` writes this machine as a YAML profile, which --hardware reads back;
+#   - memory and traffic: for eight layouts of configs/test-tiny.yaml on 4 ranks (dp 4 at ZeRO 0
+#     and 3, tp 2 x dp 2 without and with sequence parallelism, pp 2 x dp 2 in 1F1B and
+#     interleaved with 4 virtual stages, tp 2 x pp 2 with recompute, tp 4 with sequence
+#     parallelism) the search's stage-0 numbers equal what the trainer's rank 0 measures: memory
+#     by category and dp/tp bytes per step;
+#   - step time: on this machine's profile, for dp 2, tp 2 and pp 2 of a wider model (d_model
+#     256) on 2 ranks, the measured median step is 0.5 to 3 times the estimate. The model counts
+#     GEMM FLOPs at the measured GEMM rate and the links' bytes; it leaves out elementwise work,
+#     attention's small shapes and MPI's per-call costs, all of which make it optimistic (about
+#     1.3x on an idle machine); a machine busy with other work while the ranks run (the
+#     calibration, a moment before, may catch it idle) has measured 2.5x;
+#   - the network: on 16 devices (2 nodes of 8) every layout whose dp group crosses nodes gets a
+#     dp time at least 5x that of the same layout on a profile whose network is as fast as the
+#     node's links (450 vs 50 GB/s: 9x), layouts inside a node the same, and the best layout's tp
+#     group stays inside a node;
+#   - memory: with 20 MB devices only layouts that fit in 90% of them are listed, fewer than valid;
+#   - bad profiles: an unknown name, a missing key, a number that is not positive (exit 2, hint).
+. "$(dirname "$0")/../tools/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+
+if expect_exit 0 "plan --calibrate" -- "$BIN" plan --calibrate; then
+    printf '%s\n' "$OUT_TEXT" >"$tmp/cpu.yaml"
+    expect_text "peak_flops_fp32: " "the profile has the measured peak"
+fi
+
+cat >"$tmp/fast-net.yaml" <<'EOF'
+# h100-sxm, but a network as fast as NVLink
+peak_flops_bf16: 989e12
+peak_flops_fp32: 67e12
+gemm_efficiency: 0.70
+memory_bytes: 80e9
+memory_bandwidth: 3.35e12
+devices_per_node: 8
+intra_node_bandwidth: 450e9
+intra_node_latency: 5e-6
+inter_node_bandwidth: 450e9
+inter_node_latency: 5e-6
+EOF
+
+# ---- memory and traffic against the trainer --------------------------------------------------
+if selected "counters" && expect_exit 0 "search on 4 devices of this machine" -- "$BIN" plan \
+    --config configs/test-tiny.yaml --search 4 --hardware "$tmp/cpu.yaml" --top 100000 --json; then
+    printf '%s\n' "$OUT_TEXT" >"$tmp/search.json"
+    # tp pp dp zero micro_batch recompute sequence_parallel virtual_stages
+    while read -r tp pp dp zero mb rc sp v; do
+        name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc sp $sp v $v"
+        sched=1f1b
+        [ "$v" = 1 ] || sched=interleaved
+        expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.tp="$tp" \
+            --set parallel.pp="$pp" --set parallel.zero_stage="$zero" --set train.micro_batch="$mb" \
+            --set train.recompute="$rc" --set parallel.sequence_parallel="$sp" \
+            --set parallel.schedule="$sched" --set parallel.virtual_stages="$v" --set train.steps=1 \
+            --set train.warmup_steps=1 --set log.metrics="$tmp/run.jsonl" || continue
+        if out=$(python3 - "$tmp/search.json" "$tmp/run.jsonl" "$tp" "$pp" "$dp" "$zero" "$mb" "$rc" "$sp" "$v" <<'PY'
+import json, sys
+search, run = sys.argv[1], sys.argv[2]
+tp, pp, dp, zero, mb = map(int, sys.argv[3:8])
+rc = sys.argv[8] == "full"
+sp = sys.argv[9] == "true"
+v = int(sys.argv[10])
+rows = [json.loads(l) for l in open(search)]
+match = [r for r in rows if (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["micro_batch"],
+         r["recompute"], r["sequence_parallel"], r["virtual_stages"]) == (tp, 1, pp, dp, 1, zero, mb, rc, sp, v)]
+if len(match) != 1:
+    sys.exit(f"{len(match)} search rows for the layout")
+s = match[0]["stage0"]
+lines = [json.loads(l) for l in open(run)]
+setup = [l for l in lines if l.get("setup")][0]
+step = [l for l in lines if "loss" in l][0]
+pairs = [("params", s["params_bytes"], setup["mem_params"]), ("grads", s["grads_bytes"], setup["mem_grads"]),
+         ("optim", s["optim_bytes"], setup["mem_optim"]), ("master", s["master_bytes"], setup["mem_master"]),
+         ("dp bytes", s["dp_bytes"], step["dp_bytes"]), ("tp bytes", s["tp_bytes"], step["tp_bytes"])]
+bad = [f"{k} {a} vs {b}" for k, a, b in pairs if a != b]
+if bad:
+    sys.exit("; ".join(bad))
+print(", ".join(f"{k} {int(a)}" for k, a, _ in pairs))
+PY
+        ); then ok "$name: the search's memory and traffic equal the run's ($out)"; else fail "$name: $out"; fi
+    done <<'LAYOUTS'
+1 1 4 0 2 none false 1
+1 1 4 3 2 none false 1
+2 1 2 1 2 none false 1
+2 1 2 1 2 none true 1
+1 2 2 2 2 none false 1
+1 2 2 1 2 none false 4
+2 2 1 0 2 full false 1
+4 1 1 0 4 none true 1
+LAYOUTS
+fi
+
+# ---- step time against measured runs ----------------------------------------------------------
+wide=(--set model.d_model=256 --set model.n_layer=4 --set model.seq_len=64 --set train.global_batch=16)
+# (measured again just before the runs, so both see the machine as loaded as it is then)
+if selected "step time" && "$BIN" plan --calibrate >"$tmp/now.yaml" && expect_exit 0 "search on 2 devices of this machine, d_model 256" -- \
+    "$BIN" plan --config configs/test-tiny.yaml "${wide[@]}" --search 2 --hardware "$tmp/now.yaml" --top 100000 --json; then
+    printf '%s\n' "$OUT_TEXT" >"$tmp/wide.json"
+    for layout in dp tp pp; do
+        expect_exit 0 "train $layout 2, d_model 256" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" "${wide[@]}" \
+            --set parallel.$layout=2 --set train.micro_batch=2 --set train.steps=8 --set train.warmup_steps=1 \
+            --set log.metrics="$tmp/$layout.jsonl" || continue
+        if out=$(python3 - "$tmp/wide.json" "$tmp/$layout.jsonl" "$layout" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+want = {"tp": 1, "pp": 1, "dp": 1}
+want[sys.argv[3]] = 2
+est = [r for r in rows if (r["tp"], r["pp"], r["dp"], r["cp"], r["ep"]) == (want["tp"], want["pp"], want["dp"], 1, 1) and
+       r["zero_stage"] == 0 and r["micro_batch"] == 2 and not r["recompute"] and r["schedule"] == "1f1b"
+       and not r["sequence_parallel"]]
+if len(est) != 1:
+    print(f"{len(est)} search rows for the layout")
+    sys.exit(1)
+steps = [json.loads(l)["step_time_s"] for l in open(sys.argv[2]) if '"loss"' in l]
+measured = statistics.median(steps[2:])  # the first steps warm up
+ratio = measured / est[0]["step_s"]
+print(f"estimated {1e3 * est[0]['step_s']:.1f} ms, measured {1e3 * measured:.1f} ms, ratio {ratio:.2f}")
+sys.exit(0 if 0.5 <= ratio <= 3.0 else 1)
+PY
+        ); then ok "$layout 2: the estimate holds: $out"; else fail "$layout 2: measured/estimated outside [0.5, 3]: $out"; fi
+    done
+fi
+
+# ---- the network -------------------------------------------------------------------------------
+if selected "network"; then
+    expect_exit 0 "search on 16 H100s" -- "$BIN" plan --config configs/gpt2-124m.yaml --search 16 --hardware h100-sxm --top 100000 --json &&
+        printf '%s\n' "$OUT_TEXT" >"$tmp/h100.json"
+    expect_exit 0 "search on 16 H100s with a fast network" -- "$BIN" plan --config configs/gpt2-124m.yaml --search 16 \
+        --hardware "$tmp/fast-net.yaml" --top 100000 --json && printf '%s\n' "$OUT_TEXT" >"$tmp/fast.json"
+    if out=$(python3 - "$tmp/h100.json" "$tmp/fast.json" <<'PY'
+import json, sys
+key = lambda r: (r["tp"], r["sequence_parallel"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["schedule"], r["virtual_stages"], r["micro_batch"], r["recompute"])
+slow = {key(r): r for r in map(json.loads, open(sys.argv[1]))}
+fast = {key(r): r for r in map(json.loads, open(sys.argv[2]))}
+assert slow.keys() == fast.keys(), "different layouts"
+crossing = [k for k in slow if slow[k]["dp_inter"] and slow[k]["dp_s"] > 0]
+inside = [k for k in slow if not slow[k]["dp_inter"] and slow[k]["dp_s"] > 0]
+bad = [k for k in crossing if slow[k]["dp_s"] < 5 * fast[k]["dp_s"]]
+bad += [k for k in inside if abs(slow[k]["dp_s"] - fast[k]["dp_s"]) > 1e-12]
+best = json.loads(open(sys.argv[1]).readline())
+if not crossing or not inside or bad or best["tp_inter"]:
+    sys.exit(f"{len(crossing)} layouts with dp across nodes, {len(inside)} inside, {len(bad)} wrong; best tp across nodes: {best['tp_inter']}")
+print(f"{len(crossing)} layouts with dp across nodes pay the network, {len(inside)} inside a node do not; the best keeps tp {best['tp']} in a node")
+PY
+    ); then ok "the network: $out"; else fail "the network: $out"; fi
+    # virtual stages beyond 2 and sequence parallelism are searched, and priced: the interleaved
+    # bubble shrinks as v grows ((p-1)/(v m + p-1)); sequence parallelism holds less activation
+    # memory and sends 1/tp of the pipeline's activations, for the norms' gradient reduction: at
+    # equal layout it always takes less memory, with pp less time in pipeline sends, and a step
+    # within 1% (the traffic it adds and saves is small beside compute here)
+    if out=$(python3 - "$tmp/h100.json" 2>&1 <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rest = lambda r: (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["micro_batch"], r["recompute"])
+vs = sorted({r["virtual_stages"] for r in rows})
+by = {}
+for r in rows:
+    by.setdefault((rest(r), r["sequence_parallel"]), {})[r["virtual_stages"]] = r
+grow = [b for b in by.values() if all(v in b for v in (1, 2, 3))]
+bad = [b for b in grow if not (b[1]["bubble_s"] > b[2]["bubble_s"] > b[3]["bubble_s"] > 0)]
+twins = [(by[(k, True)], by[(k, False)]) for (k, sp) in by if sp and (k, False) in by]
+worse = [1 for t, f in twins for v in t if v in f and not (
+    t[v]["memory_bytes"] < f[v]["memory_bytes"] and t[v]["step_s"] <= 1.01 * f[v]["step_s"] and
+    (t[v]["pp"] == 1 or t[v]["pp_s"] < f[v]["pp_s"]))]
+best_tp = next(r for r in rows if r["tp"] > 1)
+if max(vs) < 4 or not grow or bad or not twins or worse or not best_tp["sequence_parallel"]:
+    sys.exit(f"virtual stages {vs}; {len(grow)} families with v 1-3, {len(bad)} whose bubble does not shrink; "
+             f"{len(twins)} sp twins, {len(worse)} where sp takes more memory or time; best with tp > 1 uses sp: {best_tp['sequence_parallel']}")
+print(f"virtual stages {vs[0]}..{vs[-1]}; the bubble shrinks with v in all {len(grow)} families; "
+      f"sequence parallelism saves memory (and pipeline sends) in all {len(twins)} tp layouts, "
+      f"and the best tp layout uses it")
+PY
+    ); then ok "schedules and sequence parallelism: $out"; else fail "schedules and sequence parallelism: $out"; fi
+fi
+
+# ---- memory ----------------------------------------------------------------------------------------
+if selected "memory"; then
+    sed 's/^memory_bytes: .*/memory_bytes: 20e6/' "$tmp/fast-net.yaml" >"$tmp/small.yaml"
+    if expect_exit 0 "search with 20 MB devices" -- "$BIN" plan --config configs/test-tiny.yaml --search 4 \
+        --hardware "$tmp/small.yaml" --top 100000; then
+        fits=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^\([0-9]*\) layouts valid for this config, \([0-9]*\) fit.*/\1 \2/p')
+        read -r valid fit <<<"$fits"
+        if [ -n "$fit" ] && [ "$fit" -gt 0 ] && [ "$fit" -lt "$valid" ]; then
+            ok "only layouts that fit are listed: $fit of $valid"
+        else
+            fail "only layouts that fit are listed: '$fits'"
+        fi
+    fi
+    expect_exit 0 "the same as JSON" -- "$BIN" plan --config configs/test-tiny.yaml --search 4 \
+        --hardware "$tmp/small.yaml" --top 100000 --json
+    if printf '%s\n' "$OUT_TEXT" | python3 -c 'import json,sys; m=[json.loads(l)["memory_bytes"] for l in sys.stdin if l.strip()]; sys.exit(0 if m and max(m) <= 0.9 * 20e6 else 1)'; then
+        ok "every listed layout fits in 90% of 20 MB"
+    else
+        fail "every listed layout fits in 90% of 20 MB"
+    fi
+fi
+
+# ---- bad profiles ----------------------------------------------------------------------------------
+expect_exit 2 "an unknown profile" -- "$BIN" plan --config configs/test-tiny.yaml --search 4 --hardware tpu-v9
+expect_text "built-in profiles: h100-sxm, h200, a100, cpu" "the refusal lists the profiles"
+grep -v '^inter_node_bandwidth' "$tmp/fast-net.yaml" >"$tmp/lacking.yaml"
+expect_exit 2 "a profile without inter_node_bandwidth" -- "$BIN" plan --config configs/test-tiny.yaml --search 4 --hardware "$tmp/lacking.yaml"
+expect_text "lacks inter_node_bandwidth" "the refusal names the key"
+sed 's/^gemm_efficiency: .*/gemm_efficiency: -1/' "$tmp/fast-net.yaml" >"$tmp/negative.yaml"
+expect_exit 2 "a profile with a negative efficiency" -- "$BIN" plan --config configs/test-tiny.yaml --search 4 --hardware "$tmp/negative.yaml"
+expect_text "needs a positive number for gemm_efficiency" "the refusal names the key and the rule"
+expect_text "hint:" "with a hint"

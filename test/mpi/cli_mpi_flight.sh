@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The flight recorder and `cooktrain diagnose` (core/README.md, Flight recorder): a 4-rank job
+# (tp 2 x dp 2, or dp 4) with a fault planted by COOKTRAIN_FAULT_COMM hangs; the watchdog ends it, every
+# rank writes its record (the watchdog's ranks at once, the others on the SIGTERM of the abort),
+# and diagnose names the rank, group, op and sequence number:
+#   - a skipped collective: rank 2 never calls the world group's allreduce #3;
+#   - a mismatched one: rank 1 enters a barrier where its tp group's collective #7 is an allreduce;
+#   - a rank that sleeps (30 s) before the world group's collective #3, outside communication.
+# Also: SIGUSR2 writes every rank's record while the job trains on (and it still finishes), a
+# finished job's records show nothing unmatched, and diagnose refuses a directory without
+# records and a corrupt record (exit 2, hint).
+. "$(dirname "$0")/../tools/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+four=(--set parallel.tp=2 --set train.steps=8 --set parallel.timeout_s=3)
+
+# planted NAME FAULT EXPECTED: the job with COOKTRAIN_FAULT_COMM=FAULT ends (exit 1, within
+# mpi_setup's bound), every rank wrote a record, and diagnose's diagnosis line is EXPECTED.
+planted() {
+    local name=$1 fault=$2 want=$3 d=$tmp/$1
+    shift 3
+    selected "$name" || return 0
+    mkdir -p "$d"
+    expect_exit 1 "$name: the job ends" -- env COOKTRAIN_FAULT_COMM="$fault" \
+        "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" "${base[@]}" "${four[@]}" "$@" \
+        --set log.run_dir="$d"
+    expect_text "planted fault on rank" "$name: the fault was planted"
+    local n
+    n=$(find "$d/flight" -name 'rank-*.txt' 2>/dev/null | wc -l)
+    if [ "$n" = 4 ]; then ok "$name: all 4 ranks wrote a flight record"; else fail "$name: all 4 ranks wrote a flight record (got $n)"; fi
+    if expect_exit 0 "$name: diagnose" -- "$BIN" diagnose "$d"; then
+        expect_text "written on watchdog" "$name: a rank's watchdog wrote its record"
+        local got
+        got=$(printf '%s\n' "$OUT_TEXT" | grep '^diagnosis: ')
+        if [ "$got" = "$want" ]; then
+            ok "$name: $got"
+        else
+            fail "$name: diagnosis \"$got\", expected \"$want\""
+        fi
+    fi
+}
+
+# dp 4: rank 2 goes on into the next step, whose first collectives (the dp reductions) come a
+# forward and most of a backward later, so the skipped one is clearly the first entered. (With
+# tp 2 it would meet its tp partner, waiting in the skipped one, within a layer: two operations
+# each waiting for the other, a few milliseconds apart, and "first" a matter of clocks.)
+planted "skipped" 2:world:3:skip \
+    "diagnosis: rank 2 never entered collective #3 (allreduce, i32, 12 bytes) on group world (ranks 0 1 2 3)" \
+    --set parallel.tp=1
+planted "mismatched" 1:tp:7:mismatch \
+    "diagnosis: collective #7 on group tp (ranks 0 1) differs between ranks: rank 0 allreduce (f32, 16384 bytes), rank 1 barrier (u8, 0 bytes)"
+planted "sleeping" 3:world:3:sleep:30 \
+    "diagnosis: rank 3 never entered collective #3 (allreduce, i32, 12 bytes) on group world (ranks 0 1 2 3)"
+
+# ---- SIGUSR2: a record on demand, the job goes on ------------------------------------------------
+if selected "usr2"; then
+    d=$tmp/usr2
+    mkdir -p "$d"
+    : >"$d/out.txt"
+    "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set train.steps=300 --set log.interval=1 \
+        --set log.run_dir="$d" >"$d/out.txt" 2>&1 &
+    pid=$!
+    waited=0
+    while ! grep -q '^step    20/' "$d/out.txt" && [ $waited -lt 1200 ]; do sleep 0.05; waited=$((waited + 1)); done
+    for p in $(pgrep -f -- "log.run_dir=$d"); do # the ranks, not mpirun nor timeout
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && kill -USR2 "$p"
+    done
+    wait "$pid"
+    rc=$?
+    n=$(find "$d/flight" -name 'rank-*.txt' 2>/dev/null | wc -l)
+    if [ "$rc" = 0 ] && [ "$n" = 2 ] && grep -q '^step   300/300' "$d/out.txt"; then
+        ok "usr2: both ranks wrote a record and the job finished"
+    else
+        fail "usr2: both ranks wrote a record and the job finished (exit $rc, $n records)"
+        tail -3 "$d/out.txt" | sed 's/^/    /'
+    fi
+    if expect_exit 0 "usr2: diagnose of a healthy job" -- "$BIN" diagnose "$d"; then
+        expect_text "written on SIGUSR2" "usr2: the records say why they were written"
+        # a record taken mid-step may hold a collective the other rank has not reached yet; one
+        # taken after the job finished holds none
+    fi
+fi
+
+# ---- bad input ------------------------------------------------------------------------------------
+if selected "bad"; then
+    mkdir -p "$tmp/empty"
+    expect_exit 2 "diagnose of a directory without records" -- "$BIN" diagnose "$tmp/empty"
+    expect_text "no flight records" "the refusal says there are none"
+    expect_text "hint:" "with a hint"
+    mkdir -p "$tmp/corrupt/flight"
+    printf 'cooktrain flight record 1\nrank 0 world 2 pid 1 host h reason x time 1 capacity 4 recorded 1\nop 7 allreduce\n' \
+        >"$tmp/corrupt/flight/rank-00000.txt"
+    expect_exit 2 "diagnose of a corrupt record" -- "$BIN" diagnose "$tmp/corrupt"
+    expect_text "rank-00000.txt:3: not a cooktrain flight record (op line)" "the refusal names the file and line"
+fi

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Pipeline parallelism and full 3D layouts (parallel/README.md, Pipeline parallel; test/README.md)
+# under mpirun:
+#   - every schedule's gradients against one process running the same microbatches (bit for bit
+#     where the order of the microbatch sums is the same, within the rounding of that sum
+#     otherwise; a reversed-backward schedule at pp 2 x dp 2), and activations freed as the
+#     simulator predicts (test/mpi/mpi_test_pp.c at 2 and 4 ranks);
+#   - equivalence against world size 1 on configs/test-tiny.yaml for every tp x pp x dp
+#     factorisation of 2, 4 and 8 ranks with pp > 1 (the ones with pp = 1 are in
+#     cli_mpi_dp.sh and cli_mpi_tp.sh), covering every schedule, ZeRO stage, recompute and
+#     sequence-parallel setting at 4 and at 8 ranks (pairwise, not the full cross product);
+#     memory and dp/tp traffic against their formulas;
+#   - invalid layouts: exit 2 on every rank, one message, no hang.
+. "$(dirname "$0")/../tools/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+
+# `cooktrain plan`: the simulator from the command line.
+if expect_exit 0 "plan 1f1b pp=4 m=8" -- "$BIN" plan --schedule 1f1b --pp 4 --microbatches 8; then
+    expect_text "rank 3 |" "plan prints one timeline row per rank"
+    expect_text "theory bubble 27.27%" "plan states the theoretical bubble (3/11)"
+    expect_text "bubble  27.27%" "plan's simulated bubble equals it"
+    expect_text "deadlock: no" "plan reports no deadlock"
+fi
+expect_exit 0 "plan from a config" -- "$BIN" plan --config configs/test-tiny.yaml --set parallel.pp=2 \
+    --set parallel.schedule=interleaved --set parallel.virtual_stages=2
+expect_text "interleaved pipeline: pp=2 v=2 m=8" "plan takes pp, v and m from the config"
+expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag --pp 2 --microbatches 2
+expect_text "hint:" "unknown schedule has a hint"
+expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2
+
+for np in 2 4; do run_mpi_program "$np" "$BUILD/test/mpi_test_pp"; done
+
+equivalence_setup
+
+if reference_run "$tmp"; then
+    # tp pp dp schedule v zero sp recompute micro_batch extra
+    while read -r tp pp dp sched v zero sp rc micro extra; do
+        name="tp=$tp pp=$pp dp=$dp $sched v=$v zero=$zero sp=$sp recompute=$rc micro_batch=$micro $extra"
+        selected "$name" || continue
+        # shellcheck disable=SC2086
+        if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
+            --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.schedule="$sched" \
+            --set parallel.virtual_stages="$v" --set parallel.zero_stage="$zero" \
+            --set parallel.sequence_parallel="$sp" --set train.recompute="$rc" \
+            --set train.micro_batch="$micro" $extra \
+            --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+            expect_text "all bit-identical" "$name: every replica holds the same bytes"
+            check_against_reference "$name" "$tmp"
+        fi
+    done <<'RUNS'
+1 2 1 1f1b 1 0 false none 2
+1 4 1 gpipe 1 1 false full 2
+2 2 1 interleaved 2 0 true none 2
+1 2 2 1f1b 1 2 false none 2
+1 2 2 interleaved 2 3 false full 2
+1 8 1 1f1b 1 0 false none 2
+2 4 1 gpipe 1 1 true none 2
+4 2 1 1f1b 1 2 false full 2
+1 4 2 interleaved 2 0 false none 2
+2 2 2 1f1b 1 3 true full 2
+1 2 4 gpipe 1 2 false none 2
+1 2 2 interleaved 2 3 false full 2 --set parallel.bucket_mb=0.3
+RUNS
+fi
+
+# Bad layouts: exit 2 everywhere, one message from rank 0.
+expect_exit 2 "layers not splittable over pp" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" --set parallel.pp=3
+expect_text "n_layer" "the split message names model.n_layer"
+expect_text "hint:" "the split message has a hint"
+n=$(printf '%s\n' "$OUT_TEXT" | grep -c '^cooktrain:')
+if [ "$n" = 1 ]; then ok "bad split printed once (rank 0)"; else fail "bad split printed $n times"; fi
+expect_exit 2 "interleaved with microbatches not a multiple of pp" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+    --set parallel.pp=4 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set train.micro_batch=8
+expect_text "interleaved" "the message names the interleaved schedule"
+expect_exit 2 "pp x tp x dp differs from the world size" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+    --set parallel.pp=2 --set parallel.dp=3
+expect_text "hint:" "the grid message has a hint"
+if expect_exit 0 "an explicit uneven split (pp_layers)" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" \
+    --set parallel.pp=2 --set parallel.pp_layers=5,11 --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin"; then
+    check_against_reference "uneven split (5,11)" "$tmp"
+fi
+
+# `plan` predicts what a run measures: rank 0's memory by category and its dp/tp bytes per step.
+layout=(--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+        --set parallel.sequence_parallel=true --set train.recompute=full --set train.micro_batch=2)
+if expect_exit 0 "plan --json for tp2 pp2 dp2 ZeRO-3 SP recompute" -- "$BIN" plan --config configs/test-tiny.yaml "${layout[@]}" --json; then
+    printf '%s\n' "$OUT_TEXT" | head -1 >"$tmp/plan.json"
+    if expect_exit 0 "the same layout trained" -- "${MPIRUN[@]}" -np 8 "$BIN" "${base[@]}" "${layout[@]}" \
+        --set train.steps=1 --set train.warmup_steps=1 --set log.metrics="$tmp/planned.jsonl"; then
+        if python3 - "$tmp/plan.json" "$tmp/planned.jsonl" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+rows = [json.loads(l) for l in open(sys.argv[2])]
+setup = [r for r in rows if r.get("setup")][0]
+step = [r for r in rows if "loss" in r][0]
+ok = (plan["params_bytes"] == setup["mem_params"] and plan["grads_bytes"] == setup["mem_grads"]
+      and plan["optim_bytes"] == setup["mem_optim"] and plan["tp_bytes"] == step["tp_bytes"]
+      and step["dp_bytes"] == plan["dp_bytes"])
+print(plan, setup, step["dp_bytes"], step["tp_bytes"]) if not ok else None
+sys.exit(0 if ok else 1)
+PY
+        then ok "plan's memory and traffic equal the run's"; else fail "plan's memory and traffic equal the run's"; fi
+    fi
+fi

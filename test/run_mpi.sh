@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Runs one MPI test program the way the suite does (test/lib_cli.sh: one thread per rank, passive
-# waiting, oversubscription allowed) and exits 1 if it printed a FAIL line or crashed:
-#   bash test/run_mpi.sh NP PROGRAM      e.g. bash test/run_mpi.sh 4 build/test/mpi_test_pp
-. "$(dirname "$0")/lib_cli.sh"
-mpi_setup
-out=$(run_mpi_program "$1" "$2")
-printf '%s\n' "$out"
-! printf '%s\n' "$out" | grep -q '^FAIL '

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""check_trace.py — the merged trace of a multi-rank run (log.trace; test/mpi/cli_mpi_trace.sh).
+
+  python3 test/tools/check_trace.py MERGED.json WORLD STEPS TOLERANCE_S
+
+One process per rank 0..WORLD-1, each named ("rank R (host H, ...)") and holding its threads
+("steps", "compute", "dp comm") and STEPS step spans. Time 0 is the end of the barrier at start,
+so every span starts at or after 0 and step 1 begins within a few seconds of it; and step k begins
+on every rank within TOLERANCE_S of the others: each begins as the step's first world allreduce
+ends, one moment on every rank. Prints the worst spread.
+
+  python3 test/tools/check_trace.py --device-wait MERGED.json RANK GROUP WAIT MIN_S
+
+The device's side of a run on the CUDA backend with NCCL (emulated: CUEMU_EAGER=1), where one
+rank was made late by MIN_S / 0.5 seconds (COOKTRAIN_FAULT_COMM). Rank RANK has a thread
+"device comm GROUP" of spans from the communication stream's events, every one inside the run
+(after time 0, before the last step ends), its collectives' spans one after another (one stream),
+the longest lasting at least MIN_S (the operation the late rank joined late); and its compute
+stream's longest wait (spans named
+WAIT: "exposed comm" or "pipeline wait") lasts at least MIN_S and lies inside a step. A host-side
+measurement (the host does not wait under NCCL) finds no such wait.
+
+  python3 test/tools/check_trace.py --timeline TRACE.json STEPS
+
+One rank's trace: STEPS step spans, one after another, and every unit's backward span (on the
+CUDA backend its times come from the compute stream's marks, turned into host time at each
+step's end) inside a step, backward spans in the order the stream ran them (two never cross: they are apart, or one
+holds the other). A wrong conversion of device time (an anchor taken before the stream was idle, a sign
+error) puts them outside their step or out of order.
+"""
+import json
+import sys
+
+
+def main():
+    path, world, steps, tol = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    events = json.load(open(path))["traceEvents"]
+    errors = []
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    if sorted(names) != list(range(world)):
+        errors.append(f"processes {sorted(names)}, expected 0..{world - 1}")
+    for pid, name in names.items():
+        if not name.startswith(f"rank {pid} (host "):
+            errors.append(f"process {pid} named {name!r}")
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    for r in range(world):
+        for t in ("steps", "compute", "dp comm"):
+            if (r, t) not in threads:
+                errors.append(f"rank {r} lacks thread {t!r}")
+    spans = [e for e in events if e.get("ph") == "X"]
+    if any(e["ts"] < 0 for e in spans):
+        errors.append("a span before time 0 (the barrier at start)")
+    begin = {}
+    for e in spans:
+        if e["name"].startswith("step "):
+            begin.setdefault(int(e["name"].split()[1]), {})[e["pid"]] = e["ts"] / 1e6
+    if sorted(begin) != list(range(1, steps + 1)):
+        errors.append(f"steps {sorted(begin)}, expected 1..{steps}")
+    worst = 0.0
+    for k, by_rank in sorted(begin.items()):
+        if sorted(by_rank) != list(range(world)):
+            errors.append(f"step {k} on ranks {sorted(by_rank)}")
+            continue
+        worst = max(worst, max(by_rank.values()) - min(by_rank.values()))
+    if begin.get(1) and max(begin[1].values()) > 5:
+        errors.append(f"step 1 begins {max(begin[1].values()):.3f} s after time 0")
+    if worst > tol:
+        errors.append(f"a step begins {worst:.3f} s apart on two ranks (tolerance {tol} s): clocks not aligned")
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    print(f"{world} ranks, {steps} steps; step starts at most {1e3 * worst:.1f} ms apart")
+
+
+def device_wait(path, rank, group, wait, min_s):
+    events = json.load(open(path))["traceEvents"]
+    errors = []
+    threads = {e["args"]["name"]: e["tid"] for e in events
+               if e.get("name") == "thread_name" and e["pid"] == rank}
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] == rank]
+    steps = [e for e in spans if e["name"].startswith("step ")]
+    end = max((e["ts"] + e["dur"] for e in steps), default=0)
+    tid = threads.get(f"device comm {group}")
+    comm = [e for e in spans if e["tid"] == tid] if tid is not None else []
+    if not comm:
+        errors.append(f"rank {rank} has no spans on thread 'device comm {group}' (threads: {sorted(threads)})")
+    outside = [e for e in comm if e["ts"] < 0 or e["ts"] + e["dur"] > end]
+    if outside:
+        errors.append(f"{len(outside)} device comm spans outside the run [0, {end / 1e6:.3f} s], "
+                      f"e.g. {outside[0]['name']} at {outside[0]['ts'] / 1e6:.3f} s")
+    # collectives run one after another on the group's stream: their spans cannot overlap (the
+    # times print to the nanosecond)
+    coll = sorted((e for e in comm if " peer " not in e["name"]), key=lambda e: e["ts"])
+    for a, b in zip(coll, coll[1:]):
+        if a["ts"] + a["dur"] > b["ts"] + 0.002:
+            errors.append(f"device spans {a['name']} and {b['name']} overlap on one stream")
+            break
+    # the late rank's operation waits on the device: rank 0's copy of it lasts about as long
+    top = max(comm, key=lambda e: e["dur"], default=None)
+    if top is not None and top["dur"] / 1e6 < min_s:
+        errors.append(f"longest device {group} span {top['name']}: {top['dur'] / 1e6:.3f} s, "
+                      f"expected at least {min_s} s")
+    waits = [e for e in spans if e["name"] == wait]
+    longest = max(waits, key=lambda e: e["dur"], default=None)
+    if longest is None or longest["dur"] / 1e6 < min_s:
+        got = f"{longest['dur'] / 1e6:.3f} s" if longest else "none"
+        errors.append(f"longest '{wait}' on rank {rank}: {got}, expected at least {min_s} s")
+    elif not any(s["ts"] <= longest["ts"] and longest["ts"] + longest["dur"] <= s["ts"] + s["dur"]
+                 for s in steps):
+        errors.append(f"the longest '{wait}' (at {longest['ts'] / 1e6:.3f} s) is in no step")
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    print(f"rank {rank}: {len(comm)} device spans on group {group}, longest {top['name']} "
+          f"{top['dur'] / 1e6:.3f} s; longest '{wait}' {longest['dur'] / 1e6:.3f} s")
+
+
+def timeline(path, steps):
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    step = sorted((e for e in spans if e["name"].startswith("step ")), key=lambda e: e["ts"])
+    back = sorted((e for e in spans if e["name"].startswith("backward ")), key=lambda e: e["ts"])
+    errors = []
+    if len(step) != steps:
+        errors.append(f"{len(step)} step spans, expected {steps}")
+    for a, b in zip(step, step[1:]):
+        if a["ts"] + a["dur"] > b["ts"] + 0.002:
+            errors.append(f"{a['name']} overlaps {b['name']}")
+    if not back:
+        errors.append("no backward spans")
+    outside = [e for e in back if not any(
+        s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in step)]
+    if outside:
+        e = outside[0]
+        errors.append(f"{len(outside)} backward spans in no step, e.g. {e['name']} at "
+                      f"{e['ts'] / 1e6:.6f} s for {e['dur'] / 1e6:.6f} s")
+    # disjoint or nested (the tied embedding's unit spans from the head's backward to its own end)
+    for a, b in zip(back, back[1:]):
+        a_end, b_end = a["ts"] + a["dur"], b["ts"] + b["dur"]
+        if b["ts"] + 0.002 < a_end < b_end - 0.002:
+            errors.append(f"backward spans cross: {a['name']} and {b['name']}")
+            break
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    print(f"{len(back)} backward spans inside {len(step)} steps, in order")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--timeline":
+        timeline(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "--device-wait":
+        device_wait(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
+    else:
+        main()

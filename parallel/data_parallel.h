@@ -136,7 +136,7 @@ ct_optimizer *ct_dp_optimizer(ct_dp *dp);
  * at stages >= 1), of which the bf16 parameters are the rounding. */
 void ct_dp_unit_params_to_host(ct_dp *dp, int u, float *host);
 
-/* ---- checkpoints (cmd/train/checkpoint_io.c) ---------------------------------------------- */
+/* ---- checkpoints (parallel/checkpoint_io.c) ---------------------------------------------- */
 
 int ct_dp_stage(const ct_dp *dp);
 /* The range [lo, lo + n) of unit u that this rank's optimizer updates. */

@@ -11,7 +11,7 @@
 #include "core/data/data.h"
 #include "core/model/model.h"
 #include "core/data/tokenizer.h"
-#include "cmd/train/checkpoint_io.h"
+#include "parallel/checkpoint_io.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel.h"
 #include "cmd/generate/sampler.h"

@@ -10,7 +10,7 @@
 #include "core/data/data.h"
 #include "core/metrics.h"
 #include "core/data/tokenizer.h"
-#include "cmd/train/checkpoint_io.h"
+#include "parallel/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 

@@ -1,6 +1,6 @@
 /*
  * checkpoint.h — the checkpoint format and its directory (core/README.md, Checkpoints), without
- * MPI: what one process writes and reads. cmd/train/checkpoint_io.h decides which pieces each rank
+ * MPI: what one process writes and reads. parallel/checkpoint_io.h decides which pieces each rank
  * of a layout saves and which it needs on load.
  *
  * A checkpoint is a set of named global tensors — for every parameter its fp32 weights (the

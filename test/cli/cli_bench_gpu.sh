@@ -96,7 +96,7 @@ if [ "\${2:-}" = scripts/torch_gpt2_gpu.py ] || [ "\${1:-}" = scripts/torch_gpt2
     echo "row compile bf16 2 2000.0 1073741824 ok"
     exit 0
 fi
-PYTHONPATH="$PWD/test/fake_torch" exec python3 "\$@"
+PYTHONPATH="$PWD/test/tools/fake_torch" exec python3 "\$@"
 EOF2
     chmod +x "$fb/cooktrain" "$fb/python"
     if expect_exit 0 "bench_gpu: the whole run with stand-ins" -- env NVIDIA_SMI="$tmp/smi-h100" BUILD="$fb" \

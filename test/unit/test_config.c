@@ -44,7 +44,7 @@ static const char *source_dir(void) {
         if (!candidates[i]) continue;
         char probe[1200];
         struct stat st;
-        snprintf(probe, sizeof probe, "%s/test/bad_configs", candidates[i]);
+        snprintf(probe, sizeof probe, "%s/test/cli/bad_configs", candidates[i]);
         if (stat(probe, &st) == 0 && S_ISDIR(st.st_mode)) {
             snprintf(dir, sizeof dir, "%s", candidates[i]);
             return dir;
@@ -899,7 +899,7 @@ static void readme_matches_key_table(void **state) {
 static void bad_config_files(void **state) {
     (void)state;
     char dir_path[1200];
-    snprintf(dir_path, sizeof dir_path, "%s/test/bad_configs", source_dir());
+    snprintf(dir_path, sizeof dir_path, "%s/test/cli/bad_configs", source_dir());
     DIR *dir = opendir(dir_path);
     assert_non_null(dir);
     int files = 0;

@@ -434,7 +434,7 @@ if [ -z "$peer_skip" ]; then
 fi
 
 # ---- 6. the targets ------------------------------------------------------------------------------------
-# issue 25's targets, each from the figures above: tok/s against torch.compile (>= 1.0x) and eager
+# The GPU targets, each from the figures above: tok/s against torch.compile (>= 1.0x) and eager
 # (the floor, >= 1.05x; fp32: >= 1.0x), attention on the device clock against SDPA flash (<= 1.25x),
 # the step's GEMMs against PyTorch's at the same shapes (<= 1.15x), AdamW + the gradient norm on the
 # device clock (<= 3 ms), and cooktrain's memory against torch.compile's (<= 1.0x)

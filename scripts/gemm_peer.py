@@ -20,7 +20,7 @@ calls (default 20) between CUDA events, after a warm-up round.
 
 Per LABEL: a row per shape (calls a step, cooktrain's ms a call, PyTorch's, the ratio, what
 PyTorch ran), then the step's GEMMs in total (each side's ms a call times the calls) and their
-ratio: issue 25's target is cooktrain within 1.15x of PyTorch. With --no-torch, or where torch
+ratio: the target is cooktrain within 1.15x of PyTorch. With --no-torch, or where torch
 cannot be imported or has no GPU, only cooktrain's columns (the script says why).
 """
 import re

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The whole suite: cmocka unit-test binaries (build/test/test_*) in parallel, then the shell
-# tests (test/cli_*.sh) one at a time. Each cmocka case and each shell check counts as a test; a
-# check this machine cannot run (cmocka's skip(), a shell test's "skip REASON" line) counts as a
-# skip, never as passed. Ends with the skips, each with its test and reason, then one line:
-# "tests: N passed, N failed, N skipped". Exit status 0 only when nothing failed.
+# The whole suite: the cmocka unit-test binaries (build/test/test_*), then the shell suites
+# (test/cli/cli_*.sh and test/mpi/cli_*.sh). Each cmocka case and each shell check counts as a
+# test; a check this machine cannot run (cmocka's skip(), a shell test's "skip REASON" line)
+# counts as a skip, never as passed. Ends with the skips, each with its test and reason, then one
+# line: "tests: N passed, N failed, N skipped". Exit status 0 only when nothing failed.
 #
-#   bash test/run_tests.sh                 everything
-#   bash test/run_tests.sh test_ops        one binary (or shell test) by name
+# Parts run side by side, TEST_JOBS (2) cores' worth at a time: a binary or a one-process suite
+# takes one, a suite that says `# cores: 2` in its header (several ranks at once) takes two.
+# The longest parts start first, by the seconds each took last time in this build folder.
+#
+#   bash test/run_tests.sh                 everything (make test)
+#   bash test/run_tests.sh test_ops        one binary (or shell suite) by name
 #   bash test/run_tests.sh test_ops gemm   one case of a binary (cmocka filter, wildcards ok)
-#   CT_TESTS="test_data cli_hostile" bash test/run_tests.sh   the named ones (`make test SAN=1`)
+#   CT_TESTS="test_data cli_hostile" bash test/run_tests.sh   the named ones (make test SAN=1)
+#   CT_QUICK=1 bash test/run_tests.sh      the binaries and the quick suites (make test-quick)
+#   CT_LONG=1 bash test/run_tests.sh       the suites with long parts (a `# long: WHAT` header
+#                                          line), with them (make test-long)
 set -u
 BUILD=${BUILD:-build}
 TEST_JOBS=${TEST_JOBS:-2}
@@ -17,32 +24,64 @@ logdir=$BUILD/test-logs
 mkdir -p "$logdir"
 only=${1:-}
 filter=${2:-}
-# selected_test NAME: in CT_TESTS (a space-separated list), or CT_TESTS empty.
-selected_test() { [ -z "${CT_TESTS// /}" ] || [[ " $CT_TESTS " == *" $1 "* ]]; }
 CT_TESTS=${CT_TESTS:-}
+CT_QUICK=${CT_QUICK:-}
+export CT_LONG=${CT_LONG:-}
+# The quick suites: seconds each (test/README.md, Quick and long).
+QUICK_SUITES="cli_smoke cli_docs cli_errors"
 
-# Unit tests share the machine's cores when they run in parallel: one thread each keeps them
+# selected NAME: by name, CT_TESTS, and the quick or long selection.
+selected_test() {
+    local name=$1 file=${2:-}
+    [ -n "$only" ] && { [ "$name" = "$only" ]; return; }
+    [ -z "${CT_TESTS// /}" ] || [[ " $CT_TESTS " == *" $name "* ]] || return 1
+    if [ -n "$CT_QUICK" ] && [ -n "$file" ]; then [[ " $QUICK_SUITES " == *" $name "* ]] || return 1; fi
+    if [ -n "$CT_LONG" ]; then [ -n "$file" ] && grep -q '^# long: ' "$file" || return 1; fi
+    return 0
+}
+
+# Unit tests share the machine's cores when they run side by side: one thread each keeps them
 # from oversubscribing, and the thread-determinism tests set their own counts.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export OMP_WAIT_POLICY=passive
 
-binaries=()
+# parts: "KIND NAME PATH CORES" — KIND bin or sh
+parts=()
 for b in "$BUILD"/test/test_*; do
     [ -x "$b" ] || continue
+    [[ $b == *.o || $b == *.d ]] && continue
     name=$(basename "$b")
-    [ -n "$only" ] && [ "$name" != "$only" ] && continue
+    [ -n "$CT_LONG" ] && [ -z "$only" ] && continue
     selected_test "$name" || continue
-    binaries+=("$b")
+    parts+=("bin $name $b 1")
+done
+for s in test/cli/cli_*.sh test/mpi/cli_*.sh; do
+    [ -f "$s" ] || continue
+    name=$(basename "$s" .sh)
+    selected_test "$name" "$s" || continue
+    cores=$(sed -n 's/^# cores: \([0-9]\).*/\1/p' "$s" | head -1)
+    parts+=("sh $name $s ${cores:-1}")
 done
 
-run_binary() {
-    local b=$1 name
-    name=$(basename "$b")
-    if [ -n "$filter" ]; then "$b" "$filter"; else "$b"; fi >"$logdir/$name.log" 2>&1
-    echo $? >"$logdir/$name.rc"
+# run_part KIND NAME PATH: its output to NAME.log, exit status to NAME.rc, seconds to NAME.secs
+# (wall and CPU: the scheduling of the next run reads the wall seconds).
+run_part() {
+    local kind=$1 name=$2 path=$3 t0 rc
+    t0=$(date +%s.%N)
+    [ -z "${CT_TIMES:-}" ] || echo "$t0 start $name" >>"$CT_TIMES"
+    if [ "$kind" = bin ]; then
+        if [ -n "$filter" ]; then
+            /usr/bin/time -f '%U %S' -o "$logdir/$name.cpu" "$path" "$filter"
+        else
+            /usr/bin/time -f '%U %S' -o "$logdir/$name.cpu" "$path"
+        fi >"$logdir/$name.log" 2>&1
+    else
+        /usr/bin/time -f '%U %S' -o "$logdir/$name.cpu" bash "$path" >"$logdir/$name.log" 2>&1
+    fi
+    rc=$?
+    echo "$rc" >"$logdir/$name.rc"
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f\n", b - a }' >"$logdir/$name.secs"
 }
-export -f run_binary
-export logdir filter
 
 start=$(date +%s)
 # The test corpus every test reads (test_util.h, lib_cli.sh): made once, before anything runs.
@@ -51,29 +90,66 @@ if ! bash scripts/prepare_corpus.sh --byte-level "$BUILD/cooktrain" "$BUILD/test
     echo "tests: 0 passed, 1 failed, 0 skipped"
     exit 1
 fi
-if [ ${#binaries[@]} -gt 0 ]; then
-    printf '%s\n' "${binaries[@]}" | xargs -P "$TEST_JOBS" -I{} bash -c 'run_binary {}'
-fi
+
+# Longest first (last run's seconds; unknown ones first of all, then by name).
+mapfile -t order < <(for p in "${parts[@]}"; do
+    read -r _ name _ _ <<<"$p"
+    secs=$(cat "$logdir/$name.secs" 2>/dev/null || echo 100000)
+    printf '%s\t%s\n' "$secs" "$p"
+done | sort -t$'\t' -k1,1nr -k2 | cut -f2)
+for p in "${parts[@]}"; do read -r _ name _ _ <<<"$p"; rm -f "$logdir/$name.rc"; done
+
+declare -A running=() # pid -> cores
+busy=0
+for p in "${order[@]}"; do
+    read -r kind name path cores <<<"$p"
+    [ "$cores" -gt "$TEST_JOBS" ] && cores=$TEST_JOBS
+    while [ $((busy + cores)) -gt "$TEST_JOBS" ]; do
+        wait -n
+        for pid in "${!running[@]}"; do
+            if ! kill -0 "$pid" 2>/dev/null; then
+                busy=$((busy - running[$pid]))
+                unset "running[$pid]"
+            fi
+        done
+    done
+    run_part "$kind" "$name" "$path" &
+    running[$!]=$cores
+    busy=$((busy + cores))
+done
+wait
 
 passed=0
 failed=0
 skipped=0
+long=0
 skips=() # "NAME: reason", printed before the closing line
-for b in "${binaries[@]}"; do
-    name=$(basename "$b")
+for p in "${parts[@]}"; do
+    read -r kind name _ _ <<<"$p"
     log=$logdir/$name.log
-    rc=$(cat "$logdir/$name.rc")
-    p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
-    f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
-    # cmocka prints "[  SKIPPED ] NAME" for each skipped case (and a count line): the reason is
-    # whatever the case printed before it called skip()
-    mapfile -t sk < <(grep -E '^\[  SKIPPED \] ' "$log" | grep -vE '^\[  SKIPPED \] [0-9]+ test' |
-        sed 's/^\[  SKIPPED \] //' | sort -u)
-    for c in "${sk[@]}"; do
-        why=$(grep -B1 -xF "[  SKIPPED ] $c" "$log" | head -1)
-        case $why in "[ RUN      ] "*) why="skip() without a message" ;; esac
-        skips+=("$name $c: $why")
-    done
+    rc=$(cat "$logdir/$name.rc" 2>/dev/null || echo "?")
+    secs=$(cat "$logdir/$name.secs" 2>/dev/null || echo "?")
+    cpu=$(awk '{printf "%.0f", $1 + $2}' "$logdir/$name.cpu" 2>/dev/null)
+    if [ "$kind" = bin ]; then
+        p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+        f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
+        # cmocka prints "[  SKIPPED ] NAME" for each skipped case (and a count line): the reason
+        # is whatever the case printed before it called skip()
+        mapfile -t sk < <(grep -E '^\[  SKIPPED \] ' "$log" | grep -vE '^\[  SKIPPED \] [0-9]+ test' |
+            sed 's/^\[  SKIPPED \] //' | sort -u)
+        for c in "${sk[@]}"; do
+            why=$(grep -B1 -xF "[  SKIPPED ] $c" "$log" | head -1)
+            case $why in "[ RUN      ] "*) why="skip() without a message" ;; esac
+            skips+=("$name $c: $why")
+        done
+    else
+        # Shell suites print "ok <what>" / "FAIL <what>" / "skip <reason>" lines.
+        p=$(grep -c '^ok ' "$log")
+        f=$(grep -c '^FAIL ' "$log")
+        mapfile -t sk < <(sed -n 's/^skip //p' "$log")
+        for why in "${sk[@]}"; do skips+=("$name: $why"); done
+        long=$((long + $(grep -c '^long ' "$log")))
+    fi
     ns=${#sk[@]}
     skipped=$((skipped + ns))
     if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
@@ -82,38 +158,14 @@ for b in "${binaries[@]}"; do
     passed=$((passed + p))
     failed=$((failed + f))
     if [ "$f" != 0 ]; then
-        echo "FAIL $name (exit $rc): see $log"
-        grep -E '^\[  (FAILED|  ERROR) |ERROR|error|Assert|failure' "$log" | head -20
+        echo "FAIL $name (exit $rc, ${secs}s): see $log"
+        if [ "$kind" = bin ]; then
+            grep -E '^\[  (FAILED|  ERROR) |ERROR|error|Assert|failure' "$log" | head -20
+        else
+            grep -A3 '^FAIL ' "$log" | head -30
+        fi
     else
-        echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"))"
-    fi
-done
-
-# Shell tests print "ok <what>" / "FAIL <what>" / "skip <reason>" lines.
-for s in test/cli/cli_*.sh test/mpi/cli_*.sh; do
-    [ -f "$s" ] || continue
-    name=$(basename "$s" .sh)
-    [ -n "$only" ] && [ "$name" != "$only" ] && continue
-    selected_test "$name" || continue
-    t0=$(date +%s)
-    out=$(bash "$s" 2>&1)
-    rc=$?
-    secs=$(( $(date +%s) - t0 ))
-    p=$(printf '%s\n' "$out" | grep -c '^ok ')
-    f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
-    mapfile -t sk < <(printf '%s\n' "$out" | sed -n 's/^skip //p')
-    for why in "${sk[@]}"; do skips+=("$name: $why"); done
-    ns=${#sk[@]}
-    skipped=$((skipped + ns))
-    if [ $rc != 0 ] && [ "$f" = 0 ]; then f=1; fi
-    printf '%s\n' "$out" >"$logdir/$name.log"
-    passed=$((passed + p))
-    failed=$((failed + f))
-    if [ "$f" != 0 ]; then
-        echo "FAIL $name: see $logdir/$name.log"
-        printf '%s\n' "$out" | grep -A3 '^FAIL ' | head -30
-    else
-        echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"), ${secs}s)"
+        echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"); ${secs}s, cpu ${cpu:-?}s)"
     fi
 done
 
@@ -121,6 +173,7 @@ if [ ${#skips[@]} -gt 0 ]; then
     echo "skipped (not run on this machine):"
     printf '  %s\n' "${skips[@]}"
 fi
-echo "suite time: $(( $(date +%s) - start ))s"
+[ "$long" = 0 ] || echo "left to make test-long: $long parts (\`long\` lines in the logs)"
+echo "suite time: $(($(date +%s) - start))s"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # cli_fuzz.sh — every libFuzzer target of test/fuzz/ (README.md there): the seeds the target
 # writes itself (CT_FUZZ_SEEDS=DIR), then every input saved under test/fuzz/regressions/NAME/ run
-# once, then CT_FUZZ_SECONDS of fuzzing (10 in make test, 300 in make fuzz) from the seeds. Each
-# must end clean: no ASan or UBSan report, no crash, no leak, no input taking over 10 s, and no
-# allocation over 256 MiB (inputs are at most 64 KiB, so a parser that asks for more has trusted
-# a count). A failure keeps the input that caused it in CT_FUZZ_CRASHES (make fuzz) or prints
+# once, then CT_FUZZ_SECONDS of fuzzing (3 in make test, 30 in make test-long, 300 in make fuzz)
+# from the seeds. Each must end clean: no ASan or UBSan report, no crash, no leak, no input taking
+# over 10 s, and no allocation over 256 MiB (inputs are at most 64 KiB, so a parser that asks for
+# more has trusted a count). A failure keeps the input that caused it in CT_FUZZ_CRASHES (make fuzz) or prints
 # where it was; `build/fuzz/fuzz_NAME FILE` replays it. CT_FUZZ_ONLY=REGEX runs the targets whose
 # name matches.
+# long: 30 s of fuzzing per target instead of 3
 . "$(dirname "$0")/../tools/lib_cli.sh"
-secs=${CT_FUZZ_SECONDS:-10}
+secs=${CT_FUZZ_SECONDS:-$([ -n "${CT_LONG:-}" ] && echo 30 || echo 3)}
 crashes=${CT_FUZZ_CRASHES:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -6,12 +6,9 @@
 #     interleaved with 4 virtual stages, tp 2 x pp 2 with recompute, tp 4 with sequence
 #     parallelism) the search's stage-0 numbers equal what the trainer's rank 0 measures: memory
 #     by category and dp/tp bytes per step;
-#   - step time: on this machine's profile, for dp 2, tp 2 and pp 2 of a wider model (d_model
-#     256) on 2 ranks, the measured median step is 0.5 to 3 times the estimate. The model counts
-#     GEMM FLOPs at the measured GEMM rate and the links' bytes; it leaves out elementwise work,
-#     attention's small shapes and MPI's per-call costs, all of which make it optimistic (about
-#     1.3x on an idle machine); a machine busy with other work while the ranks run (the
-#     calibration, a moment before, may catch it idle) has measured 2.5x;
+#   - step time: scripts/bench_plan.sh (the estimate against measured dp 2, tp 2 and pp 2 steps
+#     on this machine) runs and prints each layout's row; the ratio is a benchmark's figure, not
+#     asserted, since it depends on what else the machine runs;
 #   - the network: on 16 devices (2 nodes of 8) every layout whose dp group crosses nodes gets a
 #     dp time at least 5x that of the same layout on a profile whose network is as fast as the
 #     node's links (450 vs 50 GB/s: 9x), layouts inside a node the same, and the best layout's tp
@@ -95,34 +92,22 @@ LAYOUTS
 fi
 
 # ---- step time against measured runs ----------------------------------------------------------
-wide=(--set model.d_model=256 --set model.n_layer=4 --set model.seq_len=64 --set train.global_batch=16)
-# (measured again just before the runs, so both see the machine as loaded as it is then)
-if selected "step time" && "$BIN" plan --calibrate >"$tmp/now.yaml" && expect_exit 0 "search on 2 devices of this machine, d_model 256" -- \
-    "$BIN" plan --config configs/test-tiny.yaml "${wide[@]}" --search 2 --hardware "$tmp/now.yaml" --top 100000 --json; then
-    printf '%s\n' "$OUT_TEXT" >"$tmp/wide.json"
-    for layout in dp tp pp; do
-        expect_exit 0 "train $layout 2, d_model 256" -- "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" "${wide[@]}" \
-            --set parallel.$layout=2 --set train.micro_batch=2 --set train.steps=8 --set train.warmup_steps=1 \
-            --set log.metrics="$tmp/$layout.jsonl" || continue
-        if out=$(python3 - "$tmp/wide.json" "$tmp/$layout.jsonl" "$layout" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-want = {"tp": 1, "pp": 1, "dp": 1}
-want[sys.argv[3]] = 2
-est = [r for r in rows if (r["tp"], r["pp"], r["dp"], r["cp"], r["ep"]) == (want["tp"], want["pp"], want["dp"], 1, 1) and
-       r["zero_stage"] == 0 and r["micro_batch"] == 2 and not r["recompute"] and r["schedule"] == "1f1b"
-       and not r["sequence_parallel"]]
-if len(est) != 1:
-    print(f"{len(est)} search rows for the layout")
-    sys.exit(1)
-steps = [json.loads(l)["step_time_s"] for l in open(sys.argv[2]) if '"loss"' in l]
-measured = statistics.median(steps[2:])  # the first steps warm up
-ratio = measured / est[0]["step_s"]
-print(f"estimated {1e3 * est[0]['step_s']:.1f} ms, measured {1e3 * measured:.1f} ms, ratio {ratio:.2f}")
-sys.exit(0 if 0.5 <= ratio <= 3.0 else 1)
-PY
-        ); then ok "$layout 2: the estimate holds: $out"; else fail "$layout 2: measured/estimated outside [0.5, 3]: $out"; fi
-    done
+# A timing, so a benchmark (scripts/bench_plan.sh), never an assertion here: its flow runs, and
+# each layout gets its row of estimate, measurement and ratio, whatever the machine's load.
+if selected "step time"; then
+    if expect_exit 0 "scripts/bench_plan.sh --steps 3" -- env BUILD="$BUILD" bash scripts/bench_plan.sh \
+        --steps 3 --data "$TEST_DATA/train.bin"; then
+        for layout in dp tp pp; do
+            if printf '%s\n' "$OUT_TEXT" | grep -qE "^$layout 2 +[0-9.]+ +[0-9.]+ +[0-9.]+$"; then
+                ok "bench_plan: the $layout 2 row (estimate, measured, ratio)"
+            else
+                fail "bench_plan: no $layout 2 row"
+                printf '%s\n' "$OUT_TEXT" | tail -5 | sed 's/^/    /'
+            fi
+        done
+    fi
+    expect_exit 2 "bench_plan: --steps below 3 is refused" -- bash scripts/bench_plan.sh --steps 2
+    expect_text "hint: " "the refusal has a hint"
 fi
 
 # ---- the network -------------------------------------------------------------------------------

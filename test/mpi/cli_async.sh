@@ -7,6 +7,7 @@
 # fails here, every time. (`make mutants` deletes the comm layer's wait and checks this script
 # catches it.) Everything is expected to pass exactly as in the synchronous run: the stream computes
 # bit-identical results.
+# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 export COOKTRAIN_ASYNC=1
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=passive
@@ -28,6 +29,13 @@ for t in test_ops test_bf16_ops test_model test_optim test_units test_backend_as
 done
 
 # The equivalence suites: their own ok/FAIL lines, prefixed.
+# A suite that could not run at all (exit status, or not one check) fails here too.
 for s in cli_mpi_dp cli_mpi_tp cli_mpi_pp cli_mpi_cp; do
-    bash "test/$s.sh" 2>&1 | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'
+    out=$(bash "$(dirname "$0")/$s.sh" 2>&1)
+    rc=$?
+    printf '%s\n' "$out" | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'
+    if [ "$rc" != 0 ] || ! printf '%s\n' "$out" | grep -q '^ok '; then
+        fail "async: $s exited $rc with $(printf '%s\n' "$out" | grep -c '^ok ') checks passed"
+        printf '%s\n' "$out" | grep -v '^ok ' | tail -5 | sed 's/^/    /'
+    fi
 done

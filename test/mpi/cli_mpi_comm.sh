@@ -12,6 +12,7 @@
 # sleep, one thread per rank; and limits are generous (test/README.md, MPI tests). No check depends
 # on timing except "did not hang", whose bound is an order of magnitude above the 2 s watchdog
 # limit.
+# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 exe=$BUILD/test/mpi_test_comm
 export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive

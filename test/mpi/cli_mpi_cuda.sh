@@ -24,6 +24,7 @@
 #   - device waits: a rank made late shows on its partner's compute stream as exposed comm (dp)
 #     or bubble (pp), measured from CUDA events, in the metrics and the merged trace.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
+# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

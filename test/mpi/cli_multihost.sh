@@ -18,6 +18,7 @@
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
 #     world size 1, its traffic over the link.
 # Skipped, with the reason, where namespaces cannot be made (not root, an unprivileged container).
+# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 . "$(dirname "$0")/netns_hosts.sh"
 tmp=$(mktemp -d)

@@ -16,6 +16,7 @@
 #   - the GPU script on emulated GPUs (the node declares 2 GPUs; build/cooktrain-cuemu): one rank
 #     per GPU, a tasks/GPUs mismatch refused, preemption and requeue bit-exact.
 # Skipped, with the reason, where the cluster cannot run (not root, SLURM not installed).
+# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 . "$(dirname "$0")/slurm_cluster.sh"
 tmp=$(mktemp -d)

@@ -7,8 +7,8 @@ Each failing rule prints one line "FAIL <rule>: <what>"; each passing rule "ok <
 status is 1 when any rule failed. The rules:
 
   files       every tracked source file is named, in a table row, in the README.md of the nearest
-              folder above it that has one (its file name, its stem, a brace form such as
-              `comm_mpi.{h,c}` or `config_{keys,load}.c`, or a folder above it, `fake_torch/`); a folder directly under the root needs
+              folder above it that has one (its file name, its stem, its path from that folder,
+              or a brace form such as `comm_mpi.{h,c}` or `config_{keys,load}.c`); a folder directly under the root needs
               a README.md of its own. Data folders (bad_configs, fuzz regressions) are left out.
   commands    the subcommands in README.md's "## Commands" table are those `cooktrain --help`
               lists, no more and no fewer.
@@ -79,8 +79,7 @@ def table_names(readme_path):
             for token in re.findall(r"`([^`]+)`", line):
                 for name in expand_braces(token.strip()):
                     names.add(name)
-                    last = name.rstrip("/").split("/")[-1]
-                    names.add(last + "/" if name.endswith("/") else last)
+                    names.add(name.split("/")[-1])
     return names
 
 
@@ -106,11 +105,7 @@ def check_files(files):
         rel = os.path.relpath(f, folder)
         base = os.path.basename(f)
         stem = os.path.splitext(base)[0]
-        dirs = [d + "/" for d in [os.path.dirname(rel)] if d]  # a folder named covers its files
-        while dirs and os.path.dirname(dirs[-1].rstrip("/")):
-            dirs.append(os.path.dirname(dirs[-1].rstrip("/")) + "/")
-        dirs += [d.rstrip("/").split("/")[-1] + "/" for d in dirs]
-        if not ({rel, base, stem, *dirs} & names):
+        if not ({rel, base, stem} & names):
             problems.append(f"{f} is not in the file table of {folder}/README.md")
     return problems
 

@@ -4,11 +4,23 @@
 BUILD=${CT_BUILD:-build}
 BIN=$BUILD/cooktrain
 
-ok() { echo "ok $*"; }
-fail() { echo "FAIL $*"; }
+# CT_TIMES=FILE appends each check's line to FILE after the time it was printed (seconds since
+# the epoch), to find where a suite spends its time: test/tools/check_times.py FILE.
+ct_time_() { [ -z "${CT_TIMES:-}" ] || echo "$(date +%s.%N) $*" >>"$CT_TIMES"; }
+ok() { echo "ok $*"; ct_time_ "ok $*"; }
+fail() { echo "FAIL $*"; ct_time_ "FAIL $*"; }
 # skip REASON: what was not run and why ("GPU script tests: cooktrain-cuemu not built"). Never an
 # ok: a machine without a tool must not look all green.
-skip() { echo "skip $*"; }
+skip() { echo "skip $*"; ct_time_ "skip $*"; }
+
+# long_part NAME: true under `make test-long` (CT_LONG=1); otherwise prints "long NAME" (counted
+# by run_tests.sh as left to make test-long) and is false. A suite wraps its soak-style and
+# repeated-layout checks in it: make test keeps a sample of each kind, make test-long runs all.
+long_part() {
+    [ -n "${CT_LONG:-}" ] && return 0
+    echo "long $*"
+    return 1
+}
 
 # selected NAME: true unless CT_FILTER (an extended regex) is set and NAME does not match it. The
 # equivalence loops use it so that one layout can be run alone (`make mutants` does).

@@ -23,7 +23,10 @@
 #   - overlap: the trace of an emulated dp2 run shows reductions completing while backward runs;
 #   - device waits: a rank made late shows on its partner's compute stream as exposed comm (dp)
 #     or bubble (pp), measured from CUDA events, in the metrics and the merged trace.
+# make test runs one layout of each kind (the rest print "long NAME"); make test-long all of them.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
+# long: the ring's op test at 4 ranks; GPT-2 at dp2 ZeRO-1, pp2 1F1B, pp2 interleaved x dp2 and
+# long: tp2 x pp2 ZeRO-2; the tied Llama; MoE at ep2 ZeRO-1; GPT-2 at cp2 alone; the Llama at cp4
 # cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -98,6 +101,7 @@ fi
 CPTEST=$BUILD/test/mpi_test_cp_nccl
 for np in 2 4; do
     selected "ring np=$np" || continue
+    [ $np = 2 ] || long_part "ring np=$np" || continue
     out=$(CUEMU_DEVICES=$np "${MPIRUN[@]}" -x CUEMU_DEVICES -np "$np" "$CPTEST" 2>&1 </dev/null)
     rc=$?
     printf '%s\n' "$out" | grep -E '^(ok|FAIL) '
@@ -109,9 +113,11 @@ done
 
 # ---- devices -------------------------------------------------------------------------------------
 ensure_test_data
+# 4 layers (enough for pp 2 x 2 virtual stages) and 8 sequences a step: the emulated device runs
+# every CUDA thread as a fiber, and the layouts, not the model's size, are what is checked here.
 base=(train --config configs/test-tiny.yaml --set train.threads=1
       --set data.train="$TEST_DATA/train.bin" --set train.eps=1e-6
-      --set train.steps=2 --set train.warmup_steps=1)
+      --set train.steps=2 --set train.warmup_steps=1 --set model.n_layer=4 --set train.global_batch=8)
 if selected "devices"; then
     expect_exit 2 "2 ranks on 1 emulated device are refused" -- env CUEMU_DEVICES=1 \
         "${MPIRUN[@]}" -x CUEMU_DEVICES -np 2 "$EMU" "${base[@]}" --backend cuda
@@ -127,9 +133,10 @@ fi
 # ---- training against the CPU backend at world size 1 --------------------------------------------
 if expect_exit 0 "CPU reference run (world size 1, fp32)" -- "$BIN" "${base[@]}" \
     --set log.metrics="$tmp/ref.jsonl" --dump-params "$tmp/ref.bin" --dump-init-params "$tmp/init.bin"; then
-    while read -r np extra; do
+    while read -r when np extra; do
         name="emulated cuda np=$np $extra"
         selected "$name" || continue
+        [ "$when" = test ] || long_part "$name" || continue
         # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
             -np "$np" "$EMU" "${base[@]}" --backend cuda $extra \
@@ -139,13 +146,13 @@ if expect_exit 0 "CPU reference run (world size 1, fp32)" -- "$BIN" "${base[@]}"
             check_against_reference "$name" "$tmp"
         fi
     done <<'RUNS'
-2 --set parallel.zero_stage=1
-2 --set parallel.zero_stage=3
-2 --set parallel.tp=2 --set parallel.sequence_parallel=true
-2 --set parallel.pp=2 --set parallel.schedule=1f1b
-4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
-4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=2
-8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true
+long 2 --set parallel.zero_stage=1
+test 2 --set parallel.zero_stage=3
+test 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+long 2 --set parallel.pp=2 --set parallel.schedule=1f1b
+long 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
+long 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=2
+test 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true
 RUNS
 fi
 
@@ -171,6 +178,7 @@ mkdir -p "$ldir"
 llama=(--set model.arch=llama --set model.n_layer=4 --set model.n_kv_head=4 --set model.multiple_of=32)
 for tie in true false; do
     selected "emulated cuda llama tie=$tie" || continue
+    [ $tie = false ] || long_part "emulated cuda llama tie=$tie" || continue
     expect_exit 0 "CPU llama reference run (tie_embeddings=$tie)" -- "$BIN" "${base[@]}" "${llama[@]}" \
         --set model.tie_embeddings=$tie --set log.metrics="$ldir/ref.jsonl" --dump-params "$ldir/ref.bin" \
         --dump-init-params "$ldir/init.bin" || continue
@@ -198,8 +206,9 @@ moe=(--set model.n_layer=4 --set model.moe_experts=8 --set model.moe_every=2 --s
      --set model.moe_aux_alpha=0.05)
 if selected "emulated cuda moe" &&
     expect_exit 0 "CPU MoE reference run (world size 1)" -- "$BIN" "${base[@]}" "${moe[@]}"         --set log.metrics="$mdir/ref.jsonl" --dump-params "$mdir/ref.bin" --dump-init-params "$mdir/init.bin"; then
-    while read -r np extra; do
+    while read -r when np extra; do
         name="emulated cuda moe np=$np $extra"
+        [ "$when" = test ] || long_part "$name" || continue
         # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
             -np "$np" "$EMU" "${base[@]}" "${moe[@]}" --backend cuda $extra \
@@ -207,8 +216,8 @@ if selected "emulated cuda moe" &&
             check_against_reference "$name" "$mdir"
         fi
     done <<'RUNS'
-2 --set parallel.ep=2 --set parallel.zero_stage=1
-4 --set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+long 2 --set parallel.ep=2 --set parallel.zero_stage=1
+test 4 --set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 RUNS
 fi
 
@@ -219,14 +228,16 @@ cdir=$tmp/cp
 mkdir -p "$cdir"
 for arch in gpt2 llama; do
     selected "emulated cuda cp $arch" || continue
+    [ $arch = gpt2 ] || [ -n "${CT_LONG:-}" ] || continue # its one run is long_part's
     arch_args=(--set model.n_layer=4 --set log.sample_tokens=0)
     [ $arch = llama ] && arch_args+=("${llama[@]}" --set model.tie_embeddings=false)
     expect_exit 0 "CPU $arch reference run (4 layers)" -- "$BIN" "${base[@]}" "${arch_args[@]}" \
         --set log.metrics="$cdir/ref.jsonl" --dump-params "$cdir/ref.bin" \
         --dump-init-params "$cdir/init.bin" || continue
-    while read -r a np extra; do
+    while read -r when a np extra; do
         [ "$a" = $arch ] || continue
         name="emulated cuda $arch np=$np $extra"
+        [ "$when" = test ] || long_part "$name" || continue
         # shellcheck disable=SC2086
         if expect_exit 0 "train $name" -- env CUEMU_DEVICES="$np" "${MPIRUN[@]}" -x CUEMU_DEVICES \
             -np "$np" "$EMU" "${base[@]}" "${arch_args[@]}" --backend cuda $extra \
@@ -238,9 +249,9 @@ for arch in gpt2 llama; do
             check_against_reference "$name" "$cdir"
         fi
     done <<'RUNS'
-gpt2 2 --set parallel.cp=2
-gpt2 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=1
-llama 4 --set parallel.cp=4 --set parallel.cp_sharding=contiguous
+long gpt2 2 --set parallel.cp=2
+test gpt2 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=1
+long llama 4 --set parallel.cp=4 --set parallel.cp_sharding=contiguous
 RUNS
 done
 
@@ -300,5 +311,5 @@ PY
     fi
 }
 device_wait "dp2 ZeRO-1" exposed_comm_s 1:dp:45:sleep:2 dp "exposed comm" -- \
-    --set parallel.zero_stage=1
+    --set parallel.zero_stage=1 --set model.n_layer=16 # collective 45: in step 2 at 16 layers
 device_wait "pp2 1F1B" bubble_s 1:pp:6:sleep-send:2 pp "pipeline wait" -- --set parallel.pp=2

@@ -6,6 +6,8 @@
 #                   (byte-level, test-tiny.yaml)
 #   make test       set up, build, run the whole suite (ends with the checks skipped here, each
 #                   with its reason, and "tests: N passed, N failed, N skipped")
+#   make test-quick the unit binaries and the smoke suites (about a minute): the first check
+#   make test-long  the suites' long parts too (SAMPLE=N: N of those suites, as CI runs them)
 #   make test SAN=1 the readers of outside bytes (config, data, tokenizer, checkpoints, export)
 #                   built with ASan + UBSan in build-san and tested there (CI runs it)
 #   make mutants    plant each bug of test/tools/mutants.txt in a scratch copy and check a test
@@ -82,7 +84,7 @@ CMD_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/*.c))
 CMD_LIB_SRC := $(wildcard cmd/*/*.c)
 CMD_LIB  := $(BUILD)/libctcmd.a
 
-.PHONY: all setup run data test mutants bench clean report print-ldlibs FORCE
+.PHONY: all setup run data test test-quick test-long mutants bench clean report print-ldlibs FORCE
 .SECONDARY:
 .DEFAULT_GOAL := all
 # the CUDA backend, real (nvcc) and emulated: sets CUDA_LIB and CUDA_LDLIBS, adds its targets to all
@@ -152,6 +154,18 @@ data: setup
 test: setup
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) CT_TESTS="$(SAN_TESTS)" bash test/run_tests.sh
+
+# `make test-quick`: the unit binaries and the quick suites (test/README.md, Quick and long).
+test-quick: setup
+	@$(MAKE) --no-print-directory report $(BUILD)/cooktrain $(TEST_BIN) $(CUDA_TEST_BIN)
+	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) CT_QUICK=1 bash test/run_tests.sh
+
+# `make test-long`: the suites with long parts, with them; SAMPLE=N runs N of those suites, drawn
+# with the checked-out commit's id as the seed (CI).
+test-long: setup
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) TEST_JOBS=$(TEST_JOBS) CT_LONG=1 CT_TESTS="$(if $(SAMPLE),$(shell \
+	    python3 test/tools/sample_long.py $(SAMPLE)))" bash test/run_tests.sh
 
 mutants: setup
 	@$(MAKE) --no-print-directory all

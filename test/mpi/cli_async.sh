@@ -7,6 +7,8 @@
 # fails here, every time. (`make mutants` deletes the comm layer's wait and checks this script
 # catches it.) Everything is expected to pass exactly as in the synchronous run: the stream computes
 # bit-identical results.
+# long: the tensor- and context-parallel suites behind the lazy stream (data and pipeline
+# long: parallelism, whose communication overlaps compute most, run in make test)
 # cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 export COOKTRAIN_ASYNC=1
@@ -31,6 +33,7 @@ done
 # The equivalence suites: their own ok/FAIL lines, prefixed.
 # A suite that could not run at all (exit status, or not one check) fails here too.
 for s in cli_mpi_dp cli_mpi_tp cli_mpi_pp cli_mpi_cp; do
+    case $s in cli_mpi_tp | cli_mpi_cp) long_part "async: $s" || continue ;; esac
     out=$(bash "$(dirname "$0")/$s.sh" 2>&1)
     rc=$?
     printf '%s\n' "$out" | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'

@@ -12,6 +12,8 @@
 # sleep, one thread per rank; and limits are generous (test/README.md, MPI tests). No check depends
 # on timing except "did not hang", whose bound is an order of magnitude above the 2 s watchdog
 # limit.
+# long: the counts above INT_MAX for real (4 GiB a rank; the split logic is checked at every size
+# long: under small chunk limits in make test)
 # cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 exe=$BUILD/test/mpi_test_comm
@@ -53,7 +55,7 @@ for np in 1 2 4 8; do run_mpi_program "$np" "$BUILD/test/mpi_test_moe"; done
 # Counts above INT_MAX for real, with the default chunk limit: 2 ranks only (the buffers are
 # 4 GiB per rank; more ranks would only multiply the memory). The program skips, with a "skip ..."
 # line, where the machine cannot hold them.
-run_program "mpi_test_comm big (> INT_MAX elements)" 2 big
+long_part "mpi_test_comm big (> INT_MAX elements)" && run_program "mpi_test_comm big (> INT_MAX elements)" 2 big
 
 # watchdog_run NP MODE WANT...   (every WANT must appear in the output)
 watchdog_run() {

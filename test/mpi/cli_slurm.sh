@@ -7,14 +7,16 @@
 #   - preemption: a running job signalled with `scancel --signal=USR1 --batch` saves at the next
 #     step boundary, exits 0 and requeues itself; the requeued run resumes (checkpoint.resume:
 #     auto) and finishes with losses and parameters bit-identical to an uninterrupted run;
-#   - time limit: a job killed at its time limit (SIGTERM, SIGKILL 2 s later) leaves only
-#     complete checkpoints (each verifies with `cooktrain inspect`, `latest` names the newest),
-#     and the next submission given its checkpoint directory resumes from the newest;
+#   - cancelled and time limit: a job cancelled mid-run, or killed at its time limit (both
+#     SIGTERM, SIGKILL 2 s later), leaves only complete checkpoints (each verifies with
+#     `cooktrain inspect`, `latest` names the newest), and the next submission given its
+#     checkpoint directory resumes from the newest;
 #   - a rank killed with SIGKILL: the job ends (no hang), and the next submission resumes;
 #   - scaling sweeps as a job array (scripts/bench_scaling.sh --slurm): one task per run, the
 #     table job after them; a cancelled task shows as missing and fails the table job;
 #   - the GPU script on emulated GPUs (the node declares 2 GPUs; build/cooktrain-cuemu): one rank
 #     per GPU, a tasks/GPUs mismatch refused, preemption and requeue bit-exact.
+# long: the time limit itself (over a minute); the GPU script's preemption and requeue
 # Skipped, with the reason, where the cluster cannot run (not root, SLURM not installed).
 # cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
@@ -177,11 +179,29 @@ resume_check() {
     fi
 }
 
-# ---- time limit: SIGTERM, then SIGKILL 2 s later (KillWait) ----------------------------------------
-# --time=1 is SLURM's smallest limit (one minute); --no-requeue keeps the job from coming back,
-# and --signal=B:URG@1 replaces the script's early warning with a signal bash ignores, so what
-# ends the job is the limit itself. Periodic checkpoints every 5 steps.
-if selected "time limit"; then
+# ---- cancelled, and at the time limit: SIGTERM, then SIGKILL 2 s later (KillWait) ------------------
+# What SLURM sends a job at its time limit it also sends one cancelled with scancel: SIGTERM to
+# the steps, SIGKILL KillWait (2 s) later. make test cancels a job once it has saved step 10;
+# make test-long lets one reach its time limit, --time=1, SLURM's smallest (a minute, and the
+# controller's check up to half a minute more). --no-requeue keeps the job from coming back, and
+# --signal=B:URG@1 replaces the script's early warning with a signal bash ignores, so what ends
+# the job is the cancel or the limit itself. Periodic checkpoints every 5 steps.
+if selected "cancel"; then
+    ckpt=$tmp/cn-ckpt
+    out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/cn-run sbatch --job-name=ct-cn "${shape[@]}" --time=10 \
+        --no-requeue --signal=B:URG@1 scripts/slurm/cooktrain.sbatch "${train[@]}" \
+        --set train.steps=1000000 --set checkpoint.interval=5 --set checkpoint.keep=3 2>&1)
+    id=$(job_id "$out")
+    if [ -n "$id" ] && wait_for 120 test -d "$ckpt/step-00000010" && scancel "$id" &&
+        wait_for 60 finished "$id"; then
+        ok "a job cancelled after step 10 ends ($(job_state "$id"))"
+        resume_check "cancel" "$ckpt"
+    else
+        fail "job $id was not cancelled after step 10 (state $(job_state "$id"))"
+        scancel "$id" 2>/dev/null
+    fi
+fi
+if selected "time limit" && long_part "time limit"; then
     ckpt=$tmp/tl-ckpt
     out=$(CKPT_DIR=$ckpt RUN_DIR=$tmp/tl-run sbatch --job-name=ct-tl "${shape[@]}" --time=1 \
         --no-requeue --signal=B:URG@1 scripts/slurm/cooktrain.sbatch "${train[@]}" \
@@ -300,7 +320,7 @@ if [ -x "$root/$BUILD/cooktrain-cuemu" ]; then
             ok "2 tasks per node with 1 GPU per node: the script exits 2 with a hint" ||
             fail "tasks/GPUs mismatch: exit $rc ($(cat "$gwork/runs/slurm/ct-gpu-mismatch-$id.log" 2>/dev/null))"
     fi
-    if selected "gpu preempt"; then
+    if selected "gpu preempt" && long_part "gpu preempt"; then
         ref_srun=(--gpus-per-node=2 --cpus-per-task=1)
         job_shape=("${gshape[@]}")
         job_train=("${gtrain[@]}" --backend cuda)

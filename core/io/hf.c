@@ -11,6 +11,9 @@
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
+/* Each architecture's names are its entry's (core/model/model_arch.h, ct_arch_hf); here they are
+ * spelled out for every layer and expert of one model. */
+
 static void add(ct_hf_tensor *t, const char *hf, bool transpose, const char *const *src,
                 int n_src) {
     snprintf(t->name, sizeof t->name, "%s", hf);

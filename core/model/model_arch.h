@@ -92,8 +92,6 @@ typedef struct ct_arch_hf {
 } ct_arch_hf;
 
 typedef struct ct_model_arch {
-    const char *name; /* model.arch: "gpt2", "llama" */
-
     /* The parameter registry (model.c). A layer registers layer_tensors, then its MLP part:
      * mlp_tensors under "mlp." (the dense MLP), or the router, the shared experts (mlp_tensors
      * under "moe.shared.", moe_shared·moe_d_ff wide, bound to the dense MLP's fields) and, in a

@@ -111,7 +111,6 @@ static const ct_arch_hf_tensor gpt2_hf_layer[] = {
 };
 
 const ct_model_arch ct_model_arch_gpt2 = {
-    .name = "gpt2",
     .layer_tensors = gpt2_layer,
     .n_layer_tensors = (int)CT_ARRAY_LEN(gpt2_layer),
     .mlp_tensors = gpt2_mlp,

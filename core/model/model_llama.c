@@ -146,7 +146,6 @@ static const ct_arch_hf_tensor mixtral_expert[] = {
 };
 
 const ct_model_arch ct_model_arch_llama = {
-    .name = "llama",
     .layer_tensors = llama_layer,
     .n_layer_tensors = (int)CT_ARRAY_LEN(llama_layer),
     .mlp_tensors = llama_mlp,

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "core/model/model_arch.h"
+
 /* How a timed GEMM is called: C = op(A)·op(B) overwriting C (beta 0) or accumulating onto it
  * (beta 1), or a linear layer's forward with its bias, C = A·Bᵀ + b (ct_gemm_bias: on the CPU the
  * bias, then a GEMM accumulating onto it; on the GPU the bias in the epilogue). */
@@ -58,19 +60,20 @@ double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps) 
     /* Activations and weights in the precision's dtype; weight gradients accumulate in f32. */
     const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
     /* (out, in, times per step, forward call) of every linear layer as the model runs it: q, k
-     * and v as one fused projection; GPT-2's layers with their bias (ct_gemm_bias), Llama's
-     * (no biases) and the LM head (the tied embedding) overwriting (beta 0). Each GEMM is timed
+     * and v as one fused projection; the block's layers with their bias (ct_gemm_bias) where the
+     * architecture has them (GPT-2; model_arch.h), else (Llama) and the LM head (the tied
+     * embedding) overwriting (beta 0). Each GEMM is timed
      * as the model calls it: overwriting costs a BLAS an extra pass over C, an accumulating bf16
      * GEMM the GPU an fp32 product. */
-    const bool llama = cfg->model.arch == CT_ARCH_LLAMA;
-    const gemm_call lin = llama ? GEMM_OVERWRITE : GEMM_BIAS;
+    const ct_model_arch *arch = ct_model_arch_of(cfg->model.arch);
+    const gemm_call lin = arch->linear_bias ? GEMM_BIAS : GEMM_OVERWRITE;
     struct {
         int64_t out, in, count;
         gemm_call fwd;
     } linears[] = {
         {qdim + 2 * kvdim, C, L, lin},
         {C, qdim, L, lin},
-        {llama ? 2 * F : F, C, L, lin}, /* Llama: gate|up as one */
+        {arch->act.hidden * F, C, L, lin}, /* Llama: gate|up as one */
         {C, F, L, lin},
         {Vp, C, 1, GEMM_OVERWRITE},
     };
@@ -99,7 +102,7 @@ double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps)
         CT_MAX(1, cfg->train.micro_batch * cfg->model.seq_len * cfg->model.moe_top_k / E);
     const int64_t C = cfg->model.d_model, F = cfg->derived.moe_d_ff / cfg->parallel.tp;
     const ct_dtype dt = ct_precision_dtype(cfg->derived.precision);
-    const int64_t up = cfg->model.arch == CT_ARCH_LLAMA ? 2 * F : F; /* Llama: gate|up */
+    const int64_t up = ct_model_arch_of(cfg->model.arch)->act.hidden * F; /* Llama: gate|up */
     const int64_t shapes[2][2] = {{up, C}, {C, F}};
     double flops = 0.0, seconds = 0.0;
     for (int i = 0; i < 2; i++) {

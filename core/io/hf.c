@@ -7,7 +7,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/model/model_arch.h"
+
 /* ---- names ---------------------------------------------------------------------------------- */
+
+/* Each architecture's names are its entry's (core/model/model_arch.h, ct_arch_hf); here they are
+ * spelled out for every layer and expert of one model. */
 
 static void add(ct_hf_tensor *t, const char *hf, bool transpose, const char *const *src,
                 int n_src) {
@@ -17,110 +22,65 @@ static void add(ct_hf_tensor *t, const char *hf, bool transpose, const char *con
     for (int s = 0; s < n_src; s++) snprintf(t->src[s], sizeof t->src[s], "%s", src[s]);
 }
 
-/* GPT-2: one Hugging Face tensor of every layer from up to three of ours (suffixes after "h.L."
- * and "layers.L."). */
-static const struct {
-    const char *hf;
-    bool transpose;
-    const char *src[3];
-} gpt2_layer[] = {
-    {"ln_1.weight", false, {"ln1.weight"}},
-    {"ln_1.bias", false, {"ln1.bias"}},
-    {"attn.c_attn.weight", true, {"attn.wq", "attn.wk", "attn.wv"}},
-    {"attn.c_attn.bias", false, {"attn.bq", "attn.bk", "attn.bv"}},
-    {"attn.c_proj.weight", true, {"attn.wo"}},
-    {"attn.c_proj.bias", false, {"attn.bo"}},
-    {"ln_2.weight", false, {"ln2.weight"}},
-    {"ln_2.bias", false, {"ln2.bias"}},
-    {"mlp.c_fc.weight", true, {"mlp.w_up"}},
-    {"mlp.c_fc.bias", false, {"mlp.b_up"}},
-    {"mlp.c_proj.weight", true, {"mlp.w_down"}},
-    {"mlp.c_proj.bias", false, {"mlp.b_down"}},
-};
+/* "<fmt of index>" + suffix: a name of layer `l` (and expert `e` in fmt2 when not NULL). */
+static void layer_name(char *out, size_t size, const char *fmt, long long l, const char *fmt2,
+                       long long e, const char *suffix) {
+    char pre[64] = "", pre2[64] = "";
+    snprintf(pre, sizeof pre, fmt, l);
+    if (fmt2) snprintf(pre2, sizeof pre2, fmt2, e);
+    snprintf(out, size, "%s%s%s", pre, pre2, suffix);
+}
 
-/* Llama (nn.Linear: (out, in), as ours: nothing transposed). */
-static const struct {
-    const char *hf, *src;
-    bool rope;
-} llama_layer[] = {
-    {"input_layernorm.weight", "ln1.weight", false},
-    {"self_attn.q_proj.weight", "attn.wq", true},
-    {"self_attn.k_proj.weight", "attn.wk", true},
-    {"self_attn.v_proj.weight", "attn.wv", false},
-    {"self_attn.o_proj.weight", "attn.wo", false},
-    {"post_attention_layernorm.weight", "ln2.weight", false},
-    {"mlp.gate_proj.weight", "mlp.w_gate", false},
-    {"mlp.up_proj.weight", "mlp.w_up", false},
-    {"mlp.down_proj.weight", "mlp.w_down", false},
-};
-
-/* Mixtral's sparse MLP (block_sparse_moe): the router, and per expert SwiGLU's w1 (gate), w3
- * (up) and w2 (down), for Llama's MLP tensors (suffixes after "model.layers.L."). */
-static const struct {
-    const char *hf, *src;
-} mixtral_expert[] = {
-    {"w1.weight", "w_gate"},
-    {"w2.weight", "w_down"},
-    {"w3.weight", "w_up"},
-};
-
-static void add_mixtral_layer(ct_hf_tensor *t, int *n, int64_t l, int64_t experts) {
-    char hf[96], src[CT_CKPT_NAME];
-    snprintf(hf, sizeof hf, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)l);
+/* A layer's router and experts, in place of its MLP's tensors (ct_arch_hf: Mixtral's layout). */
+static void add_moe_layer(ct_hf_tensor *t, int *n, const ct_arch_hf *hf, int64_t l,
+                          int64_t experts) {
+    char name[96], src[CT_CKPT_NAME], sfx[CT_CKPT_NAME];
+    layer_name(name, sizeof name, hf->layer, l, NULL, 0, hf->router);
     snprintf(src, sizeof src, "layers.%lld.moe.router", (long long)l);
-    add(&t[(*n)++], hf, false, (const char *[]){src}, 1);
+    add(&t[(*n)++], name, false, (const char *[]){src}, 1);
     for (int64_t e = 0; e < experts; e++)
-        for (size_t k = 0; k < CT_ARRAY_LEN(mixtral_expert); k++) {
-            snprintf(hf, sizeof hf, "model.layers.%lld.block_sparse_moe.experts.%lld.%s",
-                     (long long)l, (long long)e, mixtral_expert[k].hf);
-            snprintf(src, sizeof src, "layers.%lld.moe.experts.%lld.%s", (long long)l, (long long)e,
-                     mixtral_expert[k].src);
-            add(&t[(*n)++], hf, false, (const char *[]){src}, 1);
+        for (int k = 0; k < hf->n_expert_tensors; k++) {
+            const ct_arch_hf_tensor *x = &hf->expert_tensors[k];
+            layer_name(name, sizeof name, hf->layer, l, hf->expert, e, x->hf);
+            snprintf(sfx, sizeof sfx, "moe.experts.%lld.%s", (long long)e, x->src[0]);
+            layer_name(src, sizeof src, "layers.%lld.", l, NULL, 0, sfx);
+            add(&t[(*n)++], name, x->transpose, (const char *[]){src}, 1);
         }
 }
 
 ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, int64_t experts,
                             int *count) {
-    const bool llama = arch == CT_ARCH_LLAMA, mixtral = llama && experts > 0;
-    const int per_layer =
-        llama ? (int)CT_ARRAY_LEN(llama_layer) + (mixtral ? 1 + 3 * (int)experts : 0)
-              : (int)CT_ARRAY_LEN(gpt2_layer);
+    const ct_arch_hf *hf = &ct_model_arch_of(arch)->hf;
+    const bool moe = hf->router && experts > 0;
+    const int per_layer = hf->n_layer_tensors + (moe ? 1 + hf->n_expert_tensors * (int)experts : 0);
     ct_hf_tensor *t = ct_xcalloc((size_t)(5 + per_layer * L), sizeof *t);
     int n = 0;
-    add(&t[n++], llama ? "model.embed_tokens.weight" : "wte.weight", false, (const char *[]){"wte"},
-        1);
-    if (!llama) add(&t[n++], "wpe.weight", false, (const char *[]){"wpe"}, 1);
-    for (int64_t l = 0; l < L; l++)
-        for (int k = 0; k < (llama ? (int)CT_ARRAY_LEN(llama_layer) : per_layer); k++) {
-            char hf[96], src[3][CT_CKPT_NAME];
-            if (mixtral && !strncmp(llama_layer[k].hf, "mlp.", 4)) {
-                if (!strcmp(llama_layer[k].hf, "mlp.gate_proj.weight"))
-                    add_mixtral_layer(t, &n, l, experts);
+    add(&t[n++], hf->wte, false, (const char *[]){"wte"}, 1);
+    if (hf->wpe) add(&t[n++], hf->wpe, false, (const char *[]){"wpe"}, 1);
+    for (int64_t l = 0; l < L; l++) {
+        bool mlp_done = false;
+        for (int k = 0; k < hf->n_layer_tensors; k++) {
+            const ct_arch_hf_tensor *x = &hf->layer_tensors[k];
+            if (moe && !strncmp(x->src[0], "mlp.", 4)) { /* the MLP's become the experts' */
+                if (!mlp_done) add_moe_layer(t, &n, hf, l, experts);
+                mlp_done = true;
                 continue;
             }
+            char name[96], src[3][CT_CKPT_NAME];
             const char *srcs[3];
             int n_src = 0;
-            if (llama) {
-                snprintf(hf, sizeof hf, "model.layers.%lld.%s", (long long)l, llama_layer[k].hf);
-                snprintf(src[0], sizeof src[0], "layers.%lld.%s", (long long)l, llama_layer[k].src);
-                srcs[n_src++] = src[0];
-            } else {
-                snprintf(hf, sizeof hf, "h.%lld.%s", (long long)l, gpt2_layer[k].hf);
-                for (; n_src < 3 && gpt2_layer[k].src[n_src]; n_src++) {
-                    snprintf(src[n_src], sizeof src[n_src], "layers.%lld.%s", (long long)l,
-                             gpt2_layer[k].src[n_src]);
-                    srcs[n_src] = src[n_src];
-                }
+            layer_name(name, sizeof name, hf->layer, l, NULL, 0, x->hf);
+            for (; n_src < 3 && x->src[n_src]; n_src++) {
+                layer_name(src[n_src], sizeof src[n_src], "layers.%lld.", l, NULL, 0,
+                           x->src[n_src]);
+                srcs[n_src] = src[n_src];
             }
-            add(&t[n], hf, !llama && gpt2_layer[k].transpose, srcs, n_src);
-            t[n++].rope_hd = llama && llama_layer[k].rope ? hd : 0;
+            add(&t[n], name, x->transpose, srcs, n_src);
+            t[n++].rope_hd = x->rope ? hd : 0;
         }
-    if (llama) {
-        add(&t[n++], "model.norm.weight", false, (const char *[]){"lnf.weight"}, 1);
-    } else {
-        add(&t[n++], "ln_f.weight", false, (const char *[]){"lnf.weight"}, 1);
-        add(&t[n++], "ln_f.bias", false, (const char *[]){"lnf.bias"}, 1);
     }
+    add(&t[n++], hf->lnf_w, false, (const char *[]){"lnf.weight"}, 1);
+    if (hf->lnf_b) add(&t[n++], hf->lnf_b, false, (const char *[]){"lnf.bias"}, 1);
     if (untied) add(&t[n++], "lm_head.weight", false, (const char *[]){"lm_head"}, 1);
     *count = n;
     return t;
@@ -382,14 +342,15 @@ static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *
     return st;
 }
 
-/* A tensor by its Hugging Face name, in whichever file holds it; GPT-2's names also with the
- * "transformer." prefix GPT2LMHeadModel's state dict has. */
+/* A tensor by its Hugging Face name, in whichever file holds it; also with the architecture's
+ * state-dict prefix where it has one (GPT2LMHeadModel's "transformer."). */
 static const ct_st_tensor *find(const ct_hf_model *m, const char *name, int *file) {
+    const char *prefix = ct_model_arch_of(m->config.arch)->hf.state_prefix;
     char prefixed[160];
-    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
+    snprintf(prefixed, sizeof prefixed, "%s%s", prefix ? prefix : "", name);
     for (int f = 0; f < m->n_files; f++) {
         const ct_st_tensor *t = ct_safetensors_find(&m->files[f], name);
-        if (!t && m->config.arch == CT_ARCH_GPT2) t = ct_safetensors_find(&m->files[f], prefixed);
+        if (!t && prefix) t = ct_safetensors_find(&m->files[f], prefixed);
         if (t) {
             *file = f;
             return t;

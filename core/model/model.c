@@ -1,16 +1,11 @@
 /*
- * model.c — the model (GPT-2 or Llama): registry, initialisation, forward and backward per chunk.
- * See model.h; Llama's block is in model_llama.c.
- *
- * Forward of one layer (pre-LayerNorm block), x = residual[l] (B,T,C):
- *     ln1 = LN(x)                          q|k|v = ln1·Wqkvᵀ + b   (column-parallel, one GEMM)
- *     att = causal_attention(q, k, v)      mid = x + (att·Woᵀ [allreduce tp]) + bo
- *     ln2 = LN(mid)                        h = ln2·Wupᵀ + bup,  g = GELU(h)
- *     residual[l+1] = mid + (g·Wdownᵀ [allreduce tp]) + bdown
- * Backward mirrors it; the tensor-parallel "copy" operators turn into allreduces of the norm
- * output gradients. With tp = 1 every tp collective is on a group of one and costs nothing.
- * The collectives themselves (tp sums, sequence parallelism's gathers and reduce-scatters, the
- * block boundaries) are in model_collectives.c, the activation memory in model_acts.c.
+ * model.c — the model's construction and its driver: layouts, the parameter registry built from
+ * the architecture's table (model_arch.h), units and slabs, initialisation, and forward and
+ * backward over a chunk — the embeddings, each layer through its architecture's block
+ * (model_gpt2.c, model_llama.c) and MLP part (dense, or moe.c), the final norm, the LM head and
+ * the loss. See model.h and model/README.md. The helpers the blocks share are in model_layer.c,
+ * the collectives (tp sums, sequence parallelism's gathers and reduce-scatters, the block
+ * boundaries) in model_collectives.c, the activation memory in model_acts.c.
  */
 #include "model.h"
 
@@ -23,8 +18,19 @@
 #include "model_collectives.h"
 #include "model_layer.h"
 #include "ring_attention.h"
-#include "rope.h"
 #include "core/rng.h"
+
+/* ---- architectures: one line each (model_arch.h) ------------------------------------------- */
+
+static const ct_model_arch *const archs[] = {
+    [CT_ARCH_GPT2] = &ct_model_arch_gpt2,
+    [CT_ARCH_LLAMA] = &ct_model_arch_llama,
+};
+
+const ct_model_arch *ct_model_arch_of(ct_arch arch) {
+    CT_ASSERTF((size_t)arch < CT_ARRAY_LEN(archs) && archs[arch], "model.arch %d", (int)arch);
+    return archs[arch];
+}
 
 /* ---- layout --------------------------------------------------------------------------------- */
 
@@ -102,7 +108,10 @@ ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank) {
 
 typedef struct registry_builder {
     ct_model *model;
-    int cap;
+    int cap, unit_cap;
+    /* init N(0, std); projections that write into the residual stream (ct_arch_tensor.residual)
+     * N(0, residual_std), std / sqrt(2·L), so the stream's variance does not grow with depth */
+    float std, residual_std;
 } registry_builder;
 
 static ct_param *add_param(registry_builder *rb, const char *name, int ndim, int64_t rows,
@@ -142,10 +151,11 @@ static ct_param *add_param(registry_builder *rb, const char *name, int ndim, int
     return p;
 }
 
-static void begin_unit(ct_model *m, const char *name, int *unit_cap) {
-    if (m->n_units == *unit_cap) {
-        *unit_cap = *unit_cap ? 2 * *unit_cap : 16;
-        m->units = realloc(m->units, (size_t)*unit_cap * sizeof *m->units);
+static void begin_unit(registry_builder *rb, const char *name) {
+    ct_model *m = rb->model;
+    if (m->n_units == rb->unit_cap) {
+        rb->unit_cap = rb->unit_cap ? 2 * rb->unit_cap : 16;
+        m->units = realloc(m->units, (size_t)rb->unit_cap * sizeof *m->units);
         CT_ASSERT(m->units != NULL);
     }
     ct_unit *u = &m->units[m->n_units++];
@@ -161,39 +171,42 @@ static int64_t unit_bytes(const ct_model *m, const ct_unit *u) {
     return n * (int64_t)sizeof(float);
 }
 
-/* The tensors of one expert, in registry order (ct_model_expert_tensors). GPT-2: an MLP with
- * biases; Llama: SwiGLU's gate and up (adjacent: one (2Fe, C) matrix a tp rank) and down. */
-typedef struct expert_tensor {
-    const char *kind;
-    int ndim, split;    /* dims; tp split (0 rows, 1 columns, -1 replicated) */
-    bool out_fe, in_fe; /* rows / columns of width moe_d_ff (else d_model; 1-D: rows only) */
-    ct_init_rule init;
-    bool residual; /* the residual-stream projection's init std */
-} expert_tensor;
-
-static const expert_tensor gpt2_expert[] = {
-    {"w_up", 2, 0, true, false, CT_INIT_NORMAL, false},
-    {"b_up", 1, 0, true, false, CT_INIT_ZEROS, false},
-    {"w_down", 2, 1, false, true, CT_INIT_NORMAL, true},
-    {"b_down", 1, -1, false, false, CT_INIT_ZEROS, false},
-};
-static const expert_tensor llama_expert[] = {
-    {"w_gate", 2, 0, true, false, CT_INIT_NORMAL, false},
-    {"w_up", 2, 0, true, false, CT_INIT_NORMAL, false},
-    {"w_down", 2, 1, false, true, CT_INIT_NORMAL, true},
-};
-
 int ct_model_expert_tensors(const ct_model *m) {
-    return m->llama ? (int)CT_ARRAY_LEN(llama_expert) : (int)CT_ARRAY_LEN(gpt2_expert);
+    return m->arch->n_mlp_tensors;
 }
 
-/* One expert tensor of kind k whose hidden width is `width`. */
-static ct_param *add_expert_tensor(registry_builder *rb, const char *name, const expert_tensor *k,
-                                   int64_t width, int chunk, float std, float residual_std) {
-    const int64_t C = rb->model->C;
-    const float sd = k->init == CT_INIT_ZEROS ? 0.0f : k->residual ? residual_std : std;
-    return add_param(rb, name, k->ndim, k->out_fe ? width : C, k->in_fe ? width : C, k->split,
-                     k->init, sd, chunk);
+/* One tensor of layer l, named "layers.L.<prefix><t->name>", its dims resolved (CT_DIM_WIDTH:
+ * `width`), bound to t->field. */
+static ct_param *add_layer_tensor(registry_builder *rb, int l, const char *prefix,
+                                  const ct_arch_tensor *t, int64_t width, int chunk) {
+    const ct_model *m = rb->model;
+    const int64_t dims[] = {[CT_DIM_ONE] = 1,
+                            [CT_DIM_MODEL] = m->C,
+                            [CT_DIM_Q] = m->NH * m->hd,
+                            [CT_DIM_KV] = m->NKV * m->hd,
+                            [CT_DIM_WIDTH] = width};
+    char name[64];
+    snprintf(name, sizeof name, "layers.%d.%s%s", l, prefix, t->name);
+    const float sd = t->init != CT_INIT_NORMAL ? 0.0f : t->residual ? rb->residual_std : rb->std;
+    ct_param *p =
+        add_param(rb, name, t->ndim, dims[t->rows], dims[t->cols], t->split, t->init, sd, chunk);
+    p->layer = l;
+    p->field = t->field;
+    return p;
+}
+
+/* An MLP of the architecture's kind in layer l, `width` wide, under "layers.L.<prefix>": bound to
+ * the layer's MLP fields, or, for an expert (expert >= 0), not (reached through moe_experts): its
+ * first tensor bound to first_field, the others to none. */
+static void add_mlp(registry_builder *rb, int l, const char *prefix, int64_t width, int chunk,
+                    int expert, size_t first_field) {
+    const ct_model_arch *arch = rb->model->arch;
+    for (int j = 0; j < arch->n_mlp_tensors; j++) {
+        ct_param *q = add_layer_tensor(rb, l, prefix, &arch->mlp_tensors[j], width, chunk);
+        if (expert < 0) continue;
+        q->expert = expert;
+        q->field = j == 0 ? first_field : CT_PARAM_NO_FIELD;
+    }
 }
 
 /* Mixture of Experts (moe.c) in layer l: the router, replicated, then in a unit of their own
@@ -201,167 +214,116 @@ static ct_param *add_expert_tensor(registry_builder *rb, const char *name, const
  * dp) this rank's experts, the ep group's share (moe_experts / ep consecutive ones), each an MLP
  * like the dense one: ct_model_expert_tensors consecutive entries per expert, moe_experts naming
  * the first. */
-static void add_moe(registry_builder *rb, int l, int chunk, int *unit_cap, float std,
-                    float residual_std) {
+static void add_moe(registry_builder *rb, int l, int chunk) {
     ct_model *m = rb->model;
     const int64_t C = m->C, E = m->mc.moe_experts, Fe = m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F;
     const int64_t El = E / m->layout.ep_size, e0 = m->layout.ep_rank * El;
-    const expert_tensor *kinds = m->llama ? llama_expert : gpt2_expert;
     char name[64];
     /* Shared experts (moe_shared of them): one MLP of their summed width every token goes
      * through, in the layer's own unit like a dense MLP, bound to the MLP's fields. */
-    const int64_t Fs = m->mc.moe_shared * Fe;
-    for (int j = 0; Fs && j < ct_model_expert_tensors(m); j++) {
-        const expert_tensor *k = &kinds[j];
-        static const size_t gpt2_fields[] = {
-            offsetof(ct_layer_params, w_up), offsetof(ct_layer_params, b_up),
-            offsetof(ct_layer_params, w_down), offsetof(ct_layer_params, b_down)};
-        static const size_t llama_fields[] = {offsetof(ct_layer_params, w_gate),
-                                              offsetof(ct_layer_params, w_up),
-                                              offsetof(ct_layer_params, w_down)};
-        snprintf(name, sizeof name, "layers.%d.moe.shared.%s", l, k->kind);
-        ct_param *q = add_expert_tensor(rb, name, k, Fs, chunk, std, residual_std);
-        q->layer = l;
-        q->field = m->llama ? llama_fields[j] : gpt2_fields[j];
-    }
+    if (m->mc.moe_shared) add_mlp(rb, l, "moe.shared.", m->mc.moe_shared * Fe, chunk, -1, 0);
     snprintf(name, sizeof name, "layers.%d.moe.router", l);
-    ct_param *router = add_param(rb, name, 2, E, C, -1, CT_INIT_NORMAL, std, chunk);
+    ct_param *router = add_param(rb, name, 2, E, C, -1, CT_INIT_NORMAL, rb->std, chunk);
     router->layer = l;
     router->field = offsetof(ct_layer_params, moe_router);
     snprintf(name, sizeof name, "experts.%d", l);
-    begin_unit(m, name, unit_cap);
+    begin_unit(rb, name);
     m->units[m->n_units - 1].experts = true;
     m->units[m->n_units - 1].first_layer = l;
     m->expert_unit[l] = m->n_units - 1;
-    for (int64_t e = e0; e < e0 + El; e++)
-        for (int j = 0; j < ct_model_expert_tensors(m); j++) {
-            snprintf(name, sizeof name, "layers.%d.moe.experts.%lld.%s", l, (long long)e,
-                     kinds[j].kind);
-            ct_param *q = add_expert_tensor(rb, name, &kinds[j], Fe, chunk, std, residual_std);
-            q->layer = l;
-            q->expert = (int)e;
-            q->field =
-                e == e0 && j == 0 ? offsetof(ct_layer_params, moe_experts) : CT_PARAM_NO_FIELD;
-        }
+    for (int64_t e = e0; e < e0 + El; e++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "moe.experts.%lld.", (long long)e);
+        add_mlp(rb, l, prefix, Fe, chunk, (int)e,
+                e == e0 ? offsetof(ct_layer_params, moe_experts) : CT_PARAM_NO_FIELD);
+    }
+}
+
+/* Layer l's tensors: the architecture's, then its MLP part, the dense MLP or the MoE layer. */
+static void add_layer(registry_builder *rb, int l, int chunk) {
+    const ct_model *m = rb->model;
+    for (int j = 0; j < m->arch->n_layer_tensors; j++)
+        add_layer_tensor(rb, l, "", &m->arch->layer_tensors[j], 0, chunk);
+    if (ct_moe_layer(&m->mc, l))
+        add_moe(rb, l, chunk);
+    else
+        add_mlp(rb, l, "mlp.", m->F, chunk, -1, 0);
+}
+
+/* The embedding unit: wte, and the learned positions where the architecture has them. */
+static void add_embed(registry_builder *rb, int chunk) {
+    ct_model *m = rb->model;
+    begin_unit(rb, "embed");
+    m->embed_unit = m->n_units - 1;
+    add_param(rb, "wte", 2, m->Vp, m->C, 0, CT_INIT_NORMAL, rb->std, chunk)->field =
+        offsetof(ct_model, wte);
+    if (m->arch->learned_positions)
+        add_param(rb, "wpe", 2, m->T_seq, m->C, -1, CT_INIT_NORMAL, rb->std, chunk)->field =
+            offsetof(ct_model, wpe);
+}
+
+/* Layer l, the i-th of its chunk, in the unit the wrapping policy gives it (model.h, Units): a
+ * layer joins the current unit while that unit is below unit_min_bytes. The first layer of a
+ * chunk always opens a unit, so none spans two chunks. */
+static void add_layer_in_unit(registry_builder *rb, int l, int i, int chunk) {
+    ct_model *m = rb->model;
+    bool open = i == 0 || m->units[m->n_units - 1].experts ||
+                unit_bytes(m, &m->units[m->n_units - 1]) >= m->layout.unit_min_bytes;
+    if (open) {
+        char unit_name[32];
+        snprintf(unit_name, sizeof unit_name, "layer.%d", l);
+        begin_unit(rb, unit_name);
+        m->units[m->n_units - 1].first_layer = l;
+    }
+    ct_unit *cur = &m->units[m->n_units - 1];
+    if (!open) snprintf(cur->name, sizeof cur->name, "layers.%d-%d", cur->first_layer, l);
+    cur->n_layers++;
+    m->layer_unit[l] = m->n_units - 1;
+    add_layer(rb, l, chunk);
+}
+
+/* The head unit: the LM head's own matrix or the tied embedding's twin, then the final norm. */
+static void add_head(registry_builder *rb, int chunk, bool have_embed) {
+    ct_model *m = rb->model;
+    begin_unit(rb, "head");
+    m->head_unit = m->n_units - 1;
+    if (!m->tied) {
+        /* An LM head of its own: vocab-parallel like wte, first in its unit. */
+        add_param(rb, "lm_head", 2, m->Vp, m->C, 0, CT_INIT_NORMAL, rb->std, chunk)->field =
+            offsetof(ct_model, lm_head);
+    } else if (!have_embed) {
+        /* The last stage's twin of the tied embedding (pipeline parallel). It comes first, at
+         * offset 0 like wte in the embedding unit, and both units are padded to the same size
+         * (ct_model_new): then every data-parallel shard covers the same part of the two copies
+         * and their gradients can be summed shard by shard. */
+        ct_param *twin =
+            add_param(rb, "head.wte", 2, m->Vp, m->C, 0, CT_INIT_NORMAL, rb->std, chunk);
+        twin->tied_to = "wte";
+        twin->field = offsetof(ct_model, wte); /* the LM head reads m->wte either way */
+    }
+    add_param(rb, "lnf.weight", 1, m->C, 1, -1, CT_INIT_ONES, 0, chunk)->field =
+        offsetof(ct_model, lnf_w);
+    if (m->arch->norm_bias)
+        add_param(rb, "lnf.bias", 1, m->C, 1, -1, CT_INIT_ZEROS, 0, chunk)->field =
+            offsetof(ct_model, lnf_b);
 }
 
 static void build_registry(ct_model *m) {
-    registry_builder rb = {.model = m, .cap = 0};
+    const float std = 0.02f;
+    registry_builder rb = {.model = m, .std = std, .residual_std = std / sqrtf(2.0f * (float)m->L)};
     m->embed_unit = m->head_unit = -1;
     m->layer_unit = ct_xmalloc((size_t)m->L * sizeof *m->layer_unit);
     m->expert_unit = ct_xmalloc((size_t)m->L * sizeof *m->expert_unit);
     for (int l = 0; l < m->L; l++) m->layer_unit[l] = m->expert_unit[l] = -1;
-    int unit_cap = 0;
-    const float std = 0.02f;
-    /* GPT-2: projections that write into the residual stream are scaled by 1/sqrt(2·L) so the
-     * stream's variance does not grow with depth. */
-    const float residual_std = std / sqrtf(2.0f * (float)m->L);
-    int64_t C = m->C, F = m->F, qdim = m->NH * m->hd, kvdim = m->NKV * m->hd;
     bool have_embed = false;
     for (int c = 0; c < m->layout.n_chunks; c++) have_embed |= m->layout.chunks[c].has_embed;
 
     for (int c = 0; c < m->layout.n_chunks; c++) {
         const int chunk = m->layout.chunks[c].index;
-        if (m->layout.chunks[c].has_embed) {
-            begin_unit(m, "embed", &unit_cap);
-            m->embed_unit = m->n_units - 1;
-            add_param(&rb, "wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
-                offsetof(ct_model, wte);
-            if (!m->llama) /* Llama's positions are rotary: no table to learn */
-                add_param(&rb, "wpe", 2, m->T_seq, C, -1, CT_INIT_NORMAL, std, chunk)->field =
-                    offsetof(ct_model, wpe);
-        }
-        for (int i = 0; i < m->layout.chunks[c].n_layers; i++) {
-            int l = m->layout.chunks[c].first_layer + i;
-            char unit_name[32], name[64];
-            /* The wrapping policy (model.h, Units): a layer joins the current unit while that
-             * unit is below unit_min_bytes. The first layer of a chunk always opens a unit, so
-             * none spans two chunks. */
-            bool open = i == 0 || m->units[m->n_units - 1].experts ||
-                        unit_bytes(m, &m->units[m->n_units - 1]) >= m->layout.unit_min_bytes;
-            if (open) {
-                snprintf(unit_name, sizeof unit_name, "layer.%d", l);
-                begin_unit(m, unit_name, &unit_cap);
-                m->units[m->n_units - 1].first_layer = l;
-            }
-            ct_unit *cur = &m->units[m->n_units - 1];
-            if (!open) snprintf(cur->name, sizeof cur->name, "layers.%d-%d", cur->first_layer, l);
-            cur->n_layers++;
-            m->layer_unit[l] = m->n_units - 1;
-#define P(field_name, suffix, nd, rows, cols, split, init, sd)                                     \
-    do {                                                                                           \
-        snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                    \
-        ct_param *p_ = add_param(&rb, name, nd, rows, cols, split, init, sd, chunk);               \
-        p_->layer = l;                                                                             \
-        p_->field = offsetof(ct_layer_params, field_name);                                         \
-    } while (0)
-            if (m->llama) {
-                /* No biases; wq, wk, wv back to back (one (q + 2 kv, C) matrix, qkv_params), and
-                 * w_gate, w_up back to back (one (2F, C) matrix, gate_up_weight). */
-                P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
-                P(wq, "attn.wq", 2, qdim, C, 0, CT_INIT_NORMAL, std);
-                P(wk, "attn.wk", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
-                P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
-                P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
-                P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
-                if (ct_moe_layer(&m->mc, l)) {
-                    add_moe(&rb, l, chunk, &unit_cap, std, residual_std);
-                    continue;
-                }
-                P(w_gate, "mlp.w_gate", 2, F, C, 0, CT_INIT_NORMAL, std);
-                P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
-                P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
-                continue;
-            }
-            P(ln1_w, "ln1.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
-            P(ln1_b, "ln1.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
-            /* wq, wk, wv back to back, then bq, bk, bv: in the unit's flat range (and in each tp
-             * rank's slice of it) they form one (q + 2 kv, C) matrix and one bias, which the
-             * fused QKV projection uses (qkv_params) */
-            P(wq, "attn.wq", 2, qdim, C, 0, CT_INIT_NORMAL, std);
-            P(wk, "attn.wk", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
-            P(wv, "attn.wv", 2, kvdim, C, 0, CT_INIT_NORMAL, std);
-            P(bq, "attn.bq", 1, qdim, 1, 0, CT_INIT_ZEROS, 0);
-            P(bk, "attn.bk", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
-            P(bv, "attn.bv", 1, kvdim, 1, 0, CT_INIT_ZEROS, 0);
-            P(wo, "attn.wo", 2, C, qdim, 1, CT_INIT_NORMAL, residual_std);
-            P(bo, "attn.bo", 1, C, 1, -1, CT_INIT_ZEROS, 0);
-            P(ln2_w, "ln2.weight", 1, C, 1, -1, CT_INIT_ONES, 0);
-            P(ln2_b, "ln2.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0);
-            if (ct_moe_layer(&m->mc, l)) {
-                add_moe(&rb, l, chunk, &unit_cap, std, residual_std);
-                continue;
-            }
-            P(w_up, "mlp.w_up", 2, F, C, 0, CT_INIT_NORMAL, std);
-            P(b_up, "mlp.b_up", 1, F, 1, 0, CT_INIT_ZEROS, 0);
-            P(w_down, "mlp.w_down", 2, C, F, 1, CT_INIT_NORMAL, residual_std);
-            P(b_down, "mlp.b_down", 1, C, 1, -1, CT_INIT_ZEROS, 0);
-#undef P
-        }
-        if (m->layout.chunks[c].has_head) {
-            begin_unit(m, "head", &unit_cap);
-            m->head_unit = m->n_units - 1;
-            if (!m->tied) {
-                /* An LM head of its own: vocab-parallel like wte, first in its unit. */
-                add_param(&rb, "lm_head", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk)->field =
-                    offsetof(ct_model, lm_head);
-            } else if (!have_embed) {
-                /* The last stage's twin of the tied embedding (pipeline parallel). It comes
-                 * first, at offset 0 like wte in the embedding unit, and both units are padded
-                 * to the same size (ct_model_new): then every data-parallel shard covers the
-                 * same part of the two copies and their gradients can be summed shard by
-                 * shard. */
-                ct_param *twin =
-                    add_param(&rb, "head.wte", 2, m->Vp, C, 0, CT_INIT_NORMAL, std, chunk);
-                twin->tied_to = "wte";
-                twin->field = offsetof(ct_model, wte); /* the LM head reads m->wte either way */
-            }
-            add_param(&rb, "lnf.weight", 1, C, 1, -1, CT_INIT_ONES, 0, chunk)->field =
-                offsetof(ct_model, lnf_w);
-            if (!m->llama)
-                add_param(&rb, "lnf.bias", 1, C, 1, -1, CT_INIT_ZEROS, 0, chunk)->field =
-                    offsetof(ct_model, lnf_b);
-        }
+        if (m->layout.chunks[c].has_embed) add_embed(&rb, chunk);
+        for (int i = 0; i < m->layout.chunks[c].n_layers; i++)
+            add_layer_in_unit(&rb, m->layout.chunks[c].first_layer + i, i, chunk);
+        if (m->layout.chunks[c].has_head) add_head(&rb, chunk, have_embed);
     }
     for (int u = 0; u < m->n_units; u++) {
         int next = u + 1 < m->n_units ? m->units[u + 1].first_param : m->n_params;
@@ -380,6 +342,10 @@ static void bind_params(ct_model *m) {
         CT_ASSERTF(!*slot, "two parameters bound to one field (%s)", p->name);
         *slot = p;
     }
+    /* Each layer's MLP part: its architecture's dense MLP, or the MoE layer */
+    for (int l = 0; l < m->L; l++)
+        if (m->layer_unit[l] >= 0)
+            m->layers[l].mlp = m->layers[l].moe_router ? &ct_model_moe_mlp : &m->arch->dense_mlp;
 }
 
 /* ---- construction -----------------------------------------------------------------------------
@@ -398,7 +364,7 @@ ct_param *ct_model_registry(const ct_config *cfg, int *count) {
     m.F = cfg->derived.d_ff;
     m.V = cfg->model.vocab_size;
     m.Vp = cfg->derived.vocab_padded;
-    m.llama = cfg->model.arch == CT_ARCH_LLAMA;
+    m.arch = ct_model_arch_of(cfg->model.arch);
     m.tied = cfg->model.tie_embeddings;
     m.layout = ct_model_layout_single(cfg);
     build_registry(&m);
@@ -409,52 +375,17 @@ ct_param *ct_model_registry(const ct_config *cfg, int *count) {
     return m.params;
 }
 
-ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
-                       const ct_model_layout *layout) {
-    ct_model *m = ct_xcalloc(1, sizeof *m);
-    m->mc = cfg->model;
-    m->T_seq = cfg->model.seq_len;
-    m->T = m->T_seq / CT_MAX(layout->cp_size, 1);
-    m->C = cfg->model.d_model;
-    m->L = cfg->model.n_layer;
-    m->NH = cfg->model.n_head;
-    m->NKV = cfg->derived.n_kv_head;
-    m->hd = cfg->derived.head_dim;
-    m->F = cfg->derived.d_ff;
-    m->V = cfg->model.vocab_size;
-    m->Vp = cfg->derived.vocab_padded;
-    m->seed = cfg->train.seed;
-    m->be = be;
-    m->dtype = ct_precision_dtype(cfg->train.precision);
-    m->llama = cfg->model.arch == CT_ARCH_LLAMA;
-    m->tied = cfg->model.tie_embeddings;
-    m->layout = *layout;
-    if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
-    ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
-    if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
-    /* (a model without an ep group but ep_size > 1 is `plan`'s: registered, never run) */
-    if (!m->layout.ep) m->layout.ep = m->own_ep = ct_comm_local_new("ep");
-    ct_comm_set_stream(m->layout.ep, be); /* the MoE dispatch's rows (moe_dispatch.h) */
-    CT_ASSERT(!layout->ep || layout->ep->size == CT_MAX(1, layout->ep_size));
-    m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
-    CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
-    CT_ASSERT(layout->unit_min_bytes >= 0);
-
-    build_registry(m);
-    m->n_moe_layers = ct_layout_moe_layers(&m->mc, &m->layout);
-    m->moe_counts =
-        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_counts);
-    m->moe_bias =
-        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_bias);
-
-    /* Offsets: parameters packed in registry order inside their unit; units padded so that
-     * every data-parallel shard is equal and 64-byte aligned. */
-    const int64_t align = 16 * (int64_t)CT_MAX(1, layout->dp_size);
+/* Offsets: parameters packed in registry order inside their unit; units padded so that every
+ * data-parallel shard is equal and 64-byte aligned, and placed one after the other in the slabs
+ * (m->slab_numel elements in all). */
+static void lay_out_units(ct_model *m) {
+    const int64_t align = 16 * (int64_t)CT_MAX(1, m->layout.dp_size);
     /* With the embedding and the head on different pipeline ranks, both tied units get the
      * padded size of the larger one (see the twin in build_registry). */
-    const int64_t vocab_slice = m->Vp / layout->tp_size * m->C;
-    const int64_t embed_numel = vocab_slice + (m->llama ? 0 : m->T_seq * m->C); /* wte (+ wpe) */
-    const int64_t head_numel = vocab_slice + (m->llama ? 1 : 2) * m->C;         /* twin + lnf */
+    const int64_t vocab_slice = m->Vp / m->layout.tp_size * m->C;
+    const int64_t wpe_numel = m->arch->learned_positions ? m->T_seq * m->C : 0;
+    const int64_t embed_numel = vocab_slice + wpe_numel;                          /* wte (+ wpe) */
+    const int64_t head_numel = vocab_slice + (m->arch->norm_bias ? 2 : 1) * m->C; /* twin + lnf */
     const int64_t tied_numel = CT_MAX(embed_numel, head_numel);
     const ct_tied_place tied = ct_model_tied_place(m, NULL);
     const bool tie_across_ranks = tied == CT_TIED_FIRST || tied == CT_TIED_LAST;
@@ -478,6 +409,48 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
         slab += unit->padded_numel;
     }
     m->slab_numel = slab;
+}
+
+ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
+                       const ct_model_layout *layout) {
+    ct_model *m = ct_xcalloc(1, sizeof *m);
+    m->mc = cfg->model;
+    m->T_seq = cfg->model.seq_len;
+    m->T = m->T_seq / CT_MAX(layout->cp_size, 1);
+    m->C = cfg->model.d_model;
+    m->L = cfg->model.n_layer;
+    m->NH = cfg->model.n_head;
+    m->NKV = cfg->derived.n_kv_head;
+    m->hd = cfg->derived.head_dim;
+    m->F = cfg->derived.d_ff;
+    m->V = cfg->model.vocab_size;
+    m->Vp = cfg->derived.vocab_padded;
+    m->seed = cfg->train.seed;
+    m->be = be;
+    m->dtype = ct_precision_dtype(cfg->train.precision);
+    m->arch = ct_model_arch_of(cfg->model.arch);
+    m->tied = cfg->model.tie_embeddings;
+    m->layout = *layout;
+    if (!m->layout.tp) m->layout.tp = m->own_tp = ct_comm_local_new("tp");
+    ct_comm_set_stream(m->layout.tp, be); /* its collectives carry this backend's activations */
+    if (m->layout.cp) ct_comm_set_stream(m->layout.cp, be); /* and the ring's blocks */
+    /* (a model without an ep group but ep_size > 1 is `plan`'s: registered, never run) */
+    if (!m->layout.ep) m->layout.ep = m->own_ep = ct_comm_local_new("ep");
+    ct_comm_set_stream(m->layout.ep, be); /* the MoE dispatch's rows (moe_dispatch.h) */
+    CT_ASSERT(!layout->ep || layout->ep->size == CT_MAX(1, layout->ep_size));
+    m->Tl = layout->sequence_parallel ? m->T / layout->tp_size : m->T;
+    CT_ASSERT(m->Tl * layout->tp_size == m->T || !layout->sequence_parallel);
+    CT_ASSERT(layout->unit_min_bytes >= 0);
+
+    build_registry(m);
+    m->n_moe_layers = ct_layout_moe_layers(&m->mc, &m->layout);
+    m->moe_counts =
+        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_counts);
+    m->moe_bias =
+        ct_xcalloc((size_t)CT_MAX(1, m->n_moe_layers * m->mc.moe_experts), sizeof *m->moe_bias);
+
+    lay_out_units(m);
+    const int64_t slab = m->slab_numel;
     if (!layout->zero.shard_params) {
         m->param_slab = ct_tensor_new_1d(be, m->dtype, slab, CT_MEM_PARAMS);
         if (!m->param_slab) goto oom;
@@ -516,19 +489,7 @@ ct_status ct_model_new(ct_model **out, const ct_config *cfg, ct_backend *be,
     ct_model_tied_place(m, &tied_unit);
     CT_ASSERT((m->wte != NULL) == (tied_unit >= 0));
     CT_ASSERT(!m->wte || (m->wte->unit == tied_unit && m->wte->offset == 0));
-    if (m->llama) {
-        /* RoPE's angles, once, in double on the host: every backend reads these bytes */
-        int64_t n = m->T_seq * m->hd;
-        m->rope_table = ct_tensor_new_1d(be, CT_DTYPE_F32, n, CT_MEM_WORKSPACE);
-        if (!m->rope_table) goto oom;
-        float *host = ct_xmalloc((size_t)n * sizeof *host);
-        const ct_model_config *mc = &cfg->model;
-        const ct_rope_scaling scaling = {mc->rope_scaling_factor, mc->rope_low_freq_factor,
-                                         mc->rope_high_freq_factor, mc->rope_original_max_pos};
-        ct_rope_table(host, m->T_seq, m->hd, mc->rope_theta, &scaling); /* factor 0: unscaled */
-        ct_tensor_from_host(m->rope_table, host);
-        free(host);
-    }
+    if (m->arch->setup && m->arch->setup(m, cfg) != CT_OK) goto oom; /* Llama: RoPE's table */
     if (layout->cp_size > 1) m->ring_ws = ct_ring_ws_new();
     if (m->param_slab) ct_model_init_params(m);
     ct_model_zero_grads(m);
@@ -752,15 +713,16 @@ double ct_model_flops_per_token(const ct_model *m) {
      * each forward over the full square; the causal half is what is computed, so 2·T·C forward
      * and 4·T·C backward per layer. */
     double n_matmul = 0;
+    const double mlp = m->arch->act.matmuls; /* an MLP's weight matrices: up, down (GPT-2);
+                                                gate, up, down (Llama) */
     for (int l = 0; l < m->L; l++) {
         n_matmul += (double)m->C * (m->NH * m->hd) * 2 + (double)m->C * (m->NKV * m->hd) * 2;
-        if (ct_moe_layer(&m->mc, l)) /* the router, k routed and the shared experts (up, down;
-                                         Llama: gate) */
+        if (ct_moe_layer(&m->mc, l)) /* the router, k routed and the shared experts */
             n_matmul += (double)m->C * m->mc.moe_experts +
-                        (m->llama ? 3.0 : 2.0) * (double)(m->mc.moe_top_k + m->mc.moe_shared) *
-                            m->C * (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
+                        mlp * (double)(m->mc.moe_top_k + m->mc.moe_shared) * m->C *
+                            (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F);
         else
-            n_matmul += (m->llama ? 3.0 : 2.0) * (double)m->C * m->F; /* gate, up, down */
+            n_matmul += mlp * (double)m->C * m->F;
     }
     n_matmul += (double)m->Vp * m->C; /* the tied LM head */
     return 6.0 * n_matmul + 6.0 * (double)m->L * m->T_seq * m->C;
@@ -768,131 +730,6 @@ double ct_model_flops_per_token(const ct_model *m) {
 
 /* ---- forward ----------------------------------------------------------------------------------
  */
-
-void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass) {
-    if (m->hooks.unit_begin) m->hooks.unit_begin(m->hooks.ctx, unit, pass);
-}
-
-void ct_model_unit_end(ct_model *m, int unit, ct_pass pass) {
-    if (m->hooks.unit_end) m->hooks.unit_end(m->hooks.ctx, unit, pass);
-}
-
-/* Lets outstanding communication progress (MPI progresses only inside MPI calls). */
-void ct_model_poll(ct_model *m) {
-    if (m->hooks.poll) m->hooks.poll(m->hooks.ctx);
-}
-
-/* A linear layer's forward, y = x·Wᵀ + b: x (N, in), W (out, in), y (N, out). y starts as b and
- * the GEMM accumulates (beta = 1): a BLAS GEMM with beta = 0 zeroes its output in a pass of its
- * own, so this saves a pass over y (ct_bias_init; the MLP's up-projection does the same inside
- * ct_gemm_bias_gelu, or fuses bias and GELU into the GEMM's epilogue). */
-
-/* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
-void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
-                                ct_tensor *db) {
-    ct_gemm(dw, dy, x, true, false, 1.0f, 1.0f);
-    if (db) ct_bias_grad(db, dy);
-}
-
-/* Layer l's q, k and v projections as one: views of the (q + 2 kv, C) weight and (q + 2 kv) bias
- * that wq, wk, wv and bq, bk, bv form in the unit's range (see build_registry) — the values, or
- * with `grads` the gradients. One GEMM instead of three reads ln1 once and runs at the rate of
- * the larger shape. Free with ct_tensor_free. */
-void ct_model_qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor **b) {
-    const ct_layer_params *p = &m->layers[l];
-    const ct_unit *unit = &m->units[p->wq->unit];
-    const ct_tensor *range = grads ? unit->grads : unit->params;
-    int64_t rows = p->wq->local_shape[0] + p->wk->local_shape[0] + p->wv->local_shape[0];
-    CT_ASSERT(p->wk->offset == p->wq->offset + p->wq->numel &&
-              p->wv->offset == p->wk->offset + p->wk->numel);
-    *w = ct_tensor_view_2d(range, p->wq->offset, rows, m->C);
-    *b = NULL; /* Llama: no biases */
-    if (!p->bq) return;
-    CT_ASSERT(p->bq->offset == p->wv->offset + p->wv->numel &&
-              p->bk->offset == p->bq->offset + p->bq->numel &&
-              p->bv->offset == p->bk->offset + p->bk->numel);
-    *b = ct_tensor_view_1d(range, p->bq->offset, rows);
-}
-
-/* Runs layer l on residual[l], writing its internals into a->layers[l] and its output to
- * `out` (residual[l+1], or a scratch when backward recomputes the internals). */
-static void layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
-    if (m->llama) {
-        ct_model_llama_layer_forward(m, l, a, out);
-        return;
-    }
-    ct_layer_params *p = &m->layers[l];
-    ct_layer_acts *la = &a->layers[l];
-    ct_tensor *x = a->residual[l];
-
-    ct_model_norm_for_columns(m, la->ln1, la->ln1_mean, la->ln1_rstd, x, NULL, p->ln1_w, p->ln1_b);
-    ct_tensor *wqkv, *bqkv;
-    ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
-    ct_gemm_bias(la->qkv, la->ln1, wqkv, bqkv); /* qkv = ln1·Wqkvᵀ + bqkv, a linear forward */
-    ct_tensor_free(wqkv), ct_tensor_free(bqkv);
-    ct_model_poll(m);
-    ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
-    ct_model_poll(m);
-    ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, NULL);
-    /* mid = x + (att·Woᵀ + bo), the residual add fused into ln2 = LN(mid) */
-    ct_model_norm_for_columns(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->mid, x, p->ln2_w,
-                              p->ln2_b);
-    if (p->moe_router) {
-        ct_model_moe_forward(m, l, a, out);
-        return;
-    }
-    /* h = ln2·Wupᵀ + b_up, g = GELU(h): fused into the GEMM where the backend can */
-    ct_gemm_bias_gelu(la->h, la->g, la->ln2, p->w_up->value, p->b_up->value);
-    ct_model_poll(m);
-    ct_model_row_parallel_out(m, out, la->g, p->w_down, p->b_down, la->mid);
-}
-
-void ct_model_attention_fwd(ct_model *m, ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv,
-                            int64_t B) {
-    const ct_model_layout *l = &m->layout;
-    const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
-    if (l->cp_size > 1)
-        ct_ring_attention_fwd(l->cp, l->cp_zigzag, m->ring_ws, out, lse, qkv, B, m->T, nh, nkv);
-    else
-        ct_attention_fwd(out, lse, qkv, B, m->T, nh, nkv);
-}
-
-void ct_model_attention_bwd(ct_model *m, ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
-                            const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse,
-                            int64_t B) {
-    const ct_model_layout *l = &m->layout;
-    const int64_t nh = m->NH / l->tp_size, nkv = m->NKV / l->tp_size;
-    if (l->cp_size > 1)
-        ct_ring_attention_bwd(l->cp, l->cp_zigzag, m->ring_ws, dqkv, dbias, dout, qkv, out, lse, B,
-                              m->T, nh, nkv);
-    else
-        ct_attention_bwd(dqkv, dbias, dout, qkv, out, lse, B, m->T, nh, nkv);
-}
-
-int64_t ct_model_position(const ct_model *m, int64_t row) {
-    const ct_model_layout *l = &m->layout;
-    return l->cp_size > 1 ? ct_cp_position(l->cp_size, l->cp_rank, l->cp_zigzag, m->T, row) : row;
-}
-
-void ct_model_for_position_runs(ct_model *m, ct_tensor *x, int64_t B, int64_t rows, int64_t row0,
-                                void (*fn)(ct_model *m, ct_tensor *rows, int64_t B, int64_t n,
-                                           int64_t pos, void *ctx),
-                                void *ctx) {
-    if (m->layout.cp_size == 1) { /* one run: every sequence's rows at once */
-        fn(m, x, B, rows, row0, ctx);
-        return;
-    }
-    const int64_t cols = ct_tensor_cols(x), half = m->T / 2;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < rows;) {
-            /* rows up to the end of the chunk holding local row row0 + i */
-            int64_t n = CT_MIN(rows - i, half - (row0 + i) % half);
-            ct_tensor *v = ct_tensor_view_2d(x, (b * rows + i) * cols, n, cols);
-            fn(m, v, 1, n, ct_model_position(m, row0 + i), ctx);
-            ct_tensor_free(v);
-            i += n;
-        }
-}
 
 static void posemb_fwd_run(ct_model *m, ct_tensor *x, int64_t B, int64_t n, int64_t pos,
                            void *ctx) {
@@ -959,8 +796,8 @@ double ct_model_loss_sum(ct_model *m) {
 static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     int64_t N = a->B * m->T;
     ct_tensor *x = a->residual[m->L];
+    /* LayerNorm, or RMSNorm where the architecture's norms have no bias (lnf_b NULL) */
     ct_model_norm_for_columns(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, NULL, m->lnf_w, m->lnf_b);
-    /* (lnf_b is NULL for llama: an RMSNorm) */
     const ct_param *w = ct_model_head_weight(m);
     ct_gemm(a->logits, a->lnf, w->value, false, true, 1.0f, 0.0f);
     ct_vocab_parallel_xent(m->layout.tp, a->losses, a->logits, a->targets, a->rowmax, a->sumexp,
@@ -989,7 +826,7 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
     for (int l = first; l < first + n; l++) {
         const ct_unit *u = &m->units[m->layer_unit[l]];
         if (l == u->first_layer) ct_model_unit_begin(m, m->layer_unit[l], CT_PASS_FORWARD);
-        layer_forward(m, l, a, a->residual[l + 1]);
+        m->arch->layer_forward(m, l, a, a->residual[l + 1]);
         if (l == u->first_layer + u->n_layers - 1)
             ct_model_unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
     }
@@ -1003,73 +840,6 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
 
 /* ---- backward ---------------------------------------------------------------------------------
  */
-
-/* On entry s->dres = ∂L/∂residual[l+1]; on exit ∂L/∂residual[l]. Row-parallel biases take
- * their gradient from this rank's positions: with sequence parallelism that is a partial sum,
- * completed over the tp group by the data-parallel layer. */
-/* Backward of a row-parallel projection into the residual stream, y = x·Wᵀ: dx = dy·W and
- * dW += dyᵀ·x, with dy = ∂L/∂residual over the full sequence (gathered under sequence
- * parallelism). */
-void ct_model_row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_param *w,
-                                    const ct_tensor *x, ct_tensor *dx) {
-    const ct_tensor *dy = ct_model_dres_full(m, s);
-    ct_gemm(dx, dy, w->value, false, false, 1.0f, 0.0f);
-    ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
-}
-
-/* A norm's backward into s->dres (accumulating): LayerNorm with its bias, or Llama's RMSNorm
- * (b NULL). */
-void ct_model_norm_backward(ct_tensor *dres, const ct_param *w, const ct_param *b,
-                            const ct_tensor *dln, const ct_tensor *x, const ct_tensor *mean,
-                            const ct_tensor *rstd) {
-    if (b)
-        ct_layernorm_bwd(dres, w->grad, b->grad, dln, x, w->value, mean, rstd);
-    else
-        ct_rmsnorm_bwd(dres, w->grad, dln, x, w->value, rstd);
-}
-
-static void layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
-    if (m->llama) {
-        ct_model_llama_layer_backward(m, l, a, s);
-        return;
-    }
-    ct_layer_params *p = &m->layers[l];
-    ct_layer_acts *la = &a->layers[l];
-    ct_tensor *x = a->residual[l];
-
-    ct_tensor *dln2;
-    if (p->moe_router) {
-        dln2 = ct_model_moe_backward(m, l, a, s);
-    } else {
-        /* MLP: out = mid + g·Wdownᵀ + b_down, g = GELU(h), h = ln2·Wupᵀ + b_up */
-        ct_model_row_parallel_backward(m, s, p->w_down, la->g, s->dh); /* dg (B,T,F/tp) */
-        ct_bias_grad(p->b_down->grad, s->dres);
-        ct_model_poll(m);
-        ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
-        ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
-        dln2 = ct_model_dln_reduced(m, s);
-        ct_model_linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
-    }
-    ct_layernorm_bwd(s->dres, p->ln2_w->grad, p->ln2_b->grad, dln2, la->mid, p->ln2_w->value,
-                     la->ln2_mean, la->ln2_rstd); /* dres += : now ∂L/∂mid */
-    ct_model_poll(m);
-
-    /* Attention: mid = x + att·Woᵀ + bo */
-    ct_model_row_parallel_backward(m, s, p->wo, la->att, s->datt);
-    ct_bias_grad(p->bo->grad, s->dres);
-    ct_tensor *wqkv, *bqkv, *dwqkv, *dbqkv;
-    ct_model_qkv_params(m, l, false, &wqkv, &bqkv);
-    ct_model_qkv_params(m, l, true, &dwqkv, &dbqkv);
-    ct_model_attention_bwd(m, s->dqkv, dbqkv, s->datt, la->qkv, la->att, la->lse,
-                           a->B); /* and the qkv bias gradient */
-    ct_model_poll(m);
-    ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
-    ct_tensor *dln1 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
-    ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
-    ct_layernorm_bwd(s->dres, p->ln1_w->grad, p->ln1_b->grad, dln1, x, p->ln1_w->value,
-                     la->ln1_mean, la->ln1_rstd); /* dres += : now ∂L/∂x */
-}
 
 static void head_backward(ct_model *m, ct_acts *a, ct_grad_scratch *s) {
     /* a->logits holds dloss·(softmax − onehot) from head_forward. */
@@ -1110,11 +880,11 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
              * collectives run again). The output is already in residual[l+1]. */
             ct_tensor *out = ct_tensor_view(m->recompute_out, 0, 3, a->residual[l + 1]->shape);
             m->recomputing = true;
-            layer_forward(m, l, a, out);
+            m->arch->layer_forward(m, l, a, out);
             m->recomputing = false;
             ct_tensor_free(out);
         }
-        layer_backward(m, l, a, s);
+        m->arch->layer_backward(m, l, a, s);
         if (l == u->first_layer) ct_model_unit_end(m, m->layer_unit[l], CT_PASS_BACKWARD);
     }
     if (has_embed) {

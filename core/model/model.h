@@ -1,7 +1,8 @@
 /*
- * model.h — the model (GPT-2 or Llama, model.arch): parameter registry, flat per-unit buffers,
- * layout-independent initialisation, and forward/backward per chunk on a per-microbatch activation
- * context (core/README.md, The model).
+ * model.h — the model (GPT-2 or Llama, model.arch: their differences are entries of one table,
+ * model_arch.h): parameter registry, flat per-unit buffers, layout-independent initialisation,
+ * and forward/backward per chunk on a per-microbatch activation context (core/README.md, The
+ * model; model/README.md).
  *
  * Parameters. Every tensor is registered with its global name and shape, its tensor-parallel
  * split, tie, pipeline chunk, FSDP unit, weight-decay flag and init rule. A unit (the embeddings;
@@ -139,9 +140,10 @@ typedef struct ct_model_layout {
     } chunks[CT_MAX_CHUNKS];
 } ct_model_layout;
 
-/* A layer's tensors. Llama has no biases (their pointers stay NULL; ln1_w and ln2_w are its
- * RMSNorm weights) and a gated MLP: w_gate and w_up, adjacent in the unit's range, form one
- * (2F, C) column-parallel matrix per tp rank (gate_up_weight). */
+/* A layer's tensors, those its architecture registers (model_arch.h); the others stay NULL.
+ * Llama has no biases (ln1_w and ln2_w are its RMSNorm weights) and a gated MLP: w_gate and w_up,
+ * adjacent in the unit's range, form one (2F, C) column-parallel matrix per tp rank
+ * (ct_model_mlp_up_weight). */
 typedef struct ct_layer_params {
     ct_param *ln1_w, *ln1_b;     /* (C) */
     ct_param *wq, *bq;           /* (NH·hd, C), (NH·hd) column-parallel */
@@ -156,6 +158,9 @@ typedef struct ct_layer_params {
      * moe_experts on (GPT-2: w_up (Fe, C) column-parallel, b_up (Fe), w_down (C, Fe)
      * row-parallel, b_down (C); Llama: w_gate and w_up (Fe, C) column-parallel, w_down) */
     ct_param *moe_router, *moe_experts;
+    /* The part after ln2, chosen when the model is built (model_arch.h): the architecture's
+     * dense MLP, or the MoE layer (moe_router set) */
+    const struct ct_model_mlp *mlp;
 } ct_layer_params;
 
 typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
@@ -221,10 +226,12 @@ typedef struct ct_model {
     int loss_slots;
     int64_t loss_slot_len;
 
-    ct_param *wte, *wpe;        /* (Vp, C) vocab-parallel by rows, (T, C) (gpt2 only) */
-    ct_param *lm_head;          /* model.tie_embeddings false: (Vp, C) vocab-parallel; else NULL */
-    ct_param *lnf_w, *lnf_b;    /* (C) (lnf_b gpt2 only) */
-    bool llama;                 /* model.arch llama: RMSNorm, RoPE, SwiGLU, no biases, no wpe */
+    ct_param *wte, *wpe;     /* (Vp, C) vocab-parallel by rows, (T, C) (learned positions only) */
+    ct_param *lm_head;       /* model.tie_embeddings false: (Vp, C) vocab-parallel; else NULL */
+    ct_param *lnf_w, *lnf_b; /* (C) (lnf_b: LayerNorm only) */
+    /* model.arch's entry (model_arch.h): GPT-2's LayerNorm, learned positions, biases and GELU, or
+     * Llama's RMSNorm, RoPE, SwiGLU without biases */
+    const struct ct_model_arch *arch;
     bool tied;                  /* model.tie_embeddings */
     struct ct_ring_ws *ring_ws; /* context parallelism: the ring's buffers (ring_attention.h) */
     ct_tensor *rope_table;      /* llama: (T, hd/2, 2) cos|sin, f32 (ct_rope_table) */
@@ -247,14 +254,15 @@ typedef struct ct_model {
 
 /* Activations of one microbatch on this rank's chunks. */
 typedef struct ct_layer_acts {
-    /* llama (RMSNorm): the *_mean statistics are NULL */
+    /* RMSNorm (model_arch.h: norm_bias false): the *_mean statistics are NULL */
     ct_tensor *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B·Tl), (B·Tl): with sequence
                                              parallelism ln1 is the gathered full sequence */
     ct_tensor *qkv;                       /* (B,T,(NH + 2·NKV)·hd): q | k | v heads per row */
     ct_tensor *att, *lse;                 /* (B,T,NH·hd), (B,NH,T) */
     ct_tensor *mid;                       /* (B,Tl,C) residual after attention */
     ct_tensor *ln2, *ln2_mean, *ln2_rstd;
-    ct_tensor *h, *g; /* (B,T,F) before / after GELU; llama: (B,T,2F) gate|up, (B,T,F) SwiGLU */
+    ct_tensor *h, *g;        /* the dense MLP's hidden before / after the activation: (B,T,F) GELU;
+                                llama (B,T,2F) gate|up, (B,T,F) SwiGLU (model_arch.h, act.hidden) */
     struct ct_moe_acts *moe; /* an MoE layer's routing and expert activations (moe.c) */
 } ct_layer_acts;
 
@@ -284,7 +292,8 @@ typedef struct ct_grad_scratch {
     ct_tensor *datt;      /* (B,T,NH·hd) */
     ct_tensor *dqkv;      /* (B,T,(NH + 2·NKV)·hd) */
     ct_tensor *dh;        /* (B,T,F) */
-    ct_tensor *dgu;       /* llama: (B,T,2F) the gradient of gate|up; NULL for gpt2 */
+    ct_tensor *dgu; /* (B,T,hidden·F) the gradient of a hidden wider than F (llama's gate|up);
+                       NULL when it is F wide (gpt2: dh holds it) */
 } ct_grad_scratch;
 
 /* Everything on one rank: one chunk with all layers, the embeddings and the head. */
@@ -442,8 +451,8 @@ void ct_vocab_parallel_xent(ct_comm *tp, ct_tensor *losses, ct_tensor *logits,
                             ct_tensor *target_logit, int64_t n_valid, int64_t col_offset,
                             float dloss);
 
-/* Registry entries per expert of an MoE layer: 4 for GPT-2 (w_up, b_up, w_down, b_down), 3 for
- * Llama (w_gate, w_up, w_down). */
+/* Registry entries per expert of an MoE layer (model_arch.h, mlp_tensors): 4 for GPT-2 (w_up,
+ * b_up, w_down, b_down), 3 for Llama (w_gate, w_up, w_down). */
 int ct_model_expert_tensors(const ct_model *model);
 
 /* The Mixture-of-Experts statistics of this rank's MoE layers since the last call, then reset

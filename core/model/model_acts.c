@@ -41,17 +41,18 @@ static ct_tensor *carve_as(carver *cv, ct_dtype dtype, int ndim, int64_t d0, int
 static void carve_layer(ct_model *m, ct_layer_acts *la, carver *cv, int64_t B, bool mlp) {
     int64_t T = m->T, C = m->C, tp = m->layout.tp_size, Nl = B * m->Tl;
     int64_t qdim = m->NH * m->hd / tp, kvdim = m->NKV * m->hd / tp, F = m->F / tp;
+    const bool mean = m->arch->norm_bias; /* LayerNorm keeps a mean, RMSNorm none */
     la->ln1 = carve(cv, 3, B, T, C);
-    la->ln1_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0); /* RMSNorm keeps no mean */
+    la->ln1_mean = mean ? carve_stat(cv, 1, Nl, 0, 0) : NULL;
     la->ln1_rstd = carve_stat(cv, 1, Nl, 0, 0);
     la->qkv = carve(cv, 3, B, T, qdim + 2 * kvdim);
     la->att = carve(cv, 3, B, T, qdim);
     la->lse = carve_stat(cv, 3, B, m->NH / tp, T);
     la->mid = carve(cv, 3, B, m->Tl, C);
     la->ln2 = carve(cv, 3, B, T, C);
-    la->ln2_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0);
+    la->ln2_mean = mean ? carve_stat(cv, 1, Nl, 0, 0) : NULL;
     la->ln2_rstd = carve_stat(cv, 1, Nl, 0, 0);
-    la->h = mlp ? carve(cv, 3, B, T, m->llama ? 2 * F : F) : NULL; /* llama: gate|up */
+    la->h = mlp ? carve(cv, 3, B, T, m->arch->act.hidden * F) : NULL; /* llama: gate|up */
     la->g = mlp ? carve(cv, 3, B, T, F) : NULL;
 }
 
@@ -86,7 +87,7 @@ static void carve_acts(ct_model *m, ct_acts *a, carver *cv) {
         }
         if (m->layout.chunks[c].has_head) {
             a->lnf = carve(cv, 3, B, m->T, C);
-            a->lnf_mean = m->llama ? NULL : carve_stat(cv, 1, Nl, 0, 0);
+            a->lnf_mean = m->arch->norm_bias ? carve_stat(cv, 1, Nl, 0, 0) : NULL;
             a->lnf_rstd = carve_stat(cv, 1, Nl, 0, 0);
             a->logits = carve(cv, 2, N, vloc, 0);
             a->rowmax = carve_stat(cv, 1, N, 0, 0);
@@ -192,7 +193,9 @@ ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *m, int64_t B) {
         s->datt = carve(&cv, 3, B, T, qdim);
         s->dqkv = carve(&cv, 3, B, T, qdim + 2 * kvdim);
         s->dh = carve(&cv, 3, B, T, F);
-        s->dgu = m->llama ? carve(&cv, 3, B, T, 2 * F) : NULL;
+        /* a hidden wider than F (llama's gate|up) has its gradient apart; else dh serves */
+        const int hidden = m->arch->act.hidden;
+        s->dgu = hidden > 1 ? carve(&cv, 3, B, T, hidden * F) : NULL;
         if (pass == 0) {
             s->slab = ct_tensor_new_1d(m->be, CT_DTYPE_U8, (int64_t)cv.used, CT_MEM_WORKSPACE);
             if (!s->slab) {

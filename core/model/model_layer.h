@@ -1,11 +1,15 @@
 /*
- * model_layer.h — what the model's blocks share (internal to core/model/: model.c runs the
- * chunks and GPT-2's block, model_llama.c Llama's block).
+ * model_layer.h — what the model's blocks and the driver share (internal to core/model/; defined
+ * in model_layer.c): the data-parallel layer's brackets, the fused QKV and MLP up-projection
+ * weights, linear and norm backward, attention (or ring attention over cp), the positions of this
+ * rank's rows, and the parts of a pre-norm block every architecture shares. The blocks are
+ * model_gpt2.c and model_llama.c (model_arch.h), the driver over chunks model.c, the MoE layer
+ * moe.c.
  */
 #ifndef CT_MODEL_LAYER_H
 #define CT_MODEL_LAYER_H
 
-#include "model.h"
+#include "model_arch.h"
 
 /* The data-parallel layer's brackets around a use of a unit (model.h, ct_model_hooks). */
 void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass);
@@ -16,6 +20,11 @@ void ct_model_poll(ct_model *m);
  * that wq, wk, wv and bq, bk, bv form in the unit's range (*b NULL without biases) — the values,
  * or with `grads` the gradients. Free with ct_tensor_free. */
 void ct_model_qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tensor **b);
+/* The up projection of the MLP whose fields of `mlp` name its tensors (a layer's dense MLP or
+ * shared experts, or one expert's) as one matrix: the architecture's first act.hidden MLP tensors
+ * (model_arch.h), adjacent in their unit, (hidden·width/tp, C): GPT-2's w_up, Llama's gate|up —
+ * the values, or with `grads` the gradients. Free with ct_tensor_free. */
+ct_tensor *ct_model_mlp_up_weight(const ct_model *m, const ct_layer_params *mlp, bool grads);
 /* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy (db may be NULL). */
 void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
                                 ct_tensor *db);
@@ -46,20 +55,22 @@ void ct_model_for_position_runs(ct_model *m, ct_tensor *x, int64_t B, int64_t ro
                                 void (*fn)(ct_model *m, ct_tensor *rows, int64_t B, int64_t n,
                                            int64_t pos, void *ctx),
                                 void *ctx);
-/* RoPE on the rotated heads of x (B sequences of this rank's m->T rows, packed qkv) at their
- * global positions (inverse: the backward). */
-void ct_model_rope(ct_model *m, ct_tensor *x, int64_t B, bool inverse);
 
-/* Llama's layer l (model_llama.c): forward on residual[l] into `out`, and backward from
- * s->dres = ∂L/∂residual[l+1] to ∂L/∂residual[l]. */
-void ct_model_llama_layer_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);
-void ct_model_llama_layer_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
+/* The parts of a pre-norm block that are the same in every architecture (its block calls them
+ * in this order, with its own QKV projection before and the MLP part after):
+ *   attention_out_forward  from la->qkv (positions applied): causal attention into la->att,
+ *                          mid = x + att·Woᵀ [reduce tp] (+ bo where the layer has one) and
+ *                          ln2 = Norm(mid), the residual add fused into the norm (la->mid, la->ln2)
+ *   mlp_out_backward       from s->dres = ∂L/∂residual[l+1]: the MLP part's backward, ln2's and
+ *                          the output projection's (and bo's), leaving s->dres = ∂L/∂mid and
+ *                          s->datt = ∂L/∂att for the attention's backward
+ *   qkv_backward           from s->dqkv = ∂L/∂qkv (positions undone): the QKV projection's input
+ *                          gradient (reduced over tp) and weight gradient, then ln1's backward:
+ *                          s->dres = ∂L/∂residual[l] */
+void ct_model_attention_out_forward(ct_model *m, int l, ct_acts *a);
+void ct_model_mlp_out_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
+void ct_model_qkv_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
 
-/* An MoE layer's MLP part (moe.c), after ln2: forward from la->ln2 and la->mid into `out`, and
- * backward from s->dres = ∂L/∂out, leaving ∂L/∂ln2 (reduced over tp) for the ln2 backward in
- * the returned tensor. */
-void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out);
-ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s);
 /* The backend bytes one micro-batch of B sequences holds in this rank's MoE layers under
  * uniform routing (the experts' rows follow the routing; grown as needed, kept for reuse). */
 size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B);

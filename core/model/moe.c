@@ -4,7 +4,9 @@
  *
  *   logits = ln2·Wrᵀ (fp32)  →  router (moe_router.h): k experts and gates per token
  *   dispatch each token's row to its k experts over the ep group (moe_dispatch.h)
- *   each expert e: ye = GELU(xe·W_upᵀ + b_up)·W_downᵀ + b_down on the rows it received
+ *   each expert e, an MLP of the architecture's kind (model_arch.h: its tensors and activation),
+ *   on the rows it received: GPT-2 ye = GELU(xe·W_upᵀ + b_up)·W_downᵀ + b_down, Llama
+ *   ye = (silu(xe·W_gateᵀ)·xe·W_upᵀ)·W_downᵀ
  *   combine: y = Σ_j gate_j · ye(token, slot j), slot order;  out = mid + y
  *
  * Dropless: every (token, slot) is computed, so the layer's result does not depend on how the
@@ -15,7 +17,8 @@
  * Tensor parallelism: every tp rank holds all of the layer's tokens (ln2 is the full sequence,
  * gathered under sequence parallelism) and computes the same routing; each expert's MLP is split
  * like the dense one (W_up by rows, W_down by columns), so ye and y are partial sums over the tp
- * group, reduced as the dense MLP's output is. b_down is added by tp rank 0 only. The router and
+ * group, reduced as the dense MLP's output is. b_down (where the MLP has one) is added by tp rank
+ * 0 only. The router and
  * b_down are replicated: their gradients come out identical on every tp rank, and under
  * sequence parallelism (where the data-parallel layer sums replicated gradients over tp) only tp
  * rank 0 contributes them; the router's part of ∂L/∂ln2 is added by tp rank 0 alone, since
@@ -109,35 +112,21 @@ static ct_router_kind router_kind(const ct_model *m) {
     }
 }
 
-/* The tensors of one MLP of the model's family: a routed expert's, or the shared experts' (the
- * layer's MLP fields). GPT-2: up, b_up, down, b_down; Llama: gate and up (adjacent in their unit:
- * one (2·width/tp, C) matrix), down; absent ones NULL. */
-typedef struct mlp_params {
-    const ct_param *gate, *up, *b_up, *down, *b_down;
-} mlp_params;
+/* An MLP (a routed expert, or the shared experts) is named by the MLP fields of a
+ * ct_layer_params (w_gate, w_up, b_up, w_down, b_down): those its architecture registers
+ * (model_arch.h, mlp_tensors), the others NULL. */
 
-/* Expert j of layer l (j local): ct_model_expert_tensors consecutive registry entries. */
-static mlp_params expert_mlp(const ct_model *m, int l, int j) {
-    const ct_param *p = m->layers[l].moe_experts + ct_model_expert_tensors(m) * j;
+/* Expert j of layer l (j local): ct_model_expert_tensors consecutive registry entries, bound to
+ * the MLP fields as the architecture's table says. */
+static ct_layer_params expert_mlp(const ct_model *m, int l, int j) {
+    const ct_model_arch *arch = m->arch;
+    const ct_param *p = m->layers[l].moe_experts + arch->n_mlp_tensors * j;
     CT_ASSERT(p->layer == l &&
               p->expert == m->layout.ep_rank * (int)(m->mc.moe_experts / m->layout.ep_size) + j);
-    if (m->llama) return (mlp_params){.gate = &p[0], .up = &p[1], .down = &p[2]};
-    return (mlp_params){.up = &p[0], .b_up = &p[1], .down = &p[2], .b_down = &p[3]};
-}
-
-/* The shared experts of layer l (moe_shared > 0): the layer's MLP fields. */
-static mlp_params shared_mlp(const ct_model *m, int l) {
-    const ct_layer_params *p = &m->layers[l];
-    return (mlp_params){p->w_gate, p->w_up, p->b_up, p->w_down, p->b_down};
-}
-
-/* Llama: gate and up as one (2·width/tp, C) matrix, the values or with `grads` the gradients;
- * free with ct_tensor_free. */
-static ct_tensor *gate_up_of(const ct_model *m, const mlp_params *w, bool grads) {
-    const ct_unit *unit = &m->units[w->gate->unit];
-    CT_ASSERT(w->up->offset == w->gate->offset + w->gate->numel);
-    return ct_tensor_view_2d(grads ? unit->grads : unit->params, w->gate->offset,
-                             2 * w->gate->local_shape[0], m->C);
+    ct_layer_params w = {0};
+    for (int k = 0; k < arch->n_mlp_tensors; k++)
+        *(const ct_param **)((char *)&w + arch->mlp_tensors[k].field) = &p[k];
+    return w;
 }
 
 /* n MLPs at once (the routed experts that received rows, or the shared experts: n = 1), MLP i
@@ -148,29 +137,22 @@ static ct_tensor *gate_up_of(const ct_model *m, const mlp_params *w, bool grads)
  * (ct_gemm_grouped: one cuBLAS call on CUDA, a loop on the CPU); the bias and activation ops run
  * per MLP. Every MLP's arithmetic is that of one MLP alone: bias_init, then the GEMM accumulating
  * onto it, as ct_gemm_bias(_gelu) compose it. */
-static void mlps_forward(ct_model *m, int n, const mlp_params *w, ct_tensor *const *x,
+static void mlps_forward(ct_model *m, int n, const ct_layer_params *w, ct_tensor *const *x,
                          ct_tensor *const *h, ct_tensor *const *g, ct_tensor *const *y,
                          bool accumulate) {
     if (n == 0) return;
     const ct_tensor **W = ct_xmalloc((size_t)n * sizeof *W);
     ct_tensor **own = ct_xcalloc((size_t)n, sizeof *own);
-    const bool bias = !m->llama && m->layout.tp_rank == 0;
+    const bool up_bias = w[0].b_up != NULL; /* h starts at b_up, the GEMM accumulates onto it */
+    const bool bias = w[0].b_down != NULL && m->layout.tp_rank == 0;
     for (int i = 0; i < n; i++) {
-        if (m->llama) {
-            W[i] = own[i] = gate_up_of(m, &w[i], false);
-        } else {
-            W[i] = w[i].up->value;
-            ct_bias_init(h[i], w[i].b_up->value, NULL);
-        }
+        W[i] = own[i] = ct_model_mlp_up_weight(m, &w[i], false);
+        if (up_bias) ct_bias_init(h[i], w[i].b_up->value, NULL);
     }
-    ct_gemm_grouped(n, h, (const ct_tensor *const *)x, W, false, true, 1.0f,
-                    m->llama ? 0.0f : 1.0f);
+    ct_gemm_grouped(n, h, (const ct_tensor *const *)x, W, false, true, 1.0f, up_bias ? 1.0f : 0.0f);
     for (int i = 0; i < n; i++) {
-        if (m->llama)
-            ct_swiglu_fwd(g[i], h[i]);
-        else
-            ct_gelu_fwd(g[i], h[i]);
-        W[i] = w[i].down->value;
+        m->arch->act.fwd(g[i], h[i]);
+        W[i] = w[i].w_down->value;
         if (bias && accumulate)
             ct_bias_add(y[i], w[i].b_down->value);
         else if (bias)
@@ -189,7 +171,7 @@ static void mlps_forward(ct_model *m, int n, const mlp_params *w, ct_tensor *con
  * `replicated_grads`), dg (rows, width/tp) and dh (h's shape) scratch, and ∂L/∂x written into
  * dx[i] (which may be dy[i] itself: every read of dy comes first) or with `accumulate` added to
  * it. Grouped like the forward; every MLP's arithmetic is that of one MLP alone. */
-static void mlps_backward(ct_model *m, int n, const mlp_params *w, ct_tensor *const *dy,
+static void mlps_backward(ct_model *m, int n, const ct_layer_params *w, ct_tensor *const *dy,
                           ct_tensor *const *x, ct_tensor *const *h, ct_tensor *const *g,
                           ct_tensor *const *dg, ct_tensor *const *dh, ct_tensor *const *dx,
                           bool accumulate, bool replicated_grads) {
@@ -198,19 +180,15 @@ static void mlps_backward(ct_model *m, int n, const mlp_params *w, ct_tensor *co
     ct_tensor **dW = ct_xmalloc((size_t)n * sizeof *dW);
     ct_tensor **own = ct_xcalloc((size_t)(2 * n), sizeof *own);
     const ct_tensor *const *cdy = (const ct_tensor *const *)dy;
-    for (int i = 0; i < n; i++) W[i] = w[i].down->value, dW[i] = w[i].down->grad;
+    for (int i = 0; i < n; i++) W[i] = w[i].w_down->value, dW[i] = w[i].w_down->grad;
     ct_gemm_grouped(n, dg, cdy, W, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
     ct_gemm_grouped(n, dW, cdy, (const ct_tensor *const *)g, true, false, 1.0f, 1.0f);
     for (int i = 0; i < n; i++) {
-        if (m->llama) {
-            ct_swiglu_bwd(dh[i], h[i], dg[i]);
-            W[i] = own[i] = gate_up_of(m, &w[i], false);
-            dW[i] = own[n + i] = gate_up_of(m, &w[i], true);
-            continue;
-        }
-        if (replicated_grads) ct_bias_grad(w[i].b_down->grad, dy[i]);
-        ct_gelu_bwd(dh[i], w[i].b_up->grad, h[i], dg[i]); /* dh, and b_up's gradient */
-        W[i] = w[i].up->value, dW[i] = w[i].up->grad;
+        if (w[i].b_down && replicated_grads) ct_bias_grad(w[i].b_down->grad, dy[i]);
+        /* dh, and b_up's gradient where the MLP has one */
+        m->arch->act.bwd(dh[i], w[i].b_up ? w[i].b_up->grad : NULL, h[i], dg[i]);
+        W[i] = own[i] = ct_model_mlp_up_weight(m, &w[i], false);
+        dW[i] = own[n + i] = ct_model_mlp_up_weight(m, &w[i], true);
     }
     ct_model_poll(m);
     const ct_tensor *const *cdh = (const ct_tensor *const *)dh;
@@ -225,13 +203,13 @@ static void mlps_backward(ct_model *m, int n, const mlp_params *w, ct_tensor *co
  * rows of the expert-major buffers (one array per buffer, NULL-free; free with experts_free). */
 typedef struct experts {
     int n;
-    mlp_params *w;
+    ct_layer_params *w;
     int64_t *r0, *rows; /* each one's first row and rows */
 } experts;
 
 static experts experts_with_rows(const ct_model *m, int l, const ct_moe_plan *plan) {
     const int El = (int)(m->mc.moe_experts / m->layout.ep_size);
-    experts e = {.w = ct_xcalloc((size_t)El, sizeof(mlp_params)),
+    experts e = {.w = ct_xcalloc((size_t)El, sizeof(ct_layer_params)),
                  .r0 = ct_xcalloc((size_t)El, sizeof(int64_t)),
                  .rows = ct_xcalloc((size_t)El, sizeof(int64_t))};
     for (int j = 0; j < El; j++) {
@@ -275,33 +253,12 @@ static int moe_index(const ct_model *m, int l) {
     return -1;
 }
 
-void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
-    const ct_layer_params *p = &m->layers[l];
-    ct_layer_acts *la = &a->layers[l];
-    if (!la->moe) la->moe = ct_xcalloc(1, sizeof *la->moe);
-    ct_moe_acts *ma = la->moe;
-    const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k;
-    const int64_t N = ct_tensor_rows(la->ln2), Fl = p->moe_experts->local_shape[0];
-    ma->N = N;
-
-    /* The router: logits in fp32 on the backend, choices on the host. */
-    ct_tensor *logits = grown_view(m, &ma->t_logits, CT_DTYPE_F32, N, E);
-    ct_gemm(logits, la->ln2, p->moe_router->value, false, true, 1.0f, 0.0f);
-    ma->logits = grow_host(ma->logits, &ma->cap_logits, (size_t)(N * E) * sizeof(float));
-    ma->probs = grow_host(ma->probs, &ma->cap_probs, (size_t)(N * E) * sizeof(float));
-    ct_tensor_to_host(ma->logits, logits); /* (waits for the backend: the routing's clock starts) */
-    ct_tensor_free(logits);
-    double t0 = ct_now();
-    ma->gates = grow_host(ma->gates, &ma->cap_gates, (size_t)(N * k) * sizeof(float));
-    ma->ids = grow_host(ma->ids, &ma->cap_ids, (size_t)(N * k) * sizeof(int32_t));
-    ct_router_fwd(router_kind(m), ma->logits, m->moe_bias + moe_index(m, l) * E, N, (int)E, (int)k,
-                  ma->probs, ma->ids, ma->gates);
-    ct_moe_plan_free(ma->plan);
-    ma->plan = ct_moe_plan_new(m->layout.ep, ma->ids, N, (int)k, (int)E);
-
-    /* The balancing loss, per sequence (its T: the sequence's tokens, whatever the layout):
-     * assignments and probabilities summed per expert over each sequence's rows, then over the
-     * cp group, which holds the rest of every sequence. */
+/* The balancing loss of layer l's routing in ma, per sequence (its T: the sequence's tokens,
+ * whatever the layout): assignments and probabilities summed per expert over each sequence's
+ * rows, then over the cp group, which holds the rest of every sequence; the weights of the
+ * balancing and z-losses in the objective, and, in a training forward, the step's statistics. */
+static void balance_stats(ct_model *m, int l, const ct_acts *a, ct_moe_acts *ma) {
+    const int64_t E = m->mc.moe_experts, k = m->mc.moe_top_k, N = ma->N;
     const int64_t B = a->B, Tl = m->T, Ts = m->T_seq;
     CT_ASSERT(N == B * Tl);
     double *stat = ct_xcalloc((size_t)(2 * B * E), sizeof *stat);
@@ -335,6 +292,33 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
             m->moe_counts[idx * E + e] += ct_moe_plan_sent_to(ma->plan, (int)e);
     }
     free(stat);
+}
+
+static void moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
+    const ct_layer_params *p = &m->layers[l];
+    ct_layer_acts *la = &a->layers[l];
+    if (!la->moe) la->moe = ct_xcalloc(1, sizeof *la->moe);
+    ct_moe_acts *ma = la->moe;
+    const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k;
+    const int64_t N = ct_tensor_rows(la->ln2), Fl = p->moe_experts->local_shape[0];
+    ma->N = N;
+
+    /* The router: logits in fp32 on the backend, choices on the host. */
+    ct_tensor *logits = grown_view(m, &ma->t_logits, CT_DTYPE_F32, N, E);
+    ct_gemm(logits, la->ln2, p->moe_router->value, false, true, 1.0f, 0.0f);
+    ma->logits = grow_host(ma->logits, &ma->cap_logits, (size_t)(N * E) * sizeof(float));
+    ma->probs = grow_host(ma->probs, &ma->cap_probs, (size_t)(N * E) * sizeof(float));
+    ct_tensor_to_host(ma->logits, logits); /* (waits for the backend: the routing's clock starts) */
+    ct_tensor_free(logits);
+    double t0 = ct_now();
+    ma->gates = grow_host(ma->gates, &ma->cap_gates, (size_t)(N * k) * sizeof(float));
+    ma->ids = grow_host(ma->ids, &ma->cap_ids, (size_t)(N * k) * sizeof(int32_t));
+    ct_router_fwd(router_kind(m), ma->logits, m->moe_bias + moe_index(m, l) * E, N, (int)E, (int)k,
+                  ma->probs, ma->ids, ma->gates);
+    ct_moe_plan_free(ma->plan);
+    ma->plan = ct_moe_plan_new(m->layout.ep, ma->ids, N, (int)k, (int)E);
+
+    balance_stats(m, l, a, ma);
 
     /* The experts' parameters are read from here to the combine (a unit of their own). */
     ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_FORWARD);
@@ -344,7 +328,7 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     if (!ma->scratch) ma->scratch = ct_moe_scratch_new(m->be);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
     ct_tensor *ye = grown_view(m, &ma->t_ye, m->dtype, rows, C);
-    const int64_t Hl = m->llama ? 2 * Fl : Fl; /* the hidden before the activation */
+    const int64_t Hl = m->arch->act.hidden * Fl; /* the hidden before the activation */
     ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     ct_moe_dispatch(ma->plan, ma->scratch, la->ln2, xe);
@@ -366,7 +350,8 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     if (timed) {
         m->moe_expert_seconds += ct_now() - t0;
         /* 2 FLOPs a multiply-add; GPT-2's up and down, Llama's gate, up and down */
-        m->moe_expert_flops += 2.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
+        m->moe_expert_flops +=
+            2.0 * (double)m->arch->act.matmuls * (double)rows * (double)C * (double)Fl;
     }
     t0 = ct_now();
     ct_tensor *gates = grown_view(m, &ma->t_gates, CT_DTYPE_F32, N * k, 1);
@@ -379,12 +364,12 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
 
     /* out = mid + y, y summed over the tp group (reduce-scattered under sequence parallelism) */
     if (p->w_down) { /* the shared experts, on every token */
-        const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
+        const int64_t Fs = p->w_down->local_shape[1], Hs = m->arch->act.hidden * Fs;
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
         ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
-        const mlp_params w = shared_mlp(m, l);
+        const ct_layer_params *w = p; /* the shared experts: the layer's MLP fields */
         ct_tensor *x = (ct_tensor *)la->ln2;
-        mlps_forward(m, 1, &w, &x, &sh, &sg, &y, true);
+        mlps_forward(m, 1, w, &x, &sh, &sg, &y, true);
         ct_tensor_free(sh), ct_tensor_free(sg);
     }
     if (m->layout.sequence_parallel && m->layout.tp_size > 1) {
@@ -398,7 +383,7 @@ void ct_model_moe_forward(ct_model *m, int l, ct_acts *a, ct_tensor *out) {
     if (timed) m->moe_route_seconds += ct_now() - t0;
 }
 
-ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
+static ct_tensor *moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     const ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_moe_acts *ma = la->moe;
@@ -428,7 +413,7 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
      * after it (every rank runs it, also one whose experts received no rows). */
     ct_model_unit_begin(m, m->expert_unit[l], CT_PASS_BACKWARD);
     ct_tensor *xe = grown_view(m, &ma->t_xe, m->dtype, rows, C);
-    const int64_t Hl = m->llama ? 2 * Fl : Fl;
+    const int64_t Hl = m->arch->act.hidden * Fl;
     ct_tensor *h = grown_view(m, &ma->t_h, m->dtype, rows, Hl);
     ct_tensor *g = grown_view(m, &ma->t_g, m->dtype, rows, Fl);
     ct_tensor *dh = grown_view(m, &ma->t_dh, m->dtype, rows, Hl);
@@ -445,7 +430,8 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     experts_free(&ex);
     ct_model_unit_end(m, m->expert_unit[l], CT_PASS_BACKWARD);
     m->moe_expert_seconds += ct_now() - t0;
-    m->moe_expert_flops += 4.0 * (m->llama ? 3.0 : 2.0) * (double)rows * (double)C * (double)Fl;
+    m->moe_expert_flops +=
+        4.0 * (double)m->arch->act.matmuls * (double)rows * (double)C * (double)Fl;
     t0 = ct_now();
     ct_tensor_free(xe), ct_tensor_free(h), ct_tensor_free(g);
     ct_tensor_free(dh), ct_tensor_free(dg);
@@ -454,14 +440,14 @@ ct_tensor *ct_model_moe_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch
     ct_moe_dispatch_bwd(ma->plan, ma->scratch, dye, s->dln);
     ct_tensor_free(dye);
     if (p->w_down) { /* the shared experts' backward, into dln */
-        const int64_t Fs = p->w_down->local_shape[1], Hs = m->llama ? 2 * Fs : Fs;
+        const int64_t Fs = p->w_down->local_shape[1], Hs = m->arch->act.hidden * Fs;
         ct_tensor *sh = grown_view(m, &ma->t_sh, m->dtype, N, Hs);
         ct_tensor *sg = grown_view(m, &ma->t_sg, m->dtype, N, Fs);
         ct_tensor *sdh = grown_view(m, &ma->t_sdh, m->dtype, N, Hs);
         ct_tensor *sdg = grown_view(m, &ma->t_sdg, m->dtype, N, Fs);
-        const mlp_params w = shared_mlp(m, l);
+        const ct_layer_params *w = p; /* the shared experts: the layer's MLP fields */
         ct_tensor *dyc = (ct_tensor *)dy, *x = (ct_tensor *)la->ln2;
-        mlps_backward(m, 1, &w, &dyc, &x, &sh, &sg, &sdg, &sdh, &s->dln, true, replicated_grads);
+        mlps_backward(m, 1, w, &dyc, &x, &sh, &sg, &sdg, &sdh, &s->dln, true, replicated_grads);
         ct_tensor_free(sh), ct_tensor_free(sg), ct_tensor_free(sdh), ct_tensor_free(sdg);
     }
 
@@ -540,8 +526,8 @@ uint64_t ct_model_moe_routing_digest(const ct_acts *a) {
 size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B) {
     const int64_t C = m->C, E = m->mc.moe_experts, k = m->mc.moe_top_k, tp = m->layout.tp_size;
     const int64_t Fe = (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F) / tp, N = B * m->T;
-    const int64_t Hl = m->llama ? 2 * Fe : Fe, Fs = m->mc.moe_shared * Fe;
-    const int64_t Hs = m->llama ? 2 * Fs : Fs, rows = N * k; /* rows: uniform routing */
+    const int64_t Hl = m->arch->act.hidden * Fe, Fs = m->mc.moe_shared * Fe;
+    const int64_t Hs = m->arch->act.hidden * Fs, rows = N * k; /* rows: uniform routing */
     const size_t dt = ct_dtype_size(m->dtype);
     /* the router's logits (f32); the experts' input and output rows, hidden before and after
      * the activation and their gradients; the combined output; the shared experts' hidden; the
@@ -554,3 +540,5 @@ size_t ct_model_moe_acts_bytes(const ct_model *m, int64_t B) {
                          (size_t)(3 * A) * 4 + (size_t)(4 * A + 2 * rows) * 4;
     return (size_t)m->n_moe_layers * layer;
 }
+
+const ct_model_mlp ct_model_moe_mlp = {.forward = moe_forward, .backward = moe_backward};

@@ -24,7 +24,6 @@
 #include "core/config/config.h"
 #include "core/io/export.h"
 #include "core/io/hf.h"
-#include "core/backend/gemm_bench.h"
 #include "core/model/model.h"
 #include "core/data/prepare.h"
 #include "cuda/backend_cuda.h"
@@ -332,7 +331,7 @@ static ct_status cmd_train(int argc, char **argv) {
         printf("backend: %s\n", chosen);
     if (gemm_rate) {
         /* For scripts/bench_cpu.sh: the MFU denominator at this config's GEMM shapes. */
-        double rate = ct_gemm_bench_model_rate(&cfg, be, 5);
+        double rate = ct_model_gemm_rate(&cfg, be, 5);
         ct_model *model = NULL;
         ct_model_layout layout = ct_model_layout_single(&cfg);
         st = ct_model_new(&model, &cfg, be, &layout);
@@ -344,7 +343,7 @@ static ct_status cmd_train(int argc, char **argv) {
                    rate, ct_model_flops_per_token(model), threads, peak, how);
             if (cfg.model.moe_experts)
                 printf("moe_expert_gemm_flops_per_s %.6e\n",
-                       ct_gemm_bench_expert_rate(&cfg, be, 5));
+                       ct_model_expert_gemm_rate(&cfg, be, 5));
             ct_model_free(model);
         }
     } else {

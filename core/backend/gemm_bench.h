@@ -8,7 +8,6 @@
 #define CT_CORE_GEMM_BENCH_H
 
 #include "core/backend/backend.h"
-#include "core/config/config.h"
 
 /* Measures the backend's GEMM rate (FLOP/s) at shape M×N×K with operands of `dtype` (f32, or
  * bf16 into bf16), called as a linear layer's forward with its bias (ct_gemm_bias, y = x·Wᵀ + b,
@@ -16,19 +15,27 @@
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
                           int reps);
 
-/*
- * The backend's GEMM rate at the model's own shapes: every linear layer's forward (x·Wᵀ),
- * input-gradient (dy·W) and weight-gradient (dyᵀ·x) GEMM for a microbatch of B sequences, each
- * called as the model calls it (transposes, and beta: accumulate or overwrite), timed (median of
- * `reps`, operands in cache) and weighted by how often a step runs it, in the dtypes of
- * cfg->derived.precision (bf16: weight gradients into f32). Returns FLOP/s; this is the GEMM
- * efficiency denominator of scripts/bench_cpu.sh.
- */
-double ct_gemm_bench_model_rate(const ct_config *cfg, ct_backend *be, int reps);
+/* How a timed GEMM is called: C = op(A)·op(B) overwriting C (beta 0) or accumulating onto it
+ * (beta 1), or a linear layer's forward with its bias, C = A·Bᵀ + b (ct_gemm_bias: on the CPU the
+ * bias, then a GEMM accumulating onto it; on the GPU the bias in the epilogue). */
+typedef enum ct_gemm_call { CT_GEMM_OVERWRITE, CT_GEMM_ACCUMULATE, CT_GEMM_BIAS } ct_gemm_call;
 
-/* The rate of a Mixture-of-Experts layer's expert GEMMs (0 without MoE): one expert's up and
- * down projections, forward, input and weight gradient, at the rows an expert receives from a
- * microbatch under uniform routing (micro_batch · seq_len · moe_top_k / moe_experts). */
-double ct_gemm_bench_expert_rate(const ct_config *cfg, ct_backend *be, int reps);
+/* A linear layer y = x·Wᵀ (W: out × in) as a model runs it: `count` times a step, its forward
+ * called as `fwd`. */
+typedef struct ct_gemm_linear {
+    int64_t out, in;
+    double count;
+    ct_gemm_call fwd;
+} ct_gemm_linear;
+
+/*
+ * The backend's GEMM rate over a model's linear layers: each one's forward (x·Wᵀ, as its `fwd`
+ * says), input-gradient (dy·W, overwriting) and weight-gradient (dyᵀ·x, accumulating into f32)
+ * GEMM on `rows` rows, operands and activations of `dt`, timed (median of `reps`, operands in
+ * cache) and weighted by `count`. Returns FLOP/s. The model names its layers (model.h,
+ * ct_model_gemm_rate); this only times them.
+ */
+double ct_gemm_bench_linears(ct_backend *be, int64_t rows, const ct_gemm_linear *linears, int n,
+                             ct_dtype dt, int reps);
 
 #endif /* CT_CORE_GEMM_BENCH_H */

@@ -487,4 +487,15 @@ uint64_t ct_model_moe_routing_digest(const ct_acts *acts);
 /* Matmul FLOPs per token for forward+backward (6·N_matmul + 6·L·T·C causal attention). */
 double ct_model_flops_per_token(const ct_model *model);
 
+/* The backend's GEMM rate at the model's own shapes (model_gemms.c; the GEMM efficiency's
+ * denominator, also scripts/bench_cpu.sh's): every linear layer's forward, input-gradient and
+ * weight-gradient GEMM for a microbatch of cfg->train.micro_batch sequences, each called as the
+ * model calls it, timed (median of `reps`) and weighted by how often a step runs it, in the dtypes
+ * of cfg->derived.precision (ct_gemm_bench_linears). FLOP/s. */
+double ct_model_gemm_rate(const ct_config *cfg, ct_backend *be, int reps);
+/* The rate of a Mixture-of-Experts layer's expert GEMMs (0 without MoE): one expert's up and
+ * down projections at the rows an expert receives from a microbatch under uniform routing
+ * (micro_batch · seq_len · moe_top_k / moe_experts). */
+double ct_model_expert_gemm_rate(const ct_config *cfg, ct_backend *be, int reps);
+
 #endif /* CT_MODEL_H */

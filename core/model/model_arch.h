@@ -4,7 +4,7 @@
  * (model_gpt2.c) and ct_model_arch_llama (model_llama.c); ct_model_arch_of finds it and the
  * model keeps it in ct_model.arch. The driver (model.c: the registry, forward and backward over
  * chunks), the activations (model_acts.c), the Mixture-of-Experts layer (moe.c), the GEMM
- * benchmark (backend/gemm_bench.c) and the Hugging Face names (io/hf.c) read an architecture
+ * shapes (model_gemms.c) and the Hugging Face names (io/hf.c) read an architecture
  * only through its entry; none of them tests which one it is.
  *
  * A layer is the architecture's block (layer_forward / layer_backward: norms, attention, the

@@ -1,8 +1,8 @@
 /*
  * moe_router.h — the router of a Mixture-of-Experts layer, in fp32 on the host: which k of E
  * experts each token goes to, with which gate weights, the backward of the gates into the
- * router's logits, and the Switch/GShard load-balancing loss. The first piece of MoE (issue 30);
- * the layer, dispatch and expert parallelism come on top of it.
+ * router's logits, and the Switch/GShard load-balancing loss. The layer (moe.c), dispatch and
+ * expert parallelism (moe_dispatch.h) stand on it.
  *
  * Kinds (z = the token's E logits, computed in fp32):
  *   SOFTMAX_TOPK  p = softmax(z) over all E; the k largest p; gates = those p, not renormalised

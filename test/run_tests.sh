@@ -99,33 +99,16 @@ mapfile -t order < <(for p in "${parts[@]}"; do
 done | sort -t$'\t' -k1,1nr -k2 | cut -f2)
 for p in "${parts[@]}"; do read -r _ name _ _ <<<"$p"; rm -f "$logdir/$name.rc"; done
 
-declare -A running=() # pid -> cores
-busy=0
-for p in "${order[@]}"; do
-    read -r kind name path cores <<<"$p"
-    [ "$cores" -gt "$TEST_JOBS" ] && cores=$TEST_JOBS
-    while [ $((busy + cores)) -gt "$TEST_JOBS" ]; do
-        wait -n
-        for pid in "${!running[@]}"; do
-            if ! kill -0 "$pid" 2>/dev/null; then
-                busy=$((busy - running[$pid]))
-                unset "running[$pid]"
-            fi
-        done
-    done
-    run_part "$kind" "$name" "$path" &
-    running[$!]=$cores
-    busy=$((busy + cores))
-done
-wait
-
 passed=0
 failed=0
 skipped=0
 long=0
 skips=() # "NAME: reason", printed before the closing line
-for p in "${parts[@]}"; do
-    read -r kind name _ _ <<<"$p"
+failures=() # names of the parts that failed, listed again at the end
+# report_part KIND NAME: counts a finished part's tests and prints its line (as parts finish).
+report_part() {
+    local kind=$1 name=$2 log rc secs cpu p f ns c why
+    local -a sk
     log=$logdir/$name.log
     rc=$(cat "$logdir/$name.rc" 2>/dev/null || echo "?")
     secs=$(cat "$logdir/$name.secs" 2>/dev/null || echo "?")
@@ -158,6 +141,7 @@ for p in "${parts[@]}"; do
     passed=$((passed + p))
     failed=$((failed + f))
     if [ "$f" != 0 ]; then
+        failures+=("$name")
         echo "FAIL $name (exit $rc, ${secs}s): see $log"
         if [ "$kind" = bin ]; then
             grep -E '^\[  (FAILED|  ERROR) |ERROR|error|Assert|failure' "$log" | head -20
@@ -167,8 +151,42 @@ for p in "${parts[@]}"; do
     else
         echo "ok   $name ($p$([ "$ns" != 0 ] && echo ", $ns skipped"); ${secs}s, cpu ${cpu:-?}s)"
     fi
+}
+
+declare -A running=() # pid -> cores
+declare -A part_of=() # pid -> "KIND NAME"
+# reap: reports every part that has finished and frees its cores.
+reap() {
+    local pid
+    for pid in "${!running[@]}"; do
+        kill -0 "$pid" 2>/dev/null && continue
+        busy=$((busy - running[$pid]))
+        # shellcheck disable=SC2086
+        report_part ${part_of[$pid]}
+        unset "running[$pid]" "part_of[$pid]"
+    done
+}
+busy=0
+for p in "${order[@]}"; do
+    read -r kind name path cores <<<"$p"
+    [ "$cores" -gt "$TEST_JOBS" ] && cores=$TEST_JOBS
+    while [ $((busy + cores)) -gt "$TEST_JOBS" ]; do
+        wait -n
+        reap
+    done
+    run_part "$kind" "$name" "$path" &
+    running[$!]=$cores
+    part_of[$!]="$kind $name"
+    busy=$((busy + cores))
+done
+while [ ${#running[@]} -gt 0 ]; do
+    wait -n
+    reap
 done
 
+if [ ${#failures[@]} -gt 0 ]; then
+    echo "failed: ${failures[*]} (logs in $logdir/)"
+fi
 if [ ${#skips[@]} -gt 0 ]; then
     echo "skipped (not run on this machine):"
     printf '  %s\n' "${skips[@]}"

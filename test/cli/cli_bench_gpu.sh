@@ -107,8 +107,8 @@ EOF2
             "bf16 B=2: device idle (rank 0" "bf16 B=2: device busy by op (rank 0" \
             "ms on the device clock vs SDPA flash 12 x 0.010 = 0.12 ms" \
             "== GEMMs by shape, bf16 B=2" "all GEMMs of a step: cooktrain " "(target: within 1.15x)" \
-            "== targets, " "x PyTorch eager (floor >= 1.05x): met" \
-            "SDPA flash 12 x 0.010 ms (target <= 1.25x): MISSED" "x PyTorch's at the same shapes (target <= 1.15x): met" \
+            "== targets, " "x PyTorch eager (floor >= 1.05x): " \
+            "SDPA flash 12 x 0.010 ms (target <= 1.25x): " "x PyTorch's at the same shapes (target <= 1.15x): " \
             "bf16 B=2: memory " "bf16 B=2: AdamW + gradient norm " \
             "cooktrain wgmma   bf16" "bf16 B=2: with the wgmma attention: tok/s " \
             "bf16 B=2: with the wgmma attention: attention " \
@@ -122,12 +122,34 @@ EOF2
                 tail -n 40 "$tmp/bench.log" | sed 's/^/    /'
             fi
         done
-        # the verdict against torch.compile, for the default kernels and for wgmma's, per model
-        for re in '^  bf16 B=2: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$' \
-            '^  bf16 B=2: with the wgmma attention: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): met$' \
-            '^  bf16 B=2: with the CUDA graph: tok/s [0-9.]+x the ops issued one by one, [0-9.]+x torch\.compile \(target >= 1\.0x\): met$'; do
+        # the verdict against torch.compile, for the default kernels, wgmma's and the graph's, per
+        # model; then every target line's verdict against its own figure: met exactly when the
+        # ratio (or the milliseconds) is on the target's side. The figures are this machine's
+        # speed against canned peers, so whether a target is met is not the test's business.
+        for re in '^  bf16 B=2: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): (met|MISSED)$' \
+            '^  bf16 B=2: with the wgmma attention: tok/s [0-9.]+x torch\.compile \(target >= 1\.0x\): (met|MISSED)$' \
+            '^  bf16 B=2: with the CUDA graph: tok/s [0-9.]+x the ops issued one by one, [0-9.]+x torch\.compile \(target >= 1\.0x\): (met|MISSED)$'; do
             n=$(grep -cE -- "$re" "$tmp/bench.log")
             if [ "$n" = 2 ]; then ok "bench_gpu whole run: /$re/ for each model"; else fail "bench_gpu whole run: /$re/ matched $n lines (expected 2)"; fi
         done
+        if out=$(python3 - "$tmp/bench.log" <<'PY'
+import re, sys
+ratio = re.compile(r"([0-9.]+)x (?:torch\.compile|PyTorch eager|PyTorch's at the same shapes|"
+                   r"SDPA flash(?: 12 x 0\.010 ms)?) \((?:target|floor) (>=|<=) ([0-9.]+)x\): (met|MISSED)$")
+adamw = re.compile(r"AdamW \+ gradient norm ([0-9.]+) ms on the device clock \(target (<=) ([0-9.]+) ms\): (met|MISSED)$")
+bad, n = [], 0
+for line in open(sys.argv[1]):
+    m = ratio.search(line.strip()) or adamw.search(line.strip())
+    if not m:
+        continue
+    n += 1
+    value, op, bound, verdict = float(m.group(1)), m.group(2), float(m.group(3)), m.group(4)
+    if (verdict == "met") != (value >= bound if op == ">=" else value <= bound):
+        bad.append(line.strip())
+if n != 16 or bad:
+    sys.exit(f"{n} target lines; verdicts that contradict their figure: {bad}")
+print(f"{n} target lines")
+PY
+        ); then ok "bench_gpu whole run: every verdict follows its figure ($out)"; else fail "bench_gpu whole run: $out"; fi
     fi
 fi

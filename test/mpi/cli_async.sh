@@ -9,7 +9,6 @@
 # bit-identical results.
 # long: the tensor- and context-parallel suites behind the lazy stream (data and pipeline
 # long: parallelism, whose communication overlaps compute most, run in make test)
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 export COOKTRAIN_ASYNC=1
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=passive

@@ -12,7 +12,6 @@
 #     memory per category (fp32 master weights included) and dp/tp bytes equal to the bf16
 #     formulas, exactly.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

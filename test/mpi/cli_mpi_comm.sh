@@ -14,7 +14,6 @@
 # limit.
 # long: the counts above INT_MAX for real (4 GiB a rank; the split logic is checked at every size
 # long: under small chunk limits in make test)
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 exe=$BUILD/test/mpi_test_comm
 export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive

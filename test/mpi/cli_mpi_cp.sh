@@ -4,7 +4,6 @@
 # sequence — out, lse, dq, dk, dv and the qkv bias gradient of each rank's rows, zigzag and
 # contiguous, MHA and GQA, fp32 and bf16 — the bytes each ring sends, bit-identical reruns, and
 # the causal work per rank (test/mpi/mpi_test_cp.c states the tolerances).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 mpi_setup
 

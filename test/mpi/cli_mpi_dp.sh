@@ -11,7 +11,6 @@
 #   - bad layouts and a data file present on one rank only: exit 2 on every rank, one message,
 #     no hang.
 # MPI tests run one at a time, one thread per rank, passive waiting (test/README.md, MPI tests).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

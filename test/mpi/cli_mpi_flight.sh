@@ -9,7 +9,6 @@
 # Also: SIGUSR2 writes every rank's record while the job trains on (and it still finishes), a
 # finished job's records show nothing unmatched, and diagnose refuses a directory without
 # records and a corrupt record (exit 2, hint).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -6,7 +6,6 @@
 # expert parallelism (ep 2, 4, 8, with ZeRO, tp, pp and cp on top), and a Llama with SwiGLU experts,
 # against world size 1 (test/tools/compare_runs.py: losses and every parameter, its derived tolerance);
 # the MoE metrics and trace counters; the MoE keys' errors (exit 2 on every rank, with the numbers and a hint).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

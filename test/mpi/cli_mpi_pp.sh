@@ -11,7 +11,6 @@
 #     sequence-parallel setting at 4 and at 8 ranks (pairwise, not the full cross product);
 #     memory and dp/tp traffic against their formulas;
 #   - invalid layouts: exit 2 on every rank, one message, no hang.
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

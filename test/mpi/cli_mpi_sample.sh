@@ -7,7 +7,6 @@
 # the others receive the token) — each must print exactly the text a
 # world-size-1 run with the same seed prints (core/README.md, Determinism). The vocabulary (500,
 # padded to 512) leaves padding rows on the last tp rank, which the draw must skip.
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -7,7 +7,6 @@
 #     without sequence parallelism, and combined with dp and every ZeRO stage; memory and dp/tp
 #     traffic against their formulas (test/tools/compare_runs.py --accounting);
 #   - invalid tp: exit 2 with the numbers on every rank, no hang.
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -5,7 +5,6 @@
 # clock 10·r seconds off, as hosts' clocks disagree; aligned on the barrier at start, every step
 # still begins within 0.5 s on every rank (it begins when a world allreduce ends: milliseconds
 # apart even on 2 oversubscribed cores, while an unaligned merge is off by 10 s or more).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -19,7 +19,6 @@
 #     world size 1, its traffic over the link.
 # Skipped, with the reason, where namespaces cannot be made (not root, an unprivileged container).
 # long: host 1 frozen (the watchdog, not the launcher, ends the job)
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 . "$(dirname "$0")/netns_hosts.sh"
 tmp=$(mktemp -d)

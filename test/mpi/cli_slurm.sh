@@ -18,7 +18,6 @@
 #     per GPU, a tasks/GPUs mismatch refused, preemption and requeue bit-exact.
 # long: the time limit itself (over a minute); the GPU script's preemption and requeue
 # Skipped, with the reason, where the cluster cannot run (not root, SLURM not installed).
-# cores: 2 (several ranks at once: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 . "$(dirname "$0")/slurm_cluster.sh"
 tmp=$(mktemp -d)

@@ -54,6 +54,7 @@
 #include "core/common.h"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/gemm.h"
+#include "test/unit/cuda_test_util.h"
 
 #ifdef CT_CUDA_EMU
 #include <cublasLt.h>
@@ -66,15 +67,9 @@ static ct_cublas_gemm_ctx *gemm;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-/* uniform in [-1, 1): splitmix64 */
+/* uniform in [-1, 1): cuda_test_util.h's splitmix64, from the state setup() gives it */
 static float urand(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return -1.0f + 2.0f * (float)((double)(z >> 11) / 9007199254740992.0);
+    return cuda_test_urand(-1.0f, 1.0f);
 }
 
 /* A stored row-major matrix: rows × cols with row stride ld, in dtype, on the host (data) and on
@@ -762,9 +757,9 @@ static moe_case moe_case_new(ct_backend *be, moe_shape shape, int t, float alpha
     mc.A = moe_slab_new(be, mc.ab, ar, ac, false, true, skew);
     mc.B = moe_slab_new(be, mc.ab, br, bc, false, true, skew);
     /* beta 0 must not read C: it starts as NaN */
-    uint64_t seed = rng_state;
+    uint64_t seed = cuda_test_rng_state;
     mc.C = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
-    rng_state = seed;
+    cuda_test_rng_state = seed;
     mc.C_loop = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
     return mc;
 }
@@ -1220,6 +1215,7 @@ static int setup(void **state) {
      * before this stream's copies, so a GEMM on the wrong stream gives a wrong result. */
     CT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     gemm = ct_cublas_gemm_new(stream);
+    cuda_test_rng_state = 0x9E3779B97F4A7C15ull;
     return 0;
 }
 

@@ -28,6 +28,11 @@ for t in test_ops test_bf16_ops test_model test_optim test_units test_backend_as
 done
 
 # The equivalence suites: their own ok/FAIL lines, prefixed.
+# A suite that is not there fails (it would otherwise pass without running).
 for s in cli_mpi_dp cli_mpi_tp cli_mpi_pp cli_mpi_cp; do
-    bash "test/$s.sh" 2>&1 | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'
+    if [ ! -f "test/mpi/$s.sh" ]; then
+        fail "async: test/mpi/$s.sh is missing"
+        continue
+    fi
+    bash "test/mpi/$s.sh" 2>&1 | sed -e 's/^ok /ok async: /' -e 's/^FAIL /FAIL async: /' -e 's/^skip /skip async: /'
 done

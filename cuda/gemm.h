@@ -4,7 +4,8 @@
  * in one cublasGemmGroupedBatchedEx call (ct_cublas_gemm_grouped). Host code, C; the same file
  * links against the real libraries (-lcublasLt -lcublas -lcudart) and against the CPU stand-ins of
  * the emulated build (cuda/emu/cublas_emu.cc, cuda/emu/), which follow the libraries' documented
- * semantics.
+ * semantics. Its functions are ct_cublas_gemm*; the slots themselves (ct_cuda_gemm and the two
+ * optional GEMM slots, backend_cuda.c) call them.
  *
  * Semantics are the CPU backend's (core/backend/cpu/gemm_onednn.h), row-major:
  *     C(M,N) = alpha·op(A)·op(B) + beta·C,   op(X) = X^T when trans_x,

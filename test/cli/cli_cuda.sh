@@ -20,8 +20,10 @@
 #   - check mode (CT_CHECK_BACKEND=1) on the emulated device: every op of a step in fp32 and bf16
 #     within core/backend/backend_check.c's tolerances, as scripts/gpu_check.sh asks of a real GPU
 #     (also a model with a Mixture-of-Experts layer);
-#   - cuda/README.md's roofline and resource tables are the output of scripts/cuda_roofline.py and
-#     scripts/cuda_resources.py (the latter for this build's ptxas reports).
+#   - cuda/README.md's roofline table is the output of scripts/cuda_roofline.py, and
+#     cuda/resources.md that of scripts/cuda_resources.py for this build's ptxas reports;
+#   - cuda/README.md is a guide of at most 250 lines that names every tracked file of cuda/ (but
+#     those of emu/, which has its own README).
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -260,7 +262,7 @@ elif selected "check mode"; then
     skip "check mode on the emulated device: $EMU not built (needs the CUDA headers)"
 fi
 
-# ---- cuda/README.md's generated tables ----------------------------------------------------------
+# ---- cuda/README.md and its generated tables ---------------------------------------------------
 # readme_holds WHAT FILE: every line of FILE (a script's output) is a line of cuda/README.md.
 readme_holds() {
     if [ -s "$2" ] && [ -z "$(grep -vxF -f <(cat cuda/README.md) "$2")" ]; then
@@ -276,7 +278,38 @@ if selected "roofline"; then
 fi
 if [ -f "$BUILD/libcooktrain-cuda.so" ] && selected "resources"; then
     python3 scripts/cuda_resources.py "$BUILD" >"$tmp/resources.md"
-    readme_holds "resource usage (scripts/cuda_resources.py $BUILD)" "$tmp/resources.md"
+    if [ -s "$tmp/resources.md" ] && cmp -s "$tmp/resources.md" cuda/resources.md; then
+        ok "resource usage: cuda/resources.md is scripts/cuda_resources.py's output for $BUILD"
+    else
+        fail "resource usage: cuda/resources.md differs from scripts/cuda_resources.py $BUILD (regenerate it):"
+        diff cuda/resources.md "$tmp/resources.md" | head -4 | sed 's/^/    /'
+    fi
 elif selected "resources"; then
-    skip "cuda/README.md's resource table: $BUILD/libcooktrain-cuda.so not built (needs nvcc)"
+    skip "cuda/resources.md: $BUILD/libcooktrain-cuda.so not built (needs nvcc)"
+fi
+if selected "readme"; then
+    lines=$(wc -l <cuda/README.md)
+    if [ "$lines" -le 250 ]; then
+        ok "readme: cuda/README.md is a guide of $lines lines (at most 250)"
+    else
+        fail "readme: cuda/README.md has $lines lines, more than 250"
+    fi
+    # a file is named as `name.ext` or `name.{ext,ext}` in backticks; the files are git's tracked
+    # ones, or outside a checkout (the mutants' scratch tree: a copy of them) the folder's
+    files=$(git ls-files cuda 2>/dev/null || find cuda -type f | sort)
+    if [ -z "$files" ]; then
+        fail "readme: no files found under cuda/"
+    elif missing=$(printf '%s\n' "$files" | grep -v '^cuda/emu/' | python3 -c '
+import re, sys
+named = set()
+for tok in re.findall(r"`([^`]+)`", open("cuda/README.md").read()):
+    m = re.fullmatch(r"([\w.-]+)\.\{([\w.,]+)\}", tok)
+    named.update(m.group(1) + "." + e for e in m.group(2).split(",")) if m else named.add(tok)
+missing = [f for f in sys.stdin.read().split() if f[len("cuda/"):] not in named]
+print(" ".join(missing))
+sys.exit(1 if missing else 0)'); then
+        ok "readme: cuda/README.md names every tracked file of cuda/ (emu/ has its own README)"
+    else
+        fail "readme: cuda/README.md does not name $missing"
+    fi
 fi

@@ -51,7 +51,7 @@ else
   $(info hint: run `bash scripts/setup.sh` (or `make setup`) to install them with apt-get)
 endif
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
-# oneDNN (bf16 GEMMs, core/backend/cpu_gemm.c) ships no pkg-config file in Debian: look for its
+# oneDNN (bf16 GEMMs, core/backend/cpu/gemm_onednn.c) ships no pkg-config file in Debian: look for its
 # header.
 HAVE_DNNL := $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),yes)
 ifneq ($(HAVE_DNNL),yes)
@@ -66,7 +66,7 @@ ifeq ($(CUDA),)
   CUDA := $(if $(NVCC),1,0)
 endif
 
-CORE_SRC := $(wildcard core/*.c core/*/*.c)
+CORE_SRC := $(wildcard core/*.c core/*/*.c core/*/*/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CORE_LIB := $(BUILD)/libctcore.a
 PAR_SRC  := $(wildcard parallel/*.c)

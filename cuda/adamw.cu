@@ -1,10 +1,10 @@
 /*
  * adamw.cu — the fused AdamW update over weight-decay segments and the sum of squares of the
- * gradient norm (adamw.cuh). The CPU reference is ct_cpu_adamw and ct_cpu_sumsq in
- * core/backend/cpu_kernels.c; both results here are bit-identical to it:
+ * gradient norm (the slots adamw and sumsq). The CPU reference is core/backend/cpu/adamw.c; both
+ * results here are bit-identical to it:
  *
  *   adamw  the CPU's float operations in the CPU's order, every multiply-add an explicit fmaf
- *          (cpu_kernels.c spells the sequence out); the bias corrections bc1, bc2 are computed on
+ *          (cpu/adamw.c spells the sequence out); the bias corrections bc1, bc2 are computed on
  *          the host in double, 1 - pow(beta, step), then cast to float, by the same expression;
  *          IEEE division and sqrtf (nvcc's defaults, -prec-div / -prec-sqrt). The bf16 copy is the
  *          updated fp32 value rounded to nearest even.
@@ -42,7 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/adamw.cuh"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/launch.cuh"
 
 #define ADAMW_BATCH 32   /* segments per launch (the argument struct stays under 1 KB) */
@@ -297,9 +297,10 @@ static void adamw_batches(ct_cuda_ctx *cx, float *param, const float *grad, floa
     }
 }
 
-extern "C" void ct_cuda_adamw(ct_cuda_ctx *cx, float *param, const float *grad, float *m, float *v,
+extern "C" void ct_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
                               const ct_adamw_segment *segments, int n_segments,
                               const ct_adamw_hparams *hp, void *param_copy, ct_dtype copy_dtype) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(!param_copy || copy_dtype == CT_DTYPE_F32 || copy_dtype == CT_DTYPE_BF16,
                "adamw: param copy of dtype %s", ct_dtype_name(copy_dtype));
     adamw_scalars h;
@@ -325,8 +326,9 @@ extern "C" void ct_cuda_adamw(ct_cuda_ctx *cx, float *param, const float *grad, 
 /* Batches of up to SUMSQ_BATCH consecutive ranges, each two launches (chunks, then totals); the
  * chunk partials of all batches side by side in one workspace (asked for once: it may move when a
  * larger one is asked for). A batch takes 16-byte loads when every one of its ranges is aligned. */
-extern "C" void ct_cuda_sumsq(ct_cuda_ctx *cx, float *out, const float *const *x, const int64_t *n,
+extern "C" void ct_cuda_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n,
                               int count) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     cudaStream_t st = ct_cuda_stream(cx);
     int64_t all_chunks = 0;
     for (int i = 0; i < count; i++)

@@ -1,9 +1,9 @@
 /*
- * attention.cu — causal self-attention, forward and backward (attention.cuh), FlashAttention-2
- * style in plain CUDA: the fp32 path (fp32 operands and arithmetic, no tensor cores). bf16 runs on
- * tensor cores (attention_tc.cu), which shares this file's D = rowsum(dO ⊙ O) kernel. The float
- * formulas are those of the CPU reference (ct_cpu_attention_fwd / _bwd in
- * core/backend/cpu_attention.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s − max) / sum,
+ * attention.cu — causal self-attention, forward and backward (the slots attention_fwd,
+ * attention_bwd), FlashAttention-2 style in plain CUDA: the fp32 path (fp32 operands and
+ * arithmetic, no tensor cores). bf16 runs on tensor cores (attention_tc.cu), which shares this
+ * file's D = rowsum(dO ⊙ O) kernel. The float formulas are those of the CPU reference
+ * (core/backend/cpu/attention.c): s = scale·(q·k) with scale = 1/sqrt(hd), p = exp(s − max) / sum,
  * out = (Σ p̃·v)·(1/sum), lse = max + log(sum); backward dP = dO·Vᵀ, D = rowsum(dO ⊙ O),
  * dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K, dK = scale·dSᵀ·Q. What differs is the
  * summation order (online softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test
@@ -48,7 +48,7 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
-#include "cuda/attention.cuh"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/attention_tc.cuh"
 
 #include "cuda/attention_tile.cuh"
@@ -278,9 +278,10 @@ static void att_bwd(ct_cuda_ctx *cx, void *dqkv, float *dbias, const void *dout,
     if (dbias) ct_cuda_colsum_add(cx, dbias, partial, B * n_t, lqkv, lqkv);
 }
 
-extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *lse,
+extern "C" void ct_cuda_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse,
                                       const void *qkv, int64_t B, int64_t T, int64_t n_head,
                                       int64_t n_kv_head, int64_t head_dim) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "attention_fwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     att_check_dims("attention_fwd", B, T, n_head, n_kv_head, head_dim);
@@ -291,10 +292,11 @@ extern "C" void ct_cuda_attention_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, f
                         head_dim);
 }
 
-extern "C" void ct_cuda_attention_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dqkv, float *dbias,
+extern "C" void ct_cuda_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias,
                                       const void *dout, const void *qkv, const void *out,
                                       const float *lse, int64_t B, int64_t T, int64_t n_head,
                                       int64_t n_kv_head, int64_t head_dim) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "attention_bwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     att_check_dims("attention_bwd", B, T, n_head, n_kv_head, head_dim);

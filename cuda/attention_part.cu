@@ -1,5 +1,6 @@
 /*
- * attention_part.cu — one step of ring attention (attention_part.cuh): the local queries against
+ * attention_part.cu — one step of ring attention (the slots attention_part_fwd,
+ * attention_part_bwd, context parallelism): the local queries against
  * one key/value block of the ring, forward and backward, in fp32 on the tiles of
  * cuda/attention_tile.cuh (64 query rows × 64 keys, 256 threads, register tiles; explained
  * there). bf16
@@ -8,7 +9,7 @@
  * The local rows are two chunks of ch = T/2 rows at global chunk indices q0, q1, the block's rows
  * two chunks at k0, k1 (CT_ATT_CHUNKS); query chunk qc meets key chunk kc fully when kc < qc,
  * causally when kc == qc, not at all when kc > qc. Formulas and merge as the CPU reference
- * (ct_cpu_attention_part_fwd / _bwd, core/backend/cpu_attention.c): each attended (query chunk,
+ * (core/backend/cpu/attention.c): each attended (query chunk,
  * key chunk) pair is one block (Ob, Lb) by online softmax, merged into the accumulators (O, L) by
  * L' = max(L, Lb) + log1p(e^(−|L − Lb|)), O' = e^(L − L')·O + e^(Lb − L')·Ob, pairs in the order
  * (query chunk, key chunk 0, key chunk 1); the backward recomputes P = exp(s − L) from the final L
@@ -33,7 +34,7 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
-#include "cuda/attention_part.cuh"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/attention_tc.cuh"
 #include "cuda/attention_tile.cuh"
 #include "cuda/launch.cuh"
@@ -241,10 +242,11 @@ static void part_bwd(ct_cuda_ctx *cx, float *dq_acc, float *dkv_acc, const void 
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_attention_part_fwd(ct_cuda_ctx *cx, ct_dtype dt, float *o_acc,
-                                           float *lse_acc, const void *qkv, const void *kv,
-                                           int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                                           int64_t head_dim, int64_t chunks) {
+extern "C" void ct_cuda_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                                           const void *qkv, const void *kv, int64_t B, int64_t T,
+                                           int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                           int64_t chunks) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "attention_part_fwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     part_check_dims("attention_part_fwd", B, T, n_head, n_kv_head, head_dim);
@@ -256,11 +258,12 @@ extern "C" void ct_cuda_attention_part_fwd(ct_cuda_ctx *cx, ct_dtype dt, float *
                         n_kv_head, head_dim, chunks);
 }
 
-extern "C" void ct_cuda_attention_part_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *dq_acc,
-                                           float *dkv_acc, const void *dout, const void *qkv,
-                                           const void *out, const float *lse, const void *kv,
-                                           int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                                           int64_t head_dim, int64_t chunks) {
+extern "C" void ct_cuda_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                                           const void *dout, const void *qkv, const void *out,
+                                           const float *lse, const void *kv, int64_t B, int64_t T,
+                                           int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                           int64_t chunks) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "attention_part_bwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || n_head <= 0) return;
     part_check_dims("attention_part_bwd", B, T, n_head, n_kv_head, head_dim);

@@ -22,26 +22,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/adamw.cuh"
-#include "cuda/attention.cuh"
-#include "cuda/attention_part.cuh"
 #include "cuda/ct_cuda_check.h"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/elementwise.cuh"
-#include "cuda/embedding.cuh"
-#include "cuda/gelu.cuh"
 #include "cuda/gemm.h"
-#include "cuda/layernorm.cuh"
-#include "cuda/moe_rows.cuh"
-#include "cuda/rope.cuh"
-#include "cuda/swiglu.cuh"
-#include "cuda/xent.cuh"
 
 struct ct_cuda_ctx {
     int device;
     struct cudaDeviceProp prop;
     cudaStream_t stream;
     cudaEvent_t events[CT_BACKEND_EVENTS];
-    ct_cuda_gemm_ctx *gemm;
+    ct_cublas_gemm_ctx *gemm;
     void *workspace[2]; /* ct_cuda_workspace */
     size_t workspace_bytes[2];
     /* The stream's clock (backend.h, mark): one timing event per mark id, and the anchor, an
@@ -107,10 +98,6 @@ static void cuda_free(void *ctx, void *ptr) {
     cx->frees++;
 }
 
-static void cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
-    ct_cuda_fill(ctx, dst, dtype, n, value);
-}
-
 static void cuda_copy_from_host(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
@@ -123,12 +110,15 @@ static void cuda_copy_to_host(void *ctx, void *dst, const void *src, size_t byte
     ct_cuda_host_wait(cx->stream, NULL);
 }
 
-static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+void ct_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
 }
 
-/* ---- ops: straight to the launchers -------------------------------------------------------- */
+/* ---- ops: the GEMMs ------------------------------------------------------------------------
+ *
+ * Every other op's slot is its launcher, ct_cuda_<op> in the op family's .cu file (ct_cuda_ctx.h
+ * declares them from the op list). */
 
 /* An accumulating GEMM into bf16 (beta != 0: a linear layer's output that starts as its bias
  * where cuBLASLt has no epilogue algorithm, Mixture of Experts' outputs) is rounded once, as the
@@ -137,24 +127,24 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
  * mode found results up to 27 bf16 ulps from the single rounding where the product and C nearly
  * cancel, as a second rounding (of the product, before C is added) would give. The price: the fp32
  * product written and read again, 8 bytes an element besides C's own read and write. */
-static void cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                      float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+void ct_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     ct_cuda_ctx *cx = ctx;
     if (c_dtype == CT_DTYPE_BF16 && beta != 0.0f && M > 0 && N > 0 && K > 0 && alpha != 0.0f) {
         float *prod = ct_cuda_workspace(cx, 1, (size_t)(M * N) * sizeof(float));
-        ct_cuda_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, prod, N,
-                     ab_dtype, CT_DTYPE_F32);
+        ct_cublas_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, prod, N,
+                       ab_dtype, CT_DTYPE_F32);
         ct_cuda_accumulate_rounded(cx, C, ldc, prod, beta, M, N);
         return;
     }
-    ct_cuda_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_dtype,
-                 c_dtype);
+    ct_cublas_gemm(cx->gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                   ab_dtype, c_dtype);
 }
 
 /* Mixture of Experts' GEMMs (one per local expert) in one cublasGemmGroupedBatchedEx call
- * (ct_cuda_gemm_grouped), except where the GEMMs must go one by one through cuda_gemm: a bf16 C
- * with beta != 0 (rounded once, above; the grouped call has no fp32 product to hand), and what
+ * (ct_cublas_gemm_grouped), except where the GEMMs must go one by one through ct_cuda_gemm: a bf16
+ * C with beta != 0 (rounded once, above; the grouped call has no fp32 product to hand), and what
  * the grouped call refuses (bf16 into an fp32 C, bf16 pointers not 16-byte aligned). Operands are
  * contiguous row-major (the slot's contract, backend.h). */
 static void cuda_gemm_grouped(void *ctx, int count, bool trans_a, bool trans_b, const int64_t *mnk,
@@ -162,215 +152,41 @@ static void cuda_gemm_grouped(void *ctx, int count, bool trans_a, bool trans_b, 
                               ct_dtype c_dtype) {
     ct_cuda_ctx *cx = ctx;
     if (!(c_dtype == CT_DTYPE_BF16 && beta != 0.0f) &&
-        ct_cuda_gemm_grouped(cx->gemm, count, trans_a, trans_b, mnk, alpha, ptrs, beta, ab_dtype,
-                             c_dtype))
+        ct_cublas_gemm_grouped(cx->gemm, count, trans_a, trans_b, mnk, alpha, ptrs, beta, ab_dtype,
+                               c_dtype))
         return;
     for (int i = 0; i < count; i++) {
         int64_t M = mnk[3 * i], N = mnk[3 * i + 1], K = mnk[3 * i + 2];
-        cuda_gemm(cx, trans_a, trans_b, M, N, K, alpha, ptrs[3 * i], trans_a ? M : K,
-                  ptrs[3 * i + 1], trans_b ? K : N, beta, ptrs[3 * i + 2], N, ab_dtype, c_dtype);
+        ct_cuda_gemm(cx, trans_a, trans_b, M, N, K, alpha, ptrs[3 * i], trans_a ? M : K,
+                     ptrs[3 * i + 1], trans_b ? K : N, beta, ptrs[3 * i + 2], N, ab_dtype, c_dtype);
     }
 }
 
 /* GELU fused into the GEMM's epilogue (cuBLASLt's GELU_AUX_BIAS); where cuBLASLt has no
- * algorithm for it (ct_cuda_gemm_bias_gelu returns false), the same three steps as the model's
+ * algorithm for it (ct_cublas_gemm_bias_gelu returns false), the same three steps as the model's
  * fallback: pre = bias on every row, pre += A·Bᵀ (beta = 1), out = GELU(pre). */
 static void cuda_gemm_bias_gelu(void *ctx, int64_t M, int64_t N, int64_t K, const void *A,
                                 int64_t lda, const void *B, int64_t ldb, const void *bias,
                                 void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
     ct_cuda_ctx *cx = ctx;
     if (!out) { /* the bias alone (cuBLASLt's BIAS epilogue): pre = A·Bᵀ + bias */
-        if (ct_cuda_gemm_bias(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, dt)) return;
+        if (ct_cublas_gemm_bias(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, dt)) return;
         CT_ASSERTF(ldpre == N, "gemm_bias fallback with ldpre %lld, N %lld", (long long)ldpre,
                    (long long)N);
         ct_cuda_bias_init(cx, dt, pre, bias, NULL, M, N);
-        cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
+        ct_cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
         return;
     }
-    if (ct_cuda_gemm_bias_gelu(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt))
+    if (ct_cublas_gemm_bias_gelu(cx->gemm, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout,
+                                 dt))
         return;
     /* The kernels take packed (M, N) rows: the wrapper passes ldpre = ldout = N. */
     CT_ASSERTF(ldpre == N && ldout == N,
                "gemm_bias_gelu fallback with ldpre %lld, ldout %lld, N %lld", (long long)ldpre,
                (long long)ldout, (long long)N);
     ct_cuda_bias_init(cx, dt, pre, bias, NULL, M, N);
-    cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
+    ct_cuda_gemm(cx, false, true, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, pre, ldpre, dt, dt);
     ct_cuda_gelu_fwd(cx, dt, out, pre, M * N);
-}
-
-static void cuda_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
-                          int64_t C) {
-    ct_cuda_bias_add(ctx, dt, out, bias, N, C);
-}
-
-static void cuda_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
-                           const void *residual, int64_t N, int64_t C) {
-    ct_cuda_bias_init(ctx, dt, out, bias, residual, N, C);
-}
-
-static void cuda_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
-                           int64_t C) {
-    ct_cuda_bias_grad(ctx, dt, dbias, dout, N, C);
-}
-
-static void cuda_axpy(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha, int64_t n) {
-    ct_cuda_axpy(ctx, dt, dst, src, alpha, n);
-}
-
-static void cuda_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
-    ct_cuda_scale(ctx, dt, x, s, n);
-}
-
-static void cuda_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
-                               const void *table, int64_t N, int64_t C, int64_t rows,
-                               int64_t row_offset) {
-    ct_cuda_embedding_fwd(ctx, dt, out, tokens, table, N, C, rows, row_offset);
-}
-
-static void cuda_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
-                               const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
-                               int64_t row_offset) {
-    ct_cuda_embedding_bwd(ctx, dt, dtable, dout, tokens, N, C, rows, row_offset);
-}
-
-static void cuda_gather_rows(void *ctx, ct_dtype dt, void *out, const void *in, const int32_t *idx,
-                             const float *w, int64_t N, int64_t slots, int64_t C, int64_t in_rows) {
-    ct_cuda_gather_rows(ctx, dt, out, in, idx, w, N, slots, C, in_rows);
-}
-
-static void cuda_gather_dot(void *ctx, ct_dtype dt, float *out, const void *a, const int32_t *ia,
-                            const void *b, const int32_t *ib, int64_t R, int64_t C, int64_t a_rows,
-                            int64_t b_rows) {
-    ct_cuda_gather_dot(ctx, dt, out, a, ia, b, ib, R, C, a_rows, b_rows);
-}
-
-static void cuda_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B,
-                            int64_t T, int64_t C, int64_t pos_offset) {
-    ct_cuda_posemb_fwd(ctx, dt, out, wpe, B, T, C, pos_offset);
-}
-
-static void cuda_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
-                            int64_t T, int64_t C, int64_t pos_offset) {
-    ct_cuda_posemb_bwd(ctx, dt, dwpe, dout, B, T, C, pos_offset);
-}
-
-static void cuda_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
-                               void *inp, const void *residual, const void *w, const void *b,
-                               int64_t N, int64_t C) {
-    ct_cuda_layernorm_fwd(ctx, dt, out, mean, rstd, inp, residual, w, b, N, C);
-}
-
-static void cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
-                               const void *dout, const void *inp, const void *w, const float *mean,
-                               const float *rstd, int64_t N, int64_t C) {
-    ct_cuda_layernorm_bwd(ctx, dt, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-
-static void cuda_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, void *inp,
-                             const void *residual, const void *w, int64_t N, int64_t C, float eps) {
-    ct_cuda_rmsnorm_fwd(ctx, dt, out, rstd, inp, residual, w, N, C, eps);
-}
-
-static void cuda_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
-                             const void *inp, const void *w, const float *rstd, int64_t N,
-                             int64_t C) {
-    ct_cuda_rmsnorm_bwd(ctx, dt, dinp, dw, dout, inp, w, rstd, N, C);
-}
-
-static void cuda_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B, int64_t T,
-                      int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
-                      bool inverse) {
-    ct_cuda_rope(ctx, dt, x, cos_sin, B, T, n_rot_head, head_dim, ld, pos_offset, inverse);
-}
-
-static void cuda_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate, const void *up,
-                            int64_t N, int64_t H, int64_t ld) {
-    ct_cuda_swiglu_fwd(ctx, dt, out, gate, up, N, H, ld);
-}
-
-static void cuda_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
-                            const void *up, const void *dout, int64_t N, int64_t H, int64_t ld) {
-    ct_cuda_swiglu_bwd(ctx, dt, dgate, dup, gate, up, dout, N, H, ld);
-}
-
-static void cuda_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n) {
-    ct_cuda_gelu_fwd(ctx, dt, out, inp, n);
-}
-
-static void cuda_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
-                          const void *dout, int64_t N, int64_t C) {
-    ct_cuda_gelu_bwd(ctx, dt, dinp, dbias, inp, dout, N, C);
-}
-
-static void cuda_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv,
-                               int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                               int64_t head_dim) {
-    ct_cuda_attention_fwd(ctx, dt, out, lse, qkv, B, T, n_head, n_kv_head, head_dim);
-}
-
-static void cuda_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
-                               const void *qkv, const void *out, const float *lse, int64_t B,
-                               int64_t T, int64_t n_head, int64_t n_kv_head, int64_t head_dim) {
-    ct_cuda_attention_bwd(ctx, dt, dqkv, dbias, dout, qkv, out, lse, B, T, n_head, n_kv_head,
-                          head_dim);
-}
-
-static void cuda_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
-                           const void *src, ct_dtype src_dtype, int64_t ld_src, int64_t rows,
-                           int64_t cols) {
-    ct_cuda_cast_cols(ctx, dst, dst_dtype, ld_dst, src, src_dtype, ld_src, rows, cols);
-}
-
-static void cuda_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
-                                    const void *qkv, const void *kv, int64_t B, int64_t T,
-                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim,
-                                    int64_t chunks) {
-    ct_cuda_attention_part_fwd(ctx, dt, o_acc, lse_acc, qkv, kv, B, T, n_head, n_kv_head, head_dim,
-                               chunks);
-}
-
-static void cuda_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
-                                    const void *dout, const void *qkv, const void *out,
-                                    const float *lse, const void *kv, int64_t B, int64_t T,
-                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim,
-                                    int64_t chunks) {
-    ct_cuda_attention_part_bwd(ctx, dt, dq_acc, dkv_acc, dout, qkv, out, lse, kv, B, T, n_head,
-                               n_kv_head, head_dim, chunks);
-}
-
-static void cuda_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits, int64_t N,
-                             int64_t V, int64_t n_valid) {
-    ct_cuda_xent_rowmax(ctx, dt, rowmax, logits, N, V, n_valid);
-}
-
-static void cuda_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *target_logit,
-                             void *logits, const int32_t *targets, const float *rowmax, int64_t N,
-                             int64_t V, int64_t n_valid, int64_t col_offset, bool keep_exp) {
-    ct_cuda_xent_sumexp(ctx, dt, sumexp, target_logit, logits, targets, rowmax, N, V, n_valid,
-                        col_offset, keep_exp);
-}
-
-static void cuda_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits_to_grad,
-                             const int32_t *targets, const float *rowmax, const float *sumexp,
-                             const float *target_logit, int64_t N, int64_t V, int64_t n_valid,
-                             int64_t col_offset, float dloss, bool write_grad) {
-    ct_cuda_xent_finish(ctx, dt, losses, logits_to_grad, targets, rowmax, sumexp, target_logit, N,
-                        V, n_valid, col_offset, dloss, write_grad);
-}
-
-static void cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
-                       const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
-                       void *param_copy, ct_dtype copy_dtype) {
-    ct_cuda_adamw(ctx, param, grad, m, v, segments, n_segments, hp, param_copy, copy_dtype);
-}
-
-static void cuda_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count) {
-    ct_cuda_sumsq(ctx, out, x, n, count);
-}
-
-static void cuda_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
-                      int64_t n) {
-    ct_cuda_cast(ctx, dst, dst_dtype, src, src_dtype, n);
 }
 
 /* ---- ordering ------------------------------------------------------------------------------ */
@@ -521,7 +337,7 @@ static void cuda_describe(void *ctx, char *buf, size_t cap) {
 static void cuda_free_backend(void *ctx) {
     ct_cuda_ctx *cx = ctx;
     CT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
-    ct_cuda_gemm_free(cx->gemm);
+    ct_cublas_gemm_free(cx->gemm);
     for (int s = 0; s < 2; s++)
         if (cx->workspace[s]) CT_CUDA_CHECK(cudaFree(cx->workspace[s]));
     for (int e = 0; e < CT_BACKEND_EVENTS; e++) CT_CUDA_CHECK(cudaEventDestroy(cx->events[e]));
@@ -532,61 +348,30 @@ static void cuda_free_backend(void *ctx) {
     free(cx);
 }
 
-static const struct ct_backend_i cuda_iface = {
-    .name = "cuda",
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .fill = cuda_fill,
-    .copy_from_host = cuda_copy_from_host,
-    .copy_to_host = cuda_copy_to_host,
-    .copy = cuda_copy,
-    .gemm = cuda_gemm,
-    .gemm_grouped = cuda_gemm_grouped,
-    .gemm_bias_gelu = cuda_gemm_bias_gelu,
-    .bias_add = cuda_bias_add,
-    .bias_init = cuda_bias_init,
-    .bias_grad = cuda_bias_grad,
-    .axpy = cuda_axpy,
-    .scale = cuda_scale,
-    .embedding_fwd = cuda_embedding_fwd,
-    .embedding_bwd = cuda_embedding_bwd,
-    .gather_rows = cuda_gather_rows,
-    .gather_dot = cuda_gather_dot,
-    .posemb_fwd = cuda_posemb_fwd,
-    .posemb_bwd = cuda_posemb_bwd,
-    .layernorm_fwd = cuda_layernorm_fwd,
-    .layernorm_bwd = cuda_layernorm_bwd,
-    .rmsnorm_fwd = cuda_rmsnorm_fwd,
-    .rmsnorm_bwd = cuda_rmsnorm_bwd,
-    .rope = cuda_rope,
-    .swiglu_fwd = cuda_swiglu_fwd,
-    .swiglu_bwd = cuda_swiglu_bwd,
-    .gelu_fwd = cuda_gelu_fwd,
-    .gelu_bwd = cuda_gelu_bwd,
-    .attention_fwd = cuda_attention_fwd,
-    .attention_bwd = cuda_attention_bwd,
-    .cast_cols = cuda_cast_cols,
-    .attention_part_fwd = cuda_attention_part_fwd,
-    .attention_part_bwd = cuda_attention_part_bwd,
-    .xent_rowmax = cuda_xent_rowmax,
-    .xent_sumexp = cuda_xent_sumexp,
-    .xent_finish = cuda_xent_finish,
-    .adamw = cuda_adamw,
-    .sumsq = cuda_sumsq,
-    .cast = cuda_cast,
-    .event_record = cuda_event_record,
-    .event_wait = cuda_event_wait,
-    .mark = cuda_mark,
-    .marks_read = cuda_marks_read,
-    .sync = cuda_sync,
-    .capture_begin = cuda_capture_begin,
-    .capture_end = cuda_capture_end,
-    .graph_launch = cuda_graph_launch,
-    .graph_free = cuda_graph_free,
-    .peak_flops = cuda_peak_flops,
-    .describe = cuda_describe,
-    .free_backend = cuda_free_backend,
-};
+/* The ops come from the list (core/backend/backend_ops.h): ct_cuda_<op> for every required and
+ * feature op (ct_cuda_ctx.h); the two optional GEMMs by hand. */
+#define CUDA_SLOT_(...) CT_OP_SLOT(ct_cuda_, __VA_ARGS__)
+static const struct ct_backend_i cuda_iface = {.name = "cuda",
+                                               .alloc = cuda_alloc,
+                                               .free = cuda_free,
+                                               .copy_from_host = cuda_copy_from_host,
+                                               .copy_to_host = cuda_copy_to_host,
+                                               .event_record = cuda_event_record,
+                                               .event_wait = cuda_event_wait,
+                                               .mark = cuda_mark,
+                                               .marks_read = cuda_marks_read,
+                                               .sync = cuda_sync,
+                                               .capture_begin = cuda_capture_begin,
+                                               .capture_end = cuda_capture_end,
+                                               .graph_launch = cuda_graph_launch,
+                                               .graph_free = cuda_graph_free,
+                                               .peak_flops = cuda_peak_flops,
+                                               .describe = cuda_describe,
+                                               .free_backend = cuda_free_backend,
+                                               .gemm_grouped = cuda_gemm_grouped,
+                                               .gemm_bias_gelu = cuda_gemm_bias_gelu,
+                                               CT_BACKEND_OPS(CUDA_SLOT_)};
+#undef CUDA_SLOT_
 
 int ct_cuda_device_count(char *why, size_t cap) {
     int count = 0;
@@ -626,7 +411,7 @@ ct_backend *ct_cuda_backend_new(int device) {
         CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->events[e], cudaEventDisableTiming));
     CT_CUDA_CHECK(cudaEventCreateWithFlags(&cx->anchor, cudaEventDefault));
     clock_anchor(cx);
-    cx->gemm = ct_cuda_gemm_new(cx->stream);
+    cx->gemm = ct_cublas_gemm_new(cx->stream);
     ct_backend *be = ct_xcalloc(1, sizeof *be);
     be->iface = &cuda_iface;
     be->ctx = cx;

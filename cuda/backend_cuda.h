@@ -1,6 +1,6 @@
 /*
  * backend_cuda.h — the CUDA backend (core/README.md, The backend interface): the slots of struct
- * ct_backend_i on one device, as kernels (the .cu files here, one op per .cu/.cuh pair) and
+ * ct_backend_i on one device, as kernels (the .cu files here, one op family per file) and
  * cuBLASLt GEMMs (gemm.h).
  *
  * cmd/ calls ct_cuda_register() once at start in a build with CUDA; "--backend cuda" then makes

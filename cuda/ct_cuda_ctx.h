@@ -2,9 +2,11 @@
  * ct_cuda_ctx.h — what an op's launcher gets from the backend (backend_cuda.c owns it): the
  * compute stream every kernel is issued on, and a scratch workspace for partial sums.
  *
- * Launchers (one per op, declared in the op's .cuh) take the backend's ct_cuda_ctx first and then
- * exactly the arguments of the matching slot of struct ct_backend_i (core/backend/backend.h), with
- * the same meaning: row-major tensors, `dt` the storage dtype of activations and parameters
+ * Launchers: ct_cuda_<op>, one per op, declared below from the op list (core/backend/
+ * backend_ops.h) with exactly the parameters of the op's slot of struct ct_backend_i
+ * (core/backend/backend.h), so backend_cuda.c's table points at them and a missing or mistyped one
+ * does not build. `ctx` is the backend's ct_cuda_ctx; the arguments mean what the slot says:
+ * row-major tensors, `dt` the storage dtype of activations and parameters
  * (CT_DTYPE_F32 or CT_DTYPE_BF16; bf16 values are widened to fp32 on load and rounded to nearest
  * even on store), parameter gradients and statistics always fp32, "accumulates" meaning +=.
  * Every pointer is device memory. A launcher only enqueues work on the stream; it never waits.
@@ -58,6 +60,13 @@ cudaEvent_t ct_cuda_backend_event(const ct_backend *be, int event);
  * ct_backend_marks_settle), so best for events within a step or so of the last settle. NAN when
  * it has not passed. */
 double ct_cuda_backend_event_time(const ct_backend *be, cudaEvent_t event);
+
+/* The launchers: void ct_cuda_<op>(void *ctx, <the slot's parameters>) for every required and
+ * feature op, each defined in the .cu file of its op family (cuda/README.md, the kernels' table);
+ * copy and gemm, which call the runtime and cuBLASLt, in backend_cuda.c. */
+#define CT_CUDA_DECL_(...) CT_OP_DECLARE(ct_cuda_, __VA_ARGS__)
+CT_BACKEND_OPS(CT_CUDA_DECL_)
+#undef CT_CUDA_DECL_
 
 #ifdef __cplusplus
 }

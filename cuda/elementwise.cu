@@ -1,12 +1,15 @@
 /*
  * elementwise.cu — fill, bias and residual adds, the bias gradient, axpy, scale and dtype casts
- * (elementwise.cuh). The CPU reference is ct_cpu_fill, _bias_add, _bias_init, _bias_grad,
- * _axpy, _scale and _cast in core/backend/cpu_kernels.c with their bf16 slots (backend_cpu.c); each
- * kernel computes the same fp32 expression per element (bf16 widened on load, rounded to nearest
- * even on store), so every result here is bit-identical to the CPU's: bias_add   out = out + bias
- * bias_init  out = bias, or residual + bias axpy       dst = fmaf(alpha, src, dst)   (the CPU
- * build, -O3 -march=native in GNU C, contracts its dst += alpha·src into the same single-rounding
- * FMA) scale      x = x·s                   cast       f32 <-> bf16, same dtype: a device copy
+ * (the slots fill, bias_add, bias_init, bias_grad, axpy, scale, cast, cast_cols), and the helpers
+ * other kernel files share (elementwise.cuh). The CPU reference is core/backend/cpu/elementwise.c;
+ * each kernel computes the same fp32 expression per element (bf16 widened on load, rounded to
+ * nearest even on store), so every result here is bit-identical to the CPU's:
+ *   bias_add   out = out + bias
+ *   bias_init  out = bias, or residual + bias
+ *   axpy       dst = fmaf(alpha, src, dst)   (the CPU build, -O3 -march=native in GNU C, contracts
+ *              its dst += alpha·src into the same single-rounding FMA)
+ *   scale      x = x·s
+ *   cast       f32 <-> bf16, same dtype: a device copy
  *   accumulate_rounded   C = bf16(fmaf(beta, C, prod)): a bf16 GEMM's accumulation (no CPU slot:
  *              the CPU's GEMM rounds once, and this is how the CUDA gemm slot does the same)
  *   bias_grad  dbias(C) += Σ rows of dout, in the CPU's order: rows summed in order inside chunks
@@ -15,12 +18,14 @@
  *
  * Kernels:
  *   ew_fill_kernel        16-byte stores of a replicated pattern over the aligned part,
- * grid-stride. ew_bias_kernel        rows x column vectors (2-D grid-stride): out = [residual +]
- * bias [+ out]. ew_colsum_kernel      bias_grad phase 1: one thread per (chunk, column vector) sums
- * the chunk's rows in order; with a single chunk it adds straight into dbias. ew_partials_kernel
- * bias_grad phase 2 (ct_cuda_colsum_add, which the norms, GELU and attention call for their bias
- * and weight gradients too): a block per 32 columns stages the chunk partials through shared
- * memory, and a lane per column adds them in chunk order, then into the destination.
+ *                         grid-stride.
+ *   ew_bias_kernel        rows x column vectors (2-D grid-stride): out = [residual +] bias [+ out].
+ *   ew_colsum_kernel      bias_grad phase 1: one thread per (chunk, column vector) sums the
+ *                         chunk's rows in order; with a single chunk it adds straight into dbias.
+ *   ew_partials_kernel    bias_grad phase 2 (ct_cuda_colsum_add, which the norms, GELU and
+ *                         attention call for their bias and weight gradients too): a block per 32
+ *                         columns stages the chunk partials through shared memory, and a lane per
+ *                         column adds them in chunk order, then into the destination.
  *   ew_axpy_kernel, ew_scale_kernel, ew_cast_kernel   flat grid-stride, 16-byte vectors (cast:
  *                         4 elements) over the aligned part, the n % VEC tail by the grid's first
  *                         threads.
@@ -252,7 +257,8 @@ template <typename W> static void ew_fill(ct_cuda_ctx *cx, void *dst, W value, i
 }
 
 /* The element values are converted on the host exactly as cpu_fill converts them. */
-extern "C" void ct_cuda_fill(ct_cuda_ctx *cx, void *dst, ct_dtype dtype, int64_t n, float value) {
+extern "C" void ct_cuda_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (n <= 0) return;
     switch (dtype) {
     case CT_DTYPE_F32: {
@@ -293,8 +299,9 @@ static void ew_bias(ct_cuda_ctx *cx, void *out, const void *bias, const void *re
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_bias_add(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias,
-                                 int64_t N, int64_t C) {
+extern "C" void ct_cuda_bias_add(void *ctx, ct_dtype dt, void *out, const void *bias, int64_t N,
+                                 int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_add dtype %d", (int)dt);
     if (N <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -303,8 +310,9 @@ extern "C" void ct_cuda_bias_add(ct_cuda_ctx *cx, ct_dtype dt, void *out, const 
         ew_bias<float>(cx, out, bias, NULL, N, C, EW_BIAS_ADD);
 }
 
-extern "C" void ct_cuda_bias_init(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *bias,
+extern "C" void ct_cuda_bias_init(void *ctx, ct_dtype dt, void *out, const void *bias,
                                   const void *residual, int64_t N, int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_init dtype %d", (int)dt);
     if (N <= 0 || C <= 0) return;
     const int mode = residual ? EW_BIAS_INIT_RESIDUAL : EW_BIAS_INIT;
@@ -351,8 +359,9 @@ extern "C" void ct_cuda_colsum_add(ct_cuda_ctx *cx, float *dst, const float *par
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_bias_grad(ct_cuda_ctx *cx, ct_dtype dt, float *dbias, const void *dout,
-                                  int64_t N, int64_t C) {
+extern "C" void ct_cuda_bias_grad(void *ctx, ct_dtype dt, float *dbias, const void *dout, int64_t N,
+                                  int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "bias_grad dtype %d", (int)dt);
     if (N <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -374,8 +383,9 @@ static void ew_axpy(ct_cuda_ctx *cx, void *dst, const void *src, float alpha, in
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_axpy(ct_cuda_ctx *cx, ct_dtype dt, void *dst, const void *src, float alpha,
+extern "C" void ct_cuda_axpy(void *ctx, ct_dtype dt, void *dst, const void *src, float alpha,
                              int64_t n) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "axpy dtype %d", (int)dt);
     if (n <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -406,7 +416,8 @@ template <typename T> static void ew_scale(ct_cuda_ctx *cx, void *x, float s, in
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_scale(ct_cuda_ctx *cx, ct_dtype dt, void *x, float s, int64_t n) {
+extern "C" void ct_cuda_scale(void *ctx, ct_dtype dt, void *x, float s, int64_t n) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "scale dtype %d", (int)dt);
     if (n <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -427,8 +438,9 @@ static void ew_cast(ct_cuda_ctx *cx, void *dst, const void *src, int64_t n) {
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_cast(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, const void *src,
+extern "C" void ct_cuda_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src,
                              ct_dtype src_dtype, int64_t n) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (n <= 0) return;
     if (dst_dtype == src_dtype) {
         CT_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * ct_dtype_size(dst_dtype),
@@ -452,9 +464,10 @@ static void ew_cast_cols(ct_cuda_ctx *cx, void *dst, int64_t ld_dst, const void 
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_cast_cols(ct_cuda_ctx *cx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
+extern "C" void ct_cuda_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst,
                                   const void *src, ct_dtype src_dtype, int64_t ld_src, int64_t rows,
                                   int64_t cols) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (rows <= 0 || cols <= 0) return;
     /* same dtype: widening and rounding back give the same bits */
     if (dst_dtype == CT_DTYPE_F32 && src_dtype == CT_DTYPE_F32) {

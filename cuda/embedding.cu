@@ -1,13 +1,12 @@
 /*
- * embedding.cu — token and position embeddings, forward and backward (embedding.cuh). The CPU
- * reference is ct_cpu_embedding_fwd / _bwd and ct_cpu_posemb_fwd / _bwd in
- * core/backend/cpu_kernels.c with their bf16 slots (backend_cpu.c); every result here is
- * bit-identical to it: embedding_fwd  out[i] = table[tokens[i] - row_offset], or zeros for a token
- * outside [row_offset, row_offset + rows) (another vocab shard's): a copy, no arithmetic.
- *   posemb_fwd     out[b, t] = out[b, t] + wpe[pos_offset + t]  (fp32, rounded once for bf16).
- *   embedding_bwd  dtable[r] += dout[i] for each token i with row r = tokens[i] - row_offset inside
- *                  the slice, in token order (tokens outside are skipped), as the CPU adds them.
- *   posemb_bwd     dwpe[pos_offset + t] += (dout[0, t] + dout[1, t] + ...), the batch in order.
+ * embedding.cu — token and position embeddings, forward and backward (the slots embedding_fwd,
+ * embedding_bwd, posemb_fwd, posemb_bwd). The CPU reference is core/backend/cpu/embedding.c; every
+ * result here is bit-identical to it: embedding_fwd  out[i] = table[tokens[i] - row_offset], or
+ * zeros for a token outside [row_offset, row_offset + rows) (another vocab shard's): a copy, no
+ * arithmetic. posemb_fwd     out[b, t] = out[b, t] + wpe[pos_offset + t]  (fp32, rounded once for
+ * bf16). embedding_bwd  dtable[r] += dout[i] for each token i with row r = tokens[i] - row_offset
+ * inside the slice, in token order (tokens outside are skipped), as the CPU adds them. posemb_bwd
+ * dwpe[pos_offset + t] += (dout[0, t] + dout[1, t] + ...), the batch in order.
  *
  * Kernels:
  *   emb_fwd_kernel      rows x column vectors (2-D grid-stride): a copy or zeros per row.
@@ -32,7 +31,7 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
-#include "cuda/embedding.cuh"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/launch.cuh"
 
 #define EMB_THREADS 256       /* block of the per-token kernels of embedding_bwd */
@@ -237,9 +236,10 @@ static void emb_fwd(ct_cuda_ctx *cx, void *out, const int32_t *tokens, const voi
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_embedding_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out,
-                                      const int32_t *tokens, const void *table, int64_t N,
-                                      int64_t C, int64_t rows, int64_t row_offset) {
+extern "C" void ct_cuda_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
+                                      const void *table, int64_t N, int64_t C, int64_t rows,
+                                      int64_t row_offset) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "embedding_fwd dtype %d", (int)dt);
     if (N <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -290,9 +290,10 @@ static void emb_bwd(ct_cuda_ctx *cx, float *dtable, const void *dout, const int3
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_embedding_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *dtable, const void *dout,
+extern "C" void ct_cuda_embedding_bwd(void *ctx, ct_dtype dt, float *dtable, const void *dout,
                                       const int32_t *tokens, int64_t N, int64_t C, int64_t rows,
                                       int64_t row_offset) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "embedding_bwd dtype %d", (int)dt);
     CT_ASSERTF(N < INT32_MAX - EMB_THREADS, "embedding_bwd: %lld tokens", (long long)N);
     if (N <= 0 || C <= 0) return;
@@ -318,8 +319,9 @@ static void posemb_fwd(ct_cuda_ctx *cx, void *out, const void *wpe, int64_t B, i
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_posemb_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *wpe,
-                                   int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+extern "C" void ct_cuda_posemb_fwd(void *ctx, ct_dtype dt, void *out, const void *wpe, int64_t B,
+                                   int64_t T, int64_t C, int64_t pos_offset) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "posemb_fwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -345,8 +347,9 @@ static void posemb_bwd(ct_cuda_ctx *cx, float *dwpe, const void *dout, int64_t B
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_posemb_bwd(ct_cuda_ctx *cx, ct_dtype dt, float *dwpe, const void *dout,
-                                   int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+extern "C" void ct_cuda_posemb_bwd(void *ctx, ct_dtype dt, float *dwpe, const void *dout, int64_t B,
+                                   int64_t T, int64_t C, int64_t pos_offset) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "posemb_bwd dtype %d", (int)dt);
     if (B <= 0 || T <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)

@@ -1,9 +1,10 @@
 /*
- * gelu.cu — GELU, tanh form, forward and backward (gelu.cuh). The float formulas are those of the
- * CPU reference (gelu_t / gelu_grad in core/backend/cpu_kernels.c): gelu(x) = x / (1 + t) with
- * t = exp(-2u), u = k(x + a x³), the exponent clamped to [-87, 88] as exp_clamped_f32 clamps it,
- * and gelu'(x) = s·(1 + 2x·du·t·s) with s = 1/(1 + t), du = k(1 + 3a x²). The only difference is
- * expf (CUDA: at most 2 ulp; the CPU's exp_f32 about 1 ulp).
+ * gelu.cu — GELU, tanh form, forward and backward (the slots gelu_fwd, gelu_bwd; the backward
+ * also sums the bias gradient of the layer before it when dbias is not NULL). The float formulas
+ * are those of the CPU reference (gelu_t / gelu_grad in core/backend/cpu/gelu.c): gelu(x) = x / (1
+ * + t) with t = exp(-2u), u = k(x + a x³), the exponent clamped to [-87, 88] as exp_clamped_f32
+ * clamps it, and gelu'(x) = s·(1 + 2x·du·t·s) with s = 1/(1 + t), du = k(1 + 3a x²). The only
+ * difference is expf (CUDA: at most 2 ulp; the CPU's exp_f32 about 1 ulp).
  *
  * Kernels:
  *   gelu_fwd_kernel        elementwise, grid-stride, 16-byte vectors over the aligned part.
@@ -25,7 +26,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/elementwise.cuh"
-#include "cuda/gelu.cuh"
+#include "cuda/ct_cuda_ctx.h"
 #include "cuda/launch.cuh"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -180,8 +181,8 @@ static void gelu_bwd(ct_cuda_ctx *cx, void *dinp, float *dbias, const void *inp,
     ct_cuda_colsum_add(cx, dbias, partial, n_chunks, C, C);
 }
 
-extern "C" void ct_cuda_gelu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *inp,
-                                 int64_t n) {
+extern "C" void ct_cuda_gelu_fwd(void *ctx, ct_dtype dt, void *out, const void *inp, int64_t n) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gelu_fwd dtype %d", (int)dt);
     if (n <= 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -190,8 +191,9 @@ extern "C" void ct_cuda_gelu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const 
         gelu_fwd<float>(cx, out, inp, n);
 }
 
-extern "C" void ct_cuda_gelu_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dbias,
-                                 const void *inp, const void *dout, int64_t N, int64_t C) {
+extern "C" void ct_cuda_gelu_bwd(void *ctx, ct_dtype dt, void *dinp, float *dbias, const void *inp,
+                                 const void *dout, int64_t N, int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gelu_bwd dtype %d", (int)dt);
     if (N <= 0 || C <= 0) return;
     if (dt == CT_DTYPE_BF16)

@@ -10,7 +10,7 @@
  * op is the identity), m = N, n = M, k = K, and the leading dimensions unchanged. Nothing is
  * copied or transposed in memory.
  *
- * The bias-GELU epilogue under that swap (ct_cuda_gemm_bias_gelu). cuBLASLt's bias has one value
+ * The bias-GELU epilogue under that swap (ct_cublas_gemm_bias_gelu). cuBLASLt's bias has one value
  * per row of its column-major D, which is (N × M): one per column of our row-major (M, N) result,
  * i.e. the per-output-feature bias of a linear layer, packed, N values. Its aux matrix (GELU's
  * input) is laid out like D: (N × M) column-major with leading dimension CUBLASLT_MATMUL_DESC_
@@ -18,7 +18,7 @@
  * wants it >= N, its row count, and a multiple of 8). Bias and aux are D's type (the defaults of
  * _BIAS_DATA_TYPE and _EPILOGUE_AUX_DATA_TYPE for bf16 and fp32 outputs).
  *
- * The grouped call (ct_cuda_gemm_grouped): cublasGemmGroupedBatchedEx with the cublasGemmEx
+ * The grouped call (ct_cublas_gemm_grouped): cublasGemmGroupedBatchedEx with the cublasGemmEx
  * fallback's mapping, one group per GEMM. Its transposes, sizes, leading dimensions, alpha, beta
  * and group sizes are host arrays, read during the call; its A/B/C pointer arrays are device
  * memory, read by the library's kernels when the stream reaches them. So the pointers go through
@@ -79,7 +79,7 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
 } gemm_plan;
 
-struct ct_cuda_gemm_ctx {
+struct ct_cublas_gemm_ctx {
     cudaStream_t stream;
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* the fallback, bound to `stream` */
@@ -90,7 +90,7 @@ struct ct_cuda_gemm_ctx {
     int n_plans;
     int64_t fallbacks;
 
-    /* ct_cuda_gemm_grouped. The A/B/C pointer arrays the library reads on the device: staged in
+    /* ct_cublas_gemm_grouped. The A/B/C pointer arrays the library reads on the device: staged in
      * pinned host slots of 3·grouped_cap pointers each, copied into grouped_dev (3·grouped_cap
      * pointers). grouped_copied[s] is recorded behind the latest copy out of slot s. */
     void **grouped_stage;
@@ -149,7 +149,7 @@ static void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const void *bias, v
 
 /* Builds the descriptors for `k` and asks the heuristic for one algorithm. bias and aux: the
  * epilogue's pointers when k->epilogue has them (else unused). */
-static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k, const void *bias,
+static void plan_init(ct_cublas_gemm_ctx *g, gemm_plan *p, const gemm_key *k, const void *bias,
                       void *aux) {
     p->key = *k;
     CT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -202,7 +202,7 @@ static void plan_init(ct_cuda_gemm_ctx *g, gemm_plan *p, const gemm_key *k, cons
     if (p->has_algo) p->algo = result.algo;
 }
 
-static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k, const void *bias, void *aux) {
+static gemm_plan *plan_get(ct_cublas_gemm_ctx *g, const gemm_key *k, const void *bias, void *aux) {
     for (int i = 0; i < g->n_plans; i++)
         if (key_equal(&g->plans[i].key, k)) return &g->plans[i];
     if (g->n_plans == CT_GEMM_CACHE_MAX) {
@@ -215,8 +215,8 @@ static gemm_plan *plan_get(ct_cuda_gemm_ctx *g, const gemm_key *k, const void *b
     return p;
 }
 
-ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream) {
-    ct_cuda_gemm_ctx *g = ct_xcalloc(1, sizeof *g);
+ct_cublas_gemm_ctx *ct_cublas_gemm_new(cudaStream_t stream) {
+    ct_cublas_gemm_ctx *g = ct_xcalloc(1, sizeof *g);
     g->stream = stream;
     g->plans = ct_xcalloc(CT_GEMM_CACHE_MAX, sizeof *g->plans);
     /* The workspace first: without a usable device this is the call that fails, with CUDA's
@@ -248,9 +248,9 @@ ct_cuda_gemm_ctx *ct_cuda_gemm_new(cudaStream_t stream) {
     return g;
 }
 
-static void grouped_release(ct_cuda_gemm_ctx *g);
+static void grouped_release(ct_cublas_gemm_ctx *g);
 
-void ct_cuda_gemm_free(ct_cuda_gemm_ctx *g) {
+void ct_cublas_gemm_free(ct_cublas_gemm_ctx *g) {
     if (!g) return;
     grouped_release(g);
     for (int s = 0; s < CT_GEMM_GROUPED_SLOTS; s++)
@@ -264,11 +264,11 @@ void ct_cuda_gemm_free(ct_cuda_gemm_ctx *g) {
     free(g);
 }
 
-int64_t ct_cuda_gemm_fallbacks(const ct_cuda_gemm_ctx *g) {
+int64_t ct_cublas_gemm_fallbacks(const ct_cublas_gemm_ctx *g) {
     return g->fallbacks;
 }
 
-int ct_cuda_gemm_cache_size(const ct_cuda_gemm_ctx *g) {
+int ct_cublas_gemm_cache_size(const ct_cublas_gemm_ctx *g) {
     return g->n_plans;
 }
 
@@ -283,7 +283,7 @@ static int int_dim(int64_t v) {
 
 /* cublasGemmEx with the same operand mapping as the cuBLASLt path; k = 0 makes it C = beta·C
  * without touching A or B (BLAS semantics). */
-static void gemm_ex(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N,
+static void gemm_ex(ct_cublas_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N,
                     int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
                     float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     cudaDataType_t ab = cuda_type(ab_dtype), c = cuda_type(c_dtype);
@@ -293,9 +293,9 @@ static void gemm_ex(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, 
         C, c, int_dim(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
-                  void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
+void ct_cublas_gemm(ct_cublas_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                    int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    float beta, void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype) {
     CT_ASSERT(g != NULL);
     CT_ASSERTF(M >= 0 && N >= 0 && K >= 0, "gemm M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                (long long)K);
@@ -348,7 +348,7 @@ void ct_cuda_gemm(ct_cuda_gemm_ctx *g, bool trans_a, bool trans_b, int64_t M, in
 /* A linear layer's forward with the bias (and with gelu: GELU) in the epilogue: out = [GELU]
  * (A·Bᵀ + bias), pre the pre-activation (gelu only). false: no algorithm (counted) or K == 0 (not
  * counted). */
-static bool gemm_epilogue(ct_cuda_gemm_ctx *g, bool gelu, int64_t M, int64_t N, int64_t K,
+static bool gemm_epilogue(ct_cublas_gemm_ctx *g, bool gelu, int64_t M, int64_t N, int64_t K,
                           const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
                           void *pre, int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
     const char *op = gelu ? "gemm_bias_gelu" : "gemm_bias";
@@ -397,15 +397,15 @@ static bool gemm_epilogue(ct_cuda_gemm_ctx *g, bool gelu, int64_t M, int64_t N, 
     return true;
 }
 
-bool ct_cuda_gemm_bias_gelu(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
-                            int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
-                            int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
+bool ct_cublas_gemm_bias_gelu(ct_cublas_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                              int64_t lda, const void *B, int64_t ldb, const void *bias, void *pre,
+                              int64_t ldpre, void *out, int64_t ldout, ct_dtype dt) {
     return gemm_epilogue(g, true, M, N, K, A, lda, B, ldb, bias, pre, ldpre, out, ldout, dt);
 }
 
-bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
-                       int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
-                       int64_t ldout, ct_dtype dt) {
+bool ct_cublas_gemm_bias(ct_cublas_gemm_ctx *g, int64_t M, int64_t N, int64_t K, const void *A,
+                         int64_t lda, const void *B, int64_t ldb, const void *bias, void *out,
+                         int64_t ldout, ct_dtype dt) {
     return gemm_epilogue(g, false, M, N, K, A, lda, B, ldb, bias, NULL, 0, out, ldout, dt);
 }
 
@@ -413,7 +413,7 @@ bool ct_cuda_gemm_bias(ct_cuda_gemm_ctx *g, int64_t M, int64_t N, int64_t K, con
 
 /* Frees the grouped call's buffers, once nothing queued reads them: the staging slots are read by
  * queued copies, the device buffer by queued grouped GEMMs. */
-static void grouped_release(ct_cuda_gemm_ctx *g) {
+static void grouped_release(ct_cublas_gemm_ctx *g) {
     if (g->grouped_cap == 0) return;
     ct_cuda_host_wait(g->stream, NULL);
     CT_CUDA_CHECK(cudaFreeHost(g->grouped_stage));
@@ -428,7 +428,7 @@ static void grouped_release(ct_cuda_gemm_ctx *g) {
 
 /* Room for `count` GEMMs a call: grown to at least twice the old size, so a run settles after a
  * few calls (an MoE layer's calls have its local expert count, or fewer). */
-static void grouped_reserve(ct_cuda_gemm_ctx *g, int count) {
+static void grouped_reserve(ct_cublas_gemm_ctx *g, int count) {
     if (count <= g->grouped_cap) return;
     int cap = g->grouped_cap * 2 > count ? g->grouped_cap * 2 : count;
     grouped_release(g);
@@ -450,9 +450,9 @@ static void grouped_reserve(ct_cuda_gemm_ctx *g, int count) {
     g->grouped_cap = cap;
 }
 
-bool ct_cuda_gemm_grouped(ct_cuda_gemm_ctx *g, int count, bool trans_a, bool trans_b,
-                          const int64_t *mnk, float alpha, void *const *ptrs, float beta,
-                          ct_dtype ab_dtype, ct_dtype c_dtype) {
+bool ct_cublas_gemm_grouped(ct_cublas_gemm_ctx *g, int count, bool trans_a, bool trans_b,
+                            const int64_t *mnk, float alpha, void *const *ptrs, float beta,
+                            ct_dtype ab_dtype, ct_dtype c_dtype) {
     static const char call[] = "cublasGemmGroupedBatchedEx";
     CT_ASSERT(g != NULL && mnk != NULL && ptrs != NULL);
     CT_ASSERTF(count >= 1, "gemm_grouped count %d", count);
@@ -468,7 +468,7 @@ bool ct_cuda_gemm_grouped(ct_cuda_gemm_ctx *g, int count, bool trans_a, bool tra
     if (ab_dtype == CT_DTYPE_BF16 && c_dtype == CT_DTYPE_F32) return false;
     /* For 16-bit types the call wants its matrix pointers 16-byte aligned where K's byte size is
      * (4-byte where it is a multiple of 4): we ask 16 of every pointer and leave the rest to
-     * ct_cuda_gemm, whose cuBLASLt/cublasGemmEx choice handles any alignment. */
+     * ct_cublas_gemm, whose cuBLASLt/cublasGemmEx choice handles any alignment. */
     if (ab_dtype == CT_DTYPE_BF16)
         for (int i = 0; i < 3 * count; i++)
             if ((uintptr_t)ptrs[i] % 16 != 0) return false;

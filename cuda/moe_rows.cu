@@ -1,7 +1,7 @@
 /*
- * moe_rows.cu — Mixture of Experts' row movements (moe_rows.cuh). The CPU reference is
- * ct_cpu_gather_rows / ct_cpu_gather_dot in core/backend/cpu_kernels.c with their bf16 slots
- * (backend_cpu.c: operands widened to fp32, outputs rounded once).
+ * moe_rows.cu — Mixture of Experts' row movements (the slots gather_rows, gather_dot). The
+ * CPU reference is core/backend/cpu/moe_rows.c (bf16 operands widened to fp32, outputs rounded
+ * once).
  *   gather_rows  out[i] = w0·in[idx0] (+ wj·in[idxj] for j = 1.. in slot order), each added term
  *                an explicit fmaf (one rounding: the CPU build, -O3 -march=native in GNU C,
  *                contracts its o += wj·r the same way; a build that does not differs by the
@@ -29,7 +29,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/moe_rows.cuh"
+#include "cuda/ct_cuda_ctx.h"
 
 #define DOT_WARPS 8 /* warps (rows in flight) per block of gather_dot */
 #define DOT_BATCH 4 /* columns a lane loads before adding them, in order */
@@ -110,9 +110,10 @@ static void gather_rows(ct_cuda_ctx *cx, void *out, const void *in, const int32_
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_gather_rows(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *in,
+extern "C" void ct_cuda_gather_rows(void *ctx, ct_dtype dt, void *out, const void *in,
                                     const int32_t *idx, const float *w, int64_t N, int64_t slots,
                                     int64_t C, int64_t in_rows) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gather_rows dtype %d", (int)dt);
     CT_ASSERTF(slots >= 1 && in_rows >= 0, "gather_rows slots=%lld in_rows=%lld", (long long)slots,
                (long long)in_rows);
@@ -133,9 +134,10 @@ static void gather_dot(ct_cuda_ctx *cx, float *out, const void *a, const int32_t
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_gather_dot(ct_cuda_ctx *cx, ct_dtype dt, float *out, const void *a,
+extern "C" void ct_cuda_gather_dot(void *ctx, ct_dtype dt, float *out, const void *a,
                                    const int32_t *ia, const void *b, const int32_t *ib, int64_t R,
                                    int64_t C, int64_t a_rows, int64_t b_rows) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "gather_dot dtype %d", (int)dt);
     CT_ASSERTF(C >= 0 && a_rows >= 0 && b_rows >= 0, "gather_dot C=%lld a_rows=%lld b_rows=%lld",
                (long long)C, (long long)a_rows, (long long)b_rows);

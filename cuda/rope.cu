@@ -1,6 +1,6 @@
 /*
- * rope.cu — rotary position embedding (rope.cuh; the CPU reference is ct_cpu_rope in
- * core/backend/cpu_llama.c, whose float formula this repeats: a·cos - b·sin, a·sin + b·cos with
+ * rope.cu — rotary position embedding (the slot rope; the CPU reference is
+ * core/backend/cpu/rope.c, whose float formula this repeats: a·cos - b·sin, a·sin + b·cos with
  * sin negated for the inverse). One thread per two adjacent pairs (or per pair where rows or table
  * are not aligned for the vector loads), rows by pairs, grid-stride: each pair is read and written
  * by one thread only, so in place is safe; no 64-bit division per element. The angles come from the
@@ -12,7 +12,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/rope.cuh"
+#include "cuda/ct_cuda_ctx.h"
 
 /* Row r (y, grid-stride) of the packed activations, P adjacent pairs c·P .. c·P + P − 1 of its
  * rotated heads (x, grid-stride): pair j is elements 2j, 2j + 1 of the row (head j / half, pair
@@ -63,9 +63,10 @@ static void rope(ct_cuda_ctx *cx, T *x, const float *cos_sin, int64_t rows, int 
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_rope(ct_cuda_ctx *cx, ct_dtype dt, void *x, const float *cos_sin, int64_t B,
+extern "C" void ct_cuda_rope(void *ctx, ct_dtype dt, void *x, const float *cos_sin, int64_t B,
                              int64_t T, int64_t n_rot_head, int64_t head_dim, int64_t ld,
                              int64_t pos_offset, bool inverse) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     CT_ASSERTF(B >= 0 && T >= 0 && T < INT32_MAX && n_rot_head >= 0 && n_rot_head < INT32_MAX &&
                    head_dim > 0 && head_dim % 2 == 0 && head_dim < INT32_MAX,
                "rope B=%lld T=%lld n_rot_head=%lld head_dim=%lld", (long long)B, (long long)T,

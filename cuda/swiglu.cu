@@ -1,6 +1,6 @@
 /*
- * swiglu.cu — SwiGLU forward and backward (swiglu.cuh; the CPU reference is ct_cpu_swiglu_fwd /
- * _bwd in core/backend/cpu_llama.c, whose float formulas these repeat: σ(a) = 1/(1 + e^-a),
+ * swiglu.cu — SwiGLU forward and backward (the slots swiglu_fwd, swiglu_bwd; the CPU reference is
+ * core/backend/cpu/swiglu.c, whose float formulas these repeat: σ(a) = 1/(1 + e^-a),
  * out = a·σ·u, dup = dout·a·σ, dgate = dout·u·σ·(1 + a(1 - σ))). Rows by column vectors (N rows of
  * H at row stride ld for gate, up, dgate and dup; out and dout dense), grid-stride, 16 bytes a load
  * where the widths and pointers allow, else element by element. expf, not the fast __expf, so σ
@@ -13,7 +13,7 @@
 
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/swiglu.cuh"
+#include "cuda/ct_cuda_ctx.h"
 
 static __device__ inline float sigmoid(float a) {
     return 1.0f / (1.0f + expf(-a));
@@ -109,8 +109,9 @@ static void swiglu_bwd(ct_cuda_ctx *cx, T *dgate, T *dup, const T *gate, const T
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_swiglu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, const void *gate,
+extern "C" void ct_cuda_swiglu_fwd(void *ctx, ct_dtype dt, void *out, const void *gate,
                                    const void *up, int64_t N, int64_t H, int64_t ld) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     swiglu_check("swiglu_fwd", dt, N, H, ld);
     if (N * H == 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -120,9 +121,10 @@ extern "C" void ct_cuda_swiglu_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, cons
         swiglu_fwd<float>(cx, (float *)out, (const float *)gate, (const float *)up, N, (int)H, ld);
 }
 
-extern "C" void ct_cuda_swiglu_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dgate, void *dup,
-                                   const void *gate, const void *up, const void *dout, int64_t N,
-                                   int64_t H, int64_t ld) {
+extern "C" void ct_cuda_swiglu_bwd(void *ctx, ct_dtype dt, void *dgate, void *dup, const void *gate,
+                                   const void *up, const void *dout, int64_t N, int64_t H,
+                                   int64_t ld) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     swiglu_check("swiglu_bwd", dt, N, H, ld);
     if (N * H == 0) return;
     if (dt == CT_DTYPE_BF16)

@@ -1,7 +1,7 @@
 /*
- * xent.cu — softmax cross-entropy in three passes, plain and vocabulary-parallel (xent.cuh; the
- * slots' semantics are in core/backend/backend.h, the CPU reference is ct_cpu_xent_* in
- * core/backend/cpu_kernels.c).
+ * xent.cu — softmax cross-entropy in three passes, plain and vocabulary-parallel (the slots
+ * xent_rowmax, xent_sumexp, xent_finish, whose semantics are in core/backend/backend.h; the CPU
+ * reference is core/backend/cpu/xent.c).
  *
  * One block of XENT_THREADS threads per row for every pass that walks the row; statistics in
  * fp32. A row's sum is each thread's columns added in order, then a butterfly over the warp, then
@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "cuda/ct_cuda_dtype.cuh"
-#include "cuda/xent.cuh"
+#include "cuda/ct_cuda_ctx.h"
 
 #define XENT_THREADS 512
 #define XENT_WARPS (XENT_THREADS / 32)
@@ -209,8 +209,9 @@ static void xent_grad(ct_cuda_ctx *cx, float *losses, void *logits, const int32_
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_xent_rowmax(ct_cuda_ctx *cx, ct_dtype dt, float *rowmax, const void *logits,
+extern "C" void ct_cuda_xent_rowmax(void *ctx, ct_dtype dt, float *rowmax, const void *logits,
                                     int64_t N, int64_t V, int64_t n_valid) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     xent_check("xent_rowmax", dt, N, V, n_valid);
     if (N == 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -219,10 +220,11 @@ extern "C" void ct_cuda_xent_rowmax(ct_cuda_ctx *cx, ct_dtype dt, float *rowmax,
         xent_rowmax<float>(cx, rowmax, logits, N, V, (int)n_valid);
 }
 
-extern "C" void ct_cuda_xent_sumexp(ct_cuda_ctx *cx, ct_dtype dt, float *sumexp,
-                                    float *target_logit, void *logits, const int32_t *targets,
-                                    const float *rowmax, int64_t N, int64_t V, int64_t n_valid,
-                                    int64_t col_offset, bool keep_exp) {
+extern "C" void ct_cuda_xent_sumexp(void *ctx, ct_dtype dt, float *sumexp, float *target_logit,
+                                    void *logits, const int32_t *targets, const float *rowmax,
+                                    int64_t N, int64_t V, int64_t n_valid, int64_t col_offset,
+                                    bool keep_exp) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     xent_check("xent_sumexp", dt, N, V, n_valid);
     if (N == 0) return;
     if (dt == CT_DTYPE_BF16)
@@ -233,12 +235,12 @@ extern "C" void ct_cuda_xent_sumexp(ct_cuda_ctx *cx, ct_dtype dt, float *sumexp,
                            col_offset, keep_exp);
 }
 
-extern "C" void ct_cuda_xent_finish(ct_cuda_ctx *cx, ct_dtype dt, float *losses,
-                                    void *logits_to_grad, const int32_t *targets,
-                                    const float *rowmax, const float *sumexp,
-                                    const float *target_logit, int64_t N, int64_t V,
-                                    int64_t n_valid, int64_t col_offset, float dloss,
+extern "C" void ct_cuda_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits_to_grad,
+                                    const int32_t *targets, const float *rowmax,
+                                    const float *sumexp, const float *target_logit, int64_t N,
+                                    int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
                                     bool write_grad) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     xent_check("xent_finish", dt, N, V, n_valid);
     if (N == 0) return;
     if (!write_grad) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GEMM benchmark: OpenBLAS cblas_sgemm against oneDNN fp32 and oneDNN bf16 (bf16 A and B, f32 C,
-# fp32 accumulation) through core/backend/cpu_gemm.c, at the GPT-2 124M model's GEMM shapes for
+# fp32 accumulation) through core/backend/cpu/gemm_onednn.c, at the GPT-2 124M model's GEMM shapes for
 # B·T = 1024 tokens: every linear layer's forward (x·W^T), input gradient (dy·W) and weight
 # gradient (dy^T·x, trans_a), with beta as the model uses it (1 where the output accumulates:
 # forward with a bias, weight gradients).
@@ -32,7 +32,7 @@ mkdir -p "$BUILD"
 exe=$BUILD/bench_gemm
 # shellcheck disable=SC2046
 cc -std=gnu11 -O3 -march=native -fopenmp -g -Wall -Wextra -Wno-unused-parameter -I. \
-    $(pkg-config --cflags openblas) scripts/bench_gemm_main.c core/backend/cpu_gemm.c \
+    $(pkg-config --cflags openblas) scripts/bench_gemm_main.c core/backend/cpu/gemm_onednn.c \
     core/common.c \
     -o "$exe" $(pkg-config --libs openblas) -ldnnl -lm
 "$exe" "$rounds"

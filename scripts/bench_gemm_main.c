@@ -1,8 +1,8 @@
 /*
  * bench_gemm_main.c — GEMM rates at the GPT-2 124M model's shapes (B·T = 1024 tokens, C = 768,
  * F = 3072, padded vocabulary 50304): OpenBLAS cblas_sgemm, oneDNN fp32 and oneDNN bf16 (bf16 in,
- * f32 out) through core/backend/cpu_gemm.h. Built and run by scripts/bench_gemm.sh, which says what
- * the columns mean.
+ * f32 out) through core/backend/cpu/gemm_onednn.h. Built and run by scripts/bench_gemm.sh, which
+ * says what the columns mean.
  *
  * Per shape, the three libraries run round-robin (one call each per round) after one warm-up
  * round, so a drift of the machine's speed over time hits all three alike; each column is the
@@ -21,7 +21,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include "core/backend/cpu_gemm.h"
+#include "core/backend/cpu/gemm_onednn.h"
 
 static double now(void) {
     struct timespec ts;

@@ -3,8 +3,8 @@
  * backend interface).
  *
  * A backend is a table of function pointers (struct ct_backend_i) plus a context. The CPU backend
- * (backend_cpu.c) is always built and is the numerical reference; the CUDA backend (cuda/) fills
- * the same table. Model, optimizer and training loop reach ops only through the ct_* wrappers
+ * (cpu/backend_cpu.c) is always built and is the numerical reference; the CUDA backend (cuda/)
+ * fills the same table. Model, optimizer and training loop reach ops only through the ct_* wrappers
  * below, which check shapes (CT_ASSERT: a mismatch is a bug) and pass raw pointers and sizes to
  * the slot. Model code never dereferences tensor memory: values reach the host only through
  * ct_tensor_to_host().
@@ -291,7 +291,7 @@ void ct_backend_idle_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool 
 /* ---- backends ---------------------------------------------------------------------------- */
 
 /*
- * The registry: the one place backends are made. Built in: "cpu" (backend_cpu.c, always) and
+ * The registry: the one place backends are made. Built in: "cpu" (cpu/backend_cpu.c, always) and
  * "cpu-async" (the CPU backend behind the asynchronous stream, ct_backend_async_new). A backend
  * built elsewhere (cuda/) registers itself with ct_backend_register before the first
  * ct_backend_new. `name` "auto" picks the first registered accelerator whose `usable` says yes,

@@ -390,10 +390,7 @@ static void check_free_backend(void *ctx) {
  * composition instead and each op of it is checked on its own (gemm_bias_gelu: bias_init, gemm,
  * gelu_fwd); feature ops (cast_cols, attention_part_*) are checked, and stay NULL when inner
  * lacks them (below), so that the feature is refused as it would be without check mode. */
-#define CHECK_SLOT_CT_OP_REQUIRED(name) .name = ct_check_##name,
-#define CHECK_SLOT_CT_OP_OPTIONAL(name)
-#define CHECK_SLOT_CT_OP_FEATURE(name) .name = ct_check_##name,
-#define OP_SLOT_(name, need, queue, ...) CHECK_SLOT_##need(name)
+#define OP_SLOT_(...) CT_OP_SLOT(ct_check_, __VA_ARGS__)
 static const struct ct_backend_i check_template = {
     .name = NULL, /* inner's: the backend is the same one, watched */
     .alloc = check_alloc,
@@ -410,9 +407,6 @@ static const struct ct_backend_i check_template = {
     .free_backend = check_free_backend,
     CT_BACKEND_OPS(OP_SLOT_)};
 #undef OP_SLOT_
-#undef CHECK_SLOT_CT_OP_REQUIRED
-#undef CHECK_SLOT_CT_OP_OPTIONAL
-#undef CHECK_SLOT_CT_OP_FEATURE
 
 ct_backend *ct_backend_check_new(ct_backend *inner) {
     CT_ASSERT(inner != NULL);

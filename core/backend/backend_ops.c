@@ -35,7 +35,6 @@ static double prof_start(const ct_tensor *t, const char *fn) {
     ct_backend_idle_begin(t->backend, op_name(fn));
     return t->backend->profiling ? ct_now() : 0.0;
 }
-#define prof_begin(t) prof_start((t), __func__)
 
 static void prof_record(const ct_tensor *t, ct_prof_category category, double t0, const char *fn) {
     ct_backend *be = t->backend;
@@ -47,8 +46,39 @@ static void prof_record(const ct_tensor *t, ct_prof_category category, double t0
     be->prof_seconds[category] += dt;
     ct_prof_op_add(be->prof_ops, &be->n_prof_ops, name, dt);
 }
-#define prof_end(t, category, t0) prof_record((t), (category), (t0), __func__)
 #define CTX(t) ((t)->backend->ctx)
+
+/* A GEMM's shape, for the device-idle audit's by-shape lines (ct_backend_idle_gemm). */
+typedef struct gemm_shape {
+    int64_t M, N, K;
+    bool trans_a, trans_b, accumulate;
+    ct_dtype ab, c;
+} gemm_shape;
+
+/* The end of every wrapper, one function per op of the list (backend_ops.h): the slot of the
+ * anchor tensor's backend called with the op's arguments, inside the profile's and the device-idle
+ * audit's brackets, its time counted under `category` and the calling wrapper's name (fn, its
+ * __func__). A GEMM also gives its shape to the audit (shape; NULL for other ops). */
+#define OP_CALL_(name, need, queue, ...)                                                           \
+    static inline void op_call_##name(const ct_tensor *anchor, ct_prof_category category,          \
+                                      const char *fn, const gemm_shape *shape,                     \
+                                      CT_OP_PARAMS(__VA_ARGS__)) {                                 \
+        const double t0 = prof_start(anchor, fn);                                                  \
+        if (shape)                                                                                 \
+            ct_backend_idle_gemm(anchor->backend, shape->M, shape->N, shape->K, shape->trans_a,    \
+                                 shape->trans_b, shape->accumulate, shape->ab, shape->c);          \
+        IFACE(anchor)->name(CTX(anchor), CT_OP_NAMES(__VA_ARGS__));                                \
+        prof_record(anchor, category, t0, fn);                                                     \
+    }
+CT_BACKEND_OPS(OP_CALL_)
+#undef OP_CALL_
+
+/* A wrapper's last line: OP_CALL(op, anchor, category, the slot's arguments after ctx); a GEMM's
+ * GEMM_CALL(op, anchor, &shape, ...), timed as CT_PROF_GEMM. */
+#define OP_CALL(name, anchor, category, ...)                                                       \
+    op_call_##name((anchor), (category), __func__, NULL, __VA_ARGS__)
+#define GEMM_CALL(name, anchor, shape, ...)                                                        \
+    op_call_##name((anchor), CT_PROF_GEMM, __func__, (shape), __VA_ARGS__)
 
 static void check_f32(const ct_tensor *t, const char *what) {
     CT_ASSERTF(t != NULL, "%s is NULL", what);
@@ -95,11 +125,9 @@ void ct_gemm(ct_tensor *C, const ct_tensor *A, const ct_tensor *B, bool trans_a,
                    (trans_b ? b_rows : b_cols) == N,
                "gemm shapes: C %s = op(A %s)%s · op(B %s)%s", SH(C), SH(A), trans_a ? "^T" : "",
                SH(B), trans_b ? "^T" : "");
-    double prof_t0_ = prof_begin(C);
-    ct_backend_idle_gemm(C->backend, M, N, K, trans_a, trans_b, beta != 0.0f, DT(A), DT(C));
-    IFACE(C)->gemm(CTX(C), trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols, beta,
-                   DATA(C), N, DT(A), DT(C));
-    prof_end(C, CT_PROF_GEMM, prof_t0_);
+    const gemm_shape shape = {M, N, K, trans_a, trans_b, beta != 0.0f, DT(A), DT(C)};
+    GEMM_CALL(gemm, C, &shape, trans_a, trans_b, M, N, K, alpha, DATA(A), a_cols, DATA(B), b_cols,
+              beta, DATA(C), N, DT(A), DT(C));
 }
 
 void ct_gemm_grouped(int count, ct_tensor *const *C, const ct_tensor *const *A,
@@ -143,10 +171,8 @@ void ct_gemm_grouped(int count, ct_tensor *const *C, const ct_tensor *const *A,
     if (n > 0) {
         CT_ASSERTF(C0->dtype == CT_DTYPE_F32 || A[0]->dtype == CT_DTYPE_BF16,
                    "gemm_grouped: a bf16 C needs bf16 A and B, got A %s, C %s", SH(A[0]), SH(C0));
-        double prof_t0_ = prof_begin(C0);
-        IFACE(C0)->gemm_grouped(CTX(C0), n, trans_a, trans_b, mnk, alpha, ptrs, beta, DT(A[0]),
-                                DT(C0));
-        prof_end(C0, CT_PROF_GEMM, prof_t0_);
+        OP_CALL(gemm_grouped, C0, CT_PROF_GEMM, n, trans_a, trans_b, mnk, alpha, ptrs, beta,
+                DT(A[0]), DT(C0));
     }
     free(mnk);
     free(ptrs);
@@ -174,11 +200,9 @@ void ct_gemm_bias_gelu(ct_tensor *pre, ct_tensor *out, const ct_tensor *x, const
         ct_gelu_fwd(out, pre);
         return;
     }
-    double prof_t0_ = prof_begin(pre);
-    ct_backend_idle_gemm(pre->backend, M, N, K, false, true, false, DT(x), DT(pre));
-    IFACE(pre)->gemm_bias_gelu(CTX(pre), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(pre), N,
-                               DATA(out), N, DT(pre));
-    prof_end(pre, CT_PROF_GEMM, prof_t0_);
+    const gemm_shape shape = {M, N, K, false, true, false, DT(x), DT(pre)};
+    GEMM_CALL(gemm_bias_gelu, pre, &shape, M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(pre), N,
+              DATA(out), N, DT(pre));
 }
 
 void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const ct_tensor *b) {
@@ -197,11 +221,9 @@ void ct_gemm_bias(ct_tensor *out, const ct_tensor *x, const ct_tensor *w, const 
         ct_gemm(out, x, w, false, true, 1.0f, 1.0f);
         return;
     }
-    double prof_t0_ = prof_begin(out);
-    ct_backend_idle_gemm(out->backend, M, N, K, false, true, false, DT(x), DT(out));
-    IFACE(out)->gemm_bias_gelu(CTX(out), M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(out), N,
-                               NULL, N, DT(out));
-    prof_end(out, CT_PROF_GEMM, prof_t0_);
+    const gemm_shape shape = {M, N, K, false, true, false, DT(x), DT(out)};
+    GEMM_CALL(gemm_bias_gelu, out, &shape, M, N, K, DATA(x), K, DATA(w), K, DATA(b), DATA(out), N,
+              NULL, N, DT(out));
 }
 
 void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
@@ -210,9 +232,8 @@ void ct_bias_add(ct_tensor *out, const ct_tensor *bias) {
     check_same_backend(out, bias);
     CT_ASSERTF(bias->numel == COLS(out), "bias_add: bias %s does not match out %s", SH(bias),
                SH(out));
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->bias_add(CTX(out), DT(out), DATA(out), DATA(bias), ROWS(out), COLS(out));
-    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(bias_add, out, CT_PROF_ELEMENTWISE, DT(out), DATA(out), DATA(bias), ROWS(out),
+            COLS(out));
 }
 
 void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residual) {
@@ -227,10 +248,8 @@ void ct_bias_init(ct_tensor *out, const ct_tensor *bias, const ct_tensor *residu
         CT_ASSERTF(residual->numel == out->numel, "bias_init: residual %s does not match out %s",
                    SH(residual), SH(out));
     }
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->bias_init(CTX(out), DT(out), DATA(out), DATA(bias),
-                          residual ? DATA(residual) : NULL, ROWS(out), COLS(out));
-    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(bias_init, out, CT_PROF_ELEMENTWISE, DT(out), DATA(out), DATA(bias),
+            residual ? DATA(residual) : NULL, ROWS(out), COLS(out));
 }
 
 void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
@@ -239,9 +258,8 @@ void ct_bias_grad(ct_tensor *dbias, const ct_tensor *dout) {
     check_same_backend(dbias, dout);
     CT_ASSERTF(dbias->numel == COLS(dout), "bias_grad: dbias %s does not match dout %s", SH(dbias),
                SH(dout));
-    double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->bias_grad(CTX(dout), DT(dout), F32(dbias), DATA(dout), ROWS(dout), COLS(dout));
-    prof_end(dout, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(bias_grad, dout, CT_PROF_ELEMENTWISE, DT(dout), F32(dbias), DATA(dout), ROWS(dout),
+            COLS(dout));
 }
 
 void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
@@ -250,16 +268,12 @@ void ct_axpy(ct_tensor *dst, const ct_tensor *src, float alpha) {
     check_same_backend(dst, src);
     CT_ASSERTF(dst->numel == src->numel, "axpy: dst %s and src %s differ in size", SH(dst),
                SH(src));
-    double prof_t0_ = prof_begin(dst);
-    IFACE(dst)->axpy(CTX(dst), DT(dst), DATA(dst), DATA(src), alpha, dst->numel);
-    prof_end(dst, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(axpy, dst, CT_PROF_ELEMENTWISE, DT(dst), DATA(dst), DATA(src), alpha, dst->numel);
 }
 
 void ct_scale(ct_tensor *x, float s) {
     check_float(x, "scale x");
-    double prof_t0_ = prof_begin(x);
-    IFACE(x)->scale(CTX(x), DT(x), DATA(x), s, x->numel);
-    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(scale, x, CT_PROF_ELEMENTWISE, DT(x), DATA(x), s, x->numel);
 }
 
 void ct_gather_rows(ct_tensor *out, const ct_tensor *in, const ct_tensor *idx, const ct_tensor *w,
@@ -277,10 +291,8 @@ void ct_gather_rows(ct_tensor *out, const ct_tensor *in, const ct_tensor *idx, c
         check_same_backend(out, w);
         CT_ASSERTF(w->numel == idx->numel, "gather_rows: w %s, idx %s", SH(w), SH(idx));
     }
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->gather_rows(CTX(out), DT(out), DATA(out), DATA(in), I32(idx), w ? F32(w) : NULL,
-                            ROWS(out), k, COLS(out), ROWS(in));
-    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(gather_rows, out, CT_PROF_ELEMENTWISE, DT(out), DATA(out), DATA(in), I32(idx),
+            w ? F32(w) : NULL, ROWS(out), k, COLS(out), ROWS(in));
 }
 
 void ct_gather_dot(ct_tensor *out, const ct_tensor *a, const ct_tensor *ia, const ct_tensor *b,
@@ -297,10 +309,8 @@ void ct_gather_dot(ct_tensor *out, const ct_tensor *a, const ct_tensor *ia, cons
     CT_ASSERTF(ia->numel == out->numel && ib->numel == out->numel && COLS(a) == COLS(b),
                "gather_dot: out %s, a %s, ia %s, b %s, ib %s", SH(out), SH(a), SH(ia), SH(b),
                SH(ib));
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->gather_dot(CTX(out), DT(a), F32(out), DATA(a), I32(ia), DATA(b), I32(ib),
-                           out->numel, COLS(a), ROWS(a), ROWS(b));
-    prof_end(out, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(gather_dot, out, CT_PROF_ELEMENTWISE, DT(a), F32(out), DATA(a), I32(ia), DATA(b),
+            I32(ib), out->numel, COLS(a), ROWS(a), ROWS(b));
 }
 
 void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *table,
@@ -314,10 +324,8 @@ void ct_embedding_fwd(ct_tensor *out, const ct_tensor *tokens, const ct_tensor *
                "embedding_fwd: out %s, tokens %s, table %s (out must be (tokens, table cols))",
                SH(out), SH(tokens), SH(table));
     CT_ASSERTF(row_offset >= 0, "embedding_fwd: row_offset %lld < 0", (long long)row_offset);
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->embedding_fwd(CTX(out), DT(out), DATA(out), I32(tokens), DATA(table), ROWS(out),
-                              COLS(out), ROWS(table), row_offset);
-    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
+    OP_CALL(embedding_fwd, out, CT_PROF_EMBEDDING, DT(out), DATA(out), I32(tokens), DATA(table),
+            ROWS(out), COLS(out), ROWS(table), row_offset);
 }
 
 void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor *tokens,
@@ -330,10 +338,8 @@ void ct_embedding_bwd(ct_tensor *dtable, const ct_tensor *dout, const ct_tensor 
     CT_ASSERTF(ROWS(dout) == tokens->numel && COLS(dout) == COLS(dtable),
                "embedding_bwd: dout %s, tokens %s, dtable %s", SH(dout), SH(tokens), SH(dtable));
     CT_ASSERTF(row_offset >= 0, "embedding_bwd: row_offset %lld < 0", (long long)row_offset);
-    double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->embedding_bwd(CTX(dout), DT(dout), F32(dtable), DATA(dout), I32(tokens),
-                               ROWS(dout), COLS(dout), ROWS(dtable), row_offset);
-    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
+    OP_CALL(embedding_bwd, dout, CT_PROF_EMBEDDING, DT(dout), F32(dtable), DATA(dout), I32(tokens),
+            ROWS(dout), COLS(dout), ROWS(dtable), row_offset);
 }
 
 void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, int64_t pos_offset) {
@@ -347,9 +353,7 @@ void ct_posemb_fwd(ct_tensor *out, const ct_tensor *wpe, int64_t B, int64_t T, i
     CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(wpe),
                "posemb_fwd: positions [%lld, %lld) outside wpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(wpe));
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->posemb_fwd(CTX(out), DT(out), DATA(out), DATA(wpe), B, T, C, pos_offset);
-    prof_end(out, CT_PROF_EMBEDDING, prof_t0_);
+    OP_CALL(posemb_fwd, out, CT_PROF_EMBEDDING, DT(out), DATA(out), DATA(wpe), B, T, C, pos_offset);
 }
 
 void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
@@ -364,9 +368,8 @@ void ct_posemb_bwd(ct_tensor *dwpe, const ct_tensor *dout, int64_t B, int64_t T,
     CT_ASSERTF(pos_offset >= 0 && pos_offset + T <= ROWS(dwpe),
                "posemb_bwd: positions [%lld, %lld) outside dwpe %s", (long long)pos_offset,
                (long long)(pos_offset + T), SH(dwpe));
-    double prof_t0_ = prof_begin(dout);
-    IFACE(dout)->posemb_bwd(CTX(dout), DT(dout), F32(dwpe), DATA(dout), B, T, C, pos_offset);
-    prof_end(dout, CT_PROF_EMBEDDING, prof_t0_);
+    OP_CALL(posemb_bwd, dout, CT_PROF_EMBEDDING, DT(dout), F32(dwpe), DATA(dout), B, T, C,
+            pos_offset);
 }
 
 /* The residual, when given, is added to inp in place before the norm: same shape and dtype. */
@@ -394,10 +397,8 @@ static void layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, ct_t
                    w->numel == C && b->numel == C,
                "layernorm_fwd: out %s, mean %s, rstd %s, inp %s, w %s, b %s", SH(out), SH(mean),
                SH(rstd), SH(inp), SH(w), SH(b));
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->layernorm_fwd(CTX(inp), DT(inp), DATA(out), F32(mean), F32(rstd), DATA(inp),
-                              residual ? DATA(residual) : NULL, DATA(w), DATA(b), N, C);
-    prof_end(inp, CT_PROF_NORM, prof_t0_);
+    OP_CALL(layernorm_fwd, inp, CT_PROF_NORM, DT(inp), DATA(out), F32(mean), F32(rstd), DATA(inp),
+            residual ? DATA(residual) : NULL, DATA(w), DATA(b), N, C);
 }
 
 void ct_layernorm_fwd(ct_tensor *out, ct_tensor *mean, ct_tensor *rstd, const ct_tensor *inp,
@@ -428,10 +429,8 @@ void ct_layernorm_bwd(ct_tensor *dinp, ct_tensor *dw, ct_tensor *db, const ct_te
                    rstd->numel == N,
                "layernorm_bwd: dinp %s, dw %s, db %s, dout %s, inp %s, w %s, mean %s, rstd %s",
                SH(dinp), SH(dw), SH(db), SH(dout), SH(inp), SH(w), SH(mean), SH(rstd));
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->layernorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), F32(db), DATA(dout),
-                              DATA(inp), DATA(w), F32(mean), F32(rstd), N, C);
-    prof_end(inp, CT_PROF_NORM, prof_t0_);
+    OP_CALL(layernorm_bwd, inp, CT_PROF_NORM, DT(inp), DATA(dinp), F32(dw), F32(db), DATA(dout),
+            DATA(inp), DATA(w), F32(mean), F32(rstd), N, C);
 }
 
 void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
@@ -439,9 +438,7 @@ void ct_gelu_fwd(ct_tensor *out, const ct_tensor *inp) {
     check_like(out, inp, "gelu_fwd out");
     check_same_backend(out, inp);
     CT_ASSERTF(out->numel == inp->numel, "gelu_fwd: out %s, inp %s", SH(out), SH(inp));
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->gelu_fwd(CTX(inp), DT(inp), DATA(out), DATA(inp), inp->numel);
-    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(gelu_fwd, inp, CT_PROF_ELEMENTWISE, DT(inp), DATA(out), DATA(inp), inp->numel);
 }
 
 void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const ct_tensor *dout) {
@@ -459,10 +456,8 @@ void ct_gelu_bwd(ct_tensor *dinp, ct_tensor *dbias, const ct_tensor *inp, const 
                    SH(inp));
         N = ROWS(inp), C = COLS(inp);
     }
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->gelu_bwd(CTX(inp), DT(inp), DATA(dinp), dbias ? F32(dbias) : NULL, DATA(inp),
-                         DATA(dout), N, C);
-    prof_end(inp, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(gelu_bwd, inp, CT_PROF_ELEMENTWISE, DT(inp), DATA(dinp), dbias ? F32(dbias) : NULL,
+            DATA(inp), DATA(dout), N, C);
 }
 
 static void rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, ct_tensor *inp, const ct_tensor *residual,
@@ -477,10 +472,8 @@ static void rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, ct_tensor *inp, const c
     CT_ASSERTF(ROWS(out) == N && COLS(out) == C && rstd->numel == N && w->numel == C && eps >= 0.0f,
                "rmsnorm_fwd: out %s, rstd %s, inp %s, w %s, eps %g", SH(out), SH(rstd), SH(inp),
                SH(w), (double)eps);
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->rmsnorm_fwd(CTX(inp), DT(inp), DATA(out), F32(rstd), DATA(inp),
-                            residual ? DATA(residual) : NULL, DATA(w), N, C, eps);
-    prof_end(inp, CT_PROF_NORM, prof_t0_);
+    OP_CALL(rmsnorm_fwd, inp, CT_PROF_NORM, DT(inp), DATA(out), F32(rstd), DATA(inp),
+            residual ? DATA(residual) : NULL, DATA(w), N, C, eps);
 }
 
 void ct_rmsnorm_fwd(ct_tensor *out, ct_tensor *rstd, const ct_tensor *inp, const ct_tensor *w,
@@ -507,10 +500,8 @@ void ct_rmsnorm_bwd(ct_tensor *dinp, ct_tensor *dw, const ct_tensor *dout, const
                    dw->numel == C && w->numel == C && rstd->numel == N,
                "rmsnorm_bwd: dinp %s, dw %s, dout %s, inp %s, w %s, rstd %s", SH(dinp), SH(dw),
                SH(dout), SH(inp), SH(w), SH(rstd));
-    double prof_t0_ = prof_begin(inp);
-    IFACE(inp)->rmsnorm_bwd(CTX(inp), DT(inp), DATA(dinp), F32(dw), DATA(dout), DATA(inp), DATA(w),
-                            F32(rstd), N, C);
-    prof_end(inp, CT_PROF_NORM, prof_t0_);
+    OP_CALL(rmsnorm_bwd, inp, CT_PROF_NORM, DT(inp), DATA(dinp), F32(dw), DATA(dout), DATA(inp),
+            DATA(w), F32(rstd), N, C);
 }
 
 void ct_rope(ct_tensor *x, const ct_tensor *cos_sin, int64_t B, int64_t T, int64_t n_rot_head,
@@ -526,10 +517,8 @@ void ct_rope(ct_tensor *x, const ct_tensor *cos_sin, int64_t B, int64_t T, int64
                "rope: positions [%lld, %lld) outside the table %s of head_dim %lld",
                (long long)pos_offset, (long long)(pos_offset + T), SH(cos_sin),
                (long long)head_dim);
-    double prof_t0_ = prof_begin(x);
-    IFACE(x)->rope(CTX(x), DT(x), DATA(x), F32(cos_sin), B, T, n_rot_head, head_dim, COLS(x),
-                   pos_offset, inverse);
-    prof_end(x, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(rope, x, CT_PROF_ELEMENTWISE, DT(x), DATA(x), F32(cos_sin), B, T, n_rot_head, head_dim,
+            COLS(x), pos_offset, inverse);
 }
 
 /* The up half of a (N, 2H) gate_up tensor: H elements into each row. */
@@ -544,10 +533,8 @@ void ct_swiglu_fwd(ct_tensor *out, const ct_tensor *gate_up) {
     int64_t N = ROWS(gate_up), H = COLS(gate_up) / 2;
     CT_ASSERTF(COLS(gate_up) == 2 * H && ROWS(out) == N && COLS(out) == H,
                "swiglu_fwd: out %s is not (N, H) of gate_up %s (N, 2H)", SH(out), SH(gate_up));
-    double prof_t0_ = prof_begin(gate_up);
-    IFACE(gate_up)->swiglu_fwd(CTX(gate_up), DT(gate_up), DATA(out), DATA(gate_up),
-                               up_half(gate_up), N, H, 2 * H);
-    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(swiglu_fwd, gate_up, CT_PROF_ELEMENTWISE, DT(gate_up), DATA(out), DATA(gate_up),
+            up_half(gate_up), N, H, 2 * H);
 }
 
 void ct_swiglu_bwd(ct_tensor *dgate_up, const ct_tensor *gate_up, const ct_tensor *dout) {
@@ -560,10 +547,8 @@ void ct_swiglu_bwd(ct_tensor *dgate_up, const ct_tensor *gate_up, const ct_tenso
                    ROWS(dout) == N && COLS(dout) == H,
                "swiglu_bwd: dgate_up %s, gate_up %s (N, 2H), dout %s (N, H)", SH(dgate_up),
                SH(gate_up), SH(dout));
-    double prof_t0_ = prof_begin(gate_up);
-    IFACE(gate_up)->swiglu_bwd(CTX(gate_up), DT(gate_up), DATA(dgate_up), up_half(dgate_up),
-                               DATA(gate_up), up_half(gate_up), DATA(dout), N, H, 2 * H);
-    prof_end(gate_up, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(swiglu_bwd, gate_up, CT_PROF_ELEMENTWISE, DT(gate_up), DATA(dgate_up),
+            up_half(dgate_up), DATA(gate_up), up_half(gate_up), DATA(dout), N, H, 2 * H);
 }
 
 /* Checks attention's shapes — qkv (B, T, (n_head + 2·n_kv_head)·hd), out (B, T, n_head·hd),
@@ -594,10 +579,8 @@ void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int6
     check_f32(lse, "attention_fwd lse");
     check_same_backend(out, qkv);
     int64_t hd = attention_head_dim("attention_fwd", qkv, out, lse, B, T, n_head, n_kv_head);
-    double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_fwd(CTX(qkv), DT(qkv), DATA(out), F32(lse), DATA(qkv), B, T, n_head,
-                              n_kv_head, hd);
-    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+    OP_CALL(attention_fwd, qkv, CT_PROF_ATTENTION, DT(qkv), DATA(out), F32(lse), DATA(qkv), B, T,
+            n_head, n_kv_head, hd);
 }
 
 void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
@@ -619,10 +602,8 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
         CT_ASSERTF(dbias->numel == COLS(qkv), "attention_bwd: dbias %s does not match qkv %s",
                    SH(dbias), SH(qkv));
     }
-    double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_bwd(CTX(qkv), DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL, DATA(dout),
-                              DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head, hd);
-    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+    OP_CALL(attention_bwd, qkv, CT_PROF_ATTENTION, DT(qkv), DATA(dqkv), dbias ? F32(dbias) : NULL,
+            DATA(dout), DATA(qkv), DATA(out), F32(lse), B, T, n_head, n_kv_head, hd);
 }
 
 /* The shapes of a context-parallel part: qkv (B, T, (n_head + 2·n_kv_head)·hd) with T even, kv
@@ -659,10 +640,8 @@ void ct_attention_part_fwd(ct_tensor *o_acc, ct_tensor *lse_acc, const ct_tensor
     CT_ASSERTF(o_acc->numel == B * T * n_head * hd, "attention_part_fwd: o_acc %s", SH(o_acc));
     CT_ASSERTF(IFACE(qkv)->attention_part_fwd, "backend %s has no context parallelism",
                IFACE(qkv)->name);
-    double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_part_fwd(CTX(qkv), DT(qkv), F32(o_acc), F32(lse_acc), DATA(qkv), DATA(kv),
-                                   B, T, n_head, n_kv_head, hd, chunks);
-    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+    OP_CALL(attention_part_fwd, qkv, CT_PROF_ATTENTION, DT(qkv), F32(o_acc), F32(lse_acc),
+            DATA(qkv), DATA(kv), B, T, n_head, n_kv_head, hd, chunks);
 }
 
 void ct_attention_part_bwd(ct_tensor *dq_acc, ct_tensor *dkv_acc, const ct_tensor *dout,
@@ -685,11 +664,9 @@ void ct_attention_part_bwd(ct_tensor *dq_acc, ct_tensor *dkv_acc, const ct_tenso
                SH(dq_acc), SH(out), SH(dout), SH(dkv_acc), SH(kv));
     CT_ASSERTF(IFACE(qkv)->attention_part_bwd, "backend %s has no context parallelism",
                IFACE(qkv)->name);
-    double prof_t0_ = prof_begin(qkv);
-    IFACE(qkv)->attention_part_bwd(CTX(qkv), DT(qkv), F32(dq_acc), F32(dkv_acc), DATA(dout),
-                                   DATA(qkv), DATA(out), F32(lse), DATA(kv), B, T, n_head,
-                                   n_kv_head, hd, chunks);
-    prof_end(qkv, CT_PROF_ATTENTION, prof_t0_);
+    OP_CALL(attention_part_bwd, qkv, CT_PROF_ATTENTION, DT(qkv), F32(dq_acc), F32(dkv_acc),
+            DATA(dout), DATA(qkv), DATA(out), F32(lse), DATA(kv), B, T, n_head, n_kv_head, hd,
+            chunks);
 }
 
 void ct_cast_cols(ct_tensor *dst, int64_t dst_col, const ct_tensor *src, int64_t src_col,
@@ -706,11 +683,9 @@ void ct_cast_cols(ct_tensor *dst, int64_t dst_col, const ct_tensor *src, int64_t
                SH(src));
     CT_ASSERTF(IFACE(src)->cast_cols, "backend %s has no cast_cols", IFACE(src)->name);
     const size_t dsz = ct_dtype_size(dst->dtype), ssz = ct_dtype_size(src->dtype);
-    double prof_t0_ = prof_begin(src);
-    IFACE(src)->cast_cols(CTX(src), (char *)dst->data + (size_t)dst_col * dsz, dst->dtype,
-                          COLS(dst), (const char *)src->data + (size_t)src_col * ssz, src->dtype,
-                          COLS(src), ROWS(src), cols);
-    prof_end(src, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(cast_cols, src, CT_PROF_ELEMENTWISE, (char *)dst->data + (size_t)dst_col * dsz,
+            dst->dtype, COLS(dst), (const char *)src->data + (size_t)src_col * ssz, src->dtype,
+            COLS(src), ROWS(src), cols);
 }
 
 bool ct_backend_has_context_parallel(const ct_backend *be) {
@@ -730,10 +705,8 @@ void ct_xent_rowmax(ct_tensor *rowmax, const ct_tensor *logits, int64_t n_valid)
     check_xent_cols("xent_rowmax", logits, n_valid);
     CT_ASSERTF(rowmax->numel == ROWS(logits), "xent_rowmax: rowmax %s vs logits %s", SH(rowmax),
                SH(logits));
-    double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_rowmax(CTX(logits), DT(logits), F32(rowmax), DATA(logits), ROWS(logits),
-                               COLS(logits), n_valid);
-    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+    OP_CALL(xent_rowmax, logits, CT_PROF_LOSS, DT(logits), F32(rowmax), DATA(logits), ROWS(logits),
+            COLS(logits), n_valid);
 }
 
 void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logits,
@@ -751,11 +724,9 @@ void ct_xent_sumexp(ct_tensor *sumexp, ct_tensor *target_logit, ct_tensor *logit
                    rowmax->numel == N,
                "xent_sumexp: sumexp %s, target_logit %s, targets %s, rowmax %s vs logits %s",
                SH(sumexp), SH(target_logit), SH(targets), SH(rowmax), SH(logits));
-    double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_sumexp(CTX(logits), DT(logits), F32(sumexp), F32(target_logit),
-                               DATA(logits), I32(targets), F32(rowmax), N, COLS(logits), n_valid,
-                               col_offset, keep_exp);
-    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+    OP_CALL(xent_sumexp, logits, CT_PROF_LOSS, DT(logits), F32(sumexp), F32(target_logit),
+            DATA(logits), I32(targets), F32(rowmax), N, COLS(logits), n_valid, col_offset,
+            keep_exp);
 }
 
 void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targets,
@@ -775,11 +746,9 @@ void ct_xent_finish(ct_tensor *losses, ct_tensor *logits, const ct_tensor *targe
                "xent_finish: losses %s, targets %s, rowmax %s, sumexp %s, target_logit %s vs "
                "logits %s",
                SH(losses), SH(targets), SH(rowmax), SH(sumexp), SH(target_logit), SH(logits));
-    double prof_t0_ = prof_begin(logits);
-    IFACE(logits)->xent_finish(CTX(logits), DT(logits), F32(losses), DATA(logits), I32(targets),
-                               F32(rowmax), F32(sumexp), F32(target_logit), N, COLS(logits),
-                               n_valid, col_offset, dloss, write_grad);
-    prof_end(logits, CT_PROF_LOSS, prof_t0_);
+    OP_CALL(xent_finish, logits, CT_PROF_LOSS, DT(logits), F32(losses), DATA(logits), I32(targets),
+            F32(rowmax), F32(sumexp), F32(target_logit), N, COLS(logits), n_valid, col_offset,
+            dloss, write_grad);
 }
 
 void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
@@ -810,11 +779,9 @@ void ct_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *
                        segments[s].offset + segments[s].count <= n,
                    "adamw: segment %d [%lld, +%lld) outside the %lld-element range", s,
                    (long long)segments[s].offset, (long long)segments[s].count, (long long)n);
-    double prof_t0_ = prof_begin(param);
-    IFACE(param)->adamw(CTX(param), F32(param), F32(grad), F32(m), F32(v), segments, n_segments, hp,
-                        param_copy ? DATA(param_copy) : NULL,
-                        param_copy ? DT(param_copy) : CT_DTYPE_F32);
-    prof_end(param, CT_PROF_OPTIMIZER, prof_t0_);
+    OP_CALL(adamw, param, CT_PROF_OPTIMIZER, F32(param), F32(grad), F32(m), F32(v), segments,
+            n_segments, hp, param_copy ? DATA(param_copy) : NULL,
+            param_copy ? DT(param_copy) : CT_DTYPE_F32);
 }
 
 void ct_sumsq(ct_tensor *out, int64_t index, ct_tensor *const *xs, int count) {
@@ -830,9 +797,7 @@ void ct_sumsq(ct_tensor *out, int64_t index, ct_tensor *const *xs, int count) {
         x[i] = F32(xs[i]);
         n[i] = xs[i]->numel;
     }
-    double prof_t0_ = prof_begin(out);
-    IFACE(out)->sumsq(CTX(out), F32(out) + index, x, n, count);
-    prof_end(out, CT_PROF_OPTIMIZER, prof_t0_);
+    OP_CALL(sumsq, out, CT_PROF_OPTIMIZER, F32(out) + index, x, n, count);
     free(x);
     free(n);
 }
@@ -845,7 +810,6 @@ void ct_cast(ct_tensor *dst, const ct_tensor *src) {
     CT_ASSERTF((dst->dtype == CT_DTYPE_F32 || dst->dtype == CT_DTYPE_BF16) &&
                    (src->dtype == CT_DTYPE_F32 || src->dtype == CT_DTYPE_BF16),
                "cast: only f32 <-> bf16, got %s -> %s", SH(src), SH(dst));
-    double prof_t0_ = prof_begin(src);
-    IFACE(src)->cast(CTX(src), dst->data, dst->dtype, src->data, src->dtype, src->numel);
-    prof_end(src, CT_PROF_ELEMENTWISE, prof_t0_);
+    OP_CALL(cast, src, CT_PROF_ELEMENTWISE, dst->data, dst->dtype, src->data, src->dtype,
+            src->numel);
 }

@@ -1,5 +1,6 @@
 /*
- * backend_ops.h — the list of backend ops, written once (STYLE.md §14).
+ * backend_ops.h — the list of backend ops, written once: every place that must name every op is
+ * generated from it, so adding an op is one line here plus the code that is really about the op.
  *
  * CT_BACKEND_OPS(X) calls X(name, need, queue, (type, param), ...) once per op slot of
  * struct ct_backend_i, in table order, with the slot's parameters after `void *ctx`. Everything
@@ -12,10 +13,15 @@
  *     and run_<op>, the forwarding every checker calls (the op on the backend under test, then
  *     on the CPU with the buffers' CPU copies);
  *   - ct_backend_missing_op (backend.c), which the registry asserts on every backend it makes
- *     (a backend whose table lacks a required op is a bug, reported with the op's name).
- * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend_ops.c), its CPU kernel and
- * table entry (cpu_kernels.c, backend_cpu.c), its checker (check_ops.c), its CUDA launcher and
- * table entry (cuda/), its test. core/backend/BACKENDS.md walks through it.
+ *     (a backend whose table lacks a required op is a bug, reported with the op's name);
+ *   - the dispatch at the end of every ct_<op> wrapper (backend_ops.c, op_call_<op>: the
+ *     profile's and the device-idle audit's brackets around the slot);
+ *   - the slot functions' declarations and the table entries of the backends that name them by
+ *     the op (CT_OP_DECLARE, CT_OP_SLOT below): the CPU backend's ct_cpu_<op> (cpu/cpu.h), the
+ *     CUDA backend's ct_cuda_<op> (cuda/ct_cuda_ctx.h) and check mode's ct_check_<op>.
+ * Adding an op: its line here, its ct_<op> wrapper (backend.h, backend_ops.c), its CPU kernel
+ * (cpu/<family>.c), its checker (check_ops.c), its CUDA launcher (cuda/<family>.cu), its tests.
+ * core/backend/BACKENDS.md walks through it.
  *
  * Columns:
  *   name   the slot's name (the member of struct ct_backend_i);
@@ -169,6 +175,25 @@
       (void *, dst), (ct_dtype, dst_dtype), (const void *, src), (ct_dtype, src_dtype),            \
       (int64_t, n))
 /* clang-format on */
+
+/* ---- a backend's slot functions, named by the op ---------------------------------------------
+ *
+ * A backend whose slot function for op <op> is <prefix><op> declares them all and fills its table
+ * from the list, for every required and feature op (optional ops, which may be NULL, it declares
+ * and lists by hand where it has them):
+ *
+ *     #define MY_DECL_(...) CT_OP_DECLARE(ct_my_, __VA_ARGS__)
+ *     CT_BACKEND_OPS(MY_DECL_)      // void ct_my_<op>(void *ctx, <the op's parameters>);
+ *     #define MY_SLOT_(...) CT_OP_SLOT(ct_my_, __VA_ARGS__)
+ *     static const struct ct_backend_i my_iface = {..., CT_BACKEND_OPS(MY_SLOT_)};
+ *
+ * A missing function is then a link error, one with other parameters a compile error. */
+#define CT_OP_DECLARE(prefix, name, need, queue, ...)                                              \
+    CT_OP_IF_FILLED_##need(void prefix##name(void *ctx, CT_OP_PARAMS(__VA_ARGS__));)
+#define CT_OP_SLOT(prefix, name, need, queue, ...) CT_OP_IF_FILLED_##need(.name = prefix##name, )
+#define CT_OP_IF_FILLED_CT_OP_REQUIRED(...) __VA_ARGS__
+#define CT_OP_IF_FILLED_CT_OP_OPTIONAL(...)
+#define CT_OP_IF_FILLED_CT_OP_FEATURE(...) __VA_ARGS__
 
 /* ---- parameter lists -------------------------------------------------------------------------
  *

@@ -7,11 +7,11 @@
  * backend_ops.h filled), then wrapped as the environment asks: COOKTRAIN_ASYNC=1 puts it behind
  * the asynchronous stream, CT_CHECK_BACKEND=1 in check mode.
  *
- * This file sits above the backends: it calls backend_cpu.c, backend_async.c and backend_check.c,
- * which call only the helpers of backend.c, which calls none of them.
+ * This file sits above the backends: it calls cpu/backend_cpu.c, backend_async.c and
+ * backend_check.c, which call only the helpers of backend.c, which calls none of them.
  */
 #include "backend.h"
-#include "cpu_gemm.h"
+#include "core/backend/cpu/gemm_onednn.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1044,7 +1044,7 @@ void ct_check_xent_finish(void *ctx, ct_dtype dt, float *losses, void *logits_to
 /* ---- optimizer, norms, casts ---------------------------------------------------------------- */
 
 /*
- * Per element (cpu_kernels.c gives the exact operation order), with g = grad·grad_scale:
+ * Per element (cpu/adamw.c gives the exact operation order), with g = grad·grad_scale:
  *   m' = β1·m + (1-β1)·g:        ULPS·U·(|β1·m| + |(1-β1)·g|)
  *   v' = β2·v + (1-β2)·g²:       ULPS·U·v' (all terms non-negative)
  *   upd = m̂/(sqrt(v̂) + eps) + wd·p, m̂ = m'/bc1, v̂ = v'/bc2: the error of m' divided by the

@@ -170,16 +170,8 @@ CT_BACKEND_OPS(RUN_OP_)
 
 /* The checker of every required and feature op (check_ops.c): the slots of check mode's table
  * (optional ops have none: check mode hides them, so that their compositions are checked). */
-#define CHECK_DECL_CT_OP_REQUIRED(name, ...)                                                       \
-    void ct_check_##name(void *ctx, CT_OP_PARAMS(__VA_ARGS__));
-#define CHECK_DECL_CT_OP_OPTIONAL(name, ...)
-#define CHECK_DECL_CT_OP_FEATURE(name, ...)                                                        \
-    void ct_check_##name(void *ctx, CT_OP_PARAMS(__VA_ARGS__));
-#define CHECK_DECL_(name, need, queue, ...) CHECK_DECL_##need(name, __VA_ARGS__)
+#define CHECK_DECL_(...) CT_OP_DECLARE(ct_check_, __VA_ARGS__)
 CT_BACKEND_OPS(CHECK_DECL_)
 #undef CHECK_DECL_
-#undef CHECK_DECL_CT_OP_REQUIRED
-#undef CHECK_DECL_CT_OP_OPTIONAL
-#undef CHECK_DECL_CT_OP_FEATURE
 
 #endif /* CT_CHECK_OPS_H */

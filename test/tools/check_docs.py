@@ -53,8 +53,18 @@ def report(rule, problems):
 
 
 def tracked_files(extra):
-    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
-    files = [f for f in out.stdout.splitlines() if os.path.isfile(os.path.join(ROOT, f))]
+    """git's tracked files; outside a checkout (the mutants' scratch copy of the tracked files)
+    every file but the build's, the data's and the runs'."""
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode == 0 and out.stdout:
+        files = [f for f in out.stdout.splitlines() if os.path.isfile(os.path.join(ROOT, f))]
+    else:
+        files = []
+        for d, subdirs, names in os.walk(ROOT):
+            rel = os.path.relpath(d, ROOT)
+            subdirs[:] = [s for s in subdirs if not s.startswith(".") and
+                          not (rel == "." and (s.startswith("build") or s in ("data", "runs", "mutant-logs")))]
+            files += [os.path.normpath(os.path.join(rel, n)) for n in names]
     return files + list(extra)
 
 

@@ -9,6 +9,11 @@
  * (their own copies: an op that writes its input must not leak into the other run), and the
  * outputs are compared element by element with |got − want| <= atol + rtol·|want|.
  *
+ * The op tests (test_cuda_elementwise.c, test_cuda_norm.c, test_cuda_attention.c) share one
+ * fixture, below: the pair P made once per binary (cuda_test_setup, cuda_test_teardown), buffers
+ * on both sides (pbuf), the loop over the warp orders (FOR_EACH_ORDER) with the check that the
+ * GPU's bits are the same in every order, and bf16's share of the tolerances.
+ *
  * Header-only, so each test stays one file.
  */
 #ifndef CT_TEST_CUDA_TEST_UTIL_H
@@ -154,5 +159,129 @@ static inline bool cuda_test_close(const char *what, const void *got, const void
         fprintf(stderr, "%s: ok, %.0f%% of the tolerance used\n", what, 100.0 * worst_ratio);
     return true;
 }
+
+/* ---- the op tests' fixture ------------------------------------------------------------------ */
+
+#define F32 CT_DTYPE_F32
+#define BF16 CT_DTYPE_BF16
+#define E32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
+#define U7 (1.0 / 128.0)       /* two bf16 roundings, 2·2^-8 */
+
+/* The CPU backend (the reference) and the CUDA backend, for every test of the binary. */
+static cuda_test_pair P;
+
+/* Bytes after every pbuf that nobody writes (0 unless the test sets it before its first buffer):
+ * the emulator fills them with NaN, so a kernel that reads past a buffer shows. */
+static size_t cuda_test_pad;
+
+/* cmocka's group fixtures: P for the whole binary. */
+static inline int cuda_test_setup(void **state) {
+    (void)state;
+    P = cuda_test_pair_new();
+    return P.cpu && P.gpu ? 0 : -1;
+}
+
+static inline int cuda_test_teardown(void **state) {
+    (void)state;
+    cuda_test_pair_free(&P);
+    return 0;
+}
+
+/* A buffer on both backends: p[0] the CPU's, p[1] the CUDA backend's. */
+typedef struct pbuf {
+    void *p[2];
+    size_t bytes;
+} pbuf;
+
+/* `bytes` copied from host on both sides (host NULL: unwritten, NaN on the emulated device),
+ * followed by cuda_test_pad unwritten bytes. */
+static inline pbuf pb_new(const void *host, size_t bytes) {
+    pbuf b = {{cuda_test_upload(P.cpu, NULL, bytes + cuda_test_pad),
+               cuda_test_upload(P.gpu, NULL, bytes + cuda_test_pad)},
+              bytes};
+    if (host)
+        for (int s = 0; s < 2; s++) {
+            ct_backend *be = s ? P.gpu : P.cpu;
+            be->iface->copy_from_host(be->ctx, b.p[s], host, bytes);
+        }
+    return b;
+}
+
+static inline void pb_free(pbuf *b) {
+    cuda_test_free(P.cpu, b->p[0]);
+    cuda_test_free(P.gpu, b->p[1]);
+}
+
+/* The backend of side s of a pbuf. */
+static inline ct_backend *side_be(int s) {
+    return s ? P.gpu : P.cpu;
+}
+
+/* bf16 outputs: both backends compute the same fp32 value up to the fp32 bound D and round it once
+ * to nearest even (at most 2^-8 relative each); two values within D can straddle a rounding
+ * boundary, so the bf16 bound is D·(1 + 2^-7) + 2^-7·(1 + 2^-7)·|want|. f32 leaves the bound. */
+static inline void bf16_tol(ct_dtype dt, double *atol, double *rtol) {
+    if (dt != BF16) return;
+    *atol *= 1.0 + U7;
+    *rtol = (*rtol + U7) * (1.0 + U7);
+}
+
+/* bf16 outputs within bf16_tol: the fp32 values agree to ~1e-5 relative or better and a bf16
+ * spacing is 2^-7, so a straddle of a rounding midpoint is rare (an element lands within D of a
+ * midpoint with probability ~D/2^-7 < 1e-3). Bits that differ in more than 1 + n/64 elements mean
+ * a wrong rounding (truncation, ties away from zero), which moves half of all elements. */
+static inline bool cuda_test_bf16_bits_close(const char *label, const void *got, const void *want,
+                                             int64_t n) {
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++)
+        differ += ((const uint16_t *)got)[i] != ((const uint16_t *)want)[i];
+    if (differ <= 1 + n / 64) return true;
+    fprintf(stderr, "%s: %lld of %lld bf16 elements differ in their bits (allowed %lld)\n", label,
+            (long long)differ, (long long)n, (long long)(1 + n / 64));
+    return false;
+}
+
+/* The warp order the cases run in now (an index of cuda_test_orders), and every GPU output of a
+ * test hashed in checking order: order 0 records, orders 1 and 2 must reproduce it bit for bit (the
+ * kernels reduce in a fixed order; a float atomic or a race would show). */
+enum { CUDA_TEST_MAX_CHECKS = 512 };
+static int cur_order;
+static int cuda_test_n_checks;
+static uint64_t cuda_test_order_hash[CUDA_TEST_MAX_CHECKS];
+
+/* "[order] what": the name of a check, for its messages. */
+static inline void cuda_test_label(char *buf, size_t cap, const char *what) {
+    snprintf(buf, cap, "[%s] %s", cuda_test_orders[cur_order], what);
+}
+
+static inline bool cuda_test_same_in_every_order(const char *label, const void *got, size_t bytes) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const uint8_t *)got)[i]) * 0x100000001b3ull;
+    if (cuda_test_n_checks >= CUDA_TEST_MAX_CHECKS) {
+        fprintf(stderr, "%s: more than %d checks in one test\n", label, CUDA_TEST_MAX_CHECKS);
+        return false;
+    }
+    const int k = cuda_test_n_checks++;
+    if (cur_order == 0) {
+        cuda_test_order_hash[k] = h;
+    } else if (cuda_test_order_hash[k] != h) {
+        fprintf(stderr, "%s: the GPU result differs from the %s order's bits\n", label,
+                cuda_test_orders[0]);
+        return false;
+    }
+    return true;
+}
+
+/* Each test runs its cases in every warp order; a case returns false on any mismatch. */
+#define FOR_EACH_ORDER(body)                                                                       \
+    do {                                                                                           \
+        bool all_ok = true;                                                                        \
+        for (cur_order = 0; cur_order < CUDA_TEST_N_ORDERS; cur_order++) {                         \
+            cuda_test_set_order(cur_order);                                                        \
+            cuda_test_n_checks = 0;                                                                \
+            body;                                                                                  \
+        }                                                                                          \
+        assert_true(all_ok);                                                                       \
+    } while (0)
 
 #endif /* CT_TEST_CUDA_TEST_UTIL_H */

@@ -1,7 +1,7 @@
 /*
  * test_bf16_ops.c — every op of backend.h that touches activations, run in bf16 and checked
- * against the fp32 reference (backend.h, "Precision"; backend_cpu.c, "bf16: the slots"). Two
- * checks per op:
+ * against the fp32 reference (backend.h, "Precision"; core/backend/cpu/cpu.h, "bf16: the slots").
+ * Two checks per op:
  *
  *  1. The contract (tight). The op runs once on bf16 tensors and once on f32 tensors holding
  *     exactly the same, bf16-representable, values; an output it accumulates into starts from the

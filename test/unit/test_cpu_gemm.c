@@ -1,8 +1,8 @@
 /*
- * test_cpu_gemm.c — the oneDNN GEMM (core/backend/cpu_gemm.h) against a naive float64 GEMM on the
- * same inputs, for fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination, odd
- * and model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache and
- * the native-bf16 detection with its environment override.
+ * test_cpu_gemm.c — the oneDNN GEMM (core/backend/cpu/gemm_onednn.h) against a naive float64 GEMM
+ * on the same inputs, for fp32 and bf16 inputs, fp32 and bf16 outputs, every transpose combination,
+ * odd and model-like shapes, padded leading dimensions, alpha and beta; plus the primitive cache
+ * and the native-bf16 detection with its environment override.
  *
  * ct_cpu_gemm_serial, the one-thread form the CPU backend runs on each thread's tiles, is held to
  * the same reference, and run from a parallel region: each tile bit-identical to the same call
@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend/cpu_gemm.h"
+#include "core/backend/cpu/gemm_onednn.h"
 
 #include "test_util.h"
 

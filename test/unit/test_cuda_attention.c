@@ -102,15 +102,9 @@
 
 #include "test/unit/cuda_test_util.h"
 
-#define E32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
-#define U7 (1.0 / 128.0)       /* two bf16 roundings, 2·2^-8 */
-#define U8 (1.0 / 256.0)       /* one bf16 rounding, 2^-8 */
-#define F32 CT_DTYPE_F32
-#define BF16 CT_DTYPE_BF16
-#define TILE 32  /* half the kernels' 64-row tile: the bounds count rescales generously */
-#define PAD 4096 /* never-written (NaN on the emulated device) bytes after every buffer */
-
-static cuda_test_pair P;
+#define U8 (1.0 / 256.0) /* one bf16 rounding, 2^-8 */
+#define TILE 32          /* half the kernels' 64-row tile: the bounds count rescales generously */
+#define PAD 4096         /* never-written (NaN on the emulated device) bytes after every buffer */
 
 /* True while checking bf16 outputs of the tensor-core path (cuda/attention_tc.cu), whose weights P
  * and dS enter their second product rounded to bf16: each within U8 relative. */
@@ -137,55 +131,14 @@ static double dmax(const double *x, int64_t n) {
     return m;
 }
 
-/* ---- a buffer on both backends (p[0] the CPU's, p[1] the CUDA backend's) --------------------- */
-
-typedef struct pbuf {
-    void *p[2];
-    size_t bytes;
-} pbuf;
-
-/* `bytes` from host (NULL: unwritten), followed by PAD bytes nobody writes. */
-static pbuf pb_new(const void *host, size_t bytes) {
-    pbuf b = {
-        {cuda_test_upload(P.cpu, NULL, bytes + PAD), cuda_test_upload(P.gpu, NULL, bytes + PAD)},
-        bytes};
-    if (host)
-        for (int s = 0; s < 2; s++) {
-            ct_backend *be = s ? P.gpu : P.cpu;
-            be->iface->copy_from_host(be->ctx, b.p[s], host, bytes);
-        }
-    return b;
-}
-
-static void pb_free(pbuf *b) {
-    cuda_test_free(P.cpu, b->p[0]);
-    cuda_test_free(P.gpu, b->p[1]);
-}
-
-/* bf16 outputs: one rounding on each side on top of the fp32 bound (see the header). */
-static void bf16_tol(ct_dtype dt, double *atol, double *rtol) {
-    if (dt != BF16) return;
-    *atol *= 1.0 + U7;
-    *rtol = (*rtol + U7) * (1.0 + U7);
-}
-
-/* Every GPU output of a test, hashed in checking order: order 0 records, orders 1 and 2 must
- * reproduce it bit for bit. */
-enum { MAX_CHECKS = 256 };
-static uint64_t order_hash[MAX_CHECKS];
-static int cur_order, n_checks;
-
-static uint64_t fnv(const void *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
-    return h;
-}
+/* ---- buffers on both backends (pbuf, PAD bytes after each), checks in every warp order:
+ * cuda_test_util.h -------------------------------------------------------------------------- */
 
 /* Compares n host elements of dtype dt (got: the GPU's, want: the CPU's); true when close. */
 static bool check_host(const char *what, const void *got, const void *want, ct_dtype dt, int64_t n,
                        double atol, double rtol) {
     char label[200];
-    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    cuda_test_label(label, sizeof label, what);
     bf16_tol(dt, &atol, &rtol);
     bool ok = cuda_test_close(label, got, want, dt, n, atol, rtol);
     /* bf16: the fp32 values agree to ~1e-6 relative and a bf16 spacing is 2^-7, so a straddle of
@@ -209,38 +162,11 @@ static bool check_host(const char *what, const void *got, const void *want, ct_d
             ok = false;
         }
     } else if (dt == BF16) {
-        int64_t differ = 0;
-        for (int64_t i = 0; i < n; i++) differ += ((uint16_t *)got)[i] != ((uint16_t *)want)[i];
-        if (differ > 1 + n / 64) {
-            fprintf(stderr, "%s: %lld of %lld bf16 elements differ in their bits (allowed %lld)\n",
-                    label, (long long)differ, (long long)n, (long long)(1 + n / 64));
-            ok = false;
-        }
+        ok &= cuda_test_bf16_bits_close(label, got, want, n);
     }
-    uint64_t h = fnv(got, (size_t)n * cuda_test_dsize(dt));
-    assert_true(n_checks < MAX_CHECKS);
-    if (cur_order == 0) {
-        order_hash[n_checks] = h;
-    } else if (order_hash[n_checks] != h) {
-        fprintf(stderr, "%s: the GPU result differs from the %s order's bits\n", label,
-                cuda_test_orders[0]);
-        ok = false;
-    }
-    n_checks++;
+    ok &= cuda_test_same_in_every_order(label, got, (size_t)n * cuda_test_dsize(dt));
     return ok;
 }
-
-/* Each test runs its cases in every warp order; a case returns false on any mismatch. */
-#define FOR_EACH_ORDER(body)                                                                       \
-    do {                                                                                           \
-        bool all_ok = true;                                                                        \
-        for (cur_order = 0; cur_order < CUDA_TEST_N_ORDERS; cur_order++) {                         \
-            cuda_test_set_order(cur_order);                                                        \
-            n_checks = 0;                                                                          \
-            body;                                                                                  \
-        }                                                                                          \
-        assert_true(all_ok);                                                                       \
-    } while (0)
 
 static const ct_dtype dtypes[2] = {F32, BF16};
 
@@ -744,16 +670,10 @@ static void test_attention_part(void **state) {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
+/* P for the binary, every buffer followed by PAD never-written bytes. */
 static int setup(void **state) {
-    (void)state;
-    P = cuda_test_pair_new();
-    return P.cpu && P.gpu ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    cuda_test_pair_free(&P);
-    return 0;
+    cuda_test_pad = PAD;
+    return cuda_test_setup(state);
 }
 
 /* The forward and backward cases again with CT_CUDA_ATTENTION=wgmma: at head width 64 the bf16
@@ -779,5 +699,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_bwd_wgmma),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, cuda_test_teardown);
 }

@@ -79,12 +79,6 @@
 
 #include "test/unit/cuda_test_util.h"
 
-#define F32 CT_DTYPE_F32
-#define BF16 CT_DTYPE_BF16
-
-static cuda_test_pair P;
-static int cur_order;
-
 /* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
 /* n random values in [lo, hi) as dtype dt (malloc'd). */
@@ -95,26 +89,8 @@ static void *rvec(ct_dtype dt, int64_t n, float lo, float hi) {
     return p;
 }
 
-/* ---- a buffer on both backends (p[0] the CPU's, p[1] the CUDA backend's) --------------------- */
-
-typedef struct pbuf {
-    void *p[2];
-    size_t bytes;
-} pbuf;
-
-static pbuf pb_new(const void *host, size_t bytes) {
-    pbuf b = {{cuda_test_upload(P.cpu, host, bytes), cuda_test_upload(P.gpu, host, bytes)}, bytes};
-    return b;
-}
-
-static void pb_free(pbuf *b) {
-    cuda_test_free(P.cpu, b->p[0]);
-    cuda_test_free(P.gpu, b->p[1]);
-}
-
-static ct_backend *side_be(int s) {
-    return s ? P.gpu : P.cpu;
-}
+/* ---- buffers on both backends (pbuf: cuda_test_util.h) ----------------------------------------
+ */
 
 /* Element `off` of side s of b, for elements of `es` bytes. */
 static void *at(const pbuf *b, int s, int64_t off, size_t es) {
@@ -128,7 +104,7 @@ static bool check(const char *what, const pbuf *b, ct_dtype dt) {
     void *want = cuda_test_download(P.cpu, b->p[0], b->bytes);
     void *got = cuda_test_download(P.gpu, b->p[1], b->bytes);
     char label[256];
-    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    cuda_test_label(label, sizeof label, what);
     bool ok = true;
     if (dt == F32 || dt == BF16)
         ok = cuda_test_close(label, got, want, dt, (int64_t)(b->bytes / cuda_test_dsize(dt)), 0.0,
@@ -147,17 +123,7 @@ static bool check(const char *what, const pbuf *b, ct_dtype dt) {
     return ok;
 }
 
-/* Each test runs its cases in every warp order; a case returns false on any mismatch. */
-#define FOR_EACH_ORDER(body)                                                                       \
-    do {                                                                                           \
-        bool all_ok = true;                                                                        \
-        for (cur_order = 0; cur_order < CUDA_TEST_N_ORDERS; cur_order++) {                         \
-            cuda_test_set_order(cur_order);                                                        \
-            body;                                                                                  \
-        }                                                                                          \
-        assert_true(all_ok);                                                                       \
-    } while (0)
-
+/* Each test runs its cases in every warp order (FOR_EACH_ORDER, cuda_test_util.h). */
 static const ct_dtype dtypes[2] = {F32, BF16};
 
 /* ---- fill ------------------------------------------------------------------------------------ */
@@ -640,7 +606,7 @@ static bool check_tol(const char *what, const pbuf *b, ct_dtype dt, const double
         if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i, worst_tol = allowed;
     }
     char label[256];
-    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    cuda_test_label(label, sizeof label, what);
     if (bad) {
         const double g = cuda_test_get(got, dt, worst), w = cuda_test_get(want, dt, worst);
         fprintf(stderr,
@@ -877,18 +843,6 @@ static void test_graph(void **state) {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-static int setup(void **state) {
-    (void)state;
-    P = cuda_test_pair_new();
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    cuda_test_pair_free(&P);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_complete), cmocka_unit_test(test_fill),
@@ -900,5 +854,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_graph),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, cuda_test_setup, cuda_test_teardown);
 }

@@ -3,9 +3,9 @@
  * epilogue, cuda/gemm.c) against the CPU backend, which has no such slot: there ct_gemm_bias_gelu
  * runs its three separate ops (bias_init, gemm with beta = 1, gelu_fwd), the reference. The same
  * slot without GELU (ct_gemm_bias: out NULL, cuBLASLt's BIAS epilogue) against bias_init + gemm.
- * Both go through the public wrapper, on the same bytes, in fp32 and bf16 (test/unit/cuda_test_util.h).
- * Also through the asynchronous stream (ct_backend_async_new, COOKTRAIN_ASYNC=1), which must
- * forward the slot and give the plain CUDA backend's bits.
+ * Both go through the public wrapper, on the same bytes, in fp32 and bf16
+ * (test/unit/cuda_test_util.h). Also through the asynchronous stream (ct_backend_async_new,
+ * COOKTRAIN_ASYNC=1), which must forward the slot and give the plain CUDA backend's bits.
  *
  * Shapes, odd M: 17×96×32 takes the cuBLASLt epilogue in both dtypes (every row stride a multiple
  * of 16 bytes, pre's of 8 elements); the others take the slot's own fallback (bias_init, GEMM,

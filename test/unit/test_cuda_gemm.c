@@ -4,8 +4,8 @@
  * odd shapes (M, N, K not multiples of 8 or 16), leading dimensions above the minimum, alpha and
  * beta (beta 0 on a NaN C), K == 0 and alpha == 0, the descriptor cache, and the cublasGemmEx
  * fallback taken for a leading dimension or a pointer that is not 16-byte aligned; the
- * bias-GELU epilogue (ct_cuda_gemm_bias_gelu: pre-activation and GELU output, its refusals); and
- * the grouped call (ct_cuda_gemm_grouped) behind the backend wrapper ct_gemm_grouped, in Mixture
+ * bias-GELU epilogue (ct_cublas_gemm_bias_gelu: pre-activation and GELU output, its refusals); and
+ * the grouped call (ct_cublas_gemm_grouped) behind the backend wrapper ct_gemm_grouped, in Mixture
  * of Experts' three shapes, against the same GEMMs one by one and the CPU backend.
  *
  * Built twice from this one file (cuda/cublas.mk):
@@ -54,6 +54,7 @@
 #include "core/common.h"
 #include "cuda/ct_cuda_check.h"
 #include "cuda/gemm.h"
+#include "test/unit/cuda_test_util.h"
 
 #ifdef CT_CUDA_EMU
 #include <cublasLt.h>
@@ -62,19 +63,13 @@
 
 static bool verbose;
 static cudaStream_t stream;
-static ct_cuda_gemm_ctx *gemm;
+static ct_cublas_gemm_ctx *gemm;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-/* uniform in [-1, 1): splitmix64 */
+/* uniform in [-1, 1): cuda_test_util.h's splitmix64, from the state setup() gives it */
 static float urand(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return -1.0f + 2.0f * (float)((double)(z >> 11) / 9007199254740992.0);
+    return cuda_test_urand(-1.0f, 1.0f);
 }
 
 /* A stored row-major matrix: rows × cols with row stride ld, in dtype, on the host (data) and on
@@ -167,7 +162,7 @@ static const char *route_name(route r) {
     return r == ROUTE_LT ? "cuBLASLt" : r == ROUTE_FALLBACK ? "cublasGemmEx" : "any";
 }
 
-/* Runs the case through ct_cuda_gemm and compares with the float64 reference (tolerance at the
+/* Runs the case through ct_cublas_gemm and compares with the float64 reference (tolerance at the
  * top of the file). Returns the worst error / tolerance ratio; fails on any violation. */
 static double run_case(const gemm_case *g) {
     const int64_t M = g->M, N = g->N, K = g->K;
@@ -186,11 +181,11 @@ static double run_case(const gemm_case *g) {
     void *c_before = malloc(mat_bytes(&C) + 1);
     memcpy(c_before, C.data, mat_bytes(&C));
 
-    int64_t fallbacks = ct_cuda_gemm_fallbacks(gemm);
-    ct_cuda_gemm(gemm, g->ta, g->tb, M, N, K, g->alpha, A.dev, lda, B.dev, ldb, g->beta, C.dev, ldc,
-                 g->ab, g->c);
+    int64_t fallbacks = ct_cublas_gemm_fallbacks(gemm);
+    ct_cublas_gemm(gemm, g->ta, g->tb, M, N, K, g->alpha, A.dev, lda, B.dev, ldb, g->beta, C.dev,
+                   ldc, g->ab, g->c);
     mat_download(&C);
-    int64_t took = ct_cuda_gemm_fallbacks(gemm) - fallbacks;
+    int64_t took = ct_cublas_gemm_fallbacks(gemm) - fallbacks;
     if (CHECK_FALLBACKS && g->expect != ROUTE_ANY && took != (g->expect == ROUTE_FALLBACK ? 1 : 0))
         fail_msg("ta=%d tb=%d M=%lld N=%lld K=%lld %s->%s lda=%lld ldb=%lld ldc=%lld offsets "
                  "%lld/%lld/%lld: expected the %s route, fallback counter moved by %lld",
@@ -382,8 +377,8 @@ static void test_k_zero_alpha_zero(void **state) {
         int64_t ldc = 16 / (int64_t)ct_dtype_size(c) * 2;
         mat A = mat_new(4, 5, 8, ab, true, 0), B = mat_new(5, 6, 8, ab, true, 0);
         mat C = mat_new(4, 6, ldc, c, false, 0);
-        ct_cuda_gemm(gemm, false, false, 4, 6, 0, 1.0f, A.dev, 8, B.dev, 8, 0.5f, C.dev, ldc, ab,
-                     c);
+        ct_cublas_gemm(gemm, false, false, 4, 6, 0, 1.0f, A.dev, 8, B.dev, 8, 0.5f, C.dev, ldc, ab,
+                       c);
         float *before = malloc((size_t)(4 * ldc) * sizeof(float));
         memcpy(before, C.val, (size_t)(4 * ldc) * sizeof(float));
         mat_download(&C);
@@ -394,7 +389,8 @@ static void test_k_zero_alpha_zero(void **state) {
                 assert_true(mat_get(&C, (size_t)(i * ldc + j)) == want);
             }
         /* transposed with ld = 0 for the K-wide operands: legal when K == 0 */
-        ct_cuda_gemm(gemm, true, true, 4, 6, 0, 1.0f, A.dev, 4, B.dev, 0, 0.0f, C.dev, ldc, ab, c);
+        ct_cublas_gemm(gemm, true, true, 4, 6, 0, 1.0f, A.dev, 4, B.dev, 0, 0.0f, C.dev, ldc, ab,
+                       c);
         mat_download(&C);
         for (int64_t i = 0; i < 4; i++)
             for (int64_t j = 0; j < 6; j++) assert_true(mat_get(&C, (size_t)(i * ldc + j)) == 0.0f);
@@ -402,13 +398,15 @@ static void test_k_zero_alpha_zero(void **state) {
         mat_free(&C);
 
         C = mat_new(4, 6, ldc, c, true, 0); /* NaN: beta 0 must not read it, even with alpha 0 */
-        ct_cuda_gemm(gemm, false, false, 4, 6, 5, 0.0f, A.dev, 8, B.dev, 8, 0.0f, C.dev, ldc, ab,
-                     c);
+        ct_cublas_gemm(gemm, false, false, 4, 6, 5, 0.0f, A.dev, 8, B.dev, 8, 0.0f, C.dev, ldc, ab,
+                       c);
         mat_download(&C);
         for (int64_t i = 0; i < 4; i++)
             for (int64_t j = 0; j < 6; j++) assert_true(mat_get(&C, (size_t)(i * ldc + j)) == 0.0f);
-        ct_cuda_gemm(gemm, false, false, 0, 6, 5, 1.0f, A.dev, 8, B.dev, 8, 0.0f, NULL, ldc, ab, c);
-        ct_cuda_gemm(gemm, false, false, 4, 0, 5, 1.0f, A.dev, 8, B.dev, 8, 0.0f, NULL, ldc, ab, c);
+        ct_cublas_gemm(gemm, false, false, 0, 6, 5, 1.0f, A.dev, 8, B.dev, 8, 0.0f, NULL, ldc, ab,
+                       c);
+        ct_cublas_gemm(gemm, false, false, 4, 0, 5, 1.0f, A.dev, 8, B.dev, 8, 0.0f, NULL, ldc, ab,
+                       c);
         mat_free(&A), mat_free(&B), mat_free(&C);
     }
 }
@@ -418,44 +416,45 @@ static void test_k_zero_alpha_zero(void **state) {
  * alpha and beta do not. The fallback counter counts calls, not configurations. */
 static void test_cache(void **state) {
     (void)state;
-    ct_cuda_gemm_free(gemm);
-    gemm = ct_cuda_gemm_new(stream);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 0);
+    ct_cublas_gemm_free(gemm);
+    gemm = ct_cublas_gemm_new(stream);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 0);
     gemm_case g = lt_case(false, true, 33, 20, 17, 1.0f, 0.0f, 1);
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 1);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 1);
     run_case(&g);
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 1);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 1);
     g.beta = 1.0f, g.alpha = 0.5f;
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 1);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 1);
     g.pad_c = 20;
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 2);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 2);
     g.c = CT_DTYPE_BF16;
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 3);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 3);
     g.ta = true;
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 4);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 4);
     /* Each pointer's alignment is in the key: one element off is another plan (the fallback). */
-    int64_t before = ct_cuda_gemm_fallbacks(gemm);
+    int64_t before = ct_cublas_gemm_fallbacks(gemm);
     for (int which = 0; which < 3; which++) {
         g.off_a = which == 0, g.off_b = which == 1, g.off_c = which == 2;
         g.expect = ROUTE_FALLBACK;
         run_case(&g);
         run_case(&g);
-        assert_int_equal(ct_cuda_gemm_cache_size(gemm), 5 + which);
+        assert_int_equal(ct_cublas_gemm_cache_size(gemm), 5 + which);
     }
-    if (CHECK_FALLBACKS) assert_int_equal(ct_cuda_gemm_fallbacks(gemm) - before, 6);
+    if (CHECK_FALLBACKS) assert_int_equal(ct_cublas_gemm_fallbacks(gemm) - before, 6);
     /* and back to aligned pointers: the cached cuBLASLt plan again */
     g.off_a = g.off_b = g.off_c = 0, g.expect = ROUTE_LT;
     run_case(&g);
-    assert_int_equal(ct_cuda_gemm_cache_size(gemm), 7);
+    assert_int_equal(ct_cublas_gemm_cache_size(gemm), 7);
 }
 
-/* ---- the bias-GELU epilogue (ct_cuda_gemm_bias_gelu) ---------------------------------------- */
+/* ---- the bias-GELU epilogue (ct_cublas_gemm_bias_gelu) ----------------------------------------
+ */
 
 /* GELU, tanh form, and its derivative, in double. |gelu'(x)| <= 1.13 everywhere (max ~1.129
  * near x = 2.4), so an error e in pre moves out by at most 1.13·e. */
@@ -485,11 +484,11 @@ static void run_bias_gelu(int64_t M, int64_t N, int64_t K, ct_dtype dt, int64_t 
     memcpy(pre_before, pre.data, mat_bytes(&pre));
     memcpy(out_before, out.data, mat_bytes(&out));
 
-    int64_t fallbacks = ct_cuda_gemm_fallbacks(gemm);
-    bool queued = ct_cuda_gemm_bias_gelu(gemm, M, N, K, A.dev, lda, B.dev, ldb, bias.dev, pre.dev,
-                                         ldpre, out.dev, ldout, dt);
+    int64_t fallbacks = ct_cublas_gemm_fallbacks(gemm);
+    bool queued = ct_cublas_gemm_bias_gelu(gemm, M, N, K, A.dev, lda, B.dev, ldb, bias.dev, pre.dev,
+                                           ldpre, out.dev, ldout, dt);
     mat_download(&pre), mat_download(&out);
-    int64_t took = ct_cuda_gemm_fallbacks(gemm) - fallbacks;
+    int64_t took = ct_cublas_gemm_fallbacks(gemm) - fallbacks;
     if (CHECK_FALLBACKS && (queued != expect_lt || took != (expect_lt ? 0 : 1)))
         fail_msg("bias_gelu M=%lld N=%lld K=%lld %s ldpre=%lld bias offset %lld: returned %d, "
                  "fallback counter moved by %lld; expected the %s route",
@@ -571,18 +570,18 @@ static void test_bias_gelu(void **state) {
         run_bias_gelu(9, 16, 21, dts[t], 0, 16, true); /* ... 16 elements off: aligned */
     }
     /* K == 0: refused without counting (the caller's path writes pre = bias) */
-    int64_t before = ct_cuda_gemm_fallbacks(gemm);
-    assert_false(ct_cuda_gemm_bias_gelu(gemm, 4, 8, 0, NULL, 0, NULL, 0, NULL, NULL, 8, NULL, 8,
-                                        CT_DTYPE_F32));
-    assert_true(ct_cuda_gemm_bias_gelu(gemm, 0, 8, 4, NULL, 4, NULL, 4, NULL, NULL, 8, NULL, 8,
-                                       CT_DTYPE_F32));
-    assert_int_equal(ct_cuda_gemm_fallbacks(gemm), before);
+    int64_t before = ct_cublas_gemm_fallbacks(gemm);
+    assert_false(ct_cublas_gemm_bias_gelu(gemm, 4, 8, 0, NULL, 0, NULL, 0, NULL, NULL, 8, NULL, 8,
+                                          CT_DTYPE_F32));
+    assert_true(ct_cublas_gemm_bias_gelu(gemm, 0, 8, 4, NULL, 4, NULL, 4, NULL, NULL, 8, NULL, 8,
+                                         CT_DTYPE_F32));
+    assert_int_equal(ct_cublas_gemm_fallbacks(gemm), before);
 }
 
 /* ---- the grouped call through the backend's wrapper ----------------------------------------- *
  *
- * ct_gemm_grouped (core/backend/backend_ops.c) on a backend whose gemm slot is ct_cuda_gemm and
- * whose gemm_grouped slot is ct_cuda_gemm_grouped (GEMM by GEMM through ct_cuda_gemm where it
+ * ct_gemm_grouped (core/backend/backend_ops.c) on a backend whose gemm slot is ct_cublas_gemm and
+ * whose gemm_grouped slot is ct_cublas_gemm_grouped (GEMM by GEMM through ct_cublas_gemm where it
  * refuses, as backend_cuda.c's slot does), on the emulated device. This test binary links gemm.c
  * and not the kernels (cuda/cublas.mk), so the backend is this small one rather than
  * ct_cuda_backend_new's, whose slot adds one route of its own: a bf16 C with beta != 0 goes GEMM
@@ -642,21 +641,21 @@ static void hb_gemm(void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
                     int64_t ldc, ct_dtype ab, ct_dtype c) {
     (void)ctx;
-    ct_cuda_gemm(gemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
+    ct_cublas_gemm(gemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
 }
 
 static void hb_gemm_grouped(void *ctx, int count, bool ta, bool tb, const int64_t *mnk, float alpha,
                             void *const *ptrs, float beta, ct_dtype ab, ct_dtype c) {
     (void)ctx;
-    if (ct_cuda_gemm_grouped(gemm, count, ta, tb, mnk, alpha, ptrs, beta, ab, c)) {
+    if (ct_cublas_gemm_grouped(gemm, count, ta, tb, mnk, alpha, ptrs, beta, ab, c)) {
         hb_routes.grouped++;
         return;
     }
     hb_routes.refused++;
     for (int i = 0; i < count; i++) {
         int64_t M = mnk[3 * i], N = mnk[3 * i + 1], K = mnk[3 * i + 2];
-        ct_cuda_gemm(gemm, ta, tb, M, N, K, alpha, ptrs[3 * i], ta ? M : K, ptrs[3 * i + 1],
-                     tb ? K : N, beta, ptrs[3 * i + 2], N, ab, c);
+        ct_cublas_gemm(gemm, ta, tb, M, N, K, alpha, ptrs[3 * i], ta ? M : K, ptrs[3 * i + 1],
+                       tb ? K : N, beta, ptrs[3 * i + 2], N, ab, c);
     }
 }
 
@@ -758,9 +757,9 @@ static moe_case moe_case_new(ct_backend *be, moe_shape shape, int t, float alpha
     mc.A = moe_slab_new(be, mc.ab, ar, ac, false, true, skew);
     mc.B = moe_slab_new(be, mc.ab, br, bc, false, true, skew);
     /* beta 0 must not read C: it starts as NaN */
-    uint64_t seed = rng_state;
+    uint64_t seed = cuda_test_rng_state;
     mc.C = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
-    rng_state = seed;
+    cuda_test_rng_state = seed;
     mc.C_loop = moe_slab_new(be, mc.c, cr, cc, beta == 0.0f, false, skew);
     return mc;
 }
@@ -919,7 +918,7 @@ static void test_grouped_moe(void **state) {
     free(be);
 }
 
-/* The caller's host arrays may be reused the moment ct_cuda_gemm_grouped returns: overwritten
+/* The caller's host arrays may be reused the moment ct_cublas_gemm_grouped returns: overwritten
  * (NULL pointers, zero sizes) before anything ran, the queued GEMMs still compute what the call
  * asked. Two GEMMs of 8 × 8 × 8 in fp32, C = A·B, checked against a float64 product. */
 static void test_grouped_host_arrays(void **state) {
@@ -934,8 +933,8 @@ static void test_grouped_host_arrays(void **state) {
         mnk[3 * i] = mnk[3 * i + 1] = mnk[3 * i + 2] = 8;
         ptrs[3 * i] = A[i].dev, ptrs[3 * i + 1] = B[i].dev, ptrs[3 * i + 2] = C[i].dev;
     }
-    assert_true(ct_cuda_gemm_grouped(gemm, 2, false, false, mnk, 1.0f, ptrs, 0.0f, CT_DTYPE_F32,
-                                     CT_DTYPE_F32));
+    assert_true(ct_cublas_gemm_grouped(gemm, 2, false, false, mnk, 1.0f, ptrs, 0.0f, CT_DTYPE_F32,
+                                       CT_DTYPE_F32));
     memset(mnk, 0, sizeof mnk);
     memset(ptrs, 0, sizeof ptrs);
     for (int i = 0; i < 2; i++) {
@@ -1215,13 +1214,14 @@ static int setup(void **state) {
     /* Non-blocking: work issued on another stream (the legacy default one, say) is not ordered
      * before this stream's copies, so a GEMM on the wrong stream gives a wrong result. */
     CT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    gemm = ct_cuda_gemm_new(stream);
+    gemm = ct_cublas_gemm_new(stream);
+    cuda_test_rng_state = 0x9E3779B97F4A7C15ull;
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    ct_cuda_gemm_free(gemm);
+    ct_cublas_gemm_free(gemm);
     CT_CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;
 }

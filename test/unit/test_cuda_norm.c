@@ -1,6 +1,6 @@
 /*
  * test_cuda_norm.c — the CUDA backend's LayerNorm, GELU and cross-entropy kernels (cuda/
- * layernorm.cu, gelu.cu, xent.cu) and those of Llama's blocks (RMSNorm in layernorm.cu, rope.cu,
+ * norm.cu, gelu.cu, xent.cu) and those of Llama's blocks (RMSNorm in norm.cu, rope.cu,
  * swiglu.cu) against the CPU backend, the numerical reference, in fp32 and bf16 and in the
  * emulator's three warp orders (test/unit/cuda_test_util.h).
  *
@@ -69,13 +69,6 @@
 #include "core/model/rope.h"
 #include "test/unit/cuda_test_util.h"
 
-#define E32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
-#define U7 (1.0 / 128.0)       /* two bf16 roundings, 2·2^-8 */
-#define F32 CT_DTYPE_F32
-#define BF16 CT_DTYPE_BF16
-
-static cuda_test_pair P;
-
 /* ---- inputs (random values: cuda_test_util.h) ------------------------------------------------ */
 
 static double amax(const float *f, int64_t n) {
@@ -84,46 +77,7 @@ static double amax(const float *f, int64_t n) {
     return m;
 }
 
-/* ---- a buffer on both backends (p[0] the CPU's, p[1] the CUDA backend's) -----------------------
- */
-
-typedef struct pbuf {
-    void *p[2];
-    size_t bytes;
-} pbuf;
-
-static pbuf pb_new(const void *host, size_t bytes) {
-    pbuf b = {{cuda_test_upload(P.cpu, host, bytes), cuda_test_upload(P.gpu, host, bytes)}, bytes};
-    return b;
-}
-
-static void pb_free(pbuf *b) {
-    cuda_test_free(P.cpu, b->p[0]);
-    cuda_test_free(P.gpu, b->p[1]);
-}
-
-static ct_backend *side_be(int s) {
-    return s ? P.gpu : P.cpu;
-}
-
-/* bf16 outputs: one rounding on each side on top of the fp32 bound (see the header). */
-static void bf16_tol(ct_dtype dt, double *atol, double *rtol) {
-    if (dt != BF16) return;
-    *atol *= 1.0 + U7;
-    *rtol = (*rtol + U7) * (1.0 + U7);
-}
-
-/* Every GPU output of a test, hashed in checking order: order 0 records, orders 1 and 2 must
- * reproduce it bit for bit. */
-enum { MAX_CHECKS = 512 };
-static uint64_t order_hash[MAX_CHECKS];
-static int cur_order, n_checks;
-
-static uint64_t fnv(const void *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
-    return h;
-}
+/* ---- buffers on both backends (pbuf), checks in every warp order: cuda_test_util.h --------- */
 
 /* Compares n elements of dtype dt of a pbuf; returns true when close. */
 static bool check(const char *what, const pbuf *b, ct_dtype dt, int64_t n, double atol,
@@ -132,48 +86,16 @@ static bool check(const char *what, const pbuf *b, ct_dtype dt, int64_t n, doubl
     void *want = cuda_test_download(P.cpu, b->p[0], bytes);
     void *got = cuda_test_download(P.gpu, b->p[1], bytes);
     char label[200];
-    snprintf(label, sizeof label, "[%s] %s", cuda_test_orders[cur_order], what);
+    cuda_test_label(label, sizeof label, what);
     bool ok = cuda_test_close(label, got, want, dt, n, atol, rtol);
     /* bf16: the tolerance admits one bf16 spacing, which a straddle of a rounding midpoint needs;
-     * but the fp32 values agree to ~1e-5 relative or better and the spacing is 2^-7, so straddles
-     * are rare (an element lands within D of a midpoint with probability ~D/2^-7 < 1e-3). Bits
-     * that differ in more than 1 + n/64 elements mean a wrong rounding (truncation, ties away
-     * from zero), which moves half of all elements. */
-    if (dt == BF16) {
-        int64_t differ = 0;
-        for (int64_t i = 0; i < n; i++) differ += ((uint16_t *)got)[i] != ((uint16_t *)want)[i];
-        if (differ > 1 + n / 64) {
-            fprintf(stderr, "%s: %lld of %lld bf16 elements differ in their bits (allowed %lld)\n",
-                    label, (long long)differ, (long long)n, (long long)(1 + n / 64));
-            ok = false;
-        }
-    }
-    uint64_t h = fnv(got, bytes);
-    assert_true(n_checks < MAX_CHECKS);
-    if (cur_order == 0) {
-        order_hash[n_checks] = h;
-    } else if (order_hash[n_checks] != h) {
-        fprintf(stderr, "%s: the GPU result differs from the %s order's bits\n", label,
-                cuda_test_orders[0]);
-        ok = false;
-    }
-    n_checks++;
+     * a wrong rounding shows in the count of differing bits */
+    if (dt == BF16) ok &= cuda_test_bf16_bits_close(label, got, want, n);
+    ok &= cuda_test_same_in_every_order(label, got, bytes);
     free(want);
     free(got);
     return ok;
 }
-
-/* Each test runs its cases in every warp order; a case returns false on any mismatch. */
-#define FOR_EACH_ORDER(body)                                                                       \
-    do {                                                                                           \
-        bool all_ok = true;                                                                        \
-        for (cur_order = 0; cur_order < CUDA_TEST_N_ORDERS; cur_order++) {                         \
-            cuda_test_set_order(cur_order);                                                        \
-            n_checks = 0;                                                                          \
-            body;                                                                                  \
-        }                                                                                          \
-        assert_true(all_ok);                                                                       \
-    } while (0)
 
 static const ct_dtype dtypes[2] = {F32, BF16};
 
@@ -192,7 +114,7 @@ static double rows_k(int64_t N) {
     return (64 + ceil(N / 64.0) + 2) + (8 + 8 + ceil(N / 64.0) + 2) + 2;
 }
 
-/* The norms' weight (and bias) gradients: the CPU as rows_k; CUDA (cuda/layernorm.cu's fused
+/* The norms' weight (and bias) gradients: the CPU as rows_k; CUDA (cuda/norm.cu's fused
  * backward) chunks of 32 rows, each warp of a block adding up to 32 of them (32 with one warp),
  * up to 8 warps in order, then the chunks; + 2 for a fused product. */
 static double norm_rows_k(int64_t N) {
@@ -985,18 +907,6 @@ static void test_swiglu(void **state) {
 /* ---- main -------------------------------------------------------------------------------------
  */
 
-static int setup(void **state) {
-    (void)state;
-    P = cuda_test_pair_new();
-    return P.cpu && P.gpu ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    cuda_test_pair_free(&P);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layernorm), cmocka_unit_test(test_gelu),
@@ -1004,5 +914,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, cuda_test_setup, cuda_test_teardown);
 }

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "core/backend/backend.h"
-#include "core/backend/cpu_kernels.h"
+#include "core/backend/cpu/cpu.h"
 #include "core/model/rope.h"
 
 #include "test_util.h"

@@ -1,9 +1,10 @@
 /*
- * layernorm.cu — LayerNorm and RMSNorm, forward and backward (layernorm.cuh; the CPU references
- * are ct_cpu_layernorm_fwd / _bwd in core/backend/cpu_kernels.c and ct_cpu_rmsnorm_fwd / _bwd in
- * core/backend/cpu_llama.c, whose float formulas these kernels repeat: LayerNorm's two-pass
- * statistics with eps = 1e-5 added to the variance, RMSNorm's mean square plus the caller's eps,
- * rstd = 1/sqrtf). RMSNorm's kernels have LayerNorm's shapes without the mean and the bias.
+ * norm.cu — the norms, LayerNorm and RMSNorm, forward and backward (the slots layernorm_fwd,
+ * layernorm_bwd, rmsnorm_fwd, rmsnorm_bwd; one family: they share the backward kernel; the CPU
+ * reference is core/backend/cpu/norm.c, whose float formulas these kernels repeat: LayerNorm's
+ * two-pass statistics with eps = 1e-5 added to the variance, RMSNorm's mean square plus the
+ * caller's eps, rstd = 1/sqrtf). RMSNorm's kernels have LayerNorm's shapes without the mean and the
+ * bias.
  *
  * Kernels:
  *   ln_fwd_kernel, rms_fwd_kernel  one warp per row (LN_WARPS rows per block): LayerNorm's sum ->
@@ -34,7 +35,7 @@
 #include "cuda/ct_cuda_dtype.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/layernorm.cuh"
+#include "cuda/ct_cuda_ctx.h"
 
 #define LN_EPS 1e-5f   /* as the CPU reference */
 #define LN_WARPS 8     /* rows (warps) per block of the row kernels */
@@ -266,9 +267,10 @@ static bool norm_args(const char *op, ct_dtype dt, int64_t N, int64_t C) {
     return N > 0;
 }
 
-extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *mean,
-                                      float *rstd, void *inp, const void *residual, const void *w,
-                                      const void *b, int64_t N, int64_t C) {
+extern "C" void ct_cuda_layernorm_fwd(void *ctx, ct_dtype dt, void *out, float *mean, float *rstd,
+                                      void *inp, const void *residual, const void *w, const void *b,
+                                      int64_t N, int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (!norm_args("layernorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         ln_fwd<__nv_bfloat16>(cx, out, mean, rstd, inp, residual, w, b, (int)N, (int)C);
@@ -276,9 +278,10 @@ extern "C" void ct_cuda_layernorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, f
         ln_fwd<float>(cx, out, mean, rstd, inp, residual, w, b, (int)N, (int)C);
 }
 
-extern "C" void ct_cuda_layernorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
-                                      float *db, const void *dout, const void *inp, const void *w,
+extern "C" void ct_cuda_layernorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, float *db,
+                                      const void *dout, const void *inp, const void *w,
                                       const float *mean, const float *rstd, int64_t N, int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (!norm_args("layernorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         norm_bwd<__nv_bfloat16, false>(cx, dinp, dw, db, dout, inp, w, mean, rstd, (int)N, (int)C);
@@ -299,9 +302,10 @@ static void rms_fwd(ct_cuda_ctx *cx, void *out, float *rstd, void *inp, const vo
     CT_CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, float *rstd, void *inp,
+extern "C" void ct_cuda_rmsnorm_fwd(void *ctx, ct_dtype dt, void *out, float *rstd, void *inp,
                                     const void *residual, const void *w, int64_t N, int64_t C,
                                     float eps) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (!norm_args("rmsnorm_fwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         rms_fwd<__nv_bfloat16>(cx, out, rstd, inp, residual, w, (int)N, (int)C, eps);
@@ -309,9 +313,10 @@ extern "C" void ct_cuda_rmsnorm_fwd(ct_cuda_ctx *cx, ct_dtype dt, void *out, flo
         rms_fwd<float>(cx, out, rstd, inp, residual, w, (int)N, (int)C, eps);
 }
 
-extern "C" void ct_cuda_rmsnorm_bwd(ct_cuda_ctx *cx, ct_dtype dt, void *dinp, float *dw,
-                                    const void *dout, const void *inp, const void *w,
-                                    const float *rstd, int64_t N, int64_t C) {
+extern "C" void ct_cuda_rmsnorm_bwd(void *ctx, ct_dtype dt, void *dinp, float *dw, const void *dout,
+                                    const void *inp, const void *w, const float *rstd, int64_t N,
+                                    int64_t C) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
     if (!norm_args("rmsnorm_bwd", dt, N, C)) return;
     if (dt == CT_DTYPE_BF16)
         norm_bwd<__nv_bfloat16, true>(cx, dinp, dw, NULL, dout, inp, w, NULL, rstd, (int)N, (int)C);

@@ -1,14 +1,16 @@
 /*
- * cpu_kernels.h — what the CPU backend's files share (internal to core/backend/; backend.h is
- * the interface): its context, the tuning constants, the small vectorisable helpers, and the fp32
- * kernels. backend_cpu.c says how the backend works (determinism, exp, memory) and holds the
- * slots, which give each kernel its bf16 form; cpu_kernels.c holds the kernels of every op but
- * attention, cpu_attention.c the causal attention.
+ * cpu.h — what the CPU backend's files share (internal to core/backend/cpu/; backend.h is the
+ * interface): its context, the tuning constants, the small vectorisable helpers, the staging of
+ * bf16 operands through fp32, and the slot functions. backend_cpu.c says how the backend works
+ * (determinism, exp, memory) and holds its table; each op family has its file, named as its CUDA
+ * kernels' are in cuda/ (elementwise.c, embedding.c, moe_rows.c, norm.c, gelu.c, rope.c,
+ * swiglu.c, attention.c, xent.c, adamw.c, gemm.c), with the fp32 kernel and the slot that gives
+ * it its bf16 form.
  */
-#ifndef CT_CPU_KERNELS_H
-#define CT_CPU_KERNELS_H
+#ifndef CT_CPU_H
+#define CT_CPU_H
 
-#include "backend.h"
+#include "core/backend/backend.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -46,7 +48,7 @@ typedef struct cpu_ctx {
     bool sgemm_onednn; /* fp32 GEMM tiles in oneDNN (else OpenBLAS): ct_backend_cpu_new */
     void *ws;          /* workspace, 64-byte aligned, ws_bytes long */
     size_t ws_bytes;
-    float *stage[N_STAGE]; /* bf16 operands widened to fp32 (backend_cpu.c, "bf16: the slots") */
+    float *stage[N_STAGE]; /* bf16 operands widened to fp32 (below, "bf16: the slots") */
     size_t stage_bytes[N_STAGE];
 } cpu_ctx;
 
@@ -211,105 +213,79 @@ void ct_cpu_sum_rows(float *dst, const float *rows, int64_t ld, int64_t n_rows, 
 void ct_cpu_add_chunk_partials(cpu_ctx *c, float *dst, const float *partial, int64_t n_chunks,
                                int64_t C, int64_t chunk_stride);
 
-/* ---- the fp32 kernels (cpu_kernels.c, cpu_attention.c): each slot of backend.h in fp32 ------ */
+/* ---- bf16: the slots ------------------------------------------------------------------------
+ *
+ * Each slot takes the storage dtype of its activations and parameters (backend.h). fp32 goes
+ * straight to the kernel of its op file. bf16 runs the same kernel on fp32 copies: every bf16
+ * operand is widened into a staging buffer (exact: a bf16 value is an fp32 value), the kernel runs
+ * in fp32, and every output is rounded back to nearest even. So the bf16 path computes exactly
+ * what the fp32 reference computes on the rounded inputs, rounded once at the end — the numerics
+ * mixed precision promises (fp32 arithmetic and accumulation, bf16 storage) — at the price of one
+ * extra pass over each operand. The exceptions: GEMMs (oneDNN reads bf16 directly,
+ * gemm_onednn.h), SwiGLU (elementwise, read and written in place) and the cross-entropy (a row at
+ * a time through a per-thread fp32 row).
+ */
 
-void *ct_cpu_alloc(void *ctx, size_t bytes);
-void ct_cpu_free(void *ctx, void *ptr);
-void ct_cpu_fill(void *ctx, void *dst, ct_dtype dtype, int64_t n, float value);
-void ct_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
-/* The tiles of C that ct_cpu_gemm runs as single-threaded sgemms: n_row blocks of GEMM_ROW_BLOCK
+/* Staging buffer k, at least n floats. */
+static inline float *stage_buf(cpu_ctx *c, int k, int64_t n) {
+    size_t bytes = (size_t)CT_MAX(n, 1) * sizeof(float);
+    if (bytes > c->stage_bytes[k]) {
+        free(c->stage[k]);
+        c->stage_bytes[k] = round_up(bytes, 64);
+        c->stage[k] = aligned_alloc(64, c->stage_bytes[k]);
+        CT_ASSERTF(c->stage[k] != NULL, "cpu backend: out of memory for a %zu-byte bf16 stage",
+                   c->stage_bytes[k]);
+    }
+    return c->stage[k];
+}
+
+static inline void widen(cpu_ctx *c, float *dst, const uint16_t *src, int64_t n) {
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) dst[i] = ct_bf16_to_f32(src[i]);
+}
+
+static inline void narrow(cpu_ctx *c, uint16_t *dst, const float *src, int64_t n) {
+    CT_PRAGMA(omp parallel for simd schedule(static) num_threads(threads_for(c, n)))
+    for (int64_t i = 0; i < n; i++) dst[i] = ct_f32_to_bf16(src[i]);
+}
+
+/* An input operand as fp32: the pointer itself for f32, else widened into staging buffer k. */
+static inline const float *in_f32(cpu_ctx *c, int k, ct_dtype dt, const void *p, int64_t n) {
+    if (dt == CT_DTYPE_F32 || !p) return p;
+    float *f = stage_buf(c, k, n);
+    widen(c, f, p, n);
+    return f;
+}
+
+/* An output operand as fp32: the pointer itself for f32, else staging buffer k — holding the
+ * widened current values when the op reads them (accumulates or updates in place). */
+static inline float *out_f32(cpu_ctx *c, int k, ct_dtype dt, void *p, int64_t n, bool reads) {
+    if (dt == CT_DTYPE_F32) return p;
+    float *f = stage_buf(c, k, n);
+    if (reads) widen(c, f, p, n);
+    return f;
+}
+
+/* Stores an output obtained from out_f32 (bf16: rounded to nearest even). */
+static inline void out_done(cpu_ctx *c, ct_dtype dt, void *p, const float *f, int64_t n) {
+    if (dt != CT_DTYPE_F32) narrow(c, p, f, n);
+}
+
+/* ---- GEMM tiles (gemm.c) -------------------------------------------------------------------- */
+
+/* The tiles of C that ct_cpu_gemm runs as single-threaded GEMMs: n_row blocks of GEMM_ROW_BLOCK
  * rows by n_col pieces of `cols` columns (the last of each may be short). */
 typedef struct gemm_tiling {
     int64_t n_row, n_col, cols;
 } gemm_tiling;
 gemm_tiling ct_cpu_gemm_tiles(int64_t M, int64_t N, int64_t K);
-/* Every CPU GEMM: fp32 or bf16 A and B, fp32 or (with bf16 inputs) bf16 C, as cpu_gemm.h. */
-void ct_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
-                 void *C, int64_t ldc, ct_dtype ab_dtype, ct_dtype c_dtype);
-void ct_cpu_bias_add(void *ctx, float *out, const float *bias, int64_t N, int64_t C);
-void ct_cpu_bias_init(void *ctx, float *out, const float *bias, const float *residual, int64_t N,
-                      int64_t C);
-void ct_cpu_bias_grad(void *ctx, float *dbias, const float *dout, int64_t N, int64_t C);
-void ct_cpu_axpy(void *ctx, float *dst, const float *src, float alpha, int64_t n);
-void ct_cpu_scale(void *ctx, float *x, float s, int64_t n);
-void ct_cpu_gather_rows(void *ctx, float *out, const float *in, const int32_t *idx, const float *w,
-                        int64_t N, int64_t k, int64_t C);
-void ct_cpu_gather_dot(void *ctx, float *out, const float *a, const int32_t *ia, const float *b,
-                       const int32_t *ib, int64_t R, int64_t C);
-void ct_cpu_embedding_fwd(void *ctx, ct_dtype dt, void *out, const int32_t *tokens,
-                          const void *table, int64_t N, int64_t C, int64_t rows,
-                          int64_t row_offset);
-void ct_cpu_embedding_bwd(void *ctx, float *dtable, const float *dout, const int32_t *tokens,
-                          int64_t N, int64_t C, int64_t rows, int64_t row_offset);
-void ct_cpu_posemb_fwd(void *ctx, float *out, const float *wpe, int64_t B, int64_t T, int64_t C,
-                       int64_t pos_offset);
-void ct_cpu_posemb_bwd(void *ctx, float *dwpe, const float *dout, int64_t B, int64_t T, int64_t C,
-                       int64_t pos_offset);
-void ct_cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int64_t N, int64_t C);
-void ct_cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean, const float *rstd,
-                          int64_t N, int64_t C);
-void ct_cpu_gelu_fwd(void *ctx, float *out, const float *inp, int64_t n);
-void ct_cpu_gelu_bwd(void *ctx, float *dinp, float *dbias, const float *inp, const float *dout,
-                     int64_t N, int64_t C);
-void ct_cpu_xent_rowmax(void *ctx, float *rowmax, const float *logits, int64_t N, int64_t V,
-                        int64_t n_valid);
-void ct_cpu_xent_sumexp(void *ctx, float *sumexp, float *target_logit, float *logits,
-                        const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
-                        int64_t n_valid, int64_t col_offset, bool keep_exp);
-void ct_cpu_xent_finish(void *ctx, float *losses, float *logits, const int32_t *targets,
-                        const float *rowmax, const float *sumexp, const float *target_logit,
-                        int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
-                        bool write_grad);
-/* The same on bf16 logits (in place, a row at a time; values as the fp32 kernels compute them on
- * the widened row, rounded once where stored). */
-void ct_cpu_xent_rowmax_bf16(void *ctx, float *rowmax, const uint16_t *logits, int64_t N, int64_t V,
-                             int64_t n_valid);
-void ct_cpu_xent_sumexp_bf16(void *ctx, float *sumexp, float *target_logit, uint16_t *logits,
-                             const int32_t *targets, const float *rowmax, int64_t N, int64_t V,
-                             int64_t n_valid, int64_t col_offset, bool keep_exp);
-void ct_cpu_xent_finish_bf16(void *ctx, float *losses, uint16_t *logits, const int32_t *targets,
-                             const float *rowmax, const float *sumexp, const float *target_logit,
-                             int64_t N, int64_t V, int64_t n_valid, int64_t col_offset, float dloss,
-                             bool write_grad);
-void ct_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v,
-                  const ct_adamw_segment *segments, int n_segments, const ct_adamw_hparams *hp,
-                  void *param_copy, ct_dtype copy_dtype);
-void ct_cpu_sumsq(void *ctx, float *out, const float *const *x, const int64_t *n, int count);
-void ct_cpu_cast(void *ctx, void *dst, ct_dtype dst_dtype, const void *src, ct_dtype src_dtype,
-                 int64_t n);
-void ct_cpu_cast_cols(void *ctx, void *dst, ct_dtype dst_dtype, int64_t ld_dst, const void *src,
-                      ct_dtype src_dtype, int64_t ld_src, int64_t rows, int64_t cols);
-void ct_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
-                          int64_t n_head, int64_t n_kv_head, int64_t hd);
-void ct_cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
-                          int64_t n_kv_head, int64_t hd);
-void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
-                               const float *kv, int64_t B, int64_t T, int64_t n_head,
-                               int64_t n_kv_head, int64_t hd, int64_t chunks);
-void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const float *dout,
-                               const float *qkv, const float *out, const float *lse,
-                               const float *kv, int64_t B, int64_t T, int64_t n_head,
-                               int64_t n_kv_head, int64_t hd, int64_t chunks);
-/* cpu_llama.c */
-void ct_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *inp, const float *w,
-                        int64_t N, int64_t C, float eps);
-void ct_cpu_rmsnorm_bwd(void *ctx, float *dinp, float *dw, const float *dout, const float *inp,
-                        const float *w, const float *rstd, int64_t N, int64_t C);
-void ct_cpu_rope(void *ctx, float *x, const float *cos_sin, int64_t B, int64_t T,
-                 int64_t n_rot_head, int64_t head_dim, int64_t ld, int64_t pos_offset,
-                 bool inverse);
-void ct_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int64_t N,
-                       int64_t H, int64_t ld);
-void ct_cpu_swiglu_fwd_bf16(void *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
-                            int64_t N, int64_t H, int64_t ld);
-void ct_cpu_swiglu_bwd_bf16(void *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *gate,
-                            const uint16_t *up, const uint16_t *dout, int64_t N, int64_t H,
-                            int64_t ld);
-void ct_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *gate, const float *up,
-                       const float *dout, int64_t N, int64_t H, int64_t ld);
 
-#endif /* CT_CPU_KERNELS_H */
+/* ---- the slots ------------------------------------------------------------------------------
+ *
+ * ct_cpu_<op> for every required and feature op of backend_ops.h, with the slot's parameters
+ * (fp32 and bf16 as backend.h says); backend_cpu.c's table names them (CT_OP_SLOT). */
+#define CT_CPU_DECL_(...) CT_OP_DECLARE(ct_cpu_, __VA_ARGS__)
+CT_BACKEND_OPS(CT_CPU_DECL_)
+#undef CT_CPU_DECL_
+
+#endif /* CT_CPU_H */

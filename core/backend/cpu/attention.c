@@ -1,8 +1,9 @@
 /*
- * cpu_attention.c — the CPU backend's causal attention, forward and backward (cpu_kernels.h),
- * parallel over (batch, head) with the query rows in causal blocks of ATT_BLOCK.
+ * attention.c — the CPU backend's causal attention (cpu.h), forward and backward, and the two
+ * ops of ring attention's step (attention_part_fwd, attention_part_bwd), parallel over (batch,
+ * head) with the query rows in causal blocks of ATT_BLOCK; the slots stage bf16 through fp32.
  */
-#include "cpu_kernels.h"
+#include "core/backend/cpu/cpu.h"
 
 #include <cblas.h>
 
@@ -113,8 +114,8 @@ static void softmax_block(float *S, int64_t ld, int64_t r0, int64_t r1, float *l
     }
 }
 
-void ct_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
-                          int64_t n_head, int64_t n_kv_head, int64_t hd) {
+static void attention_fwd_f32(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
     const int64_t lqkv = cq + 2 * ckv; /* row stride of the packed q | k | v */
@@ -171,9 +172,9 @@ void ct_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, i
  * order and accumulate into the kv head's dk/dv, so GQA needs no atomics and no reduction buffers.
  * dqkv has the packed layout of qkv.
  */
-void ct_cpu_attention_bwd(void *ctx, float *dqkv, float *dbias, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int64_t B, int64_t T, int64_t n_head,
-                          int64_t n_kv_head, int64_t hd) {
+static void attention_bwd_f32(void *ctx, float *dqkv, float *dbias, const float *dout,
+                              const float *qkv, const float *out, const float *lse, int64_t B,
+                              int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
     const int64_t lqkv = cq + 2 * ckv;
@@ -322,9 +323,9 @@ static float part_exp_row(float *s, int64_t n, int64_t nk, float *mx) {
     return lane_sum(acc);
 }
 
-void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
-                               const float *kv, int64_t B, int64_t T, int64_t n_head,
-                               int64_t n_kv_head, int64_t hd, int64_t chunks) {
+static void attention_part_fwd_f32(void *ctx, float *o_acc, float *lse_acc, const float *qkv,
+                                   const float *kv, int64_t B, int64_t T, int64_t n_head,
+                                   int64_t n_kv_head, int64_t hd, int64_t chunks) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
@@ -394,10 +395,10 @@ void ct_cpu_attention_part_fwd(void *ctx, float *o_acc, float *lse_acc, const fl
     }
 }
 
-void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const float *dout,
-                               const float *qkv, const float *out, const float *lse,
-                               const float *kv, int64_t B, int64_t T, int64_t n_head,
-                               int64_t n_kv_head, int64_t hd, int64_t chunks) {
+static void attention_part_bwd_f32(void *ctx, float *dq_acc, float *dkv_acc, const float *dout,
+                                   const float *qkv, const float *out, const float *lse,
+                                   const float *kv, int64_t B, int64_t T, int64_t n_head,
+                                   int64_t n_kv_head, int64_t hd, int64_t chunks) {
     cpu_ctx *c = ctx;
     const int64_t cq = n_head * hd, ckv = n_kv_head * hd, group = n_head / n_kv_head;
     const int64_t lqkv = cq + 2 * ckv, lkv = 2 * ckv, ch = T / 2;
@@ -478,4 +479,45 @@ void ct_cpu_attention_part_bwd(void *ctx, float *dq_acc, float *dkv_acc, const f
                     }
                 }
     }
+}
+
+void ct_cpu_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const void *qkv, int64_t B,
+                          int64_t T, int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd;
+    float *o = out_f32(c, 0, dt, out, n_out, false);
+    attention_fwd_f32(c, o, lse, in_f32(c, 1, dt, qkv, n_qkv), B, T, n_head, n_kv_head, hd);
+    out_done(c, dt, out, o, n_out);
+}
+
+void ct_cpu_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, const void *dout,
+                          const void *qkv, const void *out, const float *lse, int64_t B, int64_t T,
+                          int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd;
+    float *dq = out_f32(c, 0, dt, dqkv, n_qkv, false);
+    attention_bwd_f32(c, dq, dbias, in_f32(c, 1, dt, dout, n_out), in_f32(c, 2, dt, qkv, n_qkv),
+                      in_f32(c, 3, dt, out, n_out), lse, B, T, n_head, n_kv_head, hd);
+    out_done(c, dt, dqkv, dq, n_qkv);
+}
+
+void ct_cpu_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
+                               const void *qkv, const void *kv, int64_t B, int64_t T,
+                               int64_t n_head, int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    int64_t n_qkv = B * T * (n_head + 2 * n_kv_head) * hd, n_kv = B * T * 2 * n_kv_head * hd;
+    attention_part_fwd_f32(c, o_acc, lse_acc, in_f32(c, 0, dt, qkv, n_qkv),
+                           in_f32(c, 1, dt, kv, n_kv), B, T, n_head, n_kv_head, hd, chunks);
+}
+
+void ct_cpu_attention_part_bwd(void *ctx, ct_dtype dt, float *dq_acc, float *dkv_acc,
+                               const void *dout, const void *qkv, const void *out, const float *lse,
+                               const void *kv, int64_t B, int64_t T, int64_t n_head,
+                               int64_t n_kv_head, int64_t hd, int64_t chunks) {
+    cpu_ctx *c = ctx;
+    int64_t n_out = B * T * n_head * hd, n_qkv = B * T * (n_head + 2 * n_kv_head) * hd,
+            n_kv = B * T * 2 * n_kv_head * hd;
+    attention_part_bwd_f32(c, dq_acc, dkv_acc, in_f32(c, 0, dt, dout, n_out),
+                           in_f32(c, 1, dt, qkv, n_qkv), in_f32(c, 2, dt, out, n_out), lse,
+                           in_f32(c, 3, dt, kv, n_kv), B, T, n_head, n_kv_head, hd, chunks);
 }

@@ -1,12 +1,12 @@
 /*
- * cpu_gemm.c — oneDNN (2.x C API) matmul behind a cblas-like row-major GEMM, with a primitive
- * cache, and CPUID detection of native bf16 (cpu_gemm.h has the contract).
+ * gemm_onednn.c — oneDNN (2.x C API) matmul behind a cblas-like row-major GEMM, with a primitive
+ * cache, and CPUID detection of native bf16 (gemm_onednn.h has the contract).
  *
  * Each cache entry owns one primitive and three memory objects created without storage
  * (DNNL_MEMORY_NONE); a call re-points them at the caller's buffers with
  * dnnl_memory_set_data_handle, which for a plain CPU layout without padding is a pointer store.
  */
-#include "cpu_gemm.h"
+#include "core/backend/cpu/gemm_onednn.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
- * cpu_gemm.h — row-major GEMMs on the CPU through oneDNN's matmul primitive: bf16 inputs with fp32
- * accumulation (the path that uses AMX / AVX512-BF16 where the CPU has them), and fp32. Also the
- * check for native bf16 multiply support, so a caller can decide whether bf16 is worth it.
+ * gemm_onednn.h — row-major GEMMs on the CPU through oneDNN's matmul primitive: bf16 inputs with
+ * fp32 accumulation (the path that uses AMX / AVX512-BF16 where the CPU has them), and fp32. Also
+ * the check for native bf16 multiply support, so a caller can decide whether bf16 is worth it.
  *
  * Semantics are cblas_sgemm's, row-major: C(M,N) = alpha·op(A)·op(B) + beta·C, op(X) = X^T when
  * trans_x; lda/ldb/ldc are row strides, in elements, of the matrices as stored (a transposed
@@ -24,8 +24,8 @@
  *     oneDNN) is treated as a bug: it prints the call and oneDNN's status, then aborts.
  *     ONEDNN_VERBOSE=1 in the environment makes oneDNN print every creation and execution.
  */
-#ifndef CT_CPU_GEMM_H
-#define CT_CPU_GEMM_H
+#ifndef CT_CPU_GEMM_ONEDNN_H
+#define CT_CPU_GEMM_ONEDNN_H
 
 #include "core/common.h"
 
@@ -88,4 +88,4 @@ int ct_cpu_gemm_cache_size(void);
  */
 bool ct_cpu_has_native_bf16(char *what, size_t cap);
 
-#endif /* CT_CPU_GEMM_H */
+#endif /* CT_CPU_GEMM_ONEDNN_H */

@@ -191,8 +191,8 @@ def check_length():
 def check_citations(files):
     problems = []
     for f in files:
-        if f.startswith("test/fuzz/regressions/"):
-            continue
+        if f.startswith("test/fuzz/regressions/") or f == "test/tools/mutants.txt":
+            continue  # inputs: hostile bytes, and the planted bugs (one plants a citation)
         try:
             text = open(os.path.join(ROOT, f), encoding="utf-8").read()
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):

@@ -253,37 +253,42 @@ static void test_gemm_openblas(void **state) {
 }
 
 /* bf16 GEMMs run in the same fixed tiles: bit-identical on 1, 2 and 3 threads, bf16 and fp32 C, at
- * a shape where oneDNN left to its own threads splits K (64x64x16384: a small layer's weight
- * gradient over many tokens; on the EPYC 68% of the elements differed between 1 and 2 threads,
- * none between 1 and 3). */
+ * shapes where oneDNN left to its own threads splits K, which differ between machines: a small
+ * layer's weight gradient over many tokens, 64x64x16384, on AVX512-BF16 (on an EPYC 68% of the
+ * elements differed between 1 and 2 threads), and 128x128x8192 and 256x64x4096 with AMX (a Xeon:
+ * 64x64x16384 stayed identical there, the two others differed). */
 static void test_gemm_bf16_threads(void **state) {
     (void)state;
-    const int64_t M = 64, N = 64, K = 16384;
-    float *fa = rand_floats(K * M, -1, 1), *fb = rand_floats(K * N, -1, 1);
-    uint16_t *ha = malloc((size_t)(K * M) * 2), *hb = malloc((size_t)(K * N) * 2);
-    for (int64_t i = 0; i < K * M; i++) ha[i] = ct_f32_to_bf16(fa[i]);
-    for (int64_t i = 0; i < K * N; i++) hb[i] = ct_f32_to_bf16(fb[i]);
-    int64_t sa[2] = {K, M}, sb[2] = {K, N}, sc[2] = {M, N};
-    for (int out = 0; out < 2; out++) {
-        ct_dtype cd = out ? CT_DTYPE_BF16 : CT_DTYPE_F32;
-        void *got[3];
-        ct_backend *bs[3] = {be1, be, be3};
-        for (int k = 0; k < 3; k++) {
-            ct_tensor *A = tensor(bs[k], CT_DTYPE_BF16, 2, sa, ha);
-            ct_tensor *B = tensor(bs[k], CT_DTYPE_BF16, 2, sb, hb);
-            ct_tensor *C = tensor(bs[k], cd, 2, sc, NULL);
-            ct_gemm(C, A, B, true, false, 1.0f, 0.0f); /* dW = dY^T X */
-            got[k] = malloc(ct_tensor_bytes(C));
-            ct_tensor_to_host(got[k], C);
-            ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+    const int64_t shapes[][3] = {{64, 64, 16384}, {128, 128, 8192}, {256, 64, 4096}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *fa = rand_floats(K * M, -1, 1), *fb = rand_floats(K * N, -1, 1);
+        uint16_t *ha = malloc((size_t)(K * M) * 2), *hb = malloc((size_t)(K * N) * 2);
+        for (int64_t i = 0; i < K * M; i++) ha[i] = ct_f32_to_bf16(fa[i]);
+        for (int64_t i = 0; i < K * N; i++) hb[i] = ct_f32_to_bf16(fb[i]);
+        int64_t sa[2] = {K, M}, sb[2] = {K, N}, sc[2] = {M, N};
+        for (int out = 0; out < 2; out++) {
+            ct_dtype cd = out ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+            void *got[3];
+            ct_backend *bs[3] = {be1, be, be3};
+            for (int k = 0; k < 3; k++) {
+                ct_tensor *A = tensor(bs[k], CT_DTYPE_BF16, 2, sa, ha);
+                ct_tensor *B = tensor(bs[k], CT_DTYPE_BF16, 2, sb, hb);
+                ct_tensor *C = tensor(bs[k], cd, 2, sc, NULL);
+                ct_gemm(C, A, B, true, false, 1.0f, 0.0f); /* dW = dY^T X */
+                got[k] = malloc(ct_tensor_bytes(C));
+                ct_tensor_to_host(got[k], C);
+                ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C);
+            }
+            for (int k = 1; k < 3; k++)
+                if (memcmp(got[0], got[k], (size_t)(M * N) * ct_dtype_size(cd)) != 0)
+                    fail_msg("bf16 GEMM %lldx%lldx%lld into %s: 1 and %d threads differ",
+                             (long long)M, (long long)N, (long long)K, ct_dtype_name(cd),
+                             k == 1 ? 2 : 3);
+            free(got[0]), free(got[1]), free(got[2]);
         }
-        for (int k = 1; k < 3; k++)
-            if (memcmp(got[0], got[k], (size_t)(M * N) * ct_dtype_size(cd)) != 0)
-                fail_msg("bf16 GEMM into %s: 1 and %d threads differ", ct_dtype_name(cd),
-                         k == 1 ? 2 : 3);
-        free(got[0]), free(got[1]), free(got[2]);
+        free(fa), free(fb), free(ha), free(hb);
     }
-    free(fa), free(fb), free(ha), free(hb);
 }
 
 /* The CPU GEMM's tiles: they cover C exactly, there are at least GEMM_MIN_TILES and a multiple

@@ -120,6 +120,12 @@ def check_files(files):
     return problems
 
 
+def differences(truth, stated, missing, extra):
+    """One message per name in truth but not stated (missing.format(name)), and the reverse."""
+    return ([missing.format(n) for n in sorted(truth - stated)] +
+            [extra.format(n) for n in sorted(stated - truth)])
+
+
 def section(text, heading):
     m = re.search(r"^## " + re.escape(heading) + r"\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
     return m.group(1) if m else None
@@ -148,14 +154,10 @@ def check_commands(binary):
                 listed.add(m.group(1))
             elif line.strip():
                 inside = False
-    problems = []
-    if not listed:
-        problems.append(f"{binary} --help lists no commands")
-    for c in sorted(listed - documented):
-        problems.append(f"`{c}` is a command (--help) missing from README.md's Commands table")
-    for c in sorted(documented - listed):
-        problems.append(f"README.md's Commands table names `{c}`, which --help does not list")
-    return problems
+    problems = [] if listed else [f"{binary} --help lists no commands"]
+    return problems + differences(
+        listed, documented, "`{}` is a command (--help) missing from README.md's Commands table",
+        "README.md's Commands table names `{}`, which --help does not list")
 
 
 def check_packages():
@@ -171,12 +173,9 @@ def check_packages():
     if not p:
         return ["README.md has no paragraph starting 'Packages:'"]
     named = set(re.findall(r"`([a-z0-9][a-z0-9.+-]*)`", p.group(1)))
-    problems = []
-    for pkg in sorted(installed - named):
-        problems.append(f"scripts/setup.sh installs {pkg}, which README.md's Packages: omits")
-    for pkg in sorted(named - installed):
-        problems.append(f"README.md's Packages: names {pkg}, which scripts/setup.sh does not install")
-    return problems
+    return differences(installed, named,
+                       "scripts/setup.sh installs {}, which README.md's Packages: omits",
+                       "README.md's Packages: names {}, which scripts/setup.sh does not install")
 
 
 def check_length():

@@ -23,7 +23,9 @@ planted() {
     shift 3
     selected "$name" || return 0
     mkdir -p "$d"
-    expect_exit 1 "$name: the job ends" -- env COOKTRAIN_FAULT_COMM="$fault" \
+    # 5 s between the abort's SIGTERM and SIGKILL, not Open MPI's 1: on a busy machine a rank may
+    # need more than a second to write its record (core/README.md, Flight recorder)
+    expect_exit 1 "$name: the job ends" -- env COOKTRAIN_FAULT_COMM="$fault" OMPI_MCA_odls_base_sigkill_timeout=5 \
         "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" "${base[@]}" "${four[@]}" "$@" \
         --set log.run_dir="$d"
     expect_text "planted fault on rank" "$name: the fault was planted"

@@ -12,9 +12,11 @@
  * The commands, their one-line summaries and their --help texts are the table `commands` below:
  * `cooktrain --help` and the dispatch are made from it.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <omp.h>
 
@@ -123,7 +125,8 @@ static ct_status pick_device(bool share) {
 
 static const char train_help[] =
     "usage: cooktrain train --config FILE [--set section.key=V]... [options]\n"
-    "train a model; under mpirun (or srun) the job runs on every rank: tp x pp x dp = world size.\n"
+    "train a model; under mpirun (or srun) the job runs on every rank: tp x cp x pp x dp = world\n"
+    "size (parallel.ep divides dp: the expert groups are made of dp ranks).\n"
     "train is the default command: `cooktrain --config FILE` trains.\n"
     "\n"
     "  --config FILE          YAML config (see configs/README.md)\n"
@@ -169,7 +172,12 @@ static const char prepare_help[] =
     "  --out DIR              the output directory (created)\n"
     "  --vocab-size N         tokenizer vocabulary, >= 256 (default 4096)\n"
     "  --val-fraction F       the last fraction of the text for val.bin, in [0, 1) (default 0.05)\n"
-    "  --byte-level           no BPE: every byte a token (vocabulary 256)\n";
+    "  --byte-level           no BPE: every byte a token (vocabulary 256, or --vocab-size N\n"
+    "                         below it: the text's bytes must all be < N); tokenizer.bin holds\n"
+    "                         the 256 bytes without merges\n"
+    "  --replace-unknown      with --byte-level: a byte >= N, or a control byte other than tab\n"
+    "                         and newline, becomes a space (configs/test-tiny.yaml's data:\n"
+    "                         --byte-level --vocab-size 123 --replace-unknown)\n";
 
 static const char inspect_help[] =
     "usage: cooktrain inspect DIR\n"
@@ -177,12 +185,17 @@ static const char inspect_help[] =
     "checkpoint.dir/step-N directory.\n";
 
 static const char diagnose_help[] =
-    "usage: cooktrain diagnose RUN_DIR\n"
+    "usage: cooktrain diagnose RUN_DIR [--hang-after S]\n"
     "read the flight records every rank of a failed or hung job wrote (RUN_DIR/flight/rank-R.txt:\n"
     "on a watchdog timeout, an MPI or NCCL error, SIGTERM or SIGUSR2) and name the first "
     "operation\n"
     "some rank entered and another never did: the rank, group, op and sequence number. RUN_DIR is\n"
-    "the job's log.run_dir, or the directory it ran in when that was not set.\n";
+    "the job's log.run_dir, or the directory it ran in when that was not set. Only the newest\n"
+    "job's records are read (others are named and left out). Snapshots (SIGUSR2) of a job in\n"
+    "which no rank has waited S seconds in one operation are called \"not hung\".\n"
+    "\n"
+    "  --hang-after S         the wait that makes a hang (default: the job's parallel.timeout_s,\n"
+    "                         at most 10)\n";
 
 static const char report_help[] =
     "usage: cooktrain report RUN_DIR... [-o FILE]\n"
@@ -439,7 +452,7 @@ static ct_status cmd_plan(int argc, char **argv) {
         return st == CT_OK ? ct_plan_search(&cfg, (int)search, &hw, (int)top, json, stdout) : st;
     }
     if (st == CT_OK && (config_path || n_sets > 0)) {
-        /* A config: its whole cost per stage, on tp x pp x dp ranks (parallel.dp, default 1). */
+        /* A config: its whole cost per stage, on tp x cp x pp x dp ranks (parallel.dp, default 1). */
         if (config_path) st = ct_config_load_file(&cfg, config_path);
         for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
         int64_t world =
@@ -496,6 +509,8 @@ static ct_status cmd_prepare(int argc, char **argv) {
             st = ct_args_double(&a, 0.0, 1.0, &o.val_fraction);
         } else if (ct_args_is(&a, "--byte-level")) {
             st = ct_args_flag(&a), o.byte_level = true;
+        } else if (ct_args_is(&a, "--replace-unknown")) {
+            st = ct_args_flag(&a), o.replace_unknown = true;
         } else {
             st = ct_args_unknown(&a);
         }
@@ -529,12 +544,17 @@ static ct_status cmd_diagnose(int argc, char **argv) {
     ct_status st = CT_OK;
     ct_args a;
     ct_args_init(&a, "diagnose", diagnose_help, argc, argv);
-    while (st == CT_OK && ct_args_next(&a))
-        st = a.positional && !dir ? (dir = a.arg, CT_OK) : ct_args_unknown(&a);
+    double hang_after = -1.0;
+    while (st == CT_OK && ct_args_next(&a)) {
+        if (ct_args_is(&a, "--hang-after"))
+            st = ct_args_double(&a, 0.0, 1e9, &hang_after);
+        else
+            st = a.positional && !dir ? (dir = a.arg, CT_OK) : ct_args_unknown(&a);
+    }
     if (st != CT_OK) return st;
     if (a.help) return print_help(diagnose_help);
     if (!dir) return ct_args_error(&a, "needs a run directory");
-    return ct_diagnose(dir, stdout);
+    return ct_diagnose(dir, hang_after, stdout);
 }
 
 /* `cooktrain report RUN_DIR... [-o FILE]`. */
@@ -769,8 +789,45 @@ static void print_version(void) {
            cuda ? cuda : "", COMPILER, __VERSION__);
 }
 
+/* SIGUSR2 asks a job's ranks for their flight records (core/comm/flight.h installs the handler
+ * that writes one); any other cooktrain process — one rank, plan, sample, ... — has nothing to
+ * record and must not die of it, as the signal's default action would have it. */
+static void on_usr2_unrecorded(int sig) {
+    (void)sig;
+    static const char msg[] = "cooktrain: SIGUSR2: nothing to record here (flight records are "
+                              "written by the ranks of a multi-rank train); going on\n";
+    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)n;
+}
+
+/* The command a mistyped name most likely meant: the nearest by edit distance, if within 2. */
+static const char *nearest_command(const char *name) {
+    const char *best = NULL;
+    int best_d = 3;
+    for (int i = 0; i < N_COMMANDS; i++) {
+        const char *c = commands[i].name;
+        size_t n = strlen(name), m = strlen(c);
+        if (n > 64 || m > 64) continue;
+        int row[65]; /* Levenshtein, one row at a time */
+        for (size_t j = 0; j <= m; j++) row[j] = (int)j;
+        for (size_t k = 1; k <= n; k++) {
+            int diag = row[0];
+            row[0] = (int)k;
+            for (size_t j = 1; j <= m; j++) {
+                int up = row[j];
+                row[j] = CT_MIN(CT_MIN(row[j] + 1, row[j - 1] + 1),
+                                diag + (name[k - 1] != c[j - 1]));
+                diag = up;
+            }
+        }
+        if (row[m] < best_d) best_d = row[m], best = c;
+    }
+    return best;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGUSR2, on_usr2_unrecorded);
     register_cuda();
     if (argc == 1) {
         print_usage(stderr);
@@ -802,7 +859,13 @@ int main(int argc, char **argv) {
         for (int i = 0; i < N_COMMANDS; i++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
                      commands[i].name);
-        st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command", name);
+        const char *near = nearest_command(name);
+        if (near) {
+            st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command; did you mean '%s'?",
+                          name, near);
+        } else {
+            st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command", name);
+        }
         ct_hint("the commands are %s; `cooktrain --help` says what each does", names);
     }
     int code = exit_code(st);

@@ -20,7 +20,7 @@ struct ct_metrics {
 ct_status ct_metrics_open(ct_metrics **out, const char *path) {
     *out = NULL;
     CT_TRY(ct_mkdir_parents(path));
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "a"); /* a resumed run goes on in the same file */
     if (!f) {
         ct_error(CT_ERR_INPUT, "cannot open the metrics file '%s': %s", path, strerror(errno));
         ct_hint("check that the directory exists and is writable (log.metrics, log.run_dir)");

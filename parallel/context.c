@@ -4,8 +4,11 @@
 #include "context.h"
 
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/comm/comm_mpi.h"
 
@@ -14,6 +17,13 @@ static int local_rank = 0, local_size = 1;
 /* host_of[r]: the host (MPI_COMM_TYPE_SHARED node) of world rank r, numbered by first appearance
  * in rank order; n_hosts of them. NULL without MPI (one host). */
 static int *host_of = NULL, n_hosts = 1;
+/* One name for this job, the same on every rank (rank 0's clock and pid), distinct from any
+ * earlier job's: what flight records are matched by. */
+static char job_id[32];
+
+static void make_job_id(void) {
+    snprintf(job_id, sizeof job_id, "%lx-%x", (unsigned long)time(NULL), (unsigned)getpid());
+}
 
 ct_status ct_mpi_init(int *argc, char ***argv) {
     int initialized = 0;
@@ -57,7 +67,16 @@ ct_status ct_mpi_init(int *argc, char ***argv) {
     n_hosts = 0;
     for (int r = 0; r < world_size; r++) /* leaders become 0, 1, ... in rank order */
         host_of[r] = host_of[r] == r ? n_hosts++ : host_of[host_of[r]];
+    /* straight through MPI, not a ct_comm: the flight recorder numbers those */
+    if (world_rank == 0) make_job_id();
+    CT_MPI_CHECK(MPI_Bcast(job_id, sizeof job_id, MPI_CHAR, 0, MPI_COMM_WORLD));
+    job_id[sizeof job_id - 1] = 0;
     return CT_OK;
+}
+
+const char *ct_mpi_job_id(void) {
+    if (!job_id[0]) make_job_id(); /* one process, without MPI */
+    return job_id;
 }
 
 void ct_mpi_finalize(void) {

@@ -44,6 +44,9 @@ int ct_mpi_local_rank(void);
  * numbered 0, 1, ... in the order of their lowest rank; 1 and 0 without MPI. */
 int ct_mpi_host_count(void);
 int ct_mpi_host_of(int world_rank_r);
+/* This job's id ("HEX-HEX": rank 0's start time and pid), the same on every rank of the job and
+ * different for the next one started: flight records carry it (core/comm/flight.h). */
+const char *ct_mpi_job_id(void);
 /* Ends every rank of the job now (MPI_Abort), after printing the pending error on this rank. */
 __attribute__((noreturn)) void ct_mpi_abort(int exit_code);
 

@@ -1,7 +1,7 @@
 /*
  * plan.h — `cooktrain plan`: what a config will cost before it runs (parallel/README.md, Plan).
  *
- * For a validated config on tp × pp × dp ranks it prints, per pipeline stage (one tp rank;
+ * For a validated config on tp × cp × pp × dp ranks it prints, per pipeline stage (one tp rank;
  * every dp rank of a stage is alike): the parameters this rank holds (Φ), memory by category
  * from the ZeRO formulas, activation memory at the schedule's peak of microbatches in flight,
  * and bytes sent per step on the dp, tp and pp groups (the formulas the trainer checks against

@@ -7,8 +7,9 @@
 #                                                    shards (configs/tiny.yaml, `make run`)
 #   scripts/prepare_corpus.sh --byte-level BIN DIR   DIR/text.txt: the text with every byte
 #                                                    outside tab, newline and ' '..'z' replaced
-#                                                    by a space, so each byte is a token < 123;
-#                                                    and its byte-level train/val shards
+#                                                    by a space (what the tests tokenize); and
+#                                                    byte-level train/val shards of the corpus
+#                                                    so replaced, tokens < 123, and tokenizer.bin
 #                                                    (configs/test-tiny.yaml, the test suite)
 set -euo pipefail
 byte_level=0
@@ -47,4 +48,5 @@ files=$(find "$src" -maxdepth 1 -type f ! -name '*.*' | LC_ALL=C sort)
 # shellcheck disable=SC2086
 cat $files | LC_ALL=C tr -c '\t\n -z' ' ' >"$out/text.txt.tmp"
 mv "$out/text.txt.tmp" "$out/text.txt"
-"$bin" prepare --input "$out/text.txt" --byte-level --vocab-size 123 --out "$out"
+# the shards: the README's command for test-tiny.yaml's data
+"$bin" prepare --input "$src" --byte-level --vocab-size 123 --replace-unknown --out "$out"

@@ -80,13 +80,22 @@ ct_status ct_generate_run(const ct_generate_options *o) {
     const char *tok_path = a.tokenizer ? a.tokenizer : l.cfg.data.tokenizer;
     ct_tokenizer *tok = NULL;
     ct_status st = CT_OK;
-    if (!tok_path[0]) {
+    if (tok_path[0]) {
+        st = ct_tokenizer_load(&tok, tok_path);
+    } else if (l.cfg.model.vocab_size <= 256) {
+        /* a byte-level model (prepare --byte-level): its tokens are bytes */
+        printf("sample: the checkpoint's config names no tokenizer and its vocabulary (%lld) "
+               "fits in a byte: reading tokens as bytes\n",
+               (long long)l.cfg.model.vocab_size);
+        st = ct_tokenizer_train(&tok, NULL, 0, 256);
+    } else {
         ct_error(CT_ERR_INPUT, "sample: the checkpoint's config names no tokenizer "
-                               "(data.tokenizer)");
-        ct_hint("pass the tokenizer the training data was made with: --tokenizer FILE");
+                               "(data.tokenizer) and its vocabulary (%lld) is larger than a byte's",
+                 (long long)l.cfg.model.vocab_size);
+        ct_hint("pass the tokenizer the training data was made with: --tokenizer FILE "
+                "(prepare writes DIR/tokenizer.bin)");
         st = CT_ERR_INPUT;
     }
-    if (st == CT_OK) st = ct_tokenizer_load(&tok, tok_path);
     if (st == CT_OK) {
         printf("checkpoint %s: step %lld, %lld layers, d_model %lld; temperature %g, top-k %lld, "
                "seed %llu\n",

@@ -191,6 +191,17 @@ ct_status ct_sample_print(ct_model *m, ct_dp *dp, ct_pctx *pctx, const ct_tokeni
     int32_t *prompt = NULL;
     size_t n_prompt =
         ct_tokenizer_encode(tok, (const uint8_t *)prompt_text, strlen(prompt_text), &prompt);
+    /* a byte-level tokenizer beside a smaller vocabulary (prepare --byte-level --vocab-size N)
+     * can give a token the model has no row for */
+    for (size_t i = 0; i < n_prompt; i++) {
+        if (prompt[i] < ct_model_vocab_size(m)) continue;
+        ct_error(CT_ERR_INPUT, "the prompt's token %d (number %zu of the prompt) is outside the "
+                 "model's vocabulary of %lld",
+                 prompt[i], i, (long long)ct_model_vocab_size(m));
+        ct_hint("the model was trained on text without such bytes: leave them out of the prompt");
+        free(prompt);
+        return CT_ERR_INPUT;
+    }
     if (n_prompt == 0) { /* start from a newline byte */
         prompt = realloc(prompt, sizeof(int32_t));
         CT_ASSERT(prompt != NULL);

@@ -166,6 +166,10 @@ void ct_report_start(const trainer *t) {
                                          "8192 tokens)"
                                        : "",
            (long long)cfg->derived.grad_accum, t->dp_size, t->tokens_per_step);
+    if (cfg->derived.warmup_asked)
+        printf("note: train.warmup_steps=%lld is longer than the run: the learning rate warms up "
+               "over all %lld steps\n",
+               (long long)cfg->derived.warmup_asked, (long long)cfg->train.steps);
     char what[128];
     ct_backend_describe(t->be, what, sizeof what);
     printf("backend: %s per rank, %d ranks; per rank: hardware peak in %s %.1f GFLOP/s "
@@ -199,8 +203,8 @@ void ct_report_start(const trainer *t) {
     fflush(stdout);
 }
 
-/* The first metrics line: the run's shape, the measured rates, memory by category after setup
- * next to the ZeRO formula (tests compare them). */
+/* The first metrics line of a segment: where it starts, the run's shape, the measured rates,
+ * memory by category after setup next to the ZeRO formula (tests compare them). */
 void ct_report_setup_metrics(trainer *t) {
     const ct_config *cfg = t->cfg;
     ct_metrics *m = t->metrics;
@@ -209,6 +213,9 @@ void ct_report_setup_metrics(trainer *t) {
     ct_dp_expected_memory(t->dp, expected);
     ct_metrics_begin(m);
     ct_metrics_bool(m, "setup", true);
+    ct_metrics_int(m, "start_step", t->first_step + 1);
+    ct_metrics_str(m, "resumed_from", t->resumed_from);
+    ct_metrics_str(m, "job", ct_mpi_job_id());
     ct_metrics_int(m, "world", t->pctx->world_size);
     ct_metrics_int(m, "dp", t->dp_size);
     ct_metrics_int(m, "zero_stage", cfg->parallel.zero_stage);
@@ -304,6 +311,17 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_end(m);
 }
 
+/* "42.0%" of rate over denominator; "  n/a" (false) when it would exceed 100%: a denominator
+ * measured too low on a busy machine, even after measuring it again. */
+static bool percent_of(char *buf, size_t n, double rate, double denominator) {
+    if (denominator > 0 && rate > denominator) {
+        snprintf(buf, n, "  n/a");
+        return false;
+    }
+    snprintf(buf, n, "%4.1f%%", denominator > 0 ? 100.0 * rate / denominator : 0.0);
+    return true;
+}
+
 /* Rank 0's progress line every log.interval steps (and the first and last), with the profile
  * when log.profile asks for it. */
 void ct_report_progress(trainer *t, const step_stats *s) {
@@ -320,13 +338,21 @@ void ct_report_progress(trainer *t, const step_stats *s) {
     format_duration(eta, sizeof eta,
                     (double)(cfg->train.steps - step - 1) * (ct_now() - t->run_start) /
                         (double)(step + 1 - t->first_step));
+    char mfu[16], eff[16];
+    bool shown = percent_of(mfu, sizeof mfu, rate, t->hw_peak);
+    shown = percent_of(eff, sizeof eff, rate, t->gemm_rate) && shown;
+    if (!shown && !t->said_unmeasurable) {
+        printf("note: from step %lld the steps run faster than the peak or GEMM rate measured "
+               "(%d times): this machine is too busy to measure them, so MFU or GEMM eff is not "
+               "shown where it would exceed 100%%\n",
+               (long long)step + 1, t->remeasured + 1);
+        t->said_unmeasurable = true;
+    }
     printf("step %5lld/%lld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | "
-           "MFU %4.1f%% | GEMM eff %4.1f%% | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
+           "MFU %s | GEMM eff %s | compute %.0f ms, comm %.0f ms, bubble %.0f ms "
            "| mem %s | ETA %s\n",
            (long long)step + 1, (long long)cfg->train.steps, s->loss, s->lr, s->grad_norm, tok_s,
-           t->hw_peak > 0 ? 100.0 * rate / t->hw_peak : 0.0,
-           t->gemm_rate > 0 ? 100.0 * rate / t->gemm_rate : 0.0,
-           1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
+           mfu, eff, 1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
            1e3 * t->interval_exposed / steps, 1e3 * t->interval_bubble / steps, mem, eta);
     if (cfg->model.moe_experts && s->moe_load_mean > 0)
         printf("             moe: balancing loss %.5f | tokens per expert min %.0f mean %.1f max "

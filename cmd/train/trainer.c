@@ -8,6 +8,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/data/data.h"
 #include "core/comm/flight.h"
@@ -104,8 +105,9 @@ static ct_status step_agree(trainer *t, ct_status st) {
 static ct_status open_inputs(trainer *t) {
     const ct_config *cfg = t->cfg;
     if (!cfg->data.train[0]) {
-        ct_error(CT_ERR_INPUT, "data.train is not set");
-        ct_hint("set data.train to a token shard path or glob, e.g. data/fortunes/train.bin "
+        ct_error(CT_ERR_INPUT, "data.train is not set (is --config missing?)");
+        ct_hint("start from a ready config, e.g. `cooktrain train --config configs/tiny.yaml`, or "
+                "set data.train to a token shard path or glob such as data/fortunes/train.bin "
                 "(make one with `cooktrain prepare`)");
         return CT_ERR_INPUT;
     }
@@ -124,7 +126,10 @@ static ct_status open_inputs(trainer *t) {
     if (cfg->log.sample_tokens > 0 && cfg->data.tokenizer[0]) {
         /* Loaded now, not after training, so a bad tokenizer file costs no training time. */
         CT_TRY(ct_tokenizer_load(&t->tokenizer, cfg->data.tokenizer));
-        if (ct_tokenizer_vocab_size(t->tokenizer) > cfg->model.vocab_size) {
+        /* a byte-level tokenizer (no merges) may stand beside a smaller vocabulary, when the
+         * text held no bytes above it: sampling checks the prompt */
+        bool bytes_only = ct_tokenizer_vocab_size(t->tokenizer) == 256;
+        if (!bytes_only && ct_tokenizer_vocab_size(t->tokenizer) > cfg->model.vocab_size) {
             ct_error(CT_ERR_INPUT, "tokenizer '%s' has %d tokens but model.vocab_size is %lld",
                      cfg->data.tokenizer, ct_tokenizer_vocab_size(t->tokenizer),
                      (long long)cfg->model.vocab_size);
@@ -133,31 +138,85 @@ static ct_status open_inputs(trainer *t) {
                     ct_tokenizer_vocab_size(t->tokenizer));
             return CT_ERR_INPUT;
         }
-    }
-    /* log.run_dir collects the run's outputs: the resolved config, and the metrics unless
-     * log.metrics names another file. */
-    char metrics[CT_PATH_MAX + 32];
-    snprintf(metrics, sizeof metrics, "%s", cfg->log.metrics);
-    if (cfg->log.run_dir[0] && t->rank0) {
-        char path[CT_PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/config.yaml", cfg->log.run_dir);
-        CT_TRY(ct_mkdir_parents(path));
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
-            ct_hint("check that log.run_dir is a writable directory");
+        int32_t *prompt = NULL;
+        const char *text = cfg->log.sample_prompt;
+        size_t n = ct_tokenizer_encode(t->tokenizer, (const uint8_t *)text, strlen(text), &prompt);
+        int32_t top = 0;
+        for (size_t i = 0; i < n; i++) top = CT_MAX(top, prompt[i]);
+        free(prompt);
+        if (top >= cfg->model.vocab_size) {
+            ct_error(CT_ERR_INPUT, "log.sample_prompt holds token %d, outside model.vocab_size %lld",
+                     top, (long long)cfg->model.vocab_size);
+            ct_hint("leave bytes the training text does not hold out of log.sample_prompt");
             return CT_ERR_INPUT;
         }
-        ct_config_print(cfg, f);
-        bool written = fflush(f) == 0 && !ferror(f);
-        if (fclose(f) != 0 || !written) {
-            ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
-            ct_hint("check free space in log.run_dir");
+    }
+    /* log.run_dir collects the run's outputs: the resolved config (write_run_config), and the
+     * metrics unless log.metrics names another file — opened to append, so that nothing is
+     * written to either before the run has started. */
+    char metrics[CT_PATH_MAX + 32];
+    snprintf(metrics, sizeof metrics, "%s", cfg->log.metrics);
+    if (cfg->log.run_dir[0] && t->rank0 && !metrics[0])
+        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
+    if (metrics[0] && t->rank0) CT_TRY(ct_metrics_open(&t->metrics, metrics));
+    return CT_OK;
+}
+
+/* Whether files a and b hold the same bytes (false when either cannot be read). */
+static bool same_bytes(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = getc(fa), cb = getc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* log.run_dir/config.yaml: the resolved config of the segment that started last, written once
+ * it has (a start that fails leaves the previous one); a resume with another config keeps the
+ * previous one as config-to-step-S.yaml, S the step it had reached. */
+static ct_status write_run_config(trainer *t) {
+    const ct_config *cfg = t->cfg;
+    if (!cfg->log.run_dir[0] || !t->rank0) return CT_OK;
+    char path[CT_PATH_MAX + 32], tmp[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/config.yaml", cfg->log.run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    CT_TRY(ct_mkdir_parents(path));
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", tmp, strerror(errno));
+        ct_hint("check that log.run_dir is a writable directory");
+        return CT_ERR_INPUT;
+    }
+    ct_config_print(cfg, f);
+    bool written = fflush(f) == 0 && !ferror(f);
+    if (fclose(f) != 0 || !written) {
+        ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", tmp, strerror(errno));
+        ct_hint("check free space in log.run_dir");
+        unlink(tmp);
+        return CT_ERR_RUNTIME;
+    }
+    if (t->first_step > 0 && !same_bytes(path, tmp)) {
+        char kept[CT_PATH_MAX + 64];
+        snprintf(kept, sizeof kept, "%s/config-to-step-%lld.yaml", cfg->log.run_dir,
+                 (long long)t->first_step);
+        if (rename(path, kept) != 0 && errno != ENOENT) {
+            ct_error(CT_ERR_RUNTIME, "cannot keep '%s' as '%s': %s", path, kept, strerror(errno));
+            ct_hint("check log.run_dir's permissions");
+            unlink(tmp);
             return CT_ERR_RUNTIME;
         }
-        if (!metrics[0]) snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
     }
-    if (metrics[0] && t->rank0) CT_TRY(ct_metrics_open(&t->metrics, metrics));
+    if (rename(tmp, path) != 0) {
+        ct_error(CT_ERR_RUNTIME, "cannot write '%s': %s", path, strerror(errno));
+        ct_hint("check log.run_dir's permissions");
+        unlink(tmp);
+        return CT_ERR_RUNTIME;
+    }
     return CT_OK;
 }
 
@@ -588,8 +647,12 @@ static double measure_denominators(trainer *t, double *peak, char *how) {
     const ct_config *cfg = t->cfg;
     const ct_dtype dt = ct_model_dtype(t->model);
     *peak = ct_backend_peak_flops(t->be, dt, how, sizeof t->peak_how);
-    return ct_gemm_bench_rate(t->be, cfg->train.micro_batch * cfg->model.seq_len, cfg->derived.d_ff,
-                              cfg->model.d_model, dt, 5);
+    double rate = ct_gemm_bench_rate(t->be, cfg->train.micro_batch * cfg->model.seq_len,
+                                     cfg->derived.d_ff, cfg->model.d_model, dt, 5);
+    /* COOKTRAIN_FAULT_SLOW_GEMM=F: the GEMM rate F times too low at every measurement, as on a
+     * machine that stays busy (the tests of the progress line's figures) */
+    const char *slow = getenv("COOKTRAIN_FAULT_SLOW_GEMM");
+    return slow ? rate * atof(slow) : rate;
 }
 
 static void start_run(trainer *t) {
@@ -616,7 +679,6 @@ static void start_run(trainer *t) {
     const char *slow = getenv("COOKTRAIN_FAULT_SLOW_PEAK");
     if (slow) t->hw_peak *= atof(slow), t->gemm_rate *= atof(slow);
     if (t->rank0) ct_report_start(t);
-    ct_report_setup_metrics(t);
     if (cfg->log.trace[0]) {
         ct_dp_log_events(t->dp, true);
         if (t->pipeline) ct_pipeline_log_waits(t->pipeline, true);
@@ -723,8 +785,9 @@ static ct_status record_step(trainer *t, const step_stats *s) {
     t->interval_exposed += s->exposed;
     t->interval_bubble += s->bubble;
     if (s->step == 0 && t->rank0) {
-        if (t->replicas > 1)
-            printf("dp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+        if (t->replicas > 1) /* the gradient reduction over the replicas: dp × cp ranks */
+            printf("%s traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
+                   t->pctx->cp > 1 ? "dp x cp (gradients)" : "dp",
                    (double)s->dp_bytes / 1048576.0, t->dp_bytes_expected / 1048576.0);
         if (t->pctx->cp > 1)
             printf("cp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
@@ -749,12 +812,12 @@ static ct_status record_step(trainer *t, const step_stats *s) {
  * that measurement came out low: the machine was busy then (a VM lending a core elsewhere, say).
  * Both are measured again, once a run, and the higher of each kept; the next lines use them. */
 static void remeasure_denominators(trainer *t, const step_stats *s) {
-    if (t->remeasured || !s->finite || s->seconds <= 0.0) return;
+    if (t->remeasured >= CT_REMEASURE_MAX || !s->finite || s->seconds <= 0.0) return;
     const double achieved = t->flops_per_token * t->tokens_per_step / s->seconds;
     if (!(t->hw_peak > 0.0 && achieved > t->hw_peak) &&
         !(t->gemm_rate > 0.0 && achieved > t->gemm_rate))
         return;
-    t->remeasured = true;
+    t->remeasured++;
     const double start = ct_now();
     const double peak0 = t->hw_peak, gemm0 = t->gemm_rate;
     char how[sizeof t->peak_how];
@@ -763,9 +826,9 @@ static void remeasure_denominators(trainer *t, const step_stats *s) {
     if (peak > t->hw_peak) t->hw_peak = peak, memcpy(t->peak_how, how, sizeof how);
     if (t->rank0)
         printf("step %lld ran at %.1f GFLOP/s, above the peak (%.1f) or GEMM rate (%.1f) measured "
-               "at start-up, so the machine was busy then; measured again: %.1f and %.1f GFLOP/s\n",
-               (long long)s->step + 1, achieved / 1e9, peak0 / 1e9, gemm0 / 1e9, t->hw_peak / 1e9,
-               t->gemm_rate / 1e9);
+               "%s, so the machine was busy then; measured again: %.1f and %.1f GFLOP/s\n",
+               (long long)s->step + 1, achieved / 1e9, peak0 / 1e9, gemm0 / 1e9,
+               t->remeasured == 1 ? "at start-up" : "last", t->hw_peak / 1e9, t->gemm_rate / 1e9);
     ct_report_remeasured_metrics(t, s->step + 1);
     t->interval_start += ct_now() - start; /* not training time */
 }
@@ -861,9 +924,10 @@ static ct_status resume_run(trainer *t) {
     }
     if (st == CT_OK && i < n) {
         t->first_step = CT_MIN(state.step, t->cfg->train.steps);
+        snprintf(t->resumed_from, sizeof t->resumed_from, "%s", paths[i]);
         if (t->rank0)
             printf("checkpoint: resumed from %s at step %lld (written by %lld ranks: tp %lld, "
-                   "pp %lld, dp %lld, zero %lld), loaded in %.2f s; rank 0 read %.1f MiB of "
+                   "pp %lld, dp x cp %lld, zero %lld), loaded in %.2f s; rank 0 read %.1f MiB of "
                    "state holding at most %.1f MiB of host buffers\n",
                    paths[i], (long long)state.step, (long long)state.world_size,
                    (long long)state.tp, (long long)state.pp, (long long)state.dp,
@@ -951,7 +1015,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     trainer t;
     if (pctx && pctx->world_size > 1)
         ct_flight_configure((int)cfg->log.flight_recorder,
-                            cfg->log.run_dir[0] ? cfg->log.run_dir : ".", pctx->world_size);
+                            cfg->log.run_dir[0] ? cfg->log.run_dir : ".", pctx->world_size,
+                            ct_mpi_job_id(), cfg->parallel.timeout_s);
     ct_status st = trainer_init(&t, cfg, be, pctx);
     param_copy init_copy = {0}, final_copy = {0};
     if (st != CT_OK) {
@@ -964,6 +1029,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
     catch_stop_signals();
     start_run(&t);
     st = resume_run(&t);
+    /* the run has started: its config and its segment's first metrics line */
+    if (st == CT_OK) st = agree(&t, write_run_config(&t));
+    if (st == CT_OK) ct_report_setup_metrics(&t);
     /* the parameters the first step starts from: resumed, from model.init_from, or initialised */
     if (st == CT_OK) st = export_params(&t, opts->dump_init_params, keep, &init_copy);
     for (int64_t step = t.first_step; step < cfg->train.steps && st == CT_OK; step++) {

@@ -15,6 +15,9 @@
 #include "parallel/pipeline.h"
 
 /* Everything one training run holds. */
+/* How many times a run measures its MFU and GEMM-efficiency denominators again. */
+enum { CT_REMEASURE_MAX = 3 };
+
 typedef struct trainer {
     const ct_config *cfg;
     ct_backend *be;
@@ -42,7 +45,9 @@ typedef struct trainer {
     float dloss;               /* 1 / tokens_per_step: where backward starts */
     double flops_per_token;    /* this rank's share (1/world) of the model's */
     double hw_peak, gemm_rate; /* FLOP/s: the MFU and GEMM-efficiency denominators */
-    bool remeasured;           /* a step outran them once, and they were measured again */
+    int remeasured;            /* times a step outran them and they were measured again (at
+                                  most CT_REMEASURE_MAX; then a figure above 100% is not shown) */
+    bool said_unmeasurable;    /* the progress lines' note on that was printed */
     char peak_how[128];        /* how hw_peak was found */
     double dp_bytes_expected, tp_bytes_expected, cp_bytes_expected; /* per step, by formula */
     ct_comm *groups[9]; /* every group, for the profile's communication time */
@@ -63,6 +68,7 @@ typedef struct trainer {
     int64_t bad_in_a_row;   /* consecutive non-finite steps */
     int32_t stop_signal;    /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
     int64_t first_step;     /* 0, or the step a checkpoint resumed from */
+    char resumed_from[CT_PATH_MAX + 32]; /* that checkpoint's step directory; "" when fresh */
     ct_ckpt_saver *pending; /* a checkpoint save begun and not yet ended */
     bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
     int64_t pending_step;
@@ -103,6 +109,9 @@ typedef struct step_stats {
 /* report.c: rank 0's start-up report, from the constants start_run fixed. */
 void ct_report_start(const trainer *t);
 /* report.c: the first metrics line (the run's shape, rates, memory next to the ZeRO formula). */
+/* The first metrics line of a run segment (a start or a resume: a metrics file is appended to,
+ * never truncated): its first step, the checkpoint it resumed from, its shape, the measured rates,
+ * memory by category after setup. */
 void ct_report_setup_metrics(trainer *t);
 /* report.c: the line that says the rates were measured again before step `step` (1-based), with
  * the new ones: that step's line and the later ones use them. */

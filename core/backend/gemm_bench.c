@@ -4,7 +4,10 @@
 #include <stdlib.h>
 
 /* Times one GEMM of one shape called as `call`, A and B of dtype ab, C of dtype c; returns the
- * median seconds. */
+ * best of at least `reps` runs, and of more when they take under 50 ms together (up to 100·reps):
+ * the rate the machine reaches when nothing else runs. On a machine busy with other work (a
+ * thread of an OpenMP team descheduled for a time slice), a median of a few runs of a small
+ * GEMM can be a hundred times too slow. */
 static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                         ct_gemm_call call, ct_dtype ab, ct_dtype c, int reps) {
     int64_t a_shape[2] = {ta ? K : M, ta ? M : K}, b_shape[2] = {tb ? N : K, tb ? K : N};
@@ -22,21 +25,22 @@ static double time_gemm(ct_backend *be, int64_t M, int64_t N, int64_t K, bool ta
     ct_tensor_fill(B, 0.02f);
     ct_tensor_zero(C);
     if (bias) ct_tensor_fill(bias, 0.03f);
-    double *times = ct_xmalloc((size_t)reps * sizeof(double));
-    for (int r = -1; r < reps; r++) { /* a first call unmeasured (algorithm choice, caches) */
+    double best = 0.0, total = 0.0;
+    for (int r = -1; r < 100 * reps && (r < reps || total < 0.05); r++) {
+        /* a first call unmeasured (algorithm choice, caches) */
         double t0 = ct_now();
         if (bias)
             ct_gemm_bias(C, A, B, bias);
         else
             ct_gemm(C, A, B, ta, tb, 1.0f, call == CT_GEMM_ACCUMULATE ? 1.0f : 0.0f);
         ct_backend_sync(be);
-        if (r >= 0) times[r] = ct_now() - t0;
+        double t = ct_now() - t0;
+        if (r < 0) continue;
+        total += t;
+        if (r == 0 || t < best) best = t;
     }
-    qsort(times, (size_t)reps, sizeof(double), ct_cmp_double);
-    double median = times[reps / 2];
-    free(times);
     ct_tensor_free(A), ct_tensor_free(B), ct_tensor_free(C), ct_tensor_free(bias);
-    return median;
+    return best;
 }
 
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,

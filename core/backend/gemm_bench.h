@@ -2,7 +2,8 @@
  * gemm_bench.h — the backend's GEMM rate, measured on the spot: the denominator of the GEMM
  * efficiency the trainer reports (beside MFU against the hardware peak) and of
  * scripts/bench_cpu.sh. Works on any backend: tensors on the backend, timed with a sync after
- * each call, median of a few runs, operands in cache.
+ * each call, the best of several runs (more of them for a small GEMM: 50 ms at least), operands
+ * in cache.
  */
 #ifndef CT_CORE_GEMM_BENCH_H
 #define CT_CORE_GEMM_BENCH_H
@@ -11,7 +12,7 @@
 
 /* Measures the backend's GEMM rate (FLOP/s) at shape M×N×K with operands of `dtype` (f32, or
  * bf16 into bf16), called as a linear layer's forward with its bias (ct_gemm_bias, y = x·Wᵀ + b,
- * M rows of K in, N out): the median of a few runs. */
+ * M rows of K in, N out): the best of at least `reps` runs. */
 double ct_gemm_bench_rate(ct_backend *be, int64_t M, int64_t N, int64_t K, ct_dtype dtype,
                           int reps);
 
@@ -31,7 +32,7 @@ typedef struct ct_gemm_linear {
 /*
  * The backend's GEMM rate over a model's linear layers: each one's forward (x·Wᵀ, as its `fwd`
  * says), input-gradient (dy·W, overwriting) and weight-gradient (dyᵀ·x, accumulating into f32)
- * GEMM on `rows` rows, operands and activations of `dt`, timed (median of `reps`, operands in
+ * GEMM on `rows` rows, operands and activations of `dt`, timed (best of `reps` or more, operands in
  * cache) and weighted by `count`. Returns FLOP/s. The model names its layers (model.h,
  * ct_model_gemm_rate); this only times them.
  */

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "flight.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -73,6 +74,8 @@ static struct {
     int n_groups;
     char dir[4096];
     int world;
+    char job[64];     /* the job's id, on every rank's record */
+    double timeout_s; /* the watchdog's: what a wait is compared with */
     /* the writer thread: woken by a signal (ct_flight_signal) */
     sem_t wake;
     volatile sig_atomic_t signal_seen;
@@ -107,7 +110,41 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-void ct_flight_configure(int capacity, const char *dir, int world_size) {
+/* The job id on a record file's second line ("-" when it has none: an older record's format). */
+static void record_job(const char *path, char *job, size_t n) {
+    snprintf(job, n, "-");
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[1024];
+    if (fgets(line, sizeof line, f) && fgets(line, sizeof line, f)) {
+        const char *k = strstr(line, " job ");
+        char id[64];
+        if (k && sscanf(k, " job %63s", id) == 1 && strspn(id, "0123456789abcdef-") == strlen(id))
+            snprintf(job, n, "%s", id);
+    }
+    fclose(f);
+}
+
+/* An earlier job's record of `rank` in DIR/flight, moved to DIR/flight/earlier/JOB/, so that the
+ * directory holds this job's records only (diagnose reads one job's). */
+static void move_aside(const char *flight, int rank) {
+    char path[4400], job[64], dest[4500];
+    snprintf(path, sizeof path, "%s/rank-%05d.txt", flight, rank);
+    if (access(path, F_OK) != 0) return;
+    record_job(path, job, sizeof job);
+    if (!strcmp(job, fr.job)) return;
+    snprintf(dest, sizeof dest, "%s/earlier", flight);
+    mkdir(dest, 0777);
+    snprintf(dest, sizeof dest, "%s/earlier/%s", flight, strcmp(job, "-") ? job : "unknown");
+    mkdir(dest, 0777);
+    snprintf(dest + strlen(dest), sizeof dest - strlen(dest), "/rank-%05d.txt", rank);
+    if (rename(path, dest) != 0)
+        fprintf(stderr, "cooktrain: rank %d cannot move an earlier job's flight record %s aside: %s\n",
+                rank, path, strerror(errno));
+}
+
+void ct_flight_configure(int capacity, const char *dir, int world_size, const char *job,
+                         double timeout_s) {
     pthread_mutex_lock(&fr.mu);
     fr.world = world_size;
     free(fr.ring);
@@ -115,7 +152,26 @@ void ct_flight_configure(int capacity, const char *dir, int world_size) {
     fr.capacity = capacity > 0 ? capacity : 0;
     fr.next = 0;
     snprintf(fr.dir, sizeof fr.dir, "%s", dir && dir[0] ? dir : ".");
+    snprintf(fr.job, sizeof fr.job, "%s", job && job[0] ? job : "-");
+    fr.timeout_s = timeout_s;
     pthread_mutex_unlock(&fr.mu);
+    if (fr.capacity) {
+        /* each rank moves its own (ranks may not share a file system); rank 0 also those of
+         * ranks this job does not have */
+        char flight[4200];
+        snprintf(flight, sizeof flight, "%s/flight", fr.dir);
+        move_aside(flight, ct_log_rank());
+        DIR *dh = ct_log_rank() == 0 ? opendir(flight) : NULL;
+        struct dirent *e;
+        while (dh && (e = readdir(dh))) {
+            int r;
+            char tail[8];
+            if (sscanf(e->d_name, "rank-%d.tx%7s", &r, tail) == 2 && !strcmp(tail, "t") &&
+                r >= world_size)
+                move_aside(flight, r);
+        }
+        if (dh) closedir(dh);
+    }
     if (fr.capacity && !fr.writer) {
         fr.writer = true;
         sem_init(&fr.wake, 0, 0);
@@ -418,6 +474,8 @@ static bool dump(const char *why) {
         snprintf(reason, sizeof reason, "%s", why);
     else if (strcmp(reason, why) != 0)
         strcat(strcat(reason, ","), why);
+    for (char *c = reason; *c; c++) /* one word on the record's line: "MPI-error" */
+        if (*c == ' ') *c = '-';
     char dir[4200], path[4300], tmp[4400];
     snprintf(dir, sizeof dir, "%s/flight", fr.dir);
     mkdir(fr.dir, 0777);
@@ -437,9 +495,12 @@ static bool dump(const char *why) {
         if (*c == ' ' || *c == '\n') *c = '_';
     pthread_mutex_lock(&fr.mu);
     int world = CT_MAX(fr.world, rank + 1);
-    fprintf(f, "cooktrain flight record 1\n");
-    fprintf(f, "rank %d world %d pid %d host %s reason %s time %.6f capacity %d recorded %lld\n",
-            rank, world, (int)getpid(), host, reason, wall_now(), fr.capacity, (long long)fr.next);
+    fprintf(f, "cooktrain flight record 2\n");
+    fprintf(f,
+            "rank %d world %d pid %d host %s reason %s time %.6f capacity %d recorded %lld job %s "
+            "timeout %.3f\n",
+            rank, world, (int)getpid(), host, reason, wall_now(), fr.capacity, (long long)fr.next,
+            fr.job, fr.timeout_s);
     for (int i = 0; i < fr.n_groups; i++) {
         const group_info *gi = &fr.groups[i];
         fprintf(f, "group %d %s %d %d", i, gi->name, gi->rank, gi->size);

@@ -12,13 +12,16 @@
  * Groups of one rank are not recorded (nothing can hang there).
  *
  * The record file, one item per line ("-" for an unknown field):
- *   cooktrain flight record 1
- *   rank R world W pid P host HOST reason REASON time T capacity C recorded TOTAL
+ *   cooktrain flight record 2
+ *   rank R world W pid P host HOST reason REASON time T capacity C recorded TOTAL job JOB timeout S
  *   group G NAME RANK SIZE MEMBER0 MEMBER1 ...        (members: world ranks, in group order)
  *   op G KIND SEQ PEER TAG DTYPE BYTES START END STATE
  * KIND is an op name of ct_comm_op_name, or "recv" (point-to-point is "send"/"recv"); PEER and
  * TAG are -1 for collectives; START and END are wall-clock seconds (END -1 while unfinished);
- * STATE is started, enqueued (handed to the device's stream: NCCL), or completed.
+ * STATE is started, enqueued (handed to the device's stream: NCCL), or completed. JOB is the
+ * job's id (parallel/context.h: ct_mpi_job_id), the same on every rank; S is the watchdog's
+ * timeout (parallel.timeout_s). Version 1 records lack both. A record that an earlier job left in
+ * DIR/flight is moved to DIR/flight/earlier/JOB/ when the next job configures its recorder.
  */
 #ifndef CT_FLIGHT_H
 #define CT_FLIGHT_H
@@ -27,9 +30,11 @@
 #include "core/trace.h"
 
 /* Keep the last `capacity` operations (0: record nothing) and write records under `dir`
- * ("DIR/flight/rank-R.txt"). Installs the SIGUSR2 handler and starts the thread that writes on
- * a signal. Call once, from the main thread, before the first operation to record. */
-void ct_flight_configure(int capacity, const char *dir, int world_size);
+ * ("DIR/flight/rank-R.txt") naming job `job` and the watchdog's `timeout_s`; moves an earlier
+ * job's record of this rank aside. Installs the SIGUSR2 handler and starts the thread that writes
+ * on a signal. Call once, from the main thread, before the first operation to record. */
+void ct_flight_configure(int capacity, const char *dir, int world_size, const char *job,
+                         double timeout_s);
 
 /* What COOKTRAIN_FAULT_COMM=RANK:GROUP:SEQ:ACTION[:SECONDS] plants (for the tests): on world rank
  * RANK, the SEQ-th collective on group GROUP is skipped (never issued nor counted, as if the code

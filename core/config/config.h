@@ -183,6 +183,8 @@ typedef struct ct_derived_config {
     ct_precision precision;  /* train.precision resolved: FP32 or BF16 (never AUTO) */
     char precision_why[96];  /* how it was chosen, e.g. "auto: the CPU has avx512_bf16" */
     int64_t tokens_per_step; /* global_batch · seq_len */
+    int64_t warmup_asked;    /* train.warmup_steps as set when it exceeded train.steps (it is
+                                then bounded to steps); 0 otherwise */
 } ct_derived_config;
 
 typedef struct ct_config {

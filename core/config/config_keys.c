@@ -71,7 +71,7 @@ const char *const config_sections[N_SECTIONS] = {"model", "parallel",   "train",
  * train.max_bad_steps, which test/cli/cli_train.sh reaches with lr 1e30), train.grad_clip (large =
  * no clipping), and the counts whose large values only mean "never" (eval_interval,
  * max_bad_steps, stop_after, checkpoint.interval and keep, log.interval). Consistency between
- * keys (min_lr <= lr, warmup_steps <= steps, n_kv_head | n_head, ...) is ct_config_validate's.
+ * keys (min_lr <= lr, n_kv_head | n_head, ...) is ct_config_validate's.
  */
 const config_key config_keys[] = {
     /* model */
@@ -209,7 +209,7 @@ const config_key config_keys[] = {
     {KEY(train, min_lr, KEY_FLOAT), .def = "1e-4", AT_LEAST(0),
      .doc = "learning rate at the end of the decay; <= lr"},
     {KEY(train, warmup_steps, KEY_INT), .def = "10", AT_LEAST(0),
-     .doc = "steps of linear warmup; <= steps"},
+     .doc = "steps of linear warmup; bounded by train.steps"},
     {KEY(train, weight_decay, KEY_FLOAT), .def = "0.1", AT_LEAST(0), AT_MOST(1),
      .doc = "AdamW decoupled weight decay (matrices and embeddings; not biases or norms)"},
     {KEY(train, grad_clip, KEY_FLOAT), .def = "1.0", AT_LEAST(0),

@@ -568,8 +568,8 @@ static ct_status check_batch(ct_config *cfg, ct_derived_config *d) {
     return CT_OK;
 }
 
-/* Checks that the learning-rate schedule fits: min_lr <= lr, warmup within steps. */
-static ct_status check_lr_schedule(const ct_train_config *t) {
+/* Checks that the learning-rate schedule fits: min_lr <= lr; bounds warmup by the run. */
+static ct_status check_lr_schedule(ct_train_config *t, ct_derived_config *d) {
     char a[64], b[64];
 
     /* The optimizer schedule. */
@@ -580,11 +580,13 @@ static ct_status check_lr_schedule(const ct_train_config *t) {
                          "the learning rate decays from lr down to min_lr: lower train.min_lr or "
                          "raise train.lr");
     }
-    if (t->warmup_steps > t->steps)
-        return with_hint(
-            ct_error(CT_ERR_INPUT, "train.warmup_steps=%lld exceeds train.steps=%lld",
-                     (long long)t->warmup_steps, (long long)t->steps),
-            "warmup must fit in the run: lower train.warmup_steps or raise train.steps");
+    /* A warmup longer than the run is bounded by it (a ready config tried for a few steps with
+     * --set train.steps=N): the trainer says so at start-up. */
+    d->warmup_asked = 0;
+    if (t->warmup_steps > t->steps) {
+        d->warmup_asked = t->warmup_steps;
+        t->warmup_steps = t->steps;
+    }
     return CT_OK;
 }
 
@@ -648,7 +650,7 @@ ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
     CT_TRY(check_cp(cfg));
     CT_TRY(check_moe(cfg, &d));
     CT_TRY(check_batch(cfg, &d));
-    CT_TRY(check_lr_schedule(&cfg->train));
+    CT_TRY(check_lr_schedule(&cfg->train, &d));
     CT_TRY(check_checkpoint(cfg));
     CT_TRY(check_log(&cfg->log));
     CT_TRY(check_cuda_graph(cfg, world_size));

@@ -189,7 +189,9 @@ static ct_status shard_open(shard *s, const char *path, int64_t model_vocab) {
             CT_ERR_INPUT,
             "data shard %s was tokenized with vocab_size %u, larger than model.vocab_size=%lld",
             path, vocab, (long long)model_vocab);
-        ct_hint("set model.vocab_size to at least %u (the tokenizer's vocabulary size)", vocab);
+        ct_hint("use shards made with the model's tokenizer (eval, sample), or train a model "
+                "whose model.vocab_size is at least %u (the tokenizer's vocabulary size)",
+                vocab);
         return CT_ERR_INPUT;
     }
     uint64_t max_count = (uint64_t)(SIZE_MAX - CT_SHARD_HEADER_BYTES) / width;

@@ -35,6 +35,11 @@ static ct_status check_options(ct_prepare_options *a) {
         ct_hint("use --vocab-size >= 256, or --byte-level for a byte vocabulary without merges");
         return CT_ERR_INPUT;
     }
+    if (a->replace_unknown && !a->byte_level) {
+        ct_error(CT_ERR_INPUT, "prepare: --replace-unknown is an option of --byte-level");
+        ct_hint("add --byte-level (a BPE vocabulary holds every byte already)");
+        return CT_ERR_INPUT;
+    }
     if (!(a->val_fraction >= 0.0 && a->val_fraction < 1.0)) {
         ct_error(CT_ERR_INPUT, "--val-fraction '%g' is not a number in [0, 1)", a->val_fraction);
         ct_hint("e.g. --val-fraction 0.05 keeps the last 5%% of the text for validation");
@@ -198,21 +203,41 @@ static size_t split_point(const uint8_t *text, size_t n, double val_fraction) {
 }
 
 /* --byte-level: shards whose tokens are the bytes themselves; vocab_size must exceed every
- * byte of the text. No tokenizer file is written. */
-static ct_status prepare_bytes(const ct_prepare_options *a, const text_buf *text, size_t n_train) {
+ * byte of the text, or with --replace-unknown those that do not become spaces. The tokenizer
+ * written beside them is the 256 bytes without merges, for `sample` and `eval`. */
+static ct_status prepare_bytes(const ct_prepare_options *a, text_buf *text, size_t n_train) {
+    if (a->replace_unknown) {
+        size_t replaced = 0;
+        for (size_t i = 0; i < text->n; i++) {
+            uint8_t b = text->data[i];
+            if (b == '\t' || b == '\n' || (b >= ' ' && b < a->vocab_size)) continue;
+            text->data[i] = ' ';
+            replaced++;
+        }
+        printf("prepare: %zu of %zu bytes outside tab, newline and 32..%d replaced by a space\n",
+               replaced, text->n, a->vocab_size - 1);
+    }
     int max_byte = 0;
     for (size_t i = 0; i < text->n; i++) max_byte = CT_MAX(max_byte, (int)text->data[i]);
     if (max_byte >= a->vocab_size) {
         ct_error(CT_ERR_INPUT, "--byte-level: the text holds byte %d but --vocab-size is %d",
                  max_byte, a->vocab_size);
-        ct_hint("raise --vocab-size to at least %d", max_byte + 1);
+        ct_hint("raise --vocab-size to at least %d, or add --replace-unknown to make such bytes "
+                "spaces",
+                max_byte + 1);
         return CT_ERR_INPUT;
     }
     int32_t *tokens = ct_xmalloc((text->n + 1) * sizeof(int32_t));
     for (size_t i = 0; i < text->n; i++) tokens[i] = text->data[i];
     char *train_path = join_path(a->out_dir, "train.bin");
     char *val_path = join_path(a->out_dir, "val.bin");
-    ct_status st = ct_shard_write(train_path, tokens, n_train, a->vocab_size);
+    char *tok_path = join_path(a->out_dir, "tokenizer.bin");
+    ct_tokenizer *tok = NULL;
+    ct_status st = ct_tokenizer_train(&tok, NULL, 0, 256); /* the bytes, no merges */
+    if (st == CT_OK) st = ct_tokenizer_save(tok, tok_path);
+    ct_tokenizer_free(tok);
+    free(tok_path);
+    if (st == CT_OK) st = ct_shard_write(train_path, tokens, n_train, a->vocab_size);
     if (st == CT_OK)
         st = ct_shard_write(val_path, tokens + n_train, text->n - n_train, a->vocab_size);
     if (st == CT_OK)

@@ -36,6 +36,9 @@ typedef struct ct_prepare_options {
     int vocab_size;
     double val_fraction;
     bool byte_level; /* no BPE: every byte is a token (tests with tiny vocabularies) */
+    bool replace_unknown; /* byte_level: a byte the vocabulary cannot hold (>= vocab_size), or a
+                             control byte other than tab and newline, becomes a space instead of
+                             an error */
 } ct_prepare_options;
 #define CT_PREPARE_DEFAULTS ((ct_prepare_options){.vocab_size = 4096, .val_fraction = 0.05})
 

@@ -778,8 +778,18 @@ ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
     fprintf(out, "checkpoint %s: format %u, written by cooktrain %s, %d rank files, %lld pieces\n",
             dir, CKPT_VERSION, m.version, m.n_files, (long long)m.n_pieces);
     const int64_t *state = (const int64_t *)&m.state;
-    for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++)
-        fprintf(out, "  %-15s %lld\n", ct_ckpt_state_names[i], (long long)state[i]);
+    for (int i = 0; i < CT_CKPT_STATE_FIELDS; i++) {
+        /* the enumerations also by name */
+        const int64_t v = state[i];
+        const char *name = "";
+        if (&state[i] == &m.state.arch)
+            name = v == CT_ARCH_GPT2 ? " (gpt2)" : v == CT_ARCH_LLAMA ? " (llama)" : " (unknown)";
+        else if (&state[i] == &m.state.precision)
+            name = v == CT_PRECISION_FP32 ? " (fp32)" : v == CT_PRECISION_BF16 ? " (bf16)" : " (unknown)";
+        else if (&state[i] == &m.state.dp)
+            name = " (replicas: dp x cp)";
+        fprintf(out, "  %-15s %lld%s\n", ct_ckpt_state_names[i], (long long)v, name);
+    }
     /* Tensors: distinct (name, kind) with their elements over all pieces; counted after a
      * sort (n log n: a hostile manifest may name millions of pieces). */
     int64_t elems[CT_CKPT_KIND_COUNT] = {0}, tensors = 0;

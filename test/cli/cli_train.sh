@@ -133,6 +133,22 @@ PY
         fail "a low start-up peak: $out"
     fi
 fi
+# A GEMM rate that stays low however often it is measured (planted: COOKTRAIN_FAULT_SLOW_GEMM, as
+# on a machine that stays busy): measured again at most 3 times, then the progress line shows
+# "n/a", with a note once, and never a GEMM efficiency above 100%.
+if expect_exit 0 "train with the GEMM rate planted low at every measurement" -- \
+    env COOKTRAIN_FAULT_SLOW_GEMM=0.0001 "$BIN" train --config configs/test-tiny.yaml \
+    --set train.threads=1 --set train.steps=6 --set log.interval=1 --set data.train="$bytes/train.bin" \
+    --set log.metrics="$tmp/slowgemm.jsonl"; then
+    n=$(grep -c '"remeasured"' "$tmp/slowgemm.jsonl")
+    over=$(printf '%s\n' "$OUT_TEXT" | grep -oE 'GEMM eff +[0-9.]+%' | awk '{ if ($3 + 0 > 100) print }')
+    if [ "$n" = 3 ] && [ -z "$over" ] && printf '%s\n' "$OUT_TEXT" | grep -q 'GEMM eff   n/a'; then
+        ok "a busy machine: measured again 3 times, then GEMM eff n/a, never above 100%"
+    else
+        fail "a busy machine: $n re-measurements; figures above 100%: ${over:-none}"
+    fi
+    expect_text "this machine is too busy to measure them" "a busy machine: the progress lines say why"
+fi
 expect_exit 2 "--profile with --device-idle is refused" -- "$BIN" train --config configs/test-tiny.yaml \
     --set data.train="$bytes/train.bin" --profile --device-idle
 expect_text "hint: " "the refusal has a hint"

@@ -6,9 +6,11 @@
 #   - a skipped collective: rank 2 never calls the world group's allreduce #3;
 #   - a mismatched one: rank 1 enters a barrier where its tp group's collective #7 is an allreduce;
 #   - a rank that sleeps (30 s) before the world group's collective #3, outside communication.
-# Also: SIGUSR2 writes every rank's record while the job trains on (and it still finishes), a
-# finished job's records show nothing unmatched, and diagnose refuses a directory without
-# records and a corrupt record (exit 2, hint).
+# Also: SIGUSR2 to the job's mpirun writes every rank's record while the job trains on (and it
+# still finishes) and diagnose calls them a running job; a job in a reused run_dir moves the
+# earlier job's records aside, and diagnose reads one job's records only (a killed rank has none,
+# another job's record left in flight/ is named and ignored); diagnose refuses a directory
+# without records and a corrupt record (exit 2, hint).
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -57,6 +59,9 @@ planted "sleeping" 3:world:3:sleep:30 \
     "diagnosis: rank 3 never entered collective #3 (allreduce, i32, 12 bytes) on group world (ranks 0 1 2 3)"
 
 # ---- SIGUSR2: a record on demand, the job goes on ------------------------------------------------
+# Sent as the README says, to the job's mpirun (which passes it on to every rank): each rank
+# writes a record at its own moment, so one may hold a collective another has not reached yet;
+# diagnose must call that a running job, not a hang.
 if selected "usr2"; then
     d=$tmp/usr2
     mkdir -p "$d"
@@ -66,9 +71,7 @@ if selected "usr2"; then
     pid=$!
     waited=0
     while ! grep -q '^step    20/' "$d/out.txt" && [ $waited -lt 1200 ]; do sleep 0.05; waited=$((waited + 1)); done
-    for p in $(pgrep -f -- "log.run_dir=$d"); do # the ranks, not mpirun nor timeout
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && kill -USR2 "$p"
-    done
+    kill -USR2 "$(pgrep -P "$pid" -x mpirun)" # $pid is the timeout guard's
     wait "$pid"
     rc=$?
     n=$(find "$d/flight" -name 'rank-*.txt' 2>/dev/null | wc -l)
@@ -80,8 +83,37 @@ if selected "usr2"; then
     fi
     if expect_exit 0 "usr2: diagnose of a healthy job" -- "$BIN" diagnose "$d"; then
         expect_text "written on SIGUSR2" "usr2: the records say why they were written"
-        # a record taken mid-step may hold a collective the other rank has not reached yet; one
-        # taken after the job finished holds none
+        expect_text "diagnosis: not hung" "usr2: diagnose calls the snapshots a running job"
+        expect_text "the records were written" "usr2: diagnose says the records are not simultaneous"
+    fi
+fi
+
+# ---- a reused run_dir: an earlier job's records are moved aside, never mixed in -----------------
+# The usr2 job's records are in $tmp/usr2; a job there whose rank 1 is killed (SIGKILL: no record)
+# must be diagnosed from its own records: rank 1 has none.
+if selected "usr2" && selected "reused"; then
+    d=$tmp/usr2
+    "${MPIRUN[@]}" -np 2 "$BIN" "${base[@]}" --set train.steps=3000 --set log.interval=1 \
+        --set log.run_dir="$d" >"$d/out2.txt" 2>&1 &
+    pid=$!
+    waited=0
+    while ! grep -q '^step    20/' "$d/out2.txt" && [ $waited -lt 1200 ]; do sleep 0.05; waited=$((waited + 1)); done
+    for p in $(pgrep -f -- "train.steps=3000"); do
+        grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && kill -9 "$p"
+    done
+    wait "$pid"
+    early=$(find "$d/flight/earlier" -name 'rank-*.txt' 2>/dev/null | wc -l)
+    if [ "$early" = 2 ]; then ok "reused: the earlier job's 2 records moved to flight/earlier/"; else fail "reused: the earlier job's 2 records moved to flight/earlier/ (found $early)"; fi
+    if expect_exit 0 "reused: diagnose" -- "$BIN" diagnose "$d"; then
+        expect_text "flight records: 1 of 2 ranks" "reused: one record of this job, not two"
+        expect_text "rank 1: no record" "reused: rank 1 has no record"
+        expect_text "diagnosis: rank 1 wrote no flight record" "reused: the diagnosis names the killed rank"
+    fi
+    # a record of another job left in flight/ (as an older cooktrain left them) is named, not used
+    cp "$(find "$d/flight/earlier" -name 'rank-00001.txt' | head -1)" "$d/flight/rank-00001.txt"
+    if expect_exit 0 "reused: diagnose with another job's record in flight/" -- "$BIN" diagnose "$d"; then
+        expect_text "flight records: 1 of 2 ranks" "reused: another job's record is not counted"
+        expect_text "ignored rank-00001.txt: another job's record" "reused: it is named as ignored"
     fi
 fi
 

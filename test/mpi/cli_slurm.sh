@@ -5,7 +5,8 @@
 #   - sbatch: the job completes (exit 0), its log, metrics and checkpoints land in its per-job
 #     directories;
 #   - preemption: a running job signalled with `scancel --signal=USR1 --batch` saves at the next
-#     step boundary, exits 0 and requeues itself; the requeued run resumes (checkpoint.resume:
+#     step boundary, exits 0 and requeues itself; the requeued run appends to the job's metrics
+#     (every step once, two segments) and resumes (checkpoint.resume:
 #     auto) and finishes with losses and parameters bit-identical to an uninterrupted run;
 #   - cancelled and time limit: a job cancelled mid-run, or killed at its time limit (both
 #     SIGTERM, SIGKILL 2 s later), leaves only complete checkpoints (each verifies with
@@ -139,6 +140,19 @@ preempt_check() {
     fi
     a=$(last_loss "$tmp/$name-ref.jsonl") b=$(last_loss "$run/metrics.jsonl")
     [ "$a" = "$b" ] && ok "$name: and the same last loss ($b)" || fail "$name: last loss $b, uninterrupted $a"
+    # the requeued run appends to the job's metrics: every step once, in order, two segments
+    if out=$(python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["step"] for r in rows if "loss" in r]
+starts = [r.get("start_step") for r in rows if r.get("setup")]
+ok = steps == list(range(1, int(sys.argv[2]) + 1)) and len(starts) == 2 and starts[0] == 1
+print(f"steps {steps[0]}..{steps[-1]} ({len(steps)}), segments from {starts}")
+sys.exit(not ok)' "$run/metrics.jsonl" "$steps" 2>&1); then
+        ok "$name: the job's metrics hold every step once: $out"
+    else
+        fail "$name: the job's metrics: $out"
+    fi
 }
 if selected "preempt"; then
     ref_srun=()

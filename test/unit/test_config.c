@@ -249,8 +249,6 @@ static const bad_case bad_cases[] = {
      "train.global_batch", "dp=4", "try train.global_batch=12"},
     {"min_lr_above_lr", "train:\n  lr: 1e-4\n  min_lr: 1e-3\n", NULL, 1, "train.min_lr",
      "train.min_lr=0.001 is larger than train.lr=0.0001", NULL},
-    {"warmup_over_steps", "train:\n  steps: 5\n  warmup_steps: 10\n", NULL, 1, "train.warmup_steps",
-     "exceeds train.steps=5", NULL},
     {"grad_reduce_bf16_fp32", "parallel:\n  grad_reduce_dtype: bf16\n", NULL, 1,
      "parallel.grad_reduce_dtype", "needs bf16 training, but train.precision is fp32",
      "parallel.grad_reduce_dtype"},
@@ -559,6 +557,22 @@ static void auto_micro_batch(void **state) {
 static ct_backend *no_backend(int n_threads) {
     (void)n_threads;
     return NULL;
+}
+
+/* A warmup longer than the run is bounded by it, and the value asked for kept for the note. */
+static void warmup_bounded_by_steps(void **state) {
+    (void)state;
+    ct_config cfg;
+    ct_config_defaults(&cfg);
+    assert_int_equal(ct_config_set(&cfg, "train.steps=5"), CT_OK);
+    assert_int_equal(ct_config_set(&cfg, "train.warmup_steps=10"), CT_OK);
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_int_equal(cfg.train.warmup_steps, 5);
+    assert_int_equal(cfg.derived.warmup_asked, 10);
+    assert_int_equal(ct_config_set(&cfg, "train.warmup_steps=3"), CT_OK);
+    assert_int_equal(ct_config_validate(&cfg, 1), CT_OK);
+    assert_int_equal(cfg.train.warmup_steps, 3);
+    assert_int_equal(cfg.derived.warmup_asked, 0);
 }
 
 static bool says_native(char *how, size_t cap) {
@@ -951,6 +965,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(grid_derivation),
         cmocka_unit_test(pipeline_layouts),
         cmocka_unit_test(auto_micro_batch),
+        cmocka_unit_test(warmup_bounded_by_steps),
         cmocka_unit_test(precision_auto),
         cmocka_unit_test(set_overrides),
         cmocka_unit_test(value_syntax),

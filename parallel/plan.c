@@ -112,9 +112,24 @@ double ct_expected_ep_bytes(const ct_config *cfg, const ct_model_layout *lay, in
     return (double)ct_layout_moe_layers(&cfg->model, lay) * (double)m * (moves + counts);
 }
 
-ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const ct_sim_result *sim,
-                             ct_plan_stage *out) {
-    const int tp = (int)cfg->parallel.tp, pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
+ct_status ct_plan_stage_model(const ct_config *cfg, int r, ct_backend *be, ct_model **out) {
+    ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
+    layout.tp_size = (int)cfg->parallel.tp;
+    layout.tp_rank = 0;
+    layout.dp_size = (int)(cfg->derived.dp * cfg->parallel.cp);
+    layout.cp_size = (int)cfg->parallel.cp;
+    layout.sequence_parallel = cfg->parallel.sequence_parallel;
+    layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
+    layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
+    layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
+    layout.ep_size = (int)cfg->parallel.ep; /* ep rank 0's experts: every ep rank holds as many */
+    layout.measure_only = true;
+    return ct_model_new(out, cfg, be, &layout);
+}
+
+ct_status ct_plan_stage_cost_of(const ct_config *cfg, int r, const ct_model *model,
+                                const ct_sim_result *sim, ct_plan_stage *out) {
+    const int pp = (int)cfg->parallel.pp, dp = (int)cfg->derived.dp;
     const int cp = (int)cfg->parallel.cp, replicas = dp * cp;
     const int ep = (int)cfg->parallel.ep;
     const int m = (int)cfg->derived.grad_accum, stage = (int)cfg->parallel.zero_stage;
@@ -122,19 +137,8 @@ ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const 
     const ct_dtype pdt = ct_precision_dtype(cfg->derived.precision);
     const ct_state_bytes sb =
         ct_state_bytes_of(pdt, ct_precision_dtype(cfg->parallel.grad_reduce_dtype));
+    const ct_model_layout *layout = ct_model_layout_of(model);
     memset(out, 0, sizeof *out);
-    ct_model_layout layout = ct_model_layout_pipeline(cfg, r);
-    layout.tp_size = tp;
-    layout.tp_rank = 0;
-    layout.dp_size = replicas;
-    layout.cp_size = cp;
-    layout.sequence_parallel = cfg->parallel.sequence_parallel;
-    layout.recompute = cfg->train.recompute == CT_RECOMPUTE_FULL;
-    layout.zero.shard_params = layout.zero.shard_grads = true; /* nothing is allocated */
-    layout.unit_min_bytes = ct_config_unit_min_bytes(cfg);
-    layout.ep_size = ep; /* ep rank 0's experts: every ep rank holds as many */
-    ct_model *model = NULL;
-    CT_TRY(ct_model_new(&model, cfg, be, &layout));
     int64_t elems = 0, expert_elems = 0;
     for (int u = 0; u < ct_model_n_units(model); u++) {
         const ct_unit *unit = ct_model_unit(model, u);
@@ -152,15 +156,15 @@ ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const 
                                                          replicas, replicas / ep, stage, m) +
                            (double)ct_zero_scalar_allreduce_bytes(replicas)
                      : 0.0;
-    double tp_bytes = ct_expected_tp_bytes(cfg, &layout, m);
-    double cp_bytes = ct_expected_cp_bytes(cfg, &layout, m);
+    double tp_bytes = ct_expected_tp_bytes(cfg, layout, m);
+    double cp_bytes = ct_expected_cp_bytes(cfg, layout, m);
     /* point to point: each chunk boundary sends B·Tl·C activations (model dtype) per
      * microbatch each way */
     double boundary = (double)B * (double)ct_model_local_seq_len(model) *
                       (double)ct_model_d_model(model) * (double)ct_dtype_size(pdt),
            pp_bytes = 0;
-    for (int j = 0; j < layout.n_chunks; j++) {
-        int c = layout.chunks[j].index;
+    for (int j = 0; j < layout->n_chunks; j++) {
+        int c = layout->chunks[j].index;
         if (c < pp * (int)cfg->parallel.virtual_stages - 1) pp_bytes += boundary * m;
         if (c > 0) pp_bytes += boundary * m;
     }
@@ -172,10 +176,18 @@ ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const 
     out->tp_bytes = tp_bytes;
     out->cp_bytes = cp_bytes;
     out->pp_bytes = pp_bytes;
-    out->ep_bytes = ct_expected_ep_bytes(cfg, &layout, m);
+    out->ep_bytes = ct_expected_ep_bytes(cfg, layout, m);
     out->flops_per_token = ct_model_flops_per_token(model);
-    ct_model_free(model);
     return CT_OK;
+}
+
+ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const ct_sim_result *sim,
+                             ct_plan_stage *out) {
+    ct_model *model = NULL;
+    CT_TRY(ct_plan_stage_model(cfg, r, be, &model));
+    ct_status st = ct_plan_stage_cost_of(cfg, r, model, sim, out);
+    ct_model_free(model);
+    return st;
 }
 
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out) {

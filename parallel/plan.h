@@ -33,6 +33,16 @@ typedef struct ct_plan_stage {
 ct_status ct_plan_stage_cost(const ct_config *cfg, int r, ct_backend *be, const ct_sim_result *sim,
                              ct_plan_stage *out);
 
+/* The two halves of ct_plan_stage_cost, for a caller that costs many layouts of one model
+ * (`plan --search`): building the model is most of the work — a Llama's RoPE table alone is
+ * seq_len × head_dim sines — and it depends only on the config's model, precision, tp, cp, dp,
+ * pp, virtual stages, sequence parallelism and recompute, not on the ZeRO stage or the
+ * micro-batch. ct_plan_stage_model builds stage r's model (free it with ct_model_free);
+ * ct_plan_stage_cost_of costs any config that agrees with the one it was built from on those. */
+ct_status ct_plan_stage_model(const ct_config *cfg, int r, ct_backend *be, ct_model **out);
+ct_status ct_plan_stage_cost_of(const ct_config *cfg, int r, const ct_model *model,
+                                const ct_sim_result *sim, ct_plan_stage *out);
+
 /* json: one JSON object per stage with exact byte counts instead of the table and timeline. */
 ct_status ct_plan_print(const ct_config *cfg, double backward_ratio, bool json, FILE *out);
 

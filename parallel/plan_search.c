@@ -18,10 +18,16 @@
  *   dp        = bytes / bandwidth, hidden behind the backward (2/3 of compute; ZeRO 3's gathers
  *               also behind the forward: all of it) — only the excess is exposed;
  *   pp, ep    = bytes / bandwidth (sends, all-to-alls), exposed.
- * A group's link is the node's (intra) when its ranks share a node under rank order (tp fastest,
- * then cp, dp, pp, devices_per_node consecutive ranks a node), else the network (inter).
+ * A group's link is the node's (intra) when every group of its dimension stays inside a node under
+ * rank order (tp fastest, then cp, dp, pp; devices_per_node consecutive ranks a node, the last
+ * node what is left), else the network (inter).
  * Memory: the largest stage's params + grads + optimizer + master + peak activations must fit in
  * 90% of the device (the rest: workspace, the allocator, the runtime).
+ *
+ * Cost of the search itself: a layout's price is mostly building its stages' models (registry,
+ * units, activation sizes), so the models are built once per shape — grid, virtual stages,
+ * sequence parallelism, recompute — and serve its ZeRO stages and micro-batches, and each
+ * schedule is simulated once per (schedule, pp, v, microbatches) for the whole search.
  */
 #include "plan_search.h"
 
@@ -206,6 +212,49 @@ ct_status ct_hardware_load(const char *name, ct_hardware *hw) {
     return read_profile(name, hw);
 }
 
+/* ---- where groups sit --------------------------------------------------------------------- */
+
+/* The nodes of n devices: devices_per_node consecutive ranks each — the order in which mpirun's
+ * --map-by slot and SLURM's block distribution fill them — and the last node whatever is left
+ * (12 devices of 8 a node: a node of 8 and a node of 4; 6 devices: one node of 6). */
+typedef struct nodes {
+    int per;   /* devices of a full node: the profile's devices_per_node */
+    int count; /* nodes */
+    int last;  /* devices of the last node: per, or fewer */
+} nodes;
+
+static nodes nodes_of(int n, int per) {
+    nodes s = {.per = per, .count = (n + per - 1) / per};
+    s.last = n - (s.count - 1) * per;
+    return s;
+}
+
+/* "1 node of 6", "2 nodes of 8", "1 node of 8 and 1 of 4" */
+static void describe_nodes(nodes s, char *buf, size_t cap) {
+    if (s.count == 1)
+        snprintf(buf, cap, "1 node of %d", s.last);
+    else if (s.last == s.per)
+        snprintf(buf, cap, "%d nodes of %d", s.count, s.per);
+    else
+        snprintf(buf, cap, "%d node%s of %d and 1 of %d", s.count - 1, s.count == 2 ? "" : "s",
+                 s.per, s.last);
+}
+
+/* Whether some group of a dimension — `size` ranks `stride` apart under the rank order — spans
+ * two nodes, on n devices of `per` a node. The groups of a dimension run their collectives in
+ * step, so one group across a node boundary (a tp 3 group on ranks 6-8 of nodes of 8, or one that
+ * reaches into a partial last node) sets the pace for all: the whole dimension pays the network.
+ * A group's ranks increase and a node is a range of ranks, so a group is inside a node when its
+ * first and last ranks are. */
+static bool crosses_nodes(int n, int per, int stride, int size) {
+    if (size <= 1) return false;
+    for (int first = 0; first < n; first++) {
+        if ((first / stride) % size) continue; /* not the first rank of its group */
+        if (first / per != (first + stride * (size - 1)) / per) return true;
+    }
+    return false;
+}
+
 /* ---- the search --------------------------------------------------------------------------- */
 
 typedef struct candidate {
@@ -218,20 +267,94 @@ typedef struct candidate {
     bool tp_inter, cp_inter, dp_inter, pp_inter, ep_inter;
 } candidate;
 
-/* Whether a group of `size` ranks `stride` apart stays inside one node. */
-static bool inside_node(int stride, int size, int per_node) {
-    return size <= 1 || (stride * size <= per_node && per_node % (stride * size) == 0);
+/* A schedule simulated once for the whole search: it depends on the schedule, pp, v and the
+ * microbatch count only, and the same ones recur across tp, cp, dp, sequence parallelism,
+ * recompute and ZeRO. */
+typedef struct schedule_memo {
+    ct_schedule_kind kind;
+    int pp, v, m;
+    bool ok; /* the schedule can run m microbatches */
+    ct_sim_result sim;
+    double stretch; /* the makespan over the busiest rank's work */
+} schedule_memo;
+
+/* The search: what it was asked and what it found. */
+typedef struct search {
+    const ct_config *base;
+    int n;
+    const ct_hardware *hw;
+    nodes nodes;
+    ct_backend *be;
+    candidate *list; /* the valid layouts that fit */
+    int count, cap, valid;
+    char refusal[512], refusal_hint[512]; /* the first refused layout's reason */
+    schedule_memo *schedules;
+    int n_schedules;
+} search;
+
+/* The schedule of layout c (pp > 1) on m microbatches, simulated at its first use. */
+static const schedule_memo *search_schedule(search *s, const candidate *c, int m) {
+    for (int i = 0; i < s->n_schedules; i++) {
+        const schedule_memo *o = &s->schedules[i];
+        if (o->kind == c->schedule && o->pp == c->pp && o->v == c->v && o->m == m) return o;
+    }
+    s->schedules = realloc(s->schedules, (size_t)(s->n_schedules + 1) * sizeof *s->schedules);
+    CT_ASSERT(s->schedules != NULL);
+    schedule_memo *o = &s->schedules[s->n_schedules++];
+    *o = (schedule_memo){.kind = c->schedule, .pp = c->pp, .v = c->v, .m = m, .stretch = 1.0};
+    ct_schedule *sched = NULL;
+    if (ct_schedule_check(c->schedule, c->pp, c->v, m) == CT_OK)
+        sched = ct_schedule_new(c->schedule, c->pp, c->v, m);
+    if (!sched) {
+        ct_error_clear();
+        return o;
+    }
+    o->sim = ct_schedule_simulate(sched, 2.0);
+    ct_schedule_free(sched);
+    double busy = 0;
+    for (int r = 0; r < c->pp; r++) busy = fmax(busy, o->sim.busy[r]);
+    o->stretch = busy > 0 ? o->sim.total_time / busy : 1.0;
+    o->ok = true;
+    return o;
 }
 
-static double link_time(const ct_hardware *hw, bool inter, double bytes, double calls) {
-    if (bytes <= 0) return 0.0;
-    return inter ? bytes / hw->inter_bw + calls * hw->inter_lat
-                 : bytes / hw->intra_bw + calls * hw->intra_lat;
+static void search_release(search *s) {
+    for (int i = 0; i < s->n_schedules; i++)
+        if (s->schedules[i].ok) ct_sim_result_release(&s->schedules[i].sim);
+    free(s->schedules);
+    free(s->list);
 }
 
-/* Evaluates one layout: false when it is not valid for the config (silently) or errs. */
-static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_backend *be,
-                     candidate *c) {
+/* What the layouts of one shape — grid, virtual stages, sequence parallelism, recompute — share
+ * over their ZeRO stages and micro-batches: the stages' models, built at the shape's first valid
+ * layout. Building a model is most of a layout's cost, and nothing in it depends on the ZeRO
+ * stage or the micro-batch (plan.h, ct_plan_stage_model). */
+typedef struct shape {
+    candidate proto; /* the grid, v, sp, recompute and placement of every layout of the shape */
+    ct_model **models;
+    bool models_failed;
+} shape;
+
+static void shape_release(shape *sh) {
+    for (int r = 0; sh->models && r < sh->proto.pp; r++) ct_model_free(sh->models[r]);
+    free(sh->models);
+}
+
+/* The shape's stage models, built from its first valid layout's config. */
+static bool shape_models(shape *sh, const ct_config *cfg, ct_backend *be) {
+    if (sh->models || sh->models_failed) return !sh->models_failed;
+    sh->models = ct_xcalloc((size_t)sh->proto.pp, sizeof *sh->models);
+    for (int r = 0; r < sh->proto.pp; r++)
+        if (ct_plan_stage_model(cfg, r, be, &sh->models[r]) != CT_OK) {
+            ct_error_clear();
+            sh->models_failed = true;
+            return false;
+        }
+    return true;
+}
+
+/* The config of layout c. */
+static ct_config layout_config(const ct_config *base, const candidate *c) {
     ct_config cfg = *base;
     cfg.parallel.tp = c->tp;
     cfg.parallel.pp = c->pp;
@@ -245,37 +368,63 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
     cfg.train.micro_batch = c->micro_batch;
     cfg.train.micro_batch_auto = false;
     cfg.train.recompute = c->recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
-    if (ct_config_validate(&cfg, n) != CT_OK) {
+    return cfg;
+}
+
+static double link_time(const ct_hardware *hw, bool inter, double bytes, double calls) {
+    if (bytes <= 0) return 0.0;
+    return inter ? bytes / hw->inter_bw + calls * hw->inter_lat
+                 : bytes / hw->intra_bw + calls * hw->intra_lat;
+}
+
+/* Step time of c from its slowest stage's costs (the model in the file's opening comment). */
+static void estimate(candidate *c, const ct_config *cfg, const ct_hardware *hw,
+                     const ct_plan_stage *worst, double stretch) {
+    const int m = (int)cfg->derived.grad_accum;
+    const double tokens = (double)cfg->train.global_batch * (double)cfg->model.seq_len;
+    const double peak = cfg->derived.precision == CT_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_fp32;
+    const int n = c->tp * c->cp * c->pp * c->dp;
+    const double flops = worst->flops_per_token * tokens / n * (c->recompute ? 4.0 / 3.0 : 1.0);
+    const double pure = flops / (peak * hw->gemm_efficiency);
+    c->compute = pure * stretch;
+    c->bubble = c->compute - pure;
+    const double layers = (double)cfg->model.n_layer / c->pp;
+    /* tp: about four collectives a layer and microbatch, forward and backward */
+    c->tp_s = link_time(hw, c->tp_inter, worst->tp_bytes, 4.0 * layers * m);
+    c->dp_s = link_time(hw, c->dp_inter, worst->dp_bytes, layers + 2);
+    c->pp_s = link_time(hw, c->pp_inter, worst->pp_bytes, 2.0 * m * c->v);
+    c->ep_s = link_time(hw, c->ep_inter, worst->ep_bytes, 4.0 * layers * m);
+    /* ring attention: two hops a layer and microbatch each way, forward and backward */
+    c->cp_s = link_time(hw, c->cp_inter, worst->cp_bytes, 4.0 * layers * m);
+    const double hide = c->zero == 3 ? pure : pure * 2.0 / 3.0;
+    c->dp_exposed = fmax(0.0, c->dp_s - hide);
+    c->step = c->compute + c->tp_s + c->cp_s + c->dp_exposed + c->pp_s + c->ep_s;
+}
+
+/* Evaluates layout c of shape sh: false when the config refuses it (the first refusal is kept
+ * for when none is valid) or its schedule cannot run. */
+static bool evaluate(search *s, shape *sh, candidate *c) {
+    ct_config cfg = layout_config(s->base, c);
+    if (ct_config_validate(&cfg, s->n) != CT_OK) {
+        if (!s->refusal[0]) {
+            snprintf(s->refusal, sizeof s->refusal, "tp %d x cp %d x pp %d x dp %d: %s", c->tp,
+                     c->cp, c->pp, c->dp, ct_error_message());
+            snprintf(s->refusal_hint, sizeof s->refusal_hint, "%s",
+                     ct_error_hint() ? ct_error_hint() : "");
+        }
         ct_error_clear();
         return false;
     }
-    const int m = (int)cfg.derived.grad_accum;
-    ct_schedule *sched = NULL;
-    ct_sim_result sim = {0};
-    double stretch = 1.0;
-    if (c->pp > 1) {
-        if (ct_schedule_check(c->schedule, c->pp, c->v, m) != CT_OK) {
-            ct_error_clear();
-            return false;
-        }
-        sched = ct_schedule_new(c->schedule, c->pp, c->v, m);
-        if (!sched) {
-            ct_error_clear();
-            return false;
-        }
-        sim = ct_schedule_simulate(sched, 2.0);
-        double busy = 0;
-        for (int r = 0; r < c->pp; r++) busy = fmax(busy, sim.busy[r]);
-        stretch = busy > 0 ? sim.total_time / busy : 1.0;
-    }
+    const schedule_memo *sched =
+        c->pp > 1 ? search_schedule(s, c, (int)cfg.derived.grad_accum) : NULL;
+    if ((sched && !sched->ok) || !shape_models(sh, &cfg, s->be)) return false;
     ct_plan_stage worst = {0}, st;
     double most = -1;
-    bool ok = true;
-    for (int r = 0; r < c->pp && ok; r++) {
-        if (ct_plan_stage_cost(&cfg, r, be, sched ? &sim : NULL, &st) != CT_OK) {
+    for (int r = 0; r < c->pp; r++) {
+        if (ct_plan_stage_cost_of(&cfg, r, sh->models[r], sched ? &sched->sim : NULL, &st) !=
+            CT_OK) {
             ct_error_clear();
-            ok = false;
-            break;
+            return false;
         }
         double mem = st.acts;
         for (int k = 0; k < CT_MEM_COUNT; k++) mem += (double)st.mem[k];
@@ -289,38 +438,207 @@ static bool evaluate(const ct_config *base, int n, const ct_hardware *hw, ct_bac
         worst.cp_bytes = fmax(worst.cp_bytes, st.cp_bytes);
         if (r == 0) c->first = st;
     }
-    if (sched) {
-        ct_sim_result_release(&sim);
-        ct_schedule_free(sched);
-    }
-    if (!ok) return false;
-    const double tokens = (double)cfg.train.global_batch * (double)cfg.model.seq_len;
-    const double peak = cfg.derived.precision == CT_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_fp32;
-    const double flops = worst.flops_per_token * tokens / n * (c->recompute ? 4.0 / 3.0 : 1.0);
-    const double pure = flops / (peak * hw->gemm_efficiency);
-    c->compute = pure * stretch;
-    c->bubble = c->compute - pure;
     c->mem = most;
-    const int per = hw->devices_per_node;
-    /* rank order: tp fastest, then cp, dp (ep: consecutive dp ranks), pp */
-    c->tp_inter = !inside_node(1, c->tp, per);
-    c->cp_inter = !inside_node(c->tp, c->cp, per);
-    c->dp_inter = !inside_node(c->tp * c->cp, c->dp, per);
-    c->ep_inter = !inside_node(c->tp * c->cp, c->ep, per);
-    c->pp_inter = !inside_node(c->tp * c->cp * c->dp, c->pp, per);
-    const double layers = (double)cfg.model.n_layer / c->pp;
-    /* tp: about four collectives a layer and microbatch, forward and backward */
-    c->tp_s = link_time(hw, c->tp_inter, worst.tp_bytes, 4.0 * layers * m);
-    c->dp_s = link_time(hw, c->dp_inter, worst.dp_bytes, layers + 2);
-    c->pp_s = link_time(hw, c->pp_inter, worst.pp_bytes, 2.0 * m * c->v);
-    c->ep_s = link_time(hw, c->ep_inter, worst.ep_bytes, 4.0 * layers * m);
-    /* ring attention: two hops a layer and microbatch each way, forward and backward */
-    c->cp_s = link_time(hw, c->cp_inter, worst.cp_bytes, 4.0 * layers * m);
-    const double hide = c->zero == 3 ? pure : pure * 2.0 / 3.0;
-    c->dp_exposed = fmax(0.0, c->dp_s - hide);
-    c->step = c->compute + c->tp_s + c->cp_s + c->dp_exposed + c->pp_s + c->ep_s;
+    estimate(c, &cfg, s->hw, &worst, sched ? sched->stretch : 1.0);
     return true;
 }
+
+static void keep(search *s, const candidate *c) {
+    if (s->count == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->list = realloc(s->list, (size_t)s->cap * sizeof *s->list);
+        CT_ASSERT(s->list != NULL);
+    }
+    s->list[s->count++] = *c;
+}
+
+/* Every micro-batch and ZeRO stage of a shape. */
+static void search_shape(search *s, shape *sh) {
+    const int dp = sh->proto.dp, replicas = dp * sh->proto.cp;
+    const int64_t per_rank = s->base->train.global_batch / dp;
+    for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
+        if (per_rank % mb) continue;
+        for (int zero = 0; zero <= 3; zero++) {
+            if (replicas == 1 && zero > 0) continue; /* nothing to shard */
+            candidate c = sh->proto;
+            c.micro_batch = mb;
+            c.zero = zero;
+            if (!evaluate(s, sh, &c)) continue;
+            s->valid++;
+            if (c.mem <= 0.9 * s->hw->memory_bytes) keep(s, &c);
+        }
+    }
+}
+
+/* Every shape of one grid: where its groups sit (rank order: tp fastest, then cp, dp with ep's
+ * consecutive dp ranks inside it, pp), then virtual stages (1: 1F1B; 2 up to min(8, layers /
+ * pp): interleaved), sequence parallelism and recompute. */
+static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
+    const int n = s->n, per = s->nodes.per;
+    const candidate grid = {
+        .tp = tp,
+        .cp = cp,
+        .pp = pp,
+        .dp = dp,
+        .ep = ep,
+        .tp_inter = crosses_nodes(n, per, 1, tp),
+        .cp_inter = crosses_nodes(n, per, tp, cp),
+        .dp_inter = crosses_nodes(n, per, tp * cp, dp),
+        .ep_inter = crosses_nodes(n, per, tp * cp, ep),
+        .pp_inter = crosses_nodes(n, per, tp * cp * dp, pp),
+    };
+    const int vmax = pp == 1 ? 1 : (int)CT_MIN(8, s->base->model.n_layer / pp);
+    for (int v = 1; v <= vmax; v++)
+        for (int sp = 0; sp <= (tp > 1); sp++)
+            for (int rc = 0; rc < 2; rc++) {
+                shape sh = {.proto = grid};
+                sh.proto.v = v;
+                sh.proto.schedule = v > 1 ? CT_SCHEDULE_INTERLEAVED : CT_SCHEDULE_1F1B;
+                sh.proto.sp = sp;
+                sh.proto.recompute = rc;
+                search_shape(s, &sh);
+                shape_release(&sh);
+            }
+}
+
+/* Every grid tp × cp × pp × dp = n: cp when the config's sequences split (seq_len a multiple of
+ * 2·cp), dp when it divides the batch; ep over dp's divisors that divide the experts, when the
+ * model has them. */
+static void search_grids(search *s) {
+    const int n = s->n;
+    const int64_t G = s->base->train.global_batch, T = s->base->model.seq_len;
+    const int64_t E = s->base->model.moe_experts;
+    for (int tp = 1; tp <= n; tp++) {
+        if (n % tp) continue;
+        for (int cp = 1; cp <= n / tp; cp++) {
+            if ((n / tp) % cp || (cp > 1 && T % (2 * cp))) continue;
+            for (int pp = 1; pp <= n / tp / cp; pp++) {
+                if ((n / tp / cp) % pp) continue;
+                const int dp = n / tp / cp / pp;
+                if (G % dp) continue;
+                for (int ep = 1; ep <= dp; ep++)
+                    if (dp % ep == 0 && (ep == 1 || (E && E % ep == 0)))
+                        search_grid(s, tp, cp, pp, dp, ep);
+            }
+        }
+    }
+}
+
+/* ---- when no layout is valid -------------------------------------------------------------- */
+
+/* The size each dimension splits, of a config validated on one device: tp must divide what the
+ * heads, the key/value heads, d_ff and the padded vocabulary have in common, cp half the
+ * sequence (each rank holds 2 of its 2·cp pieces), pp the layers, dp the global batch. */
+typedef struct split_sizes {
+    int64_t tp, cp, pp, dp;
+} split_sizes;
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static split_sizes split_sizes_of(const ct_config *one) {
+    const ct_derived_config *d = &one->derived;
+    return (split_sizes){
+        .tp = gcd64(gcd64(one->model.n_head, d->n_kv_head), gcd64(d->d_ff, d->vocab_padded)),
+        .cp = one->model.seq_len / 2,
+        .pp = one->model.n_layer,
+        .dp = one->train.global_batch,
+    };
+}
+
+static int times_divides(int64_t p, int64_t x) {
+    int k = 0;
+    for (; x > 0 && x % p == 0; x /= p) k++;
+    return k;
+}
+
+/* Whether n splits into tp × cp × pp × dp each dividing its size. Each prime factor of n goes
+ * to the dimensions independently of the others, so this holds exactly when every prime p of n
+ * appears in the four sizes together at least as often as in n; else *prime is the first p that
+ * does not (and *have how often the sizes hold it, *need how often n does). */
+static bool grid_exists(int n, split_sizes z, int *prime, int *need, int *have) {
+    for (int p = 2, rest = n; rest > 1; p++) {
+        if (rest % p) continue;
+        int e = 0;
+        for (; rest % p == 0; rest /= p) e++;
+        int cap = times_divides(p, z.tp) + times_divides(p, z.cp) + times_divides(p, z.pp) +
+                  times_divides(p, z.dp);
+        if (cap < e) {
+            *prime = p, *need = e, *have = cap;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* "6 or 8": the device counts nearest n, below and above (up to 2n), that split. */
+static void nearest_counts(int n, split_sizes z, char *buf, size_t cap) {
+    int p, e, h, below = n - 1, above = n + 1;
+    while (below > 1 && !grid_exists(below, z, &p, &e, &h)) below--;
+    while (above <= 2 * n && !grid_exists(above, z, &p, &e, &h)) above++;
+    if (above <= 2 * n)
+        snprintf(buf, cap, "%d or %d", below, above);
+    else
+        snprintf(buf, cap, "%d", below);
+}
+
+/* Why no layout of the config is valid on s->n devices: a factor of the device count that the
+ * sizes the dimensions split do not hold (7 devices for a model of 12 heads and 12 layers),
+ * else the config's own refusal. */
+static ct_status explain_none_valid(const search *s) {
+    const int n = s->n;
+    ct_config one = *s->base;
+    one.parallel.tp = one.parallel.cp = one.parallel.pp = one.parallel.ep = one.parallel.dp = 1;
+    one.parallel.zero_stage = 0;
+    one.parallel.virtual_stages = 1;
+    one.parallel.schedule = CT_SCHEDULE_1F1B;
+    one.parallel.sequence_parallel = false;
+    one.train.micro_batch = 1;
+    one.train.micro_batch_auto = false;
+    int p = 0, need = 0, have = 0;
+    if (ct_config_validate(&one, 1) == CT_OK) {
+        const split_sizes z = split_sizes_of(&one);
+        if (!grid_exists(n, z, &p, &need, &have)) {
+            char sizes[320], near[64], factor[64] = "";
+            snprintf(sizes, sizeof sizes,
+                     "tp %lld (what model.n_head, n_kv_head, d_ff and the padded vocabulary "
+                     "share), cp %lld (model.seq_len / 2), pp %lld (model.n_layer), dp %lld "
+                     "(train.global_batch)",
+                     (long long)z.tp, (long long)z.cp, (long long)z.pp, (long long)z.dp);
+            nearest_counts(n, z, near, sizeof near);
+            if (have == 0) {
+                if (p != n) snprintf(factor, sizeof factor, ", a factor of %d,", n);
+                ct_error(CT_ERR_INPUT,
+                         "no layout of this config is valid on %d devices: %d%s divides none of "
+                         "the sizes the parallel dimensions split: %s",
+                         n, p, factor, sizes);
+            } else {
+                ct_error(CT_ERR_INPUT,
+                         "no layout of this config is valid on %d devices: %d holds %d to the "
+                         "power %d, the sizes the parallel dimensions split only %d to the power "
+                         "%d together: %s",
+                         n, n, p, need, p, have, sizes);
+            }
+            ct_hint("each of tp, cp, pp and dp divides its size, and their product is the device "
+                    "count: try %s devices, or a config whose sizes %d divides",
+                    near, p);
+            return CT_ERR_INPUT;
+        }
+    }
+    /* the config refuses every layout for another reason: say the first one's */
+    ct_error(CT_ERR_INPUT, "no layout of this config is valid on %d devices; %s", n,
+             s->refusal[0] ? s->refusal : "the config is refused on one device too");
+    if (s->refusal_hint[0]) ct_hint("%s", s->refusal_hint);
+    return CT_ERR_INPUT;
+}
+
+/* ---- the report --------------------------------------------------------------------------- */
 
 /* Faster first; at equal time, less traffic (what the model hides may still cost), then less
  * memory. */
@@ -332,6 +650,10 @@ static int by_step(const void *a, const void *b) {
     return x->mem < y->mem ? -1 : x->mem > y->mem ? 1 : 0;
 }
 
+static const char *link_name(bool inter) {
+    return inter ? "the network" : "the node's links";
+}
+
 /* Why this layout: its costs in words, the largest first. */
 static void reasons(const candidate *c, const ct_hardware *hw, char *buf, size_t n) {
     size_t used = 0;
@@ -339,156 +661,114 @@ static void reasons(const candidate *c, const ct_hardware *hw, char *buf, size_t
     if (c->tp == 1)
         SAY("no tp traffic");
     else
-        SAY("tp %d on %s (%.1f ms)%s", c->tp, c->tp_inter ? "the network" : "the node's links",
-            1e3 * c->tp_s,
+        SAY("tp %d on %s (%.1f ms)%s", c->tp, link_name(c->tp_inter), 1e3 * c->tp_s,
             c->sp ? ", sequence parallel (activations and pipeline sends / tp)" : "");
     if (c->cp > 1)
-        SAY("; cp %d ring on %s (%.1f ms)", c->cp, c->cp_inter ? "the network" : "the node's links",
-            1e3 * c->cp_s);
+        SAY("; cp %d ring on %s (%.1f ms)", c->cp, link_name(c->cp_inter), 1e3 * c->cp_s);
     if (c->ep > 1)
-        SAY("; ep %d all-to-all on %s (%.1f ms)", c->ep,
-            c->ep_inter ? "the network" : "the node's links", 1e3 * c->ep_s);
+        SAY("; ep %d all-to-all on %s (%.1f ms)", c->ep, link_name(c->ep_inter), 1e3 * c->ep_s);
     if (c->pp == 1)
         SAY("; no bubble");
     else
-        SAY("; bubble %.0f%% of compute", 100.0 * c->bubble / (c->compute - c->bubble));
+        SAY("; pp %d sends on %s; bubble %.0f%% of compute", c->pp, link_name(c->pp_inter),
+            100.0 * c->bubble / (c->compute - c->bubble));
     if (c->dp > 1)
-        SAY("; dp reduction %.1f ms over %s, %s", 1e3 * c->dp_s,
-            c->dp_inter ? "the network" : "the node's links",
+        SAY("; dp reduction %.1f ms over %s, %s", 1e3 * c->dp_s, link_name(c->dp_inter),
             c->dp_exposed > 0 ? "partly exposed" : "hidden behind the backward");
     SAY("; %s", c->recompute ? "recompute (4/3 of the FLOPs) to fit" : "no recompute");
     SAY("; %.0f%% of device memory", 100.0 * c->mem / hw->memory_bytes);
 #undef SAY
 }
 
-static void print_hw(const ct_hardware *hw, int n, FILE *out) {
-    int nodes = (n + hw->devices_per_node - 1) / hw->devices_per_node;
+static void print_hw(const ct_hardware *hw, int n, nodes shape, FILE *out) {
+    char where[96];
+    describe_nodes(shape, where, sizeof where);
     fprintf(out,
-            "search: %d devices (%d node%s of %d) of %s: %.0f TFLOP/s bf16, %.1f fp32, GEMMs at "
+            "search: %d device%s (%s) of %s: %.0f TFLOP/s bf16, %.1f fp32, GEMMs at "
             "%.0f%% of peak, %.1f GiB, node links %.0f GB/s (%.0f us), network %.1f GB/s "
             "(%.0f us)\n",
-            n, nodes, nodes == 1 ? "" : "s", CT_MIN(n, hw->devices_per_node), hw->name,
-            hw->peak_bf16 / 1e12, hw->peak_fp32 / 1e12, 100 * hw->gemm_efficiency,
-            hw->memory_bytes / (1024.0 * 1024 * 1024), hw->intra_bw / 1e9, hw->intra_lat * 1e6,
-            hw->inter_bw / 1e9, hw->inter_lat * 1e6);
+            n, n == 1 ? "" : "s", where, hw->name, hw->peak_bf16 / 1e12, hw->peak_fp32 / 1e12,
+            100 * hw->gemm_efficiency, hw->memory_bytes / (1024.0 * 1024 * 1024),
+            hw->intra_bw / 1e9, hw->intra_lat * 1e6, hw->inter_bw / 1e9, hw->inter_lat * 1e6);
+}
+
+static const char *yes(bool b) {
+    return b ? "true" : "false";
+}
+
+static void print_json(const candidate *c, nodes shape, double tokens, FILE *out) {
+    fprintf(out,
+            "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d, "
+            "\"sequence_parallel\": %s, \"schedule\": \"%s\", \"virtual_stages\": %d, "
+            "\"micro_batch\": %lld, \"recompute\": %s, \"memory_bytes\": %.0f, \"compute_s\": "
+            "%.6g, \"bubble_s\": %.6g, \"tp_s\": %.6g, \"cp_s\": %.6g, \"dp_s\": %.6g, "
+            "\"dp_exposed_s\": %.6g, \"pp_s\": %.6g, \"ep_s\": %.6g, \"step_s\": %.6g, "
+            "\"tokens_per_s\": %.6g, \"tp_inter\": %s, \"cp_inter\": %s, \"dp_inter\": %s, "
+            "\"ep_inter\": %s, \"pp_inter\": %s, \"nodes\": %d, \"devices_per_node\": %d, "
+            "\"last_node_devices\": %d, \"stage0\": {\"params_bytes\": %zu, \"grads_bytes\": %zu, "
+            "\"optim_bytes\": %zu, \"master_bytes\": %zu, \"dp_bytes\": %.0f, \"tp_bytes\": "
+            "%.0f}}\n",
+            c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, yes(c->sp),
+            ct_schedule_kind_name(c->schedule), c->v, (long long)c->micro_batch, yes(c->recompute),
+            c->mem, c->compute, c->bubble, c->tp_s, c->cp_s, c->dp_s, c->dp_exposed, c->pp_s,
+            c->ep_s, c->step, tokens / c->step, yes(c->tp_inter), yes(c->cp_inter),
+            yes(c->dp_inter), yes(c->ep_inter), yes(c->pp_inter), shape.count, shape.per,
+            shape.last, c->first.mem[CT_MEM_PARAMS], c->first.mem[CT_MEM_GRADS],
+            c->first.mem[CT_MEM_OPTIM], c->first.mem[CT_MEM_MASTER], c->first.dp_bytes,
+            c->first.tp_bytes);
+}
+
+static void print_row(int i, const candidate *c, const ct_hardware *hw, double tokens, FILE *out) {
+    char mem[32], why[512], sched[24];
+    snprintf(sched, sizeof sched, "%s", c->pp > 1 ? ct_schedule_kind_name(c->schedule) : "-");
+    if (c->pp > 1 && c->v > 1) snprintf(sched, sizeof sched, "interleaved v%d", c->v);
+    reasons(c, hw, why, sizeof why);
+    fprintf(out,
+            "%3d | %3d %2s %3d %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms "
+            "%6.2f ms (%6.2f) %6.2f ms | %7.2f ms %9.0f\n      %s\n",
+            i + 1, c->tp, c->sp ? "y" : "-", c->cp, c->pp, c->dp, c->ep, c->zero, sched,
+            (long long)c->micro_batch, c->recompute ? "full" : "none",
+            ct_format_bytes(mem, sizeof mem, c->mem), 1e3 * c->compute, 1e3 * (c->tp_s + c->cp_s),
+            1e3 * c->dp_s, 1e3 * c->dp_exposed, 1e3 * (c->pp_s + c->ep_s), 1e3 * c->step,
+            tokens / c->step, why);
 }
 
 ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, int top, bool json,
                          FILE *out) {
-    ct_backend *be = NULL;
+    search s = {.base = base, .n = n, .hw = hw, .nodes = nodes_of(n, hw->devices_per_node)};
     char chosen[160];
-    CT_TRY(ct_backend_new(&be, "cpu", 1, chosen, sizeof chosen));
-    int cap = 256, count = 0, valid = 0;
-    candidate *list = ct_xmalloc((size_t)cap * sizeof *list);
-    const int64_t G = base->train.global_batch;
-    /* cp when the config's sequences split (seq_len a multiple of 2·cp); ep over dp's divisors
-     * that divide the experts, when the model has them */
-    const int64_t T = base->model.seq_len, E = base->model.moe_experts;
-    for (int tp = 1; tp <= n; tp++) {
-        if (n % tp) continue;
-        for (int cp = 1; cp <= n / tp; cp++) {
-            if ((n / tp) % cp || (cp > 1 && T % (2 * cp))) continue;
-            for (int pp = 1; pp <= n / tp / cp; pp++) {
-                if ((n / tp / cp) % pp) continue;
-                int dp = n / tp / cp / pp;
-                if (G % dp) continue;
-                for (int ep = 1; ep <= dp; ep++) {
-                    if (dp % ep || (ep > 1 && (!E || E % ep))) continue;
-                    for (int zero = 0; zero <= 3; zero++) {
-                        if (dp * cp == 1 && zero > 0) continue; /* nothing to shard */
-                        /* v 1: 1F1B; 2 and up: interleaved */
-                        const int vmax = pp == 1 ? 1 : (int)CT_MIN(8, base->model.n_layer / pp);
-                        for (int v = 1; v <= vmax; v++)
-                            for (int sp = 0; sp <= (tp > 1); sp++)
-                                for (int64_t mb = 1; mb <= G / dp; mb *= 2) {
-                                    if ((G / dp) % mb) continue;
-                                    for (int rc = 0; rc < 2; rc++) {
-                                        candidate c = {.tp = tp,
-                                                       .cp = cp,
-                                                       .pp = pp,
-                                                       .dp = dp,
-                                                       .ep = ep,
-                                                       .zero = zero,
-                                                       .v = v,
-                                                       .sp = sp,
-                                                       .recompute = rc,
-                                                       .schedule = v > 1 ? CT_SCHEDULE_INTERLEAVED
-                                                                         : CT_SCHEDULE_1F1B,
-                                                       .micro_batch = mb};
-                                        if (!evaluate(base, n, hw, be, &c)) continue;
-                                        valid++;
-                                        if (c.mem > 0.9 * hw->memory_bytes) continue;
-                                        if (count == cap) {
-                                            cap *= 2;
-                                            list = realloc(list, (size_t)cap * sizeof *list);
-                                            CT_ASSERT(list != NULL);
-                                        }
-                                        list[count++] = c;
-                                    }
-                                }
-                    }
-                }
-            }
-        }
+    CT_TRY(ct_backend_new(&s.be, "cpu", 1, chosen, sizeof chosen));
+    search_grids(&s);
+    ct_backend_free(s.be);
+    if (s.valid == 0) {
+        ct_status st = explain_none_valid(&s);
+        search_release(&s);
+        return st;
     }
-    ct_backend_free(be);
-    qsort(list, (size_t)count, sizeof *list, by_step);
-    const double tokens = (double)G * (double)base->model.seq_len;
+    qsort(s.list, (size_t)s.count, sizeof *s.list, by_step);
+    const double tokens = (double)base->train.global_batch * (double)base->model.seq_len;
     if (!json) {
-        print_hw(hw, n, out);
+        print_hw(hw, n, s.nodes, out);
         fprintf(out,
                 "%d layouts valid for this config, %d fit in 90%% of device memory; the "
                 "best by estimated step time (parallel/README.md, Plan search):\n",
-                valid, count);
+                s.valid, s.count);
         fprintf(out, "  # |  tp sp  cp  pp  dp  ep ZeRO schedule      mb recompute | memory     | "
                      "compute    tp+cp     dp (exposed)       pp+ep    | step       tokens/s\n");
     }
-    for (int i = 0; i < count && i < top; i++) {
-        const candidate *c = &list[i];
-        if (json) {
-            fprintf(
-                out,
-                "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d, "
-                "\"sequence_parallel\": %s, \"schedule\": "
-                "\"%s\", \"virtual_stages\": %d, \"micro_batch\": %lld, \"recompute\": %s, "
-                "\"memory_bytes\": %.0f, \"compute_s\": %.6g, \"bubble_s\": %.6g, \"tp_s\": "
-                "%.6g, \"cp_s\": %.6g, \"dp_s\": %.6g, \"dp_exposed_s\": %.6g, \"pp_s\": %.6g, "
-                "\"ep_s\": "
-                "%.6g, \"step_s\": %.6g, \"tokens_per_s\": %.6g, \"tp_inter\": %s, "
-                "\"dp_inter\": %s, \"pp_inter\": %s, \"stage0\": {\"params_bytes\": %zu, "
-                "\"grads_bytes\": %zu, \"optim_bytes\": %zu, \"master_bytes\": %zu, "
-                "\"dp_bytes\": %.0f, \"tp_bytes\": %.0f}}\n",
-                c->tp, c->cp, c->pp, c->dp, c->ep, c->zero, c->sp ? "true" : "false",
-                ct_schedule_kind_name(c->schedule), c->v, (long long)c->micro_batch,
-                c->recompute ? "true" : "false", c->mem, c->compute, c->bubble, c->tp_s, c->cp_s,
-                c->dp_s, c->dp_exposed, c->pp_s, c->ep_s, c->step, tokens / c->step,
-                c->tp_inter ? "true" : "false", c->dp_inter ? "true" : "false",
-                c->pp_inter ? "true" : "false", c->first.mem[CT_MEM_PARAMS],
-                c->first.mem[CT_MEM_GRADS], c->first.mem[CT_MEM_OPTIM], c->first.mem[CT_MEM_MASTER],
-                c->first.dp_bytes, c->first.tp_bytes);
-            continue;
-        }
-        char mem[32], why[512], sched[24];
-        snprintf(sched, sizeof sched, "%s", c->pp > 1 ? ct_schedule_kind_name(c->schedule) : "-");
-        if (c->pp > 1 && c->v > 1) snprintf(sched, sizeof sched, "interleaved v%d", c->v);
-        reasons(c, hw, why, sizeof why);
-        fprintf(out,
-                "%3d | %3d %2s %3d %3d %3d %3d %4d %-14s %3lld %-9s | %-10s | %7.2f ms %6.2f ms "
-                "%6.2f ms (%6.2f) %6.2f ms | %7.2f ms %9.0f\n      %s\n",
-                i + 1, c->tp, c->sp ? "y" : "-", c->cp, c->pp, c->dp, c->ep, c->zero, sched,
-                (long long)c->micro_batch, c->recompute ? "full" : "none",
-                ct_format_bytes(mem, sizeof mem, c->mem), 1e3 * c->compute,
-                1e3 * (c->tp_s + c->cp_s), 1e3 * c->dp_s, 1e3 * c->dp_exposed,
-                1e3 * (c->pp_s + c->ep_s), 1e3 * c->step, tokens / c->step, why);
+    for (int i = 0; i < s.count && i < top; i++) {
+        if (json)
+            print_json(&s.list[i], s.nodes, tokens, out);
+        else
+            print_row(i, &s.list[i], hw, tokens, out);
     }
-    ct_status st = CT_OK;
-    if (count == 0) {
+    search_release(&s);
+    if (s.count == 0) {
         ct_error(CT_ERR_INPUT, "no layout of this config fits on %d devices of %s (%d valid)", n,
-                 hw->name, valid);
+                 hw->name, s.valid);
         ct_hint("more devices, a smaller train.global_batch or seq_len, bf16 "
                 "(train.precision), or a profile with more memory");
-        st = CT_ERR_INPUT;
+        return CT_ERR_INPUT;
     }
-    free(list);
-    return st;
+    return CT_OK;
 }

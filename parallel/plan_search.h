@@ -29,8 +29,10 @@ ct_status ct_hardware_measure_cpu(ct_hardware *hw);
 void ct_hardware_print_yaml(const ct_hardware *hw, FILE *out);
 
 /* Every valid (tp, cp, pp, dp, ep, ZeRO stage, schedule and virtual stages, micro-batch,
- * recompute) of `cfg` on n devices, those that fit, the best `top` printed with their estimated
- * costs and why (json: one object per layout). CT_ERR_INPUT when none fits. */
+ * recompute) of `cfg` on n devices — nodes of hw->devices_per_node, the last one what is left —
+ * those that fit, the best `top` printed with their estimated costs and why (json: one object
+ * per layout). CT_ERR_INPUT when none is valid (naming the factor of n that the model's sizes
+ * do not hold) or none fits. */
 ct_status ct_plan_search(const ct_config *cfg, int n, const ct_hardware *hw, int top, bool json,
                          FILE *out);
 

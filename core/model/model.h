@@ -132,6 +132,10 @@ typedef struct ct_model_layout {
      * unit until it holds at least this many bytes of this rank's parameters (their local
      * elements × 4); 0 = one unit per layer. ct_model_layout_single / _pipeline leave it 0. */
     int64_t unit_min_bytes;
+    /* Built only to be measured — parameters, units, activation bytes, FLOPs — and never run
+     * (`plan`, which builds thousands in a search): the model skips what only running needs,
+     * Llama's RoPE table (seq_len × head_dim sines, most of a build's time). */
+    bool measure_only;
     int n_chunks; /* chunks on this rank */
     struct {
         int index; /* global chunk index */

@@ -34,6 +34,7 @@ static const ct_arch_tensor llama_mlp[] = {
 
 /* RoPE's angles, once, in double on the host: every backend reads these bytes. */
 static ct_status llama_setup(ct_model *m, const ct_config *cfg) {
+    if (m->layout.measure_only) return CT_OK; /* never runs: rope() is never called */
     int64_t n = m->T_seq * m->hd;
     m->rope_table = ct_tensor_new_1d(m->be, CT_DTYPE_F32, n, CT_MEM_WORKSPACE);
     if (!m->rope_table) return CT_ERR_RUNTIME;
@@ -59,6 +60,7 @@ static void rope_run(ct_model *m, ct_tensor *x, int64_t B, int64_t n, int64_t po
 /* RoPE on the rotated heads of x (B sequences of this rank's m->T rows, packed qkv) at their
  * global positions (inverse: the backward). */
 static void rope(ct_model *m, ct_tensor *x, int64_t B, bool inverse) {
+    CT_ASSERTF(m->rope_table, "a measure-only model (layout.measure_only) does not run");
     ct_model_for_position_runs(m, x, B, m->T, 0, rope_run, &inverse);
 }
 

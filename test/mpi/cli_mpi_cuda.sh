@@ -277,10 +277,11 @@ fi
 # Under NCCL the host does not wait for communication, the compute stream does, so exposed
 # communication and bubble are measured on the stream's clock (core/README.md, Device time).
 # With eager emulated streams (CUEMU_EAGER=1: work runs as it arrives, as on a GPU) one rank is
-# made 2 s late in step 2 — it sleeps before a dp collective, or before a pipeline send — and
+# made 4 s late in step 2 — it sleeps before a dp collective, or before a pipeline send — and
 # rank 0's step-2 exposed comm (or bubble) must grow by at least half of that over step 1's. Half:
 # the late rank's delay reaches rank 0's stream whole, less the slack the ranks already had
-# between them (under 0.3 s seen here); a host-side measurement gives about 0.
+# between them (under 0.3 s on a quiet machine, 1.7 s seen on one running 16 processes on its 2
+# cores); a host-side measurement gives about 0.
 # The merged trace holds the device's spans of that group and the long wait (check_trace.py).
 device_wait() { # NAME METRIC FAULT GROUP WAIT -- extra --set arguments
     local name=$1 metric=$2 fault=$3 group=$4 wait=$5
@@ -298,19 +299,19 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 v = [r[sys.argv[2]] for r in rows]
 print(" ".join("%.3f" % x for x in v))
-sys.exit(0 if len(v) == 2 and v[1] - v[0] >= 1.0 else 1)
+sys.exit(0 if len(v) == 2 and v[1] - v[0] >= 2.0 else 1)
 PY
     ); then
-        ok "$name: rank 0's $metric grows by the late rank's 2 s on the device (steps: $out s)"
+        ok "$name: rank 0's $metric grows by the late rank's 4 s on the device (steps: $out s)"
     else
-        fail "$name: rank 0's $metric by step: $out s, expected step 2 at least 1 s above step 1"
+        fail "$name: rank 0's $metric by step: $out s, expected step 2 at least 2 s above step 1"
     fi
-    if out=$(python3 test/tools/check_trace.py --device-wait "$d/trace.json" 0 "$group" "$wait" 1.0); then
+    if out=$(python3 test/tools/check_trace.py --device-wait "$d/trace.json" 0 "$group" "$wait" 2.0); then
         ok "$name: the trace has the device's $group spans and the wait ($out)"
     else
         fail "$name: the trace's device side: $out"
     fi
 }
-device_wait "dp2 ZeRO-1" exposed_comm_s 1:dp:45:sleep:2 dp "exposed comm" -- \
+device_wait "dp2 ZeRO-1" exposed_comm_s 1:dp:45:sleep:4 dp "exposed comm" -- \
     --set parallel.zero_stage=1 --set model.n_layer=16 # collective 45: in step 2 at 16 layers
-device_wait "pp2 1F1B" bubble_s 1:pp:6:sleep-send:2 pp "pipeline wait" -- --set parallel.pp=2
+device_wait "pp2 1F1B" bubble_s 1:pp:6:sleep-send:4 pp "pipeline wait" -- --set parallel.pp=2

@@ -183,6 +183,15 @@ void ct_report_start(const trainer *t) {
            cfg->derived.precision_why, sb.params, sb.grads, sb.master, sb.optim,
            sb.params + sb.grads + sb.master + sb.optim, sb.reduce == 2 ? "bf16" : "fp32");
     print_memory(t->be);
+    const size_t moe = ct_acts_moe_first_step_bytes(t->model, cfg->train.micro_batch);
+    if (moe) { /* the MoE layers' buffers hold routed rows, so they are sized by the first step */
+        char more[32], total[32];
+        ct_format_bytes(more, sizeof more, (double)moe);
+        ct_format_bytes(total, sizeof total, (double)(ct_backend_mem_total(t->be) + moe));
+        printf("memory in the steps (rank 0): %s = the above + acts %s that the MoE layers' routed "
+               "rows take at the first step (uniform routing%s)\n",
+               total, more, p->ep > 1 ? "; a rank that receives more rows takes more" : "");
+    }
     size_t expected[CT_MEM_COUNT];
     ct_dp_expected_memory(t->dp, expected);
     char a[32], b[32], c[32], d[32], unit[96];

@@ -392,6 +392,10 @@ void ct_acts_free(ct_acts *acts);
 ct_status ct_grad_scratch_new(ct_grad_scratch **out, ct_model *model, int64_t B);
 void ct_grad_scratch_free(ct_grad_scratch *scratch);
 size_t ct_acts_bytes(const ct_model *model, int64_t B);
+/* What the MoE layers' routed rows will add to the activations at the first step, over every
+ * activation context alive (uniform routing: exact without expert parallelism; under ep a rank
+ * that receives more rows grows further). 0 without MoE. ct_acts_bytes includes it already. */
+size_t ct_acts_moe_first_step_bytes(const ct_model *model, int64_t B);
 
 /* Copies microbatch mb's token ids (host, B·T each) into the context; mb < 0 keeps no loss
  * (the sampler). targets may be NULL. */

@@ -109,6 +109,10 @@ size_t ct_acts_bytes(const ct_model *m, int64_t B) {
     return cv.used + 2 * (size_t)(B * m->T) * sizeof(int32_t) + ct_model_moe_acts_bytes(m, B);
 }
 
+size_t ct_acts_moe_first_step_bytes(const ct_model *m, int64_t B) {
+    return m->n_moe_layers ? (size_t)m->live_acts * ct_model_moe_acts_bytes(m, B) : 0;
+}
+
 ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     ct_acts *a = ct_xcalloc(1, sizeof *a);
     a->B = B;

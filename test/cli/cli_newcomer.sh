@@ -6,7 +6,7 @@
 # command gives a tokenizer, so `sample` reads its checkpoints. A run's history is never lost:
 # stopped, resumed twice with a failed start between, every step is in metrics.jsonl once, in
 # order, each segment marked. SIGUSR2 (the flight recorder's signal) kills no cooktrain process,
-# and a mistyped command gets a "did you mean".
+# and a mistyped command gets a "did you mean". MoE's memory at start-up is the steps' and plan's.
 . "$(dirname "$0")/../tools/lib_cli.sh"
 # long: the BPE ready configs beyond moe-tiny (tiny, llama-tiny)
 tmp=$(mktemp -d)
@@ -15,6 +15,7 @@ ensure_test_data
 bytes=$TEST_DATA
 
 # ---- a run's history: appended, never truncated --------------------------------------------------
+if selected history; then
 d=$tmp/history
 hist=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$bytes/train.bin"
       --set train.steps=8 --set log.interval=1 --set checkpoint.dir="$d/ck" --set log.run_dir="$d")
@@ -42,6 +43,7 @@ else
     fail "history: each segment's config kept: $(ls "$d" | tr '\n' ' ')"
 fi
 expect_exit 0 "history: report reads the whole run" -- "$BIN" report "$d" -o "$tmp/history.html"
+fi
 
 # ---- signals and names ------------------------------------------------------------------------------
 # usr2_survives WHAT -- command...: SIGUSR2 a second in; the command still ends with status 0.
@@ -61,15 +63,18 @@ usr2_survives() {
         tail -3 "$tmp/usr2.txt" | sed 's/^/    /'
     fi
 }
+if selected usr2; then
 usr2_survives "a one-process train" -- "$BIN" train --config configs/test-tiny.yaml \
     --set train.threads=1 --set data.train="$bytes/train.bin" --set train.steps=40
-usr2_survives "plan --search" -- "$BIN" plan --config configs/gpt2-124m.yaml --search 64
+usr2_survives "plan --search" -- "$BIN" plan --config configs/llama3-8b.yaml --search 65536
 expect_exit 2 "a mistyped command" -- "$BIN" trian --config configs/test-tiny.yaml
 expect_text "did you mean 'train'?" "a mistyped command: did you mean"
 expect_exit 2 "train without --config" -- "$BIN" train
 expect_text "is --config missing?" "train without --config: says what is missing"
+fi
 
 # ---- the byte-level corpus: one prepare command, a tokenizer, sample and eval --------------------
+if selected bytes; then
 b=$tmp/bytes
 if expect_exit 0 "prepare --byte-level --vocab-size 123 --replace-unknown (the README's command)" -- \
     "$BIN" prepare --input /usr/share/games/fortunes --byte-level --vocab-size 123 --replace-unknown --out "$b"; then
@@ -88,8 +93,10 @@ expect_text "reading tokens as bytes" "byte-level: sample says how it decodes"
 expect_exit 2 "byte-level: a prompt byte outside the vocabulary" -- "$BIN" sample "$tmp/ck" --prompt "{"
 expect_text "outside the model's vocabulary of 123" "byte-level: the refusal names the vocabulary"
 expect_exit 0 "byte-level: eval reads it" -- "$BIN" eval "$tmp/ck" --data "$bytes/val.bin" --samples 8
+fi
 
 # ---- the ready configs, as a newcomer runs them ---------------------------------------------------
+selected ready || exit 0
 bpe=$BUILD/test-data/fortunes # what `make data` puts in data/fortunes
 if [ ! -s "$bpe/val.bin" ]; then
     "$BIN" prepare --input /usr/share/games/fortunes --vocab-size 4096 --out "$bpe.tmp" >/dev/null &&
@@ -103,6 +110,7 @@ ready() {
                --set data.train="$data/train.bin" --set data.val="$data/val.bin")
     [ -s "$data/tokenizer.bin" ] && set+=(--set data.tokenizer="$data/tokenizer.bin")
     expect_exit 0 "$name: train --set train.steps=2" -- "$BIN" train --config "configs/$name.yaml" "${set[@]}" || return
+    TRAIN_OUT=$OUT_TEXT
     if [ "$(awk '$1 == "warmup_steps:" { print $2 }' "configs/$name.yaml")" -gt 2 ]; then
         expect_text "the learning rate warms up over all 2 steps" "$name: the warmup bounded by the run, with a note"
     fi
@@ -113,6 +121,26 @@ ready() {
 }
 ready test-tiny "$bytes"
 ready moe-tiny "$bpe"
+# MoE's memory, said three ways: at start-up (what the routed rows will add), in the steps, and
+# by plan (formatted to 0.1 MiB: equal within 0.1)
+train_out=$TRAIN_OUT
+expect_exit 0 "moe-tiny: plan" -- "$BIN" plan --config configs/moe-tiny.yaml
+if out=$(python3 - "$train_out" "$OUT_TEXT" <<'PY'
+import re, sys
+train, plan = sys.argv[1], sys.argv[2]
+start = re.search(r"^memory in the steps \(rank 0\): ([0-9.]+) MiB", train, re.M)
+steps = re.findall(r"\| mem ([0-9.]+) MiB", train)
+acts0 = re.search(r"^memory \(rank 0\):.* acts ([0-9.]+) MiB", train, re.M)
+more = re.search(r"the above \+ acts ([0-9.]+) MiB", train)
+row = re.search(r"^ +0 \|(.*)$", plan, re.M)
+if not (start and steps and acts0 and more and row):
+    sys.exit("a memory line is missing")
+plan_acts = float(row.group(1).split("|")[5].split("MiB")[0])
+mine = float(acts0.group(1)) + float(more.group(1))
+print(f"start-up {start.group(1)} MiB, steps {set(steps)} MiB; acts {mine:.1f} MiB, plan {plan_acts} MiB")
+sys.exit(not (set(steps) == {start.group(1)} and abs(mine - plan_acts) <= 0.11))
+PY
+); then ok "moe-tiny: memory at start-up, in the steps and by plan agree: $out"; else fail "moe-tiny: memory: $out"; fi
 if long_part "the ready configs tiny and llama-tiny"; then
     ready tiny "$bpe"
     ready llama-tiny "$bpe"

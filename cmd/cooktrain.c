@@ -202,8 +202,10 @@ static const char report_help[] =
     "one self-contained HTML page (inline SVG; no script, nothing fetched) of the runs' metrics:\n"
     "loss and validation loss, learning rate, gradient norm, tokens/s, MFU, exposed communication\n"
     "and bubble, memory (per category at start-up, and over the steps), tokens per expert with\n"
-    "MoE; several runs are overlaid. RUN_DIR is a log.run_dir (its metrics.jsonl) or a metrics\n"
-    "file. Written to FILE, else RUN_DIR/report.html (the first run's), else ./report.html.\n";
+    "MoE; several runs are overlaid, labelled by their folders. RUN_DIR is a log.run_dir (its\n"
+    "metrics.jsonl) or a metrics file; a run resumed into its metrics file is stitched: each step\n"
+    "once (the later segment's), each resume marked. Written to FILE, else RUN_DIR/report.html\n"
+    "(the first run's), else ./report.html.\n";
 
 static const char sample_help[] =
     "usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]"

@@ -2,8 +2,14 @@
 """check_report.py — reads a `cooktrain report` page back and checks it against the metrics it
 was drawn from (test/cli/cli_report.sh).
 
-  python3 test/tools/check_report.py REPORT.html METRICS.jsonl... [--moe]
+  python3 test/tools/check_report.py REPORT.html METRICS.jsonl... [--moe] [--names A,B...]
+                                     [--steps R:FIRST-LAST]... [--resumes R:S1,S2...]...
   python3 test/tools/check_report.py --png SHOT.png COLOR...
+
+The metrics are stitched as the report must (html_report.c): every setup line starts a segment at
+its start_step (without one, the step after the last seen, 1 at first), and drops the earlier
+segments' lines of steps from there on; a segment resumed from a checkpoint (resumed_from, or a
+start past 1) or started over (a later one at 1) is a resume.
 
 The page: self-contained (no script, no link, no src or href, no url(), nothing but the SVG
 namespace naming http); one chart per metric (loss, lr, grad_norm, tokens_per_s, mfu, comm,
@@ -11,14 +17,31 @@ mem_bytes, memory, and with --moe only, moe_load and moe_experts.R per run R: a 
 expert, "moe_tokens_per_expert.E", drawn from element E of the lines' moe_tokens_per_expert, and
 every line's array agreeing with its moe_load_min, _max and _mean: the same extremes, a sum of
 n_experts times the mean, to the mean's 6 printed digits); in every chart, each run's series holds
-one point per metrics line that has the key, in order, x an exact linear map of the step and y an
-exact linear map of the value with y growing downward (least-squares fit within the 0.01 px the
-page rounds to, slope of the right sign), inside the plot; the memory bars carry the setup line's
-bytes per category. The screenshot (--png): a PNG decoded here (zlib, the five filters) that is
-not blank: at least 3% of its pixels not the background and every COLOR (#rrggbb: the runs'
-colours) present.
+one point per stitched metrics line that has the key, in order, x an exact linear map of the step
+and y an exact linear map of the value with y growing downward (least-squares fit within the 0.01
+px the page rounds to, slope of the right sign), inside the plot; the memory bars carry the last
+setup line's bytes per category.
+
+Readable at a glance: no "nan" or "inf" anywhere in the page; no text says "bytes": byte counts
+are in MiB, or GiB from 1 GiB up — the unit on the memory charts' titles and axis, the backend
+memory axis's ticks times the unit bracketing the data (at most twice its largest value), each
+run's memory total equal to its categories' sum in that unit; every <text> inside its chart, at
+0.6 em a character (0.62 bold; rotated ones vertically), every used memory category and (--moe)
+every expert up to 32 a complete legend label; a total does not overlap a bar; the tick labels of
+an axis in one format (fixed with N decimals, or scientific with N), the step axis's whole numbers
+each at the step it names; each run's label the table's first cell and the memory chart's
+(--names: these, in order); each run's table cell "N segment(s)[: resumed at S, ..., started
+over at S]" from the stitching, and in every step chart holding its points, a <line
+class="resume"> and the text "resumed at step S" (or "started over at step S") for each resume.
+--steps R:FIRST-LAST: run R's loss curve, mapped back through the chart's plot area and
+data-x0/x1, is exactly the steps FIRST..LAST, each once, in order; --resumes R:S1,S2: run R's
+resumes are exactly these steps.
+
+The screenshot (--png): a PNG decoded here (zlib, the five filters) that is not blank: at least 3%
+of its pixels not the background and every COLOR (#rrggbb: the runs' colours) present.
 """
 import json
+import re
 import struct
 import sys
 import zlib
@@ -35,9 +58,11 @@ MEM = {"params": "mem_params", "grads": "mem_grads", "optimizer": "mem_optim",
 class Page(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.charts = {}  # name -> {"attrs", "lines": [...], "rects": [...]}
+        self.charts = {}  # name -> {"attrs", "lines", "rects", "texts", "resumes"}
         self.current = None
         self.problems = []
+        self.text = None  # the <text> being read: [attrs, content]
+        self.rows, self.cell = [], None  # the table: a list of cells per row
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -49,18 +74,39 @@ class Page(HTMLParser):
             if v and "http" in v and not (k == "xmlns" and v == "http://www.w3.org/2000/svg"):
                 self.problems.append(f"<{tag} {k}={v!r}> names a network address")
         if tag == "svg" and "data-chart" in a:
-            self.current = {"attrs": a, "lines": [], "rects": []}
+            self.current = {"attrs": a, "lines": [], "rects": [], "texts": [], "resumes": [],
+                            "bars": []}
             self.charts[a["data-chart"]] = self.current
         elif tag == "polyline" and self.current is not None:
             self.current["lines"].append(a)
         elif tag == "rect" and self.current is not None and "data-category" in a:
             self.current["rects"].append(a)
+        elif tag == "rect" and self.current is not None and a.get("fill") == "none":
+            self.current["frame"] = a  # the plot area
+        elif tag == "line" and self.current is not None and a.get("class") == "resume":
+            self.current["resumes"].append(a)
+        elif tag == "text" and self.current is not None:
+            self.text = [a, ""]
+        elif tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th") and self.rows:
+            self.cell = ""
 
     def handle_endtag(self, tag):
         if tag == "svg":
             self.current = None
+        elif tag == "text" and self.text is not None:
+            self.current["texts"].append(tuple(self.text))
+            self.text = None
+        elif tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell)
+            self.cell = None
 
     def handle_data(self, data):
+        if self.text is not None:
+            self.text[1] += data
+        if self.cell is not None:
+            self.cell += data
         if "url(" in data or "@import" in data:
             self.problems.append(f"style or text refers outside the page: {data.strip()[:60]!r}")
 
@@ -75,14 +121,30 @@ def fit(xs, ys):
     return a, b, max(abs(a + b * x - y) for x, y in zip(xs, ys))
 
 
+def stitch(lines):
+    """The lines as the report draws them, and the resumes [(kind, step)]: a setup line starts a
+    segment at start_step (else after the last step seen) and drops the earlier lines of steps
+    from there on."""
+    kept, resumes, segments = [], [], 0
+    for l in lines:
+        if l.get("setup"):
+            last = max((k["step"] for k in kept if "step" in k and "val_loss" not in k), default=0)
+            start = l.get("start_step", last + 1)
+            if l.get("resumed_from") or start > 1:
+                resumes.append(("resumed", start))
+            elif segments:
+                resumes.append(("started over", start))
+            segments += 1
+            kept = [k for k in kept if "step" not in k or k["step"] < start]
+        kept.append(l)
+    return kept, resumes, max(segments, 1)
+
+
 def check_page(path, metrics, moe):
     page = Page()
     page.feed(open(path, encoding="utf-8").read())
     errors = list(page.problems)
-    runs = []
-    for m in metrics:
-        lines = [json.loads(l) for l in open(m) if l.strip()]
-        runs.append(lines)
+    runs = [stitch([json.loads(l) for l in open(m) if l.strip()])[0] for m in metrics]
     want = ["loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm", "mem_bytes", "memory"]
     keys_of = dict(KEYS)
     if moe:
@@ -150,7 +212,7 @@ def check_page(path, metrics, moe):
     memory = page.charts.get("memory")
     if memory is not None:
         for r, lines in enumerate(runs):
-            setup = next((l for l in lines if l.get("setup")), {})
+            setup = ([l for l in lines if l.get("setup")] or [{}])[-1]
             for rect in (x for x in memory["rects"] if x["data-run"] == str(r)):
                 want_bytes = setup.get(MEM[rect["data-category"]])
                 if want_bytes is None or abs(float(rect["data-bytes"]) - want_bytes) > 0.5:
@@ -159,7 +221,152 @@ def check_page(path, metrics, moe):
             nonzero = {c for c, k in MEM.items() if setup.get(k, 0) > 0}
             if drawn != nonzero:
                 errors.append(f"memory: run {r} draws {sorted(drawn)}, the setup line has {sorted(nonzero)}")
-    return errors, points
+    return errors, points, page
+
+MIB, GIB = 1024.0 ** 2, 1024.0 ** 3
+STEP_CHARTS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm", "mem_bytes", "moe_load")
+
+
+def text_box(attrs, text):
+    """(left, right) of a horizontal text, or (top, bottom) of a rotated one, at 0.6 em a
+    character (0.62 bold)."""
+    size = float(attrs.get("font-size", 16))
+    width = len(text) * size * (0.62 if attrs.get("font-weight") == "bold" else 0.6)
+    x, y = float(attrs.get("x", 0)), float(attrs.get("y", 0))
+    anchor = attrs.get("text-anchor", "start")
+    if "rotate" in attrs.get("transform", ""):
+        return y - width / 2, y + width / 2
+    left = x - width if anchor == "end" else x - width / 2 if anchor == "middle" else x
+    return left, left + width
+
+
+def tick_format(label):
+    """('e', N) for scientific with N mantissa decimals, ('f', N) for fixed with N decimals."""
+    m = re.fullmatch(r"-?\d+(?:\.(\d+))?(e[+-]\d+)?", label)
+    if not m:
+        return ("?", label)
+    return ("e" if m.group(2) else "f", len(m.group(1) or ""))
+
+
+def step_at(chart, x):
+    """The step at x px in a step chart (its plot area and data-x0, data-x1)."""
+    x0, x1 = float(chart["attrs"]["data-x0"]), float(chart["attrs"]["data-x1"])
+    left, width = float(chart["frame"]["x"]), float(chart["frame"]["width"])
+    return x0 + (x - left) / width * (x1 - x0)
+
+
+def check_readable(page, source, metrics, names, want_steps, want_resumes):
+    errors = []
+    for word in ("nan", "inf"):
+        for m in re.finditer(r"\b%s\b" % word, source, re.IGNORECASE):
+            errors.append(f"the page says {source[max(0, m.start() - 40):m.end() + 10]!r}")
+            break
+    runs = [stitch([json.loads(l) for l in open(m) if l.strip()]) for m in metrics]
+    rows = page.rows[1:]  # under the header
+    for name, chart in page.charts.items():
+        w, h = float(chart["attrs"]["width"]), float(chart["attrs"]["height"])
+        for attrs, text in chart["texts"]:
+            if re.search(r"\bbytes\b", text):
+                errors.append(f"{name}: {text!r} is in bytes, not MiB or GiB")
+            lo, hi = text_box(attrs, text)
+            if lo < 0 or hi > (h if "rotate" in attrs.get("transform", "") else w):
+                errors.append(f"{name}: {text!r} does not fit in the chart ({lo:.0f} to {hi:.0f} px of {w:.0f})")
+        for axis in ("xtick", "ytick"):
+            labels = [t for a, t in chart["texts"] if a.get("class") == axis]
+            formats = sorted(set(tick_format(t) for t in labels))
+            if len(formats) > 1:
+                errors.append(f"{name}: {axis} labels in {len(formats)} formats: {' '.join(labels)}")
+            if axis == "xtick" and any(f != ("f", 0) for f in formats):
+                errors.append(f"{name}: steps not whole: {' '.join(labels)}")
+        # each step tick at the step it names
+        for a, t in chart["texts"]:
+            if a.get("class") == "xtick" and tick_format(t) == ("f", 0):
+                at = step_at(chart, float(a["x"]))
+                if abs(at - float(t)) > 0.01:
+                    errors.append(f"{name}: the tick {t!r} stands at step {at:.3g}")
+    # byte counts: MiB below 1 GiB, GiB from there; the axis is in that unit
+    mem = page.charts.get("mem_bytes")
+    values = [l["mem_bytes"] for lines, _, _ in runs for l in lines if "mem_bytes" in l]
+    if mem is not None and values:
+        unit = "GiB" if max(values) >= GIB else "MiB"
+        scale = GIB if unit == "GiB" else MIB
+        units = [t for a, t in mem["texts"] if a.get("class") == "yunit"]
+        title = next((t for a, t in mem["texts"] if a.get("class") == "title"), "")
+        if units != [unit] or not title.endswith(f"({unit})"):
+            errors.append(f"mem_bytes: axis {units}, title {title!r}, expected {unit} for up to {max(values):.0f} bytes")
+        ticks = [float(t) for a, t in mem["texts"] if a.get("class") == "ytick"]
+        if not ticks or min(ticks) * scale > min(values) or not max(values) <= max(ticks) * scale <= 2 * max(values):
+            errors.append(f"mem_bytes: ticks {ticks} {unit} do not span {min(values):.0f} to {max(values):.0f} bytes")
+    memory = page.charts.get("memory")
+    if memory is not None:
+        setups = [([l for l in lines if l.get("setup")] or [{}])[-1] for lines, _, _ in runs]
+        sums = [sum(s.get(k, 0) for k in MEM.values()) for s in setups]
+        unit = "GiB" if max(sums) >= GIB else "MiB"
+        scale = GIB if unit == "GiB" else MIB
+        title = next((t for a, t in memory["texts"] if a.get("class") == "title"), "")
+        if not title.endswith(f"({unit})"):
+            errors.append(f"memory: title {title!r}, expected {unit} for up to {max(sums):.0f} bytes")
+        totals = [(a, t) for a, t in memory["texts"] if a.get("class") == "total"]
+        shown = [t for _, t in totals]
+        want = [f"{s / scale:.{2 if unit == 'GiB' else 1}f} {unit}" for s in sums]
+        if shown != want:
+            errors.append(f"memory: totals {shown}, expected {want}")
+        legend = [t for a, t in memory["texts"] if a.get("class") == "legend"]
+        used = [c for c, k in MEM.items() if any(s.get(k, 0) > 0 for s in setups)]
+        if sorted(legend) != sorted(used):
+            errors.append(f"memory: legend {legend}, expected {used}")
+        for a, t in totals:
+            lo, hi = text_box(a, t)
+            y = float(a["y"])
+            for rect in memory["rects"]:
+                rx, ry = float(rect["x"]), float(rect["y"])
+                rw, rh = float(rect["width"]), float(rect["height"])
+                if lo < rx + rw and rx < hi and y - 11 < ry + rh and ry < y:
+                    errors.append(f"memory: the total {t!r} is drawn over a bar")
+                    break
+    for name, chart in page.charts.items():
+        if name.startswith("moe_experts."):
+            r = int(name.split(".")[1])
+            n = len(chart["lines"])
+            legend = [t for a, t in chart["texts"] if a.get("class") == "legend"]
+            want = [f"expert {e}" for e in range(min(n, 32))] + ([f"+{n - 32} more"] if n > 32 else [])
+            if legend != want:
+                errors.append(f"{name}: legend {legend}, expected {want}")
+    # run labels
+    labels = [r[0] for r in rows]
+    if memory is not None:
+        bar_labels = [t for a, t in memory["texts"] if a.get("text-anchor") == "end" and a.get("fill")]
+        if bar_labels != labels:
+            errors.append(f"memory: runs labelled {bar_labels}, the table {labels}")
+    if names is not None and labels != names:
+        errors.append(f"runs labelled {labels}, expected {names}")
+    # segments and resumes
+    for r, (lines, resumes, segments) in enumerate(runs):
+        said, parts = None, []
+        for kind, step in resumes:
+            parts.append(f"{kind + ' at ' if kind != said else ''}{step}")
+            said = kind
+        want = f"{segments} segment{'' if segments == 1 else 's'}" + (": " + ", ".join(parts) if parts else "")
+        if r < len(rows) and want not in rows[r]:
+            errors.append(f"run {r}: the table says {rows[r][2] if len(rows[r]) > 2 else rows[r]!r}, expected {want!r}")
+        if r in want_resumes and [s for _, s in resumes] != want_resumes[r]:
+            errors.append(f"run {r}: resumes {resumes}, the test expects {want_resumes[r]}")
+        for name, chart in page.charts.items():
+            if not any(p["data-run"] == str(r) for p in chart["lines"]) or name == "memory":
+                continue
+            drawn = sorted(int(a["data-step"]) for a in chart["resumes"] if a["data-run"] == str(r))
+            texts = sorted(t for a, t in chart["texts"] if a.get("class") == "resume")
+            want_texts = sorted(set(f"{k} at step {s}" for k, s in resumes))
+            if drawn != sorted(set(s for _, s in resumes)) or not set(want_texts) <= set(texts):
+                errors.append(f"{name}: run {r} resumes drawn at {drawn} labelled {texts}, expected {want_texts}")
+    for r, (first, last) in want_steps.items():
+        chart = page.charts["loss"]
+        line = [p for p in chart["lines"] if p["data-run"] == str(r) and p["data-series"] == "loss"]
+        xs = [float(p.split(",")[0]) for p in line[0]["points"].split()] if line else []
+        steps = [round(step_at(chart, x), 1) for x in xs]
+        if steps != [float(s) for s in range(first, last + 1)]:
+            errors.append(f"run {r}: the loss curve's steps are {steps}, expected {first}..{last} once each")
+    return errors
 
 
 def png_pixels(path):
@@ -223,9 +430,27 @@ def main():
         what = f"{share:.1%} of pixels drawn, colours {' '.join(args[2:])} present"
     else:
         moe = "--moe" in args
-        args = [a for a in args if a != "--moe"]
-        errors, points = check_page(args[0], args[1:], moe)
-        what = f"{points} points, each on its exact place"
+        names, steps, resumes, files = None, {}, {}, []
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a == "--moe":
+                pass
+            elif a == "--names":
+                names, i = args[i + 1].split(","), i + 1
+            elif a == "--steps":
+                r, span = args[i + 1].split(":")
+                steps[int(r)], i = tuple(int(x) for x in span.split("-")), i + 1
+            elif a == "--resumes":
+                r, at = args[i + 1].split(":")
+                resumes[int(r)], i = [int(x) for x in at.split(",") if x], i + 1
+            else:
+                files.append(a)
+            i += 1
+        errors, points, page = check_page(files[0], files[1:], moe)
+        errors += check_readable(page, open(files[0], encoding="utf-8").read(), files[1:], names,
+                                 steps, resumes)
+        what = f"{points} points, each on its exact place; readable"
     if errors:
         print("; ".join(errors[:5]))
         sys.exit(1)

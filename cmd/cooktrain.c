@@ -802,27 +802,13 @@ static void on_usr2_unrecorded(int sig) {
     (void)n;
 }
 
-/* The command a mistyped name most likely meant: the nearest by edit distance, if within 2. */
+/* The command a mistyped name most likely meant: the nearest, if within 2 edits. */
 static const char *nearest_command(const char *name) {
     const char *best = NULL;
     int best_d = 3;
     for (int i = 0; i < N_COMMANDS; i++) {
-        const char *c = commands[i].name;
-        size_t n = strlen(name), m = strlen(c);
-        if (n > 64 || m > 64) continue;
-        int row[65]; /* Levenshtein, one row at a time */
-        for (size_t j = 0; j <= m; j++) row[j] = (int)j;
-        for (size_t k = 1; k <= n; k++) {
-            int diag = row[0];
-            row[0] = (int)k;
-            for (size_t j = 1; j <= m; j++) {
-                int up = row[j];
-                row[j] = CT_MIN(CT_MIN(row[j] + 1, row[j - 1] + 1),
-                                diag + (name[k - 1] != c[j - 1]));
-                diag = up;
-            }
-        }
-        if (row[m] < best_d) best_d = row[m], best = c;
+        int d = ct_edit_distance(name, commands[i].name);
+        if (d < best_d) best_d = d, best = commands[i].name;
     }
     return best;
 }

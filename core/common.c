@@ -1,4 +1,5 @@
 /* common.c — error channel, assertions, small helpers. See common.h. */
+#include <ctype.h>
 #include "common.h"
 
 #include <stdarg.h>
@@ -261,4 +262,35 @@ ct_status ct_read_regular(const char *path, const char *what, int64_t max_bytes,
     *out = buf;
     *len = (size_t)size;
     return CT_OK;
+}
+
+/* Levenshtein distance; names longer than 63 bytes count as far from everything. */
+int ct_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 1000;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
+            int best = diag + cost;
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+int64_t ct_gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
 }

@@ -162,6 +162,12 @@ double ct_median(double *v, int n);
 /* "12.3 MiB" below 1 GiB, "1.23 GiB" from there on, into buf (n bytes); returns buf. */
 const char *ct_format_bytes(char *buf, size_t n, double bytes);
 
+/* Levenshtein distance, case-insensitive (the suggestions of "did you mean"); strings longer
+ * than 63 bytes count as far (1000) from everything. */
+int ct_edit_distance(const char *a, const char *b);
+/* The greatest common divisor of a and b (>= 0). */
+int64_t ct_gcd64(int64_t a, int64_t b);
+
 /* Little-endian encoding: every file format of the project is little-endian whatever the host
  * (and says so with a byte-order mark); compilers turn these into single loads and stores. */
 static inline void ct_put_le32(uint8_t *p, uint32_t v) {

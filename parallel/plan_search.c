@@ -533,19 +533,10 @@ typedef struct split_sizes {
     int64_t tp, cp, pp, dp;
 } split_sizes;
 
-static int64_t gcd64(int64_t a, int64_t b) {
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 static split_sizes split_sizes_of(const ct_config *one) {
     const ct_derived_config *d = &one->derived;
     return (split_sizes){
-        .tp = gcd64(gcd64(one->model.n_head, d->n_kv_head), gcd64(d->d_ff, d->vocab_padded)),
+        .tp = ct_gcd64(ct_gcd64(one->model.n_head, d->n_kv_head), ct_gcd64(d->d_ff, d->vocab_padded)),
         .cp = one->model.seq_len / 2,
         .pp = one->model.n_layer,
         .dp = one->train.global_batch,

@@ -345,28 +345,6 @@ __attribute__((format(printf, 3, 4))) void append(char *buf, size_t cap, const c
     va_end(ap);
 }
 
-/* Levenshtein distance; names longer than 63 bytes count as far from everything. */
-static int edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 1000;
-    int row[64];
-    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
-            int best = diag + cost;
-            if (up + 1 < best) best = up + 1;
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 /* A suggestion must be close (<= 3 edits) and not a complete rewrite of a short name, or `xy`
  * would "suggest" tp. */
 static bool close_enough(int dist, const char *typed) {
@@ -394,7 +372,7 @@ static const config_key *suggest_key(const char *section, const char *name) {
     const config_key *best = NULL;
     int best_score = 1000;
     for (int i = 0; i < N_KEYS; i++) {
-        int d = edit_distance(name, config_keys[i].name);
+        int d = ct_edit_distance(name, config_keys[i].name);
         if (!close_enough(d, name)) continue;
         int score = d + (strcmp(config_keys[i].section, section) != 0);
         if (score < best_score) {
@@ -410,8 +388,8 @@ const config_key *suggest_full_key(const char *section, const char *name) {
     const config_key *best = NULL;
     int best_score = 1000;
     for (int i = 0; i < N_KEYS; i++) {
-        int score = edit_distance(section, config_keys[i].section) +
-                    edit_distance(name, config_keys[i].name);
+        int score = ct_edit_distance(section, config_keys[i].section) +
+                    ct_edit_distance(name, config_keys[i].name);
         if (score < best_score) {
             best_score = score;
             best = &config_keys[i];
@@ -449,7 +427,7 @@ ct_status unknown_section_error(const char *where, const char *name) {
              shown(name, strlen(name), show, sizeof show));
     int best = -1, best_d = 1000;
     for (int s = 0; s < N_SECTIONS; s++) {
-        int d = edit_distance(name, config_sections[s]);
+        int d = ct_edit_distance(name, config_sections[s]);
         if (close_enough(d, name) && d < best_d) {
             best_d = d;
             best = s;
@@ -667,7 +645,7 @@ static ct_status key_convert(const config_key *k, const char *text, size_t len, 
                 v->e = c;
                 return CT_OK;
             }
-            int d = edit_distance(text, k->choices[c]);
+            int d = ct_edit_distance(text, k->choices[c]);
             if (close_enough(d, text) && d < best_d) {
                 best_d = d;
                 best = c;

@@ -49,15 +49,6 @@ static void list_divisors(int64_t n, bool (*keep)(int64_t d, const void *arg), c
     if (!shown_count) snprintf(buf, cap, "none");
 }
 
-static int64_t gcd64(int64_t a, int64_t b) {
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* ---- validation ------------------------------------------------------------------------------ */
 
 typedef struct tp_limits {
@@ -72,8 +63,8 @@ static bool tp_fits(int64_t tp, const void *arg) {
 
 static ct_status tp_error(const tp_limits *l) {
     char list[256];
-    int64_t g = gcd64(gcd64(l->n_head, l->n_kv_head), gcd64(l->d_ff, l->vocab_padded));
-    if (l->seq_len) g = gcd64(g, l->seq_len);
+    int64_t g = ct_gcd64(ct_gcd64(l->n_head, l->n_kv_head), ct_gcd64(l->d_ff, l->vocab_padded));
+    if (l->seq_len) g = ct_gcd64(g, l->seq_len);
     list_divisors(g, tp_fits, l, list, sizeof list);
     return with_hint(CT_ERR_INPUT,
                      "tp must divide n_head, n_kv_head, d_ff and the padded vocabulary%s; valid "
@@ -498,7 +489,7 @@ static ct_status check_moe(const ct_config *cfg, ct_derived_config *d) {
                          (long long)d->moe_d_ff, list);
     }
     if (d->dp % p->ep || m->moe_experts % p->ep) {
-        list_divisors(gcd64(d->dp, m->moe_experts), NULL, NULL, list, sizeof list);
+        list_divisors(ct_gcd64(d->dp, m->moe_experts), NULL, NULL, list, sizeof list);
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "parallel.ep=%lld must divide both dp=%lld and "
                                   "model.moe_experts=%lld",

@@ -60,6 +60,7 @@ if selected "counters" && expect_exit 0 "search on 4 devices of this machine" --
         name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc sp $sp v $v"
         sched=1f1b
         [ "$v" = 1 ] || sched=interleaved
+        rm -f "$tmp/run.jsonl" # a metrics file is appended to
         expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.tp="$tp" \
             --set parallel.pp="$pp" --set parallel.zero_stage="$zero" --set train.micro_batch="$mb" \
             --set train.recompute="$rc" --set parallel.sequence_parallel="$sp" \

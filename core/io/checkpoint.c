@@ -295,7 +295,6 @@ void ct_ckpt_discard(const char *root, int64_t step) {
     char tmp[CT_PATH_MAX + 32];
     ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
     if (remove_dir(tmp) != CT_OK) ct_error_clear();
-    rmdir(root); /* only when empty: a root that held nothing before */
 }
 
 ct_status ct_ckpt_publish(const char *root, int64_t step) {

@@ -243,7 +243,8 @@ static const char import_help[] =
     "cooktrain checkpoint, ROOT/step-00000000, that any layout loads (model.init_from: ROOT,\n"
     "eval, sample, export); prints the model keys a run of it needs.\n"
     "\n"
-    "  --out ROOT             the checkpoint directory to make (must hold no checkpoint yet)\n"
+    "  --out ROOT             the checkpoint directory to make (must hold no checkpoint yet,\n"
+    "                         nor be in one)\n"
     "  --seq-len N            the checkpoint's model.seq_len (default: config.json's positions)\n";
 
 /* Every rank ends with the same code; only rank 0 prints the (agreed) message. */

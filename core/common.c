@@ -201,6 +201,8 @@ const char *ct_file_kind(unsigned mode) {
     if (S_ISCHR(mode)) return "a character device";
     if (S_ISBLK(mode)) return "a block device";
     if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISLNK(mode)) return "a symbolic link"; /* from lstat */
+    if (S_ISREG(mode)) return "a regular file";
     return "not a regular file";
 }
 

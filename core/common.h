@@ -136,7 +136,8 @@ ct_status ct_mkdir_parents(const char *path);
  * more than the file holds; *out is malloc'd (one spare byte, zeroed, so text can be terminated).
  */
 ct_status ct_open_regular(const char *path, const char *what, int *fd, int64_t *size);
-/* What a non-regular file is, for messages ("a directory", "a pipe", ...), from its st_mode. */
+/* What a file is, for messages ("a directory", "a pipe", "a symbolic link" from lstat, "a regular
+ * file", ...), from its st_mode. */
 const char *ct_file_kind(unsigned mode);
 ct_status ct_read_regular(const char *path, const char *what, int64_t max_bytes, uint8_t **out,
                           size_t *len);

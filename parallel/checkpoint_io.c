@@ -730,6 +730,8 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
     if (hf) {
         st = ct_hf_open(dir, &h);
         if (st == CT_OK) st = ct_hf_check_config(&h, cfg);
+        if (st == CT_OK) st = ct_hf_check_tensors(&h, cfg);
+        if (st == CT_OK && pctx->world_rank == 0) ct_hf_report_unused(&h, stderr);
     } else {
         st = ct_ckpt_open(dir, &m);
         if (st == CT_OK) st = check_compatible(dir, &m, cfg, false);

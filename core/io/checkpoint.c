@@ -244,16 +244,35 @@ void ct_ckpt_step_path(char *buf, size_t n, const char *root, int64_t step, bool
     snprintf(buf, n, "%s/step-%08lld%s", root, (long long)step, tmp ? ".tmp" : "");
 }
 
-/* rm -r of a checkpoint directory: its files, then itself (they hold no subdirectories). */
+/* rm -r of a checkpoint directory: its files, then itself (they hold no subdirectories). The
+ * directory is opened without following a symbolic link, and its entries are removed through
+ * that descriptor: a step-N.tmp or step-N.old that someone made a link to another directory is
+ * refused, never emptied (what it points to is not ours to delete), and a link inside it is
+ * removed as a link. */
 static ct_status remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? CT_OK : io_error("open directory", dir);
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) return errno == ENOENT ? CT_OK : io_error("stat", dir);
+    if (!S_ISDIR(sb.st_mode)) {
+        ct_error(CT_ERR_INPUT,
+                 "checkpoint: '%s' is %s, not a directory a save left; refusing to "
+                 "remove it",
+                 dir, S_ISLNK(sb.st_mode) ? "a symbolic link" : ct_file_kind(sb.st_mode));
+        ct_hint("a save writes and replaces step-N.tmp and step-N.old itself: move that entry "
+                "out of the checkpoint directory");
+        return CT_ERR_INPUT;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return io_error("open directory", dir);
+    }
     struct dirent *e;
     char path[CT_PATH_MAX + 300];
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0) {
+        if (unlinkat(fd, e->d_name, 0) != 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
             closedir(d);
             return io_error("remove", path);
         }
@@ -276,7 +295,6 @@ void ct_ckpt_discard(const char *root, int64_t step) {
     char tmp[CT_PATH_MAX + 32];
     ct_ckpt_step_path(tmp, sizeof tmp, root, step, true);
     if (remove_dir(tmp) != CT_OK) ct_error_clear();
-    rmdir(root); /* only when empty: a root that held nothing before */
 }
 
 ct_status ct_ckpt_publish(const char *root, int64_t step) {

@@ -122,9 +122,11 @@ ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *manife
 
 /* ROOT/step-NNNNNNNN (final) and ROOT/step-NNNNNNNN.tmp (being written), into buf. */
 void ct_ckpt_step_path(char *buf, size_t n, const char *root, int64_t step, bool tmp);
-/* Makes ROOT (mkdir -p) and an empty step-N.tmp, removing a stale one from a crashed save. */
+/* Makes ROOT (mkdir -p) and an empty step-N.tmp, removing a stale one from a crashed save (a
+ * step-N.tmp, or a step-N.old in ct_ckpt_publish, that is not a directory — a symbolic link, a
+ * file — is CT_ERR_INPUT, left alone). */
 ct_status ct_ckpt_begin(const char *root, int64_t step);
-/* Removes step-N.tmp of a save that failed, and ROOT if that leaves it empty. */
+/* Removes step-N.tmp of a save that failed (not ROOT: the caller knows whether it made it). */
 void ct_ckpt_discard(const char *root, int64_t step);
 /* step-N.tmp → step-N (after fsyncing it), then `latest` → step-N, each fsynced. */
 ct_status ct_ckpt_publish(const char *root, int64_t step);

@@ -1,12 +1,15 @@
 /* hf.c — Hugging Face names, config.json, and reading a model into our tensors. See hf.h. */
 #include "hf.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/model/model.h"
 #include "core/model/model_arch.h"
 
 /* ---- names ---------------------------------------------------------------------------------- */
@@ -48,12 +51,24 @@ static void add_moe_layer(ct_hf_tensor *t, int *n, const ct_arch_hf *hf, int64_t
         }
 }
 
+/* How many tensors ct_hf_tensors lists: computed from the counts alone, so that a config.json
+ * can be checked against the files before the list is allocated. */
+static int64_t tensor_count(ct_arch arch, int64_t L, bool untied, int64_t experts) {
+    const ct_arch_hf *hf = &ct_model_arch_of(arch)->hf;
+    const bool moe = hf->router && experts > 0;
+    int64_t mlp = 0, per_layer;
+    for (int k = 0; k < hf->n_layer_tensors; k++)
+        mlp += !strncmp(hf->layer_tensors[k].src[0], "mlp.", 4);
+    per_layer = hf->n_layer_tensors - (moe ? mlp : 0) +
+                (moe && mlp ? 1 + hf->n_expert_tensors * experts : 0);
+    return 1 + (hf->wpe != NULL) + per_layer * L + 1 + (hf->lnf_b != NULL) + untied;
+}
+
 ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, int64_t experts,
                             int *count) {
     const ct_arch_hf *hf = &ct_model_arch_of(arch)->hf;
     const bool moe = hf->router && experts > 0;
-    const int per_layer = hf->n_layer_tensors + (moe ? 1 + hf->n_expert_tensors * (int)experts : 0);
-    ct_hf_tensor *t = ct_xcalloc((size_t)(5 + per_layer * L), sizeof *t);
+    ct_hf_tensor *t = ct_xcalloc((size_t)tensor_count(arch, L, untied, experts), sizeof *t);
     int n = 0;
     add(&t[n++], hf->wte, false, (const char *[]){"wte"}, 1);
     if (hf->wpe) add(&t[n++], hf->wpe, false, (const char *[]){"wpe"}, 1);
@@ -82,6 +97,7 @@ ct_hf_tensor *ct_hf_tensors(ct_arch arch, int64_t L, int64_t hd, bool untied, in
     add(&t[n++], hf->lnf_w, false, (const char *[]){"lnf.weight"}, 1);
     if (hf->lnf_b) add(&t[n++], hf->lnf_b, false, (const char *[]){"lnf.bias"}, 1);
     if (untied) add(&t[n++], "lm_head.weight", false, (const char *[]){"lm_head"}, 1);
+    CT_ASSERT(n == tensor_count(arch, L, untied, experts));
     *count = n;
     return t;
 }
@@ -284,6 +300,21 @@ bool ct_hf_is_model(const char *path) {
            (exists(path, "config.json") && !exists(path, "manifest.bin"));
 }
 
+ct_status ct_hf_check_path(const char *what, const char *path) {
+    const size_t len = strlen(path);
+    if (len == 0) {
+        ct_error(CT_ERR_INPUT, "%s is an empty path", what);
+        ct_hint("name a directory (\".\" for this one)");
+        return CT_ERR_INPUT;
+    }
+    if (len <= CT_HF_PATH_MAX) return CT_OK;
+    ct_error(CT_ERR_INPUT,
+             "%s '%.48s...' is %zu characters long, longer than the %d cooktrain takes", what, path,
+             len, CT_HF_PATH_MAX);
+    ct_hint("use a shorter path (a relative one, or a symbolic link to the directory)");
+    return CT_ERR_INPUT;
+}
+
 /* The files a sharded model's model.safetensors.index.json names (weight_map's values), each
  * a plain file name in dir, at most MAX_FILES of them; *names malloc'd, each entry CT_PATH_MAX
  * bytes. */
@@ -291,18 +322,23 @@ enum { MAX_FILES = 4096 };
 static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *n) {
     char path[CT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    *names = NULL;
+    *n = 0;
     uint8_t *text;
     size_t len;
     CT_TRY(ct_read_regular(path, "safetensors index", 64 << 20, &text, &len));
     json_error_t err;
     json_t *root = json_loadb((const char *)text, len, JSON_REJECT_DUPLICATES, &err);
     free(text);
-    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
-    *names = NULL;
-    *n = 0;
+    json_t *map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
     ct_status st = CT_OK;
-    if (!json_is_object(map)) {
-        ct_error(CT_ERR_INPUT, "safetensors index '%s' has no weight_map object", path);
+    if (!root) { /* jansson's words: empty, cut, too deep, a duplicate key... */
+        ct_error(CT_ERR_INPUT, "safetensors index '%s': JSON error at line %d, column %d: %s", path,
+                 err.line, err.column, err.text);
+        st = CT_ERR_INPUT;
+    } else if (!json_is_object(map)) {
+        ct_error(CT_ERR_INPUT, "safetensors index '%s' has no weight_map object%s", path,
+                 json_is_object(root) ? "" : " (it is not a JSON object)");
         st = CT_ERR_INPUT;
     }
     const char *key;
@@ -311,12 +347,20 @@ static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *
     if (st == CT_OK) {
         json_object_foreach(map, key, v) {
             const char *f = json_string_value(v);
-            if (!f || !f[0] || strchr(f, '/') || !strcmp(f, "..") || strlen(f) >= CT_PATH_MAX ||
+            if (!f || !f[0] || strchr(f, '/') || !strcmp(f, "..") ||
                 !ends_with(f, ".safetensors")) {
                 ct_error(CT_ERR_INPUT,
                          "safetensors index '%s': tensor %.96s maps to a file that is not a "
                          ".safetensors file beside the index",
                          path, key);
+                st = CT_ERR_INPUT;
+                break;
+            }
+            if (strlen(dir) + 1 + strlen(f) >= CT_PATH_MAX) {
+                ct_error(CT_ERR_INPUT,
+                         "safetensors index '%s': tensor %.96s maps to '%.48s...', whose path is "
+                         "longer than the %d characters cooktrain takes",
+                         path, key, f, CT_PATH_MAX - 1);
                 st = CT_ERR_INPUT;
                 break;
             }
@@ -342,25 +386,206 @@ static ct_status index_files(const char *dir, char (**names)[CT_PATH_MAX], int *
     return st;
 }
 
+/* ---- the files' tensors by name ------------------------------------------------------------- */
+
+static int entry_by_name(const void *a, const void *b) {
+    return strcmp(((const ct_hf_entry *)a)->t->name, ((const ct_hf_entry *)b)->t->name);
+}
+
+static int name_vs_entry(const void *name, const void *e) {
+    return strcmp(name, ((const ct_hf_entry *)e)->t->name);
+}
+
+static ct_hf_entry *lookup(const ct_hf_model *m, const char *name) {
+    if (m->n_index == 0) return NULL;
+    return bsearch(name, m->index, (size_t)m->n_index, sizeof *m->index, name_vs_entry);
+}
+
 /* A tensor by its Hugging Face name, in whichever file holds it; also with the architecture's
- * state-dict prefix where it has one (GPT2LMHeadModel's "transformer."). */
-static const ct_st_tensor *find(const ct_hf_model *m, const char *name, int *file) {
+ * state-dict prefix where it has one (GPT2LMHeadModel's "transformer."). *twin (when not NULL):
+ * the prefixed one when both are there, else NULL. */
+static ct_hf_entry *find(const ct_hf_model *m, const char *name, ct_hf_entry **twin) {
     const char *prefix = ct_model_arch_of(m->config.arch)->hf.state_prefix;
-    char prefixed[160];
-    snprintf(prefixed, sizeof prefixed, "%s%s", prefix ? prefix : "", name);
-    for (int f = 0; f < m->n_files; f++) {
-        const ct_st_tensor *t = ct_safetensors_find(&m->files[f], name);
-        if (!t && prefix) t = ct_safetensors_find(&m->files[f], prefixed);
-        if (t) {
-            *file = f;
-            return t;
-        }
+    ct_hf_entry *plain = lookup(m, name), *prefixed = NULL;
+    if (prefix) {
+        char buf[CT_ST_NAME + 32];
+        snprintf(buf, sizeof buf, "%s%s", prefix, name);
+        prefixed = lookup(m, buf);
     }
-    return NULL;
+    if (twin) *twin = plain ? prefixed : NULL;
+    return plain ? plain : prefixed;
+}
+
+/* A tensor that could be a weight: floating point, of one or two dimensions. Others (a causal
+ * mask of BOOL or of four dimensions, a scalar) are buffers, left alone. */
+static bool weight_like(const ct_st_tensor *t) {
+    return t->dtype != CT_ST_OTHER && t->ndim >= 1 && t->ndim <= 2;
+}
+
+/* Whether `name` begins with the text of the printf format `fmt` (one %lld: "model.layers.%lld."):
+ * *index the number there (a number of ten digits or more reads as INT64_MAX) and *rest what
+ * follows the format. */
+static bool format_index(const char *fmt, const char *name, int64_t *index, const char **rest) {
+    const char *at = strstr(fmt, "%lld"), *post = at + 4;
+    CT_ASSERT(at != NULL);
+    const size_t pre = (size_t)(at - fmt);
+    if (strncmp(name, fmt, pre) != 0) return false;
+    const char *p = name + pre, *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == p || strncmp(q, post, strlen(post)) != 0) return false;
+    *index = q - p < 10 ? strtoll(p, NULL, 10) : INT64_MAX;
+    *rest = q + strlen(post);
+    return true;
+}
+
+/* The key of config.json that counts the layers. */
+static const char *layers_key(const ct_hf_config *c) {
+    return c->arch == CT_ARCH_LLAMA ? "num_hidden_layers" : "n_layer";
+}
+
+/* Before anything is allocated by config.json's counts: the model they describe must have no
+ * more tensors than the files hold (each is in them once). A few more (at most MISSING_NAMED)
+ * pass, so that index_tensors names the first tensor missing: the name table stays within the
+ * files' count plus that. */
+enum { MISSING_NAMED = 64 };
+static ct_status check_count(const ct_hf_model *m, int64_t total) {
+    const ct_hf_config *c = &m->config;
+    const int64_t need = tensor_count(c->arch, c->n_layer, !c->tied, c->moe_experts);
+    if (need <= total + MISSING_NAMED) return CT_OK;
+    char experts[96] = "";
+    if (c->moe_experts > 0)
+        snprintf(experts, sizeof experts, " of num_local_experts %lld", (long long)c->moe_experts);
+    ct_error(CT_ERR_INPUT,
+             "config.json '%s/config.json': a model of %s %lld%s has %lld tensors, the "
+             "safetensors files hold %lld",
+             m->dir, layers_key(c), (long long)c->n_layer, experts, (long long)need,
+             (long long)total);
+    ct_hint("config.json and the safetensors files must belong to the same model");
+    return CT_ERR_INPUT;
+}
+
+/* The files' tensors sorted by name, each tensor of the model found once and marked used; a
+ * name in two files, a tensor under two names, a missing one, and a layer or an expert past
+ * config.json's counts are CT_ERR_INPUT. */
+static ct_status index_tensors(ct_hf_model *m, int64_t total) {
+    const ct_hf_config *c = &m->config;
+    m->index = ct_xcalloc((size_t)CT_MAX(total, 1), sizeof *m->index);
+    for (int f = 0; f < m->n_files; f++)
+        for (int k = 0; k < m->files[f].n; k++)
+            m->index[m->n_index++] = (ct_hf_entry){.t = &m->files[f].tensors[k], .file = f};
+    qsort(m->index, (size_t)m->n_index, sizeof *m->index, entry_by_name);
+    for (int64_t i = 1; i < m->n_index; i++)
+        if (!strcmp(m->index[i].t->name, m->index[i - 1].t->name)) {
+            ct_error(CT_ERR_INPUT, "tensor %s is in both '%s' and '%s'", m->index[i].t->name,
+                     m->files[m->index[i - 1].file].path, m->files[m->index[i].file].path);
+            ct_hint("a sharded model holds each tensor in one file");
+            return CT_ERR_INPUT;
+        }
+    for (int i = 0; i < m->n_names; i++) {
+        ct_hf_entry *twin, *e = find(m, m->names[i].name, &twin);
+        if (!e) {
+            ct_error(CT_ERR_INPUT, "Hugging Face model '%s' has no tensor %s", m->dir,
+                     m->names[i].name);
+            ct_hint("the safetensors files must hold every tensor of the model config.json "
+                    "describes");
+            return CT_ERR_INPUT;
+        }
+        if (twin) {
+            ct_error(CT_ERR_INPUT,
+                     "Hugging Face model '%s' holds tensor %s under two names: %s in '%s' and "
+                     "%s in '%s'",
+                     m->dir, m->names[i].name, e->t->name, m->files[e->file].path, twin->t->name,
+                     m->files[twin->file].path);
+            ct_hint("a model's files hold each tensor once: the whole model's state dict or its "
+                    "base model's, not both");
+            return CT_ERR_INPUT;
+        }
+        e->used = true;
+    }
+    /* What is left: a layer or an expert config.json does not count is a model other than the
+     * one it describes (refused: importing part of a model gives another model); anything else
+     * is reported by ct_hf_report_unused. */
+    const ct_arch_hf *hf = &ct_model_arch_of(c->arch)->hf;
+    const size_t plen = hf->state_prefix ? strlen(hf->state_prefix) : 0;
+    for (int64_t i = 0; i < m->n_index; i++) {
+        const ct_st_tensor *t = m->index[i].t;
+        const char *name = t->name, *rest, *rest2;
+        int64_t layer, expert;
+        if (m->index[i].used) continue;
+        if (plen && !strncmp(name, hf->state_prefix, plen)) name += plen;
+        if (!format_index(hf->layer, name, &layer, &rest)) continue;
+        const bool past_layer = layer >= c->n_layer;
+        const bool past_expert = !past_layer && c->moe_experts > 0 && hf->expert &&
+                                 format_index(hf->expert, rest, &expert, &rest2) &&
+                                 expert >= c->moe_experts;
+        if (!past_layer && !past_expert) continue;
+        char what[96];
+        if (past_layer)
+            snprintf(what, sizeof what, "%s is %lld", layers_key(c), (long long)c->n_layer);
+        else
+            snprintf(what, sizeof what, "num_local_experts is %lld", (long long)c->moe_experts);
+        ct_error(CT_ERR_INPUT,
+                 "safetensors '%s' holds tensor %s, of a %s past the model of '%s/config.json' "
+                 "(its %s)",
+                 m->files[m->index[i].file].path, t->name, past_layer ? "layer" : "expert", m->dir,
+                 what);
+        ct_hint("config.json and the safetensors files must describe the same model: import "
+                "does not cut a model to fit its config.json");
+        return CT_ERR_INPUT;
+    }
+    return CT_OK;
+}
+
+void ct_hf_report_unused(const ct_hf_model *m, FILE *out) {
+    int64_t n = 0;
+    bool lm_head = false;
+    char list[400] = "";
+    for (int64_t i = 0; i < m->n_index; i++) {
+        const ct_st_tensor *t = m->index[i].t;
+        if (m->index[i].used || !weight_like(t)) continue;
+        if (++n <= 3) {
+            size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, "%s%s", n > 1 ? ", " : "", t->name);
+        }
+        lm_head = lm_head || !strcmp(t->name, "lm_head.weight");
+    }
+    if (n == 0) return;
+    fprintf(out,
+            "cooktrain: warning: Hugging Face model '%s': %lld tensor%s the model of its "
+            "config.json does not use, left out: %s%s\n",
+            m->dir, (long long)n, n > 1 ? "s" : "", list, n > 3 ? ", ..." : "");
+    if (lm_head && m->config.tied)
+        fprintf(out, "hint: tie_word_embeddings is true: the LM head is the embedding, and "
+                     "lm_head.weight is not read (set it to false in config.json to use it)\n");
+    else
+        fprintf(out, "hint: if the model needs them, its config.json describes another model "
+                     "(buffers such as rotary_emb.inv_freq are recomputed and can be ignored)\n");
+}
+
+/* ---- opening a model ------------------------------------------------------------------------ */
+
+/* A model's path must name something that is there: a directory or a .safetensors file. */
+static ct_status check_source(const char *path) {
+    struct stat sb;
+    const int rc = stat(path, &sb);
+    if (rc == 0 && (S_ISDIR(sb.st_mode) || ends_with(path, ".safetensors"))) return CT_OK;
+    if (rc != 0 && errno == ENOENT)
+        ct_error(CT_ERR_INPUT, "Hugging Face model '%s' does not exist", path);
+    else if (rc != 0)
+        ct_error(CT_ERR_INPUT, "cannot read Hugging Face model '%s': %s", path, strerror(errno));
+    else
+        ct_error(CT_ERR_INPUT,
+                 "Hugging Face model '%s' is %s, not a directory or a .safetensors file", path,
+                 ct_file_kind(sb.st_mode));
+    ct_hint("name a Hugging Face model directory (config.json and safetensors) or its "
+            ".safetensors file");
+    return CT_ERR_INPUT;
 }
 
 ct_status ct_hf_open(const char *path, ct_hf_model *m) {
     memset(m, 0, sizeof *m);
+    CT_TRY(ct_hf_check_path("Hugging Face model", path));
+    CT_TRY(check_source(path));
     char(*names)[CT_PATH_MAX] = NULL;
     int n = 0;
     ct_status st = CT_OK;
@@ -399,26 +624,20 @@ ct_status ct_hf_open(const char *path, ct_hf_model *m) {
         }
     }
     if (st == CT_OK) m->files = ct_xcalloc((size_t)CT_MAX(n, 1), sizeof *m->files);
+    int64_t total = 0; /* tensors in the files */
     for (int i = 0; i < n && st == CT_OK; i++) {
         snprintf(file, sizeof file, "%s/%s", m->dir, names[i]);
         st = ct_safetensors_open(file, &m->files[i]);
-        if (st == CT_OK) m->n_files++;
-        for (int k = 0; k < m->files[i].n && st == CT_OK; k++) {
-            int other = i;
-            const ct_st_tensor *t = find(m, m->files[i].tensors[k].name, &other);
-            if (other != i) {
-                ct_error(CT_ERR_INPUT, "tensor %s is in both '%s' and '%s'", t->name,
-                         m->files[other].path, file);
-                ct_hint("a sharded model holds each tensor in one file");
-                st = CT_ERR_INPUT;
-            }
-        }
+        if (st == CT_OK) total += m->files[m->n_files++].n;
     }
     free(names);
+    /* config.json's counts against the files' before anything is allocated by them */
+    if (st == CT_OK) st = check_count(m, total);
     if (st == CT_OK)
         m->names =
             ct_hf_tensors(m->config.arch, m->config.n_layer, m->config.d_model / m->config.n_head,
                           !m->config.tied, m->config.moe_experts, &m->n_names);
+    if (st == CT_OK) st = index_tensors(m, total);
     if (st != CT_OK) ct_hf_close(m);
     return st;
 }
@@ -427,6 +646,7 @@ void ct_hf_close(ct_hf_model *m) {
     for (int i = 0; i < m->n_files; i++) ct_safetensors_close(&m->files[i]);
     free(m->files);
     free(m->names);
+    free(m->index);
     memset(m, 0, sizeof *m);
 }
 
@@ -546,8 +766,18 @@ ct_status ct_hf_check_config(const ct_hf_model *m, const ct_config *cfg) {
     return CT_OK;
 }
 
-ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64_t cols,
-                     float *out) {
+/* Where our global tensor `name` (rows x cols) is in the model's files, its header checked
+ * against the shape config.json implies: the Hugging Face tensor e that holds it (as stacked
+ * source s), the file's tensor x, the rows of the stacked tensor and how many of ours it gives. */
+typedef struct located {
+    const ct_hf_tensor *e;
+    int s;
+    const ct_hf_entry *x;
+    int64_t rows_hf, keep;
+} located;
+
+static ct_status locate(const ct_hf_model *m, const char *name, int64_t rows, int64_t cols,
+                        located *at) {
     const ct_hf_tensor *e = NULL;
     int s = 0;
     for (int i = 0; i < m->n_names && !e; i++)
@@ -557,14 +787,14 @@ ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64
                 break;
             }
     CT_ASSERTF(e != NULL, "%s has no Hugging Face tensor", name);
-    int file = 0;
-    const ct_st_tensor *t = find(m, e->name, &file);
-    if (!t) {
+    const ct_hf_entry *x = find(m, e->name, NULL);
+    if (!x) {
         ct_error(CT_ERR_INPUT, "Hugging Face model '%s' has no tensor %s", m->dir, e->name);
         ct_hint("the safetensors files must hold every tensor of the model config.json "
                 "describes");
         return CT_ERR_INPUT;
     }
+    const ct_st_tensor *t = x->t;
     /* The stacked tensor's shape in our orientation: rows_hf x cols. */
     const bool wte = !strcmp(name, "wte") || !strcmp(name, "lm_head"), wpe = !strcmp(name, "wpe");
     const int64_t rows_hf = wte   ? m->config.vocab_size
@@ -577,15 +807,57 @@ ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64
     if (t->ndim != ndim || t->shape[0] != want0 || (ndim == 2 && t->shape[1] != want1) ||
         keep > rows || s * rows + keep > rows_hf) {
         ct_error(CT_ERR_INPUT,
-                 "safetensors '%s': tensor %s has shape [%lld, %lld] (%d dims), the model its "
-                 "config.json describes needs [%lld, %lld] (%d dims)",
-                 m->files[file].path, t->name, (long long)t->shape[0], (long long)t->shape[1],
-                 t->ndim, (long long)want0, (long long)(ndim == 2 ? want1 : 1), ndim);
+                 "safetensors '%s': tensor %s has shape [%lld, %lld] (%d dims), the model of "
+                 "'%s/config.json' needs [%lld, %lld] (%d dims)",
+                 m->files[x->file].path, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                 t->ndim, m->dir, (long long)want0, (long long)(ndim == 2 ? want1 : 1), ndim);
         ct_hint("config.json and the safetensors files must belong to the same model");
         return CT_ERR_INPUT;
     }
-    float *hf = ct_xmalloc((size_t)t->numel * sizeof(float));
-    ct_status st = ct_safetensors_read(&m->files[file], t, hf);
+    *at = (located){.e = e, .s = s, .x = x, .rows_hf = rows_hf, .keep = keep};
+    return CT_OK;
+}
+
+ct_status ct_hf_check_tensors(const ct_hf_model *m, const ct_config *cfg) {
+    int n = 0;
+    ct_param *params = ct_model_registry(cfg, &n);
+    ct_status st = CT_OK;
+    located at;
+    for (int i = 0; i < n && st == CT_OK; i++)
+        st = locate(m, params[i].name, params[i].global_shape[0], params[i].global_shape[1], &at);
+    free(params);
+    return st;
+}
+
+ct_status ct_hf_read(const ct_hf_model *m, const char *name, int64_t rows, int64_t cols,
+                     float *out) {
+    located at;
+    CT_TRY(locate(m, name, rows, cols, &at));
+    const ct_hf_tensor *e = at.e;
+    const ct_st_tensor *t = at.x->t;
+    const ct_safetensors *file = &m->files[at.x->file];
+    const int64_t rows_hf = at.rows_hf, keep = at.keep;
+    const int s = at.s;
+    /* the file's length bounds numel (the header is checked), not the memory there is */
+    float *hf = malloc((size_t)t->numel * sizeof(float) + 1);
+    if (!hf) {
+        ct_error(CT_ERR_RUNTIME, "out of host memory: %lld bytes for tensor %s of '%s'",
+                 (long long)t->numel * 4, t->name, file->path);
+        ct_hint("reading a Hugging Face model takes one of its tensors as fp32 at a time, and "
+                "one of ours");
+        return CT_ERR_RUNTIME;
+    }
+    ct_status st = ct_safetensors_read(file, t, hf);
+    for (int64_t i = 0; i < t->numel && st == CT_OK; i++)
+        if (!isfinite(hf[i])) {
+            ct_error(CT_ERR_INPUT,
+                     "safetensors '%s': tensor %s holds a value that is not finite (%g at "
+                     "element %lld of %lld)",
+                     file->path, t->name, (double)hf[i], (long long)i, (long long)t->numel);
+            ct_hint("a model's weights must be finite: the file is damaged, or the model "
+                    "diverged before it was saved");
+            st = CT_ERR_INPUT;
+        }
     if (st != CT_OK) {
         free(hf);
         return st;

@@ -127,11 +127,22 @@ ct_status ct_safetensors_parse(const char *path, const char *json, size_t len, i
     }
     json_decref(root);
     if (status == CT_OK) {
+        /* In order of begin, each tensor that holds bytes must start at or after the furthest
+         * end so far, not only the previous tensor's: an empty tensor between two others (its
+         * end its begin) must not hide their overlap. */
         qsort(st->tensors, (size_t)st->n, sizeof *st->tensors, by_begin);
-        for (int i = 1; i < st->n && status == CT_OK; i++)
-            if (st->tensors[i].begin < st->tensors[i - 1].end &&
-                st->tensors[i].begin < st->tensors[i].end)
-                status = bad(path, ": its bytes overlap another tensor's", st->tensors[i].name);
+        int furthest = -1; /* the tensor of bytes that ends last so far */
+        for (int i = 0; i < st->n && status == CT_OK; i++) {
+            const ct_st_tensor *t = &st->tensors[i];
+            if (t->begin == t->end) continue;
+            if (furthest >= 0 && t->begin < st->tensors[furthest].end) {
+                char what[CT_ST_NAME + 96];
+                snprintf(what, sizeof what, ": its bytes [%lld, %lld) overlap tensor %s's",
+                         (long long)t->begin, (long long)t->end, st->tensors[furthest].name);
+                status = bad(path, what, t->name);
+            }
+            if (furthest < 0 || t->end > st->tensors[furthest].end) furthest = i;
+        }
     }
     if (status != CT_OK) ct_safetensors_close(st);
     return status;

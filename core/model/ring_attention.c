@@ -15,12 +15,20 @@ void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1) {
 }
 
 int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t) {
+    if (cp == 1) return t; /* the whole sequence in order, whatever its length (1, odd) */
     int64_t c0, c1, half = T_local / 2;
     ct_cp_chunks(cp, r, zigzag, &c0, &c1);
     return (t < half ? c0 : c1) * half + t % half;
 }
 
 void ct_cp_owner(int cp, bool zigzag, int64_t T_local, int64_t p, int *r, int64_t *row) {
+    if (cp == 1) { /* as ct_cp_position: no chunks to halve (T_local may be 1, or odd) */
+        CT_ASSERTF(p >= 0 && p < T_local, "cp owner of position %lld of %lld", (long long)p,
+                   (long long)T_local);
+        *r = 0;
+        *row = p;
+        return;
+    }
     const int64_t half = T_local / 2, chunk = p / half;
     CT_ASSERTF(p >= 0 && chunk < 2 * cp, "cp owner of position %lld of %lld", (long long)p,
                (long long)(cp * T_local));

@@ -24,7 +24,8 @@
 
 /* The chunk indices (of 2·cp) that rank r of cp holds. */
 void ct_cp_chunks(int cp, int r, bool zigzag, int64_t *c0, int64_t *c1);
-/* The global position of local row t (0 ≤ t < T_local) of rank r. */
+/* The global position of local row t (0 ≤ t < T_local) of rank r; with cp 1, t itself (the
+ * sampler's window may then have any length, 1 or odd, as the model's seq_len may). */
 int64_t ct_cp_position(int cp, int r, bool zigzag, int64_t T_local, int64_t t);
 /* Its inverse: the rank r that holds global position p and the local row there. */
 void ct_cp_owner(int cp, bool zigzag, int64_t T_local, int64_t p, int *r, int64_t *row);

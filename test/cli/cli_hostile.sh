@@ -7,7 +7,8 @@
 # must exit 2 with a message naming the file and the field, within the timeout (no hang), and
 # leave the checkpoint directory byte for byte as it was; two cases run under mpirun, where every
 # rank must agree. A resume before the checks indexed a per-step array with a negative step,
-# allocated what a wrapped count asked for, and blocked forever opening a FIFO.
+# allocated what a wrapped count asked for, and blocked forever opening a FIFO. Then Hugging Face
+# folders for `cooktrain import` (the last section says which).
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -148,3 +149,203 @@ expect_text "is a directory, not a regular file" "hostile: a directory tokenizer
 mkdir "$tmp/insp" && mkfifo "$tmp/insp/manifest.bin"
 expect_exit 2 "hostile: inspect of a checkpoint whose manifest is a FIFO" -- timeout 60 "$BIN" inspect "$tmp/insp"
 expect_text "is a pipe, not a regular file" "hostile: inspect: the message says so"
+
+# ---- Hugging Face folders for `cooktrain import` ---------------------------------------------
+# A small Llama (and a GPT-2) written by the python below, F32, no numpy, then changed as an
+# attacker would: config.json's sizes far past the files, overlaps hidden behind an empty tensor,
+# NaN weights, surplus layers, a tensor under two names, a hostile --out (a file, a step of a
+# checkpoint, links where import removes things, paths too long), broken indexes. Every refused
+# case exits 2 naming the file and the field, with a hint, and leaves every file of the case's
+# folder (model, --out, the victim a link points at) as it was. Two are not refused: a model of
+# one position imports and samples, and a tied model's spare lm_head.weight is named in a warning.
+hf=$tmp/hf.py
+cat >"$hf" <<'PY'
+import json, math, struct, sys
+
+def shapes(c):
+    V, C, F, L = c["vocab_size"], c.get("hidden_size", c.get("n_embd")), c.get("intermediate_size"), c.get("num_hidden_layers", c.get("n_layer"))
+    if c["model_type"] == "gpt2":
+        F = 4 * C
+        t = [("wte.weight", [V, C]), ("wpe.weight", [c["n_positions"], C])]
+        for l in range(L):
+            p = "h.%d." % l
+            t += [(p + "ln_1.weight", [C]), (p + "ln_1.bias", [C]), (p + "attn.c_attn.weight", [C, 3 * C]),
+                  (p + "attn.c_attn.bias", [3 * C]), (p + "attn.c_proj.weight", [C, C]), (p + "attn.c_proj.bias", [C]),
+                  (p + "ln_2.weight", [C]), (p + "ln_2.bias", [C]), (p + "mlp.c_fc.weight", [C, F]),
+                  (p + "mlp.c_fc.bias", [F]), (p + "mlp.c_proj.weight", [F, C]), (p + "mlp.c_proj.bias", [C])]
+        return t + [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+    kv = c["num_key_value_heads"] * C // c["num_attention_heads"]
+    t = [("model.embed_tokens.weight", [V, C])]
+    for l in range(L):
+        p = "model.layers.%d." % l
+        t += [(p + "input_layernorm.weight", [C]), (p + "self_attn.q_proj.weight", [C, C]),
+              (p + "self_attn.k_proj.weight", [kv, C]), (p + "self_attn.v_proj.weight", [kv, C]),
+              (p + "self_attn.o_proj.weight", [C, C]), (p + "post_attention_layernorm.weight", [C]),
+              (p + "mlp.gate_proj.weight", [F, C]), (p + "mlp.up_proj.weight", [F, C]), (p + "mlp.down_proj.weight", [C, F])]
+    return t + [("model.norm.weight", [C])]
+
+def load(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
+
+def save(d, h, data):
+    b = json.dumps(h).encode()
+    open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(b)) + b + data)
+
+cmd, d = sys.argv[1], sys.argv[2]
+if cmd == "make":  # make DIR llama|gpt2: 2 layers, d_model 16, vocab 256, 8 positions
+    if sys.argv[3] == "gpt2":
+        c = dict(model_type="gpt2", vocab_size=256, n_positions=8, n_embd=16, n_layer=2, n_head=2)
+    else:
+        c = dict(model_type="llama", vocab_size=256, max_position_embeddings=8, hidden_size=16,
+                 intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                 hidden_act="silu", rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    json.dump(c, open(d + "/config.json", "w"))
+    h, data = {}, bytearray()
+    for k, (name, shape) in enumerate(shapes(c)):
+        n = math.prod(shape)
+        v = [1.0 if len(shape) == 1 else 0.05 * math.sin(0.37 * i + k) for i in range(n)]
+        h[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + 4 * n]}
+        data += struct.pack("<%df" % n, *v)
+    save(d, h, data)
+elif cmd == "config":  # config DIR KEY JSON...
+    c = json.load(open(d + "/config.json"))
+    for k, v in zip(sys.argv[3::2], sys.argv[4::2]):
+        c[k] = json.loads(v)
+    json.dump(c, open(d + "/config.json", "w"))
+elif cmd == "edit":  # edit DIR CODE: CODE changes the header h and the data bytes
+    h, data = load(d)
+    exec(sys.argv[3])
+    save(d, h, data)
+PY
+hc=$tmp/hc
+hf_tok=$tmp/hftok
+head -c 20000 "$TEST_TEXT" >"$tmp/hftext.txt"
+"$BIN" prepare --input "$tmp/hftext.txt" --vocab-size 256 --out "$hf_tok" >/dev/null ||
+    fail "hostile import: a tokenizer of 256 tokens for sample"
+for arch in llama gpt2; do
+    mkdir -p "$tmp/hf-$arch" && python3 "$hf" make "$tmp/hf-$arch" $arch ||
+        fail "hostile import: the python could not write a $arch model"
+    expect_exit 0 "hostile import: the pristine $arch model imports" -- "$BIN" import "$tmp/hf-$arch" --out "$tmp/hf-$arch-ck"
+done
+
+# tree_files DIR: tree_sum but for the times of directories (an import that fails late, on a
+# value, has made --out and removed it again: its parent's time changed, nothing else)
+tree_files() {
+    (cd "$1" && find . \( -type d -printf '%p d\n' \) -o -printf '%p %y %s %T@\n' | sort &&
+        find . -type f -exec md5sum {} + | sort) | md5sum
+}
+
+# import_case NAME TEXT SETUP [ARGS...]: a fresh $hc holding the pristine Llama ($m), an empty
+# out folder's parent and a victim folder ($v, one file); SETUP (a shell snippet: $m, $o, $v) may
+# change them and set $o; then `import $m --out $o ARGS` must exit 2 saying TEXT and a hint, and
+# leave every file under $hc as it was.
+import_case() {
+    local name=$1 text=$2 setup=$3 before
+    shift 3
+    rm -rf "$hc" && mkdir -p "$hc/victim" && cp -r "$tmp/hf-llama" "$hc/model"
+    echo precious >"$hc/victim/keep"
+    m=$hc/model o=$hc/out v=$hc/victim
+    eval "$setup" || { fail "hostile import: $name: could not craft the case"; return; }
+    before=$(tree_files "$hc")
+    expect_exit 2 "hostile import: $name" -- timeout 60 "$BIN" import "$m" --out "$o" "$@"
+    expect_text "$text" "hostile import: $name: the message says '$text'"
+    expect_text "hint: " "hostile import: $name: with a hint"
+    if [ "$(tree_files "$hc")" = "$before" ]; then
+        ok "hostile import: $name: nothing written, nothing changed"
+    else
+        fail "hostile import: $name: the files changed"
+        (cd "$hc" && find . | sort | head -20 | sed 's/^/    /')
+    fi
+}
+edit() { python3 "$hf" edit "$m" "$1"; }
+config() { python3 "$hf" config "$m" "$@"; }
+
+# one position: eval and sample work (the sampler's window on one rank is the sequence itself,
+# whatever its length: 1, or odd)
+for case in "max_position_embeddings 1|" "--seq-len 3|3"; do
+    IFS='|' read -r what seq <<<"$case"
+    rm -rf "$hc" && cp -r "$tmp/hf-llama" "$hc"
+    [ -n "$seq" ] || python3 "$hf" config "$hc" max_position_embeddings 1
+    expect_exit 0 "hostile import: a model of $what imports" -- "$BIN" import "$hc" --out "$hc/ck" ${seq:+--seq-len $seq}
+    expect_text "seq_len: ${seq:-1}" "hostile import: $what: the checkpoint's seq_len is ${seq:-1}"
+    expect_exit 0 "hostile import: $what: sample draws from it" -- timeout 60 "$BIN" sample "$hc/ck" \
+        --tokenizer "$hf_tok/tokenizer.bin" --tokens 5 --prompt "The cat"
+    expect_text "---- sample (5 tokens) ----" "hostile import: $what: sample prints its text"
+done
+
+# config.json's sizes against the files, before anything large is allocated
+import_case "vocab_size near 2^31" "model.embed_tokens.weight has shape [256, 16] (2 dims), the model of" \
+    'config vocab_size 2147483000'
+import_case "65536 layers of 4096 experts" "a model of num_hidden_layers 65536 of num_local_experts 4096 has" \
+    'config model_type "\"mixtral\"" num_hidden_layers 65536 num_local_experts 4096 num_experts_per_tok 2'
+import_case "65536 layers" "a model of num_hidden_layers 65536 has 589826 tensors, the safetensors files hold 20" \
+    'config num_hidden_layers 65536'
+# ...and what that costs: the refusal of 65536 layers from a 40 KB folder in under 100 MiB (the
+# name table alone was 326 MiB)
+rss=$(python3 -c 'import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)' \
+    "$BIN" import "$m" --out "$hc/out2")
+[ "${rss:-999}" -lt 100 ] && ok "hostile import: 65536 layers refused in ${rss} MiB" ||
+    fail "hostile import: 65536 layers: refused in ${rss} MiB, more than 100"
+
+# safetensors: two tensors on the same bytes with an empty one between them
+import_case "overlap behind an empty tensor" "tensor zz.over: its bytes" \
+    'edit "b = h[\"model.norm.weight\"][\"data_offsets\"][0]; h[\"zz.empty\"] = {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [b + 8, b + 8]}; h[\"zz.over\"] = {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [b + 16, b + 32]}"'
+
+# --out: trusted with nothing
+import_case "--out an earlier import without latest" "already holds 'step-00000000'" \
+    '"$BIN" import "$m" --out "$o" >/dev/null && rm "$o/latest"'
+import_case "--out a checkpoint step" "is in the checkpoint step" \
+    '"$BIN" import "$m" --out "$hc/ck" >/dev/null && o=$hc/ck/step-00000000'
+import_case "--out below a checkpoint step" "is in the checkpoint step" \
+    '"$BIN" import "$m" --out "$hc/ck" >/dev/null && o=$hc/ck/step-00000000/sub/dir'
+import_case "--out a step-to-be of a checkpoint" "would be a step of the checkpoints in" \
+    '"$BIN" import "$m" --out "$hc/ck" >/dev/null && o=$hc/ck/step-00000009'
+import_case "--out empty" "--out is an empty path" 'o='
+import_case "--out a file" "is a regular file, not a directory" 'o=$v/keep'
+import_case "step-00000000.tmp a link to another folder" "already holds 'step-00000000.tmp'" \
+    'mkdir "$o" && ln -s "$v" "$o/step-00000000.tmp"'
+import_case "step-00000000.old a link to another folder" "already holds 'step-00000000.old'" \
+    'mkdir "$o" && ln -s "$v" "$o/step-00000000.old"'
+# the same links met by a training run's save: refused, never emptied
+rm -rf "$hc" && mkdir -p "$hc/ck" "$hc/victim" && echo precious >"$hc/victim/keep"
+ln -s ../victim "$hc/ck/step-00000002.tmp"
+expect_exit 2 "hostile: a save whose step-00000002.tmp is a link to another folder" -- "$BIN" "${base[@]}" \
+    --set train.steps=2 --set train.warmup_steps=1 --set checkpoint.dir="$hc/ck" --set checkpoint.interval=2
+expect_text "step-00000002.tmp' is a symbolic link" "hostile: the save names the link"
+[ -f "$hc/victim/keep" ] && ok "hostile: the save left what the link points at" ||
+    fail "hostile: the save deleted the files the link points at"
+
+# paths too long: refused, not cut
+long=$(printf 'd%.0s' $(seq 1 250))
+import_case "--out of 600 characters" "characters long, longer than the 448 cooktrain takes" \
+    'o=$hc/$long/$long/x'
+import_case "a model path of 600 characters" "characters long, longer than the 448 cooktrain takes" \
+    'mkdir -p "$hc/$long/$long" && mv "$m" "$hc/$long/$long/model" && m=$hc/$long/$long/model'
+
+# the index and the source folder: what is wrong, in words
+index() { mv "$m/model.safetensors" "$m/a.safetensors" && printf '%s' "$1" >"$m/model.safetensors.index.json"; }
+import_case "an empty index" "JSON error at line 1, column 0: '[' or '{' expected near end of file" "index ''"
+import_case "an index of duplicate keys" "duplicate object key" \
+    "index '{\"weight_map\": {\"a\": \"a.safetensors\", \"a\": \"a.safetensors\"}}'"
+import_case "an index 3000 levels deep" "maximum parsing depth reached" \
+    "index \"\$(python3 -c 'print(\"[\" * 3000 + \"]\" * 3000)')\""
+import_case "a source folder that is not there" "'$hc/nothing' does not exist" 'm=$hc/nothing'
+
+# weights: NaN and Inf, a layer more than config.json's, a tensor under two names
+import_case "a NaN weight" "tensor model.layers.1.mlp.up_proj.weight holds a value that is not finite (nan" \
+    'edit "b = h[\"model.layers.1.mlp.up_proj.weight\"][\"data_offsets\"][0]; data[b + 8:b + 12] = struct.pack(\"<f\", float(\"nan\"))"'
+import_case "an infinite weight" "tensor model.norm.weight holds a value that is not finite (-inf" \
+    'edit "b = h[\"model.norm.weight\"][\"data_offsets\"][0]; data[b:b + 4] = struct.pack(\"<f\", float(\"-inf\"))"'
+import_case "a surplus layer" "holds tensor model.layers.2.input_layernorm.weight, of a layer past the model of" \
+    'edit "t = h[\"model.norm.weight\"]; n = len(data); data += data[t[\"data_offsets\"][0]:t[\"data_offsets\"][1]]; h[\"model.layers.2.input_layernorm.weight\"] = dict(t, data_offsets=[n, n + 64])"'
+import_case "a GPT-2 tensor under two names" "holds tensor wte.weight under two names: wte.weight in" \
+    'rm -rf "$m" && cp -r "$tmp/hf-gpt2" "$m" && edit "t = h[\"wte.weight\"]; n = len(data); data += data[t[\"data_offsets\"][0]:t[\"data_offsets\"][1]]; h[\"transformer.wte.weight\"] = dict(t, data_offsets=[n, len(data)])"'
+# an lm_head.weight that a tied model does not read: imported, with a warning naming it
+rm -rf "$hc" && cp -r "$tmp/hf-llama" "$hc"
+python3 "$hf" edit "$hc" 't = h["model.embed_tokens.weight"]; n = len(data); data += bytes(t["data_offsets"][1] - t["data_offsets"][0]); h["lm_head.weight"] = dict(t, data_offsets=[n, len(data)])'
+expect_exit 0 "hostile import: a tied model with an lm_head.weight imports" -- "$BIN" import "$hc" --out "$hc/ck"
+expect_text "warning: Hugging Face model '$hc': 1 tensor the model of its config.json does not use, left out: lm_head.weight" \
+    "hostile import: the unused lm_head.weight is named in a warning"
+expect_text "hint: tie_word_embeddings is true" "hostile import: the warning says why it is not read"

@@ -188,14 +188,14 @@ static ct_status write_run_config(trainer *t) {
     CT_TRY(ct_mkdir_parents(path));
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", tmp, strerror(errno));
+        ct_error(CT_ERR_INPUT, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
         ct_hint("check that log.run_dir is a writable directory");
         return CT_ERR_INPUT;
     }
     ct_config_print(cfg, f);
     bool written = fflush(f) == 0 && !ferror(f);
     if (fclose(f) != 0 || !written) {
-        ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", tmp, strerror(errno));
+        ct_error(CT_ERR_RUNTIME, "cannot write '%s' in log.run_dir: %s", path, strerror(errno));
         ct_hint("check free space in log.run_dir");
         unlink(tmp);
         return CT_ERR_RUNTIME;

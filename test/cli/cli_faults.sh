@@ -47,7 +47,7 @@ expect_exit 1 "metrics on a full disk (/dev/full), 2 ranks" -- "${MPIRUN[@]}" -n
 expect_text "cannot write the metrics file '/dev/full': No space left on device" "the full metrics file is named"
 exactly_one_message "the full metrics file"
 mkdir -p "$tmp/run"
-ln -s /dev/full "$tmp/run/config.yaml"
+ln -s /dev/full "$tmp/run/config.yaml.tmp" # written whole there, then renamed
 expect_exit 1 "log.run_dir on a full disk" -- "$BIN" "${base[@]}" "${short[@]}" --set log.run_dir="$tmp/run"
 expect_text "config.yaml' in log.run_dir: No space left on device" "the full run_dir file is named"
 

@@ -31,7 +31,8 @@ if reference_run "$tmp"; then
             expect_text "all bit-identical" "$name: every dp replica holds the same bytes"
             check_against_reference "$name" "$tmp"
             case "$extra" in *bucket_mb*)
-                units=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["units"])' "$tmp/run.jsonl")
+                # the last setup line: the file is appended to, one segment a run
+                units=$(python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"setup\"" in l][-1]["units"])' "$tmp/run.jsonl")
                 # 16 layers + embeddings + head make 18 units unmerged
                 if [ "$units" -lt 18 ]; then ok "$name: layers merged into $units units"; else fail "$name: layers merged ($units units)"; fi ;;
             esac

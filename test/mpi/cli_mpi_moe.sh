@@ -313,6 +313,7 @@ fi
 if selected "plan"; then
     for zero in 1 3; do
         name="plan ep=2 dp=4 zero=$zero"
+        rm -f "$tmp/plan-run.jsonl" # a metrics file is appended to: this run's alone
         "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.ep=2 --set parallel.zero_stage=$zero \
             --set train.steps=2 --set log.metrics="$tmp/plan-run.jsonl" >/dev/null 2>&1 || { fail "$name: training"; continue; }
         "$BIN" plan --json "${base[@]:1}" --set parallel.dp=4 --set parallel.ep=2 \

@@ -39,6 +39,7 @@ hosts_run() {
     netns_hosts_stop
     netns_hosts_start "$tmp/hosts" "$nhosts" || { fail "$name: hosts: $NETNS_HOSTS_WHY"; return 1; }
     link0=$(netns_link_bytes 1)
+    rm -f "$tmp/run.jsonl" # a metrics file is appended to: this run's alone
     expect_exit 0 "$name: trains" -- "${NETNS_MPIRUN[@]}" -np "$np" "$BIN" "${base[@]}" "$@" \
         --set log.metrics="$tmp/run.jsonl" --dump-params "$tmp/run.bin" || return 1
     link1=$(netns_link_bytes 1)
@@ -200,6 +201,7 @@ if selected "slurm"; then
             ln -s "$root/configs" "$work/configs"
             ln -s "$root/scripts" "$work/scripts"
             link0=$(netns_link_bytes 1)
+            rm -f "$tmp/run.jsonl" # a metrics file is appended to: this run's alone
             out=$(timeout 300 "${SLURM_CLUSTER_CLIENT[@]}" sbatch --wait --job-name=ct-2node -N 2 \
                 --ntasks-per-node=2 --cpus-per-task=1 --chdir="$work" --time=10 \
                 scripts/slurm/cooktrain.sbatch configs/test-tiny.yaml "${base[@]:3}" \

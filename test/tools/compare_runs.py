@@ -72,10 +72,18 @@ U = 2.0 ** -24
 
 
 def load_metrics(path):
-    rows = [json.loads(line) for line in open(path)]
-    setup = [r for r in rows if r.get("setup")]
-    steps = [r for r in rows if "loss" in r]
-    return (setup[0] if setup else {}), steps
+    """The last run segment's setup line and the step lines as stitched: a metrics file is
+    appended to, and a segment starting at step S (a resume, or a run started over at 1)
+    replaces what earlier ones logged from S on."""
+    kept, setup = [], {}
+    for r in (json.loads(line) for line in open(path) if line.strip()):
+        if r.get("setup"):
+            last = max((k["step"] for k in kept if "step" in k), default=0)
+            start = r.get("start_step", last + 1)
+            kept = [k for k in kept if "step" not in k or k["step"] < start]
+            setup = r
+        kept.append(r)
+    return setup, [r for r in kept if "loss" in r]
 
 
 def load_dump(path):

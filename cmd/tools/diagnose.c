@@ -225,16 +225,23 @@ static void clock_label(double t, char *buf, size_t n) {
              (int)((t - (double)s) * 1000));
 }
 
-/* The best candidate so far: the unmatched operation entered first. */
+/* The best candidate so far: an operation the ranks entered as different operations (a bug in
+ * itself, whatever the clocks say), else the unmatched operation entered first. Entered first
+ * is a matter of clocks when ranks drift apart: a rank ahead of the others can enter a later
+ * collective before they reach the one that hangs them. */
 typedef struct finding {
+    bool mismatch;
     double when;
     char text[4096];
     bool found;
 } finding;
 
-static void consider(finding *best, double when, const char *text) {
-    if (best->found && when >= best->when) return;
+static void consider(finding *best, bool mismatch, double when, const char *text) {
+    if (best->found && (best->mismatch > mismatch ||
+                        (best->mismatch == mismatch && when >= best->when)))
+        return;
     best->found = true;
+    best->mismatch = mismatch;
     best->when = when;
     snprintf(best->text, sizeof best->text, "%s", text);
 }
@@ -341,7 +348,7 @@ static void check_collectives(const diag *d, int g, finding *best) {
                          "their records were written%s\n",
                          first_missing, o->seq, o->kind, o->dtype, o->bytes, label, entered, clock,
                          waited, missing);
-            consider(best, when, line);
+            consider(best, nd > 0, when, line);
         }
     }
 }
@@ -382,7 +389,7 @@ static void check_p2p(const diag *d, int g, finding *best) {
                          "%s it on group %s since %s (%.3f s when its record was written)\n",
                          wq, wr, o->kind, o->seq, send ? "to" : "from", label, clock,
                          r->time - o->start);
-            consider(best, o->start, line);
+            consider(best, false, o->start, line);
         }
     }
 }

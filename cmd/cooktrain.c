@@ -455,7 +455,8 @@ static ct_status cmd_plan(int argc, char **argv) {
         return st == CT_OK ? ct_plan_search(&cfg, (int)search, &hw, (int)top, json, stdout) : st;
     }
     if (st == CT_OK && (config_path || n_sets > 0)) {
-        /* A config: its whole cost per stage, on tp x cp x pp x dp ranks (parallel.dp, default 1). */
+        /* A config: its whole cost per stage, on tp x cp x pp x dp ranks (parallel.dp, default 1).
+         */
         if (config_path) st = ct_config_load_file(&cfg, config_path);
         for (int i = 0; i < n_sets && st == CT_OK; i++) st = ct_config_set(&cfg, sets[i]);
         int64_t world =
@@ -850,8 +851,8 @@ int main(int argc, char **argv) {
                      commands[i].name);
         const char *near = nearest_command(name);
         if (near) {
-            st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command; did you mean '%s'?",
-                          name, near);
+            st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command; did you mean '%s'?", name,
+                          near);
         } else {
             st = ct_error(CT_ERR_INPUT, "'%s' is not a cooktrain command", name);
         }

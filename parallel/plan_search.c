@@ -536,7 +536,8 @@ typedef struct split_sizes {
 static split_sizes split_sizes_of(const ct_config *one) {
     const ct_derived_config *d = &one->derived;
     return (split_sizes){
-        .tp = ct_gcd64(ct_gcd64(one->model.n_head, d->n_kv_head), ct_gcd64(d->d_ff, d->vocab_padded)),
+        .tp =
+            ct_gcd64(ct_gcd64(one->model.n_head, d->n_kv_head), ct_gcd64(d->d_ff, d->vocab_padded)),
         .cp = one->model.seq_len / 2,
         .pp = one->model.n_layer,
         .dp = one->train.global_batch,

@@ -89,8 +89,9 @@ ct_status ct_generate_run(const ct_generate_options *o) {
                (long long)l.cfg.model.vocab_size);
         st = ct_tokenizer_train(&tok, NULL, 0, 256);
     } else {
-        ct_error(CT_ERR_INPUT, "sample: the checkpoint's config names no tokenizer "
-                               "(data.tokenizer) and its vocabulary (%lld) is larger than a byte's",
+        ct_error(CT_ERR_INPUT,
+                 "sample: the checkpoint's config names no tokenizer "
+                 "(data.tokenizer) and its vocabulary (%lld) is larger than a byte's",
                  (long long)l.cfg.model.vocab_size);
         ct_hint("pass the tokenizer the training data was made with: --tokenizer FILE "
                 "(prepare writes DIR/tokenizer.bin)");

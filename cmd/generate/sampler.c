@@ -195,7 +195,8 @@ ct_status ct_sample_print(ct_model *m, ct_dp *dp, ct_pctx *pctx, const ct_tokeni
      * can give a token the model has no row for */
     for (size_t i = 0; i < n_prompt; i++) {
         if (prompt[i] < ct_model_vocab_size(m)) continue;
-        ct_error(CT_ERR_INPUT, "the prompt's token %d (number %zu of the prompt) is outside the "
+        ct_error(CT_ERR_INPUT,
+                 "the prompt's token %d (number %zu of the prompt) is outside the "
                  "model's vocabulary of %lld",
                  prompt[i], i, (long long)ct_model_vocab_size(m));
         ct_hint("the model was trained on text without such bytes: leave them out of the prompt");

@@ -31,7 +31,7 @@ typedef struct rank_rec {
     long long recorded;
     char host[256], reason[96], job[64], file[256];
     double time, timeout_s; /* timeout_s: the watchdog's, 0 when unknown (a version 1 record) */
-    int *group_map; /* the file's group index -> the global group */
+    int *group_map;         /* the file's group index -> the global group */
     int n_groups;
     op_rec *ops;
     int n_ops;
@@ -237,8 +237,8 @@ typedef struct finding {
 } finding;
 
 static void consider(finding *best, bool mismatch, double when, const char *text) {
-    if (best->found && (best->mismatch > mismatch ||
-                        (best->mismatch == mismatch && when >= best->when)))
+    if (best->found &&
+        (best->mismatch > mismatch || (best->mismatch == mismatch && when >= best->when)))
         return;
     best->found = true;
     best->mismatch = mismatch;
@@ -293,8 +293,10 @@ static void check_collectives(const diag *d, int g, finding *best) {
                 const rank_rec *rq = record_of(d, wq);
                 const op_rec *oq = rq ? find_op(rq, g, NULL, -1, o->seq) : NULL;
                 if (oq) {
-                    if (!strcmp(oq->state, "completed")) unfinished = false;
-                    else waited = CT_MAX(waited, rq->time - oq->start);
+                    if (!strcmp(oq->state, "completed"))
+                        unfinished = false;
+                    else
+                        waited = CT_MAX(waited, rq->time - oq->start);
                     if (ne < sizeof entered)
                         ne += (size_t)snprintf(entered + ne, sizeof entered - ne, " %d", wq);
                     if (!same_op(oq, o) && nd < sizeof differs)
@@ -310,8 +312,7 @@ static void check_collectives(const diag *d, int g, finding *best) {
                     if (nm < sizeof missing)
                         nm += (size_t)snprintf(missing + nm, sizeof missing - nm,
                                                "; rank %d wrote no flight record", wq);
-                } else if (rq->time > when && newest(rq, g, NULL, -1, &hi, &last) &&
-                           hi < o->seq) {
+                } else if (rq->time > when && newest(rq, g, NULL, -1, &hi, &last) && hi < o->seq) {
                     if (first_missing < 0) first_missing = wq;
                     if (nm < sizeof missing)
                         nm += (size_t)snprintf(
@@ -370,8 +371,7 @@ static void check_p2p(const diag *d, int g, finding *best) {
             unsigned long long hi;
             const op_rec *last;
             if (rq && find_op(rq, g, other, m, o->seq)) continue;
-            if (rq && !(rq->time > o->start && newest(rq, g, other, m, &hi, &last) &&
-                        hi < o->seq))
+            if (rq && !(rq->time > o->start && newest(rq, g, other, m, &hi, &last) && hi < o->seq))
                 continue; /* posted, or its record was written before this was entered */
             if (!rq && !strcmp(o->state, "completed")) continue;
             clock_label(o->start, clock, sizeof clock);
@@ -469,8 +469,9 @@ static void print_ranks(const diag *d, const char *dir, const char *job, FILE *o
                 rr->host, rr->pid, rr->reason, clock, rr->n_ops, rr->recorded);
     }
     if (have > 1)
-        fprintf(out, "  the records were written %.3f s apart, each at its own moment: an operation "
-                     "a rank entered after another's record was written is not missing from it\n",
+        fprintf(out,
+                "  the records were written %.3f s apart, each at its own moment: an operation "
+                "a rank entered after another's record was written is not missing from it\n",
                 last - first);
 }
 

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 static void format_duration(char *buf, size_t n, double s) {
     if (!(s >= 0) || s > 1e7)
         snprintf(buf, n, "?");

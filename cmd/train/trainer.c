@@ -145,8 +145,9 @@ static ct_status open_inputs(trainer *t) {
         for (size_t i = 0; i < n; i++) top = CT_MAX(top, prompt[i]);
         free(prompt);
         if (top >= cfg->model.vocab_size) {
-            ct_error(CT_ERR_INPUT, "log.sample_prompt holds token %d, outside model.vocab_size %lld",
-                     top, (long long)cfg->model.vocab_size);
+            ct_error(CT_ERR_INPUT,
+                     "log.sample_prompt holds token %d, outside model.vocab_size %lld", top,
+                     (long long)cfg->model.vocab_size);
             ct_hint("leave bytes the training text does not hold out of log.sample_prompt");
             return CT_ERR_INPUT;
         }
@@ -787,8 +788,8 @@ static ct_status record_step(trainer *t, const step_stats *s) {
     if (s->step == 0 && t->rank0) {
         if (t->replicas > 1) /* the gradient reduction over the replicas: dp × cp ranks */
             printf("%s traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
-                   t->pctx->cp > 1 ? "dp x cp (gradients)" : "dp",
-                   (double)s->dp_bytes / 1048576.0, t->dp_bytes_expected / 1048576.0);
+                   t->pctx->cp > 1 ? "dp x cp (gradients)" : "dp", (double)s->dp_bytes / 1048576.0,
+                   t->dp_bytes_expected / 1048576.0);
         if (t->pctx->cp > 1)
             printf("cp traffic step 1 (rank 0): %.3f MiB measured, %.3f MiB expected\n",
                    (double)s->cp_bytes / 1048576.0, t->cp_bytes_expected / 1048576.0);

@@ -65,12 +65,12 @@ typedef struct trainer {
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
     double profile_start;
-    int64_t bad_in_a_row;   /* consecutive non-finite steps */
-    int32_t stop_signal;    /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
-    int64_t first_step;     /* 0, or the step a checkpoint resumed from */
+    int64_t bad_in_a_row; /* consecutive non-finite steps */
+    int32_t stop_signal;  /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
+    int64_t first_step;   /* 0, or the step a checkpoint resumed from */
     char resumed_from[CT_PATH_MAX + 32]; /* that checkpoint's step directory; "" when fresh */
-    ct_ckpt_saver *pending; /* a checkpoint save begun and not yet ended */
-    bool pending_written;   /* agreed at the last step boundary: every rank's file is written */
+    ct_ckpt_saver *pending;              /* a checkpoint save begun and not yet ended */
+    bool pending_written; /* agreed at the last step boundary: every rank's file is written */
     int64_t pending_step;
     bool stopped; /* ended early (signal or train.stop_after) */
     /* train.cuda_graph (graph_step): the step's tokens and targets on the device, and the graph

@@ -56,7 +56,7 @@ double ct_gemm_bench_linears(ct_backend *be, int64_t rows, const ct_gemm_linear 
         const int64_t out = linears[i].out, in = linears[i].in;
         const double f = 2.0 * (double)rows * (double)out * (double)in, count = linears[i].count;
         double t =
-            time_gemm(be, rows, out, in, false, true, linears[i].fwd, dt, dt, reps)    /* y */
+            time_gemm(be, rows, out, in, false, true, linears[i].fwd, dt, dt, reps)       /* y */
             + time_gemm(be, rows, in, out, false, false, CT_GEMM_OVERWRITE, dt, dt, reps) /* dx */
             + time_gemm(be, out, in, rows, true, false, CT_GEMM_ACCUMULATE, dt, CT_DTYPE_F32,
                         reps); /* dW, accumulated in f32 */

@@ -139,7 +139,8 @@ static void move_aside(const char *flight, int rank) {
     mkdir(dest, 0777);
     snprintf(dest + strlen(dest), sizeof dest - strlen(dest), "/rank-%05d.txt", rank);
     if (rename(path, dest) != 0)
-        fprintf(stderr, "cooktrain: rank %d cannot move an earlier job's flight record %s aside: %s\n",
+        fprintf(stderr,
+                "cooktrain: rank %d cannot move an earlier job's flight record %s aside: %s\n",
                 rank, path, strerror(errno));
 }
 

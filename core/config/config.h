@@ -231,7 +231,8 @@ int64_t ct_config_unit_min_bytes(const ct_config *cfg);
 void ct_config_print(const ct_config *cfg, FILE *out);
 
 /* Writes a Markdown table of every key (section.key, type and allowed values, default, meaning),
- * straight from the key table; configs/README.md embeds it (test/tools/gen_config_docs.c prints it). */
+ * straight from the key table; configs/README.md embeds it (test/tools/gen_config_docs.c prints
+ * it). */
 void ct_config_write_docs(FILE *out);
 
 /* The storage dtype of parameters and activations for a resolved precision (FP32 or BF16). */

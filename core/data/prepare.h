@@ -35,7 +35,7 @@ typedef struct ct_prepare_options {
     const char *out_dir;
     int vocab_size;
     double val_fraction;
-    bool byte_level; /* no BPE: every byte is a token (tests with tiny vocabularies) */
+    bool byte_level;      /* no BPE: every byte is a token (tests with tiny vocabularies) */
     bool replace_unknown; /* byte_level: a byte the vocabulary cannot hold (>= vocab_size), or a
                              control byte other than tab and newline, becomes a space instead of
                              an error */

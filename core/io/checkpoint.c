@@ -803,7 +803,9 @@ ct_status ct_ckpt_inspect(const char *dir, FILE *out) {
         if (&state[i] == &m.state.arch)
             name = v == CT_ARCH_GPT2 ? " (gpt2)" : v == CT_ARCH_LLAMA ? " (llama)" : " (unknown)";
         else if (&state[i] == &m.state.precision)
-            name = v == CT_PRECISION_FP32 ? " (fp32)" : v == CT_PRECISION_BF16 ? " (bf16)" : " (unknown)";
+            name = v == CT_PRECISION_FP32   ? " (fp32)"
+                   : v == CT_PRECISION_BF16 ? " (bf16)"
+                                            : " (unknown)";
         else if (&state[i] == &m.state.dp)
             name = " (replicas: dp x cp)";
         fprintf(out, "  %-15s %lld%s\n", ct_ckpt_state_names[i], (long long)v, name);

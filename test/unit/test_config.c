@@ -9,8 +9,9 @@
  * (the argument is a cmocka test filter; `*` wildcards work). CT_TEST_VERBOSE=1 prints each
  * case's message and hint, to review them as a user would read them.
  *
- * The files test/cli/bad_configs/NAME.yaml are the same kind of cases as files, for the end-to-end test
- * of the binary; bad_config_files checks here that each one fails as its `# expect:` line says.
+ * The files test/cli/bad_configs/NAME.yaml are the same kind of cases as files, for the end-to-end
+ * test of the binary; bad_config_files checks here that each one fails as its `# expect:` line
+ * says.
  *
  * Files are found relative to the repository root: $CT_SOURCE_DIR, the current directory, or
  * one or two levels up (build/test/).

@@ -209,15 +209,19 @@ static const char report_help[] =
 
 static const char sample_help[] =
     "usage: cooktrain sample DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]"
-    " [--seed S] [--tokenizer FILE]\n"
-    "text from a checkpoint, on one process.\n"
+    " [--seed S] [--tokenizer FILE] [--no-kv-cache]\n"
+    "text from a checkpoint, on one process. Each position runs once, against a cache of the keys\n"
+    "and values before it; past seq_len the window of the last seq_len tokens runs whole for\n"
+    "every token.\n"
     "\n"
     "  --prompt TEXT          the text to continue (default: none)\n"
     "  --tokens N             tokens to draw, 0..1000000 (default 64)\n"
     "  --temperature T        in (0, 100] (default 1)\n"
     "  --top-k K              draw from the K likeliest tokens; 0: all (default)\n"
     "  --seed S               the draw's seed (default 1234)\n"
-    "  --tokenizer FILE       default: the one the checkpoint's config names (data.tokenizer)\n";
+    "  --tokenizer FILE       default: the one the checkpoint's config names (data.tokenizer)\n"
+    "  --no-kv-cache          run the whole window for every token (slower; the same tokens up\n"
+    "                         to float rounding: for comparison)\n";
 
 static const char eval_help[] =
     "usage: cooktrain eval DIR --data FILE|GLOB [--samples N]\n"
@@ -609,6 +613,8 @@ static ct_status cmd_sample(int argc, char **argv) {
             st = ct_args_int(&a, 0, INT64_MAX, &top_k);
         else if (ct_args_is(&a, "--seed"))
             st = ct_args_int(&a, 0, INT64_MAX, &seed);
+        else if (ct_args_is(&a, "--no-kv-cache"))
+            st = ct_args_flag(&a), o.sample.full_windows = true;
         else
             st = ct_args_unknown(&a);
     }

@@ -7,7 +7,8 @@
  * out = (Σ p̃·v)·(1/sum), lse = max + log(sum); backward dP = dO·Vᵀ, D = rowsum(dO ⊙ O),
  * dS = P ⊙ (dP − D), dV = Pᵀ·dO, dQ = scale·dS·K, dK = scale·dSᵀ·Q. What differs is the
  * summation order (online softmax rescaling, tiles) and expf (at most 2 ulp on a GPU): test
- * tolerances.
+ * tolerances. The file ends with one decoding step against a key/value cache (the slot
+ * attention_decode, f32 and bf16: "Decoding" below).
  *
  * Tiles: the register tiles of cuda/attention_tile.cuh (64 query rows × 64 keys, 256 threads, 16
  * scores and 4 rows × HD/16 accumulators a thread; explained there), shared with ring attention's
@@ -15,7 +16,7 @@
  * read past row T − 1 or column head_dim − 1.
  *
  * Kernels (grid; dynamic shared memory for HD = 32 / 64 / 128, those above 48 KiB after
- * cudaFuncSetAttribute; no static shared memory):
+ * cudaFuncSetAttribute; no static shared memory but the decoding kernel's):
  *   attn_fwd_kernel       (query tiles, n_head, B), heaviest tile first. Q tile, then per key
  *                         tile kt ≤ qt (tiles past the diagonal are fully masked and skipped) K
  *                         and V, scores, online softmax with the running max m (one per row,
@@ -33,6 +34,18 @@
  * With dbias, dbias[j] += the per-tile column sums of dqkv (workspace 1, (B·tiles, lqkv), written
  * by the two kernels above from the fp32 values, as backend.h asks) added in (b, tile) order by
  * ct_cuda_colsum_add (elementwise.cuh).
+ *
+ * Decoding (attention_decode; the CPU reference ct_cpu_attention_decode: scores scale·(q·k_j) for
+ * j = 0..pos, their max, weights exp(s − max), out = (Σ_j w_j·v_j)·(1/Σ_j w_j), fp32; f32 and bf16
+ * storage, no tensor cores):
+ *   attn_decode_store_kernel  (ct_launch_rows over B × 2·n_kv_head·hd): each sequence's key and
+ *                         value heads, copied word for word into cache row pos.
+ *   attn_decode_kernel    (n_head, B), 256 threads, after the copy on the same stream: keys 0..pos
+ *                         in tiles of 64 (scores by warp shuffles, online softmax with the running
+ *                         max, w·v by ng = 256 / hd thread groups over interleaved keys, added in
+ *                         group order at the end), so any pos < T_max fits; hd ≤ 256. 1536
+ *                         bytes of static shared memory. Differs from the CPU by summation
+ *                         order, the rescales and expf.
  * No float atomics: every sum runs in an order fixed by the shapes, so reruns give the same bits.
  *
  * Registers: a thread keeps 16 scores (32 in dQ: S and dP) and 4 rows × HD/16
@@ -306,4 +319,126 @@ extern "C" void ct_cuda_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float 
     else
         ATT_HD_DISPATCH(att_bwd, float, head_dim, cx, dqkv, dbias, dout, qkv, out, lse, B, T,
                         n_head, n_kv_head, head_dim);
+}
+
+/* ---- decoding: one position against the key/value cache -------------------------------------- */
+
+#define ATT_DEC_THREADS 256 /* 8 warps a (sequence, query head) */
+#define ATT_DEC_KEYS 64     /* keys a tile: 8 a warp */
+#define ATT_DEC_MAX_HD 256
+#define ATT_DEC_QR (ATT_DEC_MAX_HD / 32) /* query elements a lane holds */
+
+/* Row pos of each sequence's cache from the key and value heads of its qkv row: lkv words (W the
+ * storage dtype's bits, so the copy is exact), sequences by y and columns by x, grid-stride. */
+template <typename W>
+static __global__ void attn_decode_store_kernel(W *kv, const W *qkv, int64_t B, int64_t T_max,
+                                                int64_t pos, int64_t cq, int64_t lkv) {
+    for (int64_t b = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; b < B;
+         b += (int64_t)gridDim.y * blockDim.y) {
+        W *dst = kv + (b * T_max + pos) * lkv;
+        const W *src = qkv + b * (cq + lkv) + cq;
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < lkv;
+             c += (int64_t)gridDim.x * blockDim.x)
+            dst[c] = src[c];
+    }
+}
+
+/* Block (h, b): query head h of sequence b against its cache rows 0..n-1 (kv head h / group), in
+ * tiles of ATT_DEC_KEYS keys. Per tile: warp w scores keys w, w + 8, ... (lane l multiplies
+ * elements l, l + 32, ..., ct_warp_sum adds the lanes), the tile's max m' (every warp, exactly),
+ * the weights exp(s − m) with m the running max, their sum (every warp the same tree), and
+ * thread (g, d) of the ng = 256 / hd groups adds w_j·v_jd over the tile's keys j ≡ g (mod ng) in
+ * order; the running sum and the accumulators are rescaled by exp(m_old − m) when the max grows.
+ * At the end the ng accumulators of column d are added in group order and times 1/sum. */
+template <typename T>
+static __global__ void __launch_bounds__(ATT_DEC_THREADS)
+    attn_decode_kernel(T *out, const T *kv, const T *qkv, int64_t T_max, int n, int n_head,
+                       int n_kv_head, int hd, float scale) {
+    CT_SHARED(float, sc, ATT_DEC_KEYS);     /* the tile's scores */
+    CT_SHARED(float, wt, ATT_DEC_KEYS);     /* their weights */
+    CT_SHARED(float, red, ATT_DEC_THREADS); /* the groups' accumulators, at the end */
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (n_head / n_kv_head);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t cq = (int64_t)n_head * hd, ckv = (int64_t)n_kv_head * hd, lkv = 2 * ckv;
+    const T *kh = kv + (int64_t)b * T_max * lkv + (int64_t)kvh * hd, *vh = kh + ckv;
+    const T *qh = qkv + (int64_t)b * (cq + lkv) + (int64_t)h * hd;
+    float qr[ATT_DEC_QR];
+    CT_UNROLL
+    for (int i = 0; i < ATT_DEC_QR; i++)
+        qr[i] = lane + 32 * i < hd ? ct_to_f32(qh[lane + 32 * i]) : 0.0f;
+    const int ng = ATT_DEC_THREADS / hd, g = threadIdx.x / hd, d = threadIdx.x % hd;
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int j0 = 0; j0 < n; j0 += ATT_DEC_KEYS) {
+        const int nt = n - j0 < ATT_DEC_KEYS ? n - j0 : ATT_DEC_KEYS;
+        for (int jj = warp; jj < nt; jj += ATT_DEC_THREADS / 32) {
+            const T *k = kh + (int64_t)(j0 + jj) * lkv;
+            float s = 0.0f;
+            CT_UNROLL
+            for (int i = 0; i < ATT_DEC_QR; i++)
+                if (lane + 32 * i < hd) s = fmaf(qr[i], ct_to_f32(k[lane + 32 * i]), s);
+            s = ct_warp_sum(s);
+            if (lane == 0) sc[jj] = scale * s;
+        }
+        __syncthreads();
+        float tm = -INFINITY;
+        for (int jj = lane; jj < nt; jj += 32) tm = fmaxf(tm, sc[jj]);
+        const float mn = fmaxf(m, ct_warp_max(tm)), alpha = expf(m - mn); /* 0 at the first */
+        m = mn;
+        for (int jj = threadIdx.x; jj < nt; jj += ATT_DEC_THREADS) wt[jj] = expf(sc[jj] - mn);
+        __syncthreads();
+        float ts = 0.0f;
+        for (int jj = lane; jj < nt; jj += 32) ts += wt[jj];
+        l = l * alpha + ct_warp_sum(ts);
+        if (g < ng) {
+            float a = acc * alpha;
+            for (int jj = g; jj < nt; jj += ng)
+                a = fmaf(wt[jj], ct_to_f32(vh[(int64_t)(j0 + jj) * lkv + d]), a);
+            acc = a;
+        }
+        __syncthreads(); /* the next tile rewrites sc and wt */
+    }
+    if (g < ng) red[g * hd + d] = acc;
+    __syncthreads();
+    if ((int)threadIdx.x < hd) {
+        float o = red[threadIdx.x];
+        for (int k = 1; k < ng; k++) o += red[k * hd + threadIdx.x];
+        out[(int64_t)b * cq + (int64_t)h * hd + threadIdx.x] = ct_from_f32<T>(o * (1.0f / l));
+    }
+}
+
+template <typename T, typename W>
+static void att_decode(ct_cuda_ctx *cx, void *out, void *kv, const void *qkv, int64_t B,
+                       int64_t T_max, int64_t pos, int64_t n_head, int64_t n_kv_head, int64_t hd) {
+    cudaStream_t st = ct_cuda_stream(cx);
+    const int64_t cq = n_head * hd, lkv = 2 * n_kv_head * hd;
+    dim3 grid, block;
+    ct_launch_rows(cx, B, lkv, &grid, &block);
+    ct_launch(attn_decode_store_kernel<W>, grid, block, 0, st, (W *)kv, (const W *)qkv, B, T_max,
+              pos, cq, lkv);
+    CT_CUDA_CHECK(cudaGetLastError());
+    ct_launch(attn_decode_kernel<T>, dim3((unsigned)n_head, (unsigned)B), dim3(ATT_DEC_THREADS), 0,
+              st, (T *)out, (const T *)kv, (const T *)qkv, T_max, (int)(pos + 1), (int)n_head,
+              (int)n_kv_head, (int)hd, 1.0f / sqrtf((float)hd));
+    CT_CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ct_cuda_attention_decode(void *ctx, ct_dtype dt, void *out, void *kv,
+                                         const void *qkv, int64_t B, int64_t T_max, int64_t pos,
+                                         int64_t n_head, int64_t n_kv_head, int64_t head_dim) {
+    ct_cuda_ctx *cx = (ct_cuda_ctx *)ctx;
+    CT_ASSERTF(dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16, "attention_decode dtype %d", (int)dt);
+    if (B <= 0 || n_head <= 0) return;
+    CT_ASSERTF(n_kv_head > 0 && n_head % n_kv_head == 0 && n_head < INT32_MAX,
+               "attention_decode: n_head=%lld n_kv_head=%lld", (long long)n_head,
+               (long long)n_kv_head);
+    CT_ASSERTF(head_dim > 0 && head_dim <= ATT_DEC_MAX_HD,
+               "attention_decode: head_dim=%lld (at most %d)", (long long)head_dim, ATT_DEC_MAX_HD);
+    CT_ASSERTF(B <= 65535 && pos >= 0 && pos < T_max && T_max <= INT32_MAX - ATT_DEC_KEYS,
+               "attention_decode: B=%lld T_max=%lld pos=%lld", (long long)B, (long long)T_max,
+               (long long)pos);
+    if (dt == CT_DTYPE_BF16)
+        att_decode<__nv_bfloat16, uint16_t>(cx, out, kv, qkv, B, T_max, pos, n_head, n_kv_head,
+                                            head_dim);
+    else
+        att_decode<float, uint32_t>(cx, out, kv, qkv, B, T_max, pos, n_head, n_kv_head, head_dim);
 }

@@ -89,6 +89,8 @@ typedef struct sampler {
     int64_t last_row;
     float *row; /* (Vp/tp): this rank's logits at the window's last position */
     int64_t k;  /* which new token is being drawn */
+    bool draws; /* this forward's last position is the one to draw from (decoding a prompt: not
+                   before its last token) */
     int32_t drawn;
     const ct_sample_options *opt;
 } sampler;
@@ -116,15 +118,77 @@ static void draw(void *ctx, int mb, ct_acts *a) {
     sampler *s = ctx;
     const ct_model *m = s->model;
     const ct_model_layout *l = ct_model_layout_of(m);
+    if (!s->draws) return;
     if (l->cp_size > 1 && l->cp_rank != s->owner) return; /* the owner's draw arrives later */
     const ct_param *wte = ct_model_head_weight(m);        /* this rank's rows of the vocabulary */
     int64_t Vl = wte->local_shape[0];
     ct_tensor *row = ct_tensor_view_1d(ct_acts_logits(a), s->last_row * Vl, Vl);
-    ct_tensor_to_host(s->row, row);
+    ct_tensor_to_host_f32(s->row, row); /* the model dtype: bf16 logits widened */
     ct_tensor_free(row);
     double u = ct_rng_uniform(s->seed, SAMPLE_RNG_STREAM, (uint64_t)s->k);
     s->drawn = ct_sample_draw(ct_model_layout_of(m)->tp, s->row, wte->valid_rows, wte->tp_offset,
                               ct_model_vocab_size(m), u, s->opt);
+}
+
+/* One forward of the model as it stands (a window, or one decoded position): through every
+ * stage on the forward-only schedule, or the one chunk list of this rank. */
+static void forward(sampler *s, ct_pipeline *pipe, ct_acts *acts) {
+    if (pipe) {
+        ct_pipeline_run(pipe, false, 0.0f, fill_window, s);
+    } else {
+        ct_acts_set_batch(acts, -1, s->local, s->local); /* no loss kept */
+        ct_model_forward(s->model, acts, 0.0f);
+        draw(s, 0, acts);
+    }
+}
+
+/* The activations of one sequence at the model's current length (a window, or one position
+ * while decoding). Allocation failures are agreed on before any collective runs. */
+static ct_status sequence_acts(sampler *s, ct_dp *dp, ct_pctx *pctx, ct_pipeline **pipe,
+                               ct_acts **acts) {
+    ct_status st = pctx->pp > 1
+                       ? ct_pipeline_new(pipe, s->model, dp, pctx, CT_SCHEDULE_FORWARD_ONLY, 1, 1)
+                       : ct_acts_new(acts, s->model, 1);
+    st = ct_pctx_agree(pctx, st);
+    if (*pipe) ct_pipeline_set_head_fn(*pipe, draw, s);
+    return st;
+}
+
+/* The drawn token to every rank: the last stage's owner of the last position drew it. */
+static void share_drawn(sampler *s, ct_pctx *pctx) {
+    if (pctx->cp > 1 && pctx->pp_rank == pctx->pp - 1)
+        ct_comm_broadcast(pctx->cp_comm, &s->drawn, 1, CT_DTYPE_I32, s->owner);
+    if (pctx->pp > 1) ct_comm_broadcast(pctx->pp_comm, &s->drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
+    s->ids[s->n++] = s->drawn;
+}
+
+/* Tokens while the whole text fits in seq_len, one position per forward against the key/value
+ * cache (ct_model_decode_begin): the prompt's positions once each, then each new token's. Every
+ * rank, of every cp group too, runs the row; rank 0 of cp passes the token on as without the
+ * cache. Returns with s->k at the first token it did not draw. */
+static ct_status sample_cached(sampler *s, ct_dp *dp, ct_pctx *pctx, int64_t n_new) {
+    ct_model *m = s->model;
+    const int64_t T = m->T_seq;
+    if (s->n >= T || n_new == 0) return CT_OK; /* the window slides from the first token */
+    ct_status st = ct_pctx_agree(pctx, ct_model_decode_begin(m));
+    if (st != CT_OK) return st;
+    ct_pipeline *pipe = NULL;
+    ct_acts *acts = NULL;
+    st = sequence_acts(s, dp, pctx, &pipe, &acts);
+    s->owner = 0, s->last_row = 0;
+    for (int64_t pos = 0; st == CT_OK && s->k < n_new && s->n <= T; s->k++) {
+        for (; pos < s->n; pos++) { /* the positions not yet in the cache */
+            ct_model_decode_at(m, pos);
+            s->local[0] = s->ids[pos];
+            s->draws = pos == s->n - 1;
+            forward(s, pipe, acts);
+        }
+        share_drawn(s, pctx);
+    }
+    ct_pipeline_free(pipe);
+    ct_acts_free(acts);
+    ct_model_decode_end(m);
+    return st;
 }
 
 ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t *prompt,
@@ -137,39 +201,26 @@ ct_status ct_sample_tokens(ct_model *m, ct_dp *dp, ct_pctx *pctx, const int32_t 
     s.ids = ct_xmalloc((size_t)(n_prompt + n_new) * sizeof(int32_t));
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof(int32_t));
     s.window = ct_xcalloc((size_t)T, sizeof(int32_t));
-    s.local = ct_xcalloc((size_t)ct_model_seq_len(m), sizeof(int32_t));
+    s.local = ct_xcalloc((size_t)T, sizeof(int32_t));
     /* the last stage's slice of the vocabulary (a middle stage holds no head and draws nothing) */
     const ct_param *wte = ct_model_head_weight(m);
     s.row = ct_xmalloc((size_t)(wte ? wte->local_shape[0] : 1) * sizeof(float));
 
-    /* One sequence at a time: through every stage on a forward-only schedule, or the one chunk
-     * list of this rank. Allocation failures are agreed on before any collective runs. */
+    ct_status st = opt && opt->full_windows ? CT_OK : sample_cached(&s, dp, pctx, n_new);
+    /* Past seq_len (or without the cache): the window of the last T tokens, run whole for every
+     * token, as its positions all moved. */
     ct_pipeline *pipe = NULL;
     ct_acts *acts = NULL;
-    ct_status st = pctx->pp > 1
-                       ? ct_pipeline_new(&pipe, m, dp, pctx, CT_SCHEDULE_FORWARD_ONLY, 1, 1)
-                       : ct_acts_new(&acts, m, 1);
-    st = ct_pctx_agree(pctx, st);
-    if (pipe) ct_pipeline_set_head_fn(pipe, draw, &s);
-
-    for (s.k = 0; st == CT_OK && s.k < n_new; s.k++) {
+    if (st == CT_OK && s.k < n_new) st = sequence_acts(&s, dp, pctx, &pipe, &acts);
+    s.draws = true;
+    for (; st == CT_OK && s.k < n_new; s.k++) {
         int64_t start = s.n > T ? s.n - T : 0;
         s.len = s.n - start;
         memset(s.window, 0, (size_t)T * sizeof(int32_t));
         memcpy(s.window, s.ids + start, (size_t)s.len * sizeof(int32_t));
         place_window(&s);
-        if (pipe) {
-            ct_pipeline_run(pipe, false, 0.0f, fill_window, &s);
-        } else {
-            ct_acts_set_batch(acts, -1, s.local, s.local); /* no loss kept */
-            ct_model_forward(m, acts, 0.0f);
-            draw(&s, 0, acts);
-        }
-        /* The last stage's owner of the last position drew it; every rank needs it next. */
-        if (pctx->cp > 1 && pctx->pp_rank == pctx->pp - 1)
-            ct_comm_broadcast(pctx->cp_comm, &s.drawn, 1, CT_DTYPE_I32, s.owner);
-        if (pipe) ct_comm_broadcast(pctx->pp_comm, &s.drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
-        s.ids[s.n++] = s.drawn;
+        forward(&s, pipe, acts);
+        share_drawn(&s, pctx);
     }
     ct_pipeline_free(pipe);
     ct_acts_free(acts);

@@ -3,7 +3,9 @@
  *
  * Every rank runs the sampler in lockstep, because the forward pass is collective: tensor-parallel
  * layers reduce over tp, ZeRO-3 gathers units over dp, and with pipeline parallelism the window
- * travels through the stages on a forward-only schedule of one microbatch of one sequence. Token
+ * travels through the stages on a forward-only schedule of one microbatch of one sequence. While
+ * the text fits in seq_len each position runs once, one row against the key/value cache
+ * (model.h, ct_model_decode_begin); past it the window of the last seq_len tokens runs whole. Token
  * k is drawn from softmax(logits) over the real vocabulary with the counter-based uniform
  * u_k = rng(seed, k): the first token whose running sum of exp(logit − max), in vocabulary order,
  * reaches u_k times the total. With the vocabulary split over tp each rank reduces over its own
@@ -25,6 +27,9 @@
 typedef struct ct_sample_options {
     double temperature;
     int64_t top_k;
+    /* run the whole window for every token instead of one position against the key/value cache
+     * (the same tokens up to float rounding, at the cost the cache saves: for comparison) */
+    bool full_windows;
 } ct_sample_options;
 
 /*

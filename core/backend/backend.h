@@ -623,6 +623,19 @@ void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                       int64_t T, int64_t n_head, int64_t n_kv_head);
 
 /*
+ * One decoding step of causal attention against a key/value cache (sampling, cmd/README.md).
+ * qkv (B, 1, (n_head + 2·n_kv_head)·hd) holds each sequence's query, key and value heads at
+ * position pos, packed as for ct_attention_fwd. Its key and value heads are copied into row pos of
+ * the cache kv (B, T_max, 2·n_kv_head·hd: each row the key heads then the value heads of one
+ * position, the layout of ct_attention_part_fwd's blocks), and out (B, 1, n_head·hd) is the
+ * attention of the query against cache rows 0..pos: what ct_attention_fwd gives row pos of a
+ * sequence whose rows 0..pos-1 were cached. Scale 1/sqrt(hd); scores, weights and sums in fp32,
+ * the keys summed in order. 0 <= pos < T_max.
+ */
+void ct_attention_decode(ct_tensor *out, ct_tensor *kv, const ct_tensor *qkv, int64_t pos,
+                         int64_t n_head, int64_t n_kv_head);
+
+/*
  * Context parallelism (ring attention, parallel/README.md): a rank holds T local rows of each
  * sequence as two chunks of T/2 rows, at global chunk indices q0 and q1 (zigzag: r and 2cp−1−r;
  * contiguous: 2r and 2r+1; chunk k covers positions [k·T/2, (k+1)·T/2)), and attends to key/value

@@ -583,6 +583,31 @@ void ct_attention_fwd(ct_tensor *out, ct_tensor *lse, const ct_tensor *qkv, int6
             n_head, n_kv_head, hd);
 }
 
+void ct_attention_decode(ct_tensor *out, ct_tensor *kv, const ct_tensor *qkv, int64_t pos,
+                         int64_t n_head, int64_t n_kv_head) {
+    check_float(qkv, "attention_decode qkv");
+    check_like(out, qkv, "attention_decode out");
+    check_like(kv, qkv, "attention_decode kv");
+    check_same_backend(out, qkv);
+    check_same_backend(kv, qkv);
+    CT_ASSERTF(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
+               "attention_decode: n_head=%lld n_kv_head=%lld (n_kv_head must divide n_head)",
+               (long long)n_head, (long long)n_kv_head);
+    const int64_t B = ROWS(qkv), cq = COLS(out), hd = cq / n_head;
+    CT_ASSERTF(cq > 0 && cq % n_head == 0 && ROWS(out) == B &&
+                   COLS(qkv) == (n_head + 2 * n_kv_head) * hd,
+               "attention_decode: qkv %s must be (B, (n_head + 2 n_kv_head)=%lld x head_dim), "
+               "out %s (B, n_head=%lld x head_dim)",
+               SH(qkv), (long long)(n_head + 2 * n_kv_head), SH(out), (long long)n_head);
+    const int64_t T_max = kv->numel / (B * 2 * n_kv_head * hd);
+    CT_ASSERTF(T_max * B * 2 * n_kv_head * hd == kv->numel && pos >= 0 && pos < T_max,
+               "attention_decode: kv %s must be (B=%lld, T_max, 2 n_kv_head x head_dim=%lld) "
+               "with pos %lld < T_max",
+               SH(kv), (long long)B, (long long)(2 * n_kv_head * hd), (long long)pos);
+    OP_CALL(attention_decode, qkv, CT_PROF_ATTENTION, DT(qkv), DATA(out), DATA(kv), DATA(qkv), B,
+            T_max, pos, n_head, n_kv_head, hd);
+}
+
 void ct_attention_bwd(ct_tensor *dqkv, ct_tensor *dbias, const ct_tensor *dout,
                       const ct_tensor *qkv, const ct_tensor *out, const ct_tensor *lse, int64_t B,
                       int64_t T, int64_t n_head, int64_t n_kv_head) {

@@ -137,6 +137,11 @@
       (ct_dtype, dt), (void *, dqkv), (float *, dbias), (const void *, dout), (const void *, qkv), \
       (const void *, out), (const float *, lse), (int64_t, B), (int64_t, T), (int64_t, n_head),    \
       (int64_t, n_kv_head), (int64_t, head_dim))                                                   \
+    /* one position against a key/value cache kv (B, T_max, 2·n_kv_head·hd), its row pos written */ \
+    X(attention_decode, CT_OP_REQUIRED, CT_OP_ARGS,                                                \
+      (ct_dtype, dt), (void *, out), (void *, kv), (const void *, qkv), (int64_t, B),              \
+      (int64_t, T_max), (int64_t, pos), (int64_t, n_head), (int64_t, n_kv_head),                   \
+      (int64_t, head_dim))                                                                         \
     /* context parallelism (backend.h, ct_attention_part_fwd): chunks packed by CT_ATT_CHUNKS */ \
     /* rows of cols elements at row strides ld_dst and ld_src, each converted as by cast */       \
     X(cast_cols, CT_OP_FEATURE, CT_OP_ARGS,                                                        \

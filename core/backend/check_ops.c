@@ -773,6 +773,48 @@ void ct_check_attention_fwd(void *ctx, ct_dtype dt, void *out, float *lse, const
 }
 
 /*
+ * Decoding: the cache row pos is a copy (exact); the output is attention_fwd's row pos (above)
+ * with its n = pos + 1 keys, Kmax and Vmax taken over the cache rows 0..pos of the sequence.
+ */
+void ct_check_attention_decode(void *ctx, ct_dtype dt, void *out, void *kv, const void *qkv,
+                               int64_t B, int64_t T_max, int64_t pos, int64_t n_head,
+                               int64_t n_kv_head, int64_t head_dim) {
+    check_ctx *k = ctx;
+    enum { OUT, KV, QKV };
+    const int64_t hd = head_dim, cq = n_head * hd, ckv = n_kv_head * hd, lqkv = cq + 2 * ckv;
+    const int64_t n = pos + 1;
+    op_check o = {.op = "attention_decode",
+                  .n_args = 3,
+                  .arg = {{"out", out, B * cq, dt, ARG_OUT},
+                          {"kv", kv, B * T_max * 2 * ckv, dt, ARG_INOUT},
+                          {"qkv", qkv, B * lqkv, dt, ARG_IN}}};
+    SHAPE(&o, "dt=%s B=%lld T_max=%lld pos=%lld n_head=%lld n_kv_head=%lld head_dim=%lld",
+          ct_dtype_name(dt), LL(B), LL(T_max), LL(pos), LL(n_head), LL(n_kv_head), LL(hd));
+    run_attention_decode(k, &o, dt, out, kv, qkv, B, T_max, pos, n_head, n_kv_head, hd);
+    if (o.arg[OUT].region >= 0) {
+        const int64_t group = n_head / n_kv_head;
+        for (int64_t b = 0; b < B; b++) {
+            /* the sequence's cache rows 0..pos (row pos now its own key and value) */
+            float *kmax = column_max(o.arg[KV].want + b * T_max * 2 * ckv, 1, n, 2 * ckv, 0, ckv),
+                  *vmax = column_max(o.arg[KV].want + b * T_max * 2 * ckv, 1, n, 2 * ckv, ckv, ckv);
+            for (int64_t h = 0; h < n_head; h++) {
+                const int64_t kvc = (h / group) * hd;
+                const double ds = score_tol(o.arg[QKV].x + b * lqkv + h * hd, kmax + kvc, hd);
+                const double wr = dt == CT_DTYPE_BF16 ? BF16_U : 0.0; /* bf16 weights */
+                for (int64_t d = 0; d < hd; d++) {
+                    const int64_t io = b * cq + h * hd + d;
+                    o.arg[OUT].tol[io] =
+                        (float)((2.0 * ds + 3.0 * red_tol(n) + wr) * vmax[kvc + d] +
+                                ULPS * U * fabs(o.arg[OUT].want[io]));
+                }
+            }
+            free(kmax), free(vmax);
+        }
+    }
+    ct_check_op_end(k, &o);
+}
+
+/*
  * The one documented rtol/atol pair. A bound like the forward's would need every probability
  * (the op's own cost), so: dqkv's element i of head slice (batch b, part q/k/v, head h) within
  *   R·(|want_i| + M_slice),  R = 4·(T + hd + 8)·U,

@@ -894,6 +894,57 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     }
 }
 
+/* ---- decoding with a key/value cache --------------------------------------------------------
+ */
+
+ct_status ct_model_decode_begin(ct_model *m) {
+    CT_ASSERTF(!m->decode, "ct_model_decode_begin: already decoding");
+    CT_ASSERTF(m->live_acts == 0 || !m->layout.recompute || m->recompute_B >= 1,
+               "ct_model_decode_begin: no recompute workspace");
+    ct_model_decode *d = ct_xcalloc(1, sizeof *d);
+    d->kv = ct_xcalloc((size_t)m->L, sizeof *d->kv);
+    const int64_t kvdim = 2 * m->NKV / m->layout.tp_size * m->hd;
+    for (int64_t l = 0; l < m->L; l++) {
+        if (m->layer_unit[l] < 0) continue; /* not on this rank */
+        d->kv[l] = ct_tensor_new_1d(m->be, m->dtype, m->T_seq * kvdim, CT_MEM_ACTS);
+        if (!d->kv[l]) {
+            for (int64_t j = 0; j < l; j++) ct_tensor_free(d->kv[j]);
+            free(d->kv);
+            free(d);
+            return ct_error(CT_ERR_RUNTIME,
+                            "out of memory for the key/value cache of sampling (%lld layers of "
+                            "%lld x %lld)",
+                            (long long)m->L, (long long)m->T_seq, (long long)kvdim);
+        }
+        ct_tensor_zero(d->kv[l]); /* rows not yet written hold zeros, never stale bits */
+    }
+    d->T = m->T, d->Tl = m->Tl, d->cp_size = m->layout.cp_size;
+    d->sequence_parallel = m->layout.sequence_parallel;
+    m->T = m->Tl = 1;
+    m->layout.cp_size = 1;
+    m->layout.sequence_parallel = false;
+    m->decode = d;
+    return CT_OK;
+}
+
+void ct_model_decode_at(ct_model *m, int64_t pos) {
+    CT_ASSERTF(m->decode && pos >= 0 && pos < m->T_seq,
+               "ct_model_decode_at(%lld): not decoding, or past seq_len %lld", (long long)pos,
+               (long long)m->T_seq);
+    m->decode->pos = pos;
+}
+
+void ct_model_decode_end(ct_model *m) {
+    ct_model_decode *d = m->decode;
+    if (!d) return;
+    for (int64_t l = 0; l < m->L; l++) ct_tensor_free(d->kv[l]);
+    free(d->kv);
+    m->T = d->T, m->Tl = d->Tl, m->layout.cp_size = d->cp_size;
+    m->layout.sequence_parallel = d->sequence_parallel;
+    free(d);
+    m->decode = NULL;
+}
+
 void ct_model_forward(ct_model *m, ct_acts *a, float dloss) {
     for (int c = 0; c < m->layout.n_chunks; c++) ct_model_forward_chunk(m, c, a, dloss);
 }

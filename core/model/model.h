@@ -253,7 +253,8 @@ typedef struct ct_model {
      * backend that runs ops as they are issued (cpu), what each costs; elsewhere the host's
      * waits fall into the routing. */
     double moe_route_seconds, moe_expert_seconds, moe_expert_flops;
-    ct_layer_params *layers; /* [L], entries NULL for layers not on this rank */
+    ct_layer_params *layers;        /* [L], entries NULL for layers not on this rank */
+    struct ct_model_decode *decode; /* between ct_model_decode_begin and _end, else NULL */
 } ct_model;
 
 /* Activations of one microbatch on this rank's chunks. */
@@ -347,7 +348,24 @@ const ct_model_layout *ct_model_layout_of(const ct_model *model); /* where this 
 ct_dtype ct_model_dtype(const ct_model *model);      /* storage dtype of parameters, activations */
 ct_backend *ct_model_backend(const ct_model *model); /* where its tensors live */
 int ct_model_n_layers(const ct_model *model);        /* L: all layers, not only this rank's */
-int64_t ct_model_seq_len(const ct_model *model);     /* T */
+/*
+ * Decoding with a key/value cache (sampling, cmd/generate/sampler.c). Between
+ * ct_model_decode_begin and ct_model_decode_end a forward runs one position of one sequence:
+ * T = 1 row, at the position set by ct_model_decode_at, whose attention reads the keys and values
+ * of the positions before it from a cache of T_seq rows per layer on this rank, and adds its own.
+ * Context and sequence parallelism are set aside meanwhile (each rank of a cp group, and every tp
+ * rank, holds the whole row; tensor parallelism still splits the heads and the vocabulary), so
+ * forwards in any layout give the logits a full forward gives at that row, up to float rounding.
+ * Activation contexts and pipelines made inside are for decoding only; free them before _end.
+ * Forward only. Out of memory for the cache: CT_ERR_RUNTIME, the model unchanged.
+ */
+ct_status ct_model_decode_begin(ct_model *model);
+/* The next forward's position: 0 <= pos < T_seq, positions 0..pos-1 already run (or the cache's
+ * rows there are stale: a smaller pos starts a sequence again). */
+void ct_model_decode_at(ct_model *model, int64_t pos);
+void ct_model_decode_end(ct_model *model);
+
+int64_t ct_model_seq_len(const ct_model *model);       /* T */
 int64_t ct_model_local_seq_len(const ct_model *model); /* Tl: T/tp sequence parallel, else T */
 int64_t ct_model_d_model(const ct_model *model);       /* C */
 int64_t ct_model_vocab_size(const ct_model *model);    /* V: real tokens (Vp with padding) */

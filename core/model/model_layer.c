@@ -104,6 +104,7 @@ void ct_model_attention_bwd(ct_model *m, ct_tensor *dqkv, ct_tensor *dbias, cons
 
 int64_t ct_model_position(const ct_model *m, int64_t row) {
     const ct_model_layout *l = &m->layout;
+    if (m->decode) return m->decode->pos + row;
     return l->cp_size > 1 ? ct_cp_position(l->cp_size, l->cp_rank, l->cp_zigzag, m->T, row) : row;
 }
 
@@ -112,7 +113,7 @@ void ct_model_for_position_runs(ct_model *m, ct_tensor *x, int64_t B, int64_t ro
                                            int64_t pos, void *ctx),
                                 void *ctx) {
     if (m->layout.cp_size == 1) { /* one run: every sequence's rows at once */
-        fn(m, x, B, rows, row0, ctx);
+        fn(m, x, B, rows, ct_model_position(m, row0), ctx);
         return;
     }
     const int64_t cols = ct_tensor_cols(x), half = m->T / 2;
@@ -131,7 +132,11 @@ void ct_model_attention_out_forward(ct_model *m, int l, ct_acts *a) {
     const ct_layer_params *p = &m->layers[l];
     ct_layer_acts *la = &a->layers[l];
     ct_model_poll(m);
-    ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
+    if (m->decode) /* one position against the cache of the ones before it */
+        ct_attention_decode(la->att, m->decode->kv[l], la->qkv, m->decode->pos,
+                            m->NH / m->layout.tp_size, m->NKV / m->layout.tp_size);
+    else
+        ct_model_attention_fwd(m, la->att, la->lse, la->qkv, a->B);
     ct_model_poll(m);
     ct_model_row_parallel_out(m, la->mid, la->att, p->wo, p->bo, NULL);
     /* mid = x + (att·Woᵀ + bo), the residual add fused into ln2 = Norm(mid) */

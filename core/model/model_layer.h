@@ -11,6 +11,17 @@
 
 #include "model_arch.h"
 
+/* Decoding (model.h, ct_model_decode_begin): the row's position, each layer's key/value cache
+ * (T_seq rows of this rank's 2·NKV/tp·hd; NULL for layers not on this rank), and the sizes and
+ * layout decoding set aside. */
+typedef struct ct_model_decode {
+    int64_t pos;
+    ct_tensor **kv;
+    int64_t T, Tl;
+    int cp_size;
+    bool sequence_parallel;
+} ct_model_decode;
+
 /* The data-parallel layer's brackets around a use of a unit (model.h, ct_model_hooks). */
 void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass);
 void ct_model_unit_end(ct_model *m, int unit, ct_pass pass);

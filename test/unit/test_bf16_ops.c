@@ -1189,6 +1189,89 @@ static void test_attention_mha(void **state) {
     attn_check(&a);
 }
 
+/*
+ * One decoding step against a key/value cache (ct_attention_decode) at pos = T/2 and T − 1: the
+ * step's qkv (B, 1, lq) is row pos of a packed qkv (B, T, lq) in [-1, 1), and the cache (B, T + 2,
+ * 2·KV·hd) holds the key and value heads of its rows 0..pos−1 (the rows from pos on random in
+ * [-1, 1): the op writes row pos and reads no further). Its out is then row pos of the forward on
+ * that qkv, so attn_bounds above (test_attention's derivation) bounds it.
+ * Contract: out is the f32 run's rounded to nearest even, bit for bit (the same fp32 arithmetic
+ * on the same values); the caches hold the same values (row pos: the step's key and value heads).
+ * Unrounded: out within out_tol(fp32, e + 2·e32) of the fp32 run's (e: attn_bounds with every
+ * input moved by u; e32 the fp32 slack, inputs moved by (hd + T + 8)·e, as in attn_check); the
+ * bf16 cache is the fp32 cache rounded to nearest even, element for element.
+ */
+static void run_attn_decode(ct_dtype dt, const attn_dims *a, int64_t Tm, int64_t pos,
+                            const float *step, const float *cache, float **out, float **kv) {
+    const int64_t cq = a->H * a->hd, lq = (a->H + 2 * a->KV) * a->hd, lkv = 2 * a->KV * a->hd;
+    int64_t s1[3] = {a->B, 1, lq}, so[3] = {a->B, 1, cq}, skv[3] = {a->B, Tm, lkv};
+    ct_tensor *t = tens(dt, 3, s1, step), *o = tens(dt, 3, so, NULL), *c = tens(dt, 3, skv, cache);
+    ct_tensor_fill(o, NAN);
+    ct_attention_decode(o, c, t, pos, a->H, a->KV);
+    *out = take(o), *kv = take(c);
+    ct_tensor_free(t);
+}
+
+static void decode_check(const attn_dims *a) {
+    const int64_t B = a->B, T = a->T, Tm = T + 2, cq = a->H * a->hd, ckv = a->KV * a->hd;
+    const int64_t lq = cq + 2 * ckv, lkv = 2 * ckv, nkv = B * Tm * lkv, nqkv = B * T * lq;
+    char what[160], tag[96];
+    for (int pass = 0; pass < 2; pass++) {
+        gen_fn gen = gen_for(pass);
+        float *qkv = gen(nqkv, -1, 1), *cache = gen(nkv, -1, 1);
+        float *step = malloc((size_t)(B * lq) * sizeof *step);
+        const int64_t at[2] = {T / 2, T - 1};
+        for (int i = 0; i < 2; i++) {
+            const int64_t pos = at[i];
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t j = 0; j < pos; j++)
+                    memcpy(cache + (b * Tm + j) * lkv, qkv + (b * T + j) * lq + cq,
+                           (size_t)lkv * sizeof *cache);
+                memcpy(step + b * lq, qkv + (b * T + pos) * lq, (size_t)lq * sizeof *step);
+            }
+            float *o32, *o16, *kv32, *kv16;
+            run_attn_decode(F32, a, Tm, pos, step, cache, &o32, &kv32);
+            run_attn_decode(BF16, a, Tm, pos, step, cache, &o16, &kv16);
+            snprintf(tag, sizeof tag, "B=%lld T_max=%lld H=%lld KV=%lld hd=%lld pos=%lld",
+                     (long long)B, (long long)Tm, (long long)a->H, (long long)a->KV,
+                     (long long)a->hd, (long long)pos);
+            if (pass == 0) {
+                snprintf(what, sizeof what, "attention_decode out %s: contract", tag);
+                check_rounded(what, o16, o32, B * cq);
+                snprintf(what, sizeof what, "attention_decode cache %s: contract", tag);
+                check_identical(what, kv16, kv32, nkv);
+            } else {
+                double *eo = dalloc(B * T * cq), *el = dalloc(B * a->H * T), *ed = dalloc(nqkv);
+                double *eo32 = dalloc(B * T * cq), *tol = dalloc(B * cq);
+                float *zeros = calloc((size_t)(B * T * cq), sizeof(float));
+                const double r32 = (double)(a->hd + T + 8) * U32;
+                attn_bounds(a, qkv, zeros, U16, U16, 0.0, false, eo, el, ed);
+                attn_bounds(a, qkv, zeros, r32, r32, (double)(T + 8) * U32, false, eo32, el, ed);
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t c = 0; c < cq; c++) {
+                        const int64_t e = (b * T + pos) * cq + c;
+                        tol[b * cq + c] = out_tol(o32[b * cq + c], eo[e] + 2 * eo32[e]);
+                    }
+                snprintf(what, sizeof what, "attention_decode out %s: vs fp32, unrounded", tag);
+                check_within(what, o16, o32, tol, B * cq);
+                snprintf(what, sizeof what, "attention_decode cache %s: vs fp32, unrounded", tag);
+                check_rounded(what, kv16, kv32, nkv);
+                free(eo), free(el), free(ed), free(eo32), free(tol), free(zeros);
+            }
+            free(o32), free(o16), free(kv32), free(kv16);
+        }
+        free(qkv), free(cache), free(step);
+    }
+}
+
+/* Grouped-query (n_head 4 over n_kv_head 2, two sequences) and multi-head. */
+static void test_attention_decode(void **state) {
+    (void)state;
+    attn_dims g = {2, 12, 4, 2, 8}, m = {1, 19, 3, 3, 8};
+    decode_check(&g);
+    decode_check(&m);
+}
+
 /* ---- cross-entropy --------------------------------------------------------------------------- */
 
 static float *run_xent_rowmax(ct_dtype dt, int64_t N, int64_t V, int64_t nv, const float *logits) {
@@ -1645,13 +1728,21 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm),           cmocka_unit_test(test_bias),
-        cmocka_unit_test(test_axpy_scale),     cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_posemb),         cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_norm_residual),  cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_attention_gqa),  cmocka_unit_test(test_attention_mha),
-        cmocka_unit_test(test_xent),           cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_llama_contract), cmocka_unit_test(test_llama_vs_fp32),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_axpy_scale),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_posemb),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_norm_residual),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_mha),
+        cmocka_unit_test(test_attention_decode),
+        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_llama_contract),
+        cmocka_unit_test(test_llama_vs_fp32),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,9 +1,11 @@
 /*
  * test_cuda_attention.c — the CUDA backend's causal self-attention (cuda/attention.cu, the slots
- * attention_fwd and attention_bwd) and ring attention's step (cuda/attention_part.cu, the slots
- * attention_part_fwd and attention_part_bwd; its own tolerances above test_attention_part) against
- * the CPU backend, the numerical reference, in fp32 and bf16 and in the emulator's three warp
- * orders (test/unit/cuda_test_util.h).
+ * attention_fwd and attention_bwd), ring attention's step (cuda/attention_part.cu, the slots
+ * attention_part_fwd and attention_part_bwd; its own tolerances above test_attention_part) and
+ * one decoding step against a key/value cache (cuda/attention.cu, the slot attention_decode; its
+ * own cases and tolerances above test_attention_decode) against the CPU backend, the numerical
+ * reference, in fp32 and bf16 and in the emulator's three warp orders
+ * (test/unit/cuda_test_util.h).
  *
  * Each case makes random inputs from a fixed seed, uploads the same bytes to both backends, runs
  * the slot on each and compares every output element: |got − want| <= atol + rtol·|want|, NaN or
@@ -668,6 +670,146 @@ static void test_attention_part(void **state) {
     });
 }
 
+/* ---- one decoding step against the cache (attention_decode, cuda/attention.cu) --------------- */
+
+/*
+ * attention_decode against the CPU's: qkv (B, 1, lq) one position of each sequence (q and k in
+ * [-2, 2), v in [-1, 1)), the cache (B, T_max, 2·KV·hd) random the same way in rows 0..pos (row
+ * pos too: the op must overwrite it) and NaN past pos, so a key read past pos shows as NaN in out.
+ * Each shape runs at pos 0 (one key: the query's own), a middle pos and T_max − 1.
+ *   cache: bit for bit the bytes it started with, but row pos of each sequence, which must be the
+ *          bytes of that sequence's key and value heads (the NaN rows past pos included: rows
+ *          other than pos are untouched), on both backends;
+ *   out:   the forward's bound of the header for the one row i = pos and its n = pos + 1 keys:
+ *          |Δout_d| ≤ (2η + (4n + 8)E)·Σ_j p_j·|v_jd|, η = 2·K_hd·E·max_j a_j + 2E·R + 6E +
+ *          n_t·(6E + E·R). The CPU sums a score's hd products in order, the GPU per lane and
+ *          then over a 5-level butterfly (both within K_hd = hd + 5 terms' error); both sum the n
+ *          weights and the n products w·v (the CPU in order, the GPU per lane or thread group,
+ *          then over the lanes or groups): the (4n + 8)E; the GPU rescales its running sum and
+ *          accumulators once per 64-key tile (n_t counted per TILE = 32 keys, generously); expf
+ *          is 2 ulp on a GPU. The weights are fp32 on both sides in both dtypes, so bf16 adds
+ *          only its output rounding (bf16_tol) and check_host's bit count. Taken at its maximum
+ *          over (b, h, d).
+ * Random data use ~1% of the bound; a wrong kv head (test/tools/mutants.txt,
+ * cuda-decode-kv-head-modulo), a missing or extra key, or a key row of the wrong sequence moves out
+ * by 10^-2 or more (or to NaN).
+ */
+typedef struct dec_shape {
+    int64_t B, T_max, H, KV, hd;
+} dec_shape;
+
+static const dec_shape dec_shapes[] = {
+    {1, 37, 4, 2, 16},  /* GQA, 2 query heads per kv head; half the lanes of a score idle */
+    {2, 37, 4, 4, 16},  /* multi-head, two sequences */
+    {2, 70, 4, 2, 64},  /* GQA at the 124M model's width; pos 69 needs a second 64-key tile */
+    {1, 150, 2, 2, 64}, /* multi-head, three key tiles: the running max rescaled */
+    {1, 20, 2, 1, 80},  /* three thread groups for w·v (240 of 256 threads), 3 lanes of 32 */
+    {1, 9, 2, 1, 256},  /* the widest head: 8 query elements a lane, one thread group */
+};
+enum { N_DEC_SHAPES = sizeof dec_shapes / sizeof *dec_shapes };
+
+static bool dec_case(ct_dtype dt, const dec_shape *sh, int64_t pos) {
+    const int64_t B = sh->B, Tm = sh->T_max, H = sh->H, KV = sh->KV, hd = sh->hd;
+    const int64_t cq = H * hd, ckv = KV * hd, lq = cq + 2 * ckv, lkv = 2 * ckv, g = H / KV;
+    const int64_t n = pos + 1, n_kv = B * Tm * lkv;
+    const size_t es = cuda_test_dsize(dt);
+    cuda_test_seed(4, (uint64_t)(Tm * 131 + H * 7 + KV), (uint64_t)(hd * 65536 + pos));
+    const att_shape as = {B, 1, H, KV, hd};
+    float *x = make_qkv(&as), *c = malloc((size_t)n_kv * sizeof(float));
+    for (int64_t r = 0; r < B * Tm; r++)
+        for (int64_t e = 0; e < lkv; e++)
+            c[r * lkv + e] = r % Tm > pos ? NAN
+                             : e < ckv    ? cuda_test_urand(-2, 2)
+                                          : cuda_test_urand(-1, 1);
+    void *hx = cuda_test_pack(dt, x, B * lq), *hc = cuda_test_pack(dt, c, n_kv);
+    /* the cache as it must end: row pos of sequence b holds b's key and value heads */
+    char *want_kv = malloc((size_t)n_kv * es);
+    memcpy(want_kv, hc, (size_t)n_kv * es);
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(want_kv + (size_t)((b * Tm + pos) * lkv) * es,
+               (char *)hx + (size_t)(b * lq + cq) * es, (size_t)lkv * es);
+        memcpy(c + (b * Tm + pos) * lkv, x + b * lq + cq, (size_t)lkv * sizeof(float));
+    }
+    pbuf qkv = pb_new(hx, (size_t)(B * lq) * es), kv = pb_new(hc, (size_t)n_kv * es);
+    pbuf out = pb_new(NULL, (size_t)(B * cq) * es);
+    for (int s = 0; s < 2; s++) {
+        ct_backend *be = side_be(s);
+        be->iface->attention_decode(be->ctx, dt, out.p[s], kv.p[s], qkv.p[s], B, Tm, pos, H, KV,
+                                    hd);
+    }
+
+    /* the bound of the comment above, in double from the values as stored */
+    const double scale = 1.0 / sqrt((double)hd), K = (double)hd + 5;
+    const double n_t = (double)((n + TILE - 1) / TILE);
+    double tol = 0.0, *sj = dzero(n), *pj = dzero(n);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = x + b * lq + h * hd, *k0 = c + b * Tm * lkv + h / g * hd;
+            double mx = -INFINITY, mn = INFINITY, amax = 0.0, sum = 0.0;
+            for (int64_t j = 0; j < n; j++) {
+                double dot = 0.0, a = 0.0;
+                for (int64_t d = 0; d < hd; d++) {
+                    const double t = (double)q[d] * k0[j * lkv + d];
+                    dot += t, a += fabs(t);
+                }
+                sj[j] = dot * scale, amax = fmax(amax, a * scale);
+                mx = fmax(mx, sj[j]), mn = fmin(mn, sj[j]);
+            }
+            for (int64_t j = 0; j < n; j++) sum += pj[j] = exp(sj[j] - mx);
+            const double R = mx - mn;
+            const double eta =
+                2 * K * E32 * amax + 2 * E32 * R + 6 * E32 + n_t * (6 * E32 + E32 * R);
+            for (int64_t d = 0; d < hd; d++) {
+                double pv = 0.0;
+                for (int64_t j = 0; j < n; j++) pv += pj[j] / sum * fabs(k0[j * lkv + ckv + d]);
+                tol = fmax(tol, (2 * eta + (4.0 * (double)n + 8) * E32) * pv);
+            }
+        }
+
+    char what[160], tag[48];
+    snprintf(tag, sizeof tag, "T_max=%lld pos=%lld", (long long)Tm, (long long)pos);
+    const att_shape ns = {B, 1, H, KV, hd};
+    void *wo = cuda_test_download(P.cpu, out.p[0], (size_t)(B * cq) * es);
+    void *go = cuda_test_download(P.gpu, out.p[1], (size_t)(B * cq) * es);
+    shape_name(what, sizeof what, "attention_decode", dt, &ns, tag);
+    bool ok = check_host(what, go, wo, dt, B * cq, tol, 0.0);
+    for (int side = 0; side < 2; side++) {
+        char *got_kv = cuda_test_download(side_be(side), kv.p[side], (size_t)n_kv * es);
+        for (int64_t r = 0; r < B * Tm; r++)
+            if (memcmp(got_kv + (size_t)(r * lkv) * es, want_kv + (size_t)(r * lkv) * es,
+                       (size_t)lkv * es)) {
+                char label[200];
+                cuda_test_label(label, sizeof label, what);
+                fprintf(stderr, "%s: the %s cache's row %lld of sequence %lld is not %s\n", label,
+                        side ? "GPU" : "CPU", (long long)(r % Tm), (long long)(r / Tm),
+                        r % Tm == pos ? "the sequence's key and value heads" : "as it was");
+                ok = false;
+                break;
+            }
+        free(got_kv);
+    }
+    pb_free(&qkv), pb_free(&kv), pb_free(&out);
+    free(x), free(c), free(hx), free(hc), free(want_kv), free(wo), free(go), free(sj), free(pj);
+    return ok;
+}
+
+/* pos 0, T_max / 2 and T_max − 1 of every shape (no commas inside FOR_EACH_ORDER's body). */
+static bool dec_shape_cases(ct_dtype dt, const dec_shape *sh) {
+    const int64_t at[3] = {0, sh->T_max / 2, sh->T_max - 1};
+    bool ok = true;
+    for (int i = 0; i < 3; i++) ok &= dec_case(dt, sh, at[i]);
+    return ok;
+}
+
+static void test_attention_decode(void **state) {
+    (void)state;
+    FOR_EACH_ORDER({
+        for (int t = 0; t < 2; t++)
+            for (int k = 0; k < N_DEC_SHAPES; k++)
+                all_ok &= dec_shape_cases(dtypes[t], &dec_shapes[k]);
+    });
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 /* P for the binary, every buffer followed by PAD never-written bytes. */
@@ -696,7 +838,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_fwd),       cmocka_unit_test(test_attention_bwd),
         cmocka_unit_test(test_attention_part),      cmocka_unit_test(test_attention_fwd_wgmma),
-        cmocka_unit_test(test_attention_bwd_wgmma),
+        cmocka_unit_test(test_attention_bwd_wgmma), cmocka_unit_test(test_attention_decode),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, cuda_test_teardown);

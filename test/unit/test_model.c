@@ -14,7 +14,9 @@
 #include "core/model/model.h"
 #include "core/model/optim.h"
 #include "core/rng.h"
+#include "cmd/generate/sampler.h"
 #include "cmd/train/trainer.h"
+#include "parallel/context.h"
 #include "test_util.h"
 
 static void validated_config(ct_config *cfg) {
@@ -479,6 +481,168 @@ static void test_loss_falls(void **state) {
     ct_train_result_release(&r);
 }
 
+/* ---- decoding with a key/value cache ----------------------------------------------------------
+ */
+
+/* The logits (T, Vl) of one sequence through a full forward, then again one position at a time
+ * through ct_model_decode_*: row by row the same up to the summation order of the GEMMs, whose
+ * M = 1 and M = T kernels may add their K terms in other orders (the attention and norms add in
+ * the same order either way). A sum of K terms in another order moves by at most red_tol(K) =
+ * 2(K+1)·u of the sum of |terms| (u = 2^-24); a logit passes through 2 + 4·n_layer such sums (the
+ * QKV, output, up and down projections, the head), each of at most K_max = max(C, F) terms, with
+ * the |terms| of each sum taken at the scale of the largest |logit| (pre-norm layers: every
+ * matmul reads a normalised input): tolerance (2 + 4L)·red_tol(K_max)·max|logit|. bf16: an
+ * order change can flip the rounding of an op's bf16 output by one unit (2^-8 relative), which
+ * the next ops carry to the logits: two such units of max|logit|. (Measured on the CPU backend:
+ * at most 9e-8 in fp32, 0 in bf16: the kernels add in one order for any M.) */
+static void decode_matches_forward(ct_arch arch, bool moe, bool bf16, bool recompute) {
+    ct_config cfg;
+    test_tiny_config(&cfg, NULL);
+    cfg.model.arch = arch;
+    if (moe) {
+        cfg.model.moe_experts = 4;
+        cfg.model.moe_top_k = 2;
+        cfg.model.moe_every = 2;
+        cfg.model.moe_d_ff = 24;
+        cfg.model.moe_shared = arch == CT_ARCH_LLAMA ? 1 : 0;
+    }
+    cfg.model.seq_len = 16;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = 32;
+    cfg.model.n_head = 4;
+    if (arch == CT_ARCH_LLAMA) cfg.model.n_kv_head = 2, cfg.model.multiple_of = 16;
+    cfg.train.micro_batch = 1;
+    cfg.train.global_batch = 1;
+    cfg.train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+    cfg.train.recompute = recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
+    validated_config(&cfg);
+    ct_backend *be = test_backend_new(2);
+    ct_model_layout layout = ct_model_layout_single(&cfg);
+    ct_model *m;
+    assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
+    const int64_t T = cfg.model.seq_len, Vl = ct_model_head_weight(m)->local_shape[0];
+    int32_t tokens[16], targets[16];
+    random_batch(tokens, targets, T, cfg.model.vocab_size, 5);
+    float *full = ct_xmalloc((size_t)(T * Vl) * sizeof(float)), *row = ct_xmalloc((size_t)Vl * 4);
+    ct_acts *a;
+    assert_int_equal(ct_acts_new(&a, m, 1), CT_OK);
+    ct_acts_set_batch(a, -1, tokens, targets);
+    ct_model_forward(m, a, 0.0f);
+    ct_tensor_to_host_f32(full, ct_acts_logits(a));
+    ct_acts_free(a);
+    float big = 0.0f;
+    for (int64_t i = 0; i < T * Vl; i++) big = fmaxf(big, fabsf(full[i]));
+    const int64_t K = CT_MAX(cfg.model.d_model, m->F);
+    const double tol = bf16 ? 2.0 * 0x1p-8 * big
+                            : (2 + 4 * cfg.model.n_layer) * 2.0 * (double)(K + 1) * 0x1p-24 * big;
+    /* twice: the second pass starts the sequence again over a used cache */
+    assert_int_equal(ct_model_decode_begin(m), CT_OK);
+    assert_int_equal(ct_acts_new(&a, m, 1), CT_OK);
+    double worst = 0.0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t pos = 0; pos < T; pos++) {
+            ct_model_decode_at(m, pos);
+            ct_acts_set_batch(a, -1, tokens + pos, targets + pos);
+            ct_model_forward(m, a, 0.0f);
+            ct_tensor_to_host_f32(row, ct_acts_logits(a));
+            for (int64_t v = 0; v < Vl; v++) {
+                double d = fabs((double)row[v] - full[pos * Vl + v]);
+                if (!(d <= tol))
+                    fail_msg("%s%s%s%s: position %lld logit %lld: decoded %g, full forward %g "
+                             "(tolerance %g)",
+                             arch == CT_ARCH_LLAMA ? "llama" : "gpt2", moe ? " moe" : "",
+                             bf16 ? " bf16" : "", recompute ? " recompute" : "", (long long)pos,
+                             (long long)v, row[v], full[pos * Vl + v], tol);
+                worst = fmax(worst, d);
+            }
+        }
+    ct_acts_free(a);
+    ct_model_decode_end(m);
+    assert_int_equal(m->T, T); /* decoding set nothing aside for good */
+    print_message("%s%s%s%s: worst logit difference %.3g of tolerance %.3g\n",
+                  arch == CT_ARCH_LLAMA ? "llama" : "gpt2", moe ? " moe" : "", bf16 ? " bf16" : "",
+                  recompute ? " recompute" : "", worst, tol);
+    free(full), free(row);
+    ct_model_free(m);
+    ct_backend_free(be);
+}
+
+/* Greedy sampling (temperature 1e-6: the likeliest token, or one of those tied with it) with the
+ * cache and with whole windows: each drawn token must be an argmax of a full forward's logits at
+ * the text before it, read in the model's dtype (bf16 logits widened, never read as floats). */
+static void greedy_matches_forward(bool bf16) {
+    ct_config cfg;
+    test_tiny_config(&cfg, NULL);
+    cfg.model.arch = CT_ARCH_LLAMA;
+    cfg.model.seq_len = 16;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = 32;
+    cfg.model.n_head = 4;
+    cfg.model.n_kv_head = 2, cfg.model.multiple_of = 16;
+    cfg.train.micro_batch = 1;
+    cfg.train.global_batch = 1;
+    cfg.train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+    validated_config(&cfg);
+    ct_backend *be = test_backend_new(2);
+    ct_model_layout layout = ct_model_layout_single(&cfg);
+    ct_pctx *pctx = ct_pctx_local_new();
+    layout.tp = pctx->tp_comm;
+    ct_model *m;
+    assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
+    const int64_t T = cfg.model.seq_len, Vl = ct_model_head_weight(m)->local_shape[0];
+    const int64_t V = cfg.model.vocab_size, n_new = 24; /* past seq_len: the window slides */
+    const int32_t prompt[3] = {5, 17, 2};
+    ct_sample_options opt = {.temperature = 1e-6, .top_k = 0};
+    float *logits = ct_xmalloc((size_t)(T * Vl) * sizeof(float));
+    int32_t window[16];
+    for (int full = 0; full < 2; full++) {
+        opt.full_windows = full;
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        assert_int_equal(ct_sample_tokens(m, NULL, pctx, prompt, 3, n_new, 1, &opt, &ids, &n),
+                         CT_OK);
+        assert_int_equal(n, 3 + n_new);
+        ct_acts *a;
+        assert_int_equal(ct_acts_new(&a, m, 1), CT_OK);
+        for (int64_t k = 3; k < n; k++) {
+            const int64_t start = k > T ? k - T : 0, len = k - start;
+            memset(window, 0, sizeof window);
+            memcpy(window, ids + start, (size_t)len * sizeof(int32_t));
+            ct_acts_set_batch(a, -1, window, window);
+            ct_model_forward(m, a, 0.0f);
+            ct_tensor_to_host_f32(logits, ct_acts_logits(a));
+            const float *row = logits + (len - 1) * Vl;
+            float best = -INFINITY;
+            for (int64_t v = 0; v < V; v++) best = fmaxf(best, row[v]);
+            if (!(ids[k] >= 0 && ids[k] < V && row[ids[k]] == best))
+                fail_msg("%s%s: token %lld is %d (logit %g), the largest logit is %g",
+                         bf16 ? "bf16" : "fp32", full ? " whole windows" : " cached", (long long)k,
+                         ids[k], ids[k] >= 0 && ids[k] < V ? row[ids[k]] : NAN, best);
+        }
+        ct_acts_free(a);
+        free(ids);
+    }
+    free(logits);
+    ct_model_free(m);
+    ct_pctx_free(pctx);
+    ct_backend_free(be);
+}
+
+static void test_greedy_sampling(void **state) {
+    (void)state;
+    greedy_matches_forward(false);
+    greedy_matches_forward(true);
+}
+
+static void test_decode_matches_forward(void **state) {
+    (void)state;
+    for (int arch = 0; arch < 2; arch++)
+        for (int moe = 0; moe < 2; moe++)
+            for (int bf16 = 0; bf16 < 2; bf16++)
+                decode_matches_forward(arch ? CT_ARCH_LLAMA : CT_ARCH_GPT2, moe, bf16, false);
+    decode_matches_forward(CT_ARCH_LLAMA, true, false, true);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -493,6 +657,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_thread_determinism),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_loss_falls),
+        cmocka_unit_test(test_decode_matches_forward),
+        cmocka_unit_test(test_greedy_sampling),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }

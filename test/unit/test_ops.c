@@ -1209,6 +1209,126 @@ static void test_attention_long(void **state) {
     attn_check(1, 70, 4, 2, 4);
 }
 
+/*
+ * One decoding step against a key/value cache (ct_attention_decode). A random qkv (B, T, lq) in
+ * [-1, 1) is run through ct_attention_fwd, and its rows are fed one position at a time (pos =
+ * 0..T-1, each step's qkv (B, 1, lq) holding row pos of every sequence) into a zeroed cache
+ * (B, T + 3, 2·KV·hd). Each step's out must be row pos of the forward's out and of the float64
+ * reference (attn_ref); at the end the cache must hold every row's key and value heads bit for
+ * bit, and its last 3 rows (never a pos) must still be 0.
+ * Tolerances, derived per (b, h, pos) from the data and taken at their maximum over the run
+ * (u = 2^-24, n = pos + 1 keys, s_j = scale·q·k_j, a_j = scale·Σ_d |q_d k_jd|, R = max s − min s):
+ *   a score is within K·u·a_j of the exact one, K = hd + 5 (hd products summed in any order, the
+ *   scale); a weight exp(s_j − max) within η = K·u·max a + u·R + 4u relative (the score, the
+ *   rounding of s_j − max, the exp: glibc's expf within 1 ulp, the forward's exp_f32 within 2);
+ *   out_d = Σ w_j v_jd / Σ w_j within (2η + (2n + 4)u)·Σ_j p_j·|v_jd| (the normalised weights 2η
+ *   relative, two sums of n terms, the division).
+ * Against float64 that bound, against attention_fwd twice it (both sides' errors). Random data
+ * use a few percent of it (TEST_OPS_VERBOSE=1); a key missed or read from the wrong head moves
+ * out by 10^-2 or more.
+ */
+static void decode_check(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+    const int64_t cq = H * hd, ckv = KV * hd, lq = cq + 2 * ckv, lkv = 2 * ckv, Tm = T + 3;
+    const int64_t nq = B * T * cq, nkv = B * T * ckv, group = H / KV;
+    float *x = rand_floats(B * T * lq, -1, 1);
+    int64_t sqkv[3] = {B, T, lq}, sq[3] = {B, T, cq}, sl[3] = {B, H, T};
+    ct_tensor *qkv = tensor(be, CT_DTYPE_F32, 3, sqkv, x);
+    ct_tensor *out = tensor(be, CT_DTYPE_F32, 3, sq, NULL),
+              *lse = tensor(be, CT_DTYPE_F32, 3, sl, NULL);
+    ct_attention_fwd(out, lse, qkv, B, T, H, KV);
+    float *fwd = host_of(out);
+
+    int64_t skv[3] = {B, Tm, lkv}, s1[3] = {B, 1, lq}, so[3] = {B, 1, cq};
+    ct_tensor *kv = tensor(be, CT_DTYPE_F32, 3, skv, NULL);
+    ct_tensor *step = tensor(be, CT_DTYPE_F32, 3, s1, NULL),
+              *dec = tensor(be, CT_DTYPE_F32, 3, so, NULL);
+    ct_tensor_fill(kv, 0.0f);
+    float *row = malloc((size_t)(B * lq) * sizeof *row), *got = malloc((size_t)nq * sizeof *got);
+    float *o = malloc((size_t)(B * cq) * sizeof *o);
+    for (int64_t pos = 0; pos < T; pos++) {
+        for (int64_t b = 0; b < B; b++)
+            memcpy(row + b * lq, x + (b * T + pos) * lq, (size_t)lq * sizeof *row);
+        ct_tensor_from_host(step, row);
+        ct_tensor_fill(dec, NAN); /* decode must write all of out */
+        ct_attention_decode(dec, kv, step, pos, H, KV);
+        ct_tensor_to_host(o, dec);
+        for (int64_t b = 0; b < B; b++)
+            memcpy(got + (b * T + pos) * cq, o + b * cq, (size_t)cq * sizeof *got);
+    }
+
+    /* the float64 reference and the bound of the comment above */
+    float *q = malloc((size_t)nq * sizeof *q), *k = malloc((size_t)nkv * sizeof *k),
+          *v = malloc((size_t)nkv * sizeof *v);
+    qkv_pack(x, q, k, v, B * T, cq, ckv, false);
+    attn_case c = {B, T, H, KV, hd, to_double(q, nq), to_double(k, nkv), to_double(v, nkv), NULL};
+    double *want = malloc((size_t)nq * sizeof *want), *wfwd = to_double(fwd, nq);
+    attn_ref(&c, want, NULL);
+    const double u = 1.0 / 16777216.0, scale = 1.0 / sqrt((double)hd), K = (double)hd + 5;
+    double *sj = malloc((size_t)T * sizeof *sj), bound = 0.0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const double *qi = c.q + (b * T + i) * cq + h * hd;
+                const double *k0 = c.k + b * T * ckv + h / group * hd,
+                             *v0 = c.v + b * T * ckv + h / group * hd;
+                double mx = -INFINITY, mn = INFINITY, amax = 0.0, sum = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double dot = 0.0, a = 0.0;
+                    for (int64_t d = 0; d < hd; d++)
+                        dot += qi[d] * k0[j * ckv + d], a += fabs(qi[d] * k0[j * ckv + d]);
+                    sj[j] = dot * scale, amax = fmax(amax, a * scale);
+                    mx = fmax(mx, sj[j]), mn = fmin(mn, sj[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += exp(sj[j] - mx);
+                const double eta = K * u * amax + u * (mx - mn) + 4 * u;
+                for (int64_t d = 0; d < hd; d++) {
+                    double pv = 0.0;
+                    for (int64_t j = 0; j <= i; j++)
+                        pv += exp(sj[j] - mx) / sum * fabs(v0[j * ckv + d]);
+                    bound = fmax(bound, (2 * eta + (2.0 * (double)(i + 1) + 4) * u) * pv);
+                }
+            }
+    char what[128];
+    snprintf(what, sizeof what, "attention_decode vs float64 B=%lld T=%lld H=%lld KV=%lld hd=%lld",
+             (long long)B, (long long)T, (long long)H, (long long)KV, (long long)hd);
+    check_close(what, got, want, nq, bound, 0.0);
+    snprintf(what, sizeof what, "attention_decode vs attention_fwd (H=%lld, KV=%lld)", (long long)H,
+             (long long)KV);
+    check_close(what, got, wfwd, nq, 2 * bound, 0.0);
+
+    /* the cache: every row's key and value heads, bit for bit; rows T.. untouched (0) */
+    float *hkv = host_of(kv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < Tm; j++) {
+            const float *r = hkv + (b * Tm + j) * lkv;
+            if (j < T) {
+                if (memcmp(r, x + (b * T + j) * lq + cq, (size_t)lkv * sizeof *r))
+                    fail_msg("attention_decode: cache row %lld of sequence %lld is not that "
+                             "position's key and value heads",
+                             (long long)j, (long long)b);
+            } else {
+                for (int64_t e = 0; e < lkv; e++)
+                    if (r[e] != 0.0f)
+                        fail_msg("attention_decode: cache row %lld of sequence %lld (never a pos) "
+                                 "was written: [%lld] = %g",
+                                 (long long)j, (long long)b, (long long)e, (double)r[e]);
+            }
+        }
+    free(x), free(fwd), free(row), free(got), free(o), free(q), free(k), free(v), free(want),
+        free(wfwd);
+    free(sj), free(hkv), free(c.q), free(c.k), free(c.v);
+    ct_tensor_free(qkv), ct_tensor_free(out), ct_tensor_free(lse), ct_tensor_free(kv);
+    ct_tensor_free(step), ct_tensor_free(dec);
+}
+
+/* Grouped-query (4 query heads over 2 kv heads) with two sequences, and multi-head at hd 16 past
+ * 16 positions (the forward's causal blocks). */
+static void test_attention_decode(void **state) {
+    (void)state;
+    decode_check(2, 13, 4, 2, 8);
+    decode_check(1, 37, 3, 3, 16);
+}
+
 /* ---- cross-entropy --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1820,6 +1940,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw_hand),
         cmocka_unit_test(test_adamw_random),

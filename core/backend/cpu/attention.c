@@ -501,6 +501,64 @@ void ct_cpu_attention_bwd(void *ctx, ct_dtype dt, void *dqkv, float *dbias, cons
     out_done(c, dt, dqkv, dq, n_qkv);
 }
 
+/*
+ * One position against the cache: its key and value heads copied into cache row pos (bytes, in
+ * the storage dtype), then per (sequence, head) the scores of the query against rows 0..pos, their
+ * max, the weights exp(s - max) summed in row order, and the weighted value rows added in row
+ * order, times 1/sum at the end — the order attention_fwd's row pos follows. Read in the storage
+ * dtype and widened element by element: staging the whole cache every step would cost a pass over
+ * T_max rows.
+ */
+static inline float load_dt(ct_dtype dt, const void *p, int64_t i) {
+    return dt == CT_DTYPE_F32 ? ((const float *)p)[i] : ct_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+void ct_cpu_attention_decode(void *ctx, ct_dtype dt, void *out, void *kv, const void *qkv,
+                             int64_t B, int64_t T_max, int64_t pos, int64_t n_head,
+                             int64_t n_kv_head, int64_t hd) {
+    cpu_ctx *c = ctx;
+    const int64_t cq = n_head * hd, ckv = n_kv_head * hd, lqkv = cq + 2 * ckv, lkv = 2 * ckv;
+    const int64_t group = n_head / n_kv_head, n = pos + 1;
+    const size_t es = ct_dtype_size(dt);
+    for (int64_t b = 0; b < B; b++)
+        memcpy((char *)kv + (size_t)((b * T_max + pos) * lkv) * es,
+               (const char *)qkv + (size_t)(b * lqkv + cq) * es, (size_t)lkv * es);
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* per thread: the scores (n), the query and the output accumulator (hd each) */
+    const size_t per_thread = round_up((size_t)(n + 2 * hd) * sizeof(float), 64);
+    char *ws = ct_cpu_ws_get(c, per_thread * (size_t)c->n_threads);
+    PARALLEL_FOR(threads_for(c, B * n_head * n * hd))
+    for (int64_t bh = 0; bh < B * n_head; bh++) {
+        float *S = (float *)(ws + per_thread * (size_t)omp_get_thread_num());
+        float *q = S + n, *o = q + hd;
+        const int64_t b = bh / n_head, h = bh % n_head;
+        const int64_t k0 = b * T_max * lkv + (h / group) * hd, v0 = k0 + ckv;
+        for (int64_t d = 0; d < hd; d++) q[d] = load_dt(dt, qkv, b * lqkv + h * hd + d);
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t d = 0; d < hd; d++) s += q[d] * load_dt(dt, kv, k0 + j * lkv + d);
+            S[j] = scale * s;
+            mx = fmaxf(mx, S[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            const float w = expf(S[j] - mx);
+            sum += w;
+            for (int64_t d = 0; d < hd; d++) o[d] += w * load_dt(dt, kv, v0 + j * lkv + d);
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < hd; d++) {
+            const float y = o[d] * inv;
+            if (dt == CT_DTYPE_F32)
+                ((float *)out)[b * cq + h * hd + d] = y;
+            else
+                ((uint16_t *)out)[b * cq + h * hd + d] = ct_f32_to_bf16(y);
+        }
+    }
+}
+
 void ct_cpu_attention_part_fwd(void *ctx, ct_dtype dt, float *o_acc, float *lse_acc,
                                const void *qkv, const void *kv, int64_t B, int64_t T,
                                int64_t n_head, int64_t n_kv_head, int64_t hd, int64_t chunks) {

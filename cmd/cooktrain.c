@@ -145,8 +145,8 @@ static const char train_help[] =
 
 static const char plan_help[] =
     "usage: cooktrain plan --config FILE [--set section.key=V]... [--json] [--backward-ratio R]\n"
-    "   or: cooktrain plan --schedule gpipe|1f1b|interleaved --pp N --microbatches M\n"
-    "                      [--virtual-stages V] [--backward-ratio R]\n"
+    "   or: cooktrain plan --schedule gpipe|1f1b|interleaved|zbh1|zbv --pp N --microbatches M\n"
+    "                      [--virtual-stages V] [--backward-ratio R | --costs F,B,W]\n"
     "   or: cooktrain plan --config FILE [--set ...]... --search N [--hardware H] [--top K]"
     " [--json]\n"
     "   or: cooktrain plan --calibrate\n"
@@ -156,7 +156,10 @@ static const char plan_help[] =
     "time, each with why.\n"
     "\n"
     "  --json                 a config's per-stage bytes (or --search's layouts) as JSON lines\n"
-    "  --backward-ratio R     the cost of a backward relative to a forward (default 2)\n"
+    "  --backward-ratio R     the cost of a backward relative to a forward (default 2; a\n"
+    "                         split one's input and weight parts R/2 each)\n"
+    "  --costs F,B,W          a stage's forward, input-gradient and weight-gradient costs\n"
+    "                         (zbh1 and zbv run B and W apart; other schedules B+W together)\n"
     "  --search N             rank the layouts on N devices\n"
     "  --hardware H           h100-sxm (default), h200, a100, cpu (this machine, measured), or a\n"
     "                         YAML profile's path\n"
@@ -399,6 +402,7 @@ static ct_status cmd_plan(int argc, char **argv) {
     const char *config_path = NULL, *schedule = NULL;
     int64_t pp = 0, m = 0, v = 1;
     double ratio = 2.0;
+    const char *costs_arg = NULL;
     bool json = false, calibrate = false;
     int64_t search = 0, top = 10;
     const char *hardware = "h100-sxm";
@@ -430,6 +434,8 @@ static ct_status cmd_plan(int argc, char **argv) {
             st = ct_args_int(&a, 1, 1 << 20, &m);
         else if (ct_args_is(&a, "--virtual-stages"))
             st = ct_args_int(&a, 1, 1 << 20, &v);
+        else if (ct_args_is(&a, "--costs"))
+            st = ct_args_string(&a, &costs_arg);
         else if (ct_args_is(&a, "--backward-ratio")) {
             st = ct_args_double(&a, 0.0, 100.0, &ratio);
             if (st == CT_OK && ratio <= 0.0)
@@ -477,7 +483,20 @@ static ct_status cmd_plan(int argc, char **argv) {
                 kind = (ct_schedule_kind)k;
         if (kind == CT_SCHEDULE_FORWARD_ONLY) {
             ct_error(CT_ERR_INPUT, "--schedule '%s' is not a schedule", schedule);
-            ct_hint("valid schedules: gpipe, 1f1b, interleaved");
+            ct_hint("valid schedules: gpipe, 1f1b, interleaved, zbh1, zbv");
+            st = CT_ERR_INPUT;
+        }
+        if (kind == CT_SCHEDULE_ZBV && v == 1) v = 2; /* its V is two chunks a rank */
+    }
+    ct_sim_costs costs = ct_sim_costs_of_ratio(ratio);
+    if (st == CT_OK && costs_arg) {
+        char tail;
+        if (sscanf(costs_arg, "%lf,%lf,%lf%c", &costs.f, &costs.b, &costs.w, &tail) != 3 ||
+            !(costs.f > 0 && costs.b > 0 && costs.w > 0 && costs.f <= 1e6 && costs.b <= 1e6 &&
+              costs.w <= 1e6)) {
+            ct_error(CT_ERR_INPUT, "--costs '%s' is not three positive numbers F,B,W", costs_arg);
+            ct_hint("for example --costs 1,1,1 (forward, input gradient, weight gradients of a "
+                    "stage, in any one unit up to 1e6)");
             st = CT_ERR_INPUT;
         }
     }
@@ -489,8 +508,8 @@ static ct_status cmd_plan(int argc, char **argv) {
     if (st != CT_OK) return st;
     ct_schedule *s = ct_schedule_new(kind, (int)pp, (int)v, (int)m);
     if (!s) return CT_ERR_INPUT;
-    ct_schedule_print(s, ratio, stdout);
-    ct_sim_result r = ct_schedule_simulate(s, ratio);
+    ct_schedule_print_costs(s, costs, stdout);
+    ct_sim_result r = ct_schedule_simulate_costs(s, costs);
     st = r.deadlock ? ct_error(CT_ERR_RUNTIME, "the schedule deadlocks (rank %d)", r.deadlock_rank)
                     : CT_OK;
     ct_sim_result_release(&r);

@@ -354,6 +354,13 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             if (--p->backwards_left[mb] == 0 && act->chunk == 0) release_acts(p, mb);
             break;
         }
+        case CT_ACTION_BACKWARD_INPUT:
+        case CT_ACTION_BACKWARD_WEIGHT:
+            /* the model's backward runs whole: config validation refuses the zero-bubble
+             * schedules for training (ct_schedule_splits_backward) */
+            CT_ASSERTF(false, "the executor runs no split backward (%s)",
+                       ct_action_kind_name(act->kind));
+            break;
         case CT_ACTION_SEND_GRAD: {
             /* Backward's scratch is reused by the next backward: send a copy. */
             wait_sends(p, -1);

@@ -31,9 +31,15 @@ const char *ct_schedule_kind_name(ct_schedule_kind kind) {
     case CT_SCHEDULE_GPIPE: return "gpipe";
     case CT_SCHEDULE_1F1B: return "1f1b";
     case CT_SCHEDULE_INTERLEAVED: return "interleaved";
+    case CT_SCHEDULE_ZBH1: return "zbh1";
+    case CT_SCHEDULE_ZBV: return "zbv";
     case CT_SCHEDULE_FORWARD_ONLY: return "forward-only";
     }
     return "?";
+}
+
+bool ct_schedule_splits_backward(ct_schedule_kind kind) {
+    return kind == CT_SCHEDULE_ZBH1 || kind == CT_SCHEDULE_ZBV;
 }
 
 const char *ct_action_kind_name(ct_action_kind kind) {
@@ -44,12 +50,16 @@ const char *ct_action_kind_name(ct_action_kind kind) {
     case CT_ACTION_RECV_ACT: return "RECV_ACT";
     case CT_ACTION_SEND_GRAD: return "SEND_GRAD";
     case CT_ACTION_RECV_GRAD: return "RECV_GRAD";
+    case CT_ACTION_BACKWARD_INPUT: return "BACKWARD_INPUT";
+    case CT_ACTION_BACKWARD_WEIGHT: return "BACKWARD_WEIGHT";
     }
     return "?";
 }
 
 int ct_schedule_chunk_rank(const ct_schedule *s, int chunk) {
     CT_ASSERTF(chunk >= 0 && chunk < s->pp * s->v, "chunk %d of %d", chunk, s->pp * s->v);
+    if (s->kind == CT_SCHEDULE_ZBV) /* the V: down the ranks, then back up */
+        return chunk < s->pp ? chunk : 2 * s->pp - 1 - chunk;
     return chunk % s->pp;
 }
 
@@ -58,7 +68,8 @@ static int n_chunks(const ct_schedule *s) {
 }
 
 static bool is_compute(ct_action_kind kind) {
-    return kind == CT_ACTION_FORWARD || kind == CT_ACTION_BACKWARD;
+    return kind == CT_ACTION_FORWARD || kind == CT_ACTION_BACKWARD ||
+           kind == CT_ACTION_BACKWARD_INPUT || kind == CT_ACTION_BACKWARD_WEIGHT;
 }
 
 bool ct_action_match(const ct_schedule *s, int rank, const ct_action *a, ct_action *match) {
@@ -94,11 +105,18 @@ static void emit_forward(ct_schedule *s, int r, int mb, int c) {
     if (c < last) emit(s, r, CT_ACTION_SEND_ACT, mb, c, ct_schedule_chunk_rank(s, c + 1));
 }
 
+/* A whole BACKWARD, or in a split schedule its input part (the weight part is emit_weight's). */
 static void emit_backward(ct_schedule *s, int r, int mb, int c) {
     int last = n_chunks(s) - 1;
+    ct_action_kind kind =
+        ct_schedule_splits_backward(s->kind) ? CT_ACTION_BACKWARD_INPUT : CT_ACTION_BACKWARD;
     if (c < last) emit(s, r, CT_ACTION_RECV_GRAD, mb, c, ct_schedule_chunk_rank(s, c + 1));
-    emit(s, r, CT_ACTION_BACKWARD, mb, c, -1);
+    emit(s, r, kind, mb, c, -1);
     if (c > 0) emit(s, r, CT_ACTION_SEND_GRAD, mb, c, ct_schedule_chunk_rank(s, c - 1));
+}
+
+static void emit_weight(ct_schedule *s, int r, int mb, int c) {
+    emit(s, r, CT_ACTION_BACKWARD_WEIGHT, mb, c, -1);
 }
 
 /* Megatron's numbering of a rank's m·v compute steps (v = 1 gives plain 1F1B: chunk r, mb k).
@@ -127,6 +145,87 @@ static void gen_warmup_steady_cooldown(ct_schedule *s, int r, int warmup) {
         emit_backward(s, r, step_mb(s, k), step_bwd_chunk(s, r, k));
 }
 
+/*
+ * ZB-H1: 1F1B's forwards and input gradients, each B's W queued behind the earlier ones (one
+ * chunk: W in microbatch order) and run as soon as more than r wait on rank r. Rank r's idle in
+ * 1F1B's steady state is where its gradients arrive late by the ranks below it; holding r weight
+ * parts back fills it, and as a W keeps only what its GEMMs read, the microbatches held stay
+ * 1F1B's rank 0's on every rank (pp−r un-backwarded plus up to r waiting). The rest drain at the
+ * end. No transfer depends on a W, so the order of sends and receives is 1F1B's: deadlock-free for
+ * any m as 1F1B is.
+ */
+static void gen_zbh1(ct_schedule *s, int r) {
+    const int m = s->m, warmup = CT_MIN(s->pp - r - 1, m);
+    int f = 0, b = 0, w = 0;
+    for (; f < warmup; f++) emit_forward(s, r, f, r);
+    while (b < m) {
+        if (f < m) emit_forward(s, r, f++, r);
+        emit_backward(s, r, b++, r);
+        while (b - w > r) emit_weight(s, r, w++, r);
+    }
+    while (w < m) emit_weight(s, r, w++, r);
+}
+
+/*
+ * ZB-V: rank r holds chunk c0 = r (going down the V) and c1 = 2p−1−r (coming back up). Each step
+ * below is taken only when it can be (a forward of c1 after c0's of the same microbatch, a B after
+ * its forward, c0's B after c1's — on rank p−1, c0's gradient comes from c1 — and a W after its
+ * B), so the lists hold every action once for any m; every chunk runs F, B and W in microbatch
+ * order. Phases: 2(p−r)−1 forwards of c0 fill the V down to this rank's turn; r pairs (F c1,
+ * F c0) while the ranks above start sending back; p−r triples (F, B, W of c1); then F, B, W of
+ * c0 and of c1 in turn until the forwards are done; r pairs of B (c0, c1) and p−r (B, W) of c0
+ * cool down; the remaining weight parts last, c1's then c0's. With equal costs a rank never
+ * idles between its first and last action once m ≥ 2p (the simulator checks it, test_schedule).
+ * Deadlock-free: checked by the simulator for pp 2..8 and m 1..40 (test_schedule).
+ */
+typedef struct zbv_counts {
+    int f0, f1, b0, b1, w0, w1;
+} zbv_counts;
+
+/* One step: f/F a forward of c0/c1, b/B an input gradient, w/W a weight part, when it can be. */
+static void zbv_step(ct_schedule *s, int r, zbv_counts *n, char what) {
+    const int m = s->m, c0 = r, c1 = 2 * s->pp - 1 - r;
+    switch (what) {
+    case 'f':
+        if (n->f0 < m) emit_forward(s, r, n->f0++, c0);
+        break;
+    case 'F':
+        if (n->f1 < n->f0) emit_forward(s, r, n->f1++, c1);
+        break;
+    case 'b':
+        if (n->b0 < n->b1) emit_backward(s, r, n->b0++, c0);
+        break;
+    case 'B':
+        if (n->b1 < n->f1) emit_backward(s, r, n->b1++, c1);
+        break;
+    case 'w':
+        if (n->w0 < n->b0) emit_weight(s, r, n->w0++, c0);
+        break;
+    case 'W':
+        if (n->w1 < n->b1) emit_weight(s, r, n->w1++, c1);
+        break;
+    }
+}
+
+static void zbv_steps(ct_schedule *s, int r, zbv_counts *n, const char *what, int times) {
+    for (int t = 0; t < times; t++)
+        for (const char *c = what; *c; c++) zbv_step(s, r, n, *c);
+}
+
+static void gen_zbv(ct_schedule *s, int r) {
+    const int p = s->pp, m = s->m;
+    zbv_counts n = {0};
+    zbv_steps(s, r, &n, "f", 2 * (p - r) - 1);
+    zbv_steps(s, r, &n, "Ff", r);
+    zbv_steps(s, r, &n, "FBW", p - r);
+    while (n.f1 < m) zbv_steps(s, r, &n, "fbwFBW", 1);
+    zbv_steps(s, r, &n, "bB", r);
+    zbv_steps(s, r, &n, "bw", p - r);
+    while (n.b0 < m || n.b1 < m) zbv_steps(s, r, &n, "Bb", 1);
+    zbv_steps(s, r, &n, "W", m);
+    zbv_steps(s, r, &n, "w", m);
+}
+
 static void gen_rank(ct_schedule *s, int r) {
     int p = s->pp, v = s->v, m = s->m;
     switch (s->kind) {
@@ -146,6 +245,8 @@ static void gen_rank(ct_schedule *s, int r) {
          * they cost 2 chunk activations per downstream rank. */
         gen_warmup_steady_cooldown(s, r, CT_MIN((p - r - 1) * 2 + (v - 1) * p, m * v));
         break;
+    case CT_SCHEDULE_ZBH1: gen_zbh1(s, r); break;
+    case CT_SCHEDULE_ZBV: gen_zbv(s, r); break;
     case CT_SCHEDULE_FORWARD_ONLY:
         /* Global chunk order inside a microbatch, microbatches in order: every receive waits on
          * a send that comes earlier in the (mb, chunk) lexicographic order, so no cycle. */
@@ -159,7 +260,7 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
     const char *name = ct_schedule_kind_name(kind);
     if ((int)kind < 0 || kind > CT_SCHEDULE_FORWARD_ONLY) {
         ct_error(CT_ERR_INPUT, "unknown pipeline schedule kind %d", (int)kind);
-        ct_hint("use gpipe, 1f1b, interleaved or forward-only");
+        ct_hint("use gpipe, 1f1b, interleaved, zbh1, zbv or forward-only");
         return CT_ERR_INPUT;
     }
     if (pp < 1 || v < 1 || m < 1) {
@@ -170,10 +271,16 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
                 "per step; all must be positive");
         return CT_ERR_INPUT;
     }
-    if ((kind == CT_SCHEDULE_GPIPE || kind == CT_SCHEDULE_1F1B) && v > 1) {
+    if ((kind == CT_SCHEDULE_GPIPE || kind == CT_SCHEDULE_1F1B || kind == CT_SCHEDULE_ZBH1) &&
+        v > 1) {
         ct_error(CT_ERR_INPUT, "pipeline schedule %s runs one chunk per rank (got v=%d, pp=%d)",
                  name, v, pp);
         ct_hint("use v=1 with %s, or the interleaved schedule for v=%d chunks per rank", name, v);
+        return CT_ERR_INPUT;
+    }
+    if (kind == CT_SCHEDULE_ZBV && v != 2) {
+        ct_error(CT_ERR_INPUT, "pipeline schedule zbv runs 2 chunks per rank in a V (got v=%d)", v);
+        ct_hint("use v=2 with zbv");
         return CT_ERR_INPUT;
     }
     if (kind == CT_SCHEDULE_INTERLEAVED && v < 2) {
@@ -196,11 +303,12 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
                     (m / pp) * pp, (m / pp + 1) * pp);
         return CT_ERR_INPUT;
     }
-    /* Each compute step brings at most two transfers: 6 actions per (mb, local chunk). */
-    if ((int64_t)pp * v > INT_MAX / 2 || (int64_t)m * v > INT_MAX / 6) {
+    /* Each compute step brings at most two transfers: 7 actions per (mb, local chunk) with the
+     * weight part. */
+    if ((int64_t)pp * v > INT_MAX / 2 || (int64_t)m * v > INT_MAX / 7) {
         ct_error(CT_ERR_INPUT, "pipeline schedule %s with pp=%d v=%d m=%d is too large", name, pp,
                  v, m);
-        ct_hint("pp·v and 6·m·v must fit in an int");
+        ct_hint("pp·v and 7·m·v must fit in an int");
         return CT_ERR_INPUT;
     }
     return CT_OK;
@@ -215,7 +323,7 @@ ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m) {
     s->m = m;
     s->n_actions = ct_xcalloc((size_t)pp, sizeof *s->n_actions);
     s->actions = ct_xcalloc((size_t)pp, sizeof *s->actions);
-    size_t cap = (size_t)6 * (size_t)m * (size_t)v;
+    size_t cap = (size_t)7 * (size_t)m * (size_t)v;
     for (int r = 0; r < pp; r++) {
         s->actions[r] = ct_xmalloc(cap * sizeof(ct_action));
         gen_rank(s, r);
@@ -233,8 +341,22 @@ void ct_schedule_free(ct_schedule *s) {
 }
 
 double ct_schedule_theory_bubble(const ct_schedule *s) {
+    return ct_schedule_theory_bubble_costs(s, (ct_sim_costs){1.0, 1.0, 1.0});
+}
+
+double ct_schedule_theory_bubble_costs(const ct_schedule *s, ct_sim_costs c) {
     double p = s->pp, v = s->v, m = s->m;
     switch (s->kind) {
+    case CT_SCHEDULE_ZBH1: {
+        /* idle (p−1)(F+B−W) a rank, its work m(F+B+W) */
+        double idle = (p - 1) * CT_MAX(c.f + c.b - c.w, 0.0);
+        return idle / (m * (c.f + c.b + c.w) + idle);
+    }
+    case CT_SCHEDULE_ZBV: {
+        /* rank r starts r chunk-forwards late and ends as late (equal costs, m >= 2p) */
+        double idle = (p - 1) * c.f / v;
+        return idle / (m * (c.f + c.b + c.w) + idle);
+    }
     case CT_SCHEDULE_GPIPE:
     case CT_SCHEDULE_1F1B: return (p - 1) / (m + p - 1);
     case CT_SCHEDULE_INTERLEAVED: return (p - 1) / (v * m + p - 1);
@@ -265,7 +387,7 @@ static void order_fail(ct_sim_result *res, const char *fmt, ...) {
     va_end(ap);
 }
 
-#define N_KINDS 6
+#define N_KINDS 8
 
 /* Per (kind, mb, chunk): how often it occurs and where (on the rank that runs chunk c, which is
  * where all six kinds for (mb, c) belong). */
@@ -312,6 +434,7 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
     }
 
     bool fwd_only = s->kind == CT_SCHEDULE_FORWARD_ONLY;
+    bool split = ct_schedule_splits_backward(s->kind);
     for (int mb = 0; mb < m && res->order_ok; mb++) {
         for (int c = 0; c < nc && res->order_ok; c++) {
             int r = ct_schedule_chunk_rank(s, c);
@@ -322,7 +445,9 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
              * this also covers: a missing SEND_ACT(mb, c−1) shows up at (mb, c−1). */
             int need[N_KINDS] = {
                 [CT_ACTION_FORWARD] = 1,
-                [CT_ACTION_BACKWARD] = !fwd_only,
+                [CT_ACTION_BACKWARD] = !fwd_only && !split,
+                [CT_ACTION_BACKWARD_INPUT] = split,
+                [CT_ACTION_BACKWARD_WEIGHT] = split,
                 [CT_ACTION_RECV_ACT] = c > 0,
                 [CT_ACTION_SEND_ACT] = c < last,
                 [CT_ACTION_RECV_GRAD] = !fwd_only && c < last,
@@ -338,10 +463,24 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
                 }
             }
             if (!res->order_ok) break;
-            int f = POS(CT_ACTION_FORWARD), b = POS(CT_ACTION_BACKWARD);
+            int f = POS(CT_ACTION_FORWARD),
+                b = POS(split ? CT_ACTION_BACKWARD_INPUT : CT_ACTION_BACKWARD);
+            if (split && POS(CT_ACTION_BACKWARD_WEIGHT) < b)
+                order_fail(res,
+                           "rank %d: BACKWARD_WEIGHT(mb %d, chunk %d) comes before its "
+                           "BACKWARD_INPUT",
+                           r, mb, c);
+            /* a chunk's weight gradients accumulate in microbatch order, as in 1F1B */
+            if (split && mb > 0 &&
+                POS(CT_ACTION_BACKWARD_WEIGHT) <
+                    pos[(size_t)CT_ACTION_BACKWARD_WEIGHT * cells + at - (size_t)nc])
+                order_fail(res,
+                           "rank %d: BACKWARD_WEIGHT(mb %d, chunk %d) comes before "
+                           "microbatch %d's",
+                           r, mb, c, mb - 1);
             if (!fwd_only && b < f)
-                order_fail(res, "rank %d: BACKWARD(mb %d, chunk %d) comes before its FORWARD", r,
-                           mb, c);
+                order_fail(res, "rank %d: %s(mb %d, chunk %d) comes before its FORWARD", r,
+                           split ? "BACKWARD_INPUT" : "BACKWARD", mb, c);
             if (c > 0 && POS(CT_ACTION_RECV_ACT) > f)
                 order_fail(res, "rank %d: RECV_ACT(mb %d, chunk %d) comes after its FORWARD", r, mb,
                            c);
@@ -349,10 +488,10 @@ static void check_order(const ct_schedule *s, ct_sim_result *res) {
                 order_fail(res, "rank %d: SEND_ACT(mb %d, chunk %d) comes before its FORWARD", r,
                            mb, c);
             if (!fwd_only && c < last && POS(CT_ACTION_RECV_GRAD) > b)
-                order_fail(res, "rank %d: RECV_GRAD(mb %d, chunk %d) comes after its BACKWARD", r,
+                order_fail(res, "rank %d: RECV_GRAD(mb %d, chunk %d) comes after its backward", r,
                            mb, c);
             if (!fwd_only && c > 0 && POS(CT_ACTION_SEND_GRAD) < b)
-                order_fail(res, "rank %d: SEND_GRAD(mb %d, chunk %d) comes before its BACKWARD", r,
+                order_fail(res, "rank %d: SEND_GRAD(mb %d, chunk %d) comes before its backward", r,
                            mb, c);
 #undef CNT
 #undef POS
@@ -383,13 +522,29 @@ static bool message_key(const ct_schedule *s, const ct_action *a, size_t *key) {
 }
 
 /* The simulation proper; `start`, when given, receives every action's start time ([pp][n]). */
-static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, double **start) {
+ct_sim_costs ct_sim_costs_of_ratio(double backward_ratio) {
+    return (ct_sim_costs){.f = 1.0, .b = backward_ratio / 2, .w = backward_ratio / 2};
+}
+
+/* A compute action's cost on one chunk (the stage's over v); 0 for a transfer. */
+static double action_cost(const ct_schedule *s, ct_action_kind kind, ct_sim_costs c) {
+    switch (kind) {
+    case CT_ACTION_FORWARD: return c.f / s->v;
+    case CT_ACTION_BACKWARD: return (c.b + c.w) / s->v;
+    case CT_ACTION_BACKWARD_INPUT: return c.b / s->v;
+    case CT_ACTION_BACKWARD_WEIGHT: return c.w / s->v;
+    default: return 0.0;
+    }
+}
+
+static ct_sim_result simulate(const ct_schedule *s, ct_sim_costs costs, double **start) {
     int pp = s->pp, m = s->m, nc = n_chunks(s);
     ct_sim_result res = {.deadlock_rank = -1, .deadlock_action = -1};
     res.busy = ct_xcalloc((size_t)pp, sizeof *res.busy);
     res.bubble = ct_xcalloc((size_t)pp, sizeof *res.bubble);
     res.peak_inflight = ct_xcalloc((size_t)pp, sizeof *res.peak_inflight);
     res.peak_inflight_mb = ct_xcalloc((size_t)pp, sizeof *res.peak_inflight_mb);
+    res.peak_pending_w = ct_xcalloc((size_t)pp, sizeof *res.peak_pending_w);
     check_order(s, &res);
 
     size_t n_msgs = (size_t)2 * m * (size_t)(nc > 1 ? nc - 1 : 1);
@@ -400,7 +555,7 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
     int *held = ct_xcalloc((size_t)pp, sizeof *held);           /* chunk activations held */
     int *held_mb = ct_xcalloc((size_t)pp, sizeof *held_mb);     /* microbatches with any held */
     int *held_of = ct_xcalloc((size_t)pp * m, sizeof *held_of); /* [r][mb] chunks held */
-    double t_fwd = 1.0 / s->v, t_bwd = backward_ratio / s->v;
+    int *pending_w = ct_xcalloc((size_t)pp, sizeof *pending_w);
 
     int64_t left = 0;
     for (int r = 0; r < pp; r++) left += s->n_actions[r];
@@ -415,8 +570,8 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
                 if (start) start[r][pc[r]] = clock[r];
                 switch (a->kind) {
                 case CT_ACTION_FORWARD:
-                    clock[r] += t_fwd;
-                    res.busy[r] += t_fwd;
+                    clock[r] += action_cost(s, a->kind, costs);
+                    res.busy[r] += action_cost(s, a->kind, costs);
                     if (mb_ok) {
                         held[r]++;
                         if ((*mine)++ == 0) held_mb[r]++;
@@ -424,9 +579,17 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
                         res.peak_inflight_mb[r] = CT_MAX(res.peak_inflight_mb[r], held_mb[r]);
                     }
                     break;
+                case CT_ACTION_BACKWARD_INPUT: /* what its W reads stays held */
+                    clock[r] += action_cost(s, a->kind, costs);
+                    res.busy[r] += action_cost(s, a->kind, costs);
+                    pending_w[r]++;
+                    res.peak_pending_w[r] = CT_MAX(res.peak_pending_w[r], pending_w[r]);
+                    break;
                 case CT_ACTION_BACKWARD:
-                    clock[r] += t_bwd;
-                    res.busy[r] += t_bwd;
+                case CT_ACTION_BACKWARD_WEIGHT:
+                    clock[r] += action_cost(s, a->kind, costs);
+                    res.busy[r] += action_cost(s, a->kind, costs);
+                    if (a->kind == CT_ACTION_BACKWARD_WEIGHT && pending_w[r] > 0) pending_w[r]--;
                     /* A broken list may free what it never held; keep the counts sane. */
                     if (mb_ok && *mine > 0) {
                         held[r]--;
@@ -469,6 +632,7 @@ static ct_sim_result simulate(const ct_schedule *s, double backward_ratio, doubl
     free(held);
     free(held_mb);
     free(held_of);
+    free(pending_w);
     return res;
 }
 
@@ -521,7 +685,11 @@ bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_c
 }
 
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio) {
-    return simulate(s, backward_ratio, NULL);
+    return simulate(s, ct_sim_costs_of_ratio(backward_ratio), NULL);
+}
+
+ct_sim_result ct_schedule_simulate_costs(const ct_schedule *s, ct_sim_costs costs) {
+    return simulate(s, costs, NULL);
 }
 
 void ct_sim_result_release(ct_sim_result *r) {
@@ -530,8 +698,9 @@ void ct_sim_result_release(ct_sim_result *r) {
     free(r->bubble);
     free(r->peak_inflight);
     free(r->peak_inflight_mb);
+    free(r->peak_pending_w);
     r->busy = r->bubble = NULL;
-    r->peak_inflight = r->peak_inflight_mb = NULL;
+    r->peak_inflight = r->peak_inflight_mb = r->peak_pending_w = NULL;
 }
 
 /* ---- timeline ---------------------------------------------------------------------------------
@@ -544,35 +713,48 @@ static int n_digits(int x) {
 }
 
 void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
+    ct_schedule_print_costs(s, ct_sim_costs_of_ratio(backward_ratio), out);
+}
+
+void ct_schedule_print_costs(const ct_schedule *s, ct_sim_costs costs, FILE *out) {
     int pp = s->pp, v = s->v;
+    const bool split = ct_schedule_splits_backward(s->kind);
     double **start = ct_xcalloc((size_t)pp, sizeof *start);
     for (int r = 0; r < pp; r++) {
         start[r] = ct_xmalloc(((size_t)s->n_actions[r] + 1) * sizeof **start);
         for (int i = 0; i < s->n_actions[r]; i++) start[r][i] = -1;
     }
-    ct_sim_result res = simulate(s, backward_ratio, start);
+    ct_sim_result res = simulate(s, costs, start);
 
     /* One cell per chunk forward; every label in a row has the same width so columns line up:
      * "F07" or, with several chunks per rank, "F07:12" (microbatch 7 on global chunk 12). */
     int mb_w = n_digits(s->m - 1), c_w = n_digits(n_chunks(s) - 1);
     int w = 1 + mb_w + (v > 1 ? 1 + c_w : 0);
-    int n_cells = (int)ceil(res.total_time * v - 1e-9);
+    /* cells are chunk forwards: time in stage-forward units of f */
+    const double unit = costs.f / v;
+    int n_cells = (int)ceil(res.total_time / unit - 1e-9);
     size_t row_len = (size_t)n_cells * w;
     char *row = ct_xmalloc(row_len + 1);
     char label[64];
     int rank_w = n_digits(pp - 1);
 
-    fprintf(out, "%s pipeline: pp=%d v=%d m=%d, backward = %g x forward\n",
-            ct_schedule_kind_name(s->kind), pp, v, s->m, backward_ratio);
-    fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); F/B<mb>%s, '.' idle\n", v,
-            v > 1 ? ":<global chunk>" : "");
+    if (split)
+        fprintf(out,
+                "%s pipeline: pp=%d v=%d m=%d, input gradient (B) = %g x forward, weight "
+                "gradients (W) = %g x forward\n",
+                ct_schedule_kind_name(s->kind), pp, v, s->m, costs.b / costs.f, costs.w / costs.f);
+    else
+        fprintf(out, "%s pipeline: pp=%d v=%d m=%d, backward = %g x forward\n",
+                ct_schedule_kind_name(s->kind), pp, v, s->m, (costs.b + costs.w) / costs.f);
+    fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); %s<mb>%s, '.' idle\n", v,
+            split ? "F/B/W" : "F/B", v > 1 ? ":<global chunk>" : "");
 
     /* A ruler with the time, in stage-forward units, above the cell where it starts. */
     int prefix = (int)strlen("rank  |") + rank_w;
     memset(row, ' ', row_len);
     row[row_len] = '\0';
     int free_from = 0;
-    for (int t = 0; (size_t)t * v * w < row_len; t++) {
+    for (int t = 0; (size_t)t * v * w < row_len; t++) { /* t in stage forwards */
         int at = t * v * w, len = snprintf(label, sizeof label, "%d", t);
         if (at < free_from || (size_t)(at + len) > row_len) continue;
         memcpy(row + at, label, (size_t)len);
@@ -588,11 +770,13 @@ void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
             const ct_action *a = &s->actions[r][i];
             /* Actions a deadlock kept from running have no time (-1) and are left out. */
             if (!is_compute(a->kind) || start[r][i] < 0) continue;
-            double dur = a->kind == CT_ACTION_FORWARD ? 1.0 : backward_ratio;
+            double dur = action_cost(s, a->kind, costs) / unit;
             /* Both ends rounded the same way, so neighbours neither overlap nor leave gaps. */
-            int c0 = (int)floor(start[r][i] * v + 0.5);
-            int c1 = (int)floor(start[r][i] * v + dur + 0.5);
-            char letter = a->kind == CT_ACTION_FORWARD ? 'F' : 'B';
+            int c0 = (int)floor(start[r][i] / unit + 0.5);
+            int c1 = (int)floor(start[r][i] / unit + dur + 0.5);
+            char letter = a->kind == CT_ACTION_FORWARD           ? 'F'
+                          : a->kind == CT_ACTION_BACKWARD_WEIGHT ? 'W'
+                                                                 : 'B';
             if (v > 1)
                 snprintf(label, sizeof label, "%c%0*d:%0*d", letter, mb_w, a->mb, c_w, a->chunk);
             else
@@ -603,14 +787,17 @@ void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
         fprintf(out, "rank %*d |%s|\n", rank_w, r, row);
     }
 
-    for (int r = 0; r < pp; r++)
+    for (int r = 0; r < pp; r++) {
         fprintf(out,
                 "rank %*d: busy %.3f  bubble %6.2f%%  peak in-flight %d chunk activations, %d "
-                "microbatches\n",
-                rank_w, r, res.busy[r], 100 * res.bubble[r], res.peak_inflight[r],
+                "microbatches",
+                rank_w, r, res.busy[r] / costs.f, 100 * res.bubble[r], res.peak_inflight[r],
                 res.peak_inflight_mb[r]);
+        if (split) fprintf(out, ", %d weight parts waiting", res.peak_pending_w[r]);
+        fprintf(out, "\n");
+    }
     fprintf(out, "total time %.3f (stage-forward units), theory bubble %.2f%%, deadlock: ",
-            res.total_time, 100 * ct_schedule_theory_bubble(s));
+            res.total_time / costs.f, 100 * ct_schedule_theory_bubble_costs(s, costs));
     if (res.deadlock) {
         char buf[64];
         action_str(&s->actions[res.deadlock_rank][res.deadlock_action], buf, sizeof buf);

@@ -30,6 +30,8 @@ typedef enum ct_schedule_kind {
     CT_SCHEDULE_1F1B = 0,
     CT_SCHEDULE_GPIPE,
     CT_SCHEDULE_INTERLEAVED,
+    CT_SCHEDULE_ZBH1,
+    CT_SCHEDULE_ZBV,
     CT_SCHEDULE_FORWARD_ONLY,
 } ct_schedule_kind;
 /* train.precision (AUTO is resolved into derived.precision by ct_config_validate, which asks the

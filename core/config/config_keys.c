@@ -44,7 +44,7 @@
 #define BELOW(x) .has_max = true, .max = (x), .max_open = true
 
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
-const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", NULL};
+const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", "zbh1", "zbv", NULL};
 const char *const precision_names[] = {"fp32", "bf16", "auto", NULL};
 static const char *const reduce_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
@@ -175,7 +175,7 @@ const config_key config_keys[] = {
      .doc = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also "
             "parameters (FSDP)"},
     {KEY(parallel, schedule, KEY_ENUM), .choices = schedule_names, .def = "1f1b",
-     .doc = "pipeline schedule"},
+     .doc = "pipeline schedule (zbh1 and zbv: `cooktrain plan --schedule` only, not yet trained)"},
     {KEY(parallel, virtual_stages, KEY_INT), .def = "1", AT_LEAST(1),
      AT_MOST(CT_MAX_VIRTUAL_STAGES),
      .doc = "model chunks per pipeline rank; the interleaved schedule needs >= 2"},

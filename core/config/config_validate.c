@@ -351,6 +351,14 @@ static ct_status check_pipeline(const ct_config *cfg) {
 
     /* The layers against the pipeline. */
     int64_t v = p->virtual_stages, chunks = p->pp * v;
+    if (p->schedule == CT_SCHEDULE_ZBH1 || p->schedule == CT_SCHEDULE_ZBV)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.schedule=%s splits every backward into the input's "
+                                  "and the weights' gradients, which training does not run yet",
+                                  schedule_names[p->schedule]),
+                         "`cooktrain plan --schedule %s --pp N --microbatches M` simulates it; "
+                         "train with parallel.schedule: 1f1b or interleaved",
+                         schedule_names[p->schedule]);
     if (p->schedule == CT_SCHEDULE_INTERLEAVED && v < 2)
         return with_hint(
             ct_error(CT_ERR_INPUT,

@@ -26,6 +26,22 @@ fi
 expect_exit 0 "plan from a config" -- "$BIN" plan --config configs/test-tiny.yaml --set parallel.pp=2 \
     --set parallel.schedule=interleaved --set parallel.virtual_stages=2
 expect_text "interleaved pipeline: pp=2 v=2 m=8" "plan takes pp, v and m from the config"
+# The zero-bubble schedules: simulated with F, B and W apart (a third of 1F1B's idle for ZB-H1,
+# the V's skew for ZB-V at p = 4, m = 8), refused by training until the backward runs split.
+if expect_exit 0 "plan zbh1 pp=4 m=8" -- "$BIN" plan --schedule zbh1 --pp 4 --microbatches 8 --costs 1,1,1; then
+    expect_text "bubble  11.11%" "zbh1: a third of 1F1B's idle (3 of 27)"
+    expect_text "rank 3 |......F0B0F1B1F2B2F3B3W0F4B4W1" "zbh1: rank 3 holds its weight parts back"
+fi
+if expect_exit 0 "plan zbv pp=4 m=8" -- "$BIN" plan --schedule zbv --pp 4 --microbatches 8; then
+    expect_text "zbv pipeline: pp=4 v=2 m=8" "zbv runs two chunks a rank"
+    expect_text "rank 0 |F0:0F1:0F2:0F3:0F4:0F5:0F6:0F0:7B0:7W0:7" "zbv: rank 0 holds both ends of the V"
+    expect_text "bubble   5.88%" "zbv: only the V's skew idles (1.5 of 25.5)"
+fi
+expect_exit 2 "plan with malformed costs" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 2 --costs 1,2
+expect_text "hint:" "malformed costs have a hint"
+expect_exit 2 "train refuses zbh1 for now" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
+    --set parallel.schedule=zbh1
+expect_text "cooktrain plan --schedule zbh1" "the refusal points to plan"
 expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag --pp 2 --microbatches 2
 expect_text "hint:" "unknown schedule has a hint"
 expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2

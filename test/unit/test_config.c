@@ -235,6 +235,9 @@ static const bad_case bad_cases[] = {
      "parallel.pp_layers", "not a positive integer", NULL},
     {"interleaved_v1", "parallel:\n  schedule: interleaved\n", NULL, 1, "parallel.virtual_stages",
      "parallel.schedule=interleaved needs parallel.virtual_stages >= 2", NULL},
+    {"zero_bubble_plan_only", "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbv\n", NULL,
+     2, "parallel.schedule=zbv", "which training does not run yet",
+     "cooktrain plan --schedule zbv"},
     {"virtual_stages_1f1b", "parallel:\n  virtual_stages: 2\n", NULL, 1, "parallel.virtual_stages",
      "needs parallel.schedule=interleaved", NULL},
     {"interleaved_accum",
@@ -889,7 +892,9 @@ static void docs_list_every_key(void **state) {
     for (char *p = docs; (p = strstr(p, "\n| `")); p++) rows++;
     assert_int_equal(rows, keys);
     assert_true(keys >= 48);
-    assert_contains(docs, "| `parallel.schedule` | `1f1b` \\| `gpipe` \\| `interleaved` | `1f1b` |",
+    assert_contains(docs,
+                    "| `parallel.schedule` | `1f1b` \\| `gpipe` \\| `interleaved` \\| `zbh1` \\| "
+                    "`zbv` | `1f1b` |",
                     "docs");
     free(text);
     free(docs);

@@ -62,7 +62,11 @@ static void check_transfers(const ct_schedule *s) {
                                             ct_schedule_chunk_rank(s, c + 1)));
                     expected++;
                 }
-            } else if (a[i].kind == CT_ACTION_BACKWARD) {
+            } else if (a[i].kind == CT_ACTION_BACKWARD_WEIGHT) { /* no transfer */
+                assert_int_equal(a[i].peer, -1);
+                assert_int_equal(ct_schedule_chunk_rank(s, c), r);
+                expected++;
+            } else if (a[i].kind == CT_ACTION_BACKWARD || a[i].kind == CT_ACTION_BACKWARD_INPUT) {
                 assert_int_equal(a[i].peer, -1);
                 assert_int_equal(ct_schedule_chunk_rank(s, c), r);
                 expected++;
@@ -366,7 +370,7 @@ static void test_forward_only(void **state) {
 /* pp = 1: no pipeline, no bubble; with v > 1 the chunks talk to their own rank. */
 static void test_single_rank(void **state) {
     for (int kind = CT_SCHEDULE_1F1B; kind <= CT_SCHEDULE_FORWARD_ONLY; kind++) {
-        int v = kind == CT_SCHEDULE_INTERLEAVED ? 2 : 1;
+        int v = kind == CT_SCHEDULE_INTERLEAVED || kind == CT_SCHEDULE_ZBV ? 2 : 1;
         ct_schedule *s = ct_schedule_new((ct_schedule_kind)kind, 1, v, 3);
         assert_non_null(s);
         check_transfers(s);
@@ -662,6 +666,151 @@ static void test_print_timeline(void **state) {
     ct_schedule_free(s);
 }
 
+/* ---- zero-bubble schedules --------------------------------------------------------------------
+ */
+
+/* F, B, W costs the zero-bubble schedules are checked at: equal, B dearer than W, and B twice
+ * F. All dyadic-friendly but 1.2/0.8, for which BUBBLE_TOL covers the few roundings of a sum of
+ * at most 3·m·v terms (each exact to 1e-16 relative; m·v ≤ 64 here). */
+static const ct_sim_costs zb_costs[] = {{1.0, 1.0, 1.0}, {1.0, 1.2, 0.8}, {1.0, 2.0, 1.0}};
+#define N_ZB_COSTS (int)(sizeof zb_costs / sizeof zb_costs[0])
+
+/* What every split schedule must be: each rank's list valid (order_ok also checks each chunk's
+ * W after its B and in microbatch order), its messages in channel order, no deadlock, every rank
+ * the same work. */
+static ct_sim_result check_split(const ct_schedule *s, ct_sim_costs c) {
+    check_transfers(s);
+    char why[256];
+    if (!ct_schedule_channels_in_order(s, why, sizeof why)) fail_msg("%s", why);
+    ct_sim_result res = ct_schedule_simulate_costs(s, c);
+    if (res.deadlock)
+        fail_msg("%s pp=%d m=%d: deadlock at rank %d action %d", ct_schedule_kind_name(s->kind),
+                 s->pp, s->m, res.deadlock_rank, res.deadlock_action);
+    if (!res.order_ok)
+        fail_msg("%s pp=%d m=%d: %s", ct_schedule_kind_name(s->kind), s->pp, s->m, res.order_msg);
+    for (int r = 0; r < s->pp; r++)
+        assert_true(fabs(res.busy[r] - s->m * (c.f + c.b + c.w)) <= BUBBLE_TOL * s->m);
+    return res;
+}
+
+/*
+ * ZB-H1: with the weight parts taken out and each input part read as a whole backward, the lists
+ * are 1F1B's (the same transfers in the same order, so 1F1B's deadlock freedom and channel order
+ * carry over); every rank holds at most p microbatches (1F1B's rank 0) and rank r at most r + 1
+ * weight parts; from m ≥ p on, every rank idles exactly (p−1)(F+B−W) (a third of 1F1B's
+ * (p−1)(F+B+W) at equal costs), the formula of ct_schedule_theory_bubble_costs.
+ */
+static void test_zbh1(void **state) {
+    for (int ip = 0; ip < 3; ip++) {
+        int p = pps[ip], ms[5], nm = microbatch_counts(p, ms);
+        for (int im = 0; im < nm; im++) {
+            int m = ms[im];
+            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_ZBH1, p, 1, m);
+            ct_schedule *ref = ct_schedule_new(CT_SCHEDULE_1F1B, p, 1, m);
+            assert_non_null(s);
+            for (int r = 0; r < p; r++) {
+                int j = 0;
+                for (int i = 0; i < s->n_actions[r]; i++) {
+                    ct_action a = s->actions[r][i];
+                    if (a.kind == CT_ACTION_BACKWARD_WEIGHT) continue;
+                    if (a.kind == CT_ACTION_BACKWARD_INPUT) a.kind = CT_ACTION_BACKWARD;
+                    assert_true(j < ref->n_actions[r]);
+                    const ct_action *b = &ref->actions[r][j++];
+                    if (!same_action(&a, b->kind, b->mb, b->chunk, b->peer))
+                        fail_msg("zbh1 pp=%d m=%d rank %d: action %d is %s(mb %d), 1F1B's %s(mb "
+                                 "%d)",
+                                 p, m, r, j - 1, ct_action_kind_name(a.kind), a.mb,
+                                 ct_action_kind_name(b->kind), b->mb);
+                }
+                assert_int_equal(j, ref->n_actions[r]);
+            }
+            for (int k = 0; k < N_ZB_COSTS; k++) {
+                ct_sim_costs c = zb_costs[k];
+                ct_sim_result res = check_split(s, c);
+                const double idle = (p - 1) * (c.f + c.b - c.w);
+                for (int r = 0; r < p; r++) {
+                    assert_true(res.peak_inflight_mb[r] <= CT_MIN(p, m));
+                    assert_true(res.peak_pending_w[r] <= r + 1);
+                    if (m >= p && fabs(res.total_time - res.busy[r] - idle) > BUBBLE_TOL * (m + p))
+                        fail_msg("zbh1 pp=%d m=%d costs %g,%g,%g rank %d: idle %.15f, "
+                                 "(p-1)(F+B-W) = %.15f",
+                                 p, m, c.f, c.b, c.w, r, res.total_time - res.busy[r], idle);
+                }
+                if (m >= p)
+                    assert_true(fabs(res.bubble[0] - ct_schedule_theory_bubble_costs(s, c)) <=
+                                BUBBLE_TOL * (m + p));
+                ct_sim_result_release(&res);
+            }
+            ct_schedule_free(ref);
+            ct_schedule_free(s);
+        }
+    }
+}
+
+/*
+ * ZB-V: rank r holds exactly chunks r and 2p−1−r (the V; the embeddings and the loss both rank
+ * 0's); for pp 2..8 and every m in 1..40: every action once, valid, in channel order, no
+ * deadlock, at most 2p chunk activations held (1F1B's rank 0: p stages' worth). From m ≥ 2p at
+ * equal costs no rank idles between its first and last action: the makespan is the work plus the
+ * skew of (p−1) chunk forwards, (p−1)/2 stage forwards.
+ */
+static void test_zbv(void **state) {
+    for (int p = 2; p <= 8; p++)
+        for (int m = 1; m <= 40; m++) {
+            ct_schedule *s = ct_schedule_new(CT_SCHEDULE_ZBV, p, 2, m);
+            assert_non_null(s);
+            for (int c = 0; c < 2 * p; c++)
+                assert_int_equal(ct_schedule_chunk_rank(s, c), c < p ? c : 2 * p - 1 - c);
+            for (int k = 0; k < (m <= 2 * p + 1 ? N_ZB_COSTS : 1); k++) {
+                ct_sim_costs c = zb_costs[k];
+                ct_sim_result res = check_split(s, c);
+                for (int r = 0; r < p; r++) assert_true(res.peak_inflight[r] <= 2 * p);
+                if (k == 0 && m >= 2 * p) {
+                    double want = 3.0 * m + (p - 1) / 2.0;
+                    if (fabs(res.total_time - want) > BUBBLE_TOL * m)
+                        fail_msg("zbv pp=%d m=%d: makespan %.15f, work + skew %.15f", p, m,
+                                 res.total_time, want);
+                    assert_true(fabs(res.bubble[0] - ct_schedule_theory_bubble(s)) <=
+                                BUBBLE_TOL * m);
+                }
+                ct_sim_result_release(&res);
+            }
+            ct_schedule_free(s);
+        }
+    /* the targets against 1F1B's 27% at pp 4, m 8, equal costs */
+    ct_schedule *h = ct_schedule_new(CT_SCHEDULE_ZBH1, 4, 1, 8),
+                *v = ct_schedule_new(CT_SCHEDULE_ZBV, 4, 2, 8);
+    ct_sim_result rh = ct_schedule_simulate_costs(h, zb_costs[0]),
+                  rv = ct_schedule_simulate_costs(v, zb_costs[0]);
+    print_message("pp 4, m 8, F = B = W: 1F1B 27.27%%, ZB-H1 %.2f%%, ZB-V %.2f%%\n",
+                  100 * rh.bubble[0], 100 * rv.bubble[0]);
+    ct_sim_result_release(&rh);
+    ct_sim_result_release(&rv);
+    ct_schedule_free(h);
+    ct_schedule_free(v);
+}
+
+/* A weight part before its input part, or out of microbatch order, is refused by the order
+ * check; the V's two chunks are rank 0's at both ends. */
+static void test_split_order_broken(void **state) {
+    ct_schedule *s = ct_schedule_new(CT_SCHEDULE_ZBH1, 2, 1, 4);
+    int b = find_action(s, 1, CT_ACTION_BACKWARD_INPUT, 0, 1),
+        w = find_action(s, 1, CT_ACTION_BACKWARD_WEIGHT, 0, 1);
+    swap_actions(s, 1, b, w);
+    ct_sim_result res = ct_schedule_simulate(s, 2.0);
+    assert_false(res.order_ok);
+    assert_non_null(strstr(res.order_msg, "BACKWARD_WEIGHT(mb 0, chunk 1) comes before its "
+                                          "BACKWARD_INPUT"));
+    ct_sim_result_release(&res);
+    swap_actions(s, 1, b, w);
+    int w1 = find_action(s, 1, CT_ACTION_BACKWARD_WEIGHT, 1, 1);
+    swap_actions(s, 1, w, w1);
+    res = ct_schedule_simulate(s, 2.0);
+    assert_false(res.order_ok);
+    ct_sim_result_release(&res);
+    ct_schedule_free(s);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -677,6 +826,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_channels_in_order),
         cmocka_unit_test(test_invalid_arguments),
         cmocka_unit_test(test_print_timeline),
+        cmocka_unit_test(test_zbh1),
+        cmocka_unit_test(test_zbv),
+        cmocka_unit_test(test_split_order_broken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,8 @@ struct ct_pipeline {
     ct_acts **pool; /* free activation contexts, all allocated up front */
     int n_pool, pool_size;
     ct_acts **acts;              /* [m] context of each microbatch in flight, or NULL */
-    int *backwards_left;         /* [m] local chunks whose backward is still to run */
+    int *backwards_left;         /* [m] local chunks whose backward (or input part) is to run */
+    int *weights_left;           /* [m] split backward: local chunks whose weight part is to run */
     int *forwards_left;          /* [m] local chunks whose forward is still to run (forward-only) */
     ct_pipeline_head_fn head_fn; /* called after each forward of the chunk with the LM head */
     void *head_ctx;
@@ -98,6 +99,7 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     }
     p->acts = ct_xcalloc((size_t)m, sizeof *p->acts);
     p->backwards_left = ct_xcalloc((size_t)m, sizeof(int));
+    p->weights_left = ct_xcalloc((size_t)m, sizeof(int));
     p->forwards_left = ct_xcalloc((size_t)m, sizeof(int));
     /* At most one owned gradient buffer per backward action can be in flight. */
     p->grad_bufs = ct_xcalloc((size_t)m * (size_t)v + 1, sizeof *p->grad_bufs);
@@ -172,6 +174,7 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->pool);
     free(p->acts);
     free(p->backwards_left);
+    free(p->weights_left);
     free(p->forwards_left);
     free(p->grad_bufs);
     free(p->sends);
@@ -274,6 +277,7 @@ static ct_acts *acts_for(ct_pipeline *p, int mb, ct_batch_fn fill, void *ctx, bo
     p->acts[mb] = a;
     const int here = ct_model_layout_of(p->model)->n_chunks;
     p->backwards_left[mb] = train ? here : 0;
+    p->weights_left[mb] = train && ct_schedule_splits_backward(p->train->kind) ? here : 0;
     p->forwards_left[mb] = here;
     p->inflight++;
     p->peak_inflight = CT_MAX(p->peak_inflight, p->inflight);
@@ -346,20 +350,23 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             timed_wait(p, req);
             break;
         }
-        case CT_ACTION_BACKWARD: {
+        case CT_ACTION_BACKWARD:
+        case CT_ACTION_BACKWARD_INPUT: {
             ct_dp_begin_microbatch(p->dp, mb);
-            ct_model_backward_chunk(m, j, p->acts[mb], p->scratch);
+            if (act->kind == CT_ACTION_BACKWARD)
+                ct_model_backward_chunk(m, j, p->acts[mb], p->scratch);
+            else
+                ct_model_backward_input(m, j, p->acts[mb], p->scratch);
             /* The first chunk sends nothing back: its last backward frees the context now;
-             * elsewhere SEND_GRAD follows and frees it. */
-            if (--p->backwards_left[mb] == 0 && act->chunk == 0) release_acts(p, mb);
+             * elsewhere SEND_GRAD follows and frees it. Weight parts still to run keep it. */
+            if (--p->backwards_left[mb] == 0 && act->chunk == 0 && p->weights_left[mb] == 0)
+                release_acts(p, mb);
             break;
         }
-        case CT_ACTION_BACKWARD_INPUT:
         case CT_ACTION_BACKWARD_WEIGHT:
-            /* the model's backward runs whole: config validation refuses the zero-bubble
-             * schedules for training (ct_schedule_splits_backward) */
-            CT_ASSERTF(false, "the executor runs no split backward (%s)",
-                       ct_action_kind_name(act->kind));
+            ct_dp_begin_microbatch(p->dp, mb);
+            ct_model_backward_weight(m, j, p->acts[mb]);
+            if (--p->weights_left[mb] == 0 && p->backwards_left[mb] == 0) release_acts(p, mb);
             break;
         case CT_ACTION_SEND_GRAD: {
             /* Backward's scratch is reused by the next backward: send a copy. */
@@ -374,7 +381,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, buf->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, true));
             track_send(p, req, buf, -1);
-            if (p->backwards_left[mb] == 0) release_acts(p, mb);
+            if (p->backwards_left[mb] == 0 && p->weights_left[mb] == 0) release_acts(p, mb);
             break;
         }
         }

@@ -351,14 +351,27 @@ static ct_status check_pipeline(const ct_config *cfg) {
 
     /* The layers against the pipeline. */
     int64_t v = p->virtual_stages, chunks = p->pp * v;
-    if (p->schedule == CT_SCHEDULE_ZBH1 || p->schedule == CT_SCHEDULE_ZBV)
+    if (p->schedule == CT_SCHEDULE_ZBV)
         return with_hint(ct_error(CT_ERR_INPUT,
-                                  "parallel.schedule=%s splits every backward into the input's "
-                                  "and the weights' gradients, which training does not run yet",
-                                  schedule_names[p->schedule]),
-                         "`cooktrain plan --schedule %s --pp N --microbatches M` simulates it; "
-                         "train with parallel.schedule: 1f1b or interleaved",
-                         schedule_names[p->schedule]);
+                                  "parallel.schedule=zbv places two chunks a rank in a V, which "
+                                  "training does not run yet"),
+                         "`cooktrain plan --schedule zbv --pp N --microbatches M` simulates it; "
+                         "train with parallel.schedule: zbh1, 1f1b or interleaved");
+    if (p->schedule == CT_SCHEDULE_ZBH1 && p->zero_stage >= 2)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.schedule=zbh1 with parallel.zero_stage=%lld: the "
+                                  "weight gradients of ZeRO 2 and 3 are reduced after each "
+                                  "microbatch's backward, which zbh1 splits and runs apart",
+                                  (long long)p->zero_stage),
+                         "use parallel.zero_stage: 0 or 1 with zbh1, or parallel.schedule: "
+                         "1f1b with ZeRO %lld",
+                         (long long)p->zero_stage);
+    if (p->schedule == CT_SCHEDULE_ZBH1 && v > 1)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "parallel.schedule=zbh1 runs one chunk a rank (got "
+                                  "parallel.virtual_stages=%lld)",
+                                  (long long)v),
+                         "set parallel.virtual_stages: 1");
     if (p->schedule == CT_SCHEDULE_INTERLEAVED && v < 2)
         return with_hint(
             ct_error(CT_ERR_INPUT,

@@ -894,6 +894,21 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     }
 }
 
+void ct_model_backward_input(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s) {
+    CT_ASSERTF(c >= 0 && c < CT_MAX_CHUNKS && ct_wgrad_store_empty(a->wstore[c]),
+               "an input part of chunk %d while its last weight part has not run", c);
+    if (!a->wstore[c]) a->wstore[c] = ct_wgrad_store_new();
+    m->wstore = a->wstore[c];
+    ct_model_backward_chunk(m, c, a, s);
+    m->wstore = NULL;
+}
+
+void ct_model_backward_weight(ct_model *m, int c, ct_acts *a) {
+    CT_ASSERTF(c >= 0 && c < CT_MAX_CHUNKS && !ct_wgrad_store_empty(a->wstore[c]),
+               "a weight part of chunk %d without its input part", c);
+    ct_wgrad_replay(m, a->wstore[c]);
+}
+
 /* ---- decoding with a key/value cache --------------------------------------------------------
  */
 

@@ -167,7 +167,11 @@ typedef struct ct_layer_params {
     const struct ct_model_mlp *mlp;
 } ct_layer_params;
 
-typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD } ct_pass;
+/* CT_PASS_BACKWARD_INPUT: the input part of a split backward (ct_model_backward_input): the
+ * unit's parameters are read and some of its gradients written, but they are complete only at the
+ * end of the CT_PASS_BACKWARD bracket of its weight part (ct_model_backward_weight). */
+typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD, CT_PASS_BACKWARD_INPUT } ct_pass;
+typedef struct ct_wgrad_store ct_wgrad_store; /* model_split.c */
 
 /*
  * How the data-parallel layer follows the model (core/README.md, Layers: the parameter access
@@ -255,6 +259,7 @@ typedef struct ct_model {
     double moe_route_seconds, moe_expert_seconds, moe_expert_flops;
     ct_layer_params *layers;        /* [L], entries NULL for layers not on this rank */
     struct ct_model_decode *decode; /* between ct_model_decode_begin and _end, else NULL */
+    ct_wgrad_store *wstore;         /* while ct_model_backward_input records, else NULL */
 } ct_model;
 
 /* Activations of one microbatch on this rank's chunks. */
@@ -284,6 +289,7 @@ typedef struct ct_acts {
     ct_tensor *lnf, *lnf_mean, *lnf_rstd;
     ct_tensor *logits; /* (B·T, Vp/tp), becomes dlogits after the loss */
     ct_tensor *rowmax, *sumexp, *target_logit, *losses; /* (B·T) */
+    ct_wgrad_store *wstore[CT_MAX_CHUNKS]; /* per local chunk: its input part's record */
 } ct_acts;
 
 /* Scratch for backward, shared by all microbatches (backward runs one at a time). */
@@ -457,6 +463,20 @@ void ct_model_forward_chunk(ct_model *model, int c, ct_acts *acts, float dloss);
  * residual is left in scratch->dres (for the previous chunk). The last chunk starts from the
  * dlogits left by forward; any other chunk expects scratch->dres to hold the incoming gradient. */
 void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
+
+/*
+ * The same backward in two parts, for the zero-bubble schedules (parallel/schedule.h).
+ * ct_model_backward_input leaves scratch->dres as ct_model_backward_chunk does and writes every
+ * gradient but the weight GEMMs of the linear layers (QKV, output, MLP and experts' projections),
+ * which it records in `acts` with copies of their output gradients (and of their inputs under
+ * recompute, or where the activations do not keep them: the experts'). ct_model_backward_weight
+ * runs the record: after both, the gradients are ct_model_backward_chunk's bit for bit, and the
+ * data-parallel layer sees each unit's gradients complete at the weight part (the input part's
+ * brackets say CT_PASS_BACKWARD_INPUT). The copies are activation memory, kept with `acts` for
+ * the next step's record. One input part per chunk between weight parts.
+ */
+void ct_model_backward_input(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
+void ct_model_backward_weight(ct_model *model, int c, ct_acts *acts);
 
 /* Whole-model conveniences (all of this rank's chunks in order). ct_model_forward keeps the
  * loss in slot acts->mb like ct_model_forward_chunk; ct_model_forward_loss is the one-microbatch

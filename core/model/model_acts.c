@@ -162,6 +162,7 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
 void ct_acts_free(ct_acts *a) {
     if (!a) return;
     if (a->model) a->model->live_acts--;
+    for (int c = 0; c < CT_MAX_CHUNKS; c++) ct_wgrad_store_free(a->wstore[c]);
     ct_tensor *singles[] = {a->lnf,    a->lnf_mean, a->lnf_rstd,     a->logits,
                             a->rowmax, a->sumexp,   a->target_logit, a->losses};
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) ct_tensor_free(singles[i]);

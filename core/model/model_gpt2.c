@@ -90,7 +90,7 @@ static ct_tensor *gpt2_mlp_backward(ct_model *m, int l, ct_acts *a, ct_grad_scra
     ct_gelu_bwd(s->dh, p->b_up->grad, la->h, s->dh); /* and b_up's gradient */
     ct_gemm(s->dln, s->dh, p->w_up->value, false, false, 1.0f, 0.0f);
     ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dh, la->ln2, p->w_up->grad, NULL);
+    ct_model_linear_bwd_params(m, s->dh, la->ln2, p->w_up->grad, NULL);
     return dln2;
 }
 

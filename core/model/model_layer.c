@@ -9,11 +9,21 @@
 #include "model_collectives.h"
 #include "ring_attention.h"
 
+/* In a split backward's input part (m->wstore) a backward bracket is recorded for the weight
+ * part and passed on as CT_PASS_BACKWARD_INPUT: the unit's gradients are not complete yet. */
 void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass) {
+    if (m->wstore && pass == CT_PASS_BACKWARD) {
+        ct_wgrad_bracket(m->wstore, unit, true);
+        pass = CT_PASS_BACKWARD_INPUT;
+    }
     if (m->hooks.unit_begin) m->hooks.unit_begin(m->hooks.ctx, unit, pass);
 }
 
 void ct_model_unit_end(ct_model *m, int unit, ct_pass pass) {
+    if (m->wstore && pass == CT_PASS_BACKWARD) {
+        ct_wgrad_bracket(m->wstore, unit, false);
+        pass = CT_PASS_BACKWARD_INPUT;
+    }
     if (m->hooks.unit_end) m->hooks.unit_end(m->hooks.ctx, unit, pass);
 }
 
@@ -53,9 +63,9 @@ ct_tensor *ct_model_mlp_up_weight(const ct_model *m, const ct_layer_params *mlp,
 }
 
 /* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy. */
-void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
+void ct_model_linear_bwd_params(ct_model *m, const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
                                 ct_tensor *db) {
-    ct_gemm(dw, dy, x, true, false, 1.0f, 1.0f);
+    ct_model_weight_grad(m, dw, dy, x, true);
     if (db) ct_bias_grad(db, dy);
 }
 
@@ -66,7 +76,7 @@ void ct_model_row_parallel_backward(ct_model *m, ct_grad_scratch *s, const ct_pa
                                     const ct_tensor *x, ct_tensor *dx) {
     const ct_tensor *dy = ct_model_dres_full(m, s);
     ct_gemm(dx, dy, w->value, false, false, 1.0f, 0.0f);
-    ct_gemm(w->grad, dy, x, true, false, 1.0f, 1.0f);
+    ct_model_weight_grad(m, w->grad, dy, x, true);
 }
 
 /* A norm's backward into s->dres (accumulating): LayerNorm with its bias, or Llama's RMSNorm
@@ -166,7 +176,7 @@ void ct_model_qkv_backward(ct_model *m, int l, ct_acts *a, ct_grad_scratch *s) {
     ct_model_qkv_params(m, l, true, &dwqkv, &dbqkv);
     ct_gemm(s->dln, s->dqkv, wqkv, false, false, 1.0f, 0.0f);
     ct_tensor *dln1 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dqkv, la->ln1, dwqkv, NULL);
+    ct_model_linear_bwd_params(m, s->dqkv, la->ln1, dwqkv, NULL);
     ct_tensor_free(wqkv), ct_tensor_free(bqkv), ct_tensor_free(dwqkv), ct_tensor_free(dbqkv);
     ct_model_norm_backward(s->dres, p->ln1_w, p->ln1_b, dln1, a->residual[l], la->ln1_mean,
                            la->ln1_rstd); /* dres += : now ∂L/∂x */

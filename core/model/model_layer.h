@@ -22,6 +22,24 @@ typedef struct ct_model_decode {
     bool sequence_parallel;
 } ct_model_decode;
 
+/* The weight gradient dW += dyᵀ·x of a linear layer (_grouped: of n, as one grouped GEMM): run
+ * now, or while a split backward's input part records (m->wstore, model_split.c) recorded with a
+ * copy of dy, and of x unless x_kept says x is an activation of this microbatch that stays until
+ * the weight part (never under recompute, whose internals are a shared workspace). */
+void ct_model_weight_grad(ct_model *m, ct_tensor *dw, const ct_tensor *dy, const ct_tensor *x,
+                          bool x_kept);
+void ct_model_weight_grads_grouped(ct_model *m, int n, ct_tensor *const *dw,
+                                   const ct_tensor *const *dy, const ct_tensor *const *x,
+                                   bool x_kept);
+/* The record of a split backward's input part (model_split.c): a store per chunk of a
+ * microbatch's activations; a bracket of unit `unit` (begin or end); the replay that is the weight
+ * part (ct_model_backward_weight), which empties the store and keeps its memory for the next. */
+ct_wgrad_store *ct_wgrad_store_new(void);
+void ct_wgrad_bracket(ct_wgrad_store *st, int unit, bool begin);
+bool ct_wgrad_store_empty(const ct_wgrad_store *st);
+void ct_wgrad_replay(ct_model *m, ct_wgrad_store *st);
+void ct_wgrad_store_free(ct_wgrad_store *st);
+
 /* The data-parallel layer's brackets around a use of a unit (model.h, ct_model_hooks). */
 void ct_model_unit_begin(ct_model *m, int unit, ct_pass pass);
 void ct_model_unit_end(ct_model *m, int unit, ct_pass pass);
@@ -36,8 +54,9 @@ void ct_model_qkv_params(ct_model *m, int l, bool grads, ct_tensor **w, ct_tenso
  * (model_arch.h), adjacent in their unit, (hidden·width/tp, C): GPT-2's w_up, Llama's gate|up —
  * the values, or with `grads` the gradients. Free with ct_tensor_free. */
 ct_tensor *ct_model_mlp_up_weight(const ct_model *m, const ct_layer_params *mlp, bool grads);
-/* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ dy (db may be NULL). */
-void ct_model_linear_bwd_params(const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
+/* Parameter gradients of y = x·Wᵀ + b: dW += dyᵀ·x (ct_model_weight_grad: x an activation of
+ * this microbatch), db += Σ dy (db may be NULL; never deferred). */
+void ct_model_linear_bwd_params(ct_model *m, const ct_tensor *dy, const ct_tensor *x, ct_tensor *dw,
                                 ct_tensor *db);
 /* Backward of a row-parallel projection into the residual stream, y = x·Wᵀ: dx = dy·W and
  * dW += dyᵀ·x, with dy = ∂L/∂residual over the full sequence (gathered under sequence

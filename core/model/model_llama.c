@@ -116,7 +116,7 @@ static ct_tensor *llama_mlp_backward(ct_model *m, int l, ct_acts *a, ct_grad_scr
               *dwgu = ct_model_mlp_up_weight(m, p, true);
     ct_gemm(s->dln, s->dgu, wgu, false, false, 1.0f, 0.0f);
     ct_tensor *dln2 = ct_model_dln_reduced(m, s);
-    ct_model_linear_bwd_params(s->dgu, la->ln2, dwgu, NULL);
+    ct_model_linear_bwd_params(m, s->dgu, la->ln2, dwgu, NULL);
     ct_tensor_free(wgu), ct_tensor_free(dwgu);
     return dln2;
 }

@@ -182,7 +182,7 @@ static void mlps_backward(ct_model *m, int n, const ct_layer_params *w, ct_tenso
     const ct_tensor *const *cdy = (const ct_tensor *const *)dy;
     for (int i = 0; i < n; i++) W[i] = w[i].w_down->value, dW[i] = w[i].w_down->grad;
     ct_gemm_grouped(n, dg, cdy, W, false, false, 1.0f, 0.0f); /* dg = dy·W_down */
-    ct_gemm_grouped(n, dW, cdy, (const ct_tensor *const *)g, true, false, 1.0f, 1.0f);
+    ct_model_weight_grads_grouped(m, n, dW, cdy, (const ct_tensor *const *)g, false);
     for (int i = 0; i < n; i++) {
         if (w[i].b_down && replicated_grads) ct_bias_grad(w[i].b_down->grad, dy[i]);
         /* dh, and b_up's gradient where the MLP has one */
@@ -193,7 +193,7 @@ static void mlps_backward(ct_model *m, int n, const ct_layer_params *w, ct_tenso
     ct_model_poll(m);
     const ct_tensor *const *cdh = (const ct_tensor *const *)dh;
     ct_gemm_grouped(n, dx, cdh, W, false, false, 1.0f, accumulate ? 1.0f : 0.0f); /* dh·W_up */
-    ct_gemm_grouped(n, dW, cdh, (const ct_tensor *const *)x, true, false, 1.0f, 1.0f);
+    ct_model_weight_grads_grouped(m, n, dW, cdh, (const ct_tensor *const *)x, false);
     ct_model_poll(m);
     for (int i = 0; i < 2 * n; i++) ct_tensor_free(own[i]);
     free(own), free(W), free(dW);

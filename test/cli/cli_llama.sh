@@ -89,6 +89,8 @@ if reference_run "$tmp"; then
 1 1 2 1f1b 1 1 false none 2
 1 1 4 1f1b 1 3 false full 2
 2 2 2 1f1b 1 2 true full 2
+1 2 1 zbh1 1 0 false none 2
+2 2 1 zbh1 1 1 true full 2
 RUNS
 fi
 
@@ -102,11 +104,12 @@ if selected "untied"; then
         grep -q lm_head "$u/ref.bin.index.json" && ok "untied: the model has an lm_head tensor" ||
             fail "untied: no lm_head in the parameters"
         # tp pp dp zero sp micro_batch
-        while read -r tp pp dp zero sp micro; do
-            name="llama untied tp=$tp pp=$pp dp=$dp zero=$zero sp=$sp"
+        while read -r tp pp dp zero sp micro extra; do
+            name="llama untied tp=$tp pp=$pp dp=$dp zero=$zero sp=$sp $extra"
+            # shellcheck disable=SC2086
             if expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np $((tp * pp * dp)) "$BIN" "${base[@]}" \
                 --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.zero_stage="$zero" \
-                --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" \
+                --set parallel.sequence_parallel="$sp" --set train.micro_batch="$micro" $extra \
                 --set log.metrics="$u/run.jsonl" --dump-params "$u/run.bin"; then
                 check_against_reference "$name" "$u"
             fi
@@ -116,6 +119,7 @@ if selected "untied"; then
 1 2 2 2 false 2
 1 1 2 3 false 2
 2 2 1 1 false 2
+1 4 1 0 false 2 --set parallel.schedule=zbh1
 RUNS
     fi
     base=("${tied_base[@]}")
@@ -140,6 +144,7 @@ if selected "llama bf16"; then
 2 --set parallel.zero_stage=3 --set parallel.grad_reduce_dtype=bf16
 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=2 --set parallel.sequence_parallel=true
+4 --set parallel.pp=4 --set parallel.schedule=zbh1 --set train.recompute=full
 RUNS
     fi
 fi

@@ -76,6 +76,8 @@ PY
 4 --set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 4 --set parallel.ep=2 --set parallel.pp=2
 4 --set parallel.ep=2 --set parallel.cp=2 --set parallel.zero_stage=1
+2 --set parallel.pp=2 --set parallel.schedule=zbh1
+4 --set parallel.ep=2 --set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.zero_stage=1
 RUNS
 fi
 

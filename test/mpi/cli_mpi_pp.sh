@@ -27,7 +27,7 @@ expect_exit 0 "plan from a config" -- "$BIN" plan --config configs/test-tiny.yam
     --set parallel.schedule=interleaved --set parallel.virtual_stages=2
 expect_text "interleaved pipeline: pp=2 v=2 m=8" "plan takes pp, v and m from the config"
 # The zero-bubble schedules: simulated with F, B and W apart (a third of 1F1B's idle for ZB-H1,
-# the V's skew for ZB-V at p = 4, m = 8), refused by training until the backward runs split.
+# the V's skew for ZB-V at p = 4, m = 8); training refuses ZB-V until it runs the V placement.
 if expect_exit 0 "plan zbh1 pp=4 m=8" -- "$BIN" plan --schedule zbh1 --pp 4 --microbatches 8 --costs 1,1,1; then
     expect_text "bubble  11.11%" "zbh1: a third of 1F1B's idle (3 of 27)"
     expect_text "rank 3 |......F0B0F1B1F2B2F3B3W0F4B4W1" "zbh1: rank 3 holds its weight parts back"
@@ -39,9 +39,9 @@ if expect_exit 0 "plan zbv pp=4 m=8" -- "$BIN" plan --schedule zbv --pp 4 --micr
 fi
 expect_exit 2 "plan with malformed costs" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 2 --costs 1,2
 expect_text "hint:" "malformed costs have a hint"
-expect_exit 2 "train refuses zbh1 for now" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
-    --set parallel.schedule=zbh1
-expect_text "cooktrain plan --schedule zbh1" "the refusal points to plan"
+expect_exit 2 "train refuses zbv for now" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
+    --set parallel.schedule=zbv
+expect_text "cooktrain plan --schedule zbv" "the refusal points to plan"
 expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag --pp 2 --microbatches 2
 expect_text "hint:" "unknown schedule has a hint"
 expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2
@@ -78,7 +78,26 @@ if reference_run "$tmp"; then
 2 2 2 1f1b 1 3 true full 2
 1 2 4 gpipe 1 2 false none 2
 1 2 2 interleaved 2 3 false full 2 --set parallel.bucket_mb=0.3
+1 2 1 zbh1 1 0 false none 2
+1 4 1 zbh1 1 1 false full 2
+2 2 1 zbh1 1 0 true none 2
+1 2 2 zbh1 1 1 false none 2 --set parallel.bucket_mb=0.3
 RUNS
+fi
+
+# ZB-H1 against 1F1B on the same layout: the weight parts run later, in the same microbatch
+# order, so every sum is 1F1B's: the same bytes, not merely close.
+if selected "zbh1 bit for bit"; then
+    for s in 1f1b zbh1; do
+        expect_exit 0 "train pp=4 $s" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.pp=4 \
+            --set parallel.schedule="$s" --set train.micro_batch=2 --set log.metrics="$tmp/$s.jsonl" \
+            --dump-params "$tmp/$s.bin"
+    done
+    if cmp -s "$tmp/1f1b.bin" "$tmp/zbh1.bin"; then
+        ok "zbh1 bit for bit: the final parameters are 1F1B's bytes"
+    else
+        fail "zbh1 bit for bit: the final parameters differ from 1F1B's"
+    fi
 fi
 
 # Bad layouts: exit 2 everywhere, one message from rank 0.

@@ -634,6 +634,95 @@ static void test_greedy_sampling(void **state) {
     greedy_matches_forward(true);
 }
 
+/* ---- the backward in two parts --------------------------------------------------------------
+ */
+
+/* Every gradient of three microbatches through the whole backward (F0 B0 F1 B1 F2 B2), then
+ * through the split one in a zero-bubble order (F0 F1 F2, B0 B1 W0 B2 W1 W2): the same bytes,
+ * because each gradient gets the same products added in the same microbatch order; only when
+ * the weight GEMMs run changes. */
+static void split_matches_whole(ct_arch arch, bool moe, bool bf16, bool recompute) {
+    ct_config cfg;
+    test_tiny_config(&cfg, NULL);
+    cfg.model.arch = arch;
+    if (moe) {
+        cfg.model.moe_experts = 4;
+        cfg.model.moe_top_k = 2;
+        cfg.model.moe_every = 2;
+        cfg.model.moe_d_ff = 24;
+        cfg.model.moe_shared = arch == CT_ARCH_LLAMA ? 1 : 0;
+    }
+    cfg.model.seq_len = 16;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = 32;
+    cfg.model.n_head = 4;
+    if (arch == CT_ARCH_LLAMA) cfg.model.n_kv_head = 2, cfg.model.multiple_of = 16;
+    cfg.train.micro_batch = 2;
+    cfg.train.global_batch = 2;
+    cfg.train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+    cfg.train.recompute = recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
+    validated_config(&cfg);
+    ct_backend *be = test_backend_new(2);
+    ct_model_layout layout = ct_model_layout_single(&cfg);
+    ct_model *m;
+    assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
+    enum { M = 3 };
+    const int64_t N = 2 * cfg.model.seq_len;
+    int32_t tokens[M][32], targets[M][32];
+    for (int k = 0; k < M; k++)
+        random_batch(tokens[k], targets[k], N, cfg.model.vocab_size, 40 + k);
+    ct_acts *a[M];
+    ct_grad_scratch *s;
+    for (int k = 0; k < M; k++) assert_int_equal(ct_acts_new(&a[k], m, 2), CT_OK);
+    assert_int_equal(ct_grad_scratch_new(&s, m, 2), CT_OK);
+    const size_t bytes = ct_tensor_bytes(m->grad_slab);
+    unsigned char *whole = ct_xmalloc(bytes), *split = ct_xmalloc(bytes);
+    const float dloss = (float)(1.0 / (double)(M * N));
+    for (int pass = 0; pass < 2; pass++) {
+        ct_model_zero_grads(m);
+        ct_model_begin_losses(m, M, 2);
+        for (int k = 0; k < M; k++) ct_acts_set_batch(a[k], k, tokens[k], targets[k]);
+        if (pass == 0) {
+            for (int k = 0; k < M; k++) {
+                ct_model_forward(m, a[k], dloss);
+                ct_model_backward(m, a[k], s);
+            }
+        } else {
+            for (int k = 0; k < M; k++) ct_model_forward(m, a[k], dloss);
+            ct_model_backward_input(m, 0, a[0], s);
+            ct_model_backward_input(m, 0, a[1], s);
+            ct_model_backward_weight(m, 0, a[0]);
+            ct_model_backward_input(m, 0, a[2], s);
+            ct_model_backward_weight(m, 0, a[1]);
+            ct_model_backward_weight(m, 0, a[2]);
+        }
+        ct_tensor_to_host(pass == 0 ? whole : split, m->grad_slab);
+    }
+    const char *what = arch == CT_ARCH_LLAMA ? "llama" : "gpt2";
+    if (memcmp(whole, split, bytes) != 0) {
+        const float *x = (const float *)whole, *y = (const float *)split;
+        size_t i = 0;
+        while (i < bytes / 4 && memcmp(&x[i], &y[i], 4) == 0) i++;
+        fail_msg("%s%s%s%s: gradient element %zu: whole backward %.9g, split %.9g", what,
+                 moe ? " moe" : "", bf16 ? " bf16" : "", recompute ? " recompute" : "", i, x[i],
+                 y[i]);
+    }
+    free(whole), free(split);
+    for (int k = 0; k < M; k++) ct_acts_free(a[k]);
+    ct_grad_scratch_free(s);
+    ct_model_free(m);
+    ct_backend_free(be);
+}
+
+static void test_split_backward(void **state) {
+    (void)state;
+    for (int arch = 0; arch < 2; arch++)
+        for (int moe = 0; moe < 2; moe++)
+            for (int bf16 = 0; bf16 < 2; bf16++)
+                for (int rc = 0; rc < 2; rc++)
+                    split_matches_whole(arch ? CT_ARCH_LLAMA : CT_ARCH_GPT2, moe, bf16, rc);
+}
+
 static void test_decode_matches_forward(void **state) {
     (void)state;
     for (int arch = 0; arch < 2; arch++)
@@ -659,6 +748,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_decode_matches_forward),
         cmocka_unit_test(test_greedy_sampling),
+        cmocka_unit_test(test_split_backward),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }

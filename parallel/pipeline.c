@@ -91,7 +91,9 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     if (pctx->embed_comm) ct_comm_set_stream(pctx->embed_comm, ct_model_backend(model));
     int v = ct_model_layout_of(model)->n_chunks;
     p->n_chunks = pctx->pp * v;
-    p->forward_only = ct_schedule_new(CT_SCHEDULE_FORWARD_ONLY, pctx->pp, v, m);
+    p->forward_only = ct_model_layout_of(model)->v_shape
+                          ? ct_schedule_new_forward_only_v(pctx->pp, m)
+                          : ct_schedule_new(CT_SCHEDULE_FORWARD_ONLY, pctx->pp, v, m);
     ct_status tags = p->forward_only ? choose_tags(p) : CT_ERR_INPUT;
     if (tags != CT_OK) {
         ct_pipeline_free(p);

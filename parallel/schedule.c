@@ -58,7 +58,7 @@ const char *ct_action_kind_name(ct_action_kind kind) {
 
 int ct_schedule_chunk_rank(const ct_schedule *s, int chunk) {
     CT_ASSERTF(chunk >= 0 && chunk < s->pp * s->v, "chunk %d of %d", chunk, s->pp * s->v);
-    if (s->kind == CT_SCHEDULE_ZBV) /* the V: down the ranks, then back up */
+    if (s->v_shape) /* the V: down the ranks, then back up */
         return chunk < s->pp ? chunk : 2 * s->pp - 1 - chunk;
     return chunk % s->pp;
 }
@@ -251,7 +251,8 @@ static void gen_rank(ct_schedule *s, int r) {
         /* Global chunk order inside a microbatch, microbatches in order: every receive waits on
          * a send that comes earlier in the (mb, chunk) lexicographic order, so no cycle. */
         for (int mb = 0; mb < m; mb++)
-            for (int j = 0; j < v; j++) emit_forward(s, r, mb, r + j * p);
+            for (int j = 0; j < v; j++)
+                emit_forward(s, r, mb, s->v_shape && j == 1 ? 2 * p - 1 - r : r + j * p);
         break;
     }
 }
@@ -314,10 +315,11 @@ ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m) {
     return CT_OK;
 }
 
-ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m) {
+static ct_schedule *schedule_new(ct_schedule_kind kind, int pp, int v, int m, bool v_shape) {
     if (ct_schedule_check(kind, pp, v, m) != CT_OK) return NULL;
     ct_schedule *s = ct_xcalloc(1, sizeof *s);
     s->kind = kind;
+    s->v_shape = v_shape;
     s->pp = pp;
     s->v = v;
     s->m = m;
@@ -330,6 +332,14 @@ ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m) {
         CT_ASSERT((size_t)s->n_actions[r] <= cap);
     }
     return s;
+}
+
+ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m) {
+    return schedule_new(kind, pp, v, m, kind == CT_SCHEDULE_ZBV);
+}
+
+ct_schedule *ct_schedule_new_forward_only_v(int pp, int m) {
+    return schedule_new(CT_SCHEDULE_FORWARD_ONLY, pp, 2, m, true);
 }
 
 void ct_schedule_free(ct_schedule *s) {

@@ -57,6 +57,7 @@ typedef struct ct_action {
 typedef struct ct_schedule {
     ct_schedule_kind kind;
     int pp, v, m;        /* ranks, virtual stages per rank, microbatches */
+    bool v_shape;        /* the V placement (ZB-V, and a forward-only schedule for its model) */
     int *n_actions;      /* [pp] */
     ct_action **actions; /* [pp][n_actions[r]] */
 } ct_schedule;
@@ -76,6 +77,9 @@ typedef struct ct_schedule {
  * message (common.h, CT_ERR_INPUT) when the arguments cannot make that schedule.
  */
 ct_schedule *ct_schedule_new(ct_schedule_kind kind, int pp, int v, int m);
+/* The forward-only schedule of a model whose chunks form a V (v = 2; model.h, v_shape): each
+ * microbatch through rank r's chunks r and 2pp−1−r in global order. */
+ct_schedule *ct_schedule_new_forward_only_v(int pp, int m);
 /* The argument check ct_schedule_new runs: CT_OK, or CT_ERR_INPUT with the message and hint
  * recorded, naming the numbers. Lets a caller validate a layout before building anything. */
 ct_status ct_schedule_check(ct_schedule_kind kind, int pp, int v, int m);

@@ -17,6 +17,16 @@ static int cmp_float_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+/* An allgather of n host values a rank. A one-rank group bound to the model's stream would copy
+ * through the backend (comm.c, local_copy), whose queued copy a host read must not race: on one
+ * rank the gather is the values themselves. */
+static void host_allgather(ct_comm *tp, const void *mine, void *all, int64_t n, ct_dtype dtype) {
+    if (tp->size == 1)
+        memcpy(all, mine, (size_t)n * ct_dtype_size(dtype));
+    else
+        ct_comm_allgather(tp, mine, all, n * tp->size, dtype);
+}
+
 /* The k-th largest logit of the whole vocabulary: each rank's k largest, gathered over tp. */
 static float top_k_threshold(ct_comm *tp, const float *logits, int64_t n_valid, int64_t k) {
     float *mine = ct_xmalloc((size_t)CT_MAX(n_valid, k) * sizeof(float));
@@ -24,7 +34,7 @@ static float top_k_threshold(ct_comm *tp, const float *logits, int64_t n_valid, 
     for (int64_t i = n_valid; i < k; i++) mine[i] = -INFINITY;
     qsort(mine, (size_t)CT_MAX(n_valid, k), sizeof(float), cmp_float_desc);
     float *all = ct_xmalloc((size_t)(k * tp->size) * sizeof(float));
-    ct_comm_allgather(tp, mine, all, k * tp->size, CT_DTYPE_F32);
+    host_allgather(tp, mine, all, k, CT_DTYPE_F32);
     qsort(all, (size_t)(k * tp->size), sizeof(float), cmp_float_desc);
     float thr = all[k - 1];
     free(mine);
@@ -49,7 +59,7 @@ int32_t ct_sample_draw(ct_comm *tp, const float *logits, int64_t n_valid, int64_
     double mine = 0.0;
     for (int64_t i = 0; i < n_valid; i++) mine += WEIGHT(i);
     double *sums = ct_xmalloc((size_t)tp->size * sizeof(double));
-    ct_comm_allgather(tp, &mine, sums, tp->size, CT_DTYPE_F64);
+    host_allgather(tp, &mine, sums, 1, CT_DTYPE_F64);
     double before = 0.0, total = 0.0;
     for (int r = 0; r < tp->size; r++) {
         if (r < tp->rank) before += sums[r];
@@ -154,11 +164,13 @@ static ct_status sequence_acts(sampler *s, ct_dp *dp, ct_pctx *pctx, ct_pipeline
     return st;
 }
 
-/* The drawn token to every rank: the last stage's owner of the last position drew it. */
+/* The drawn token to every rank: the owner of the last position on the stage with the LM head
+ * (the last one, or rank 0 when the chunks form a V) drew it. */
 static void share_drawn(sampler *s, ct_pctx *pctx) {
-    if (pctx->cp > 1 && pctx->pp_rank == pctx->pp - 1)
+    const int head = ct_model_layout_of(s->model)->v_shape ? 0 : pctx->pp - 1;
+    if (pctx->cp > 1 && pctx->pp_rank == head)
         ct_comm_broadcast(pctx->cp_comm, &s->drawn, 1, CT_DTYPE_I32, s->owner);
-    if (pctx->pp > 1) ct_comm_broadcast(pctx->pp_comm, &s->drawn, 1, CT_DTYPE_I32, pctx->pp - 1);
+    if (pctx->pp > 1) ct_comm_broadcast(pctx->pp_comm, &s->drawn, 1, CT_DTYPE_I32, head);
     s->ids[s->n++] = s->drawn;
 }
 

@@ -351,21 +351,23 @@ static ct_status check_pipeline(const ct_config *cfg) {
 
     /* The layers against the pipeline. */
     int64_t v = p->virtual_stages, chunks = p->pp * v;
-    if (p->schedule == CT_SCHEDULE_ZBV)
+    const bool zb = p->schedule == CT_SCHEDULE_ZBH1 || p->schedule == CT_SCHEDULE_ZBV;
+    if (p->schedule == CT_SCHEDULE_ZBV && v != 2)
         return with_hint(ct_error(CT_ERR_INPUT,
-                                  "parallel.schedule=zbv places two chunks a rank in a V, which "
-                                  "training does not run yet"),
-                         "`cooktrain plan --schedule zbv --pp N --microbatches M` simulates it; "
-                         "train with parallel.schedule: zbh1, 1f1b or interleaved");
-    if (p->schedule == CT_SCHEDULE_ZBH1 && p->zero_stage >= 2)
+                                  "parallel.schedule=zbv runs 2 chunks a rank in a V (got "
+                                  "parallel.virtual_stages=%lld)",
+                                  (long long)v),
+                         "set parallel.virtual_stages: 2");
+    if (zb && p->zero_stage >= 2)
         return with_hint(ct_error(CT_ERR_INPUT,
-                                  "parallel.schedule=zbh1 with parallel.zero_stage=%lld: the "
+                                  "parallel.schedule=%s with parallel.zero_stage=%lld: the "
                                   "weight gradients of ZeRO 2 and 3 are reduced after each "
-                                  "microbatch's backward, which zbh1 splits and runs apart",
-                                  (long long)p->zero_stage),
-                         "use parallel.zero_stage: 0 or 1 with zbh1, or parallel.schedule: "
-                         "1f1b with ZeRO %lld",
-                         (long long)p->zero_stage);
+                                  "microbatch's backward, which %s splits and runs apart",
+                                  schedule_names[p->schedule], (long long)p->zero_stage,
+                                  schedule_names[p->schedule]),
+                         "use parallel.zero_stage: 0 or 1 with %s, or parallel.schedule: 1f1b "
+                         "with ZeRO %lld",
+                         schedule_names[p->schedule], (long long)p->zero_stage);
     if (p->schedule == CT_SCHEDULE_ZBH1 && v > 1)
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "parallel.schedule=zbh1 runs one chunk a rank (got "
@@ -386,13 +388,13 @@ static ct_status check_pipeline(const ct_config *cfg) {
                      (long long)p->pp),
             "interleaving spreads chunks over pipeline ranks: use parallel.pp: 2 or more, or "
             "parallel.schedule: 1f1b with parallel.virtual_stages: 1");
-    if (p->schedule != CT_SCHEDULE_INTERLEAVED && v > 1)
+    if (p->schedule != CT_SCHEDULE_INTERLEAVED && p->schedule != CT_SCHEDULE_ZBV && v > 1)
         return with_hint(
             ct_error(CT_ERR_INPUT,
                      "parallel.virtual_stages=%lld needs parallel.schedule=interleaved "
                      "(got %s)",
                      (long long)v, schedule_names[p->schedule]),
-            "only the interleaved schedule runs several chunks per rank: set "
+            "only the interleaved and zbv schedules run several chunks per rank: set "
             "parallel.schedule: interleaved or parallel.virtual_stages: 1");
     if (m->n_layer < chunks)
         return with_hint(ct_error(CT_ERR_INPUT,

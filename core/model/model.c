@@ -91,8 +91,10 @@ ct_model_layout ct_model_layout_pipeline(const ct_config *cfg, int pp_rank) {
         }
     }
     layout.n_chunks = v;
+    layout.v_shape = cfg->parallel.schedule == CT_SCHEDULE_ZBV;
+    CT_ASSERT(!layout.v_shape || v == 2);
     for (int j = 0; j < v; j++) {
-        int c = pp_rank + j * pp, first = 0;
+        int c = layout.v_shape && j == 1 ? 2 * pp - 1 - pp_rank : pp_rank + j * pp, first = 0;
         for (int k = 0; k < c; k++) first += counts[k];
         layout.chunks[j].index = c;
         layout.chunks[j].first_layer = first;
@@ -923,13 +925,14 @@ ct_status ct_model_decode_begin(ct_model *m) {
         if (m->layer_unit[l] < 0) continue; /* not on this rank */
         d->kv[l] = ct_tensor_new_1d(m->be, m->dtype, m->T_seq * kvdim, CT_MEM_ACTS);
         if (!d->kv[l]) {
+            char why[512]; /* the allocator's message: the bytes and the category */
+            snprintf(why, sizeof why, "%s", ct_error_message());
             for (int64_t j = 0; j < l; j++) ct_tensor_free(d->kv[j]);
             free(d->kv);
             free(d);
             return ct_error(CT_ERR_RUNTIME,
-                            "out of memory for the key/value cache of sampling (%lld layers of "
-                            "%lld x %lld)",
-                            (long long)m->L, (long long)m->T_seq, (long long)kvdim);
+                            "the key/value cache of sampling (%lld x %lld a layer): %s",
+                            (long long)m->T_seq, (long long)kvdim, why);
         }
         ct_tensor_zero(d->kv[l]); /* rows not yet written hold zeros, never stale bits */
     }

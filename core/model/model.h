@@ -137,6 +137,9 @@ typedef struct ct_model_layout {
      * Llama's RoPE table (seq_len × head_dim sines, most of a build's time). */
     bool measure_only;
     int n_chunks; /* chunks on this rank */
+    /* The pipeline's chunks form a V (parallel.schedule: zbv; schedule.h): rank r holds chunks r
+     * and 2pp−1−r, so rank 0 holds the embeddings and the LM head; else rank r holds r, r+pp, … */
+    bool v_shape;
     struct {
         int index; /* global chunk index */
         int first_layer, n_layers;

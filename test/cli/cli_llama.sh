@@ -91,6 +91,7 @@ if reference_run "$tmp"; then
 2 2 2 1f1b 1 2 true full 2
 1 2 1 zbh1 1 0 false none 2
 2 2 1 zbh1 1 1 true full 2
+1 2 1 zbv 2 0 false none 2
 RUNS
 fi
 
@@ -120,6 +121,7 @@ if selected "untied"; then
 1 1 2 3 false 2
 2 2 1 1 false 2
 1 4 1 0 false 2 --set parallel.schedule=zbh1
+1 2 1 0 false 2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
 RUNS
     fi
     base=("${tied_base[@]}")

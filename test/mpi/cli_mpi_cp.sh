@@ -45,6 +45,7 @@ for arch in gpt2 llama; do
 2 1 1 0 false --set parallel.pp=2
 2 1 1 0 false --set train.recompute=full
 2 1 1 0 false --set parallel.pp=2 --set parallel.schedule=zbh1
+2 1 1 0 false --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
 RUNS
 done
 

@@ -27,7 +27,7 @@ expect_exit 0 "plan from a config" -- "$BIN" plan --config configs/test-tiny.yam
     --set parallel.schedule=interleaved --set parallel.virtual_stages=2
 expect_text "interleaved pipeline: pp=2 v=2 m=8" "plan takes pp, v and m from the config"
 # The zero-bubble schedules: simulated with F, B and W apart (a third of 1F1B's idle for ZB-H1,
-# the V's skew for ZB-V at p = 4, m = 8); training refuses ZB-V until it runs the V placement.
+# the V's skew for ZB-V at p = 4, m = 8).
 if expect_exit 0 "plan zbh1 pp=4 m=8" -- "$BIN" plan --schedule zbh1 --pp 4 --microbatches 8 --costs 1,1,1; then
     expect_text "bubble  11.11%" "zbh1: a third of 1F1B's idle (3 of 27)"
     expect_text "rank 3 |......F0B0F1B1F2B2F3B3W0F4B4W1" "zbh1: rank 3 holds its weight parts back"
@@ -39,9 +39,9 @@ if expect_exit 0 "plan zbv pp=4 m=8" -- "$BIN" plan --schedule zbv --pp 4 --micr
 fi
 expect_exit 2 "plan with malformed costs" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 2 --costs 1,2
 expect_text "hint:" "malformed costs have a hint"
-expect_exit 2 "train refuses zbv for now" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
+expect_exit 2 "zbv with one chunk a rank" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
     --set parallel.schedule=zbv
-expect_text "cooktrain plan --schedule zbv" "the refusal points to plan"
+expect_text "parallel.virtual_stages: 2" "the refusal says how many chunks zbv runs"
 expect_exit 2 "plan with an unknown schedule" -- "$BIN" plan --schedule zigzag --pp 2 --microbatches 2
 expect_text "hint:" "unknown schedule has a hint"
 expect_exit 2 "plan interleaved with m not a multiple of pp" -- "$BIN" plan --schedule interleaved --pp 4 --microbatches 6 --virtual-stages 2
@@ -82,6 +82,10 @@ if reference_run "$tmp"; then
 1 4 1 zbh1 1 1 false full 2
 2 2 1 zbh1 1 0 true none 2
 1 2 2 zbh1 1 1 false none 2 --set parallel.bucket_mb=0.3
+1 2 1 zbv 2 0 false none 2
+1 4 1 zbv 2 1 false full 2
+2 2 1 zbv 2 0 true none 2
+1 2 2 zbv 2 1 false none 2
 RUNS
 fi
 
@@ -97,6 +101,20 @@ if selected "zbh1 bit for bit"; then
         ok "zbh1 bit for bit: the final parameters are 1F1B's bytes"
     else
         fail "zbh1 bit for bit: the final parameters differ from 1F1B's"
+    fi
+    # A checkpoint saved under 1F1B resumes under ZB-H1 and ends on the same bytes again.
+    if expect_exit 0 "zbh1 bit for bit: 1f1b to step 3" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+        --set parallel.pp=4 --set train.micro_batch=2 --set checkpoint.dir="$tmp/ck" \
+        --set checkpoint.interval=3 --set train.stop_after=3 &&
+        expect_exit 0 "zbh1 bit for bit: resumed under zbh1" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" \
+            --set parallel.pp=4 --set parallel.schedule=zbh1 --set train.micro_batch=2 \
+            --set checkpoint.dir="$tmp/ck" --dump-params "$tmp/resumed.bin"; then
+        expect_text "resum" "zbh1 bit for bit: the second run resumed"
+        if cmp -s "$tmp/1f1b.bin" "$tmp/resumed.bin"; then
+            ok "zbh1 bit for bit: resumed from a 1f1b checkpoint, 1F1B's bytes"
+        else
+            fail "zbh1 bit for bit: resumed from a 1f1b checkpoint, the parameters differ"
+        fi
     fi
 fi
 

@@ -49,5 +49,7 @@ if expect_exit 0 "world size 1 samples" -- "$BIN" "${base[@]}"; then
 4 --set parallel.cp=4 --set parallel.cp_sharding=contiguous
 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 4 --set parallel.cp=2 --set parallel.pp=2
+2 --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
+4 --set parallel.pp=2 --set parallel.cp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
 RUNS
 fi

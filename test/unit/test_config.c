@@ -235,9 +235,8 @@ static const bad_case bad_cases[] = {
      "parallel.pp_layers", "not a positive integer", NULL},
     {"interleaved_v1", "parallel:\n  schedule: interleaved\n", NULL, 1, "parallel.virtual_stages",
      "parallel.schedule=interleaved needs parallel.virtual_stages >= 2", NULL},
-    {"zero_bubble_v_plan_only", "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbv\n", NULL,
-     2, "parallel.schedule=zbv", "which training does not run yet",
-     "cooktrain plan --schedule zbv"},
+    {"zero_bubble_v_one_chunk", "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbv\n", NULL,
+     2, "parallel.schedule=zbv", "runs 2 chunks a rank in a V", "parallel.virtual_stages: 2"},
     {"zero_bubble_zero2",
      "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbh1\n"
      "  zero_stage: 2\n",

@@ -518,6 +518,7 @@ static void decode_matches_forward(ct_arch arch, bool moe, bool bf16, bool recom
     validated_config(&cfg);
     ct_backend *be = test_backend_new(2);
     ct_model_layout layout = ct_model_layout_single(&cfg);
+    layout.recompute = recompute; /* as the trainer sets it from train.recompute */
     ct_model *m;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
     const int64_t T = cfg.model.seq_len, Vl = ct_model_head_weight(m)->local_shape[0];
@@ -664,6 +665,7 @@ static void split_matches_whole(ct_arch arch, bool moe, bool bf16, bool recomput
     validated_config(&cfg);
     ct_backend *be = test_backend_new(2);
     ct_model_layout layout = ct_model_layout_single(&cfg);
+    layout.recompute = recompute; /* as the trainer sets it from train.recompute */
     ct_model *m;
     assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
     enum { M = 3 };

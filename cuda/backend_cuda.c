@@ -35,6 +35,12 @@ struct ct_cuda_ctx {
     ct_cublas_gemm_ctx *gemm;
     void *workspace[2]; /* ct_cuda_workspace */
     size_t workspace_bytes[2];
+    /* Workspaces outgrown, kept until the backend is freed: a cudaFree waits for the whole
+     * device, a pipeline transfer pending on a channel's stream included, whose partner rank may
+     * be waiting in the same way for its own — a cycle (met by the zbv schedule, whose ranks both
+     * send and receive each way). Growth by half keeps them under twice the last size. */
+    void **retired;
+    int n_retired;
     /* The stream's clock (backend.h, mark): one timing event per mark id, and the anchor, an
      * event recorded on the idle stream at host time anchor_host (ct_cuda_event_time). */
     cudaEvent_t *marks;
@@ -66,12 +72,14 @@ bool ct_cuda_wgmma_attention_asked(void) {
 void *ct_cuda_workspace(ct_cuda_ctx *cx, int slot, size_t bytes) {
     CT_ASSERTF(slot == 0 || slot == 1, "workspace slot %d", slot);
     if (bytes <= cx->workspace_bytes[slot]) return cx->workspace[slot];
-    /* Grow by at least half, so a run settles after a few calls. cudaFree waits for the device,
-     * so work still reading the old buffer finishes first. */
+    /* Grow by at least half, so a run settles after a few calls; the old buffer is retired, not
+     * freed (above), so work still reading it needs no wait. */
     size_t want = bytes + bytes / 2;
     if (cx->workspace[slot]) {
-        CT_CUDA_CHECK(cudaFree(cx->workspace[slot]));
-        cx->frees++;
+        cx->retired = realloc(cx->retired, (size_t)(cx->n_retired + 1) * sizeof *cx->retired);
+        CT_ASSERT(cx->retired != NULL);
+        cx->retired[cx->n_retired++] = cx->workspace[slot];
+        cx->frees++; /* a graph captured with the old buffer is captured again */
     }
     CT_CUDA_CHECK(cudaMalloc(&cx->workspace[slot], want));
     cx->workspace_bytes[slot] = want;
@@ -340,6 +348,8 @@ static void cuda_free_backend(void *ctx) {
     ct_cublas_gemm_free(cx->gemm);
     for (int s = 0; s < 2; s++)
         if (cx->workspace[s]) CT_CUDA_CHECK(cudaFree(cx->workspace[s]));
+    for (int i = 0; i < cx->n_retired; i++) CT_CUDA_CHECK(cudaFree(cx->retired[i]));
+    free(cx->retired);
     for (int e = 0; e < CT_BACKEND_EVENTS; e++) CT_CUDA_CHECK(cudaEventDestroy(cx->events[e]));
     for (int64_t i = 0; i < cx->cap_marks; i++) CT_CUDA_CHECK(cudaEventDestroy(cx->marks[i]));
     free(cx->marks);

@@ -68,13 +68,14 @@ typedef struct nccl_request {
 typedef struct channel {
     int peer; /* the other end's rank in the group */
     bool send;
+    int lane; /* the tags' parity it carries (comm_nccl.h) */
     ncclComm_t nccl;
     cudaStream_t stream;
 } channel;
 
 typedef struct nccl_group {
     ncclComm_t nccl;
-    channel chans[4]; /* to and from the next and the previous rank */
+    channel chans[8]; /* to and from the next and the previous rank, two lanes each */
     int n_chans;
     cudaEvent_t compute_event; /* wait_compute's, for the stream the next operation goes on */
     bool compute_pending;
@@ -451,9 +452,10 @@ static void nccl_broadcast(void *ctx, void *buf, int64_t n, ct_dtype dt, int roo
     finish_blocking(g, f);
 }
 
-static channel *channel_of(nccl_group *g, bool send, int peer) {
+static channel *channel_of(nccl_group *g, bool send, int peer, int tag) {
     for (int i = 0; i < g->n_chans; i++)
-        if (g->chans[i].send == send && g->chans[i].peer == peer) return &g->chans[i];
+        if (g->chans[i].send == send && g->chans[i].peer == peer && g->chans[i].lane == (tag & 1))
+            return &g->chans[i];
     return NULL;
 }
 
@@ -476,7 +478,7 @@ static ct_comm_request *nccl_isend(void *ctx, const void *buf, int64_t n, ct_dty
     nccl_group *g = ctx;
     if (!on_device(buf))
         return host_request(g->boot->iface->isend(g->boot->ctx, buf, n, dt, peer, tag));
-    channel *ch = channel_of(g, true, peer);
+    channel *ch = channel_of(g, true, peer, tag);
     if (ch) return channel_p2p(g, ch, (void *)buf, n, dt);
     return hold_p2p(g, true, buf, n, dt, peer);
 }
@@ -486,7 +488,7 @@ static ct_comm_request *nccl_irecv(void *ctx, void *buf, int64_t n, ct_dtype dt,
     nccl_group *g = ctx;
     if (!on_device(buf))
         return host_request(g->boot->iface->irecv(g->boot->ctx, buf, n, dt, peer, tag));
-    channel *ch = channel_of(g, false, peer);
+    channel *ch = channel_of(g, false, peer, tag);
     if (ch) return channel_p2p(g, ch, buf, n, dt);
     return hold_p2p(g, false, buf, n, dt, peer);
 }
@@ -667,16 +669,19 @@ static const struct ct_comm_i nccl_iface = {
 static ncclResult_t make_channels(nccl_group *g) {
     int next = (g->rank + 1) % g->size, prev = (g->rank + g->size - 1) % g->size;
     int peers[2] = {next, prev}, n_peers = next == prev ? 1 : 2;
-    for (int i = 0; i < n_peers; i++) {
-        g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = true};
-        g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = false};
-    }
-    /* order by (sender, receiver): a channel's key is the same on both its ranks */
+    for (int i = 0; i < n_peers; i++)
+        for (int lane = 0; lane < 2; lane++) {
+            g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = true, .lane = lane};
+            g->chans[g->n_chans++] = (channel){.peer = peers[i], .send = false, .lane = lane};
+        }
+    /* order by (sender, receiver, lane): a channel's key is the same on both its ranks */
     for (int i = 1; i < g->n_chans; i++)
         for (int j = i; j > 0; j--) {
             channel *a = &g->chans[j - 1], *b = &g->chans[j];
-            int ka = a->send ? g->rank * g->size + a->peer : a->peer * g->size + g->rank;
-            int kb = b->send ? g->rank * g->size + b->peer : b->peer * g->size + g->rank;
+            int ka =
+                2 * (a->send ? g->rank * g->size + a->peer : a->peer * g->size + g->rank) + a->lane;
+            int kb =
+                2 * (b->send ? g->rank * g->size + b->peer : b->peer * g->size + g->rank) + b->lane;
             if (ka <= kb) break;
             channel t = *a;
             *a = *b;

@@ -24,12 +24,16 @@
  * opposite orders on two ranks (1F1B's "send activation, receive gradient" against "send
  * gradient, receive activation") wait for each other, and grouping pairs of them
  * (ncclGroupStart/End) is not enough for the interleaved schedule, whose stages send ahead for
- * later chunks. So a group made with p2p_channels (the pipeline's) has a directed channel for
- * each way to and from its next and previous rank: a communicator of two ranks on a stream of its
- * own, on which one rank only sends and the other only receives, in the same order — a queue,
- * which cannot wait in a cycle whatever the schedule. Transfers to other ranks (or on groups
- * without channels) are held and started together, in one ncclGroupStart/End, at the next wait,
- * test, collective or barrier. Tags are not carried: sender and receiver post in matching order.
+ * later chunks. So a group made with p2p_channels (the pipeline's) has directed channels for
+ * each way to and from its next and previous rank: communicators of two ranks on a stream of their
+ * own, on which one rank only sends and the other only receives, in the same order — queues,
+ * which cannot wait in a cycle whatever the schedule. Each way has two lanes, chosen by the tag's
+ * parity (the pipeline's tags: activations even, gradients odd): a V-shaped schedule (zbv) sends
+ * a neighbour activations of one leg and gradients of the other, in an order its receives need
+ * not share, and each lane carries one boundary's messages in order. Transfers to other ranks (or
+ * on groups without channels) are held and started together, in one ncclGroupStart/End, at the
+ * next wait, test, collective or barrier. Tags are not carried otherwise: sender and receiver post
+ * in matching order.
  *
  * Byte counters are core/comm/comm.c's ring model, as for MPI. all_to_all is grouped sends and
  * receives. Dtypes f32, bf16, i32, i64, u8, f64; ops sum, max, min.

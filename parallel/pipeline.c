@@ -31,6 +31,10 @@ struct ct_pipeline {
     pending_send *sends;
     int n_sends, cap_sends;
     ct_tensor **grad_bufs; /* free gradient send buffers (B,Tl,C) */
+    /* [m] a gradient this rank sent itself (the turn of the V, zbv: chunks pp−1 and pp are both
+     * the last rank's), held until its receive; transfers to oneself are copies, never messages
+     * (NCCL does not pair a lone send and receive with oneself) */
+    ct_tensor **self_grad;
     int n_grad_bufs;
     int32_t *host_tokens, *host_targets;
     int inflight, peak_inflight;
@@ -102,6 +106,7 @@ static ct_status pipeline_make(ct_pipeline **out, ct_model *model, ct_dp *dp, ct
     p->acts = ct_xcalloc((size_t)m, sizeof *p->acts);
     p->backwards_left = ct_xcalloc((size_t)m, sizeof(int));
     p->weights_left = ct_xcalloc((size_t)m, sizeof(int));
+    p->self_grad = ct_xcalloc((size_t)m, sizeof *p->self_grad);
     p->forwards_left = ct_xcalloc((size_t)m, sizeof(int));
     /* At most one owned gradient buffer per backward action can be in flight. */
     p->grad_bufs = ct_xcalloc((size_t)m * (size_t)v + 1, sizeof *p->grad_bufs);
@@ -177,6 +182,8 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->acts);
     free(p->backwards_left);
     free(p->weights_left);
+    for (int i = 0; p->self_grad && i < p->m; i++) ct_tensor_free(p->self_grad[i]);
+    free(p->self_grad);
     free(p->forwards_left);
     free(p->grad_bufs);
     free(p->sends);
@@ -323,6 +330,12 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         switch (act->kind) {
         case CT_ACTION_RECV_ACT: {
             ct_tensor *in = ct_acts_chunk_input(acts_for(p, mb, fill, ctx, train), j);
+            if (act->peer == r) { /* the previous chunk is this rank's too */
+                const ct_tensor *out =
+                    ct_acts_chunk_output(p->acts[mb], local_chunk(p, act->chunk - 1));
+                if (out->data != in->data) ct_tensor_copy(in, out);
+                break;
+            }
             ct_comm_request *req = ct_comm_irecv(pp, in->data, in->numel, in->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk - 1, false));
             timed_wait(p, req);
@@ -339,6 +352,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
             break;
         }
         case CT_ACTION_SEND_ACT: {
+            if (act->peer == r) break; /* RECV_ACT copies it from the activations */
             ct_tensor *o = ct_acts_chunk_output(p->acts[mb], j);
             ct_comm_request *req = ct_comm_isend(pp, o->data, o->numel, o->dtype, act->peer,
                                                  tag_of(p, mb, act->chunk, false));
@@ -347,6 +361,13 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         }
         case CT_ACTION_RECV_GRAD: {
             ct_tensor *dres = ct_grad_scratch_dres(p->scratch);
+            if (act->peer == r) { /* sent by this rank's next chunk */
+                CT_ASSERT(p->self_grad[mb]);
+                ct_tensor_copy(dres, p->self_grad[mb]);
+                p->grad_bufs[p->n_grad_bufs++] = p->self_grad[mb];
+                p->self_grad[mb] = NULL;
+                break;
+            }
             ct_comm_request *req = ct_comm_irecv(pp, dres->data, dres->numel, dres->dtype,
                                                  act->peer, tag_of(p, mb, act->chunk, true));
             timed_wait(p, req);
@@ -380,9 +401,15 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
                 if (!buf) fail_out_of_memory(p, "a gradient send buffer");
             }
             ct_tensor_copy(buf, dres);
-            ct_comm_request *req = ct_comm_isend(pp, buf->data, buf->numel, buf->dtype, act->peer,
-                                                 tag_of(p, mb, act->chunk - 1, true));
-            track_send(p, req, buf, -1);
+            if (act->peer == r) {
+                CT_ASSERT(!p->self_grad[mb]);
+                p->self_grad[mb] = buf;
+            } else {
+                ct_comm_request *req =
+                    ct_comm_isend(pp, buf->data, buf->numel, buf->dtype, act->peer,
+                                  tag_of(p, mb, act->chunk - 1, true));
+                track_send(p, req, buf, -1);
+            }
             if (p->backwards_left[mb] == 0 && p->weights_left[mb] == 0) release_acts(p, mb);
             break;
         }

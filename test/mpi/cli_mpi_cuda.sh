@@ -154,6 +154,7 @@ long 2 --set parallel.pp=2 --set parallel.schedule=1f1b
 long 4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved --set parallel.zero_stage=1
 long 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=1f1b --set parallel.zero_stage=2
 test 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.zero_stage=3 --set parallel.sequence_parallel=true
+test 2 --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
 RUNS
 fi
 

@@ -133,6 +133,12 @@ def main(argv):
     # The scratch tree: the tracked files, built once.
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
                            check=True).stdout.decode().split("\0")
+    # What the scratch tree held: a source whose bytes differ now (a mutant an interrupted run
+    # left in place, or an edit) gets a new mtime below, so make rebuilds what it compiled into.
+    before = {}
+    for f in files:
+        if f and os.path.isfile(os.path.join(work, f)):
+            before[f] = open(os.path.join(work, f), "rb").read()
     if os.path.isdir(work):
         for entry in os.listdir(work):
             if entry != "build":  # keep the objects: the next build is incremental
@@ -143,6 +149,8 @@ def main(argv):
         if f:
             os.makedirs(os.path.join(work, os.path.dirname(f)), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, f), os.path.join(work, f))
+            if before.get(f) != open(os.path.join(work, f), "rb").read():
+                os.utime(os.path.join(work, f))
     # The Makefile marks every target .SECONDARY, so an object missing for a source file new
     # since the last run (copied with its old mtime) would not be rebuilt for an archive that
     # looks up to date: remove the archives, so they are remade from every object.

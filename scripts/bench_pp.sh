@@ -8,7 +8,6 @@
 #   metrics' bubble_s over step_time_s, rank 0: its compute stream's waits for the other stages),
 #   the simulator's bubble for rank 0 at the backward/forward ratio 2 (`cooktrain plan
 #   --schedule`), and memory per rank (mem_bytes, rank 0).
-# zbv is simulated only (training refuses it so far): its rows show the simulator's figure.
 #
 #   scripts/bench_pp.sh [--pps "2 4"] [--ms "4 8 16"] [--schedules "1f1b interleaved zbh1 zbv"]
 #                       [--steps N] [--data DIR]
@@ -46,7 +45,7 @@ done
 [ -x "$BIN" ] || bad "$BIN is missing" "build it: make"
 [ -f "$data/train.bin" ] || bad "$data/train.bin is missing" "make data (or --data DIR)"
 
-cores=$(nproc)
+cores=$(getconf _NPROCESSORS_ONLN) # not nproc, which reads OMP_NUM_THREADS
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
@@ -65,10 +64,6 @@ for pp in $pps; do
             sim=$("$BIN" plan --schedule "$s" --pp "$pp" --microbatches "$m" --virtual-stages "$v" 2>/dev/null |
                 sed -n 's/^rank 0: .*bubble *\([0-9.]*\)%.*/\1/p' || true)
             per_core=$(awk -v p="$pp" -v c="$cores" 'BEGIN { printf "%.1f", p / c }')
-            if [ "$s" = zbv ]; then
-                printf '%3d %3d %-12s %6s %10s %10s %10s %13s\n' "$pp" "$m" "$s" "-" "-" "-" "${sim:--}" "(plan only)"
-                continue
-            fi
             threads=$((cores / pp))
             [ "$threads" -ge 1 ] || threads=1
             sets=(--config configs/tiny.yaml --set model.n_layer=8 --set parallel.pp="$pp"

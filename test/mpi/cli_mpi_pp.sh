@@ -118,6 +118,18 @@ if selected "zbh1 bit for bit"; then
     fi
 fi
 
+# scripts/bench_pp.sh runs (its figures are scripts/README.md's; here only that every schedule's
+# row has them) and refuses what it cannot run.
+if selected "bench_pp"; then
+    if expect_exit 0 "bench_pp.sh, one short run a schedule" -- bash scripts/bench_pp.sh --pps 2 --ms 2 \
+        --schedules "1f1b zbh1 zbv" --steps 2 --data "$(dirname "$TEST_DATA")/fortunes"; then
+        rows=$(printf '%s\n' "$OUT_TEXT" | grep -cE '^ +2 +2 (1f1b|zbh1|zbv) +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$')
+        if [ "$rows" = 3 ]; then ok "bench_pp.sh: a full row for each schedule"; else fail "bench_pp.sh: $rows full rows of 3"; fi
+    fi
+    expect_exit 2 "bench_pp.sh with an unknown schedule" -- bash scripts/bench_pp.sh --schedules zigzag
+    expect_text "hint:" "bench_pp.sh's refusal has a hint"
+fi
+
 # Bad layouts: exit 2 everywhere, one message from rank 0.
 expect_exit 2 "layers not splittable over pp" -- "${MPIRUN[@]}" -np 3 "$BIN" "${base[@]}" --set parallel.pp=3
 expect_text "n_layer" "the split message names model.n_layer"

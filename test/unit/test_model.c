@@ -481,6 +481,41 @@ static void test_loss_falls(void **state) {
     ct_train_result_release(&r);
 }
 
+/* ---- decoding, the split backward: a small model of each kind -------------------------------
+ */
+
+/* A 2-layer model of seq_len 16 (GPT-2 or Llama with grouped-query heads; with moe every other
+ * layer a Mixture of Experts, Llama's with a shared expert), micro_batch B, in bf16 or fp32, with
+ * recompute or not (set in the layout as the trainer does), on a 2-thread CPU backend. */
+static ct_model *small_model(ct_config *cfg, ct_backend **be, ct_arch arch, bool moe, bool bf16,
+                             bool recompute, int64_t B) {
+    test_tiny_config(cfg, NULL);
+    cfg->model.arch = arch;
+    if (moe) {
+        cfg->model.moe_experts = 4;
+        cfg->model.moe_top_k = 2;
+        cfg->model.moe_every = 2;
+        cfg->model.moe_d_ff = 24;
+        cfg->model.moe_shared = arch == CT_ARCH_LLAMA ? 1 : 0;
+    }
+    cfg->model.seq_len = 16;
+    cfg->model.n_layer = 2;
+    cfg->model.d_model = 32;
+    cfg->model.n_head = 4;
+    if (arch == CT_ARCH_LLAMA) cfg->model.n_kv_head = 2, cfg->model.multiple_of = 16;
+    cfg->train.micro_batch = B;
+    cfg->train.global_batch = B;
+    cfg->train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
+    cfg->train.recompute = recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
+    validated_config(cfg);
+    *be = test_backend_new(2);
+    ct_model_layout layout = ct_model_layout_single(cfg);
+    layout.recompute = recompute;
+    ct_model *m;
+    assert_int_equal(ct_model_new(&m, cfg, *be, &layout), CT_OK);
+    return m;
+}
+
 /* ---- decoding with a key/value cache ----------------------------------------------------------
  */
 
@@ -497,30 +532,8 @@ static void test_loss_falls(void **state) {
  * at most 9e-8 in fp32, 0 in bf16: the kernels add in one order for any M.) */
 static void decode_matches_forward(ct_arch arch, bool moe, bool bf16, bool recompute) {
     ct_config cfg;
-    test_tiny_config(&cfg, NULL);
-    cfg.model.arch = arch;
-    if (moe) {
-        cfg.model.moe_experts = 4;
-        cfg.model.moe_top_k = 2;
-        cfg.model.moe_every = 2;
-        cfg.model.moe_d_ff = 24;
-        cfg.model.moe_shared = arch == CT_ARCH_LLAMA ? 1 : 0;
-    }
-    cfg.model.seq_len = 16;
-    cfg.model.n_layer = 2;
-    cfg.model.d_model = 32;
-    cfg.model.n_head = 4;
-    if (arch == CT_ARCH_LLAMA) cfg.model.n_kv_head = 2, cfg.model.multiple_of = 16;
-    cfg.train.micro_batch = 1;
-    cfg.train.global_batch = 1;
-    cfg.train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
-    cfg.train.recompute = recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
-    validated_config(&cfg);
-    ct_backend *be = test_backend_new(2);
-    ct_model_layout layout = ct_model_layout_single(&cfg);
-    layout.recompute = recompute; /* as the trainer sets it from train.recompute */
-    ct_model *m;
-    assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
+    ct_backend *be;
+    ct_model *m = small_model(&cfg, &be, arch, moe, bf16, recompute, 1);
     const int64_t T = cfg.model.seq_len, Vl = ct_model_head_weight(m)->local_shape[0];
     int32_t tokens[16], targets[16];
     random_batch(tokens, targets, T, cfg.model.vocab_size, 5);
@@ -644,30 +657,8 @@ static void test_greedy_sampling(void **state) {
  * the weight GEMMs run changes. */
 static void split_matches_whole(ct_arch arch, bool moe, bool bf16, bool recompute) {
     ct_config cfg;
-    test_tiny_config(&cfg, NULL);
-    cfg.model.arch = arch;
-    if (moe) {
-        cfg.model.moe_experts = 4;
-        cfg.model.moe_top_k = 2;
-        cfg.model.moe_every = 2;
-        cfg.model.moe_d_ff = 24;
-        cfg.model.moe_shared = arch == CT_ARCH_LLAMA ? 1 : 0;
-    }
-    cfg.model.seq_len = 16;
-    cfg.model.n_layer = 2;
-    cfg.model.d_model = 32;
-    cfg.model.n_head = 4;
-    if (arch == CT_ARCH_LLAMA) cfg.model.n_kv_head = 2, cfg.model.multiple_of = 16;
-    cfg.train.micro_batch = 2;
-    cfg.train.global_batch = 2;
-    cfg.train.precision = bf16 ? CT_PRECISION_BF16 : CT_PRECISION_FP32;
-    cfg.train.recompute = recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
-    validated_config(&cfg);
-    ct_backend *be = test_backend_new(2);
-    ct_model_layout layout = ct_model_layout_single(&cfg);
-    layout.recompute = recompute; /* as the trainer sets it from train.recompute */
-    ct_model *m;
-    assert_int_equal(ct_model_new(&m, &cfg, be, &layout), CT_OK);
+    ct_backend *be;
+    ct_model *m = small_model(&cfg, &be, arch, moe, bf16, recompute, 2);
     enum { M = 3 };
     const int64_t N = 2 * cfg.model.seq_len;
     int32_t tokens[M][32], targets[M][32];

@@ -11,6 +11,8 @@
 #
 #   scripts/bench_pp.sh [--pps "2 4"] [--ms "4 8 16"] [--schedules "1f1b interleaved zbh1 zbv"]
 #                       [--steps N] [--data DIR]
+# (--data: train.bin, val.bin and, if there is one, tokenizer.bin; default data/fortunes, which
+# `make data` writes.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -71,8 +73,8 @@ for pp in $pps; do
                   --set train.micro_batch=2 --set train.global_batch=$((2 * m))
                   --set train.steps="$steps" --set train.warmup_steps=1 --set train.eval_interval=0
                   --set train.threads="$threads" --set log.sample_tokens=0
-                  --set data.train="$data/train.bin" --set data.val="$data/val.bin"
-                  --set data.tokenizer="$data/tokenizer.bin")
+                  --set data.train="$data/train.bin" --set data.val="$data/val.bin")
+            [ -f "$data/tokenizer.bin" ] && sets+=(--set data.tokenizer="$data/tokenizer.bin")
             if ! mpirun -np "$pp" "$BIN" train "${sets[@]}" --set log.metrics="$tmp/m.jsonl" >"$tmp/out.txt" 2>&1 </dev/null; then
                 why=$(grep -m1 '^cooktrain:' "$tmp/out.txt" | cut -c1-70 || true)
                 printf '%3d %3d %-12s %s\n' "$pp" "$m" "$s" "failed: ${why:-see its output}"

@@ -122,7 +122,7 @@ fi
 # row has them) and refuses what it cannot run.
 if selected "bench_pp"; then
     if expect_exit 0 "bench_pp.sh, one short run a schedule" -- bash scripts/bench_pp.sh --pps 2 --ms 2 \
-        --schedules "1f1b zbh1 zbv" --steps 2 --data "$(dirname "$TEST_DATA")/fortunes"; then
+        --schedules "1f1b zbh1 zbv" --steps 2 --data "$TEST_DATA"; then
         rows=$(printf '%s\n' "$OUT_TEXT" | grep -cE '^ +2 +2 (1f1b|zbh1|zbv) +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$')
         if [ "$rows" = 3 ]; then ok "bench_pp.sh: a full row for each schedule"; else fail "bench_pp.sh: $rows full rows of 3"; fi
     fi

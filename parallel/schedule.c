@@ -67,6 +67,12 @@ static int n_chunks(const ct_schedule *s) {
     return s->pp * s->v;
 }
 
+/* The global index of rank r's local chunk j: r + j·pp, or in the V r and then 2pp−1−r (the
+ * inverse of ct_schedule_chunk_rank). */
+static int global_chunk(const ct_schedule *s, int r, int j) {
+    return s->v_shape && j == 1 ? 2 * s->pp - 1 - r : r + j * s->pp;
+}
+
 static bool is_compute(ct_action_kind kind) {
     return kind == CT_ACTION_FORWARD || kind == CT_ACTION_BACKWARD ||
            kind == CT_ACTION_BACKWARD_INPUT || kind == CT_ACTION_BACKWARD_WEIGHT;
@@ -184,7 +190,7 @@ typedef struct zbv_counts {
 
 /* One step: f/F a forward of c0/c1, b/B an input gradient, w/W a weight part, when it can be. */
 static void zbv_step(ct_schedule *s, int r, zbv_counts *n, char what) {
-    const int m = s->m, c0 = r, c1 = 2 * s->pp - 1 - r;
+    const int m = s->m, c0 = global_chunk(s, r, 0), c1 = global_chunk(s, r, 1);
     switch (what) {
     case 'f':
         if (n->f0 < m) emit_forward(s, r, n->f0++, c0);
@@ -251,8 +257,7 @@ static void gen_rank(ct_schedule *s, int r) {
         /* Global chunk order inside a microbatch, microbatches in order: every receive waits on
          * a send that comes earlier in the (mb, chunk) lexicographic order, so no cycle. */
         for (int mb = 0; mb < m; mb++)
-            for (int j = 0; j < v; j++)
-                emit_forward(s, r, mb, s->v_shape && j == 1 ? 2 * p - 1 - r : r + j * p);
+            for (int j = 0; j < v; j++) emit_forward(s, r, mb, global_chunk(s, r, j));
         break;
     }
 }
@@ -578,10 +583,11 @@ static ct_sim_result simulate(const ct_schedule *s, ct_sim_costs costs, double *
                 int *mine = &held_of[(size_t)r * m + (mb_ok ? a->mb : 0)];
                 size_t key;
                 if (start) start[r][pc[r]] = clock[r];
+                const double cost = action_cost(s, a->kind, costs); /* 0: a transfer */
+                clock[r] += cost;
+                res.busy[r] += cost;
                 switch (a->kind) {
                 case CT_ACTION_FORWARD:
-                    clock[r] += action_cost(s, a->kind, costs);
-                    res.busy[r] += action_cost(s, a->kind, costs);
                     if (mb_ok) {
                         held[r]++;
                         if ((*mine)++ == 0) held_mb[r]++;
@@ -590,15 +596,11 @@ static ct_sim_result simulate(const ct_schedule *s, ct_sim_costs costs, double *
                     }
                     break;
                 case CT_ACTION_BACKWARD_INPUT: /* what its W reads stays held */
-                    clock[r] += action_cost(s, a->kind, costs);
-                    res.busy[r] += action_cost(s, a->kind, costs);
                     pending_w[r]++;
                     res.peak_pending_w[r] = CT_MAX(res.peak_pending_w[r], pending_w[r]);
                     break;
                 case CT_ACTION_BACKWARD:
                 case CT_ACTION_BACKWARD_WEIGHT:
-                    clock[r] += action_cost(s, a->kind, costs);
-                    res.busy[r] += action_cost(s, a->kind, costs);
                     if (a->kind == CT_ACTION_BACKWARD_WEIGHT && pending_w[r] > 0) pending_w[r]--;
                     /* A broken list may free what it never held; keep the counts sane. */
                     if (mb_ok && *mine > 0) {

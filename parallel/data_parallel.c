@@ -25,6 +25,10 @@ typedef struct slot {
     ct_tensor *low; /* stages 2-3 with a bf16 reduction: buf rounded to bf16, what is reduced */
     int owner;      /* unit using it, or -1 */
     uint64_t since; /* when it was taken (for "oldest first") */
+    int mb;         /* split backward: the microbatch whose gradients it holds */
+    bool held;      /* split backward: its input part ran, its weight part has not (all of it:
+                       brackets_left of the unit's weight-part brackets are still to end) */
+    int brackets_left;
 } slot;
 
 typedef struct dp_unit {
@@ -60,6 +64,13 @@ struct ct_dp {
     dp_unit *units;
     slot staging_pool[STAGING_POOL], staging_dedicated;
     slot gather_pool[GATHER_POOL], gather_dedicated;
+    /* Stages 2-3 under a split backward (the zero-bubble schedules): a unit's gradients of one
+     * microbatch are written by its input part and its weight part, which other microbatches'
+     * input parts may run between; each (unit, microbatch) keeps a slot of its own from the
+     * first to the second, then through its reduction. As many as the schedule holds at once,
+     * taken as first needed (best fit) and kept for the next step. */
+    slot **split;
+    int n_split;
     uint64_t clock;         /* counts slot acquisitions */
     int microbatch;         /* the microbatch announced last (labels events) */
     int backwards_per_step; /* backward passes of every unit per step (ct_dp_begin_step) */
@@ -177,6 +188,9 @@ static void release_gathered(ct_dp *dp, int u) {
 
 /* ---- reductions ----------------------------------------------------------------------------- */
 
+static ct_status alloc_slot(slot *s, ct_backend *be, int64_t n, ct_dtype dtype, ct_dtype low,
+                            ct_mem_category category);
+
 /* Waits for unit u's reduction; at stages 2-3 adds its shard into the accumulator and frees the
  * staging slot. */
 static void complete_reduction(ct_dp *dp, int u) {
@@ -234,6 +248,46 @@ static slot *take_staging_slot(ct_dp *dp, int u) {
     return s;
 }
 
+/* Split backward: a free slot for unit u's gradients of the current microbatch (the smallest
+ * that fits, or a new one). Out of memory in the middle of a step cannot be agreed on with the
+ * other ranks: it ends the run, naming the size. */
+static slot *take_split_slot(ct_dp *dp, int u) {
+    const int64_t n = dp->units[u].n;
+    slot *s = NULL;
+    for (int i = 0; i < dp->n_split; i++) {
+        slot *c = dp->split[i];
+        if (c->owner < 0 && c->buf->numel >= n && (!s || c->buf->numel < s->buf->numel)) s = c;
+    }
+    if (!s) {
+        s = ct_xcalloc(1, sizeof *s);
+        const ct_dtype low = dp->units[u].N > 1 ? dp->reduce_dtype : CT_DTYPE_F32;
+        CT_ASSERTF(alloc_slot(s, dp->be, n, CT_DTYPE_F32, low, CT_MEM_COMM) == CT_OK,
+                   "out of memory for unit %s's gradients held from input to weight part: %s",
+                   ct_model_unit(dp->model, u)->name, ct_error_message());
+        dp->split = realloc(dp->split, (size_t)(dp->n_split + 1) * sizeof *dp->split);
+        CT_ASSERT(dp->split != NULL);
+        dp->split[dp->n_split++] = s;
+    }
+    s->owner = u;
+    s->since = dp->clock++;
+    s->mb = dp->microbatch;
+    s->held = true;
+    s->brackets_left = ct_model_unit_brackets(dp->model, u);
+    return s;
+}
+
+/* Split backward: the slot holding unit u's gradients of the current microbatch between its
+ * input and weight parts, or NULL (`must`: an assertion) when there is none. */
+static slot *held_slot(ct_dp *dp, int u, bool must) {
+    for (int i = 0; i < dp->n_split; i++) {
+        slot *s = dp->split[i];
+        if (s->held && s->owner == u && s->mb == dp->microbatch) return s;
+    }
+    CT_ASSERTF(!must, "unit %s: a weight part of microbatch %d before its input part",
+               ct_model_unit(dp->model, u)->name, dp->microbatch);
+    return NULL;
+}
+
 static void start_reduction(ct_dp *dp, int u) {
     dp_unit *du = &dp->units[u];
     const ct_unit *unit = ct_model_unit(dp->model, u);
@@ -265,21 +319,35 @@ static void start_reduction(ct_dp *dp, int u) {
 
 static void hook_unit_begin(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
-    if (dp->stage == 3) {
+    /* ZeRO-3 gathers for the passes that read the parameters; a weight part reads only the
+     * activations and output gradients its input part kept. */
+    if (dp->stage == 3 && pass != CT_PASS_BACKWARD_WEIGHT) {
         ensure_gathered(dp, u);
         prefetch(dp, pass == CT_PASS_FORWARD ? u + 1 : u - 1, u);
     }
+    if (pass == CT_PASS_FORWARD) return;
+    dp_unit *du = &dp->units[u];
+    if (pass != CT_PASS_BACKWARD_INPUT) log_event(dp, CT_DP_EVENT_BACKWARD_BEGIN, u);
+    if (dp->stage < 2) return; /* gradients accumulate in the unit's own buffer */
+    slot *s;
     if (pass == CT_PASS_BACKWARD) {
-        log_event(dp, CT_DP_EVENT_BACKWARD_BEGIN, u);
-        if (dp->stage >= 2) {
-            dp_unit *du = &dp->units[u];
-            /* The previous microbatch's reduction of this unit must land in the shard first. */
-            if (du->staging || du->reduce_req) complete_reduction(dp, u);
-            du->staging = take_staging_slot(dp, u);
-            ct_tensor_zero(du->staging->buf);
-            ct_model_bind_unit_grads(dp->model, u, du->staging->buf, 0);
+        CT_ASSERTF(ct_model_unit_brackets(dp->model, u) == 1,
+                   "unit %s is bracketed twice a microbatch, which only a split backward runs",
+                   ct_model_unit(dp->model, u)->name);
+        /* The previous microbatch's reduction of this unit must land in the shard first. */
+        if (du->staging || du->reduce_req) complete_reduction(dp, u);
+        s = du->staging = take_staging_slot(dp, u);
+        ct_tensor_zero(s->buf);
+    } else if (pass == CT_PASS_BACKWARD_INPUT) {
+        s = held_slot(dp, u, false);
+        if (!s) { /* the microbatch's first input-part bracket of the unit */
+            s = take_split_slot(dp, u);
+            ct_tensor_zero(s->buf);
         }
+    } else {
+        s = held_slot(dp, u, true);
     }
+    ct_model_bind_unit_grads(dp->model, u, s->buf, 0);
 }
 
 /*
@@ -311,31 +379,48 @@ static void tp_reduce_replicated(ct_dp *dp, int u) {
 
 static void hook_unit_end(void *ctx, int u, ct_pass pass) {
     ct_dp *dp = ctx;
-    if (pass == CT_PASS_BACKWARD) {
-        log_event(dp, CT_DP_EVENT_BACKWARD_END, u);
-        /* The unit's gradients for the step are complete after its last backward pass of the
-         * step, whichever microbatch that is: counted, so a schedule that orders microbatches
-         * differently cannot make stages 0-1 reduce partial sums. */
-        dp_unit *du = &dp->units[u];
-        CT_ASSERTF(du->backwards_left > 0, "unit %s: more backward passes than the %d of a step",
-                   ct_model_unit(dp->model, u)->name, dp->backwards_per_step);
-        bool last = --du->backwards_left == 0;
-        const ct_model_layout *layout = ct_model_layout_of(dp->model);
-        if (layout->sequence_parallel && layout->tp_size > 1 && (dp->stage >= 2 || last))
-            tp_reduce_replicated(dp, u);
-        if (dp->stage >= 2) {
-            if (du->N > 1) {
-                start_reduction(dp, u);
-            } else {
-                /* One rank: the reduction is the accumulation into the shard itself. */
-                ct_model_bind_unit_grads(dp->model, u, NULL, 0);
-                complete_reduction(dp, u);
-            }
-        } else if (last && du->N > 1) {
-            start_reduction(dp, u);
+    if (dp->stage == 3 && pass != CT_PASS_BACKWARD_WEIGHT) release_gathered(dp, u);
+    if (pass == CT_PASS_FORWARD) return;
+    if (pass == CT_PASS_BACKWARD_INPUT) { /* the slot waits for the weight part */
+        if (dp->stage >= 2) ct_model_bind_unit_grads(dp->model, u, NULL, 0);
+        return;
+    }
+    log_event(dp, CT_DP_EVENT_BACKWARD_END, u);
+    /* The unit's gradients for the step are complete after its last backward bracket of the
+     * step, whichever microbatch that is: counted, so a schedule that orders microbatches
+     * differently cannot make stages 0-1 reduce partial sums. */
+    dp_unit *du = &dp->units[u];
+    CT_ASSERTF(du->backwards_left > 0, "unit %s: more backward passes than the %d of a step",
+               ct_model_unit(dp->model, u)->name, dp->backwards_per_step);
+    bool last = --du->backwards_left == 0;
+    slot *split = NULL;
+    if (dp->stage >= 2 && pass == CT_PASS_BACKWARD_WEIGHT) {
+        /* the microbatch's gradients of the unit are complete at its last weight-part bracket */
+        split = held_slot(dp, u, true);
+        if (--split->brackets_left > 0) {
+            ct_model_bind_unit_grads(dp->model, u, NULL, 0);
+            return;
         }
     }
-    if (dp->stage == 3) release_gathered(dp, u);
+    const ct_model_layout *layout = ct_model_layout_of(dp->model);
+    if (layout->sequence_parallel && layout->tp_size > 1 && (dp->stage >= 2 || last))
+        tp_reduce_replicated(dp, u);
+    if (split) { /* its reduction follows the previous microbatch's, in order */
+        if (du->staging || du->reduce_req) complete_reduction(dp, u);
+        split->held = false;
+        du->staging = split;
+    }
+    if (dp->stage >= 2) {
+        if (du->N > 1) {
+            start_reduction(dp, u);
+        } else {
+            /* One rank: the reduction is the accumulation into the shard itself. */
+            ct_model_bind_unit_grads(dp->model, u, NULL, 0);
+            complete_reduction(dp, u);
+        }
+    } else if (last && du->N > 1) {
+        start_reduction(dp, u);
+    }
 }
 
 static void hook_poll(void *ctx) {
@@ -492,6 +577,11 @@ void ct_dp_free(ct_dp *dp) {
     ct_tensor_free(dp->staging_dedicated.buf);
     ct_tensor_free(dp->staging_dedicated.low);
     ct_tensor_free(dp->gather_dedicated.buf);
+    for (int i = 0; i < dp->n_split; i++) {
+        ct_tensor_free(dp->split[i]->buf), ct_tensor_free(dp->split[i]->low);
+        free(dp->split[i]);
+    }
+    free(dp->split);
     ct_optim_free(dp->opt);
     free(dp->units);
     free(dp->events);
@@ -506,7 +596,8 @@ void ct_dp_begin_step(ct_dp *dp, int n_microbatches) {
     dp->waits.seconds = 0.0;
     dp->backwards_per_step = n_microbatches;
     const int nu = ct_model_n_units(dp->model);
-    for (int u = 0; u < nu; u++) dp->units[u].backwards_left = n_microbatches;
+    for (int u = 0; u < nu; u++)
+        dp->units[u].backwards_left = n_microbatches * ct_model_unit_brackets(dp->model, u);
     if (dp->stage >= 2) {
         for (int u = 0; u < nu; u++) ct_tensor_zero(dp->units[u].grad_shard);
     } else {
@@ -525,6 +616,9 @@ void ct_dp_finish_backward(ct_dp *dp) {
                    "unit %s: %d of its %d backward passes of the step did not run",
                    ct_model_unit(dp->model, u)->name, dp->units[u].backwards_left,
                    dp->backwards_per_step);
+    for (int i = 0; i < dp->n_split; i++)
+        CT_ASSERTF(!dp->split[i]->held, "unit %s: microbatch %d's weight part did not run",
+                   ct_model_unit(dp->model, dp->split[i]->owner)->name, dp->split[i]->mb);
     /* Oldest first: the order units finished their backward. */
     for (;;) {
         int next = -1;
@@ -751,9 +845,16 @@ void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
 }
 
 double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    return ct_zero_expected_step_bytes_split(elems_of(dp, false), elems_of(dp, true),
-                                             ct_dp_state_bytes(dp), dp->N, dp->edp->size, dp->stage,
-                                             m);
+    const ct_state_bytes sb = ct_dp_state_bytes(dp);
+    double bytes = ct_zero_expected_step_bytes_split(elems_of(dp, false), elems_of(dp, true), sb,
+                                                     dp->N, dp->edp->size, dp->stage, m);
+    /* ZeRO-3 gathers a unit once per bracket: twice a pass for the tied embedding under the V */
+    for (int u = 0; dp->stage == 3 && u < ct_model_n_units(dp->model); u++) {
+        const dp_unit *du = &dp->units[u];
+        const int extra = ct_model_unit_brackets(dp->model, u) - 1;
+        bytes += 2.0 * m * extra * (double)sb.params * (double)du->n * (du->N - 1) / du->N;
+    }
+    return bytes;
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {

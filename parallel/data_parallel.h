@@ -19,6 +19,8 @@
  *   stage 3: parameters sharded too: a unit is gathered once per forward and once per
  *            backward of each microbatch, released after its last use in that pass, the
  *            next unit's gather prefetched                                   → 3mΦ(N−1)/N
+ *            (the tied embedding under the V, used by two chunks of the rank, is gathered for
+ *            each: its bytes count twice in the gathers)
  * Memory (per element of Ψ, bytes from ct_state_bytes): parameters (1/N at stage 3), gradients
  * (1/N at stages 2-3), optimizer state and fp32 master weights (1/N at stages ≥ 1); staging
  * buffers (and the bf16 copies a bf16 reduction sends) count as communication buffers and

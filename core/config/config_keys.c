@@ -175,7 +175,8 @@ const config_key config_keys[] = {
      .doc = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also "
             "parameters (FSDP)"},
     {KEY(parallel, schedule, KEY_ENUM), .choices = schedule_names, .def = "1f1b",
-     .doc = "pipeline schedule (zbh1: ZeRO 0 or 1; zbv: `cooktrain plan --schedule` only so far)"},
+     .doc = "pipeline schedule (zbh1 and zbv split each backward into input and weight parts; zbv "
+            "needs virtual_stages: 2)"},
     {KEY(parallel, virtual_stages, KEY_INT), .def = "1", AT_LEAST(1),
      AT_MOST(CT_MAX_VIRTUAL_STAGES),
      .doc = "model chunks per pipeline rank; the interleaved schedule needs >= 2"},

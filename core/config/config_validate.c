@@ -351,23 +351,12 @@ static ct_status check_pipeline(const ct_config *cfg) {
 
     /* The layers against the pipeline. */
     int64_t v = p->virtual_stages, chunks = p->pp * v;
-    const bool zb = p->schedule == CT_SCHEDULE_ZBH1 || p->schedule == CT_SCHEDULE_ZBV;
     if (p->schedule == CT_SCHEDULE_ZBV && v != 2)
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "parallel.schedule=zbv runs 2 chunks a rank in a V (got "
                                   "parallel.virtual_stages=%lld)",
                                   (long long)v),
                          "set parallel.virtual_stages: 2");
-    if (zb && p->zero_stage >= 2)
-        return with_hint(ct_error(CT_ERR_INPUT,
-                                  "parallel.schedule=%s with parallel.zero_stage=%lld: the "
-                                  "weight gradients of ZeRO 2 and 3 are reduced after each "
-                                  "microbatch's backward, which %s splits and runs apart",
-                                  schedule_names[p->schedule], (long long)p->zero_stage,
-                                  schedule_names[p->schedule]),
-                         "use parallel.zero_stage: 0 or 1 with %s, or parallel.schedule: 1f1b "
-                         "with ZeRO %lld",
-                         schedule_names[p->schedule], (long long)p->zero_stage);
     if (p->schedule == CT_SCHEDULE_ZBH1 && v > 1)
         return with_hint(ct_error(CT_ERR_INPUT,
                                   "parallel.schedule=zbh1 runs one chunk a rank (got "

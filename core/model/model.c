@@ -813,6 +813,20 @@ static void head_forward(ct_model *m, ct_acts *a, float dloss) {
     }
 }
 
+/* Under the V (layout.v_shape) the tied embedding and the LM head that reads it sit in two
+ * chunks of one rank: the head's chunk brackets the embedding's unit too, around the head. */
+static bool head_opens_embed(const ct_model *m, int c) {
+    return m->tied && m->embed_unit >= 0 && m->layout.chunks[c].has_head &&
+           !m->layout.chunks[c].has_embed;
+}
+
+int ct_model_unit_brackets(const ct_model *m, int unit) {
+    if (unit != m->embed_unit) return 1;
+    for (int c = 0; c < m->layout.n_chunks; c++)
+        if (head_opens_embed(m, c)) return 2;
+    return 1;
+}
+
 void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
     a->dloss = dloss;
     const int first = m->layout.chunks[c].first_layer, n = m->layout.chunks[c].n_layers;
@@ -833,10 +847,12 @@ void ct_model_forward_chunk(ct_model *m, int c, ct_acts *a, float dloss) {
             ct_model_unit_end(m, m->layer_unit[l], CT_PASS_FORWARD);
     }
     if (has_head) {
+        const bool apart = head_opens_embed(m, c);
+        if (apart) ct_model_unit_begin(m, m->embed_unit, CT_PASS_FORWARD);
         ct_model_unit_begin(m, m->head_unit, CT_PASS_FORWARD);
         head_forward(m, a, dloss);
         ct_model_unit_end(m, m->head_unit, CT_PASS_FORWARD);
-        if (has_embed) ct_model_unit_end(m, m->embed_unit, CT_PASS_FORWARD);
+        if (has_embed || apart) ct_model_unit_end(m, m->embed_unit, CT_PASS_FORWARD);
     }
 }
 
@@ -866,10 +882,12 @@ void ct_model_backward_chunk(ct_model *m, int c, ct_acts *a, ct_grad_scratch *s)
     CT_ASSERT(s->B == a->B);
     if (has_head) {
         /* The tied embedding's gradient starts at the LM head and ends at the embedding. */
-        if (has_embed) ct_model_unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
+        const bool apart = head_opens_embed(m, c);
+        if (has_embed || apart) ct_model_unit_begin(m, m->embed_unit, CT_PASS_BACKWARD);
         ct_model_unit_begin(m, m->head_unit, CT_PASS_BACKWARD);
         head_backward(m, a, s);
         ct_model_unit_end(m, m->head_unit, CT_PASS_BACKWARD);
+        if (apart) ct_model_unit_end(m, m->embed_unit, CT_PASS_BACKWARD);
     }
     /* Layers last to first: a merged unit opens at its last layer and closes after its first,
      * when every layer in it has written its gradients. */

@@ -170,10 +170,16 @@ typedef struct ct_layer_params {
     const struct ct_model_mlp *mlp;
 } ct_layer_params;
 
-/* CT_PASS_BACKWARD_INPUT: the input part of a split backward (ct_model_backward_input): the
- * unit's parameters are read and some of its gradients written, but they are complete only at the
- * end of the CT_PASS_BACKWARD bracket of its weight part (ct_model_backward_weight). */
-typedef enum ct_pass { CT_PASS_FORWARD = 0, CT_PASS_BACKWARD, CT_PASS_BACKWARD_INPUT } ct_pass;
+/* The two parts of a split backward (ct_model_backward_input, ct_model_backward_weight):
+ * CT_PASS_BACKWARD_INPUT brackets the input part, which reads the unit's parameters and writes
+ * some of its gradients; CT_PASS_BACKWARD_WEIGHT the weight part, which writes the rest and reads
+ * no parameters. A unit's gradients for the microbatch are complete at the end of the latter. */
+typedef enum ct_pass {
+    CT_PASS_FORWARD = 0,
+    CT_PASS_BACKWARD,
+    CT_PASS_BACKWARD_INPUT,
+    CT_PASS_BACKWARD_WEIGHT
+} ct_pass;
 typedef struct ct_wgrad_store ct_wgrad_store; /* model_split.c */
 
 /*
@@ -387,6 +393,9 @@ const ct_param *ct_model_wte(const ct_model *model);
 const ct_param *ct_model_head_weight(const ct_model *model);
 /* The data-parallel layer's hooks: the ones installed, and installing new ones ({0}: none). */
 const ct_model_hooks *ct_model_hooks_of(const ct_model *model);
+/* Backward brackets a unit gets per microbatch: 2 for a tied embedding whose LM head sits in
+ * another chunk of this rank (the V: both chunks bracket it), else 1. */
+int ct_model_unit_brackets(const ct_model *model, int unit);
 void ct_model_set_hooks(ct_model *model, ct_model_hooks hooks);
 
 /*
@@ -474,9 +483,9 @@ void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scra
  * which it records in `acts` with copies of their output gradients (and of their inputs under
  * recompute, or where the activations do not keep them: the experts'). ct_model_backward_weight
  * runs the record: after both, the gradients are ct_model_backward_chunk's bit for bit, and the
- * data-parallel layer sees each unit's gradients complete at the weight part (the input part's
- * brackets say CT_PASS_BACKWARD_INPUT). The copies are activation memory, kept with `acts` for
- * the next step's record. One input part per chunk between weight parts.
+ * data-parallel layer sees each unit's gradients complete at the weight part (the parts' brackets
+ * say CT_PASS_BACKWARD_INPUT and CT_PASS_BACKWARD_WEIGHT). The copies are activation memory, kept
+ * with `acts` for the next step's record. One input part per chunk between weight parts.
  */
 void ct_model_backward_input(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
 void ct_model_backward_weight(ct_model *model, int c, ct_acts *acts);

@@ -5,8 +5,8 @@
  * a copy of its output gradient and, where the activations will not keep it, of its input; so are
  * the brackets of the units the part opens and closes. The weight part replays the record: the
  * same GEMMs on the same bytes, in the same order, between the same brackets — now with the pass
- * that tells the data-parallel layer a unit's gradients are complete — so the gradients are the
- * whole backward's, bit for bit, only computed later.
+ * that tells the data-parallel layer a unit's gradients are complete and its parameters unread — so
+ * the gradients are the whole backward's, bit for bit, only computed later.
  */
 #include "model_layer.h"
 
@@ -135,8 +135,8 @@ void ct_wgrad_replay(ct_model *m, ct_wgrad_store *st) {
     for (int i = 0; i < st->n_items; i++) {
         wgrad_item *it = &st->items[i];
         switch (it->kind) {
-        case ITEM_BEGIN: ct_model_unit_begin(m, it->unit, CT_PASS_BACKWARD); break;
-        case ITEM_END: ct_model_unit_end(m, it->unit, CT_PASS_BACKWARD); break;
+        case ITEM_BEGIN: ct_model_unit_begin(m, it->unit, CT_PASS_BACKWARD_WEIGHT); break;
+        case ITEM_END: ct_model_unit_end(m, it->unit, CT_PASS_BACKWARD_WEIGHT); break;
         case ITEM_GEMM:
             weight_grads(m, it->n, it->grouped, it->dw, (const ct_tensor *const *)it->dy,
                          (const ct_tensor *const *)it->x, true);

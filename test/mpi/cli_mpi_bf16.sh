@@ -69,6 +69,6 @@ if expect_exit 0 "bf16 reference run (world size 1)" -- "$BIN" "${base[@]}" "${b
 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero_stage=1 --set log.sample_tokens=0
 4 --set parallel.cp=4 --set parallel.zero_stage=2 --set parallel.grad_reduce_dtype=bf16 --set log.sample_tokens=0
 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.sequence_parallel=true --set train.recompute=full
-2 --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2 --set parallel.zero_stage=1
+4 --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2 --set parallel.zero_stage=2 --set parallel.grad_reduce_dtype=bf16
 RUNS
 fi

@@ -77,7 +77,7 @@ PY
 4 --set parallel.ep=2 --set parallel.pp=2
 4 --set parallel.ep=2 --set parallel.cp=2 --set parallel.zero_stage=1
 2 --set parallel.pp=2 --set parallel.schedule=zbh1
-4 --set parallel.ep=2 --set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.zero_stage=1
+4 --set parallel.ep=2 --set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.zero_stage=3
 2 --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2
 RUNS
 fi

@@ -237,11 +237,6 @@ static const bad_case bad_cases[] = {
      "parallel.schedule=interleaved needs parallel.virtual_stages >= 2", NULL},
     {"zero_bubble_v_one_chunk", "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbv\n", NULL,
      2, "parallel.schedule=zbv", "runs 2 chunks a rank in a V", "parallel.virtual_stages: 2"},
-    {"zero_bubble_zero2",
-     "model:\n  n_layer: 8\nparallel:\n  pp: 2\n  schedule: zbh1\n"
-     "  zero_stage: 2\n",
-     NULL, 2, "parallel.schedule=zbh1 with parallel.zero_stage=2", "reduced after each microbatch",
-     "parallel.zero_stage: 0 or 1"},
     {"virtual_stages_1f1b", "parallel:\n  virtual_stages: 2\n", NULL, 1, "parallel.virtual_stages",
      "needs parallel.schedule=interleaved", NULL},
     {"interleaved_accum",

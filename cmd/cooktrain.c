@@ -159,6 +159,7 @@ static const char plan_help[] =
     "  --backward-ratio R     the cost of a backward relative to a forward (default 2; a\n"
     "                         split one's input and weight parts R/2 each)\n"
     "  --costs F,B,W          a stage's forward, input-gradient and weight-gradient costs\n"
+    "                         (or one triple per chunk, joined by '/': F,B,W/F,B,W/...)\n"
     "                         (zbh1 and zbv run B and W apart; other schedules B+W together)\n"
     "  --search N             rank the layouts on N devices\n"
     "  --hardware H           h100-sxm (default), h200, a100, cpu (this machine, measured), or a\n"
@@ -489,14 +490,37 @@ static ct_status cmd_plan(int argc, char **argv) {
         if (kind == CT_SCHEDULE_ZBV && v == 1) v = 2; /* its V is two chunks a rank */
     }
     ct_sim_costs costs = ct_sim_costs_of_ratio(ratio);
+    ct_sim_costs *per_chunk = NULL; /* --costs with one triple per global chunk */
+    int n_given = 0;
     if (st == CT_OK && costs_arg) {
-        char tail;
-        if (sscanf(costs_arg, "%lf,%lf,%lf%c", &costs.f, &costs.b, &costs.w, &tail) != 3 ||
-            !(costs.f > 0 && costs.b > 0 && costs.w > 0 && costs.f <= 1e6 && costs.b <= 1e6 &&
-              costs.w <= 1e6)) {
-            ct_error(CT_ERR_INPUT, "--costs '%s' is not three positive numbers F,B,W", costs_arg);
-            ct_hint("for example --costs 1,1,1 (forward, input gradient, weight gradients of a "
-                    "stage, in any one unit up to 1e6)");
+        const int64_t nc = pp * v;
+        per_chunk = ct_xcalloc((size_t)CT_MAX(nc, 1), sizeof *per_chunk);
+        for (const char *at = costs_arg; st == CT_OK;) {
+            ct_sim_costs c;
+            int used = 0;
+            if (n_given >= CT_MAX(nc, 1) ||
+                sscanf(at, "%lf,%lf,%lf%n", &c.f, &c.b, &c.w, &used) != 3 ||
+                !(c.f > 0 && c.b > 0 && c.w > 0 && c.f <= 1e6 && c.b <= 1e6 && c.w <= 1e6) ||
+                (at[used] != '\0' && at[used] != '/')) {
+                ct_error(CT_ERR_INPUT,
+                         "--costs '%s' is not three positive numbers F,B,W, or %lld such triples "
+                         "joined by '/' (one per chunk)",
+                         costs_arg, (long long)nc);
+                ct_hint("for example --costs 1,1,1 (forward, input gradient, weight gradients of a "
+                        "stage, in any one unit up to 1e6), or per chunk --costs 1,1,1/1.5,1.5,1");
+                st = CT_ERR_INPUT;
+                break;
+            }
+            per_chunk[n_given++] = c;
+            if (at[used] == '\0') break;
+            at += used + 1;
+        }
+        if (st == CT_OK && n_given == 1) {
+            costs = per_chunk[0];
+        } else if (st == CT_OK && n_given != nc) {
+            ct_error(CT_ERR_INPUT, "--costs gives %d chunks' costs, the pipeline has %lld chunks",
+                     n_given, (long long)nc);
+            ct_hint("give one F,B,W triple (a stage's) or one per chunk (pp x virtual stages)");
             st = CT_ERR_INPUT;
         }
     }
@@ -505,11 +529,19 @@ static ct_status cmd_plan(int argc, char **argv) {
         ct_hint("give --config FILE, or --pp N and --microbatches M");
         st = CT_ERR_INPUT;
     }
-    if (st != CT_OK) return st;
-    ct_schedule *s = ct_schedule_new(kind, (int)pp, (int)v, (int)m);
-    if (!s) return CT_ERR_INPUT;
-    ct_schedule_print_costs(s, costs, stdout);
-    ct_sim_result r = ct_schedule_simulate_costs(s, costs);
+    ct_schedule *s = st == CT_OK ? ct_schedule_new(kind, (int)pp, (int)v, (int)m) : NULL;
+    if (!s) {
+        free(per_chunk);
+        return st == CT_OK ? CT_ERR_INPUT : st;
+    }
+    const bool chunks = n_given > 1;
+    if (chunks)
+        ct_schedule_print_chunks(s, per_chunk, stdout);
+    else
+        ct_schedule_print_costs(s, costs, stdout);
+    ct_sim_result r =
+        chunks ? ct_schedule_simulate_chunks(s, per_chunk) : ct_schedule_simulate_costs(s, costs);
+    free(per_chunk);
     st = r.deadlock ? ct_error(CT_ERR_RUNTIME, "the schedule deadlocks (rank %d)", r.deadlock_rank)
                     : CT_OK;
     ct_sim_result_release(&r);

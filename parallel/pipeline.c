@@ -39,6 +39,11 @@ struct ct_pipeline {
     int32_t *host_tokens, *host_targets;
     int inflight, peak_inflight;
     ct_waits waits; /* the compute stream's waits for the other stages (seconds: this run's) */
+    /* log.trace: each compute action's span on the stream's clock (work.spans), and what it
+     * was (labels, in the same order) */
+    ct_waits work;
+    ct_action *labels;
+    int n_labels, cap_labels;
 };
 
 /* For tests: a tag bound below the communicator's, so the wrapping of tags is exercised. */
@@ -188,6 +193,8 @@ void ct_pipeline_free(ct_pipeline *p) {
     free(p->grad_bufs);
     free(p->sends);
     ct_waits_release(&p->waits);
+    ct_waits_release(&p->work);
+    free(p->labels);
     free(p->host_tokens);
     free(p->host_targets);
     free(p);
@@ -222,16 +229,42 @@ static void timed_wait(ct_pipeline *p, ct_comm_request *req) {
 
 void ct_pipeline_settle(ct_pipeline *p) {
     ct_waits_settle(&p->waits, ct_model_backend(p->model));
+    ct_waits_settle(&p->work, ct_model_backend(p->model));
 }
 
 void ct_pipeline_log_waits(ct_pipeline *p, bool on) {
     p->waits.keep = on;
+    p->work.keep = on;
+}
+
+/* log.trace: the end of compute action `act`, begun at mark `before` (ct_backend_mark). */
+static void work_done(ct_pipeline *p, const ct_action *act, int64_t before) {
+    if (!p->work.keep) return;
+    ct_waits_end(&p->work, ct_model_backend(p->model), before);
+    if (p->n_labels == p->cap_labels) {
+        p->cap_labels = p->cap_labels ? 2 * p->cap_labels : 64;
+        p->labels = realloc(p->labels, (size_t)p->cap_labels * sizeof *p->labels);
+        CT_ASSERT(p->labels != NULL);
+    }
+    p->labels[p->n_labels++] = *act;
 }
 
 void ct_pipeline_trace(const ct_pipeline *p, ct_trace *trace) {
     ct_trace_thread(trace, 5, "compute stream waits for pp (bubble)");
     for (int i = 0; i < p->waits.n_spans; i += 2)
         ct_trace_span(trace, 5, "pipeline wait", p->waits.spans[i], p->waits.spans[i + 1], -1);
+    ct_trace_thread(trace, 6, "pipeline actions");
+    CT_ASSERT(p->work.n_spans == 2 * p->n_labels || !p->work.keep);
+    for (int i = 0; i < p->work.n_spans / 2; i++) {
+        const ct_action *a = &p->labels[i];
+        const char *kind = a->kind == CT_ACTION_FORWARD           ? "F"
+                           : a->kind == CT_ACTION_BACKWARD_INPUT  ? "B"
+                           : a->kind == CT_ACTION_BACKWARD_WEIGHT ? "W"
+                                                                  : "BW";
+        char name[48];
+        snprintf(name, sizeof name, "%s %d:%d", kind, a->mb, a->chunk);
+        ct_trace_span(trace, 6, name, p->work.spans[2 * i], p->work.spans[2 * i + 1], -1);
+    }
 }
 
 /* Completes sends that read microbatch mb's activations (mb = -1: owned buffers whose request
@@ -319,6 +352,7 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
     const int r = p->pctx->pp_rank;
     ct_comm *pp = p->pctx->pp_comm;
     ct_model *m = p->model;
+    ct_backend *be = ct_model_backend(m);
     const ct_model_layout *layout = ct_model_layout_of(m);
     ct_model_begin_losses(m, s->m, p->B);
     p->waits.seconds = 0.0;
@@ -344,7 +378,9 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         case CT_ACTION_FORWARD: {
             ct_acts *a = acts_for(p, mb, fill, ctx, train);
             ct_dp_begin_microbatch(p->dp, mb);
+            const int64_t before = p->work.keep && train ? ct_backend_mark(be) : 0;
             ct_model_forward_chunk(m, j, a, train ? dloss : 0.0f);
+            if (p->work.keep && train) work_done(p, act, before);
             if (layout->chunks[j].has_head && p->head_fn) p->head_fn(p->head_ctx, mb, a);
             /* Forward-only: the context is free once its last forward here is done and its
              * send completes; taken back when the pool runs dry (release_finished_forward). */
@@ -376,21 +412,26 @@ double ct_pipeline_run(ct_pipeline *p, bool train, float dloss, ct_batch_fn fill
         case CT_ACTION_BACKWARD:
         case CT_ACTION_BACKWARD_INPUT: {
             ct_dp_begin_microbatch(p->dp, mb);
+            const int64_t before = p->work.keep ? ct_backend_mark(be) : 0;
             if (act->kind == CT_ACTION_BACKWARD)
                 ct_model_backward_chunk(m, j, p->acts[mb], p->scratch);
             else
                 ct_model_backward_input(m, j, p->acts[mb], p->scratch);
+            work_done(p, act, before);
             /* The first chunk sends nothing back: its last backward frees the context now;
              * elsewhere SEND_GRAD follows and frees it. Weight parts still to run keep it. */
             if (--p->backwards_left[mb] == 0 && act->chunk == 0 && p->weights_left[mb] == 0)
                 release_acts(p, mb);
             break;
         }
-        case CT_ACTION_BACKWARD_WEIGHT:
+        case CT_ACTION_BACKWARD_WEIGHT: {
             ct_dp_begin_microbatch(p->dp, mb);
+            const int64_t before = p->work.keep ? ct_backend_mark(be) : 0;
             ct_model_backward_weight(m, j, p->acts[mb]);
+            work_done(p, act, before);
             if (--p->weights_left[mb] == 0 && p->backwards_left[mb] == 0) release_acts(p, mb);
             break;
+        }
         case CT_ACTION_SEND_GRAD: {
             /* Backward's scratch is reused by the next backward: send a copy. */
             wait_sends(p, -1);

@@ -60,8 +60,10 @@ double ct_pipeline_wait_seconds(const ct_pipeline *p);
 /* Reads the times of the waits' marks (the caller has just called ct_backend_marks_settle on the
  * model's backend, and clears the marks after). */
 void ct_pipeline_settle(ct_pipeline *p);
-/* log.trace: keep every wait as a span from now on; write them into `trace` (thread 5, "compute
- * stream waits for pp (bubble)"), as of the last settle. */
+/* log.trace: keep every wait as a span from now on, and every compute action of a training run;
+ * write them into `trace` as of the last settle: thread 5, "compute stream waits for pp
+ * (bubble)", and thread 6, "pipeline actions", one span per action named by kind (F forward, B
+ * input part, W weight part, BW a whole backward), microbatch and global chunk: "W 3:1". */
 void ct_pipeline_log_waits(ct_pipeline *p, bool on);
 void ct_pipeline_trace(const ct_pipeline *p, ct_trace *trace);
 /* Peak activation contexts (microbatches) alive during the last run. */

@@ -541,18 +541,29 @@ ct_sim_costs ct_sim_costs_of_ratio(double backward_ratio) {
     return (ct_sim_costs){.f = 1.0, .b = backward_ratio / 2, .w = backward_ratio / 2};
 }
 
-/* A compute action's cost on one chunk (the stage's over v); 0 for a transfer. */
-static double action_cost(const ct_schedule *s, ct_action_kind kind, ct_sim_costs c) {
-    switch (kind) {
-    case CT_ACTION_FORWARD: return c.f / s->v;
-    case CT_ACTION_BACKWARD: return (c.b + c.w) / s->v;
-    case CT_ACTION_BACKWARD_INPUT: return c.b / s->v;
-    case CT_ACTION_BACKWARD_WEIGHT: return c.w / s->v;
+/* A compute action's cost on its chunk (cc: each global chunk's own costs); 0 for a transfer. */
+static double action_cost(const ct_schedule *s, const ct_action *a, const ct_sim_costs *cc) {
+    if (a->chunk < 0 || a->chunk >= n_chunks(s)) return 0.0; /* a broken list's */
+    const ct_sim_costs c = cc[a->chunk];
+    switch (a->kind) {
+    case CT_ACTION_FORWARD: return c.f;
+    case CT_ACTION_BACKWARD: return c.b + c.w;
+    case CT_ACTION_BACKWARD_INPUT: return c.b;
+    case CT_ACTION_BACKWARD_WEIGHT: return c.w;
     default: return 0.0;
     }
 }
 
-static ct_sim_result simulate(const ct_schedule *s, ct_sim_costs costs, double **start) {
+/* A stage's costs as every chunk's: a chunk costs 1/v of them. Free with free(). */
+static ct_sim_costs *uniform_costs(const ct_schedule *s, ct_sim_costs stage) {
+    const int nc = n_chunks(s);
+    ct_sim_costs *cc = ct_xmalloc((size_t)nc * sizeof *cc);
+    for (int c = 0; c < nc; c++)
+        cc[c] = (ct_sim_costs){.f = stage.f / s->v, .b = stage.b / s->v, .w = stage.w / s->v};
+    return cc;
+}
+
+static ct_sim_result simulate(const ct_schedule *s, const ct_sim_costs *cc, double **start) {
     int pp = s->pp, m = s->m, nc = n_chunks(s);
     ct_sim_result res = {.deadlock_rank = -1, .deadlock_action = -1};
     res.busy = ct_xcalloc((size_t)pp, sizeof *res.busy);
@@ -583,7 +594,7 @@ static ct_sim_result simulate(const ct_schedule *s, ct_sim_costs costs, double *
                 int *mine = &held_of[(size_t)r * m + (mb_ok ? a->mb : 0)];
                 size_t key;
                 if (start) start[r][pc[r]] = clock[r];
-                const double cost = action_cost(s, a->kind, costs); /* 0: a transfer */
+                const double cost = action_cost(s, a, cc); /* 0: a transfer */
                 clock[r] += cost;
                 res.busy[r] += cost;
                 switch (a->kind) {
@@ -697,11 +708,18 @@ bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_c
 }
 
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio) {
-    return simulate(s, ct_sim_costs_of_ratio(backward_ratio), NULL);
+    return ct_schedule_simulate_costs(s, ct_sim_costs_of_ratio(backward_ratio));
 }
 
 ct_sim_result ct_schedule_simulate_costs(const ct_schedule *s, ct_sim_costs costs) {
-    return simulate(s, costs, NULL);
+    ct_sim_costs *cc = uniform_costs(s, costs);
+    ct_sim_result res = simulate(s, cc, NULL);
+    free(cc);
+    return res;
+}
+
+ct_sim_result ct_schedule_simulate_chunks(const ct_schedule *s, const ct_sim_costs *per_chunk) {
+    return simulate(s, per_chunk, NULL);
 }
 
 void ct_sim_result_release(ct_sim_result *r) {
@@ -729,14 +747,27 @@ void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out) {
 }
 
 void ct_schedule_print_costs(const ct_schedule *s, ct_sim_costs costs, FILE *out) {
-    int pp = s->pp, v = s->v;
+    ct_sim_costs *cc = uniform_costs(s, costs);
+    ct_schedule_print_chunks(s, cc, out);
+    free(cc);
+}
+
+void ct_schedule_print_chunks(const ct_schedule *s, const ct_sim_costs *cc, FILE *out) {
+    int pp = s->pp, v = s->v, nc = n_chunks(s);
     const bool split = ct_schedule_splits_backward(s->kind);
+    /* the stage's costs the header, the ruler and the theory speak of: the chunks' mean, times v */
+    ct_sim_costs costs = {0};
+    bool uneven = false;
+    for (int c = 0; c < nc; c++) {
+        costs.f += cc[c].f * v / nc, costs.b += cc[c].b * v / nc, costs.w += cc[c].w * v / nc;
+        uneven = uneven || cc[c].f != cc[0].f || cc[c].b != cc[0].b || cc[c].w != cc[0].w;
+    }
     double **start = ct_xcalloc((size_t)pp, sizeof *start);
     for (int r = 0; r < pp; r++) {
         start[r] = ct_xmalloc(((size_t)s->n_actions[r] + 1) * sizeof **start);
         for (int i = 0; i < s->n_actions[r]; i++) start[r][i] = -1;
     }
-    ct_sim_result res = simulate(s, costs, start);
+    ct_sim_result res = simulate(s, cc, start);
 
     /* One cell per chunk forward; every label in a row has the same width so columns line up:
      * "F07" or, with several chunks per rank, "F07:12" (microbatch 7 on global chunk 12). */
@@ -758,6 +789,7 @@ void ct_schedule_print_costs(const ct_schedule *s, ct_sim_costs costs, FILE *out
     else
         fprintf(out, "%s pipeline: pp=%d v=%d m=%d, backward = %g x forward\n",
                 ct_schedule_kind_name(s->kind), pp, v, s->m, (costs.b + costs.w) / costs.f);
+    if (uneven) fprintf(out, "costs per chunk given; the ratios above are their means\n");
     fprintf(out, "one cell = one chunk forward (1/%d of a stage forward); %s<mb>%s, '.' idle\n", v,
             split ? "F/B/W" : "F/B", v > 1 ? ":<global chunk>" : "");
 
@@ -782,7 +814,7 @@ void ct_schedule_print_costs(const ct_schedule *s, ct_sim_costs costs, FILE *out
             const ct_action *a = &s->actions[r][i];
             /* Actions a deadlock kept from running have no time (-1) and are left out. */
             if (!is_compute(a->kind) || start[r][i] < 0) continue;
-            double dur = action_cost(s, a->kind, costs) / unit;
+            double dur = action_cost(s, a, cc) / unit;
             /* Both ends rounded the same way, so neighbours neither overlap nor leave gaps. */
             int c0 = (int)floor(start[r][i] / unit + 0.5);
             int c1 = (int)floor(start[r][i] / unit + dur + 0.5);

@@ -133,6 +133,10 @@ typedef struct ct_sim_result {
 ct_sim_result ct_schedule_simulate(const ct_schedule *s, double backward_ratio);
 /* The same with separate costs of F, B and W. */
 ct_sim_result ct_schedule_simulate_costs(const ct_schedule *s, ct_sim_costs costs);
+/* The same with each global chunk's own costs (per_chunk[pp·v]; a chunk's, not a stage's): for
+ * stages that differ, as measured ones do (the first holds the embeddings, the last the LM head).
+ */
+ct_sim_result ct_schedule_simulate_chunks(const ct_schedule *s, const ct_sim_costs *per_chunk);
 void ct_sim_result_release(ct_sim_result *r);
 
 /* The theoretical bubble fraction: (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1). Forward-only
@@ -165,5 +169,6 @@ bool ct_schedule_channels_in_order(const ct_schedule *s, char *why, size_t why_c
  * backward_ratio columns (B and W of a split one b/f and w/f; rounded to the nearest column). */
 void ct_schedule_print(const ct_schedule *s, double backward_ratio, FILE *out);
 void ct_schedule_print_costs(const ct_schedule *s, ct_sim_costs costs, FILE *out);
+void ct_schedule_print_chunks(const ct_schedule *s, const ct_sim_costs *per_chunk, FILE *out);
 
 #endif /* CT_PARALLEL_SCHEDULE_H */

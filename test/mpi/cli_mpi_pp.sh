@@ -38,6 +38,16 @@ if expect_exit 0 "plan zbv pp=4 m=8" -- "$BIN" plan --schedule zbv --pp 4 --micr
     expect_text "bubble   5.88%" "zbv: only the V's skew idles (1.5 of 25.5)"
 fi
 expect_exit 2 "plan with malformed costs" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 2 --costs 1,2
+# Each chunk's own costs: a slower last stage (the LM head) leaves the first one idle.
+if expect_exit 0 "plan zbh1 with per-chunk costs" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 4 \
+    --costs 1,1,0.5/2,2,1; then
+    # (1 + 1 + 0.5) x 4 = 10 and (2 + 2 + 1) x 4 = 20 of 21 (rank 1 starts after one forward of
+    # rank 0); printed in units of the mean stage forward, 1.5
+    expect_text "rank 0: busy 6.667  bubble  52.38%" "per-chunk costs: rank 0 waits for the slower stage"
+    expect_text "rank 1: busy 13.333  bubble   4.76%" "per-chunk costs: the slower stage is busy"
+fi
+expect_exit 2 "plan with costs for 3 of 2 chunks" -- "$BIN" plan --schedule zbh1 --pp 2 --microbatches 2 \
+    --costs 1,1,1/1,1,1/1,1,1
 expect_text "hint:" "malformed costs have a hint"
 expect_exit 2 "zbv with one chunk a rank" -- "$BIN" train --config configs/test-tiny.yaml --set parallel.pp=2 \
     --set parallel.schedule=zbv

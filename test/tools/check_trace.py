@@ -27,8 +27,22 @@ CUDA backend its times come from the compute stream's marks, turned into host ti
 step's end) inside a step, backward spans in the order the stream ran them (two never cross: they are apart, or one
 holds the other). A wrong conversion of device time (an anchor taken before the stream was idle, a sign
 error) puts them outside their step or out of order.
+
+  python3 test/tools/check_trace.py --pipeline MERGED.json BIN SCHEDULE PP V M BOUND
+
+A pipelined run's actions (thread "pipeline actions": F, B, W or BW, microbatch:chunk). In every
+step each rank runs each of its compute actions once; no backward before its forward, no weight
+part (W) before its input part (B) has ended. Then the idle time: each rank's measured idle in a
+step (1 - its actions' time over the step's pipeline span, first action to last on any rank) is
+compared with the simulator's bubble for that rank (BIN plan --schedule SCHEDULE --costs F,B,W
+with each chunk's mean F, B and W of steps 2 on), median over steps 2 on: within BOUND (a
+fraction of the span). The simulator's transfers are free and its actions start the moment they can; the
+executor's copies, messages and bookkeeping between actions are the difference.
 """
 import json
+import re
+import statistics
+import subprocess
 import sys
 
 
@@ -146,7 +160,89 @@ def timeline(path, steps):
     print(f"{len(back)} backward spans inside {len(step)} steps, in order")
 
 
+def pipeline(path, binary, schedule, pp, v, m, bound):
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    tid = {(e["pid"], e["args"]["name"]): e["tid"] for e in events if e.get("name") == "thread_name"}
+    errors = []
+    steps = {}  # step -> rank -> [(kind, mb, chunk, t0, t1)]
+    for r in range(pp):
+        t = tid.get((r, "pipeline actions"))
+        if t is None:
+            print(f"rank {r} has no 'pipeline actions' thread")
+            sys.exit(1)
+        bounds = sorted((int(e["name"].split()[1]), e["ts"], e["ts"] + e["dur"])
+                        for e in spans if e["pid"] == r and e["name"].startswith("step "))
+        for e in spans:
+            if e["pid"] != r or e["tid"] != t:
+                continue
+            k, mc = e["name"].split()
+            mb, c = (int(x) for x in mc.split(":"))
+            step = next((n for n, a, b in bounds if a - 1 <= e["ts"] <= b + 1), None)
+            if step is None:
+                errors.append(f"rank {r}: {e['name']} in no step")
+                continue
+            steps.setdefault(step, {}).setdefault(r, []).append((k, mb, c, e["ts"], e["ts"] + e["dur"]))
+    kinds = {"zbh1": "FBW", "zbv": "FBW"}.get(schedule, "F BW")
+    per_rank = m * v * (3 if kinds == "FBW" else 2)
+    cost = {}  # (kind, chunk) -> seconds
+    idle = {r: [] for r in range(pp)}
+    for step, by_rank in sorted(steps.items()):
+        if sorted(by_rank) != list(range(pp)):
+            errors.append(f"step {step}: actions on ranks {sorted(by_rank)}")
+            continue
+        lo = min(a[3] for acts in by_rank.values() for a in acts)
+        hi = max(a[4] for acts in by_rank.values() for a in acts)
+        for r, acts in by_rank.items():
+            if len(acts) != per_rank or len({a[:3] for a in acts}) != len(acts):
+                errors.append(f"step {step} rank {r}: {len(acts)} actions, expected {per_rank} distinct")
+            end = {a[:3]: a[4] for a in acts}
+            for k, mb, c, t0, t1 in acts:
+                need = {"W": "B", "B": "F", "BW": "F"}.get(k)
+                if need and not (end.get((need, mb, c), float("inf")) <= t0 + 0.002):
+                    errors.append(f"step {step} rank {r}: {k} {mb}:{c} before its {need} ended")
+                if step > 1:
+                    cost.setdefault((k, c), []).append(t1 - t0)
+            if step > 1:
+                idle[r].append(1 - sum(a[4] - a[3] for a in acts) / (hi - lo))
+    if errors:
+        print("; ".join(errors[:5]))
+        sys.exit(1)
+    triples = []
+    for c in range(pp * v):  # each chunk's own costs, in ms
+        f = statistics.mean(cost[("F", c)]) * 1e-3
+        if kinds == "FBW":
+            b, w = statistics.mean(cost[("B", c)]) * 1e-3, statistics.mean(cost[("W", c)]) * 1e-3
+        else:  # a whole backward: the simulator charges B + W
+            b = w = statistics.mean(cost[("BW", c)]) * 1e-3 / 2
+        triples.append(f"{f:.4f},{b:.4f},{w:.4f}")
+    cmd = [binary, "plan", "--schedule", schedule, "--pp", str(pp), "--microbatches", str(m),
+           "--costs", "/".join(triples)]
+    if schedule == "interleaved":
+        cmd += ["--virtual-stages", str(v)]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    predicted = {int(r): float(x) / 100 for r, x in re.findall(r"rank (\d+): busy \S+ +bubble +([\d.]+)%", out)}
+    if sorted(predicted) != list(range(pp)):
+        print(f"no per-rank bubble from {' '.join(cmd)}: {out[:200]}")
+        sys.exit(1)
+    rows, worst = [], 0.0
+    for r in range(pp):
+        got = statistics.median(idle[r])
+        worst = max(worst, abs(got - predicted[r]))
+        rows.append(f"rank {r} idle {100 * got:.1f}% vs {100 * predicted[r]:.1f}%")
+    msg = (f"{len(steps)} steps, W after its B, B after its F; chunk costs (ms) {'/'.join(triples)}; "
+           + ", ".join(rows) + f" (worst {100 * worst:.1f} points, bound {100 * bound:.0f})")
+    if worst > bound:
+        print("idle off the simulator's: " + msg)
+        sys.exit(1)
+    print(msg)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--pipeline":
+        a = sys.argv[2:]
+        pipeline(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]))
+        sys.exit(0)
     if sys.argv[1] == "--timeline":
         timeline(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "--device-wait":

@@ -145,7 +145,7 @@ fi
 if selected "bench_pp"; then
     if expect_exit 0 "bench_pp.sh, one short run a schedule" -- bash scripts/bench_pp.sh --pps 2 --ms 2 \
         --schedules "1f1b zbh1 zbv" --steps 2 --data "$TEST_DATA"; then
-        rows=$(printf '%s\n' "$OUT_TEXT" | grep -cE '^ +2 +2 (1f1b|zbh1|zbv) +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$')
+        rows=$(printf '%s\n' "$OUT_TEXT" | grep -cE '^ +2 +2 (1f1b|zbh1|zbv) +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$')
         if [ "$rows" = 3 ]; then ok "bench_pp.sh: a full row for each schedule"; else fail "bench_pp.sh: $rows full rows of 3"; fi
     fi
     expect_exit 2 "bench_pp.sh with an unknown schedule" -- bash scripts/bench_pp.sh --schedules zigzag

@@ -146,6 +146,7 @@ static const char train_help[] =
 static const char plan_help[] =
     "usage: cooktrain plan --config FILE [--set section.key=V]... [--json] [--backward-ratio R]\n"
     "   or: cooktrain plan --schedule gpipe|1f1b|interleaved|zbh1|zbv --pp N --microbatches M\n"
+    "                      [--timeline]\n"
     "                      [--virtual-stages V] [--backward-ratio R | --costs F,B,W]\n"
     "   or: cooktrain plan --config FILE [--set ...]... --search N [--hardware H] [--top K]"
     " [--json]\n"
@@ -437,6 +438,8 @@ static ct_status cmd_plan(int argc, char **argv) {
             st = ct_args_int(&a, 1, 1 << 20, &v);
         else if (ct_args_is(&a, "--costs"))
             st = ct_args_string(&a, &costs_arg);
+        else if (ct_args_is(&a, "--timeline")) /* printed with every --schedule; said aloud */
+            st = ct_args_flag(&a);
         else if (ct_args_is(&a, "--backward-ratio")) {
             st = ct_args_double(&a, 0.0, 100.0, &ratio);
             if (st == CT_OK && ratio <= 0.0)

@@ -844,17 +844,22 @@ void ct_dp_expected_memory(const ct_dp *dp, size_t bytes[CT_MEM_COUNT]) {
                                   dp->N, dp->edp->size, dp->stage, bytes);
 }
 
-double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
-    const ct_state_bytes sb = ct_dp_state_bytes(dp);
-    double bytes = ct_zero_expected_step_bytes_split(elems_of(dp, false), elems_of(dp, true), sb,
-                                                     dp->N, dp->edp->size, dp->stage, m);
-    /* ZeRO-3 gathers a unit once per bracket: twice a pass for the tied embedding under the V */
-    for (int u = 0; dp->stage == 3 && u < ct_model_n_units(dp->model); u++) {
-        const dp_unit *du = &dp->units[u];
-        const int extra = ct_model_unit_brackets(dp->model, u) - 1;
-        bytes += 2.0 * m * extra * (double)sb.params * (double)du->n * (du->N - 1) / du->N;
+double ct_zero_rebracket_bytes(const ct_model *model, ct_state_bytes sb, int N, int stage, int m) {
+    double bytes = 0.0;
+    for (int u = 0; stage == 3 && N > 1 && u < ct_model_n_units(model); u++) {
+        const ct_unit *unit = ct_model_unit(model, u);
+        const int extra = ct_model_unit_brackets(model, u) - 1;
+        CT_ASSERT(extra == 0 || !unit->experts);
+        bytes += 2.0 * m * extra * (double)sb.params * (double)unit->padded_numel * (N - 1) / N;
     }
     return bytes;
+}
+
+double ct_dp_expected_step_bytes(const ct_dp *dp, int m) {
+    const ct_state_bytes sb = ct_dp_state_bytes(dp);
+    return ct_zero_expected_step_bytes_split(elems_of(dp, false), elems_of(dp, true), sb, dp->N,
+                                             dp->edp->size, dp->stage, m) +
+           ct_zero_rebracket_bytes(dp->model, sb, dp->N, dp->stage, m);
 }
 
 double ct_dp_exposed_seconds(const ct_dp *dp) {

@@ -102,6 +102,9 @@ void ct_zero_expected_memory_split(int64_t dense, int64_t experts, ct_state_byte
                                    int N_e, int stage, size_t bytes[CT_MEM_COUNT]);
 double ct_zero_expected_step_bytes_split(int64_t dense, int64_t experts, ct_state_bytes sb, int N,
                                          int N_e, int stage, int m);
+/* What ZeRO 3 gathers beyond the formula: a unit bracketed twice a pass (ct_model_unit_brackets:
+ * the tied embedding under the V) is gathered for each, over the dp group of N. */
+double ct_zero_rebracket_bytes(const ct_model *model, ct_state_bytes sb, int N, int stage, int m);
 /* Ring-model bytes of one f64 allreduce over N ranks, as comm.c counts them (2·8·(N−1)/N,
  * rounded down): the per-step scalars (loss, gradient norm) a trainer adds to the formulas. */
 uint64_t ct_zero_scalar_allreduce_bytes(int N);

@@ -149,11 +149,17 @@ ct_status ct_plan_stage_cost_of(const ct_config *cfg, int r, const ct_model *mod
     ct_zero_expected_memory_split(elems - expert_elems, expert_elems, sb, replicas, replicas / ep,
                                   stage, mem);
     int inflight = sim ? sim->peak_inflight_mb[r] : 1;
-    double acts = (double)ct_acts_bytes(model, B) * inflight;
+    /* a split backward's schedule (zbh1, zbv) also keeps each microbatch's record for its
+     * weight parts with its activations */
+    const size_t stash = ct_schedule_splits_backward(cfg->parallel.schedule)
+                             ? ct_model_wgrad_stash_bytes(model, B)
+                             : 0;
+    double acts = (double)(ct_acts_bytes(model, B) + stash) * inflight;
     /* The formula plus the loss sum the trainer allreduces over dp every step. */
     double dp_bytes =
         replicas > 1 ? ct_zero_expected_step_bytes_split(elems - expert_elems, expert_elems, sb,
                                                          replicas, replicas / ep, stage, m) +
+                           ct_zero_rebracket_bytes(model, sb, replicas, stage, m) +
                            (double)ct_zero_scalar_allreduce_bytes(replicas)
                      : 0.0;
     double tp_bytes = ct_expected_tp_bytes(cfg, layout, m);

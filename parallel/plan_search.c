@@ -4,7 +4,9 @@
  *
  * Layouts: tp (with and without sequence parallelism), cp (when seq_len splits into 2·cp pieces),
  * pp and dp over N's divisors, ep over dp's that divide the experts (MoE models), ZeRO 0-3, 1F1B
- * or interleaved with v = 2 .. min(8, layers / pp) virtual stages, power-of-two micro-batches,
+ * or interleaved with v = 2 .. min(8, layers / pp) virtual stages, and the zero-bubble ZB-H1
+ * (v = 1) and ZB-V (v = 2), whose activations include each microbatch's record for its weight
+ * parts (ct_model_wgrad_stash_bytes), power-of-two micro-batches,
  * recompute off and on; the config's validation decides what is valid. Sequence parallelism
  * costs no time here (its allgather and reduce-scatter move an allreduce's bytes, plus the norms'
  * gradients) and saves activation memory, so at equal time it wins on memory.
@@ -12,7 +14,8 @@
  * The step-time model (parallel/README.md, Plan search), per device:
  *   compute   = FLOPs per token × tokens per step / N × (4/3 with full recompute)
  *               / (peak FLOP/s of the precision × GEMM efficiency), stretched by the pipeline's
- *               bubble: × total / busy of the schedule's simulation (unit costs, backward 2×);
+ *               bubble: × total / busy of the schedule's simulation (unit costs, backward 2×,
+ *               a split one's parts 1× each; the split's copies are not counted);
  *   tp, cp    = their bytes per step (the trainer's formulas) / the link's bandwidth + one latency
  *               per collective; on the critical path, not overlapped;
  *   dp        = bytes / bandwidth, hidden behind the backward (2/3 of compute; ZeRO 3's gathers
@@ -471,8 +474,8 @@ static void search_shape(search *s, shape *sh) {
 }
 
 /* Every shape of one grid: where its groups sit (rank order: tp fastest, then cp, dp with ep's
- * consecutive dp ranks inside it, pp), then virtual stages (1: 1F1B; 2 up to min(8, layers /
- * pp): interleaved), sequence parallelism and recompute. */
+ * consecutive dp ranks inside it, pp), then virtual stages (1: 1F1B and ZB-H1; 2: interleaved
+ * and ZB-V; up to min(8, layers / pp): interleaved), sequence parallelism and recompute. */
 static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
     const int n = s->n, per = s->nodes.per;
     const candidate grid = {
@@ -489,16 +492,19 @@ static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
     };
     const int vmax = pp == 1 ? 1 : (int)CT_MIN(8, s->base->model.n_layer / pp);
     for (int v = 1; v <= vmax; v++)
-        for (int sp = 0; sp <= (tp > 1); sp++)
-            for (int rc = 0; rc < 2; rc++) {
-                shape sh = {.proto = grid};
-                sh.proto.v = v;
-                sh.proto.schedule = v > 1 ? CT_SCHEDULE_INTERLEAVED : CT_SCHEDULE_1F1B;
-                sh.proto.sp = sp;
-                sh.proto.recompute = rc;
-                search_shape(s, &sh);
-                shape_release(&sh);
-            }
+        for (int zb = 0; zb <= (pp > 1 && v <= 2); zb++) /* the zero-bubble one of the v */
+            for (int sp = 0; sp <= (tp > 1); sp++)
+                for (int rc = 0; rc < 2; rc++) {
+                    shape sh = {.proto = grid};
+                    sh.proto.v = v;
+                    sh.proto.schedule = zb      ? (v > 1 ? CT_SCHEDULE_ZBV : CT_SCHEDULE_ZBH1)
+                                        : v > 1 ? CT_SCHEDULE_INTERLEAVED
+                                                : CT_SCHEDULE_1F1B;
+                    sh.proto.sp = sp;
+                    sh.proto.recompute = rc;
+                    search_shape(s, &sh);
+                    shape_release(&sh);
+                }
 }
 
 /* Every grid tp × cp × pp × dp = n: cp when the config's sequences split (seq_len a multiple of

@@ -489,6 +489,12 @@ void ct_model_backward_chunk(ct_model *model, int c, ct_acts *acts, ct_grad_scra
  */
 void ct_model_backward_input(ct_model *model, int c, ct_acts *acts, ct_grad_scratch *scratch);
 void ct_model_backward_weight(ct_model *model, int c, ct_acts *acts);
+/* The bytes a microbatch's input parts record on this rank for its weight parts (every local
+ * chunk; the routed experts' rows as split evenly, which they are in total at ep = 1), and the
+ * bytes `acts` holds for that now (its buffers grow to the largest record they met). Both are
+ * activation memory a split schedule adds per microbatch in flight. */
+size_t ct_model_wgrad_stash_bytes(const ct_model *model, int64_t B);
+size_t ct_acts_wgrad_bytes(const ct_acts *acts);
 
 /* Whole-model conveniences (all of this rank's chunks in order). ct_model_forward keeps the
  * loss in slot acts->mb like ct_model_forward_chunk; ct_model_forward_loss is the one-microbatch

@@ -159,6 +159,12 @@ ct_status ct_acts_new(ct_acts **out, ct_model *m, int64_t B) {
     return CT_OK;
 }
 
+size_t ct_acts_wgrad_bytes(const ct_acts *a) {
+    size_t bytes = 0;
+    for (int c = 0; c < CT_MAX_CHUNKS; c++) bytes += ct_wgrad_store_bytes(a->wstore[c]);
+    return bytes;
+}
+
 void ct_acts_free(ct_acts *a) {
     if (!a) return;
     if (a->model) a->model->live_acts--;

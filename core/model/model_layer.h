@@ -37,6 +37,7 @@ void ct_model_weight_grads_grouped(ct_model *m, int n, ct_tensor *const *dw,
 ct_wgrad_store *ct_wgrad_store_new(void);
 void ct_wgrad_bracket(ct_wgrad_store *st, int unit, bool begin);
 bool ct_wgrad_store_empty(const ct_wgrad_store *st);
+size_t ct_wgrad_store_bytes(const ct_wgrad_store *st); /* held in its copies */
 void ct_wgrad_replay(ct_model *m, ct_wgrad_store *st);
 void ct_wgrad_store_free(ct_wgrad_store *st);
 

@@ -147,6 +147,42 @@ void ct_wgrad_replay(ct_model *m, ct_wgrad_store *st) {
     clear_items(st);
 }
 
+size_t ct_wgrad_store_bytes(const ct_wgrad_store *st) {
+    return st ? st->bytes : 0;
+}
+
+/* What one microbatch's record holds on this rank (model.h): per layer, each linear layer's
+ * output gradient and, under recompute (or for the experts, always), its input. Every GEMM of a
+ * layer sees B·T rows (T: positions per rank in the attention and MLP GEMMs, gathered under
+ * sequence parallelism), the routed experts B·T·top_k rows between them. */
+size_t ct_model_wgrad_stash_bytes(const ct_model *m, int64_t B) {
+    const int64_t tp = m->layout.tp_size, C = m->C, rows = B * m->T;
+    const int64_t qkv = (m->NH + 2 * m->NKV) * m->hd / tp, att = m->NH * m->hd / tp;
+    const int hidden = m->arch->act.hidden;
+    const bool rc = m->layout.recompute;
+    int64_t elems = 0;
+    for (int64_t l = 0; l < m->L; l++) {
+        if (m->layer_unit[l] < 0) continue; /* not on this rank */
+        /* attention: qkv (out qkv, in C) and its output projection (out C, in att) */
+        elems += rows * (qkv + C) + (rc ? rows * (C + att) : 0);
+        if (!ct_moe_layer(&m->mc, l)) { /* the dense MLP: up (hidden·F/tp, C), down (C, F/tp) */
+            const int64_t F = m->F / tp;
+            elems += rows * (hidden * F + C) + (rc ? rows * (C + F) : 0);
+            continue;
+        }
+        /* experts, their inputs copied whatever the recompute: routed (B·T·top_k rows in all)
+         * and shared (B·T rows, moe_shared widths) */
+        const int64_t Fe = (m->mc.moe_d_ff ? m->mc.moe_d_ff : m->F) / tp;
+        const int64_t per_row = hidden * Fe + C + C + Fe;
+        elems += rows * m->mc.moe_top_k * per_row;
+        if (m->mc.moe_shared) {
+            const int64_t S = m->mc.moe_shared * Fe;
+            elems += rows * (hidden * S + C + C + S);
+        }
+    }
+    return (size_t)elems * ct_dtype_size(m->dtype);
+}
+
 void ct_wgrad_store_free(ct_wgrad_store *st) {
     if (!st) return;
     clear_items(st);

@@ -4,7 +4,8 @@
 #   - memory and traffic: for eight layouts of configs/test-tiny.yaml on 4 ranks (dp 4 at ZeRO 0
 #     and 3, tp 2 x dp 2 without and with sequence parallelism, pp 2 x dp 2 in 1F1B and
 #     interleaved with 4 virtual stages, tp 2 x pp 2 with recompute, tp 4 with sequence
-#     parallelism) the search's stage-0 numbers equal what the trainer's rank 0 measures: memory
+#     parallelism, pp 2 x dp 2 in zbh1 at ZeRO 2 and in zbv at ZeRO 3 with recompute) the search's
+#     stage-0 numbers equal what the trainer's rank 0 measures: memory
 #     by category and dp/tp bytes per step;
 #   - step time: scripts/bench_plan.sh (the estimate against measured dp 2, tp 2 and pp 2 steps
 #     on this machine) runs and prints each layout's row; the ratio is a benchmark's figure, not
@@ -55,27 +56,31 @@ EOF
 if selected "counters" && expect_exit 0 "search on 4 devices of this machine" -- "$BIN" plan \
     --config configs/test-tiny.yaml --search 4 --hardware "$tmp/cpu.yaml" --top 100000 --json; then
     printf '%s\n' "$OUT_TEXT" >"$tmp/search.json"
-    # tp pp dp zero micro_batch recompute sequence_parallel virtual_stages
-    while read -r tp pp dp zero mb rc sp v; do
-        name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc sp $sp v $v"
-        sched=1f1b
-        [ "$v" = 1 ] || sched=interleaved
+    # tp pp dp zero micro_batch recompute sequence_parallel virtual_stages [schedule]
+    while read -r tp pp dp zero mb rc sp v sched; do
+        if [ -z "$sched" ]; then
+            sched=1f1b
+            [ "$v" = 1 ] || sched=interleaved
+        fi
+        name="tp $tp pp $pp dp $dp ZeRO $zero mb $mb recompute $rc sp $sp v $v $sched"
         rm -f "$tmp/run.jsonl" # a metrics file is appended to
         expect_exit 0 "train $name" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" --set parallel.tp="$tp" \
             --set parallel.pp="$pp" --set parallel.zero_stage="$zero" --set train.micro_batch="$mb" \
             --set train.recompute="$rc" --set parallel.sequence_parallel="$sp" \
             --set parallel.schedule="$sched" --set parallel.virtual_stages="$v" --set train.steps=1 \
             --set train.warmup_steps=1 --set log.metrics="$tmp/run.jsonl" || continue
-        if out=$(python3 - "$tmp/search.json" "$tmp/run.jsonl" "$tp" "$pp" "$dp" "$zero" "$mb" "$rc" "$sp" "$v" <<'PY'
+        if out=$(python3 - "$tmp/search.json" "$tmp/run.jsonl" "$tp" "$pp" "$dp" "$zero" "$mb" "$rc" "$sp" "$v" "$sched" <<'PY'
 import json, sys
 search, run = sys.argv[1], sys.argv[2]
 tp, pp, dp, zero, mb = map(int, sys.argv[3:8])
 rc = sys.argv[8] == "full"
 sp = sys.argv[9] == "true"
 v = int(sys.argv[10])
+sched = sys.argv[11] if pp > 1 else "1f1b"
 rows = [json.loads(l) for l in open(search)]
 match = [r for r in rows if (r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["zero_stage"], r["micro_batch"],
-         r["recompute"], r["sequence_parallel"], r["virtual_stages"]) == (tp, 1, pp, dp, 1, zero, mb, rc, sp, v)]
+         r["recompute"], r["sequence_parallel"], r["virtual_stages"], r["schedule"]) ==
+         (tp, 1, pp, dp, 1, zero, mb, rc, sp, v, sched)]
 if len(match) != 1:
     sys.exit(f"{len(match)} search rows for the layout")
 s = match[0]["stage0"]
@@ -100,6 +105,8 @@ PY
 1 2 2 1 2 none false 4
 2 2 1 0 2 full false 1
 4 1 1 0 4 none true 1
+1 2 2 2 2 none false 1 zbh1
+1 2 2 3 2 full false 2 zbv
 LAYOUTS
 fi
 

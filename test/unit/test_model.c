@@ -683,6 +683,13 @@ static void split_matches_whole(ct_arch arch, bool moe, bool bf16, bool recomput
         } else {
             for (int k = 0; k < M; k++) ct_model_forward(m, a[k], dloss);
             ct_model_backward_input(m, 0, a[0], s);
+            /* the record holds what the formula says (plan's activation memory of a split
+             * schedule): one microbatch's, the experts' rows B·T·top_k in all */
+            if (ct_acts_wgrad_bytes(a[0]) != ct_model_wgrad_stash_bytes(m, 2))
+                fail_msg("%s%s%s%s: the record holds %zu bytes, the formula says %zu",
+                         arch == CT_ARCH_LLAMA ? "llama" : "gpt2", moe ? " moe" : "",
+                         bf16 ? " bf16" : "", recompute ? " recompute" : "",
+                         ct_acts_wgrad_bytes(a[0]), ct_model_wgrad_stash_bytes(m, 2));
             ct_model_backward_input(m, 0, a[1], s);
             ct_model_backward_weight(m, 0, a[0]);
             ct_model_backward_input(m, 0, a[2], s);

@@ -44,6 +44,8 @@ struct ct_pipeline {
     ct_waits work;
     ct_action *labels;
     int n_labels, cap_labels;
+    int costs_from; /* the first span ct_pipeline_chunk_costs has not read */
+    bool keep_work; /* log.trace: every span kept for the trace (else read spans are dropped) */
 };
 
 /* For tests: a tag bound below the communicator's, so the wrapping of tags is exercised. */
@@ -234,7 +236,37 @@ void ct_pipeline_settle(ct_pipeline *p) {
 
 void ct_pipeline_log_waits(ct_pipeline *p, bool on) {
     p->waits.keep = on;
-    p->work.keep = on;
+    p->work.keep = p->keep_work = on;
+}
+
+void ct_pipeline_time_actions(ct_pipeline *p, bool on) {
+    p->work.keep = on || p->keep_work;
+}
+
+int ct_pipeline_chunk_costs(ct_pipeline *p, ct_sim_costs *costs) {
+    const ct_model_layout *layout = ct_model_layout_of(p->model);
+    int n[CT_MAX_CHUNKS][3] = {{0}}, runs = 0;
+    for (int j = 0; j < layout->n_chunks; j++) costs[j] = (ct_sim_costs){0};
+    for (int i = p->costs_from; i < p->work.n_spans / 2; i++) {
+        const ct_action *a = &p->labels[i];
+        const double dt = p->work.spans[2 * i + 1] - p->work.spans[2 * i];
+        ct_sim_costs *c = &costs[local_chunk(p, a->chunk)];
+        int *k = n[local_chunk(p, a->chunk)];
+        switch (a->kind) {
+        case CT_ACTION_FORWARD: c->f += dt, k[0]++; break;
+        case CT_ACTION_BACKWARD_INPUT: c->b += dt, k[1]++; break;
+        case CT_ACTION_BACKWARD_WEIGHT: c->w += dt, k[2]++; break;
+        default: c->b += dt / 2, c->w += dt / 2, k[1]++, k[2]++; break; /* a whole one: halves */
+        }
+    }
+    for (int j = 0; j < layout->n_chunks; j++) {
+        costs[j].f /= CT_MAX(1, n[j][0]), costs[j].b /= CT_MAX(1, n[j][1]);
+        costs[j].w /= CT_MAX(1, n[j][2]);
+        runs = CT_MAX(runs, n[j][0]);
+    }
+    p->costs_from = p->work.n_spans / 2;
+    if (!p->keep_work) p->work.n_spans = p->n_labels = p->costs_from = 0;
+    return runs;
 }
 
 /* log.trace: the end of compute action `act`, begun at mark `before` (ct_backend_mark). */

@@ -66,6 +66,13 @@ void ct_pipeline_settle(ct_pipeline *p);
  * input part, W weight part, BW a whole backward), microbatch and global chunk: "W 3:1". */
 void ct_pipeline_log_waits(ct_pipeline *p, bool on);
 void ct_pipeline_trace(const ct_pipeline *p, ct_trace *trace);
+/* log.profile: time every compute action of a training run (as log.trace does) for
+ * ct_pipeline_chunk_costs. */
+void ct_pipeline_time_actions(ct_pipeline *p, bool on);
+/* The mean seconds of a forward (f), an input part (b) and a weight part (w) of each local chunk
+ * (costs[j], j as in the model's layout; a whole backward counts half to each) over the actions
+ * timed since the last call, as of the last settle; returns how many forwards a chunk ran. */
+int ct_pipeline_chunk_costs(ct_pipeline *p, ct_sim_costs *costs);
 /* Peak activation contexts (microbatches) alive during the last run. */
 int ct_pipeline_peak_inflight(const ct_pipeline *p);
 

@@ -7,6 +7,7 @@
 #include "trainer_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -330,14 +331,54 @@ static bool percent_of(char *buf, size_t n, double rate, double denominator) {
     return true;
 }
 
+/* Whether step (0-based) gets a progress line: every log.interval steps, the first and last. */
+static bool progress_due(const trainer *t, int64_t step) {
+    const ct_config *cfg = t->cfg;
+    return (step + 1) % cfg->log.interval == 0 || step + 1 == cfg->train.steps ||
+           step == t->first_step;
+}
+
+void ct_report_pipeline_costs(trainer *t, int64_t step) {
+    if (!t->cfg->log.profile || !t->pipeline || !progress_due(t, step)) return;
+    const ct_model_layout *layout = ct_model_layout_of(t->model);
+    const int nc = t->pctx->pp * layout->n_chunks;
+    ct_sim_costs mine[CT_MAX_CHUNKS];
+    ct_pipeline_chunk_costs(t->pipeline, mine);
+    /* every rank's chunks (each held by the world / pp ranks of its stage): sum and count */
+    double *sum = ct_xcalloc((size_t)nc * 4, sizeof *sum);
+    for (int j = 0; j < layout->n_chunks; j++) {
+        double *c = sum + 4 * layout->chunks[j].index;
+        c[0] = mine[j].f, c[1] = mine[j].b, c[2] = mine[j].w, c[3] = 1.0;
+    }
+    if (t->pctx->world_size > 1)
+        ct_comm_allreduce(t->pctx->world, sum, nc * 4, CT_DTYPE_F64, CT_REDUCE_SUM);
+    if (t->rank0) {
+        ct_sim_costs *costs = ct_xcalloc((size_t)nc, sizeof *costs);
+        printf("pipeline by chunk (ms per forward, input part, weight part; --costs for "
+               "`cooktrain plan --schedule %s`): ",
+               ct_schedule_kind_name(t->cfg->parallel.schedule));
+        for (int c = 0; c < nc; c++) {
+            const double *x = sum + 4 * c, k = x[3] > 0 ? x[3] : 1.0;
+            costs[c] =
+                (ct_sim_costs){.f = 1e3 * x[0] / k, .b = 1e3 * x[1] / k, .w = 1e3 * x[2] / k};
+            printf("%s%.3f,%.3f,%.3f", c ? "/" : "", costs[c].f, costs[c].b, costs[c].w);
+        }
+        ct_sim_result r = ct_schedule_simulate_chunks(ct_pipeline_schedule(t->pipeline), costs);
+        printf("\n             simulated with them: idle per rank");
+        for (int q = 0; q < t->pctx->pp; q++) printf(" %.1f%%", 100 * r.bubble[q]);
+        printf(" of %.1f ms\n", r.total_time);
+        ct_sim_result_release(&r);
+        free(costs);
+    }
+    free(sum);
+}
+
 /* Rank 0's progress line every log.interval steps (and the first and last), with the profile
  * when log.profile asks for it. */
 void ct_report_progress(trainer *t, const step_stats *s) {
     const ct_config *cfg = t->cfg;
     const int64_t step = s->step;
-    if (!t->rank0 || ((step + 1) % cfg->log.interval != 0 && step + 1 != cfg->train.steps &&
-                      step != t->first_step))
-        return;
+    if (!t->rank0 || !progress_due(t, step)) return;
     double elapsed = ct_now() - t->interval_start;
     double steps = t->interval_tokens / t->tokens_per_step;
     double tok_s = t->interval_tokens / elapsed, rate = t->flops_per_token * tok_s;

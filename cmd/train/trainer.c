@@ -693,6 +693,7 @@ static void start_run(trainer *t) {
     }
     if (cfg->log.trace[0] && t->pctx->cp > 1) ct_ring_log_events(true);
     if (cfg->log.profile) ct_backend_profile(t->be, true);
+    if (cfg->log.profile && t->pipeline) ct_pipeline_time_actions(t->pipeline, true);
     if (cfg->log.device_idle) { /* audited in the steps only (train_step) */
         ct_backend_idle(t->be, true);
         ct_backend_idle_pause(t->be, true);
@@ -1052,6 +1053,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         ct_report_step_metrics(&t, &s);
         st = check_bad_steps(&t, step);
         if (st == CT_OK) ct_report_progress(&t, &s);
+        if (st == CT_OK) ct_report_pipeline_costs(&t, step);
         if (st == CT_OK && step + 1 == cfg->train.stop_after) {
             st = stop_run(&t, step + 1);
             break;

@@ -121,5 +121,9 @@ void ct_report_step_metrics(trainer *t, const step_stats *s);
 /* report.c: rank 0's progress line every log.interval steps (and the first and last), with the
  * profile when log.profile asks for it; restarts the interval's clocks. */
 void ct_report_progress(trainer *t, const step_stats *s);
+/* log.profile with pp > 1, on every rank at each progress step: the pipeline's measured cost of
+ * each chunk's forward, input and weight parts, gathered, and rank 0 prints them with the
+ * simulator's idle per rank for those costs. */
+void ct_report_pipeline_costs(trainer *t, int64_t step);
 
 #endif /* CT_PARALLEL_TRAINER_INTERNAL_H */

@@ -140,6 +140,26 @@ if selected "zbh1 bit for bit"; then
     fi
 fi
 
+# --profile measures each chunk's forward, input part and weight part and feeds them to the
+# simulator: one triple per chunk (zbv: 4 at pp 2), which plan takes back as --costs.
+if selected "profile chunk costs" && expect_exit 0 "train pp=2 zbv --profile" -- "${MPIRUN[@]}" -np 2 \
+    "$BIN" "${base[@]}" --set parallel.pp=2 --set parallel.schedule=zbv --set parallel.virtual_stages=2 \
+    --set train.steps=2 --profile; then
+    if printf '%s\n' "$OUT_TEXT" | grep -qE "simulated with them: idle per rank [0-9.]+% [0-9.]+% of"; then
+        ok "profile chunk costs: the simulator's idle per rank"
+    else
+        fail "profile chunk costs: no simulated idle per rank"
+    fi
+    costs=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^pipeline by chunk .*`): \([0-9.,/]*\)$/\1/p' | tail -1)
+    if [[ $costs =~ ^([0-9]+\.[0-9]+,[0-9]+\.[0-9]+,[0-9]+\.[0-9]+/){3}[0-9]+\.[0-9]+,[0-9]+\.[0-9]+,[0-9]+\.[0-9]+$ ]]; then
+        ok "profile chunk costs: four chunks' F,B,W ($costs)"
+        expect_exit 0 "profile chunk costs: plan takes them back" -- "$BIN" plan --schedule zbv --pp 2 \
+            --microbatches 8 --costs "$costs"
+    else
+        fail "profile chunk costs: no line of four F,B,W triples ('$costs')"
+    fi
+fi
+
 # scripts/bench_pp.sh runs (its figures are scripts/README.md's; here only that every schedule's
 # row has them) and refuses what it cannot run.
 if selected "bench_pp"; then

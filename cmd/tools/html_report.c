@@ -70,14 +70,20 @@ typedef struct segment {
     seg_kind kind;
 } segment;
 
+typedef struct members {
+    series *s;
+    int n;
+} members;
+
 typedef struct run {
     char name[256];         /* its label: its folder's name, told apart from the others' */
     char path[CT_PATH_MAX]; /* the metrics file, as given */
     char *real;             /* the metrics file's resolved path, which names the run */
     series s[S_COUNT];
-    series trained;  /* x: every training step kept */
-    series *experts; /* moe_tokens_per_expert: one series per expert */
-    int n_experts;
+    series trained; /* x: every training step kept */
+    /* one series per member: moe_tokens_per_expert (each expert's tokens a step) and
+     * rank_compute_s (each rank's step time outside communication, at the progress steps) */
+    members experts, ranks;
     segment *segs;
     int n_segs;
     /* from the last segment's setup line */
@@ -134,7 +140,8 @@ static void read_setup(run *r, json_t *obj) {
     bool resumed = json_is_string(from) && json_string_length(from) > 0;
     seg.kind = resumed || seg.start > 1 ? SEG_RESUMED : r->n_segs ? SEG_RESTARTED : SEG_FRESH;
     for (int s = 0; s < S_COUNT; s++) drop_from(&r->s[s], (double)seg.start);
-    for (int e = 0; e < r->n_experts; e++) drop_from(&r->experts[e], (double)seg.start);
+    for (int e = 0; e < r->experts.n; e++) drop_from(&r->experts.s[e], (double)seg.start);
+    for (int q = 0; q < r->ranks.n; q++) drop_from(&r->ranks.s[q], (double)seg.start);
     drop_from(&r->trained, (double)seg.start);
     r->segs = realloc(r->segs, (size_t)(r->n_segs + 1) * sizeof *r->segs);
     CT_ASSERT(r->segs != NULL);
@@ -154,6 +161,24 @@ static void read_setup(run *r, json_t *obj) {
     if (json_is_string(p)) snprintf(r->precision, sizeof r->precision, "%s", json_string_value(p));
 }
 
+/* A line's array of per-member numbers (times scale) as the next point of each member's series;
+ * MAX_EXPERTS members at most. */
+static void read_members(members *g, json_t *per, double step, double scale) {
+    if (!json_is_array(per)) return;
+    int n = (int)CT_MIN(json_array_size(per), (size_t)MAX_EXPERTS);
+    if (n > g->n) {
+        g->s = realloc(g->s, (size_t)n * sizeof *g->s);
+        CT_ASSERT(g->s != NULL);
+        memset(g->s + g->n, 0, (size_t)(n - g->n) * sizeof *g->s);
+        g->n = n;
+    }
+    for (int e = 0; e < n; e++) {
+        json_t *x = json_array_get(per, (size_t)e);
+        if (json_is_number(x) && isfinite(json_number_value(x)))
+            push(&g->s[e], step, scale * json_number_value(x));
+    }
+}
+
 /* A training or evaluation line. */
 static void read_step(run *r, json_t *obj, double step) {
     double v;
@@ -162,21 +187,8 @@ static void read_step(run *r, json_t *obj, double step) {
         if ((s == S_VAL_LOSS) != eval) continue;
         if (number(obj, series_keys[s], &v)) push(&r->s[s], step, s == S_MFU ? 100 * v : v);
     }
-    json_t *per = json_object_get(obj, "moe_tokens_per_expert");
-    if (json_is_array(per)) {
-        int n = (int)CT_MIN(json_array_size(per), (size_t)MAX_EXPERTS);
-        if (n > r->n_experts) {
-            r->experts = realloc(r->experts, (size_t)n * sizeof *r->experts);
-            CT_ASSERT(r->experts != NULL);
-            memset(r->experts + r->n_experts, 0, (size_t)(n - r->n_experts) * sizeof *r->experts);
-            r->n_experts = n;
-        }
-        for (int e = 0; e < n; e++) {
-            json_t *x = json_array_get(per, (size_t)e);
-            if (json_is_number(x) && isfinite(json_number_value(x)))
-                push(&r->experts[e], step, json_number_value(x));
-        }
-    }
+    read_members(&r->experts, json_object_get(obj, "moe_tokens_per_expert"), step, 1.0);
+    read_members(&r->ranks, json_object_get(obj, "rank_compute_s"), step, 1e3);
     if (!eval) push(&r->trained, step, 0);
 }
 
@@ -626,48 +638,56 @@ static void draw_chart(FILE *f, const chart *c, run *runs, int n_runs) {
     free(lines);
 }
 
-/* MoE: every expert's tokens per step, one chart per run, one colour per expert, a legend. */
-static void draw_experts(FILE *f, run *runs, int n_runs) {
+/* A per-member chart for each run that has members: every member's curve, one colour each, a
+ * legend ("expert 3", "rank 3"): MoE's tokens per expert, each rank's compute per step. */
+static void draw_members(FILE *f, run *runs, int n_runs, bool ranks) {
     static const char *colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
-    enum { N_EXPERT_COLORS = sizeof colors / sizeof colors[0] };
+    enum { N_MEMBER_COLORS = sizeof colors / sizeof colors[0] };
+    const char *what = ranks ? "rank" : "expert";
+    /* a rank's compute: its step time outside communication, in ms */
+    const char *title0 = ranks ? "compute per rank, " : "tokens per expert, ";
+    const char *unit = ranks ? "ms" : "";
     line *lines = ct_xcalloc(MAX_EXPERTS, sizeof *lines);
     legend_item *legend = ct_xcalloc(MAX_EXPERT_LEGEND + 1, sizeof *legend);
     for (int r = 0; r < n_runs; r++) {
-        if (!runs[r].n_experts) continue;
+        const members *g = ranks ? &runs[r].ranks : &runs[r].experts;
+        if (!g->n) continue;
         int n_legend = 0;
-        for (int e = 0; e < runs[r].n_experts; e++) {
-            lines[e].s = &runs[r].experts[e];
+        for (int e = 0; e < g->n; e++) {
+            lines[e].s = &g->s[e];
             lines[e].run = r;
-            snprintf(lines[e].key, sizeof lines[e].key, "moe_tokens_per_expert.%d", e);
-            lines[e].color = colors[e % N_EXPERT_COLORS];
-            lines[e].dashed = e >= N_EXPERT_COLORS;
+            snprintf(lines[e].key, sizeof lines[e].key, "%s.%d",
+                     ranks ? "rank_compute_s" : "moe_tokens_per_expert", e);
+            lines[e].color = colors[e % N_MEMBER_COLORS];
+            lines[e].dashed = e >= N_MEMBER_COLORS;
             if (e < MAX_EXPERT_LEGEND) {
                 legend_item *it = &legend[n_legend++];
-                snprintf(it->label, sizeof it->label, "expert %d", e);
+                snprintf(it->label, sizeof it->label, "%s %d", what, e);
                 it->color = lines[e].color;
                 it->dashed = lines[e].dashed;
             }
         }
-        if (runs[r].n_experts > MAX_EXPERT_LEGEND)
+        if (g->n > MAX_EXPERT_LEGEND)
             snprintf(legend[n_legend++].label, sizeof legend[0].label, "+%d more",
-                     runs[r].n_experts - MAX_EXPERT_LEGEND);
+                     g->n - MAX_EXPERT_LEGEND);
         char name[64], title[400], who[256], tail[64];
-        snprintf(name, sizeof name, "moe_experts.%d", r);
-        snprintf(tail, sizeof tail, " (%d experts)", runs[r].n_experts);
-        fit_text(who, sizeof who, runs[r].name,
-                 W - L - R - text_px("tokens per expert, ", 14) - text_px(tail, 14), 14);
-        snprintf(title, sizeof title, "tokens per expert, %s%s", who, tail);
+        snprintf(name, sizeof name, "%s.%d", ranks ? "rank_compute" : "moe_experts", r);
+        snprintf(tail, sizeof tail, " (%d %ss)", g->n, what);
+        const double room = W - L - R - text_px(title0, 14) - text_px(tail, 14) -
+                            (unit[0] ? text_px(" (ms)", 14) : 0);
+        fit_text(who, sizeof who, runs[r].name, room, 14);
+        snprintf(title, sizeof title, "%s%s%s", title0, who, tail);
         mark *marks;
         plot p = {.name = name,
                   .title = title,
-                  .unit = "",
+                  .unit = unit,
                   .scale = 1,
                   .lines = lines,
-                  .n_lines = runs[r].n_experts,
+                  .n_lines = g->n,
                   .legend = legend,
                   .n_legend = n_legend};
-        p.n_marks = collect_marks(runs, lines, runs[r].n_experts, &marks);
+        p.n_marks = collect_marks(runs, lines, g->n, &marks);
         p.marks = marks;
         draw_lines(f, &p);
         free(marks);
@@ -827,7 +847,8 @@ static void write_page(FILE *f, run *runs, int n_runs) {
     };
     for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++)
         draw_chart(f, &charts[c], runs, n_runs);
-    draw_experts(f, runs, n_runs);
+    draw_members(f, runs, n_runs, false);
+    draw_members(f, runs, n_runs, true);
     draw_memory(f, runs, n_runs);
     fputs("</div>\n</body>\n</html>\n", f);
 }
@@ -866,9 +887,11 @@ ct_status ct_html_report(int n_runs, char **run_args, const char *out_path) {
     }
     for (int r = 0; r < n_runs; r++) {
         for (int s = 0; s < S_COUNT; s++) series_release(&runs[r].s[s]);
-        for (int e = 0; e < runs[r].n_experts; e++) series_release(&runs[r].experts[e]);
+        for (int e = 0; e < runs[r].experts.n; e++) series_release(&runs[r].experts.s[e]);
+        for (int q = 0; q < runs[r].ranks.n; q++) series_release(&runs[r].ranks.s[q]);
         series_release(&runs[r].trained);
-        free(runs[r].experts);
+        free(runs[r].experts.s);
+        free(runs[r].ranks.s);
         free(runs[r].segs);
         free(runs[r].real);
     }

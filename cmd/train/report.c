@@ -317,6 +317,13 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
             ct_metrics_num(m, "moe_bias_max", "%.9g", hi);
         }
     }
+    if (t->stragglers_fresh) { /* a progress step: every rank's means over the interval */
+        const int world = t->pctx->world_size;
+        ct_metrics_nums(m, "rank_compute_s", "%.6f", world, t->rank_compute);
+        ct_metrics_nums(m, "rank_wait_s", "%.6f", world, t->rank_wait);
+        ct_metrics_int(m, "straggler_rank", t->straggler);
+        if (t->straggler >= 0) ct_metrics_num(m, "straggler_ratio", "%.4f", t->straggler_ratio);
+    }
     ct_metrics_end(m);
 }
 
@@ -373,6 +380,67 @@ void ct_report_pipeline_costs(trainer *t, int64_t step) {
     free(sum);
 }
 
+double ct_report_comm_seconds(const trainer *t) {
+    double sum = 0.0;
+    const int n = (int)CT_ARRAY_LEN(t->groups);
+    for (int g = 0; g < n; g++) {
+        bool seen = false; /* groups of size 1 may share one object */
+        for (int h = 0; h < g && !seen; h++) seen = t->groups[h] == t->groups[g];
+        if (t->groups[g] && !seen) sum += t->groups[g]->seconds;
+    }
+    return sum;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void ct_report_stragglers(trainer *t, const step_stats *s) {
+    const double wait = ct_report_comm_seconds(t) - t->comm_at_step;
+    t->strag_compute += CT_MAX(0.0, s->seconds - wait);
+    t->strag_wait += wait;
+    t->strag_steps++;
+    t->stragglers_fresh = false;
+    const int world = t->pctx->world_size;
+    if (world < 2 || !progress_due(t, s->step)) return;
+    const double mine[2] = {t->strag_compute / (double)t->strag_steps,
+                            t->strag_wait / (double)t->strag_steps};
+    double *all = ct_xmalloc((size_t)world * 2 * sizeof *all);
+    ct_comm_allgather(t->pctx->world, mine, all, 2 * world, CT_DTYPE_F64);
+    t->strag_compute = t->strag_wait = 0.0;
+    t->strag_steps = 0;
+    if (t->rank0) {
+        if (!t->rank_compute) {
+            t->rank_compute = ct_xcalloc((size_t)world, sizeof *t->rank_compute);
+            t->rank_wait = ct_xcalloc((size_t)world, sizeof *t->rank_wait);
+            t->slow_in_a_row = ct_xcalloc((size_t)world, sizeof *t->slow_in_a_row);
+        }
+        double *sorted = ct_xmalloc((size_t)world * sizeof *sorted);
+        for (int r = 0; r < world; r++) {
+            t->rank_compute[r] = sorted[r] = all[2 * r];
+            t->rank_wait[r] = all[2 * r + 1];
+        }
+        qsort(sorted, (size_t)world, sizeof *sorted, cmp_double);
+        const double median =
+            world % 2 ? sorted[world / 2] : 0.5 * (sorted[world / 2 - 1] + sorted[world / 2]);
+        const double limit = median * (1.0 + t->cfg->log.straggler_pct / 100.0);
+        t->straggler = -1;
+        t->straggler_ratio = 0.0;
+        for (int r = 0; r < world; r++) {
+            t->slow_in_a_row[r] = t->rank_compute[r] > limit ? t->slow_in_a_row[r] + 1 : 0;
+            const double ratio = median > 0 ? t->rank_compute[r] / median : 0.0;
+            if (t->slow_in_a_row[r] >= t->cfg->log.straggler_intervals &&
+                ratio > t->straggler_ratio)
+                t->straggler = r, t->straggler_ratio = ratio;
+        }
+        t->straggler_median = median;
+        t->stragglers_fresh = true;
+        free(sorted);
+    }
+    free(all);
+}
+
 /* Rank 0's progress line every log.interval steps (and the first and last), with the profile
  * when log.profile asks for it. */
 void ct_report_progress(trainer *t, const step_stats *s) {
@@ -403,6 +471,14 @@ void ct_report_progress(trainer *t, const step_stats *s) {
            (long long)step + 1, (long long)cfg->train.steps, s->loss, s->lr, s->grad_norm, tok_s,
            mfu, eff, 1e3 * (elapsed - t->interval_exposed - t->interval_bubble) / steps,
            1e3 * t->interval_exposed / steps, 1e3 * t->interval_bubble / steps, mem, eta);
+    if (t->stragglers_fresh && t->straggler >= 0) {
+        const int r = t->straggler;
+        printf("             straggler: rank %d (host %d) ran %.2fx the median outside "
+               "communication (%.1f vs %.1f ms a step) for %lld progress lines in a row "
+               "(log.straggler_pct %g)\n",
+               r, ct_mpi_host_of(r), t->straggler_ratio, 1e3 * t->rank_compute[r],
+               1e3 * t->straggler_median, (long long)t->slow_in_a_row[r], cfg->log.straggler_pct);
+    }
     if (cfg->model.moe_experts && s->moe_load_mean > 0)
         printf("             moe: balancing loss %.5f | tokens per expert min %.0f mean %.1f max "
                "%.0f (imbalance %.2f)\n",

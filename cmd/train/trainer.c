@@ -45,6 +45,9 @@ static void trainer_free(trainer *t) {
     free(t->moe_trace);
     free(t->moe_load);
     free(t->step_spans);
+    free(t->rank_compute);
+    free(t->rank_wait);
+    free(t->slow_in_a_row);
     ct_tokenizer_free(t->tokenizer);
     ct_metrics_free(t->metrics);
     if (t->own_pctx) ct_pctx_free(t->pctx);
@@ -719,6 +722,7 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     memset(s, 0, sizeof *s);
     s->step = step;
     double start = ct_now();
+    t->comm_at_step = ct_report_comm_seconds(t);
     int64_t copies = t->be->host_copies;
     /* The step's samples, read and checked on every rank before anything collective. */
     CT_TRY(read_batch(t, t->train_data, step * G + t->dp_rank * (G / t->dp_size)));
@@ -730,11 +734,13 @@ static ct_status train_step(trainer *t, int64_t step, step_stats *s) {
     settle_marks(t);
     const double busy0 = t->be->idle_busy, idle0 = t->be->idle_gaps;
     ct_backend_idle_pause(t->be, false);
+    const double waited = ct_report_comm_seconds(t); /* the counters' waits the reset drops */
     ct_comm_reset_counters(t->pctx->dpcp_comm);
     ct_comm_reset_counters(t->pctx->tp_comm);
     ct_comm_reset_counters(t->pctx->cp_comm);
     ct_comm_reset_counters(t->pctx->ep_comm);
     if (t->pctx->ep > 1) ct_comm_reset_counters(t->pctx->edp_comm);
+    t->comm_at_step -= waited - ct_report_comm_seconds(t);
     const double cp_wait0 = t->pctx->cp_comm->seconds;
     double loss_sum;
     if (t->graph_inputs) {
@@ -1047,6 +1053,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
         }
         if (st == CT_OK && t.pending_written) st = end_pending_save(&t);
         if (st == CT_OK) st = record_step(&t, &s);
+        if (st == CT_OK) ct_report_stragglers(&t, &s);
         if (st == CT_OK) remeasure_denominators(&t, &s);
         if (st == CT_OK) st = maybe_evaluate(&t, step);
         if (st != CT_OK) break;

@@ -62,6 +62,19 @@ typedef struct trainer {
     double trace_skew, trace_origin, step_began;
     double *step_spans;
 
+    /* Stragglers (every rank): this interval's seconds outside communication and waiting in it,
+     * summed over steps; the groups' wait at the step's start. At each progress step they are
+     * gathered (ct_report_stragglers): rank_compute and rank_wait hold every rank's means a step,
+     * slow_in_a_row how many progress lines in a row each rank was slow, straggler the one named
+     * (-1: none) with its compute over the median (rank 0's). */
+    double strag_compute, strag_wait, comm_at_step;
+    int64_t strag_steps;
+    double *rank_compute, *rank_wait;
+    int64_t *slow_in_a_row;
+    int straggler;
+    double straggler_ratio, straggler_median;
+    bool stragglers_fresh; /* this step gathered them: its metrics line carries them */
+
     /* Progress since the last log line (rank 0 prints it). */
     double run_start, interval_start, interval_tokens, interval_exposed, interval_bubble;
     double profile_start;
@@ -125,5 +138,12 @@ void ct_report_progress(trainer *t, const step_stats *s);
  * each chunk's forward, input and weight parts, gathered, and rank 0 prints them with the
  * simulator's idle per rank for those costs. */
 void ct_report_pipeline_costs(trainer *t, int64_t step);
+/* Every rank after each step: adds the step's time outside communication and its waits to the
+ * interval; at each progress step gathers every rank's means a step over the world, and rank 0
+ * names a straggler (log.straggler_pct, log.straggler_intervals) for the metrics line and the
+ * progress line that follow. */
+void ct_report_stragglers(trainer *t, const step_stats *s);
+/* The seconds every group (each once) spent waiting so far. */
+double ct_report_comm_seconds(const trainer *t);
 
 #endif /* CT_PARALLEL_TRAINER_INTERNAL_H */

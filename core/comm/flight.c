@@ -63,7 +63,7 @@ typedef struct span {
 } span;
 
 /* What COOKTRAIN_FAULT_COMM asks for. */
-enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_SLEEP, FAULT_SLEEP_SEND };
+enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_SLEEP, FAULT_SLEEP_SEND, FAULT_SLOW };
 
 static struct {
     pthread_mutex_t mu;
@@ -212,13 +212,15 @@ static void read_fault(void) {
                    &seconds);
     CT_ASSERTF(
         n >= 4,
-        "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep|sleep-send[:S]", env);
+        "COOKTRAIN_FAULT_COMM=%s: expected RANK:GROUP:SEQ:skip|mismatch|sleep|sleep-send|slow[:S]",
+        env);
     fr.fault_seq = seq;
     fr.fault_seconds = seconds;
     fr.fault_action = !strcmp(action, "skip")         ? FAULT_SKIP
                       : !strcmp(action, "mismatch")   ? FAULT_MISMATCH
                       : !strcmp(action, "sleep")      ? FAULT_SLEEP
                       : !strcmp(action, "sleep-send") ? FAULT_SLEEP_SEND
+                      : !strcmp(action, "slow")       ? FAULT_SLOW
                                                       : FAULT_NONE;
     CT_ASSERTF(fr.fault_action, "COOKTRAIN_FAULT_COMM: unknown action '%s'", action);
 }
@@ -233,6 +235,15 @@ static int planted(const ct_comm *comm, ct_comm_op_kind kind, bool is_recv, uint
     if (p2p != (fr.fault_action == FAULT_SLEEP_SEND) || (p2p && is_recv)) return FAULT_NONE;
     if (ct_log_rank() != fr.fault_rank || strcmp(comm->name, fr.fault_group) != 0)
         return FAULT_NONE;
+    if (fr.fault_action == FAULT_SLOW) { /* every collective from the SEQ-th on: a slow rank */
+        if (seq < fr.fault_seq) return FAULT_NONE;
+        if (seq == fr.fault_seq)
+            fprintf(stderr,
+                    "cooktrain: planted fault on rank %d: %.3f s of sleep before each collective "
+                    "on group %s from #%llu on\n",
+                    ct_log_rank(), fr.fault_seconds, comm->name, (unsigned long long)seq);
+        return FAULT_SLOW;
+    }
     if (seq != fr.fault_seq) return FAULT_NONE;
     fr.fault_done = true;
     fprintf(stderr, "cooktrain: planted fault on rank %d: %s #%llu on group %s\n", ct_log_rank(),
@@ -291,7 +302,8 @@ ct_flight_fault ct_flight_start(ct_comm *comm, ct_comm_op_kind kind, bool is_rec
         if (fault == FAULT_MISMATCH) /* recorded as what it is */
             kind = CT_COMM_BARRIER, n = 0, dtype = CT_DTYPE_U8;
     }
-    if (fault == FAULT_SLEEP || fault == FAULT_SLEEP_SEND) ct_sleep(fr.fault_seconds);
+    if (fault == FAULT_SLEEP || fault == FAULT_SLEEP_SEND || fault == FAULT_SLOW)
+        ct_sleep(fr.fault_seconds);
     if (fr.capacity) {
         pthread_mutex_lock(&fr.mu);
         int64_t rec = ++fr.next;

@@ -169,6 +169,8 @@ typedef struct ct_log_config {
     int64_t sample_tokens;           /* print this many sampled tokens after training (0: none) */
     char sample_prompt[CT_PATH_MAX]; /* text the sample continues */
     int64_t flight_recorder;         /* operations each rank's flight recorder keeps (0: off) */
+    double straggler_pct;            /* slower than the median by more than this: a straggler */
+    int64_t straggler_intervals;     /* ... this many progress lines in a row */
 } ct_log_config;
 
 /* Values computed from the others (never set by the user). */

@@ -289,6 +289,12 @@ const config_key config_keys[] = {
      .doc = "collective and point-to-point operations each rank remembers (0 = none); written to "
             "log.run_dir/flight/ (or ./flight/) on a watchdog timeout, an MPI or NCCL error, "
             "SIGTERM or SIGUSR2, for `cooktrain diagnose`"},
+    {KEY(log, straggler_pct, KEY_FLOAT), .def = "20", ABOVE(0), AT_MOST(10000),
+     .doc = "a rank whose step time outside communication exceeds the ranks' median by more than "
+            "this many percent, log.straggler_intervals progress lines in a row, is named a "
+            "straggler (the progress line, the metrics, `cooktrain report`)"},
+    {KEY(log, straggler_intervals, KEY_INT), .def = "3", AT_LEAST(1), AT_MOST(1000000),
+     .doc = "progress lines in a row a rank must be slow to be named a straggler"},
 };
 const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
 

@@ -129,3 +129,49 @@ if selected "bad"; then
     expect_exit 2 "diagnose of a corrupt record" -- "$BIN" diagnose "$tmp/corrupt"
     expect_text "rank-00000.txt:3: not a cooktrain flight record (op line)" "the refusal names the file and line"
 fi
+
+# ---- stragglers -----------------------------------------------------------------------------------
+# A rank that stays slow (COOKTRAIN_FAULT_COMM=2:world:1:slow:0.05: 50 ms of sleep before each of
+# its world collectives, two or more a step, against about 40 ms of compute) is named from the
+# third progress line on (log.straggler_intervals 3), in the progress line and the metrics
+# (straggler_rank, every rank's rank_compute_s and rank_wait_s), and the report draws each rank's
+# compute; the same run without the fault names nobody (a false straggler needs a rank 20% above
+# the median three progress lines in a row).
+if selected "straggler"; then
+    d=$tmp/straggler
+    mkdir -p "$d"
+    strag=(--set train.steps=10 --set log.interval=2)
+    if expect_exit 0 "straggler: a slow rank 2" -- env COOKTRAIN_FAULT_COMM=2:world:1:slow:0.05 \
+        "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" "${base[@]}" "${strag[@]}" \
+        --set log.metrics="$d/slow.jsonl"; then
+        expect_text "straggler: rank 2 (host 0) ran" "straggler: the progress line names rank 2"
+        if out=$(python3 - "$d/slow.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"rank_compute_s"' in l]
+named = [l["straggler_rank"] for l in lines]
+if len(lines) != 6 or any(len(l["rank_compute_s"]) != 4 or len(l["rank_wait_s"]) != 4 for l in lines):
+    sys.exit(f"{len(lines)} progress lines with every rank's times, expected 6 of 4 ranks")
+if named[:2] != [-1, -1] or named[2:] != [2] * 4:
+    sys.exit(f"straggler_rank {named}, expected nobody twice, then rank 2")
+if any(max(range(4), key=lambda r: l["rank_compute_s"][r]) != 2 for l in lines[2:]):
+    sys.exit("rank 2 is not the slowest where it is named")
+print(f"straggler_rank {named}, ratio {lines[-1]['straggler_ratio']}")
+PY
+        ); then ok "straggler: the metrics name rank 2 from the third progress line ($out)"; else fail "straggler: $out"; fi
+        if expect_exit 0 "straggler: report" -- "$BIN" report "$d/slow.jsonl" -o "$d/slow.html"; then
+            if out=$(python3 test/tools/check_report.py "$d/slow.html" "$d/slow.jsonl"); then
+                ok "straggler: the report draws each rank's compute ($out)"
+            else
+                fail "straggler: the report: $out"
+            fi
+        fi
+    fi
+    if expect_exit 0 "straggler: no fault" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${strag[@]}" \
+        --set log.metrics="$d/even.jsonl"; then
+        if printf '%s\n' "$OUT_TEXT" | grep -q "straggler:"; then
+            fail "straggler: a run without the fault names one: $(printf '%s\n' "$OUT_TEXT" | grep -m1 'straggler:')"
+        else
+            ok "straggler: a run without the fault names nobody"
+        fi
+    fi
+fi

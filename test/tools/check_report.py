@@ -13,7 +13,9 @@ start past 1) or started over (a later one at 1) is a resume.
 
 The page: self-contained (no script, no link, no src or href, no url(), nothing but the SVG
 namespace naming http); one chart per metric (loss, lr, grad_norm, tokens_per_s, mfu, comm,
-mem_bytes, memory, and with --moe only, moe_load and moe_experts.R per run R: a polyline per
+mem_bytes, memory, rank_compute.R per run R of several ranks: a polyline per rank,
+"rank_compute_s.E", drawn from element E of the progress lines' rank_compute_s, legend "rank E";
+and with --moe only, moe_load and moe_experts.R per run R: a polyline per
 expert, "moe_tokens_per_expert.E", drawn from element E of the lines' moe_tokens_per_expert, and
 every line's array agreeing with its moe_load_min, _max and _mean: the same extremes, a sum of
 n_experts times the mean, to the mean's 6 printed digits); in every chart, each run's series holds
@@ -162,6 +164,11 @@ def check_page(path, metrics, moe):
                                   f"min {l['moe_load_min']} max {l['moe_load_max']}")
             if n == 0:
                 errors.append(f"run {r}: no moe_tokens_per_expert in its metrics")
+    for r, lines in enumerate(runs):  # each rank's compute per step, at the progress steps
+        n = max((len(l.get("rank_compute_s", [])) for l in lines), default=0)
+        if n:
+            want.append(f"rank_compute.{r}")
+            keys_of[f"rank_compute.{r}"] = [f"rank_compute_s.{e}" for e in range(n)]
     if sorted(page.charts) != sorted(want):
         errors.append(f"charts {sorted(page.charts)}, expected {sorted(want)}")
     points = 0
@@ -180,7 +187,7 @@ def check_page(path, metrics, moe):
             continue
         w, h = float(chart["attrs"]["width"]), float(chart["attrs"]["height"])
         for r, lines in enumerate(runs):
-            if name.startswith("moe_experts.") and name != f"moe_experts.{r}":
+            if name.partition(".")[0] in ("moe_experts", "rank_compute") and name.partition(".")[2] != str(r):
                 continue
             for key in keys:
                 rows = [l for l in lines if not l.get("setup") and isinstance(value(l, key), (int, float))]
@@ -325,11 +332,11 @@ def check_readable(page, source, metrics, names, want_steps, want_resumes):
                     errors.append(f"memory: the total {t!r} is drawn over a bar")
                     break
     for name, chart in page.charts.items():
-        if name.startswith("moe_experts."):
-            r = int(name.split(".")[1])
+        if name.startswith(("moe_experts.", "rank_compute.")):
+            who = "expert" if name.startswith("moe_") else "rank"
             n = len(chart["lines"])
             legend = [t for a, t in chart["texts"] if a.get("class") == "legend"]
-            want = [f"expert {e}" for e in range(min(n, 32))] + ([f"+{n - 32} more"] if n > 32 else [])
+            want = [f"{who} {e}" for e in range(min(n, 32))] + ([f"+{n - 32} more"] if n > 32 else [])
             if legend != want:
                 errors.append(f"{name}: legend {legend}, expected {want}")
     # run labels

@@ -5,6 +5,7 @@
 # clock 10·r seconds off, as hosts' clocks disagree; aligned on the barrier at start, every step
 # still begins within 0.5 s on every rank (it begins when a world allreduce ends: milliseconds
 # apart even on 2 oversubscribed cores, while an unaligned merge is off by 10 s or more).
+# cores: 2 (the idle check below times two ranks: run_tests.sh runs it alone)
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,11 +27,13 @@ fi
 # The pipeline's actions in the trace (thread "pipeline actions": F, B, W or BW with microbatch and
 # chunk): every weight part after its input part, every backward after its forward, and each
 # rank's idle time in a step within 10 points of the simulator's bubble for that rank, given each
-# chunk's measured costs (test/tools/check_trace.py --pipeline). The bound: the executor's
-# messages and copies between actions cost about 2 points here (actions of 0.3-1.3 ms), and one
-# step's idle varies by several points on a shared 2-core machine (the median of steps 2-6 is
-# compared); a different order of actions moves it further (1F1B's last rank idles about 20
-# points more than ZB-H1's at this size).
+# chunk's measured costs (test/tools/check_trace.py --pipeline), plus the spread of that rank's
+# idle over the steps compared. The bound: the executor's messages and copies between actions
+# cost about 2 points here (actions of 0.3-1.3 ms), and a step's idle varies by several points
+# on a 2-core machine (the median of steps 2-6 is compared); a machine busy with something else
+# preempts ranks between actions, which no simulator sees but the spread shows. A different
+# order of actions, or spans that are not the actions', moves it further (1F1B's last rank idles
+# about 20 points more than ZB-H1's at this size).
 for sv in "zbh1 1" "zbv 2" "1f1b 1"; do
     set -- $sv
     selected "pipeline actions $1" || continue

@@ -36,7 +36,8 @@ part (W) before its input part (B) has ended. Then the idle time: each rank's me
 step (1 - its actions' time over the step's pipeline span, first action to last on any rank) is
 compared with the simulator's bubble for that rank (BIN plan --schedule SCHEDULE --costs F,B,W
 with each chunk's mean F, B and W of steps 2 on), median over steps 2 on: within BOUND (a
-fraction of the span). The simulator's transfers are free and its actions start the moment they can; the
+fraction of the span) plus the spread of the rank's idle over those steps (the noise of a machine
+that preempts ranks between actions, which no simulator sees). The simulator's transfers are free and its actions start the moment they can; the
 executor's copies, messages and bookkeeping between actions are the difference.
 """
 import json
@@ -225,14 +226,17 @@ def pipeline(path, binary, schedule, pp, v, m, bound):
     if sorted(predicted) != list(range(pp)):
         print(f"no per-rank bubble from {' '.join(cmd)}: {out[:200]}")
         sys.exit(1)
-    rows, worst = [], 0.0
+    rows, over = [], False
     for r in range(pp):
         got = statistics.median(idle[r])
-        worst = max(worst, abs(got - predicted[r]))
-        rows.append(f"rank {r} idle {100 * got:.1f}% vs {100 * predicted[r]:.1f}%")
+        spread = max(idle[r]) - min(idle[r])  # the steps' own noise: preemption, not the schedule
+        off = abs(got - predicted[r])
+        over = over or off > bound + spread
+        rows.append(f"rank {r} idle {100 * got:.1f}% vs {100 * predicted[r]:.1f}% "
+                    f"({100 * off:.1f} points off, bound {100 * bound:.0f} + spread {100 * spread:.1f})")
     msg = (f"{len(steps)} steps, W after its B, B after its F; chunk costs (ms) {'/'.join(triples)}; "
-           + ", ".join(rows) + f" (worst {100 * worst:.1f} points, bound {100 * bound:.0f})")
-    if worst > bound:
+           + ", ".join(rows))
+    if over:
         print("idle off the simulator's: " + msg)
         sys.exit(1)
     print(msg)

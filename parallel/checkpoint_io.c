@@ -282,10 +282,11 @@ static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_
     return s;
 }
 
-/* Rank 0: the manifest into step-N.tmp, then publish and prune. */
+/* The manifest into ROOT/step-N.tmp, then publish and prune to `keep` (rank 0 for
+ * checkpoint.dir; every rank for its local root). */
 static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64_t step,
-                                int64_t optimizer_step, ct_ckpt_piece *pieces, int64_t n) {
-    const char *root = cfg->checkpoint.dir;
+                                int64_t optimizer_step, ct_ckpt_piece *pieces, int64_t n,
+                                const char *root, int64_t keep) {
     ct_ckpt_manifest m = {.state = run_state(cfg, pctx, step, optimizer_step),
                           .n_files = pctx->world_size,
                           .n_pieces = n,
@@ -303,7 +304,7 @@ static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64
     if (st != CT_OK) return st;
     ct_ckpt_crash_point("before-rename", step);
     CT_TRY(ct_ckpt_publish(root, step));
-    return ct_ckpt_prune(root, cfg->checkpoint.keep);
+    return ct_ckpt_prune(root, keep);
 }
 
 ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
@@ -327,10 +328,11 @@ ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
     return ct_pctx_agree(pctx, st);
 }
 
-ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
-                             ct_pctx *pctx, int64_t step) {
+/* A save into ROOT (checkpoint.dir, whose step-N.tmp rank 0 makes; or with `local` this rank's
+ * own local root, whose step-N.tmp it makes itself and whose file it writes at once). */
+static ct_status save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                            ct_pctx *pctx, int64_t step, const char *root, bool local) {
     *out = NULL;
-    const char *root = cfg->checkpoint.dir;
     ct_ckpt_saver *s = ct_xcalloc(1, sizeof *s);
     s->cfg = cfg;
     s->pctx = pctx;
@@ -339,7 +341,8 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     s->optimizer_step = ct_dp_optimizer(dp)->step;
     s->begin_time = ct_now();
     ct_ckpt_step_path(s->dir, sizeof s->dir, root, step, true);
-    ct_status st = ct_pctx_agree(pctx, pctx->world_rank == 0 ? ct_ckpt_begin(root, step) : CT_OK);
+    ct_status st =
+        ct_pctx_agree(pctx, pctx->world_rank == 0 || local ? ct_ckpt_begin(root, step) : CT_OK);
     if (st != CT_OK) {
         free(s);
         return st;
@@ -364,12 +367,17 @@ ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model
     for_each_run(model, dp, pctx, true, stage_run, s);
     stage_biases(s, model);
     s->staged_time = ct_now();
-    s->threaded = cfg->checkpoint.async;
+    s->threaded = cfg->checkpoint.async && !local;
     if (s->threaded && pthread_create(&s->thread, NULL, write_rank_file, s) != 0)
         s->threaded = false; /* no thread to be had: write it now */
     if (!s->threaded) write_rank_file(s);
     *out = s;
     return CT_OK;
+}
+
+ct_status ct_ckpt_save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
+                             ct_pctx *pctx, int64_t step) {
+    return save_begin(out, cfg, model, dp, pctx, step, cfg->checkpoint.dir, false);
 }
 
 bool ct_ckpt_save_written(ct_ckpt_saver *s) {
@@ -400,7 +408,8 @@ ct_status ct_ckpt_save_end(ct_ckpt_saver *s, ct_ckpt_save_stats *stats) {
         int64_t n = 0;
         ct_ckpt_piece *all = gather_pieces(pctx, &sp, &n);
         st = pctx->world_rank == 0
-                 ? write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n)
+                 ? write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n,
+                                  s->cfg->checkpoint.dir, s->cfg->checkpoint.keep)
                  : CT_OK;
         free(all);
         st = ct_pctx_agree(pctx, st);
@@ -754,5 +763,260 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
         ct_hf_close(&h);
     else
         ct_ckpt_manifest_release(&m);
+    return st;
+}
+
+/* ---- local checkpoints ------------------------------------------------------------------------
+ */
+
+void ct_ckpt_local_root(const ct_config *cfg, int rank, char *out, size_t n) {
+    /* checkpoint.local_dir with %h as the rank's host, then a folder per checkpoint.dir (its
+     * absolute path, '/' as '_') and one per rank */
+    char base[CT_PATH_MAX] = "", job[2 * CT_PATH_MAX + 2] = "", cwd[CT_PATH_MAX] = "";
+    size_t k = 0;
+    for (const char *c = cfg->checkpoint.local_dir; *c && k + 16 < sizeof base; c++) {
+        if (c[0] == '%' && c[1] == 'h') {
+            k += (size_t)snprintf(base + k, sizeof base - k, "%d", ct_mpi_host_of(rank));
+            c++;
+        } else {
+            base[k++] = *c;
+        }
+    }
+    base[k] = '\0';
+    const char *dir = cfg->checkpoint.dir;
+    if (dir[0] != '/' && !getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+    snprintf(job, sizeof job, "%s%s%s", cwd, cwd[0] ? "/" : "", dir);
+    for (char *c = job; *c; c++)
+        if (*c == '/') *c = '_';
+    snprintf(out, n, "%s/%s/rank-%05d", base, job, rank);
+}
+
+int ct_ckpt_partner(int rank, int world) {
+    if (world <= 1) return rank;
+    const int hosts = ct_mpi_host_count(), host = ct_mpi_host_of(rank);
+    if (hosts <= 1) return (rank + 1) % world; /* one host: another rank of it */
+    /* this rank's index among its host's ranks, and the rank of that index (modulo) on the
+     * next host: a node's ranks all keep their copies on the next node */
+    int index = 0, next = (host + 1) % hosts, on_next = 0;
+    for (int r = 0; r < rank; r++) index += ct_mpi_host_of(r) == host;
+    for (int r = 0; r < world; r++) on_next += ct_mpi_host_of(r) == next;
+    for (int r = 0, seen = 0; r < world; r++)
+        if (ct_mpi_host_of(r) == next && seen++ == index % on_next) return r;
+    return rank;
+}
+
+/* Sends this rank's staged file to its partner and writes the files of the ranks whose partner
+ * it is into its own step-N.tmp, byte for byte the file their owners wrote. */
+static ct_status exchange_replicas(ct_ckpt_saver *s) {
+    ct_pctx *pctx = s->pctx;
+    ct_comm *world = pctx->world;
+    const int me = pctx->world_rank, n = pctx->world_size, partner = ct_ckpt_partner(me, n);
+    enum { TAG = 7101 };
+    int64_t head[2] = {s->n, s->staged};
+    ct_comm_request *sends[3] = {NULL, NULL, NULL};
+    if (partner != me) {
+        sends[0] = ct_comm_isend(world, head, 2, CT_DTYPE_I64, partner, TAG);
+        sends[1] = ct_comm_isend(world, s->pieces, s->n * (int64_t)sizeof *s->pieces, CT_DTYPE_U8,
+                                 partner, TAG + 1);
+        sends[2] = ct_comm_isend(world, s->staging, s->staged, CT_DTYPE_F32, partner, TAG + 2);
+    }
+    ct_status st = CT_OK;
+    for (int q = 0; q < n; q++) {
+        if (q == me || ct_ckpt_partner(q, n) != me) continue;
+        int64_t h[2];
+        ct_comm_wait(world, ct_comm_irecv(world, h, 2, CT_DTYPE_I64, q, TAG));
+        ct_ckpt_piece *pieces = ct_xcalloc((size_t)CT_MAX(h[0], 1), sizeof *pieces);
+        float *values = ct_xmalloc((size_t)CT_MAX(h[1], 1) * sizeof *values);
+        ct_comm_wait(world, ct_comm_irecv(world, pieces, h[0] * (int64_t)sizeof *pieces,
+                                          CT_DTYPE_U8, q, TAG + 1));
+        ct_comm_wait(world, ct_comm_irecv(world, values, h[1], CT_DTYPE_F32, q, TAG + 2));
+        ct_ckpt_writer *w = NULL;
+        ct_status fs = ct_ckpt_writer_open(&w, s->dir, q);
+        for (int64_t i = 0, at = 0; i < h[0] && fs == CT_OK; i++) {
+            fs = ct_ckpt_writer_add(w, &pieces[i], values + at);
+            at += pieces[i].box.hi - pieces[i].box.lo;
+        }
+        if (w) {
+            ct_status closed = ct_ckpt_writer_close(w);
+            if (fs == CT_OK) fs = closed;
+        }
+        if (st == CT_OK) st = fs;
+        free(pieces);
+        free(values);
+    }
+    for (int i = 0; i < 3; i++)
+        if (sends[i]) ct_comm_wait(world, sends[i]);
+    return st;
+}
+
+ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                             int64_t step, ct_ckpt_save_stats *stats) {
+    char root[CT_PATH_MAX + 64];
+    ct_ckpt_local_root(cfg, pctx->world_rank, root, sizeof root);
+    ct_ckpt_saver *s;
+    CT_TRY(save_begin(&s, cfg, model, dp, pctx, step, root, true));
+    ct_status st = s->write_status;
+    if (st != CT_OK) {
+        ct_error(st, "%s", s->write_error);
+        ct_hint("%s", s->write_hint);
+    }
+    st = ct_pctx_agree(pctx, st);
+    if (st == CT_OK) st = ct_pctx_agree(pctx, exchange_replicas(s));
+    ct_ckpt_crash_point("local-before-manifest", step);
+    if (st == CT_OK) {
+        saver_pieces sp = {.pieces = s->pieces, .n = s->n};
+        int64_t n = 0;
+        ct_ckpt_piece *all = gather_pieces(pctx, &sp, &n);
+        /* every rank's local folder is a checkpoint directory of its own: the manifest, its
+         * file and its partners' */
+        st = ct_pctx_agree(pctx,
+                           write_manifest(cfg, pctx, step, s->optimizer_step, all, n, root, 2));
+        free(all);
+    }
+    if (stats) {
+        stats->blocked_s = ct_now() - s->begin_time;
+        stats->write_s = s->written_time - s->staged_time;
+        stats->total_s = stats->blocked_s;
+        stats->bytes = (double)s->staged * sizeof(float);
+        stats->async = false;
+    }
+    ct_ckpt_save_abandon(s);
+    return st;
+}
+
+/* What a rank holds of its local folder: (step, rank file) pairs, file -1 for a manifest (with
+ * its count of rank files), each checked whole; step -1 ends the list. */
+enum { LOCAL_HELD = 32 };
+typedef struct local_held {
+    int64_t step, file, n_files;
+} local_held;
+
+static int64_t step_of(const char *path) {
+    const char *base = strrchr(path, '/');
+    long long step = -1;
+    if (!base || sscanf(base + 1, "step-%lld", &step) != 1) return -1;
+    return step;
+}
+
+/* This rank's complete local steps, newest first, every file in them checked. */
+static void list_held(const char *root, int world_files, local_held *held) {
+    char **paths;
+    const int n = ct_ckpt_candidates(root, "auto", &paths);
+    int k = 0;
+    for (int i = 0; i < n && k < LOCAL_HELD; i++) {
+        ct_ckpt_manifest m;
+        const int64_t step = step_of(paths[i]);
+        if (step < 0 || ct_ckpt_open_manifest(paths[i], &m) != CT_OK) {
+            ct_error_clear(); /* torn or foreign: not held */
+            continue;
+        }
+        held[k++] = (local_held){.step = step, .file = -1, .n_files = m.n_files};
+        for (int f = 0; f < m.n_files && f < world_files + 4096 && k < LOCAL_HELD; f++) {
+            char file[CT_PATH_MAX + 64];
+            snprintf(file, sizeof file, "%s/rank-%05d.bin", paths[i], f);
+            if (access(file, R_OK) != 0) continue;
+            if (ct_ckpt_verify_file(paths[i], &m, f) == CT_OK)
+                held[k++] = (local_held){.step = step, .file = f};
+            else
+                ct_error_clear(); /* a torn or corrupt copy: as if absent */
+        }
+        ct_ckpt_manifest_release(&m);
+    }
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
+    if (k < LOCAL_HELD) held[k].step = -1;
+}
+
+/* The lowest rank holding (step, file) in the gathered lists, or -1; `prefer` first if it does. */
+static int holder_of(const local_held *all, int world, int64_t step, int64_t file, int prefer) {
+    int found = -1;
+    for (int r = world - 1; r >= 0; r--)
+        for (int i = 0; i < LOCAL_HELD && all[r * LOCAL_HELD + i].step >= 0; i++) {
+            const local_held *h = &all[r * LOCAL_HELD + i];
+            if (h->step == step && h->file == file) {
+                if (r == prefer) return r;
+                found = r;
+            }
+        }
+    return found;
+}
+
+static ct_status copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb");
+    if (!in) return ct_error(CT_ERR_RUNTIME, "cannot read '%s'", from);
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fclose(in);
+        return ct_error(CT_ERR_RUNTIME, "cannot write '%s'", to);
+    }
+    static char buf[1 << 20];
+    size_t got;
+    bool ok = true;
+    while (ok && (got = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, got, out) == got;
+    ok = ok && !ferror(in) && fflush(out) == 0 && fsync(fileno(out)) == 0;
+    fclose(in);
+    if (fclose(out) != 0) ok = false;
+    if (!ok) {
+        ct_error(CT_ERR_RUNTIME, "cannot copy '%s' to '%s'", from, to);
+        ct_hint("check free space where checkpoint.dir is");
+        return CT_ERR_RUNTIME;
+    }
+    return CT_OK;
+}
+
+ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t after,
+                                ct_ckpt_local_info *info) {
+    memset(info, 0, sizeof *info);
+    info->step = -1;
+    const int world = pctx->world_size, me = pctx->world_rank;
+    char root[CT_PATH_MAX + 64];
+    ct_ckpt_local_root(cfg, me, root, sizeof root);
+    local_held *all = ct_xcalloc((size_t)world * LOCAL_HELD, sizeof *all);
+    list_held(root, world, all + (size_t)me * LOCAL_HELD);
+    ct_comm_allgather(pctx->world, all + (size_t)me * LOCAL_HELD, all,
+                      (int64_t)world * LOCAL_HELD * (int64_t)sizeof *all, CT_DTYPE_U8);
+    /* the newest step after `after` whose manifest and every rank file some rank holds: the
+     * same answer on every rank, computed from the same lists */
+    int64_t best = -1, n_files = 0;
+    for (int r = 0; r < world; r++)
+        for (int i = 0; i < LOCAL_HELD && all[r * LOCAL_HELD + i].step >= 0; i++) {
+            const local_held *h = &all[r * LOCAL_HELD + i];
+            if (h->file != -1 || h->step <= after || h->step <= best) continue;
+            bool complete = true;
+            for (int64_t f = 0; f < h->n_files && complete; f++)
+                complete = holder_of(all, world, h->step, f, -1) >= 0;
+            if (complete) best = h->step, n_files = h->n_files;
+        }
+    ct_status st = CT_OK;
+    if (best >= 0) {
+        /* gathered into checkpoint.dir/step-N as a checkpoint like any other: each file by its
+         * own rank where it kept it, else by the lowest rank holding a partner's copy */
+        const char *dir = cfg->checkpoint.dir;
+        char tmp[CT_PATH_MAX + 32], src[CT_PATH_MAX + 64], from[2 * CT_PATH_MAX + 128],
+            to[CT_PATH_MAX + 64];
+        ct_ckpt_step_path(tmp, sizeof tmp, dir, best, true);
+        ct_ckpt_step_path(src, sizeof src, root, best, false);
+        st = ct_pctx_agree(pctx, me == 0 ? ct_ckpt_begin(dir, best) : CT_OK);
+        for (int64_t f = -1; f < n_files && st == CT_OK; f++) {
+            const int h = holder_of(all, world, best, f, f >= 0 && f < world ? (int)f : -1);
+            if (f >= 0 && h != f) info->from_partners++;
+            if (h != me) continue;
+            if (f < 0) {
+                snprintf(from, sizeof from, "%s/manifest.bin", src);
+                snprintf(to, sizeof to, "%s/manifest.bin", tmp);
+            } else {
+                snprintf(from, sizeof from, "%s/rank-%05lld.bin", src, (long long)f);
+                snprintf(to, sizeof to, "%s/rank-%05lld.bin", tmp, (long long)f);
+            }
+            st = copy_file(from, to);
+        }
+        st = ct_pctx_agree(pctx, st);
+        if (st == CT_OK) st = ct_pctx_agree(pctx, me == 0 ? ct_ckpt_publish(dir, best) : CT_OK);
+        if (st == CT_OK) {
+            info->step = best;
+            info->files = n_files;
+        }
+    }
+    free(all);
     return st;
 }

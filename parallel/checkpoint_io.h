@@ -94,4 +94,33 @@ typedef struct ct_ckpt_init_info {
 ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *model, ct_dp *dp,
                             ct_pctx *pctx, ct_ckpt_init_info *info, ct_ckpt_load_stats *stats);
 
+/*
+ * Local checkpoints (checkpoint.local_interval): every rank saves its file into its own folder
+ * on its node (ct_ckpt_local_root: checkpoint.local_dir, "%h" as the rank's host index, a folder
+ * per checkpoint.dir and one per rank), sends a copy to its partner (ct_ckpt_partner: the rank of
+ * the same index on the next host; on one host the next rank), which keeps it in its own folder,
+ * and each folder gets the manifest: a checkpoint directory of the format above, kept to its two
+ * newest steps. Collective, synchronous.
+ */
+void ct_ckpt_local_root(const ct_config *cfg, int rank, char *out, size_t n);
+int ct_ckpt_partner(int rank, int world);
+ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
+                             int64_t step, ct_ckpt_save_stats *stats);
+/*
+ * A restart's agreement: every rank lists the steps of its local folder whose manifest and rank
+ * files check whole (a torn or corrupt copy counts as absent), the lists are gathered, and the
+ * newest step after `after` (the newest in checkpoint.dir, -1 for none) of which every rank file
+ * is held somewhere — by its rank or a partner — is gathered into checkpoint.dir/step-N and
+ * published there, so that resume: auto loads it like any other (in any layout). Never a mix of
+ * steps: every file is of that one step. Collective; info->step is -1 when no local step is
+ * newer and complete.
+ */
+typedef struct ct_ckpt_local_info {
+    int64_t step;          /* the step gathered, or -1 */
+    int64_t files;         /* its rank files */
+    int64_t from_partners; /* of them, copies a partner kept (their own rank had none) */
+} ct_ckpt_local_info;
+ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t after,
+                                ct_ckpt_local_info *info);
+
 #endif /* CT_PARALLEL_CHECKPOINT_IO_H */

@@ -899,7 +899,27 @@ static ct_status resume_run(trainer *t) {
     const ct_checkpoint_config *cc = &t->cfg->checkpoint;
     if (cc->dir[0]) CT_TRY(ct_ckpt_prepare(t->model, t->dp, t->pctx));
     char **paths;
-    const int n = ct_ckpt_candidates(cc->dir, cc->resume, &paths);
+    int n = ct_ckpt_candidates(cc->dir, cc->resume, &paths);
+    if (cc->local_interval > 0 && !strcmp(cc->resume, "auto")) {
+        /* a newer step complete in the nodes' local folders is gathered into dir first */
+        long long newest = -1;
+        const char *base = n > 0 ? strrchr(paths[0], '/') : NULL;
+        if (base && sscanf(base + 1, "step-%lld", &newest) != 1) newest = -1;
+        ct_ckpt_local_info info;
+        CT_TRY(ct_ckpt_local_restore(t->cfg, t->pctx, newest, &info));
+        if (info.step >= 0) {
+            if (t->rank0)
+                printf("checkpoint: local step %lld is newer than %s: its %lld rank files "
+                       "gathered into %s (%lld from partners' copies, their own node's were "
+                       "gone)\n",
+                       (long long)info.step,
+                       newest >= 0 ? "the newest in checkpoint.dir" : "checkpoint.dir's (none)",
+                       (long long)info.files, cc->dir, (long long)info.from_partners);
+            for (int k = 0; k < n; k++) free(paths[k]);
+            free(paths);
+            n = ct_ckpt_candidates(cc->dir, cc->resume, &paths);
+        }
+    }
     ct_ckpt_state state;
     ct_ckpt_load_stats stats;
     ct_status st = CT_OK;
@@ -988,6 +1008,22 @@ static ct_status maybe_save(trainer *t, int64_t steps, bool stopping) {
     return last || !cc->async ? end_pending_save(t) : CT_OK;
 }
 
+/* checkpoint.local_interval: a local checkpoint after `steps` steps (not where a persistent one
+ * is saved, nor after the last step, which always saves one when checkpoint.dir is set). */
+static ct_status maybe_save_local(trainer *t, int64_t steps) {
+    const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    if (cc->local_interval <= 0 || steps % cc->local_interval != 0 ||
+        steps >= t->cfg->train.steps || (cc->interval > 0 && steps % cc->interval == 0))
+        return CT_OK;
+    CT_TRY(end_pending_save(t)); /* one staging buffer; saves complete in order */
+    double start = ct_now();
+    ct_ckpt_save_stats stats;
+    CT_TRY(ct_ckpt_save_local(t->cfg, t->model, t->dp, t->pctx, steps, &stats));
+    t->local_save_s += ct_now() - start;
+    t->interval_start += ct_now() - start;
+    return CT_OK;
+}
+
 /* Ends the run early after `steps` steps, on a signal or train.stop_after: saves, says how to
  * go on. */
 static ct_status stop_run(trainer *t, int64_t steps) {
@@ -1066,6 +1102,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             break;
         }
         if (st == CT_OK) st = maybe_save(&t, step + 1, false);
+        if (st == CT_OK) st = maybe_save_local(&t, step + 1);
     }
     if (st == CT_OK) st = finish_run(&t);
     if (st == CT_OK) st = export_params(&t, opts->dump_params, keep, &final_copy);

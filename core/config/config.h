@@ -155,8 +155,10 @@ typedef struct ct_checkpoint_config {
     char dir[CT_PATH_MAX];
     int64_t interval;
     int64_t keep;
-    bool async;               /* files written on a background thread */
-    char resume[CT_PATH_MAX]; /* auto | never | PATH */
+    bool async;                  /* files written on a background thread */
+    char resume[CT_PATH_MAX];    /* auto | never | PATH */
+    int64_t local_interval;      /* node-local checkpoints every this many steps (0: none) */
+    char local_dir[CT_PATH_MAX]; /* their root on each node ("%h": the rank's host index) */
 } ct_checkpoint_config;
 
 typedef struct ct_log_config {

@@ -264,6 +264,13 @@ const config_key config_keys[] = {
     {KEY(checkpoint, resume, KEY_STRING), .def = "auto", .nonempty = true,
      .doc = "auto (the newest checkpoint in dir that loads, if any; older ones are tried when it "
             "does not) | never | PATH of a checkpoint"},
+    {KEY(checkpoint, local_interval, KEY_INT), .def = "0", AT_LEAST(0),
+     .doc = "save every this many steps to node-local storage (checkpoint.local_dir), each "
+            "rank's file copied to a partner rank on another host; resume: auto restarts from "
+            "the newest step complete there when it is newer than dir's; 0 = none"},
+    {KEY(checkpoint, local_dir, KEY_STRING), .def = "/dev/shm/cooktrain", .nonempty = true,
+     .doc = "root of the local checkpoints on each node (a folder per checkpoint.dir inside; "
+            "\"%h\" is replaced by the rank's host index)"},
 
     /* log */
     {KEY(log, interval, KEY_INT), .def = "10", AT_LEAST(1),

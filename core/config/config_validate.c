@@ -596,6 +596,12 @@ static ct_status check_lr_schedule(ct_train_config *t, ct_derived_config *d) {
 /* Checks that checkpoint settings that need a directory have one. */
 static ct_status check_checkpoint(const ct_config *cfg) {
     const ct_checkpoint_config *c = &cfg->checkpoint;
+    if (!c->dir[0] && c->local_interval > 0)
+        return with_hint(ct_error(CT_ERR_INPUT,
+                                  "checkpoint.local_interval=%lld but checkpoint.dir is not set",
+                                  (long long)c->local_interval),
+                         "local checkpoints restart through checkpoint.dir (a restart gathers "
+                         "the newest complete local step there): set it");
     if (c->dir[0] || c->interval == 0) return CT_OK;
     return with_hint(ct_error(CT_ERR_INPUT,
                               "checkpoint.interval=%lld but checkpoint.dir is not set",

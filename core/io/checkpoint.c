@@ -595,7 +595,7 @@ static ct_status check_no_shared_bytes(const char *dir, const ct_ckpt_manifest *
     return st;
 }
 
-ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
+ct_status ct_ckpt_open_manifest(const char *dir, ct_ckpt_manifest *m) {
     memset(m, 0, sizeof *m);
     char path[CT_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/manifest.bin", dir);
@@ -604,6 +604,14 @@ ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
     CT_TRY(read_file(path, &buf, &len));
     ct_status st = parse_manifest(path, buf, len, m);
     free(buf);
+    if (st != CT_OK) ct_ckpt_manifest_release(m);
+    return st;
+}
+
+ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *m) {
+    char path[CT_PATH_MAX + 32];
+    CT_TRY(ct_ckpt_open_manifest(dir, m));
+    ct_status st = CT_OK;
     /* Every rank file: present, its header right, long enough for the pieces it holds. */
     int64_t *need = ct_xcalloc((size_t)CT_MAX(m->n_files, 1), sizeof *need);
     for (int64_t i = 0; st == CT_OK && i < m->n_pieces; i++) {
@@ -788,6 +796,22 @@ int ct_ckpt_candidates(const char *root, const char *resume, char ***out) {
     }
     free(steps);
     return count;
+}
+
+ct_status ct_ckpt_verify_file(const char *dir, const ct_ckpt_manifest *m, int file) {
+    int64_t largest = 0;
+    for (int64_t i = 0; i < m->n_pieces; i++)
+        if (m->pieces[i].file == file)
+            largest = CT_MAX(largest, m->pieces[i].box.hi - m->pieces[i].box.lo);
+    const int64_t chunk = chunk_for(largest);
+    uint8_t *bytes = ct_xmalloc((size_t)chunk * 4);
+    ct_status st = CT_OK;
+    int64_t copied = 0;
+    for (int64_t i = 0; i < m->n_pieces && st == CT_OK; i++)
+        if (m->pieces[i].file == file)
+            st = read_piece(dir, &m->pieces[i], NULL, NULL, NULL, &copied, chunk, bytes, NULL);
+    free(bytes);
+    return st;
 }
 
 ct_status ct_ckpt_inspect(const char *dir, FILE *out) {

@@ -153,6 +153,9 @@ void ct_ckpt_crash_point(const char *point, int64_t step);
  * with a message naming the file and the problem.
  */
 ct_status ct_ckpt_open(const char *dir, ct_ckpt_manifest *manifest);
+/* The manifest alone, checked as ct_ckpt_open checks it, whatever rank files DIR holds (a local
+ * checkpoint's folder holds some of them). */
+ct_status ct_ckpt_open_manifest(const char *dir, ct_ckpt_manifest *manifest);
 
 /* Host memory ct_ckpt_read_box holds while it reads (its chunk buffers). */
 #define CT_CKPT_READ_BUFFER_BYTES ((double)(8 << 20))
@@ -181,6 +184,9 @@ int ct_ckpt_candidates(const char *root, const char *resume, char ***out);
 ct_status ct_ckpt_model_config(const char *dir, const ct_ckpt_manifest *manifest,
                                ct_model_config *out);
 
+/* Reads every piece of rank file `file` of checkpoint `dir` and checks its checksum (a torn or
+ * corrupt file fails, CT_ERR_INPUT, naming it). */
+ct_status ct_ckpt_verify_file(const char *dir, const ct_ckpt_manifest *manifest, int file);
 /* `cooktrain inspect DIR`: prints the manifest's summary and checks every piece's checksum. */
 ct_status ct_ckpt_inspect(const char *dir, FILE *out);
 

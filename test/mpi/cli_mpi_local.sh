@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Local checkpoints (parallel/README.md, Local checkpoints): test-tiny at pp 2 x dp 2 on 4 ranks,
+# checkpoint.local_interval 1 into checkpoint.local_dir, no persistent saves before the end:
+#   - a job whose rank 1 skips a world collective during step 8 ends by the watchdog (exit 1);
+#     rank 1's local folder is wiped (its storage lost); the restart gathers local step 7 into
+#     checkpoint.dir, rank 1's file from its partner's copy, and ends on the bytes of an
+#     uninterrupted run: one step lost, nothing mixed;
+#   - the same crash, then the newest local step's rank-0 file corrupted in both copies (its own
+#     and its partner's): the restart takes the step before (two are kept), bytes again equal;
+#   - checkpoint.local_interval without checkpoint.dir is refused (exit 2, hint).
+. "$(dirname "$0")/../tools/lib_cli.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mpi_setup
+equivalence_setup
+pp=(--set parallel.pp=2 --set train.steps=8)
+
+expect_exit 0 "reference: 8 steps uninterrupted" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
+    --dump-params "$tmp/ref.bin"
+
+# crashed NAME: a job with local checkpoints every step whose rank 1 skips its 30th world
+# collective (during step 8), ended by the watchdog; its local folders under $tmp/NAME/local.
+crashed() {
+    local d=$tmp/$1
+    mkdir -p "$d"
+    expect_exit 1 "$1: the job dies in step 8" -- env COOKTRAIN_FAULT_COMM=1:world:30:skip \
+        OMPI_MCA_odls_base_sigkill_timeout=5 "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" \
+        "${base[@]}" "${pp[@]}" --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
+        --set checkpoint.local_dir="$d/local/%h" --set parallel.timeout_s=3 \
+        --set log.run_dir="$d/run"
+}
+# restarted NAME STEP: the same job again, without the fault, resumes from local step STEP and
+# ends on the reference's bytes.
+restarted() {
+    local d=$tmp/$1
+    if expect_exit 0 "$1: restart" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
+        --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
+        --set checkpoint.local_dir="$d/local/%h" --dump-params "$d/final.bin"; then
+        expect_text "checkpoint: local step $2 is newer than" "$1: the restart gathers local step $2"
+        expect_text "resumed from $d/ck/step-0000000$2 at step $2" "$1: and resumes from it"
+        if cmp -s "$tmp/ref.bin" "$d/final.bin"; then
+            ok "$1: the final parameters are the uninterrupted run's bytes"
+        else
+            fail "$1: the final parameters differ from the uninterrupted run's"
+        fi
+    fi
+}
+
+if selected "lost storage"; then
+    crashed lost
+    job=$(ls "$tmp/lost/local/0")
+    rm -rf "$tmp/lost/local/0/$job/rank-00001" # rank 1's node-local storage is gone
+    restarted lost 7
+    expect_text "(1 from partners' copies" "lost: rank 1's file came from its partner"
+fi
+
+if selected "torn copy"; then
+    crashed torn
+    job=$(ls "$tmp/torn/local/0")
+    # rank 0's partner on one host is rank 1: corrupt step 7's rank-0 file in both folders
+    for holder in 00000 00001; do
+        f=$tmp/torn/local/0/$job/rank-$holder/step-00000007/rank-00000.bin
+        printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=1000 conv=notrunc status=none
+    done
+    restarted torn 6
+fi
+
+expect_exit 2 "local checkpoints without checkpoint.dir" -- "$BIN" "${base[@]}" \
+    --set checkpoint.local_interval=1
+expect_text "checkpoint.local_interval=1 but checkpoint.dir is not set" "the refusal names the key"
+expect_text "hint:" "the refusal has a hint"

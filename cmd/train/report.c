@@ -224,6 +224,10 @@ void ct_report_setup_metrics(trainer *t) {
     ct_metrics_bool(m, "setup", true);
     ct_metrics_int(m, "start_step", t->first_step + 1);
     ct_metrics_str(m, "resumed_from", t->resumed_from);
+    if (t->local_restore.step >= 0) { /* gathered from the nodes' local checkpoints */
+        ct_metrics_int(m, "local_restore_step", t->local_restore.step);
+        ct_metrics_int(m, "local_restore_from_partners", t->local_restore.from_partners);
+    }
     ct_metrics_str(m, "job", ct_mpi_job_id());
     ct_metrics_int(m, "world", t->pctx->world_size);
     ct_metrics_int(m, "dp", t->dp_size);

@@ -407,6 +407,7 @@ static double pp_sum(trainer *t, double x) {
 
 static ct_status trainer_init(trainer *t, const ct_config *cfg, ct_backend *be, ct_pctx *pctx) {
     memset(t, 0, sizeof *t);
+    t->local_restore.step = -1;
     t->cfg = cfg;
     t->be = be;
     t->own_pctx = pctx == NULL;
@@ -907,6 +908,7 @@ static ct_status resume_run(trainer *t) {
         if (base && sscanf(base + 1, "step-%lld", &newest) != 1) newest = -1;
         ct_ckpt_local_info info;
         CT_TRY(ct_ckpt_local_restore(t->cfg, t->pctx, newest, &info));
+        t->local_restore = info;
         if (info.step >= 0) {
             if (t->rank0)
                 printf("checkpoint: local step %lld is newer than %s: its %lld rank files "

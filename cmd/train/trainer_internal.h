@@ -82,6 +82,7 @@ typedef struct trainer {
     int32_t stop_signal;  /* agreed at the last step boundary: a rank saw SIGTERM / SIGUSR1 */
     int64_t first_step;   /* 0, or the step a checkpoint resumed from */
     char resumed_from[CT_PATH_MAX + 32]; /* that checkpoint's step directory; "" when fresh */
+    ct_ckpt_local_info local_restore;    /* the local step gathered at the start (step -1: none) */
     ct_ckpt_saver *pending;              /* a checkpoint save begun and not yet ended */
     double local_save_s;                 /* seconds in local checkpoint saves (all of them) */
     bool pending_written; /* agreed at the last step boundary: every rank's file is written */

@@ -30,12 +30,18 @@ crashed() {
         --set log.run_dir="$d/run"
 }
 # restarted NAME STEP: the same job again, without the fault, resumes from local step STEP and
-# ends on the reference's bytes.
+# ends on the reference's bytes; its metrics' setup line says so.
 restarted() {
     local d=$tmp/$1
     if expect_exit 0 "$1: restart" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
         --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
-        --set checkpoint.local_dir="$d/local/%h" --dump-params "$d/final.bin"; then
+        --set checkpoint.local_dir="$d/local/%h" --dump-params "$d/final.bin" \
+        --set log.metrics="$d/restart.jsonl"; then
+        if grep '"setup"' "$d/restart.jsonl" | grep -q "\"local_restore_step\": $2,"; then
+            ok "$1: the metrics' setup line names local step $2"
+        else
+            fail "$1: the metrics' setup line lacks local_restore_step $2"
+        fi
         expect_text "checkpoint: local step $2 is newer than" "$1: the restart gathers local step $2"
         expect_text "resumed from $d/ck/step-0000000$2 at step $2" "$1: and resumes from it"
         if cmp -s "$tmp/ref.bin" "$d/final.bin"; then

@@ -14,6 +14,9 @@
 #     submission resumes from the last checkpoint and ends bit-identical to an uninterrupted run;
 #   - host 1 frozen (SIGSTOP: a hung node): the watchdog on host 0 reports the collective it waits
 #     in and ends the job; the next submission resumes, bit-identical again;
+#   - local checkpoints every step (a folder per host): host 1's ranks killed, its folder wiped;
+#     the next submission gathers the newest local step, host 1's files from their partners'
+#     copies on host 0, bit-identical again;
 #   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
 #     world size 1, its traffic over the link.
@@ -174,6 +177,59 @@ if selected "host lost" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 2;
         "${base[@]}" "${long[@]}" --set checkpoint.dir="$tmp/whole-ck" --dump-params "$tmp/whole.bin" &&
         fault_run "host lost: host 1's ranks killed" KILL &&
         { ! long_part "host lost: host 1 frozen" || fault_run "host lost: host 1 frozen" STOP; }
+fi
+
+# ---- local checkpoints across hosts -------------------------------------------------------------
+# The long run with a local checkpoint every step (checkpoint.local_dir per host: %h) and no
+# persistent one before the end: host 1's ranks killed once local step 12 exists, then host 1's
+# local folder wiped (a replaced node). The next submission gathers the newest local step, host 1's
+# two rank files from the copies their partners on host 0 kept, and ends bit-identical to the
+# uninterrupted run.
+if selected "local checkpoints" && [ -f "$tmp/whole.bin" ] && netns_hosts_stop &&
+    netns_hosts_start "$tmp/hosts" 2; then
+    d=$tmp/local
+    mkdir -p "$d"
+    loc=(--set checkpoint.dir="$d/ck" --set checkpoint.interval=1000 --set checkpoint.local_interval=1
+         --set checkpoint.local_dir="$d/local/%h")
+    "${NETNS_MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${long[@]}" "${loc[@]}" >"$d/out.txt" 2>&1 </dev/null &
+    pid=$!
+    waited=0
+    while ! ls -d "$d"/local/0/*/rank-00000/step-00000012 >/dev/null 2>&1 && [ $waited -lt 1200 ] &&
+        kill -0 "$pid" 2>/dev/null; do
+        sleep 0.05
+        waited=$((waited + 1))
+    done
+    ranks=$(for p in $(netns_host_pids 1); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && echo "$p"
+    done)
+    # shellcheck disable=SC2086
+    [ -n "$ranks" ] && kill -KILL $ranks
+    (sleep 90 && kill -9 "$pid") >/dev/null 2>&1 &
+    guard=$!
+    wait "$pid"
+    kill "$guard" 2>/dev/null
+    if [ -z "$ranks" ] || grep -q '^step   120/120' "$d/out.txt"; then
+        fail "local checkpoints: host 1's ranks killed before the end"
+    else
+        ok "local checkpoints: host 1's ranks killed after local step 12"
+        rm -rf "$d/local/1" # the replaced node's local storage is empty
+        netns_hosts_stop
+        netns_hosts_start "$tmp/hosts" 2 || fail "local checkpoints: hosts: $NETNS_HOSTS_WHY"
+        if expect_exit 0 "local checkpoints: the next submission" -- "${NETNS_MPIRUN[@]}" -np 4 "$BIN" \
+            "${base[@]}" "${long[@]}" "${loc[@]}" --dump-params "$d/run.bin"; then
+            expect_text "(2 from partners' copies" "local checkpoints: host 1's files came from host 0's copies"
+            if printf '%s\n' "$OUT_TEXT" | grep -qE "^checkpoint: local step (1[2-9]|[2-9][0-9]) is newer"; then
+                ok "local checkpoints: a local step from 12 on gathered"
+            else
+                fail "local checkpoints: no local step from 12 on gathered"
+            fi
+            if cmp -s "$tmp/whole.bin" "$d/run.bin"; then
+                ok "local checkpoints: the restarted run ends bit-identical to the uninterrupted one"
+            else
+                fail "local checkpoints: the restarted run differs from the uninterrupted one"
+            fi
+        fi
+    fi
 fi
 
 # ---- a two-node SLURM cluster --------------------------------------------------------------------

@@ -1,6 +1,9 @@
 /* checkpoint_io.c — saving and loading a run's state in any layout. See checkpoint_io.h. */
+#define _GNU_SOURCE /* nftw (removing a local folder) */
 #include "checkpoint_io.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdatomic.h>
@@ -882,6 +885,19 @@ ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, c
     }
     ct_ckpt_save_abandon(s);
     return st;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+ct_status ct_ckpt_local_forget(const ct_config *cfg, int rank) {
+    char root[CT_PATH_MAX + 64];
+    ct_ckpt_local_root(cfg, rank, root, sizeof root);
+    if (nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        return ct_error(CT_ERR_RUNTIME, "cannot remove the local checkpoints in '%s'", root);
+    return CT_OK;
 }
 
 /* What a rank holds of its local folder: (step, rank file) pairs, file -1 for a manifest (with

@@ -106,6 +106,9 @@ void ct_ckpt_local_root(const ct_config *cfg, int rank, char *out, size_t n);
 int ct_ckpt_partner(int rank, int world);
 ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
                              int64_t step, ct_ckpt_save_stats *stats);
+/* Removes rank `rank`'s local folder (a run that ended with a persistent checkpoint no longer
+ * needs it: node memory is given back). */
+ct_status ct_ckpt_local_forget(const ct_config *cfg, int rank);
 /*
  * A restart's agreement: every rank lists the steps of its local folder whose manifest and rank
  * files check whole (a torn or corrupt copy counts as absent), the lists are gathered, and the

@@ -1047,6 +1047,10 @@ static ct_status stop_run(trainer *t, int64_t steps) {
 /* What follows the last step: the last metrics write agreed on, the sample, the trace. */
 static ct_status finish_run(trainer *t) {
     CT_TRY(end_pending_save(t));
+    /* the last step's (or the stop's) persistent checkpoint is published: the node-local ones
+     * are older, and their memory goes back to the node */
+    if (t->cfg->checkpoint.local_interval > 0)
+        CT_TRY(agree(t, ct_ckpt_local_forget(t->cfg, t->pctx->world_rank)));
     CT_TRY(step_agree(t, ct_metrics_status(t->metrics)));
     if (!t->stopped) CT_TRY(print_sample(t));
     if (t->cfg->log.trace[0]) CT_TRY(agree(t, write_trace(t, t->cfg->log.trace)));

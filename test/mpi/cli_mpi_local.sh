@@ -49,6 +49,9 @@ restarted() {
         else
             fail "$1: the final parameters differ from the uninterrupted run's"
         fi
+        # finished with a persistent checkpoint: the node memory is given back
+        left=$(find "$d/local" -name 'rank-*' -type d 2>/dev/null | wc -l)
+        if [ "$left" = 0 ]; then ok "$1: the finished run removed its local folders"; else fail "$1: $left local folders left"; fi
     fi
 }
 

@@ -907,39 +907,33 @@ typedef struct local_held {
     int64_t step, file, n_files;
 } local_held;
 
-static int64_t step_of(const char *path) {
-    const char *base = strrchr(path, '/');
-    long long step = -1;
-    if (!base || sscanf(base + 1, "step-%lld", &step) != 1) return -1;
-    return step;
-}
-
 /* This rank's complete local steps, newest first, every file in them checked. */
 static void list_held(const char *root, int world_files, local_held *held) {
-    char **paths;
-    const int n = ct_ckpt_candidates(root, "auto", &paths);
+    int64_t *steps;
+    const int n = ct_ckpt_steps(root, &steps);
     int k = 0;
-    for (int i = 0; i < n && k < LOCAL_HELD; i++) {
+    for (int i = n - 1; i >= 0 && k < LOCAL_HELD; i--) {
         ct_ckpt_manifest m;
-        const int64_t step = step_of(paths[i]);
-        if (step < 0 || ct_ckpt_open_manifest(paths[i], &m) != CT_OK) {
+        const int64_t step = steps[i];
+        char path[CT_PATH_MAX + 96];
+        ct_ckpt_step_path(path, sizeof path, root, step, false);
+        if (ct_ckpt_open_manifest(path, &m) != CT_OK) {
             ct_error_clear(); /* torn or foreign: not held */
             continue;
         }
         held[k++] = (local_held){.step = step, .file = -1, .n_files = m.n_files};
         for (int f = 0; f < m.n_files && f < world_files + 4096 && k < LOCAL_HELD; f++) {
-            char file[CT_PATH_MAX + 64];
-            snprintf(file, sizeof file, "%s/rank-%05d.bin", paths[i], f);
+            char file[CT_PATH_MAX + 128];
+            snprintf(file, sizeof file, "%s/rank-%05d.bin", path, f);
             if (access(file, R_OK) != 0) continue;
-            if (ct_ckpt_verify_file(paths[i], &m, f) == CT_OK)
+            if (ct_ckpt_verify_file(path, &m, f) == CT_OK)
                 held[k++] = (local_held){.step = step, .file = f};
             else
                 ct_error_clear(); /* a torn or corrupt copy: as if absent */
         }
         ct_ckpt_manifest_release(&m);
     }
-    for (int i = 0; i < n; i++) free(paths[i]);
-    free(paths);
+    free(steps);
     if (k < LOCAL_HELD) held[k].step = -1;
 }
 

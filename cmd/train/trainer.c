@@ -903,9 +903,10 @@ static ct_status resume_run(trainer *t) {
     int n = ct_ckpt_candidates(cc->dir, cc->resume, &paths);
     if (cc->local_interval > 0 && !strcmp(cc->resume, "auto")) {
         /* a newer step complete in the nodes' local folders is gathered into dir first */
-        long long newest = -1;
-        const char *base = n > 0 ? strrchr(paths[0], '/') : NULL;
-        if (base && sscanf(base + 1, "step-%lld", &newest) != 1) newest = -1;
+        int64_t *steps;
+        const int n_steps = ct_ckpt_steps(cc->dir, &steps);
+        const int64_t newest = n_steps > 0 ? steps[n_steps - 1] : -1;
+        free(steps);
         ct_ckpt_local_info info;
         CT_TRY(ct_ckpt_local_restore(t->cfg, t->pctx, newest, &info));
         t->local_restore = info;

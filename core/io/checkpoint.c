@@ -325,8 +325,7 @@ ct_status ct_ckpt_publish(const char *root, int64_t step) {
     return remove_dir(old);
 }
 
-/* The steps of ROOT's complete checkpoints (step-N, no suffix), ascending; returns the count. */
-static int list_steps(const char *root, int64_t **steps) {
+int ct_ckpt_steps(const char *root, int64_t **steps) {
     *steps = NULL;
     DIR *d = opendir(root);
     if (!d) return 0;
@@ -432,7 +431,7 @@ void ct_ckpt_resolve(const char *path, char *out, size_t n) {
 
 ct_status ct_ckpt_prune(const char *root, int64_t keep) {
     int64_t *steps;
-    int n = list_steps(root, &steps);
+    int n = ct_ckpt_steps(root, &steps);
     const int64_t latest = latest_step(root);
     ct_status st = CT_OK;
     char path[CT_PATH_MAX + 32];
@@ -787,7 +786,7 @@ int ct_ckpt_candidates(const char *root, const char *resume, char ***out) {
      * finished (the rename is the last step of a save but for `latest`, which a crash can leave
      * naming the one before). */
     int64_t *steps;
-    int count = list_steps(root, &steps);
+    int count = ct_ckpt_steps(root, &steps);
     *out = ct_xcalloc((size_t)CT_MAX(count, 1), sizeof **out);
     char path[CT_PATH_MAX + 32];
     for (int i = 0; i < count; i++) {

@@ -176,6 +176,9 @@ ct_status ct_ckpt_read_box(const char *dir, const ct_ckpt_manifest *manifest,
  * (ct_ckpt_open and the checksums pass), saying which it skipped.
  */
 int ct_ckpt_candidates(const char *root, const char *resume, char ***out);
+/* The steps of ROOT's complete checkpoints (step-N, no suffix), ascending, malloc'd (NULL when
+ * none); returns the count. */
+int ct_ckpt_steps(const char *root, int64_t **steps);
 
 /* The model keys of the config the checkpoint was written with (its manifest's config text,
  * parsed as a config file is, over the defaults): norm_eps, rope_theta, the RoPE scaling, which

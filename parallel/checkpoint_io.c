@@ -52,15 +52,23 @@ static ct_status for_each_run(ct_model *model, ct_dp *dp, const ct_pctx *pctx, b
     for (int i = 0; i < ct_model_n_params(model); i++) {
         const ct_param *p = ct_model_param(model, i);
         if (saving && (p->tied_to || (p->tp_split_dim < 0 && pctx->tp_rank != 0))) continue;
-        /* unsharded state: one replica saves (an expert's: one of the ranks holding it) */
-        const bool experts = ct_model_unit(model, p->unit)->experts;
-        if (saving && !zero && (experts ? pctx->edp_comm : pctx->dpcp_comm)->rank != 0) continue;
-        int64_t lo, n;
-        ct_dp_unit_range(dp, p->unit, &lo, &n);
+        int64_t base, n;
+        ct_dp_unit_range(dp, p->unit, &base, &n);
+        int64_t lo = base;
+        if (saving && !zero) {
+            /* unsharded state, which every replica holds whole (an expert's: the ranks holding
+             * it): each saves its share of the unit, as ZeRO 1 would, so no rank stages and
+             * writes all of it */
+            const ct_comm *replicas =
+                ct_model_unit(model, p->unit)->experts ? pctx->edp_comm : pctx->dpcp_comm;
+            const int64_t r = replicas->rank, d = replicas->size;
+            lo = base + n * r / d;
+            n = base + n * (r + 1) / d - lo;
+        }
         int64_t a = CT_MAX(p->offset, lo), b = CT_MIN(p->offset + p->numel, lo + n);
         if (b <= a) continue;
         state_run run = {
-            .param = p, .unit = p->unit, .a = a - p->offset, .b = b - p->offset, .at = a - lo};
+            .param = p, .unit = p->unit, .a = a - p->offset, .b = b - p->offset, .at = a - base};
         CT_TRY(fn(ctx, &run));
     }
     return CT_OK;
@@ -86,42 +94,51 @@ struct ct_ckpt_saver {
     ct_status write_status;
     char write_error[2048], write_hint[1024];
     double begin_time, staged_time, written_time;
+    struct staging_cache *cache; /* where staging came from */
 };
 
-/* The staging buffer, kept from one save to the next and made (and touched) once, up front
- * when ct_ckpt_prepare is called: the first touch of fresh pages — a fault each — was most of the
- * time training waited for a save (measured on the 124M model: 2.3 s to stage 1.4 GiB, most of
- * it faulting; 2 MiB huge pages, asked for with madvise, cut the faults 512-fold). One save uses
- * it at a time (saves complete in order). */
-static float *staging_cache;
-static size_t staging_cache_bytes;
+/* A staging buffer, kept from one save to the next and made (and touched) once: the first touch
+ * of fresh pages — a fault each — was most of the time training waited for a save (measured on
+ * the 124M model: 2.3 s to stage 1.4 GiB, most of it faulting; 2 MiB huge pages, asked for with
+ * madvise, cut the faults 512-fold). The persistent saves' is made up front by ct_ckpt_prepare;
+ * the local saves have their own (a local save may run beside a persistent one), made at the
+ * first. One save uses each at a time. */
+typedef struct staging_cache {
+    float *p;
+    size_t bytes;
+} staging_cache;
+static staging_cache persistent_staging, local_staging;
 
-static float *staging_take(size_t bytes) {
-    if (staging_cache && staging_cache_bytes >= bytes) {
-        float *p = staging_cache;
-        staging_cache = NULL;
+static float *staging_take(staging_cache *c, size_t bytes) {
+    if (c->p && c->bytes >= bytes) {
+        float *p = c->p;
+        c->p = NULL;
         return p;
     }
-    free(staging_cache);
-    staging_cache = NULL;
+    free(c->p);
+    c->p = NULL;
     const size_t huge = (size_t)2 << 20, rounded = (bytes + huge - 1) / huge * huge;
     void *p = NULL;
     if (posix_memalign(&p, huge, rounded) != 0) return NULL;
     madvise(p, rounded, MADV_HUGEPAGE);
-    staging_cache_bytes = rounded;
+    c->bytes = rounded;
     return p;
 }
 
-static void staging_give_back(float *p) {
+static void staging_give_back(staging_cache *c, float *p) {
     if (!p) return;
-    free(staging_cache); /* a smaller one taken meanwhile: keep the newest */
-    staging_cache = p;
+    free(c->p); /* a smaller one taken meanwhile: keep the newest */
+    c->p = p;
 }
 
+static void local_buffers_release(void);
+
 void ct_ckpt_release(void) {
-    free(staging_cache);
-    staging_cache = NULL;
-    staging_cache_bytes = 0;
+    free(persistent_staging.p);
+    free(local_staging.p);
+    memset(&persistent_staging, 0, sizeof persistent_staging);
+    memset(&local_staging, 0, sizeof local_staging);
+    local_buffers_release();
 }
 
 /* Records a piece of box->hi - box->lo values, staged after those before it. */
@@ -317,7 +334,7 @@ ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
     free(s.pieces);
     free(s.value_at);
     const size_t bytes = (size_t)CT_MAX(s.staged, 1) * sizeof(float);
-    float *p = staging_take(bytes);
+    float *p = staging_take(&persistent_staging, bytes);
     ct_status st = CT_OK;
     if (!p) {
         ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory for the %.1f MiB staging buffer",
@@ -326,13 +343,14 @@ ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
         st = CT_ERR_RUNTIME;
     } else {
         memset(p, 0, bytes); /* fault the pages in now, not during a save */
-        staging_give_back(p);
+        staging_give_back(&persistent_staging, p);
     }
     return ct_pctx_agree(pctx, st);
 }
 
 /* A save into ROOT (checkpoint.dir, whose step-N.tmp rank 0 makes; or with `local` this rank's
- * own local root, whose step-N.tmp it makes itself and whose file it writes at once). */
+ * own local root, whose step-N.tmp it makes itself, staged into the local saves' buffer and left
+ * for the caller to write). */
 static ct_status save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model *model, ct_dp *dp,
                             ct_pctx *pctx, int64_t step, const char *root, bool local) {
     *out = NULL;
@@ -353,7 +371,8 @@ static ct_status save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model 
     /* The only part training waits for: this rank's state copied to host memory. */
     for_each_run(model, dp, pctx, true, stage_run, s);
     stage_biases(s, model);
-    s->staging = staging_take((size_t)CT_MAX(s->staged, 1) * sizeof(float));
+    s->cache = local ? &local_staging : &persistent_staging;
+    s->staging = staging_take(s->cache, (size_t)CT_MAX(s->staged, 1) * sizeof(float));
     if (!s->staging) {
         ct_error(CT_ERR_RUNTIME, "checkpoint: out of host memory staging %lld values of step %lld",
                  (long long)s->staged, (long long)step);
@@ -370,10 +389,12 @@ static ct_status save_begin(ct_ckpt_saver **out, const ct_config *cfg, ct_model 
     for_each_run(model, dp, pctx, true, stage_run, s);
     stage_biases(s, model);
     s->staged_time = ct_now();
-    s->threaded = cfg->checkpoint.async && !local;
-    if (s->threaded && pthread_create(&s->thread, NULL, write_rank_file, s) != 0)
-        s->threaded = false; /* no thread to be had: write it now */
-    if (!s->threaded) write_rank_file(s);
+    if (!local) { /* a local save's writer is the local saver's (below) */
+        s->threaded = cfg->checkpoint.async;
+        if (s->threaded && pthread_create(&s->thread, NULL, write_rank_file, s) != 0)
+            s->threaded = false; /* no thread to be had: write it now */
+        if (!s->threaded) write_rank_file(s);
+    }
     *out = s;
     return CT_OK;
 }
@@ -392,7 +413,7 @@ void ct_ckpt_save_abandon(ct_ckpt_saver *s) {
     if (s->threaded) pthread_join(s->thread, NULL);
     free(s->pieces);
     free(s->value_at);
-    staging_give_back(s->staging);
+    if (s->cache) staging_give_back(s->cache, s->staging);
     free(s);
 }
 
@@ -808,83 +829,266 @@ int ct_ckpt_partner(int rank, int world) {
     return rank;
 }
 
-/* Sends this rank's staged file to its partner and writes the files of the ranks whose partner
- * it is into its own step-N.tmp, byte for byte the file their owners wrote. */
-static ct_status exchange_replicas(ct_ckpt_saver *s) {
-    ct_pctx *pctx = s->pctx;
-    ct_comm *world = pctx->world;
-    const int me = pctx->world_rank, n = pctx->world_size, partner = ct_ckpt_partner(me, n);
-    enum { TAG = 7101 };
-    int64_t head[2] = {s->n, s->staged};
-    ct_comm_request *sends[3] = {NULL, NULL, NULL};
-    if (partner != me) {
-        sends[0] = ct_comm_isend(world, head, 2, CT_DTYPE_I64, partner, TAG);
-        sends[1] = ct_comm_isend(world, s->pieces, s->n * (int64_t)sizeof *s->pieces, CT_DTYPE_U8,
-                                 partner, TAG + 1);
-        sends[2] = ct_comm_isend(world, s->staging, s->staged, CT_DTYPE_F32, partner, TAG + 2);
+/* ---- a local save, in the background ----
+ *
+ * At the step boundary (ct_ckpt_local_begin) the rank stages its state into its buffer (the
+ * stall), learns how much each rank whose partner it is will send, posts the transfers and
+ * starts a writer thread, which writes this rank's file and then each partner's copy as it
+ * arrives. The main thread, the only one that calls MPI, sees the transfers complete at later
+ * step boundaries (ct_ckpt_local_progress; the step's own communication drives them); when every
+ * rank's files are written, ct_ckpt_local_end gathers the piece lists and each rank writes its
+ * folder's manifest and publishes the step. */
+
+/* The copies this rank keeps for others: receive buffers kept from one save to the next, like
+ * the staging buffer (their pages faulted once). */
+typedef struct replica_buffer {
+    ct_ckpt_piece *pieces;
+    float *values;
+    int64_t pieces_cap, values_cap;
+} replica_buffer;
+static replica_buffer *replica_buffers;
+static int n_replica_buffers;
+
+static void local_buffers_release(void) {
+    for (int i = 0; i < n_replica_buffers; i++) {
+        free(replica_buffers[i].pieces);
+        free(replica_buffers[i].values);
     }
-    ct_status st = CT_OK;
-    for (int q = 0; q < n; q++) {
-        if (q == me || ct_ckpt_partner(q, n) != me) continue;
-        int64_t h[2];
-        ct_comm_wait(world, ct_comm_irecv(world, h, 2, CT_DTYPE_I64, q, TAG));
-        ct_ckpt_piece *pieces = ct_xcalloc((size_t)CT_MAX(h[0], 1), sizeof *pieces);
-        float *values = ct_xmalloc((size_t)CT_MAX(h[1], 1) * sizeof *values);
-        ct_comm_wait(world, ct_comm_irecv(world, pieces, h[0] * (int64_t)sizeof *pieces,
-                                          CT_DTYPE_U8, q, TAG + 1));
-        ct_comm_wait(world, ct_comm_irecv(world, values, h[1], CT_DTYPE_F32, q, TAG + 2));
+    free(replica_buffers);
+    replica_buffers = NULL;
+    n_replica_buffers = 0;
+}
+
+typedef struct replica_in {
+    int from;            /* the rank whose file it is */
+    int64_t n, values;   /* its pieces and values */
+    replica_buffer *buf; /* where they arrive */
+    ct_comm_request *req[2];
+    bool arrived; /* under the saver's lock: handed to the writer */
+} replica_in;
+
+struct ct_ckpt_local_saver {
+    ct_ckpt_saver *s; /* the staged state, pieces and step-N.tmp */
+    ct_comm_request *send[3];
+    int64_t head[2];
+    replica_in *in;
+    int n_in;
+    pthread_t thread;
+    bool threaded, abandoned;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_bool done; /* the writer has written every file */
+    ct_status status;
+    char error[2048], hint[1024];
+};
+
+static bool replica_arrived(ct_ckpt_local_saver *ls, int i) {
+    pthread_mutex_lock(&ls->mu);
+    while (!ls->in[i].arrived && !ls->abandoned) pthread_cond_wait(&ls->cv, &ls->mu);
+    const bool ok = ls->in[i].arrived;
+    pthread_mutex_unlock(&ls->mu);
+    return ok;
+}
+
+static void *write_local(void *arg) {
+    ct_ckpt_local_saver *ls = arg;
+    ct_ckpt_saver *s = ls->s;
+    ct_ckpt_crash_point("local-mid-save", s->step);
+    write_rank_file(s);
+    ct_status st = s->write_status;
+    if (st != CT_OK) {
+        snprintf(ls->error, sizeof ls->error, "%s", s->write_error);
+        snprintf(ls->hint, sizeof ls->hint, "%s", s->write_hint);
+    }
+    for (int i = 0; i < ls->n_in && st == CT_OK; i++) {
+        if (!replica_arrived(ls, i)) break;
+        const replica_in *r = &ls->in[i];
         ct_ckpt_writer *w = NULL;
-        ct_status fs = ct_ckpt_writer_open(&w, s->dir, q);
-        for (int64_t i = 0, at = 0; i < h[0] && fs == CT_OK; i++) {
-            fs = ct_ckpt_writer_add(w, &pieces[i], values + at);
-            at += pieces[i].box.hi - pieces[i].box.lo;
+        st = ct_ckpt_writer_open(&w, s->dir, r->from);
+        if (w) ct_ckpt_writer_as_copy(w); /* its checksums are in the owner's pieces */
+        for (int64_t k = 0, at = 0; k < r->n && st == CT_OK; k++) {
+            st = ct_ckpt_writer_add(w, &r->buf->pieces[k], r->buf->values + at);
+            at += r->buf->pieces[k].box.hi - r->buf->pieces[k].box.lo;
+            if (k == 0) ct_ckpt_crash_point("local-mid-replica", s->step);
         }
         if (w) {
             ct_status closed = ct_ckpt_writer_close(w);
-            if (fs == CT_OK) fs = closed;
+            if (st == CT_OK) st = closed;
         }
-        if (st == CT_OK) st = fs;
-        free(pieces);
-        free(values);
+        if (st != CT_OK) {
+            snprintf(ls->error, sizeof ls->error, "%s", ct_error_message());
+            snprintf(ls->hint, sizeof ls->hint, "%s", ct_error_hint());
+        }
     }
-    for (int i = 0; i < 3; i++)
-        if (sends[i]) ct_comm_wait(world, sends[i]);
-    return st;
+    ls->status = st;
+    atomic_store(&ls->done, true);
+    return NULL;
 }
 
-ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
-                             int64_t step, ct_ckpt_save_stats *stats) {
+static replica_buffer *replica_buffer_for(int i, int64_t n, int64_t values) {
+    if (i >= n_replica_buffers) {
+        replica_buffers = realloc(replica_buffers, (size_t)(i + 1) * sizeof *replica_buffers);
+        CT_ASSERT(replica_buffers != NULL);
+        memset(replica_buffers + n_replica_buffers, 0,
+               (size_t)(i + 1 - n_replica_buffers) * sizeof *replica_buffers);
+        n_replica_buffers = i + 1;
+    }
+    replica_buffer *b = &replica_buffers[i];
+    if (b->pieces_cap < n) {
+        free(b->pieces);
+        b->pieces_cap = CT_MAX(n, 1);
+        b->pieces = ct_xcalloc((size_t)b->pieces_cap, sizeof *b->pieces);
+    }
+    if (b->values_cap < values) {
+        free(b->values);
+        b->values_cap = CT_MAX(values, 1);
+        b->values = ct_xcalloc((size_t)b->values_cap, sizeof *b->values); /* faulted once */
+    }
+    return b;
+}
+
+ct_status ct_ckpt_local_begin(ct_ckpt_local_saver **out, const ct_config *cfg, ct_model *model,
+                              ct_dp *dp, ct_pctx *pctx, int64_t step) {
+    *out = NULL;
     char root[CT_PATH_MAX + 64];
     ct_ckpt_local_root(cfg, pctx->world_rank, root, sizeof root);
     ct_ckpt_saver *s;
     CT_TRY(save_begin(&s, cfg, model, dp, pctx, step, root, true));
-    ct_status st = s->write_status;
+    ct_ckpt_local_saver *ls = ct_xcalloc(1, sizeof *ls);
+    ls->s = s;
+    pthread_mutex_init(&ls->mu, NULL);
+    pthread_cond_init(&ls->cv, NULL);
+    ct_comm *world = pctx->world;
+    const int me = pctx->world_rank, n = pctx->world_size, partner = ct_ckpt_partner(me, n);
+    enum { TAG = 7101 };
+    ls->head[0] = s->n;
+    ls->head[1] = s->staged;
+    if (partner != me) {
+        ls->send[0] = ct_comm_isend(world, ls->head, 2, CT_DTYPE_I64, partner, TAG);
+        ls->send[1] = ct_comm_isend(world, s->pieces, s->n * (int64_t)sizeof *s->pieces,
+                                    CT_DTYPE_U8, partner, TAG + 1);
+        ls->send[2] = ct_comm_isend(world, s->staging, s->staged, CT_DTYPE_F32, partner, TAG + 2);
+    }
+    for (int q = 0; q < n; q++) ls->n_in += q != me && ct_ckpt_partner(q, n) == me;
+    ls->in = ct_xcalloc((size_t)CT_MAX(ls->n_in, 1), sizeof *ls->in);
+    for (int q = 0, i = 0; q < n; q++) {
+        if (q == me || ct_ckpt_partner(q, n) != me) continue;
+        replica_in *r = &ls->in[i];
+        int64_t h[2];
+        /* the sizes: a few bytes, sent by q at this same boundary */
+        ct_comm_wait(world, ct_comm_irecv(world, h, 2, CT_DTYPE_I64, q, TAG));
+        r->from = q;
+        r->n = h[0];
+        r->values = h[1];
+        r->buf = replica_buffer_for(i, h[0], h[1]);
+        r->req[0] = ct_comm_irecv(world, r->buf->pieces, h[0] * (int64_t)sizeof *r->buf->pieces,
+                                  CT_DTYPE_U8, q, TAG + 1);
+        r->req[1] = ct_comm_irecv(world, r->buf->values, h[1], CT_DTYPE_F32, q, TAG + 2);
+        i++;
+    }
+    ct_ckpt_crash_point("local-in-transfer", step); /* sent and received, nothing written */
+    ls->threaded = pthread_create(&ls->thread, NULL, write_local, ls) == 0;
+    s->staged_time = ct_now();
+    if (!ls->threaded) { /* no thread to be had: everything now */
+        ct_ckpt_local_progress(ls, true);
+        write_local(ls);
+    }
+    *out = ls;
+    return CT_OK;
+}
+
+bool ct_ckpt_local_progress(ct_ckpt_local_saver *ls, bool wait) {
+    ct_comm *world = ls->s->pctx->world;
+    bool all = true;
+    for (int i = 0; i < ls->n_in; i++) {
+        replica_in *r = &ls->in[i];
+        if (r->arrived) continue;
+        if (!wait && !(ct_comm_test(world, r->req[0]) && ct_comm_test(world, r->req[1]))) {
+            all = false;
+            continue;
+        }
+        ct_comm_wait(world, r->req[0]);
+        ct_comm_wait(world, r->req[1]);
+        r->req[0] = r->req[1] = NULL;
+        pthread_mutex_lock(&ls->mu);
+        r->arrived = true;
+        pthread_cond_broadcast(&ls->cv);
+        pthread_mutex_unlock(&ls->mu);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!ls->send[i]) continue;
+        if (!wait && !ct_comm_test(world, ls->send[i])) {
+            all = false;
+            continue;
+        }
+        ct_comm_wait(world, ls->send[i]);
+        ls->send[i] = NULL;
+    }
+    return all && atomic_load(&ls->done);
+}
+
+static void local_saver_free(ct_ckpt_local_saver *ls) {
+    pthread_mutex_destroy(&ls->mu);
+    pthread_cond_destroy(&ls->cv);
+    free(ls->in);
+    free(ls);
+}
+
+ct_status ct_ckpt_local_end(ct_ckpt_local_saver *ls, ct_ckpt_save_stats *stats) {
+    ct_ckpt_saver *s = ls->s;
+    ct_pctx *pctx = s->pctx;
+    ct_ckpt_local_progress(ls, true);
+    if (ls->threaded) pthread_join(ls->thread, NULL);
+    const double written = ct_now();
+    ct_status st = ls->status;
     if (st != CT_OK) {
-        ct_error(st, "%s", s->write_error);
-        ct_hint("%s", s->write_hint);
+        ct_error(st, "%s", ls->error);
+        ct_hint("%s", ls->hint);
     }
     st = ct_pctx_agree(pctx, st);
-    if (st == CT_OK) st = ct_pctx_agree(pctx, exchange_replicas(s));
-    ct_ckpt_crash_point("local-before-manifest", step);
+    ct_ckpt_crash_point("local-before-manifest", s->step);
     if (st == CT_OK) {
         saver_pieces sp = {.pieces = s->pieces, .n = s->n};
         int64_t n = 0;
         ct_ckpt_piece *all = gather_pieces(pctx, &sp, &n);
+        char root[CT_PATH_MAX + 64];
+        ct_ckpt_local_root(s->cfg, pctx->world_rank, root, sizeof root);
         /* every rank's local folder is a checkpoint directory of its own: the manifest, its
          * file and its partners' */
-        st = ct_pctx_agree(pctx,
-                           write_manifest(cfg, pctx, step, s->optimizer_step, all, n, root, 2));
+        st = ct_pctx_agree(
+            pctx, write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n, root, 2));
         free(all);
     }
     if (stats) {
-        stats->blocked_s = ct_now() - s->begin_time;
-        stats->write_s = s->written_time - s->staged_time;
-        stats->total_s = stats->blocked_s;
+        stats->blocked_s = s->staged_time - s->begin_time;
+        stats->write_s = written - s->staged_time;
+        stats->total_s = ct_now() - s->begin_time;
         stats->bytes = (double)s->staged * sizeof(float);
-        stats->async = false;
+        stats->async = ls->threaded;
     }
     ct_ckpt_save_abandon(s);
+    local_saver_free(ls);
     return st;
+}
+
+void ct_ckpt_local_abandon(ct_ckpt_local_saver *ls) {
+    if (!ls) return;
+    pthread_mutex_lock(&ls->mu);
+    ls->abandoned = true;
+    pthread_cond_broadcast(&ls->cv);
+    pthread_mutex_unlock(&ls->mu);
+    if (ls->threaded) pthread_join(ls->thread, NULL);
+    /* transfers still in flight keep their buffers (the job is ending on a failure): the saver's
+     * staging and the replica buffers are not given back or reused */
+    bool in_flight = false;
+    for (int i = 0; i < 3; i++) in_flight |= ls->send[i] != NULL;
+    for (int i = 0; i < ls->n_in; i++) in_flight |= ls->in[i].req[0] != NULL;
+    if (in_flight) {
+        replica_buffers = NULL, n_replica_buffers = 0;
+        ls->s->cache = NULL;
+    }
+    ct_ckpt_save_abandon(ls->s);
+    local_saver_free(ls);
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {

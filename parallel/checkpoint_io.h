@@ -6,8 +6,10 @@
  * rank's optimizer updates (the whole unit without ZeRO, the rank's shard with it), the box of
  * the global tensor its tensor-parallel slice covers and the part of that range inside it, as
  * three pieces: fp32 weights (master weights in bf16), AdamW m and v. Each element is saved
- * once in the job: tensors replicated over tp only by tp rank 0, unsharded optimizer state only
- * by dp rank 0, and the last stage's twin of the tied embedding not at all (it equals wte).
+ * once in the job: tensors replicated over tp only by tp rank 0, and the last stage's twin of the
+ * tied embedding not at all (it equals wte); optimizer state that every data-parallel replica
+ * holds whole (ZeRO 0, or an expert's over the ranks holding it) is cut into contiguous shares
+ * of its unit, one a replica, so every rank stages and writes about the same bytes.
  *
  * What a rank loads: the same (box, range) pairs for its own layout, without those exclusions
  * (every replica loads its copy; the twin loads wte), read from whichever pieces hold them, a
@@ -100,12 +102,25 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
  * per checkpoint.dir and one per rank), sends a copy to its partner (ct_ckpt_partner: the rank of
  * the same index on the next host; on one host the next rank), which keeps it in its own folder,
  * and each folder gets the manifest: a checkpoint directory of the format above, kept to its two
- * newest steps. Collective, synchronous.
+ * newest steps. A save runs in the background, in three calls:
+ *   ct_ckpt_local_begin stages this rank's state into the local saves' own buffer (training
+ *     waits for this copy only), posts the transfer to the partner and the receives of the
+ *     copies this rank keeps, and starts a thread that writes this rank's file, then each copy
+ *     as it arrives (collective);
+ *   ct_ckpt_local_progress (main thread, not collective) completes the transfers that are done
+ *     and says whether all of this rank's files are written; `wait` blocks until they are;
+ *   ct_ckpt_local_end, once every rank's progress said so (or to finish one now), gathers the
+ *     piece lists, and every rank writes its folder's manifest and publishes the step
+ *     (collective). One local save at a time; ct_ckpt_local_abandon drops one after a failure.
  */
+typedef struct ct_ckpt_local_saver ct_ckpt_local_saver;
 void ct_ckpt_local_root(const ct_config *cfg, int rank, char *out, size_t n);
 int ct_ckpt_partner(int rank, int world);
-ct_status ct_ckpt_save_local(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
-                             int64_t step, ct_ckpt_save_stats *stats);
+ct_status ct_ckpt_local_begin(ct_ckpt_local_saver **out, const ct_config *cfg, ct_model *model,
+                              ct_dp *dp, ct_pctx *pctx, int64_t step);
+bool ct_ckpt_local_progress(ct_ckpt_local_saver *saver, bool wait);
+ct_status ct_ckpt_local_end(ct_ckpt_local_saver *saver, ct_ckpt_save_stats *stats); /* frees */
+void ct_ckpt_local_abandon(ct_ckpt_local_saver *saver); /* accepts NULL */
 /* Removes rank `rank`'s local folder (a run that ended with a persistent checkpoint no longer
  * needs it: node memory is given back). */
 ct_status ct_ckpt_local_forget(const ct_config *cfg, int rank);

@@ -68,6 +68,9 @@ typedef enum seg_kind { SEG_FRESH, SEG_RESUMED, SEG_RESTARTED } seg_kind;
 typedef struct segment {
     long long start; /* its first step */
     seg_kind kind;
+    long long rerun;         /* steps the segments before had run from start on: lost, run again */
+    long long local;         /* a restart from this local checkpoint step (-1: none) */
+    long long from_partners; /* of its rank files, partners' copies */
 } segment;
 
 typedef struct members {
@@ -134,8 +137,11 @@ static bool number(json_t *obj, const char *key, double *out) {
 static void read_setup(run *r, json_t *obj) {
     double v, last = 0;
     for (int i = 0; i < r->trained.n; i++) last = fmax(last, r->trained.x[i]);
-    segment seg = {.start = (long long)last + 1};
+    segment seg = {.start = (long long)last + 1, .local = -1};
     if (number(obj, "start_step", &v)) seg.start = (long long)v;
+    seg.rerun = CT_MAX((long long)last - seg.start + 1, 0);
+    if (number(obj, "local_restore_step", &v) && v >= 0) seg.local = (long long)v;
+    if (number(obj, "local_restore_from_partners", &v)) seg.from_partners = (long long)v;
     json_t *from = json_object_get(obj, "resumed_from");
     bool resumed = json_is_string(from) && json_string_length(from) > 0;
     seg.kind = resumed || seg.start > 1 ? SEG_RESUMED : r->n_segs ? SEG_RESTARTED : SEG_FRESH;
@@ -327,6 +333,16 @@ static void describe_segments(const run *r, char *buf, size_t n) {
                                                     : "started over at ";
         at += (size_t)snprintf(buf + at, n - at, "%s%s%lld", sep, verb, s->start);
         said = s->kind;
+        /* a restart after a crash: from where, and what it cost */
+        if (at < n && s->local >= 0)
+            at += (size_t)snprintf(buf + at, n - at,
+                                   " (a local checkpoint, %lld rank file%s from partners' "
+                                   "copies; %lld step%s lost)",
+                                   s->from_partners, s->from_partners == 1 ? "" : "s", s->rerun,
+                                   s->rerun == 1 ? "" : "s");
+        else if (at < n && s->rerun > 0)
+            at += (size_t)snprintf(buf + at, n - at, " (%lld step%s lost)", s->rerun,
+                                   s->rerun == 1 ? "" : "s");
     }
 }
 
@@ -431,6 +447,7 @@ typedef struct mark {
     double step;
     int run;
     seg_kind kind;
+    bool local; /* from a local checkpoint */
 } mark;
 
 /* A legend entry: a box (areas) or a short line (curves) in its colour, then its label; no
@@ -568,8 +585,9 @@ static void draw_lines(FILE *f, const plot *p) {
         const mark *k = &p->marks[m];
         double x = L + pw * (k->step - x0) / (x1 - x0);
         const char *color = palette[k->run % N_COLORS];
-        snprintf(label, sizeof label, "%s at step %.0f",
-                 k->kind == SEG_RESUMED ? "resumed" : "started over", k->step);
+        snprintf(label, sizeof label, "%s at step %.0f%s",
+                 k->kind == SEG_RESUMED ? "resumed" : "started over", k->step,
+                 k->local ? " (local checkpoint)" : "");
         bool left = x + 4 + text_px(label, 10) > W - R;
         fprintf(
             f,
@@ -602,7 +620,8 @@ static int collect_marks(const run *runs, const line *lines, int n_lines, mark *
                 *out = realloc(*out, (size_t)cap * sizeof **out);
                 CT_ASSERT(*out != NULL);
             }
-            (*out)[n++] = (mark){(double)u->segs[i].start, lines[l].run, u->segs[i].kind};
+            (*out)[n++] = (mark){(double)u->segs[i].start, lines[l].run, u->segs[i].kind,
+                                 u->segs[i].local >= 0};
         }
     }
     return n;

@@ -275,6 +275,10 @@ void ct_report_step_metrics(trainer *t, const step_stats *s) {
     ct_metrics_num(m, "grad_norm", "%.6f", s->grad_norm);
     ct_metrics_num(m, "tokens_per_s", "%.1f", tok_per_s);
     ct_metrics_num(m, "step_time_s", "%.4f", s->seconds);
+    if (t->cfg->checkpoint.local_interval > 0) { /* the wait at the boundaries since the last */
+        ct_metrics_num(m, "local_save_s", "%.4f", t->local_stall_s);
+        t->local_stall_s = 0.0;
+    }
     ct_metrics_num(m, "exposed_comm_s", "%.4f", s->exposed);
     ct_metrics_num(m, "bubble_s", "%.4f", s->bubble);
     ct_metrics_num(m, "mfu", "%.6g", t->hw_peak > 0 ? achieved / t->hw_peak : 0.0);

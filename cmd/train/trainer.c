@@ -28,6 +28,7 @@
 
 static void trainer_free(trainer *t) {
     ct_ckpt_save_abandon(t->pending); /* only after a failure: a save ends before the run does */
+    ct_ckpt_local_abandon(t->local);
     ct_ckpt_release();
     ct_backend_graph_free(t->be, t->graph);
     ct_tensor_free(t->graph_inputs);
@@ -96,11 +97,15 @@ static ct_status step_agree(trainer *t, ct_status st) {
     /* ... and whether an asynchronous checkpoint is still being written on some rank */
     int32_t unwritten = t->pending && !ct_ckpt_save_written(t->pending);
     t->pending_written = t->pending && !unwritten;
+    /* ... and whether a local checkpoint is (its transfers and files) */
+    int32_t local_unwritten = t->local && !ct_ckpt_local_progress(t->local, false);
+    t->local_written = t->local && !local_unwritten;
     if (t->pctx->world_size == 1) return st;
-    int32_t flags[3] = {st != CT_OK, t->stop_signal, unwritten};
-    ct_comm_allreduce(t->pctx->world, flags, 3, CT_DTYPE_I32, CT_REDUCE_MAX);
+    int32_t flags[4] = {st != CT_OK, t->stop_signal, unwritten, local_unwritten};
+    ct_comm_allreduce(t->pctx->world, flags, 4, CT_DTYPE_I32, CT_REDUCE_MAX);
     t->stop_signal = flags[1];
     t->pending_written = t->pending && !flags[2];
+    t->local_written = t->local && !flags[3];
     return flags[0] ? ct_mpi_agree(st) : CT_OK;
 }
 
@@ -1011,19 +1016,45 @@ static ct_status maybe_save(trainer *t, int64_t steps, bool stopping) {
     return last || !cc->async ? end_pending_save(t) : CT_OK;
 }
 
+/* Ends the local save in flight: at the first step boundary where every rank's files are
+ * written, or at once (waiting) before the run ends. */
+static ct_status end_local_save(trainer *t) {
+    if (!t->local) return CT_OK;
+    ct_ckpt_local_saver *ls = t->local;
+    t->local = NULL;
+    ct_ckpt_save_stats stats;
+    double start = ct_now();
+    CT_TRY(ct_ckpt_local_end(ls, &stats));
+    t->local_stall_s += ct_now() - start;
+    if (t->rank0 && t->local_saved++ == 0) { /* the first says what one costs */
+        char root[CT_PATH_MAX + 64];
+        ct_ckpt_local_root(t->cfg, 0, root, sizeof root);
+        printf("local checkpoint: step %lld in %s and each rank's folder beside it, a "
+               "partner's copy in each: %.1f MiB per rank; training blocked %.3f s; written in "
+               "%.3f s%s\n",
+               (long long)t->local_step, root, stats.bytes / 1048576.0, stats.blocked_s,
+               stats.write_s, stats.async ? " in the background" : "");
+        fflush(stdout);
+    }
+    return CT_OK;
+}
+
 /* checkpoint.local_interval: a local checkpoint after `steps` steps (not where a persistent one
- * is saved, nor after the last step, which always saves one when checkpoint.dir is set). */
+ * is saved, nor after the last step, which always saves one when checkpoint.dir is set). One at
+ * a time: one still being written when the next is due is waited for (that wait is in the
+ * metrics' local_save_s), so every due step is saved and a crash loses at most the steps since
+ * the one before. */
 static ct_status maybe_save_local(trainer *t, int64_t steps) {
     const ct_checkpoint_config *cc = &t->cfg->checkpoint;
     if (cc->local_interval <= 0 || steps % cc->local_interval != 0 ||
         steps >= t->cfg->train.steps || (cc->interval > 0 && steps % cc->interval == 0))
         return CT_OK;
-    CT_TRY(end_pending_save(t)); /* one staging buffer; saves complete in order */
+    CT_TRY(end_local_save(t));
     double start = ct_now();
-    ct_ckpt_save_stats stats;
-    CT_TRY(ct_ckpt_save_local(t->cfg, t->model, t->dp, t->pctx, steps, &stats));
-    t->local_save_s += ct_now() - start;
-    t->interval_start += ct_now() - start;
+    CT_TRY(ct_ckpt_local_begin(&t->local, t->cfg, t->model, t->dp, t->pctx, steps));
+    t->local_step = steps;
+    t->local_written = false;
+    t->local_stall_s += ct_now() - start;
     return CT_OK;
 }
 
@@ -1048,6 +1079,7 @@ static ct_status stop_run(trainer *t, int64_t steps) {
 /* What follows the last step: the last metrics write agreed on, the sample, the trace. */
 static ct_status finish_run(trainer *t) {
     CT_TRY(end_pending_save(t));
+    CT_TRY(end_local_save(t));
     /* the last step's (or the stop's) persistent checkpoint is published: the node-local ones
      * are older, and their memory goes back to the node */
     if (t->cfg->checkpoint.local_interval > 0)
@@ -1095,6 +1127,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             break;
         }
         if (st == CT_OK && t.pending_written) st = end_pending_save(&t);
+        if (st == CT_OK && t.local_written) st = end_local_save(&t);
         if (st == CT_OK) st = record_step(&t, &s);
         if (st == CT_OK) ct_report_stragglers(&t, &s);
         if (st == CT_OK) remeasure_denominators(&t, &s);

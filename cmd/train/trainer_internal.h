@@ -84,7 +84,10 @@ typedef struct trainer {
     char resumed_from[CT_PATH_MAX + 32]; /* that checkpoint's step directory; "" when fresh */
     ct_ckpt_local_info local_restore;    /* the local step gathered at the start (step -1: none) */
     ct_ckpt_saver *pending;              /* a checkpoint save begun and not yet ended */
-    double local_save_s;                 /* seconds in local checkpoint saves (all of them) */
+    ct_ckpt_local_saver *local;          /* a local checkpoint begun and not yet ended */
+    int64_t local_step, local_saved;     /* its step; local saves ended */
+    bool local_written;   /* agreed at the last step boundary: every rank's local files written */
+    double local_stall_s; /* training's wait for local saves since the last metrics line */
     bool pending_written; /* agreed at the last step boundary: every rank's file is written */
     int64_t pending_step;
     bool stopped; /* ended early (signal or train.stop_after) */

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Local checkpoints (parallel/README.md, Local checkpoints): test-tiny at pp 2 x dp 2 on 4 ranks,
-# checkpoint.local_interval 1 into checkpoint.local_dir, no persistent saves before the end:
+# checkpoint.local_interval 1 into checkpoint.local_dir, no persistent saves before the end. A
+# local save is written in the background and published at a later step boundary, so a job that
+# dies in step 8 has local step 6 complete and step 7 in flight:
 #   - a job whose rank 1 skips a world collective during step 8 ends by the watchdog (exit 1);
-#     rank 1's local folder is wiped (its storage lost); the restart gathers local step 7 into
+#     rank 1's local folder is wiped (its storage lost); the restart gathers local step 6 into
 #     checkpoint.dir, rank 1's file from its partner's copy, and ends on the bytes of an
-#     uninterrupted run: one step lost, nothing mixed;
-#   - the same crash, then the newest local step's rank-0 file corrupted in both copies (its own
-#     and its partner's): the restart takes the step before (two are kept), bytes again equal;
+#     uninterrupted run: nothing mixed, one completed step (7) lost;
+#   - the same crash, then local step 6's rank-0 file corrupted in both copies (its own and its
+#     partner's): the restart takes the step before (two are kept), bytes again equal;
+#   - every rank SIGKILLed during step 7's local save: before its own file is written, with the
+#     transfers to the partners posted, and halfway through writing a partner's copy: the restart
+#     takes step 6, bytes equal (a kill during a save loses nothing more);
 #   - checkpoint.local_interval without checkpoint.dir is refused (exit 2, hint).
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -18,12 +23,12 @@ pp=(--set parallel.pp=2 --set train.steps=8)
 expect_exit 0 "reference: 8 steps uninterrupted" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
     --dump-params "$tmp/ref.bin"
 
-# crashed NAME: a job with local checkpoints every step whose rank 1 skips its 30th world
+# crashed NAME: a job with local checkpoints every step whose rank 1 skips its 28th world
 # collective (during step 8), ended by the watchdog; its local folders under $tmp/NAME/local.
 crashed() {
     local d=$tmp/$1
     mkdir -p "$d"
-    expect_exit 1 "$1: the job dies in step 8" -- env COOKTRAIN_FAULT_COMM=1:world:30:skip \
+    expect_exit 1 "$1: the job dies in step 8" -- env COOKTRAIN_FAULT_COMM=1:world:28:skip \
         OMPI_MCA_odls_base_sigkill_timeout=5 "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" \
         "${base[@]}" "${pp[@]}" --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
         --set checkpoint.local_dir="$d/local/%h" --set parallel.timeout_s=3 \
@@ -36,8 +41,8 @@ restarted() {
     if expect_exit 0 "$1: restart" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
         --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
         --set checkpoint.local_dir="$d/local/%h" --dump-params "$d/final.bin" \
-        --set log.metrics="$d/restart.jsonl"; then
-        if grep '"setup"' "$d/restart.jsonl" | grep -q "\"local_restore_step\": $2,"; then
+        --set log.run_dir="$d/run"; then
+        if grep '"setup"' "$d/run/metrics.jsonl" | tail -1 | grep -q "\"local_restore_step\": $2,"; then
             ok "$1: the metrics' setup line names local step $2"
         else
             fail "$1: the metrics' setup line lacks local_restore_step $2"
@@ -59,20 +64,40 @@ if selected "lost storage"; then
     crashed lost
     job=$(ls "$tmp/lost/local/0")
     rm -rf "$tmp/lost/local/0/$job/rank-00001" # rank 1's node-local storage is gone
-    restarted lost 7
+    restarted lost 6
     expect_text "(1 from partners' copies" "lost: rank 1's file came from its partner"
+    # the report shows the restart: from where, and the step lost (7 ran, then ran again)
+    if expect_exit 0 "lost: report of the crashed and restarted run" -- \
+        "$BIN" report "$tmp/lost/run" -o "$tmp/lost/report.html"; then
+        OUT_TEXT=$(cat "$tmp/lost/report.html")
+        expect_text "resumed at 7 (a local checkpoint, 1 rank file from partners' copies; 1 step lost)" \
+            "lost: the report's table says how the run was restarted"
+        expect_text "resumed at step 7 (local checkpoint)</text>" "lost: its charts mark the restart"
+    fi
 fi
 
 if selected "torn copy"; then
     crashed torn
     job=$(ls "$tmp/torn/local/0")
-    # rank 0's partner on one host is rank 1: corrupt step 7's rank-0 file in both folders
+    # rank 0's partner on one host is rank 1: corrupt step 6's rank-0 file in both folders
     for holder in 00000 00001; do
-        f=$tmp/torn/local/0/$job/rank-$holder/step-00000007/rank-00000.bin
+        f=$tmp/torn/local/0/$job/rank-$holder/step-00000006/rank-00000.bin
         printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=1000 conv=notrunc status=none
     done
-    restarted torn 6
+    restarted torn 5
 fi
+
+# killed POINT: every rank SIGKILLed at checkpoint crash point POINT of local step 7.
+for point in local-mid-save local-in-transfer local-mid-replica; do
+    selected "killed at $point" || continue
+    d=$tmp/$point
+    mkdir -p "$d"
+    expect_exit 137 "$point: every rank killed in step 7's local save" -- \
+        env COOKTRAIN_CKPT_CRASH="$point@7" "${MPIRUN[@]}" -np 4 -x COOKTRAIN_CKPT_CRASH "$BIN" \
+        "${base[@]}" "${pp[@]}" --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
+        --set checkpoint.local_dir="$d/local/%h" --set log.run_dir="$d/run"
+    restarted "$point" 6
+done
 
 expect_exit 2 "local checkpoints without checkpoint.dir" -- "$BIN" "${base[@]}" \
     --set checkpoint.local_interval=1

@@ -335,6 +335,10 @@ static ct_status cmd_train(int argc, char **argv) {
      * config file readable on one node only. */
     if (world > 1) st = ct_mpi_agree(st);
     if (st != CT_OK) return st;
+    if (rank == 0 && cfg.derived.layout_chosen[0]) {
+        printf("%s\n", cfg.derived.layout_chosen);
+        fflush(stdout);
+    }
     if (print_config) {
         if (rank == 0) ct_config_print(&cfg, stdout);
         return CT_OK;

@@ -120,6 +120,7 @@ typedef struct ct_parallel_config {
     double bucket_mb;
     double timeout_s;
     ct_precision grad_reduce_dtype; /* fp32 or bf16 */
+    bool auto_layout; /* a world size the layout does not fit: choose one that does */
 } ct_parallel_config;
 
 typedef struct ct_train_config {
@@ -191,6 +192,7 @@ typedef struct ct_derived_config {
     int64_t tokens_per_step; /* global_batch · seq_len */
     int64_t warmup_asked;    /* train.warmup_steps as set when it exceeded train.steps (it is
                                 then bounded to steps); 0 otherwise */
+    char layout_chosen[512]; /* parallel.auto_layout's choice and why; "" when none was made */
 } ct_derived_config;
 
 typedef struct ct_config {

@@ -643,7 +643,96 @@ static ct_status check_cuda_graph(const ct_config *cfg, int64_t world_size) {
     return with_hint(ct_error(CT_ERR_INPUT, "train.cuda_graph is on, but %s", why), "%s", hint);
 }
 
+static ct_status validate(ct_config *cfg, int64_t world_size);
+
+/* A layout's ranks: "tp 1 x pp 2 x dp 4" (cp when it is not 1). */
+static void describe_layout(const ct_config *cfg, int64_t dp, char *buf, size_t n) {
+    const ct_parallel_config *p = &cfg->parallel;
+    char cp[32] = "";
+    if (p->cp > 1) snprintf(cp, sizeof cp, " x cp %lld", (long long)p->cp);
+    snprintf(buf, n, "tp %lld%s x pp %lld x dp %lld", (long long)p->tp, cp, (long long)p->pp,
+             (long long)dp);
+}
+
+/*
+ * parallel.auto_layout: the configured layout did not validate for this world size (`why` is
+ * the error); the nearest one that does. Kept: tp, cp, ep, ZeRO, the schedule and its virtual
+ * stages, precision, the global batch. Tried: the divisors of world / (tp·cp) as pp, nearest
+ * parallel.pp first (the smaller of two as near: more data parallelism), dp the rest; with the
+ * set train.micro_batch first, then with micro_batch auto. Every rank computes the same choice
+ * from the same config and world size.
+ */
+static ct_status choose_layout(ct_config *cfg, int64_t world_size) {
+    char why[1024], why_hint[512], was[96];
+    snprintf(why, sizeof why, "%s", ct_error_message());
+    snprintf(why_hint, sizeof why_hint, "%s", ct_error_hint());
+    const int64_t mp = cfg->parallel.tp * cfg->parallel.cp;
+    const int64_t asked = cfg->parallel.dp ? cfg->parallel.dp
+                          : world_size % (mp * cfg->parallel.pp) == 0
+                              ? world_size / (mp * cfg->parallel.pp)
+                              : 0;
+    describe_layout(cfg, asked, was, sizeof was);
+    if (world_size % mp == 0) {
+        const int64_t rest = world_size / mp;
+        int64_t order[64];
+        int n = 0;
+        for (int64_t pp = 1; pp <= rest && n < 64; pp++)
+            if (rest % pp == 0) order[n++] = pp;
+        /* nearest parallel.pp first; of two as near, the smaller (insertion sort, n small) */
+        const int64_t want = cfg->parallel.pp;
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0; j--) {
+                int64_t a = order[j - 1], b = order[j];
+                int64_t da = a > want ? a - want : want - a, db = b > want ? b - want : want - b;
+                if (db < da || (db == da && b < a))
+                    order[j - 1] = b, order[j] = a;
+                else
+                    break;
+            }
+        for (int i = 0; i < n; i++)
+            for (int mb_auto = 0; mb_auto < 2; mb_auto++) {
+                if (mb_auto && (cfg->train.micro_batch == 0 || cfg->train.micro_batch_auto))
+                    continue; /* already auto */
+                ct_config c = *cfg;
+                c.parallel.pp = order[i];
+                c.parallel.dp = 0;
+                if (mb_auto) c.train.micro_batch = 0, c.train.micro_batch_auto = false;
+                if (validate(&c, world_size) != CT_OK) {
+                    ct_error_clear();
+                    continue;
+                }
+                char now[96];
+                describe_layout(&c, c.derived.dp, now, sizeof now);
+                *cfg = c;
+                snprintf(cfg->derived.layout_chosen, sizeof cfg->derived.layout_chosen,
+                         "parallel.auto_layout: %s does not fit %lld ranks; chose %s, global "
+                         "batch %lld = micro_batch %lld x grad_accum %lld x dp %lld%s (the "
+                         "pipeline depth nearest parallel.pp=%lld that is valid here)",
+                         was, (long long)world_size, now, (long long)c.train.global_batch,
+                         (long long)c.train.micro_batch, (long long)c.derived.grad_accum,
+                         (long long)c.derived.dp, mb_auto ? ", micro_batch auto" : "",
+                         (long long)want);
+                return CT_OK;
+            }
+    }
+    ct_error(CT_ERR_INPUT,
+             "parallel.auto_layout: no layout keeping tp=%lld, cp=%lld and the global batch fits "
+             "%lld ranks (%s: %s)",
+             (long long)cfg->parallel.tp, (long long)cfg->parallel.cp, (long long)world_size, was,
+             why);
+    ct_hint("%s", why_hint[0] ? why_hint
+                              : "launch a world size that tp * cp divides, with a dp that divides "
+                                "train.global_batch");
+    return CT_ERR_INPUT;
+}
+
 ct_status ct_config_validate(ct_config *cfg, int64_t world_size) {
+    ct_status st = validate(cfg, world_size);
+    if (st == CT_OK || !cfg->parallel.auto_layout) return st;
+    return choose_layout(cfg, world_size);
+}
+
+static ct_status validate(ct_config *cfg, int64_t world_size) {
     CT_ASSERTF(world_size >= 1, "world size %lld", (long long)world_size);
     memset(&cfg->derived, 0, sizeof cfg->derived);
     CT_TRY(check_keys(cfg));

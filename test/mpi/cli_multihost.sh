@@ -17,6 +17,9 @@
 #   - local checkpoints every step (a folder per host): host 1's ranks killed, its folder wiped;
 #     the next submission gathers the newest local step, host 1's files from their partners'
 #     copies on host 0, bit-identical again;
+#   - pp 2 x dp 4 on 4 hosts with local checkpoints: host 3's ranks killed, its folder wiped; the
+#     next submission on 3 hosts (parallel.auto_layout) chooses pp 2 x dp 3, gathers the newest
+#     local step (host 3's files from host 0's copies) and resumes resharded, matching world size 1;
 #   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
 #     world size 1, its traffic over the link.
@@ -227,6 +230,71 @@ if selected "local checkpoints" && [ -f "$tmp/whole.bin" ] && netns_hosts_stop &
                 ok "local checkpoints: the restarted run ends bit-identical to the uninterrupted one"
             else
                 fail "local checkpoints: the restarted run differs from the uninterrupted one"
+            fi
+        fi
+    fi
+fi
+
+# ---- a lost host, restarted on fewer ------------------------------------------------------------
+# pp 2 x dp 4 on 4 hosts (8 ranks), global batch 12, a local checkpoint every step: host 3's ranks
+# (pipeline stage 1's dp ranks 2 and 3) killed once local step 6 exists, host 3's folder wiped.
+# The next submission has 3 hosts (6 ranks) and parallel.auto_layout: it chooses pp 2 x dp 3,
+# gathers the newest local step (host 3's two files from their partners' copies on host 0),
+# resumes it resharded, and the run — the first job's steps up to the resume, the second's
+# after — matches world size 1 (compare_runs.py's tolerances: the layout changed, so not bits).
+if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 4; then
+    d=$tmp/fewer
+    mkdir -p "$d"
+    few=(--set train.global_batch=12 --set train.steps=60 --set parallel.pp=2 --set parallel.timeout_s=5)
+    loc=(--set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 --set checkpoint.local_dir="$d/local/%h"
+         --set parallel.auto_layout=true)
+    expect_exit 0 "fewer hosts: reference (world size 1)" -- "$BIN" "${base[@]}" "${few[@]}" \
+        --set parallel.pp=1 --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" \
+        --dump-init-params "$d/init.bin"
+    "${NETNS_MPIRUN[@]}" -np 8 "$BIN" "${base[@]}" "${few[@]}" "${loc[@]}" --set parallel.dp=4 \
+        --set log.metrics="$d/run.jsonl" >"$d/out.txt" 2>&1 </dev/null &
+    pid=$!
+    waited=0
+    while ! ls -d "$d"/local/0/*/rank-00000/step-00000006 >/dev/null 2>&1 && [ $waited -lt 1200 ] &&
+        kill -0 "$pid" 2>/dev/null; do
+        sleep 0.05
+        waited=$((waited + 1))
+    done
+    ranks=$(for p in $(netns_host_pids 3); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && echo "$p"
+    done)
+    # shellcheck disable=SC2086
+    [ -n "$ranks" ] && kill -KILL $ranks
+    (sleep 90 && kill -9 "$pid") >/dev/null 2>&1 &
+    guard=$!
+    wait "$pid"
+    kill "$guard" 2>/dev/null
+    if [ -z "$ranks" ] || grep -q '^step    60/60' "$d/out.txt"; then
+        fail "fewer hosts: host 3's ranks killed before the end"
+    else
+        ok "fewer hosts: host 3's ranks killed after local step 6"
+        rm -rf "$d/local/3" # that node is gone
+        netns_hosts_stop
+        netns_hosts_start "$tmp/hosts" 3 || fail "fewer hosts: hosts: $NETNS_HOSTS_WHY"
+        if expect_exit 0 "fewer hosts: the next submission, on 3 hosts" -- "${NETNS_MPIRUN[@]}" -np 6 \
+            "$BIN" "${base[@]}" "${few[@]}" "${loc[@]}" --set parallel.dp=4 \
+            --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"; then
+            expect_text "parallel.auto_layout: tp 1 x pp 2 x dp 4 does not fit 6 ranks; chose tp 1 x pp 2 x dp 3" \
+                "fewer hosts: it says which layout it chose for 6 ranks"
+            expect_text "(2 from partners' copies" "fewer hosts: host 3's files came from host 0's copies"
+            resumed=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^checkpoint: local step \([0-9]*\) is newer.*/\1/p')
+            if [ -n "$resumed" ] && [ "$resumed" -ge 5 ]; then
+                ok "fewer hosts: local step $resumed gathered (at most one step before the one seen)"
+                # the metrics file holds both jobs: compare_runs.py stitches them (the
+                # second's steps replace the first's from the resume on)
+                if out=$(python3 test/tools/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" \
+                    "$d/run.bin" --init "$d/init.bin"); then
+                    ok "fewer hosts: the run, 8 ranks then 6, matches world size 1; $out"
+                else
+                    fail "fewer hosts: $out"
+                fi
+            else
+                fail "fewer hosts: no local step from 5 on gathered"
             fi
         fi
     fi

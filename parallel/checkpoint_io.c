@@ -302,8 +302,8 @@ static ct_ckpt_state run_state(const ct_config *cfg, const ct_pctx *pctx, int64_
     return s;
 }
 
-/* The manifest into ROOT/step-N.tmp, then publish and prune to `keep` (rank 0 for
- * checkpoint.dir; every rank for its local root). */
+/* The manifest into ROOT/step-N.tmp, then publish and prune to `keep` (0: no pruning here) (rank
+ * 0 for checkpoint.dir; every rank for its local root). */
 static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64_t step,
                                 int64_t optimizer_step, ct_ckpt_piece *pieces, int64_t n,
                                 const char *root, int64_t keep) {
@@ -324,7 +324,7 @@ static ct_status write_manifest(const ct_config *cfg, const ct_pctx *pctx, int64
     if (st != CT_OK) return st;
     ct_ckpt_crash_point("before-rename", step);
     CT_TRY(ct_ckpt_publish(root, step));
-    return ct_ckpt_prune(root, keep);
+    return keep > 0 ? ct_ckpt_prune(root, keep) : CT_OK;
 }
 
 ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx) {
@@ -845,6 +845,8 @@ typedef struct replica_buffer {
     ct_ckpt_piece *pieces;
     float *values;
     int64_t pieces_cap, values_cap;
+    int from;            /* the rank whose copies it took last, -1 for none */
+    int64_t n, n_values; /* their sizes then: a run's layout, so every save's */
 } replica_buffer;
 static replica_buffer *replica_buffers;
 static int n_replica_buffers;
@@ -862,8 +864,9 @@ static void local_buffers_release(void) {
 typedef struct replica_in {
     int from;            /* the rank whose file it is */
     int64_t n, values;   /* its pieces and values */
+    int64_t head[2];     /* the sizes as sent this time (checked against n, values) */
     replica_buffer *buf; /* where they arrive */
-    ct_comm_request *req[2];
+    ct_comm_request *req[3];
     bool arrived; /* under the saver's lock: handed to the writer */
 } replica_in;
 
@@ -894,6 +897,11 @@ static void *write_local(void *arg) {
     ct_ckpt_local_saver *ls = arg;
     ct_ckpt_saver *s = ls->s;
     ct_ckpt_crash_point("local-mid-save", s->step);
+    /* the steps before the two newest go now, off the step boundary (freeing their pages takes
+     * milliseconds); until then a folder may hold three */
+    char root[CT_PATH_MAX + 64];
+    ct_ckpt_local_root(s->cfg, s->pctx->world_rank, root, sizeof root);
+    if (ct_ckpt_prune(root, 2) != CT_OK) ct_error_clear(); /* left over: pruned at the next */
     write_rank_file(s);
     ct_status st = s->write_status;
     if (st != CT_OK) {
@@ -925,15 +933,19 @@ static void *write_local(void *arg) {
     return NULL;
 }
 
-static replica_buffer *replica_buffer_for(int i, int64_t n, int64_t values) {
+static replica_buffer *replica_buffer_at(int i) {
     if (i >= n_replica_buffers) {
         replica_buffers = realloc(replica_buffers, (size_t)(i + 1) * sizeof *replica_buffers);
         CT_ASSERT(replica_buffers != NULL);
-        memset(replica_buffers + n_replica_buffers, 0,
-               (size_t)(i + 1 - n_replica_buffers) * sizeof *replica_buffers);
+        for (int k = n_replica_buffers; k <= i; k++)
+            replica_buffers[k] = (replica_buffer){.from = -1};
         n_replica_buffers = i + 1;
     }
-    replica_buffer *b = &replica_buffers[i];
+    return &replica_buffers[i];
+}
+
+static replica_buffer *replica_buffer_for(int i, int64_t n, int64_t values) {
+    replica_buffer *b = replica_buffer_at(i);
     if (b->pieces_cap < n) {
         free(b->pieces);
         b->pieces_cap = CT_MAX(n, 1);
@@ -974,16 +986,22 @@ ct_status ct_ckpt_local_begin(ct_ckpt_local_saver **out, const ct_config *cfg, c
     for (int q = 0, i = 0; q < n; q++) {
         if (q == me || ct_ckpt_partner(q, n) != me) continue;
         replica_in *r = &ls->in[i];
-        int64_t h[2];
-        /* the sizes: a few bytes, sent by q at this same boundary */
-        ct_comm_wait(world, ct_comm_irecv(world, h, 2, CT_DTYPE_I64, q, TAG));
         r->from = q;
-        r->n = h[0];
-        r->values = h[1];
-        r->buf = replica_buffer_for(i, h[0], h[1]);
-        r->req[0] = ct_comm_irecv(world, r->buf->pieces, h[0] * (int64_t)sizeof *r->buf->pieces,
+        const replica_buffer *known = replica_buffer_at(i);
+        if (known->from == q) { /* the sizes of the last save: receive at once, check later */
+            r->n = known->n;
+            r->values = known->n_values;
+            r->req[2] = ct_comm_irecv(world, r->head, 2, CT_DTYPE_I64, q, TAG);
+        } else { /* the first save: a few bytes, sent by q at this same boundary */
+            ct_comm_wait(world, ct_comm_irecv(world, r->head, 2, CT_DTYPE_I64, q, TAG));
+            r->n = r->head[0];
+            r->values = r->head[1];
+        }
+        r->buf = replica_buffer_for(i, r->n, r->values);
+        r->buf->from = q, r->buf->n = r->n, r->buf->n_values = r->values;
+        r->req[0] = ct_comm_irecv(world, r->buf->pieces, r->n * (int64_t)sizeof *r->buf->pieces,
                                   CT_DTYPE_U8, q, TAG + 1);
-        r->req[1] = ct_comm_irecv(world, r->buf->values, h[1], CT_DTYPE_F32, q, TAG + 2);
+        r->req[1] = ct_comm_irecv(world, r->buf->values, r->values, CT_DTYPE_F32, q, TAG + 2);
         i++;
     }
     ct_ckpt_crash_point("local-in-transfer", step); /* sent and received, nothing written */
@@ -1003,13 +1021,18 @@ bool ct_ckpt_local_progress(ct_ckpt_local_saver *ls, bool wait) {
     for (int i = 0; i < ls->n_in; i++) {
         replica_in *r = &ls->in[i];
         if (r->arrived) continue;
-        if (!wait && !(ct_comm_test(world, r->req[0]) && ct_comm_test(world, r->req[1]))) {
+        if (!wait && !((!r->req[2] || ct_comm_test(world, r->req[2])) &&
+                       ct_comm_test(world, r->req[0]) && ct_comm_test(world, r->req[1]))) {
             all = false;
             continue;
         }
-        ct_comm_wait(world, r->req[0]);
-        ct_comm_wait(world, r->req[1]);
-        r->req[0] = r->req[1] = NULL;
+        for (int k = 0; k < 3; k++) ct_comm_wait(world, r->req[k]);
+        r->req[0] = r->req[1] = r->req[2] = NULL;
+        /* a rank's pieces are its layout's: the same every save of a run */
+        CT_ASSERTF(r->head[0] == r->n && r->head[1] == r->values,
+                   "local checkpoint: rank %d sent %lld pieces, %lld values; expected %lld, %lld",
+                   r->from, (long long)r->head[0], (long long)r->head[1], (long long)r->n,
+                   (long long)r->values);
         pthread_mutex_lock(&ls->mu);
         r->arrived = true;
         pthread_cond_broadcast(&ls->cv);
@@ -1056,7 +1079,7 @@ ct_status ct_ckpt_local_end(ct_ckpt_local_saver *ls, ct_ckpt_save_stats *stats) 
         /* every rank's local folder is a checkpoint directory of its own: the manifest, its
          * file and its partners' */
         st = ct_pctx_agree(
-            pctx, write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n, root, 2));
+            pctx, write_manifest(s->cfg, pctx, s->step, s->optimizer_step, all, n, root, 0));
         free(all);
     }
     if (stats) {

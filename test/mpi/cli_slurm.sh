@@ -13,6 +13,9 @@
 #     `cooktrain inspect`, `latest` names the newest), and the next submission given its
 #     checkpoint directory resumes from the newest;
 #   - a rank killed with SIGKILL: the job ends (no hang), and the next submission resumes;
+#   - local checkpoints every step, a rank killed with SIGKILL, the job requeued (scontrol
+#     requeue): the requeued run gathers the newest local step, bit-identical to an uninterrupted
+#     run;
 #   - scaling sweeps as a job array (scripts/bench_scaling.sh --slurm): one task per run, the
 #     table job after them; a cancelled task shows as missing and fails the table job;
 #   - the GPU script on emulated GPUs (the node declares 2 GPUs; build/cooktrain-cuemu): one rank
@@ -249,6 +252,56 @@ if selected "rank killed"; then
         fi
     else
         fail "job $id did not reach step 5"
+        scancel "$id" 2>/dev/null
+    fi
+fi
+
+# ---- a rank killed, the job requeued, local checkpoints ----------------------------------------------
+# A job with a local checkpoint every step (in node memory: a folder the requeued job finds on the
+# same node) and no persistent one before the end: a rank SIGKILLed after step 5 fails the job;
+# `scontrol requeue` (what an operator, or the cluster after a node failure, does) starts it
+# again with the same job id, so the same run and checkpoint directories: the requeued run
+# gathers the newest local step and ends bit-identical to an uninterrupted run.
+if selected "requeue local"; then
+    steps=200
+    job_train=("${train[@]}" --set train.steps=$steps --set checkpoint.local_interval=1
+               --set checkpoint.local_dir="$tmp/node-local")
+    expect_exit 0 "requeue local: uninterrupted reference ($steps steps, srun -n 2)" -- env -C "$work" \
+        srun -n 2 --mpi=pmix ./build/cooktrain train --config "${train[@]}" --set train.steps=$steps \
+        --set log.metrics="$tmp/requeue-ref.jsonl" --dump-params "$tmp/requeue-ref.bin"
+    out=$(cd "$work" && sbatch --job-name=ct-requeue "${shape[@]}" --time=10 scripts/slurm/cooktrain.sbatch \
+        "${job_train[@]}" --dump-params "$tmp/requeue.bin" 2>&1)
+    id=$(job_id "$out")
+    run=$work/runs/ct-requeue-$id
+    if [ -n "$id" ] && wait_for 60 at_step "$run/metrics.jsonl" 5; then
+        victim=$(pgrep -f "checkpoint.local_dir=$tmp/node-local" | while read -r p; do
+            [ "$(cat /proc/"$p"/comm 2>/dev/null)" = cooktrain ] && echo "$p"; done | tail -1)
+        kill -9 "$victim"
+        if wait_for 60 finished "$id"; then
+            ok "requeue local: a rank killed with SIGKILL ends job $id ($(job_state "$id"))"
+            scontrol requeue "$id" 2>/dev/null
+            wait_for 120 requeued "$id" && wait_for 120 finished "$id"
+            log=$work/runs/slurm/ct-requeue-$id.log
+            if requeued_and_finished "$id" && [ "$(job_state "$id")" = COMPLETED ]; then
+                ok "requeue local: the requeued job completed"
+            else
+                fail "requeue local: job $id: state $(job_state "$id"), restarts $(job_field "$id" Restarts)"
+                tail -5 "$log" | sed 's/^/    /'
+            fi
+            grep -qE "^checkpoint: local step [0-9]+ is newer" "$log" &&
+                ok "requeue local: the requeued run gathered a local step" ||
+                fail "requeue local: no local step gathered in $log"
+            if cmp -s "$tmp/requeue.bin" "$tmp/requeue-ref.bin"; then
+                ok "requeue local: final parameters bit-identical to the uninterrupted run"
+            else
+                fail "requeue local: final parameters differ from the uninterrupted run"
+            fi
+        else
+            fail "requeue local: the job with a killed rank is still $(job_state "$id") after 60 s"
+            scancel "$id" 2>/dev/null
+        fi
+    else
+        fail "requeue local: job $id did not reach step 5"
         scancel "$id" 2>/dev/null
     fi
 fi

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* nftw (removing a local folder) */
 #include "checkpoint_io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
@@ -1119,26 +1120,73 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return remove(path) == 0 || errno == ENOENT ? 0 : -1;
 }
 
-ct_status ct_ckpt_local_forget(const ct_config *cfg, int rank) {
+/* The rank folders of this node's job folder (the parent of every rank's local root) that rank
+ * `rank` looks after: all of them, split among the node's ranks in turn (sorted by name), so
+ * that every folder on the node is read by one rank — a rank's own, and those of ranks of an
+ * earlier run that are not in this one (a restart on fewer ranks, or numbered anew). */
+static int my_folders(const ct_config *cfg, int rank, int world, char *job, size_t n, int **out) {
     char root[CT_PATH_MAX + 64];
     ct_ckpt_local_root(cfg, rank, root, sizeof root);
-    if (nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-        return ct_error(CT_ERR_RUNTIME, "cannot remove the local checkpoints in '%s'", root);
-    return CT_OK;
+    snprintf(job, n, "%s", root);
+    char *slash = strrchr(job, '/');
+    if (slash) *slash = '\0';
+    const int host = ct_mpi_host_of(rank);
+    int index = 0, ranks = 0;
+    for (int r = 0; r < world; r++) {
+        if (ct_mpi_host_of(r) != host) continue;
+        index += r < rank;
+        ranks++;
+    }
+    int count = 0, cap = 0;
+    *out = NULL;
+    struct dirent **names = NULL;
+    const int found = scandir(job, &names, NULL, alphasort);
+    for (int i = 0, k = 0; i < found; i++) {
+        int folder;
+        char tail;
+        if (sscanf(names[i]->d_name, "rank-%d%c", &folder, &tail) == 1 && folder >= 0 &&
+            strlen(names[i]->d_name) == 10 && k++ % ranks == index) {
+            if (count == cap) {
+                cap = cap ? 2 * cap : 4;
+                *out = realloc(*out, (size_t)cap * sizeof **out);
+                CT_ASSERT(*out != NULL);
+            }
+            (*out)[count++] = folder;
+        }
+        free(names[i]);
+    }
+    free(names);
+    return count;
 }
 
-/* What a rank holds of its local folder: (step, rank file) pairs, file -1 for a manifest (with
- * its count of rank files), each checked whole; step -1 ends the list. */
-enum { LOCAL_HELD = 32 };
+ct_status ct_ckpt_local_forget(const ct_config *cfg, const ct_pctx *pctx) {
+    char job[CT_PATH_MAX + 64], root[2 * CT_PATH_MAX];
+    int *folders;
+    const int n = my_folders(cfg, pctx->world_rank, pctx->world_size, job, sizeof job, &folders);
+    ct_status st = CT_OK;
+    for (int i = 0; i < n && st == CT_OK; i++) {
+        snprintf(root, sizeof root, "%s/rank-%05d", job, folders[i]);
+        if (nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+            st = ct_error(CT_ERR_RUNTIME, "cannot remove the local checkpoints in '%s'", root);
+    }
+    free(folders);
+    return st;
+}
+
+/* What a rank holds in the folders it looks after: (step, rank file, folder) triples, file -1
+ * for a manifest (with its count of rank files), each checked whole; step -1 ends the list. */
+enum { LOCAL_HELD = 64 };
 typedef struct local_held {
-    int64_t step, file, n_files;
+    int64_t step, file, n_files, folder;
 } local_held;
 
-/* This rank's complete local steps, newest first, every file in them checked. */
-static void list_held(const char *root, int world_files, local_held *held) {
+/* The complete steps of folder `folder` (ROOT), newest first, every file in them checked, from
+ * held[*k] on. */
+static void list_held(const char *root, int64_t folder, int world_files, local_held *held,
+                      int *at) {
     int64_t *steps;
     const int n = ct_ckpt_steps(root, &steps);
-    int k = 0;
+    int k = *at;
     for (int i = n - 1; i >= 0 && k < LOCAL_HELD; i--) {
         ct_ckpt_manifest m;
         const int64_t step = steps[i];
@@ -1148,32 +1196,36 @@ static void list_held(const char *root, int world_files, local_held *held) {
             ct_error_clear(); /* torn or foreign: not held */
             continue;
         }
-        held[k++] = (local_held){.step = step, .file = -1, .n_files = m.n_files};
+        held[k++] = (local_held){.step = step, .file = -1, .n_files = m.n_files, .folder = folder};
         for (int f = 0; f < m.n_files && f < world_files + 4096 && k < LOCAL_HELD; f++) {
             char file[CT_PATH_MAX + 128];
             snprintf(file, sizeof file, "%s/rank-%05d.bin", path, f);
             if (access(file, R_OK) != 0) continue;
             if (ct_ckpt_verify_file(path, &m, f) == CT_OK)
-                held[k++] = (local_held){.step = step, .file = f};
+                held[k++] = (local_held){.step = step, .file = f, .folder = folder};
             else
                 ct_error_clear(); /* a torn or corrupt copy: as if absent */
         }
         ct_ckpt_manifest_release(&m);
     }
     free(steps);
-    if (k < LOCAL_HELD) held[k].step = -1;
+    *at = k;
 }
 
-/* The lowest rank holding (step, file) in the gathered lists, or -1; `prefer` first if it does. */
-static int holder_of(const local_held *all, int world, int64_t step, int64_t file, int prefer) {
-    int found = -1;
+/* Who gives (step, file) from the gathered lists: the rank reading the file's own folder (where
+ * its writer kept it), else the lowest rank holding a copy; NULL for nobody. *rank is that rank. */
+static const local_held *holder_of(const local_held *all, int world, int64_t step, int64_t file,
+                                   int *rank) {
+    const local_held *found = NULL;
     for (int r = world - 1; r >= 0; r--)
         for (int i = 0; i < LOCAL_HELD && all[r * LOCAL_HELD + i].step >= 0; i++) {
             const local_held *h = &all[r * LOCAL_HELD + i];
-            if (h->step == step && h->file == file) {
-                if (r == prefer) return r;
-                found = r;
+            if (h->step != step || h->file != file) continue;
+            if (file >= 0 && h->folder == file) {
+                *rank = r;
+                return h;
             }
+            found = h, *rank = r;
         }
     return found;
 }
@@ -1206,10 +1258,18 @@ ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t aft
     memset(info, 0, sizeof *info);
     info->step = -1;
     const int world = pctx->world_size, me = pctx->world_rank;
-    char root[CT_PATH_MAX + 64];
-    ct_ckpt_local_root(cfg, me, root, sizeof root);
+    char job[CT_PATH_MAX + 64], root[2 * CT_PATH_MAX];
+    int *folders;
+    const int n_folders = my_folders(cfg, me, world, job, sizeof job, &folders);
     local_held *all = ct_xcalloc((size_t)world * LOCAL_HELD, sizeof *all);
-    list_held(root, world, all + (size_t)me * LOCAL_HELD);
+    local_held *mine = all + (size_t)me * LOCAL_HELD;
+    int k = 0;
+    for (int i = 0; i < n_folders; i++) {
+        snprintf(root, sizeof root, "%s/rank-%05d", job, folders[i]);
+        list_held(root, folders[i], world, mine, &k);
+    }
+    free(folders);
+    if (k < LOCAL_HELD) mine[k].step = -1;
     ct_comm_allgather(pctx->world, all + (size_t)me * LOCAL_HELD, all,
                       (int64_t)world * LOCAL_HELD * (int64_t)sizeof *all, CT_DTYPE_U8);
     /* the newest step after `after` whose manifest and every rank file some rank holds: the
@@ -1220,8 +1280,9 @@ ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t aft
             const local_held *h = &all[r * LOCAL_HELD + i];
             if (h->file != -1 || h->step <= after || h->step <= best) continue;
             bool complete = true;
+            int who;
             for (int64_t f = 0; f < h->n_files && complete; f++)
-                complete = holder_of(all, world, h->step, f, -1) >= 0;
+                complete = holder_of(all, world, h->step, f, &who) != NULL;
             if (complete) best = h->step, n_files = h->n_files;
         }
     ct_status st = CT_OK;
@@ -1229,20 +1290,21 @@ ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t aft
         /* gathered into checkpoint.dir/step-N as a checkpoint like any other: each file by its
          * own rank where it kept it, else by the lowest rank holding a partner's copy */
         const char *dir = cfg->checkpoint.dir;
-        char tmp[CT_PATH_MAX + 32], src[CT_PATH_MAX + 64], from[2 * CT_PATH_MAX + 128],
-            to[CT_PATH_MAX + 64];
+        char tmp[CT_PATH_MAX + 32], from[3 * CT_PATH_MAX], to[CT_PATH_MAX + 64];
         ct_ckpt_step_path(tmp, sizeof tmp, dir, best, true);
-        ct_ckpt_step_path(src, sizeof src, root, best, false);
         st = ct_pctx_agree(pctx, me == 0 ? ct_ckpt_begin(dir, best) : CT_OK);
         for (int64_t f = -1; f < n_files && st == CT_OK; f++) {
-            const int h = holder_of(all, world, best, f, f >= 0 && f < world ? (int)f : -1);
-            if (f >= 0 && h != f) info->from_partners++;
-            if (h != me) continue;
+            int who = -1;
+            const local_held *h = holder_of(all, world, best, f, &who);
+            if (f >= 0 && h->folder != f) info->from_partners++;
+            if (who != me) continue;
+            const int at = snprintf(from, sizeof from, "%s/rank-%05lld/step-%08lld/", job,
+                                    (long long)h->folder, (long long)best);
             if (f < 0) {
-                snprintf(from, sizeof from, "%s/manifest.bin", src);
+                snprintf(from + at, sizeof from - at, "manifest.bin");
                 snprintf(to, sizeof to, "%s/manifest.bin", tmp);
             } else {
-                snprintf(from, sizeof from, "%s/rank-%05lld.bin", src, (long long)f);
+                snprintf(from + at, sizeof from - at, "rank-%05lld.bin", (long long)f);
                 snprintf(to, sizeof to, "%s/rank-%05lld.bin", tmp, (long long)f);
             }
             st = copy_file(from, to);

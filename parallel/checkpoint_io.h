@@ -121,22 +121,25 @@ ct_status ct_ckpt_local_begin(ct_ckpt_local_saver **out, const ct_config *cfg, c
 bool ct_ckpt_local_progress(ct_ckpt_local_saver *saver, bool wait);
 ct_status ct_ckpt_local_end(ct_ckpt_local_saver *saver, ct_ckpt_save_stats *stats); /* frees */
 void ct_ckpt_local_abandon(ct_ckpt_local_saver *saver); /* accepts NULL */
-/* Removes rank `rank`'s local folder (a run that ended with a persistent checkpoint no longer
- * needs it: node memory is given back). */
-ct_status ct_ckpt_local_forget(const ct_config *cfg, int rank);
+/* Removes the local folders this rank looks after on its node (see ct_ckpt_local_restore): a
+ * run that ended with a persistent checkpoint no longer needs them, and node memory is given
+ * back. Every rank calls it. */
+ct_status ct_ckpt_local_forget(const ct_config *cfg, const ct_pctx *pctx);
 /*
- * A restart's agreement: every rank lists the steps of its local folder whose manifest and rank
- * files check whole (a torn or corrupt copy counts as absent), the lists are gathered, and the
- * newest step after `after` (the newest in checkpoint.dir, -1 for none) of which every rank file
- * is held somewhere — by its rank or a partner — is gathered into checkpoint.dir/step-N and
- * published there, so that resume: auto loads it like any other (in any layout). Never a mix of
- * steps: every file is of that one step. Collective; info->step is -1 when no local step is
- * newer and complete.
+ * A restart's agreement: the rank folders on a node are split among its ranks (each reads its
+ * share: its own folder, and the folders of ranks of an earlier run that this one does not have
+ * or numbers anew), every rank lists the steps of its folders whose manifest and rank files check
+ * whole (a torn or corrupt copy counts as absent), the lists are gathered, and the newest step
+ * after `after` (the newest in checkpoint.dir, -1 for none) of which every rank file is held
+ * somewhere — in its writer's folder or as a partner's copy — is gathered into
+ * checkpoint.dir/step-N and published there, so that resume: auto loads it like any other (in any
+ * layout). Never a mix of steps: every file is of that one step. Collective; info->step is -1 when
+ * no local step is newer and complete.
  */
 typedef struct ct_ckpt_local_info {
     int64_t step;          /* the step gathered, or -1 */
     int64_t files;         /* its rank files */
-    int64_t from_partners; /* of them, copies a partner kept (their own rank had none) */
+    int64_t from_partners; /* of them, copies a partner kept (their writer's folder had none) */
 } ct_ckpt_local_info;
 ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t after,
                                 ct_ckpt_local_info *info);

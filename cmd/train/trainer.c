@@ -1083,7 +1083,7 @@ static ct_status finish_run(trainer *t) {
     /* the last step's (or the stop's) persistent checkpoint is published: the node-local ones
      * are older, and their memory goes back to the node */
     if (t->cfg->checkpoint.local_interval > 0)
-        CT_TRY(agree(t, ct_ckpt_local_forget(t->cfg, t->pctx->world_rank)));
+        CT_TRY(agree(t, ct_ckpt_local_forget(t->cfg, t->pctx)));
     CT_TRY(step_agree(t, ct_metrics_status(t->metrics)));
     if (!t->stopped) CT_TRY(print_sample(t));
     if (t->cfg->log.trace[0]) CT_TRY(agree(t, write_trace(t, t->cfg->log.trace)));

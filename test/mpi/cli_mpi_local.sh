@@ -12,6 +12,9 @@
 #   - every rank SIGKILLed during step 7's local save: before its own file is written, with the
 #     transfers to the partners posted, and halfway through writing a partner's copy: the restart
 #     takes step 6, bytes equal (a kill during a save loses nothing more);
+#   - pp 2 x dp 4 on 8 ranks killed in a local save, restarted on 4 (parallel.auto_layout): the
+#     old ranks' folders are read by the new ranks, the step resumed resharded, the run equal to
+#     world size 1 within compare_runs.py's tolerances;
 #   - checkpoint.local_interval without checkpoint.dir is refused (exit 2, hint).
 . "$(dirname "$0")/../tools/lib_cli.sh"
 tmp=$(mktemp -d)
@@ -98,6 +101,37 @@ for point in local-mid-save local-in-transfer local-mid-replica; do
         --set checkpoint.local_dir="$d/local/%h" --set log.run_dir="$d/run"
     restarted "$point" 6
 done
+
+# fewer ranks: pp 2 x dp 4 on 8 ranks, every rank killed in step 7's local save; the restart has
+# 4 ranks and parallel.auto_layout (pp 2 x dp 2): its ranks read the 8 folders between them (the
+# files of ranks 4-7 are in those ranks' folders, which no rank of the new run is named after),
+# gather local step 6 and resume it resharded; the run matches world size 1.
+if selected "fewer ranks"; then
+    d=$tmp/fewer
+    mkdir -p "$d"
+    few=("${base[@]}" "${pp[@]}" --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1
+         --set checkpoint.local_dir="$d/local/%h" --set parallel.auto_layout=true
+         --set parallel.dp=4 --set log.metrics="$d/run.jsonl")
+    expect_exit 0 "fewer ranks: reference (world size 1, 8 steps)" -- "$BIN" "${base[@]}" \
+        --set train.steps=8 --set log.metrics="$d/ref.jsonl" --dump-params "$d/ref.bin" \
+        --dump-init-params "$d/init.bin"
+    expect_exit 137 "fewer ranks: 8 ranks killed in step 7's local save" -- \
+        env COOKTRAIN_CKPT_CRASH="local-mid-save@7" "${MPIRUN[@]}" -np 8 -x COOKTRAIN_CKPT_CRASH "$BIN" \
+        "${few[@]}"
+    if expect_exit 0 "fewer ranks: the restart on 4 ranks" -- "${MPIRUN[@]}" -np 4 "$BIN" "${few[@]}" \
+        --dump-params "$d/run.bin"; then
+        expect_text "chose tp 1 x pp 2 x dp 2" "fewer ranks: parallel.auto_layout chose pp 2 x dp 2"
+        expect_text "checkpoint: local step 6 is newer than" "fewer ranks: local step 6 gathered"
+        if out=$(python3 test/tools/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" \
+            "$d/run.bin" --init "$d/init.bin"); then
+            ok "fewer ranks: the run, 8 ranks then 4, matches world size 1; $out"
+        else
+            fail "fewer ranks: $out"
+        fi
+        left=$(find "$d/local" -name 'rank-*' -type d 2>/dev/null | wc -l)
+        if [ "$left" = 0 ]; then ok "fewer ranks: the finished run removed all 8 folders"; else fail "fewer ranks: $left local folders left"; fi
+    fi
+fi
 
 expect_exit 2 "local checkpoints without checkpoint.dir" -- "$BIN" "${base[@]}" \
     --set checkpoint.local_interval=1

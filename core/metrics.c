@@ -17,6 +17,23 @@ struct ct_metrics {
     ct_status status; /* the first failed write */
 };
 
+int64_t ct_metrics_last_step(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int64_t last = -1;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        const char *at = strstr(line, "\"step\": ");
+        long long step;
+        if (at && strstr(line, "\"loss\": ") && sscanf(at + 8, "%lld", &step) == 1)
+            last = CT_MAX(last, (int64_t)step);
+    }
+    free(line);
+    fclose(f);
+    return last;
+}
+
 ct_status ct_metrics_open(ct_metrics **out, const char *path) {
     *out = NULL;
     CT_TRY(ct_mkdir_parents(path));

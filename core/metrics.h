@@ -26,6 +26,9 @@ typedef struct ct_metrics ct_metrics;
 /* Creates the file's parent directories and opens it for writing (truncating). CT_ERR_INPUT
  * with a hint when that fails. */
 ct_status ct_metrics_open(ct_metrics **out, const char *path);
+/* The largest "step" of a training line ("loss" in it) in metrics file `path`: the last step a
+ * run that logged there finished; -1 for none or no file. */
+int64_t ct_metrics_last_step(const char *path);
 void ct_metrics_free(ct_metrics *metrics);
 
 /* One line: begin, fields in order, end (which writes and flushes it). */

@@ -1285,6 +1285,12 @@ ct_status ct_ckpt_local_restore(const ct_config *cfg, ct_pctx *pctx, int64_t aft
                 complete = holder_of(all, world, h->step, f, &who) != NULL;
             if (complete) best = h->step, n_files = h->n_files;
         }
+    /* every rank must have decided the same from the same lists: checked, since a rank that
+     * decided otherwise would gather (or resume from) another step */
+    int64_t span[2] = {best, -best};
+    ct_comm_allreduce(pctx->world, span, 2, CT_DTYPE_I64, CT_REDUCE_MAX);
+    CT_ASSERTF(span[0] == -span[1], "local checkpoints: the ranks chose steps %lld to %lld",
+               (long long)-span[1], (long long)span[0]);
     ct_status st = CT_OK;
     if (best >= 0) {
         /* gathered into checkpoint.dir/step-N as a checkpoint like any other: each file by its

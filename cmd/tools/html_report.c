@@ -340,7 +340,7 @@ static void describe_segments(const run *r, char *buf, size_t n) {
                                    "copies; %lld step%s lost)",
                                    s->from_partners, s->from_partners == 1 ? "" : "s", s->rerun,
                                    s->rerun == 1 ? "" : "s");
-        else if (at < n && s->rerun > 0)
+        else if (at < n && s->kind == SEG_RESUMED && s->rerun > 0)
             at += (size_t)snprintf(buf + at, n - at, " (%lld step%s lost)", s->rerun,
                                    s->rerun == 1 ? "" : "s");
     }

@@ -167,6 +167,8 @@ static ct_status open_inputs(trainer *t) {
     snprintf(metrics, sizeof metrics, "%s", cfg->log.metrics);
     if (cfg->log.run_dir[0] && t->rank0 && !metrics[0])
         snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->log.run_dir);
+    /* the last step the runs before logged: a restart says what it runs again */
+    if (metrics[0] && t->rank0) t->last_logged_step = ct_metrics_last_step(metrics);
     if (metrics[0] && t->rank0) CT_TRY(ct_metrics_open(&t->metrics, metrics));
     return CT_OK;
 }
@@ -969,6 +971,12 @@ static ct_status resume_run(trainer *t) {
                    (long long)state.tp, (long long)state.pp, (long long)state.dp,
                    (long long)state.zero_stage, ct_now() - start, stats.state_bytes / 1048576.0,
                    stats.buffer_bytes / 1048576.0);
+        const int64_t again = t->last_logged_step - state.step;
+        if (t->rank0 && again > 0)
+            printf("checkpoint: the run before had logged step %lld, so %lld step%s run again "
+                   "(from step %lld): the steps lost\n",
+                   (long long)t->last_logged_step, (long long)again, again == 1 ? " is" : "s are",
+                   (long long)state.step + 1);
         t->profile_start = t->run_start = t->interval_start = ct_now();
     }
     for (int k = 0; k < n; k++) free(paths[k]);
@@ -1046,6 +1054,10 @@ static ct_status end_local_save(trainer *t) {
  * the one before. */
 static ct_status maybe_save_local(trainer *t, int64_t steps) {
     const ct_checkpoint_config *cc = &t->cfg->checkpoint;
+    /* the save in flight ends at the first boundary where every rank's files are written, here,
+     * at one place in the boundary's work, so that the boundary's collectives come in the same
+     * order whenever it ends (a fault planted on the Nth one hits the same one every run) */
+    if (t->local_written) CT_TRY(end_local_save(t));
     if (cc->local_interval <= 0 || steps % cc->local_interval != 0 ||
         steps >= t->cfg->train.steps || (cc->interval > 0 && steps % cc->interval == 0))
         return CT_OK;
@@ -1127,7 +1139,6 @@ ct_status ct_train_run(const ct_config *cfg, ct_backend *be, ct_pctx *pctx,
             break;
         }
         if (st == CT_OK && t.pending_written) st = end_pending_save(&t);
-        if (st == CT_OK && t.local_written) st = end_local_save(&t);
         if (st == CT_OK) st = record_step(&t, &s);
         if (st == CT_OK) ct_report_stragglers(&t, &s);
         if (st == CT_OK) remeasure_denominators(&t, &s);

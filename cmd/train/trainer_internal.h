@@ -88,7 +88,8 @@ typedef struct trainer {
     int64_t local_step, local_saved;     /* its step; local saves ended */
     bool local_written;   /* agreed at the last step boundary: every rank's local files written */
     double local_stall_s; /* training's wait for local saves since the last metrics line */
-    bool pending_written; /* agreed at the last step boundary: every rank's file is written */
+    int64_t last_logged_step; /* rank 0: the metrics file's last training step at start */
+    bool pending_written;     /* agreed at the last step boundary: every rank's file is written */
     int64_t pending_step;
     bool stopped; /* ended early (signal or train.stop_after) */
     /* train.cuda_graph (graph_step): the step's tokens and targets on the device, and the graph

@@ -51,12 +51,12 @@ planted() {
 # tp 2 it would meet its tp partner, waiting in the skipped one, within a layer: two operations
 # each waiting for the other, a few milliseconds apart, and "first" a matter of clocks.)
 planted "skipped" 2:world:3:skip \
-    "diagnosis: rank 2 never entered collective #3 (allreduce, i32, 12 bytes) on group world (ranks 0 1 2 3)" \
+    "diagnosis: rank 2 never entered collective #3 (allreduce, i32, 16 bytes) on group world (ranks 0 1 2 3)" \
     --set parallel.tp=1
 planted "mismatched" 1:tp:7:mismatch \
     "diagnosis: collective #7 on group tp (ranks 0 1) differs between ranks: rank 0 allreduce (f32, 16384 bytes), rank 1 barrier (u8, 0 bytes)"
 planted "sleeping" 3:world:3:sleep:30 \
-    "diagnosis: rank 3 never entered collective #3 (allreduce, i32, 12 bytes) on group world (ranks 0 1 2 3)"
+    "diagnosis: rank 3 never entered collective #3 (allreduce, i32, 16 bytes) on group world (ranks 0 1 2 3)"
 
 # ---- SIGUSR2: a record on demand, the job goes on ------------------------------------------------
 # Sent as the README says, to the job's mpirun (which passes it on to every rank): each rank

@@ -26,12 +26,12 @@ pp=(--set parallel.pp=2 --set train.steps=8)
 expect_exit 0 "reference: 8 steps uninterrupted" -- "${MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${pp[@]}" \
     --dump-params "$tmp/ref.bin"
 
-# crashed NAME: a job with local checkpoints every step whose rank 1 skips its 28th world
+# crashed NAME: a job with local checkpoints every step whose rank 1 skips its 30th world
 # collective (during step 8), ended by the watchdog; its local folders under $tmp/NAME/local.
 crashed() {
     local d=$tmp/$1
     mkdir -p "$d"
-    expect_exit 1 "$1: the job dies in step 8" -- env COOKTRAIN_FAULT_COMM=1:world:28:skip \
+    expect_exit 1 "$1: the job dies in step 8" -- env COOKTRAIN_FAULT_COMM=1:world:30:skip \
         OMPI_MCA_odls_base_sigkill_timeout=5 "${MPIRUN[@]}" -np 4 -x COOKTRAIN_FAULT_COMM "$BIN" \
         "${base[@]}" "${pp[@]}" --set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 \
         --set checkpoint.local_dir="$d/local/%h" --set parallel.timeout_s=3 \
@@ -69,6 +69,8 @@ if selected "lost storage"; then
     rm -rf "$tmp/lost/local/0/$job/rank-00001" # rank 1's node-local storage is gone
     restarted lost 6
     expect_text "(1 from partners' copies" "lost: rank 1's file came from its partner"
+    expect_text "the run before had logged step 7, so 1 step is run again (from step 7)" \
+        "lost: the log says what was lost"
     # the report shows the restart: from where, and the step lost (7 ran, then ran again)
     if expect_exit 0 "lost: report of the crashed and restarted run" -- \
         "$BIN" report "$tmp/lost/run" -o "$tmp/lost/report.html"; then
@@ -76,6 +78,11 @@ if selected "lost storage"; then
         expect_text "resumed at 7 (a local checkpoint, 1 rank file from partners' copies; 1 step lost)" \
             "lost: the report's table says how the run was restarted"
         expect_text "resumed at step 7 (local checkpoint)</text>" "lost: its charts mark the restart"
+        if out=$(python3 test/tools/check_report.py "$tmp/lost/report.html" "$tmp/lost/run/metrics.jsonl" 2>&1); then
+            ok "lost: the report checks against its metrics (check_report.py)"
+        else
+            fail "lost: check_report.py: $out"
+        fi
     fi
 fi
 

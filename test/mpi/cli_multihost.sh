@@ -18,8 +18,9 @@
 #     the next submission gathers the newest local step, host 1's files from their partners'
 #     copies on host 0, bit-identical again;
 #   - pp 2 x dp 4 on 4 hosts with local checkpoints: host 3's ranks killed, its folder wiped; the
-#     next submission on 3 hosts (parallel.auto_layout) chooses pp 2 x dp 3, gathers the newest
-#     local step (host 3's files from host 0's copies) and resumes resharded, matching world size 1;
+#     next submission on 4 hosts (a new host 3) ends bit-identical to an uninterrupted run; one on
+#     3 hosts instead (parallel.auto_layout) chooses pp 2 x dp 3, gathers the newest local step
+#     (host 3's files from host 0's copies) and resumes resharded, matching world size 1;
 #   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
 #     world size 1, its traffic over the link.
@@ -235,17 +236,20 @@ if selected "local checkpoints" && [ -f "$tmp/whole.bin" ] && netns_hosts_stop &
     fi
 fi
 
-# ---- a lost host, restarted on fewer ------------------------------------------------------------
+# ---- a lost host, restarted on as many and on fewer ----------------------------------------------
 # pp 2 x dp 4 on 4 hosts (8 ranks), global batch 12, a local checkpoint every step: host 3's ranks
 # (pipeline stage 1's dp ranks 2 and 3) killed once local step 6 exists, host 3's folder wiped.
-# The next submission has 3 hosts (6 ranks) and parallel.auto_layout: it chooses pp 2 x dp 3,
+# From a copy of what is left, the next submission on 4 hosts (host 3 a new node) gathers host
+# 3's files from host 0's copies and ends bit-identical to an uninterrupted run on 4 hosts.
+# From what is left again, a submission on 3 hosts (6 ranks) with parallel.auto_layout chooses pp 2 x dp 3,
 # gathers the newest local step (host 3's two files from their partners' copies on host 0),
 # resumes it resharded, and the run — the first job's steps up to the resume, the second's
 # after — matches world size 1 (compare_runs.py's tolerances: the layout changed, so not bits).
 if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 4; then
     d=$tmp/fewer
     mkdir -p "$d"
-    few=(--set train.global_batch=12 --set train.steps=60 --set parallel.pp=2 --set parallel.timeout_s=5)
+    few=(--set train.global_batch=12 --set train.micro_batch=auto --set train.steps=60 --set parallel.pp=2
+         --set parallel.timeout_s=5)
     loc=(--set checkpoint.dir="$d/ck" --set checkpoint.local_interval=1 --set checkpoint.local_dir="$d/local/%h"
          --set parallel.auto_layout=true)
     expect_exit 0 "fewer hosts: reference (world size 1)" -- "$BIN" "${base[@]}" "${few[@]}" \
@@ -274,6 +278,27 @@ if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 
     else
         ok "fewer hosts: host 3's ranks killed after local step 6"
         rm -rf "$d/local/3" # that node is gone
+        # first the same size, from a copy of what the crash left: host 3 replaced by a new node
+        cp -a "$d/local" "$d/local.kept"
+        cp -a "$d/run.jsonl" "$d/run.kept.jsonl"
+        netns_hosts_stop
+        netns_hosts_start "$tmp/hosts" 4 || fail "fewer hosts: hosts: $NETNS_HOSTS_WHY"
+        expect_exit 0 "fewer hosts: an uninterrupted run on 4 hosts" -- "${NETNS_MPIRUN[@]}" -np 8 \
+            "$BIN" "${base[@]}" "${few[@]}" --set parallel.dp=4 --set checkpoint.dir="$d/whole-ck" \
+            --dump-params "$d/whole.bin"
+        if expect_exit 0 "fewer hosts: a new host 3, the next submission on 4 hosts" -- \
+            "${NETNS_MPIRUN[@]}" -np 8 "$BIN" "${base[@]}" "${few[@]}" "${loc[@]}" --set parallel.dp=4 \
+            --set log.metrics="$d/run.jsonl" --dump-params "$d/same.bin"; then
+            expect_text "(2 from partners' copies" "fewer hosts: the new host 3's files came from host 0's copies"
+            if cmp -s "$d/whole.bin" "$d/same.bin"; then
+                ok "fewer hosts: restarted on 4 hosts, bit-identical to the uninterrupted run"
+            else
+                fail "fewer hosts: restarted on 4 hosts, the parameters differ from the uninterrupted run"
+            fi
+        fi
+        rm -rf "$d/local" "$d/ck"
+        mv "$d/local.kept" "$d/local"
+        mv "$d/run.kept.jsonl" "$d/run.jsonl"
         netns_hosts_stop
         netns_hosts_start "$tmp/hosts" 3 || fail "fewer hosts: hosts: $NETNS_HOSTS_WHY"
         if expect_exit 0 "fewer hosts: the next submission, on 3 hosts" -- "${NETNS_MPIRUN[@]}" -np 6 \

@@ -9,7 +9,9 @@ was drawn from (test/cli/cli_report.sh).
 The metrics are stitched as the report must (html_report.c): every setup line starts a segment at
 its start_step (without one, the step after the last seen, 1 at first), and drops the earlier
 segments' lines of steps from there on; a segment resumed from a checkpoint (resumed_from, or a
-start past 1) or started over (a later one at 1) is a resume.
+start past 1) or started over (a later one at 1) is a resume. A resume past steps already logged
+says how many were lost (run before and again), and one from a local checkpoint
+(local_restore_step) how many rank files came from partners' copies.
 
 The page: self-contained (no script, no link, no src or href, no url(), nothing but the SVG
 namespace naming http); one chart per metric (loss, lr, grad_norm, tokens_per_s, mfu, comm,
@@ -133,9 +135,13 @@ def stitch(lines):
             last = max((k["step"] for k in kept if "step" in k and "val_loss" not in k), default=0)
             start = l.get("start_step", last + 1)
             if l.get("resumed_from") or start > 1:
-                resumes.append(("resumed", start))
+                # after a crash: the steps run before and again (lost), and from a local
+                # checkpoint, how many rank files came from partners' copies
+                local = l.get("local_restore_step", -1)
+                resumes.append(("resumed", start, max(last - start + 1, 0),
+                                l.get("local_restore_from_partners", 0) if local >= 0 else None))
             elif segments:
-                resumes.append(("started over", start))
+                resumes.append(("started over", start, 0, None))
             segments += 1
             kept = [k for k in kept if "step" not in k or k["step"] < start]
         kept.append(l)
@@ -350,21 +356,29 @@ def check_readable(page, source, metrics, names, want_steps, want_resumes):
     # segments and resumes
     for r, (lines, resumes, segments) in enumerate(runs):
         said, parts = None, []
-        for kind, step in resumes:
-            parts.append(f"{kind + ' at ' if kind != said else ''}{step}")
+        for kind, step, lost, partners in resumes:
+            part = f"{kind + ' at ' if kind != said else ''}{step}"
+            lost_s = f"{lost} step{'' if lost == 1 else 's'} lost"
+            if partners is not None:
+                part += (f" (a local checkpoint, {partners} rank file{'' if partners == 1 else 's'}"
+                         f" from partners' copies; {lost_s})")
+            elif kind == "resumed" and lost > 0:
+                part += f" ({lost_s})"
+            parts.append(part)
             said = kind
         want = f"{segments} segment{'' if segments == 1 else 's'}" + (": " + ", ".join(parts) if parts else "")
         if r < len(rows) and want not in rows[r]:
             errors.append(f"run {r}: the table says {rows[r][2] if len(rows[r]) > 2 else rows[r]!r}, expected {want!r}")
-        if r in want_resumes and [s for _, s in resumes] != want_resumes[r]:
+        if r in want_resumes and [x[1] for x in resumes] != want_resumes[r]:
             errors.append(f"run {r}: resumes {resumes}, the test expects {want_resumes[r]}")
         for name, chart in page.charts.items():
             if not any(p["data-run"] == str(r) for p in chart["lines"]) or name == "memory":
                 continue
             drawn = sorted(int(a["data-step"]) for a in chart["resumes"] if a["data-run"] == str(r))
             texts = sorted(t for a, t in chart["texts"] if a.get("class") == "resume")
-            want_texts = sorted(set(f"{k} at step {s}" for k, s in resumes))
-            if drawn != sorted(set(s for _, s in resumes)) or not set(want_texts) <= set(texts):
+            want_texts = sorted(set(f"{k} at step {s}{'' if p is None else ' (local checkpoint)'}"
+                                    for k, s, _, p in resumes))
+            if drawn != sorted(set(x[1] for x in resumes)) or not set(want_texts) <= set(texts):
                 errors.append(f"{name}: run {r} resumes drawn at {drawn} labelled {texts}, expected {want_texts}")
     for r, (first, last) in want_steps.items():
         chart = page.charts["loss"]

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct ct_metrics {
     FILE *file;
@@ -18,6 +19,8 @@ struct ct_metrics {
 };
 
 int64_t ct_metrics_last_step(const char *path) {
+    struct stat st; /* a regular file only: /dev/full, say, reads as endless zeros */
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return -1;
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     int64_t last = -1;

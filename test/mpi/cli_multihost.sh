@@ -183,6 +183,27 @@ if selected "host lost" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 2;
         { ! long_part "host lost: host 1 frozen" || fault_run "host lost: host 1 frozen" STOP; }
 fi
 
+# kill_host_at HOST PATTERN PID: once a path matching PATTERN exists (a local step published),
+# SIGKILLs every cooktrain rank of HOST and waits for the job PID to end (at most 90 s more);
+# $ranks says whom it killed (empty: the job ended first).
+kill_host_at() {
+    local waited=0 guard p
+    # shellcheck disable=SC2086
+    while ! ls -d $2 >/dev/null 2>&1 && [ $waited -lt 1200 ] && kill -0 "$3" 2>/dev/null; do
+        sleep 0.05
+        waited=$((waited + 1))
+    done
+    ranks=$(for p in $(netns_host_pids "$1"); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && echo "$p"
+    done)
+    # shellcheck disable=SC2086
+    [ -n "$ranks" ] && kill -KILL $ranks
+    (sleep 90 && kill -9 "$3") >/dev/null 2>&1 &
+    guard=$!
+    wait "$3"
+    kill "$guard" 2>/dev/null
+}
+
 # ---- local checkpoints across hosts -------------------------------------------------------------
 # The long run with a local checkpoint every step (checkpoint.local_dir per host: %h) and no
 # persistent one before the end: host 1's ranks killed once local step 12 exists, then host 1's
@@ -196,22 +217,7 @@ if selected "local checkpoints" && [ -f "$tmp/whole.bin" ] && netns_hosts_stop &
     loc=(--set checkpoint.dir="$d/ck" --set checkpoint.interval=1000 --set checkpoint.local_interval=1
          --set checkpoint.local_dir="$d/local/%h")
     "${NETNS_MPIRUN[@]}" -np 4 "$BIN" "${base[@]}" "${long[@]}" "${loc[@]}" >"$d/out.txt" 2>&1 </dev/null &
-    pid=$!
-    waited=0
-    while ! ls -d "$d"/local/0/*/rank-00000/step-00000012 >/dev/null 2>&1 && [ $waited -lt 1200 ] &&
-        kill -0 "$pid" 2>/dev/null; do
-        sleep 0.05
-        waited=$((waited + 1))
-    done
-    ranks=$(for p in $(netns_host_pids 1); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && echo "$p"
-    done)
-    # shellcheck disable=SC2086
-    [ -n "$ranks" ] && kill -KILL $ranks
-    (sleep 90 && kill -9 "$pid") >/dev/null 2>&1 &
-    guard=$!
-    wait "$pid"
-    kill "$guard" 2>/dev/null
+    kill_host_at 1 "$d/local/0/*/rank-00000/step-00000012" $!
     if [ -z "$ranks" ] || grep -q '^step   120/120' "$d/out.txt"; then
         fail "local checkpoints: host 1's ranks killed before the end"
     else
@@ -257,22 +263,7 @@ if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 
         --dump-init-params "$d/init.bin"
     "${NETNS_MPIRUN[@]}" -np 8 "$BIN" "${base[@]}" "${few[@]}" "${loc[@]}" --set parallel.dp=4 \
         --set log.metrics="$d/run.jsonl" >"$d/out.txt" 2>&1 </dev/null &
-    pid=$!
-    waited=0
-    while ! ls -d "$d"/local/0/*/rank-00000/step-00000006 >/dev/null 2>&1 && [ $waited -lt 1200 ] &&
-        kill -0 "$pid" 2>/dev/null; do
-        sleep 0.05
-        waited=$((waited + 1))
-    done
-    ranks=$(for p in $(netns_host_pids 3); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = cooktrain ] && echo "$p"
-    done)
-    # shellcheck disable=SC2086
-    [ -n "$ranks" ] && kill -KILL $ranks
-    (sleep 90 && kill -9 "$pid") >/dev/null 2>&1 &
-    guard=$!
-    wait "$pid"
-    kill "$guard" 2>/dev/null
+    kill_host_at 3 "$d/local/0/*/rank-00000/step-00000006" $!
     if [ -z "$ranks" ] || grep -q '^step    60/60' "$d/out.txt"; then
         fail "fewer hosts: host 3's ranks killed before the end"
     else

@@ -120,7 +120,7 @@ typedef struct ct_parallel_config {
     double bucket_mb;
     double timeout_s;
     ct_precision grad_reduce_dtype; /* fp32 or bf16 */
-    bool auto_layout; /* a world size the layout does not fit: choose one that does */
+    bool auto_layout;               /* a world size the layout does not fit: choose one that does */
 } ct_parallel_config;
 
 typedef struct ct_train_config {

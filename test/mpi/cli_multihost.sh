@@ -23,7 +23,9 @@
 #     (host 3's files from host 0's copies) and resumes resharded, matching world size 1;
 #   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
-#     world size 1, its traffic over the link.
+#     world size 1, its traffic over the link; then a job with local checkpoints every step loses
+#     node h1's ranks, h1's folder is wiped, and `scontrol requeue` brings it back on both nodes:
+#     it gathers the newest local step from the partners' copies, bit-identical again.
 # Skipped, with the reason, where namespaces cannot be made (not root, an unprivileged container).
 # long: host 1 frozen (the watchdog, not the launcher, ends the job)
 . "$(dirname "$0")/../tools/lib_cli.sh"
@@ -183,13 +185,14 @@ if selected "host lost" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 2;
         { ! long_part "host lost: host 1 frozen" || fault_run "host lost: host 1 frozen" STOP; }
 fi
 
-# kill_host_at HOST PATTERN PID: once a path matching PATTERN exists (a local step published),
+# kill_host_at HOST PATTERN [PID]: once a path matching PATTERN exists (a local step published),
 # SIGKILLs every cooktrain rank of HOST and waits for the job PID to end (at most 90 s more);
-# $ranks says whom it killed (empty: the job ended first).
+# $ranks says whom it killed (empty: the job ended first). Without a PID (a SLURM job: the
+# caller watches its state) it waits at most 60 s for the path and returns once it has killed.
 kill_host_at() {
     local waited=0 guard p
     # shellcheck disable=SC2086
-    while ! ls -d $2 >/dev/null 2>&1 && [ $waited -lt 1200 ] && kill -0 "$3" 2>/dev/null; do
+    while ! ls -d $2 >/dev/null 2>&1 && [ $waited -lt 1200 ] && { [ -z "${3:-}" ] || kill -0 "$3" 2>/dev/null; }; do
         sleep 0.05
         waited=$((waited + 1))
     done
@@ -198,6 +201,7 @@ kill_host_at() {
     done)
     # shellcheck disable=SC2086
     [ -n "$ranks" ] && kill -KILL $ranks
+    [ -z "${3:-}" ] && return 0
     (sleep 90 && kill -9 "$3") >/dev/null 2>&1 &
     guard=$!
     wait "$3"
@@ -317,6 +321,60 @@ if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 
 fi
 
 # ---- a two-node SLURM cluster --------------------------------------------------------------------
+# slurm_requeue (in the cluster below): the long run as a batch job on both nodes (dp 4, 2 ranks
+# per node), a local checkpoint every step in a folder per node and no persistent one before the
+# end; node h1's ranks killed once local step 12 exists, which fails the job; h1's folder wiped (a
+# replaced node, or a job-scoped tmpfs that went with the job); `scontrol requeue` starts the job
+# again with the same id, so the same run and checkpoint directories: the requeued run gathers
+# the newest local step, h1's files from their partners' copies on h0, and ends bit-identical to
+# the uninterrupted run of "host lost".
+slurm_requeue() {
+    local name="two-node requeue" rq=$tmp/requeue out id log
+    selected "$name" || return 0
+    if [ ! -f "$tmp/whole.bin" ]; then
+        skip "$name: it compares with the uninterrupted run of \"host lost\", which did not run"
+        return 0
+    fi
+    mkdir -p "$rq"
+    out=$("${SLURM_CLUSTER_CLIENT[@]}" sbatch --job-name=ct-requeue -N 2 --ntasks-per-node=2 \
+        --cpus-per-task=1 --chdir="$work" --time=10 scripts/slurm/cooktrain.sbatch configs/test-tiny.yaml \
+        "${base[@]:3}" "${long[@]}" --set checkpoint.interval=1000 --set checkpoint.local_interval=1 \
+        --set checkpoint.local_dir="$rq/local/%h" --dump-params "$rq/run.bin" 2>&1)
+    id=$(job_id "$out")
+    log=$work/runs/slurm/ct-requeue-$id.log
+    if [ -z "$id" ]; then
+        fail "$name: sbatch: $out"
+        return 0
+    fi
+    kill_host_at 1 "$rq/local/0/*/rank-00000/step-00000012"
+    if [ -z "$ranks" ] || ! wait_for 60 finished "$id"; then
+        fail "$name: job $id: h1's ranks killed after local step 12 (${ranks:-none}), state $(job_state "$id")"
+        "${SLURM_CLUSTER_CLIENT[@]}" scancel "$id" 2>/dev/null
+        return 0
+    fi
+    ok "$name: h1's ranks killed after local step 12 end job $id ($(job_state "$id"))"
+    rm -rf "$rq/local/1" # the replaced node's local storage is empty
+    "${SLURM_CLUSTER_CLIENT[@]}" scontrol requeue "$id" 2>/dev/null
+    # a requeued job waits for its old credential to expire (10 s on the test cluster)
+    wait_for 120 requeued "$id" && wait_for 180 finished "$id"
+    if requeued_and_finished "$id" && [ "$(job_state "$id")" = COMPLETED ]; then
+        ok "$name: the requeued job completed on both nodes"
+    else
+        fail "$name: job $id: state $(job_state "$id"), restarts $(job_field "$id" Restarts)"
+        tail -5 "$log" | sed 's/^/    /'
+        "${SLURM_CLUSTER_CLIENT[@]}" scancel "$id" 2>/dev/null
+        return 0
+    fi
+    expect_file_text "$log" "cooktrain: job $id \(restart 1\) on 2 nodes, 4 ranks" "$name: the log says restart 1, 2 nodes"
+    expect_file_text "$log" "\(2 from partners' copies" "$name: h1's files came from h0's copies"
+    expect_file_text "$log" "^checkpoint: local step (1[2-9]|[2-9][0-9]) is newer" "$name: a local step from 12 on gathered"
+    if cmp -s "$tmp/whole.bin" "$rq/run.bin"; then
+        ok "$name: the requeued run ends bit-identical to the uninterrupted one"
+    else
+        fail "$name: the requeued run differs from the uninterrupted one"
+    fi
+}
+
 # One slurmd in each host's namespace (test/mpi/slurm_cluster.sh with SLURM_CLUSTER_HOSTS), the CPU
 # batch script submitted with -N 2 --ntasks-per-node=2: srun starts two ranks on each node
 # through PMIx, which wire up over TCP across the link (the runtime places them on two nodes, so
@@ -371,6 +429,7 @@ if selected "slurm"; then
                 cp "$log" "$tmp"/cluster/log/*.log "$keep"/ 2>/dev/null || true
                 echo "    the job's log and the SLURM daemons' logs: $keep"
             fi
+            slurm_requeue
         fi
         slurm_cluster_stop
     fi

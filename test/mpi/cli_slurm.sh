@@ -47,25 +47,6 @@ shape=(-N 1 --ntasks-per-node=2 --cpus-per-task=1 --chdir="$work")
 train=(configs/test-tiny.yaml --set data.train="$root/$TEST_DATA/train.bin" --set train.threads=1
        --set train.warmup_steps=1)
 
-# job_id TEXT: the id in sbatch's "Submitted batch job N"
-job_id() { printf '%s\n' "$1" | sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' | tail -1; }
-# job_state ID: COMPLETED, RUNNING, PENDING, ... (MinJobAge keeps finished jobs listed)
-job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
-job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
-# wait_for SECONDS COMMAND...: true once COMMAND succeeds, false after SECONDS
-wait_for() {
-    local limit=$1
-    shift
-    for _ in $(seq 1 $((limit * 5))); do
-        "$@" && return 0
-        sleep 0.2
-    done
-    return 1
-}
-finished() { case $(job_state "$1") in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac; return 1; }
-requeued() { [ "$(job_field "$1" Restarts)" -ge 1 ] 2>/dev/null; }
-requeued_or_finished() { requeued "$1" || finished "$1"; }
-requeued_and_finished() { finished "$1" && requeued "$1"; }
 at_step() { [ -f "$1" ] && grep -q "\"step\": *$2[,}]" "$1"; }
 last_loss() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if "\"loss\"" in l][-1])' "$1"; }
 

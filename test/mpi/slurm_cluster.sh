@@ -6,6 +6,9 @@
 #   ... sbatch / srun / scancel / squeue, with SLURM_CONF exported ...
 #   slurm_cluster_stop
 #
+# Helpers for the jobs (at the end): job_id of sbatch's output, job_state and job_field of a job,
+# wait_for SECONDS COMMAND, and the states finished, requeued and their pairs.
+#
 # Start writes DIR/slurm.conf (SLURM_CONF points at it) with this node's name and CPUs, state,
 # spool, logs and pid files under DIR, and ports of its own; starts munged on a private socket
 # and key (DIR/munge.*), then slurmctld and slurmd in the foreground (so their pids are theirs);
@@ -186,3 +189,24 @@ slurm_cluster_stop() {
     SLURM_CLUSTER_PIDS=()
     SLURM_CLUSTER_CLIENT=()
 }
+
+# ---- jobs: their ids and states, for the tests (client commands through SLURM_CLUSTER_CLIENT) ----
+# job_id TEXT: the id in sbatch's "Submitted batch job N"
+job_id() { printf '%s\n' "$1" | sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' | tail -1; }
+# job_state ID: COMPLETED, RUNNING, PENDING, ... (MinJobAge keeps finished jobs listed)
+job_state() { "${SLURM_CLUSTER_CLIENT[@]}" scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+job_field() { "${SLURM_CLUSTER_CLIENT[@]}" scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# wait_for SECONDS COMMAND...: true once COMMAND succeeds, false after SECONDS
+wait_for() {
+    local limit=$1
+    shift
+    for _ in $(seq 1 $((limit * 5))); do
+        "$@" && return 0
+        sleep 0.2
+    done
+    return 1
+}
+finished() { case $(job_state "$1") in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+requeued() { [ "$(job_field "$1" Restarts)" -ge 1 ] 2>/dev/null; }
+requeued_or_finished() { requeued "$1" || finished "$1"; }
+requeued_and_finished() { finished "$1" && requeued "$1"; }

@@ -283,6 +283,35 @@ static bool launched_by_mpi(void) {
     return false;
 }
 
+/*
+ * parallel.auto_layout: when the configured layout does not validate for this world size (a
+ * restart on fewer or more nodes), the planner chooses one (parallel/plan_search.h). Its
+ * hardware model is the same on every rank, so every rank makes the same choice: on the CPU
+ * this machine as rank 0 measures it, sent to the others (the ranks agree first that the config
+ * loaded everywhere, so all of them reach the broadcast); on GPUs the built-in h100-sxm. A node
+ * holds as many devices as rank 0's node has ranks. cfg validated on CT_OK.
+ */
+static ct_status auto_layout(ct_config *cfg, int world) {
+    ct_status st = world > 1 ? ct_mpi_agree(CT_OK) : CT_OK;
+    if (st != CT_OK) return st;
+    ct_hardware hw;
+    const bool cuda = !strcmp(cfg->runtime_backend, "cuda");
+    if (cuda)
+        st = ct_hardware_load("h100-sxm", &hw);
+    else if (ct_mpi_world_rank() == 0)
+        st = ct_hardware_measure_cpu(&hw);
+    if (world > 1) st = ct_mpi_agree(st);
+    if (st != CT_OK) return st;
+    if (ct_mpi_world_rank() == 0) hw.devices_per_node = world > 1 ? ct_mpi_local_size() : 1;
+    if (world > 1) ct_mpi_bcast(&hw, sizeof hw, 0);
+    ct_config c = *cfg;
+    if (ct_config_validate(&c, world) == CT_OK) {
+        *cfg = c;
+        return CT_OK;
+    }
+    return ct_plan_choose_layout(cfg, world, &hw);
+}
+
 static ct_status cmd_train(int argc, char **argv) {
     ct_config cfg;
     ct_config_defaults(&cfg);
@@ -330,7 +359,8 @@ static ct_status cmd_train(int argc, char **argv) {
     /* train.precision: auto asks the backend that will run; it is made after validation */
     const char *resolved = ct_backend_resolve(backend_name);
     snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "%s", resolved ? resolved : "cpu");
-    if (st == CT_OK) st = ct_config_validate(&cfg, world);
+    if (st == CT_OK)
+        st = cfg.parallel.auto_layout ? auto_layout(&cfg, world) : ct_config_validate(&cfg, world);
     /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
      * config file readable on one node only. */
     if (world > 1) st = ct_mpi_agree(st);

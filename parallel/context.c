@@ -368,6 +368,14 @@ static void world_max(const int *mine, int *out) {
     ct_mpi_wait(&req);
 }
 
+void ct_mpi_bcast(void *buf, size_t bytes, int root) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized || world_size == 1) return;
+    CT_ASSERTF(bytes <= INT32_MAX, "a broadcast of %zu bytes", bytes);
+    CT_MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD));
+}
+
 ct_status ct_mpi_agree(ct_status local) {
     int initialized = 0;
     MPI_Initialized(&initialized);

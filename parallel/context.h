@@ -85,6 +85,9 @@ void ct_pctx_print(const ct_pctx *pctx, FILE *out);
  * works before a ct_pctx exists (it uses MPI_COMM_WORLD).
  */
 ct_status ct_mpi_agree(ct_status local);
+/* Rank root's `bytes` at buf, copied to every rank's buf. Collective on world; works before a
+ * ct_pctx exists; nothing to do without MPI or on a world of one. */
+void ct_mpi_bcast(void *buf, size_t bytes, int root);
 /* The same for the ranks of pctx; a grid of one process (no MPI) returns `local` as it is. */
 ct_status ct_pctx_agree(const ct_pctx *pctx, ct_status local);
 

@@ -1,6 +1,8 @@
 /*
  * plan_search.c — `cooktrain plan --search N` (plan_search.h): every valid layout of a config on
- * N devices of a hardware model, the ones that fit, their estimated step time, best first.
+ * N devices of a hardware model, the ones that fit, their estimated step time, best first; and
+ * parallel.auto_layout's choice, the same search over the pipeline depths and micro-batches of
+ * one config (ct_plan_choose_layout).
  *
  * Layouts: tp (with and without sequence parallelism), cp (when seq_len splits into 2·cp pieces),
  * pp and dp over N's divisors, ep over dp's that divide the experts (MoE models), ZeRO 0-3, 1F1B
@@ -284,6 +286,7 @@ typedef struct schedule_memo {
 /* The search: what it was asked and what it found. */
 typedef struct search {
     const ct_config *base;
+    bool keep; /* parallel.auto_layout's search: only pp, dp and the micro-batch vary */
     int n;
     const ct_hardware *hw;
     nodes nodes;
@@ -357,19 +360,20 @@ static bool shape_models(shape *sh, const ct_config *cfg, ct_backend *be) {
 }
 
 /* The config of layout c. */
-static ct_config layout_config(const ct_config *base, const candidate *c) {
-    ct_config cfg = *base;
-    cfg.parallel.tp = c->tp;
+static ct_config layout_config(const search *s, const candidate *c) {
+    ct_config cfg = *s->base;
     cfg.parallel.pp = c->pp;
+    cfg.parallel.dp = c->dp;
+    cfg.train.micro_batch = c->micro_batch;
+    cfg.train.micro_batch_auto = false;
+    if (s->keep) return cfg;
+    cfg.parallel.tp = c->tp;
     cfg.parallel.cp = c->cp;
     cfg.parallel.ep = c->ep;
-    cfg.parallel.dp = c->dp;
     cfg.parallel.zero_stage = c->zero;
     cfg.parallel.schedule = c->schedule;
     cfg.parallel.virtual_stages = c->v;
     cfg.parallel.sequence_parallel = c->sp;
-    cfg.train.micro_batch = c->micro_batch;
-    cfg.train.micro_batch_auto = false;
     cfg.train.recompute = c->recompute ? CT_RECOMPUTE_FULL : CT_RECOMPUTE_NONE;
     return cfg;
 }
@@ -407,7 +411,7 @@ static void estimate(candidate *c, const ct_config *cfg, const ct_hardware *hw,
 /* Evaluates layout c of shape sh: false when the config refuses it (the first refusal is kept
  * for when none is valid) or its schedule cannot run. */
 static bool evaluate(search *s, shape *sh, candidate *c) {
-    ct_config cfg = layout_config(s->base, c);
+    ct_config cfg = layout_config(s, c);
     if (ct_config_validate(&cfg, s->n) != CT_OK) {
         if (!s->refusal[0]) {
             snprintf(s->refusal, sizeof s->refusal, "tp %d x cp %d x pp %d x dp %d: %s", c->tp,
@@ -462,7 +466,8 @@ static void search_shape(search *s, shape *sh) {
     for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
         if (per_rank % mb) continue;
         for (int zero = 0; zero <= 3; zero++) {
-            if (replicas == 1 && zero > 0) continue; /* nothing to shard */
+            if (s->keep ? zero != sh->proto.zero : replicas == 1 && zero > 0)
+                continue; /* the configured stage; else nothing to shard */
             candidate c = sh->proto;
             c.micro_batch = mb;
             c.zero = zero;
@@ -473,12 +478,11 @@ static void search_shape(search *s, shape *sh) {
     }
 }
 
-/* Every shape of one grid: where its groups sit (rank order: tp fastest, then cp, dp with ep's
- * consecutive dp ranks inside it, pp), then virtual stages (1: 1F1B and ZB-H1; 2: interleaved
- * and ZB-V; up to min(8, layers / pp): interleaved), sequence parallelism and recompute. */
-static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
+/* A grid and where its groups sit (rank order: tp fastest, then cp, dp with ep's consecutive dp
+ * ranks inside it, pp). */
+static candidate grid_of(const search *s, int tp, int cp, int pp, int dp, int ep) {
     const int n = s->n, per = s->nodes.per;
-    const candidate grid = {
+    return (candidate){
         .tp = tp,
         .cp = cp,
         .pp = pp,
@@ -490,6 +494,12 @@ static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
         .ep_inter = crosses_nodes(n, per, tp * cp, ep),
         .pp_inter = crosses_nodes(n, per, tp * cp * dp, pp),
     };
+}
+
+/* Every shape of one grid: virtual stages (1: 1F1B and ZB-H1; 2: interleaved and ZB-V; up to
+ * min(8, layers / pp): interleaved), sequence parallelism and recompute. */
+static void search_grid(search *s, int tp, int cp, int pp, int dp, int ep) {
+    const candidate grid = grid_of(s, tp, cp, pp, dp, ep);
     const int vmax = pp == 1 ? 1 : (int)CT_MIN(8, s->base->model.n_layer / pp);
     for (int v = 1; v <= vmax; v++)
         for (int zb = 0; zb <= (pp > 1 && v <= 2); zb++) /* the zero-bubble one of the v */
@@ -768,5 +778,89 @@ ct_status ct_plan_search(const ct_config *base, int n, const ct_hardware *hw, in
                 "(train.precision), or a profile with more memory");
         return CT_ERR_INPUT;
     }
+    return CT_OK;
+}
+
+/* ---- parallel.auto_layout ----------------------------------------------------------------- */
+
+/* A layout's ranks: "tp 1 x pp 2 x dp 4" (cp when it is not 1). */
+static void describe_layout(const ct_config *cfg, int64_t dp, char *buf, size_t n) {
+    const ct_parallel_config *p = &cfg->parallel;
+    char cp[32] = "";
+    if (p->cp > 1) snprintf(cp, sizeof cp, " x cp %lld", (long long)p->cp);
+    snprintf(buf, n, "tp %lld%s x pp %lld x dp %lld", (long long)p->tp, cp, (long long)p->pp,
+             (long long)dp);
+}
+
+ct_status ct_plan_choose_layout(ct_config *cfg, int n, const ct_hardware *hw) {
+    char why[1024], why_hint[512], was[96];
+    snprintf(why, sizeof why, "%s", ct_error_message());
+    snprintf(why_hint, sizeof why_hint, "%s", ct_error_hint());
+    ct_error_clear();
+    const ct_parallel_config *p = &cfg->parallel;
+    const int64_t mp = p->tp * p->cp;
+    describe_layout(cfg, p->dp ? p->dp : n % (mp * p->pp) ? 0 : n / (mp * p->pp), was, sizeof was);
+    search s = {
+        .base = cfg, .keep = true, .n = n, .hw = hw, .nodes = nodes_of(n, hw->devices_per_node)};
+    char chosen[160];
+    CT_TRY(ct_backend_new(&s.be, "cpu", 1, chosen, sizeof chosen));
+    /* the configured tp, cp, ep, ZeRO stage, schedule and virtual stages, sequence parallelism
+     * and recompute: one shape per pipeline depth, dp the rest */
+    for (int64_t pp = 1; n % mp == 0 && pp <= n / mp; pp++) {
+        const int64_t dp = n / mp / pp;
+        if ((n / mp) % pp || cfg->train.global_batch % dp || dp % p->ep) continue;
+        shape sh = {.proto = grid_of(&s, (int)p->tp, (int)p->cp, (int)pp, (int)dp, (int)p->ep)};
+        sh.proto.zero = (int)p->zero_stage;
+        sh.proto.schedule = p->schedule;
+        sh.proto.v = (int)p->virtual_stages;
+        sh.proto.sp = p->sequence_parallel;
+        sh.proto.recompute = cfg->train.recompute != CT_RECOMPUTE_NONE;
+        search_shape(&s, &sh);
+        shape_release(&sh);
+    }
+    ct_backend_free(s.be);
+    if (s.count == 0) {
+        if (s.valid == 0)
+            ct_error(CT_ERR_INPUT,
+                     "parallel.auto_layout: no layout keeping tp=%lld, cp=%lld and the global "
+                     "batch fits %d rank%s (%s: %s)",
+                     (long long)p->tp, (long long)p->cp, n, n == 1 ? "" : "s", was, why);
+        else
+            ct_error(CT_ERR_INPUT,
+                     "parallel.auto_layout: none of the %d layouts keeping tp=%lld, cp=%lld and "
+                     "the global batch that are valid on %d ranks fits in 90%% of a device's "
+                     "memory (%s)",
+                     s.valid, (long long)p->tp, (long long)p->cp, n, hw->name);
+        ct_hint("%s", s.valid == 0 && why_hint[0]
+                          ? why_hint
+                          : "launch a world size that tp * cp divides, with a dp that divides "
+                            "train.global_batch");
+        search_release(&s);
+        return CT_ERR_INPUT;
+    }
+    qsort(s.list, (size_t)s.count, sizeof *s.list, by_step);
+    const candidate best = s.list[0];
+    char next[160] = "";
+    for (int i = 1; i < s.count && !next[0]; i++) {
+        const candidate *c = &s.list[i];
+        if (c->pp != best.pp)
+            snprintf(next, sizeof next, "; the next, pp %d x dp %d, %.3g ms", c->pp, c->dp,
+                     1e3 * c->step);
+    }
+    const int valid = s.valid;
+    ct_config c = layout_config(&s, &best);
+    search_release(&s);
+    CT_ASSERTF(ct_config_validate(&c, n) == CT_OK, "the chosen layout validated, then not: %s",
+               ct_error_message());
+    char now[96];
+    describe_layout(&c, c.derived.dp, now, sizeof now);
+    *cfg = c;
+    snprintf(cfg->derived.layout_chosen, sizeof cfg->derived.layout_chosen,
+             "parallel.auto_layout: %s does not fit %d rank%s; chose %s, global batch %lld = "
+             "micro_batch %lld x grad_accum %lld x dp %lld (the fastest of %d valid layouts "
+             "by the planner's estimate on %s: %.3g ms a step%s)",
+             was, n, n == 1 ? "" : "s", now, (long long)c.train.global_batch,
+             (long long)c.train.micro_batch, (long long)c.derived.grad_accum,
+             (long long)c.derived.dp, valid, hw->name, 1e3 * best.step, next);
     return CT_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * plan_search.h — `cooktrain plan --search N`: a hardware model, and the layouts of a config on N
  * devices ranked by estimated step time (plan_search.c states the model; parallel/README.md,
- * Plan search).
+ * Plan search); and with the same model, parallel.auto_layout's layout for a new world size.
  */
 #ifndef CT_PARALLEL_PLAN_SEARCH_H
 #define CT_PARALLEL_PLAN_SEARCH_H
@@ -35,5 +35,14 @@ void ct_hardware_print_yaml(const ct_hardware *hw, FILE *out);
  * do not hold) or none fits. */
 ct_status ct_plan_search(const ct_config *cfg, int n, const ct_hardware *hw, int top, bool json,
                          FILE *out);
+
+/* parallel.auto_layout: `cfg` did not validate on n ranks (the pending error says why); the
+ * layout for n of the search above that keeps its tp, cp, ep, ZeRO stage, schedule and virtual
+ * stages, sequence parallelism, recompute, precision and global batch — pp over the divisors of
+ * n / (tp·cp), dp the rest, the micro-batch over the powers of two that divide a rank's share —
+ * and fits, the fastest by estimated step time on hw. On CT_OK cfg is that layout, validated for
+ * n, and derived.layout_chosen says what was chosen and why; CT_ERR_INPUT when none is valid
+ * (with the first reason) or none fits. The same inputs give the same choice on every rank. */
+ct_status ct_plan_choose_layout(ct_config *cfg, int n, const ct_hardware *hw);
 
 #endif

@@ -192,7 +192,8 @@ typedef struct ct_derived_config {
     int64_t tokens_per_step; /* global_batch · seq_len */
     int64_t warmup_asked;    /* train.warmup_steps as set when it exceeded train.steps (it is
                                 then bounded to steps); 0 otherwise */
-    char layout_chosen[512]; /* parallel.auto_layout's choice and why; "" when none was made */
+    char layout_chosen[512]; /* parallel.auto_layout's choice and why (parallel/plan_search.h,
+                                ct_plan_choose_layout); "" when none was made */
 } ct_derived_config;
 
 typedef struct ct_config {

@@ -191,10 +191,10 @@ const config_key config_keys[] = {
             "of a rank's parameters; 0 = one unit per layer"},
     {KEY(parallel, auto_layout, KEY_BOOL), .def = "false",
      .doc = "when the layout does not fit the world size (a restart on fewer or more nodes), "
-            "choose one that does: tp, cp, ep, ZeRO and the schedule kept, the pipeline stages "
-            "nearest parallel.pp and dp the rest, the global batch kept through gradient "
-            "accumulation (micro_batch auto when the set one does not divide it); the log says "
-            "what was chosen and why"},
+            "the planner chooses one that does: tp, cp, ep, ZeRO, the schedule and recompute "
+            "kept, the pipeline depth, dp and micro_batch the fastest by its estimate on this "
+            "hardware, the global batch kept through gradient accumulation; the log says what "
+            "was chosen and why"},
     {KEY(parallel, timeout_s, KEY_FLOAT), .def = "300", ABOVE(0), AT_MOST(1e9),
      .doc = "a collective unfinished after this many seconds aborts the job with a report"},
     {KEY(parallel, grad_reduce_dtype, KEY_ENUM), .choices = reduce_dtype_names, .def = "fp32",

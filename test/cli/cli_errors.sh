@@ -39,6 +39,17 @@ expect_text "train.lr" "--set bad value names train.lr"
 ensure_test_data
 valid=(train --config configs/test-tiny.yaml --set train.threads=1 --set data.train="$TEST_DATA/train.bin"
        --set train.steps=2 --set train.warmup_steps=1)
+# parallel.auto_layout on one process: dp 2 does not fit, the planner chooses tp 1 x pp 1 x dp 1
+# and the run goes on; tp 3 fits no world of 1, refused with the layout's own reason
+expect_exit 0 "auto_layout: dp 2 on one process" -- "$BIN" "${valid[@]}" --set parallel.dp=2 \
+    --set parallel.auto_layout=true --print-config
+expect_text "parallel.auto_layout: tp 1 x pp 1 x dp 2 does not fit 1 rank; chose tp 1 x pp 1 x dp 1" \
+    "auto_layout: the choice for one process is said"
+expect_exit 2 "auto_layout: tp 3 on one process" -- "$BIN" "${valid[@]}" --set parallel.tp=3 \
+    --set parallel.auto_layout=true
+expect_text "parallel.auto_layout: no layout keeping tp=3, cp=1 and the global batch fits 1 rank" \
+    "auto_layout: the refusal says what it kept"
+expect_text "hint:" "auto_layout: the refusal has a hint"
 # A build with the CUDA backend (cuda/cuda.mk) refuses it here for want of a GPU (cli_cuda.sh has
 # more); one without refuses it as not built.
 if [ -f "$BUILD/libcooktrain-cuda.so" ]; then

@@ -110,7 +110,7 @@ for point in local-mid-save local-in-transfer local-mid-replica; do
 done
 
 # fewer ranks: pp 2 x dp 4 on 8 ranks, every rank killed in step 7's local save; the restart has
-# 4 ranks and parallel.auto_layout (pp 2 x dp 2): its ranks read the 8 folders between them (the
+# 4 ranks and parallel.auto_layout (the planner's choice for 4 ranks): its ranks read the 8 folders between them (the
 # files of ranks 4-7 are in those ranks' folders, which no rank of the new run is named after),
 # gather local step 6 and resume it resharded; the run matches world size 1.
 if selected "fewer ranks"; then
@@ -127,7 +127,7 @@ if selected "fewer ranks"; then
         "${few[@]}"
     if expect_exit 0 "fewer ranks: the restart on 4 ranks" -- "${MPIRUN[@]}" -np 4 "$BIN" "${few[@]}" \
         --dump-params "$d/run.bin"; then
-        expect_text "chose tp 1 x pp 2 x dp 2" "fewer ranks: parallel.auto_layout chose pp 2 x dp 2"
+        expect_layout_chosen "tp 1 x pp 2 x dp 4" 4 "fewer ranks: parallel.auto_layout"
         expect_text "checkpoint: local step 6 is newer than" "fewer ranks: local step 6 gathered"
         if out=$(python3 test/tools/compare_runs.py "$d/ref.jsonl" "$d/ref.bin" "$d/run.jsonl" \
             "$d/run.bin" --init "$d/init.bin"); then

@@ -19,7 +19,7 @@
 #     copies on host 0, bit-identical again;
 #   - pp 2 x dp 4 on 4 hosts with local checkpoints: host 3's ranks killed, its folder wiped; the
 #     next submission on 4 hosts (a new host 3) ends bit-identical to an uninterrupted run; one on
-#     3 hosts instead (parallel.auto_layout) chooses pp 2 x dp 3, gathers the newest local step
+#     3 hosts instead (parallel.auto_layout) has the planner choose a layout for 6 ranks, gathers the newest local step
 #     (host 3's files from host 0's copies) and resumes resharded, matching world size 1;
 #   - a two-node SLURM cluster (a slurmd in each host) runs the CPU batch script across both
 #     nodes (sbatch -N 2: srun and PMIx, no mpirun), tp inside a node and dp across, equal to
@@ -251,8 +251,8 @@ fi
 # (pipeline stage 1's dp ranks 2 and 3) killed once local step 6 exists, host 3's folder wiped.
 # From a copy of what is left, the next submission on 4 hosts (host 3 a new node) gathers host
 # 3's files from host 0's copies and ends bit-identical to an uninterrupted run on 4 hosts.
-# From what is left again, a submission on 3 hosts (6 ranks) with parallel.auto_layout chooses pp 2 x dp 3,
-# gathers the newest local step (host 3's two files from their partners' copies on host 0),
+# From what is left again, a submission on 3 hosts (6 ranks) with parallel.auto_layout chooses a
+# layout for 6 ranks with the planner, gathers the newest local step (host 3's two files from their partners' copies on host 0),
 # resumes it resharded, and the run — the first job's steps up to the resume, the second's
 # after — matches world size 1 (compare_runs.py's tolerances: the layout changed, so not bits).
 if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 4; then
@@ -299,8 +299,7 @@ if selected "fewer hosts" && netns_hosts_stop && netns_hosts_start "$tmp/hosts" 
         if expect_exit 0 "fewer hosts: the next submission, on 3 hosts" -- "${NETNS_MPIRUN[@]}" -np 6 \
             "$BIN" "${base[@]}" "${few[@]}" "${loc[@]}" --set parallel.dp=4 \
             --set log.metrics="$d/run.jsonl" --dump-params "$d/run.bin"; then
-            expect_text "parallel.auto_layout: tp 1 x pp 2 x dp 4 does not fit 6 ranks; chose tp 1 x pp 2 x dp 3" \
-                "fewer hosts: it says which layout it chose for 6 ranks"
+            expect_layout_chosen "tp 1 x pp 2 x dp 4" 6 "fewer hosts: it says which layout it chose for 6 ranks"
             expect_text "(2 from partners' copies" "fewer hosts: host 3's files came from host 0's copies"
             resumed=$(printf '%s\n' "$OUT_TEXT" | sed -n 's/^checkpoint: local step \([0-9]*\) is newer.*/\1/p')
             if [ -n "$resumed" ] && [ "$resumed" -ge 5 ]; then

@@ -51,6 +51,23 @@ expect_text() {
     fi
 }
 
+# expect_layout_chosen WAS N NAME: $OUT_TEXT says parallel.auto_layout replaced the layout WAS
+# ("tp 1 x pp 2 x dp 4") on N ranks with the planner's choice, one of tp 1 that fills N ranks
+# (which one depends on the hardware rank 0 measured; test_plan checks the ranking itself)
+expect_layout_chosen() {
+    local line pp dp
+    line=$(printf '%s\n' "$OUT_TEXT" | grep -F "parallel.auto_layout: $1 does not fit $2 ranks; chose tp 1 x pp " |
+        grep -F "by the planner's estimate on cpu")
+    pp=$(printf '%s' "$line" | sed -n 's/.*; chose tp 1 x pp \([0-9]*\) x dp \([0-9]*\),.*/\1/p')
+    dp=$(printf '%s' "$line" | sed -n 's/.*; chose tp 1 x pp \([0-9]*\) x dp \([0-9]*\),.*/\2/p')
+    if [ -n "$pp" ] && [ -n "$dp" ] && [ $((pp * dp)) = "$2" ]; then
+        ok "$3: chose pp $pp x dp $dp"
+    else
+        fail "$3: no planner's choice of tp 1 x pp x dp = $2 ranks in the output"
+        printf '%s\n' "$OUT_TEXT" | grep auto_layout | head -3 | sed 's/^/    /'
+    fi
+}
+
 # ---- MPI tests -------------------------------------------------------------------------------
 # One thread per rank and passive waiting, so oversubscribed ranks do not starve each other.
 mpi_setup() {

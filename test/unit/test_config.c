@@ -481,52 +481,6 @@ static void grid_derivation(void **state) {
     assert_int_equal(cfg.derived.grad_accum, 2);
 }
 
-/* parallel.auto_layout: a world size the layout does not fit gets the nearest layout that is
- * valid (tp kept, pp nearest, dp the rest, the global batch kept), said in derived.layout_chosen;
- * none valid is refused naming the first reason; without the key nothing is chosen. */
-static void auto_layout_choice(void **state) {
-    (void)state;
-    ct_config cfg;
-    ct_config_defaults(&cfg);
-    const char *yaml = "model:\n  n_layer: 8\nparallel:\n  tp: 2\n  pp: 2\n  dp: 4\n"
-                       "  auto_layout: true\ntrain:\n  global_batch: 24\n  micro_batch: 2\n";
-    assert_int_equal(ct_config_load_string(&cfg, yaml, "auto.yaml"), CT_OK);
-    assert_int_equal(ct_config_validate(&cfg, 16), CT_OK); /* fits: nothing chosen */
-    assert_string_equal(cfg.derived.layout_chosen, "");
-    /* 12 ranks: tp 2 kept; pp 2 (nearest) with dp 3, micro_batch 2 still divides 24 / 3 = 8 */
-    assert_int_equal(ct_config_validate(&cfg, 12), CT_OK);
-    assert_int_equal(cfg.parallel.tp, 2);
-    assert_int_equal(cfg.parallel.pp, 2);
-    assert_int_equal(cfg.derived.dp, 3);
-    assert_int_equal(cfg.train.global_batch, 24);
-    assert_int_equal(cfg.derived.grad_accum, 4);
-    assert_non_null(strstr(cfg.derived.layout_chosen,
-                           "tp 2 x pp 2 x dp 4 does not fit 12 ranks; chose tp 2 x pp 2 x dp 3"));
-    /* 10 ranks: pp 1 and dp 5 (5 does not divide 8 layers as pp); 24 % 5: refused */
-    ct_config_defaults(&cfg);
-    assert_int_equal(ct_config_load_string(&cfg, yaml, "auto.yaml"), CT_OK);
-    assert_int_equal(ct_config_validate(&cfg, 10), CT_ERR_INPUT);
-    assert_non_null(strstr(ct_error_message(), "parallel.auto_layout: no layout keeping tp=2"));
-    ct_error_clear();
-    /* a set micro_batch that no longer divides the batch: 4 ranks are pp 2 x dp 1, and
-     * micro_batch 16 does not divide 24, so micro_batch auto */
-    ct_config_defaults(&cfg);
-    assert_int_equal(ct_config_load_string(&cfg, yaml, "auto.yaml"), CT_OK);
-    assert_int_equal(ct_config_set(&cfg, "train.micro_batch=16"), CT_OK);
-    assert_int_equal(ct_config_validate(&cfg, 4), CT_OK);
-    assert_int_equal(cfg.parallel.pp, 2);
-    assert_int_equal(cfg.derived.dp, 1);
-    assert_int_equal(24 % cfg.train.micro_batch, 0);
-    assert_non_null(strstr(cfg.derived.layout_chosen, "micro_batch auto"));
-    /* without the key the mismatch is refused as before */
-    ct_config_defaults(&cfg);
-    assert_int_equal(ct_config_load_string(&cfg, yaml, "auto.yaml"), CT_OK);
-    assert_int_equal(ct_config_set(&cfg, "parallel.auto_layout=false"), CT_OK);
-    assert_int_equal(ct_config_validate(&cfg, 12), CT_ERR_INPUT);
-    assert_non_null(strstr(ct_error_message(), "but the world size is 12"));
-    ct_error_clear();
-}
-
 static void pipeline_layouts(void **state) {
     (void)state;
     ct_config cfg;
@@ -1014,7 +968,6 @@ int main(int argc, char **argv) {
         cmocka_unit_test(gpt2_124m_derived),
         cmocka_unit_test(gqa_params),
         cmocka_unit_test(grid_derivation),
-        cmocka_unit_test(auto_layout_choice),
         cmocka_unit_test(pipeline_layouts),
         cmocka_unit_test(auto_micro_batch),
         cmocka_unit_test(warmup_bounded_by_steps),

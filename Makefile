@@ -41,13 +41,13 @@ CFLAGS  += -std=gnu11 $(OPT) $(ARCH_FLAGS) -g -Wall -Wextra -Wno-unused-paramete
 LDLIBS  += -lm -lpthread
 
 # ---- required libraries (checked, with an install hint) ----------------------------------------
-PKG_REQUIRED := openblas yaml-0.1 ompi-c zlib jansson
+PKG_REQUIRED := openblas yaml-0.1 ompi-c libisal jansson
 HAVE_PKGS := $(shell pkg-config --exists $(PKG_REQUIRED) 2>/dev/null && echo yes)
 ifeq ($(HAVE_PKGS),yes)
   CFLAGS += $(shell pkg-config --cflags $(PKG_REQUIRED))
   LDLIBS += $(shell pkg-config --libs $(PKG_REQUIRED))
 else
-  $(info make: required libraries missing (libopenblas-openmp-dev, libyaml-dev, libopenmpi-dev, zlib1g-dev, libjansson-dev).)
+  $(info make: required libraries missing (libopenblas-openmp-dev, libyaml-dev, libopenmpi-dev, libisal-dev, libjansson-dev).)
   $(info hint: run `bash scripts/setup.sh` (or `make setup`) to install them with apt-get)
 endif
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)

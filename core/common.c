@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <isa-l/crc.h>
 
 static _Thread_local char error_message[2048]; /* per thread: a background writer reports its own */
 static _Thread_local char error_hint[1024];
@@ -159,6 +160,11 @@ int ct_cmp_double(const void *a, const void *b) {
 double ct_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, ct_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint32_t ct_crc32(uint32_t crc, const void *buf, size_t n) {
+    /* (crc32_gzip_refl takes a 64-bit length; its seed and result are zlib's) */
+    return n ? crc32_gzip_refl(crc, (const unsigned char *)buf, n) : crc;
 }
 
 const char *ct_format_bytes(char *buf, size_t n, double bytes) {

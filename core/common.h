@@ -163,6 +163,12 @@ double ct_median(double *v, int n);
 /* "12.3 MiB" below 1 GiB, "1.23 GiB" from there on, into buf (n bytes); returns buf. */
 const char *ct_format_bytes(char *buf, size_t n, double bytes);
 
+/* CRC-32 (IEEE 802.3, reflected: gzip's and zlib's crc32) of n bytes, continuing from `crc`
+ * (0 to start): ct_crc32(ct_crc32(0, a, na), b, nb) == ct_crc32(0, ab, na + nb). Every checksum
+ * of the file formats (checkpoint pieces and manifests, parameter replicas) is this one. Intel's
+ * ISA-L computes it with carry-less multiplication, several times zlib's rate. */
+uint32_t ct_crc32(uint32_t crc, const void *buf, size_t n);
+
 /* Levenshtein distance, case-insensitive (the suggestions of "did you mean"); strings longer
  * than 63 bytes count as far (1000) from everything. */
 int ct_edit_distance(const char *a, const char *b);

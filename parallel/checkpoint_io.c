@@ -10,7 +10,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <zlib.h>
 #include <string.h>
 
 #include "core/io/hf.h"
@@ -284,10 +283,10 @@ static int64_t file_crc(const char *path) {
         close(fd);
         return 0;
     }
-    uLong crc = crc32(0L, Z_NULL, 0);
+    uint32_t crc = 0;
     unsigned char buf[65536];
     size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) crc = crc32(crc, buf, (uInt)got);
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) crc = ct_crc32(crc, buf, got);
     fclose(f);
     return (int64_t)crc;
 }

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 /* Tags of the two messages (header, data) a stage sends rank 0 per tensor. The stream runs when
  * no pipeline message is in flight, and one source's messages with one tag arrive in order. */
@@ -26,16 +25,7 @@ static int param_group(const ct_model *m, const ct_param *p) {
 }
 
 static uint32_t crc_of(const float *data, int64_t n) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    const Bytef *bytes = (const Bytef *)data;
-    size_t left = (size_t)n * sizeof(float);
-    while (left > 0) { /* crc32 takes a uInt length */
-        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
-        crc = crc32(crc, bytes, chunk);
-        bytes += chunk;
-        left -= chunk;
-    }
-    return (uint32_t)crc;
+    return ct_crc32(0, data, (size_t)n * sizeof(float));
 }
 
 /* Compares this rank's CRC with every other member of `group`: the same bytes everywhere? */

@@ -11,7 +11,7 @@
  * Replicas: every copy of a tensor must be the same bytes — its data-parallel replicas (every
  * rank of the dp group), its tensor-parallel replicas when it is not split over tp (norms,
  * row-parallel biases, position embeddings), and the tied embedding's twin on the last pipeline
- * stage. Each copy's CRC-32 (zlib) is compared over its group; a difference is a bug (replicas
+ * stage. Each copy's CRC-32 (ct_crc32) is compared over its group; a difference is a bug (replicas
  * that drift apart train different models) and is reported as CT_ERR_RUNTIME naming the tensor
  * and the group.
  */

@@ -11,7 +11,7 @@ packages=(
     libdnnl-dev                 # bf16 GEMMs (oneDNN matmul; AMX / AVX512-BF16)
     openmpi-bin libopenmpi-dev  # multi-process launch and the CPU comm layer
     libcmocka-dev               # unit-test assertions
-    zlib1g-dev                  # CRC-32 of parameter replicas (and checkpoint pieces)
+    libisal-dev                 # CRC-32 of checkpoint pieces and parameter replicas (Intel ISA-L)
     fortunes                    # default corpus for `make run` (plain-text fortune files)
     slurm-wlm                   # the one-node test cluster of test/mpi/cli_slurm.sh (brings munge)
     clang libclang-rt-14-dev    # the fuzz targets of test/fuzz/ (libFuzzer, ASan, UBSan)

@@ -27,7 +27,7 @@
  *     in the order of ct_ckpt_state; then per piece 152 bytes: name (64, NUL-padded), u32 kind,
  *     u32 rank file, i64 rows, cols, row0, row1, col0, col1, lo, hi, byte offset, u32 crc32 of
  *     its values' bytes, u32 0; then the resolved config (YAML text); then the crc32 of all of
- *     the above. Checksums are zlib's crc32.
+ *     the above. Checksums are CRC-32 (zlib's crc32; ct_crc32 computes it).
  */
 #ifndef CT_CORE_CHECKPOINT_H
 #define CT_CORE_CHECKPOINT_H

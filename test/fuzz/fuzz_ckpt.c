@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 #include "core/io/checkpoint.h"
 #include "test/fuzz/fuzz.h"
@@ -98,9 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
 #else
     uint8_t *signed_copy = malloc(n ? n : 1);
     memcpy(signed_copy, data, n);
-    if (n >= 4)
-        ct_put_le32(signed_copy + n - 4,
-                    (uint32_t)crc32(crc32(0L, Z_NULL, 0), data, (uInt)(n - 4)));
+    if (n >= 4) ct_put_le32(signed_copy + n - 4, ct_crc32(0, data, (size_t)(n - 4)));
     fuzz_write(fuzz_path("manifest.bin"), signed_copy, n);
     free(signed_copy);
 #endif

@@ -287,13 +287,12 @@ static bool launched_by_mpi(void) {
  * parallel.auto_layout: when the configured layout does not validate for this world size (a
  * restart on fewer or more nodes), the planner chooses one (parallel/plan_search.h). Its
  * hardware model is the same on every rank, so every rank makes the same choice: on the CPU
- * this machine as rank 0 measures it, sent to the others (the ranks agree first that the config
- * loaded everywhere, so all of them reach the broadcast); on GPUs the built-in h100-sxm. A node
- * holds as many devices as rank 0's node has ranks. cfg validated on CT_OK.
+ * this machine as rank 0 measures it, sent to the others; on GPUs the built-in h100-sxm. A node
+ * holds as many devices as rank 0's node has ranks. cfg validated on CT_OK. Collective: every
+ * rank calls it or none (the caller's ranks agreed that the config loaded everywhere).
  */
 static ct_status auto_layout(ct_config *cfg, int world) {
-    ct_status st = world > 1 ? ct_mpi_agree(CT_OK) : CT_OK;
-    if (st != CT_OK) return st;
+    ct_status st = CT_OK;
     ct_hardware hw;
     const bool cuda = !strcmp(cfg->runtime_backend, "cuda");
     if (cuda)
@@ -359,10 +358,13 @@ static ct_status cmd_train(int argc, char **argv) {
     /* train.precision: auto asks the backend that will run; it is made after validation */
     const char *resolved = ct_backend_resolve(backend_name);
     snprintf(cfg.runtime_backend, sizeof cfg.runtime_backend, "%s", resolved ? resolved : "cpu");
+    /* A config file readable on one node only: every rank stops here, before auto_layout's
+     * collectives, which the ranks then all reach (the same config) or none. */
+    if (world > 1) st = ct_mpi_agree(st);
     if (st == CT_OK)
         st = cfg.parallel.auto_layout ? auto_layout(&cfg, world) : ct_config_validate(&cfg, world);
-    /* Every rank parsed the same input and reached the same verdict; agreeing anyway covers a
-     * config file readable on one node only. */
+    /* Every rank validated the same config and reached the same verdict; agreeing anyway keeps
+     * a verdict that differs (a bug) from leaving the ranks that went on waiting. */
     if (world > 1) st = ct_mpi_agree(st);
     if (st != CT_OK) return st;
     if (rank == 0 && cfg.derived.layout_chosen[0]) {

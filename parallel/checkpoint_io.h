@@ -60,6 +60,7 @@ void ct_ckpt_save_abandon(ct_ckpt_saver *saver);
  * pays for fresh pages (call at start when checkpoints are on); kept until ct_ckpt_release.
  * Collective (agrees on an out-of-memory failure). */
 ct_status ct_ckpt_prepare(ct_model *model, ct_dp *dp, ct_pctx *pctx);
+/* Frees that buffer and unmaps the local saves' files (which stay where they are). */
 void ct_ckpt_release(void);
 /* Begin and end at once. */
 ct_status ct_ckpt_save(const ct_config *cfg, ct_model *model, ct_dp *dp, ct_pctx *pctx,
@@ -103,10 +104,11 @@ ct_status ct_ckpt_init_from(const char *path, const ct_config *cfg, ct_model *mo
  * the same index on the next host; on one host the next rank), which keeps it in its own folder,
  * and each folder gets the manifest: a checkpoint directory of the format above, kept to its two
  * newest steps. A save runs in the background, in three calls:
- *   ct_ckpt_local_begin stages this rank's state into the local saves' own buffer (training
- *     waits for this copy only), posts the transfer to the partner and the receives of the
- *     copies this rank keeps, and starts a thread that writes this rank's file, then each copy
- *     as it arrives (collective);
+ *   ct_ckpt_local_begin stages this rank's state straight into its file, mapped (training
+ *     waits for this copy only; the files of a folder are reused save after save, see
+ *     local_slot_begin), posts the transfer to the partner and the receives of the copies this
+ *     rank keeps, straight into their files, and starts a thread that checksums and syncs this
+ *     rank's file, then each copy as it arrives (collective);
  *   ct_ckpt_local_progress (main thread, not collective) completes the transfers that are done
  *     and says whether all of this rank's files are written; `wait` blocks until they are;
  *   ct_ckpt_local_end, once every rank's progress said so (or to finish one now), gathers the

@@ -3,7 +3,7 @@
 # checkpoints): configs/tiny.yaml at dp ranks under mpirun, a rank a core, the same run with
 # checkpoint.local_interval 0 and 1 (into --local-dir, default /dev/shm), alternated --pairs
 # times so that both see the same machine, at each global batch of --batches. Per run, the mean
-# over the steps after the first four (the first saves make their buffers and files) of step_time_s plus
+# over the steps after the first four (the first three saves make their files) of step_time_s plus
 # local_save_s (the wait for local saves at the step boundaries); one line per batch:
 #   tokens a step, ms a step without and with, with/without (the median of the pairs' ratios),
 #   the wait at a boundary, the bytes each rank stages and sends to its partner.

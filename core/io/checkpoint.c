@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,6 +110,14 @@ static void rank_file(char *buf, size_t n, const char *dir, int rank) {
     snprintf(buf, n, "%s/rank-%05d.bin", dir, rank);
 }
 
+static void put_data_header(uint8_t *h, int rank) {
+    memset(h, 0, DATA_HEADER);
+    memcpy(h, DATA_MAGIC, 8);
+    ct_put_le32(h + 8, CKPT_VERSION);
+    ct_put_le32(h + 12, CKPT_BOM);
+    ct_put_le32(h + 16, (uint32_t)rank);
+}
+
 ct_status ct_ckpt_writer_open(ct_ckpt_writer **out, const char *dir, int rank) {
     ct_ckpt_writer *w = ct_xcalloc(1, sizeof *w);
     rank_file(w->path, sizeof w->path, dir, rank);
@@ -120,11 +129,8 @@ ct_status ct_ckpt_writer_open(ct_ckpt_writer **out, const char *dir, int rank) {
         *out = NULL;
         return st;
     }
-    uint8_t h[DATA_HEADER] = {0};
-    memcpy(h, DATA_MAGIC, 8);
-    ct_put_le32(h + 8, CKPT_VERSION);
-    ct_put_le32(h + 12, CKPT_BOM);
-    ct_put_le32(h + 16, (uint32_t)rank);
+    uint8_t h[DATA_HEADER];
+    put_data_header(h, rank);
     w->failed = fwrite(h, 1, sizeof h, w->f) != sizeof h;
     w->offset = DATA_HEADER;
     if (!HOST_IS_LE) w->buf = ct_xmalloc((size_t)CHUNK_FLOATS * 4);
@@ -173,6 +179,108 @@ ct_status ct_ckpt_writer_close(ct_ckpt_writer *w) {
     free(w->buf);
     free(w);
     return st;
+}
+
+struct ct_ckpt_mapped {
+    char path[CT_PATH_MAX + 32];
+    int fd, rank;
+    uint8_t *map;
+    int64_t values;
+    size_t bytes;
+    dev_t dev;
+    ino_t ino;
+};
+
+ct_status ct_ckpt_mapped_open(ct_ckpt_mapped **out, const char *dir, int rank, int64_t values) {
+    *out = NULL;
+    ct_ckpt_mapped *m = ct_xcalloc(1, sizeof *m);
+    rank_file(m->path, sizeof m->path, dir, rank);
+    m->rank = rank;
+    m->values = values;
+    m->bytes = DATA_HEADER + 4 * (size_t)values;
+    m->fd = open(m->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (m->fd < 0) {
+        ct_status st = io_error("create", m->path);
+        free(m);
+        return st;
+    }
+    struct stat sb;
+    int err = posix_fallocate(m->fd, 0, (off_t)m->bytes);
+    if (err == 0 && fstat(m->fd, &sb) != 0) err = errno;
+    if (err == 0) {
+        m->map = mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m->fd, 0);
+        if (m->map == MAP_FAILED) err = errno, m->map = NULL;
+    }
+    if (err != 0) {
+        errno = err;
+        ct_status st = io_error(m->map ? "map" : "reserve space for", m->path);
+        ct_hint("a local checkpoint keeps this rank's state and its partners' in "
+                "checkpoint.local_dir, three steps of them: give it room (or point it elsewhere)");
+        close(m->fd);
+        unlink(m->path);
+        free(m);
+        return st;
+    }
+    m->dev = sb.st_dev;
+    m->ino = sb.st_ino;
+    put_data_header(m->map, rank);
+    *out = m;
+    return CT_OK;
+}
+
+bool ct_ckpt_mapped_reuse(ct_ckpt_mapped *m, const char *dir, int rank, int64_t values) {
+    char path[CT_PATH_MAX + 32];
+    rank_file(path, sizeof path, dir, rank);
+    struct stat sb;
+    if (m->rank != rank || m->values != values || stat(path, &sb) != 0 || sb.st_dev != m->dev ||
+        sb.st_ino != m->ino || (size_t)sb.st_size != m->bytes)
+        return false;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    put_data_header(m->map, rank);
+    return true;
+}
+
+float *ct_ckpt_mapped_values(ct_ckpt_mapped *m) {
+    return (float *)(m->map + DATA_HEADER); /* 32 bytes into a page: aligned for floats */
+}
+
+int64_t ct_ckpt_mapped_count(const ct_ckpt_mapped *m) {
+    return m->values;
+}
+
+int ct_ckpt_mapped_rank(const ct_ckpt_mapped *m) {
+    return m->rank;
+}
+
+void ct_ckpt_mapped_to_file_order(ct_ckpt_mapped *m) {
+    if (HOST_IS_LE) return;
+    float *v = ct_ckpt_mapped_values(m);
+    for (int64_t i = 0; i < m->values; i++) {
+        const float x = v[i];
+        ct_put_le_floats((uint8_t *)&v[i], &x, 1);
+    }
+}
+
+void ct_ckpt_mapped_piece(const ct_ckpt_mapped *m, ct_ckpt_piece *piece, int64_t at) {
+    const int64_t n = piece->box.hi - piece->box.lo;
+    CT_ASSERT(at >= 0 && at + n <= m->values);
+    piece->file = m->rank;
+    piece->offset = DATA_HEADER + 4 * at;
+    piece->crc = ct_crc32(0, m->map + piece->offset, (size_t)(4 * n));
+}
+
+ct_status ct_ckpt_mapped_sync(ct_ckpt_mapped *m) {
+    if (msync(m->map, m->bytes, MS_SYNC) != 0 || fsync(m->fd) != 0)
+        return io_error("write", m->path);
+    return CT_OK;
+}
+
+void ct_ckpt_mapped_close(ct_ckpt_mapped *m, bool remove) {
+    if (!m) return;
+    munmap(m->map, m->bytes);
+    close(m->fd);
+    if (remove) unlink(m->path);
+    free(m);
 }
 
 static void put_box(uint8_t *p, const ct_ckpt_box *b) {

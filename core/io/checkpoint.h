@@ -119,6 +119,28 @@ void ct_ckpt_writer_as_copy(ct_ckpt_writer *w);
 /* Flushes, fsyncs and closes (also on failure; then the file is left for the caller's cleanup). */
 ct_status ct_ckpt_writer_close(ct_ckpt_writer *w);
 
+/* A rank file written in place through a shared mapping (a local checkpoint's, kept in node
+ * memory and rewritten save after save): DIR/rank-RRRRR.bin made at its full size with its space
+ * reserved (a full file system fails here, not at a store into the mapping) and its header
+ * written. The caller stores the values, in file order (ct_ckpt_mapped_to_file_order), then
+ * checksums its pieces and syncs. */
+typedef struct ct_ckpt_mapped ct_ckpt_mapped;
+ct_status ct_ckpt_mapped_open(ct_ckpt_mapped **out, const char *dir, int rank, int64_t values);
+/* Whether m is still DIR/rank-RRRRR.bin (the same file, not one made since) for `values`
+ * values; if so its header is written again. */
+bool ct_ckpt_mapped_reuse(ct_ckpt_mapped *m, const char *dir, int rank, int64_t values);
+float *ct_ckpt_mapped_values(ct_ckpt_mapped *m);
+int64_t ct_ckpt_mapped_count(const ct_ckpt_mapped *m); /* its values */
+int ct_ckpt_mapped_rank(const ct_ckpt_mapped *m);
+/* Host floats to the file's little-endian bytes, in place (nothing to do on such a host). */
+void ct_ckpt_mapped_to_file_order(ct_ckpt_mapped *m);
+/* Fills piece->file, offset and crc for the piece's values, which start at value `at`. */
+void ct_ckpt_mapped_piece(const ct_ckpt_mapped *m, ct_ckpt_piece *piece, int64_t at);
+/* Writes the mapping back (msync, fsync): a no-op in memory, a write on a disk. */
+ct_status ct_ckpt_mapped_sync(ct_ckpt_mapped *m);
+/* Unmaps and closes; with `remove`, removes the file too. Accepts NULL. */
+void ct_ckpt_mapped_close(ct_ckpt_mapped *m, bool remove);
+
 /* DIR/manifest.bin, fsynced. */
 ct_status ct_ckpt_manifest_write(const char *dir, const ct_ckpt_manifest *manifest);
 

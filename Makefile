@@ -25,8 +25,8 @@ ifeq ($(SAN),1)
   OPT   ?= -O1
   CUDA  := 0
   SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-  SAN_TESTS ?= test_config test_data test_tokenizer test_units cli_errors cli_hostile cli_checkpoint \
-               cli_import
+  SAN_TESTS ?= test_config test_data test_tokenizer test_units test_checkpoint cli_errors cli_hostile \
+               cli_checkpoint cli_import
 endif
 BUILD      ?= build
 OPT        ?= -O3

@@ -926,6 +926,13 @@ static ct_status local_slot_begin(const char *root, int64_t step, local_slot **o
     return ct_ckpt_begin(root, step);
 }
 
+/* Closes the slot's file i (removing it with `remove`) and takes it out of the slot. */
+static void slot_close(local_slot *slot, int i, bool remove) {
+    ct_ckpt_mapped_close(slot->files[i], remove);
+    slot->files[i] = slot->files[--slot->n];
+    slot->used[i] = slot->used[slot->n];
+}
+
 /* The file for rank `rank`'s `values` values in the slot's folder DIR: the slot's own, reused,
  * or made. */
 static ct_status local_slot_file(local_slot *slot, const char *dir, int rank, int64_t values,
@@ -938,11 +945,8 @@ static ct_status local_slot_file(local_slot *slot, const char *dir, int rank, in
         *out = slot->files[i];
         return CT_OK;
     }
-    if (i < slot->n) { /* replaced or resized: unmapped before the path is made anew */
-        ct_ckpt_mapped_close(slot->files[i], false);
-        slot->files[i] = slot->files[--slot->n];
-        slot->used[i] = slot->used[slot->n];
-    }
+    /* replaced or resized: unmapped before the path is made anew */
+    if (i < slot->n) slot_close(slot, i, false);
     ct_ckpt_mapped *m;
     CT_TRY(ct_ckpt_mapped_open(&m, dir, rank, values));
     if (slot->n == slot->cap) {
@@ -965,9 +969,7 @@ static void local_slot_trim(local_slot *slot) {
             i++;
             continue;
         }
-        ct_ckpt_mapped_close(slot->files[i], true);
-        slot->files[i] = slot->files[--slot->n];
-        slot->used[i] = slot->used[slot->n];
+        slot_close(slot, i, true);
     }
 }
 

@@ -103,7 +103,6 @@ struct ct_ckpt_writer {
     int64_t offset;
     uint8_t *buf; /* CHUNK_FLOATS values as bytes: big-endian hosts convert through it */
     bool failed;
-    bool copy; /* another rank's file: its pieces' checksums are that rank's, not computed */
 };
 
 static void rank_file(char *buf, size_t n, const char *dir, int rank) {
@@ -153,20 +152,16 @@ ct_status ct_ckpt_writer_add(ct_ckpt_writer *w, ct_ckpt_piece *piece, const floa
             ct_put_le_floats(w->buf, data + done, c);
             bytes = w->buf;
         }
-        if (!w->copy) crc = ct_crc32(crc, bytes, (size_t)(4 * c));
+        crc = ct_crc32(crc, bytes, (size_t)(4 * c));
         w->failed = fwrite(bytes, 4, (size_t)c, w->f) != (size_t)c;
         done += c;
     }
     if (w->failed) return io_error("write", w->path);
     piece->file = w->rank;
     piece->offset = w->offset;
-    if (!w->copy) piece->crc = crc;
+    piece->crc = crc;
     w->offset += 4 * n;
     return CT_OK;
-}
-
-void ct_ckpt_writer_as_copy(ct_ckpt_writer *w) {
-    w->copy = true;
 }
 
 ct_status ct_ckpt_writer_close(ct_ckpt_writer *w) {

@@ -112,10 +112,6 @@ ct_status ct_ckpt_writer_open(ct_ckpt_writer **out, const char *dir, int rank);
 /* Appends piece->box's (hi - lo) values from `data` (host fp32) and fills piece->file, offset
  * and crc. */
 ct_status ct_ckpt_writer_add(ct_ckpt_writer *w, ct_ckpt_piece *piece, const float *data);
-/* Marks w's file as a copy of the one another rank writes (a local checkpoint's partner copy):
- * its bytes are the same, so their checksums are the other rank's, which the manifest carries;
- * ct_ckpt_writer_add leaves piece->crc as it is. */
-void ct_ckpt_writer_as_copy(ct_ckpt_writer *w);
 /* Flushes, fsyncs and closes (also on failure; then the file is left for the caller's cleanup). */
 ct_status ct_ckpt_writer_close(ct_ckpt_writer *w);
 

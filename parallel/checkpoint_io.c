@@ -863,8 +863,8 @@ static struct {
     int n;
 } local_ring;
 
-static void local_slot_drop(local_slot *slot, bool remove) {
-    for (int i = 0; i < slot->n; i++) ct_ckpt_mapped_close(slot->files[i], remove);
+static void local_slot_drop(local_slot *slot) {
+    for (int i = 0; i < slot->n; i++) ct_ckpt_mapped_close(slot->files[i], false);
     slot->n = 0;
 }
 
@@ -873,7 +873,7 @@ static void local_slot_drop(local_slot *slot, bool remove) {
 static void local_ring_release(bool leak) {
     for (int k = 0; k < LOCAL_RING; k++) {
         local_slot *slot = &local_ring.slot[k];
-        if (!leak) local_slot_drop(slot, false);
+        if (!leak) local_slot_drop(slot);
         free(slot->files);
         free(slot->used);
     }
@@ -921,7 +921,7 @@ static ct_status local_slot_begin(const char *root, int64_t step, local_slot **o
             if (d) closedir(d);
             return CT_OK;
         }
-        local_slot_drop(slot, false); /* its folder is gone: files anew */
+        local_slot_drop(slot); /* its folder is gone: files anew */
     }
     return ct_ckpt_begin(root, step);
 }
@@ -1113,6 +1113,13 @@ static ct_status local_files(ct_ckpt_local_saver *ls, ct_ckpt_saver *s) {
     return st;
 }
 
+/* Whether a transfer of ls (sizes or values, either way) is still posted. */
+static bool transfers_in_flight(const ct_ckpt_local_saver *ls) {
+    bool any = ls->send[0] || ls->send[1];
+    for (int i = 0; i < ls->n_in; i++) any |= ls->in[i].req[0] || ls->in[i].req[1];
+    return any;
+}
+
 static void local_saver_free(ct_ckpt_local_saver *ls) {
     pthread_mutex_destroy(&ls->mu);
     pthread_cond_destroy(&ls->cv);
@@ -1132,9 +1139,7 @@ ct_status ct_ckpt_local_begin(ct_ckpt_local_saver **out, const ct_config *cfg, c
     const ct_status st = save_begin(&s, cfg, model, dp, pctx, step, root, ls);
     if (st != CT_OK) {
         /* the sizes' transfers may be in flight into ls: it and the ring's files are kept */
-        bool in_flight = ls->send[0] != NULL;
-        for (int i = 0; i < ls->n_in; i++) in_flight |= ls->in[i].req[1] != NULL;
-        if (in_flight)
+        if (transfers_in_flight(ls))
             local_ring_release(true);
         else
             local_saver_free(ls);
@@ -1244,10 +1249,7 @@ void ct_ckpt_local_abandon(ct_ckpt_local_saver *ls) {
     if (ls->threaded) pthread_join(ls->thread, NULL);
     /* transfers still in flight keep their buffers (the job is ending on a failure): the ring's
      * files stay mapped */
-    bool in_flight = false;
-    for (int i = 0; i < 2; i++) in_flight |= ls->send[i] != NULL;
-    for (int i = 0; i < ls->n_in; i++) in_flight |= ls->in[i].req[0] != NULL;
-    if (in_flight) local_ring_release(true);
+    if (transfers_in_flight(ls)) local_ring_release(true);
     ct_ckpt_save_abandon(ls->s);
     local_saver_free(ls);
 }

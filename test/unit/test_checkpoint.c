@@ -31,15 +31,10 @@ static void make_pieces(ct_ckpt_piece *p) {
     for (int i = 0; i < N_PIECES; i++) p[i].box.hi = piece_values[i];
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(*n + 1);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
+/* A whole file read back (ct_read_regular), the test failing if it cannot be. */
+static uint8_t *read_back(const char *path, size_t *n) {
+    uint8_t *b = NULL;
+    assert_int_equal(ct_read_regular(path, "rank file", (int64_t)1 << 30, &b, n), CT_OK);
     return b;
 }
 
@@ -86,7 +81,7 @@ static void mapped_equals_writer(void **state) {
     snprintf(fa, sizeof fa, "%s/rank-00003.bin", a);
     snprintf(fb, sizeof fb, "%s/rank-00003.bin", b);
     size_t na, nb;
-    char *ba = slurp(fa, &na), *bb = slurp(fb, &nb);
+    uint8_t *ba = read_back(fa, &na), *bb = read_back(fb, &nb);
     assert_int_equal(na, nb);
     assert_memory_equal(ba, bb, na);
     free(ba);
@@ -116,7 +111,7 @@ static void mapped_reused_only_at_its_path(void **state) {
     assert_int_equal(ct_ckpt_mapped_sync(m), CT_OK);
     snprintf(file, sizeof file, "%s/rank-00005.bin", y);
     size_t n;
-    char *bytes = slurp(file, &n);
+    uint8_t *bytes = read_back(file, &n);
     assert_int_equal(n, 32 + 4 * 100);
     float v0;
     memcpy(&v0, bytes + 32, 4);
